@@ -1,0 +1,73 @@
+#include "ops/interpreter.hpp"
+
+#include <random>
+
+#include "ops/op.hpp"
+
+namespace mg {
+
+void initialise_leaves(const Graph& graph, Environment& environment, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  for (const Node& node : graph.nodes()) {
+    if ((node.op != "parameter" && node.op != "state") || environment.leaves.count(node.name)) {
+      continue;
+    }
+    const Init init = leaf_init(node);
+    HostTensor tensor(node.type.shape);
+    std::uniform_real_distribution<double> uniform(init.a, init.b);
+    std::normal_distribution<double> normal(init.a, init.b > 0 ? init.b : 1.0);
+    for (double& value : tensor.data) {
+      switch (init.kind) {
+        case Init::Kind::zeros: value = 0; break;
+        case Init::Kind::ones: value = 1; break;
+        case Init::Kind::fill: value = init.a; break;
+        case Init::Kind::uniform: value = uniform(generator); break;
+        case Init::Kind::normal: value = normal(generator); break;
+      }
+    }
+    environment.leaves.emplace(node.name, std::move(tensor));
+  }
+}
+
+std::vector<HostTensor> evaluate(const Graph& graph, const Environment& environment) {
+  std::vector<HostTensor> values(graph.size());
+  std::vector<const HostTensor*> inputs;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    if (node.op == "input" || node.op == "parameter" || node.op == "state") {
+      auto it = environment.leaves.find(node.name);
+      if (it == environment.leaves.end()) {
+        throw Error("no value given for " + node.op + " '" + node.name + "' of type " +
+                    type_string(node.type));
+      }
+      if (it->second.shape != node.type.shape) {
+        throw Error(node.op + " '" + node.name + "' expects shape " +
+                    shape_string(node.type.shape) + " but was given " +
+                    shape_string(it->second.shape));
+      }
+      values[i] = it->second;
+      continue;
+    }
+    const OpDef& def = op_def(node.op);
+    if (!def.reference) throw Error("op '" + node.op + "' has no reference evaluation");
+    inputs.clear();
+    for (ValueId input : node.inputs) inputs.push_back(&values[input]);
+    values[i] = def.reference(node, inputs);
+    if (values[i].shape != node.type.shape ||
+        values[i].elements() != element_count(node.type.shape)) {
+      throw Error("internal: reference of '" + node.op + "' produced shape " +
+                  shape_string(values[i].shape) + " for type " + type_string(node.type));
+    }
+  }
+  return values;
+}
+
+std::vector<HostTensor> step(const Graph& graph, Environment& environment) {
+  std::vector<HostTensor> values = evaluate(graph, environment);
+  for (const auto& [target, value] : graph.updates()) {
+    environment.leaves[graph.node(target).name] = values[value];
+  }
+  return values;
+}
+
+}  // namespace mg
