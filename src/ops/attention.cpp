@@ -1,7 +1,391 @@
-#include "ops/op.hpp"
+// Attention: scaled_dot_product_attention with grouped-query heads, causal and additive masks,
+// its flash-attention-2 style backward (attention_lse plus one op per gradient, each
+// recomputing the probabilities from the log-sum-exp, so no Sq x Sk matrix is ever stored),
+// and rotary position embeddings (rope).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ops/apply.hpp"
+#include "ops/op_checks.hpp"
 
 namespace mg {
+namespace {
 
-void register_attention_ops(std::vector<OpDef>&) {}
+struct AttentionDims {
+  int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0, value_dim = 0;
+
+  Shape scores_shape() const { return {batch, q_heads, q_len, kv_len}; }
+  Shape output_shape() const { return {batch, q_heads, q_len, value_dim}; }
+  Shape lse_shape() const { return {batch, q_heads, q_len}; }
+};
+
+// Input positions. Forward: q, k, v, mask?. attention_lse: q, k, mask?. Backward ops:
+// q, k, v, mask?, out, grad_out, lse.
+struct AttentionInputs {
+  bool with_value = true;
+  bool has_mask = false;
+  bool backward = false;
+
+  size_t mask_index() const { return with_value ? 3 : 2; }
+  size_t out_index() const { return mask_index() + (has_mask ? 1 : 0); }
+  size_t count() const { return out_index() + (backward ? 3 : 0); }
+};
+
+AttentionInputs attention_inputs(const Node& node, bool with_value, bool backward) {
+  return {with_value, node.attrs.get_int("has_mask", 0) != 0, backward};
+}
+
+AttentionDims attention_dims(const Shape& q, const Shape& k, const Shape* v) {
+  return {q[0], q[1], k[1], q[2], k[2], q[3], v ? (*v)[3] : 0};
+}
+
+AttentionDims check_attention(const Graph& graph, const Node& node, bool with_value,
+                              bool backward) {
+  const AttentionInputs layout = attention_inputs(node, with_value, backward);
+  expect_input_count(graph, node, layout.count());
+  for (size_t i = 0; i < node.inputs.size(); ++i) expect_floating(graph, node, i);
+  expect_same_dtype(graph, node);
+  const size_t operands = with_value ? 3 : 2;
+  for (size_t i = 0; i < operands; ++i) expect_floating(graph, node, i, 4);
+  const Shape& q = graph.type(node.inputs[0]).shape;
+  const Shape& k = graph.type(node.inputs[1]).shape;
+  const Shape* v = with_value ? &graph.type(node.inputs[2]).shape : nullptr;
+  if (q[0] != k[0] || q[3] != k[3]) {
+    op_error(graph, node,
+             "q " + shape_string(q) + " and k " + shape_string(k) +
+                 " must agree in batch (axis 0) and head_dim (axis 3)");
+  }
+  if (q[1] % k[1] != 0) {
+    op_error(graph, node,
+             "q heads " + std::to_string(q[1]) + " must be a multiple of k/v heads " +
+                 std::to_string(k[1]));
+  }
+  if (v && ((*v)[0] != k[0] || (*v)[1] != k[1] || (*v)[2] != k[2])) {
+    op_error(graph, node,
+             "v " + shape_string(*v) + " must match k " + shape_string(k) +
+                 " in batch, heads and sequence length");
+  }
+  const AttentionDims dims = attention_dims(q, k, v);
+  if (layout.has_mask) {
+    const Shape& mask = graph.type(node.inputs[layout.mask_index()]).shape;
+    const Shape scores = dims.scores_shape();
+    bool fits = mask.size() <= scores.size();
+    for (size_t i = 0; fits && i < mask.size(); ++i) {
+      const int64_t target = scores[scores.size() - mask.size() + i];
+      fits = mask[i] == 1 || mask[i] == target;
+    }
+    if (!fits) {
+      op_error(graph, node,
+               "mask " + shape_string(mask) + " does not broadcast to the scores " +
+                   shape_string(scores));
+    }
+  }
+  if (backward) {
+    const size_t out = layout.out_index();
+    const std::pair<size_t, Shape> expected[] = {
+        {out, dims.output_shape()}, {out + 1, dims.output_shape()}, {out + 2, dims.lse_shape()}};
+    const char* names[] = {"out", "grad_out", "lse"};
+    for (size_t i = 0; i < 3; ++i) {
+      const Shape& actual = graph.type(node.inputs[expected[i].first]).shape;
+      if (actual != expected[i].second) {
+        op_error(graph, node,
+                 std::string(names[i]) + " " + shape_string(actual) + " should be " +
+                     shape_string(expected[i].second));
+      }
+    }
+  }
+  return dims;
+}
+
+// The reference evaluation of one attention node: scores, probabilities and their gradients.
+struct AttentionReference {
+  AttentionDims dims;
+  double scale = 1;
+  bool causal = false;
+  const HostTensor *q = nullptr, *k = nullptr, *v = nullptr, *mask = nullptr;
+
+  AttentionReference(const Node& node, const std::vector<const HostTensor*>& in, bool with_value)
+      : dims(attention_dims(in[0]->shape, in[1]->shape, with_value ? &in[2]->shape : nullptr)),
+        scale(node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)))),
+        causal(node.attrs.get_int("causal", 0) != 0),
+        q(in[0]),
+        k(in[1]),
+        v(with_value ? in[2] : nullptr) {
+    const AttentionInputs layout = attention_inputs(node, with_value, false);
+    if (layout.has_mask) mask = in[layout.mask_index()];
+  }
+
+  // Index of query row (b, h, i) in [B, Hq, Sq]; q, out and grad_out rows are multiples of it.
+  int64_t row(int64_t b, int64_t h, int64_t i) const {
+    return (b * dims.q_heads + h) * dims.q_len + i;
+  }
+  // Index of key row j of the kv head that query head h reads (grouped-query attention).
+  int64_t key_row(int64_t b, int64_t h, int64_t j) const {
+    const int64_t kv_head = h / (dims.q_heads / dims.kv_heads);
+    return (b * dims.kv_heads + kv_head) * dims.kv_len + j;
+  }
+
+  // Scaled, masked score; causal masking is top-left aligned (key j visible to query i when
+  // j <= i), as torch.nn.functional.scaled_dot_product_attention(is_causal=True) does.
+  double score(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (causal && j > i) return -std::numeric_limits<double>::infinity();
+    const double* query = &q->data[row(b, h, i) * dims.head_dim];
+    const double* key = &k->data[key_row(b, h, j) * dims.head_dim];
+    double dot = 0;
+    for (int64_t d = 0; d < dims.head_dim; ++d) dot += query[d] * key[d];
+    double result = dot * scale;
+    if (mask) {
+      result += mask->data[broadcast_source_index(mask->shape, dims.scores_shape(),
+                                                  row(b, h, i) * dims.kv_len + j)];
+    }
+    return result;
+  }
+
+  double log_sum_exp(int64_t b, int64_t h, int64_t i) const {
+    double largest = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < dims.kv_len; ++j) largest = std::max(largest, score(b, h, i, j));
+    double total = 0;
+    for (int64_t j = 0; j < dims.kv_len; ++j) total += std::exp(score(b, h, i, j) - largest);
+    return largest + std::log(total);
+  }
+
+  // Calls visit(b, h, i, j, probability) for every query/key pair, with the probabilities of a
+  // row recomputed from its log-sum-exp.
+  template <class Visit>
+  void for_each_probability(const HostTensor* lse, Visit visit) const {
+    for (int64_t b = 0; b < dims.batch; ++b) {
+      for (int64_t h = 0; h < dims.q_heads; ++h) {
+        for (int64_t i = 0; i < dims.q_len; ++i) {
+          const double row_lse = lse ? lse->data[row(b, h, i)] : log_sum_exp(b, h, i);
+          for (int64_t j = 0; j < dims.kv_len; ++j) {
+            visit(b, h, i, j, std::exp(score(b, h, i, j) - row_lse));
+          }
+        }
+      }
+    }
+  }
+
+  HostTensor forward() const {
+    HostTensor out(dims.output_shape());
+    for_each_probability(nullptr, [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
+      const double* value = &v->data[key_row(b, h, j) * dims.value_dim];
+      double* result = &out.data[row(b, h, i) * dims.value_dim];
+      for (int64_t e = 0; e < dims.value_dim; ++e) result[e] += p * value[e];
+    });
+    return out;
+  }
+
+  struct Gradients {
+    HostTensor q, k, v;
+  };
+
+  // dS_ij = P_ij * (dO_i . v_j - D_i) with D_i = dO_i . O_i; dq_i = scale * sum_j dS_ij k_j,
+  // dk_j = scale * sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i (summed over a group's q heads).
+  Gradients backward(const HostTensor& out, const HostTensor& grad_out,
+                     const HostTensor& lse) const {
+    Gradients grads{HostTensor(q->shape), HostTensor(k->shape), HostTensor(v->shape)};
+    std::vector<double> row_delta(element_count(dims.lse_shape()), 0.0);
+    for (size_t r = 0; r < row_delta.size(); ++r) {
+      for (int64_t e = 0; e < dims.value_dim; ++e) {
+        row_delta[r] += grad_out.data[r * dims.value_dim + e] * out.data[r * dims.value_dim + e];
+      }
+    }
+    for_each_probability(&lse, [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
+      const int64_t query_row = row(b, h, i);
+      const int64_t kv_row = key_row(b, h, j);
+      const double* d_out = &grad_out.data[query_row * dims.value_dim];
+      const double* value = &v->data[kv_row * dims.value_dim];
+      double d_probability = 0;
+      for (int64_t e = 0; e < dims.value_dim; ++e) {
+        d_probability += d_out[e] * value[e];
+        grads.v.data[kv_row * dims.value_dim + e] += p * d_out[e];
+      }
+      const double d_score = p * (d_probability - row_delta[query_row]) * scale;
+      for (int64_t d = 0; d < dims.head_dim; ++d) {
+        grads.q.data[query_row * dims.head_dim + d] +=
+            d_score * k->data[kv_row * dims.head_dim + d];
+        grads.k.data[kv_row * dims.head_dim + d] +=
+            d_score * q->data[query_row * dims.head_dim + d];
+      }
+    });
+    return grads;
+  }
+};
+
+// One backward op: same inputs, one of the three gradients.
+void register_attention_grad(std::vector<OpDef>& registry, const char* name,
+                             HostTensor AttentionReference::Gradients::*pick,
+                             Shape (*result_shape)(const Graph&, const Node&)) {
+  registry.push_back(OpDef{
+      .name = name,
+      .infer =
+          [result_shape](const Graph& graph, const Node& node) {
+            check_attention(graph, node, true, true);
+            return TensorType{graph.type(node.inputs[0]).dtype, result_shape(graph, node)};
+          },
+      .reference =
+          [pick](const Node& node, const std::vector<const HostTensor*>& in) {
+            const AttentionReference attention(node, in, true);
+            const size_t out = attention_inputs(node, true, true).out_index();
+            AttentionReference::Gradients grads =
+                attention.backward(*in[out], *in[out + 1], *in[out + 2]);
+            return std::move(grads.*pick);
+          },
+  });
+}
+
+Shape input_shape(const Graph& graph, const Node& node, size_t index) {
+  return graph.type(node.inputs[index]).shape;
+}
+
+// Rotates pairs (x[d], x[d + D/2]) of x [..., S, D] by angle (position_offset + s) *
+// theta^(-2d/D); inverse rotates the other way (the transpose, hence the VJP).
+HostTensor rotate(const Node& node, const HostTensor& x) {
+  const double theta = node.attrs.get_float("theta");
+  const int64_t offset = node.attrs.get_int("position_offset", 0);
+  const double direction = node.attrs.get_int("inverse", 0) != 0 ? -1.0 : 1.0;
+  const int64_t dim = x.shape.back();
+  const int64_t half = dim / 2;
+  const int64_t length = x.shape[x.shape.size() - 2];
+  HostTensor out(x.shape);
+  for (int64_t row = 0; row < x.elements() / dim; ++row) {
+    const int64_t position = offset + row % length;
+    const double* in = &x.data[row * dim];
+    double* result = &out.data[row * dim];
+    for (int64_t d = 0; d < half; ++d) {
+      const double angle =
+          direction * static_cast<double>(position) *
+          std::pow(theta, -2.0 * static_cast<double>(d) / static_cast<double>(dim));
+      const double cosine = std::cos(angle), sine = std::sin(angle);
+      result[d] = in[d] * cosine - in[d + half] * sine;
+      result[d + half] = in[d + half] * cosine + in[d] * sine;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_attention_ops(std::vector<OpDef>& registry) {
+  // scaled_dot_product_attention(q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv],
+  //   mask? broadcastable to [B, Hq, Sq, Sk], added to the scores) -> [B, Hq, Sq, Dv].
+  //   Query head h reads kv head h / (Hq / Hkv). attrs: causal (0/1, top-left aligned: key j
+  //   visible to query i when j <= i), scale (default 1/sqrt(D)), has_mask (0/1).
+  registry.push_back(OpDef{
+      .name = "scaled_dot_product_attention",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            const AttentionDims dims = check_attention(graph, node, true, false);
+            return TensorType{graph.type(node.inputs[0]).dtype, dims.output_shape()};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            return AttentionReference(node, in, true).forward();
+          },
+      .vjp =
+          [](Graph& graph, ValueId self, ValueId grad) {
+            const Node node = graph.node(self);
+            const AttentionInputs layout = attention_inputs(node, true, false);
+            std::vector<ValueId> lse_inputs{node.inputs[0], node.inputs[1]};
+            std::vector<ValueId> grad_inputs{node.inputs[0], node.inputs[1], node.inputs[2]};
+            if (layout.has_mask) {
+              lse_inputs.push_back(node.inputs[layout.mask_index()]);
+              grad_inputs.push_back(node.inputs[layout.mask_index()]);
+            }
+            const ValueId lse = graph.add("attention_lse", lse_inputs, node.attrs);
+            grad_inputs.insert(grad_inputs.end(), {self, grad, lse});
+            std::vector<ValueId> grads{graph.add("attention_grad_q", grad_inputs, node.attrs),
+                                       graph.add("attention_grad_k", grad_inputs, node.attrs),
+                                       graph.add("attention_grad_v", grad_inputs, node.attrs)};
+            if (layout.has_mask) grads.push_back(kNoValue);  // masks take no gradient
+            return grads;
+          },
+  });
+
+  // attention_lse(q, k, mask?) -> [B, Hq, Sq]: log-sum-exp over keys of the scaled, masked
+  //   scores. attrs: those of scaled_dot_product_attention.
+  registry.push_back(OpDef{
+      .name = "attention_lse",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            const AttentionDims dims = check_attention(graph, node, false, false);
+            return TensorType{graph.type(node.inputs[0]).dtype, dims.lse_shape()};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            const AttentionReference attention(node, in, false);
+            const AttentionDims& dims = attention.dims;
+            HostTensor lse(dims.lse_shape());
+            for (int64_t b = 0; b < dims.batch; ++b) {
+              for (int64_t h = 0; h < dims.q_heads; ++h) {
+                for (int64_t i = 0; i < dims.q_len; ++i) {
+                  lse.data[attention.row(b, h, i)] = attention.log_sum_exp(b, h, i);
+                }
+              }
+            }
+            return lse;
+          },
+  });
+
+  // attention_grad_q / _k / _v(q, k, v, mask?, out, grad_out, lse) -> the gradient of q
+  //   [B, Hq, Sq, D], k [B, Hkv, Sk, D] or v [B, Hkv, Sk, Dv] (k and v summed over the query
+  //   heads of their group). attrs: those of scaled_dot_product_attention.
+  register_attention_grad(
+      registry, "attention_grad_q", &AttentionReference::Gradients::q,
+      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 0); });
+  register_attention_grad(
+      registry, "attention_grad_k", &AttentionReference::Gradients::k,
+      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 1); });
+  register_attention_grad(
+      registry, "attention_grad_v", &AttentionReference::Gradients::v,
+      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 2); });
+
+  // rope(x [..., S, D]) -> x's type, Llama "rotate half" form: with x1 = x[..., :D/2],
+  //   x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] at angle
+  //   (position_offset + s) * theta^(-2i/D). attrs: theta, position_offset, inverse (0/1:
+  //   rotate by the negative angle).
+  registry.push_back(OpDef{
+      .name = "rope",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_input_count(graph, node, 1);
+            expect_floating(graph, node, 0);
+            const TensorType& x = graph.type(node.inputs[0]);
+            if (x.rank() < 2 || x.shape.back() % 2 != 0) {
+              op_error(graph, node,
+                       "input " + shape_string(x.shape) +
+                           " needs rank >= 2 ([..., S, D]) and an even D");
+            }
+            if (!node.attrs.has("theta") || node.attrs.get_float("theta") <= 0) {
+              op_error(graph, node, "attribute 'theta' must be given and positive");
+            }
+            return x;
+          },
+      .reference = [](const Node& node,
+                      const std::vector<const HostTensor*>& in) { return rotate(node, *in[0]); },
+      .vjp =
+          [](Graph& graph, ValueId self, ValueId grad) {
+            Attrs attrs = graph.node(self).attrs;
+            attrs.set("inverse", int64_t{attrs.get_int("inverse", 0) == 0});
+            return std::vector<ValueId>{graph.add("rope", {grad}, attrs)};
+          },
+  });
+}
+
+Tensor scaled_dot_product_attention(Tensor q, Tensor k, Tensor v, const AttentionOptions& options) {
+  std::vector<Tensor> inputs{q, k, v};
+  if (options.mask) inputs.push_back(*options.mask);
+  const double head_dim = q.rank() == 4 ? static_cast<double>(q.dim(3)) : 1.0;
+  return apply("scaled_dot_product_attention", inputs,
+               {{"causal", int64_t{options.causal}},
+                {"scale", options.scale.value_or(1.0 / std::sqrt(head_dim))},
+                {"has_mask", int64_t{options.mask.has_value()}}});
+}
+
+Tensor rope(Tensor x, double theta, int64_t position_offset) {
+  return apply("rope", {x},
+               {{"theta", theta}, {"position_offset", position_offset}, {"inverse", int64_t{0}}});
+}
 
 }  // namespace mg

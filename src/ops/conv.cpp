@@ -1,7 +1,387 @@
-#include "ops/op.hpp"
+// Convolution family (NCHW): conv2d, its data and weight gradients, conv_transpose2d, and the
+// conv1d builder. One loop (for_each_tap) enumerates the product terms of a convolution; the
+// forward, data-gradient and weight-gradient references differ only in which operand they
+// accumulate into, so they cannot drift apart. conv_transpose2d is the data gradient of the
+// convolution that maps its output back to its input.
+#include <array>
+
+#include "ops/apply.hpp"
+#include "ops/op_checks.hpp"
 
 namespace mg {
+namespace {
 
-void register_conv_ops(std::vector<OpDef>&) {}
+struct ConvGeometry {
+  int64_t batch = 0, in_channels = 0, in_height = 0, in_width = 0;
+  int64_t out_channels = 0, kernel_height = 0, kernel_width = 0, out_height = 0, out_width = 0;
+  int64_t groups = 1;
+  std::array<int64_t, 2> stride{}, padding{}, dilation{};
+
+  Shape input_shape() const { return {batch, in_channels, in_height, in_width}; }
+  Shape weight_shape() const {
+    return {out_channels, in_channels / groups, kernel_height, kernel_width};
+  }
+  Shape output_shape() const { return {batch, out_channels, out_height, out_width}; }
+};
+
+std::array<int64_t, 2> attr_pair(const Attrs& attrs, std::string_view name, int64_t fallback) {
+  const std::vector<int64_t> values = attrs.get_ints(name, {fallback, fallback});
+  return {values[0], values[1]};
+}
+
+// Geometry of conv2d(x [N, C, H, W], w [O, C/groups, KH, KW]) under the node's attributes,
+// without checks (infer runs checked_geometry first; references trust it).
+ConvGeometry conv_geometry(const Attrs& attrs, const Shape& x, const Shape& w) {
+  ConvGeometry g;
+  g.stride = attr_pair(attrs, "stride", 1);
+  g.padding = attr_pair(attrs, "padding", 0);
+  g.dilation = attr_pair(attrs, "dilation", 1);
+  g.groups = attrs.get_int("groups", 1);
+  g.batch = x[0];
+  g.in_channels = x[1];
+  g.in_height = x[2];
+  g.in_width = x[3];
+  g.out_channels = w[0];
+  g.kernel_height = w[2];
+  g.kernel_width = w[3];
+  // A kernel wider than the padded input has no output (division would round -1 up to 0).
+  const auto extent = [](int64_t in, int64_t pad, int64_t dilation, int64_t kernel,
+                         int64_t stride) {
+    const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+  };
+  g.out_height = extent(g.in_height, g.padding[0], g.dilation[0], g.kernel_height, g.stride[0]);
+  g.out_width = extent(g.in_width, g.padding[1], g.dilation[1], g.kernel_width, g.stride[1]);
+  return g;
+}
+
+// conv_geometry after rejecting bad attributes, channel mismatches and empty outputs.
+ConvGeometry checked_geometry(const Graph& graph, const Node& node, const Shape& x,
+                              const Shape& w) {
+  pair_attr(graph, node, "stride", 1, {1, 1});
+  pair_attr(graph, node, "padding", 0, {0, 0});
+  pair_attr(graph, node, "dilation", 1, {1, 1});
+  const ConvGeometry g = conv_geometry(node.attrs, x, w);
+  if (g.groups < 1 || g.in_channels % g.groups != 0 || g.out_channels % g.groups != 0) {
+    op_error(graph, node,
+             "groups " + std::to_string(g.groups) + " must divide both the " +
+                 std::to_string(g.in_channels) + " input and " + std::to_string(g.out_channels) +
+                 " output channels");
+  }
+  if (w[1] * g.groups != g.in_channels) {
+    op_error(graph, node,
+             "weight " + shape_string(w) + " expects " + std::to_string(w[1] * g.groups) +
+                 " input channels but input " + shape_string(x) + " has " +
+                 std::to_string(g.in_channels));
+  }
+  if (g.out_height <= 0 || g.out_width <= 0) {
+    op_error(graph, node,
+             "the (dilated) kernel " + shape_string({g.kernel_height, g.kernel_width}) +
+                 " does not fit the padded input " + shape_string(x) +
+                 ": output size would be <= 0");
+  }
+  return g;
+}
+
+// Calls visit(input_index, weight_index, output_index) once per product term
+// output += input * weight of the convolution (padding taps are skipped).
+template <class Visit>
+void for_each_tap(const ConvGeometry& g, Visit visit) {
+  const int64_t in_per_group = g.in_channels / g.groups;
+  const int64_t out_per_group = g.out_channels / g.groups;
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t o = 0; o < g.out_channels; ++o) {
+      const int64_t first_channel = (o / out_per_group) * in_per_group;
+      for (int64_t ci = 0; ci < in_per_group; ++ci) {
+        const int64_t c = first_channel + ci;
+        for (int64_t oh = 0; oh < g.out_height; ++oh) {
+          for (int64_t ow = 0; ow < g.out_width; ++ow) {
+            const int64_t output_index =
+                ((n * g.out_channels + o) * g.out_height + oh) * g.out_width + ow;
+            for (int64_t kh = 0; kh < g.kernel_height; ++kh) {
+              const int64_t ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0];
+              if (ih < 0 || ih >= g.in_height) continue;
+              for (int64_t kw = 0; kw < g.kernel_width; ++kw) {
+                const int64_t iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1];
+                if (iw < 0 || iw >= g.in_width) continue;
+                visit(((n * g.in_channels + c) * g.in_height + ih) * g.in_width + iw,
+                      ((o * in_per_group + ci) * g.kernel_height + kh) * g.kernel_width + kw,
+                      output_index);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void expect_conv_operands(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 2);
+  expect_floating(graph, node, 0, 4);
+  expect_floating(graph, node, 1, 4);
+  expect_same_dtype(graph, node);
+}
+
+void expect_shape(const Graph& graph, const Node& node, const std::string& what,
+                  const Shape& actual, const Shape& expected) {
+  if (actual != expected) {
+    op_error(graph, node,
+             what + " " + shape_string(actual) + " should be " + shape_string(expected) +
+                 " for this convolution");
+  }
+}
+
+// Attributes of a plain conv2d with the node's stride, padding, dilation and groups.
+Attrs conv_attrs(const Node& node) {
+  return {{"stride", node.attrs.get_ints("stride", {1, 1})},
+          {"padding", node.attrs.get_ints("padding", {0, 0})},
+          {"dilation", node.attrs.get_ints("dilation", {1, 1})},
+          {"groups", node.attrs.get_int("groups", 1)}};
+}
+
+Attrs with_shape(Attrs attrs, const char* name, const Shape& shape) {
+  attrs.set(name, shape);
+  return attrs;
+}
+
+// Output shape of conv_transpose2d(x [N, C, H, W], w [C, O/groups, KH, KW]).
+Shape transposed_output_shape(const Attrs& attrs, const Shape& x, const Shape& w) {
+  const auto stride = attr_pair(attrs, "stride", 1);
+  const auto padding = attr_pair(attrs, "padding", 0);
+  const auto dilation = attr_pair(attrs, "dilation", 1);
+  const auto output_padding = attr_pair(attrs, "output_padding", 0);
+  Shape output{x[0], w[1] * attrs.get_int("groups", 1), 0, 0};
+  for (size_t i = 0; i < 2; ++i) {
+    output[2 + i] = (x[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w[2 + i] - 1) +
+                    output_padding[i] + 1;
+  }
+  return output;
+}
+
+// conv_transpose2d(x, w) is the data gradient of conv2d(output, w): returns that conv2d's
+// geometry after checking that it maps the output back onto exactly x.
+ConvGeometry checked_transposed_geometry(const Graph& graph, const Node& node) {
+  const Shape& x = graph.type(node.inputs[0]).shape;
+  const Shape& w = graph.type(node.inputs[1]).shape;
+  const auto stride = pair_attr(graph, node, "stride", 1, {1, 1});
+  const auto output_padding = pair_attr(graph, node, "output_padding", 0, {0, 0});
+  const int64_t groups = node.attrs.get_int("groups", 1);
+  if (w[0] != x[1]) {
+    op_error(graph, node,
+             "weight " + shape_string(w) + " expects " + std::to_string(w[0]) +
+                 " input channels but input " + shape_string(x) + " has " + std::to_string(x[1]));
+  }
+  if (groups < 1 || x[1] % groups != 0) {
+    op_error(graph, node,
+             "groups " + std::to_string(groups) + " must divide the " + std::to_string(x[1]) +
+                 " input channels");
+  }
+  if (output_padding[0] >= stride[0] || output_padding[1] >= stride[1]) {
+    op_error(graph, node, "output_padding must be smaller than stride");
+  }
+  const Shape output = transposed_output_shape(node.attrs, x, w);
+  if (output[2] <= 0 || output[3] <= 0) {
+    op_error(graph, node, "output size " + shape_string(output) + " would be <= 0");
+  }
+  const ConvGeometry g = checked_geometry(graph, node, output, w);
+  expect_shape(graph, node, "input", x, g.output_shape());
+  return g;
+}
+
+HostTensor convolve(const ConvGeometry& g, const HostTensor& x, const HostTensor& w) {
+  HostTensor out(g.output_shape());
+  for_each_tap(
+      g, [&](int64_t xi, int64_t wi, int64_t oi) { out.data[oi] += x.data[xi] * w.data[wi]; });
+  return out;
+}
+
+HostTensor convolve_grad_input(const ConvGeometry& g, const HostTensor& grad_out,
+                               const HostTensor& w) {
+  HostTensor grad(g.input_shape());
+  for_each_tap(g, [&](int64_t xi, int64_t wi, int64_t oi) {
+    grad.data[xi] += grad_out.data[oi] * w.data[wi];
+  });
+  return grad;
+}
+
+HostTensor convolve_grad_weight(const ConvGeometry& g, const HostTensor& x,
+                                const HostTensor& grad_out) {
+  HostTensor grad(g.weight_shape());
+  for_each_tap(g, [&](int64_t xi, int64_t wi, int64_t oi) {
+    grad.data[wi] += x.data[xi] * grad_out.data[oi];
+  });
+  return grad;
+}
+
+// VJP shared by conv2d_grad_input and conv_transpose2d: result = grad_input(a, w) is linear in
+// a and in w, with adjoints conv2d(grad, w) and grad_weight(grad, a).
+std::vector<ValueId> data_gradient_vjp(Graph& graph, ValueId self, ValueId grad) {
+  const Node node = graph.node(self);
+  const ValueId a = node.inputs[0];
+  const ValueId w = node.inputs[1];
+  const Attrs attrs = conv_attrs(node);
+  return {graph.add("conv2d", {grad, w}, attrs),
+          graph.add("conv2d_grad_weight", {grad, a},
+                    with_shape(attrs, "weight_shape", graph.type(w).shape))};
+}
+
+Tensor add_channel_bias(Tensor out, Tensor bias, std::string_view op) {
+  const int64_t channels = out.dim(1);
+  if (bias.shape() != Shape{channels}) {
+    throw Error(std::string(op) + ": bias " + type_string(bias.type()) + " should have shape [" +
+                std::to_string(channels) + "] (one value per output channel)");
+  }
+  Shape bias_shape(out.rank() - 1, 1);
+  bias_shape[0] = channels;
+  return add(out, reshape(bias, bias_shape));
+}
+
+}  // namespace
+
+void register_conv_ops(std::vector<OpDef>& registry) {
+  // conv2d(x [N, C, H, W], w [O, C/groups, KH, KW]) -> [N, O, OH, OW], no bias.
+  // attrs: stride [2] (default 1,1), padding [2] (0,0), dilation [2] (1,1), groups (1).
+  registry.push_back(OpDef{
+      .name = "conv2d",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_conv_operands(graph, node);
+            const TensorType& x = graph.type(node.inputs[0]);
+            const Shape& w = graph.type(node.inputs[1]).shape;
+            return TensorType{x.dtype, checked_geometry(graph, node, x.shape, w).output_shape()};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            return convolve(conv_geometry(node.attrs, in[0]->shape, in[1]->shape), *in[0], *in[1]);
+          },
+      .vjp =
+          [](Graph& graph, ValueId self, ValueId grad) {
+            const Node node = graph.node(self);
+            const ValueId x = node.inputs[0];
+            const ValueId w = node.inputs[1];
+            const Attrs attrs = conv_attrs(node);
+            return std::vector<ValueId>{
+                graph.add("conv2d_grad_input", {grad, w},
+                          with_shape(attrs, "input_shape", graph.type(x).shape)),
+                graph.add("conv2d_grad_weight", {x, grad},
+                          with_shape(attrs, "weight_shape", graph.type(w).shape))};
+          },
+  });
+
+  // conv2d_grad_input(grad_out [N, O, OH, OW], w [O, C/groups, KH, KW]) -> [N, C, H, W]: the
+  // gradient of conv2d with respect to x. attrs: those of conv2d plus input_shape [4].
+  registry.push_back(OpDef{
+      .name = "conv2d_grad_input",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_conv_operands(graph, node);
+            const TensorType& grad_out = graph.type(node.inputs[0]);
+            const Shape input_shape = shape4_attr(graph, node, "input_shape");
+            const ConvGeometry g =
+                checked_geometry(graph, node, input_shape, graph.type(node.inputs[1]).shape);
+            expect_shape(graph, node, "grad_out", grad_out.shape, g.output_shape());
+            return TensorType{grad_out.dtype, input_shape};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            const ConvGeometry g =
+                conv_geometry(node.attrs, node.attrs.get_ints("input_shape"), in[1]->shape);
+            return convolve_grad_input(g, *in[0], *in[1]);
+          },
+      .vjp = data_gradient_vjp,
+  });
+
+  // conv2d_grad_weight(x [N, C, H, W], grad_out [N, O, OH, OW]) -> [O, C/groups, KH, KW]: the
+  // gradient of conv2d with respect to w. attrs: those of conv2d plus weight_shape [4].
+  registry.push_back(OpDef{
+      .name = "conv2d_grad_weight",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_conv_operands(graph, node);
+            const TensorType& x = graph.type(node.inputs[0]);
+            const Shape weight_shape = shape4_attr(graph, node, "weight_shape");
+            const ConvGeometry g = checked_geometry(graph, node, x.shape, weight_shape);
+            expect_shape(graph, node, "grad_out", graph.type(node.inputs[1]).shape,
+                         g.output_shape());
+            return TensorType{x.dtype, weight_shape};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            const ConvGeometry g =
+                conv_geometry(node.attrs, in[0]->shape, node.attrs.get_ints("weight_shape"));
+            return convolve_grad_weight(g, *in[0], *in[1]);
+          },
+      .vjp =
+          [](Graph& graph, ValueId self, ValueId grad) {
+            const Node node = graph.node(self);
+            const ValueId x = node.inputs[0];
+            const ValueId grad_out = node.inputs[1];
+            const Attrs attrs = conv_attrs(node);
+            return std::vector<ValueId>{
+                graph.add("conv2d_grad_input", {grad_out, grad},
+                          with_shape(attrs, "input_shape", graph.type(x).shape)),
+                graph.add("conv2d", {x, grad}, attrs)};
+          },
+  });
+
+  // conv_transpose2d(x [N, C, H, W], w [C, O/groups, KH, KW]) -> [N, O, OH, OW] with
+  // OH = (H - 1) * stride - 2 * padding + dilation * (KH - 1) + output_padding + 1.
+  // attrs: stride [2], padding [2], output_padding [2] (each < stride), dilation [2], groups.
+  registry.push_back(OpDef{
+      .name = "conv_transpose2d",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_conv_operands(graph, node);
+            return TensorType{graph.type(node.inputs[0]).dtype,
+                              checked_transposed_geometry(graph, node).input_shape()};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            const Shape output = transposed_output_shape(node.attrs, in[0]->shape, in[1]->shape);
+            return convolve_grad_input(conv_geometry(node.attrs, output, in[1]->shape), *in[0],
+                                       *in[1]);
+          },
+      .vjp = data_gradient_vjp,
+  });
+}
+
+Tensor conv2d(Tensor x, Tensor weight, std::optional<Tensor> bias, const Conv2dOptions& options) {
+  Tensor out = apply("conv2d", {x, weight},
+                     {{"stride", options.stride},
+                      {"padding", options.padding},
+                      {"dilation", options.dilation},
+                      {"groups", options.groups}});
+  return bias ? add_channel_bias(out, *bias, "conv2d") : out;
+}
+
+Tensor conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias, int64_t stride, int64_t padding,
+              int64_t dilation, int64_t groups) {
+  if (x.rank() != 3 || weight.rank() != 3) {
+    throw Error("conv1d: input " + type_string(x.type()) + " and weight " +
+                type_string(weight.type()) +
+                " must both have rank 3 ([N, C, L], [O, C/groups, K])");
+  }
+  const Tensor x2d = reshape(x, {x.dim(0), x.dim(1), 1, x.dim(2)});
+  const Tensor w2d = reshape(weight, {weight.dim(0), weight.dim(1), 1, weight.dim(2)});
+  const Tensor out = conv2d(x2d, w2d, std::nullopt,
+                            {.stride = {1, stride},
+                             .padding = {0, padding},
+                             .dilation = {1, dilation},
+                             .groups = groups});
+  const Tensor out1d = reshape(out, {out.dim(0), out.dim(1), out.dim(3)});
+  return bias ? add_channel_bias(out1d, *bias, "conv1d") : out1d;
+}
+
+Tensor conv_transpose2d(Tensor x, Tensor weight, std::optional<Tensor> bias,
+                        const ConvTranspose2dOptions& options) {
+  Tensor out = apply("conv_transpose2d", {x, weight},
+                     {{"stride", options.stride},
+                      {"padding", options.padding},
+                      {"output_padding", options.output_padding},
+                      {"dilation", options.dilation},
+                      {"groups", options.groups}});
+  return bias ? add_channel_bias(out, *bias, "conv_transpose2d") : out;
+}
 
 }  // namespace mg

@@ -1,7 +1,8 @@
 #pragma once
 // The op contract (DESIGN.md): every op family file under src/ops/ registers, per op, its shape
-// inference, its f64 reference evaluation, its vector-Jacobian product written as graph
-// construction, and its lowering to a kernel.
+// inference, its f64 reference evaluation and its vector-Jacobian product written as graph
+// construction. Lowering to kernels lives beside the kernel archetypes in src/kernels/ (one
+// table entry per op), so that this layer stays free of device concerns.
 #include <functional>
 #include <string>
 #include <string_view>
@@ -11,10 +12,6 @@
 #include "ops/host_tensor.hpp"
 
 namespace mg {
-
-namespace kernels {
-struct LoweringContext;  // src/kernels/lowering.hpp
-}
 
 struct OpDef {
   std::string name;
@@ -28,9 +25,6 @@ struct OpDef {
   // graph; kNoValue for inputs that take none. Empty for ops that pass no gradient. The node
   // must be copied before appending (appending may move the node list).
   std::function<std::vector<ValueId>(Graph& graph, ValueId self, ValueId grad)> vjp;
-  // Emits the op's kernel launch (src/kernels/lowering.hpp). Empty for ops that are rewritten
-  // into others before lowering, and for leaves.
-  std::function<void(kernels::LoweringContext& context)> lower;
 };
 
 // Throws mg::Error if `name` names no op.

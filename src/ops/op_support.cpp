@@ -46,7 +46,9 @@ int64_t broadcast_source_index(const Shape& from, const Shape& to, int64_t flat)
   return source;
 }
 
-ValueId reduce_to_shape(Graph& graph, ValueId grad, const Shape& target) {
+ValueId reduce_to_shape(Graph& graph, ValueId grad, const Shape& target_shape) {
+  // A copy: callers often pass a shape held by the graph, which appending may move.
+  const Shape target = target_shape;
   const Shape shape = graph.type(grad).shape;
   if (shape == target) return grad;
   const size_t offset = shape.size() - target.size();

@@ -1,0 +1,76 @@
+#pragma once
+// A Session binds a graph to a GPU: it optimises the graph, lowers it to kernels, plans its
+// memory, creates every pipeline up front and records one command buffer. run() then replays
+// that fixed dispatch list: uploads of the inputs, the kernels, the assignments (optimizer
+// updates) and downloads of the outputs, in one submission. Nothing is allocated or compiled
+// inside run().
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meganeura/graph.hpp"
+
+namespace mg {
+
+struct SessionOptions {
+  std::string device;         // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
+  bool validation = false;    // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
+  bool profile = false;       // per-dispatch GPU timestamps
+  bool reuse_memory = true;   // false gives every value its own bytes (planner tests)
+  uint64_t seed = 0;          // parameter initialisation, as initialise_leaves()
+};
+
+struct BuildReport {
+  std::string device;       // one-line device description
+  double build_seconds = 0;     // graph to ready pipelines and recorded commands
+  double pipeline_seconds = 0;  // part of build_seconds spent creating pipelines
+  uint32_t pipelines = 0;
+  uint32_t spirv_cache_hits = 0;
+  size_t dispatches = 0;
+  std::string memory_plan;  // plan::describe_memory
+};
+
+struct DispatchProfile {
+  std::string label;
+  double start_ms = 0;
+  double duration_ms = 0;
+};
+
+class Session {
+ public:
+  explicit Session(const Graph& graph, const SessionOptions& options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Inputs by name; the element count and dtype must match. Throws mg::Error otherwise.
+  void set_input(std::string_view name, std::span<const float> values);
+  void set_input(std::string_view name, std::span<const int32_t> values);
+  bool has_input(std::string_view name) const;
+
+  void run();
+
+  // Outputs of the last run (f32 outputs; i32 outputs convert exactly to float).
+  std::vector<float> output(std::string_view name) const;
+  float scalar_output(std::string_view name) const;
+
+  // Parameters and state by name (blocking GPU reads and writes).
+  std::vector<float> read(std::string_view leaf) const;
+  void write(std::string_view leaf, std::span<const float> values);
+  std::vector<std::string> persistent_names() const;  // parameters then state, in graph order
+  TensorType leaf_type(std::string_view leaf) const;
+
+  const BuildReport& report() const;
+  std::vector<DispatchProfile> profile() const;  // last run, needs options.profile
+  void write_trace(const std::string& path) const;  // Chrome trace JSON of the last run
+  uint32_t validation_messages() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mg

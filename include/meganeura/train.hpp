@@ -1,0 +1,50 @@
+#pragma once
+// Turning a model graph into a training graph: gradients, optional global-norm clipping and an
+// optimizer update expressed as graph ops, with the optimizer's moments as state leaves (so a
+// checkpoint holds them and the memory planner places them in the persistent region).
+#include <map>
+#include <string>
+
+#include "meganeura/graph.hpp"
+
+namespace mg {
+
+struct OptimizerConfig {
+  enum class Kind { sgd, adam, adamw } kind = Kind::adam;
+  double learning_rate = 1e-3;
+  double momentum = 0.0;  // SGD
+  bool nesterov = false;  // SGD
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
+  double weight_decay = 0.0;  // L2 added to the gradient (SGD, Adam); decoupled (AdamW)
+  double clip_norm = 0.0;     // global gradient-norm clipping; 0 turns it off
+  enum class Schedule { constant, linear_warmup, cosine } schedule = Schedule::constant;
+  int64_t warmup_steps = 0;  // linear warmup length (linear_warmup and cosine)
+  int64_t total_steps = 0;   // cosine: steps until min_learning_rate
+  double min_learning_rate = 0.0;
+};
+
+std::string optimizer_name(OptimizerConfig::Kind kind);  // "sgd", "adam", "adamw"
+OptimizerConfig::Kind parse_optimizer(const std::string& name);  // throws mg::Error
+
+// The learning rate of step `step` (0 for the first update).
+double learning_rate_at(const OptimizerConfig& config, int64_t step);
+
+// Scalar inputs the training graph reads each step; fill them with optimizer_inputs().
+inline constexpr const char* kLearningRateInput = "optimizer.learning_rate";
+inline constexpr const char* kBiasCorrection1Input = "optimizer.bias_correction1";
+inline constexpr const char* kBiasCorrection2Input = "optimizer.bias_correction2";
+
+// Values of those inputs for step `step` (0-based): name -> value.
+std::map<std::string, double> optimizer_inputs(const OptimizerConfig& config, int64_t step);
+
+struct TrainingGraph {
+  ValueId loss = kNoValue;
+  std::map<ValueId, ValueId> gradients;  // parameter -> gradient
+  ValueId gradient_norm = kNoValue;      // set when clipping is on
+};
+
+// Appends gradients of `loss` (a scalar) for every parameter, clipping, and the update of every
+// parameter and optimizer state (Graph::assign). Marks `loss` as output "loss".
+TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& config);
+
+}  // namespace mg

@@ -1,0 +1,129 @@
+#include <cmath>
+#include <numbers>
+
+#include "meganeura/autodiff.hpp"
+#include "meganeura/ops.hpp"
+#include "meganeura/train.hpp"
+
+namespace mg {
+
+std::string optimizer_name(OptimizerConfig::Kind kind) {
+  switch (kind) {
+    case OptimizerConfig::Kind::sgd: return "sgd";
+    case OptimizerConfig::Kind::adam: return "adam";
+    case OptimizerConfig::Kind::adamw: return "adamw";
+  }
+  return "?";
+}
+
+OptimizerConfig::Kind parse_optimizer(const std::string& name) {
+  for (auto kind : {OptimizerConfig::Kind::sgd, OptimizerConfig::Kind::adam,
+                    OptimizerConfig::Kind::adamw}) {
+    if (optimizer_name(kind) == name) return kind;
+  }
+  throw Error("unknown optimizer '" + name + "' (expected sgd, adam or adamw)");
+}
+
+double learning_rate_at(const OptimizerConfig& config, int64_t step) {
+  const double base = config.learning_rate;
+  if (config.schedule == OptimizerConfig::Schedule::constant) return base;
+  if (step < config.warmup_steps) {
+    return base * static_cast<double>(step + 1) / static_cast<double>(config.warmup_steps);
+  }
+  if (config.schedule == OptimizerConfig::Schedule::linear_warmup) return base;
+  const int64_t decay_steps = std::max<int64_t>(1, config.total_steps - config.warmup_steps);
+  const double progress =
+      std::min(1.0, static_cast<double>(step - config.warmup_steps) / decay_steps);
+  return config.min_learning_rate + 0.5 * (base - config.min_learning_rate) *
+                                        (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+std::map<std::string, double> optimizer_inputs(const OptimizerConfig& config, int64_t step) {
+  const double t = static_cast<double>(step + 1);
+  return {
+      {kLearningRateInput, learning_rate_at(config, step)},
+      {kBiasCorrection1Input, 1.0 / (1.0 - std::pow(config.beta1, t))},
+      {kBiasCorrection2Input, 1.0 / (1.0 - std::pow(config.beta2, t))},
+  };
+}
+
+namespace {
+
+Tensor state_like(Graph& graph, const Node& parameter, const std::string& suffix) {
+  return {&graph, graph.state("optimizer." + parameter.name + "." + suffix, parameter.type)};
+}
+
+}  // namespace
+
+TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& config) {
+  if (graph.type(loss).elements() != 1) {
+    throw Error("training needs a scalar loss, got " + type_string(graph.type(loss)));
+  }
+  const std::vector<ValueId> parameters = graph.leaves("parameter");
+  if (parameters.empty()) throw Error("training: the graph has no parameters");
+
+  TrainingGraph training;
+  training.loss = loss;
+  training.gradients = gradients(graph, loss, parameters);
+  graph.set_output("loss", loss);
+
+  const Tensor learning_rate = input(graph, kLearningRateInput, {});
+  Tensor bias_correction1, bias_correction2;
+  if (config.kind != OptimizerConfig::Kind::sgd) {
+    bias_correction1 = input(graph, kBiasCorrection1Input, {});
+    bias_correction2 = input(graph, kBiasCorrection2Input, {});
+  }
+
+  Tensor clip_scale;
+  if (config.clip_norm > 0) {
+    Tensor squared_sum;
+    for (ValueId parameter : parameters) {
+      const Tensor grad{&graph, training.gradients[parameter]};
+      const Tensor part = sum_all(square(grad));
+      squared_sum = squared_sum.valid() ? squared_sum + part : part;
+    }
+    const Tensor norm = sqrt(squared_sum);
+    training.gradient_norm = norm.id();
+    graph.set_output("gradient_norm", norm.id());
+    clip_scale = minimum(scalar(graph, 1.0), config.clip_norm / (norm + 1e-6));
+  }
+
+  for (ValueId parameter_id : parameters) {
+    const Node parameter_node = graph.node(parameter_id);
+    const Tensor parameter{&graph, parameter_id};
+    Tensor grad{&graph, training.gradients[parameter_id]};
+    if (clip_scale.valid()) grad = grad * clip_scale;
+    if (config.weight_decay > 0 && config.kind != OptimizerConfig::Kind::adamw) {
+      grad = grad + parameter * config.weight_decay;
+    }
+    Tensor updated;
+    if (config.kind == OptimizerConfig::Kind::sgd) {
+      Tensor direction = grad;
+      if (config.momentum > 0) {
+        const Tensor buffer = state_like(graph, parameter_node, "momentum");
+        const Tensor new_buffer = buffer * config.momentum + grad;
+        graph.assign(buffer.id(), new_buffer.id());
+        direction = config.nesterov ? grad + new_buffer * config.momentum : new_buffer;
+      }
+      updated = parameter - learning_rate * direction;
+    } else {
+      const Tensor m = state_like(graph, parameter_node, "m");
+      const Tensor v = state_like(graph, parameter_node, "v");
+      const Tensor new_m = m * config.beta1 + grad * (1.0 - config.beta1);
+      const Tensor new_v = v * config.beta2 + square(grad) * (1.0 - config.beta2);
+      graph.assign(m.id(), new_m.id());
+      graph.assign(v.id(), new_v.id());
+      const Tensor step =
+          (new_m * bias_correction1) / (sqrt(new_v * bias_correction2) + config.eps);
+      Tensor decayed = parameter;
+      if (config.kind == OptimizerConfig::Kind::adamw && config.weight_decay > 0) {
+        decayed = parameter - learning_rate * config.weight_decay * parameter;
+      }
+      updated = decayed - learning_rate * step;
+    }
+    graph.assign(parameter_id, updated.id());
+  }
+  return training;
+}
+
+}  // namespace mg

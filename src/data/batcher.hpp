@@ -1,0 +1,62 @@
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <vector>
+
+#include "data/fashion_mnist.hpp"
+
+namespace mg::data {
+
+// Where a Batcher is in its stream of batches; saved in checkpoints so --resume continues with
+// exactly the batches an uninterrupted run would have seen.
+struct BatcherState {
+  uint64_t seed = 0;
+  int64_t batch_size = 0;
+  int64_t epoch = 0;
+  int64_t position = 0;  // examples of this epoch already handed out
+
+  nlohmann::json to_json() const;
+  // Throws mg::Error when a field is missing or not an integer.
+  static BatcherState from_json(const nlohmann::json& json);
+  bool operator==(const BatcherState&) const = default;
+};
+
+// Hands out fixed-size batches of a Dataset in an order shuffled per epoch. The order of epoch e
+// depends only on (seed, e), so a restored state reproduces the rest of the run exactly and
+// results do not depend on the standard library (the shuffle uses std::mt19937_64 directly).
+class Batcher {
+ public:
+  // With drop_last the final partial batch of each epoch is skipped, so every batch is full.
+  Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, bool shuffle = true,
+          bool drop_last = true);
+
+  // Copies the next batch into `images` ([batch_size, 1, rows, cols]) and `labels`
+  // ([batch_size]) and returns how many examples it wrote (less than batch_size only for the
+  // last batch of an epoch without drop_last). Starts the next epoch when this one is used up.
+  int64_t next(std::span<float> images, std::span<int32_t> labels);
+
+  int64_t batch_size() const { return batch_size_; }
+  int64_t batches_per_epoch() const;
+  int64_t epoch() const { return epoch_; }
+  // True when the current epoch has no batch left; the next call to next() starts a new epoch.
+  bool epoch_finished() const;
+
+  BatcherState state() const { return {seed_, batch_size_, epoch_, position_}; }
+  // Throws mg::Error when the state was saved with another seed or batch size, or is out of range.
+  void restore(const BatcherState& state);
+
+ private:
+  void start_epoch(int64_t epoch);
+
+  const Dataset& dataset_;
+  int64_t batch_size_;
+  uint64_t seed_;
+  bool shuffle_;
+  bool drop_last_;
+  int64_t epoch_ = 0;
+  int64_t position_ = 0;
+  std::vector<uint32_t> order_;
+};
+
+}  // namespace mg::data

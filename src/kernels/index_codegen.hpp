@@ -1,0 +1,22 @@
+#pragma once
+// Small GLSL generators shared by the archetypes that compute element coordinates from a flat
+// index with shapes baked in as constants.
+#include <string>
+#include <vector>
+
+#include "meganeura/types.hpp"
+
+namespace mg::kernels {
+
+// Declares uint c0..c{rank-1} (prefix `c` by default) as the coordinates of flat index
+// `flat` in `shape`.
+std::string coordinates_glsl(const Shape& shape, const std::string& flat,
+                             const std::string& prefix = "c");
+
+// "c0 * 12u + c1 * 4u + c2" for `shape` using the given coordinate names (row-major).
+std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& coordinates);
+
+std::string glsl_uint(int64_t value);  // "12u"
+std::string glsl_float(double value);  // a float literal that round-trips f32 ("0.5", "1e-05")
+
+}  // namespace mg::kernels

@@ -1,0 +1,95 @@
+#include "kernels/lowering.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "kernels/embedded_sources.hpp"
+
+namespace mg::kernels {
+namespace {
+
+const std::unordered_map<std::string_view, LoweringFunction>& lowering_table() {
+  static const auto table = [] {
+    std::unordered_map<std::string_view, LoweringFunction> entries;
+    for (const auto& family : {pointwise_lowerings(), layout_lowerings(), reduction_lowerings(),
+                               gemm_lowerings(), nn_lowerings()}) {
+      for (const LoweringEntry& entry : family) entries.emplace(entry.op, entry.lower);
+    }
+    return entries;
+  }();
+  return table;
+}
+
+const char* glsl_element_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float";
+    case DType::i32: return "int";
+    case DType::u32: return "uint";
+    default: return nullptr;
+  }
+}
+
+// Shared by every kernel: 2-D grids for large launches (see grid_for).
+constexpr std::string_view kPrelude = R"glsl(
+uint linear_workgroup() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+)glsl";
+
+}  // namespace
+
+std::string buffer_declarations(const Graph& graph, const Launch& launch) {
+  std::string text;
+  for (size_t k = 0; k < launch.operands.size(); ++k) {
+    const Operand& operand = launch.operands[k];
+    const DType dtype = graph.type(operand.value).dtype;
+    const char* element = glsl_element_type(dtype);
+    if (!element) {
+      throw Error(launch.label + ": operand '" + operand.name + "' has dtype " +
+                  std::string(dtype_name(dtype)) +
+                  ", which the strict f32 kernels do not support yet");
+    }
+    text += "layout(std430, set = 0, binding = " + std::to_string(k) + ") ";
+    text += operand.write ? "buffer " : "readonly buffer ";
+    text += "buffer_" + operand.name + " { " + element + " " + operand.name + "[]; };\n";
+  }
+  text += kPrelude;
+  return text;
+}
+
+std::array<uint32_t, 3> grid_for(uint64_t count, uint32_t local_size, const DeviceTraits& device) {
+  const uint64_t groups = std::max<uint64_t>(1, (count + local_size - 1) / local_size);
+  const uint64_t limit = device.max_workgroup_count_x;
+  if (groups <= limit) return {static_cast<uint32_t>(groups), 1, 1};
+  const uint64_t rows = (groups + limit - 1) / limit;
+  return {static_cast<uint32_t>(limit), static_cast<uint32_t>(rows), 1};
+}
+
+bool is_view_op(std::string_view op) { return op == "reshape" || op == "stop_gradient"; }
+
+std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device) {
+  const Node& node = graph.node(id);
+  const auto& table = lowering_table();
+  auto it = table.find(node.op);
+  if (it == table.end()) {
+    throw Error("op '" + node.op + "' (%" + std::to_string(id) + ", " + type_string(node.type) +
+                ") has no GPU kernel for " + device.name);
+  }
+  LoweringContext context(graph, id, device);
+  it->second(context);
+  return std::move(context.launches());
+}
+
+std::vector<std::string> lowered_ops() {
+  std::vector<std::string> names;
+  for (const auto& [op, unused] : lowering_table()) names.emplace_back(op);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string_view kernel_source(std::string_view file_name) {
+  for (const EmbeddedSource& source : embedded_sources()) {
+    if (source.file_name == file_name) return source.text;
+  }
+  throw Error("internal: no embedded kernel named " + std::string(file_name));
+}
+
+}  // namespace mg::kernels

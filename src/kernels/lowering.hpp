@@ -1,0 +1,97 @@
+#pragma once
+// Lowering: each graph node becomes one or more kernel launches. A launch names the buffers it
+// binds (graph values, in binding order), the GLSL source and defines that specialise the kernel
+// to the node's shapes and the device, and its grid. Shapes are compile-time constants in the
+// generated code, so every kernel is specialised per shape.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "meganeura/graph.hpp"
+
+namespace mg::kernels {
+
+// What lowering needs to know about the device (copied from gpu::DeviceCaps by the runtime).
+struct DeviceTraits {
+  uint32_t subgroup_size = 32;
+  uint32_t max_shared_memory_bytes = 16384;
+  uint32_t max_workgroup_invocations = 256;
+  uint32_t max_workgroup_count_x = 65535;
+  std::string name = "device";
+};
+
+struct Operand {
+  std::string name;  // identifier of the buffer's array in the GLSL source
+  ValueId value = kNoValue;
+  bool write = false;
+};
+
+struct Launch {
+  std::string label;  // "matmul %12", shown in profiles and errors
+  std::string kernel;  // archetype name, e.g. "pointwise", "gemm"
+  std::string body;    // GLSL after the generated buffer declarations
+  std::vector<std::pair<std::string, std::string>> defines;
+  std::vector<Operand> operands;
+  std::array<uint32_t, 3> groups{1, 1, 1};
+};
+
+// The GLSL text that declares `launch`'s operands as std430 storage buffers (binding k is
+// operand k; f32 values as float[], i32 as int[]), followed by the common prelude.
+std::string buffer_declarations(const Graph& graph, const Launch& launch);
+
+// Grid for `count` independent work items in workgroups of `local_size`, spread over x and y
+// so that no dimension exceeds the device's limit. Kernels use linear_workgroup() (prelude).
+std::array<uint32_t, 3> grid_for(uint64_t count, uint32_t local_size, const DeviceTraits& device);
+
+class LoweringContext {
+ public:
+  LoweringContext(const Graph& graph, ValueId id, const DeviceTraits& device)
+      : graph_(graph), id_(id), device_(device) {}
+
+  const Graph& graph() const { return graph_; }
+  ValueId id() const { return id_; }
+  const Node& node() const { return graph_.node(id_); }
+  const TensorType& input_type(size_t k) const { return graph_.type(node().inputs.at(k)); }
+  const DeviceTraits& device() const { return device_; }
+  std::string label() const { return node().op + " %" + std::to_string(id_); }
+
+  void emit(Launch launch) { launches_.push_back(std::move(launch)); }
+  std::vector<Launch>& launches() { return launches_; }
+
+ private:
+  const Graph& graph_;
+  ValueId id_;
+  const DeviceTraits& device_;
+  std::vector<Launch> launches_;
+};
+
+using LoweringFunction = void (*)(LoweringContext& context);
+
+struct LoweringEntry {
+  std::string_view op;
+  LoweringFunction lower;
+};
+
+// One table a kernel archetype file, listing the ops that archetype runs.
+std::vector<LoweringEntry> pointwise_lowerings();
+std::vector<LoweringEntry> layout_lowerings();
+std::vector<LoweringEntry> reduction_lowerings();
+std::vector<LoweringEntry> gemm_lowerings();
+std::vector<LoweringEntry> nn_lowerings();
+
+// Ops whose result is a view of their first input's memory (no launch, shared storage).
+bool is_view_op(std::string_view op);
+
+// Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
+std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);
+
+// Every op that has a kernel (for `meganeura inspect --ops` and the coverage test).
+std::vector<std::string> lowered_ops();
+
+// The embedded GLSL file `file_name` (e.g. "gemm.comp"); throws if absent.
+std::string_view kernel_source(std::string_view file_name);
+
+}  // namespace mg::kernels

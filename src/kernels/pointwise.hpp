@@ -1,0 +1,30 @@
+#pragma once
+// The generated pointwise archetype: one thread per output element evaluates a small DAG of
+// elementwise ops over broadcast inputs. A single elementwise node is a DAG of one statement;
+// the fusion pass hands over longer chains.
+#include <string>
+#include <vector>
+
+#include "kernels/lowering.hpp"
+
+namespace mg::kernels {
+
+struct PointwiseStatement {
+  std::string op;
+  Attrs attrs;
+  // Arguments: >= 0 is an input index, < 0 is statement (-1 - index) of this DAG.
+  std::vector<int> arguments;
+};
+
+struct PointwiseDag {
+  std::vector<ValueId> inputs;
+  std::vector<PointwiseStatement> statements;  // the last one is the result
+  ValueId output = kNoValue;
+};
+
+bool is_pointwise_op(std::string_view op);
+
+Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
+                        std::string label);
+
+}  // namespace mg::kernels

@@ -1,0 +1,187 @@
+// The row-reduction archetype: each output element combines the input elements along a set of
+// reduced axes. Long rows get one workgroup with a shared-memory tree; short rows one thread.
+// Softmax and log-softmax are three passes over one row inside one workgroup.
+#include <algorithm>
+
+#include "kernels/index_codegen.hpp"
+#include "kernels/lowering.hpp"
+
+namespace mg::kernels {
+namespace {
+
+constexpr uint32_t kGroupSize = 128;
+constexpr int64_t kThreadPerRowLimit = 16;
+
+// Splits an input shape into kept and reduced axes and generates
+// `uint input_index(uint o, uint r)` mapping (output row, position in row) to a flat index.
+struct RowLayout {
+  int64_t rows = 1;
+  int64_t row_length = 1;
+  std::string index_function;
+};
+
+RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axes) {
+  RowLayout layout;
+  const std::vector<int64_t> strides = row_major_strides(shape);
+  Shape kept_shape, reduced_shape;
+  std::vector<int64_t> kept_strides, reduced_strides;
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    const bool reduced =
+        std::find(reduced_axes.begin(), reduced_axes.end(), static_cast<int64_t>(axis)) !=
+        reduced_axes.end();
+    (reduced ? reduced_shape : kept_shape).push_back(shape[axis]);
+    (reduced ? reduced_strides : kept_strides).push_back(strides[axis]);
+  }
+  layout.rows = element_count(kept_shape);
+  layout.row_length = element_count(reduced_shape);
+  std::string function = "uint input_index(uint o, uint r) {\n";
+  function += coordinates_glsl(kept_shape, "o", "k") + coordinates_glsl(reduced_shape, "r", "q");
+  function += "  return 0u";
+  for (size_t k = 0; k < kept_shape.size(); ++k) {
+    function += " + k" + std::to_string(k) + " * " + glsl_uint(kept_strides[k]);
+  }
+  for (size_t k = 0; k < reduced_shape.size(); ++k) {
+    function += " + q" + std::to_string(k) + " * " + glsl_uint(reduced_strides[k]);
+  }
+  layout.index_function = function + ";\n}\n";
+  return layout;
+}
+
+std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
+  std::vector<int64_t> axes = node.attrs.has("axes") ? node.attrs.get_ints("axes")
+                                                     : std::vector<int64_t>{node.attrs.get_int("axis")};
+  if (axes.empty()) {
+    for (int64_t axis = 0; axis < rank; ++axis) axes.push_back(axis);
+  }
+  for (int64_t& axis : axes) {
+    if (axis < 0) axis += rank;
+  }
+  return axes;
+}
+
+enum class ReductionKind { sum, max, argmax };
+
+// Sums, or selects the maximum keeping the index of its first occurrence (max, argmax). The
+// result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax).
+void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize) {
+  const Node& node = context.node();
+  const Shape& in_shape = context.input_type(0).shape;
+  const RowLayout layout =
+      row_layout(in_shape, reduced_axes_of(node, static_cast<int64_t>(in_shape.size())));
+  const bool thread_per_row = layout.row_length <= kThreadPerRowLimit;
+  const bool selecting = kind != ReductionKind::sum;
+
+  std::string body = layout.index_function;
+  body += "bool better(float v, uint i, float best, uint best_index) {\n"
+          "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
+  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
+  body += "shared float partial_value[" + std::to_string(kGroupSize) + "];\n";
+  body += "shared uint partial_index[" + std::to_string(kGroupSize) + "];\n";
+  body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
+  body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
+  std::string loop_start;
+  if (thread_per_row) {
+    body += "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + lane;\n";
+    body += "  if (o >= " + glsl_uint(layout.rows) + ") return;\n";
+    body += "  for (uint r = 0u; r < " + glsl_uint(layout.row_length) + "; ++r) {\n";
+  } else {
+    body += "  uint o = linear_workgroup();\n";
+    body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) + "; r += " +
+            glsl_uint(kGroupSize) + ") {\n";
+  }
+  body += "    float v = x[input_index(o, r)];\n";
+  body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
+                    : "    total += v;\n";
+  body += "  }\n";
+  if (!thread_per_row) {
+    body += "  partial_value[lane] = " + std::string(selecting ? "best" : "total") +
+            ";\n  partial_index[lane] = best_index;\n  barrier();\n";
+    body += "  for (uint width = " + glsl_uint(kGroupSize / 2) +
+            "; width > 0u; width >>= 1) {\n    if (lane < width) {\n";
+    if (selecting) {
+      body += "      float v = partial_value[lane + width];\n"
+              "      uint r = partial_index[lane + width];\n"
+              "      if (r != 0xffffffffu && better(v, r, partial_value[lane], partial_index[lane])) {\n"
+              "        partial_value[lane] = v;\n        partial_index[lane] = r;\n      }\n";
+    } else {
+      body += "      partial_value[lane] += partial_value[lane + width];\n";
+    }
+    body += "    }\n    barrier();\n  }\n";
+    body += "  if (lane != 0u) return;\n";
+    body += "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = partial_index[0];\n";
+  }
+  body += "  out_[o] = " + finalize + ";\n}\n";
+
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "reduction";
+  launch.body = std::move(body);
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.groups = thread_per_row
+                      ? grid_for(static_cast<uint64_t>(layout.rows), kGroupSize, context.device())
+                      : grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
+  context.emit(std::move(launch));
+}
+
+void lower_sum(LoweringContext& context) { emit_reduction(context, ReductionKind::sum, "total"); }
+
+void lower_mean(LoweringContext& context) {
+  const int64_t count = context.input_type(0).elements() / context.node().type.elements();
+  emit_reduction(context, ReductionKind::sum,
+                 "total / " + glsl_float(static_cast<double>(count)));
+}
+
+void lower_max(LoweringContext& context) { emit_reduction(context, ReductionKind::max, "best"); }
+
+void lower_argmax(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::argmax, "int(best_index)");
+}
+
+void emit_softmax(LoweringContext& context, bool logarithm) {
+  const Node& node = context.node();
+  const Shape& shape = node.type.shape;
+  const RowLayout layout = row_layout(shape, reduced_axes_of(node, static_cast<int64_t>(shape.size())));
+  const std::string group = glsl_uint(kGroupSize);
+  const std::string length = glsl_uint(layout.row_length);
+  std::string body = layout.index_function;
+  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
+  body += "shared float partial[" + std::to_string(kGroupSize) + "];\n";
+  body += "float reduce_group(float value, bool take_max) {\n  uint lane = gl_LocalInvocationID.x;\n";
+  body += "  partial[lane] = value;\n  barrier();\n";
+  body += "  for (uint width = " + glsl_uint(kGroupSize / 2) + "; width > 0u; width >>= 1) {\n";
+  body += "    if (lane < width) partial[lane] = take_max ? max(partial[lane], partial[lane + width])"
+          " : partial[lane] + partial[lane + width];\n    barrier();\n  }\n";
+  body += "  float result = partial[0];\n  barrier();\n  return result;\n}\n";
+  body += "void main() {\n  uint o = linear_workgroup();\n  uint lane = gl_LocalInvocationID.x;\n";
+  body += "  float row_max = -1.0 / 0.0;\n";
+  body += "  for (uint r = lane; r < " + length + "; r += " + group +
+          ") row_max = max(row_max, x[input_index(o, r)]);\n";
+  body += "  row_max = reduce_group(row_max, true);\n  float total = 0.0;\n";
+  body += "  for (uint r = lane; r < " + length + "; r += " + group +
+          ") total += exp(x[input_index(o, r)] - row_max);\n";
+  body += "  total = reduce_group(total, false);\n";
+  body += "  for (uint r = lane; r < " + length + "; r += " + group + ") {\n";
+  body += "    uint index = input_index(o, r);\n";
+  body += logarithm ? "    out_[index] = x[index] - row_max - log(total);\n"
+                    : "    out_[index] = exp(x[index] - row_max) / total;\n";
+  body += "  }\n}\n";
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "softmax";
+  launch.body = std::move(body);
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
+  context.emit(std::move(launch));
+}
+
+void lower_softmax(LoweringContext& context) { emit_softmax(context, false); }
+void lower_log_softmax(LoweringContext& context) { emit_softmax(context, true); }
+
+}  // namespace
+
+std::vector<LoweringEntry> reduction_lowerings() {
+  return {{"sum", lower_sum},         {"mean", lower_mean},       {"max", lower_max},
+          {"argmax", lower_argmax},   {"softmax", lower_softmax}, {"log_softmax", lower_log_softmax}};
+}
+
+}  // namespace mg::kernels

@@ -1,0 +1,68 @@
+#include "ops/op_checks.hpp"
+
+#include <algorithm>
+
+namespace mg {
+
+void expect_input_count(const Graph& graph, const Node& node, size_t count) {
+  if (node.inputs.size() != count) {
+    op_error(graph, node,
+             "expects " + std::to_string(count) + " inputs (given the has_* attributes), got " +
+                 std::to_string(node.inputs.size()));
+  }
+}
+
+void expect_floating(const Graph& graph, const Node& node, size_t index, int64_t rank) {
+  if (index >= node.inputs.size()) {
+    op_error(graph, node, "input " + std::to_string(index) + " is missing");
+  }
+  const TensorType& type = graph.type(node.inputs[index]);
+  if (!is_floating(type.dtype)) {
+    op_error(graph, node,
+             "input " + std::to_string(index) + " has dtype " +
+                 std::string(dtype_name(type.dtype)) + "; a floating dtype is required");
+  }
+  if (rank >= 0 && type.rank() != rank) {
+    op_error(graph, node,
+             "input " + std::to_string(index) + " " + shape_string(type.shape) +
+                 " must have rank " + std::to_string(rank));
+  }
+}
+
+void expect_same_dtype(const Graph& graph, const Node& node) {
+  for (ValueId id : node.inputs) {
+    if (graph.type(id).dtype != graph.type(node.inputs.front()).dtype) {
+      op_error(graph, node, "inputs have different dtypes");
+    }
+  }
+}
+
+std::array<int64_t, 2> pair_attr(const Graph& graph, const Node& node, std::string_view name,
+                                 int64_t minimum, std::vector<int64_t> fallback) {
+  if (!node.attrs.has(name) && fallback.empty()) {
+    op_error(graph, node, "attribute '" + std::string(name) + "' is missing");
+  }
+  const std::vector<int64_t> values = node.attrs.get_ints(name, std::move(fallback));
+  if (values.size() != 2 || values[0] < minimum || values[1] < minimum) {
+    op_error(graph, node,
+             std::string(name) + " " + shape_string(values) +
+                 " must have 2 entries, each >= " + std::to_string(minimum));
+  }
+  return {values[0], values[1]};
+}
+
+Shape shape4_attr(const Graph& graph, const Node& node, std::string_view name) {
+  if (!node.attrs.has(name)) {
+    op_error(graph, node, "attribute '" + std::string(name) + "' is missing");
+  }
+  const Shape& shape = node.attrs.get_ints(name);
+  if (shape.size() != 4 || element_count(shape) <= 0 ||
+      *std::min_element(shape.begin(), shape.end()) <= 0) {
+    op_error(graph, node,
+             std::string(name) + " " + shape_string(shape) +
+                 " must have 4 positive extents (N, C, H, W)");
+  }
+  return shape;
+}
+
+}  // namespace mg

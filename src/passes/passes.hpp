@@ -1,0 +1,23 @@
+#pragma once
+// Graph rewrites that keep every output and assignment unchanged. Each returns a new graph and
+// fills `remap` (old value -> new value, kNoValue for removed values) when given.
+#include <vector>
+
+#include "meganeura/graph.hpp"
+
+namespace mg::passes {
+
+// Drops nodes that no output or assignment depends on.
+Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
+// Merges nodes with the same op, inputs and attributes (and equal constants).
+Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
+// Evaluates nodes whose inputs are all uniform constants (scalars broadcast to a shape) and
+// replaces them by a uniform constant.
+Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
+// The default pipeline: fold, CSE, DCE. Returns the composed remap too.
+Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
+}  // namespace mg::passes

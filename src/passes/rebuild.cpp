@@ -1,0 +1,33 @@
+#include "passes/rebuild.hpp"
+
+namespace mg::passes {
+
+Graph rebuild(const Graph& source, const std::vector<bool>& keep,
+              const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
+              std::vector<ValueId>* remap) {
+  Graph target;
+  std::vector<ValueId> mapping(source.size(), kNoValue);
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (!keep[i]) continue;
+    Node node = source.nodes()[i];
+    for (ValueId& input : node.inputs) {
+      input = mapping[input];
+      if (input == kNoValue) throw Error("internal: pass dropped a value that is still used");
+    }
+    mapping[i] = rewrite(target, static_cast<ValueId>(i), std::move(node));
+  }
+  for (const auto& [name, id] : source.outputs()) target.set_output(name, mapping[id]);
+  for (const auto& [leaf, value] : source.updates()) target.assign(mapping[leaf], mapping[value]);
+  if (remap) *remap = std::move(mapping);
+  return target;
+}
+
+std::vector<ValueId> compose(const std::vector<ValueId>& first, const std::vector<ValueId>& second) {
+  std::vector<ValueId> result(first.size(), kNoValue);
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (first[i] != kNoValue) result[i] = second[first[i]];
+  }
+  return result;
+}
+
+}  // namespace mg::passes

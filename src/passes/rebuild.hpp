@@ -1,0 +1,20 @@
+#pragma once
+// Shared machinery of the passes: copy a graph node by node into a new one, remapping inputs,
+// outputs and assignments.
+#include <functional>
+#include <vector>
+
+#include "meganeura/graph.hpp"
+
+namespace mg::passes {
+
+// Calls `rewrite(node, remapped_inputs)` for each node that `keep` accepts, in order; it returns
+// the new value for the node (usually target.add_typed of the node with remapped inputs).
+Graph rebuild(const Graph& source, const std::vector<bool>& keep,
+              const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
+              std::vector<ValueId>* remap);
+
+// Composes remaps: first then second.
+std::vector<ValueId> compose(const std::vector<ValueId>& first, const std::vector<ValueId>& second);
+
+}  // namespace mg::passes

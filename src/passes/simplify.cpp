@@ -1,0 +1,91 @@
+#include <map>
+#include <tuple>
+
+#include "ops/interpreter.hpp"
+#include "ops/op.hpp"
+#include "passes/passes.hpp"
+#include "passes/rebuild.hpp"
+
+namespace mg::passes {
+namespace {
+
+ValueId copy_node(Graph& target, ValueId, Node node) { return target.add_typed(std::move(node)); }
+
+bool is_uniform_constant(const Node& node) {
+  return node.op == "constant" && !node.data && node.attrs.has("value");
+}
+
+}  // namespace
+
+Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
+  std::vector<bool> live(graph.size(), false);
+  for (const auto& [name, id] : graph.outputs()) live[id] = true;
+  for (const auto& [leaf, value] : graph.updates()) live[leaf] = live[value] = true;
+  for (size_t i = graph.size(); i-- > 0;) {
+    if (!live[i]) continue;
+    for (ValueId input : graph.nodes()[i].inputs) live[input] = true;
+  }
+  // Parameters and state stay even when unused, so checkpoints keep their layout.
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const std::string& op = graph.nodes()[i].op;
+    if (op == "parameter" || op == "state" || op == "input") live[i] = true;
+  }
+  return rebuild(graph, live, copy_node, remap);
+}
+
+Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap) {
+  using Key = std::tuple<std::string, std::vector<ValueId>, std::string, std::string, std::string>;
+  std::map<Key, ValueId> seen;
+  std::vector<bool> keep(graph.size(), true);
+  return rebuild(
+      graph, keep,
+      [&](Graph& target, ValueId, Node node) {
+        if (node.is_leaf() && node.op != "constant") return target.add_typed(std::move(node));
+        if (node.data) return target.add_typed(std::move(node));
+        Key key{node.op, node.inputs, node.attrs.to_string(), type_string(node.type), node.name};
+        auto it = seen.find(key);
+        if (it != seen.end()) return it->second;
+        const ValueId id = target.add_typed(std::move(node));
+        seen.emplace(std::move(key), id);
+        return id;
+      },
+      remap);
+}
+
+Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap) {
+  std::vector<bool> keep(graph.size(), true);
+  return rebuild(
+      graph, keep,
+      [&](Graph& target, ValueId, Node node) {
+        bool foldable = !node.is_leaf() && !node.inputs.empty() && is_floating(node.type.dtype) &&
+                        find_op(node.op) && find_op(node.op)->reference;
+        for (ValueId input : node.inputs) foldable = foldable && is_uniform_constant(target.node(input));
+        if (!foldable) return target.add_typed(std::move(node));
+        // Uniform inputs give a uniform result for every elementwise op; evaluate one element
+        // on scalar stand-ins and check the op kept the shape rules (same-shape result).
+        std::vector<HostTensor> scalars;
+        for (ValueId input : node.inputs) {
+          const Node& constant = target.node(input);
+          scalars.emplace_back(constant.type.shape, constant.attrs.get_float("value"));
+        }
+        std::vector<const HostTensor*> pointers;
+        for (const HostTensor& tensor : scalars) pointers.push_back(&tensor);
+        const HostTensor result = op_def(node.op).reference(node, pointers);
+        for (double value : result.data) {
+          if (value != result.data.front()) return target.add_typed(std::move(node));
+        }
+        return target.constant(result.data.empty() ? 0.0 : result.data.front(), node.type);
+      },
+      remap);
+}
+
+Graph optimize(const Graph& graph, std::vector<ValueId>* remap) {
+  std::vector<ValueId> fold_map, cse_map, dce_map;
+  Graph folded = fold_constants(graph, &fold_map);
+  Graph merged = eliminate_common_subexpressions(folded, &cse_map);
+  Graph result = eliminate_dead_code(merged, &dce_map);
+  if (remap) *remap = compose(compose(fold_map, cse_map), dce_map);
+  return result;
+}
+
+}  // namespace mg::passes

@@ -1,0 +1,260 @@
+#include "plan/program.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "passes/passes.hpp"
+
+namespace mg::plan {
+namespace {
+
+uint64_t align_up(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// Storage root of a value: views (reshape, stop_gradient) share their input's bytes.
+ValueId storage_root(const Graph& graph, ValueId id) {
+  while (kernels::is_view_op(graph.node(id).op)) id = graph.node(id).inputs[0];
+  return id;
+}
+
+bool is_persistent_leaf(const Node& node) {
+  return node.op == "parameter" || node.op == "state" || node.op == "constant";
+}
+
+struct Interval {
+  ValueId value = kNoValue;
+  uint64_t bytes = 0;
+  int64_t first = 0, last = 0;  // launch indices, inclusive
+};
+
+// Greedy by size: largest values first, each at the lowest offset of the first arena where it
+// overlaps no placed value whose lifetime intersects its own.
+void place_transients(std::vector<Interval> intervals, const PlanOptions& options,
+                      Program& program) {
+  std::stable_sort(intervals.begin(), intervals.end(),
+                   [](const Interval& a, const Interval& b) { return a.bytes > b.bytes; });
+  struct Placed {
+    uint64_t offset, bytes;
+    int64_t first, last;
+  };
+  std::vector<std::vector<Placed>> arenas;
+  std::vector<uint32_t> arena_index;
+  for (const Interval& interval : intervals) {
+    if (interval.bytes > options.arena_limit) {
+      throw Error("value %" + std::to_string(interval.value) + " of type " +
+                  type_string(program.graph.type(interval.value)) + " needs " +
+                  std::to_string(interval.bytes) + " bytes, more than the device's " +
+                  std::to_string(options.arena_limit) + "-byte buffer limit");
+    }
+    bool placed = false;
+    for (size_t a = 0; a < arenas.size() && !placed; ++a) {
+      std::vector<std::pair<uint64_t, uint64_t>> busy;
+      for (const Placed& other : arenas[a]) {
+        const bool overlaps_in_time =
+            !options.reuse_memory || !(other.last < interval.first || interval.last < other.first);
+        if (overlaps_in_time) busy.emplace_back(other.offset, other.offset + other.bytes);
+      }
+      std::sort(busy.begin(), busy.end());
+      uint64_t candidate = 0;
+      for (const auto& [start, end] : busy) {
+        if (candidate + interval.bytes <= start) break;
+        candidate = std::max(candidate, align_up(end, options.alignment));
+      }
+      if (candidate + interval.bytes <= options.arena_limit) {
+        arenas[a].push_back({candidate, interval.bytes, interval.first, interval.last});
+        program.regions[interval.value] = {arena_index[a], candidate, interval.bytes};
+        placed = true;
+      }
+    }
+    if (!placed) {
+      arena_index.push_back(static_cast<uint32_t>(program.arenas.size()));
+      program.arenas.push_back({ArenaKind::transient, 0});
+      arenas.push_back({{0, interval.bytes, interval.first, interval.last}});
+      program.regions[interval.value] = {arena_index.back(), 0, interval.bytes};
+    }
+  }
+  for (size_t a = 0; a < arenas.size(); ++a) {
+    uint64_t end = 0;
+    for (const Placed& placed : arenas[a]) end = std::max(end, placed.offset + placed.bytes);
+    program.arenas[arena_index[a]].bytes = align_up(std::max<uint64_t>(end, 4), options.alignment);
+    program.memory.physical_transient_bytes += program.arenas[arena_index[a]].bytes;
+  }
+  // Peak: the largest total of values live at one launch.
+  int64_t launches = 0;
+  for (const Interval& interval : intervals) launches = std::max(launches, interval.last + 1);
+  std::vector<uint64_t> live(static_cast<size_t>(launches) + 1, 0);
+  for (const Interval& interval : intervals) {
+    for (int64_t t = interval.first; t <= interval.last; ++t) live[t] += interval.bytes;
+  }
+  for (uint64_t bytes : live) program.memory.peak_live_bytes = std::max(program.memory.peak_live_bytes, bytes);
+}
+
+void place_persistent(const std::vector<ValueId>& values, const PlanOptions& options,
+                      Program& program) {
+  uint32_t arena = 0;
+  bool open = false;
+  for (ValueId value : values) {
+    const uint64_t bytes = std::max<uint64_t>(program.graph.type(value).bytes(), 4);
+    if (!open || align_up(program.arenas[arena].bytes, options.alignment) + bytes > options.arena_limit) {
+      arena = static_cast<uint32_t>(program.arenas.size());
+      program.arenas.push_back({ArenaKind::persistent, 0});
+      open = true;
+    }
+    const uint64_t offset = align_up(program.arenas[arena].bytes, options.alignment);
+    program.regions[value] = {arena, offset, bytes};
+    program.arenas[arena].bytes = offset + bytes;
+    program.memory.persistent_bytes += bytes;
+  }
+}
+
+bool ranges_overlap(const Region& a, const Region& b) {
+  return a.arena == b.arena && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+}
+
+// Marks launches that must wait for earlier ones: read-after-write, write-after-read and
+// write-after-write on overlapping byte ranges since the last barrier.
+void place_barriers(Program& program) {
+  std::vector<Region> pending_reads, pending_writes;
+  auto touches = [](const std::vector<Region>& pending, const Region& region) {
+    return std::any_of(pending.begin(), pending.end(),
+                       [&](const Region& other) { return ranges_overlap(other, region); });
+  };
+  for (PlannedLaunch& planned : program.launches) {
+    bool hazard = false;
+    for (size_t k = 0; k < planned.regions.size(); ++k) {
+      const Region& region = planned.regions[k];
+      hazard = hazard || touches(pending_writes, region) ||
+               (planned.launch.operands[k].write && touches(pending_reads, region));
+    }
+    if (hazard) {
+      planned.barrier_before = true;
+      ++program.memory.barriers;
+      pending_reads.clear();
+      pending_writes.clear();
+    }
+    for (size_t k = 0; k < planned.regions.size(); ++k) {
+      (planned.launch.operands[k].write ? pending_writes : pending_reads).push_back(planned.regions[k]);
+    }
+  }
+}
+
+}  // namespace
+
+Program build_program(const Graph& source, const kernels::DeviceTraits& device,
+                      const PlanOptions& options) {
+  Program program;
+  program.graph_nodes_before_passes = source.size();
+  program.graph = passes::optimize(source);
+  verify(program.graph);
+  const Graph& graph = program.graph;
+
+  std::vector<std::vector<kernels::Launch>> per_node(graph.size());
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    if (node.is_leaf() || kernels::is_view_op(node.op)) continue;
+    per_node[i] = kernels::lower_node(graph, static_cast<ValueId>(i), device);
+  }
+  for (auto& launches : per_node) {
+    for (kernels::Launch& launch : launches) program.launches.push_back({std::move(launch), {}, false});
+  }
+
+  // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"
+  // (host uploads), launch count is "after the last" (downloads and assignments).
+  const int64_t end = static_cast<int64_t>(program.launches.size());
+  std::unordered_map<ValueId, Interval> lifetimes;
+  std::vector<ValueId> persistent;
+  auto touch = [&](ValueId value, int64_t when) {
+    const ValueId root = storage_root(graph, value);
+    const Node& node = graph.node(root);
+    if (is_persistent_leaf(node)) {
+      if (std::find(persistent.begin(), persistent.end(), root) == persistent.end()) {
+        persistent.push_back(root);
+      }
+      return;
+    }
+    auto [it, inserted] = lifetimes.try_emplace(root);
+    Interval& interval = it->second;
+    if (inserted) {
+      interval.value = root;
+      interval.bytes = align_up(std::max<uint64_t>(node.type.bytes(), 4), 4);
+      interval.first = node.op == "input" ? -1 : when;
+      interval.last = when;
+    }
+    interval.first = std::min(interval.first, when);
+    interval.last = std::max(interval.last, when);
+  };
+  for (int64_t t = 0; t < end; ++t) {
+    for (const kernels::Operand& operand : program.launches[t].launch.operands) touch(operand.value, t);
+  }
+  for (const auto& [name, id] : graph.outputs()) touch(id, end);
+  for (const auto& [leaf, value] : graph.updates()) {
+    touch(leaf, end);
+    touch(value, end);
+  }
+  for (ValueId input : graph.leaves("input")) {
+    if (lifetimes.count(input)) program.inputs.push_back(input);
+  }
+
+  std::vector<Interval> intervals;
+  for (auto& [root, interval] : lifetimes) {
+    interval.first += 1;  // shift so that "before the first launch" is 0
+    interval.last += 1;
+    program.memory.logical_transient_bytes += interval.bytes;
+    intervals.push_back(interval);
+  }
+  std::sort(intervals.begin(), intervals.end(),
+            [](const Interval& a, const Interval& b) { return a.value < b.value; });
+  std::sort(persistent.begin(), persistent.end());
+  program.persistent = persistent;
+  place_persistent(persistent, options, program);
+  place_transients(std::move(intervals), options, program);
+
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const ValueId root = storage_root(graph, static_cast<ValueId>(i));
+    auto it = program.regions.find(root);
+    if (it != program.regions.end() && root != static_cast<ValueId>(i)) {
+      program.regions[static_cast<ValueId>(i)] = it->second;
+    }
+  }
+  for (PlannedLaunch& planned : program.launches) {
+    for (const kernels::Operand& operand : planned.launch.operands) {
+      planned.regions.push_back(program.regions.at(operand.value));
+    }
+  }
+  place_barriers(program);
+  return program;
+}
+
+std::string describe_memory(const Program& program) {
+  auto mib = [](uint64_t bytes) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof(buffer), "%.3f MiB", static_cast<double>(bytes) / (1 << 20));
+    return std::string(buffer);
+  };
+  const MemoryStats& memory = program.memory;
+  std::string text;
+  text += "nodes: " + std::to_string(program.graph_nodes_before_passes) + " before passes, " +
+          std::to_string(program.graph.size()) + " after\n";
+  text += "dispatches: " + std::to_string(program.launches.size()) + ", barriers: " +
+          std::to_string(memory.barriers) + "\n";
+  text += "persistent: " + mib(memory.persistent_bytes) + "\n";
+  text += "transient logical: " + mib(memory.logical_transient_bytes) + "\n";
+  text += "transient physical: " + mib(memory.physical_transient_bytes);
+  if (memory.logical_transient_bytes > 0) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof(buffer), " (%.1f%% below logical)",
+                  100.0 * (1.0 - static_cast<double>(memory.physical_transient_bytes) /
+                                     static_cast<double>(memory.logical_transient_bytes)));
+    text += buffer;
+  }
+  text += "\ntransient peak live: " + mib(memory.peak_live_bytes) + "\n";
+  for (size_t a = 0; a < program.arenas.size(); ++a) {
+    text += "arena " + std::to_string(a) + ": " +
+            (program.arenas[a].kind == ArenaKind::persistent ? "persistent " : "transient  ") +
+            mib(program.arenas[a].bytes) + "\n";
+  }
+  return text;
+}
+
+}  // namespace mg::plan

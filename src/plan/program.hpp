@@ -1,0 +1,69 @@
+#pragma once
+// A Program: the optimised graph lowered to a fixed list of kernel launches over planned
+// memory. Values live in arenas (persistent: parameters, optimizer state, constants; transient:
+// everything else, reused across values whose lifetimes do not overlap). Barriers sit only
+// where a launch touches bytes that an earlier, not yet fenced launch wrote (or reads bytes it
+// will overwrite).
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/lowering.hpp"
+#include "meganeura/graph.hpp"
+
+namespace mg::plan {
+
+enum class ArenaKind { persistent, transient };
+
+struct Arena {
+  ArenaKind kind = ArenaKind::transient;
+  uint64_t bytes = 0;
+};
+
+struct Region {
+  uint32_t arena = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+struct PlannedLaunch {
+  kernels::Launch launch;
+  std::vector<Region> regions;  // one per operand
+  bool barrier_before = false;
+};
+
+struct MemoryStats {
+  uint64_t persistent_bytes = 0;
+  uint64_t logical_transient_bytes = 0;   // sum of every transient value's size
+  uint64_t physical_transient_bytes = 0;  // sum of transient arena sizes
+  uint64_t peak_live_bytes = 0;           // largest sum of simultaneously live transient values
+  uint32_t barriers = 0;
+};
+
+struct PlanOptions {
+  bool reuse_memory = true;  // false: every value gets its own bytes (for testing the planner)
+  uint64_t arena_limit = 128ull << 20;  // min(maxStorageBufferRange, maxMemoryAllocationSize)
+  uint64_t alignment = 256;             // >= minStorageBufferOffsetAlignment
+};
+
+struct Program {
+  Graph graph;  // after passes; launches refer to its values
+  std::vector<Arena> arenas;
+  std::unordered_map<ValueId, Region> regions;  // every stored value (views share their root's)
+  std::vector<PlannedLaunch> launches;
+  std::vector<ValueId> inputs;       // fed by the host before each run
+  std::vector<ValueId> persistent;   // parameters, state, constants
+  MemoryStats memory;
+  size_t graph_nodes_before_passes = 0;
+};
+
+// Optimises, lowers and plans `graph`. Throws mg::Error when an op has no kernel or a single
+// value exceeds the arena limit.
+Program build_program(const Graph& graph, const kernels::DeviceTraits& device,
+                      const PlanOptions& options);
+
+// Human-readable memory plan (`meganeura inspect --plan`).
+std::string describe_memory(const Program& program);
+
+}  // namespace mg::plan

@@ -1,0 +1,318 @@
+#include "meganeura/session.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "ops/interpreter.hpp"
+#include "plan/program.hpp"
+#include "vk/gpu.hpp"
+
+namespace mg {
+namespace {
+
+kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info) {
+  kernels::DeviceTraits traits;
+  traits.subgroup_size = info.caps.subgroup_size;
+  traits.max_shared_memory_bytes = info.caps.max_shared_memory_bytes;
+  traits.max_workgroup_invocations = info.caps.max_workgroup_invocations;
+  traits.max_workgroup_count_x = info.caps.max_workgroup_count[0];
+  traits.name = info.name;
+  return traits;
+}
+
+plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, bool reuse_memory) {
+  plan::PlanOptions options;
+  options.reuse_memory = reuse_memory;
+  options.arena_limit =
+      std::min(info.caps.max_storage_buffer_range, info.caps.max_memory_allocation_size);
+  options.alignment = std::max<uint64_t>(256, info.caps.min_storage_buffer_offset_alignment);
+  return options;
+}
+
+// A host-visible staging slot of one value.
+struct StagingSlot {
+  ValueId value = kNoValue;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+}  // namespace
+
+struct Session::Impl {
+  std::unique_ptr<gpu::Device> device;
+  plan::Program program;
+  std::vector<gpu::BufferId> arena_buffers;
+  gpu::BufferId upload = 0, download = 0;
+  std::map<std::string, StagingSlot, std::less<>> inputs, outputs;
+  std::map<std::string, ValueId, std::less<>> persistent_by_name;
+  std::vector<std::string> persistent_names;
+  gpu::RecordingId recording = 0;
+  bool profile = false;
+  bool has_run = false;
+  BuildReport report;
+
+  gpu::BufferRange range_of(ValueId value) const {
+    const plan::Region& region = program.regions.at(value);
+    return {arena_buffers[region.arena], region.offset, region.bytes};
+  }
+
+  const StagingSlot& input_slot(std::string_view name, DType dtype, size_t count) const {
+    auto it = inputs.find(name);
+    if (it == inputs.end()) {
+      std::string known;
+      for (const auto& [input_name, slot] : inputs) known += (known.empty() ? "" : ", ") + input_name;
+      throw Error("the program has no input '" + std::string(name) + "' (inputs: " + known + ")");
+    }
+    const TensorType& type = program.graph.type(it->second.value);
+    if (type.dtype != dtype || static_cast<int64_t>(count) != type.elements()) {
+      throw Error("input '" + std::string(name) + "' expects " + type_string(type) + " (" +
+                  std::to_string(type.elements()) + " values) but was given " +
+                  std::to_string(count) + " " + std::string(dtype_name(dtype)) + " values");
+    }
+    return it->second;
+  }
+
+  ValueId persistent_leaf(std::string_view name) const {
+    auto it = persistent_by_name.find(name);
+    if (it == persistent_by_name.end()) {
+      throw Error("the program has no parameter or state named '" + std::string(name) + "'");
+    }
+    return it->second;
+  }
+
+  void upload_persistent(const Graph& original, uint64_t seed) {
+    const Graph& graph = program.graph;
+    Environment initial;
+    initialise_leaves(original, initial, seed);
+    for (ValueId value : program.persistent) {
+      const Node& node = graph.node(value);
+      const HostTensor tensor = node.op == "constant"
+                                    ? (node.data ? HostTensor(node.type.shape, *node.data)
+                                                 : HostTensor(node.type.shape,
+                                                              node.attrs.get_float("value")))
+                                    : initial.leaves.at(node.name);
+      std::vector<float> floats(tensor.data.begin(), tensor.data.end());
+      std::vector<int32_t> integers(tensor.data.begin(), tensor.data.end());
+      const std::byte* bytes = node.type.dtype == DType::f32
+                                   ? reinterpret_cast<const std::byte*>(floats.data())
+                                   : reinterpret_cast<const std::byte*>(integers.data());
+      const gpu::BufferRange range = range_of(value);
+      device->write_buffer(range.buffer, range.offset, {bytes, node.type.bytes()});
+    }
+  }
+
+  std::vector<gpu::Command> commands() const {
+    std::vector<gpu::Command> list;
+    auto barrier = [&] { list.push_back({gpu::Command::Kind::barrier}); };
+    for (const auto& [name, slot] : inputs) {
+      gpu::Command copy{gpu::Command::Kind::copy};
+      const gpu::BufferRange target = range_of(slot.value);
+      copy.copy = {{upload, slot.offset, slot.bytes}, target.buffer, target.offset};
+      list.push_back(copy);
+    }
+    if (!inputs.empty()) barrier();
+    for (size_t i = 0; i < program.launches.size(); ++i) {
+      const plan::PlannedLaunch& planned = program.launches[i];
+      if (planned.barrier_before) barrier();
+      gpu::Command dispatch{gpu::Command::Kind::dispatch};
+      dispatch.dispatch.pipeline = pipeline_of_launch[i];
+      for (const plan::Region& region : planned.regions) {
+        dispatch.dispatch.bindings.push_back({arena_buffers[region.arena], region.offset, region.bytes});
+      }
+      dispatch.dispatch.groups = planned.launch.groups;
+      dispatch.dispatch.label = planned.launch.label;
+      list.push_back(std::move(dispatch));
+    }
+    barrier();
+    for (const auto& [leaf, value] : program.graph.updates()) {
+      gpu::Command copy{gpu::Command::Kind::copy};
+      const gpu::BufferRange source = range_of(value);
+      const gpu::BufferRange target = range_of(leaf);
+      copy.copy = {source, target.buffer, target.offset};
+      list.push_back(copy);
+    }
+    for (const auto& [name, slot] : outputs) {
+      gpu::Command copy{gpu::Command::Kind::copy};
+      copy.copy = {range_of(slot.value), download, slot.offset};
+      list.push_back(copy);
+    }
+    return list;
+  }
+
+  std::vector<gpu::PipelineId> pipeline_of_launch;
+
+  void create_pipelines() {
+    std::vector<gpu::KernelSpec> specs;
+    std::map<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>, uint32_t>
+        unique;
+    std::vector<uint32_t> spec_of_launch;
+    for (const plan::PlannedLaunch& planned : program.launches) {
+      const kernels::Launch& launch = planned.launch;
+      std::string source = kernels::buffer_declarations(program.graph, launch) + launch.body;
+      auto key = std::make_pair(source, launch.defines);
+      auto [it, inserted] = unique.try_emplace(std::move(key), static_cast<uint32_t>(specs.size()));
+      if (inserted) {
+        gpu::KernelSpec spec;
+        spec.label = launch.label;
+        spec.source = it->first.first;
+        spec.defines = launch.defines;
+        spec.binding_count = static_cast<uint32_t>(launch.operands.size());
+        specs.push_back(std::move(spec));
+      }
+      spec_of_launch.push_back(it->second);
+    }
+    const std::vector<gpu::PipelineId> pipelines = device->create_pipelines(specs);
+    for (uint32_t spec : spec_of_launch) pipeline_of_launch.push_back(pipelines[spec]);
+    const gpu::CompileStats stats = device->last_compile_stats();
+    report.pipelines = stats.pipelines;
+    report.spirv_cache_hits = stats.spirv_cache_hits;
+    report.pipeline_seconds = stats.seconds;
+  }
+};
+
+Session::Session(const Graph& graph, const SessionOptions& options) : impl_(std::make_unique<Impl>()) {
+  const auto start = std::chrono::steady_clock::now();
+  Impl& impl = *impl_;
+  impl.profile = options.profile;
+  impl.device = gpu::Device::open(options.device, options.validation);
+  const gpu::DeviceInfo& info = impl.device->info();
+  impl.report.device = gpu::describe_device(info);
+  impl.program = plan::build_program(graph, traits_of(info), plan_options_of(info, options.reuse_memory));
+  const Graph& planned = impl.program.graph;
+
+  for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
+    const plan::Arena& arena = impl.program.arenas[a];
+    impl.arena_buffers.push_back(impl.device->create_buffer(
+        arena.bytes, gpu::BufferUse::device,
+        (arena.kind == plan::ArenaKind::persistent ? "persistent arena " : "transient arena ") +
+            std::to_string(a)));
+  }
+  uint64_t upload_bytes = 0, download_bytes = 0;
+  for (ValueId input : impl.program.inputs) {
+    const uint64_t bytes = planned.type(input).bytes();
+    impl.inputs[planned.node(input).name] = {input, upload_bytes, bytes};
+    upload_bytes += (bytes + 255) / 256 * 256;
+  }
+  for (const auto& [name, value] : planned.outputs()) {
+    const uint64_t bytes = planned.type(value).bytes();
+    impl.outputs[name] = {value, download_bytes, bytes};
+    download_bytes += (bytes + 255) / 256 * 256;
+  }
+  impl.upload = impl.device->create_buffer(std::max<uint64_t>(upload_bytes, 256), gpu::BufferUse::upload,
+                                           "input staging");
+  impl.download = impl.device->create_buffer(std::max<uint64_t>(download_bytes, 256),
+                                             gpu::BufferUse::download, "output staging");
+  for (const char* kind : {"parameter", "state"}) {
+    for (ValueId leaf : planned.leaves(kind)) {
+      if (!impl.program.regions.count(leaf)) continue;
+      impl.persistent_by_name[planned.node(leaf).name] = leaf;
+      impl.persistent_names.push_back(planned.node(leaf).name);
+    }
+  }
+  impl.upload_persistent(graph, options.seed);
+  impl.create_pipelines();
+  const std::vector<gpu::Command> commands = impl.commands();
+  impl.recording = impl.device->record(commands, options.profile);
+  impl.report.dispatches = impl.program.launches.size();
+  impl.report.memory_plan = plan::describe_memory(impl.program);
+  impl.report.build_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Session::~Session() = default;
+
+void Session::set_input(std::string_view name, std::span<const float> values) {
+  const StagingSlot& slot = impl_->input_slot(name, DType::f32, values.size());
+  std::memcpy(static_cast<std::byte*>(impl_->device->mapped(impl_->upload)) + slot.offset,
+              values.data(), slot.bytes);
+}
+
+void Session::set_input(std::string_view name, std::span<const int32_t> values) {
+  const StagingSlot& slot = impl_->input_slot(name, DType::i32, values.size());
+  std::memcpy(static_cast<std::byte*>(impl_->device->mapped(impl_->upload)) + slot.offset,
+              values.data(), slot.bytes);
+}
+
+bool Session::has_input(std::string_view name) const { return impl_->inputs.count(name) > 0; }
+
+void Session::run() {
+  impl_->device->submit(impl_->recording);
+  impl_->has_run = true;
+}
+
+std::vector<float> Session::output(std::string_view name) const {
+  auto it = impl_->outputs.find(name);
+  if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
+  if (!impl_->has_run) throw Error("output '" + std::string(name) + "' read before the first run()");
+  const StagingSlot& slot = it->second;
+  const std::byte* data = static_cast<const std::byte*>(impl_->device->mapped(impl_->download)) + slot.offset;
+  const TensorType& type = impl_->program.graph.type(slot.value);
+  std::vector<float> values(static_cast<size_t>(type.elements()));
+  if (type.dtype == DType::f32) {
+    std::memcpy(values.data(), data, slot.bytes);
+  } else {
+    std::vector<int32_t> integers(values.size());
+    std::memcpy(integers.data(), data, slot.bytes);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(integers[i]);
+  }
+  return values;
+}
+
+float Session::scalar_output(std::string_view name) const {
+  const std::vector<float> values = output(name);
+  if (values.size() != 1) {
+    throw Error("output '" + std::string(name) + "' has " + std::to_string(values.size()) +
+                " values, not one");
+  }
+  return values[0];
+}
+
+std::vector<float> Session::read(std::string_view leaf) const {
+  const ValueId value = impl_->persistent_leaf(leaf);
+  const gpu::BufferRange range = impl_->range_of(value);
+  std::vector<float> values(static_cast<size_t>(impl_->program.graph.type(value).elements()));
+  impl_->device->read_buffer(range.buffer, range.offset,
+                             {reinterpret_cast<std::byte*>(values.data()), values.size() * 4});
+  return values;
+}
+
+void Session::write(std::string_view leaf, std::span<const float> values) {
+  const ValueId value = impl_->persistent_leaf(leaf);
+  const TensorType& type = impl_->program.graph.type(value);
+  if (static_cast<int64_t>(values.size()) != type.elements()) {
+    throw Error("'" + std::string(leaf) + "' is " + type_string(type) + " (" +
+                std::to_string(type.elements()) + " values) but was given " +
+                std::to_string(values.size()) + " values");
+  }
+  const gpu::BufferRange range = impl_->range_of(value);
+  impl_->device->write_buffer(range.buffer, range.offset,
+                              {reinterpret_cast<const std::byte*>(values.data()), values.size() * 4});
+}
+
+std::vector<std::string> Session::persistent_names() const { return impl_->persistent_names; }
+
+TensorType Session::leaf_type(std::string_view leaf) const {
+  return impl_->program.graph.type(impl_->persistent_leaf(leaf));
+}
+
+const BuildReport& Session::report() const { return impl_->report; }
+
+std::vector<DispatchProfile> Session::profile() const {
+  if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
+  std::vector<DispatchProfile> entries;
+  for (const gpu::DispatchTiming& timing : impl_->device->timings(impl_->recording)) {
+    entries.push_back({timing.label, timing.start_ms, timing.duration_ms});
+  }
+  return entries;
+}
+
+void Session::write_trace(const std::string& path) const {
+  if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
+  gpu::write_chrome_trace(impl_->device->timings(impl_->recording), path);
+}
+
+uint32_t Session::validation_messages() const { return impl_->device->validation_message_count(); }
+
+}  // namespace mg

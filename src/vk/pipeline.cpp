@@ -1,0 +1,129 @@
+#include "vk/pipeline.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <thread>
+
+#include "vk/shader_compiler.hpp"
+#include "vk/vk_result.hpp"
+
+namespace mg::gpu::detail {
+namespace {
+
+VkPipeline create_pipeline(VkDevice device, VkPipelineCache cache, const KernelSpec& spec,
+                           const std::vector<uint32_t>& spirv, VkPipelineLayout layout) {
+  auto module_info =
+      vk_struct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
+  module_info.codeSize = spirv.size() * sizeof(uint32_t);
+  module_info.pCode = spirv.data();
+  VkShaderModule module = VK_NULL_HANDLE;
+  check(vkCreateShaderModule(device, &module_info, nullptr, &module),
+        "loading kernel '" + spec.label + "' into the driver");
+
+  auto info =
+      vk_struct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+  info.stage = vk_struct<VkPipelineShaderStageCreateInfo>(
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
+  info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  info.stage.module = module;
+  info.stage.pName = "main";
+  info.layout = layout;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  VkResult result = vkCreateComputePipelines(device, cache, 1, &info, nullptr, &pipeline);
+  vkDestroyShaderModule(device, module, nullptr);
+  check(result, "creating the pipeline of kernel '" + spec.label + "'");
+  return pipeline;
+}
+
+// Runs task(i) for i in [0, count) on up to hardware_concurrency threads.
+template <typename Task>
+void parallel_for(size_t count, Task task) {
+  size_t workers = std::min<size_t>(count, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) task(i);
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < workers; ++t) threads.emplace_back(work);
+  work();
+  for (auto& thread : threads) thread.join();
+}
+
+}  // namespace
+
+PipelineLayouts::~PipelineLayouts() {
+  for (auto& [key, layout] : layouts_) {
+    vkDestroyPipelineLayout(device_, layout.layout, nullptr);
+    vkDestroyDescriptorSetLayout(device_, layout.set_layout, nullptr);
+  }
+}
+
+PipelineLayouts::Layout PipelineLayouts::get(uint32_t binding_count, uint32_t push_constant_bytes) {
+  auto key = std::make_pair(binding_count, push_constant_bytes);
+  if (auto found = layouts_.find(key); found != layouts_.end()) return found->second;
+
+  std::vector<VkDescriptorSetLayoutBinding> bindings(binding_count);
+  for (uint32_t i = 0; i < binding_count; ++i)
+    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  auto set_info = vk_struct<VkDescriptorSetLayoutCreateInfo>(
+      VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  set_info.bindingCount = binding_count;
+  set_info.pBindings = bindings.data();
+  Layout layout;
+  check(vkCreateDescriptorSetLayout(device_, &set_info, nullptr, &layout.set_layout),
+        "creating a descriptor set layout");
+
+  VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_constant_bytes};
+  auto info = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
+  info.setLayoutCount = 1;
+  info.pSetLayouts = &layout.set_layout;
+  info.pushConstantRangeCount = push_constant_bytes > 0 ? 1 : 0;
+  info.pPushConstantRanges = &push;
+  VkResult result = vkCreatePipelineLayout(device_, &info, nullptr, &layout.layout);
+  if (result != VK_SUCCESS) {
+    vkDestroyDescriptorSetLayout(device_, layout.set_layout, nullptr);
+    check(result, "creating a pipeline layout");
+  }
+  layouts_.emplace(key, layout);
+  return layout;
+}
+
+std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
+                                        std::span<const KernelSpec> specs,
+                                        std::span<const VkPipelineLayout> layouts,
+                                        PipelineBuildOptions options, CompileStats& stats) {
+  auto started = std::chrono::steady_clock::now();
+  std::vector<VkPipeline> pipelines(specs.size(), VK_NULL_HANDLE);
+  std::vector<std::exception_ptr> errors(specs.size());
+  std::atomic<uint32_t> cache_hits{0};
+
+  parallel_for(specs.size(), [&](size_t i) {
+    try {
+      auto spirv = cache.load_spirv(specs[i]);
+      if (spirv) {
+        cache_hits.fetch_add(1);
+      } else {
+        spirv = compile_to_spirv(specs[i], options.vulkan_api_version, options.validate_spirv);
+        cache.store_spirv(specs[i], *spirv);
+      }
+      pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  });
+
+  for (auto& error : errors) {
+    if (!error) continue;
+    for (VkPipeline pipeline : pipelines) vkDestroyPipeline(device, pipeline, nullptr);
+    std::rethrow_exception(error);
+  }
+  cache.save();
+  stats.pipelines = static_cast<uint32_t>(specs.size());
+  stats.spirv_cache_hits = cache_hits.load();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return pipelines;
+}
+
+}  // namespace mg::gpu::detail

@@ -1,0 +1,73 @@
+#pragma once
+// The one place src/vk includes Vulkan. Debian 12's headers (1.3.239) predate
+// VK_KHR_cooperative_matrix and VK_KHR_shader_bfloat16, so their structs and enums are declared
+// here with the registry's values; newer headers take precedence.
+#include <vulkan/vulkan.h>
+
+#ifndef VK_KHR_cooperative_matrix
+#define VK_KHR_cooperative_matrix 1
+#define VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME "VK_KHR_cooperative_matrix"
+
+inline constexpr auto VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR =
+    static_cast<VkStructureType>(1000506000);
+inline constexpr auto VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR =
+    static_cast<VkStructureType>(1000506001);
+
+// The KHR component types and scopes share their values with the NV enums.
+using VkComponentTypeKHR = VkComponentTypeNV;
+using VkScopeKHR = VkScopeNV;
+
+struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess;
+};
+
+struct VkCooperativeMatrixPropertiesKHR {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize;
+  uint32_t NSize;
+  uint32_t KSize;
+  VkComponentTypeKHR AType;
+  VkComponentTypeKHR BType;
+  VkComponentTypeKHR CType;
+  VkComponentTypeKHR ResultType;
+  VkBool32 saturatingAccumulation;
+  VkScopeKHR scope;
+};
+
+using PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR =
+    VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, VkCooperativeMatrixPropertiesKHR*);
+#endif
+
+#ifndef VK_KHR_shader_bfloat16
+#define VK_KHR_shader_bfloat16 1
+#define VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME "VK_KHR_shader_bfloat16"
+
+inline constexpr auto VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR =
+    static_cast<VkStructureType>(1000141000);
+inline constexpr uint32_t VK_COMPONENT_TYPE_BFLOAT16_KHR = 1000141000;
+
+struct VkPhysicalDeviceShaderBfloat16FeaturesKHR {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 shaderBFloat16Type;
+  VkBool32 shaderBFloat16DotProduct;
+  VkBool32 shaderBFloat16CooperativeMatrix;
+};
+#endif
+
+namespace mg::gpu::detail {
+
+// A zeroed Vulkan struct with its sType set (brace-initializing only sType trips
+// -Wmissing-field-initializers).
+template <typename T>
+T vk_struct(VkStructureType type) {
+  T value{};
+  value.sType = type;
+  return value;
+}
+
+}  // namespace mg::gpu::detail

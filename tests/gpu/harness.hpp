@@ -1,0 +1,84 @@
+#pragma once
+// The GPU op harness (like ggml's test-backend-ops): builds a small graph, runs it on the GPU
+// through a Session, and compares every output with the f64 reference interpreter using the
+// normalised error ||gpu - ref|| / ||ref||.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "meganeura/ops.hpp"
+#include "meganeura/session.hpp"
+#include "ops/interpreter.hpp"
+
+namespace mg::testing {
+
+struct HarnessInput {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;
+  double low = -1.0, high = 1.0;  // f32 range; i32 draws integers in [low, high)
+};
+
+inline double normalized_error(const std::vector<float>& gpu, const HostTensor& reference) {
+  double difference = 0, norm = 0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    if (!std::isfinite(gpu[i])) return INFINITY;
+    difference += std::pow(gpu[i] - reference.data[i], 2);
+    norm += std::pow(reference.data[i], 2);
+  }
+  return std::sqrt(difference) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// Runs `build` (which returns the named outputs it sets on the graph) on the GPU and on the
+// reference, checking each output. Returns the worst error.
+inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
+                           const std::function<void(Graph&, std::vector<Tensor>&)>& build,
+                           double tolerance = 1e-5, uint64_t seed = 7,
+                           SessionOptions options = {}) {
+  std::mt19937_64 generator(seed);
+  Graph graph;
+  std::vector<Tensor> tensors;
+  Environment environment;
+  for (const HarnessInput& spec : inputs) {
+    tensors.push_back(input(graph, spec.name, spec.shape, spec.dtype));
+    HostTensor value(spec.shape);
+    for (double& element : value.data) {
+      if (spec.dtype == DType::i32) {
+        element = std::floor(std::uniform_real_distribution<double>(spec.low, spec.high)(generator));
+      } else {
+        element = static_cast<float>(std::uniform_real_distribution<double>(spec.low, spec.high)(generator));
+      }
+    }
+    environment.leaves[spec.name] = value;
+  }
+  build(graph, tensors);
+  initialise_leaves(graph, environment, options.seed);
+  const std::vector<HostTensor> reference = evaluate(graph, environment);
+
+  options.validation = true;
+  Session session(graph, options);
+  for (const HarnessInput& spec : inputs) {
+    if (!session.has_input(spec.name)) continue;
+    const std::vector<double>& data = environment.leaves[spec.name].data;
+    if (spec.dtype == DType::i32) {
+      std::vector<int32_t> values(data.begin(), data.end());
+      session.set_input(spec.name, values);
+    } else {
+      std::vector<float> values(data.begin(), data.end());
+      session.set_input(spec.name, values);
+    }
+  }
+  session.run();
+  double worst = 0;
+  for (const auto& [name, id] : graph.outputs()) {
+    const double error = normalized_error(session.output(name), reference[id]);
+    EXPECT_LT(error, tolerance) << "output '" << name << "' of type " << type_string(graph.type(id));
+    worst = std::max(worst, error);
+  }
+  EXPECT_EQ(session.validation_messages(), 0u);
+  return worst;
+}
+
+}  // namespace mg::testing

@@ -1,0 +1,169 @@
+#include "io/image.hpp"
+
+#include <gtest/gtest.h>
+
+#include "scratch_dir.hpp"
+
+namespace mg::io {
+namespace {
+
+using testing::expect_error;
+
+Image random_image(int width, int height, int channels, unsigned seed) {
+  std::mt19937 random(seed);
+  Image image{width, height, channels,
+              std::vector<uint8_t>(static_cast<size_t>(width) * height * channels)};
+  for (auto& value : image.pixels) value = static_cast<uint8_t>(random());
+  return image;
+}
+
+class ImageTest : public testing::ScratchDirTest {};
+
+TEST_F(ImageTest, PngRoundTripForEveryChannelCount) {
+  for (int channels = 1; channels <= 4; ++channels) {
+    const Image image = random_image(13, 7, channels, 100 + channels);
+    const auto file = path("round" + std::to_string(channels) + ".png");
+    write_png(file, image);
+    const Image read = read_image(file);
+    EXPECT_EQ(read.width, 13);
+    EXPECT_EQ(read.height, 7);
+    EXPECT_EQ(read.channels, channels);
+    EXPECT_EQ(read.pixels, image.pixels) << channels << " channels";
+  }
+}
+
+TEST_F(ImageTest, ReadsPngWrittenByPythonWithAllFilterTypes) {
+  if (!std::filesystem::exists(testing::kPython)) GTEST_SKIP() << "no " << testing::kPython;
+  testing::write_text(path("png.py"), R"PY(
+import random, struct, sys, zlib
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+def paeth(a, b, c):
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+def write_png(path, width, height, color_type, channels, pixels):
+    stride, rows, previous = width * channels, b"", bytes(width * channels)
+    for y in range(height):
+        row, kind, out = pixels[y * stride:(y + 1) * stride], y % 5, bytearray()
+        for i, x in enumerate(row):
+            a = row[i - channels] if i >= channels else 0
+            b = previous[i]
+            c = previous[i - channels] if i >= channels else 0
+            out.append((x - [0, a, b, (a + b) // 2, paeth(a, b, c)][kind]) & 255)
+        rows += bytes([kind]) + bytes(out)
+        previous = row
+    data = zlib.compress(rows, 9)
+    half = len(data) // 2  # two IDAT chunks, as encoders may split them
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0))
+    png += chunk(b"tEXt", b"Comment\x00made by hand") + chunk(b"IDAT", data[:half])
+    png += chunk(b"IDAT", data[half:]) + chunk(b"IEND", b"")
+    open(path, "wb").write(png)
+rng = random.Random(77)
+for name, color_type, channels in [("rgb", 2, 3), ("gray_alpha", 4, 2), ("rgba", 6, 4), ("gray", 0, 1)]:
+    width, height = 11, 10
+    pixels = bytes(rng.randrange(256) for _ in range(width * height * channels))
+    write_png(sys.argv[1] + "/" + name + ".png", width, height, color_type, channels, pixels)
+    open(sys.argv[1] + "/" + name + ".raw", "wb").write(pixels)
+def header_only(path, bit_depth, color_type, interlace):
+    ihdr = struct.pack(">IIBBBBB", 4, 4, bit_depth, color_type, 0, 0, interlace)
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b""))
+header_only(sys.argv[1] + "/sixteen.png", 16, 2, 0)
+header_only(sys.argv[1] + "/palette.png", 8, 3, 0)
+header_only(sys.argv[1] + "/interlaced.png", 8, 2, 1)
+)PY");
+  ASSERT_EQ(testing::run_python(path("png.py"), dir_.string()), 0);
+  const std::pair<const char*, int> kinds[] = {
+      {"rgb", 3}, {"gray_alpha", 2}, {"rgba", 4}, {"gray", 1}};
+  for (const auto& [name, channels] : kinds) {
+    const Image image = read_png(path(std::string(name) + ".png"));
+    EXPECT_EQ(image.width, 11);
+    EXPECT_EQ(image.height, 10);
+    EXPECT_EQ(image.channels, channels);
+    const auto raw = testing::read_bytes(path(std::string(name) + ".raw"));
+    ASSERT_EQ(raw.size(), image.pixels.size());
+    EXPECT_TRUE(std::equal(raw.begin(), raw.end(), image.pixels.begin(),
+                           [](std::byte a, uint8_t b) { return std::to_integer<uint8_t>(a) == b; }))
+        << name;
+  }
+  expect_error([&] { read_png(path("sixteen.png")); }, {path("sixteen.png").string(), "16-bit"});
+  expect_error([&] { read_png(path("palette.png")); }, {path("palette.png").string(), "palette"});
+  expect_error([&] { read_png(path("interlaced.png")); },
+               {path("interlaced.png").string(), "interlaced"});
+}
+
+TEST_F(ImageTest, CorruptPngsAreErrorsNamingTheFile) {
+  write_png(path("ok.png"), random_image(9, 9, 3, 5));
+  auto bytes = testing::read_bytes(path("ok.png"));
+  auto flipped = bytes;
+  flipped[45] ^= std::byte{0x10};  // inside IDAT
+  testing::write_bytes(path("flipped.png"), flipped);
+  expect_error([&] { read_png(path("flipped.png")); }, {path("flipped.png").string(), "CRC"});
+  for (size_t cut : {size_t{4}, size_t{20}, size_t{50}, bytes.size() - 3}) {
+    testing::write_bytes(path("cut.png"),
+                         std::vector<std::byte>(bytes.begin(), bytes.begin() + cut));
+    expect_error([&] { read_png(path("cut.png")); }, {path("cut.png").string()});
+  }
+  testing::write_text(path("text.png"), "hello, not an image");
+  expect_error([&] { read_image(path("text.png")); }, {path("text.png").string(), "neither"});
+  expect_error([&] { read_png(path("absent.png")); }, {"no image at", path("absent.png").string()});
+}
+
+TEST_F(ImageTest, ReadsAsciiAndBinaryPgm) {
+  testing::write_text(path("ascii.pgm"), "P2\n# a comment\n3 2\n# another\n15\n0 5 10\n15 1 7\n");
+  const Image ascii = read_image(path("ascii.pgm"));
+  EXPECT_EQ(ascii.width, 3);
+  EXPECT_EQ(ascii.height, 2);
+  EXPECT_EQ(ascii.channels, 1);
+  EXPECT_EQ(ascii.pixels, (std::vector<uint8_t>{0, 85, 170, 255, 17, 119}));
+
+  const Image random = random_image(5, 4, 1, 9);
+  std::string binary = "P5 5 4\n255\n";
+  binary.append(random.pixels.begin(), random.pixels.end());
+  testing::write_text(path("binary.pgm"), binary);
+  EXPECT_EQ(read_pgm(path("binary.pgm")).pixels, random.pixels);
+
+  testing::write_text(path("wide.pgm"), std::string("P5 2 1 65535\n\xFF\xFF\x80\x00", 17));
+  EXPECT_EQ(read_pgm(path("wide.pgm")).pixels, (std::vector<uint8_t>{255, 128}));
+
+  testing::write_text(path("short.pgm"), binary.substr(0, binary.size() - 2));
+  expect_error([&] { read_pgm(path("short.pgm")); }, {path("short.pgm").string(), "truncated"});
+  testing::write_text(path("over.pgm"), "P2 1 1 10 11");
+  expect_error([&] { read_pgm(path("over.pgm")); }, {path("over.pgm").string(), "above"});
+}
+
+TEST(ImageConversion, GrayUsesLumaAndCompositesAlphaOverBlack) {
+  const Image rgba{2, 1, 4, {255, 0, 0, 255, 255, 255, 255, 0}};
+  const GrayImage gray = to_gray(rgba);
+  EXPECT_NEAR(gray.pixels[0], 0.299f, 1e-6f);
+  EXPECT_EQ(gray.pixels[1], 0.0f);
+  EXPECT_NEAR(to_gray(Image{1, 1, 1, {51}}).pixels[0], 0.2f, 1e-6f);
+}
+
+TEST(ImageConversion, ShrinkingAveragesAreasAndGrowingInterpolates) {
+  std::mt19937 random(12);
+  std::uniform_real_distribution<float> value(0.0f, 1.0f);
+  GrayImage big{56, 56, std::vector<float>(56 * 56)};
+  for (float& pixel : big.pixels) pixel = value(random);
+  const GrayImage small = resize(big, 28, 28);
+  ASSERT_EQ(small.pixels.size(), 28u * 28);
+  for (int y = 0; y < 28; ++y) {
+    for (int x = 0; x < 28; ++x) {
+      const float mean =
+          (big.pixels[2 * y * 56 + 2 * x] + big.pixels[2 * y * 56 + 2 * x + 1] +
+           big.pixels[(2 * y + 1) * 56 + 2 * x] + big.pixels[(2 * y + 1) * 56 + 2 * x + 1]) /
+          4;
+      EXPECT_NEAR(small.pixels[y * 28 + x], mean, 1e-5f);
+    }
+  }
+
+  const GrayImage flat = resize(GrayImage{37, 23, std::vector<float>(37 * 23, 0.625f)}, 28, 28);
+  for (float pixel : flat.pixels) EXPECT_NEAR(pixel, 0.625f, 1e-5f);
+
+  const GrayImage grown = resize(GrayImage{2, 1, {0.0f, 1.0f}}, 4, 1);
+  EXPECT_EQ(grown.pixels, (std::vector<float>{0.0f, 0.25f, 0.75f, 1.0f}));
+  expect_error([&] { resize(big, 0, 28); }, {"cannot resize"});
+}
+
+}  // namespace
+}  // namespace mg::io

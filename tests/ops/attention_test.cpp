@@ -1,0 +1,202 @@
+// Attention ops: hand-derived values, PyTorch fixtures, VJPs against finite differences (the
+// flash-style backward ops), rotary embeddings, misuse errors.
+#include <cmath>
+
+#include "gradient_check.hpp"
+#include "op_expectations.hpp"
+
+namespace mg {
+namespace {
+
+using testing::evaluate_op;
+using testing::expect_error;
+using testing::expect_gradients_match;
+using testing::expect_values;
+using testing::GradientCase;
+
+HostTensor generated(Shape shape, double (*value)(double)) {
+  HostTensor tensor(std::move(shape));
+  for (int64_t i = 0; i < tensor.elements(); ++i) tensor.data[i] = value(static_cast<double>(i));
+  return tensor;
+}
+
+TEST(Attention, SoftmaxWeightsValues) {
+  // Scores [0, ln 2] give probabilities [1/3, 2/3]: 3/3 + 12/3 = 5.
+  const HostTensor q({1, 1, 1, 1}, {1});
+  const HostTensor k({1, 1, 2, 1}, {0, std::log(2.0)});
+  const HostTensor v({1, 1, 2, 1}, {3, 6});
+  expect_values(evaluate_op({q, k, v},
+                            [](std::vector<Tensor>& x) {
+                              return scaled_dot_product_attention(x[0], x[1], x[2], {.scale = 1.0});
+                            }),
+                {1, 1, 1, 1}, {5});
+  expect_values(evaluate_op({q, k},
+                            [](std::vector<Tensor>& x) {
+                              Graph& graph = x[0].graph();
+                              return Tensor{&graph,
+                                            graph.add("attention_lse", {x[0].id(), x[1].id()},
+                                                      {{"scale", 1.0}})};
+                            }),
+                {1, 1, 1}, {std::log(3.0)});
+}
+
+TEST(Attention, CausalMaskIsTopLeftAligned) {
+  // Equal scores: query 0 sees key 0 only, query 1 averages keys 0 and 1 (Sq = 2, Sk = 3).
+  const HostTensor q({1, 1, 2, 1}, {0, 0});
+  const HostTensor k({1, 1, 3, 1}, {0, 0, 0});
+  const HostTensor v({1, 1, 3, 1}, {1, 3, 8});
+  expect_values(evaluate_op({q, k, v},
+                            [](std::vector<Tensor>& x) {
+                              return scaled_dot_product_attention(x[0], x[1], x[2],
+                                                                  {.causal = true});
+                            }),
+                {1, 1, 2, 1}, {1, 2});
+}
+
+// Inputs of the PyTorch fixtures, generated the same way there (see below).
+struct Fixture {
+  HostTensor q = generated({1, 2, 3, 2}, [](double i) { return std::sin(0.37 * i + 0.1); });
+  HostTensor k = generated({1, 1, 4, 2}, [](double i) { return std::cos(0.23 * i - 0.4); });
+  HostTensor v = generated({1, 1, 4, 3}, [](double i) { return std::sin(0.11 * i * i + 0.5); });
+  HostTensor mask = HostTensor({1, 1, 1, 4}, {0, 0, 0, -1e9});
+};
+
+// Expected values from PyTorch 1.13 (float64), which lacks F.scaled_dot_product_attention, so
+// its documented reference computation was run instead (python3, torch imported):
+//   def gen(shape, f): return torch.tensor([f(i) for i in range(math.prod(shape))],
+//                                          dtype=torch.float64).reshape(shape)
+//   def sdpa(q, k, v, mask=None, causal=False):
+//       rep = q.shape[1] // k.shape[1]
+//       k = k.repeat_interleave(rep, 1); v = v.repeat_interleave(rep, 1)
+//       s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+//       if causal: s = s.masked_fill(~torch.ones(q.shape[2], k.shape[2]).tril().bool(),
+//                                    float('-inf'))
+//       if mask is not None: s = s + mask
+//       return torch.softmax(s, -1) @ v
+//   q = gen((1, 2, 3, 2), lambda i: math.sin(0.37 * i + 0.1))
+//   k = gen((1, 1, 4, 2), lambda i: math.cos(0.23 * i - 0.4))
+//   v = gen((1, 1, 4, 3), lambda i: math.sin(0.11 * i * i + 0.5))
+//   mask = torch.tensor([0, 0, 0, -1e9], dtype=torch.float64).reshape(1, 1, 1, 4)
+TEST(Attention, GroupedQueryCrossAttentionMatchesPyTorch) {
+  const Fixture f;
+  const auto run = [&](bool causal, bool masked) {
+    std::vector<HostTensor> inputs{f.q, f.k, f.v};
+    if (masked) inputs.push_back(f.mask);
+    return evaluate_op(inputs, [&](std::vector<Tensor>& x) {
+      AttentionOptions options{.causal = causal};
+      if (masked) options.mask = x[3];
+      return scaled_dot_product_attention(x[0], x[1], x[2], options);
+    });
+  };
+  expect_values(run(false, false), {1, 2, 3, 3},
+                {0.160406346196, 0.0790612665874, 0.627034893002, 0.209836818023, 0.168731977909,
+                 0.588290943158, 0.217555129659, 0.182718397382, 0.581024969368, 0.179118230492,
+                 0.118522693943, 0.608004843949, 0.116663385393, -0.00556626259358, 0.659096491177,
+                 0.067296422828, -0.1284607111, 0.707467938182},
+                1e-10);
+  expect_values(run(true, false), {1, 2, 3, 3},
+                {0.479425538604, 0.5728674601, 0.807558100405, 0.740995157404, 0.673430186244,
+                 0.344523943558, 0.253826850915, 0.371997922451, 0.515569207273, 0.479425538604,
+                 0.5728674601, 0.807558100405, 0.739367723352, 0.672804504999, 0.347404849824,
+                 0.0956831811469, 0.275291572205, 0.578023238816},
+                1e-10);
+  expect_values(run(false, true), {1, 2, 3, 3},
+                {0.200166723145, 0.339667562136, 0.539688186534, 0.247086367606, 0.368134776932,
+                 0.519798300876, 0.253826850915, 0.371997922451, 0.515569207273, 0.21731464665,
+                 0.349544302547, 0.5292250101, 0.153701789714, 0.310661658628, 0.554451277577,
+                 0.0956831811469, 0.275291572205, 0.578023238816},
+                1e-10);
+}
+
+TEST(Attention, Gradients) {
+  expect_gradients_match(
+      {.shapes = {{1, 2, 3, 2}, {1, 2, 3, 2}, {1, 2, 3, 3}}},
+      [](std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); });
+}
+
+TEST(Attention, GroupedQueryCausalCrossGradients) {
+  expect_gradients_match(
+      {.shapes = {{2, 4, 3, 2}, {2, 2, 4, 2}, {2, 2, 4, 3}}}, [](std::vector<Tensor>& x) {
+        return scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .scale = 0.7});
+      });
+}
+
+TEST(Attention, PaddingMaskGradientsUsedTwice) {
+  // Key 2 of batch 1 is padding; the mask takes no gradient. The result fans out.
+  HostTensor mask({2, 1, 1, 3}, {0, 0, 0, 0, 0, -1e9});
+  expect_gradients_match({.shapes = {{2, 2, 2, 2}, {2, 1, 3, 2}, {2, 1, 3, 2}, {2, 1, 1, 3}},
+                          .differentiable = {true, true, true, false},
+                          .values = {{}, {}, {}, mask}},
+                         [](std::vector<Tensor>& x) {
+                           const Tensor y =
+                               scaled_dot_product_attention(x[0], x[1], x[2], {.mask = x[3]});
+                           return y * y + y;
+                         });
+}
+
+TEST(Attention, RopeRotatesPairs) {
+  // D = 4, theta = 100: pair 0 turns by position * 1 rad, pair 1 by position * 0.1 rad.
+  const HostTensor x({1, 1, 2, 4}, {1, 2, 3, 4, 1, 2, 3, 4});
+  const auto expected = [](double position) {
+    const double a = position, b = 0.1 * position;
+    return std::vector<double>{1 * std::cos(a) - 3 * std::sin(a), 2 * std::cos(b) - 4 * std::sin(b),
+                               3 * std::cos(a) + 1 * std::sin(a),
+                               4 * std::cos(b) + 2 * std::sin(b)};
+  };
+  std::vector<double> positions_5_and_6 = expected(5);
+  for (double value : expected(6)) positions_5_and_6.push_back(value);
+  expect_values(evaluate_op({x}, [](std::vector<Tensor>& t) { return rope(t[0], 100.0, 5); }),
+                {1, 1, 2, 4}, positions_5_and_6, 1e-12);
+  std::vector<double> positions_0_and_1{1, 2, 3, 4};
+  for (double value : expected(1)) positions_0_and_1.push_back(value);
+  expect_values(evaluate_op({x}, [](std::vector<Tensor>& t) { return rope(t[0], 100.0); }),
+                {1, 1, 2, 4}, positions_0_and_1, 1e-12);
+}
+
+TEST(Attention, RopeGradient) {
+  expect_gradients_match({.shapes = {{1, 2, 3, 4}}}, [](std::vector<Tensor>& x) {
+    const Tensor y = rope(x[0], 10.0, 2);
+    return y * y + y;
+  });
+}
+
+TEST(Attention, MisuseNamesOpAndShapes) {
+  Graph graph;
+  const Tensor q = input(graph, "q", {1, 3, 4, 8});
+  const Tensor k = input(graph, "k", {1, 2, 5, 8});
+  const Tensor v = input(graph, "v", {1, 2, 5, 6});
+  expect_error([&] { scaled_dot_product_attention(q, k, v); },
+               {"scaled_dot_product_attention", "f32[1, 3, 4, 8]", "multiple of k/v heads 2"});
+  const Tensor q2 = input(graph, "q2", {1, 2, 4, 7});
+  expect_error([&] { scaled_dot_product_attention(q2, k, v); },
+               {"scaled_dot_product_attention", "f32[1, 2, 4, 7]", "head_dim"});
+  const Tensor q4 = input(graph, "q4", {1, 4, 4, 8});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q4, k, input(graph, "v2", {1, 2, 3, 6}));
+      },
+      {"scaled_dot_product_attention", "v [1, 2, 3, 6]", "k [1, 2, 5, 8]"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q4, k, v, {.mask = input(graph, "m", {4, 4})});
+      },
+      {"scaled_dot_product_attention", "mask [4, 4]", "[1, 4, 4, 5]"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(input(graph, "q3", {4, 8}), k, v);
+      },
+      {"scaled_dot_product_attention", "f32[4, 8]", "rank 4"});
+  expect_error(
+      [&] {
+        rope(input(graph, "x", {1, 1, 2, 5}));
+      },
+      {"rope", "f32[1, 1, 2, 5]", "even D"});
+  expect_error(
+      [&] {
+        rope(input(graph, "xi", {1, 1, 2, 4}, DType::i32));
+      },
+      {"rope", "i32[1, 1, 2, 4]", "floating"});
+}
+
+}  // namespace
+}  // namespace mg

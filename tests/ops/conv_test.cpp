@@ -1,0 +1,197 @@
+// Convolution ops: hand-derived values, VJPs against finite differences, misuse errors.
+#include "gradient_check.hpp"
+#include "op_expectations.hpp"
+
+namespace mg {
+namespace {
+
+using testing::evaluate_op;
+using testing::expect_error;
+using testing::expect_gradients_match;
+using testing::expect_values;
+using testing::GradientCase;
+
+HostTensor counting(Shape shape, double first = 1) {
+  HostTensor tensor(std::move(shape));
+  for (int64_t i = 0; i < tensor.elements(); ++i) tensor.data[i] = first + static_cast<double>(i);
+  return tensor;
+}
+
+Tensor raw(Graph& graph, const std::string& op, std::vector<ValueId> inputs, Attrs attrs) {
+  return {&graph, graph.add(op, std::move(inputs), std::move(attrs))};
+}
+
+TEST(Conv, Conv2dValidWindow) {
+  // x = 1..9 as 3x3, w = [[1, 2], [3, 4]]: out[0][0] = 1*1 + 2*2 + 3*4 + 4*5 = 37, etc.
+  const HostTensor out = evaluate_op({counting({1, 1, 3, 3}), counting({1, 1, 2, 2})},
+                                     [](std::vector<Tensor>& x) { return conv2d(x[0], x[1]); });
+  expect_values(out, {1, 1, 2, 2}, {37, 47, 67, 77});
+}
+
+TEST(Conv, Conv2dStridePaddingBias) {
+  // Stride 2, padding 1: the corner window sees only x[0][0] * w[1][1] = 4; the others
+  // 3*2 + 4*3 = 18, 2*4 + 4*7 = 36 and the full window 5 + 12 + 24 + 36 = 77; bias adds 10.
+  const HostTensor out =
+      evaluate_op({counting({1, 1, 3, 3}), counting({1, 1, 2, 2}), HostTensor({1}, 10.0)},
+                  [](std::vector<Tensor>& x) {
+                    return conv2d(x[0], x[1], x[2], {.stride = {2, 2}, .padding = {1, 1}});
+                  });
+  expect_values(out, {1, 1, 2, 2}, {14, 28, 46, 87});
+}
+
+TEST(Conv, Conv2dGroupsAndDilation) {
+  // Two groups of one channel, dilation 2 on 3x3: each output reads the four corners.
+  // Channel 0 (1..9) with all-ones: 1 + 3 + 7 + 9 = 20; channel 1 (10..18) with [1, 0, 0, -1]:
+  // 10 - 18 = -8.
+  const HostTensor w({2, 1, 2, 2}, {1, 1, 1, 1, 1, 0, 0, -1});
+  const HostTensor out = evaluate_op({counting({1, 2, 3, 3}), w}, [](std::vector<Tensor>& x) {
+    return conv2d(x[0], x[1], std::nullopt, {.dilation = {2, 2}, .groups = 2});
+  });
+  expect_values(out, {1, 2, 1, 1}, {20, -8});
+}
+
+TEST(Conv, Conv1dThroughConv2d) {
+  // x = 1..5, w = [2, 1], stride 2: [2*1 + 2, 2*3 + 4] = [4, 10], bias 0.5.
+  const HostTensor out =
+      evaluate_op({counting({1, 1, 5}), HostTensor({1, 1, 2}, {2, 1}), HostTensor({1}, 0.5)},
+                  [](std::vector<Tensor>& x) { return conv1d(x[0], x[1], x[2], 2); });
+  expect_values(out, {1, 1, 2}, {4.5, 10.5});
+}
+
+TEST(Conv, ConvTranspose2dScattersEachInput) {
+  // Each x value adds its 2x2 all-ones kernel at its own offset (stride 1): overlaps add up.
+  const HostTensor x({1, 1, 2, 2}, {1, 2, 3, 4});
+  const HostTensor ones({1, 1, 2, 2}, 1.0);
+  expect_values(
+      evaluate_op({x, ones}, [](std::vector<Tensor>& t) { return conv_transpose2d(t[0], t[1]); }),
+      {1, 1, 3, 3}, {1, 3, 2, 4, 10, 6, 3, 7, 4});
+  // Stride 2 gives disjoint blocks; output_padding 1 appends a zero row and column.
+  const HostTensor out = evaluate_op({x, ones}, [](std::vector<Tensor>& t) {
+    return conv_transpose2d(t[0], t[1], std::nullopt, {.stride = {2, 2}, .output_padding = {1, 1}});
+  });
+  expect_values(out, {1, 1, 5, 5},
+                {1, 1, 2, 2, 0, 1, 1, 2, 2, 0, 3, 3, 4, 4, 0, 3, 3, 4, 4, 0, 0, 0, 0, 0, 0});
+}
+
+TEST(Conv, ConvTranspose2dMatchesPyTorch) {
+  // Groups, stride, padding, output_padding and dilation together. Expected values from
+  // PyTorch 1.13:
+  //   x = torch.arange(1, 9, dtype=torch.float64).reshape(1, 2, 2, 2)
+  //   w = torch.arange(1, 13, dtype=torch.float64).reshape(2, 1, 2, 3) / 4 - 1
+  //   F.conv_transpose2d(x, w, stride=(2, 1), padding=(1, 0), output_padding=(1, 0),
+  //                      groups=2, dilation=(1, 2))
+  HostTensor w = counting({2, 1, 2, 3});
+  for (double& value : w.data) value = value / 4 - 1;
+  const HostTensor out = evaluate_op({counting({1, 2, 2, 2}), w}, [](std::vector<Tensor>& x) {
+    return conv_transpose2d(x[0], x[1], std::nullopt,
+                            {.stride = {2, 1},
+                             .padding = {1, 0},
+                             .output_padding = {1, 0},
+                             .dilation = {1, 2},
+                             .groups = 2});
+  });
+  expect_values(
+      out, {1, 2, 3, 6},
+      {0,   0, 0.25, 0.5,  0.5, 1,  -2.25, -3, -1.5, -2, -0.75, -1, 0,    0,  0.75,  1,  1.5, 2,
+       7.5, 9, 8.75, 10.5, 10,  12, 5.25,  6,  7,    8,  8.75,  10, 10.5, 12, 12.25, 14, 14,  16});
+}
+
+TEST(Conv, Conv2dGradient) {
+  expect_gradients_match({.shapes = {{1, 2, 4, 4}, {4, 1, 2, 2}}}, [](std::vector<Tensor>& x) {
+    return conv2d(x[0], x[1], std::nullopt,
+                  {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}, .groups = 2});
+  });
+}
+
+TEST(Conv, Conv2dWithBiasUsedTwice) {
+  // The conv result fans out into a product with itself, so both gradient paths accumulate.
+  expect_gradients_match({.shapes = {{2, 2, 3, 3}, {3, 2, 2, 2}, {3}}}, [](std::vector<Tensor>& x) {
+    const Tensor y = conv2d(x[0], x[1], x[2], {.padding = {1, 1}});
+    return y * y + y;
+  });
+}
+
+TEST(Conv, Conv1dGradient) {
+  expect_gradients_match({.shapes = {{2, 2, 6}, {2, 2, 3}, {2}}}, [](std::vector<Tensor>& x) {
+    return conv1d(x[0], x[1], x[2], 2, 1, 1, 1);
+  });
+}
+
+TEST(Conv, ConvTranspose2dGradient) {
+  expect_gradients_match({.shapes = {{1, 4, 3, 2}, {4, 1, 2, 3}, {2}}}, [](std::vector<Tensor>& x) {
+    return conv_transpose2d(x[0], x[1], x[2],
+                            {.stride = {2, 2},
+                             .padding = {1, 0},
+                             .output_padding = {1, 0},
+                             .dilation = {1, 2},
+                             .groups = 2});
+  });
+}
+
+TEST(Conv, BackwardOpsGradients) {
+  // Second order: the data- and weight-gradient ops have VJPs of their own.
+  const Attrs attrs{{"stride", std::vector<int64_t>{2, 1}},
+                    {"padding", std::vector<int64_t>{1, 1}},
+                    {"dilation", std::vector<int64_t>{1, 1}},
+                    {"groups", int64_t{1}}};
+  expect_gradients_match({.shapes = {{1, 3, 2, 5}, {3, 2, 2, 2}}}, [&](std::vector<Tensor>& x) {
+    Attrs with_shape = attrs;
+    with_shape.set("input_shape", std::vector<int64_t>{1, 2, 3, 4});
+    return raw(x[0].graph(), "conv2d_grad_input", {x[0].id(), x[1].id()}, with_shape);
+  });
+  expect_gradients_match({.shapes = {{1, 2, 3, 4}, {1, 3, 2, 5}}}, [&](std::vector<Tensor>& x) {
+    Attrs with_shape = attrs;
+    with_shape.set("weight_shape", std::vector<int64_t>{3, 2, 2, 2});
+    return raw(x[0].graph(), "conv2d_grad_weight", {x[0].id(), x[1].id()}, with_shape);
+  });
+}
+
+TEST(Conv, MisuseNamesOpAndShapes) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 3, 4, 4});
+  expect_error(
+      [&] {
+        conv2d(x, input(graph, "w1", {2, 2, 3, 3}));
+      },
+      {"conv2d", "f32[1, 3, 4, 4]", "f32[2, 2, 3, 3]", "input channels"});
+  expect_error(
+      [&] {
+        conv2d(x, input(graph, "w2", {2, 1, 3, 3}), std::nullopt, {.groups = 3});
+      },
+      {"conv2d", "groups 3", "2 output channels"});
+  expect_error(
+      [&] {
+        conv2d(x, input(graph, "w3", {2, 3, 5, 5}));
+      },
+      {"conv2d", "[1, 3, 4, 4]", "output size would be <= 0"});
+  expect_error(
+      [&] {
+        conv2d(x, input(graph, "w4", {2, 3, 1, 1}), input(graph, "b", {3}));
+      },
+      {"conv2d", "bias f32[3]", "[2]"});
+  expect_error(
+      [&] {
+        conv2d(input(graph, "xi", {1, 3, 4, 4}, DType::i32), input(graph, "w5", {2, 3, 1, 1}));
+      },
+      {"conv2d", "i32[1, 3, 4, 4]", "floating"});
+  expect_error(
+      [&] {
+        conv2d(x, input(graph, "w6", {2, 3, 1, 1}), std::nullopt, {.stride = {0, 1}});
+      },
+      {"conv2d", "stride [0, 1]"});
+  expect_error(
+      [&] {
+        conv_transpose2d(x, input(graph, "w7", {2, 2, 3, 3}));
+      },
+      {"conv_transpose2d", "f32[2, 2, 3, 3]", "input channels"});
+  expect_error(
+      [&] {
+        conv_transpose2d(x, input(graph, "w8", {3, 2, 3, 3}), std::nullopt,
+                         {.output_padding = {1, 1}});
+      },
+      {"conv_transpose2d", "output_padding"});
+  expect_error([&] { conv1d(x, input(graph, "w9", {2, 3, 3})); }, {"conv1d", "rank 3"});
+}
+
+}  // namespace
+}  // namespace mg

@@ -1,0 +1,67 @@
+#include <algorithm>
+
+#include "meganeura/error.hpp"
+#include "vk_test_support.hpp"
+
+namespace mg::gpu {
+namespace {
+
+TEST(DeviceSelection, ListsLavapipe) {
+  auto devices = list_devices();
+  ASSERT_FALSE(devices.empty());
+  bool found = std::any_of(devices.begin(), devices.end(), [](const DeviceInfo& d) {
+    return d.name.find("llvmpipe") != std::string::npos;
+  });
+  EXPECT_TRUE(found);
+  for (const auto& device : devices) {
+    EXPECT_FALSE(describe_device(device).empty());
+    EXPECT_GT(device.caps.max_storage_buffer_range, 0u);
+    EXPECT_GT(device.caps.subgroup_size, 0u);
+    EXPECT_FALSE(device.caps.heaps.empty());
+  }
+}
+
+TEST(DeviceSelection, ByIndexAndCaseInsensitiveName) {
+  auto devices = list_devices();
+  EXPECT_EQ(choose_device(devices, "0"), 0u);
+  uint32_t llvmpipe = choose_device(devices, "LLVMPIPE");
+  EXPECT_NE(devices[llvmpipe].name.find("llvmpipe"), std::string::npos);
+}
+
+TEST(DeviceSelection, AutomaticPrefersDiscreteOverCpu) {
+  std::vector<DeviceInfo> devices(3);
+  devices[0].name = "cpu device";
+  devices[0].kind = DeviceKind::cpu;
+  devices[1].name = "laptop gpu";
+  devices[1].kind = DeviceKind::integrated;
+  devices[2].name = "big gpu";
+  devices[2].kind = DeviceKind::discrete;
+  for (uint32_t i = 0; i < 3; ++i) devices[i].index = i;
+  unsetenv("MEGANEURA_DEVICE");
+  EXPECT_EQ(choose_device(devices, ""), 2u);
+  setenv("MEGANEURA_DEVICE", "laptop", 1);
+  EXPECT_EQ(choose_device(devices, ""), 1u);
+  unsetenv("MEGANEURA_DEVICE");
+}
+
+TEST(DeviceSelection, BadSelectorNamesItself) {
+  auto devices = list_devices();
+  for (const char* selector : {"no-such-gpu", "99"}) {
+    try {
+      choose_device(devices, selector);
+      FAIL() << "expected an error for " << selector;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(selector), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("llvmpipe"), std::string::npos) << error.what();
+    }
+  }
+}
+
+TEST(DeviceSelection, OpenWithValidationReportsNoMessages) {
+  auto device = Device::open("llvmpipe", true);
+  EXPECT_NE(device->info().name.find("llvmpipe"), std::string::npos);
+  EXPECT_EQ(device->validation_message_count(), 0u);
+}
+
+}  // namespace
+}  // namespace mg::gpu
