@@ -81,6 +81,11 @@ std::vector<LoweringEntry> layout_lowerings();
 std::vector<LoweringEntry> reduction_lowerings();
 std::vector<LoweringEntry> gemm_lowerings();
 std::vector<LoweringEntry> nn_lowerings();
+std::vector<LoweringEntry> conv_lowerings();
+std::vector<LoweringEntry> pool_lowerings();
+std::vector<LoweringEntry> norm_lowerings();
+std::vector<LoweringEntry> attention_lowerings();
+std::vector<LoweringEntry> loss_lowerings();
 
 // Ops whose result is a view of their first input's memory (no launch, shared storage).
 bool is_view_op(std::string_view op);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "passes/passes.hpp"
+#include "plan/fusion.hpp"
 
 namespace mg::plan {
 namespace {
@@ -149,14 +150,8 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   verify(program.graph);
   const Graph& graph = program.graph;
 
-  std::vector<std::vector<kernels::Launch>> per_node(graph.size());
-  for (size_t i = 0; i < graph.size(); ++i) {
-    const Node& node = graph.nodes()[i];
-    if (node.is_leaf() || kernels::is_view_op(node.op)) continue;
-    per_node[i] = kernels::lower_node(graph, static_cast<ValueId>(i), device);
-  }
-  for (auto& launches : per_node) {
-    for (kernels::Launch& launch : launches) program.launches.push_back({std::move(launch), {}, false});
+  for (kernels::Launch& launch : lower_graph(graph, device)) {
+    program.launches.push_back({std::move(launch), {}, false});
   }
 
   // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"

@@ -115,6 +115,22 @@ TEST(Elementwise, GeluMatchesTorch) {
       {3}, {0.8411919906082768, -0.15880800939172324, 0.34571400982514394}, 1e-15);
 }
 
+TEST(Elementwise, GeluGradMatchesTorch) {
+  // /usr/bin/python3: x = torch.tensor([0.0, 1.0, -1.5], dtype=torch.float64,
+  // requires_grad=True); F.gelu(x, approximate=a).sum().backward(); x.grad for a = 'none', 'tanh'.
+  const HostTensor x = values({3}, {0.0, 1.0, -1.5});
+  const HostTensor g = values({3}, {1.0, 1.0, 2.0});
+  const auto run = [&](const char* form) {
+    return evaluate_op({x, g}, [form](std::vector<Tensor>& in) {
+      Graph& graph = in[0].graph();
+      return Tensor(&graph, graph.add("gelu_grad", {in[0].id(), in[1].id()},
+                                      {{"approximate", std::string(form)}}));
+    });
+  };
+  expect_values(run("none"), {3}, {0.5, 1.0833154705876864, 2 * -0.1274691922299796}, 1e-15);
+  expect_values(run("tanh"), {3}, {0.5, 1.0829640838457826, 2 * -0.12771079315143308}, 1e-15);
+}
+
 TEST(Elementwise, CastTruncatesIntoIntegers) {
   Graph graph;
   const Tensor x = input(graph, "x", {3});
@@ -218,6 +234,11 @@ TEST(Elementwise, MisuseNamesOpAndShapes) {
         graph.add("gelu", {a.id()}, {{"approximate", "fast"}});
       },
       {"gelu(f32[2, 3])", "\"fast\""});
+  expect_error(
+      [&] {
+        graph.add("gelu_grad", {a.id(), b.id()}, {});
+      },
+      {"gelu_grad(f32[2, 3], f32[4])", "one type"});
   expect_error(
       [&] {
         graph.add("cast", {a.id()}, {{"dtype", "f64"}});

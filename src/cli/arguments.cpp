@@ -1,0 +1,87 @@
+#include "cli/arguments.hpp"
+
+#include "meganeura/error.hpp"
+
+namespace mg::cli {
+
+Arguments::Arguments(std::string command, const std::vector<std::string>& words,
+                     const std::set<std::string>& options_with_values,
+                     const std::set<std::string>& switches)
+    : command_(std::move(command)) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
+    if (word.rfind("--", 0) != 0 || word == "--") {
+      positional_.push_back(word);
+      continue;
+    }
+    std::string name = word.substr(2);
+    std::optional<std::string> inline_value;
+    if (const size_t equals = name.find('='); equals != std::string::npos) {
+      inline_value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    }
+    if (switches.count(name)) {
+      if (inline_value) throw Error("option --" + name + " of '" + command_ + "' takes no value");
+      switches_.insert(name);
+    } else if (options_with_values.count(name)) {
+      if (inline_value) {
+        values_[name] = *inline_value;
+      } else if (i + 1 < words.size()) {
+        values_[name] = words[++i];
+      } else {
+        throw Error("option --" + name + " of '" + command_ + "' needs a value");
+      }
+    } else {
+      throw Error("unknown option --" + name + " for '" + command_ + "' (see '" + command_ +
+                  " --help')");
+    }
+  }
+}
+
+bool Arguments::has(const std::string& name) const {
+  return switches_.count(name) > 0 || values_.count(name) > 0;
+}
+
+std::optional<std::string> Arguments::value(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Arguments::text(const std::string& name, const std::string& fallback) const {
+  return value(name).value_or(fallback);
+}
+
+int64_t Arguments::integer(const std::string& name, int64_t fallback) const {
+  const std::optional<std::string> text = value(name);
+  if (!text) return fallback;
+  size_t used = 0;
+  int64_t parsed = 0;
+  try {
+    parsed = std::stoll(*text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text->size() || text->empty()) {
+    throw Error("--" + name + " expects an integer, got '" + *text + "'");
+  }
+  return parsed;
+}
+
+double Arguments::real(const std::string& name, double fallback) const {
+  const std::optional<std::string> text = value(name);
+  if (!text) return fallback;
+  size_t used = 0;
+  double parsed = 0;
+  try {
+    parsed = std::stod(*text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text->size() || text->empty()) {
+    throw Error("--" + name + " expects a number, got '" + *text + "'");
+  }
+  return parsed;
+}
+
+}  // namespace mg::cli

@@ -1,0 +1,69 @@
+#include <cstdio>
+
+#include "cli/arguments.hpp"
+#include "cli/commands.hpp"
+#include "kernels/lowering.hpp"
+#include "meganeura/session.hpp"
+#include "models/classifier.hpp"
+#include "ops/op.hpp"
+
+namespace mg::cli {
+namespace {
+
+constexpr const char* kHelp = R"(usage: meganeura inspect [options]
+
+Prints the graph of a built-in model and, with --plan, builds it on the device and prints the
+memory plan (logical vs physical bytes, peak, arenas) and dispatch counts before and after the
+passes.
+
+  --model cnn|mlp     which classifier (default cnn)
+  --mode train|infer  training graph (gradients, optimizer) or inference graph (default train)
+  --batch N           batch size (default 64)
+  --plan              build on the device and print the memory plan
+  --graph             print every node of the graph
+  --ops               list every op and whether it has a GPU kernel
+  --device SEL        device index or part of its name
+)";
+
+}  // namespace
+
+int inspect_command(const std::vector<std::string>& words) {
+  const Arguments arguments("meganeura inspect", words, {"model", "mode", "batch", "device"},
+                            {"plan", "graph", "ops", "help"});
+  if (arguments.has("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (arguments.has("ops")) {
+    const std::vector<std::string> lowered = kernels::lowered_ops();
+    for (const std::string& name : op_names()) {
+      const bool leaf = name == "input" || name == "parameter" || name == "state" || name == "constant";
+      const bool has_kernel = leaf || kernels::is_view_op(name) ||
+                              std::find(lowered.begin(), lowered.end(), name) != lowered.end();
+      std::printf("%-32s %s\n", name.c_str(), leaf ? "leaf" : has_kernel ? "gpu" : "no gpu kernel");
+    }
+    return 0;
+  }
+  models::ClassifierConfig model;
+  model.architecture = arguments.text("model", "cnn");
+  model = models::ClassifierConfig::from_json(model.to_json());
+  const int64_t batch = arguments.integer("batch", 64);
+  const std::string mode = arguments.text("mode", "train");
+  if (mode != "train" && mode != "infer") throw Error("--mode must be train or infer");
+  const Graph graph = mode == "train"
+                          ? models::build_classifier_training(model, batch, OptimizerConfig{})
+                          : models::build_classifier(model, batch);
+  verify(graph);
+  std::printf("%s %s graph, batch %lld: %zu nodes\n", model.architecture.c_str(), mode.c_str(),
+              static_cast<long long>(batch), graph.size());
+  if (arguments.has("graph")) std::fputs(graph.to_string().c_str(), stdout);
+  if (arguments.has("plan")) {
+    SessionOptions options;
+    options.device = arguments.text("device", "");
+    const Session session(graph, options);
+    std::printf("device: %s\n%s", session.report().device.c_str(), session.report().memory_plan.c_str());
+  }
+  return 0;
+}
+
+}  // namespace mg::cli

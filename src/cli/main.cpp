@@ -1,0 +1,52 @@
+// The `meganeura` command: train, deploy and inspect models on any Vulkan GPU.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "meganeura/error.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: meganeura <command> [options]
+
+commands:
+  train     train a classifier on Fashion-MNIST, write checkpoints, metrics and a plot
+  infer     evaluate a checkpoint on the test set, or classify image files
+  devices   list Vulkan devices and which one would be used
+  inspect   print a model's graph, its memory plan and dispatch counts
+
+Run 'meganeura <command> --help' for a command's options.
+Environment: MEGANEURA_DEVICE (device choice), MEGANEURA_VALIDATE=1 (Vulkan validation),
+MEGANEURA_CACHE_DIR / MEGANEURA_NO_CACHE=1 (kernel cache).
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.empty() || words[0] == "--help" || words[0] == "-h" || words[0] == "help") {
+    std::fputs(kUsage, words.empty() ? stderr : stdout);
+    return words.empty() ? 2 : 0;
+  }
+  if (words[0] == "--version") {
+    std::puts("meganeura 0.1.0");
+    return 0;
+  }
+  const std::string command = words[0];
+  words.erase(words.begin());
+  try {
+    if (command == "train") return mg::cli::train_command(words);
+    if (command == "infer") return mg::cli::infer_command(words);
+    if (command == "devices") return mg::cli::devices_command(words);
+    if (command == "inspect") return mg::cli::inspect_command(words);
+    std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+    return 2;
+  } catch (const mg::Error& error) {
+    std::fprintf(stderr, "meganeura %s: error: %s\n", command.c_str(), error.what());
+    return 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "meganeura %s: internal error: %s\n", command.c_str(), error.what());
+    return 3;
+  }
+}

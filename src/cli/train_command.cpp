@@ -1,0 +1,301 @@
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <unistd.h>
+
+#include "cli/arguments.hpp"
+#include "cli/commands.hpp"
+#include "cli/training_run.hpp"
+#include "data/batcher.hpp"
+#include "io/jsonl.hpp"
+#include "io/plot.hpp"
+#include "vk/gpu.hpp"
+
+namespace mg::cli {
+namespace {
+
+constexpr const char* kHelp = R"(usage: meganeura train [options]
+
+Trains a classifier on Fashion-MNIST on the GPU, evaluates it on the test set after each epoch,
+and writes into --out: checkpoint.safetensors (every --checkpoint-every steps, each epoch and at
+the end), metrics.jsonl (one JSON object per logged step and per epoch) and training.png (loss
+and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint.
+
+  --out DIR             output folder (default runs/<timestamp>)
+  --model cnn|mlp       architecture (default cnn)
+  --epochs N            passes over the training set (default 3 on a GPU; 1 on a CPU device)
+  --limit N             use only the first N training images (default: all on a GPU; 12000 on
+                        a CPU device such as Lavapipe, so the default run stays short)
+  --batch N             batch size (default 64)
+  --lr X                learning rate (default 0.001)
+  --optimizer NAME      adam, adamw or sgd (default adam)
+  --weight-decay X      (default 0)
+  --momentum X          SGD momentum (default 0.9)
+  --schedule NAME       constant, warmup or cosine (default constant)
+  --warmup N            warmup steps for warmup and cosine (default 0)
+  --clip X              global gradient-norm clipping, 0 = off (default 0)
+  --seed N              initialisation and shuffling seed (default 0)
+  --device SEL          device index or part of its name (default: best available)
+  --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
+  --resume CKPT         continue from a checkpoint written by this command
+  --checkpoint-every N  steps between checkpoints (default 500)
+  --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
+)";
+
+std::atomic<bool> stop_requested{false};
+
+void request_stop(int) { stop_requested = true; }
+
+std::string default_out_dir() {
+  const std::time_t now = std::time(nullptr);
+  char buffer[64];
+  std::strftime(buffer, sizeof(buffer), "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buffer;
+}
+
+std::string format_duration(double seconds) {
+  const int64_t total = static_cast<int64_t>(std::max(0.0, seconds));
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%lld:%02lld", static_cast<long long>(total / 60),
+                static_cast<long long>(total % 60));
+  return buffer;
+}
+
+OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps) {
+  OptimizerConfig config;
+  config.kind = parse_optimizer(arguments.text("optimizer", "adam"));
+  config.learning_rate = arguments.real("lr", 1e-3);
+  config.weight_decay = arguments.real("weight-decay", 0.0);
+  config.momentum = arguments.real("momentum", 0.9);
+  config.clip_norm = arguments.real("clip", 0.0);
+  config.warmup_steps = arguments.integer("warmup", 0);
+  config.total_steps = total_steps;
+  const std::string schedule = arguments.text("schedule", "constant");
+  if (schedule == "constant") {
+    config.schedule = OptimizerConfig::Schedule::constant;
+  } else if (schedule == "warmup") {
+    config.schedule = OptimizerConfig::Schedule::linear_warmup;
+  } else if (schedule == "cosine") {
+    config.schedule = OptimizerConfig::Schedule::cosine;
+  } else {
+    throw Error("unknown --schedule '" + schedule + "' (constant, warmup or cosine)");
+  }
+  if (config.learning_rate <= 0) throw Error("--lr must be positive");
+  return config;
+}
+
+nlohmann::json optimizer_json(const OptimizerConfig& config) {
+  return {{"kind", optimizer_name(config.kind)}, {"learning_rate", config.learning_rate},
+          {"weight_decay", config.weight_decay}, {"momentum", config.momentum},
+          {"clip_norm", config.clip_norm},       {"warmup_steps", config.warmup_steps},
+          {"total_steps", config.total_steps},
+          {"schedule", static_cast<int>(config.schedule)}};
+}
+
+// One status line, redrawn in place on a terminal and printed every few seconds otherwise.
+class ProgressLine {
+ public:
+  ProgressLine() : terminal_(::isatty(STDERR_FILENO) != 0) {}
+
+  void update(const std::string& text, bool force) {
+    const auto now = std::chrono::steady_clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (!force && since < (terminal_ ? 0.2 : 5.0)) return;
+    last_ = now;
+    std::fprintf(stderr, terminal_ ? "\r\033[K%s" : "%s\n", text.c_str());
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (terminal_) std::fputc('\n', stderr);
+  }
+
+ private:
+  bool terminal_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+std::string bar(double fraction) {
+  const int width = 20;
+  const int filled = static_cast<int>(std::round(std::clamp(fraction, 0.0, 1.0) * width));
+  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+}
+
+bool running_on_cpu_device(const std::string& selector) {
+  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
+  return devices[gpu::choose_device(devices, selector)].kind == gpu::DeviceKind::cpu;
+}
+
+}  // namespace
+
+int train_command(const std::vector<std::string>& words) {
+  const Arguments arguments(
+      "meganeura train", words,
+      {"out", "model", "epochs", "limit", "batch", "lr", "optimizer", "weight-decay", "momentum",
+       "schedule", "warmup", "clip", "seed", "device", "data", "resume", "checkpoint-every",
+       "trace"},
+      {"help"});
+  if (arguments.has("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  const std::string device = arguments.text("device", "");
+  const bool cpu_device = running_on_cpu_device(device);
+  const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
+  const std::filesystem::path data_dir =
+      arguments.text("data", std::string(data::kFashionMnistDir));
+  const int64_t batch = arguments.integer("batch", 64);
+  const int64_t epochs = arguments.integer("epochs", cpu_device ? 1 : 3);
+  const int64_t limit = arguments.integer("limit", cpu_device ? 12000 : -1);
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
+  if (batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
+    throw Error("--batch, --epochs and --checkpoint-every must be positive");
+  }
+
+  models::ClassifierConfig model;
+  model.architecture = arguments.text("model", "cnn");
+  model = models::ClassifierConfig::from_json(model.to_json());
+
+  std::optional<io::Checkpoint> resumed;
+  if (const auto path = arguments.value("resume")) {
+    resumed = io::load_checkpoint(*path);
+    if (arguments.has("model")) io::check_same_model(model.to_json(), resumed->model_config, *path);
+    model = models::ClassifierConfig::from_json(resumed->model_config);
+  }
+
+  const data::Dataset train_set = data::load_fashion_mnist(data_dir, "train", limit);
+  const data::Dataset test_set = data::load_fashion_mnist(data_dir, "test");
+  if (train_set.count < batch) {
+    throw Error("--batch " + std::to_string(batch) + " is larger than the " +
+                std::to_string(train_set.count) + " training images");
+  }
+  data::Batcher batcher(train_set, batch, seed);
+  const int64_t steps_per_epoch = batcher.batches_per_epoch();
+  const int64_t total_steps = steps_per_epoch * epochs;
+  const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
+
+  SessionOptions session_options;
+  session_options.device = device;
+  session_options.seed = seed;
+  session_options.profile = arguments.has("trace");
+  Session training(models::build_classifier_training(model, batch, optimizer), session_options);
+  const int64_t eval_batch = 500;
+  SessionOptions eval_options = session_options;
+  eval_options.profile = false;
+  Session inference(models::build_classifier(model, eval_batch), eval_options);
+  std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  std::fprintf(stderr, "built training program in %.2f s (%zu dispatches, %u pipelines) and "
+               "inference program (%zu dispatches)\n",
+               training.report().build_seconds, training.report().dispatches,
+               training.report().pipelines, inference.report().dispatches);
+
+  int64_t step = 0;
+  if (resumed) {
+    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    step = resumed->step;
+    batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
+    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+                 static_cast<long long>(step));
+  }
+
+  std::filesystem::create_directories(out_dir);
+  const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
+  io::JsonlWriter metrics(out_dir / "metrics.jsonl");
+  auto save = [&] {
+    io::Checkpoint checkpoint;
+    checkpoint.model_config = model.to_json();
+    checkpoint.step = step;
+    checkpoint.epoch = batcher.epoch();
+    checkpoint.optimizer = optimizer_json(optimizer);
+    checkpoint.extra = {{"batcher", batcher.state().to_json()}, {"batch", batch}};
+    checkpoint.tensors = session_tensors(training);
+    io::save_checkpoint(checkpoint_path, checkpoint);
+  };
+
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  std::vector<float> images(static_cast<size_t>(batch * train_set.image_size()));
+  std::vector<int32_t> labels(static_cast<size_t>(batch));
+  io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
+      test_accuracy_series{"test accuracy", {}};
+  ProgressLine progress;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first_step = step;
+  double smoothed_loss = NAN, smoothed_accuracy = NAN;
+  double last_test_accuracy = NAN;
+  while (step < total_steps && !stop_requested) {
+    batcher.next(images, labels);
+    training.set_input(models::kImagesInput, images);
+    training.set_input(models::kLabelsInput, labels);
+    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+      if (training.has_input(name)) training.set_input(name, std::vector<float>{static_cast<float>(value)});
+    }
+    training.run();
+    ++step;
+    const double loss = training.scalar_output("loss");
+    if (!std::isfinite(loss)) {
+      progress.finish();
+      throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
+                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
+    }
+    const std::vector<int64_t> predicted = predictions(training.output("logits"), batch, model.classes);
+    int64_t correct = 0;
+    for (int64_t i = 0; i < batch; ++i) correct += predicted[i] == labels[i];
+    const double accuracy = static_cast<double>(correct) / batch;
+    smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
+    smoothed_accuracy = std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
+    const int64_t epoch = (step - 1) / steps_per_epoch;
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "epoch %lld/%lld %s step %lld/%lld loss %.4f acc %.1f%% %.0f img/s ETA %s",
+                  static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
+                  bar(static_cast<double>(step) / total_steps).c_str(), static_cast<long long>(step),
+                  static_cast<long long>(total_steps), smoothed_loss, 100 * smoothed_accuracy,
+                  steps_per_second * batch,
+                  format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
+    progress.update(text, step == total_steps);
+    if (step % 10 == 0 || step == total_steps) {
+      loss_series.points.emplace_back(step, smoothed_loss);
+      train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
+      metrics.write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss},
+                     {"smoothed_loss", smoothed_loss}, {"batch_accuracy", accuracy},
+                     {"learning_rate", learning_rate_at(optimizer, step - 1)},
+                     {"images_per_second", steps_per_second * batch}});
+    }
+    const bool epoch_end = step % steps_per_epoch == 0;
+    if (epoch_end) {
+      load_tensors(inference, io::Checkpoint{.tensors = session_tensors(training)}, "training", false);
+      const Evaluation evaluation = evaluate(inference, test_set, eval_batch, model.classes);
+      last_test_accuracy = evaluation.accuracy();
+      test_accuracy_series.points.emplace_back(step, last_test_accuracy);
+      metrics.write({{"step", step}, {"epoch", epoch + 1}, {"test_accuracy", last_test_accuracy}});
+      progress.finish();
+      std::fprintf(stderr, "epoch %lld: test accuracy %.2f%%\n", static_cast<long long>(epoch + 1),
+                   100 * last_test_accuracy);
+    }
+    if (epoch_end || step % checkpoint_every == 0) save();
+  }
+  progress.finish();
+  save();
+  if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
+  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
+
+  io::Chart chart;
+  chart.title = "meganeura train: " + model.architecture + " on Fashion-MNIST";
+  chart.panels.push_back({"loss", "step", "cross-entropy", {loss_series}});
+  chart.panels.push_back({"accuracy", "step", "accuracy", {train_accuracy_series, test_accuracy_series}});
+  io::write_chart_png(out_dir / "training.png", chart);
+  std::printf("checkpoint: %s\n", checkpoint_path.c_str());
+  std::printf("metrics: %s\nplot: %s\n", (out_dir / "metrics.jsonl").c_str(),
+              (out_dir / "training.png").c_str());
+  if (!std::isnan(last_test_accuracy)) std::printf("test accuracy: %.2f%%\n", 100 * last_test_accuracy);
+  return stop_requested ? 130 : 0;
+}
+
+}  // namespace mg::cli

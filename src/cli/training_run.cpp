@@ -1,0 +1,76 @@
+#include "cli/training_run.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace mg::cli {
+
+std::vector<io::TensorRecord> session_tensors(const Session& session) {
+  std::vector<io::TensorRecord> tensors;
+  for (const std::string& name : session.persistent_names()) {
+    const std::vector<float> values = session.read(name);
+    io::TensorRecord record;
+    record.name = name;
+    record.dtype = DType::f32;
+    record.shape = session.leaf_type(name).shape;
+    record.bytes.resize(values.size() * sizeof(float));
+    std::memcpy(record.bytes.data(), values.data(), record.bytes.size());
+    tensors.push_back(std::move(record));
+  }
+  return tensors;
+}
+
+void load_tensors(Session& session, const io::Checkpoint& checkpoint,
+                  const std::filesystem::path& path, bool with_state) {
+  for (const std::string& name : session.persistent_names()) {
+    const bool is_state = name.rfind("optimizer.", 0) == 0;
+    if (is_state && !with_state) continue;
+    const io::TensorRecord* record = checkpoint.find(name);
+    if (!record) {
+      throw Error("checkpoint " + path.string() + " has no tensor '" + name + "'");
+    }
+    const TensorType type = session.leaf_type(name);
+    if (record->dtype != DType::f32 || record->shape != type.shape) {
+      throw Error("checkpoint " + path.string() + ": tensor '" + name + "' is " +
+                  std::string(dtype_name(record->dtype)) + shape_string(record->shape) +
+                  " but the program expects " + type_string(type));
+    }
+    std::vector<float> values(static_cast<size_t>(type.elements()));
+    std::memcpy(values.data(), record->bytes.data(), values.size() * sizeof(float));
+    session.write(name, values);
+  }
+}
+
+std::vector<int64_t> predictions(const std::vector<float>& logits, int64_t rows, int64_t classes) {
+  std::vector<int64_t> predicted(static_cast<size_t>(rows));
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* begin = logits.data() + row * classes;
+    predicted[row] = std::max_element(begin, begin + classes) - begin;
+  }
+  return predicted;
+}
+
+Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batch,
+                    int64_t classes) {
+  Evaluation evaluation;
+  evaluation.confusion.assign(classes, std::vector<int64_t>(classes, 0));
+  const int64_t image = dataset.image_size();
+  std::vector<float> images(static_cast<size_t>(batch * image));
+  for (int64_t start = 0; start < dataset.count; start += batch) {
+    const int64_t rows = std::min(batch, dataset.count - start);
+    std::fill(images.begin(), images.end(), 0.0f);
+    std::copy_n(dataset.images.begin() + start * image, rows * image, images.begin());
+    session.set_input(models::kImagesInput, images);
+    session.run();
+    const std::vector<int64_t> predicted = predictions(session.output("logits"), rows, classes);
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t truth = dataset.labels[start + row];
+      ++evaluation.confusion[truth][predicted[row]];
+      evaluation.correct += predicted[row] == truth;
+    }
+    evaluation.examples += rows;
+  }
+  return evaluation;
+}
+
+}  // namespace mg::cli

@@ -1,0 +1,220 @@
+// Attention kernels: flash-attention forward and log-sum-exp (attention_forward.comp), the dQ
+// backward (attention_grad_q.comp), the dK / dV backward (attention_grad_kv.comp), and rope.
+// Block sizes are chosen per shape so that every tile fits the device's shared memory; the
+// shared-memory formulas below mirror the declarations in the .comp files.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/index_codegen.hpp"
+#include "kernels/lowering.hpp"
+
+namespace mg::kernels {
+namespace {
+
+constexpr uint32_t kThreads = 128;
+
+struct Dims {
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, value_dim;
+};
+
+// Input positions (src/ops/attention.cpp). Forward: q, k, v, mask?; attention_lse: q, k,
+// mask?; backward: q, k, v, mask?, out, grad_out, lse.
+struct Inputs {
+  bool with_value;
+  bool has_mask;
+  size_t mask() const { return with_value ? 3 : 2; }
+  size_t out() const { return mask() + (has_mask ? 1 : 0); }
+};
+
+enum class Mode { forward, lse, grad_q, grad_k, grad_v };
+
+int64_t next_power_of_two(int64_t value) {
+  int64_t result = 1;
+  while (result < value) result *= 2;
+  return result;
+}
+
+// Floats of shared memory each kernel declares for blocks (bq, bk).
+int64_t shared_floats(Mode mode, const Dims& dims, int64_t bq, int64_t bk) {
+  const int64_t d = dims.head_dim, dv = dims.value_dim;
+  const int64_t kv_row = std::max(d, dv) + 1;
+  switch (mode) {
+    case Mode::forward:
+    case Mode::lse:
+      return bq * d + bk * kv_row + bq * bk + kThreads;
+    case Mode::grad_q:
+      return bq * d + bq * dv + bk * kv_row + bq * bk + kThreads;
+    case Mode::grad_k:
+      return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + 2 * bq + bq * bk + bk * (dv + 1);
+    case Mode::grad_v:
+      return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + bq + bq * bk;
+  }
+  return 0;
+}
+
+// The largest blocks that fit: the rows a thread group owns (queries for forward and dQ, keys
+// for dK / dV) at most 16, the streamed block at most 32, neither longer than its sequence.
+std::pair<int64_t, int64_t> choose_blocks(Mode mode, const Dims& dims, const LoweringContext& context) {
+  const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
+  const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
+  const int64_t streamed_len = key_owned ? dims.q_len : dims.kv_len;
+  const int64_t limit = context.device().max_shared_memory_bytes / 4;
+  for (int64_t owned = std::min<int64_t>(16, next_power_of_two(owned_len)); owned >= 1; owned /= 2) {
+    for (int64_t streamed = std::min<int64_t>(32, next_power_of_two(streamed_len)); streamed >= 1;
+         streamed /= 2) {
+      const int64_t bq = key_owned ? streamed : owned;
+      const int64_t bk = key_owned ? owned : streamed;
+      if (shared_floats(mode, dims, bq, bk) <= limit) return {bq, bk};
+    }
+  }
+  throw Error(context.label() + ": head dimensions " + std::to_string(dims.head_dim) + "/" +
+              std::to_string(dims.value_dim) + " need more shared memory than " +
+              context.device().name + " offers");
+}
+
+// `float mask_at(b, h, i, j)`: the additive mask broadcast to [B, Hq, Sq, Sk], 0 without one
+// and for the padding rows and columns of partial blocks.
+std::string mask_function(const Graph& graph, const Node& node, const Inputs& inputs,
+                          const Dims& dims) {
+  std::string text = "float mask_at(uint b, uint h, uint i, uint j) {\n";
+  if (!inputs.has_mask) return text + "  return 0.0;\n}\n";
+  const Shape& mask = graph.type(node.inputs[inputs.mask()]).shape;
+  const std::vector<int64_t> strides = row_major_strides(mask);
+  const char* coordinates[] = {"b", "h", "i", "j"};
+  std::string index;
+  for (size_t k = 0; k < mask.size(); ++k) {
+    if (mask[k] == 1) continue;
+    if (!index.empty()) index += " + ";
+    index += std::string(coordinates[4 - mask.size() + k]) + " * " + glsl_uint(strides[k]);
+  }
+  text += "  if (i >= " + glsl_uint(dims.q_len) + " || j >= " + glsl_uint(dims.kv_len) +
+          ") return 0.0;\n";
+  return text + "  return mask[" + (index.empty() ? "0u" : index) + "];\n}\n";
+}
+
+void lower_attention(LoweringContext& context, Mode mode) {
+  const Node& node = context.node();
+  const Graph& graph = context.graph();
+  const bool with_value = mode != Mode::lse;
+  const Inputs inputs{with_value, node.attrs.get_int("has_mask", 0) != 0};
+  const Shape& q = context.input_type(0).shape;
+  const Shape& k = context.input_type(1).shape;
+  const int64_t value_dim = with_value ? context.input_type(2).shape[3] : q[3];
+  const Dims dims{q[0], q[1], k[1], q[2], k[2], q[3], value_dim};
+  const auto [bq, bk] = choose_blocks(mode, dims, context);
+  const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
+  const double scale =
+      node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
+
+  Launch launch;
+  launch.label = context.label();
+  launch.defines = {{"HQ", glsl_uint(dims.q_heads)},
+                    {"HKV", glsl_uint(dims.kv_heads)},
+                    {"SQ", glsl_uint(dims.q_len)},
+                    {"SK", glsl_uint(dims.kv_len)},
+                    {"D", glsl_uint(dims.head_dim)},
+                    {"DV", glsl_uint(dims.value_dim)},
+                    {"SCALE", glsl_float(scale)},
+                    {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"},
+                    {"BQ", glsl_uint(bq)},
+                    {"BK", glsl_uint(bk)},
+                    {"TPR", glsl_uint(kThreads / (key_owned ? bk : bq))}};
+  std::string file;
+  switch (mode) {
+    case Mode::forward:
+    case Mode::lse:
+      file = "attention_forward.comp";
+      launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
+      break;
+    case Mode::grad_q:
+      file = "attention_grad_q.comp";
+      break;
+    case Mode::grad_k:
+    case Mode::grad_v:
+      file = "attention_grad_kv.comp";
+      launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
+      break;
+  }
+  launch.kernel = file.substr(0, file.size() - 5);
+  launch.body = mask_function(graph, node, inputs, dims) + std::string(kernel_source(file));
+
+  launch.operands = {{"q", node.inputs[0], false}, {"k", node.inputs[1], false}};
+  const bool needs_v = mode == Mode::forward || mode == Mode::grad_q || mode == Mode::grad_k;
+  if (needs_v) launch.operands.push_back({"v", node.inputs[2], false});
+  if (inputs.has_mask) launch.operands.push_back({"mask", node.inputs[inputs.mask()], false});
+  if (mode == Mode::grad_q || mode == Mode::grad_k) {
+    launch.operands.push_back({"out_value", node.inputs[inputs.out()], false});
+  }
+  if (mode != Mode::forward && mode != Mode::lse) {
+    launch.operands.push_back({"grad_out", node.inputs[inputs.out() + 1], false});
+    launch.operands.push_back({"lse", node.inputs[inputs.out() + 2], false});
+  }
+  const char* result_name = mode == Mode::forward ? "out_"
+                            : mode == Mode::lse   ? "lse"
+                            : mode == Mode::grad_q ? "grad_q"
+                                                   : "result";
+  launch.operands.push_back({result_name, context.id(), true});
+
+  const int64_t blocks = key_owned ? (dims.kv_len + bk - 1) / bk : (dims.q_len + bq - 1) / bq;
+  const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
+  launch.groups = {static_cast<uint32_t>(blocks), static_cast<uint32_t>(dims.batch * heads), 1};
+  context.emit(std::move(launch));
+}
+
+template <Mode mode>
+void lower(LoweringContext& context) {
+  lower_attention(context, mode);
+}
+
+// One thread per rotated pair; the frequencies are computed in double on the host and baked
+// in, so only the angle product and cos/sin run in f32.
+void lower_rope(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& shape = node.type.shape;
+  const int64_t dim = shape.back();
+  const int64_t half = dim / 2;
+  const int64_t length = shape[shape.size() - 2];
+  const int64_t pairs = node.type.elements() / 2;
+  const double theta = node.attrs.get_float("theta");
+  const bool inverse = node.attrs.get_int("inverse", 0) != 0;
+  std::string table = "const float inv_freq[" + std::to_string(half) + "] = float[](";
+  for (int64_t d = 0; d < half; ++d) {
+    const double frequency =
+        std::pow(theta, -2.0 * static_cast<double>(d) / static_cast<double>(dim));
+    table += (d ? ", " : "") + glsl_float(inverse ? -frequency : frequency);
+  }
+  table += ");\n";
+  std::string body = table + "layout(local_size_x = 256) in;\nvoid main() {\n";
+  body += "  uint index = linear_workgroup() * 256u + gl_LocalInvocationID.x;\n";
+  body += "  if (index >= " + glsl_uint(pairs) + ") return;\n";
+  body += "  uint row = index / " + glsl_uint(half) + ", d = index % " + glsl_uint(half) + ";\n";
+  body += "  int position = " + std::to_string(node.attrs.get_int("position_offset", 0)) +
+          " + int(row % " + glsl_uint(length) + ");\n";
+  body += "  float angle = float(position) * inv_freq[d];\n";
+  body += "  float cosine = cos(angle), sine = sin(angle);\n";
+  body += "  uint first = row * " + glsl_uint(dim) + " + d, second = first + " + glsl_uint(half) +
+          ";\n";
+  body += "  float a = x[first], b = x[second];\n";
+  body += "  out_[first] = a * cosine - b * sine;\n  out_[second] = b * cosine + a * sine;\n}\n";
+
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "rope";
+  launch.body = std::move(body);
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(pairs), 256, context.device());
+  context.emit(std::move(launch));
+}
+
+}  // namespace
+
+std::vector<LoweringEntry> attention_lowerings() {
+  return {{"scaled_dot_product_attention", lower<Mode::forward>},
+          {"attention_lse", lower<Mode::lse>},
+          {"attention_grad_q", lower<Mode::grad_q>},
+          {"attention_grad_k", lower<Mode::grad_k>},
+          {"attention_grad_v", lower<Mode::grad_v>},
+          {"rope", lower_rope}};
+}
+
+}  // namespace mg::kernels

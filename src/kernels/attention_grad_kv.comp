@@ -1,0 +1,121 @@
+// Flash-attention backward for dK (GRAD_K=1) or dV (GRAD_K=0): one workgroup per (batch * kv
+// head, block of BK keys) walks every query head of its group and every block of BQ queries,
+// recomputing P = exp(S - lse) from the saved log-sum-exp. dV = P^T dO; dK = SCALE * dS^T Q
+// with dS = P * (dO . V - delta), delta = dO . O. Each output element belongs to one thread
+// and is summed in a fixed order, so results are deterministic without atomics. TPR threads
+// share a key row, splitting the queries of a block and the dimensions of the result.
+// Defines: HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL, GRAD_K, BQ, BK, TPR.
+// Generated: float mask_at(b, h, i, j) (0 without a mask).
+#define THREADS (BK * TPR)
+#define K_STRIDE (D + 1)
+#define V_STRIDE (DV + 1)
+#define QUERIES_PER_THREAD ((BQ + TPR - 1) / TPR)
+#if GRAD_K
+#define RESULT_DIM D
+#else
+#define RESULT_DIM DV
+#endif
+#define RESULT_PER_THREAD ((RESULT_DIM + TPR - 1) / TPR)
+#define NEG_INF (-1.0 / 0.0)
+
+layout(local_size_x = THREADS) in;
+
+shared float k_tile[BK * K_STRIDE];
+shared float q_tile[BQ * K_STRIDE];
+shared float do_tile[BQ * V_STRIDE];
+shared float row_lse[BQ];
+// Per (query, key): P for dV, SCALE * dS for dK.
+shared float weight_tile[BQ * BK];
+#if GRAD_K
+shared float v_tile[BK * V_STRIDE];
+shared float row_delta[BQ];
+#endif
+
+void main() {
+  uint b = gl_WorkGroupID.y / HKV, kv_head = gl_WorkGroupID.y % HKV;
+  uint t = gl_LocalInvocationID.x;
+  uint row = t / TPR, r = t % TPR;
+  uint k0 = gl_WorkGroupID.x * BK;
+  uint j = k0 + row;
+  uint kv_base = gl_WorkGroupID.y * SK;
+
+  for (uint e = t; e < BK * D; e += THREADS) {
+    uint kj = k0 + e / D;
+    k_tile[(e / D) * K_STRIDE + e % D] = kj < SK ? k[(kv_base + kj) * D + e % D] : 0.0;
+  }
+#if GRAD_K
+  for (uint e = t; e < BK * DV; e += THREADS) {
+    uint kj = k0 + e / DV;
+    v_tile[(e / DV) * V_STRIDE + e % DV] = kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0;
+  }
+#endif
+  float acc[RESULT_PER_THREAD];
+  for (uint c = 0u; c < RESULT_PER_THREAD; ++c) acc[c] = 0.0;
+  // Top-left causal masking: queries before k0 see none of this block's keys.
+  uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
+
+  for (uint h = kv_head * (HQ / HKV); h < (kv_head + 1u) * (HQ / HKV); ++h) {
+    uint q_base = (b * HQ + h) * SQ;
+    for (uint q0 = q_start; q0 < SQ; q0 += BQ) {
+      barrier();  // the previous block's readers of the query tiles are done
+      for (uint e = t; e < BQ * D; e += THREADS) {
+        uint qi = q0 + e / D;
+        q_tile[(e / D) * K_STRIDE + e % D] = qi < SQ ? q[(q_base + qi) * D + e % D] : 0.0;
+      }
+      for (uint e = t; e < BQ * DV; e += THREADS) {
+        uint qi = q0 + e / DV;
+        do_tile[(e / DV) * V_STRIDE + e % DV] =
+            qi < SQ ? grad_out[(q_base + qi) * DV + e % DV] : 0.0;
+      }
+      for (uint ii = t; ii < BQ; ii += THREADS) {
+        uint qi = q0 + ii;
+        row_lse[ii] = qi < SQ ? lse[q_base + qi] : 0.0;
+#if GRAD_K
+        float delta = 0.0;
+        if (qi < SQ) {
+          for (uint e = 0u; e < DV; ++e) {
+            delta += grad_out[(q_base + qi) * DV + e] * out_value[(q_base + qi) * DV + e];
+          }
+        }
+        row_delta[ii] = delta;
+#endif
+      }
+      barrier();
+      for (uint c = 0u; c < QUERIES_PER_THREAD; ++c) {
+        uint ii = r + c * TPR;
+        uint i = q0 + ii;
+        if (ii >= BQ) continue;
+        float w = 0.0;
+        if (i < SQ && j < SK && (CAUSAL == 0 || j <= i)) {
+          float dot = 0.0;
+          for (uint d = 0u; d < D; ++d) dot += q_tile[ii * K_STRIDE + d] * k_tile[row * K_STRIDE + d];
+          w = exp(dot * SCALE + mask_at(b, h, i, j) - row_lse[ii]);
+#if GRAD_K
+          float dp = 0.0;
+          for (uint e = 0u; e < DV; ++e) dp += do_tile[ii * V_STRIDE + e] * v_tile[row * V_STRIDE + e];
+          w *= (dp - row_delta[ii]) * SCALE;
+#endif
+        }
+        weight_tile[ii * BK + row] = w;
+      }
+      barrier();
+      for (uint c = 0u; c < RESULT_PER_THREAD; ++c) {
+        uint e = r + c * TPR;
+        if (e >= RESULT_DIM) continue;
+        float a = acc[c];
+#if GRAD_K
+        for (uint ii = 0u; ii < BQ; ++ii) a += weight_tile[ii * BK + row] * q_tile[ii * K_STRIDE + e];
+#else
+        for (uint ii = 0u; ii < BQ; ++ii) a += weight_tile[ii * BK + row] * do_tile[ii * V_STRIDE + e];
+#endif
+        acc[c] = a;
+      }
+    }
+  }
+
+  if (j >= SK) return;
+  for (uint c = 0u; c < RESULT_PER_THREAD; ++c) {
+    uint e = r + c * TPR;
+    if (e < RESULT_DIM) result[(kv_base + j) * RESULT_DIM + e] = acc[c];
+  }
+}

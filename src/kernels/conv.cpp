@@ -1,0 +1,262 @@
+// Convolution as implicit GEMM (conv_igemm.comp): the forward pass, the data gradient (also
+// conv_transpose2d, which is the data gradient of the convolution mapping its output back to its
+// input) and the weight gradient are each one GEMM per convolution group whose operands are read
+// straight from the NCHW tensors by generated load functions. Which GEMM (and so which tile
+// shape) a node runs depends only on its shapes, baked into the generated code.
+#include <algorithm>
+#include <array>
+#include <limits>
+
+#include "kernels/index_codegen.hpp"
+#include "kernels/lowering.hpp"
+
+namespace mg::kernels {
+namespace {
+
+struct Geometry {
+  int64_t batch = 0, channels = 0, height = 0, width = 0;
+  int64_t out_channels = 0, kernel_h = 0, kernel_w = 0, out_h = 0, out_w = 0, groups = 1;
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+
+  int64_t channels_per_group() const { return channels / groups; }
+  int64_t outs_per_group() const { return out_channels / groups; }
+};
+
+std::array<int64_t, 2> attr_pair(const Attrs& attrs, std::string_view name, int64_t fallback) {
+  const std::vector<int64_t> values = attrs.get_ints(name, {fallback, fallback});
+  return {values[0], values[1]};
+}
+
+// Same arithmetic as the reference (src/ops/conv.cpp) for conv2d(x, w) with x and w shaped so.
+Geometry conv_geometry(const Attrs& attrs, const Shape& x, const Shape& w) {
+  Geometry g;
+  g.stride = attr_pair(attrs, "stride", 1);
+  g.padding = attr_pair(attrs, "padding", 0);
+  g.dilation = attr_pair(attrs, "dilation", 1);
+  g.groups = attrs.get_int("groups", 1);
+  g.batch = x[0];
+  g.channels = x[1];
+  g.height = x[2];
+  g.width = x[3];
+  g.out_channels = w[0];
+  g.kernel_h = w[2];
+  g.kernel_w = w[3];
+  const auto extent = [](int64_t in, int64_t pad, int64_t dilation, int64_t kernel,
+                         int64_t stride) {
+    const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+  };
+  g.out_h = extent(g.height, g.padding[0], g.dilation[0], g.kernel_h, g.stride[0]);
+  g.out_w = extent(g.width, g.padding[1], g.dilation[1], g.kernel_w, g.stride[1]);
+  return g;
+}
+
+std::string u(int64_t value) {
+  return glsl_uint(value);
+}
+std::string s(int64_t value) {
+  return std::to_string(value);
+}
+
+struct TileConfig {
+  int64_t threads_m, threads_n, work_m, work_n;
+  int64_t tile_m() const { return threads_m * work_m; }
+  int64_t tile_n() const { return threads_n * work_n; }
+};
+
+// Picks the tile shape that minimises padded multiply-adds plus tile loads (loads weigh 4x a
+// multiply-add): conv GEMMs are often very skinny (few output channels per group, depthwise
+// N = 1, weight gradients with M = O / groups), where a square 64 x 64 tile would be mostly
+// padding.
+TileConfig choose_tiles(int64_t m, int64_t n, const DeviceTraits& device) {
+  static constexpr std::array<TileConfig, 8> kConfigs{{{16, 16, 4, 4},
+                                                       {32, 8, 4, 2},
+                                                       {8, 32, 2, 4},
+                                                       {64, 4, 4, 1},
+                                                       {4, 64, 1, 4},
+                                                       {256, 1, 1, 1},
+                                                       {1, 256, 1, 1},
+                                                       {8, 8, 2, 2}}};
+  TileConfig best = kConfigs.back();
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (const TileConfig& config : kConfigs) {
+    if (config.threads_m * config.threads_n > device.max_workgroup_invocations) continue;
+    const int64_t tm = config.tile_m(), tn = config.tile_n();
+    const double tiles = static_cast<double>(((m + tm - 1) / tm) * ((n + tn - 1) / tn));
+    const double cost = tiles * static_cast<double>(tm * tn + 4 * (tm + tn));
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = config;
+    }
+  }
+  return best;
+}
+
+struct GemmPlan {
+  int64_t m = 0, n = 0, k = 0;
+  bool a_k_fastest = false, b_k_fastest = false, m_fastest = true;
+  std::string functions;  // load_a, load_b, store_c
+};
+
+void emit_gemm(LoweringContext& context, const Geometry& g, const GemmPlan& plan,
+               std::vector<Operand> operands) {
+  const TileConfig tiles = choose_tiles(plan.m, plan.n, context.device());
+  int64_t tile_k = 16;
+  while (tile_k > 1 && 4 * tile_k * (tiles.tile_m() + tiles.tile_n()) >
+                           static_cast<int64_t>(context.device().max_shared_memory_bytes)) {
+    tile_k /= 2;
+  }
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "conv";
+  launch.body = plan.functions + std::string(kernel_source("conv_igemm.comp"));
+  launch.defines = {{"GEMM_M", u(plan.m)},
+                    {"GEMM_N", u(plan.n)},
+                    {"GEMM_K", u(plan.k)},
+                    {"THREADS_M", u(tiles.threads_m)},
+                    {"THREADS_N", u(tiles.threads_n)},
+                    {"WORK_M", u(tiles.work_m)},
+                    {"WORK_N", u(tiles.work_n)},
+                    {"TILE_K", u(tile_k)},
+                    {"A_K_FASTEST", plan.a_k_fastest ? "1" : "0"},
+                    {"B_K_FASTEST", plan.b_k_fastest ? "1" : "0"},
+                    {"M_FASTEST", plan.m_fastest ? "1" : "0"}};
+  launch.operands = std::move(operands);
+  const int64_t groups_x = (plan.n + tiles.tile_n() - 1) / tiles.tile_n();
+  const int64_t groups_y = (plan.m + tiles.tile_m() - 1) / tiles.tile_m();
+  const int64_t limit = context.device().max_workgroup_count_x;
+  if (groups_x > limit || groups_y > limit || g.groups > limit) {
+    throw Error(launch.label + ": convolution grid " + s(groups_x) + " x " + s(groups_y) + " x " +
+                s(g.groups) + " exceeds the device's workgroup count limit " + s(limit));
+  }
+  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
+                   static_cast<uint32_t>(g.groups)};
+  context.emit(std::move(launch));
+}
+
+// GLSL declaring `b`, `row` and `col` (uint) from a flat index over [batch, rows, cols].
+std::string split3(const std::string& flat, const std::string& b, const std::string& row,
+                   const std::string& col, int64_t rows, int64_t cols) {
+  return "  uint " + col + " = " + flat + " % " + u(cols) + ";\n  uint " + row + " = (" + flat +
+         " / " + u(cols) + ") % " + u(rows) + ";\n  uint " + b + " = " + flat + " / " +
+         u(rows * cols) + ";\n";
+}
+
+// Returns x[b, group * Cg + ci, oh * S - P + kh * D, ow * S - P + kw * D], or 0 for a padding
+// tap, where the caller has declared b, ci, kh, kw, oh, ow.
+std::string input_tap_glsl(const Geometry& g, const std::string& x) {
+  std::string text = "  int ih = int(oh * " + u(g.stride[0]) + " + kh * " + u(g.dilation[0]) +
+                     ") - " + s(g.padding[0]) + ";\n";
+  text += "  int iw = int(ow * " + u(g.stride[1]) + " + kw * " + u(g.dilation[1]) + ") - " +
+          s(g.padding[1]) + ";\n";
+  text += "  if (ih < 0 || ih >= " + s(g.height) + " || iw < 0 || iw >= " + s(g.width) +
+          ") return 0.0;\n";
+  text += "  return " + x + "[((b * " + u(g.channels) + " + group * " + u(g.channels_per_group()) +
+          " + ci) * " + u(g.height) + " + uint(ih)) * " + u(g.width) + " + uint(iw)];\n";
+  return text;
+}
+
+// conv2d(x, w): M = batch * OH * OW, N = O / groups, K = C / groups * KH * KW.
+void lower_conv2d(LoweringContext& context) {
+  const Node& node = context.node();
+  const Geometry g =
+      conv_geometry(node.attrs, context.input_type(0).shape, context.input_type(1).shape);
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t out_plane = g.out_h * g.out_w;
+  GemmPlan plan;
+  plan.m = g.batch * out_plane;
+  plan.n = g.outs_per_group();
+  plan.k = g.channels_per_group() * taps;
+  plan.b_k_fastest = true;
+  plan.functions = "float load_a(uint group, uint m, uint k) {\n" +
+                   split3("m", "b", "oh", "ow", g.out_h, g.out_w) +
+                   split3("k", "ci", "kh", "kw", g.kernel_h, g.kernel_w) + input_tap_glsl(g, "x") +
+                   "}\n";
+  plan.functions += "float load_b(uint group, uint k, uint n) {\n  return w[(group * " +
+                    u(g.outs_per_group()) + " + n) * " + u(plan.k) + " + k];\n}\n";
+  plan.functions += "void store_c(uint group, uint m, uint n, float value) {\n  y[(m / " +
+                    u(out_plane) + " * " + u(g.out_channels) + " + group * " +
+                    u(g.outs_per_group()) + " + n) * " + u(out_plane) + " + m % " + u(out_plane) +
+                    "] = value;\n}\n";
+  emit_gemm(
+      context, g, plan,
+      {{"x", node.inputs[0], false}, {"w", node.inputs[1], false}, {"y", context.id(), true}});
+}
+
+// conv2d_grad_input(grad_out, w) and conv_transpose2d(x, w): the result (shaped like the
+// convolution's input) is a GEMM with M = batch * H * W, N = C / groups, K = O / groups * KH * KW.
+// A tap (ih, kh) reads grad_out row (ih + P - kh * D) / S when that divides exactly; with
+// stride > 1 most of K is such zero taps, which costs time but keeps one code path.
+void lower_conv2d_data_grad(LoweringContext& context) {
+  const Node& node = context.node();
+  const Geometry g = conv_geometry(node.attrs, node.type.shape, context.input_type(1).shape);
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t plane = g.height * g.width;
+  GemmPlan plan;
+  plan.m = g.batch * plane;
+  plan.n = g.channels_per_group();
+  plan.k = g.outs_per_group() * taps;
+  plan.b_k_fastest = true;
+  std::string& f = plan.functions;
+  f = "float load_a(uint group, uint m, uint k) {\n" +
+      split3("m", "b", "ih", "iw", g.height, g.width) +
+      split3("k", "o", "kh", "kw", g.kernel_h, g.kernel_w);
+  f += "  int th = int(ih) + " + s(g.padding[0]) + " - int(kh * " + u(g.dilation[0]) + ");\n";
+  f += "  int tw = int(iw) + " + s(g.padding[1]) + " - int(kw * " + u(g.dilation[1]) + ");\n";
+  f += "  if (th < 0 || tw < 0) return 0.0;\n";
+  if (g.stride[0] > 1 || g.stride[1] > 1) {
+    f += "  if (uint(th) % " + u(g.stride[0]) + " != 0u || uint(tw) % " + u(g.stride[1]) +
+         " != 0u) return 0.0;\n";
+  }
+  f += "  uint oh = uint(th) / " + u(g.stride[0]) + ", ow = uint(tw) / " + u(g.stride[1]) + ";\n";
+  f += "  if (oh >= " + u(g.out_h) + " || ow >= " + u(g.out_w) + ") return 0.0;\n";
+  f += "  return dy[((b * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) +
+       " + o) * " + u(g.out_h) + " + oh) * " + u(g.out_w) + " + ow];\n}\n";
+  f += "float load_b(uint group, uint k, uint n) {\n  return w[((group * " + u(g.outs_per_group()) +
+       " + k / " + u(taps) + ") * " + u(g.channels_per_group()) + " + n) * " + u(taps) + " + k % " +
+       u(taps) + "];\n}\n";
+  f += "void store_c(uint group, uint m, uint n, float value) {\n  dx[(m / " + u(plane) + " * " +
+       u(g.channels) + " + group * " + u(g.channels_per_group()) + " + n) * " + u(plane) +
+       " + m % " + u(plane) + "] = value;\n}\n";
+  emit_gemm(
+      context, g, plan,
+      {{"dy", node.inputs[0], false}, {"w", node.inputs[1], false}, {"dx", context.id(), true}});
+}
+
+// conv2d_grad_weight(x, grad_out): M = O / groups, N = C / groups * KH * KW and the long
+// K = batch * OH * OW, looped over inside each workgroup.
+void lower_conv2d_weight_grad(LoweringContext& context) {
+  const Node& node = context.node();
+  const Geometry g = conv_geometry(node.attrs, context.input_type(0).shape, node.type.shape);
+  const int64_t out_plane = g.out_h * g.out_w;
+  GemmPlan plan;
+  plan.m = g.outs_per_group();
+  plan.n = g.channels_per_group() * g.kernel_h * g.kernel_w;
+  plan.k = g.batch * out_plane;
+  plan.a_k_fastest = true;
+  plan.b_k_fastest = true;
+  plan.m_fastest = false;
+  plan.functions = "float load_a(uint group, uint m, uint k) {\n  return dy[(k / " + u(out_plane) +
+                   " * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) + " + m) * " +
+                   u(out_plane) + " + k % " + u(out_plane) + "];\n}\n";
+  plan.functions += "float load_b(uint group, uint k, uint n) {\n" +
+                    split3("k", "b", "oh", "ow", g.out_h, g.out_w) +
+                    split3("n", "ci", "kh", "kw", g.kernel_h, g.kernel_w) + input_tap_glsl(g, "x") +
+                    "}\n";
+  plan.functions += "void store_c(uint group, uint m, uint n, float value) {\n  dw[(group * " +
+                    u(g.outs_per_group()) + " + m) * " + u(plan.n) + " + n] = value;\n}\n";
+  emit_gemm(
+      context, g, plan,
+      {{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}, {"dw", context.id(), true}});
+}
+
+}  // namespace
+
+std::vector<LoweringEntry> conv_lowerings() {
+  return {{"conv2d", lower_conv2d},
+          {"conv2d_grad_input", lower_conv2d_data_grad},
+          {"conv_transpose2d", lower_conv2d_data_grad},
+          {"conv2d_grad_weight", lower_conv2d_weight_grad}};
+}
+
+}  // namespace mg::kernels

@@ -1,0 +1,140 @@
+// Convolution, pooling and resampling kernels against the f64 reference, forward and backward.
+// Gradients come from mg::gradients seeded with a random cotangent (not ones), so a backward
+// kernel that reads the wrong output gradient element cannot pass by symmetry.
+#include "harness.hpp"
+#include "meganeura/autodiff.hpp"
+
+namespace mg {
+namespace {
+
+using testing::check_on_gpu;
+
+int64_t conv_extent(int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
+  return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
+}
+
+// Sets y and the gradients of <y, seed> with respect to every input in `wrt` as outputs.
+void output_with_gradients(Graph& graph, Tensor y, Tensor seed, const std::vector<Tensor>& wrt) {
+  graph.set_output("y", y.id());
+  std::vector<ValueId> ids;
+  for (const Tensor& t : wrt) ids.push_back(t.id());
+  const std::map<ValueId, ValueId> grads = gradients(graph, y.id(), ids, seed.id());
+  for (size_t k = 0; k < wrt.size(); ++k) {
+    graph.set_output("grad" + std::to_string(k), grads.at(wrt[k].id()));
+  }
+}
+
+void check_conv(const Shape& x, const Shape& w, const Conv2dOptions& options) {
+  const Shape y{
+      x[0], w[0],
+      conv_extent(x[2], w[2], options.stride[0], options.padding[0], options.dilation[0]),
+      conv_extent(x[3], w[3], options.stride[1], options.padding[1], options.dilation[1])};
+  check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, [&](Graph& graph, std::vector<Tensor>& in) {
+    output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
+                          {in[0], in[1]});
+  });
+}
+
+TEST(GpuConv, Pointwise1x1) {
+  check_conv({2, 4, 7, 7}, {5, 4, 1, 1}, {});
+}
+
+TEST(GpuConv, Same3x3) {
+  check_conv({2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}});
+}
+
+TEST(GpuConv, Stem7x7Stride2) {
+  check_conv({2, 3, 9, 9}, {4, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
+}
+
+TEST(GpuConv, Rectangular5x5MixedStride) {
+  check_conv({2, 3, 8, 9}, {5, 3, 5, 3}, {.stride = {2, 1}, .padding = {2, 0}});
+}
+
+TEST(GpuConv, Dilation2) {
+  check_conv({2, 4, 9, 9}, {4, 4, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}});
+}
+
+TEST(GpuConv, Groups2Strided) {
+  check_conv({2, 6, 8, 7}, {4, 3, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}, .groups = 2});
+}
+
+TEST(GpuConv, Depthwise) {
+  check_conv({2, 5, 8, 9}, {5, 1, 3, 3}, {.padding = {1, 1}, .groups = 5});
+  // Channel multiplier 2.
+  check_conv({2, 3, 7, 7}, {6, 1, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}, .groups = 3});
+}
+
+// A GEMM larger than one tile in every dimension, with K not a multiple of the tile depth.
+TEST(GpuConv, SeveralTiles) {
+  check_conv({2, 9, 12, 11}, {70, 9, 3, 3}, {.padding = {1, 1}});
+}
+
+TEST(GpuConv, Transpose2dStride2OutputPadding) {
+  // [2, 4, 5, 5] -> (5 - 1) * 2 - 2 + 2 + 1 + 1 = 10.
+  for (int64_t groups : {1, 2}) {
+    const ConvTranspose2dOptions options{
+        .stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}, .groups = groups};
+    check_on_gpu({{"x", {2, 4, 5, 5}}, {"w", {4, 6 / groups, 3, 3}}, {"seed", {2, 6, 10, 10}}},
+                 [&](Graph& graph, std::vector<Tensor>& in) {
+                   output_with_gradients(graph,
+                                         conv_transpose2d(in[0], in[1], std::nullopt, options),
+                                         in[2], {in[0], in[1]});
+                 });
+  }
+}
+
+TEST(GpuConv, MaxPoolOverlappingPadded) {
+  check_on_gpu(
+      {{"x", {2, 3, 9, 8}}, {"seed", {2, 3, 5, 4}}}, [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, max_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}), in[1], {in[0]});
+      });
+}
+
+// relu makes many exact ties (zeros): the gradient must go to the first one of each window.
+TEST(GpuConv, MaxPoolTiesGoToFirst) {
+  check_on_gpu(
+      {{"x", {2, 2, 7, 7}}, {"seed", {2, 2, 6, 4}}}, [](Graph& graph, std::vector<Tensor>& in) {
+        const Tensor x = relu(in[0] - 0.7);
+        output_with_gradients(graph, max_pool2d(x, {2, 3}, {1, 2}, {0, 1}), in[1], {in[0]});
+      });
+}
+
+TEST(GpuConv, AvgPoolPadded) {
+  check_on_gpu(
+      {{"x", {2, 3, 9, 8}}, {"seed", {2, 3, 5, 3}}}, [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, avg_pool2d(in[0], {3, 4}, {2, 3}, {1, 2}), in[1], {in[0]});
+      });
+}
+
+TEST(GpuConv, UpsampleNearest) {
+  check_on_gpu({{"x", {2, 3, 5, 7}}, {"seed", {2, 3, 15, 21}}},
+               [](Graph& graph, std::vector<Tensor>& in) {
+                 output_with_gradients(graph, upsample_nearest2d(in[0], 3), in[1], {in[0]});
+               });
+}
+
+TEST(GpuConv, UpsampleBilinearUpAndDown) {
+  check_on_gpu({{"x", {2, 3, 5, 7}}, {"seed", {2, 3, 9, 16}}},
+               [](Graph& graph, std::vector<Tensor>& in) {
+                 output_with_gradients(graph, upsample_bilinear2d(in[0], 9, 16), in[1], {in[0]});
+               });
+  check_on_gpu({{"x", {2, 3, 9, 8}}, {"seed", {2, 3, 4, 3}}},
+               [](Graph& graph, std::vector<Tensor>& in) {
+                 output_with_gradients(graph, upsample_bilinear2d(in[0], 4, 3), in[1], {in[0]});
+               });
+}
+
+TEST(GpuConv, SmallCnnGradients) {
+  check_on_gpu(
+      {{"x", {2, 3, 9, 9}}, {"w1", {4, 3, 3, 3}}, {"w2", {5, 4, 3, 3}}, {"seed", {2, 5, 4, 4}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        const Tensor h = relu(conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}));
+        const Tensor pooled = max_pool2d(h, {2, 2});
+        const Tensor y = conv2d(pooled, in[2], std::nullopt, {.padding = {1, 1}});
+        output_with_gradients(graph, y, in[3], {in[0], in[1], in[2]});
+      });
+}
+
+}  // namespace
+}  // namespace mg

@@ -1,0 +1,197 @@
+// Normalisation, attention, rope, cross-entropy and max_grad kernels against the f64 reference.
+// Backward ops are reached through mg::gradients with a random seed gradient, so that the
+// gradients are not the degenerate ones of a plain sum (a norm's x-gradient of sum(y) is zero).
+#include <limits>
+
+#include "harness.hpp"
+#include "meganeura/autodiff.hpp"
+
+namespace mg {
+namespace {
+
+using testing::check_on_gpu;
+
+// Sets "<prefix>d<k>" to the gradient of `output` (seeded with `seed`) for each of `wrt`.
+void output_gradients(Graph& graph, const std::string& prefix, Tensor output,
+                      const std::vector<Tensor>& wrt, Tensor seed) {
+  std::vector<ValueId> ids;
+  for (const Tensor& tensor : wrt) ids.push_back(tensor.id());
+  const std::map<ValueId, ValueId> grads = gradients(graph, output.id(), ids, seed.id());
+  for (size_t k = 0; k < wrt.size(); ++k) {
+    graph.set_output(prefix + "d" + std::to_string(k), grads.at(wrt[k].id()));
+  }
+}
+
+TEST(GpuNorm, LayerNormWithAndWithoutAffine) {
+  check_on_gpu({{"x", {3, 5, 37}, DType::f32, -2.0, 3.0}, {"w", {37}}, {"b", {37}}, {"g", {3, 5, 37}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor affine = layer_norm(x[0], x[1], x[2]);
+                 graph.set_output("affine", affine.id());
+                 output_gradients(graph, "affine_", affine, {x[0], x[1], x[2]}, x[3]);
+                 const Tensor plain = layer_norm(x[0], std::nullopt, std::nullopt, 1e-3);
+                 graph.set_output("plain", plain.id());
+                 output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
+               });
+}
+
+TEST(GpuNorm, LayerNormLongRows) {
+  check_on_gpu({{"x", {3, 701}}, {"w", {701}}, {"g", {3, 701}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor y = layer_norm(x[0], x[1], std::nullopt);
+                 graph.set_output("y", y.id());
+                 output_gradients(graph, "", y, {x[0], x[1]}, x[2]);
+               });
+}
+
+TEST(GpuNorm, RmsNormWithAndWithoutWeight) {
+  check_on_gpu({{"x", {4, 45}}, {"w", {45}}, {"g", {4, 45}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor weighted = rms_norm(x[0], x[1]);
+                 graph.set_output("weighted", weighted.id());
+                 output_gradients(graph, "weighted_", weighted, {x[0], x[1]}, x[2]);
+                 const Tensor plain = rms_norm(x[0], std::nullopt, 1e-5);
+                 graph.set_output("plain", plain.id());
+                 output_gradients(graph, "plain_", plain, {x[0]}, x[2]);
+               });
+}
+
+TEST(GpuNorm, GroupNorm) {
+  check_on_gpu({{"x", {2, 6, 5, 5}}, {"w", {6}}, {"b", {6}}, {"g", {2, 6, 5, 5}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor affine = group_norm(x[0], 3, x[1], x[2]);
+                 graph.set_output("affine", affine.id());
+                 output_gradients(graph, "affine_", affine, {x[0], x[1], x[2]}, x[3]);
+                 const Tensor plain = group_norm(x[0], 3, std::nullopt, std::nullopt);
+                 graph.set_output("plain", plain.id());
+                 output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
+               });
+}
+
+TEST(GpuNorm, BatchNormTrainingUpdatesRunningStatistics) {
+  check_on_gpu({{"x", {4, 3, 5, 5}, DType::f32, -1.0, 2.0}, {"w", {3}}, {"b", {3}}, {"g", {4, 3, 5, 5}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor running_mean(
+                     &graph, graph.state("running_mean", {DType::f32, {3}}, Init::uniform(-1, 1)));
+                 const Tensor running_var(
+                     &graph, graph.state("running_var", {DType::f32, {3}}, Init::uniform(0.5, 2)));
+                 const Tensor y = batch_norm(x[0], x[1], x[2], running_mean, running_var, true);
+                 graph.set_output("y", y.id());
+                 output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[3]);
+                 const Tensor plain =
+                     batch_norm(x[0], std::nullopt, std::nullopt, running_mean, running_var, true);
+                 graph.set_output("plain", plain.id());
+                 output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
+                 for (size_t k = 0; k < graph.updates().size(); ++k) {
+                   graph.set_output("update" + std::to_string(k), graph.updates()[k].second);
+                 }
+               });
+}
+
+TEST(GpuNorm, BatchNormEval) {
+  check_on_gpu({{"x", {3, 4, 7}},
+                {"w", {4}},
+                {"b", {4}},
+                {"mean", {4}},
+                {"var", {4}, DType::f32, 0.5, 1.5},
+                {"g", {3, 4, 7}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor y = batch_norm(x[0], x[1], x[2], x[3], x[4], false);
+                 graph.set_output("y", y.id());
+                 output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[5]);
+                 const Tensor plain = batch_norm(x[0], std::nullopt, std::nullopt, x[3], x[4], false);
+                 graph.set_output("plain", plain.id());
+                 output_gradients(graph, "plain_", plain, {x[0]}, x[5]);
+               });
+}
+
+// Attention forward and all three gradients for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
+// v [B, Hkv, Sk, Dv].
+void check_attention(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
+                     int64_t kv_len, int64_t head_dim, int64_t value_dim, bool causal,
+                     bool random_mask = false, bool padding_mask = false) {
+  std::vector<testing::HarnessInput> inputs = {{"q", {batch, q_heads, q_len, head_dim}},
+                                               {"k", {batch, kv_heads, kv_len, head_dim}},
+                                               {"v", {batch, kv_heads, kv_len, value_dim}},
+                                               {"g", {batch, q_heads, q_len, value_dim}}};
+  if (random_mask) inputs.push_back({"mask", {q_len, kv_len}, DType::f32, -2.0, 2.0});
+  check_on_gpu(inputs, [&](Graph& graph, std::vector<Tensor>& x) {
+    AttentionOptions options;
+    options.causal = causal;
+    if (random_mask) options.mask = x[4];
+    if (padding_mask) {
+      // Sample b keeps its first kv_len - 2 * b keys.
+      std::vector<double> values(static_cast<size_t>(batch * kv_len), 0.0);
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t j = kv_len - 2 * b; j < kv_len; ++j) {
+          values[b * kv_len + j] = -std::numeric_limits<double>::infinity();
+        }
+      }
+      options.mask = Tensor(&graph, graph.constant(values, {DType::f32, {batch, 1, 1, kv_len}}));
+    }
+    const Tensor y = scaled_dot_product_attention(x[0], x[1], x[2], options);
+    graph.set_output("y", y.id());
+    output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[3]);
+  });
+}
+
+TEST(GpuNormAttention, GroupedQueryHeads) { check_attention(2, 4, 2, 7, 7, 16, 16, false); }
+
+TEST(GpuNormAttention, CausalMultipleBlocks) { check_attention(1, 4, 2, 37, 37, 16, 16, true); }
+
+TEST(GpuNormAttention, CrossAttentionWithMaskAndValueDim) {
+  check_attention(2, 2, 1, 5, 9, 16, 8, false, true);
+}
+
+TEST(GpuNormAttention, CrossAttentionCausal) { check_attention(1, 2, 2, 5, 9, 16, 16, true); }
+
+TEST(GpuNormAttention, PaddingMaskHeadDim64) {
+  check_attention(2, 4, 2, 6, 9, 64, 64, true, false, true);
+}
+
+TEST(GpuNormAttention, HeadDim128) { check_attention(1, 2, 1, 5, 19, 128, 128, false); }
+
+TEST(GpuNormAttention, RopeForwardAndBackward) {
+  check_on_gpu({{"x", {2, 3, 11, 8}}, {"g", {2, 3, 11, 8}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor y = rope(x[0], 10000.0, 3);
+                 graph.set_output("y", y.id());
+                 output_gradients(graph, "", y, {x[0]}, x[1]);
+               });
+}
+
+TEST(GpuNormLoss, CrossEntropyClassifierShape) {
+  // Labels in [-1, 10): rows labelled -1 are ignored.
+  check_on_gpu({{"logits", {64, 10}, DType::f32, -3.0, 3.0},
+                {"labels", {64}, DType::i32, -1.0, 10.0},
+                {"seed", {}, DType::f32, 0.5, 2.0}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor plain = cross_entropy(x[0], x[1]);
+                 graph.set_output("plain", plain.id());
+                 output_gradients(graph, "plain_", plain, {x[0]}, x[2]);
+                 const Tensor smoothed = cross_entropy(x[0], x[1], 0.1, -1);
+                 graph.set_output("smoothed", smoothed.id());
+                 output_gradients(graph, "smoothed_", smoothed, {x[0]}, x[2]);
+               });
+}
+
+TEST(GpuNormLoss, CrossEntropyWideRows) {
+  check_on_gpu({{"logits", {5, 300}, DType::f32, -4.0, 4.0},
+                {"labels", {5}, DType::i32, 0.0, 300.0},
+                {"seed", {}, DType::f32, 0.5, 2.0}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor loss = cross_entropy(x[0], x[1], 0.2);
+                 graph.set_output("loss", loss.id());
+                 output_gradients(graph, "", loss, {x[0]}, x[2]);
+               });
+}
+
+TEST(GpuNormLoss, MaxGradient) {
+  check_on_gpu({{"x", {3, 5, 7}}, {"g1", {3, 7}}, {"g2", {}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 output_gradients(graph, "axis1_", max(x[0], {1}), {x[0]}, x[1]);
+                 output_gradients(graph, "all_", max(x[0], {}), {x[0]}, x[2]);
+               });
+}
+
+}  // namespace
+}  // namespace mg

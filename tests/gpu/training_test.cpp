@@ -1,0 +1,120 @@
+// End-to-end training on the GPU against the f64 reference interpreter, and the memory planner
+// against a plan without reuse.
+#include <random>
+
+#include "harness.hpp"
+#include "meganeura/train.hpp"
+#include "models/classifier.hpp"
+
+namespace mg {
+namespace {
+
+struct Batch {
+  std::vector<float> features;
+  std::vector<int32_t> labels;
+};
+
+Batch random_batch(std::mt19937_64& generator, int64_t rows, int64_t features, int64_t classes) {
+  Batch batch;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < rows * features; ++i) batch.features.push_back(normal(generator));
+  for (int64_t i = 0; i < rows; ++i) {
+    batch.labels.push_back(static_cast<int32_t>(generator() % static_cast<uint64_t>(classes)));
+  }
+  return batch;
+}
+
+Graph small_mlp(int64_t rows, int64_t features, int64_t classes, const OptimizerConfig& optimizer) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {rows, features});
+  const Tensor labels = input(graph, "labels", {rows}, DType::i32);
+  const Tensor w1 = parameter(graph, "model.fc1.weight", {16, features}, Init::uniform(-0.4, 0.4));
+  const Tensor b1 = parameter(graph, "model.fc1.bias", {16}, Init::uniform(-0.1, 0.1));
+  const Tensor w2 = parameter(graph, "model.fc2.weight", {classes, 16}, Init::uniform(-0.4, 0.4));
+  const Tensor hidden = gelu(linear(x, w1, b1), GeluApproximation::tanh);
+  const Tensor loss = cross_entropy(linear(hidden, w2), labels, 0.1);
+  add_training(graph, loss.id(), optimizer);
+  return graph;
+}
+
+// Runs `steps` training steps on the GPU and on the reference with the same batches and
+// returns the largest relative loss difference.
+double train_and_compare(const Graph& graph, int64_t rows, int64_t features, int64_t classes,
+                         const OptimizerConfig& optimizer, int steps, SessionOptions options = {}) {
+  options.validation = true;
+  Session session(graph, options);
+  Environment environment;
+  initialise_leaves(graph, environment, options.seed);
+  std::mt19937_64 generator(99);
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    const Batch batch = random_batch(generator, rows, features, classes);
+    session.set_input("x", batch.features);
+    session.set_input("labels", batch.labels);
+    environment.leaves["x"] = HostTensor({rows, features}, {batch.features.begin(), batch.features.end()});
+    environment.leaves["labels"] = HostTensor({rows}, {batch.labels.begin(), batch.labels.end()});
+    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+      if (session.has_input(name)) session.set_input(name, std::vector<float>{static_cast<float>(value)});
+      environment.leaves[name] = HostTensor({}, value);
+    }
+    session.run();
+    const std::vector<HostTensor> values = mg::step(graph, environment);
+    const double reference = values[graph.output("loss")].data[0];
+    const double gpu = session.scalar_output("loss");
+    worst = std::max(worst, std::abs(gpu - reference) / std::abs(reference));
+  }
+  EXPECT_EQ(session.validation_messages(), 0u);
+  return worst;
+}
+
+TEST(GpuTraining, AdamMatchesReferenceOverTwentySteps) {
+  OptimizerConfig optimizer;
+  optimizer.learning_rate = 0.01;
+  const Graph graph = small_mlp(8, 12, 3, optimizer);
+  EXPECT_LT(train_and_compare(graph, 8, 12, 3, optimizer, 20), 1e-4);
+}
+
+TEST(GpuTraining, SgdNesterovWithClippingMatchesReference) {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::sgd;
+  optimizer.learning_rate = 0.05;
+  optimizer.momentum = 0.9;
+  optimizer.nesterov = true;
+  optimizer.clip_norm = 0.5;
+  optimizer.weight_decay = 0.01;
+  const Graph graph = small_mlp(8, 12, 3, optimizer);
+  EXPECT_LT(train_and_compare(graph, 8, 12, 3, optimizer, 20), 1e-4);
+}
+
+TEST(GpuTraining, PlannerReuseGivesBitIdenticalResults) {
+  OptimizerConfig optimizer;
+  const Graph graph =
+      models::build_classifier_training(models::ClassifierConfig{"mlp", 8, 4}, 6, optimizer);
+  std::mt19937_64 generator(5);
+  const Batch batch = random_batch(generator, 6, 64, 4);
+  std::vector<std::vector<float>> losses, weights;
+  for (bool reuse : {true, false}) {
+    SessionOptions options;
+    options.reuse_memory = reuse;
+    options.validation = true;
+    Session session(graph, options);
+    std::vector<float> trajectory;
+    for (int step = 0; step < 3; ++step) {
+      session.set_input(models::kImagesInput, batch.features);
+      session.set_input(models::kLabelsInput, batch.labels);
+      for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+        session.set_input(name, std::vector<float>{static_cast<float>(value)});
+      }
+      session.run();
+      trajectory.push_back(session.scalar_output("loss"));
+    }
+    losses.push_back(trajectory);
+    weights.push_back(session.read("model.fc1.weight"));
+    EXPECT_EQ(session.validation_messages(), 0u);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(weights[0], weights[1]);
+}
+
+}  // namespace
+}  // namespace mg
