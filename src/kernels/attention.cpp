@@ -54,12 +54,14 @@ int64_t shared_floats(Mode mode, const Dims& dims, int64_t bq, int64_t bk) {
 
 // The largest blocks that fit: the rows a thread group owns (queries for forward and dQ, keys
 // for dK / dV) at most 16, the streamed block at most 32, neither longer than its sequence.
-std::pair<int64_t, int64_t> choose_blocks(Mode mode, const Dims& dims, const LoweringContext& context) {
+std::pair<int64_t, int64_t> choose_blocks(Mode mode, const Dims& dims,
+                                          const LoweringContext& context) {
   const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
   const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
   const int64_t streamed_len = key_owned ? dims.q_len : dims.kv_len;
   const int64_t limit = context.device().max_shared_memory_bytes / 4;
-  for (int64_t owned = std::min<int64_t>(16, next_power_of_two(owned_len)); owned >= 1; owned /= 2) {
+  for (int64_t owned = std::min<int64_t>(16, next_power_of_two(owned_len)); owned >= 1;
+       owned /= 2) {
     for (int64_t streamed = std::min<int64_t>(32, next_power_of_two(streamed_len)); streamed >= 1;
          streamed /= 2) {
       const int64_t bq = key_owned ? streamed : owned;
@@ -149,8 +151,8 @@ void lower_attention(LoweringContext& context, Mode mode) {
     launch.operands.push_back({"grad_out", node.inputs[inputs.out() + 1], false});
     launch.operands.push_back({"lse", node.inputs[inputs.out() + 2], false});
   }
-  const char* result_name = mode == Mode::forward ? "out_"
-                            : mode == Mode::lse   ? "lse"
+  const char* result_name = mode == Mode::forward  ? "out_"
+                            : mode == Mode::lse    ? "lse"
                             : mode == Mode::grad_q ? "grad_q"
                                                    : "result";
   launch.operands.push_back({result_name, context.id(), true});

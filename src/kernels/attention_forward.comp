@@ -11,6 +11,7 @@
 #define KEYS_PER_THREAD ((BK + TPR - 1) / TPR)
 #define DV_PER_THREAD ((DV + TPR - 1) / TPR)
 #define NEG_INF (-1.0 / 0.0)
+#extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = THREADS) in;
 
@@ -98,12 +99,15 @@ void main() {
       kv_tile[(e / DV) * V_STRIDE + e % DV] = kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0;
     }
     barrier();
-    for (uint c = 0u; c < DV_PER_THREAD; ++c) {
-      uint e = r + c * TPR;
-      if (e >= DV) continue;
-      float a = acc[c] * alpha;
-      for (uint jj = 0u; jj < BK; ++jj) a += p_tile[row * BK + jj] * kv_tile[jj * V_STRIDE + e];
-      acc[c] = a;
+    for (uint c = 0u; c < DV_PER_THREAD; ++c) acc[c] *= alpha;
+    // Rolled over keys, unrolled over the accumulator: keeps acc in registers without the
+    // BK * DV_PER_THREAD straight-line body that makes compilers (llvmpipe's LLVM) crawl.
+    [[dont_unroll]] for (uint jj = 0u; jj < BK; ++jj) {
+      float p = p_tile[row * BK + jj];
+      [[unroll]] for (uint c = 0u; c < DV_PER_THREAD; ++c) {
+        uint e = r + c * TPR;
+        if (e < DV) acc[c] += p * kv_tile[jj * V_STRIDE + e];
+      }
     }
 #endif
   }

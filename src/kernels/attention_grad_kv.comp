@@ -17,6 +17,7 @@
 #endif
 #define RESULT_PER_THREAD ((RESULT_DIM + TPR - 1) / TPR)
 #define NEG_INF (-1.0 / 0.0)
+#extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = THREADS) in;
 
@@ -99,16 +100,17 @@ void main() {
         weight_tile[ii * BK + row] = w;
       }
       barrier();
-      for (uint c = 0u; c < RESULT_PER_THREAD; ++c) {
-        uint e = r + c * TPR;
-        if (e >= RESULT_DIM) continue;
-        float a = acc[c];
+      // Rolled over queries, unrolled over the accumulator (see attention_forward.comp).
+      [[dont_unroll]] for (uint ii = 0u; ii < BQ; ++ii) {
+        float w = weight_tile[ii * BK + row];
+        [[unroll]] for (uint c = 0u; c < RESULT_PER_THREAD; ++c) {
+          uint e = r + c * TPR;
 #if GRAD_K
-        for (uint ii = 0u; ii < BQ; ++ii) a += weight_tile[ii * BK + row] * q_tile[ii * K_STRIDE + e];
+          if (e < RESULT_DIM) acc[c] += w * q_tile[ii * K_STRIDE + e];
 #else
-        for (uint ii = 0u; ii < BQ; ++ii) a += weight_tile[ii * BK + row] * do_tile[ii * V_STRIDE + e];
+          if (e < RESULT_DIM) acc[c] += w * do_tile[ii * V_STRIDE + e];
 #endif
-        acc[c] = a;
+        }
       }
     }
   }

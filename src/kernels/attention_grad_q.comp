@@ -11,6 +11,7 @@
 #define KEYS_PER_THREAD ((BK + TPR - 1) / TPR)
 #define D_PER_THREAD ((D + TPR - 1) / TPR)
 #define NEG_INF (-1.0 / 0.0)
+#extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = THREADS) in;
 
@@ -87,12 +88,13 @@ void main() {
       ds_tile[row * BK + jj] = ds;
     }
     barrier();
-    for (uint c = 0u; c < D_PER_THREAD; ++c) {
-      uint d = r + c * TPR;
-      if (d >= D) continue;
-      float a = acc[c];
-      for (uint jj = 0u; jj < BK; ++jj) a += ds_tile[row * BK + jj] * kv_tile[jj * K_STRIDE + d];
-      acc[c] = a;
+    // Rolled over keys, unrolled over the accumulator (see attention_forward.comp).
+    [[dont_unroll]] for (uint jj = 0u; jj < BK; ++jj) {
+      float ds = ds_tile[row * BK + jj];
+      [[unroll]] for (uint c = 0u; c < D_PER_THREAD; ++c) {
+        uint d = r + c * TPR;
+        if (d < D) acc[c] += ds * kv_tile[jj * K_STRIDE + d];
+      }
     }
   }
 

@@ -5,6 +5,7 @@
 // shape) a node runs depends only on its shapes, baked into the generated code.
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <limits>
 
 #include "kernels/index_codegen.hpp"
@@ -77,6 +78,14 @@ TileConfig choose_tiles(int64_t m, int64_t n, const DeviceTraits& device) {
                                                        {256, 1, 1, 1},
                                                        {1, 256, 1, 1},
                                                        {8, 8, 2, 2}}};
+  // MEGANEURA_CONV_TILES=<index into kConfigs> forces one tile shape, so tests can cover each.
+  if (const char* forced = std::getenv("MEGANEURA_CONV_TILES")) {
+    const size_t index = static_cast<size_t>(std::atoi(forced));
+    if (index < kConfigs.size() &&
+        kConfigs[index].threads_m * kConfigs[index].threads_n <= device.max_workgroup_invocations) {
+      return kConfigs[index];
+    }
+  }
   TileConfig best = kConfigs.back();
   double best_cost = std::numeric_limits<double>::infinity();
   for (const TileConfig& config : kConfigs) {

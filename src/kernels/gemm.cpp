@@ -40,9 +40,10 @@ void lower_matmul(LoweringContext& context) {
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm";
+  const bool rowwise = context.device().cpu;
   launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
-                std::string(kernel_source("gemm.comp"));
+                std::string(kernel_source(rowwise ? "gemm_rowwise.comp" : "gemm.comp"));
   launch.defines = {{"M", glsl_uint(m)},
                     {"N", glsl_uint(n)},
                     {"K", glsl_uint(k)},
@@ -50,8 +51,13 @@ void lower_matmul(LoweringContext& context) {
                     {"TRANSPOSE_B", transpose_b ? "1" : "0"}};
   launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false},
                      {"c", context.id(), true}};
-  launch.groups = {static_cast<uint32_t>((n + kTile - 1) / kTile),
-                   static_cast<uint32_t>((m + kTile - 1) / kTile), static_cast<uint32_t>(batches)};
+  if (rowwise) {
+    launch.groups = grid_for(static_cast<uint64_t>(m * ((n + 3) / 4)), 64, context.device());
+    launch.groups[2] = static_cast<uint32_t>(batches);
+  } else {
+    launch.groups = {static_cast<uint32_t>((n + kTile - 1) / kTile),
+                     static_cast<uint32_t>((m + kTile - 1) / kTile), static_cast<uint32_t>(batches)};
+  }
   context.emit(std::move(launch));
 }
 

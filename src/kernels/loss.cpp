@@ -168,8 +168,8 @@ void lower_cross_entropy_grad(LoweringContext& context) {
                      {"labels", node.inputs[1], false},
                      {"grad", node.inputs[2], false},
                      {"grad_logits", context.id(), true}};
-  launch.groups =
-      grid_for(static_cast<uint64_t>(shape[0]), kGroupSize / segment_for(shape[1]), context.device());
+  launch.groups = grid_for(static_cast<uint64_t>(shape[0]), kGroupSize / segment_for(shape[1]),
+                           context.device());
   context.emit(std::move(launch));
 }
 
@@ -250,9 +250,8 @@ void lower_max_grad(LoweringContext& context) {
   launch.kernel = "max_grad";
   launch.body = function + std::string(kMaxGrad);
   launch.defines = {{"LOCAL", glsl_uint(local)}, {"LENGTH", glsl_uint(length)}};
-  launch.operands = {{"x", node.inputs[0], false},
-                     {"grad", node.inputs[1], false},
-                     {"out_", context.id(), true}};
+  launch.operands = {
+      {"x", node.inputs[0], false}, {"grad", node.inputs[1], false}, {"out_", context.id(), true}};
   launch.groups = grid_for(static_cast<uint64_t>(element_count(kept)), 1, context.device());
   context.emit(std::move(launch));
 }

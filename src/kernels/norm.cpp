@@ -158,8 +158,7 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward) {
   const Node& node = context.node();
   const Shape& x_shape = context.input_type(0).shape;
   const bool has_weight = node.attrs.get_int("has_weight", 0) != 0;
-  const bool has_bias =
-      !backward && kind != Kind::rms && node.attrs.get_int("has_bias", 0) != 0;
+  const bool has_bias = !backward && kind != Kind::rms && node.attrs.get_int("has_bias", 0) != 0;
   const bool running = kind == Kind::batch && node.attrs.get_int("training", 1) == 0;
   const GroupMap map = group_map(kind, x_shape, node.attrs.get_int("groups", 1));
   const uint32_t local = local_size_for(map.count);
@@ -200,14 +199,10 @@ void lower(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> norm_lowerings() {
-  return {{"layer_norm", lower<Kind::layer, false>},
-          {"layer_norm_grad", lower<Kind::layer, true>},
-          {"rms_norm", lower<Kind::rms, false>},
-          {"rms_norm_grad", lower<Kind::rms, true>},
-          {"group_norm", lower<Kind::group, false>},
-          {"group_norm_grad", lower<Kind::group, true>},
-          {"batch_norm", lower<Kind::batch, false>},
-          {"batch_norm_grad", lower<Kind::batch, true>}};
+  return {{"layer_norm", lower<Kind::layer, false>}, {"layer_norm_grad", lower<Kind::layer, true>},
+          {"rms_norm", lower<Kind::rms, false>},     {"rms_norm_grad", lower<Kind::rms, true>},
+          {"group_norm", lower<Kind::group, false>}, {"group_norm_grad", lower<Kind::group, true>},
+          {"batch_norm", lower<Kind::batch, false>}, {"batch_norm_grad", lower<Kind::batch, true>}};
 }
 
 }  // namespace mg::kernels

@@ -18,6 +18,7 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info) {
   traits.max_shared_memory_bytes = info.caps.max_shared_memory_bytes;
   traits.max_workgroup_invocations = info.caps.max_workgroup_invocations;
   traits.max_workgroup_count_x = info.caps.max_workgroup_count[0];
+  traits.cpu = info.kind == gpu::DeviceKind::cpu;
   traits.name = info.name;
   return traits;
 }

@@ -1,6 +1,8 @@
 // Convolution, pooling and resampling kernels against the f64 reference, forward and backward.
 // Gradients come from mg::gradients seeded with a random cotangent (not ones), so a backward
 // kernel that reads the wrong output gradient element cannot pass by symmetry.
+#include <cstdlib>
+
 #include "harness.hpp"
 #include "meganeura/autodiff.hpp"
 
@@ -70,6 +72,17 @@ TEST(GpuConv, SeveralTiles) {
   check_conv({2, 9, 12, 11}, {70, 9, 3, 3}, {.padding = {1, 1}});
 }
 
+// Every tile shape the lowering can pick (MEGANEURA_CONV_TILES indexes its table), on a
+// problem where each GEMM spans several tiles or leaves partial ones.
+TEST(GpuConv, EveryTileShape) {
+  for (int config = 0; config < 8; ++config) {
+    SCOPED_TRACE("tile config " + std::to_string(config));
+    setenv("MEGANEURA_CONV_TILES", std::to_string(config).c_str(), 1);
+    check_conv({1, 5, 9, 10}, {66, 5, 3, 3}, {.padding = {1, 1}});
+  }
+  unsetenv("MEGANEURA_CONV_TILES");
+}
+
 TEST(GpuConv, Transpose2dStride2OutputPadding) {
   // [2, 4, 5, 5] -> (5 - 1) * 2 - 2 + 2 + 1 + 1 = 10.
   for (int64_t groups : {1, 2}) {
@@ -92,12 +105,18 @@ TEST(GpuConv, MaxPoolOverlappingPadded) {
 }
 
 // relu makes many exact ties (zeros): the gradient must go to the first one of each window.
+// The backward op is added directly, since differentiating through relu would zero exactly
+// the gradients that a wrong tie-break misroutes.
 TEST(GpuConv, MaxPoolTiesGoToFirst) {
-  check_on_gpu(
-      {{"x", {2, 2, 7, 7}}, {"seed", {2, 2, 6, 4}}}, [](Graph& graph, std::vector<Tensor>& in) {
-        const Tensor x = relu(in[0] - 0.7);
-        output_with_gradients(graph, max_pool2d(x, {2, 3}, {1, 2}, {0, 1}), in[1], {in[0]});
-      });
+  check_on_gpu({{"x", {2, 2, 7, 7}}, {"dy", {2, 2, 6, 4}}},
+               [](Graph& graph, std::vector<Tensor>& in) {
+                 const Tensor x = relu(in[0] - 0.5);
+                 const Attrs attrs{{"kernel", std::vector<int64_t>{2, 3}},
+                                   {"stride", std::vector<int64_t>{1, 2}},
+                                   {"padding", std::vector<int64_t>{0, 1}}};
+                 graph.set_output("y", max_pool2d(x, {2, 3}, {1, 2}, {0, 1}).id());
+                 graph.set_output("dx", graph.add("max_pool2d_grad", {x.id(), in[1].id()}, attrs));
+               });
 }
 
 TEST(GpuConv, AvgPoolPadded) {

@@ -23,15 +23,16 @@ void output_gradients(Graph& graph, const std::string& prefix, Tensor output,
 }
 
 TEST(GpuNorm, LayerNormWithAndWithoutAffine) {
-  check_on_gpu({{"x", {3, 5, 37}, DType::f32, -2.0, 3.0}, {"w", {37}}, {"b", {37}}, {"g", {3, 5, 37}}},
-               [](Graph& graph, std::vector<Tensor>& x) {
-                 const Tensor affine = layer_norm(x[0], x[1], x[2]);
-                 graph.set_output("affine", affine.id());
-                 output_gradients(graph, "affine_", affine, {x[0], x[1], x[2]}, x[3]);
-                 const Tensor plain = layer_norm(x[0], std::nullopt, std::nullopt, 1e-3);
-                 graph.set_output("plain", plain.id());
-                 output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
-               });
+  check_on_gpu(
+      {{"x", {3, 5, 37}, DType::f32, -2.0, 3.0}, {"w", {37}}, {"b", {37}}, {"g", {3, 5, 37}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor affine = layer_norm(x[0], x[1], x[2]);
+        graph.set_output("affine", affine.id());
+        output_gradients(graph, "affine_", affine, {x[0], x[1], x[2]}, x[3]);
+        const Tensor plain = layer_norm(x[0], std::nullopt, std::nullopt, 1e-3);
+        graph.set_output("plain", plain.id());
+        output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
+      });
 }
 
 TEST(GpuNorm, LayerNormLongRows) {
@@ -68,23 +69,26 @@ TEST(GpuNorm, GroupNorm) {
 }
 
 TEST(GpuNorm, BatchNormTrainingUpdatesRunningStatistics) {
-  check_on_gpu({{"x", {4, 3, 5, 5}, DType::f32, -1.0, 2.0}, {"w", {3}}, {"b", {3}}, {"g", {4, 3, 5, 5}}},
-               [](Graph& graph, std::vector<Tensor>& x) {
-                 const Tensor running_mean(
-                     &graph, graph.state("running_mean", {DType::f32, {3}}, Init::uniform(-1, 1)));
-                 const Tensor running_var(
-                     &graph, graph.state("running_var", {DType::f32, {3}}, Init::uniform(0.5, 2)));
-                 const Tensor y = batch_norm(x[0], x[1], x[2], running_mean, running_var, true);
-                 graph.set_output("y", y.id());
-                 output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[3]);
-                 const Tensor plain =
-                     batch_norm(x[0], std::nullopt, std::nullopt, running_mean, running_var, true);
-                 graph.set_output("plain", plain.id());
-                 output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
-                 for (size_t k = 0; k < graph.updates().size(); ++k) {
-                   graph.set_output("update" + std::to_string(k), graph.updates()[k].second);
-                 }
-               });
+  check_on_gpu(
+      {{"x", {4, 3, 5, 5}, DType::f32, -1.0, 2.0}, {"w", {3}}, {"b", {3}}, {"g", {4, 3, 5, 5}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor running_mean(
+            &graph, graph.state("running_mean", {DType::f32, {3}}, Init::uniform(-1, 1)));
+        const Tensor running_var(
+            &graph, graph.state("running_var", {DType::f32, {3}}, Init::uniform(0.5, 2)));
+        const Tensor y = batch_norm(x[0], x[1], x[2], running_mean, running_var, true);
+        graph.set_output("y", y.id());
+        output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[3]);
+        const Tensor plain_mean(&graph, graph.state("plain_mean", {DType::f32, {3}}));
+        const Tensor plain_var(&graph, graph.state("plain_var", {DType::f32, {3}}));
+        const Tensor plain =
+            batch_norm(x[0], std::nullopt, std::nullopt, plain_mean, plain_var, true, 0.3);
+        graph.set_output("plain", plain.id());
+        output_gradients(graph, "plain_", plain, {x[0]}, x[3]);
+        for (size_t k = 0; k < graph.updates().size(); ++k) {
+          graph.set_output("update" + std::to_string(k), graph.updates()[k].second);
+        }
+      });
 }
 
 TEST(GpuNorm, BatchNormEval) {
@@ -98,7 +102,8 @@ TEST(GpuNorm, BatchNormEval) {
                  const Tensor y = batch_norm(x[0], x[1], x[2], x[3], x[4], false);
                  graph.set_output("y", y.id());
                  output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[5]);
-                 const Tensor plain = batch_norm(x[0], std::nullopt, std::nullopt, x[3], x[4], false);
+                 const Tensor plain =
+                     batch_norm(x[0], std::nullopt, std::nullopt, x[3], x[4], false);
                  graph.set_output("plain", plain.id());
                  output_gradients(graph, "plain_", plain, {x[0]}, x[5]);
                });
@@ -134,21 +139,29 @@ void check_attention(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q
   });
 }
 
-TEST(GpuNormAttention, GroupedQueryHeads) { check_attention(2, 4, 2, 7, 7, 16, 16, false); }
+TEST(GpuNormAttention, GroupedQueryHeads) {
+  check_attention(2, 4, 2, 7, 7, 16, 16, false);
+}
 
-TEST(GpuNormAttention, CausalMultipleBlocks) { check_attention(1, 4, 2, 37, 37, 16, 16, true); }
+TEST(GpuNormAttention, CausalMultipleBlocks) {
+  check_attention(1, 4, 2, 37, 37, 16, 16, true);
+}
 
 TEST(GpuNormAttention, CrossAttentionWithMaskAndValueDim) {
   check_attention(2, 2, 1, 5, 9, 16, 8, false, true);
 }
 
-TEST(GpuNormAttention, CrossAttentionCausal) { check_attention(1, 2, 2, 5, 9, 16, 16, true); }
+TEST(GpuNormAttention, CrossAttentionCausal) {
+  check_attention(1, 2, 2, 5, 9, 16, 16, true);
+}
 
 TEST(GpuNormAttention, PaddingMaskHeadDim64) {
   check_attention(2, 4, 2, 6, 9, 64, 64, true, false, true);
 }
 
-TEST(GpuNormAttention, HeadDim128) { check_attention(1, 2, 1, 5, 19, 128, 128, false); }
+TEST(GpuNormAttention, HeadDim128) {
+  check_attention(1, 2, 1, 5, 19, 128, 128, false);
+}
 
 TEST(GpuNormAttention, RopeForwardAndBackward) {
   check_on_gpu({{"x", {2, 3, 11, 8}}, {"g", {2, 3, 11, 8}}},
@@ -165,7 +178,7 @@ TEST(GpuNormLoss, CrossEntropyClassifierShape) {
                 {"labels", {64}, DType::i32, -1.0, 10.0},
                 {"seed", {}, DType::f32, 0.5, 2.0}},
                [](Graph& graph, std::vector<Tensor>& x) {
-                 const Tensor plain = cross_entropy(x[0], x[1]);
+                 const Tensor plain = cross_entropy(x[0], x[1], 0.0, -1);
                  graph.set_output("plain", plain.id());
                  output_gradients(graph, "plain_", plain, {x[0]}, x[2]);
                  const Tensor smoothed = cross_entropy(x[0], x[1], 0.1, -1);

@@ -1,0 +1,129 @@
+// The `meganeura` command as a user runs it: train, kill, resume, infer, and the one-line errors
+// for bad checkpoints. Small runs (MLP, few images) keep it fast on Lavapipe.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "io/checkpoint.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status = -1;
+  std::string output;
+};
+
+Result run(const std::string& arguments) {
+  Result result;
+  const std::string command = std::string(MEGANEURA_BINARY) + " " + arguments + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  char buffer[4096];
+  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, read);
+  const int status = ::pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+fs::path scratch(const std::string& name) {
+  const fs::path path = fs::temp_directory_path() / ("meganeura-cli-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(path);
+  fs::create_directories(path);
+  return path;
+}
+
+const char* kSmallRun = " --model mlp --limit 512 --batch 32 --epochs 2 ";
+
+TEST(Cli, TrainThenInferReportsAccuracy) {
+  const fs::path out = scratch("train");
+  const Result train = run("train --out " + out.string() + kSmallRun);
+  ASSERT_EQ(train.status, 0) << train.output;
+  EXPECT_NE(train.output.find("test accuracy:"), std::string::npos) << train.output;
+  EXPECT_TRUE(fs::exists(out / "checkpoint.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(out / "training.png"));
+  const Result infer = run("infer " + (out / "checkpoint.safetensors").string());
+  ASSERT_EQ(infer.status, 0) << infer.output;
+  const size_t at = infer.output.find("test accuracy: ");
+  ASSERT_NE(at, std::string::npos) << infer.output;
+  // 32 steps of an MLP on 512 images is far from converged, but far above chance (10 %).
+  EXPECT_GT(std::stod(infer.output.substr(at + 15)), 40.0) << infer.output;
+  fs::remove_all(out);
+}
+
+TEST(Cli, KillDuringCheckpointingThenResume) {
+  const fs::path out = scratch("kill");
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const std::string output = (out / "log.txt").string();
+    ::freopen(output.c_str(), "w", stderr);
+    ::freopen(output.c_str(), "a", stdout);
+    ::execl(MEGANEURA_BINARY, MEGANEURA_BINARY, "train", "--out", out.c_str(), "--model", "mlp",
+            "--limit", "4096", "--batch", "32", "--epochs", "50", "--checkpoint-every", "1",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Checkpoints are written after every step, so a kill lands in or near a save.
+  const fs::path checkpoint = out / "checkpoint.safetensors";
+  for (int i = 0; i < 600 && !fs::exists(checkpoint); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(fs::exists(checkpoint));
+  const mg::io::Checkpoint saved = mg::io::load_checkpoint(checkpoint);
+  EXPECT_GT(saved.step, 0);
+  const Result resumed =
+      run("train --out " + out.string() + " --model mlp --limit 4096 --batch 32 --epochs 1 --resume " +
+          checkpoint.string());
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  fs::remove_all(out);
+}
+
+void expect_one_line_error(const std::string& arguments, const std::string& must_mention) {
+  const Result result = run(arguments);
+  EXPECT_NE(result.status, 0) << result.output;
+  const size_t error = result.output.find("error: ");
+  ASSERT_NE(error, std::string::npos) << result.output;
+  const std::string line = result.output.substr(error);
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << "error spans several lines: " << result.output;
+  EXPECT_NE(line.find(must_mention), std::string::npos) << line;
+}
+
+TEST(Cli, BadCheckpointsGiveOneLineErrors) {
+  const fs::path out = scratch("errors");
+  ASSERT_EQ(run("train --out " + out.string() + " --model mlp --limit 64 --batch 32 --epochs 1").status, 0);
+  const fs::path good = out / "checkpoint.safetensors";
+
+  expect_one_line_error("infer " + (out / "missing.safetensors").string(), "missing.safetensors");
+
+  const fs::path truncated = out / "truncated.safetensors";
+  fs::copy_file(good, truncated);
+  fs::resize_file(truncated, fs::file_size(good) / 2);
+  expect_one_line_error("infer " + truncated.string(), "truncated");
+
+  const fs::path corrupt = out / "corrupt.safetensors";
+  fs::copy_file(good, corrupt);
+  {
+    std::fstream file(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(20);
+    file.write("\x01\x02\x03\x04\x05\x06", 6);
+  }
+  expect_one_line_error("infer " + corrupt.string(), "corrupt.safetensors");
+
+  expect_one_line_error("train --out " + out.string() + " --model cnn --resume " + good.string(),
+                        "saved for model");
+  expect_one_line_error("train --epochs many", "--epochs");
+  fs::remove_all(out);
+}
+
+}  // namespace
