@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
@@ -104,11 +105,51 @@ TileConfig choose_tiles(int64_t m, int64_t n, const DeviceTraits& device) {
 struct GemmPlan {
   int64_t m = 0, n = 0, k = 0;
   bool a_k_fastest = false, b_k_fastest = false, m_fastest = true;
+  // CPU devices: run the transposed GEMM (C^T = B^T A^T), so that the rows of gemm_cpu.comp,
+  // whose A values are loaded once per LANES steps and broadcast, are the operand with the
+  // costly index arithmetic or the fewer distinct values.
+  bool cpu_transpose = false;
   std::string functions;  // load_a, load_b, store_c
 };
 
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
+// The plan's GEMM on gemm_cpu.comp: its load/store functions are renamed and wrapped in the
+// (z, m, k) interface of gemm_cpu.comp, z being the convolution group.
+void emit_cpu_conv_gemm(LoweringContext& context, const Geometry& g, const GemmPlan& plan,
+                        std::vector<Operand> operands) {
+  CpuGemm gemm;
+  gemm.entries = g.groups;
+  gemm.functions = replace_all(replace_all(replace_all(plan.functions, "float load_a(", "float conv_a("),
+                                           "float load_b(", "float conv_b("),
+                               "void store_c(", "void conv_c(");
+  if (plan.cpu_transpose) {
+    gemm.m = plan.n;
+    gemm.n = plan.m;
+    gemm.functions += "float load_a(uint z, uint m, uint k) { return conv_b(z, k, m); }\n"
+                      "float load_b(uint z, uint k, uint n) { return conv_a(z, n, k); }\n"
+                      "void store_c(uint z, uint m, uint n, float value) { conv_c(z, n, m, value); }\n";
+  } else {
+    gemm.m = plan.m;
+    gemm.n = plan.n;
+    gemm.functions += "float load_a(uint z, uint m, uint k) { return conv_a(z, m, k); }\n"
+                      "float load_b(uint z, uint k, uint n) { return conv_b(z, k, n); }\n"
+                      "void store_c(uint z, uint m, uint n, float value) { conv_c(z, m, n, value); }\n";
+  }
+  gemm.k = plan.k;
+  emit_cpu_gemm(context, gemm, std::move(operands));
+}
+
 void emit_gemm(LoweringContext& context, const Geometry& g, const GemmPlan& plan,
                std::vector<Operand> operands) {
+  if (use_cpu_kernels(context.device())) {
+    emit_cpu_conv_gemm(context, g, plan, std::move(operands));
+    return;
+  }
   const TileConfig tiles = choose_tiles(plan.m, plan.n, context.device());
   int64_t tile_k = 16;
   while (tile_k > 1 && 4 * tile_k * (tiles.tile_m() + tiles.tile_n()) >
@@ -177,6 +218,7 @@ void lower_conv2d(LoweringContext& context) {
   plan.n = g.outs_per_group();
   plan.k = g.channels_per_group() * taps;
   plan.b_k_fastest = true;
+  plan.cpu_transpose = true;
   plan.functions = "float load_a(uint group, uint m, uint k) {\n" +
                    split3("m", "b", "oh", "ow", g.out_h, g.out_w) +
                    split3("k", "ci", "kh", "kw", g.kernel_h, g.kernel_w) + input_tap_glsl(g, "x") +
@@ -206,6 +248,7 @@ void lower_conv2d_data_grad(LoweringContext& context) {
   plan.n = g.channels_per_group();
   plan.k = g.outs_per_group() * taps;
   plan.b_k_fastest = true;
+  plan.cpu_transpose = true;
   std::string& f = plan.functions;
   f = "float load_a(uint group, uint m, uint k) {\n" +
       split3("m", "b", "ih", "iw", g.height, g.width) +
@@ -245,6 +288,7 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
   plan.a_k_fastest = true;
   plan.b_k_fastest = true;
   plan.m_fastest = false;
+  plan.cpu_transpose = std::getenv("MEGANEURA_WG_T") != nullptr;
   plan.functions = "float load_a(uint group, uint m, uint k) {\n  return dy[(k / " + u(out_plane) +
                    " * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) + " + m) * " +
                    u(out_plane) + " + k % " + u(out_plane) + "];\n}\n";

@@ -1,4 +1,14 @@
 // Matrix products: batched GEMM with optional operand transposes and broadcast batch axes.
+// GPUs run the tiled gemm.comp; CPU devices (Lavapipe) run gemm_cpu.comp, emitted here for
+// matmul and for the convolutions (conv.cpp).
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
@@ -37,13 +47,27 @@ void lower_matmul(LoweringContext& context) {
   const Shape batch_shape(out_shape.begin(), out_shape.end() - 2);
   const int64_t batches = element_count(batch_shape);
 
+  if (use_cpu_kernels(context.device())) {
+    const std::string t = transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
+    const std::string u = transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
+    CpuGemm gemm{m, n, k, batches, ""};
+    gemm.functions = batch_offset_function("a_offset", a_shape, batch_shape) +
+                     batch_offset_function("b_offset", b_shape, batch_shape) +
+                     "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t + "]; }\n" +
+                     "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n" +
+                     "void store_c(uint z, uint m, uint n, float value) { c[(z * " + glsl_uint(m) +
+                     " + m) * " + glsl_uint(n) + " + n] = value; }\n";
+    emit_cpu_gemm(context, gemm,
+                  {{"a", node.inputs[0], false}, {"b", node.inputs[1], false},
+                   {"c", context.id(), true}});
+    return;
+  }
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm";
-  const bool rowwise = context.device().cpu;
   launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
-                std::string(kernel_source(rowwise ? "gemm_rowwise.comp" : "gemm.comp"));
+                std::string(kernel_source("gemm.comp"));
   launch.defines = {{"M", glsl_uint(m)},
                     {"N", glsl_uint(n)},
                     {"K", glsl_uint(k)},
@@ -51,17 +75,78 @@ void lower_matmul(LoweringContext& context) {
                     {"TRANSPOSE_B", transpose_b ? "1" : "0"}};
   launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false},
                      {"c", context.id(), true}};
-  if (rowwise) {
-    launch.groups = grid_for(static_cast<uint64_t>(m * ((n + 3) / 4)), 64, context.device());
-    launch.groups[2] = static_cast<uint32_t>(batches);
-  } else {
-    launch.groups = {static_cast<uint32_t>((n + kTile - 1) / kTile),
-                     static_cast<uint32_t>((m + kTile - 1) / kTile), static_cast<uint32_t>(batches)};
-  }
+  launch.groups = {static_cast<uint32_t>((n + kTile - 1) / kTile),
+                   static_cast<uint32_t>((m + kTile - 1) / kTile), static_cast<uint32_t>(batches)};
   context.emit(std::move(launch));
 }
 
 }  // namespace
+
+bool use_cpu_kernels(const DeviceTraits& device) {
+  if (!device.cpu) return false;
+  if (device.subgroup_size != 4 && device.subgroup_size != 8 && device.subgroup_size != 16)
+    return false;
+  if (device.max_workgroup_invocations < device.subgroup_size) return false;
+  const char* off = std::getenv("MEGANEURA_NO_CPU_KERNELS");
+  return off == nullptr || std::strcmp(off, "1") != 0;
+}
+
+void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands) {
+  const DeviceTraits& device = context.device();
+  const int64_t lanes = device.subgroup_size;
+  // Register blocks (rows x columns per lane). The cost model counts, per k step of every
+  // workgroup, its ROWS * COLS vector multiply-adds (padding included) plus the vector loads
+  // (COLS of B, ROWS / LANES of A), which llvmpipe performs lane by lane and so weigh ~12
+  // multiply-adds each; grids with fewer workgroups than kMinGroups are penalised because they
+  // leave cores idle.
+  static constexpr std::array<std::array<int64_t, 2>, 10> kBlocks{
+      {{8, 4}, {16, 2}, {8, 2}, {4, 4}, {4, 2}, {16, 1}, {8, 1}, {2, 4}, {1, 4}, {1, 2}}};
+  constexpr double kLoad = 12.0;
+  constexpr int64_t kMinGroups = 16;
+  std::array<int64_t, 2> best = kBlocks[0];
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (const auto& block : kBlocks) {
+    const int64_t rows = block[0], cols = block[1];
+    const int64_t groups = ((gemm.m + rows - 1) / rows) *
+                           ((gemm.n + lanes * cols - 1) / (lanes * cols)) * gemm.entries;
+    double cost = static_cast<double>(groups) *
+                  (static_cast<double>(rows * cols) +
+                   kLoad * (static_cast<double>(cols) + static_cast<double>(rows) /
+                                                            static_cast<double>(lanes)));
+    if (groups < kMinGroups) cost *= static_cast<double>(kMinGroups) / static_cast<double>(groups);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = block;
+    }
+  }
+  // MEGANEURA_CPU_GEMM_BLOCK=ROWSxCOLS forces a block shape (tuning and tests).
+  if (const char* forced = std::getenv("MEGANEURA_CPU_GEMM_BLOCK")) {
+    int rows = 0, cols = 0;
+    if (std::sscanf(forced, "%dx%d", &rows, &cols) == 2 && rows > 0 && cols > 0 && rows <= 32 &&
+        cols <= 8) {
+      best = {rows, cols};
+    }
+  }
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "gemm_cpu";
+  launch.body = gemm.functions + std::string(kernel_source("gemm_cpu.comp"));
+  launch.defines = {{"LANES", std::to_string(lanes)},  {"ROWS", glsl_uint(best[0])},
+                    {"COLS", glsl_uint(best[1])},       {"GEMM_M", glsl_uint(gemm.m)},
+                    {"GEMM_N", glsl_uint(gemm.n)},      {"GEMM_K", glsl_uint(gemm.k)}};
+  launch.operands = std::move(operands);
+  const int64_t groups_x = (gemm.n + lanes * best[1] - 1) / (lanes * best[1]);
+  const int64_t groups_y = (gemm.m + best[0] - 1) / best[0];
+  const int64_t limit = device.max_workgroup_count_x;
+  if (groups_x > limit || groups_y > limit || gemm.entries > limit) {
+    throw Error(launch.label + ": CPU GEMM grid " + std::to_string(groups_x) + " x " +
+                std::to_string(groups_y) + " x " + std::to_string(gemm.entries) +
+                " exceeds the device's workgroup count limit " + std::to_string(limit));
+  }
+  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
+                   static_cast<uint32_t>(gemm.entries)};
+  context.emit(std::move(launch));
+}
 
 std::vector<LoweringEntry> gemm_lowerings() { return {{"matmul", lower_matmul}}; }
 

@@ -13,10 +13,56 @@ uint64_t align_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
-// Storage root of a value: views (reshape, stop_gradient) share their input's bytes.
-ValueId storage_root(const Graph& graph, ValueId id) {
-  while (kernels::is_view_op(graph.node(id).op)) id = graph.node(id).inputs[0];
-  return id;
+// Values sharing another value's bytes: views (reshape, stop_gradient) and in-place results.
+using AliasMap = std::unordered_map<ValueId, ValueId>;
+
+ValueId storage_root(const Graph& graph, const AliasMap& in_place, ValueId id) {
+  while (true) {
+    if (kernels::is_view_op(graph.node(id).op)) {
+      id = graph.node(id).inputs[0];
+    } else if (auto it = in_place.find(id); it != in_place.end()) {
+      id = it->second;
+    } else {
+      return id;
+    }
+  }
+}
+
+// A pointwise launch may write its result over an input of the same shape that nothing reads
+// afterwards: each invocation reads element i of that input before writing element i.
+AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& launches) {
+  const int64_t end = static_cast<int64_t>(launches.size());
+  std::vector<int64_t> last_use(graph.size(), -1);
+  for (int64_t t = 0; t < end; ++t) {
+    for (const kernels::Operand& operand : launches[t].launch.operands) {
+      last_use[operand.value] = std::max(last_use[operand.value], t);
+    }
+  }
+  for (const auto& [name, id] : graph.outputs()) last_use[id] = end;
+  for (const auto& [leaf, value] : graph.updates()) last_use[leaf] = last_use[value] = end;
+  for (size_t i = graph.size(); i-- > 0;) {  // a view keeps its source alive
+    const Node& node = graph.nodes()[i];
+    if (kernels::is_view_op(node.op)) {
+      last_use[node.inputs[0]] = std::max(last_use[node.inputs[0]], last_use[i]);
+    }
+  }
+  AliasMap in_place;
+  for (int64_t t = 0; t < end; ++t) {
+    const kernels::Launch& launch = launches[t].launch;
+    if (launch.kernel != "pointwise") continue;
+    const ValueId result = launch.operands.back().value;
+    for (size_t k = 0; k + 1 < launch.operands.size(); ++k) {
+      const ValueId candidate = launch.operands[k].value;
+      const ValueId root = storage_root(graph, in_place, candidate);
+      if (graph.node(root).is_leaf() || last_use[candidate] != t ||
+          !(graph.type(candidate) == graph.type(result))) {
+        continue;
+      }
+      in_place[result] = candidate;
+      break;
+    }
+  }
+  return in_place;
 }
 
 bool is_persistent_leaf(const Node& node) {
@@ -157,10 +203,16 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"
   // (host uploads), launch count is "after the last" (downloads and assignments).
   const int64_t end = static_cast<int64_t>(program.launches.size());
+  const AliasMap in_place = options.reuse_memory ? choose_in_place(graph, program.launches) : AliasMap{};
   std::unordered_map<ValueId, Interval> lifetimes;
   std::vector<ValueId> persistent;
+  std::unordered_map<ValueId, uint64_t> logical_values;  // every stored value as if unshared
   auto touch = [&](ValueId value, int64_t when) {
-    const ValueId root = storage_root(graph, value);
+    const ValueId own = storage_root(graph, {}, value);
+    if (!is_persistent_leaf(graph.node(own))) {
+      logical_values[own] = align_up(std::max<uint64_t>(graph.type(own).bytes(), 4), 4);
+    }
+    const ValueId root = storage_root(graph, in_place, value);
     const Node& node = graph.node(root);
     if (is_persistent_leaf(node)) {
       if (std::find(persistent.begin(), persistent.end(), root) == persistent.end()) {
@@ -191,11 +243,11 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     if (lifetimes.count(input)) program.inputs.push_back(input);
   }
 
+  for (const auto& [value, bytes] : logical_values) program.memory.logical_transient_bytes += bytes;
   std::vector<Interval> intervals;
   for (auto& [root, interval] : lifetimes) {
     interval.first += 1;  // shift so that "before the first launch" is 0
     interval.last += 1;
-    program.memory.logical_transient_bytes += interval.bytes;
     intervals.push_back(interval);
   }
   std::sort(intervals.begin(), intervals.end(),
@@ -206,7 +258,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   place_transients(std::move(intervals), options, program);
 
   for (size_t i = 0; i < graph.size(); ++i) {
-    const ValueId root = storage_root(graph, static_cast<ValueId>(i));
+    const ValueId root = storage_root(graph, in_place, static_cast<ValueId>(i));
     auto it = program.regions.find(root);
     if (it != program.regions.end() && root != static_cast<ValueId>(i)) {
       program.regions[static_cast<ValueId>(i)] = it->second;
