@@ -9,5 +9,6 @@ int devices_command(const std::vector<std::string>& words);
 int train_command(const std::vector<std::string>& words);
 int infer_command(const std::vector<std::string>& words);
 int inspect_command(const std::vector<std::string>& words);
+int bench_command(const std::vector<std::string>& words);
 
 }  // namespace mg::cli

@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdio>
 
 #include "cli/arguments.hpp"
@@ -66,8 +67,14 @@ int infer_command(const std::vector<std::string>& words) {
   if (image_paths.empty()) {
     const data::Dataset test_set =
         data::load_fashion_mnist(arguments.text("data", std::string(data::kFashionMnistDir)), "test");
+    const auto start = std::chrono::steady_clock::now();
     const Evaluation evaluation = evaluate(session, test_set, batch, model.classes);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     print_confusion(evaluation);
+    std::printf("evaluated %lld images in %.3f s (%.0f images/s, batch %lld)\n",
+                static_cast<long long>(evaluation.examples), seconds, evaluation.examples / seconds,
+                static_cast<long long>(batch));
     std::printf("test accuracy: %.2f%%\n", 100 * evaluation.accuracy());
     return 0;
   }

@@ -15,6 +15,7 @@ commands:
   infer     evaluate a checkpoint on the test set, or classify image files
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
+  bench     time kernel families with GPU timestamps ('meganeura bench kernels')
 
 Run 'meganeura <command> --help' for a command's options.
 Environment: MEGANEURA_DEVICE (device choice), MEGANEURA_VALIDATE=1 (Vulkan validation),
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     if (command == "infer") return mg::cli::infer_command(words);
     if (command == "devices") return mg::cli::devices_command(words);
     if (command == "inspect") return mg::cli::inspect_command(words);
+    if (command == "bench") return mg::cli::bench_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call on the H200 (see docs/BENCHMARKS.md): device listing, compile times, the GPU
+# test suite, kernel benchmarks against PyTorch, and the Fashion-MNIST job against PyTorch.
+# Expects the Release binaries in .dev/bin, the dataset in .dev/data and loader debs in .gl.
+set -u
+for f in .gl/*.deb; do dpkg -x "$f" / ; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export VK_LAYER_PATH=/usr/share/vulkan/explicit_layer.d
+export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache
+export PYTHONUNBUFFERED=1
+bin=.dev/bin
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+$bin/meganeura devices 2>&1 | tee "$out/devices.txt"
+$bin/meganeura devices --bench-compile 2>&1 | tee -a "$out/devices.txt"
+if [ "${RUN_TESTS:-1}" = 1 ]; then
+  $bin/test_gpu --gtest_brief=1 > "$out/test_gpu.txt" 2>&1; echo "test_gpu exit $?" | tee -a "$out/test_gpu.txt"
+  tail -5 "$out/test_gpu.txt"
+fi
+if [ "${RUN_KERNELS:-1}" = 1 ]; then
+  $bin/meganeura bench kernels > "$out/kernels_meganeura.jsonl" 2>&1
+  python3 bench/kernels_pytorch.py > "$out/kernels_pytorch.jsonl" 2>&1
+  python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" | tee "$out/kernels_table.txt"
+fi
+if [ "${RUN_TRAIN:-1}" = 1 ]; then
+  $bin/meganeura train --data .dev/data --out "$out/run" --epochs "${EPOCHS:-3}" > "$out/train.txt" 2>&1
+  grep -E "img/s|accuracy|built|device" "$out/train.txt" | tail -6
+  $bin/meganeura infer "$out/run/checkpoint.safetensors" --data .dev/data 2>&1 | tail -3 | tee "$out/infer.txt"
+  python3 bench/fashion_pytorch.py --model cnn --batch 64 --steps 300 | tee "$out/fashion_pytorch.jsonl"
+fi
