@@ -168,7 +168,7 @@ class VulkanDevice final : public Device {
     queue.queueFamilyIndex = physical_.compute_queue_family;
     queue.queueCount = 1;
     queue.pQueuePriorities = &priority;
-    DeviceFeatures enabled = features_to_enable(physical_.features);
+    DeviceFeatures enabled = features_to_enable(physical_.features, instance_->validation());
     auto create = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
     create.pNext = enabled.chain();
     create.queueCreateInfoCount = 1;

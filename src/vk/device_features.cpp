@@ -1,6 +1,7 @@
 #include "vk/device_features.hpp"
 
 #include <algorithm>
+#include <string_view>
 
 namespace mg::gpu::detail {
 namespace {
@@ -67,10 +68,20 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
   return features;
 }
 
-DeviceFeatures features_to_enable(const DeviceFeatures& supported) {
+DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation) {
   DeviceFeatures on;
   on.known = supported.known;
   on.extensions = supported.extensions;
+  if (validation) {
+    // Debian's validation layer (1.3.239) predates these extensions and reports every device
+    // and pipeline that uses them; no kernel needs them yet, so validated runs leave them off.
+    on.known.coop_matrix_khr = false;
+    on.known.bf16 = false;
+    std::erase_if(on.extensions, [](const char* name) {
+      return std::string_view(name) == VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME ||
+             std::string_view(name) == VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME;
+    });
+  }
 
   const auto& core = supported.core.features;
   on.core.features.shaderInt16 = core.shaderInt16;

@@ -60,7 +60,7 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
                               const std::vector<std::string>& extensions);
 
 // The subset of `supported` Meganeura turns on (no robustness features: they cost speed and
-// the planner keeps every access in bounds).
-DeviceFeatures features_to_enable(const DeviceFeatures& supported);
+// the planner keeps every access in bounds). `validation`: the validation layer is on.
+DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation);
 
 }  // namespace mg::gpu::detail
