@@ -127,6 +127,9 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
       best = {rows, cols};
     }
   }
+  if (std::getenv("KCPU_DEBUG"))
+    std::fprintf(stderr, "%s: m %ld n %ld k %ld e %ld block %ldx%ld\n", context.label().c_str(),
+                 (long)gemm.m, (long)gemm.n, (long)gemm.k, (long)gemm.entries, (long)best[0], (long)best[1]);
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_cpu";
