@@ -17,6 +17,10 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
 // replaces them by a uniform constant.
 Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// Cuts conv2d_grad_weight over the batch into partial gradients that run in parallel and are
+// summed (see split_weight_gradients.cpp).
+Graph split_weight_gradients(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "passes/passes.hpp"
 #include "plan/fusion.hpp"
@@ -193,6 +194,9 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   Program program;
   program.graph_nodes_before_passes = source.size();
   program.graph = passes::optimize(source);
+  bool split = options.split_weight_gradients;
+  if (const char* forced = std::getenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS")) split = std::string(forced) != "0";
+  if (split) program.graph = passes::split_weight_gradients(program.graph);
   verify(program.graph);
   const Graph& graph = program.graph;
 

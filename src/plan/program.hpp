@@ -45,6 +45,9 @@ struct PlanOptions {
   bool reuse_memory = true;  // false: every value gets its own bytes (for testing the planner)
   uint64_t arena_limit = 128ull << 20;  // min(maxStorageBufferRange, maxMemoryAllocationSize)
   uint64_t alignment = 256;             // >= minStorageBufferOffsetAlignment
+  // Run convolution weight gradients as parallel partial sums over batch slices: pays on GPUs
+  // with many compute units, not on CPU devices. MEGANEURA_SPLIT_WEIGHT_GRADIENTS=0/1 overrides.
+  bool split_weight_gradients = true;
 };
 
 struct Program {

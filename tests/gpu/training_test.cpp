@@ -1,8 +1,10 @@
 // End-to-end training on the GPU against the f64 reference interpreter, and the memory planner
 // against a plan without reuse.
+#include <cstdlib>
 #include <random>
 
 #include "harness.hpp"
+#include "meganeura/autodiff.hpp"
 #include "meganeura/train.hpp"
 #include "models/classifier.hpp"
 
@@ -114,6 +116,28 @@ TEST(GpuTraining, PlannerReuseGivesBitIdenticalResults) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(weights[0], weights[1]);
+}
+
+}  // namespace
+}  // namespace mg
+
+namespace mg {
+namespace {
+
+// The split of convolution weight gradients over batch slices (on by default on GPUs, off on
+// CPU devices) must give the reference's gradients.
+TEST(GpuTraining, SplitWeightGradientsMatchReference) {
+  setenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS", "1", 1);
+  // 16 images of 16x16: two slices of 8 (each slice reduces at least 2048 products).
+  testing::check_on_gpu({{"x", {16, 2, 16, 16}}, {"w", {3, 2, 3, 3}}, {"seed", {16, 3, 16, 16}}},
+                        [](Graph& graph, std::vector<Tensor>& in) {
+                          Conv2dOptions options;
+                          options.padding = {1, 1};
+                          const Tensor y = conv2d(in[0], in[1], std::nullopt, options);
+                          const auto grads = gradients(graph, y.id(), {in[1].id()}, in[2].id());
+                          graph.set_output("weight_grad", grads.at(in[1].id()));
+                        });
+  unsetenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS");
 }
 
 }  // namespace
