@@ -80,6 +80,64 @@ void lower_matmul(LoweringContext& context) {
   context.emit(std::move(launch));
 }
 
+// The generated part of gemm_cpu.comp: one statement per row and 4-column part of the register
+// block; part p of row i is acc_<i>_<p>, a vector over the lane's columns 4p .. 4p + 3.
+std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes) {
+  const int64_t parts = (cols + 3) / 4;
+  const auto width = [&](int64_t p) { return std::min<int64_t>(4, cols - 4 * p); };
+  const auto vec = [&](int64_t p) {
+    return width(p) == 1 ? std::string("float") : "vec" + std::to_string(width(p));
+  };
+  const auto acc = [](int64_t i, int64_t p) {
+    return "acc_" + std::to_string(i) + "_" + std::to_string(p);
+  };
+  static constexpr std::array<const char*, 4> kSwizzle{"x", "y", "z", "w"};
+  const auto component = [&](int64_t i, int64_t j) {
+    const int64_t p = j / 4;
+    return width(p) == 1 ? acc(i, p) : acc(i, p) + "." + kSwizzle[static_cast<size_t>(j % 4)];
+  };
+  const std::string nl = " \\\n";
+  std::string text = "#define DECLARE_ACCUMULATORS" + nl;
+  for (int64_t j = 0; j < cols; ++j) {
+    const std::string c = std::to_string(j);
+    text += "  uint col_" + c + " = min(col0 + " + glsl_uint(j * lanes) + ", GEMM_N - 1u);" + nl;
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    text += "  uint row_" + std::to_string(i) + " = min(row0 + " + glsl_uint(i) + ", GEMM_M - 1u);";
+    for (int64_t p = 0; p < parts; ++p) text += " " + vec(p) + " " + acc(i, p) + " = " + vec(p) + "(0.0);";
+    text += nl;
+  }
+  text += "\n#define LOAD_CHUNK(k_lane)" + nl;
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string r = std::to_string(i);
+    text += "  float chunk_" + r + " = load_a(z, row_" + r + ", k_lane);" + nl;
+  }
+  text += "\n#define STEP(KK) {" + nl + "  uint k = k0 + KK;" + nl;
+  for (int64_t p = 0; p < parts; ++p) {
+    text += "  " + vec(p) + " b_" + std::to_string(p) + " = " + vec(p) + "(";
+    for (int64_t j = 4 * p; j < 4 * p + width(p); ++j)
+      text += std::string(j > 4 * p ? ", " : "") + "load_b(z, k, col_" + std::to_string(j) + ")";
+    text += ");" + nl;
+  }
+  const bool shuffle = std::getenv("KCPU_SHUF") != nullptr;
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string r = std::to_string(i);
+    text += "  { float a_value = " + std::string(shuffle ? "subgroupShuffle" : "subgroupBroadcast") + "(chunk_" + r + ", KK);";
+    for (int64_t p = 0; p < parts; ++p) text += " " + acc(i, p) + " += a_value * b_" + std::to_string(p) + ";";
+    text += " }" + nl;
+  }
+  text += "}\n#define STORE_ACCUMULATORS" + nl;
+  for (int64_t i = 0; i < rows; ++i) {
+    text += "  if (row0 + " + glsl_uint(i) + " < GEMM_M) {" + nl;
+    for (int64_t j = 0; j < cols; ++j) {
+      text += "    if (col0 + " + glsl_uint(j * lanes) + " < GEMM_N) store_c(z, row_" +
+              std::to_string(i) + ", col_" + std::to_string(j) + ", " + component(i, j) + ");" + nl;
+    }
+    text += "  }" + nl;
+  }
+  return text + "\n";
+}
+
 }  // namespace
 
 bool use_cpu_kernels(const DeviceTraits& device) {
@@ -133,7 +191,8 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_cpu";
-  launch.body = gemm.functions + std::string(kernel_source("gemm_cpu.comp"));
+  launch.body = gemm.functions + cpu_gemm_macros(best[0], best[1], lanes) +
+                std::string(kernel_source("gemm_cpu.comp"));
   launch.defines = {{"LANES", std::to_string(lanes)},  {"ROWS", glsl_uint(best[0])},
                     {"COLS", glsl_uint(best[1])},       {"GEMM_M", glsl_uint(gemm.m)},
                     {"GEMM_N", glsl_uint(gemm.n)},      {"GEMM_K", glsl_uint(gemm.k)}};

@@ -8,27 +8,19 @@
 // lanes: each lane loads a different k of A once per LANES steps and subgroupBroadcast hands
 // the value to all lanes (a register extract, not a load). Columns differ per lane (column
 // col0 + lane + j * LANES), so every B load is a distinct value, reused ROWS times.
+// The per-row statements are generated (gemm.cpp) as macros over scalar variables rather than
+// loops over arrays: an array that survives into llvmpipe becomes per-lane scratch memory.
 // Defines: LANES (== the subgroup size), ROWS, COLS, GEMM_M, GEMM_N, GEMM_K.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
-// void store_c(uint z, uint m, uint n, float value); m, n and k passed in are always in range.
+// void store_c(uint z, uint m, uint n, float value), all called with in-range indices, and the
+// macros DECLARE_ACCUMULATORS, LOAD_CHUNK(k) (this lane's A values at k: chunk_<i>),
+// STEP(KK) (the rank-1 update of k step k0 + KK) and STORE_ACCUMULATORS.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_ballot : require
-#extension GL_EXT_control_flow_attributes : enable
+#extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(local_size_x = LANES) in;
 
-// One k step: B values for this lane's columns, then a rank-1 update with broadcast A values.
-// KK must be a literal (subgroupBroadcast takes a constant lane index).
-#define STEP(KK)                                                                  \
-  {                                                                               \
-    uint k = k0 + KK;                                                             \
-    float b_values[COLS];                                                         \
-    [[unroll]] for (uint j = 0u; j < COLS; ++j) b_values[j] = load_b(z, k, columns[j]); \
-    [[unroll]] for (uint i = 0u; i < ROWS; ++i) {                                 \
-      float a_value = subgroupBroadcast(chunk[i], KK);                            \
-      [[unroll]] for (uint j = 0u; j < COLS; ++j) accumulator[i][j] += a_value * b_values[j]; \
-    }                                                                             \
-  }
 // The last, partial chunk skips the steps past GEMM_K (the condition is uniform, so every lane
 // still takes part in each broadcast).
 #define TAIL_STEP(KK) \
@@ -51,33 +43,17 @@ void main() {
   uint col0 = gl_WorkGroupID.x * (LANES * COLS) + lane;
   // Out-of-range rows and columns compute on clamped indices and are dropped at the store, so
   // no lane ever leaves the subgroup's broadcasts.
-  uint rows[ROWS];
-  [[unroll]] for (uint i = 0u; i < ROWS; ++i) rows[i] = min(row0 + i, GEMM_M - 1u);
-  uint columns[COLS];
-  [[unroll]] for (uint j = 0u; j < COLS; ++j) columns[j] = min(col0 + j * LANES, GEMM_N - 1u);
-
-  float accumulator[ROWS][COLS];
-  [[unroll]] for (uint i = 0u; i < ROWS; ++i)
-    [[unroll]] for (uint j = 0u; j < COLS; ++j) accumulator[i][j] = 0.0;
+  DECLARE_ACCUMULATORS
 
   const uint full_end = GEMM_K - GEMM_K % LANES;
   uint k0 = 0u;
   for (; k0 < full_end; k0 += LANES) {
-    float chunk[ROWS];
-    [[unroll]] for (uint i = 0u; i < ROWS; ++i) chunk[i] = load_a(z, rows[i], k0 + lane);
+    LOAD_CHUNK(k0 + lane)
     CHUNK(STEP)
   }
   if (k0 < GEMM_K) {
-    uint k_lane = min(k0 + lane, GEMM_K - 1u);
-    float chunk[ROWS];
-    [[unroll]] for (uint i = 0u; i < ROWS; ++i) chunk[i] = load_a(z, rows[i], k_lane);
+    LOAD_CHUNK(min(k0 + lane, GEMM_K - 1u))
     CHUNK(TAIL_STEP)
   }
-
-  [[unroll]] for (uint i = 0u; i < ROWS; ++i) {
-    if (row0 + i >= GEMM_M) break;
-    [[unroll]] for (uint j = 0u; j < COLS; ++j) {
-      if (col0 + j * LANES < GEMM_N) store_c(z, row0 + i, col0 + j * LANES, accumulator[i][j]);
-    }
-  }
+  STORE_ACCUMULATORS
 }

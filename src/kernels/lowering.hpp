@@ -20,6 +20,7 @@ struct DeviceTraits {
   uint32_t max_shared_memory_bytes = 16384;
   uint32_t max_workgroup_invocations = 256;
   uint32_t max_workgroup_count_x = 65535;
+  uint32_t max_storage_buffers = 16;  // per kernel (maxPerStageDescriptorStorageBuffers)
   bool cpu = false;  // a CPU implementation (Lavapipe): prefer kernels without barriers
   std::string name = "device";
 };

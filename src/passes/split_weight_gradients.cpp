@@ -11,8 +11,8 @@
 namespace mg::passes {
 namespace {
 
-constexpr int64_t kMinProductsPerSlice = 2048;
-constexpr int64_t kMaxSlices = 16;
+constexpr int64_t kMinProductsPerSlice = 512;
+constexpr int64_t kMaxSlices = 64;
 
 int64_t slice_count(int64_t batch, int64_t products_per_item) {
   int64_t best = 1;

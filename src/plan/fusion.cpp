@@ -67,6 +67,29 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     }
   }
 
+  // A fused kernel binds every distinct input of its DAG plus its result; when a consumer would
+  // exceed the device's binding limit, its largest fused producers become kernels of their own.
+  std::vector<uint32_t> bound_inputs(graph.size(), 1);
+  const uint32_t input_limit = std::max<uint32_t>(2, device.max_storage_buffers) - 1;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    if (!kernels::is_pointwise_op(node.op)) continue;
+    uint32_t count = 0;
+    for (ValueId input : node.inputs) count += fused_into_consumer[input] ? bound_inputs[input] : 1;
+    while (count > input_limit) {
+      ValueId largest = kNoValue;
+      for (ValueId input : node.inputs) {
+        if (fused_into_consumer[input] &&
+            (largest == kNoValue || bound_inputs[input] > bound_inputs[largest])) {
+          largest = input;
+        }
+      }
+      fused_into_consumer[largest] = false;
+      count = count - bound_inputs[largest] + 1;
+    }
+    bound_inputs[i] = count;
+  }
+
   std::vector<kernels::Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];

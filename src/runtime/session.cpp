@@ -19,6 +19,7 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info) {
   traits.max_workgroup_invocations = info.caps.max_workgroup_invocations;
   traits.max_workgroup_count_x = info.caps.max_workgroup_count[0];
   traits.cpu = info.kind == gpu::DeviceKind::cpu;
+  traits.max_storage_buffers = info.caps.max_storage_buffers_per_stage;
   traits.name = info.name;
   return traits;
 }

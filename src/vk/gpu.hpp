@@ -43,6 +43,7 @@ struct DeviceCaps {
   uint64_t max_memory_allocation_size = 0;
   uint64_t min_storage_buffer_offset_alignment = 0;
   uint32_t max_push_constants_bytes = 0;
+  uint32_t max_storage_buffers_per_stage = 0;
   bool shader_f16 = false, storage_f16 = false;
   bool shader_bf16 = false;
   bool float_atomic_add = false;

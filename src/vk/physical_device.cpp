@@ -168,6 +168,7 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   caps.max_storage_buffer_range = p.limits.maxStorageBufferRange;
   caps.min_storage_buffer_offset_alignment = p.limits.minStorageBufferOffsetAlignment;
   caps.max_push_constants_bytes = p.limits.maxPushConstantsSize;
+  caps.max_storage_buffers_per_stage = p.limits.maxPerStageDescriptorStorageBuffers;
   caps.timestamp_period_ns = p.limits.timestampPeriod;
 }
 

@@ -128,7 +128,7 @@ namespace {
 // CPU devices) must give the reference's gradients.
 TEST(GpuTraining, SplitWeightGradientsMatchReference) {
   setenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS", "1", 1);
-  // 16 images of 16x16: two slices of 8 (each slice reduces at least 2048 products).
+  // 16 images of 16x16: eight slices of 2 (each slice reduces at least 512 products).
   testing::check_on_gpu({{"x", {16, 2, 16, 16}}, {"w", {3, 2, 3, 3}}, {"seed", {16, 3, 16, 16}}},
                         [](Graph& graph, std::vector<Tensor>& in) {
                           Conv2dOptions options;
