@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
@@ -119,10 +120,9 @@ std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes) {
       text += std::string(j > 4 * p ? ", " : "") + "load_b(z, k, col_" + std::to_string(j) + ")";
     text += ");" + nl;
   }
-  const bool shuffle = std::getenv("KCPU_SHUF") != nullptr;
   for (int64_t i = 0; i < rows; ++i) {
     const std::string r = std::to_string(i);
-    text += "  { float a_value = " + std::string(shuffle ? "subgroupShuffle" : "subgroupBroadcast") + "(chunk_" + r + ", KK);";
+    text += "  { float a_value = subgroupShuffle(chunk_" + r + ", KK);";
     for (int64_t p = 0; p < parts; ++p) text += " " + acc(i, p) + " += a_value * b_" + std::to_string(p) + ";";
     text += " }" + nl;
   }
@@ -152,26 +152,40 @@ bool use_cpu_kernels(const DeviceTraits& device) {
 void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands) {
   const DeviceTraits& device = context.device();
   const int64_t lanes = device.subgroup_size;
-  // Register blocks (rows x columns per lane). The cost model counts, per k step of every
-  // workgroup, its ROWS * COLS vector multiply-adds (padding included) plus the vector loads
-  // (COLS of B, ROWS / LANES of A), which llvmpipe performs lane by lane and so weigh ~12
-  // multiply-adds each; grids with fewer workgroups than kMinGroups are penalised because they
-  // leave cores idle.
-  static constexpr std::array<std::array<int64_t, 2>, 10> kBlocks{
-      {{8, 4}, {16, 2}, {8, 2}, {4, 4}, {4, 2}, {16, 1}, {8, 1}, {2, 4}, {1, 4}, {1, 2}}};
-  constexpr double kLoad = 12.0;
-  constexpr int64_t kMinGroups = 16;
+  // Register blocks (rows x columns per lane). Cost model, in vector multiply-adds per k step of
+  // a workgroup, fitted to llvmpipe timings of the classifier's GEMMs: ROWS * COLS
+  // multiply-adds (padding included), kLoad per buffer load (COLS of B, ROWS / LANES of A; each
+  // is a loop over the lanes) and kShuffle per broadcast A value. Workgroups run kThreads at a
+  // time (Lavapipe has one thread per CPU), so the time is the per-workgroup cost times the
+  // number of waves; small problems thus trade block efficiency for parallelism.
+  static constexpr std::array<std::array<int64_t, 2>, 14> kBlocks{{{32, 8},
+                                                                  {32, 4},
+                                                                  {16, 8},
+                                                                  {16, 4},
+                                                                  {8, 8},
+                                                                  {8, 4},
+                                                                  {16, 2},
+                                                                  {8, 2},
+                                                                  {4, 8},
+                                                                  {4, 4},
+                                                                  {4, 2},
+                                                                  {2, 4},
+                                                                  {1, 8},
+                                                                  {1, 2}}};
+  constexpr double kLoad = 29.0, kShuffle = 1.4;
+  const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::array<int64_t, 2> best = kBlocks[0];
   double best_cost = std::numeric_limits<double>::infinity();
   for (const auto& block : kBlocks) {
     const int64_t rows = block[0], cols = block[1];
     const int64_t groups = ((gemm.m + rows - 1) / rows) *
                            ((gemm.n + lanes * cols - 1) / (lanes * cols)) * gemm.entries;
-    double cost = static_cast<double>(groups) *
-                  (static_cast<double>(rows * cols) +
-                   kLoad * (static_cast<double>(cols) + static_cast<double>(rows) /
-                                                            static_cast<double>(lanes)));
-    if (groups < kMinGroups) cost *= static_cast<double>(kMinGroups) / static_cast<double>(groups);
+    const double per_group =
+        static_cast<double>(rows * cols) +
+        kLoad * (static_cast<double>(cols) +
+                 static_cast<double>(rows) / static_cast<double>(lanes)) +
+        kShuffle * static_cast<double>(rows);
+    const double cost = per_group * static_cast<double>((groups + threads - 1) / threads);
     if (cost < best_cost) {
       best_cost = cost;
       best = block;

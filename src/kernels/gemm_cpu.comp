@@ -5,9 +5,11 @@
 // lane by lane, so the cost that matters is loads per multiply-add. Hence: one subgroup per
 // workgroup, no shared memory, no barriers; each invocation keeps a ROWS x COLS block of C in
 // registers. Rows are the same for every lane, so the A values a step needs are equal across
-// lanes: each lane loads a different k of A once per LANES steps and subgroupBroadcast hands
-// the value to all lanes (a register extract, not a load). Columns differ per lane (column
-// col0 + lane + j * LANES), so every B load is a distinct value, reused ROWS times.
+// lanes: each lane loads a different k of A once per LANES steps and subgroupShuffle hands
+// the value to all lanes (register extracts, not a load; Mesa 22's llvmpipe makes
+// subgroupBroadcast search for the first active lane first, about twice as slow). Columns
+// differ per lane (column col0 + lane + j * LANES), so every B load is a distinct value, reused
+// ROWS times.
 // The per-row statements are generated (gemm.cpp) as macros over scalar variables rather than
 // loops over arrays: an array that survives into llvmpipe becomes per-lane scratch memory.
 // Defines: LANES (== the subgroup size), ROWS, COLS, GEMM_M, GEMM_N, GEMM_K.
@@ -16,13 +18,12 @@
 // macros DECLARE_ACCUMULATORS, LOAD_CHUNK(k) (this lane's A values at k: chunk_<i>),
 // STEP(KK) (the rank-1 update of k step k0 + KK) and STORE_ACCUMULATORS.
 #extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(local_size_x = LANES) in;
 
 // The last, partial chunk skips the steps past GEMM_K (the condition is uniform, so every lane
-// still takes part in each broadcast).
+// still takes part in each shuffle).
 #define TAIL_STEP(KK) \
   if (k0 + KK < GEMM_K) STEP(KK)
 
@@ -42,7 +43,7 @@ void main() {
   uint row0 = gl_WorkGroupID.y * ROWS;
   uint col0 = gl_WorkGroupID.x * (LANES * COLS) + lane;
   // Out-of-range rows and columns compute on clamped indices and are dropped at the store, so
-  // no lane ever leaves the subgroup's broadcasts.
+  // no lane ever leaves the subgroup's shuffles.
   DECLARE_ACCUMULATORS
 
   const uint full_end = GEMM_K - GEMM_K % LANES;
