@@ -1,0 +1,197 @@
+// Optimizers as graph ops, checked against hand computations, and small models that learn
+// with the f64 reference interpreter.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "meganeura/ops.hpp"
+#include "meganeura/train.hpp"
+#include "ops/interpreter.hpp"
+
+namespace mg {
+namespace {
+
+// One scalar-ish parameter vector p with loss = sum(0.5 * (p - target)^2), so the gradient is
+// p - target and every optimizer step can be written out by hand.
+struct Quadratic {
+  Graph graph;
+  Environment environment;
+  std::vector<double> target{0.5, -1.5, 2.0};
+
+  explicit Quadratic(const OptimizerConfig& config) {
+    const Tensor p = parameter(graph, "p", {3}, Init::zeros());
+    const Tensor t = input(graph, "target", {3});
+    const Tensor loss = sum_all(square(p - t) * 0.5);
+    add_training(graph, loss.id(), config);
+    environment.leaves["p"] = HostTensor({3}, {1.0, 2.0, -3.0});
+    environment.leaves["target"] = HostTensor({3}, target);
+    initialise_leaves(graph, environment, 0);
+  }
+
+  std::vector<double> step(const OptimizerConfig& config, int64_t index) {
+    for (const auto& [name, value] : optimizer_inputs(config, index)) {
+      if (graph.find_leaf(name) != kNoValue) environment.leaves[name] = HostTensor({}, value);
+    }
+    mg::step(graph, environment);
+    return environment.leaves["p"].data;
+  }
+};
+
+TEST(Optimizer, AdamMatchesHandComputation) {
+  OptimizerConfig config;
+  config.learning_rate = 0.1;
+  Quadratic problem(config);
+  std::vector<double> p{1.0, 2.0, -3.0}, m(3, 0.0), v(3, 0.0);
+  for (int t = 1; t <= 4; ++t) {
+    const std::vector<double> got = problem.step(config, t - 1);
+    for (int i = 0; i < 3; ++i) {
+      const double g = p[i] - problem.target[i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      const double m_hat = m[i] / (1 - std::pow(0.9, t));
+      const double v_hat = v[i] / (1 - std::pow(0.999, t));
+      p[i] -= 0.1 * m_hat / (std::sqrt(v_hat) + 1e-8);
+      EXPECT_NEAR(got[i], p[i], 1e-12) << "step " << t << " element " << i;
+    }
+  }
+}
+
+TEST(Optimizer, AdamWDecaysWeightsDecoupled) {
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::adamw;
+  config.learning_rate = 0.05;
+  config.weight_decay = 0.1;
+  Quadratic problem(config);
+  std::vector<double> p{1.0, 2.0, -3.0}, m(3, 0.0), v(3, 0.0);
+  for (int t = 1; t <= 4; ++t) {
+    const std::vector<double> got = problem.step(config, t - 1);
+    for (int i = 0; i < 3; ++i) {
+      const double g = p[i] - problem.target[i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      const double update = (m[i] / (1 - std::pow(0.9, t))) /
+                            (std::sqrt(v[i] / (1 - std::pow(0.999, t))) + 1e-8);
+      p[i] = p[i] - 0.05 * 0.1 * p[i] - 0.05 * update;
+      EXPECT_NEAR(got[i], p[i], 1e-12) << "step " << t << " element " << i;
+    }
+  }
+}
+
+TEST(Optimizer, SgdNesterovMomentumMatchesHandComputation) {
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::sgd;
+  config.learning_rate = 0.1;
+  config.momentum = 0.9;
+  config.nesterov = true;
+  Quadratic problem(config);
+  std::vector<double> p{1.0, 2.0, -3.0}, buffer(3, 0.0);
+  for (int t = 1; t <= 4; ++t) {
+    const std::vector<double> got = problem.step(config, t - 1);
+    for (int i = 0; i < 3; ++i) {
+      const double g = p[i] - problem.target[i];
+      buffer[i] = 0.9 * buffer[i] + g;
+      p[i] -= 0.1 * (g + 0.9 * buffer[i]);
+      EXPECT_NEAR(got[i], p[i], 1e-12) << "step " << t << " element " << i;
+    }
+  }
+}
+
+TEST(Optimizer, GlobalNormClippingScalesTheGradient) {
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::sgd;
+  config.learning_rate = 1.0;
+  config.clip_norm = 1.0;
+  Quadratic problem(config);
+  // Gradient (0.5, 3.5, -5) has norm sqrt(37.5); the step is the gradient scaled to norm 1.
+  const std::vector<double> got = problem.step(config, 0);
+  const std::vector<double> gradient{0.5, 3.5, -5.0};
+  const double scale = 1.0 / (std::sqrt(37.5) + 1e-6);
+  const std::vector<double> start{1.0, 2.0, -3.0};
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i], start[i] - scale * gradient[i], 1e-12);
+}
+
+TEST(Optimizer, LearningRateSchedules) {
+  OptimizerConfig config;
+  config.learning_rate = 1.0;
+  config.schedule = OptimizerConfig::Schedule::linear_warmup;
+  config.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(learning_rate_at(config, 0), 0.25);
+  EXPECT_DOUBLE_EQ(learning_rate_at(config, 3), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate_at(config, 10), 1.0);
+  config.schedule = OptimizerConfig::Schedule::cosine;
+  config.total_steps = 14;
+  config.min_learning_rate = 0.1;
+  EXPECT_DOUBLE_EQ(learning_rate_at(config, 4), 1.0);
+  EXPECT_NEAR(learning_rate_at(config, 9), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
+  EXPECT_NEAR(learning_rate_at(config, 14), 0.1, 1e-12);
+  EXPECT_THROW(parse_optimizer("adagrad"), Error);
+}
+
+// Synthetic two-class data a small model can separate.
+double train_and_report(Graph& graph, int64_t rows, const Shape& image_shape, int steps) {
+  OptimizerConfig config;
+  config.learning_rate = 0.01;
+  Environment environment;
+  initialise_leaves(graph, environment, 1);
+  std::mt19937_64 generator(3);
+  std::normal_distribution<double> noise(0.0, 0.3);
+  Shape batch_shape{rows};
+  batch_shape.insert(batch_shape.end(), image_shape.begin(), image_shape.end());
+  const int64_t features = element_count(image_shape);
+  double first = 0, last = 0;
+  for (int step = 0; step < steps; ++step) {
+    HostTensor x(batch_shape), labels(Shape{rows});
+    for (int64_t r = 0; r < rows; ++r) {
+      labels.data[r] = static_cast<double>(r % 2);
+      for (int64_t f = 0; f < features; ++f) {
+        x.data[r * features + f] = (r % 2 ? 0.5 : -0.5) * (f % 3 == 0 ? 1.0 : 0.2) + noise(generator);
+      }
+    }
+    environment.leaves["x"] = x;
+    environment.leaves["labels"] = labels;
+    for (const auto& [name, value] : optimizer_inputs(config, step)) {
+      environment.leaves[name] = HostTensor({}, value);
+    }
+    const double loss = mg::step(graph, environment)[graph.output("loss")].data[0];
+    if (step == 0) first = loss;
+    last = loss;
+  }
+  EXPECT_LT(last, 0.5 * first) << "loss went from " << first << " to " << last;
+  return last;
+}
+
+TEST(Optimizer, SmallMlpLearnsWithTheReference) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {16, 12});
+  const Tensor labels = input(graph, "labels", {16}, DType::i32);
+  const Tensor w1 = parameter(graph, "model.fc1.weight", {8, 12}, Init::uniform(-0.3, 0.3));
+  const Tensor b1 = parameter(graph, "model.fc1.bias", {8}, Init::zeros());
+  const Tensor w2 = parameter(graph, "model.fc2.weight", {2, 8}, Init::uniform(-0.3, 0.3));
+  const Tensor loss = cross_entropy(linear(relu(linear(x, w1, b1)), w2), labels);
+  add_training(graph, loss.id(), [] {
+    OptimizerConfig config;
+    config.learning_rate = 0.01;
+    return config;
+  }());
+  train_and_report(graph, 16, {12}, 40);
+}
+
+TEST(Optimizer, SmallCnnLearnsWithTheReference) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {8, 1, 6, 6});
+  const Tensor labels = input(graph, "labels", {8}, DType::i32);
+  const Tensor w = parameter(graph, "model.conv.weight", {3, 1, 3, 3}, Init::uniform(-0.3, 0.3));
+  const Tensor head = parameter(graph, "model.head.weight", {2, 27}, Init::uniform(-0.2, 0.2));
+  Tensor features = max_pool2d(relu(conv2d(x, w)), {2, 2}, {1, 1});
+  const Tensor loss = cross_entropy(linear(flatten(features), head), labels);
+  add_training(graph, loss.id(), [] {
+    OptimizerConfig config;
+    config.learning_rate = 0.01;
+    return config;
+  }());
+  train_and_report(graph, 8, {1, 6, 6}, 40);
+}
+
+}  // namespace
+}  // namespace mg

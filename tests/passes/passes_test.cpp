@@ -1,0 +1,119 @@
+// Every pass keeps outputs unchanged: random graphs (with repeated subexpressions, dead nodes
+// and foldable constants) evaluate to the same values before and after, on the f64 reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "meganeura/autodiff.hpp"
+#include "meganeura/ops.hpp"
+#include "ops/interpreter.hpp"
+#include "passes/passes.hpp"
+
+namespace mg {
+namespace {
+
+Graph random_graph(uint64_t seed, Environment& environment) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  Graph graph;
+  std::vector<Tensor> pool;
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = "x" + std::to_string(i);
+    pool.push_back(input(graph, name, {4, 5}));
+    HostTensor value({4, 5});
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+  }
+  for (int i = 0; i < 24; ++i) {
+    const Tensor a = pool[generator() % pool.size()];
+    const Tensor b = pool[generator() % pool.size()];
+    switch (generator() % 8) {
+      case 0: pool.push_back(a + b); break;
+      case 1: pool.push_back(a * b); break;
+      case 2: pool.push_back(tanh(a) - b); break;
+      // The same expression twice: CSE merges it.
+      case 3: pool.push_back((a * 2.0) + (a * 2.0)); break;
+      // Constant arithmetic: folding replaces it by one constant.
+      case 4: pool.push_back(a + (scalar(graph, 3.0) * scalar(graph, 0.5))); break;
+      case 5: pool.push_back(matmul(a, b, false, true) * 0.1 + scalar(graph, 1.0)); break;
+      case 6: pool.push_back(broadcast_to(sum(a, {1}, true), {4, 5})); break;
+      default: pool.push_back(sigmoid(a) * b); break;  // may stay unused: DCE drops it
+    }
+    if (pool.back().shape() != Shape{4, 5}) pool.pop_back();
+  }
+  graph.set_output("y", pool.back().id());
+  graph.set_output("z", pool[pool.size() / 2].id());
+  return graph;
+}
+
+void expect_same_outputs(const Graph& before, const Graph& after, const Environment& environment) {
+  verify(after);
+  const std::vector<HostTensor> expected = evaluate(before, environment);
+  const std::vector<HostTensor> got = evaluate(after, environment);
+  for (const auto& [name, id] : before.outputs()) {
+    const HostTensor& a = expected[id];
+    const HostTensor& b = got[after.output(name)];
+    ASSERT_EQ(a.shape, b.shape);
+    for (int64_t i = 0; i < a.elements(); ++i) {
+      // Relative: a pass may reorder a sum, which moves the last bits of large values.
+      EXPECT_NEAR(a.data[i], b.data[i], 1e-12 * std::max(1.0, std::abs(a.data[i]))) << name;
+    }
+  }
+}
+
+TEST(Passes, OptimizeKeepsOutputsOnRandomGraphs) {
+  for (uint64_t seed = 1; seed <= 25; ++seed) {
+    Environment environment;
+    const Graph graph = random_graph(seed, environment);
+    const Graph optimized = passes::optimize(graph);
+    EXPECT_LE(optimized.size(), graph.size());
+    expect_same_outputs(graph, optimized, environment);
+  }
+}
+
+TEST(Passes, EachPassAloneKeepsOutputs) {
+  Environment environment;
+  const Graph graph = random_graph(99, environment);
+  expect_same_outputs(graph, passes::fold_constants(graph), environment);
+  expect_same_outputs(graph, passes::eliminate_common_subexpressions(graph), environment);
+  expect_same_outputs(graph, passes::eliminate_dead_code(graph), environment);
+}
+
+TEST(Passes, CseAndFoldingShrinkTheGraph) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {3});
+  const Tensor y = (x * 2.0) + (x * 2.0) + scalar(graph, 1.0) * scalar(graph, 4.0);
+  graph.set_output("y", y.id());
+  sigmoid(x);  // dead
+  const Graph optimized = passes::optimize(graph);
+  EXPECT_LT(optimized.size(), graph.size());
+  Environment environment;
+  environment.leaves["x"] = HostTensor({3}, {0.5, -1.0, 2.0});
+  expect_same_outputs(graph, optimized, environment);
+}
+
+TEST(Passes, WeightGradientSplitKeepsGradients) {
+  Graph graph;
+  Environment environment;
+  std::mt19937_64 generator(4);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const Tensor x = input(graph, "x", {16, 2, 16, 16});
+  const Tensor w = input(graph, "w", {3, 2, 3, 3});
+  for (const auto& [name, shape] : {std::pair<std::string, Shape>{"x", {16, 2, 16, 16}},
+                                    std::pair<std::string, Shape>{"w", {3, 2, 3, 3}}}) {
+    HostTensor value(shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+  }
+  Conv2dOptions options;
+  options.padding = {1, 1};
+  const Tensor y = conv2d(x, w, std::nullopt, options);
+  graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {w.id()}).at(w.id()));
+  const Graph split = passes::split_weight_gradients(graph);
+  EXPECT_GT(split.size(), graph.size());  // the split happened
+  expect_same_outputs(graph, split, environment);
+}
+
+}  // namespace
+}  // namespace mg
