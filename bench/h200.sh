@@ -13,7 +13,7 @@ bin=.dev/bin
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-$bin/meganeura devices 2>&1 | tee "$out/devices.txt"
+$bin/meganeura devices --verbose 2>&1 | tee "$out/devices.txt"
 $bin/meganeura devices --bench-compile 2>&1 | tee -a "$out/devices.txt"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   # One process per suite: the NVIDIA driver refused new instances after ~26 device openings

@@ -12,16 +12,47 @@
 namespace mg::cli {
 namespace {
 
-constexpr const char* kHelp = R"(usage: meganeura devices [--bench-compile] [--device SEL]
+constexpr const char* kHelp = R"(usage: meganeura devices [--verbose] [--bench-compile] [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
 
+  --verbose         also list each device's cooperative-matrix shapes and limits
   --bench-compile   build the CNN training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the build times
   --device SEL      device index or part of its name
 )";
+
+std::string_view scalar_name(gpu::ScalarType type) {
+  switch (type) {
+    case gpu::ScalarType::f16: return "f16";
+    case gpu::ScalarType::bf16: return "bf16";
+    case gpu::ScalarType::f32: return "f32";
+    case gpu::ScalarType::f64: return "f64";
+    case gpu::ScalarType::i8: return "i8";
+    case gpu::ScalarType::u8: return "u8";
+    case gpu::ScalarType::i32: return "i32";
+    case gpu::ScalarType::u32: return "u32";
+    case gpu::ScalarType::other: break;
+  }
+  return "other";
+}
+
+void print_details(const gpu::DeviceInfo& info) {
+  const gpu::DeviceCaps& caps = info.caps;
+  std::printf("    max storage buffer range %llu MiB, max allocation %llu MiB, workgroup <= %u "
+              "invocations, %u storage buffers per kernel\n",
+              static_cast<unsigned long long>(caps.max_storage_buffer_range >> 20),
+              static_cast<unsigned long long>(caps.max_memory_allocation_size >> 20),
+              caps.max_workgroup_invocations, caps.max_storage_buffers_per_stage);
+  for (const gpu::CoopMatrixConfig& config : caps.coop_matrix) {
+    std::printf("    cooperative matrix (%s) %ux%ux%u  %s x %s + %s -> %s\n",
+                config.khr ? "KHR" : "NV", config.m, config.n, config.k,
+                scalar_name(config.a).data(), scalar_name(config.b).data(),
+                scalar_name(config.c).data(), scalar_name(config.result).data());
+  }
+}
 
 void bench_compile(const std::string& device) {
   const std::filesystem::path cache =
@@ -46,7 +77,8 @@ void bench_compile(const std::string& device) {
 }  // namespace
 
 int devices_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura devices", words, {"device"}, {"bench-compile", "help"});
+  const Arguments arguments("meganeura devices", words, {"device"},
+                            {"bench-compile", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -55,6 +87,7 @@ int devices_command(const std::vector<std::string>& words) {
   const uint32_t chosen = gpu::choose_device(devices, arguments.text("device", ""));
   for (const gpu::DeviceInfo& info : devices) {
     std::printf("%s %s\n", info.index == chosen ? "*" : " ", gpu::describe_device(info).c_str());
+    if (arguments.has("verbose")) print_details(info);
   }
   if (arguments.has("bench-compile")) bench_compile(arguments.text("device", ""));
   return 0;

@@ -124,21 +124,24 @@ void emit_cpu_conv_gemm(LoweringContext& context, const Geometry& g, const GemmP
                         std::vector<Operand> operands) {
   CpuGemm gemm;
   gemm.entries = g.groups;
-  gemm.functions = replace_all(replace_all(replace_all(plan.functions, "float load_a(", "float conv_a("),
-                                           "float load_b(", "float conv_b("),
-                               "void store_c(", "void conv_c(");
+  gemm.functions =
+      replace_all(replace_all(replace_all(plan.functions, "float load_a(", "float conv_a("),
+                              "float load_b(", "float conv_b("),
+                  "void store_c(", "void conv_c(");
   if (plan.cpu_transpose) {
     gemm.m = plan.n;
     gemm.n = plan.m;
-    gemm.functions += "float load_a(uint z, uint m, uint k) { return conv_b(z, k, m); }\n"
-                      "float load_b(uint z, uint k, uint n) { return conv_a(z, n, k); }\n"
-                      "void store_c(uint z, uint m, uint n, float value) { conv_c(z, n, m, value); }\n";
+    gemm.functions +=
+        "float load_a(uint z, uint m, uint k) { return conv_b(z, k, m); }\n"
+        "float load_b(uint z, uint k, uint n) { return conv_a(z, n, k); }\n"
+        "void store_c(uint z, uint m, uint n, float value) { conv_c(z, n, m, value); }\n";
   } else {
     gemm.m = plan.m;
     gemm.n = plan.n;
-    gemm.functions += "float load_a(uint z, uint m, uint k) { return conv_a(z, m, k); }\n"
-                      "float load_b(uint z, uint k, uint n) { return conv_b(z, k, n); }\n"
-                      "void store_c(uint z, uint m, uint n, float value) { conv_c(z, m, n, value); }\n";
+    gemm.functions +=
+        "float load_a(uint z, uint m, uint k) { return conv_a(z, m, k); }\n"
+        "float load_b(uint z, uint k, uint n) { return conv_b(z, k, n); }\n"
+        "void store_c(uint z, uint m, uint n, float value) { conv_c(z, m, n, value); }\n";
   }
   gemm.k = plan.k;
   emit_cpu_gemm(context, gemm, std::move(operands));
@@ -288,7 +291,6 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
   plan.a_k_fastest = true;
   plan.b_k_fastest = true;
   plan.m_fastest = false;
-  plan.cpu_transpose = std::getenv("MEGANEURA_WG_T") != nullptr;
   plan.functions = "float load_a(uint group, uint m, uint k) {\n  return dy[(k / " + u(out_plane) +
                    " * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) + " + m) * " +
                    u(out_plane) + " + k % " + u(out_plane) + "];\n}\n";

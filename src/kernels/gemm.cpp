@@ -29,7 +29,8 @@ std::string batch_offset_function(const std::string& name, const Shape& operand,
   text += "  return 0u";
   int64_t stride = matrix;
   for (size_t axis = operand_batch_rank; axis-- > 0;) {
-    if (operand[axis] != 1) text += " + c" + std::to_string(axis + offset) + " * " + glsl_uint(stride);
+    if (operand[axis] != 1)
+      text += " + c" + std::to_string(axis + offset) + " * " + glsl_uint(stride);
     stride *= operand[axis];
   }
   return text + ";\n}\n";
@@ -49,18 +50,20 @@ void lower_matmul(LoweringContext& context) {
   const int64_t batches = element_count(batch_shape);
 
   if (use_cpu_kernels(context.device())) {
-    const std::string t = transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
-    const std::string u = transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
+    const std::string t =
+        transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
+    const std::string u =
+        transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
     CpuGemm gemm{m, n, k, batches, ""};
     gemm.functions = batch_offset_function("a_offset", a_shape, batch_shape) +
                      batch_offset_function("b_offset", b_shape, batch_shape) +
-                     "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t + "]; }\n" +
-                     "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n" +
-                     "void store_c(uint z, uint m, uint n, float value) { c[(z * " + glsl_uint(m) +
-                     " + m) * " + glsl_uint(n) + " + n] = value; }\n";
-    emit_cpu_gemm(context, gemm,
-                  {{"a", node.inputs[0], false}, {"b", node.inputs[1], false},
-                   {"c", context.id(), true}});
+                     "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t +
+                     "]; }\n" + "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " +
+                     u + "]; }\n" + "void store_c(uint z, uint m, uint n, float value) { c[(z * " +
+                     glsl_uint(m) + " + m) * " + glsl_uint(n) + " + n] = value; }\n";
+    emit_cpu_gemm(
+        context, gemm,
+        {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}});
     return;
   }
   Launch launch;
@@ -74,8 +77,8 @@ void lower_matmul(LoweringContext& context) {
                     {"K", glsl_uint(k)},
                     {"TRANSPOSE_A", transpose_a ? "1" : "0"},
                     {"TRANSPOSE_B", transpose_b ? "1" : "0"}};
-  launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false},
-                     {"c", context.id(), true}};
+  launch.operands = {
+      {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
   launch.groups = {static_cast<uint32_t>((n + kTile - 1) / kTile),
                    static_cast<uint32_t>((m + kTile - 1) / kTile), static_cast<uint32_t>(batches)};
   context.emit(std::move(launch));
@@ -83,7 +86,7 @@ void lower_matmul(LoweringContext& context) {
 
 // The generated part of gemm_cpu.comp: one statement per row and 4-column part of the register
 // block; part p of row i is acc_<i>_<p>, a vector over the lane's columns 4p .. 4p + 3.
-std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes) {
+std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes, bool padded) {
   const int64_t parts = (cols + 3) / 4;
   const auto width = [&](int64_t p) { return std::min<int64_t>(4, cols - 4 * p); };
   const auto vec = [&](int64_t p) {
@@ -105,15 +108,18 @@ std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes) {
   }
   for (int64_t i = 0; i < rows; ++i) {
     text += "  uint row_" + std::to_string(i) + " = min(row0 + " + glsl_uint(i) + ", GEMM_M - 1u);";
-    for (int64_t p = 0; p < parts; ++p) text += " " + vec(p) + " " + acc(i, p) + " = " + vec(p) + "(0.0);";
+    for (int64_t p = 0; p < parts; ++p)
+      text += " " + vec(p) + " " + acc(i, p) + " = " + vec(p) + "(0.0);";
     text += nl;
   }
   text += "\n#define LOAD_CHUNK(k_lane)" + nl;
   for (int64_t i = 0; i < rows; ++i) {
     const std::string r = std::to_string(i);
-    text += "  float chunk_" + r + " = load_a(z, row_" + r + ", k_lane);" + nl;
+    text += "  float chunk_" + r + " = load_a(z, row_" + r + ", min(k_lane, GEMM_K - 1u));" + nl;
+    if (padded) text += "  chunk_" + r + " = k_lane < GEMM_K ? chunk_" + r + " : 0.0;" + nl;
   }
-  text += "\n#define STEP(KK) {" + nl + "  uint k = k0 + KK;" + nl;
+  text += "\n#define STEP(KK) {" + nl +
+          (padded ? "  uint k = min(k0 + KK, GEMM_K - 1u);" : "  uint k = k0 + KK;") + nl;
   for (int64_t p = 0; p < parts; ++p) {
     text += "  " + vec(p) + " b_" + std::to_string(p) + " = " + vec(p) + "(";
     for (int64_t j = 4 * p; j < 4 * p + width(p); ++j)
@@ -123,7 +129,8 @@ std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes) {
   for (int64_t i = 0; i < rows; ++i) {
     const std::string r = std::to_string(i);
     text += "  { float a_value = subgroupShuffle(chunk_" + r + ", KK);";
-    for (int64_t p = 0; p < parts; ++p) text += " " + acc(i, p) + " += a_value * b_" + std::to_string(p) + ";";
+    for (int64_t p = 0; p < parts; ++p)
+      text += " " + acc(i, p) + " += a_value * b_" + std::to_string(p) + ";";
     text += " }" + nl;
   }
   text += "}\n#define STORE_ACCUMULATORS" + nl;
@@ -159,19 +166,19 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
   // time (Lavapipe has one thread per CPU), so the time is the per-workgroup cost times the
   // number of waves; small problems thus trade block efficiency for parallelism.
   static constexpr std::array<std::array<int64_t, 2>, 14> kBlocks{{{32, 8},
-                                                                  {32, 4},
-                                                                  {16, 8},
-                                                                  {16, 4},
-                                                                  {8, 8},
-                                                                  {8, 4},
-                                                                  {16, 2},
-                                                                  {8, 2},
-                                                                  {4, 8},
-                                                                  {4, 4},
-                                                                  {4, 2},
-                                                                  {2, 4},
-                                                                  {1, 8},
-                                                                  {1, 2}}};
+                                                                   {32, 4},
+                                                                   {16, 8},
+                                                                   {16, 4},
+                                                                   {8, 8},
+                                                                   {8, 4},
+                                                                   {16, 2},
+                                                                   {8, 2},
+                                                                   {4, 8},
+                                                                   {4, 4},
+                                                                   {4, 2},
+                                                                   {2, 4},
+                                                                   {1, 8},
+                                                                   {1, 2}}};
   constexpr double kLoad = 29.0, kShuffle = 1.4;
   const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::array<int64_t, 2> best = kBlocks[0];
@@ -180,11 +187,10 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
     const int64_t rows = block[0], cols = block[1];
     const int64_t groups = ((gemm.m + rows - 1) / rows) *
                            ((gemm.n + lanes * cols - 1) / (lanes * cols)) * gemm.entries;
-    const double per_group =
-        static_cast<double>(rows * cols) +
-        kLoad * (static_cast<double>(cols) +
-                 static_cast<double>(rows) / static_cast<double>(lanes)) +
-        kShuffle * static_cast<double>(rows);
+    const double per_group = static_cast<double>(rows * cols) +
+                             kLoad * (static_cast<double>(cols) +
+                                      static_cast<double>(rows) / static_cast<double>(lanes)) +
+                             kShuffle * static_cast<double>(rows);
     const double cost = per_group * static_cast<double>((groups + threads - 1) / threads);
     if (cost < best_cost) {
       best_cost = cost;
@@ -199,17 +205,14 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
       best = {rows, cols};
     }
   }
-  if (std::getenv("KCPU_DEBUG"))
-    std::fprintf(stderr, "%s: m %ld n %ld k %ld e %ld block %ldx%ld\n", context.label().c_str(),
-                 (long)gemm.m, (long)gemm.n, (long)gemm.k, (long)gemm.entries, (long)best[0], (long)best[1]);
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_cpu";
-  launch.body = gemm.functions + cpu_gemm_macros(best[0], best[1], lanes) +
+  launch.body = gemm.functions + cpu_gemm_macros(best[0], best[1], lanes, gemm.k % lanes != 0) +
                 std::string(kernel_source("gemm_cpu.comp"));
-  launch.defines = {{"LANES", std::to_string(lanes)},  {"ROWS", glsl_uint(best[0])},
-                    {"COLS", glsl_uint(best[1])},       {"GEMM_M", glsl_uint(gemm.m)},
-                    {"GEMM_N", glsl_uint(gemm.n)},      {"GEMM_K", glsl_uint(gemm.k)}};
+  launch.defines = {{"LANES", std::to_string(lanes)}, {"ROWS", glsl_uint(best[0])},
+                    {"COLS", glsl_uint(best[1])},     {"GEMM_M", glsl_uint(gemm.m)},
+                    {"GEMM_N", glsl_uint(gemm.n)},    {"GEMM_K", glsl_uint(gemm.k)}};
   launch.operands = std::move(operands);
   const int64_t groups_x = (gemm.n + lanes * best[1] - 1) / (lanes * best[1]);
   const int64_t groups_y = (gemm.m + best[0] - 1) / best[0];
@@ -224,6 +227,8 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
   context.emit(std::move(launch));
 }
 
-std::vector<LoweringEntry> gemm_lowerings() { return {{"matmul", lower_matmul}}; }
+std::vector<LoweringEntry> gemm_lowerings() {
+  return {{"matmul", lower_matmul}};
+}
 
 }  // namespace mg::kernels

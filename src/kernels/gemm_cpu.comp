@@ -15,27 +15,12 @@
 // Defines: LANES (== the subgroup size), ROWS, COLS, GEMM_M, GEMM_N, GEMM_K.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), all called with in-range indices, and the
-// macros DECLARE_ACCUMULATORS, LOAD_CHUNK(k) (this lane's A values at k: chunk_<i>),
-// STEP(KK) (the rank-1 update of k step k0 + KK) and STORE_ACCUMULATORS.
+// macros DECLARE_ACCUMULATORS, LOAD_CHUNK(k) (this lane's A values at k, zero past GEMM_K:
+// chunk_<i>), STEP(kk) (the rank-1 update of k step k0 + kk) and STORE_ACCUMULATORS.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(local_size_x = LANES) in;
-
-// The last, partial chunk skips the steps past GEMM_K (the condition is uniform, so every lane
-// still takes part in each shuffle).
-#define TAIL_STEP(KK) \
-  if (k0 + KK < GEMM_K) STEP(KK)
-
-#if LANES == 4
-#define CHUNK(S) S(0u) S(1u) S(2u) S(3u)
-#elif LANES == 8
-#define CHUNK(S) S(0u) S(1u) S(2u) S(3u) S(4u) S(5u) S(6u) S(7u)
-#elif LANES == 16
-#define CHUNK(S)                                                                          \
-  S(0u) S(1u) S(2u) S(3u) S(4u) S(5u) S(6u) S(7u) S(8u) S(9u) S(10u) S(11u) S(12u) S(13u) \
-      S(14u) S(15u)
-#endif
 
 void main() {
   uint z = gl_WorkGroupID.z;
@@ -46,15 +31,13 @@ void main() {
   // no lane ever leaves the subgroup's shuffles.
   DECLARE_ACCUMULATORS
 
-  const uint full_end = GEMM_K - GEMM_K % LANES;
-  uint k0 = 0u;
-  for (; k0 < full_end; k0 += LANES) {
+  // GEMM_K is padded to a multiple of LANES: the padding steps read A as zero and B at a clamped
+  // k, adding exact zeros (llvmpipe would execute a uniform branch around them anyway). The
+  // steps are a loop, not unrolled, to keep llvmpipe's compile time down; subgroupShuffle
+  // accepts the loop counter as its lane index.
+  for (uint k0 = 0u; k0 < GEMM_K; k0 += LANES) {
     LOAD_CHUNK(k0 + lane)
-    CHUNK(STEP)
-  }
-  if (k0 < GEMM_K) {
-    LOAD_CHUNK(min(k0 + lane, GEMM_K - 1u))
-    CHUNK(TAIL_STEP)
+    for (uint kk = 0u; kk < LANES; ++kk) STEP(kk)
   }
   STORE_ACCUMULATORS
 }

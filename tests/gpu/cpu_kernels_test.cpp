@@ -43,7 +43,8 @@ void output_with_gradients(Graph& graph, Tensor y, Tensor seed, const std::vecto
 
 // conv2d forward plus gradients for x and w (conv2d_grad_input, conv2d_grad_weight).
 void check_conv(const Shape& x, const Shape& w, const Conv2dOptions& options) {
-  const Shape y{x[0], w[0], extent(x[2], w[2], options.stride[0], options.padding[0], options.dilation[0]),
+  const Shape y{x[0], w[0],
+                extent(x[2], w[2], options.stride[0], options.padding[0], options.dilation[0]),
                 extent(x[3], w[3], options.stride[1], options.padding[1], options.dilation[1])};
   check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, [&](Graph& graph, std::vector<Tensor>& in) {
     output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
@@ -81,8 +82,8 @@ TEST(GpuCpuKernels, MatmulBatchBroadcast) {
 }
 
 TEST(GpuCpuKernels, MatmulEveryBlockShape) {
-  for (const char* block : {"8x4", "16x2", "8x2", "4x4", "4x2", "16x1", "8x1", "2x4", "1x4", "1x2",
-                            "3x3"}) {
+  for (const char* block : {"32x8", "32x4", "16x8", "16x4", "8x8", "8x4", "16x2", "8x2", "4x8",
+                            "4x4", "4x2", "2x4", "1x8", "1x2", "3x7", "5x5", "7x1"}) {
     SCOPED_TRACE(block);
     const ScopedEnv env("MEGANEURA_CPU_GEMM_BLOCK", block);
     check_on_gpu({{"a", {2, 19, 29}}, {"b", {29, 41}}}, [](Graph& graph, std::vector<Tensor>& x) {
@@ -97,7 +98,8 @@ TEST(GpuCpuKernels, ConvPadded3x3) {
 }
 
 TEST(GpuCpuKernels, ConvStrideDilationRectangular) {
-  check_conv({2, 3, 11, 9}, {5, 3, 3, 2}, {.stride = {2, 3}, .padding = {2, 1}, .dilation = {2, 1}});
+  check_conv({2, 3, 11, 9}, {5, 3, 3, 2},
+             {.stride = {2, 3}, .padding = {2, 1}, .dilation = {2, 1}});
   check_conv({2, 4, 8, 9}, {3, 4, 1, 1}, {});
 }
 
