@@ -82,8 +82,7 @@ TEST(GpuCpuKernels, MatmulBatchBroadcast) {
 }
 
 TEST(GpuCpuKernels, MatmulEveryBlockShape) {
-  for (const char* block : {"32x8", "32x4", "16x8", "16x4", "8x8", "8x4", "16x2", "8x2", "4x8",
-                            "4x4", "4x2", "2x4", "1x8", "1x2", "3x7", "5x5", "7x1"}) {
+  for (const char* block : {"32x8", "16x4", "8x2", "4x8", "1x2", "3x7", "5x5"}) {
     SCOPED_TRACE(block);
     const ScopedEnv env("MEGANEURA_CPU_GEMM_BLOCK", block);
     check_on_gpu({{"a", {2, 19, 29}}, {"b", {29, 41}}}, [](Graph& graph, std::vector<Tensor>& x) {
