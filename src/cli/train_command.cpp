@@ -27,10 +27,11 @@ and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint
   --out DIR             output folder (default runs/<timestamp>)
   --model cnn|mlp       architecture (default cnn)
   --epochs N            passes over the training set (default 3 on a GPU; 1 on a CPU device)
-  --limit N             use only the first N training images (default: all on a GPU; 12000 on
-                        a CPU device such as Lavapipe, so the default run stays short)
+  --limit N             use only the first N training images (default: all on a GPU; 36000 on
+                        a CPU device such as Lavapipe, where the default run takes about
+                        2.5 minutes on two cores and reaches about 85-86 % test accuracy)
   --batch N             batch size (default 64)
-  --lr X                learning rate (default 0.001)
+  --lr X                learning rate (default 0.002)
   --optimizer NAME      adam, adamw or sgd (default adam)
   --weight-decay X      (default 0)
   --momentum X          SGD momentum (default 0.9)
@@ -67,7 +68,7 @@ std::string format_duration(double seconds) {
 OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps) {
   OptimizerConfig config;
   config.kind = parse_optimizer(arguments.text("optimizer", "adam"));
-  config.learning_rate = arguments.real("lr", 1e-3);
+  config.learning_rate = arguments.real("lr", 2e-3);
   config.weight_decay = arguments.real("weight-decay", 0.0);
   config.momentum = arguments.real("momentum", 0.9);
   config.clip_norm = arguments.real("clip", 0.0);
@@ -148,7 +149,7 @@ int train_command(const std::vector<std::string>& words) {
       arguments.text("data", std::string(data::kFashionMnistDir));
   const int64_t batch = arguments.integer("batch", 64);
   const int64_t epochs = arguments.integer("epochs", cpu_device ? 1 : 3);
-  const int64_t limit = arguments.integer("limit", cpu_device ? 12000 : -1);
+  const int64_t limit = arguments.integer("limit", cpu_device ? 36000 : -1);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
   if (batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {

@@ -1,11 +1,10 @@
 // Tiled SIMT f32 GEMM, one batch entry per workgroup z: C[M, N] = op(A) op(B) where op
 // transposes when TRANSPOSE_A / TRANSPOSE_B is 1. Each workgroup computes a TILE x TILE block of
-// C; each thread a 4 x 4 sub-block strided by 16 so shared-memory reads do not conflict.
-// Defines: M, N, K, TRANSPOSE_A, TRANSPOSE_B. Generated: a_offset(batch), b_offset(batch).
-#define TILE 64
-#define TILE_K 16
+// C; each thread a WORK x WORK sub-block strided by 16 so shared-memory reads do not conflict.
+// Defines: M, N, K, TRANSPOSE_A, TRANSPOSE_B, WORK (2, 4 or 8), TILE_K.
+// Generated: a_offset(batch), b_offset(batch).
 #define THREADS_PER_SIDE 16
-#define WORK 4
+#define TILE (THREADS_PER_SIDE * WORK)
 
 layout(local_size_x = 256) in;
 

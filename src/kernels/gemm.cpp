@@ -16,7 +16,17 @@
 namespace mg::kernels {
 namespace {
 
-constexpr int64_t kTile = 64;
+// The largest tile that still gives every compute unit of a large GPU work: 128 x 128 tiles
+// (8 x 8 outputs a thread) for big products, down to 32 x 32 for small ones.
+int64_t gemm_work_per_thread(int64_t m, int64_t n, int64_t batches) {
+  constexpr int64_t kWorkgroupsWanted = 132;
+  for (int64_t work : {8, 4}) {
+    const int64_t tile = 16 * work;
+    const int64_t workgroups = ((m + tile - 1) / tile) * ((n + tile - 1) / tile) * batches;
+    if (workgroups >= kWorkgroupsWanted / (work == 8 ? 1 : 2)) return work;
+  }
+  return 2;
+}
 
 // `uint <name>(uint batch)`: element offset of an operand's matrix for output batch `batch`,
 // with broadcast (extent 1) batch axes contributing nothing.
@@ -66,6 +76,8 @@ void lower_matmul(LoweringContext& context) {
         {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}});
     return;
   }
+  const int64_t work = gemm_work_per_thread(m, n, batches);
+  const int64_t tile = 16 * work;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm";
@@ -76,11 +88,13 @@ void lower_matmul(LoweringContext& context) {
                     {"N", glsl_uint(n)},
                     {"K", glsl_uint(k)},
                     {"TRANSPOSE_A", transpose_a ? "1" : "0"},
-                    {"TRANSPOSE_B", transpose_b ? "1" : "0"}};
+                    {"TRANSPOSE_B", transpose_b ? "1" : "0"},
+                    {"WORK", std::to_string(work)},
+                    {"TILE_K", work == 8 ? "8" : "16"}};
   launch.operands = {
       {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
-  launch.groups = {static_cast<uint32_t>((n + kTile - 1) / kTile),
-                   static_cast<uint32_t>((m + kTile - 1) / kTile), static_cast<uint32_t>(batches)};
+  launch.groups = {static_cast<uint32_t>((n + tile - 1) / tile),
+                   static_cast<uint32_t>((m + tile - 1) / tile), static_cast<uint32_t>(batches)};
   context.emit(std::move(launch));
 }
 

@@ -1,3 +1,5 @@
+#include <cstdlib>
+
 #include "harness.hpp"
 
 namespace mg {
@@ -28,6 +30,26 @@ TEST(GpuArchetypes, ReductionsShortAndLongRows) {
     graph.set_output("softmax", softmax(x[0], 1).id());
     graph.set_output("log_softmax", log_softmax(x[0], -1).id());
   });
+}
+
+}  // namespace
+}  // namespace mg
+
+namespace mg {
+namespace {
+
+// The GPU GEMM picks 128, 64 or 32-wide tiles by problem size; run each through the GPU kernel
+// (on Lavapipe the CPU kernel would run otherwise).
+TEST(GpuArchetypes, GemmTileSizes) {
+  setenv("MEGANEURA_NO_CPU_KERNELS", "1", 1);
+  testing::check_on_gpu({{"a", {1536, 24}}, {"b", {1600, 24}}, {"c", {40, 600}}, {"d", {40, 700}},
+                         {"e", {100, 33}}, {"f", {33, 90}}},
+                        [](Graph& graph, std::vector<Tensor>& x) {
+                          graph.set_output("tile128", matmul(x[0], x[1], false, true).id());
+                          graph.set_output("tile64", matmul(x[2], x[3], true, false).id());
+                          graph.set_output("tile32", matmul(x[4], x[5]).id());
+                        });
+  unsetenv("MEGANEURA_NO_CPU_KERNELS");
 }
 
 }  // namespace
