@@ -11,47 +11,10 @@
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "ops/conv_geometry.hpp"
 
 namespace mg::kernels {
 namespace {
-
-struct Geometry {
-  int64_t batch = 0, channels = 0, height = 0, width = 0;
-  int64_t out_channels = 0, kernel_h = 0, kernel_w = 0, out_h = 0, out_w = 0, groups = 1;
-  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
-
-  int64_t channels_per_group() const { return channels / groups; }
-  int64_t outs_per_group() const { return out_channels / groups; }
-};
-
-std::array<int64_t, 2> attr_pair(const Attrs& attrs, std::string_view name, int64_t fallback) {
-  const std::vector<int64_t> values = attrs.get_ints(name, {fallback, fallback});
-  return {values[0], values[1]};
-}
-
-// Same arithmetic as the reference (src/ops/conv.cpp) for conv2d(x, w) with x and w shaped so.
-Geometry conv_geometry(const Attrs& attrs, const Shape& x, const Shape& w) {
-  Geometry g;
-  g.stride = attr_pair(attrs, "stride", 1);
-  g.padding = attr_pair(attrs, "padding", 0);
-  g.dilation = attr_pair(attrs, "dilation", 1);
-  g.groups = attrs.get_int("groups", 1);
-  g.batch = x[0];
-  g.channels = x[1];
-  g.height = x[2];
-  g.width = x[3];
-  g.out_channels = w[0];
-  g.kernel_h = w[2];
-  g.kernel_w = w[3];
-  const auto extent = [](int64_t in, int64_t pad, int64_t dilation, int64_t kernel,
-                         int64_t stride) {
-    const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
-    return span < 0 ? 0 : span / stride + 1;
-  };
-  g.out_h = extent(g.height, g.padding[0], g.dilation[0], g.kernel_h, g.stride[0]);
-  g.out_w = extent(g.width, g.padding[1], g.dilation[1], g.kernel_w, g.stride[1]);
-  return g;
-}
 
 std::string u(int64_t value) {
   return glsl_uint(value);
@@ -120,7 +83,7 @@ std::string replace_all(std::string text, const std::string& from, const std::st
 
 // The plan's GEMM on gemm_cpu.comp: its load/store functions are renamed and wrapped in the
 // (z, m, k) interface of gemm_cpu.comp, z being the convolution group.
-void emit_cpu_conv_gemm(LoweringContext& context, const Geometry& g, const GemmPlan& plan,
+void emit_cpu_conv_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& plan,
                         std::vector<Operand> operands) {
   CpuGemm gemm;
   gemm.entries = g.groups;
@@ -147,7 +110,7 @@ void emit_cpu_conv_gemm(LoweringContext& context, const Geometry& g, const GemmP
   emit_cpu_gemm(context, gemm, std::move(operands));
 }
 
-void emit_gemm(LoweringContext& context, const Geometry& g, const GemmPlan& plan,
+void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& plan,
                std::vector<Operand> operands) {
   if (use_cpu_kernels(context.device())) {
     emit_cpu_conv_gemm(context, g, plan, std::move(operands));
@@ -197,25 +160,26 @@ std::string split3(const std::string& flat, const std::string& b, const std::str
 
 // Returns x[b, group * Cg + ci, oh * S - P + kh * D, ow * S - P + kw * D], or 0 for a padding
 // tap, where the caller has declared b, ci, kh, kw, oh, ow.
-std::string input_tap_glsl(const Geometry& g, const std::string& x) {
+std::string input_tap_glsl(const ConvGeometry& g, const std::string& x) {
   std::string text = "  int ih = int(oh * " + u(g.stride[0]) + " + kh * " + u(g.dilation[0]) +
                      ") - " + s(g.padding[0]) + ";\n";
   text += "  int iw = int(ow * " + u(g.stride[1]) + " + kw * " + u(g.dilation[1]) + ") - " +
           s(g.padding[1]) + ";\n";
-  text += "  if (ih < 0 || ih >= " + s(g.height) + " || iw < 0 || iw >= " + s(g.width) +
+  text += "  if (ih < 0 || ih >= " + s(g.in_height) + " || iw < 0 || iw >= " + s(g.in_width) +
           ") return 0.0;\n";
-  text += "  return " + x + "[((b * " + u(g.channels) + " + group * " + u(g.channels_per_group()) +
-          " + ci) * " + u(g.height) + " + uint(ih)) * " + u(g.width) + " + uint(iw)];\n";
+  text += "  return " + x + "[((b * " + u(g.in_channels) + " + group * " +
+          u(g.channels_per_group()) + " + ci) * " + u(g.in_height) + " + uint(ih)) * " +
+          u(g.in_width) + " + uint(iw)];\n";
   return text;
 }
 
 // conv2d(x, w): M = batch * OH * OW, N = O / groups, K = C / groups * KH * KW.
 void lower_conv2d(LoweringContext& context) {
   const Node& node = context.node();
-  const Geometry g =
+  const ConvGeometry g =
       conv_geometry(node.attrs, context.input_type(0).shape, context.input_type(1).shape);
-  const int64_t taps = g.kernel_h * g.kernel_w;
-  const int64_t out_plane = g.out_h * g.out_w;
+  const int64_t taps = g.kernel_height * g.kernel_width;
+  const int64_t out_plane = g.out_height * g.out_width;
   GemmPlan plan;
   plan.m = g.batch * out_plane;
   plan.n = g.outs_per_group();
@@ -223,9 +187,9 @@ void lower_conv2d(LoweringContext& context) {
   plan.b_k_fastest = true;
   plan.cpu_transpose = true;
   plan.functions = "float load_a(uint group, uint m, uint k) {\n" +
-                   split3("m", "b", "oh", "ow", g.out_h, g.out_w) +
-                   split3("k", "ci", "kh", "kw", g.kernel_h, g.kernel_w) + input_tap_glsl(g, "x") +
-                   "}\n";
+                   split3("m", "b", "oh", "ow", g.out_height, g.out_width) +
+                   split3("k", "ci", "kh", "kw", g.kernel_height, g.kernel_width) +
+                   input_tap_glsl(g, "x") + "}\n";
   plan.functions += "float load_b(uint group, uint k, uint n) {\n  return w[(group * " +
                     u(g.outs_per_group()) + " + n) * " + u(plan.k) + " + k];\n}\n";
   plan.functions += "void store_c(uint group, uint m, uint n, float value) {\n  y[(m / " +
@@ -243,9 +207,9 @@ void lower_conv2d(LoweringContext& context) {
 // stride > 1 most of K is such zero taps, which costs time but keeps one code path.
 void lower_conv2d_data_grad(LoweringContext& context) {
   const Node& node = context.node();
-  const Geometry g = conv_geometry(node.attrs, node.type.shape, context.input_type(1).shape);
-  const int64_t taps = g.kernel_h * g.kernel_w;
-  const int64_t plane = g.height * g.width;
+  const ConvGeometry g = conv_geometry(node.attrs, node.type.shape, context.input_type(1).shape);
+  const int64_t taps = g.kernel_height * g.kernel_width;
+  const int64_t plane = g.in_height * g.in_width;
   GemmPlan plan;
   plan.m = g.batch * plane;
   plan.n = g.channels_per_group();
@@ -254,8 +218,8 @@ void lower_conv2d_data_grad(LoweringContext& context) {
   plan.cpu_transpose = true;
   std::string& f = plan.functions;
   f = "float load_a(uint group, uint m, uint k) {\n" +
-      split3("m", "b", "ih", "iw", g.height, g.width) +
-      split3("k", "o", "kh", "kw", g.kernel_h, g.kernel_w);
+      split3("m", "b", "ih", "iw", g.in_height, g.in_width) +
+      split3("k", "o", "kh", "kw", g.kernel_height, g.kernel_width);
   f += "  int th = int(ih) + " + s(g.padding[0]) + " - int(kh * " + u(g.dilation[0]) + ");\n";
   f += "  int tw = int(iw) + " + s(g.padding[1]) + " - int(kw * " + u(g.dilation[1]) + ");\n";
   f += "  if (th < 0 || tw < 0) return 0.0;\n";
@@ -264,14 +228,14 @@ void lower_conv2d_data_grad(LoweringContext& context) {
          " != 0u) return 0.0;\n";
   }
   f += "  uint oh = uint(th) / " + u(g.stride[0]) + ", ow = uint(tw) / " + u(g.stride[1]) + ";\n";
-  f += "  if (oh >= " + u(g.out_h) + " || ow >= " + u(g.out_w) + ") return 0.0;\n";
+  f += "  if (oh >= " + u(g.out_height) + " || ow >= " + u(g.out_width) + ") return 0.0;\n";
   f += "  return dy[((b * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) +
-       " + o) * " + u(g.out_h) + " + oh) * " + u(g.out_w) + " + ow];\n}\n";
+       " + o) * " + u(g.out_height) + " + oh) * " + u(g.out_width) + " + ow];\n}\n";
   f += "float load_b(uint group, uint k, uint n) {\n  return w[((group * " + u(g.outs_per_group()) +
        " + k / " + u(taps) + ") * " + u(g.channels_per_group()) + " + n) * " + u(taps) + " + k % " +
        u(taps) + "];\n}\n";
   f += "void store_c(uint group, uint m, uint n, float value) {\n  dx[(m / " + u(plane) + " * " +
-       u(g.channels) + " + group * " + u(g.channels_per_group()) + " + n) * " + u(plane) +
+       u(g.in_channels) + " + group * " + u(g.channels_per_group()) + " + n) * " + u(plane) +
        " + m % " + u(plane) + "] = value;\n}\n";
   emit_gemm(
       context, g, plan,
@@ -282,11 +246,11 @@ void lower_conv2d_data_grad(LoweringContext& context) {
 // K = batch * OH * OW, looped over inside each workgroup.
 void lower_conv2d_weight_grad(LoweringContext& context) {
   const Node& node = context.node();
-  const Geometry g = conv_geometry(node.attrs, context.input_type(0).shape, node.type.shape);
-  const int64_t out_plane = g.out_h * g.out_w;
+  const ConvGeometry g = conv_geometry(node.attrs, context.input_type(0).shape, node.type.shape);
+  const int64_t out_plane = g.out_height * g.out_width;
   GemmPlan plan;
   plan.m = g.outs_per_group();
-  plan.n = g.channels_per_group() * g.kernel_h * g.kernel_w;
+  plan.n = g.channels_per_group() * g.kernel_height * g.kernel_width;
   plan.k = g.batch * out_plane;
   plan.a_k_fastest = true;
   plan.b_k_fastest = true;
@@ -295,9 +259,9 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
                    " * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) + " + m) * " +
                    u(out_plane) + " + k % " + u(out_plane) + "];\n}\n";
   plan.functions += "float load_b(uint group, uint k, uint n) {\n" +
-                    split3("k", "b", "oh", "ow", g.out_h, g.out_w) +
-                    split3("n", "ci", "kh", "kw", g.kernel_h, g.kernel_w) + input_tap_glsl(g, "x") +
-                    "}\n";
+                    split3("k", "b", "oh", "ow", g.out_height, g.out_width) +
+                    split3("n", "ci", "kh", "kw", g.kernel_height, g.kernel_width) +
+                    input_tap_glsl(g, "x") + "}\n";
   plan.functions += "void store_c(uint group, uint m, uint n, float value) {\n  dw[(group * " +
                     u(g.outs_per_group()) + " + m) * " + u(plan.n) + " + n] = value;\n}\n";
   emit_gemm(

@@ -7,6 +7,7 @@
 
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "ops/pool_geometry.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -18,32 +19,6 @@ std::string u(int64_t value) {
 }
 std::string s(int64_t value) {
   return std::to_string(value);
-}
-
-struct Pool {
-  int64_t planes = 0, height = 0, width = 0, out_h = 0, out_w = 0;
-  std::array<int64_t, 2> kernel{}, stride{}, padding{};
-};
-
-// Same arithmetic as the reference (src/ops/pool.cpp) for pooling an input shaped `x`.
-Pool pool_geometry(const Attrs& attrs, const Shape& x) {
-  Pool p;
-  const std::vector<int64_t>& kernel = attrs.get_ints("kernel");
-  const std::vector<int64_t> stride = attrs.get_ints("stride", kernel);
-  const std::vector<int64_t> padding = attrs.get_ints("padding", {0, 0});
-  p.kernel = {kernel[0], kernel[1]};
-  p.stride = {stride[0], stride[1]};
-  p.padding = {padding[0], padding[1]};
-  p.planes = x[0] * x[1];
-  p.height = x[2];
-  p.width = x[3];
-  const auto extent = [](int64_t in, int64_t pad, int64_t size, int64_t step) {
-    const int64_t span = in + 2 * pad - size;
-    return span < 0 ? 0 : span / step + 1;
-  };
-  p.out_h = extent(p.height, p.padding[0], p.kernel[0], p.stride[0]);
-  p.out_w = extent(p.width, p.padding[1], p.kernel[1], p.stride[1]);
-  return p;
 }
 
 // Emits `functions` + main() running `body` once per element of the node's result, with
@@ -68,22 +43,23 @@ void emit_elementwise(LoweringContext& context, const std::string& functions,
 }
 
 // GLSL loop over the in-bounds taps (int ih, iw) of output window (oh, ow), row-major.
-std::string window_loop(const Pool& p, const std::string& oh, const std::string& ow,
+std::string window_loop(const PoolGeometry& p, const std::string& oh, const std::string& ow,
                         const std::string& inner) {
   return "  for (uint kh = 0u; kh < " + u(p.kernel[0]) + "; ++kh) {\n    int ih = int(" + oh +
          " * " + u(p.stride[0]) + " + kh) - " + s(p.padding[0]) +
-         ";\n    if (ih < 0 || ih >= " + s(p.height) + ") continue;\n    for (uint kw = 0u; kw < " +
-         u(p.kernel[1]) + "; ++kw) {\n      int iw = int(" + ow + " * " + u(p.stride[1]) +
-         " + kw) - " + s(p.padding[1]) + ";\n      if (iw < 0 || iw >= " + s(p.width) +
-         ") continue;\n" + inner + "    }\n  }\n";
+         ";\n    if (ih < 0 || ih >= " + s(p.in_height) +
+         ") continue;\n    for (uint kw = 0u; kw < " + u(p.kernel[1]) +
+         "; ++kw) {\n      int iw = int(" + ow + " * " + u(p.stride[1]) + " + kw) - " +
+         s(p.padding[1]) + ";\n      if (iw < 0 || iw >= " + s(p.in_width) + ") continue;\n" +
+         inner + "    }\n  }\n";
 }
 
 // GLSL loop over the output windows (oh, ow) that contain input pixel (row, col).
-std::string windows_containing(const Pool& p, const std::string& inner) {
+std::string windows_containing(const PoolGeometry& p, const std::string& inner) {
   std::string text;
   const std::array<std::string, 2> names{"oh", "ow"};
   const std::array<std::string, 2> coordinates{"row", "col"};
-  const std::array<int64_t, 2> extents{p.out_h, p.out_w};
+  const std::array<int64_t, 2> extents{p.out_height, p.out_width};
   for (int axis = 0; axis < 2; ++axis) {
     const std::string& name = names[axis];
     // Window o covers [o * S - P, o * S - P + K - 1]; the first one reaching this pixel is
@@ -102,12 +78,13 @@ std::string windows_containing(const Pool& p, const std::string& inner) {
 
 void lower_max_pool(LoweringContext& context) {
   const Node& node = context.node();
-  const Pool p = pool_geometry(node.attrs, context.input_type(0).shape);
+  const PoolGeometry p = pool_geometry(node.attrs, context.input_type(0).shape);
   // Strict > keeps the first maximum in row-major window order, like the reference.
   const std::string body =
       "  float best = 0.0;\n  bool found = false;\n" +
       window_loop(p, "row", "col",
-                  "      float value = x[(plane * " + u(p.height) + " + uint(ih)) * " + u(p.width) +
+                  "      float value = x[(plane * " + u(p.in_height) + " + uint(ih)) * " +
+                      u(p.in_width) +
                       " + uint(iw)];\n      if (!found || value > best) { best = value; found "
                       "= true; }\n") +
       "  y[i] = best;\n";
@@ -116,20 +93,21 @@ void lower_max_pool(LoweringContext& context) {
 
 void lower_max_pool_grad(LoweringContext& context) {
   const Node& node = context.node();
-  const Pool p = pool_geometry(node.attrs, context.input_type(0).shape);
+  const PoolGeometry p = pool_geometry(node.attrs, context.input_type(0).shape);
   // Flat input index of the first maximum of window (oh, ow) in `plane`, as max_pool2d picks it.
   const std::string functions =
       "uint first_argmax(uint plane, uint oh, uint ow) {\n  float best = 0.0;\n  uint at = "
       "0xffffffffu;\n" +
       window_loop(p, "oh", "ow",
-                  "      uint index = (plane * " + u(p.height) + " + uint(ih)) * " + u(p.width) +
+                  "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
+                      u(p.in_width) +
                       " + uint(iw);\n      float value = x[index];\n      if (at == 0xffffffffu "
                       "|| value > best) { best = value; at = index; }\n") +
       "  return at;\n}\n";
   const std::string body =
       "  float total = 0.0;\n" +
       windows_containing(p, "      if (first_argmax(plane, oh, ow) == i) total += dy[(plane * " +
-                                u(p.out_h) + " + oh) * " + u(p.out_w) + " + ow];\n") +
+                                u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow];\n") +
       "  dx[i] = total;\n";
   emit_elementwise(
       context, functions, body,
@@ -137,27 +115,27 @@ void lower_max_pool_grad(LoweringContext& context) {
 }
 
 // Padding taps count as zeros, so the divisor is always the full kernel area.
-std::string inverse_area(const Pool& p) {
+std::string inverse_area(const PoolGeometry& p) {
   return glsl_float(1.0 / static_cast<double>(p.kernel[0] * p.kernel[1]));
 }
 
 void lower_avg_pool(LoweringContext& context) {
   const Node& node = context.node();
-  const Pool p = pool_geometry(node.attrs, context.input_type(0).shape);
+  const PoolGeometry p = pool_geometry(node.attrs, context.input_type(0).shape);
   const std::string body = "  float total = 0.0;\n" +
                            window_loop(p, "row", "col",
-                                       "      total += x[(plane * " + u(p.height) +
-                                           " + uint(ih)) * " + u(p.width) + " + uint(iw)];\n") +
+                                       "      total += x[(plane * " + u(p.in_height) +
+                                           " + uint(ih)) * " + u(p.in_width) + " + uint(iw)];\n") +
                            "  y[i] = total * " + inverse_area(p) + ";\n";
   emit_elementwise(context, "", body, {{"x", node.inputs[0], false}, {"y", context.id(), true}});
 }
 
 void lower_avg_pool_grad(LoweringContext& context) {
   const Node& node = context.node();
-  const Pool p = pool_geometry(node.attrs, node.type.shape);
+  const PoolGeometry p = pool_geometry(node.attrs, node.type.shape);
   const std::string body = "  float total = 0.0;\n" +
-                           windows_containing(p, "      total += dy[(plane * " + u(p.out_h) +
-                                                     " + oh) * " + u(p.out_w) + " + ow];\n") +
+                           windows_containing(p, "      total += dy[(plane * " + u(p.out_height) +
+                                                     " + oh) * " + u(p.out_width) + " + ow];\n") +
                            "  dx[i] = total * " + inverse_area(p) + ";\n";
   emit_elementwise(context, "", body, {{"dy", node.inputs[0], false}, {"dx", context.id(), true}});
 }

@@ -6,54 +6,11 @@
 #include <array>
 
 #include "ops/apply.hpp"
+#include "ops/conv_geometry.hpp"
 #include "ops/op_checks.hpp"
 
 namespace mg {
 namespace {
-
-struct ConvGeometry {
-  int64_t batch = 0, in_channels = 0, in_height = 0, in_width = 0;
-  int64_t out_channels = 0, kernel_height = 0, kernel_width = 0, out_height = 0, out_width = 0;
-  int64_t groups = 1;
-  std::array<int64_t, 2> stride{}, padding{}, dilation{};
-
-  Shape input_shape() const { return {batch, in_channels, in_height, in_width}; }
-  Shape weight_shape() const {
-    return {out_channels, in_channels / groups, kernel_height, kernel_width};
-  }
-  Shape output_shape() const { return {batch, out_channels, out_height, out_width}; }
-};
-
-std::array<int64_t, 2> attr_pair(const Attrs& attrs, std::string_view name, int64_t fallback) {
-  const std::vector<int64_t> values = attrs.get_ints(name, {fallback, fallback});
-  return {values[0], values[1]};
-}
-
-// Geometry of conv2d(x [N, C, H, W], w [O, C/groups, KH, KW]) under the node's attributes,
-// without checks (infer runs checked_geometry first; references trust it).
-ConvGeometry conv_geometry(const Attrs& attrs, const Shape& x, const Shape& w) {
-  ConvGeometry g;
-  g.stride = attr_pair(attrs, "stride", 1);
-  g.padding = attr_pair(attrs, "padding", 0);
-  g.dilation = attr_pair(attrs, "dilation", 1);
-  g.groups = attrs.get_int("groups", 1);
-  g.batch = x[0];
-  g.in_channels = x[1];
-  g.in_height = x[2];
-  g.in_width = x[3];
-  g.out_channels = w[0];
-  g.kernel_height = w[2];
-  g.kernel_width = w[3];
-  // A kernel wider than the padded input has no output (division would round -1 up to 0).
-  const auto extent = [](int64_t in, int64_t pad, int64_t dilation, int64_t kernel,
-                         int64_t stride) {
-    const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
-    return span < 0 ? 0 : span / stride + 1;
-  };
-  g.out_height = extent(g.in_height, g.padding[0], g.dilation[0], g.kernel_height, g.stride[0]);
-  g.out_width = extent(g.in_width, g.padding[1], g.dilation[1], g.kernel_width, g.stride[1]);
-  return g;
-}
 
 // conv_geometry after rejecting bad attributes, channel mismatches and empty outputs.
 ConvGeometry checked_geometry(const Graph& graph, const Node& node, const Shape& x,
@@ -87,8 +44,8 @@ ConvGeometry checked_geometry(const Graph& graph, const Node& node, const Shape&
 // output += input * weight of the convolution (padding taps are skipped).
 template <class Visit>
 void for_each_tap(const ConvGeometry& g, Visit visit) {
-  const int64_t in_per_group = g.in_channels / g.groups;
-  const int64_t out_per_group = g.out_channels / g.groups;
+  const int64_t in_per_group = g.channels_per_group();
+  const int64_t out_per_group = g.outs_per_group();
   for (int64_t n = 0; n < g.batch; ++n) {
     for (int64_t o = 0; o < g.out_channels; ++o) {
       const int64_t first_channel = (o / out_per_group) * in_per_group;

@@ -5,13 +5,14 @@
 // cases also run with MEGANEURA_NO_CPU_KERNELS=1, the kill switch that forces the GPU kernels.
 #include <cstdlib>
 
-#include "harness.hpp"
-#include "meganeura/autodiff.hpp"
+#include "conv_support.hpp"
 
 namespace mg {
 namespace {
 
+using testing::check_conv;
 using testing::check_on_gpu;
+using testing::output_with_gradients;
 
 // Sets an environment variable for the lifetime of the object (lowering reads it per Session).
 class ScopedEnv {
@@ -26,31 +27,6 @@ class ScopedEnv {
  private:
   const char* name_;
 };
-
-int64_t extent(int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
-  return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
-}
-
-void output_with_gradients(Graph& graph, Tensor y, Tensor seed, const std::vector<Tensor>& wrt) {
-  graph.set_output("y", y.id());
-  std::vector<ValueId> ids;
-  for (const Tensor& t : wrt) ids.push_back(t.id());
-  const std::map<ValueId, ValueId> grads = gradients(graph, y.id(), ids, seed.id());
-  for (size_t k = 0; k < wrt.size(); ++k) {
-    graph.set_output("grad" + std::to_string(k), grads.at(wrt[k].id()));
-  }
-}
-
-// conv2d forward plus gradients for x and w (conv2d_grad_input, conv2d_grad_weight).
-void check_conv(const Shape& x, const Shape& w, const Conv2dOptions& options) {
-  const Shape y{x[0], w[0],
-                extent(x[2], w[2], options.stride[0], options.padding[0], options.dilation[0]),
-                extent(x[3], w[3], options.stride[1], options.padding[1], options.dilation[1])};
-  check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, [&](Graph& graph, std::vector<Tensor>& in) {
-    output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
-                          {in[0], in[1]});
-  });
-}
 
 void check_matmuls() {
   check_on_gpu({{"a", {3, 13, 21}},

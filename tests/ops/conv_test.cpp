@@ -5,17 +5,12 @@
 namespace mg {
 namespace {
 
+using testing::counting;
 using testing::evaluate_op;
 using testing::expect_error;
 using testing::expect_gradients_match;
 using testing::expect_values;
 using testing::GradientCase;
-
-HostTensor counting(Shape shape, double first = 1) {
-  HostTensor tensor(std::move(shape));
-  for (int64_t i = 0; i < tensor.elements(); ++i) tensor.data[i] = first + static_cast<double>(i);
-  return tensor;
-}
 
 Tensor raw(Graph& graph, const std::string& op, std::vector<ValueId> inputs, Attrs attrs) {
   return {&graph, graph.add(op, std::move(inputs), std::move(attrs))};

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meganeura/ops.hpp"
@@ -30,6 +31,11 @@ inline HostTensor evaluate_op(const std::vector<HostTensor>& values,
   return evaluate(graph, environment)[result.id()];
 }
 
+// The reference value of `op` applied to one input holding `x`.
+inline HostTensor evaluate_unary(const HostTensor& x, const std::function<Tensor(Tensor)>& op) {
+  return evaluate_op({x}, [&](std::vector<Tensor>& in) { return op(in[0]); });
+}
+
 inline void expect_values(const HostTensor& actual, const Shape& shape,
                           const std::vector<double>& expected, double tolerance = 1e-12) {
   ASSERT_EQ(shape_string(actual.shape), shape_string(shape));
@@ -37,6 +43,15 @@ inline void expect_values(const HostTensor& actual, const Shape& shape,
   for (size_t k = 0; k < expected.size(); ++k) {
     EXPECT_NEAR(actual.data[k], expected[k], tolerance) << "element " << k;
   }
+}
+
+// A tensor of `shape` holding first, first + step, first + 2 * step, ... in row-major order.
+inline HostTensor counting(Shape shape, double first = 1, double step = 1) {
+  HostTensor tensor(std::move(shape));
+  for (int64_t i = 0; i < tensor.elements(); ++i) {
+    tensor.data[i] = first + step * static_cast<double>(i);
+  }
+  return tensor;
 }
 
 // `action` must throw mg::Error whose message contains every fragment.

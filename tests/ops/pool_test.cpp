@@ -7,17 +7,12 @@
 namespace mg {
 namespace {
 
+using testing::counting;
 using testing::evaluate_op;
 using testing::expect_error;
 using testing::expect_gradients_match;
 using testing::expect_values;
 using testing::GradientCase;
-
-HostTensor counting(Shape shape, double first = 1, double step = 1) {
-  HostTensor tensor(std::move(shape));
-  for (int64_t i = 0; i < tensor.elements(); ++i) tensor.data[i] = first + step * i;
-  return tensor;
-}
 
 // Distinct values at least 0.05 apart in random order: max pooling has no ties to flip
 // under finite-difference steps.

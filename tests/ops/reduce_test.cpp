@@ -7,33 +7,34 @@
 namespace mg {
 namespace {
 
-using testing::evaluate_op;
+using testing::evaluate_unary;
 using testing::expect_error;
 using testing::expect_gradients_match;
 using testing::expect_values;
 
 const HostTensor kMatrix({2, 3}, {1, 2, 3, 4, 5, 6});
 
-HostTensor run(const HostTensor& x, const std::function<Tensor(Tensor)>& op) {
-  return evaluate_op({x}, [&](std::vector<Tensor>& in) { return op(in[0]); });
-}
-
 TEST(Reduce, SumAndMeanOverAxes) {
-  expect_values(run(kMatrix, [](Tensor x) { return sum(x, {0}); }), {3}, {5, 7, 9});
-  expect_values(run(kMatrix, [](Tensor x) { return sum(x, {-1}, true); }), {2, 1}, {6, 15});
-  expect_values(run(kMatrix, [](Tensor x) { return sum_all(x); }), {}, {21});
-  expect_values(run(kMatrix, [](Tensor x) { return mean(x, {1}); }), {2}, {2, 5});
-  expect_values(run(kMatrix, [](Tensor x) { return mean_all(x); }), {}, {3.5});
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return sum(x, {0}); }), {3}, {5, 7, 9});
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return sum(x, {-1}, true); }), {2, 1},
+                {6, 15});
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return sum_all(x); }), {}, {21});
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return mean(x, {1}); }), {2}, {2, 5});
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return mean_all(x); }), {}, {3.5});
   const HostTensor cube({2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
-  expect_values(run(cube, [](Tensor x) { return sum(x, {0, 2}, true); }), {1, 2, 1}, {14, 22});
+  expect_values(evaluate_unary(cube,
+                               [](Tensor x) {
+                                 return sum(x, {0, 2}, true);
+                               }),
+                {1, 2, 1}, {14, 22});
 }
 
 TEST(Reduce, MaxAndArgmaxPickTheFirstMaximum) {
   const HostTensor x({2, 3}, {1, 7, 7, 9, 2, 9});
-  expect_values(run(x, [](Tensor t) { return max(t, {1}); }), {2}, {7, 9});
-  expect_values(run(x, [](Tensor t) { return max(t, {0}, true); }), {1, 3}, {9, 7, 9});
-  expect_values(run(x, [](Tensor t) { return argmax(t, 1); }), {2}, {1, 0});
-  expect_values(run(x, [](Tensor t) { return argmax(t, 0, true); }), {1, 3}, {1, 0, 1});
+  expect_values(evaluate_unary(x, [](Tensor t) { return max(t, {1}); }), {2}, {7, 9});
+  expect_values(evaluate_unary(x, [](Tensor t) { return max(t, {0}, true); }), {1, 3}, {9, 7, 9});
+  expect_values(evaluate_unary(x, [](Tensor t) { return argmax(t, 1); }), {2}, {1, 0});
+  expect_values(evaluate_unary(x, [](Tensor t) { return argmax(t, 0, true); }), {1, 3}, {1, 0, 1});
   Graph graph;
   EXPECT_EQ(argmax(input(graph, "x", {2, 3}), 1).dtype(), DType::i32);
 }
@@ -51,12 +52,13 @@ TEST(Reduce, MaxGradientGoesToTheFirstTiedElementOnly) {
 TEST(Reduce, SoftmaxValues) {
   // Row [0, ln 3]: exp gives [1, 3], so softmax = [1/4, 3/4].
   const HostTensor x({2, 2}, {0, std::log(3.0), 5, 5});
-  expect_values(run(x, [](Tensor t) { return softmax(t); }), {2, 2}, {0.25, 0.75, 0.5, 0.5});
-  expect_values(run(x, [](Tensor t) { return log_softmax(t, 1); }), {2, 2},
+  expect_values(evaluate_unary(x, [](Tensor t) { return softmax(t); }), {2, 2},
+                {0.25, 0.75, 0.5, 0.5});
+  expect_values(evaluate_unary(x, [](Tensor t) { return log_softmax(t, 1); }), {2, 2},
                 {std::log(0.25), std::log(0.75), std::log(0.5), std::log(0.5)});
   // Along axis 0 the columns are [0, 5] and [ln 3, 5]; large inputs must not overflow.
   const HostTensor big({2}, {1000, 1000 + std::log(3.0)});
-  expect_values(run(big, [](Tensor t) { return softmax(t, 0); }), {2}, {0.25, 0.75});
+  expect_values(evaluate_unary(big, [](Tensor t) { return softmax(t, 0); }), {2}, {0.25, 0.75});
 }
 
 TEST(Reduce, SumAndMeanGradients) {

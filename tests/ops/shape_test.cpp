@@ -6,6 +6,7 @@ namespace mg {
 namespace {
 
 using testing::evaluate_op;
+using testing::evaluate_unary;
 using testing::expect_error;
 using testing::expect_gradients_match;
 using testing::expect_values;
@@ -13,15 +14,11 @@ using testing::GradientCase;
 
 const HostTensor kMatrix({2, 3}, {1, 2, 3, 4, 5, 6});
 
-HostTensor run(const HostTensor& x, const std::function<Tensor(Tensor)>& op) {
-  return evaluate_op({x}, [&](std::vector<Tensor>& in) { return op(in[0]); });
-}
-
 TEST(Shape, ReshapeKeepsRowMajorOrderAndResolvesMinusOne) {
-  expect_values(run(kMatrix,
-                    [](Tensor x) {
-                      return reshape(x, {3, -1});
-                    }),
+  expect_values(evaluate_unary(kMatrix,
+                               [](Tensor x) {
+                                 return reshape(x, {3, -1});
+                               }),
                 {3, 2}, {1, 2, 3, 4, 5, 6});
   Graph graph;
   const Tensor x = input(graph, "x", {2, 3, 4});
@@ -34,49 +31,50 @@ TEST(Shape, ReshapeKeepsRowMajorOrderAndResolvesMinusOne) {
 }
 
 TEST(Shape, TransposeMovesAxes) {
-  expect_values(run(kMatrix, [](Tensor x) { return transpose(x, 0, 1); }), {3, 2},
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return transpose(x, 0, 1); }), {3, 2},
                 {1, 4, 2, 5, 3, 6});
   // Result axis i is input axis permutation[i]: out[c][a][b] = x[a][b][c] with x [2, 2, 2]
   // holding 0..7, i.e. x[a][b][c] = 4a + 2b + c.
   const HostTensor cube({2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7});
-  expect_values(run(cube,
-                    [](Tensor x) {
-                      return transpose(x, {2, 0, 1});
-                    }),
+  expect_values(evaluate_unary(cube,
+                               [](Tensor x) {
+                                 return transpose(x, {2, 0, 1});
+                               }),
                 {2, 2, 2}, {0, 2, 4, 6, 1, 3, 5, 7});
 }
 
 TEST(Shape, SliceConcatAndSplit) {
-  expect_values(run(kMatrix, [](Tensor x) { return slice(x, -1, 1, 3); }), {2, 2}, {2, 3, 5, 6});
+  expect_values(evaluate_unary(kMatrix, [](Tensor x) { return slice(x, -1, 1, 3); }), {2, 2},
+                {2, 3, 5, 6});
   const HostTensor column({2, 1}, {7, 8});
   expect_values(evaluate_op({kMatrix, column},
                             [](std::vector<Tensor>& x) {
                               return concat({x[1], x[0]}, 1);
                             }),
                 {2, 4}, {7, 1, 2, 3, 8, 4, 5, 6});
-  expect_values(run(kMatrix,
-                    [](Tensor x) {
-                      return split(x, {1, 2}, 1)[1];
-                    }),
+  expect_values(evaluate_unary(kMatrix,
+                               [](Tensor x) {
+                                 return split(x, {1, 2}, 1)[1];
+                               }),
                 {2, 2}, {2, 3, 5, 6});
 }
 
 TEST(Shape, BroadcastToAndPad) {
-  expect_values(run(HostTensor({3}, {1, 2, 3}),
-                    [](Tensor x) {
-                      return broadcast_to(x, {2, 3});
-                    }),
+  expect_values(evaluate_unary(HostTensor({3}, {1, 2, 3}),
+                               [](Tensor x) {
+                                 return broadcast_to(x, {2, 3});
+                               }),
                 {2, 3}, {1, 2, 3, 1, 2, 3});
-  expect_values(run(HostTensor({2, 1}, {1, 2}),
-                    [](Tensor x) {
-                      return broadcast_to(x, {2, 3});
-                    }),
+  expect_values(evaluate_unary(HostTensor({2, 1}, {1, 2}),
+                               [](Tensor x) {
+                                 return broadcast_to(x, {2, 3});
+                               }),
                 {2, 3}, {1, 1, 1, 2, 2, 2});
   const HostTensor square({2, 2}, {1, 2, 3, 4});
-  expect_values(run(square,
-                    [](Tensor x) {
-                      return pad(x, {{1, 0}, {0, 2}}, 9);
-                    }),
+  expect_values(evaluate_unary(square,
+                               [](Tensor x) {
+                                 return pad(x, {{1, 0}, {0, 2}}, 9);
+                               }),
                 {3, 4}, {9, 9, 9, 9, 1, 2, 9, 9, 3, 4, 9, 9});
 }
 
