@@ -102,8 +102,8 @@ class Graph {
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   const std::vector<std::pair<ValueId, ValueId>>& updates() const { return updates_; }
 
-  ValueId find_leaf(std::string_view name) const;  // kNoValue when absent
-  ValueId output(std::string_view name) const;     // throws mg::Error when absent
+  ValueId find_leaf(std::string_view name) const;          // kNoValue when absent
+  ValueId output(std::string_view name) const;             // throws mg::Error when absent
   std::vector<ValueId> leaves(std::string_view op) const;  // all leaves of one kind, in order
 
   // Text form, one node a line: "%7 = matmul(%3, %5) {transpose_b=1} : f32[64, 10]".

@@ -95,8 +95,8 @@ Tensor linear(Tensor x, Tensor weight, std::optional<Tensor> bias = std::nullopt
 Tensor sum(Tensor x, std::vector<int64_t> axes, bool keepdims = false);
 Tensor mean(Tensor x, std::vector<int64_t> axes, bool keepdims = false);
 Tensor max(Tensor x, std::vector<int64_t> axes, bool keepdims = false);
-Tensor sum_all(Tensor x);   // rank-0 result
-Tensor mean_all(Tensor x);  // rank-0 result
+Tensor sum_all(Tensor x);                                      // rank-0 result
+Tensor mean_all(Tensor x);                                     // rank-0 result
 Tensor argmax(Tensor x, int64_t axis, bool keepdims = false);  // i32 result
 Tensor softmax(Tensor x, int64_t axis = -1);
 Tensor log_softmax(Tensor x, int64_t axis = -1);
@@ -104,7 +104,7 @@ Tensor log_softmax(Tensor x, int64_t axis = -1);
 // ---- shape ---------------------------------------------------------------------------------
 Tensor reshape(Tensor x, Shape shape);  // one extent may be -1
 Tensor transpose(Tensor x, std::vector<int64_t> permutation);
-Tensor transpose(Tensor x, int64_t axis0, int64_t axis1);  // swap two axes
+Tensor transpose(Tensor x, int64_t axis0, int64_t axis1);          // swap two axes
 Tensor slice(Tensor x, int64_t axis, int64_t start, int64_t end);  // [start, end)
 Tensor concat(const std::vector<Tensor>& parts, int64_t axis);
 std::vector<Tensor> split(Tensor x, const std::vector<int64_t>& sizes, int64_t axis);
@@ -146,7 +146,7 @@ Tensor max_pool2d(Tensor x, std::vector<int64_t> kernel, std::vector<int64_t> st
                   std::vector<int64_t> padding = {0, 0});  // empty stride = kernel
 Tensor avg_pool2d(Tensor x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
                   std::vector<int64_t> padding = {0, 0});  // padding counts in the average
-Tensor global_avg_pool2d(Tensor x);  // [N, C, H, W] -> [N, C, 1, 1]
+Tensor global_avg_pool2d(Tensor x);                        // [N, C, H, W] -> [N, C, 1, 1]
 Tensor upsample_nearest2d(Tensor x, int64_t scale);
 Tensor upsample_bilinear2d(Tensor x, int64_t out_height, int64_t out_width);  // align_corners=0
 
@@ -162,14 +162,14 @@ Tensor group_norm(Tensor x, int64_t groups, std::optional<Tensor> weight,
 // normalise and the running statistics (state leaves) are updated through Graph::assign with
 // PyTorch's rule (unbiased variance, `momentum` weight on the new value).
 Tensor batch_norm(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> bias,
-                  Tensor running_mean, Tensor running_var, bool training,
-                  double momentum = 0.1, double eps = 1e-5);
+                  Tensor running_mean, Tensor running_var, bool training, double momentum = 0.1,
+                  double eps = 1e-5);
 
 // ---- attention -----------------------------------------------------------------------------
 struct AttentionOptions {
   bool causal = false;
-  std::optional<double> scale;     // default 1/sqrt(head_dim)
-  std::optional<Tensor> mask;      // additive, broadcastable to [B, Hq, Sq, Sk] (padding masks)
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
+  std::optional<Tensor> mask;   // additive, broadcastable to [B, Hq, Sq, Sk] (padding masks)
 };
 // q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv]; Hq a multiple of Hkv (grouped-query).
 // Cross attention is Sq != Sk. Result [B, Hq, Sq, Dv].

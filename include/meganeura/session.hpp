@@ -16,15 +16,15 @@
 namespace mg {
 
 struct SessionOptions {
-  std::string device;         // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
-  bool validation = false;    // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
-  bool profile = false;       // per-dispatch GPU timestamps
-  bool reuse_memory = true;   // false gives every value its own bytes (planner tests)
-  uint64_t seed = 0;          // parameter initialisation, as initialise_leaves()
+  std::string device;        // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
+  bool validation = false;   // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
+  bool profile = false;      // per-dispatch GPU timestamps
+  bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
+  uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
 };
 
 struct BuildReport {
-  std::string device;       // one-line device description
+  std::string device;           // one-line device description
   double build_seconds = 0;     // graph to ready pipelines and recorded commands
   double pipeline_seconds = 0;  // part of build_seconds spent creating pipelines
   uint32_t pipelines = 0;
@@ -64,7 +64,7 @@ class Session {
   TensorType leaf_type(std::string_view leaf) const;
 
   const BuildReport& report() const;
-  std::vector<DispatchProfile> profile() const;  // last run, needs options.profile
+  std::vector<DispatchProfile> profile() const;     // last run, needs options.profile
   void write_trace(const std::string& path) const;  // Chrome trace JSON of the last run
   uint32_t validation_messages() const;
 

@@ -12,8 +12,8 @@ namespace mg {
 struct OptimizerConfig {
   enum class Kind { sgd, adam, adamw } kind = Kind::adam;
   double learning_rate = 1e-3;
-  double momentum = 0.0;  // SGD
-  bool nesterov = false;  // SGD
+  double momentum = 0.0;                          // SGD
+  bool nesterov = false;                          // SGD
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
   double weight_decay = 0.0;  // L2 added to the gradient (SGD, Adam); decoupled (AdamW)
   double clip_norm = 0.0;     // global gradient-norm clipping; 0 turns it off
@@ -23,7 +23,7 @@ struct OptimizerConfig {
   double min_learning_rate = 0.0;
 };
 
-std::string optimizer_name(OptimizerConfig::Kind kind);  // "sgd", "adam", "adamw"
+std::string optimizer_name(OptimizerConfig::Kind kind);          // "sgd", "adam", "adamw"
 OptimizerConfig::Kind parse_optimizer(const std::string& name);  // throws mg::Error
 
 // The learning rate of step `step` (0 for the first update).

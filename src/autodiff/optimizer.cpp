@@ -9,16 +9,19 @@ namespace mg {
 
 std::string optimizer_name(OptimizerConfig::Kind kind) {
   switch (kind) {
-    case OptimizerConfig::Kind::sgd: return "sgd";
-    case OptimizerConfig::Kind::adam: return "adam";
-    case OptimizerConfig::Kind::adamw: return "adamw";
+    case OptimizerConfig::Kind::sgd:
+      return "sgd";
+    case OptimizerConfig::Kind::adam:
+      return "adam";
+    case OptimizerConfig::Kind::adamw:
+      return "adamw";
   }
   return "?";
 }
 
 OptimizerConfig::Kind parse_optimizer(const std::string& name) {
-  for (auto kind : {OptimizerConfig::Kind::sgd, OptimizerConfig::Kind::adam,
-                    OptimizerConfig::Kind::adamw}) {
+  for (auto kind :
+       {OptimizerConfig::Kind::sgd, OptimizerConfig::Kind::adam, OptimizerConfig::Kind::adamw}) {
     if (optimizer_name(kind) == name) return kind;
   }
   throw Error("unknown optimizer '" + name + "' (expected sgd, adam or adamw)");
@@ -34,8 +37,8 @@ double learning_rate_at(const OptimizerConfig& config, int64_t step) {
   const int64_t decay_steps = std::max<int64_t>(1, config.total_steps - config.warmup_steps);
   const double progress =
       std::min(1.0, static_cast<double>(step - config.warmup_steps) / decay_steps);
-  return config.min_learning_rate + 0.5 * (base - config.min_learning_rate) *
-                                        (1.0 + std::cos(std::numbers::pi * progress));
+  return config.min_learning_rate +
+         0.5 * (base - config.min_learning_rate) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
 std::map<std::string, double> optimizer_inputs(const OptimizerConfig& config, int64_t step) {

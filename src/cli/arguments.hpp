@@ -13,7 +13,8 @@ namespace mg::cli {
 class Arguments {
  public:
   Arguments(std::string command, const std::vector<std::string>& words,
-            const std::set<std::string>& options_with_values, const std::set<std::string>& switches);
+            const std::set<std::string>& options_with_values,
+            const std::set<std::string>& switches);
 
   bool has(const std::string& name) const;  // switch given, or option given a value
   std::optional<std::string> value(const std::string& name) const;

@@ -37,9 +37,11 @@ std::vector<BenchCase> bench_cases(bool small) {
   const int64_t s = small ? 8 : 1;  // divides the large extents
   std::vector<BenchCase> cases;
   auto gemm = [&](const std::string& name, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
-    cases.push_back({name, {ta ? Shape{k, m} : Shape{m, k}, tb ? Shape{n, k} : Shape{k, n}},
+    cases.push_back({name,
+                     {ta ? Shape{k, m} : Shape{m, k}, tb ? Shape{n, k} : Shape{k, n}},
                      [=](std::vector<Tensor>& x) { return matmul(x[0], x[1], ta, tb); },
-                     2.0 * m * n * k, 4.0 * (m * k + k * n + m * n)});
+                     2.0 * m * n * k,
+                     4.0 * (m * k + k * n + m * n)});
   };
   gemm("gemm 4096^3", 4096 / s, 4096 / s, 4096 / s, false, false);
   gemm("smollm q_proj 128x576x576", 128, 576, 576, false, true);
@@ -49,33 +51,52 @@ std::vector<BenchCase> bench_cases(bool small) {
   gemm("smollm up dW 1536x576x128", 1536, 576, 128, true, false);
   gemm("smollm up dX 128x576x1536", 128, 576, 1536, false, false);
   const int64_t elements = (64ll << 20) / s / s;
-  cases.push_back({"pointwise add 64M", {{elements}, {elements}},
-                   [](std::vector<Tensor>& x) { return x[0] + x[1]; }, 0, 12.0 * elements});
-  cases.push_back({"pointwise gelu 64M", {{elements}},
-                   [](std::vector<Tensor>& x) { return gelu(x[0]); }, 0, 8.0 * elements});
+  cases.push_back({"pointwise add 64M",
+                   {{elements}, {elements}},
+                   [](std::vector<Tensor>& x) { return x[0] + x[1]; },
+                   0,
+                   12.0 * elements});
+  cases.push_back({"pointwise gelu 64M",
+                   {{elements}},
+                   [](std::vector<Tensor>& x) { return gelu(x[0]); },
+                   0,
+                   8.0 * elements});
   const int64_t rows = 16384 / s, width = 4096 / s;
-  cases.push_back({"row sum 16384x4096", {{rows, width}},
-                   [](std::vector<Tensor>& x) { return sum(x[0], {1}); }, 0, 4.0 * rows * width});
-  cases.push_back({"softmax 16384x4096", {{rows, width}},
-                   [](std::vector<Tensor>& x) { return softmax(x[0], 1); }, 0, 8.0 * rows * width});
+  cases.push_back({"row sum 16384x4096",
+                   {{rows, width}},
+                   [](std::vector<Tensor>& x) { return sum(x[0], {1}); },
+                   0,
+                   4.0 * rows * width});
+  cases.push_back({"softmax 16384x4096",
+                   {{rows, width}},
+                   [](std::vector<Tensor>& x) { return softmax(x[0], 1); },
+                   0,
+                   8.0 * rows * width});
   auto conv = [&](const std::string& name, int64_t c, int64_t o, int64_t hw, int64_t kernel,
                   int64_t stride) {
-    const int64_t side = hw / s, padding = kernel / 2, out = (side + 2 * padding - kernel) / stride + 1;
+    const int64_t side = hw / s, padding = kernel / 2,
+                  out = (side + 2 * padding - kernel) / stride + 1;
     Conv2dOptions options;
     options.stride = {stride, stride};
     options.padding = {padding, padding};
-    cases.push_back({name, {{4, c, side, side}, {o, c, kernel, kernel}},
-                     [=](std::vector<Tensor>& x) { return conv2d(x[0], x[1], std::nullopt, options); },
-                     2.0 * 4 * o * out * out * c * kernel * kernel, 0});
+    cases.push_back(
+        {name,
+         {{4, c, side, side}, {o, c, kernel, kernel}},
+         [=](std::vector<Tensor>& x) { return conv2d(x[0], x[1], std::nullopt, options); },
+         2.0 * 4 * o * out * out * c * kernel * kernel,
+         0});
   };
   conv("resnet conv 7x7/2 3->64 224", 3, 64, 224, 7, 2);
   conv("resnet conv 3x3 64->64 56", 64, 64, 56, 3, 1);
   conv("resnet conv 1x1 256->64 56", 256, 64, 56, 1, 1);
   conv("resnet conv 3x3/2 128->128 56", 128, 128, 56, 3, 2);
   const int64_t tokens = 1500 / s;
-  cases.push_back({"whisper attention 1500x6x64", {{1, 6, tokens, 64}, {1, 6, tokens, 64}, {1, 6, tokens, 64}},
-                   [](std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
-                   4.0 * 6 * tokens * tokens * 64, 0});
+  cases.push_back(
+      {"whisper attention 1500x6x64",
+       {{1, 6, tokens, 64}, {1, 6, tokens, 64}, {1, 6, tokens, 64}},
+       [](std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
+       4.0 * 6 * tokens * tokens * 64,
+       0});
   return cases;
 }
 
@@ -94,7 +115,8 @@ int bench_command(const std::vector<std::string>& words) {
     return arguments.has("help") ? 0 : 2;
   }
   if (arguments.positional()[0] != "kernels") {
-    throw Error("unknown benchmark '" + arguments.positional()[0] + "' (try: meganeura bench kernels)");
+    throw Error("unknown benchmark '" + arguments.positional()[0] +
+                "' (try: meganeura bench kernels)");
   }
   const int64_t runs = std::max<int64_t>(1, arguments.integer("runs", 20));
   const std::string filter = arguments.text("filter", "");
@@ -127,7 +149,9 @@ int bench_command(const std::vector<std::string>& words) {
       durations.push_back(total);
     }
     const double ms = median(durations);
-    nlohmann::json record = {{"framework", "meganeura"}, {"case", bench.name}, {"ms", ms},
+    nlohmann::json record = {{"framework", "meganeura"},
+                             {"case", bench.name},
+                             {"ms", ms},
                              {"dispatches", session.report().dispatches}};
     char row[160];
     if (bench.flops > 0) {

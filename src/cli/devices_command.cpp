@@ -1,7 +1,7 @@
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
@@ -12,7 +12,8 @@
 namespace mg::cli {
 namespace {
 
-constexpr const char* kHelp = R"(usage: meganeura devices [--verbose] [--bench-compile] [--device SEL]
+constexpr const char* kHelp =
+    R"(usage: meganeura devices [--verbose] [--bench-compile] [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
@@ -26,26 +27,36 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
 
 std::string_view scalar_name(gpu::ScalarType type) {
   switch (type) {
-    case gpu::ScalarType::f16: return "f16";
-    case gpu::ScalarType::bf16: return "bf16";
-    case gpu::ScalarType::f32: return "f32";
-    case gpu::ScalarType::f64: return "f64";
-    case gpu::ScalarType::i8: return "i8";
-    case gpu::ScalarType::u8: return "u8";
-    case gpu::ScalarType::i32: return "i32";
-    case gpu::ScalarType::u32: return "u32";
-    case gpu::ScalarType::other: break;
+    case gpu::ScalarType::f16:
+      return "f16";
+    case gpu::ScalarType::bf16:
+      return "bf16";
+    case gpu::ScalarType::f32:
+      return "f32";
+    case gpu::ScalarType::f64:
+      return "f64";
+    case gpu::ScalarType::i8:
+      return "i8";
+    case gpu::ScalarType::u8:
+      return "u8";
+    case gpu::ScalarType::i32:
+      return "i32";
+    case gpu::ScalarType::u32:
+      return "u32";
+    case gpu::ScalarType::other:
+      break;
   }
   return "other";
 }
 
 void print_details(const gpu::DeviceInfo& info) {
   const gpu::DeviceCaps& caps = info.caps;
-  std::printf("    max storage buffer range %llu MiB, max allocation %llu MiB, workgroup <= %u "
-              "invocations, %u storage buffers per kernel\n",
-              static_cast<unsigned long long>(caps.max_storage_buffer_range >> 20),
-              static_cast<unsigned long long>(caps.max_memory_allocation_size >> 20),
-              caps.max_workgroup_invocations, caps.max_storage_buffers_per_stage);
+  std::printf(
+      "    max storage buffer range %llu MiB, max allocation %llu MiB, workgroup <= %u "
+      "invocations, %u storage buffers per kernel\n",
+      static_cast<unsigned long long>(caps.max_storage_buffer_range >> 20),
+      static_cast<unsigned long long>(caps.max_memory_allocation_size >> 20),
+      caps.max_workgroup_invocations, caps.max_storage_buffers_per_stage);
   for (const gpu::CoopMatrixConfig& config : caps.coop_matrix) {
     std::printf("    cooperative matrix (%s) %ux%ux%u  %s x %s + %s -> %s\n",
                 config.khr ? "KHR" : "NV", config.m, config.n, config.k,
@@ -55,8 +66,8 @@ void print_details(const gpu::DeviceInfo& info) {
 }
 
 void bench_compile(const std::string& device) {
-  const std::filesystem::path cache =
-      std::filesystem::temp_directory_path() / ("meganeura-bench-cache-" + std::to_string(::getpid()));
+  const std::filesystem::path cache = std::filesystem::temp_directory_path() /
+                                      ("meganeura-bench-cache-" + std::to_string(::getpid()));
   std::filesystem::remove_all(cache);
   ::setenv("MEGANEURA_CACHE_DIR", cache.c_str(), 1);
   const Graph graph =
@@ -66,10 +77,11 @@ void bench_compile(const std::string& device) {
   for (const char* label : {"cold", "warm"}) {
     Session session(graph, options);
     const BuildReport& report = session.report();
-    std::printf("%s build: %.3f s (pipelines %.3f s, %u pipelines, %u SPIR-V cache hits, %zu "
-                "dispatches)\n",
-                label, report.build_seconds, report.pipeline_seconds, report.pipelines,
-                report.spirv_cache_hits, report.dispatches);
+    std::printf(
+        "%s build: %.3f s (pipelines %.3f s, %u pipelines, %u SPIR-V cache hits, %zu "
+        "dispatches)\n",
+        label, report.build_seconds, report.pipeline_seconds, report.pipelines,
+        report.spirv_cache_hits, report.dispatches);
   }
   std::filesystem::remove_all(cache);
 }

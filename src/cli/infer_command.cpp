@@ -31,7 +31,8 @@ void print_confusion(const Evaluation& evaluation) {
                                  ? std::string(data::kFashionMnistClasses[truth])
                                  : std::to_string(truth);
     std::printf("%2zu %-11s", truth, name.c_str());
-    for (int64_t count : evaluation.confusion[truth]) std::printf("%6lld", static_cast<long long>(count));
+    for (int64_t count : evaluation.confusion[truth])
+      std::printf("%6lld", static_cast<long long>(count));
     std::printf("\n");
   }
 }
@@ -49,11 +50,12 @@ int infer_command(const std::vector<std::string>& words) {
   }
   const std::filesystem::path checkpoint_path = arguments.positional()[0];
   const io::Checkpoint checkpoint = io::load_checkpoint(checkpoint_path);
-  const models::ClassifierConfig model = models::ClassifierConfig::from_json(checkpoint.model_config);
+  const models::ClassifierConfig model =
+      models::ClassifierConfig::from_json(checkpoint.model_config);
   const std::vector<std::string> image_paths(arguments.positional().begin() + 1,
                                              arguments.positional().end());
-  const int64_t batch =
-      image_paths.empty() ? arguments.integer("batch", 500) : static_cast<int64_t>(image_paths.size());
+  const int64_t batch = image_paths.empty() ? arguments.integer("batch", 500)
+                                            : static_cast<int64_t>(image_paths.size());
   if (batch <= 0) throw Error("--batch must be positive");
 
   SessionOptions options;
@@ -65,8 +67,8 @@ int infer_command(const std::vector<std::string>& words) {
                static_cast<long long>(checkpoint.step), session.report().dispatches);
 
   if (image_paths.empty()) {
-    const data::Dataset test_set =
-        data::load_fashion_mnist(arguments.text("data", std::string(data::kFashionMnistDir)), "test");
+    const data::Dataset test_set = data::load_fashion_mnist(
+        arguments.text("data", std::string(data::kFashionMnistDir)), "test");
     const auto start = std::chrono::steady_clock::now();
     const Evaluation evaluation = evaluate(session, test_set, batch, model.classes);
     const double seconds =
@@ -82,8 +84,8 @@ int infer_command(const std::vector<std::string>& words) {
   const int64_t side = model.image_size;
   std::vector<float> images(static_cast<size_t>(batch * side * side));
   for (size_t i = 0; i < image_paths.size(); ++i) {
-    const io::GrayImage gray =
-        io::resize(io::to_gray(io::read_image(image_paths[i])), static_cast<int>(side), static_cast<int>(side));
+    const io::GrayImage gray = io::resize(io::to_gray(io::read_image(image_paths[i])),
+                                          static_cast<int>(side), static_cast<int>(side));
     std::copy(gray.pixels.begin(), gray.pixels.end(), images.begin() + i * side * side);
   }
   session.set_input(models::kImagesInput, images);
@@ -95,7 +97,8 @@ int infer_command(const std::vector<std::string>& words) {
     const std::string name = c < static_cast<int64_t>(data::kFashionMnistClasses.size())
                                  ? std::string(data::kFashionMnistClasses[c])
                                  : std::to_string(c);
-    std::printf("%s: %s (class %lld)\n", image_paths[i].c_str(), name.c_str(), static_cast<long long>(c));
+    std::printf("%s: %s (class %lld)\n", image_paths[i].c_str(), name.c_str(),
+                static_cast<long long>(c));
   }
   return 0;
 }

@@ -37,7 +37,8 @@ int inspect_command(const std::vector<std::string>& words) {
   if (arguments.has("ops")) {
     const std::vector<std::string> lowered = kernels::lowered_ops();
     for (const std::string& name : op_names()) {
-      const bool leaf = name == "input" || name == "parameter" || name == "state" || name == "constant";
+      const bool leaf =
+          name == "input" || name == "parameter" || name == "state" || name == "constant";
       const bool has_kernel = leaf || kernels::is_view_op(name) ||
                               std::find(lowered.begin(), lowered.end(), name) != lowered.end();
       std::printf("%-32s %s\n", name.c_str(), leaf ? "leaf" : has_kernel ? "gpu" : "no gpu kernel");
@@ -61,7 +62,8 @@ int inspect_command(const std::vector<std::string>& words) {
     SessionOptions options;
     options.device = arguments.text("device", "");
     const Session session(graph, options);
-    std::printf("device: %s\n%s", session.report().device.c_str(), session.report().memory_plan.c_str());
+    std::printf("device: %s\n%s", session.report().device.c_str(),
+                session.report().memory_plan.c_str());
   }
   return 0;
 }

@@ -1,10 +1,10 @@
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
-#include <unistd.h>
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
@@ -48,7 +48,9 @@ and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint
 
 std::atomic<bool> stop_requested{false};
 
-void request_stop(int) { stop_requested = true; }
+void request_stop(int) {
+  stop_requested = true;
+}
 
 std::string default_out_dir() {
   const std::time_t now = std::time(nullptr);
@@ -92,8 +94,7 @@ nlohmann::json optimizer_json(const OptimizerConfig& config) {
   return {{"kind", optimizer_name(config.kind)}, {"learning_rate", config.learning_rate},
           {"weight_decay", config.weight_decay}, {"momentum", config.momentum},
           {"clip_norm", config.clip_norm},       {"warmup_steps", config.warmup_steps},
-          {"total_steps", config.total_steps},
-          {"schedule", static_cast<int>(config.schedule)}};
+          {"total_steps", config.total_steps},   {"schedule", static_cast<int>(config.schedule)}};
 }
 
 // One status line, redrawn in place on a terminal and printed every few seconds otherwise.
@@ -132,12 +133,11 @@ bool running_on_cpu_device(const std::string& selector) {
 }  // namespace
 
 int train_command(const std::vector<std::string>& words) {
-  const Arguments arguments(
-      "meganeura train", words,
-      {"out", "model", "epochs", "limit", "batch", "lr", "optimizer", "weight-decay", "momentum",
-       "schedule", "warmup", "clip", "seed", "device", "data", "resume", "checkpoint-every",
-       "trace"},
-      {"help"});
+  const Arguments arguments("meganeura train", words,
+                            {"out", "model", "epochs", "limit", "batch", "lr", "optimizer",
+                             "weight-decay", "momentum", "schedule", "warmup", "clip", "seed",
+                             "device", "data", "resume", "checkpoint-every", "trace"},
+                            {"help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -188,7 +188,8 @@ int train_command(const std::vector<std::string>& words) {
   eval_options.profile = false;
   Session inference(models::build_classifier(model, eval_batch), eval_options);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  std::fprintf(stderr, "built training program in %.2f s (%zu dispatches, %u pipelines) and "
+  std::fprintf(stderr,
+               "built training program in %.2f s (%zu dispatches, %u pipelines) and "
                "inference program (%zu dispatches)\n",
                training.report().build_seconds, training.report().dispatches,
                training.report().pipelines, inference.report().dispatches);
@@ -232,7 +233,8 @@ int train_command(const std::vector<std::string>& words) {
     training.set_input(models::kImagesInput, images);
     training.set_input(models::kLabelsInput, labels);
     for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
-      if (training.has_input(name)) training.set_input(name, std::vector<float>{static_cast<float>(value)});
+      if (training.has_input(name))
+        training.set_input(name, std::vector<float>{static_cast<float>(value)});
     }
     training.run();
     ++step;
@@ -242,36 +244,43 @@ int train_command(const std::vector<std::string>& words) {
       throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
                   "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
     }
-    const std::vector<int64_t> predicted = predictions(training.output("logits"), batch, model.classes);
+    const std::vector<int64_t> predicted =
+        predictions(training.output("logits"), batch, model.classes);
     int64_t correct = 0;
     for (int64_t i = 0; i < batch; ++i) correct += predicted[i] == labels[i];
     const double accuracy = static_cast<double>(correct) / batch;
     smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
-    smoothed_accuracy = std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    smoothed_accuracy =
+        std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
 
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
     const int64_t epoch = (step - 1) / steps_per_epoch;
     char text[256];
     std::snprintf(text, sizeof(text),
                   "epoch %lld/%lld %s step %lld/%lld loss %.4f acc %.1f%% %.0f img/s ETA %s",
                   static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
-                  bar(static_cast<double>(step) / total_steps).c_str(), static_cast<long long>(step),
-                  static_cast<long long>(total_steps), smoothed_loss, 100 * smoothed_accuracy,
-                  steps_per_second * batch,
+                  bar(static_cast<double>(step) / total_steps).c_str(),
+                  static_cast<long long>(step), static_cast<long long>(total_steps), smoothed_loss,
+                  100 * smoothed_accuracy, steps_per_second * batch,
                   format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
     progress.update(text, step == total_steps);
     if (step % 10 == 0 || step == total_steps) {
       loss_series.points.emplace_back(step, smoothed_loss);
       train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
-      metrics.write({{"step", step}, {"epoch", epoch + 1}, {"loss", loss},
-                     {"smoothed_loss", smoothed_loss}, {"batch_accuracy", accuracy},
+      metrics.write({{"step", step},
+                     {"epoch", epoch + 1},
+                     {"loss", loss},
+                     {"smoothed_loss", smoothed_loss},
+                     {"batch_accuracy", accuracy},
                      {"learning_rate", learning_rate_at(optimizer, step - 1)},
                      {"images_per_second", steps_per_second * batch}});
     }
     const bool epoch_end = step % steps_per_epoch == 0;
     if (epoch_end) {
-      load_tensors(inference, io::Checkpoint{.tensors = session_tensors(training)}, "training", false);
+      load_tensors(inference, io::Checkpoint{.tensors = session_tensors(training)}, "training",
+                   false);
       const Evaluation evaluation = evaluate(inference, test_set, eval_batch, model.classes);
       last_test_accuracy = evaluation.accuracy();
       test_accuracy_series.points.emplace_back(step, last_test_accuracy);
@@ -290,12 +299,14 @@ int train_command(const std::vector<std::string>& words) {
   io::Chart chart;
   chart.title = "meganeura train: " + model.architecture + " on Fashion-MNIST";
   chart.panels.push_back({"loss", "step", "cross-entropy", {loss_series}});
-  chart.panels.push_back({"accuracy", "step", "accuracy", {train_accuracy_series, test_accuracy_series}});
+  chart.panels.push_back(
+      {"accuracy", "step", "accuracy", {train_accuracy_series, test_accuracy_series}});
   io::write_chart_png(out_dir / "training.png", chart);
   std::printf("checkpoint: %s\n", checkpoint_path.c_str());
   std::printf("metrics: %s\nplot: %s\n", (out_dir / "metrics.jsonl").c_str(),
               (out_dir / "training.png").c_str());
-  if (!std::isnan(last_test_accuracy)) std::printf("test accuracy: %.2f%%\n", 100 * last_test_accuracy);
+  if (!std::isnan(last_test_accuracy))
+    std::printf("test accuracy: %.2f%%\n", 100 * last_test_accuracy);
   return stop_requested ? 130 : 0;
 }
 

@@ -29,8 +29,7 @@ struct Evaluation {
 
 // Runs the inference session (input "images" [batch, 1, H, W], output "logits") over the
 // whole dataset, padding the last batch.
-Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batch,
-                    int64_t classes);
+Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batch, int64_t classes);
 
 std::vector<int64_t> predictions(const std::vector<float>& logits, int64_t rows, int64_t classes);
 

@@ -28,8 +28,9 @@ Attrs::Attrs(std::initializer_list<std::pair<std::string, AttrValue>> items) {
 }
 
 Attrs& Attrs::set(std::string name, AttrValue value) {
-  auto it = std::lower_bound(items_.begin(), items_.end(), name,
-                             [](const auto& item, const std::string& key) { return item.first < key; });
+  auto it =
+      std::lower_bound(items_.begin(), items_.end(), name,
+                       [](const auto& item, const std::string& key) { return item.first < key; });
   if (it != items_.end() && it->first == name) {
     it->second = std::move(value);
   } else {
@@ -45,7 +46,9 @@ const AttrValue* Attrs::find(std::string_view name) const {
   return nullptr;
 }
 
-bool Attrs::has(std::string_view name) const { return find(name) != nullptr; }
+bool Attrs::has(std::string_view name) const {
+  return find(name) != nullptr;
+}
 
 int64_t Attrs::get_int(std::string_view name) const {
   const AttrValue* value = find(name);

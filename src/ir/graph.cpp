@@ -171,7 +171,8 @@ std::string Graph::to_string() const {
     if (!node.attrs.items().empty()) text += " {" + node.attrs.to_string() + "}";
     text += " : " + type_string(node.type) + "\n";
   }
-  for (const auto& [name, id] : outputs_) text += "output " + name + " = %" + std::to_string(id) + "\n";
+  for (const auto& [name, id] : outputs_)
+    text += "output " + name + " = %" + std::to_string(id) + "\n";
   for (const auto& [target, value] : updates_) {
     text += "assign %" + std::to_string(target) + " <- %" + std::to_string(value) + "\n";
   }

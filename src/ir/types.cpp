@@ -8,11 +8,16 @@ namespace mg {
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-    case DType::u32: return "u32";
+    case DType::f32:
+      return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+    case DType::u32:
+      return "u32";
   }
   return "?";
 }
@@ -20,8 +25,10 @@ std::string_view dtype_name(DType dtype) {
 size_t dtype_bytes(DType dtype) {
   switch (dtype) {
     case DType::f16:
-    case DType::bf16: return 2;
-    default: return 4;
+    case DType::bf16:
+      return 2;
+    default:
+      return 4;
   }
 }
 

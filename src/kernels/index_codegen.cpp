@@ -5,7 +5,9 @@
 
 namespace mg::kernels {
 
-std::string glsl_uint(int64_t value) { return std::to_string(value) + "u"; }
+std::string glsl_uint(int64_t value) {
+  return std::to_string(value) + "u";
+}
 
 std::string glsl_float(double value) {
   if (std::isinf(value)) return value > 0 ? "(1.0 / 0.0)" : "(-1.0 / 0.0)";
@@ -16,7 +18,8 @@ std::string glsl_float(double value) {
   return text;
 }
 
-std::string coordinates_glsl(const Shape& shape, const std::string& flat, const std::string& prefix) {
+std::string coordinates_glsl(const Shape& shape, const std::string& flat,
+                             const std::string& prefix) {
   std::string text = "  uint " + prefix + "_rest = " + flat + ";\n";
   for (size_t axis = shape.size(); axis-- > 0;) {
     const std::string name = prefix + std::to_string(axis);

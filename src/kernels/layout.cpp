@@ -26,8 +26,8 @@ Launch element_launch(LoweringContext& context, std::string body) {
   launch.label = context.label();
   launch.kernel = "layout";
   launch.body = std::move(body);
-  launch.groups = grid_for(static_cast<uint64_t>(context.node().type.elements()), kLocalSize,
-                           context.device());
+  launch.groups =
+      grid_for(static_cast<uint64_t>(context.node().type.elements()), kLocalSize, context.device());
   return launch;
 }
 
@@ -37,7 +37,8 @@ void lower_transpose(LoweringContext& context) {
   const Shape& in_shape = context.input_type(0).shape;
   const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
   std::vector<std::string> in_coordinates(in_shape.size());
-  for (size_t k = 0; k < permutation.size(); ++k) in_coordinates[permutation[k]] = "c" + std::to_string(k);
+  for (size_t k = 0; k < permutation.size(); ++k)
+    in_coordinates[permutation[k]] = "c" + std::to_string(k);
   std::string body = main_header(node.type.elements()) + coordinates_glsl(out_shape, "i");
   body += "  out_[i] = x[" + flat_index_glsl(in_shape, in_coordinates) + "];\n}\n";
   Launch launch = element_launch(context, std::move(body));
@@ -115,7 +116,8 @@ void lower_gather(LoweringContext& context) {
   const int64_t rows = table_shape[0];
   const int64_t width = element_count(table_shape) / rows;
   std::string body = main_header(node.type.elements());
-  body += "  uint position = i / " + glsl_uint(width) + ", column = i % " + glsl_uint(width) + ";\n";
+  body +=
+      "  uint position = i / " + glsl_uint(width) + ", column = i % " + glsl_uint(width) + ";\n";
   // An out-of-range index cannot raise an error on the GPU; it reads zeros instead.
   body += "  int row = indices[position];\n";
   body += "  out_[i] = (row >= 0 && row < " + std::to_string(rows) + ") ? table[uint(row) * " +
@@ -150,8 +152,9 @@ void lower_scatter_add(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> layout_lowerings() {
-  return {{"transpose", lower_transpose}, {"slice", lower_slice},     {"pad", lower_pad},
-          {"concat", lower_concat},       {"gather", lower_gather}, {"scatter_add", lower_scatter_add}};
+  return {
+      {"transpose", lower_transpose}, {"slice", lower_slice},   {"pad", lower_pad},
+      {"concat", lower_concat},       {"gather", lower_gather}, {"scatter_add", lower_scatter_add}};
 }
 
 }  // namespace mg::kernels

@@ -12,8 +12,7 @@ const std::unordered_map<std::string_view, LoweringFunction>& lowering_table() {
   static const auto table = [] {
     std::unordered_map<std::string_view, LoweringFunction> entries;
     for (const auto& family : {pointwise_lowerings(), layout_lowerings(), reduction_lowerings(),
-                               gemm_lowerings(), nn_lowerings(),
-                               conv_lowerings(), pool_lowerings(),
+                               gemm_lowerings(), nn_lowerings(), conv_lowerings(), pool_lowerings(),
                                norm_lowerings(), attention_lowerings(), loss_lowerings()}) {
       for (const LoweringEntry& entry : family) entries.emplace(entry.op, entry.lower);
     }
@@ -24,10 +23,14 @@ const std::unordered_map<std::string_view, LoweringFunction>& lowering_table() {
 
 const char* glsl_element_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "float";
-    case DType::i32: return "int";
-    case DType::u32: return "uint";
-    default: return nullptr;
+    case DType::f32:
+      return "float";
+    case DType::i32:
+      return "int";
+    case DType::u32:
+      return "uint";
+    default:
+      return nullptr;
   }
 }
 
@@ -65,7 +68,9 @@ std::array<uint32_t, 3> grid_for(uint64_t count, uint32_t local_size, const Devi
   return {static_cast<uint32_t>(limit), static_cast<uint32_t>(rows), 1};
 }
 
-bool is_view_op(std::string_view op) { return op == "reshape" || op == "stop_gradient"; }
+bool is_view_op(std::string_view op) {
+  return op == "reshape" || op == "stop_gradient";
+}
 
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device) {
   const Node& node = graph.node(id);

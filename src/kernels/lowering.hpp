@@ -32,7 +32,7 @@ struct Operand {
 };
 
 struct Launch {
-  std::string label;  // "matmul %12", shown in profiles and errors
+  std::string label;   // "matmul %12", shown in profiles and errors
   std::string kernel;  // archetype name, e.g. "pointwise", "gemm"
   std::string body;    // GLSL after the generated buffer declarations
   std::vector<std::pair<std::string, std::string>> defines;

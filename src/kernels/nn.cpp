@@ -4,6 +4,8 @@
 
 namespace mg::kernels {
 
-std::vector<LoweringEntry> nn_lowerings() { return {}; }
+std::vector<LoweringEntry> nn_lowerings() {
+  return {};
+}
 
 }  // namespace mg::kernels

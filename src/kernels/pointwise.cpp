@@ -82,14 +82,16 @@ const std::map<std::string_view, std::string_view>& expressions() {
 std::string expression_for(const PointwiseStatement& statement) {
   if (statement.op == "gelu") {
     return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh($0)"
-                                                                        : "mg_gelu($0)";
+                                                                       : "mg_gelu($0)";
   }
   if (statement.op == "gelu_grad") {
-    return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh_grad($0) * $1"
-                                                                        : "mg_gelu_grad($0) * $1";
+    return statement.attrs.get_string("approximate", "none") == "tanh"
+               ? "mg_gelu_tanh_grad($0) * $1"
+               : "mg_gelu_grad($0) * $1";
   }
   auto it = expressions().find(statement.op);
-  if (it == expressions().end()) throw Error("internal: no pointwise expression for " + statement.op);
+  if (it == expressions().end())
+    throw Error("internal: no pointwise expression for " + statement.op);
   return std::string(it->second);
 }
 
@@ -172,7 +174,8 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   const std::string result = "t" + std::to_string(dag.statements.size() - 1);
   launch.operands.push_back({"result", dag.output, true});
   const DType output_dtype = output_type.dtype;
-  body += "  result[i] = " + (output_dtype == DType::f32 ? result : "int(" + result + ")") + ";\n}\n";
+  body +=
+      "  result[i] = " + (output_dtype == DType::f32 ? result : "int(" + result + ")") + ";\n}\n";
   launch.body = std::move(body);
   launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, device);
   return launch;
@@ -186,7 +189,8 @@ void lower_single_pointwise(LoweringContext& context) {
   dag.inputs = node.inputs;
   dag.output = context.id();
   PointwiseStatement statement{node.op, node.attrs, {}};
-  for (size_t k = 0; k < node.inputs.size(); ++k) statement.arguments.push_back(static_cast<int>(k));
+  for (size_t k = 0; k < node.inputs.size(); ++k)
+    statement.arguments.push_back(static_cast<int>(k));
   dag.statements.push_back(std::move(statement));
   context.emit(pointwise_launch(context.graph(), dag, context.device(), context.label()));
 }

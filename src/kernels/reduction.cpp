@@ -26,9 +26,8 @@ RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axe
   Shape kept_shape, reduced_shape;
   std::vector<int64_t> kept_strides, reduced_strides;
   for (size_t axis = 0; axis < shape.size(); ++axis) {
-    const bool reduced =
-        std::find(reduced_axes.begin(), reduced_axes.end(), static_cast<int64_t>(axis)) !=
-        reduced_axes.end();
+    const bool reduced = std::find(reduced_axes.begin(), reduced_axes.end(),
+                                   static_cast<int64_t>(axis)) != reduced_axes.end();
     (reduced ? reduced_shape : kept_shape).push_back(shape[axis]);
     (reduced ? reduced_strides : kept_strides).push_back(strides[axis]);
   }
@@ -48,8 +47,9 @@ RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axe
 }
 
 std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
-  std::vector<int64_t> axes = node.attrs.has("axes") ? node.attrs.get_ints("axes")
-                                                     : std::vector<int64_t>{node.attrs.get_int("axis")};
+  std::vector<int64_t> axes = node.attrs.has("axes")
+                                  ? node.attrs.get_ints("axes")
+                                  : std::vector<int64_t>{node.attrs.get_int("axis")};
   if (axes.empty()) {
     for (int64_t axis = 0; axis < rank; ++axis) axes.push_back(axis);
   }
@@ -72,8 +72,9 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   const bool selecting = kind != ReductionKind::sum;
 
   std::string body = layout.index_function;
-  body += "bool better(float v, uint i, float best, uint best_index) {\n"
-          "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
+  body +=
+      "bool better(float v, uint i, float best, uint best_index) {\n"
+      "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
   body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
   body += "shared float partial_value[" + std::to_string(kGroupSize) + "];\n";
   body += "shared uint partial_index[" + std::to_string(kGroupSize) + "];\n";
@@ -86,8 +87,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
     body += "  for (uint r = 0u; r < " + glsl_uint(layout.row_length) + "; ++r) {\n";
   } else {
     body += "  uint o = linear_workgroup();\n";
-    body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) + "; r += " +
-            glsl_uint(kGroupSize) + ") {\n";
+    body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) +
+            "; r += " + glsl_uint(kGroupSize) + ") {\n";
   }
   body += "    float v = x[input_index(o, r)];\n";
   body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
@@ -99,16 +100,20 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
     body += "  for (uint width = " + glsl_uint(kGroupSize / 2) +
             "; width > 0u; width >>= 1) {\n    if (lane < width) {\n";
     if (selecting) {
-      body += "      float v = partial_value[lane + width];\n"
-              "      uint r = partial_index[lane + width];\n"
-              "      if (r != 0xffffffffu && better(v, r, partial_value[lane], partial_index[lane])) {\n"
-              "        partial_value[lane] = v;\n        partial_index[lane] = r;\n      }\n";
+      body +=
+          "      float v = partial_value[lane + width];\n"
+          "      uint r = partial_index[lane + width];\n"
+          "      if (r != 0xffffffffu && better(v, r, partial_value[lane], partial_index[lane])) "
+          "{\n"
+          "        partial_value[lane] = v;\n        partial_index[lane] = r;\n      }\n";
     } else {
       body += "      partial_value[lane] += partial_value[lane + width];\n";
     }
     body += "    }\n    barrier();\n  }\n";
     body += "  if (lane != 0u) return;\n";
-    body += "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = partial_index[0];\n";
+    body +=
+        "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = "
+        "partial_index[0];\n";
   }
   body += "  out_[o] = " + finalize + ";\n}\n";
 
@@ -123,15 +128,18 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   context.emit(std::move(launch));
 }
 
-void lower_sum(LoweringContext& context) { emit_reduction(context, ReductionKind::sum, "total"); }
+void lower_sum(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::sum, "total");
+}
 
 void lower_mean(LoweringContext& context) {
   const int64_t count = context.input_type(0).elements() / context.node().type.elements();
-  emit_reduction(context, ReductionKind::sum,
-                 "total / " + glsl_float(static_cast<double>(count)));
+  emit_reduction(context, ReductionKind::sum, "total / " + glsl_float(static_cast<double>(count)));
 }
 
-void lower_max(LoweringContext& context) { emit_reduction(context, ReductionKind::max, "best"); }
+void lower_max(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::max, "best");
+}
 
 void lower_argmax(LoweringContext& context) {
   emit_reduction(context, ReductionKind::argmax, "int(best_index)");
@@ -140,17 +148,20 @@ void lower_argmax(LoweringContext& context) {
 void emit_softmax(LoweringContext& context, bool logarithm) {
   const Node& node = context.node();
   const Shape& shape = node.type.shape;
-  const RowLayout layout = row_layout(shape, reduced_axes_of(node, static_cast<int64_t>(shape.size())));
+  const RowLayout layout =
+      row_layout(shape, reduced_axes_of(node, static_cast<int64_t>(shape.size())));
   const std::string group = glsl_uint(kGroupSize);
   const std::string length = glsl_uint(layout.row_length);
   std::string body = layout.index_function;
   body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
   body += "shared float partial[" + std::to_string(kGroupSize) + "];\n";
-  body += "float reduce_group(float value, bool take_max) {\n  uint lane = gl_LocalInvocationID.x;\n";
+  body +=
+      "float reduce_group(float value, bool take_max) {\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  partial[lane] = value;\n  barrier();\n";
   body += "  for (uint width = " + glsl_uint(kGroupSize / 2) + "; width > 0u; width >>= 1) {\n";
-  body += "    if (lane < width) partial[lane] = take_max ? max(partial[lane], partial[lane + width])"
-          " : partial[lane] + partial[lane + width];\n    barrier();\n  }\n";
+  body +=
+      "    if (lane < width) partial[lane] = take_max ? max(partial[lane], partial[lane + width])"
+      " : partial[lane] + partial[lane + width];\n    barrier();\n  }\n";
   body += "  float result = partial[0];\n  barrier();\n  return result;\n}\n";
   body += "void main() {\n  uint o = linear_workgroup();\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  float row_max = -1.0 / 0.0;\n";
@@ -174,14 +185,18 @@ void emit_softmax(LoweringContext& context, bool logarithm) {
   context.emit(std::move(launch));
 }
 
-void lower_softmax(LoweringContext& context) { emit_softmax(context, false); }
-void lower_log_softmax(LoweringContext& context) { emit_softmax(context, true); }
+void lower_softmax(LoweringContext& context) {
+  emit_softmax(context, false);
+}
+void lower_log_softmax(LoweringContext& context) {
+  emit_softmax(context, true);
+}
 
 }  // namespace
 
 std::vector<LoweringEntry> reduction_lowerings() {
-  return {{"sum", lower_sum},         {"mean", lower_mean},       {"max", lower_max},
-          {"argmax", lower_argmax},   {"softmax", lower_softmax}, {"log_softmax", lower_log_softmax}};
+  return {{"sum", lower_sum},       {"mean", lower_mean},       {"max", lower_max},
+          {"argmax", lower_argmax}, {"softmax", lower_softmax}, {"log_softmax", lower_log_softmax}};
 }
 
 }  // namespace mg::kernels

@@ -34,18 +34,44 @@ Tensor full(Graph& graph, Shape shape, double value, DType dtype) {
   return {&graph, graph.constant(value, {dtype, std::move(shape)})};
 }
 
-Tensor operator+(Tensor a, Tensor b) { return add(a, b); }
-Tensor operator-(Tensor a, Tensor b) { return sub(a, b); }
-Tensor operator*(Tensor a, Tensor b) { return mul(a, b); }
-Tensor operator/(Tensor a, Tensor b) { return div(a, b); }
-Tensor operator-(Tensor x) { return neg(x); }
-Tensor operator+(Tensor a, double b) { return add(a, scalar(a.graph(), b, a.dtype())); }
-Tensor operator-(Tensor a, double b) { return sub(a, scalar(a.graph(), b, a.dtype())); }
-Tensor operator*(Tensor a, double b) { return mul(a, scalar(a.graph(), b, a.dtype())); }
-Tensor operator/(Tensor a, double b) { return div(a, scalar(a.graph(), b, a.dtype())); }
-Tensor operator+(double a, Tensor b) { return add(scalar(b.graph(), a, b.dtype()), b); }
-Tensor operator-(double a, Tensor b) { return sub(scalar(b.graph(), a, b.dtype()), b); }
-Tensor operator*(double a, Tensor b) { return mul(scalar(b.graph(), a, b.dtype()), b); }
-Tensor operator/(double a, Tensor b) { return div(scalar(b.graph(), a, b.dtype()), b); }
+Tensor operator+(Tensor a, Tensor b) {
+  return add(a, b);
+}
+Tensor operator-(Tensor a, Tensor b) {
+  return sub(a, b);
+}
+Tensor operator*(Tensor a, Tensor b) {
+  return mul(a, b);
+}
+Tensor operator/(Tensor a, Tensor b) {
+  return div(a, b);
+}
+Tensor operator-(Tensor x) {
+  return neg(x);
+}
+Tensor operator+(Tensor a, double b) {
+  return add(a, scalar(a.graph(), b, a.dtype()));
+}
+Tensor operator-(Tensor a, double b) {
+  return sub(a, scalar(a.graph(), b, a.dtype()));
+}
+Tensor operator*(Tensor a, double b) {
+  return mul(a, scalar(a.graph(), b, a.dtype()));
+}
+Tensor operator/(Tensor a, double b) {
+  return div(a, scalar(a.graph(), b, a.dtype()));
+}
+Tensor operator+(double a, Tensor b) {
+  return add(scalar(b.graph(), a, b.dtype()), b);
+}
+Tensor operator-(double a, Tensor b) {
+  return sub(scalar(b.graph(), a, b.dtype()), b);
+}
+Tensor operator*(double a, Tensor b) {
+  return mul(scalar(b.graph(), a, b.dtype()), b);
+}
+Tensor operator/(double a, Tensor b) {
+  return div(scalar(b.graph(), a, b.dtype()), b);
+}
 
 }  // namespace mg

@@ -18,11 +18,21 @@ void initialise_leaves(const Graph& graph, Environment& environment, uint64_t se
     std::normal_distribution<double> normal(init.a, init.b > 0 ? init.b : 1.0);
     for (double& value : tensor.data) {
       switch (init.kind) {
-        case Init::Kind::zeros: value = 0; break;
-        case Init::Kind::ones: value = 1; break;
-        case Init::Kind::fill: value = init.a; break;
-        case Init::Kind::uniform: value = uniform(generator); break;
-        case Init::Kind::normal: value = normal(generator); break;
+        case Init::Kind::zeros:
+          value = 0;
+          break;
+        case Init::Kind::ones:
+          value = 1;
+          break;
+        case Init::Kind::fill:
+          value = init.a;
+          break;
+        case Init::Kind::uniform:
+          value = uniform(generator);
+          break;
+        case Init::Kind::normal:
+          value = normal(generator);
+          break;
       }
     }
     environment.leaves.emplace(node.name, std::move(tensor));

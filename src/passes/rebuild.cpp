@@ -22,7 +22,8 @@ Graph rebuild(const Graph& source, const std::vector<bool>& keep,
   return target;
 }
 
-std::vector<ValueId> compose(const std::vector<ValueId>& first, const std::vector<ValueId>& second) {
+std::vector<ValueId> compose(const std::vector<ValueId>& first,
+                             const std::vector<ValueId>& second) {
   std::vector<ValueId> result(first.size(), kNoValue);
   for (size_t i = 0; i < first.size(); ++i) {
     if (first[i] != kNoValue) result[i] = second[first[i]];

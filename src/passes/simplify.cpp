@@ -9,7 +9,9 @@
 namespace mg::passes {
 namespace {
 
-ValueId copy_node(Graph& target, ValueId, Node node) { return target.add_typed(std::move(node)); }
+ValueId copy_node(Graph& target, ValueId, Node node) {
+  return target.add_typed(std::move(node));
+}
 
 bool is_uniform_constant(const Node& node) {
   return node.op == "constant" && !node.data && node.attrs.has("value");
@@ -59,7 +61,8 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap) {
       [&](Graph& target, ValueId, Node node) {
         bool foldable = !node.is_leaf() && !node.inputs.empty() && is_floating(node.type.dtype) &&
                         find_op(node.op) && find_op(node.op)->reference;
-        for (ValueId input : node.inputs) foldable = foldable && is_uniform_constant(target.node(input));
+        for (ValueId input : node.inputs)
+          foldable = foldable && is_uniform_constant(target.node(input));
         if (!foldable) return target.add_typed(std::move(node));
         // Uniform inputs give a uniform result for every elementwise op; evaluate one element
         // on scalar stand-ins and check the op kept the shape rules (same-shape result).

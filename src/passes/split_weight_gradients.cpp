@@ -40,10 +40,10 @@ Graph split_weight_gradients(const Graph& graph, std::vector<ValueId>* remap) {
         const int64_t per_slice = batch / slices;
         std::vector<std::pair<ValueId, ValueId>> parts;
         for (int64_t s = 0; s < slices; ++s) {
-          const Attrs range{{"axis", int64_t{0}},
-                            {"start", s * per_slice},
-                            {"end", (s + 1) * per_slice}};
-          parts.emplace_back(target.add("slice", {x}, range), target.add("slice", {grad_out}, range));
+          const Attrs range{
+              {"axis", int64_t{0}}, {"start", s * per_slice}, {"end", (s + 1) * per_slice}};
+          parts.emplace_back(target.add("slice", {x}, range),
+                             target.add("slice", {grad_out}, range));
         }
         ValueId total = kNoValue;
         for (const auto& [x_part, grad_part] : parts) {

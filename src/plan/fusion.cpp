@@ -24,7 +24,8 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_
   kernels::PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
     if (fused_into_consumer[input]) {
-      statement.arguments.push_back(append_fused(graph, input, fused_into_consumer, dag, argument_of));
+      statement.arguments.push_back(
+          append_fused(graph, input, fused_into_consumer, dag, argument_of));
     } else {
       auto it = argument_of.find(input);
       if (it == argument_of.end()) {
@@ -60,10 +61,10 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId consumer = consumer_of[i];
-      fused_into_consumer[i] =
-          kernels::is_pointwise_op(node.op) && !observed[i] && consumers[i] == 1 &&
-          node.type.dtype == DType::f32 && kernels::is_pointwise_op(graph.node(consumer).op) &&
-          graph.node(consumer).type.shape == node.type.shape;
+      fused_into_consumer[i] = kernels::is_pointwise_op(node.op) && !observed[i] &&
+                               consumers[i] == 1 && node.type.dtype == DType::f32 &&
+                               kernels::is_pointwise_op(graph.node(consumer).op) &&
+                               graph.node(consumer).type.shape == node.type.shape;
     }
   }
 
@@ -109,9 +110,10 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     dag.output = id;
     std::map<ValueId, int> argument_of;
     append_fused(graph, id, fused_into_consumer, dag, argument_of);
-    launches.push_back(kernels::pointwise_launch(
-        graph, dag, device, "fused " + std::to_string(dag.statements.size()) + " ops -> " +
-                                node.op + " %" + std::to_string(id)));
+    launches.push_back(kernels::pointwise_launch(graph, dag, device,
+                                                 "fused " + std::to_string(dag.statements.size()) +
+                                                     " ops -> " + node.op + " %" +
+                                                     std::to_string(id)));
   }
   return launches;
 }

@@ -135,7 +135,8 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
   for (const Interval& interval : intervals) {
     for (int64_t t = interval.first; t <= interval.last; ++t) live[t] += interval.bytes;
   }
-  for (uint64_t bytes : live) program.memory.peak_live_bytes = std::max(program.memory.peak_live_bytes, bytes);
+  for (uint64_t bytes : live)
+    program.memory.peak_live_bytes = std::max(program.memory.peak_live_bytes, bytes);
 }
 
 void place_persistent(const std::vector<ValueId>& values, const PlanOptions& options,
@@ -144,7 +145,8 @@ void place_persistent(const std::vector<ValueId>& values, const PlanOptions& opt
   bool open = false;
   for (ValueId value : values) {
     const uint64_t bytes = std::max<uint64_t>(program.graph.type(value).bytes(), 4);
-    if (!open || align_up(program.arenas[arena].bytes, options.alignment) + bytes > options.arena_limit) {
+    if (!open ||
+        align_up(program.arenas[arena].bytes, options.alignment) + bytes > options.arena_limit) {
       arena = static_cast<uint32_t>(program.arenas.size());
       program.arenas.push_back({ArenaKind::persistent, 0});
       open = true;
@@ -182,7 +184,8 @@ void place_barriers(Program& program) {
       pending_writes.clear();
     }
     for (size_t k = 0; k < planned.regions.size(); ++k) {
-      (planned.launch.operands[k].write ? pending_writes : pending_reads).push_back(planned.regions[k]);
+      (planned.launch.operands[k].write ? pending_writes : pending_reads)
+          .push_back(planned.regions[k]);
     }
   }
 }
@@ -195,7 +198,8 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   program.graph_nodes_before_passes = source.size();
   program.graph = passes::optimize(source);
   bool split = options.split_weight_gradients;
-  if (const char* forced = std::getenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS")) split = std::string(forced) != "0";
+  if (const char* forced = std::getenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS"))
+    split = std::string(forced) != "0";
   if (split) program.graph = passes::split_weight_gradients(program.graph);
   verify(program.graph);
   const Graph& graph = program.graph;
@@ -207,7 +211,8 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"
   // (host uploads), launch count is "after the last" (downloads and assignments).
   const int64_t end = static_cast<int64_t>(program.launches.size());
-  const AliasMap in_place = options.reuse_memory ? choose_in_place(graph, program.launches) : AliasMap{};
+  const AliasMap in_place =
+      options.reuse_memory ? choose_in_place(graph, program.launches) : AliasMap{};
   std::unordered_map<ValueId, Interval> lifetimes;
   std::vector<ValueId> persistent;
   std::unordered_map<ValueId, uint64_t> logical_values;  // every stored value as if unshared
@@ -236,7 +241,8 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     interval.last = std::max(interval.last, when);
   };
   for (int64_t t = 0; t < end; ++t) {
-    for (const kernels::Operand& operand : program.launches[t].launch.operands) touch(operand.value, t);
+    for (const kernels::Operand& operand : program.launches[t].launch.operands)
+      touch(operand.value, t);
   }
   for (const auto& [name, id] : graph.outputs()) touch(id, end);
   for (const auto& [leaf, value] : graph.updates()) {
@@ -287,8 +293,8 @@ std::string describe_memory(const Program& program) {
   std::string text;
   text += "nodes: " + std::to_string(program.graph_nodes_before_passes) + " before passes, " +
           std::to_string(program.graph.size()) + " after\n";
-  text += "dispatches: " + std::to_string(program.launches.size()) + ", barriers: " +
-          std::to_string(memory.barriers) + "\n";
+  text += "dispatches: " + std::to_string(program.launches.size()) +
+          ", barriers: " + std::to_string(memory.barriers) + "\n";
   text += "persistent: " + mib(memory.persistent_bytes) + "\n";
   text += "transient logical: " + mib(memory.logical_transient_bytes) + "\n";
   text += "transient physical: " + mib(memory.physical_transient_bytes);

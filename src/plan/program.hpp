@@ -55,8 +55,8 @@ struct Program {
   std::vector<Arena> arenas;
   std::unordered_map<ValueId, Region> regions;  // every stored value (views share their root's)
   std::vector<PlannedLaunch> launches;
-  std::vector<ValueId> inputs;       // fed by the host before each run
-  std::vector<ValueId> persistent;   // parameters, state, constants
+  std::vector<ValueId> inputs;      // fed by the host before each run
+  std::vector<ValueId> persistent;  // parameters, state, constants
   MemoryStats memory;
   size_t graph_nodes_before_passes = 0;
 };

@@ -65,7 +65,8 @@ struct Session::Impl {
     auto it = inputs.find(name);
     if (it == inputs.end()) {
       std::string known;
-      for (const auto& [input_name, slot] : inputs) known += (known.empty() ? "" : ", ") + input_name;
+      for (const auto& [input_name, slot] : inputs)
+        known += (known.empty() ? "" : ", ") + input_name;
       throw Error("the program has no input '" + std::string(name) + "' (inputs: " + known + ")");
     }
     const TensorType& type = program.graph.type(it->second.value);
@@ -91,11 +92,11 @@ struct Session::Impl {
     initialise_leaves(original, initial, seed);
     for (ValueId value : program.persistent) {
       const Node& node = graph.node(value);
-      const HostTensor tensor = node.op == "constant"
-                                    ? (node.data ? HostTensor(node.type.shape, *node.data)
-                                                 : HostTensor(node.type.shape,
-                                                              node.attrs.get_float("value")))
-                                    : initial.leaves.at(node.name);
+      const HostTensor tensor =
+          node.op == "constant"
+              ? (node.data ? HostTensor(node.type.shape, *node.data)
+                           : HostTensor(node.type.shape, node.attrs.get_float("value")))
+              : initial.leaves.at(node.name);
       std::vector<float> floats(tensor.data.begin(), tensor.data.end());
       std::vector<int32_t> integers(tensor.data.begin(), tensor.data.end());
       const std::byte* bytes = node.type.dtype == DType::f32
@@ -122,7 +123,8 @@ struct Session::Impl {
       gpu::Command dispatch{gpu::Command::Kind::dispatch};
       dispatch.dispatch.pipeline = pipeline_of_launch[i];
       for (const plan::Region& region : planned.regions) {
-        dispatch.dispatch.bindings.push_back({arena_buffers[region.arena], region.offset, region.bytes});
+        dispatch.dispatch.bindings.push_back(
+            {arena_buffers[region.arena], region.offset, region.bytes});
       }
       dispatch.dispatch.groups = planned.launch.groups;
       dispatch.dispatch.label = planned.launch.label;
@@ -175,14 +177,16 @@ struct Session::Impl {
   }
 };
 
-Session::Session(const Graph& graph, const SessionOptions& options) : impl_(std::make_unique<Impl>()) {
+Session::Session(const Graph& graph, const SessionOptions& options)
+    : impl_(std::make_unique<Impl>()) {
   const auto start = std::chrono::steady_clock::now();
   Impl& impl = *impl_;
   impl.profile = options.profile;
   impl.device = gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
-  impl.program = plan::build_program(graph, traits_of(info), plan_options_of(info, options.reuse_memory));
+  impl.program =
+      plan::build_program(graph, traits_of(info), plan_options_of(info, options.reuse_memory));
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
@@ -203,8 +207,8 @@ Session::Session(const Graph& graph, const SessionOptions& options) : impl_(std:
     impl.outputs[name] = {value, download_bytes, bytes};
     download_bytes += (bytes + 255) / 256 * 256;
   }
-  impl.upload = impl.device->create_buffer(std::max<uint64_t>(upload_bytes, 256), gpu::BufferUse::upload,
-                                           "input staging");
+  impl.upload = impl.device->create_buffer(std::max<uint64_t>(upload_bytes, 256),
+                                           gpu::BufferUse::upload, "input staging");
   impl.download = impl.device->create_buffer(std::max<uint64_t>(download_bytes, 256),
                                              gpu::BufferUse::download, "output staging");
   for (const char* kind : {"parameter", "state"}) {
@@ -238,7 +242,9 @@ void Session::set_input(std::string_view name, std::span<const int32_t> values) 
               values.data(), slot.bytes);
 }
 
-bool Session::has_input(std::string_view name) const { return impl_->inputs.count(name) > 0; }
+bool Session::has_input(std::string_view name) const {
+  return impl_->inputs.count(name) > 0;
+}
 
 void Session::run() {
   impl_->device->submit(impl_->recording);
@@ -248,9 +254,11 @@ void Session::run() {
 std::vector<float> Session::output(std::string_view name) const {
   auto it = impl_->outputs.find(name);
   if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
-  if (!impl_->has_run) throw Error("output '" + std::string(name) + "' read before the first run()");
+  if (!impl_->has_run)
+    throw Error("output '" + std::string(name) + "' read before the first run()");
   const StagingSlot& slot = it->second;
-  const std::byte* data = static_cast<const std::byte*>(impl_->device->mapped(impl_->download)) + slot.offset;
+  const std::byte* data =
+      static_cast<const std::byte*>(impl_->device->mapped(impl_->download)) + slot.offset;
   const TensorType& type = impl_->program.graph.type(slot.value);
   std::vector<float> values(static_cast<size_t>(type.elements()));
   if (type.dtype == DType::f32) {
@@ -290,17 +298,22 @@ void Session::write(std::string_view leaf, std::span<const float> values) {
                 std::to_string(values.size()) + " values");
   }
   const gpu::BufferRange range = impl_->range_of(value);
-  impl_->device->write_buffer(range.buffer, range.offset,
-                              {reinterpret_cast<const std::byte*>(values.data()), values.size() * 4});
+  impl_->device->write_buffer(
+      range.buffer, range.offset,
+      {reinterpret_cast<const std::byte*>(values.data()), values.size() * 4});
 }
 
-std::vector<std::string> Session::persistent_names() const { return impl_->persistent_names; }
+std::vector<std::string> Session::persistent_names() const {
+  return impl_->persistent_names;
+}
 
 TensorType Session::leaf_type(std::string_view leaf) const {
   return impl_->program.graph.type(impl_->persistent_leaf(leaf));
 }
 
-const BuildReport& Session::report() const { return impl_->report; }
+const BuildReport& Session::report() const {
+  return impl_->report;
+}
 
 std::vector<DispatchProfile> Session::profile() const {
   if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
@@ -316,6 +329,8 @@ void Session::write_trace(const std::string& path) const {
   gpu::write_chrome_trace(impl_->device->timings(impl_->recording), path);
 }
 
-uint32_t Session::validation_messages() const { return impl_->device->validation_message_count(); }
+uint32_t Session::validation_messages() const {
+  return impl_->device->validation_message_count();
+}
 
 }  // namespace mg

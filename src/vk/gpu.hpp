@@ -81,8 +81,8 @@ using PipelineId = uint32_t;
 using RecordingId = uint32_t;
 
 enum class BufferUse {
-  device,  // device-local storage, not host visible
-  upload,  // host-visible staging that the host writes and the GPU reads
+  device,    // device-local storage, not host visible
+  upload,    // host-visible staging that the host writes and the GPU reads
   download,  // host-visible staging that the GPU writes and the host reads
 };
 
@@ -93,7 +93,7 @@ struct KernelSpec {
   std::string label;
   std::string source;
   std::vector<std::pair<std::string, std::string>> defines;
-  uint32_t binding_count = 0;       // storage buffers at set 0, bindings 0..binding_count-1
+  uint32_t binding_count = 0;        // storage buffers at set 0, bindings 0..binding_count-1
   uint32_t push_constant_bytes = 0;  // size of the push-constant block, <= 128
 };
 
@@ -106,7 +106,7 @@ struct BufferRange {
 
 struct DispatchCommand {
   PipelineId pipeline = 0;
-  std::vector<BufferRange> bindings;  // in binding order
+  std::vector<BufferRange> bindings;     // in binding order
   std::vector<uint32_t> push_constants;  // words, <= push_constant_bytes/4
   std::array<uint32_t, 3> groups{1, 1, 1};
   std::string label;  // shown in the per-dispatch profile and trace
@@ -136,7 +136,7 @@ struct Command {
 
 struct DispatchTiming {
   std::string label;
-  double start_ms = 0;     // relative to the first dispatch of the submission
+  double start_ms = 0;  // relative to the first dispatch of the submission
   double duration_ms = 0;
 };
 

@@ -70,8 +70,8 @@ TEST(Optimizer, AdamWDecaysWeightsDecoupled) {
       const double g = p[i] - problem.target[i];
       m[i] = 0.9 * m[i] + 0.1 * g;
       v[i] = 0.999 * v[i] + 0.001 * g * g;
-      const double update = (m[i] / (1 - std::pow(0.9, t))) /
-                            (std::sqrt(v[i] / (1 - std::pow(0.999, t))) + 1e-8);
+      const double update =
+          (m[i] / (1 - std::pow(0.9, t))) / (std::sqrt(v[i] / (1 - std::pow(0.999, t))) + 1e-8);
       p[i] = p[i] - 0.05 * 0.1 * p[i] - 0.05 * update;
       EXPECT_NEAR(got[i], p[i], 1e-12) << "step " << t << " element " << i;
     }
@@ -145,7 +145,8 @@ double train_and_report(Graph& graph, int64_t rows, const Shape& image_shape, in
     for (int64_t r = 0; r < rows; ++r) {
       labels.data[r] = static_cast<double>(r % 2);
       for (int64_t f = 0; f < features; ++f) {
-        x.data[r * features + f] = (r % 2 ? 0.5 : -0.5) * (f % 3 == 0 ? 1.0 : 0.2) + noise(generator);
+        x.data[r * features + f] =
+            (r % 2 ? 0.5 : -0.5) * (f % 3 == 0 ? 1.0 : 0.2) + noise(generator);
       }
     }
     environment.leaves["x"] = x;

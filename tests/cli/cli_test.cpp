@@ -26,14 +26,16 @@ Result run(const std::string& arguments) {
   const std::string command = std::string(MEGANEURA_BINARY) + " " + arguments + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   char buffer[4096];
-  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, read);
+  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe))
+    result.output.append(buffer, read);
   const int status = ::pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
 }
 
 fs::path scratch(const std::string& name) {
-  const fs::path path = fs::temp_directory_path() / ("meganeura-cli-" + name + "-" + std::to_string(::getpid()));
+  const fs::path path =
+      fs::temp_directory_path() / ("meganeura-cli-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(path);
   fs::create_directories(path);
   return path;
@@ -82,8 +84,8 @@ TEST(Cli, KillDuringCheckpointingThenResume) {
   const mg::io::Checkpoint saved = mg::io::load_checkpoint(checkpoint);
   EXPECT_GT(saved.step, 0);
   const Result resumed =
-      run("train --out " + out.string() + " --model mlp --limit 4096 --batch 32 --epochs 1 --resume " +
-          checkpoint.string());
+      run("train --out " + out.string() +
+          " --model mlp --limit 4096 --batch 32 --epochs 1 --resume " + checkpoint.string());
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   fs::remove_all(out);
@@ -101,7 +103,9 @@ void expect_one_line_error(const std::string& arguments, const std::string& must
 
 TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   const fs::path out = scratch("errors");
-  ASSERT_EQ(run("train --out " + out.string() + " --model mlp --limit 64 --batch 32 --epochs 1").status, 0);
+  ASSERT_EQ(
+      run("train --out " + out.string() + " --model mlp --limit 64 --batch 32 --epochs 1").status,
+      0);
   const fs::path good = out / "checkpoint.safetensors";
 
   expect_one_line_error("infer " + (out / "missing.safetensors").string(), "missing.safetensors");

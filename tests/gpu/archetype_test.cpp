@@ -42,8 +42,12 @@ namespace {
 // (on Lavapipe the CPU kernel would run otherwise).
 TEST(GpuArchetypes, GemmTileSizes) {
   setenv("MEGANEURA_NO_CPU_KERNELS", "1", 1);
-  testing::check_on_gpu({{"a", {1536, 24}}, {"b", {1600, 24}}, {"c", {40, 600}}, {"d", {40, 700}},
-                         {"e", {100, 33}}, {"f", {33, 90}}},
+  testing::check_on_gpu({{"a", {1536, 24}},
+                         {"b", {1600, 24}},
+                         {"c", {40, 600}},
+                         {"d", {40, 700}},
+                         {"e", {100, 33}},
+                         {"f", {33, 90}}},
                         [](Graph& graph, std::vector<Tensor>& x) {
                           graph.set_output("tile128", matmul(x[0], x[1], false, true).id());
                           graph.set_output("tile64", matmul(x[2], x[3], true, false).id());

@@ -46,9 +46,11 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
     HostTensor value(spec.shape);
     for (double& element : value.data) {
       if (spec.dtype == DType::i32) {
-        element = std::floor(std::uniform_real_distribution<double>(spec.low, spec.high)(generator));
+        element =
+            std::floor(std::uniform_real_distribution<double>(spec.low, spec.high)(generator));
       } else {
-        element = static_cast<float>(std::uniform_real_distribution<double>(spec.low, spec.high)(generator));
+        element = static_cast<float>(
+            std::uniform_real_distribution<double>(spec.low, spec.high)(generator));
       }
     }
     environment.leaves[spec.name] = value;
@@ -74,7 +76,8 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
   double worst = 0;
   for (const auto& [name, id] : graph.outputs()) {
     const double error = normalized_error(session.output(name), reference[id]);
-    EXPECT_LT(error, tolerance) << "output '" << name << "' of type " << type_string(graph.type(id));
+    EXPECT_LT(error, tolerance) << "output '" << name << "' of type "
+                                << type_string(graph.type(id));
     worst = std::max(worst, error);
   }
   EXPECT_EQ(session.validation_messages(), 0u);

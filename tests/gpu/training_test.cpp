@@ -53,10 +53,12 @@ double train_and_compare(const Graph& graph, int64_t rows, int64_t features, int
     const Batch batch = random_batch(generator, rows, features, classes);
     session.set_input("x", batch.features);
     session.set_input("labels", batch.labels);
-    environment.leaves["x"] = HostTensor({rows, features}, {batch.features.begin(), batch.features.end()});
+    environment.leaves["x"] =
+        HostTensor({rows, features}, {batch.features.begin(), batch.features.end()});
     environment.leaves["labels"] = HostTensor({rows}, {batch.labels.begin(), batch.labels.end()});
     for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
-      if (session.has_input(name)) session.set_input(name, std::vector<float>{static_cast<float>(value)});
+      if (session.has_input(name))
+        session.set_input(name, std::vector<float>{static_cast<float>(value)});
       environment.leaves[name] = HostTensor({}, value);
     }
     session.run();

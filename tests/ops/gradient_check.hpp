@@ -23,19 +23,19 @@ inline HostTensor random_tensor(const Shape& shape, std::mt19937_64& generator, 
 }
 
 struct GradientCase {
-  std::vector<Shape> shapes;           // one f32 input per shape, named x0, x1, ...
-  std::vector<bool> differentiable;    // empty = all
-  std::vector<HostTensor> values;      // optional explicit values (e.g. integer indices)
-  std::vector<DType> dtypes;           // empty = all f32
-  double low = -1.0, high = 1.0;       // range of random inputs
+  std::vector<Shape> shapes;         // one f32 input per shape, named x0, x1, ...
+  std::vector<bool> differentiable;  // empty = all
+  std::vector<HostTensor> values;    // optional explicit values (e.g. integer indices)
+  std::vector<DType> dtypes;         // empty = all f32
+  double low = -1.0, high = 1.0;     // range of random inputs
   double step = 1e-6;
-  double tolerance = 1e-6;             // relative, on the whole gradient (L2)
+  double tolerance = 1e-6;  // relative, on the whole gradient (L2)
 };
 
 // `build` receives the input tensors and returns the op's result.
-inline void expect_gradients_match(
-    const GradientCase& spec, const std::function<Tensor(std::vector<Tensor>&)>& build,
-    uint64_t seed = 1234) {
+inline void expect_gradients_match(const GradientCase& spec,
+                                   const std::function<Tensor(std::vector<Tensor>&)>& build,
+                                   uint64_t seed = 1234) {
   std::mt19937_64 generator(seed);
   Graph graph;
   std::vector<Tensor> inputs;

@@ -85,9 +85,13 @@ void expect_parity(const std::string& architecture, int64_t batch, int steps, do
   std::filesystem::remove_all(directory);
 }
 
-TEST(PytorchParity, CnnFiftyAdamSteps) { expect_parity("cnn", 16, 50, 1e-3); }
+TEST(PytorchParity, CnnFiftyAdamSteps) {
+  expect_parity("cnn", 16, 50, 1e-3);
+}
 
-TEST(PytorchParity, MlpFiftyAdamSteps) { expect_parity("mlp", 16, 50, 1e-3); }
+TEST(PytorchParity, MlpFiftyAdamSteps) {
+  expect_parity("mlp", 16, 50, 1e-3);
+}
 
 }  // namespace
 }  // namespace mg

@@ -29,16 +29,32 @@ Graph random_graph(uint64_t seed, Environment& environment) {
     const Tensor a = pool[generator() % pool.size()];
     const Tensor b = pool[generator() % pool.size()];
     switch (generator() % 8) {
-      case 0: pool.push_back(a + b); break;
-      case 1: pool.push_back(a * b); break;
-      case 2: pool.push_back(tanh(a) - b); break;
+      case 0:
+        pool.push_back(a + b);
+        break;
+      case 1:
+        pool.push_back(a * b);
+        break;
+      case 2:
+        pool.push_back(tanh(a) - b);
+        break;
       // The same expression twice: CSE merges it.
-      case 3: pool.push_back((a * 2.0) + (a * 2.0)); break;
+      case 3:
+        pool.push_back((a * 2.0) + (a * 2.0));
+        break;
       // Constant arithmetic: folding replaces it by one constant.
-      case 4: pool.push_back(a + (scalar(graph, 3.0) * scalar(graph, 0.5))); break;
-      case 5: pool.push_back(matmul(a, b, false, true) * 0.1 + scalar(graph, 1.0)); break;
-      case 6: pool.push_back(broadcast_to(sum(a, {1}, true), {4, 5})); break;
-      default: pool.push_back(sigmoid(a) * b); break;  // may stay unused: DCE drops it
+      case 4:
+        pool.push_back(a + (scalar(graph, 3.0) * scalar(graph, 0.5)));
+        break;
+      case 5:
+        pool.push_back(matmul(a, b, false, true) * 0.1 + scalar(graph, 1.0));
+        break;
+      case 6:
+        pool.push_back(broadcast_to(sum(a, {1}, true), {4, 5}));
+        break;
+      default:
+        pool.push_back(sigmoid(a) * b);
+        break;  // may stay unused: DCE drops it
     }
     if (pool.back().shape() != Shape{4, 5}) pool.pop_back();
   }

@@ -20,8 +20,8 @@ double saving(const plan::Program& program) {
 }
 
 TEST(Planner, TrainingReusesAtLeastFortyPercent) {
-  const plan::Program program =
-      plan_for(models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}));
+  const plan::Program program = plan_for(
+      models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}));
   EXPECT_GT(saving(program), 0.40) << plan::describe_memory(program);
 }
 
@@ -31,7 +31,8 @@ Graph deep_mlp(int64_t batch, int64_t layers, bool training) {
   Tensor x = input(graph, "x", {batch, 256});
   for (int64_t layer = 0; layer < layers; ++layer) {
     const std::string name = "model.layers." + std::to_string(layer);
-    const Tensor weight = parameter(graph, name + ".weight", {256, 256}, Init::uniform(-0.06, 0.06));
+    const Tensor weight =
+        parameter(graph, name + ".weight", {256, 256}, Init::uniform(-0.06, 0.06));
     const Tensor bias = parameter(graph, name + ".bias", {256}, Init::zeros());
     x = gelu(linear(x, weight, bias));
   }
@@ -77,8 +78,8 @@ TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
         const plan::Region& x = launch.regions[a];
         const plan::Region& y = launch.regions[b];
         if (launch.launch.operands[a].value == launch.launch.operands[b].value) continue;
-        const bool overlap = x.arena == y.arena && x.offset < y.offset + y.bytes &&
-                             y.offset < x.offset + x.bytes;
+        const bool overlap =
+            x.arena == y.arena && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
         // The one legal overlap: a pointwise kernel writing in place over an input of its shape.
         const bool exact_in_place = launch.launch.kernel == "pointwise" &&
                                     b == launch.regions.size() - 1 && x.offset == y.offset &&
