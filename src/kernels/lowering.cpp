@@ -12,7 +12,7 @@ const std::unordered_map<std::string_view, LoweringFunction>& lowering_table() {
   static const auto table = [] {
     std::unordered_map<std::string_view, LoweringFunction> entries;
     for (const auto& family : {pointwise_lowerings(), layout_lowerings(), reduction_lowerings(),
-                               gemm_lowerings(), nn_lowerings(), conv_lowerings(), pool_lowerings(),
+                               gemm_lowerings(), conv_lowerings(), pool_lowerings(),
                                norm_lowerings(), attention_lowerings(), loss_lowerings()}) {
       for (const LoweringEntry& entry : family) entries.emplace(entry.op, entry.lower);
     }

@@ -82,7 +82,6 @@ std::vector<LoweringEntry> pointwise_lowerings();
 std::vector<LoweringEntry> layout_lowerings();
 std::vector<LoweringEntry> reduction_lowerings();
 std::vector<LoweringEntry> gemm_lowerings();
-std::vector<LoweringEntry> nn_lowerings();
 std::vector<LoweringEntry> conv_lowerings();
 std::vector<LoweringEntry> pool_lowerings();
 std::vector<LoweringEntry> norm_lowerings();
