@@ -21,26 +21,41 @@ struct OptimizerConfig {
   int64_t warmup_steps = 0;  // linear warmup length (linear_warmup and cosine)
   int64_t total_steps = 0;   // cosine: steps until min_learning_rate
   double min_learning_rate = 0.0;
+  // Gradient accumulation: each run of the training graph is one micro-step; gradients are summed
+  // over `accumulation_steps` micro-steps and their mean is applied as one optimizer update on
+  // the last of them (clipping sees that mean, as in PyTorch with a loss scaled by 1/N). The
+  // graph stays static: every run computes the update and kApplyUpdateInput selects whether it
+  // is kept. 1 turns it off and builds exactly the graph without the feature.
+  int64_t accumulation_steps = 1;
 };
 
 std::string optimizer_name(OptimizerConfig::Kind kind);          // "sgd", "adam", "adamw"
 OptimizerConfig::Kind parse_optimizer(const std::string& name);  // throws mg::Error
 
-// The learning rate of step `step` (0 for the first update).
+// The learning rate of optimizer update `step` (0 for the first update). With gradient
+// accumulation this counts updates, not micro-steps (warmup_steps and total_steps too).
 double learning_rate_at(const OptimizerConfig& config, int64_t step);
 
 // Scalar inputs the training graph reads each step; fill them with optimizer_inputs().
 inline constexpr const char* kLearningRateInput = "optimizer.learning_rate";
 inline constexpr const char* kBiasCorrection1Input = "optimizer.bias_correction1";
 inline constexpr const char* kBiasCorrection2Input = "optimizer.bias_correction2";
+// Only when accumulation_steps > 1: 1 on the micro-step that applies the accumulated update,
+// 0 on the others.
+inline constexpr const char* kApplyUpdateInput = "optimizer.apply_update";
 
-// Values of those inputs for step `step` (0-based): name -> value.
+// Values of those inputs for run `step` (0-based) of the training graph: name -> value. `step`
+// counts graph runs, i.e. micro-steps; with accumulation_steps == N, run `step` belongs to
+// optimizer update step / N (which drives the schedule and Adam's bias corrections) and applies
+// it when step % N == N - 1. Without accumulation runs and updates are the same.
 std::map<std::string, double> optimizer_inputs(const OptimizerConfig& config, int64_t step);
 
 struct TrainingGraph {
   ValueId loss = kNoValue;
   std::map<ValueId, ValueId> gradients;  // parameter -> gradient
-  ValueId gradient_norm = kNoValue;      // set when clipping is on
+  // Set when clipping is on. With accumulation: the norm of the mean gradient of the group so
+  // far, which is the clipped one on the micro-step that applies the update.
+  ValueId gradient_norm = kNoValue;
 };
 
 // Appends gradients of `loss` (a scalar) for every parameter, clipping, and the update of every

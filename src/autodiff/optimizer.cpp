@@ -41,13 +41,33 @@ double learning_rate_at(const OptimizerConfig& config, int64_t step) {
          0.5 * (base - config.min_learning_rate) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+namespace {
+
+void check_accumulation(const OptimizerConfig& config) {
+  if (config.accumulation_steps < 1) {
+    throw Error("accumulation_steps must be at least 1, got " +
+                std::to_string(config.accumulation_steps));
+  }
+}
+
+}  // namespace
+
 std::map<std::string, double> optimizer_inputs(const OptimizerConfig& config, int64_t step) {
-  const double t = static_cast<double>(step + 1);
-  return {
-      {kLearningRateInput, learning_rate_at(config, step)},
+  check_accumulation(config);
+  // Every micro-step of a group sees the values of the update the group makes, so whichever
+  // micro-step applies it (the last) uses the right learning rate and bias corrections.
+  const int64_t update = step / config.accumulation_steps;
+  const double t = static_cast<double>(update + 1);
+  std::map<std::string, double> values{
+      {kLearningRateInput, learning_rate_at(config, update)},
       {kBiasCorrection1Input, 1.0 / (1.0 - std::pow(config.beta1, t))},
       {kBiasCorrection2Input, 1.0 / (1.0 - std::pow(config.beta2, t))},
   };
+  if (config.accumulation_steps > 1) {
+    const bool last = step % config.accumulation_steps == config.accumulation_steps - 1;
+    values[kApplyUpdateInput] = last ? 1.0 : 0.0;
+  }
+  return values;
 }
 
 namespace {
@@ -65,10 +85,36 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   const std::vector<ValueId> parameters = graph.leaves("parameter");
   if (parameters.empty()) throw Error("training: the graph has no parameters");
 
+  check_accumulation(config);
+
   TrainingGraph training;
   training.loss = loss;
   training.gradients = gradients(graph, loss, parameters);
   graph.set_output("loss", loss);
+
+  // With accumulation the optimizer below sees the mean gradient of the group so far, and every
+  // state it writes (parameters, moments) is selected with `apply`: where() copies the old value
+  // bit for bit on the micro-steps that do not apply, which a 0/1 blend would not for inf/NaN.
+  const bool accumulate = config.accumulation_steps > 1;
+  Tensor apply;
+  std::map<ValueId, Tensor> optimizer_gradients;  // parameter -> gradient the update uses
+  if (accumulate) apply = input(graph, kApplyUpdateInput, {});
+  for (ValueId parameter_id : parameters) {
+    Tensor grad{&graph, training.gradients[parameter_id]};
+    if (accumulate) {
+      const Node parameter_node = graph.node(parameter_id);
+      const Tensor accumulated = state_like(graph, parameter_node, "accumulated_gradient");
+      const Tensor total = accumulated + grad;
+      graph.assign(accumulated.id(),
+                   where(apply, scalar(graph, 0.0, parameter_node.type.dtype), total).id());
+      grad = total / static_cast<double>(config.accumulation_steps);
+    }
+    optimizer_gradients[parameter_id] = grad;
+  }
+  // Keeps `current` unless this run applies the update.
+  const auto select = [&](const Tensor& updated, const Tensor& current) {
+    return accumulate ? where(apply, updated, current) : updated;
+  };
 
   const Tensor learning_rate = input(graph, kLearningRateInput, {});
   Tensor bias_correction1, bias_correction2;
@@ -81,7 +127,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   if (config.clip_norm > 0) {
     Tensor squared_sum;
     for (ValueId parameter : parameters) {
-      const Tensor grad{&graph, training.gradients[parameter]};
+      const Tensor grad = optimizer_gradients[parameter];
       const Tensor part = sum_all(square(grad));
       squared_sum = squared_sum.valid() ? squared_sum + part : part;
     }
@@ -94,7 +140,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   for (ValueId parameter_id : parameters) {
     const Node parameter_node = graph.node(parameter_id);
     const Tensor parameter{&graph, parameter_id};
-    Tensor grad{&graph, training.gradients[parameter_id]};
+    Tensor grad = optimizer_gradients[parameter_id];
     if (clip_scale.valid()) grad = grad * clip_scale;
     if (config.weight_decay > 0 && config.kind != OptimizerConfig::Kind::adamw) {
       grad = grad + parameter * config.weight_decay;
@@ -105,7 +151,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
       if (config.momentum > 0) {
         const Tensor buffer = state_like(graph, parameter_node, "momentum");
         const Tensor new_buffer = buffer * config.momentum + grad;
-        graph.assign(buffer.id(), new_buffer.id());
+        graph.assign(buffer.id(), select(new_buffer, buffer).id());
         direction = config.nesterov ? grad + new_buffer * config.momentum : new_buffer;
       }
       updated = parameter - learning_rate * direction;
@@ -114,8 +160,8 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
       const Tensor v = state_like(graph, parameter_node, "v");
       const Tensor new_m = m * config.beta1 + grad * (1.0 - config.beta1);
       const Tensor new_v = v * config.beta2 + square(grad) * (1.0 - config.beta2);
-      graph.assign(m.id(), new_m.id());
-      graph.assign(v.id(), new_v.id());
+      graph.assign(m.id(), select(new_m, m).id());
+      graph.assign(v.id(), select(new_v, v).id());
       const Tensor step =
           (new_m * bias_correction1) / (sqrt(new_v * bias_correction2) + config.eps);
       Tensor decayed = parameter;
@@ -124,7 +170,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
       }
       updated = decayed - learning_rate * step;
     }
-    graph.assign(parameter_id, updated.id());
+    graph.assign(parameter_id, select(updated, parameter).id());
   }
   return training;
 }

@@ -38,6 +38,9 @@ and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint
   --schedule NAME       constant, warmup or cosine (default constant)
   --warmup N            warmup steps for warmup and cosine (default 0)
   --clip X              global gradient-norm clipping, 0 = off (default 0)
+  --accumulate N        gradient accumulation: apply the mean gradient of N batches as one
+                        update (effective batch N x --batch; default 1). Steps below still
+                        count batches; --warmup and the schedule count updates
   --seed N              initialisation and shuffling seed (default 0)
   --device SEL          device index or part of its name (default: best available)
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
@@ -75,7 +78,10 @@ OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps) 
   config.momentum = arguments.real("momentum", 0.9);
   config.clip_norm = arguments.real("clip", 0.0);
   config.warmup_steps = arguments.integer("warmup", 0);
-  config.total_steps = total_steps;
+  config.accumulation_steps = arguments.integer("accumulate", 1);
+  if (config.accumulation_steps <= 0) throw Error("--accumulate must be positive");
+  // The schedule runs over optimizer updates, and a final incomplete group never applies.
+  config.total_steps = std::max<int64_t>(1, total_steps / config.accumulation_steps);
   const std::string schedule = arguments.text("schedule", "constant");
   if (schedule == "constant") {
     config.schedule = OptimizerConfig::Schedule::constant;
@@ -91,10 +97,15 @@ OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps) 
 }
 
 nlohmann::json optimizer_json(const OptimizerConfig& config) {
-  return {{"kind", optimizer_name(config.kind)}, {"learning_rate", config.learning_rate},
-          {"weight_decay", config.weight_decay}, {"momentum", config.momentum},
-          {"clip_norm", config.clip_norm},       {"warmup_steps", config.warmup_steps},
-          {"total_steps", config.total_steps},   {"schedule", static_cast<int>(config.schedule)}};
+  return {{"kind", optimizer_name(config.kind)},
+          {"learning_rate", config.learning_rate},
+          {"weight_decay", config.weight_decay},
+          {"momentum", config.momentum},
+          {"clip_norm", config.clip_norm},
+          {"warmup_steps", config.warmup_steps},
+          {"total_steps", config.total_steps},
+          {"schedule", static_cast<int>(config.schedule)},
+          {"accumulation_steps", config.accumulation_steps}};
 }
 
 // One status line, redrawn in place on a terminal and printed every few seconds otherwise.
@@ -135,8 +146,8 @@ bool running_on_cpu_device(const std::string& selector) {
 int train_command(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura train", words,
                             {"out", "model", "epochs", "limit", "batch", "lr", "optimizer",
-                             "weight-decay", "momentum", "schedule", "warmup", "clip", "seed",
-                             "device", "data", "resume", "checkpoint-every", "trace"},
+                             "weight-decay", "momentum", "schedule", "warmup", "clip", "accumulate",
+                             "seed", "device", "data", "resume", "checkpoint-every", "trace"},
                             {"help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
@@ -269,12 +280,14 @@ int train_command(const std::vector<std::string>& words) {
     if (step % 10 == 0 || step == total_steps) {
       loss_series.points.emplace_back(step, smoothed_loss);
       train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
+      // The schedule counts optimizer updates, `step` counts batches.
+      const int64_t update = (step - 1) / optimizer.accumulation_steps;
       metrics.write({{"step", step},
                      {"epoch", epoch + 1},
                      {"loss", loss},
                      {"smoothed_loss", smoothed_loss},
                      {"batch_accuracy", accuracy},
-                     {"learning_rate", learning_rate_at(optimizer, step - 1)},
+                     {"learning_rate", learning_rate_at(optimizer, update)},
                      {"images_per_second", steps_per_second * batch}});
     }
     const bool epoch_end = step % steps_per_epoch == 0;

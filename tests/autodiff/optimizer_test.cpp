@@ -128,6 +128,143 @@ TEST(Optimizer, LearningRateSchedules) {
   EXPECT_THROW(parse_optimizer("adagrad"), Error);
 }
 
+// Gradient accumulation: micro-step k of the quadratic problem uses its own target, as if each
+// were a different micro-batch; the hand computation applies the mean gradient of each group of
+// three micro-steps once, on the group's last micro-step, and leaves p alone on the others.
+const std::vector<std::vector<double>> kMicroTargets{
+    {0.5, -1.5, 2.0}, {1.5, 0.5, -1.0}, {-2.0, 1.0, 0.25},
+    {0.0, 3.0, -0.5}, {2.5, -0.5, 1.0}, {-1.0, 0.0, 4.0},
+};
+
+std::vector<double> mean_gradient(const std::vector<double>& p, size_t first) {
+  std::vector<double> mean(3, 0.0);
+  for (size_t k = first; k < first + 3; ++k) {
+    for (int i = 0; i < 3; ++i) mean[i] += (p[i] - kMicroTargets[k][i]) / 3.0;
+  }
+  return mean;
+}
+
+std::vector<double> micro_step(Quadratic& problem, const OptimizerConfig& config, int64_t index) {
+  problem.environment.leaves["target"] = HostTensor({3}, kMicroTargets[index]);
+  return problem.step(config, index);
+}
+
+TEST(Optimizer, SgdAccumulatesClippedMeanGradient) {
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::sgd;
+  config.learning_rate = 0.1;
+  config.momentum = 0.9;
+  config.clip_norm = 1.0;  // the mean gradients have norms above 1, so clipping acts on them
+  config.accumulation_steps = 3;
+  Quadratic problem(config);
+  std::vector<double> p{1.0, 2.0, -3.0}, buffer(3, 0.0);
+  for (int64_t k = 0; k < 6; ++k) {
+    const std::vector<double> got = micro_step(problem, config, k);
+    if (k % 3 == 2) {
+      const std::vector<double> g = mean_gradient(p, k - 2);
+      const double norm = std::sqrt(g[0] * g[0] + g[1] * g[1] + g[2] * g[2]);
+      ASSERT_GT(norm, 1.0);
+      const double scale = 1.0 / (norm + 1e-6);
+      for (int i = 0; i < 3; ++i) {
+        buffer[i] = 0.9 * buffer[i] + g[i] * scale;
+        p[i] -= 0.1 * buffer[i];
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got[i], p[i], 1e-12) << "micro-step " << k << " element " << i;
+    }
+  }
+}
+
+TEST(Optimizer, AdamAccumulatesMeanGradient) {
+  OptimizerConfig config;
+  config.learning_rate = 0.1;
+  config.accumulation_steps = 3;
+  Quadratic problem(config);
+  std::vector<double> p{1.0, 2.0, -3.0}, m(3, 0.0), v(3, 0.0);
+  for (int64_t k = 0; k < 6; ++k) {
+    const std::vector<double> got = micro_step(problem, config, k);
+    if (k % 3 == 2) {
+      const std::vector<double> g = mean_gradient(p, k - 2);
+      const int t = static_cast<int>(k / 3) + 1;  // updates, not micro-steps
+      for (int i = 0; i < 3; ++i) {
+        m[i] = 0.9 * m[i] + 0.1 * g[i];
+        v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i];
+        const double m_hat = m[i] / (1 - std::pow(0.9, t));
+        const double v_hat = v[i] / (1 - std::pow(0.999, t));
+        p[i] -= 0.1 * m_hat / (std::sqrt(v_hat) + 1e-8);
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got[i], p[i], 1e-12) << "micro-step " << k << " element " << i;
+    }
+  }
+}
+
+TEST(Optimizer, NonApplyingMicroStepKeepsStateExactly) {
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::adamw;
+  config.weight_decay = 0.1;
+  config.accumulation_steps = 3;
+  Quadratic problem(config);
+  // One full group first, so the moments are non-zero, then one micro-step that only
+  // accumulates: parameters and moments must keep every bit.
+  for (int64_t k = 0; k < 3; ++k) micro_step(problem, config, k);
+  const Environment before = problem.environment;
+  micro_step(problem, config, 3);
+  for (const char* name : {"p", "optimizer.p.m", "optimizer.p.v"}) {
+    ASSERT_TRUE(before.leaves.contains(name)) << name;
+    EXPECT_EQ(problem.environment.leaves.at(name).data, before.leaves.at(name).data) << name;
+  }
+  // The accumulator was reset by the applying micro-step and now holds one gradient.
+  const std::vector<double> p = before.leaves.at("p").data;
+  const std::vector<double>& accumulated =
+      problem.environment.leaves.at("optimizer.p.accumulated_gradient").data;
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(accumulated[i], p[i] - kMicroTargets[3][i], 1e-12);
+}
+
+TEST(Optimizer, AccumulationInputsCountUpdates) {
+  OptimizerConfig config;
+  config.learning_rate = 1.0;
+  config.schedule = OptimizerConfig::Schedule::linear_warmup;
+  config.warmup_steps = 4;
+  config.accumulation_steps = 3;
+  for (int64_t k = 0; k < 6; ++k) {
+    const auto values = optimizer_inputs(config, k);
+    EXPECT_EQ(values.at(kApplyUpdateInput), k % 3 == 2 ? 1.0 : 0.0) << k;
+    EXPECT_DOUBLE_EQ(values.at(kLearningRateInput), learning_rate_at(config, k / 3)) << k;
+    EXPECT_DOUBLE_EQ(values.at(kBiasCorrection1Input), 1.0 / (1.0 - std::pow(0.9, k / 3 + 1)));
+  }
+  config.accumulation_steps = 1;
+  EXPECT_FALSE(optimizer_inputs(config, 0).contains(kApplyUpdateInput));
+  config.accumulation_steps = 0;
+  EXPECT_THROW(optimizer_inputs(config, 0), Error);
+}
+
+TEST(Optimizer, NoAccumulationBuildsTheSameGraph) {
+  const auto build = [](const OptimizerConfig& config) {
+    Graph graph;
+    const Tensor p = parameter(graph, "p", {3}, Init::zeros());
+    const Tensor t = input(graph, "target", {3});
+    add_training(graph, sum_all(square(p - t) * 0.5).id(), config);
+    return graph;
+  };
+  OptimizerConfig plain;
+  plain.clip_norm = 1.0;
+  OptimizerConfig one = plain;
+  one.accumulation_steps = 1;
+  const Graph a = build(plain), b = build(one);
+  EXPECT_EQ(a.size(), b.size());
+  EXPECT_EQ(a.to_string(), b.to_string());
+  EXPECT_EQ(b.find_leaf(kApplyUpdateInput), kNoValue);
+  OptimizerConfig three = plain;
+  three.accumulation_steps = 3;
+  const Graph c = build(three);
+  EXPECT_GT(c.size(), a.size());
+  EXPECT_NE(c.find_leaf(kApplyUpdateInput), kNoValue);
+  EXPECT_NE(c.find_leaf("optimizer.p.accumulated_gradient"), kNoValue);
+}
+
 // Synthetic two-class data a small model can separate.
 double train_and_report(Graph& graph, int64_t rows, const Shape& image_shape, int steps) {
   OptimizerConfig config;
