@@ -21,6 +21,11 @@ struct SessionOptions {
   bool profile = false;      // per-dispatch GPU timestamps
   bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
   uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
+  // Testing: leave this many bytes after every value, filled with a sentinel that
+  // check_guards() verifies (turns memory reuse off). Lavapipe bounds-checks every access
+  // against the bound range, so there the guards only stay intact; on GPUs without robust
+  // buffer access (NVIDIA here) a stray write lands in them and is caught.
+  uint32_t guard_bytes = 0;
 };
 
 struct BuildReport {
@@ -67,6 +72,8 @@ class Session {
   std::vector<DispatchProfile> profile() const;     // last run, needs options.profile
   void write_trace(const std::string& path) const;  // Chrome trace JSON of the last run
   uint32_t validation_messages() const;
+  // With options.guard_bytes: throws mg::Error naming the value whose guard a kernel overwrote.
+  void check_guards() const;
 
  private:
   struct Impl;

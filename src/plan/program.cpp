@@ -88,7 +88,9 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
   };
   std::vector<std::vector<Placed>> arenas;
   std::vector<uint32_t> arena_index;
-  for (const Interval& interval : intervals) {
+  for (Interval interval : intervals) {
+    const uint64_t value_bytes = interval.bytes;
+    interval.bytes += options.guard_bytes;
     if (interval.bytes > options.arena_limit) {
       throw Error("value %" + std::to_string(interval.value) + " of type " +
                   type_string(program.graph.type(interval.value)) + " needs " +
@@ -111,7 +113,7 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
       }
       if (candidate + interval.bytes <= options.arena_limit) {
         arenas[a].push_back({candidate, interval.bytes, interval.first, interval.last});
-        program.regions[interval.value] = {arena_index[a], candidate, interval.bytes};
+        program.regions[interval.value] = {arena_index[a], candidate, value_bytes};
         placed = true;
       }
     }
@@ -119,7 +121,7 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
       arena_index.push_back(static_cast<uint32_t>(program.arenas.size()));
       program.arenas.push_back({ArenaKind::transient, 0});
       arenas.push_back({{0, interval.bytes, interval.first, interval.last}});
-      program.regions[interval.value] = {arena_index.back(), 0, interval.bytes};
+      program.regions[interval.value] = {arena_index.back(), 0, value_bytes};
     }
   }
   for (size_t a = 0; a < arenas.size(); ++a) {
@@ -145,15 +147,16 @@ void place_persistent(const std::vector<ValueId>& values, const PlanOptions& opt
   bool open = false;
   for (ValueId value : values) {
     const uint64_t bytes = std::max<uint64_t>(program.graph.type(value).bytes(), 4);
-    if (!open ||
-        align_up(program.arenas[arena].bytes, options.alignment) + bytes > options.arena_limit) {
+    const uint64_t footprint = bytes + options.guard_bytes;
+    if (!open || align_up(program.arenas[arena].bytes, options.alignment) + footprint >
+                     options.arena_limit) {
       arena = static_cast<uint32_t>(program.arenas.size());
       program.arenas.push_back({ArenaKind::persistent, 0});
       open = true;
     }
     const uint64_t offset = align_up(program.arenas[arena].bytes, options.alignment);
     program.regions[value] = {arena, offset, bytes};
-    program.arenas[arena].bytes = offset + bytes;
+    program.arenas[arena].bytes = offset + footprint;
     program.memory.persistent_bytes += bytes;
   }
 }

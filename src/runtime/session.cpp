@@ -24,15 +24,19 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info) {
   return traits;
 }
 
-plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, bool reuse_memory) {
+plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOptions& session) {
   plan::PlanOptions options;
-  options.reuse_memory = reuse_memory;
+  options.reuse_memory = session.reuse_memory && session.guard_bytes == 0;
+  options.guard_bytes = session.guard_bytes;
   options.arena_limit =
       std::min(info.caps.max_storage_buffer_range, info.caps.max_memory_allocation_size);
   options.alignment = std::max<uint64_t>(256, info.caps.min_storage_buffer_offset_alignment);
   options.split_weight_gradients = info.kind != gpu::DeviceKind::cpu;
   return options;
 }
+
+// Written into every guard: a NaN pattern no kernel produces by accident.
+constexpr uint32_t kGuardWord = 0x7fbadbad;
 
 // A host-visible staging slot of one value.
 struct StagingSlot {
@@ -54,6 +58,7 @@ struct Session::Impl {
   gpu::RecordingId recording = 0;
   bool profile = false;
   bool has_run = false;
+  uint32_t guard_bytes = 0;
   BuildReport report;
 
   gpu::BufferRange range_of(ValueId value) const {
@@ -185,8 +190,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.device = gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
-  impl.program =
-      plan::build_program(graph, traits_of(info), plan_options_of(info, options.reuse_memory));
+  impl.program = plan::build_program(graph, traits_of(info), plan_options_of(info, options));
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
@@ -216,6 +220,14 @@ Session::Session(const Graph& graph, const SessionOptions& options)
       if (!impl.program.regions.count(leaf)) continue;
       impl.persistent_by_name[planned.node(leaf).name] = leaf;
       impl.persistent_names.push_back(planned.node(leaf).name);
+    }
+  }
+  impl.guard_bytes = options.guard_bytes;
+  if (impl.guard_bytes > 0) {
+    for (size_t a = 0; a < impl.arena_buffers.size(); ++a) {
+      const std::vector<uint32_t> sentinel(impl.program.arenas[a].bytes / 4, kGuardWord);
+      impl.device->write_buffer(impl.arena_buffers[a], 0,
+                                std::as_bytes(std::span<const uint32_t>(sentinel)));
     }
   }
   impl.upload_persistent(graph, options.seed);
@@ -331,6 +343,28 @@ void Session::write_trace(const std::string& path) const {
 
 uint32_t Session::validation_messages() const {
   return impl_->device->validation_message_count();
+}
+
+void Session::check_guards() const {
+  const Impl& impl = *impl_;
+  if (impl.guard_bytes == 0) throw Error("check_guards needs a session built with guard_bytes");
+  std::vector<std::vector<uint32_t>> arenas;
+  for (size_t a = 0; a < impl.arena_buffers.size(); ++a) {
+    arenas.emplace_back(impl.program.arenas[a].bytes / 4);
+    impl.device->read_buffer(impl.arena_buffers[a], 0,
+                             std::as_writable_bytes(std::span(arenas.back())));
+  }
+  for (const auto& [value, region] : impl.program.regions) {
+    const uint64_t first = (region.offset + region.bytes) / 4;
+    for (uint64_t word = first; word < first + impl.guard_bytes / 4; ++word) {
+      if (arenas[region.arena][word] != kGuardWord) {
+        const Node& node = impl.program.graph.node(value);
+        throw Error("a kernel wrote past %" + std::to_string(value) + " (" + node.op + ", " +
+                    type_string(node.type) + "): guard word " + std::to_string(word - first) +
+                    " was overwritten");
+      }
+    }
+  }
 }
 
 }  // namespace mg

@@ -60,6 +60,7 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
   const std::vector<HostTensor> reference = evaluate(graph, environment);
 
   options.validation = true;
+  options.guard_bytes = 64;  // catches kernels writing past their outputs
   Session session(graph, options);
   for (const HarnessInput& spec : inputs) {
     if (!session.has_input(spec.name)) continue;
@@ -80,6 +81,7 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
                                 << type_string(graph.type(id));
     worst = std::max(worst, error);
   }
+  EXPECT_NO_THROW(session.check_guards());
   EXPECT_EQ(session.validation_messages(), 0u);
   return worst;
 }
