@@ -26,6 +26,7 @@ constexpr int kTitleScale = 2;
 constexpr int kLabelScale = 2;
 constexpr int kTickScale = 1;
 constexpr int kLegendScale = 1;
+constexpr size_t kMarkedSeriesLength = 20;
 
 struct Rect {
   int left, top, right, bottom;  // right and bottom exclusive
@@ -191,8 +192,11 @@ void draw_panel(Canvas& canvas, const ChartPanel& panel, Rect area) {
       const double x = to_x(points[i].first), y = to_y(points[i].second);
       if (i > 0 && finite(points[i - 1])) {
         canvas.line(to_x(points[i - 1].first), to_y(points[i - 1].second), x, y, color);
-      } else {
-        canvas.line(x, y, x, y, color);  // a lone point still shows
+      }
+      // Short series (one test accuracy per epoch) get markers so single points show.
+      if (points.size() <= kMarkedSeriesLength) {
+        const int px = static_cast<int>(x), py = static_cast<int>(y);
+        canvas.fill({px - 2, py - 2, px + 3, py + 3}, color);
       }
     }
   }
@@ -204,15 +208,39 @@ void draw_panel(Canvas& canvas, const ChartPanel& panel, Rect area) {
   canvas.text(area.left + 4, (plot.top + plot.bottom + text_width(panel.y_label, kLabelScale)) / 2,
               panel.y_label, kLabelScale, kInk, /*vertical=*/true);
 
-  // Legend in the top-right corner of the plot.
+  // Legend in a right-hand corner of the plot.
   size_t longest = 0;
   for (const Series& series : panel.series) longest = std::max(longest, series.name.size());
   if (panel.series.empty() || longest == 0) return;
   const int row_height = kGlyphHeight * kLegendScale + 6;
   const int swatch = 16;
   const int legend_width = swatch + 14 + text_width(std::string(longest, ' '), kLegendScale) + 8;
-  const Rect legend{plot.right - legend_width - 8, plot.top + 8, plot.right - 8,
-                    plot.top + 8 + 6 + row_height * static_cast<int>(panel.series.size())};
+  const int legend_height = 6 + row_height * static_cast<int>(panel.series.size());
+  // Top-right unless more data lies there than in the bottom-right corner.
+  const Rect top_right{plot.right - legend_width - 8, plot.top + 8, plot.right - 8,
+                       plot.top + 8 + legend_height};
+  const Rect bottom_right{top_right.left, plot.bottom - 8 - legend_height, top_right.right,
+                          plot.bottom - 8};
+  // How much of the drawn data a box would hide: samples along every segment, with a margin.
+  auto points_inside = [&](const Rect& box) {
+    int count = 0;
+    for (const Series& series : panel.series) {
+      for (size_t i = 0; i < series.points.size(); ++i) {
+        if (!finite(series.points[i])) continue;
+        const auto& from =
+            i > 0 && finite(series.points[i - 1]) ? series.points[i - 1] : series.points[i];
+        for (int t = 0; t <= 16; ++t) {
+          const double x = to_x(from.first + (series.points[i].first - from.first) * t / 16.0);
+          const double y = to_y(from.second + (series.points[i].second - from.second) * t / 16.0);
+          count +=
+              x >= box.left - 8 && x <= box.right + 8 && y >= box.top - 8 && y <= box.bottom + 8;
+        }
+      }
+    }
+    return count;
+  };
+  const Rect legend =
+      points_inside(top_right) > points_inside(bottom_right) ? bottom_right : top_right;
   canvas.fill(legend, kBackground);
   canvas.outline(legend, kInk);
   for (size_t s = 0; s < panel.series.size(); ++s) {

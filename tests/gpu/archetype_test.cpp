@@ -58,3 +58,19 @@ TEST(GpuArchetypes, GemmTileSizes) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+
+// The kill switch for pointwise fusion: one dispatch per elementwise op gives the same values.
+TEST(GpuArchetypes, PointwiseChainUnfused) {
+  setenv("MEGANEURA_NO_FUSION", "1", 1);
+  testing::check_on_gpu({{"a", {3, 5, 7}}, {"b", {5, 1}}},
+                        [](Graph& graph, std::vector<Tensor>& x) {
+                          graph.set_output("y", (relu(x[0] * x[1] + 0.5) - exp(x[1])).id());
+                        });
+  unsetenv("MEGANEURA_NO_FUSION");
+}
+
+}  // namespace
+}  // namespace mg
