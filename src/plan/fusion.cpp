@@ -43,7 +43,8 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_
 
 }  // namespace
 
-std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device) {
+std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device,
+                                         size_t* fused_away) {
   std::vector<int> consumers(graph.size(), 0);
   std::vector<ValueId> consumer_of(graph.size(), kNoValue);
   for (size_t i = 0; i < graph.size(); ++i) {
@@ -91,6 +92,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     bound_inputs[i] = count;
   }
 
+  if (fused_away)
+    *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true);
   std::vector<kernels::Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];

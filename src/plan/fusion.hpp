@@ -10,6 +10,8 @@ namespace mg::plan {
 
 // Launches for every non-leaf, non-view node in order; fused producers emit nothing.
 // MEGANEURA_NO_FUSION=1 turns fusion off.
-std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device);
+// `fused_away` receives how many dispatches fusion saved.
+std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device,
+                                         size_t* fused_away = nullptr);
 
 }  // namespace mg::plan

@@ -207,7 +207,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   verify(program.graph);
   const Graph& graph = program.graph;
 
-  for (kernels::Launch& launch : lower_graph(graph, device)) {
+  for (kernels::Launch& launch : lower_graph(graph, device, &program.dispatches_saved_by_fusion)) {
     program.launches.push_back({std::move(launch), {}, false});
   }
 
@@ -296,8 +296,9 @@ std::string describe_memory(const Program& program) {
   std::string text;
   text += "nodes: " + std::to_string(program.graph_nodes_before_passes) + " before passes, " +
           std::to_string(program.graph.size()) + " after\n";
-  text += "dispatches: " + std::to_string(program.launches.size()) +
-          ", barriers: " + std::to_string(memory.barriers) + "\n";
+  text += "dispatches: " + std::to_string(program.launches.size()) + " (" +
+          std::to_string(program.launches.size() + program.dispatches_saved_by_fusion) +
+          " before fusion), barriers: " + std::to_string(memory.barriers) + "\n";
   text += "persistent: " + mib(memory.persistent_bytes) + "\n";
   text += "transient logical: " + mib(memory.logical_transient_bytes) + "\n";
   text += "transient physical: " + mib(memory.physical_transient_bytes);

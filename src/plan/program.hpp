@@ -63,6 +63,7 @@ struct Program {
   std::vector<ValueId> persistent;  // parameters, state, constants
   MemoryStats memory;
   size_t graph_nodes_before_passes = 0;
+  size_t dispatches_saved_by_fusion = 0;
 };
 
 // Optimises, lowers and plans `graph`. Throws mg::Error when an op has no kernel or a single
