@@ -58,6 +58,9 @@ struct Node {
   std::shared_ptr<const std::vector<double>> data;  // constants with explicit values
 
   bool is_leaf() const;
+  // A constant whose every element is attrs "value" (no explicit data): passes fold it and
+  // kernels inline it as a literal.
+  bool is_uniform_constant() const;
 };
 
 // How a parameter or state leaf is initialised before training.

@@ -10,6 +10,10 @@ bool Node::is_leaf() const {
   return op == "input" || op == "parameter" || op == "state" || op == "constant";
 }
 
+bool Node::is_uniform_constant() const {
+  return op == "constant" && !data && attrs.has("value");
+}
+
 Init leaf_init(const Node& leaf) {
   Init init;
   init.kind = static_cast<Init::Kind>(leaf.attrs.get_int("init", 0));

@@ -107,11 +107,6 @@ std::string substitute(const std::string& expression, const std::vector<std::str
   return text;
 }
 
-// A constant filled with one value becomes a literal instead of a buffer.
-bool is_uniform_constant(const Node& node) {
-  return node.op == "constant" && !node.data && node.attrs.has("value");
-}
-
 }  // namespace
 
 bool is_pointwise_op(std::string_view op) {
@@ -142,7 +137,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   std::vector<std::string> input_expressions;
   for (size_t k = 0; k < dag.inputs.size(); ++k) {
     const Node& input_node = graph.node(dag.inputs[k]);
-    if (is_uniform_constant(input_node)) {
+    if (input_node.is_uniform_constant()) {
       input_expressions.push_back(glsl_float(input_node.attrs.get_float("value")));
       continue;
     }

@@ -129,6 +129,14 @@ int64_t positive_int_attr(const Graph& graph, const Node& node, std::string_view
   return value;
 }
 
+// Shape inference shared by max_pool2d and avg_pool2d: x [N, C, H, W] -> [N, C, OH, OW].
+TensorType infer_pooled(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  expect_floating(graph, node, 0, 4);
+  const TensorType& x = graph.type(node.inputs[0]);
+  return TensorType{x.dtype, checked_pool_geometry(graph, node, x.shape).output_shape()};
+}
+
 }  // namespace
 
 void register_pool_ops(std::vector<OpDef>& registry) {
@@ -136,13 +144,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
   // attrs: kernel [2], stride [2] (default kernel), padding [2] (each <= kernel / 2).
   registry.push_back(OpDef{
       .name = "max_pool2d",
-      .infer =
-          [](const Graph& graph, const Node& node) {
-            expect_input_count(graph, node, 1);
-            expect_floating(graph, node, 0, 4);
-            const TensorType& x = graph.type(node.inputs[0]);
-            return TensorType{x.dtype, checked_pool_geometry(graph, node, x.shape).output_shape()};
-          },
+      .infer = infer_pooled,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const PoolGeometry g = pool_geometry(node.attrs, in[0]->shape);
@@ -188,13 +190,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
   // (divisor = kernel area). attrs: kernel [2], stride [2] (default kernel), padding [2].
   registry.push_back(OpDef{
       .name = "avg_pool2d",
-      .infer =
-          [](const Graph& graph, const Node& node) {
-            expect_input_count(graph, node, 1);
-            expect_floating(graph, node, 0, 4);
-            const TensorType& x = graph.type(node.inputs[0]);
-            return TensorType{x.dtype, checked_pool_geometry(graph, node, x.shape).output_shape()};
-          },
+      .infer = infer_pooled,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const PoolGeometry g = pool_geometry(node.attrs, in[0]->shape);

@@ -13,10 +13,6 @@ ValueId copy_node(Graph& target, ValueId, Node node) {
   return target.add_typed(std::move(node));
 }
 
-bool is_uniform_constant(const Node& node) {
-  return node.op == "constant" && !node.data && node.attrs.has("value");
-}
-
 }  // namespace
 
 Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
@@ -62,7 +58,7 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap) {
         bool foldable = !node.is_leaf() && !node.inputs.empty() && is_floating(node.type.dtype) &&
                         find_op(node.op) && find_op(node.op)->reference;
         for (ValueId input : node.inputs)
-          foldable = foldable && is_uniform_constant(target.node(input));
+          foldable = foldable && target.node(input).is_uniform_constant();
         if (!foldable) return target.add_typed(std::move(node));
         // Uniform inputs give a uniform result for every elementwise op; evaluate one element
         // on scalar stand-ins and check the op kept the shape rules (same-shape result).
