@@ -2,7 +2,8 @@
 // transposes when TRANSPOSE_A / TRANSPOSE_B is 1. Each workgroup computes a TILE x TILE block of
 // C; each thread a WORK x WORK sub-block strided by 16 so shared-memory reads do not conflict.
 // Defines: M, N, K, TRANSPOSE_A, TRANSPOSE_B, WORK (2, 4 or 8), TILE_K.
-// Generated: a_offset(batch), b_offset(batch).
+// Generated: a_offset(batch), b_offset(batch), and store_c(batch, row, col, value), which writes
+// one element of C (and applies any fused epilogue); called only with in-range row and col.
 #define THREADS_PER_SIDE 16
 #define TILE (THREADS_PER_SIDE * WORK)
 
@@ -72,13 +73,12 @@ void main() {
     barrier();
   }
 
-  uint base_c = batch * M * N;
   for (uint i = 0; i < WORK; ++i) {
     uint row = row0 + thread_row + i * THREADS_PER_SIDE;
     if (row >= M) continue;
     for (uint j = 0; j < WORK; ++j) {
       uint col = col0 + thread_col + j * THREADS_PER_SIDE;
-      if (col < N) c[base_c + row * N + col] = accumulator[i][j];
+      if (col < N) store_c(batch, row, col, accumulator[i][j]);
     }
   }
 }

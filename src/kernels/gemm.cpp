@@ -46,6 +46,13 @@ std::string batch_offset_function(const std::string& name, const Shape& operand,
   return text + ";\n}\n";
 }
 
+// `void store_c(uint batch, uint row, uint col, float value)`: writes one element of the
+// row-major [batch, m, n] result `c`. Every GEMM kernel stores through it.
+std::string matmul_store_function(int64_t m, int64_t n) {
+  return "void store_c(uint z, uint m, uint n, float value) { c[(z * " + glsl_uint(m) +
+         " + m) * " + glsl_uint(n) + " + n] = value; }\n";
+}
+
 void lower_matmul(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& a_shape = context.input_type(0).shape;
@@ -69,8 +76,7 @@ void lower_matmul(LoweringContext& context) {
                      batch_offset_function("b_offset", b_shape, batch_shape) +
                      "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t +
                      "]; }\n" + "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " +
-                     u + "]; }\n" + "void store_c(uint z, uint m, uint n, float value) { c[(z * " +
-                     glsl_uint(m) + " + m) * " + glsl_uint(n) + " + n] = value; }\n";
+                     u + "]; }\n" + matmul_store_function(m, n);
     emit_cpu_gemm(
         context, gemm,
         {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}});
@@ -83,7 +89,7 @@ void lower_matmul(LoweringContext& context) {
   launch.kernel = "gemm";
   launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
-                std::string(kernel_source("gemm.comp"));
+                matmul_store_function(m, n) + std::string(kernel_source("gemm.comp"));
   launch.defines = {{"M", glsl_uint(m)},
                     {"N", glsl_uint(n)},
                     {"K", glsl_uint(k)},
