@@ -1,5 +1,9 @@
 """Joins the JSON lines of `meganeura bench kernels` and bench/kernels_pytorch.py into one table
-with the ratio ours / PyTorch (time ratio: below 1 means Meganeura is faster)."""
+with the ratio ours / PyTorch (time ratio: below 1 means Meganeura is faster). Memory-bound rows
+also show each side's GB/s as a percentage of its own measured copy bandwidth (the "copy" case).
+
+Usage: python3 bench/compare.py MEGANEURA.jsonl PYTORCH.jsonl [--markdown]
+"""
 import json
 import sys
 
@@ -10,16 +14,54 @@ def load(path):
         line = line.strip()
         if line.startswith("{"):
             record = json.loads(line)
-            rows[record["case"]] = record
+            if "case" in record:
+                rows[record["case"]] = record
     return rows
 
 
-ours, theirs = load(sys.argv[1]), load(sys.argv[2])
-print(f"{'case':34} {'meganeura ms':>12} {'pytorch ms':>11} {'ratio':>7} {'ours rate':>12}")
-for name, record in ours.items():
-    other = theirs.get(name)
-    rate = f"{record['gflops']:.0f} GFLOP/s" if "gflops" in record else f"{record['gbps']:.0f} GB/s"
-    if other:
-        print(f"{name:34} {record['ms']:12.4f} {other['ms']:11.4f} {record['ms'] / other['ms']:7.2f} {rate:>12}")
-    else:
-        print(f"{name:34} {record['ms']:12.4f} {'-':>11} {'-':>7} {rate:>12}")
+def copy_rate(rows):
+    return next((r["gbps"] for name, r in rows.items() if name.startswith("copy")), None)
+
+
+def rate(record):
+    if "gflops" in record:
+        if record["gflops"] < 1e3:
+            return f"{record['gflops']:.1f} GFLOP/s"
+        return f"{record['gflops'] / 1e3:.1f} TFLOP/s"
+    return f"{record['gbps']:.0f} GB/s"
+
+
+def percent_of_copy(record, copy):
+    if record is None or "gbps" not in record or copy is None:
+        return "-"
+    return f"{100 * record['gbps'] / copy:.0f} %"
+
+
+def main():
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    markdown = "--markdown" in sys.argv
+    ours, theirs = load(paths[0]), load(paths[1])
+    ours_copy, theirs_copy = copy_rate(ours), copy_rate(theirs)
+    header = ["case", "meganeura ms", "pytorch ms", "ratio", "meganeura rate", "pytorch rate",
+              "ours % copy", "torch % copy"]
+    rows = []
+    for name, record in ours.items():
+        other = theirs.get(name)
+        rows.append([name, f"{record['ms']:.4f}", f"{other['ms']:.4f}" if other else "-",
+                     f"{record['ms'] / other['ms']:.2f}" if other else "-", rate(record),
+                     rate(other) if other else "-", percent_of_copy(record, ours_copy),
+                     percent_of_copy(other, theirs_copy)])
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("| --- |" + " ---: |" * (len(header) - 1))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+    for row in [header] + rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        print("  ".join(cells))
+
+
+if __name__ == "__main__":
+    main()

@@ -26,9 +26,17 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   grep -E "PASSED|FAILED" "$out/test_gpu.txt" | sort | uniq -c
 fi
 if [ "${RUN_KERNELS:-1}" = 1 ]; then
-  $bin/meganeura bench kernels > "$out/kernels_meganeura.jsonl" 2>&1
-  python3 bench/kernels_pytorch.py > "$out/kernels_pytorch.jsonl" 2>&1
+  # One process per case family: every case opens the device once (see the test suites above).
+  # KERNEL_FILTER=TEXT reruns only the cases whose name contains TEXT.
+  : > "$out/kernels_meganeura.jsonl"
+  if [ -n "${KERNEL_FILTER:-}" ]; then families=("$KERNEL_FILTER"); else
+    families=(copy gemm smollm pointwise "row sum" softmax resnet whisper unet); fi
+  for family in "${families[@]}"; do
+    $bin/meganeura bench kernels --filter "$family" >> "$out/kernels_meganeura.jsonl" 2>&1
+  done
+  python3 bench/kernels_pytorch.py --filter "${KERNEL_FILTER:-}" > "$out/kernels_pytorch.jsonl" 2>&1
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" | tee "$out/kernels_table.txt"
+  python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" --markdown > "$out/kernels_table.md"
 fi
 if [ "${RUN_TRAIN:-1}" = 1 ]; then
   $bin/meganeura train --data .dev/data --out "$out/run" --epochs "${EPOCHS:-3}" > "$out/train.txt" 2>&1

@@ -15,10 +15,21 @@
 
 namespace mg {
 
+// How matrix products and convolutions compute (DESIGN.md, "Precision policy").
+enum class Precision {
+  strict,  // f32 operands and f32 arithmetic everywhere
+  fast,    // f16 operands into cooperative matrices (tensor cores), f32 accumulation, f32 storage;
+           // devices without cooperative matrices, or MEGANEURA_NO_COOPMAT=1, run strict
+};
+// "strict" or "fast"; throws mg::Error naming the text otherwise.
+Precision parse_precision(std::string_view text);
+std::string_view precision_name(Precision precision);
+
 struct SessionOptions {
-  std::string device;        // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
-  bool validation = false;   // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
-  bool profile = false;      // per-dispatch GPU timestamps
+  std::string device;       // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
+  bool validation = false;  // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
+  bool profile = false;     // per-dispatch GPU timestamps
+  Precision precision = Precision::strict;
   bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
   uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
   // Testing: leave this many bytes after every value, filled with a sentinel that
@@ -35,7 +46,8 @@ struct BuildReport {
   uint32_t pipelines = 0;
   uint32_t spirv_cache_hits = 0;
   size_t dispatches = 0;
-  std::string memory_plan;  // plan::describe_memory
+  size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (Precision::fast)
+  std::string memory_plan;            // plan::describe_memory
 };
 
 struct DispatchProfile {

@@ -1,102 +1,254 @@
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
+#include "vk/gpu.hpp"
 
 namespace mg::cli {
 namespace {
 
-constexpr const char* kHelp = R"(usage: meganeura bench kernels [--filter TEXT] [--runs N] [--small]
+constexpr const char* kHelp =
+    R"(usage: meganeura bench kernels [--filter TEXT] [--runs N] [--rotate MIB] [--small] [--no-fast]
 
-Times each kernel family on the chosen device with GPU timestamps: warm-up runs, then the
-median of --runs runs (default 20) of one program per case. Prints one JSON object per case
-(name, ms, GFLOP/s or GB/s) and a table at the end. bench/kernels_pytorch.py times the same
-cases in PyTorch.
+Times each kernel family on the chosen device with GPU timestamps and prints one JSON object
+per case (name, ms, GFLOP/s or GB/s) and a table at the end; bench/kernels_pytorch.py times the
+same cases in PyTorch and bench/compare.py joins both. The first case, "copy", measures the
+device-to-device copy bandwidth (vkCmdCopyBuffer, timed on the host) that the GB/s of memory-
+bound cases are compared with.
+
+Each case's inputs are replicated until the copies hold more than --rotate MiB (more than the
+GPU's L2 cache), and one run computes the case once on every copy, so no run reads inputs that
+the previous one left in the cache. A run's time is the sum of its dispatch durations divided
+by the number of copies; the case's time is the median of --runs runs after 3 warm-up runs.
+
+Cases named "... fast" run the same problem with --precision fast (f16 operands on cooperative
+matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without cooperative
+matrices they run strict, and their JSON says "coop_dispatches": 0.
 
   --filter TEXT  only cases whose name contains TEXT
   --runs N       timed runs per case (default 20)
-  --small        shrink every case (for CPU devices such as Lavapipe)
+  --rotate MIB   input bytes to rotate through (default 96; 0 = one copy of the inputs)
+  --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe)
+  --no-fast      leave out the "... fast" cases
   --device SEL   device index or part of its name
 )";
+
+// No more input copies than this, however small the case.
+constexpr int64_t kMaxCopies = 128;
 
 struct BenchCase {
   std::string name;
   std::vector<Shape> inputs;
-  std::function<Tensor(std::vector<Tensor>&)> build;
-  double flops = 0;  // for GFLOP/s; 0 = memory-bound case measured in GB/s
-  double bytes = 0;
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> build;
+  double flops = 0;  // GFLOP/s for compute-bound cases
+  double bytes = 0;  // GB/s (bytes read plus written) for memory-bound cases
+  Precision precision = Precision::strict;
 };
 
+// The compute-bound cases that also run on cooperative matrices, as "<name> fast".
+constexpr std::array<std::string_view, 9> kFastCasePrefixes = {
+    "gemm 4096^3",       "smollm q_proj 128x",  "smollm up 128x",
+    "smollm down 128x",  "smollm lm_head 128x", "resnet conv 3x3 64->64",
+    "resnet conv 3x3/2", "whisper attention",   "unet"};
+
+Attrs conv_attrs(int64_t stride, int64_t padding) {
+  return {{"stride", std::vector<int64_t>{stride, stride}},
+          {"padding", std::vector<int64_t>{padding, padding}},
+          {"dilation", std::vector<int64_t>{1, 1}},
+          {"groups", int64_t{1}}};
+}
+
+// The shapes of issue 6: SmolLM2-135M at sequence 128, ResNet-50 at batch 4, the Whisper-tiny
+// encoder's attention, an SD U-Net block, and two large problems for the ceilings.
 std::vector<BenchCase> bench_cases(bool small) {
   const int64_t s = small ? 8 : 1;  // divides the large extents
   std::vector<BenchCase> cases;
   auto gemm = [&](const std::string& name, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    const double flops = 2.0 * static_cast<double>(m * n * k);
     cases.push_back({name,
                      {ta ? Shape{k, m} : Shape{m, k}, tb ? Shape{n, k} : Shape{k, n}},
-                     [=](std::vector<Tensor>& x) { return matmul(x[0], x[1], ta, tb); },
-                     2.0 * m * n * k,
-                     4.0 * (m * k + k * n + m * n)});
+                     [=](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                       return {matmul(x[0], x[1], ta, tb)};
+                     },
+                     flops,
+                     0});
   };
   gemm("gemm 4096^3", 4096 / s, 4096 / s, 4096 / s, false, false);
-  gemm("smollm q_proj 128x576x576", 128, 576, 576, false, true);
-  gemm("smollm up 128x1536x576", 128, 1536, 576, false, true);
-  gemm("smollm down 128x576x1536", 128, 576, 1536, false, true);
-  gemm("smollm lm_head 128x49152x576", 128, 49152 / s, 576, false, true);
-  gemm("smollm up dW 1536x576x128", 1536, 576, 128, true, false);
-  gemm("smollm up dX 128x576x1536", 128, 576, 1536, false, false);
+  // y = x W^T with x [128, in] and W [out, in]; dX = dY W; dW = dY^T x. Names give M x N x K.
+  auto linear = [&](const std::string& layer, int64_t in, int64_t out) {
+    const int64_t tokens = 128;
+    auto dims = [](int64_t m, int64_t n, int64_t k) {
+      return " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    };
+    gemm("smollm " + layer + dims(tokens, out, in), tokens, out, in, false, true);
+    gemm("smollm " + layer + " dX" + dims(tokens, in, out), tokens, in, out, false, false);
+    gemm("smollm " + layer + " dW" + dims(out, in, tokens), out, in, tokens, true, false);
+  };
+  linear("q_proj", 576, 576);
+  linear("up", 576, 1536);
+  linear("down", 1536, 576);
+  linear("lm_head", 576, 49152 / s);
+
   const int64_t elements = (64ll << 20) / s / s;
-  cases.push_back({"pointwise add 64M",
-                   {{elements}, {elements}},
-                   [](std::vector<Tensor>& x) { return x[0] + x[1]; },
-                   0,
-                   12.0 * elements});
+  cases.push_back(
+      {"pointwise add 64M",
+       {{elements}, {elements}},
+       [](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {x[0] + x[1]}; },
+       0,
+       12.0 * elements});
+  // Not a multiple of 4: the vectorised kernel's scalar tail.
+  cases.push_back(
+      {"pointwise add 64M+2",
+       {{elements + 2}, {elements + 2}},
+       [](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {x[0] + x[1]}; },
+       0,
+       12.0 * (elements + 2)});
   cases.push_back({"pointwise gelu 64M",
                    {{elements}},
-                   [](std::vector<Tensor>& x) { return gelu(x[0]); },
+                   [](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {gelu(x[0])}; },
                    0,
                    8.0 * elements});
   const int64_t rows = 16384 / s, width = 4096 / s;
-  cases.push_back({"row sum 16384x4096",
-                   {{rows, width}},
-                   [](std::vector<Tensor>& x) { return sum(x[0], {1}); },
-                   0,
-                   4.0 * rows * width});
-  cases.push_back({"softmax 16384x4096",
-                   {{rows, width}},
-                   [](std::vector<Tensor>& x) { return softmax(x[0], 1); },
-                   0,
-                   8.0 * rows * width});
+  const double matrix_bytes = 4.0 * static_cast<double>(rows * width);
+  cases.push_back(
+      {"pointwise bias add 16384x4096",
+       {{rows, width}, {width}},
+       [](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {x[0] + x[1]}; },
+       0,
+       2.0 * matrix_bytes + 4.0 * width});
+  cases.push_back(
+      {"row sum 16384x4096",
+       {{rows, width}},
+       [](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {sum(x[0], {1})}; },
+       0,
+       matrix_bytes + 4.0 * rows});
+  cases.push_back(
+      {"softmax 16384x4096",
+       {{rows, width}},
+       [](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {softmax(x[0], 1)}; },
+       0,
+       2.0 * matrix_bytes});
+
+  // Forward, data gradient and weight gradient of one convolution at batch 4.
   auto conv = [&](const std::string& name, int64_t c, int64_t o, int64_t hw, int64_t kernel,
                   int64_t stride) {
-    const int64_t side = hw / s, padding = kernel / 2,
+    const int64_t batch = 4, side = hw / s, padding = kernel / 2,
                   out = (side + 2 * padding - kernel) / stride + 1;
-    Conv2dOptions options;
-    options.stride = {stride, stride};
-    options.padding = {padding, padding};
-    cases.push_back(
-        {name,
-         {{4, c, side, side}, {o, c, kernel, kernel}},
-         [=](std::vector<Tensor>& x) { return conv2d(x[0], x[1], std::nullopt, options); },
-         2.0 * 4 * o * out * out * c * kernel * kernel,
-         0});
+    const Shape x{batch, c, side, side}, w{o, c, kernel, kernel}, dy{batch, o, out, out};
+    const double flops = 2.0 * batch * o * out * out * c * kernel * kernel;
+    const Attrs attrs = conv_attrs(stride, padding);
+    cases.push_back({name,
+                     {x, w},
+                     [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+                       Conv2dOptions options;
+                       options.stride = {stride, stride};
+                       options.padding = {padding, padding};
+                       return {conv2d(in[0], in[1], std::nullopt, options)};
+                     },
+                     flops,
+                     0});
+    cases.push_back({name + " dX",
+                     {dy, w},
+                     [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+                       Attrs grad_attrs = attrs;
+                       grad_attrs.set("input_shape", x);
+                       Graph& graph = in[0].graph();
+                       return {Tensor(&graph, graph.add("conv2d_grad_input",
+                                                        {in[0].id(), in[1].id()}, grad_attrs))};
+                     },
+                     flops,
+                     0});
+    cases.push_back({name + " dW",
+                     {x, dy},
+                     [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+                       Attrs grad_attrs = attrs;
+                       grad_attrs.set("weight_shape", w);
+                       Graph& graph = in[0].graph();
+                       return {Tensor(&graph, graph.add("conv2d_grad_weight",
+                                                        {in[0].id(), in[1].id()}, grad_attrs))};
+                     },
+                     flops,
+                     0});
   };
   conv("resnet conv 7x7/2 3->64 224", 3, 64, 224, 7, 2);
   conv("resnet conv 3x3 64->64 56", 64, 64, 56, 3, 1);
   conv("resnet conv 1x1 256->64 56", 256, 64, 56, 1, 1);
   conv("resnet conv 3x3/2 128->128 56", 128, 128, 56, 3, 2);
-  const int64_t tokens = 1500 / s;
+
+  const int64_t heads = 6, tokens = 1500 / s, head_dim = 64;
+  const Shape head_shape{1, heads, tokens, head_dim};
+  const double attention_flops = 4.0 * heads * tokens * tokens * head_dim;
+  cases.push_back({"whisper attention 1500x6x64",
+                   {head_shape, head_shape, head_shape},
+                   [](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                     return {scaled_dot_product_attention(x[0], x[1], x[2])};
+                   },
+                   attention_flops,
+                   0});
+  // What the backward pass adds to a saved forward (q, k, v, out) and the incoming gradient:
+  // the log-sum-exp and the three gradients. FLOPs by the usual 2.5x-forward convention.
   cases.push_back(
-      {"whisper attention 1500x6x64",
-       {{1, 6, tokens, 64}, {1, 6, tokens, 64}, {1, 6, tokens, 64}},
-       [](std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
-       4.0 * 6 * tokens * tokens * 64,
+      {"whisper attention 1500x6x64 bwd",
+       {head_shape, head_shape, head_shape, head_shape, head_shape},
+       [=](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+         Graph& graph = x[0].graph();
+         const Attrs attrs{{"causal", int64_t{0}},
+                           {"scale", 1.0 / std::sqrt(static_cast<double>(head_dim))},
+                           {"has_mask", int64_t{0}}};
+         const ValueId lse = graph.add("attention_lse", {x[0].id(), x[1].id()}, attrs);
+         const std::vector<ValueId> grad_inputs{x[0].id(), x[1].id(), x[2].id(),
+                                                x[3].id(), x[4].id(), lse};
+         std::vector<Tensor> grads;
+         for (const char* op : {"attention_grad_q", "attention_grad_k", "attention_grad_v"})
+           grads.emplace_back(&graph, graph.add(op, grad_inputs, attrs));
+         return grads;
+       },
+       2.5 * attention_flops,
        0});
+
+  // A ResNet block of the SD U-Net: group norm (32 groups), SiLU, 3x3 convolution with bias, at
+  // the workload's latent size (32x32) and at SD 1.5's 512-pixel latent (64x64).
+  auto unet = [&](int64_t side) {
+    const int64_t batch = 2, channels = 320, extent = side / s;
+    const std::string size = std::to_string(side);
+    const double flops =
+        2.0 * static_cast<double>(batch * channels * extent * extent * channels * 9);
+    cases.push_back({"unet groupnorm+silu+conv3x3 2x320x" + size + "x" + size,
+                     {{batch, channels, extent, extent},
+                      {channels},
+                      {channels},
+                      {channels, channels, 3, 3},
+                      {channels}},
+                     [](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                       Conv2dOptions options;
+                       options.padding = {1, 1};
+                       return {conv2d(silu(group_norm(x[0], 32, x[1], x[2])), x[3], x[4], options)};
+                     },
+                     flops,
+                     0});
+  };
+  unet(32);
+  unet(64);
+
+  const size_t strict_cases = cases.size();
+  for (size_t i = 0; i < strict_cases; ++i) {
+    const bool twin =
+        std::any_of(kFastCasePrefixes.begin(), kFastCasePrefixes.end(),
+                    [&](std::string_view prefix) { return cases[i].name.starts_with(prefix); });
+    if (!twin) continue;
+    BenchCase fast = cases[i];
+    fast.name += " fast";
+    fast.precision = Precision::fast;
+    cases.push_back(std::move(fast));
+  }
   return cases;
 }
 
@@ -105,11 +257,100 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Device-to-device copy bandwidth (bytes read plus written per second): vkCmdCopyBuffer back
+// and forth between two buffers larger than the L2 cache. Copies carry no timestamps, so the
+// host times the submission and subtracts the time of an empty one.
+double copy_gigabytes_per_second(const std::string& device_selector, uint64_t bytes, int64_t runs) {
+  constexpr int kPasses = 16;
+  std::unique_ptr<gpu::Device> device = gpu::Device::open(device_selector);
+  const gpu::BufferId a = device->create_buffer(bytes, gpu::BufferUse::device, "copy source");
+  const gpu::BufferId b = device->create_buffer(bytes, gpu::BufferUse::device, "copy target");
+  std::vector<gpu::Command> commands;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    gpu::Command copy{gpu::Command::Kind::copy};
+    copy.copy = {{pass % 2 ? b : a, 0, bytes}, pass % 2 ? a : b, 0};
+    commands.push_back(copy);
+    commands.push_back({gpu::Command::Kind::barrier});
+  }
+  const std::vector<gpu::Command> empty{{gpu::Command::Kind::barrier}};
+  const gpu::RecordingId copies = device->record(commands, false);
+  const gpu::RecordingId idle = device->record(empty, false);
+  auto time = [&](gpu::RecordingId recording) {
+    for (int warmup = 0; warmup < 3; ++warmup) device->submit(recording);
+    std::vector<double> durations;
+    for (int64_t run = 0; run < runs; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      device->submit(recording);
+      durations.push_back(milliseconds_since(start));
+    }
+    return median(durations);
+  };
+  const double overhead = time(idle);
+  const double ms = std::max(1e-6, time(copies) - overhead) / kPasses;
+  return 2.0 * static_cast<double>(bytes) / ms / 1e6;
+}
+
+int64_t rotation_copies(const BenchCase& bench, double rotate_bytes) {
+  double input_bytes = 0;
+  for (const Shape& shape : bench.inputs) input_bytes += 4.0 * element_count(shape);
+  const auto copies = static_cast<int64_t>(std::ceil(rotate_bytes / input_bytes));
+  return std::clamp<int64_t>(copies, 1, kMaxCopies);
+}
+
+struct Measurement {
+  double ms = 0;
+  int64_t copies = 1;
+  size_t dispatches = 0;       // per copy
+  size_t coop_dispatches = 0;  // per copy, on cooperative matrices
+};
+
+Measurement measure(const BenchCase& bench, const std::string& device, int64_t runs,
+                    double rotate_bytes) {
+  Measurement result;
+  result.copies = rotation_copies(bench, rotate_bytes);
+  Graph graph;
+  for (int64_t copy = 0; copy < result.copies; ++copy) {
+    const std::string suffix = "_" + std::to_string(copy);
+    std::vector<Tensor> inputs;
+    for (size_t i = 0; i < bench.inputs.size(); ++i) {
+      // Parameters live on the device from the start, so runs copy no inputs in.
+      inputs.push_back(parameter(graph, "x" + std::to_string(i) + suffix, bench.inputs[i],
+                                 Init::uniform(-1.0, 1.0)));
+    }
+    const std::vector<Tensor> results = bench.build(inputs);
+    for (size_t j = 0; j < results.size(); ++j)
+      graph.set_output("y" + std::to_string(j) + suffix, results[j].id());
+  }
+  SessionOptions options;
+  options.device = device;
+  options.profile = true;
+  options.precision = bench.precision;
+  Session session(graph, options);
+  for (int warmup = 0; warmup < 3; ++warmup) session.run();
+  std::vector<double> durations;
+  for (int64_t run = 0; run < runs; ++run) {
+    session.run();
+    double total = 0;
+    for (const DispatchProfile& dispatch : session.profile()) total += dispatch.duration_ms;
+    durations.push_back(total / static_cast<double>(result.copies));
+  }
+  result.ms = median(durations);
+  result.dispatches = session.report().dispatches / static_cast<size_t>(result.copies);
+  result.coop_dispatches =
+      session.report().coop_matrix_dispatches / static_cast<size_t>(result.copies);
+  return result;
+}
+
 }  // namespace
 
 int bench_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura bench", words, {"filter", "runs", "device"},
-                            {"small", "help"});
+  const Arguments arguments("meganeura bench", words, {"filter", "runs", "rotate", "device"},
+                            {"small", "no-fast", "help"});
   if (arguments.has("help") || arguments.positional().empty()) {
     std::fputs(kHelp, stdout);
     return arguments.has("help") ? 0 : 2;
@@ -118,56 +359,62 @@ int bench_command(const std::vector<std::string>& words) {
     throw Error("unknown benchmark '" + arguments.positional()[0] +
                 "' (try: meganeura bench kernels)");
   }
+  const bool small = arguments.has("small");
   const int64_t runs = std::max<int64_t>(1, arguments.integer("runs", 20));
+  const double rotate_bytes =
+      static_cast<double>(std::max<int64_t>(0, arguments.integer("rotate", small ? 1 : 96))) *
+      1048576.0;
   const std::string filter = arguments.text("filter", "");
+  const std::string device = arguments.text("device", "");
   std::vector<std::string> table;
-  std::mt19937_64 generator(1);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  for (const BenchCase& bench : bench_cases(arguments.has("small"))) {
+  double copy_rate = 0;
+  char row[200];
+
+  const uint64_t copy_bytes = (small ? 16ull : 256ull) << 20;
+  const std::string copy_name = "copy " + std::to_string(copy_bytes >> 20) + "MiB";
+  if (copy_name.find(filter) != std::string::npos) {
+    copy_rate = copy_gigabytes_per_second(device, copy_bytes, runs);
+    const double ms = 2.0 * static_cast<double>(copy_bytes) / copy_rate / 1e6;
+    const nlohmann::json record = {
+        {"framework", "meganeura"}, {"case", copy_name}, {"ms", ms}, {"gbps", copy_rate}};
+    std::printf("%s\n", record.dump().c_str());
+    std::fflush(stdout);
+    std::snprintf(row, sizeof(row), "%-44s %10.4f ms %10.1f GB/s", copy_name.c_str(), ms,
+                  copy_rate);
+    table.push_back(row);
+  }
+
+  for (const BenchCase& bench : bench_cases(small)) {
     if (bench.name.find(filter) == std::string::npos) continue;
-    Graph graph;
-    std::vector<Tensor> inputs;
-    for (size_t i = 0; i < bench.inputs.size(); ++i) {
-      inputs.push_back(input(graph, "x" + std::to_string(i), bench.inputs[i]));
-    }
-    graph.set_output("y", bench.build(inputs).id());
-    SessionOptions options;
-    options.device = arguments.text("device", "");
-    options.profile = true;
-    Session session(graph, options);
-    for (size_t i = 0; i < bench.inputs.size(); ++i) {
-      std::vector<float> values(static_cast<size_t>(element_count(bench.inputs[i])));
-      for (float& value : values) value = uniform(generator);
-      session.set_input("x" + std::to_string(i), values);
-    }
-    for (int warmup = 0; warmup < 3; ++warmup) session.run();
-    std::vector<double> durations;
-    for (int64_t run = 0; run < runs; ++run) {
-      session.run();
-      double total = 0;
-      for (const DispatchProfile& dispatch : session.profile()) total += dispatch.duration_ms;
-      durations.push_back(total);
-    }
-    const double ms = median(durations);
+    if (bench.precision == Precision::fast && arguments.has("no-fast")) continue;
+    const Measurement measured = measure(bench, device, runs, rotate_bytes);
+    const double ms = measured.ms;
     nlohmann::json record = {{"framework", "meganeura"},
                              {"case", bench.name},
                              {"ms", ms},
-                             {"dispatches", session.report().dispatches}};
-    char row[160];
+                             {"copies", measured.copies},
+                             {"dispatches", measured.dispatches},
+                             {"precision", std::string(precision_name(bench.precision))}};
+    if (bench.precision == Precision::fast) record["coop_dispatches"] = measured.coop_dispatches;
     if (bench.flops > 0) {
       record["gflops"] = bench.flops / ms / 1e6;
-      std::snprintf(row, sizeof(row), "%-34s %10.4f ms %10.1f GFLOP/s", bench.name.c_str(), ms,
+      std::snprintf(row, sizeof(row), "%-44s %10.4f ms %10.1f GFLOP/s", bench.name.c_str(), ms,
                     bench.flops / ms / 1e6);
     } else {
-      record["gbps"] = bench.bytes / ms / 1e6;
-      std::snprintf(row, sizeof(row), "%-34s %10.4f ms %10.1f GB/s", bench.name.c_str(), ms,
-                    bench.bytes / ms / 1e6);
+      const double rate = bench.bytes / ms / 1e6;
+      record["gbps"] = rate;
+      const int length = std::snprintf(row, sizeof(row), "%-44s %10.4f ms %10.1f GB/s",
+                                       bench.name.c_str(), ms, rate);
+      if (copy_rate > 0) {
+        std::snprintf(row + length, sizeof(row) - static_cast<size_t>(length), " (%.0f %% of copy)",
+                      100.0 * rate / copy_rate);
+      }
     }
     std::printf("%s\n", record.dump().c_str());
     std::fflush(stdout);
     table.push_back(row);
   }
-  for (const std::string& row : table) std::printf("%s\n", row.c_str());
+  for (const std::string& line : table) std::printf("%s\n", line.c_str());
   return 0;
 }
 

@@ -19,6 +19,8 @@ class.
 
   --batch N      images per GPU run (default 500)
   --device SEL   device index or part of its name (default: best available)
+  --precision P  strict (default) or fast (f16 operands on cooperative matrices, f32
+                 accumulation; devices without them run strict)
   --data DIR     Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
 )";
 
@@ -40,7 +42,8 @@ void print_confusion(const Evaluation& evaluation) {
 }  // namespace
 
 int infer_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura infer", words, {"batch", "device", "data"}, {"help"});
+  const Arguments arguments("meganeura infer", words, {"batch", "device", "precision", "data"},
+                            {"help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -60,7 +63,9 @@ int infer_command(const std::vector<std::string>& words) {
 
   SessionOptions options;
   options.device = arguments.text("device", "");
+  options.precision = parse_precision(arguments.text("precision", "strict"));
   Session session(models::build_classifier(model, batch), options);
+  print_precision(options.precision, session.report());
   load_tensors(session, checkpoint, checkpoint_path, false);
   std::fprintf(stderr, "device: %s\nloaded %s (%s, step %lld); inference program: %zu dispatches\n",
                session.report().device.c_str(), checkpoint_path.c_str(), model.architecture.c_str(),

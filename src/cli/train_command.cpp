@@ -43,6 +43,9 @@ and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint
                         count batches; --warmup and the schedule count updates
   --seed N              initialisation and shuffling seed (default 0)
   --device SEL          device index or part of its name (default: best available)
+  --precision P         strict (f32 everywhere, the default) or fast (f16 operands on
+                        cooperative matrices / tensor cores with f32 accumulation, for the
+                        matrix products and convolutions; devices without them run strict)
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
   --resume CKPT         continue from a checkpoint written by this command
   --checkpoint-every N  steps between checkpoints (default 500)
@@ -145,9 +148,11 @@ bool running_on_cpu_device(const std::string& selector) {
 
 int train_command(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura train", words,
-                            {"out", "model", "epochs", "limit", "batch", "lr", "optimizer",
-                             "weight-decay", "momentum", "schedule", "warmup", "clip", "accumulate",
-                             "seed", "device", "data", "resume", "checkpoint-every", "trace"},
+                            {"out",        "model",    "epochs",           "limit",
+                             "batch",      "lr",       "optimizer",        "weight-decay",
+                             "momentum",   "schedule", "warmup",           "clip",
+                             "accumulate", "seed",     "device",           "precision",
+                             "data",       "resume",   "checkpoint-every", "trace"},
                             {"help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
@@ -192,6 +197,7 @@ int train_command(const std::vector<std::string>& words) {
   SessionOptions session_options;
   session_options.device = device;
   session_options.seed = seed;
+  session_options.precision = parse_precision(arguments.text("precision", "strict"));
   session_options.profile = arguments.has("trace");
   Session training(models::build_classifier_training(model, batch, optimizer), session_options);
   const int64_t eval_batch = 500;
@@ -199,6 +205,7 @@ int train_command(const std::vector<std::string>& words) {
   eval_options.profile = false;
   Session inference(models::build_classifier(model, eval_batch), eval_options);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  print_precision(session_options.precision, training.report());
   std::fprintf(stderr,
                "built training program in %.2f s (%zu dispatches, %u pipelines) and "
                "inference program (%zu dispatches)\n",

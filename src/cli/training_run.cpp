@@ -1,6 +1,7 @@
 #include "cli/training_run.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace mg::cli {
@@ -71,6 +72,19 @@ Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batc
     evaluation.examples += rows;
   }
   return evaluation;
+}
+
+void print_precision(Precision requested, const BuildReport& report) {
+  if (requested == Precision::strict) {
+    std::fprintf(stderr, "precision: strict (f32)\n");
+  } else if (report.coop_matrix_dispatches > 0) {
+    std::fprintf(stderr, "precision: fast (%zu of %zu dispatches on cooperative matrices)\n",
+                 report.coop_matrix_dispatches, report.dispatches);
+  } else {
+    std::fprintf(stderr,
+                 "precision: strict (fast was asked for, but the device has no f16 cooperative "
+                 "matrices or MEGANEURA_NO_COOPMAT is set)\n");
+  }
 }
 
 }  // namespace mg::cli

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/gemm_coopmat.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
@@ -94,6 +95,27 @@ std::string mask_function(const Graph& graph, const Node& node, const Inputs& in
   return text + "  return mask[" + (index.empty() ? "0u" : index) + "];\n}\n";
 }
 
+// Shared memory of the cooperative-matrix kernels (their declarations: 4 subgroups of 16 owned
+// rows, streamed blocks of 32): f16 tiles, f32 staged scores (and dP for dQ and dK), f16
+// weights (probabilities or dS) and, for the forward, the f32 output rows.
+int64_t coop_shared_bytes(Mode mode, const Dims& dims) {
+  const int64_t owned = 64, streamed = 32;
+  const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
+  const int64_t tiles = std::max(streamed * (d + dv), owned * std::max(d, dv));
+  const int64_t staged = mode == Mode::grad_v || mode == Mode::forward ? 1 : 2;
+  const int64_t output_rows = mode == Mode::forward ? 4 * owned * dims.value_dim : 0;
+  return 2 * tiles + staged * 4 * owned * streamed + 2 * owned * (streamed + 8) + output_rows +
+         8 * streamed;
+}
+
+// The fast kernels run when the GEMMs do and the head dimensions fill whole fragments;
+// attention_lse keeps its strict kernel (it produces no matrix product output).
+bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
+  return mode != Mode::lse && use_coop_gemm(device) && dims.head_dim % 16 == 0 &&
+         dims.value_dim % 16 == 0 &&
+         coop_shared_bytes(mode, dims) <= device.max_shared_memory_bytes;
+}
+
 void lower_attention(LoweringContext& context, Mode mode) {
   const Node& node = context.node();
   const Graph& graph = context.graph();
@@ -103,10 +125,13 @@ void lower_attention(LoweringContext& context, Mode mode) {
   const Shape& k = context.input_type(1).shape;
   const int64_t value_dim = with_value ? context.input_type(2).shape[3] : q[3];
   const Dims dims{q[0], q[1], k[1], q[2], k[2], q[3], value_dim};
-  const auto [bq, bk] = choose_blocks(mode, dims, context);
-  const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
   const double scale =
       node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
+  // The cooperative-matrix kernels fix their blocks: 64 owned rows (4 subgroups of 16).
+  const bool coop = use_coop_attention(mode, dims, context.device());
+  const auto [bq, bk] =
+      coop ? std::pair<int64_t, int64_t>{64, 64} : choose_blocks(mode, dims, context);
+  const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
 
   Launch launch;
   launch.label = context.label();
@@ -117,26 +142,29 @@ void lower_attention(LoweringContext& context, Mode mode) {
                     {"D", glsl_uint(dims.head_dim)},
                     {"DV", glsl_uint(dims.value_dim)},
                     {"SCALE", glsl_float(scale)},
-                    {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"},
-                    {"BQ", glsl_uint(bq)},
-                    {"BK", glsl_uint(bk)},
-                    {"TPR", glsl_uint(kThreads / (key_owned ? bk : bq))}};
+                    {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
+  if (!coop) {
+    launch.defines.push_back({"BQ", glsl_uint(bq)});
+    launch.defines.push_back({"BK", glsl_uint(bk)});
+    launch.defines.push_back({"TPR", glsl_uint(kThreads / (key_owned ? bk : bq))});
+  }
   std::string file;
   switch (mode) {
     case Mode::forward:
     case Mode::lse:
-      file = "attention_forward.comp";
-      launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
+      file = coop ? "attention_forward_coopmat.comp" : "attention_forward.comp";
+      if (!coop) launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
       break;
     case Mode::grad_q:
-      file = "attention_grad_q.comp";
+      file = coop ? "attention_grad_q_coopmat.comp" : "attention_grad_q.comp";
       break;
     case Mode::grad_k:
     case Mode::grad_v:
-      file = "attention_grad_kv.comp";
+      file = coop ? "attention_grad_kv_coopmat.comp" : "attention_grad_kv.comp";
       launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
       break;
   }
+  launch.khr_cooperative_matrix = coop && coop_wants_khr(context.device());
   launch.kernel = file.substr(0, file.size() - 5);
   launch.body = mask_function(graph, node, inputs, dims) + std::string(kernel_source(file));
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
@@ -114,6 +115,17 @@ void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& 
                std::vector<Operand> operands) {
   if (use_cpu_kernels(context.device())) {
     emit_cpu_conv_gemm(context, g, plan, std::move(operands));
+    return;
+  }
+  if (use_coop_gemm(context.device())) {
+    const CoopGemm gemm{.m = plan.m,
+                        .n = plan.n,
+                        .k = plan.k,
+                        .entries = g.groups,
+                        .a_m_contiguous = !plan.a_k_fastest,
+                        .b_k_contiguous = plan.b_k_fastest,
+                        .functions = plan.functions};
+    emit_coop_gemm(context, gemm, std::move(operands));
     return;
   }
   const TileConfig tiles = choose_tiles(plan.m, plan.n, context.device());

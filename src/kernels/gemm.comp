@@ -1,84 +1,202 @@
-// Tiled SIMT f32 GEMM, one batch entry per workgroup z: C[M, N] = op(A) op(B) where op
-// transposes when TRANSPOSE_A / TRANSPOSE_B is 1. Each workgroup computes a TILE x TILE block of
-// C; each thread a WORK x WORK sub-block strided by 16 so shared-memory reads do not conflict.
-// Defines: M, N, K, TRANSPOSE_A, TRANSPOSE_B, WORK (2, 4 or 8), TILE_K.
-// Generated: a_offset(batch), b_offset(batch), and store_c(batch, row, col, value), which writes
-// one element of C (and applies any fused epilogue); called only with in-range row and col.
-#define THREADS_PER_SIDE 16
-#define TILE (THREADS_PER_SIDE * WORK)
+// Tiled SIMT f32 GEMM, one batch entry per workgroup z: C[M, N] = op(A) op(B) summed over
+// k in [K_BEGIN, K_END), where op transposes when TRANSPOSE_A / TRANSPOSE_B is 1. The classic
+// high-performance SGEMM structure:
+// - a workgroup computes a TILE x TILE block of C, a thread WORK x WORK outputs of it: WORK / 4
+//   groups of 4 consecutive rows (columns), the groups 4 * THREADS_PER_SIDE apart, so that the
+//   fragments a thread needs per k are vec4 reads (LDS.128) from shared memory;
+// - both shared tiles are k-major (A transposed on the way in), TILE_K x TILE;
+// - the next K slice is fetched from global memory into registers while the current one is
+//   multiplied, then stored into the other of two shared slots: one barrier per K slice;
+// - global loads are vec4 wherever the operand's contiguous extent (and the K range, when that
+//   is the contiguous one) is a multiple of 4 (A_VEC4 / B_VEC4, through the vec4 views a4 / b4).
+// Defines: M, N, K (the operands' K extent), K_BEGIN, K_END, TRANSPOSE_A, TRANSPOSE_B, TILE,
+// WORK (4 or 8), TILE_K, A_VEC4, B_VEC4.
+// Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4, and
+// store_c(batch, row, col, value), which writes one element of C (and applies any fused
+// epilogue); called only with in-range row and col.
+#extension GL_EXT_control_flow_attributes : enable
 
-layout(local_size_x = 256) in;
+#define THREADS_PER_SIDE (TILE / WORK)
+#define THREADS (THREADS_PER_SIDE * THREADS_PER_SIDE)
+#define TILE_VEC4 (TILE / 4)
+#define GROUPS (WORK / 4)
+// vec4s of each operand's K slice that one thread moves from global to shared memory.
+#define LOADS (TILE * TILE_K / 4 / THREADS)
 
-shared float tile_a[TILE_K][TILE];
-shared float tile_b[TILE_K][TILE];
+layout(local_size_x = THREADS) in;
 
-float load_a(uint base, uint m, uint k) {
-  if (m >= M || k >= K) return 0.0;
+shared vec4 tile_a[2][TILE_K][TILE_VEC4];
+shared vec4 tile_b[2][TILE_K][TILE_VEC4];
+
+// Slice loads. Element e of a slice (e < TILE * TILE_K / 4) is one vec4 of the operand:
+// - an operand contiguous along m (A transposed) or n (B plain) reads 4 consecutive rows or
+//   columns of one k; consecutive threads take consecutive vec4s of a k row, and the vec4 is
+//   stored as it is;
+// - an operand contiguous along k reads 4 consecutive k of one row or column and scatters them
+//   down the k-major tile; consecutive threads take consecutive rows so that each of the four
+//   scalar stores of a warp hits 32 distinct banks.
+
+float a_element(uint index, bool inside) {
+  if (!inside) return 0.0;
+  return a[index];
+}
+
+float b_element(uint index, bool inside) {
+  if (!inside) return 0.0;
+  return b[index];
+}
+
 #if TRANSPOSE_A
-  return a[base + k * M + m];
+vec4 fetch_a(uint base, uint row0, uint k0, uint e) {
+  uint k = k0 + e / TILE_VEC4, m = row0 + 4 * (e % TILE_VEC4);
+  if (k >= K_END) return vec4(0.0);
+#if A_VEC4
+  if (m >= M) return vec4(0.0);
+  return a4[(base + k * M + m) / 4];
 #else
-  return a[base + m * K + k];
+  uint i = base + k * M + m;
+  return vec4(a_element(i, m < M), a_element(i + 1, m + 1 < M), a_element(i + 2, m + 2 < M),
+              a_element(i + 3, m + 3 < M));
 #endif
 }
 
-float load_b(uint base, uint k, uint n) {
-  if (k >= K || n >= N) return 0.0;
-#if TRANSPOSE_B
-  return b[base + n * K + k];
+void stash_a(uint slot, uint e, vec4 value) {
+  tile_a[slot][e / TILE_VEC4][e % TILE_VEC4] = value;
+}
 #else
-  return b[base + k * N + n];
+vec4 fetch_a(uint base, uint row0, uint k0, uint e) {
+  uint m = row0 + e % TILE, k = k0 + 4 * (e / TILE);
+  if (m >= M) return vec4(0.0);
+#if A_VEC4
+  if (k >= K_END) return vec4(0.0);
+  return a4[(base + m * K + k) / 4];
+#else
+  uint i = base + m * K + k;
+  return vec4(a_element(i, k < K_END), a_element(i + 1, k + 1 < K_END),
+              a_element(i + 2, k + 2 < K_END), a_element(i + 3, k + 3 < K_END));
 #endif
 }
+
+void stash_a(uint slot, uint e, vec4 value) {
+  uint m = e % TILE, k = 4 * (e / TILE);
+  [[unroll]] for (uint i = 0; i < 4; ++i) tile_a[slot][k + i][m / 4][m % 4] = value[i];
+}
+#endif
+
+#if TRANSPOSE_B
+vec4 fetch_b(uint base, uint col0, uint k0, uint e) {
+  uint n = col0 + e % TILE, k = k0 + 4 * (e / TILE);
+  if (n >= N) return vec4(0.0);
+#if B_VEC4
+  if (k >= K_END) return vec4(0.0);
+  return b4[(base + n * K + k) / 4];
+#else
+  uint i = base + n * K + k;
+  return vec4(b_element(i, k < K_END), b_element(i + 1, k + 1 < K_END),
+              b_element(i + 2, k + 2 < K_END), b_element(i + 3, k + 3 < K_END));
+#endif
+}
+
+void stash_b(uint slot, uint e, vec4 value) {
+  uint n = e % TILE, k = 4 * (e / TILE);
+  [[unroll]] for (uint i = 0; i < 4; ++i) tile_b[slot][k + i][n / 4][n % 4] = value[i];
+}
+#else
+vec4 fetch_b(uint base, uint col0, uint k0, uint e) {
+  uint k = k0 + e / TILE_VEC4, n = col0 + 4 * (e % TILE_VEC4);
+  if (k >= K_END) return vec4(0.0);
+#if B_VEC4
+  if (n >= N) return vec4(0.0);
+  return b4[(base + k * N + n) / 4];
+#else
+  uint i = base + k * N + n;
+  return vec4(b_element(i, n < N), b_element(i + 1, n + 1 < N), b_element(i + 2, n + 2 < N),
+              b_element(i + 3, n + 3 < N));
+#endif
+}
+
+void stash_b(uint slot, uint e, vec4 value) {
+  tile_b[slot][e / TILE_VEC4][e % TILE_VEC4] = value;
+}
+#endif
 
 void main() {
   uint batch = gl_WorkGroupID.z;
   uint row0 = gl_WorkGroupID.y * TILE;
   uint col0 = gl_WorkGroupID.x * TILE;
   uint thread = gl_LocalInvocationID.x;
-  uint thread_row = thread / THREADS_PER_SIDE;
-  uint thread_col = thread % THREADS_PER_SIDE;
+  // A warp of 32 is a 4 x 8 block of the THREADS_PER_SIDE^2 thread grid: per k it reads 4
+  // distinct A vec4s and 8 distinct B vec4s, 64 and 128 bytes, one shared-memory wavefront each.
+  uint warp = thread / 32, lane = thread % 32;
+  uint thread_row = warp / (THREADS_PER_SIDE / 8) * 4 + lane / 8;
+  uint thread_col = warp % (THREADS_PER_SIDE / 8) * 8 + lane % 8;
   uint base_a = a_offset(batch);
   uint base_b = b_offset(batch);
 
-  float accumulator[WORK][WORK];
-  for (uint i = 0; i < WORK; ++i)
-    for (uint j = 0; j < WORK; ++j) accumulator[i][j] = 0.0;
-
-  for (uint k0 = 0; k0 < K; k0 += TILE_K) {
-    for (uint e = thread; e < TILE * TILE_K; e += 256) {
-#if TRANSPOSE_A
-      uint mm = e % TILE, kk = e / TILE;
-#else
-      uint mm = e / TILE_K, kk = e % TILE_K;
-#endif
-      tile_a[kk][mm] = load_a(base_a, row0 + mm, k0 + kk);
-    }
-    for (uint e = thread; e < TILE * TILE_K; e += 256) {
-#if TRANSPOSE_B
-      uint nn = e / TILE_K, kk = e % TILE_K;
-#else
-      uint nn = e % TILE, kk = e / TILE;
-#endif
-      tile_b[kk][nn] = load_b(base_b, k0 + kk, col0 + nn);
-    }
-    barrier();
-    for (uint kk = 0; kk < TILE_K; ++kk) {
-      float a_values[WORK];
-      float b_values[WORK];
-      for (uint i = 0; i < WORK; ++i) a_values[i] = tile_a[kk][thread_row + i * THREADS_PER_SIDE];
-      for (uint j = 0; j < WORK; ++j) b_values[j] = tile_b[kk][thread_col + j * THREADS_PER_SIDE];
-      for (uint i = 0; i < WORK; ++i)
-        for (uint j = 0; j < WORK; ++j) accumulator[i][j] += a_values[i] * b_values[j];
-    }
-    barrier();
+  // accumulator[4 * g + i][h].j is C at row 4 * (g * THREADS_PER_SIDE + thread_row) + i and
+  // column 4 * (h * THREADS_PER_SIDE + thread_col) + j of the tile.
+  vec4 accumulator[WORK][GROUPS];
+  [[unroll]] for (uint r = 0; r < WORK; ++r) {
+    [[unroll]] for (uint h = 0; h < GROUPS; ++h) accumulator[r][h] = vec4(0.0);
   }
 
-  for (uint i = 0; i < WORK; ++i) {
-    uint row = row0 + thread_row + i * THREADS_PER_SIDE;
-    if (row >= M) continue;
-    for (uint j = 0; j < WORK; ++j) {
-      uint col = col0 + thread_col + j * THREADS_PER_SIDE;
-      if (col < N) store_c(batch, row, col, accumulator[i][j]);
+  vec4 staged_a[LOADS], staged_b[LOADS];
+  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+    staged_a[l] = fetch_a(base_a, row0, K_BEGIN, thread + l * THREADS);
+    staged_b[l] = fetch_b(base_b, col0, K_BEGIN, thread + l * THREADS);
+  }
+  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+    stash_a(0, thread + l * THREADS, staged_a[l]);
+    stash_b(0, thread + l * THREADS, staged_b[l]);
+  }
+  barrier();
+
+  uint slot = 0;
+  for (uint k0 = K_BEGIN; k0 < K_END; k0 += TILE_K) {
+    // The next slice's global loads are in flight during this slice's multiply-adds.
+    bool more = k0 + TILE_K < K_END;
+    if (more) {
+      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+        staged_a[l] = fetch_a(base_a, row0, k0 + TILE_K, thread + l * THREADS);
+        staged_b[l] = fetch_b(base_b, col0, k0 + TILE_K, thread + l * THREADS);
+      }
+    }
+    [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {
+      vec4 a_values[GROUPS], b_values[GROUPS];
+      [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
+        a_values[g] = tile_a[slot][kk][g * THREADS_PER_SIDE + thread_row];
+        b_values[g] = tile_b[slot][kk][g * THREADS_PER_SIDE + thread_col];
+      }
+      [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
+        [[unroll]] for (uint i = 0; i < 4; ++i) {
+          [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
+            accumulator[4 * g + i][h] += a_values[g][i] * b_values[h];
+          }
+        }
+      }
+    }
+    // Nobody reads the other slot any more: the barrier that ended the previous slice
+    // separated its readers from these writes.
+    if (more) {
+      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+        stash_a(slot ^ 1, thread + l * THREADS, staged_a[l]);
+        stash_b(slot ^ 1, thread + l * THREADS, staged_b[l]);
+      }
+    }
+    barrier();
+    slot ^= 1;
+  }
+
+  [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
+    [[unroll]] for (uint i = 0; i < 4; ++i) {
+      uint row = row0 + 4 * (g * THREADS_PER_SIDE + thread_row) + i;
+      if (row >= M) continue;
+      [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
+        [[unroll]] for (uint j = 0; j < 4; ++j) {
+          uint col = col0 + 4 * (h * THREADS_PER_SIDE + thread_col) + j;
+          if (col < N) store_c(batch, row, col, accumulator[4 * g + i][h][j]);
+        }
+      }
     }
   }
 }

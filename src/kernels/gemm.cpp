@@ -9,23 +9,49 @@
 #include <limits>
 #include <thread>
 
+#include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
+#include "kernels/gemm_epilogue.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
 namespace mg::kernels {
 namespace {
 
-// The largest tile that still gives every compute unit of a large GPU work: 128 x 128 tiles
-// (8 x 8 outputs a thread) for big products, down to 32 x 32 for small ones.
-int64_t gemm_work_per_thread(int64_t m, int64_t n, int64_t batches) {
+// gemm.comp's configurations, largest first: TILE x TILE outputs a workgroup, WORK x WORK a
+// thread ((TILE / WORK)^2 threads), K slices of TILE_K. Every one moves a whole number of vec4s
+// a thread per slice, and its two slots of both tiles (2 * 2 * TILE_K * TILE floats) take at
+// most 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every
+// tile.
+struct GemmTile {
+  int64_t tile, work, tile_k;
+};
+constexpr std::array<GemmTile, 3> kGemmTiles{{{128, 8, 8}, {64, 4, 16}, {32, 4, 16}}};
+
+// The largest tile that still gives every compute unit of a large GPU (132 on an H200) work:
+// 128 x 128 tiles for big products, down to 32 x 32 for small ones. `concurrent` is the number
+// of independent GEMMs of this shape that run at the same time (the split-K partial products
+// of one sum). MEGANEURA_GEMM_TILE=128|64|32 forces a tile (tuning and tests).
+GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t batches, int64_t concurrent) {
   constexpr int64_t kWorkgroupsWanted = 132;
-  for (int64_t work : {8, 4}) {
-    const int64_t tile = 16 * work;
-    const int64_t workgroups = ((m + tile - 1) / tile) * ((n + tile - 1) / tile) * batches;
-    if (workgroups >= kWorkgroupsWanted / (work == 8 ? 1 : 2)) return work;
+  const char* forced = std::getenv("MEGANEURA_GEMM_TILE");
+  for (const GemmTile& candidate : kGemmTiles) {
+    if (forced) {
+      if (std::to_string(candidate.tile) == forced) return candidate;
+      continue;
+    }
+    const int64_t workgroups = ((m + candidate.tile - 1) / candidate.tile) *
+                               ((n + candidate.tile - 1) / candidate.tile) * batches * concurrent;
+    if (workgroups >= kWorkgroupsWanted / (candidate.tile == 128 ? 1 : 2)) return candidate;
   }
-  return 2;
+  return kGemmTiles.back();
+}
+
+// Declares `view`, a vec4 array over the storage buffer at `binding` (which also holds the float
+// array of the operand), for 16-byte global loads.
+std::string vec4_view(const std::string& view, size_t binding) {
+  return "layout(std430, set = 0, binding = " + std::to_string(binding) +
+         ") readonly buffer buffer_" + view + " { vec4 " + view + "[]; };\n";
 }
 
 // `uint <name>(uint batch)`: element offset of an operand's matrix for output batch `batch`,
@@ -46,14 +72,8 @@ std::string batch_offset_function(const std::string& name, const Shape& operand,
   return text + ";\n}\n";
 }
 
-// `void store_c(uint batch, uint row, uint col, float value)`: writes one element of the
-// row-major [batch, m, n] result `c`. Every GEMM kernel stores through it.
-std::string matmul_store_function(int64_t m, int64_t n) {
-  return "void store_c(uint z, uint m, uint n, float value) { c[(z * " + glsl_uint(m) +
-         " + m) * " + glsl_uint(n) + " + n] = value; }\n";
-}
-
-void lower_matmul(LoweringContext& context) {
+// Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue`.
+void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   const Node& node = context.node();
   const Shape& a_shape = context.input_type(0).shape;
   const Shape& b_shape = context.input_type(1).shape;
@@ -65,43 +85,79 @@ void lower_matmul(LoweringContext& context) {
   const int64_t k = transpose_a ? a_shape[a_shape.size() - 2] : a_shape[a_shape.size() - 1];
   const Shape batch_shape(out_shape.begin(), out_shape.end() - 2);
   const int64_t batches = element_count(batch_shape);
+  // The K range summed: all of K, or one slice of it for a split-K partial product.
+  const int64_t k_begin = node.attrs.get_int("k_begin", 0);
+  const int64_t k_end = node.attrs.get_int("k_end", k);
 
-  if (use_cpu_kernels(context.device())) {
+  const bool coop = use_coop_gemm(context.device());
+  if (coop || use_cpu_kernels(context.device())) {
+    // The CPU GEMM sums k over [0, k_end - k_begin), so its loads shift k into the range; the
+    // cooperative-matrix GEMM takes the range itself.
+    const std::string kk = coop || k_begin == 0 ? "k" : "(k + " + glsl_uint(k_begin) + ")";
     const std::string t =
-        transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
+        transpose_a ? kk + " * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + " + kk;
     const std::string u =
-        transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
-    CpuGemm gemm{m, n, k, batches, ""};
-    gemm.functions = batch_offset_function("a_offset", a_shape, batch_shape) +
-                     batch_offset_function("b_offset", b_shape, batch_shape) +
-                     "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t +
-                     "]; }\n" + "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " +
-                     u + "]; }\n" + matmul_store_function(m, n);
-    emit_cpu_gemm(
-        context, gemm,
-        {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}});
+        transpose_b ? "n * " + glsl_uint(k) + " + " + kk : kk + " * " + glsl_uint(n) + " + n";
+    std::string functions =
+        batch_offset_function("a_offset", a_shape, batch_shape) +
+        batch_offset_function("b_offset", b_shape, batch_shape) +
+        "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t + "]; }\n" +
+        "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n";
+    Launch bindings;
+    bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
+    functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
+    if (coop) {
+      const CoopGemm gemm{.m = m,
+                          .n = n,
+                          .k = k_end,
+                          .entries = batches,
+                          .k_begin = k_begin,
+                          .a_m_contiguous = transpose_a,
+                          .b_k_contiguous = transpose_b,
+                          .functions = std::move(functions)};
+      emit_coop_gemm(context, gemm, std::move(bindings.operands));
+    } else {
+      emit_cpu_gemm(context, CpuGemm{m, n, k_end - k_begin, batches, std::move(functions)},
+                    std::move(bindings.operands));
+    }
     return;
   }
-  const int64_t work = gemm_work_per_thread(m, n, batches);
-  const int64_t tile = 16 * work;
+  const GemmTile tile =
+      choose_gemm_tile(m, n, batches, std::max<int64_t>(1, k / (k_end - k_begin)));
+  // vec4 loads need the operand's contiguous extent, and the K range when K is that extent, in
+  // multiples of 4: a vec4 then starts 16-byte aligned and lies wholly inside or outside.
+  const bool k_range_aligned = k % 4 == 0 && k_begin % 4 == 0 && k_end % 4 == 0;
+  const bool a_vec4 = transpose_a ? m % 4 == 0 : k_range_aligned;
+  const bool b_vec4 = transpose_b ? k_range_aligned : n % 4 == 0;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm";
-  launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
+  launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
+  launch.body = (a_vec4 ? vec4_view("a4", 0) : "") + (b_vec4 ? vec4_view("b4", 1) : "") +
+                batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
-                matmul_store_function(m, n) + std::string(kernel_source("gemm.comp"));
+                matmul_store_function(context.graph(), context.id(), epilogue, launch) +
+                std::string(kernel_source("gemm.comp"));
   launch.defines = {{"M", glsl_uint(m)},
                     {"N", glsl_uint(n)},
                     {"K", glsl_uint(k)},
+                    {"K_BEGIN", glsl_uint(k_begin)},
+                    {"K_END", glsl_uint(k_end)},
                     {"TRANSPOSE_A", transpose_a ? "1" : "0"},
                     {"TRANSPOSE_B", transpose_b ? "1" : "0"},
-                    {"WORK", std::to_string(work)},
-                    {"TILE_K", work == 8 ? "8" : "16"}};
-  launch.operands = {
-      {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
-  launch.groups = {static_cast<uint32_t>((n + tile - 1) / tile),
-                   static_cast<uint32_t>((m + tile - 1) / tile), static_cast<uint32_t>(batches)};
+                    {"A_VEC4", a_vec4 ? "1" : "0"},
+                    {"B_VEC4", b_vec4 ? "1" : "0"},
+                    {"TILE", std::to_string(tile.tile)},
+                    {"WORK", std::to_string(tile.work)},
+                    {"TILE_K", std::to_string(tile.tile_k)}};
+  launch.groups = {static_cast<uint32_t>((n + tile.tile - 1) / tile.tile),
+                   static_cast<uint32_t>((m + tile.tile - 1) / tile.tile),
+                   static_cast<uint32_t>(batches)};
   context.emit(std::move(launch));
+}
+
+void lower_matmul(LoweringContext& context) {
+  emit_matmul(context, nullptr);
 }
 
 // The generated part of gemm_cpu.comp: one statement per row and 4-column part of the register
@@ -245,6 +301,15 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
   launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
                    static_cast<uint32_t>(gemm.entries)};
   context.emit(std::move(launch));
+}
+
+std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
+                                               const MatmulEpilogue& epilogue,
+                                               const DeviceTraits& device, std::string label) {
+  LoweringContext context(graph, matmul, device);
+  emit_matmul(context, &epilogue);
+  for (Launch& launch : context.launches()) launch.label = label;
+  return std::move(context.launches());
 }
 
 std::vector<LoweringEntry> gemm_lowerings() {

@@ -22,6 +22,11 @@ struct DeviceTraits {
   uint32_t max_workgroup_count_x = 65535;
   uint32_t max_storage_buffers = 16;  // per kernel (maxPerStageDescriptorStorageBuffers)
   bool cpu = false;  // a CPU implementation (Lavapipe): prefer kernels without barriers
+  // Cooperative matrices with f16 A (16 x 16) and B (16 x 8) and f32 accumulators (the shape
+  // the fast GEMM uses), per extension; fast_precision asks for them (Precision::fast).
+  bool coop_matrix_f16_nv = false;
+  bool coop_matrix_f16_khr = false;
+  bool fast_precision = false;
   std::string name = "device";
 };
 
@@ -38,6 +43,8 @@ struct Launch {
   std::vector<std::pair<std::string, std::string>> defines;
   std::vector<Operand> operands;
   std::array<uint32_t, 3> groups{1, 1, 1};
+  // The GLSL uses GL_NV_cooperative_matrix; compile it to SPV_KHR_cooperative_matrix instead.
+  bool khr_cooperative_matrix = false;
 };
 
 // The GLSL text that declares `launch`'s operands as std430 storage buffers (binding k is

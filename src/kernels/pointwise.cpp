@@ -2,6 +2,7 @@
 
 #include "kernels/index_codegen.hpp"
 
+#include <algorithm>
 #include <map>
 
 namespace mg::kernels {
@@ -113,49 +114,13 @@ bool is_pointwise_op(std::string_view op) {
   return expressions().count(op) > 0 || op == "gelu" || op == "gelu_grad";
 }
 
-Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
-                        std::string label) {
-  const TensorType& output_type = graph.type(dag.output);
-  const Shape& shape = output_type.shape;
-  const int64_t count = output_type.elements();
+std::string_view pointwise_functions_glsl() {
+  return kPointwiseFunctions;
+}
 
-  Launch launch;
-  launch.label = std::move(label);
-  launch.kernel = "pointwise";
-  std::string body = std::string(kPointwiseFunctions);
-  body += "layout(local_size_x = " + std::to_string(kLocalSize) + ") in;\nvoid main() {\n";
-  body += "  uint i = linear_workgroup() * " + std::to_string(kLocalSize) +
-          "u + gl_LocalInvocationID.x;\n";
-  body += "  if (i >= " + std::to_string(count) + "u) return;\n";
-  // Coordinates of element i, innermost first.
-  body += "  uint rest = i;\n";
-  for (size_t axis = shape.size(); axis-- > 0;) {
-    body += "  uint c" + std::to_string(axis) + " = rest % " + std::to_string(shape[axis]) +
-            "u; rest /= " + std::to_string(shape[axis]) + "u;\n";
-  }
-
-  std::vector<std::string> input_expressions;
-  for (size_t k = 0; k < dag.inputs.size(); ++k) {
-    const Node& input_node = graph.node(dag.inputs[k]);
-    if (input_node.is_uniform_constant()) {
-      input_expressions.push_back(glsl_float(input_node.attrs.get_float("value")));
-      continue;
-    }
-    const std::string name = "in" + std::to_string(k);
-    launch.operands.push_back({name, dag.inputs[k], false});
-    const Shape& input_shape = input_node.type.shape;
-    const std::vector<int64_t> strides = row_major_strides(input_shape);
-    const size_t offset = shape.size() - input_shape.size();
-    std::string index;
-    for (size_t axis = 0; axis < input_shape.size(); ++axis) {
-      if (input_shape[axis] == 1) continue;
-      if (!index.empty()) index += " + ";
-      index += "c" + std::to_string(axis + offset) + " * " + std::to_string(strides[axis]) + "u";
-    }
-    const std::string load = name + "[" + (index.empty() ? "0" : index) + "]";
-    input_expressions.push_back(input_node.type.dtype == DType::f32 ? load : "float(" + load + ")");
-  }
-
+std::string pointwise_statements_glsl(const PointwiseDag& dag,
+                                      const std::vector<std::string>& input_expressions) {
+  std::string text;
   for (size_t s = 0; s < dag.statements.size(); ++s) {
     const PointwiseStatement& statement = dag.statements[s];
     std::vector<std::string> arguments;
@@ -163,16 +128,256 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       arguments.push_back(argument >= 0 ? input_expressions.at(argument)
                                         : "t" + std::to_string(-1 - argument));
     }
-    body += "  float t" + std::to_string(s) + " = " +
+    text += "  float t" + std::to_string(s) + " = " +
             substitute(expression_for(statement), arguments) + ";\n";
   }
-  const std::string result = "t" + std::to_string(dag.statements.size() - 1);
-  launch.operands.push_back({"result", dag.output, true});
+  return text;
+}
+
+std::string pointwise_result_glsl(const PointwiseDag& dag) {
+  return "t" + std::to_string(dag.statements.size() - 1);
+}
+
+namespace {
+
+// Each thread computes this many consecutive elements (one vec4) when the inputs allow it, and
+// otherwise this many elements kLocalSize apart (coalesced scalar accesses).
+constexpr uint32_t kElementsPerThread = 4;
+
+// How a kernel reads one DAG input.
+enum class InputKind {
+  constant,   // a uniform constant: a literal in the source
+  full,       // the output's element count: read at the output's linear index
+  single,     // one element, broadcast everywhere
+  broadcast,  // anything else: indexed through output coordinates
+};
+
+struct InputAccess {
+  InputKind kind = InputKind::constant;
+  std::string name;  // the buffer's array ("in3"), or the literal for constants
+  DType dtype = DType::f32;
+  uint32_t binding = 0;       // operand index, for the vector view of the same buffer
+  std::vector<bool> present;  // broadcast inputs: varies along each collapsed output axis
+};
+
+// The output shape with extent-1 axes dropped and neighbouring axes merged wherever every
+// broadcast input either varies along both or along neither, so that coordinates need as few
+// divisions as possible. Fills each broadcast input's `present`.
+std::vector<int64_t> collapse_axes(const Graph& graph, const PointwiseDag& dag, const Shape& shape,
+                                   std::vector<InputAccess>& inputs) {
+  std::vector<int64_t> extents;
+  std::vector<bool> previous;  // which broadcast inputs vary along the last collapsed axis
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    if (shape[axis] == 1) continue;
+    std::vector<bool> varies;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (inputs[k].kind != InputKind::broadcast) continue;
+      const Shape& input_shape = graph.type(dag.inputs[k]).shape;
+      const size_t offset = shape.size() - input_shape.size();
+      varies.push_back(axis >= offset && input_shape[axis - offset] != 1);
+    }
+    if (!extents.empty() && varies == previous) {
+      extents.back() *= shape[axis];
+      continue;
+    }
+    extents.push_back(shape[axis]);
+    size_t b = 0;
+    for (InputAccess& input : inputs) {
+      if (input.kind == InputKind::broadcast) input.present.push_back(varies[b++]);
+    }
+    previous = std::move(varies);
+  }
+  return extents;
+}
+
+// Flat index into a broadcast input from the collapsed coordinates `prefix`0, `prefix`1, ...
+std::string broadcast_index(const InputAccess& input, const std::vector<int64_t>& extents,
+                            const std::string& prefix) {
+  std::string index;
+  int64_t stride = 1;
+  for (size_t axis = extents.size(); axis-- > 0;) {
+    if (!input.present[axis]) continue;
+    const std::string term =
+        prefix + std::to_string(axis) + (stride == 1 ? std::string() : " * " + glsl_uint(stride));
+    index = index.empty() ? term : term + " + " + index;
+    stride *= extents[axis];
+  }
+  return index.empty() ? "0u" : index;
+}
+
+std::string as_float(const std::string& load, DType dtype) {
+  return dtype == DType::f32 ? load : "float(" + load + ")";
+}
+
+std::string vector_type(DType dtype) {
+  switch (dtype) {
+    case DType::i32:
+      return "ivec4";
+    case DType::u32:
+      return "uvec4";
+    default:
+      return "vec4";
+  }
+}
+
+std::string scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::i32:
+      return "int";
+    case DType::u32:
+      return "uint";
+    default:
+      return "float";
+  }
+}
+
+// A vec4 view of operand `binding` (aliasing its scalar declaration); the planner aligns every
+// value to at least 256 bytes, so element 4g starts a vec4.
+std::string vector_view(const std::string& name, DType dtype, uint32_t binding, bool write) {
+  return "layout(std430, set = 0, binding = " + std::to_string(binding) + ") " +
+         (write ? "buffer" : "readonly buffer") + " buffer_" + name + "_x4 { " +
+         vector_type(dtype) + " " + name + "_x4[]; };\n";
+}
+
+// The DAG for one element whose inputs are `input_expressions`, stored with `store`.
+std::string element_glsl(const PointwiseDag& dag, const std::vector<std::string>& input_expressions,
+                         DType output_dtype, const std::string& store) {
+  const std::string result = pointwise_result_glsl(dag);
+  return pointwise_statements_glsl(dag, input_expressions) + "  " + store + " = " +
+         (output_dtype == DType::f32 ? result : scalar_type(output_dtype) + "(" + result + ")") +
+         ";\n";
+}
+
+}  // namespace
+
+Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
+                        std::string label) {
+  const TensorType& output_type = graph.type(dag.output);
+  const int64_t count = output_type.elements();
   const DType output_dtype = output_type.dtype;
-  body +=
-      "  result[i] = " + (output_dtype == DType::f32 ? result : "int(" + result + ")") + ";\n}\n";
+
+  Launch launch;
+  launch.label = std::move(label);
+  launch.kernel = "pointwise";
+  std::vector<InputAccess> inputs(dag.inputs.size());
+  for (size_t k = 0; k < dag.inputs.size(); ++k) {
+    const Node& input_node = graph.node(dag.inputs[k]);
+    InputAccess& input = inputs[k];
+    if (input_node.is_uniform_constant()) {
+      input.name = glsl_float(input_node.attrs.get_float("value"));
+      continue;
+    }
+    const int64_t elements = input_node.type.elements();
+    input.kind = elements == count ? InputKind::full
+                 : elements == 1   ? InputKind::single
+                                   : InputKind::broadcast;
+    input.name = "in" + std::to_string(k);
+    input.dtype = input_node.type.dtype;
+    input.binding = static_cast<uint32_t>(launch.operands.size());
+    launch.operands.push_back({input.name, dag.inputs[k], false});
+  }
+  const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
+  launch.operands.push_back({"result", dag.output, true});
+
+  const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
+  const bool has_broadcast = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {
+    return in.kind == InputKind::broadcast;
+  });
+  // Groups of four consecutive elements share every broadcast input's coordinates except along
+  // the innermost axis, so they load as one vec4 or one splatted scalar.
+  const bool vectorised =
+      count >= kElementsPerThread && (!has_broadcast || extents.back() % kElementsPerThread == 0);
+
+  std::string body = std::string(pointwise_functions_glsl());
+  const std::string local = std::to_string(kLocalSize);
+  if (vectorised) {
+    const int64_t groups = count / kElementsPerThread;
+    for (const InputAccess& input : inputs) {
+      const bool vector_load = input.kind == InputKind::full ||
+                               (input.kind == InputKind::broadcast && input.present.back());
+      if (vector_load) body += vector_view(input.name, input.dtype, input.binding, false);
+    }
+    body += vector_view("result", output_dtype, result_binding, true);
+    body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
+    body += "  uint g = linear_workgroup() * " + local + "u + gl_LocalInvocationID.x;\n";
+    body += "  if (g < " + glsl_uint(groups) + ") {\n";
+    if (has_broadcast) body += coordinates_glsl(extents, "g * 4u");
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const InputAccess& input = inputs[k];
+      const std::string value = "  vec4 a" + std::to_string(k) + " = ";
+      if (input.kind == InputKind::full) {
+        const std::string load = input.name + "_x4[g]";
+        body += value + (input.dtype == DType::f32 ? load : "vec4(" + load + ")") + ";\n";
+      } else if (input.kind == InputKind::single) {
+        body += value + "vec4(" + input.name + "[0]);\n";
+      } else if (input.kind == InputKind::broadcast) {
+        const std::string index = broadcast_index(input, extents, "c");
+        const std::string load = input.present.back() ? input.name + "_x4[(" + index + ") / 4u]"
+                                                      : input.name + "[" + index + "]";
+        body += value + "vec4(" + load + ");\n";
+      }
+    }
+    body += "  " + vector_type(output_dtype) + " r;\n";
+    for (const char* lane : {"x", "y", "z", "w"}) {
+      std::vector<std::string> lane_inputs;
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        lane_inputs.push_back(inputs[k].kind == InputKind::constant
+                                  ? inputs[k].name
+                                  : "a" + std::to_string(k) + "." + lane);
+      }
+      body += "  {\n" + element_glsl(dag, lane_inputs, output_dtype, std::string("r.") + lane) +
+              "  }\n";
+    }
+    body += "  result_x4[g] = r;\n  }\n";
+    if (count % kElementsPerThread != 0) {
+      // The last few elements, without broadcast inputs (those imply a multiple of four).
+      std::vector<std::string> tail_inputs;
+      for (const InputAccess& input : inputs) {
+        tail_inputs.push_back(input.kind == InputKind::constant ? input.name
+                              : input.kind == InputKind::single
+                                  ? as_float(input.name + "[0]", input.dtype)
+                                  : as_float(input.name + "[i]", input.dtype));
+      }
+      body += "  if (g == " + glsl_uint(groups) + ") {\n";
+      body += "  for (uint i = " + glsl_uint(groups * kElementsPerThread) + "; i < " +
+              glsl_uint(count) + "; ++i) {\n";
+      body += element_glsl(dag, tail_inputs, output_dtype, "result[i]") + "  }\n  }\n";
+    }
+    body += "}\n";
+    launch.groups = grid_for(static_cast<uint64_t>(groups + (count % kElementsPerThread != 0)),
+                             kLocalSize, device);
+  } else {
+    std::vector<std::string> element_inputs;
+    for (const InputAccess& input : inputs) {
+      switch (input.kind) {
+        case InputKind::constant:
+          element_inputs.push_back(input.name);
+          break;
+        case InputKind::full:
+          element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
+          break;
+        case InputKind::single:
+          element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
+          break;
+        case InputKind::broadcast:
+          element_inputs.push_back(
+              as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
+          break;
+      }
+    }
+    body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
+    body += "  uint first = linear_workgroup() * " +
+            glsl_uint(int64_t{kLocalSize} * kElementsPerThread) + " + gl_LocalInvocationID.x;\n";
+    body += "  for (uint j = 0u; j < " + glsl_uint(kElementsPerThread) + "; ++j) {\n";
+    body += "  uint i = first + j * " + local + "u;\n";
+    body += "  if (i >= " + glsl_uint(count) + ") return;\n";
+    if (has_broadcast) body += coordinates_glsl(extents, "i");
+    body += element_glsl(dag, element_inputs, output_dtype, "result[i]") + "  }\n}\n";
+    launch.groups =
+        grid_for((static_cast<uint64_t>(count) + kElementsPerThread - 1) / kElementsPerThread,
+                 kLocalSize, device);
+  }
   launch.body = std::move(body);
-  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, device);
   return launch;
 }
 

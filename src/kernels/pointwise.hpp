@@ -24,6 +24,16 @@ struct PointwiseDag {
 
 bool is_pointwise_op(std::string_view op);
 
+// GLSL helpers (mg_erf, mg_gelu, ...) that the statements below call; once per shader.
+std::string_view pointwise_functions_glsl();
+
+// Statements `float t<s> = ...;` that evaluate `dag`, given one float-valued GLSL expression
+// per DAG input; shared by pointwise_launch and the matmul epilogue (gemm_epilogue.hpp).
+std::string pointwise_statements_glsl(const PointwiseDag& dag,
+                                      const std::vector<std::string>& input_expressions);
+// The variable that holds the DAG's result after those statements.
+std::string pointwise_result_glsl(const PointwiseDag& dag);
+
 Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
                         std::string label);
 

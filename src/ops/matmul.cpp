@@ -16,9 +16,16 @@ Shape batch_of(const Shape& shape) {
   return Shape(shape.begin(), shape.end() - 2);
 }
 
-// matmul(a, b) {transpose_a: 0|1, transpose_b: 0|1}: a [..., M, K] x b [..., K, N] ->
-// [..., M, N] after the optional swap of each operand's last two axes; rank >= 2, batch axes
-// broadcast (NumPy), one floating dtype.
+// The K range [k_begin, k_end) a matmul sums over: all of K unless the split-K pass
+// (passes/split_k.cpp) made the node one partial product of a longer sum.
+std::pair<int64_t, int64_t> k_range(const Node& node, int64_t k) {
+  return {node.attrs.get_int("k_begin", 0), node.attrs.get_int("k_end", k)};
+}
+
+// matmul(a, b) {transpose_a: 0|1, transpose_b: 0|1, k_begin, k_end}: a [..., M, K] x
+// b [..., K, N] -> [..., M, N] after the optional swap of each operand's last two axes; rank
+// >= 2, batch axes broadcast (NumPy), one floating dtype. With k_begin / k_end (both or none,
+// 0 <= k_begin < k_end <= K) only that range of K is summed.
 TensorType infer_matmul(const Graph& graph, const Node& node) {
   if (node.inputs.size() != 2) op_error(graph, node, "takes two inputs");
   const TensorType& a = graph.type(node.inputs[0]);
@@ -34,6 +41,14 @@ TensorType infer_matmul(const Graph& graph, const Node& node) {
     op_error(graph, node,
              "inner dimensions differ (" + std::to_string(k) + " vs " + std::to_string(k_b) + ")");
   }
+  if (node.attrs.has("k_begin") != node.attrs.has("k_end"))
+    op_error(graph, node, "needs both k_begin and k_end or neither");
+  const auto [k_begin, k_end] = k_range(node, k);
+  if (k_begin < 0 || k_begin >= k_end || k_end > k) {
+    op_error(graph, node,
+             "K range [" + std::to_string(k_begin) + ", " + std::to_string(k_end) +
+                 ") is empty or outside K = " + std::to_string(k));
+  }
   Shape shape = broadcast_or_error(graph, node, batch_of(a.shape), batch_of(b.shape));
   shape.push_back(m);
   shape.push_back(n);
@@ -47,6 +62,7 @@ HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
   const auto [m, k_extent] = matrix_extents(a.shape, transpose_a);
   const int64_t n = matrix_extents(b.shape, transpose_b).second;
+  const auto [k_begin, k_end] = k_range(node, k_extent);
   HostTensor out(node.type.shape);
   const Shape batch = batch_of(out.shape);
   for (int64_t batch_index = 0; batch_index < element_count(batch); ++batch_index) {
@@ -58,7 +74,7 @@ HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         double total = 0;
-        for (int64_t k = 0; k < k_extent; ++k) {
+        for (int64_t k = k_begin; k < k_end; ++k) {
           const double a_ik = a.data[a_base + (transpose_a ? k * m + i : i * k_extent + k)];
           const double b_kj = b.data[b_base + (transpose_b ? j * k_extent + k : k * n + j)];
           total += a_ik * b_kj;
@@ -74,6 +90,11 @@ HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor
 // operand takes the transpose of those, which folds into the flags of one product each.
 std::vector<ValueId> matmul_vjp(Graph& graph, ValueId self, ValueId grad) {
   const Node node = graph.node(self);
+  if (node.attrs.has("k_begin")) {
+    throw Error("matmul %" + std::to_string(self) +
+                " sums a K range (k_begin / k_end), which has no gradient: split-K partial "
+                "products are made after differentiation");
+  }
   const Tensor a(&graph, node.inputs[0]);
   const Tensor b(&graph, node.inputs[1]);
   const Tensor g(&graph, grad);

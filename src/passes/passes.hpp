@@ -21,6 +21,10 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // summed (see split_weight_gradients.cpp).
 Graph split_weight_gradients(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// Cuts long-K matmuls with few output tiles into partial products over K ranges (k_begin /
+// k_end) that run in parallel and are summed (see split_k.cpp).
+Graph split_long_k_matmuls(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 

@@ -5,13 +5,14 @@
 #include <cstring>
 #include <map>
 
+#include "kernels/gemm_epilogue.hpp"
 #include "kernels/pointwise.hpp"
 
 namespace mg::plan {
 namespace {
 
-bool fusion_disabled() {
-  const char* value = std::getenv("MEGANEURA_NO_FUSION");
+bool switched_on(const char* variable) {
+  const char* value = std::getenv(variable);
   return value && std::strcmp(value, "0") != 0;
 }
 
@@ -41,6 +42,23 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_
   return reference;
 }
 
+// The DAG rooted at `root` with the product of matmul `product` (which feeds it, possibly through
+// fused producers) as an input.
+kernels::MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId product,
+                                     const std::vector<bool>& fused_into_consumer) {
+  kernels::MatmulEpilogue epilogue;
+  epilogue.dag.output = root;
+  std::map<ValueId, int> argument_of;
+  append_fused(graph, root, fused_into_consumer, epilogue.dag, argument_of);
+  epilogue.product_input = static_cast<size_t>(argument_of.at(product));
+  return epilogue;
+}
+
+std::string fused_label(const Graph& graph, const kernels::PointwiseDag& dag) {
+  return "fused " + std::to_string(dag.statements.size()) + " ops -> " + graph.node(dag.output).op +
+         " %" + std::to_string(dag.output);
+}
+
 }  // namespace
 
 std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device,
@@ -58,7 +76,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   for (const auto& [leaf, value] : graph.updates()) observed[value] = true;
 
   std::vector<bool> fused_into_consumer(graph.size(), false);
-  if (!fusion_disabled()) {
+  const bool fusion_enabled = !switched_on("MEGANEURA_NO_FUSION");
+  if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId consumer = consumer_of[i];
@@ -92,13 +111,56 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     bound_inputs[i] = count;
   }
 
-  if (fused_away)
-    *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true);
+  // Matmul epilogues: a matmul's product with one pointwise consumer of its shape is handed to
+  // the DAG that consumer belongs to, which the GEMM then evaluates in its store. A DAG takes
+  // one product; split-K partial products (k_begin) stay separate, or the GEMMs of one sum
+  // would run one after another.
+  std::map<ValueId, kernels::MatmulEpilogue> epilogue_of_root;
+  std::vector<bool> in_epilogue(graph.size(), false);
+  if (fusion_enabled && !switched_on("MEGANEURA_NO_EPILOGUE_FUSION")) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      if (node.op != "matmul" || node.attrs.has("k_begin") || observed[i] || consumers[i] != 1 ||
+          node.type.dtype != DType::f32) {
+        continue;
+      }
+      const Node& consumer = graph.node(consumer_of[i]);
+      if (!kernels::is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape))
+        continue;
+      ValueId root = consumer_of[i];
+      while (fused_into_consumer[root]) root = consumer_of[root];
+      if (epilogue_of_root.count(root)) continue;
+      kernels::MatmulEpilogue epilogue =
+          epilogue_for(graph, root, static_cast<ValueId>(i), fused_into_consumer);
+      if (kernels::matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
+      epilogue_of_root.emplace(root, std::move(epilogue));
+      in_epilogue[i] = true;
+    }
+  }
+
+  if (fused_away) {
+    *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true) +
+                  epilogue_of_root.size();
+  }
   std::vector<kernels::Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
-    if (node.is_leaf() || kernels::is_view_op(node.op) || fused_into_consumer[i]) continue;
+    if (node.is_leaf() || kernels::is_view_op(node.op) || fused_into_consumer[i] ||
+        in_epilogue[i]) {
+      continue;
+    }
+    if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
+      const kernels::MatmulEpilogue& epilogue = it->second;
+      const ValueId product = epilogue.dag.inputs[epilogue.product_input];
+      const std::string label =
+          "matmul %" + std::to_string(product) + " + " + fused_label(graph, epilogue.dag);
+      for (kernels::Launch& launch :
+           kernels::lower_matmul_with_epilogue(graph, product, epilogue, device, label)) {
+        launches.push_back(std::move(launch));
+      }
+      continue;
+    }
     const bool has_fused_producer =
         kernels::is_pointwise_op(node.op) &&
         std::any_of(node.inputs.begin(), node.inputs.end(),
@@ -113,10 +175,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     dag.output = id;
     std::map<ValueId, int> argument_of;
     append_fused(graph, id, fused_into_consumer, dag, argument_of);
-    launches.push_back(kernels::pointwise_launch(graph, dag, device,
-                                                 "fused " + std::to_string(dag.statements.size()) +
-                                                     " ops -> " + node.op + " %" +
-                                                     std::to_string(id)));
+    launches.push_back(kernels::pointwise_launch(graph, dag, device, fused_label(graph, dag)));
   }
   return launches;
 }

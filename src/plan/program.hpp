@@ -48,6 +48,9 @@ struct PlanOptions {
   // Run convolution weight gradients as parallel partial sums over batch slices: pays on GPUs
   // with many compute units, not on CPU devices. MEGANEURA_SPLIT_WEIGHT_GRADIENTS=0/1 overrides.
   bool split_weight_gradients = true;
+  // Split long-K matmuls with few output tiles over K (split-K), for the same reason.
+  // MEGANEURA_SPLIT_K=0/1 overrides.
+  bool split_k = true;
   // Bytes left unused after every value (tests fill them with a sentinel and check that no
   // kernel wrote past its outputs). Needs reuse_memory = false, or a later value could
   // legitimately land on an earlier value's guard.

@@ -1,5 +1,6 @@
 #include "meganeura/session.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -12,7 +13,20 @@
 namespace mg {
 namespace {
 
-kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info) {
+// The shape the fast GEMM is written for: f16 A 16 x 16, B 16 x 8, f32 accumulator.
+bool has_f16_coop_shape(const gpu::DeviceCaps& caps, bool khr) {
+  return caps.shader_f16 && std::any_of(caps.coop_matrix.begin(), caps.coop_matrix.end(),
+                                        [&](const gpu::CoopMatrixConfig& config) {
+                                          return config.khr == khr && config.m == 16 &&
+                                                 config.n == 8 && config.k == 16 &&
+                                                 config.a == gpu::ScalarType::f16 &&
+                                                 config.b == gpu::ScalarType::f16 &&
+                                                 config.c == gpu::ScalarType::f32 &&
+                                                 config.result == gpu::ScalarType::f32;
+                                        });
+}
+
+kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision) {
   kernels::DeviceTraits traits;
   traits.subgroup_size = info.caps.subgroup_size;
   traits.max_shared_memory_bytes = info.caps.max_shared_memory_bytes;
@@ -21,6 +35,9 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info) {
   traits.cpu = info.kind == gpu::DeviceKind::cpu;
   traits.max_storage_buffers = info.caps.max_storage_buffers_per_stage;
   traits.name = info.name;
+  traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
+  traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
+  traits.fast_precision = precision == Precision::fast;
   return traits;
 }
 
@@ -32,6 +49,7 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
       std::min(info.caps.max_storage_buffer_range, info.caps.max_memory_allocation_size);
   options.alignment = std::max<uint64_t>(256, info.caps.min_storage_buffer_offset_alignment);
   options.split_weight_gradients = info.kind != gpu::DeviceKind::cpu;
+  options.split_k = info.kind != gpu::DeviceKind::cpu;
   return options;
 }
 
@@ -46,6 +64,16 @@ struct StagingSlot {
 };
 
 }  // namespace
+
+Precision parse_precision(std::string_view text) {
+  if (text == "strict") return Precision::strict;
+  if (text == "fast") return Precision::fast;
+  throw Error("unknown precision \"" + std::string(text) + "\": use strict or fast");
+}
+
+std::string_view precision_name(Precision precision) {
+  return precision == Precision::fast ? "fast" : "strict";
+}
 
 struct Session::Impl {
   std::unique_ptr<gpu::Device> device;
@@ -169,6 +197,7 @@ struct Session::Impl {
         spec.source = it->first.first;
         spec.defines = launch.defines;
         spec.binding_count = static_cast<uint32_t>(launch.operands.size());
+        spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;
         specs.push_back(std::move(spec));
       }
       spec_of_launch.push_back(it->second);
@@ -190,7 +219,8 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.device = gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
-  impl.program = plan::build_program(graph, traits_of(info), plan_options_of(info, options));
+  impl.program = plan::build_program(graph, traits_of(info, options.precision),
+                                     plan_options_of(info, options));
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
@@ -235,6 +265,11 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   const std::vector<gpu::Command> commands = impl.commands();
   impl.recording = impl.device->record(commands, options.profile);
   impl.report.dispatches = impl.program.launches.size();
+  impl.report.coop_matrix_dispatches =
+      static_cast<size_t>(std::count_if(impl.program.launches.begin(), impl.program.launches.end(),
+                                        [](const plan::PlannedLaunch& planned) {
+                                          return planned.launch.kernel.ends_with("coopmat");
+                                        }));
   impl.report.memory_plan = plan::describe_memory(impl.program);
   impl.report.build_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

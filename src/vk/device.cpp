@@ -178,6 +178,13 @@ class VulkanDevice final : public Device {
     check(vkCreateDevice(physical_.handle, &create, nullptr, &device_),
           "opening Vulkan device '" + name + "'");
     vkGetDeviceQueue(device_, physical_.compute_queue_family, 0, &queue_);
+    // Kernels may use what was enabled, not all the device offers: validated runs leave the KHR
+    // cooperative matrices off (see features_to_enable).
+    std::erase_if(physical_.info.caps.coop_matrix, [&](const CoopMatrixConfig& config) {
+      return config.khr
+                 ? !(enabled.known.coop_matrix_khr && enabled.coop_matrix_khr.cooperativeMatrix)
+                 : !(enabled.known.coop_matrix_nv && enabled.coop_matrix_nv.cooperativeMatrix);
+    });
 
     auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
     pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;  // the transfer buffer is reused

@@ -95,6 +95,9 @@ struct KernelSpec {
   std::vector<std::pair<std::string, std::string>> defines;
   uint32_t binding_count = 0;        // storage buffers at set 0, bindings 0..binding_count-1
   uint32_t push_constant_bytes = 0;  // size of the push-constant block, <= 128
+  // The source uses GL_NV_cooperative_matrix (all glslang 12 compiles); rewrite the SPIR-V to
+  // SPV_KHR_cooperative_matrix for devices that only have the KHR extension.
+  bool khr_cooperative_matrix = false;
 };
 
 // A buffer range bound to one storage-buffer binding.

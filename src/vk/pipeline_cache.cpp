@@ -59,6 +59,7 @@ std::filesystem::path PipelineCache::spirv_path(const KernelSpec& spec) const {
   uint64_t key = fnv1a64(compiler_identity(api_version_));
   key = fnv1a64(std::string_view("\0", 1), key);
   key = fnv1a64(full_source(spec), key);
+  if (spec.khr_cooperative_matrix) key = fnv1a64("SPV_KHR_cooperative_matrix", key);
   return *directory_ / "spirv" / (hex(key) + ".spv");
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "meganeura/error.hpp"
+#include "vk/spirv_cooperative_matrix.hpp"
 #include "vk/vulkan_api.hpp"
 
 namespace mg::gpu {
@@ -150,6 +151,9 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
     throw Error("kernel '" + spec.label + "' (" + describe_defines(spec) +
                 "): SPIR-V generation failed:\n" + trimmed(logger.getAllMessages()));
   if (validate) validate_spirv(spec, spirv, target);
+  // The rewrite runs after validation: Debian's SPIRV-Tools (2023.1) predates the KHR
+  // extension and rejects its opcodes, so the NV form is what gets checked.
+  if (spec.khr_cooperative_matrix) return nv_to_khr_cooperative_matrix(spirv);
   return spirv;
 }
 

@@ -130,4 +130,22 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   fs::remove_all(out);
 }
 
+// A smoke run of the kernel benchmark: the filter picks cases, rotation replicates small inputs
+// (two GEMM inputs of 1.6 MB need 3 copies to pass 4 MiB), every case prints one JSON line.
+TEST(Cli, BenchKernelsFilterAndRotation) {
+  const Result result =
+      run("bench kernels --small --runs 2 --rotate 4 --filter \"smollm q_proj 128x576\"");
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_NE(result.output.find(R"("case":"smollm q_proj 128x576x576")"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find(R"("copies":3)"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("resnet"), std::string::npos) << result.output;
+
+  const Result pointwise = run("bench kernels --small --runs 2 --filter \"pointwise add\"");
+  ASSERT_EQ(pointwise.status, 0) << pointwise.output;
+  EXPECT_NE(pointwise.output.find(R"("case":"pointwise add 64M+2")"), std::string::npos)
+      << pointwise.output;
+  EXPECT_NE(pointwise.output.find("gbps"), std::string::npos) << pointwise.output;
+}
+
 }  // namespace

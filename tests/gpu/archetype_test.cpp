@@ -74,3 +74,59 @@ TEST(GpuArchetypes, PointwiseChainUnfused) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+
+// The pointwise kernel reads four consecutive elements as one vec4 when it can: an element
+// count that is not a multiple of four leaves a scalar tail, and one-element inputs splat.
+TEST(GpuArchetypes, PointwiseVectorisedWithTail) {
+  testing::check_on_gpu({{"a", {1027}}, {"b", {1027}}, {"s", {1}}, {"row", {1, 12}}, {"c", {12}}},
+                        [](Graph& graph, std::vector<Tensor>& x) {
+                          graph.set_output("tail", (x[0] * x[1] + x[2] - 0.25).id());
+                          graph.set_output("ranks", (x[3] * x[4]).id());
+                          graph.set_output("three", (x[0] + x[2]).id());
+                          graph.set_output("short", (sigmoid(x[4]) * x[2]).id());
+                        });
+}
+
+// Broadcast inputs in the vectorised kernel: one that varies along the innermost axis loads a
+// vec4, one that does not loads a scalar for all four lanes; merged axes keep the indexing right.
+TEST(GpuArchetypes, PointwiseVectorisedBroadcasts) {
+  testing::check_on_gpu(
+      {{"a", {6, 5, 8}}, {"bias", {8}}, {"column", {5, 1}}, {"batch", {6, 1, 1}}, {"d", {6, 5, 1}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", (x[0] * x[1] + x[2] - x[3]).id());
+        graph.set_output("merged", (x[0] * x[4]).id());
+      });
+}
+
+// An innermost extent that is not a multiple of four with a broadcast input: the scalar kernel,
+// four elements per thread, including a partly filled last workgroup.
+TEST(GpuArchetypes, PointwiseScalarBroadcasts) {
+  testing::check_on_gpu(
+      {{"a", {2, 9, 6}}, {"b", {9, 1}}, {"c", {6}}, {"big", {3, 700, 3}}, {"e", {700, 1}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", (x[0] * x[1] - x[2]).id());
+        graph.set_output("z", (tanh(x[3]) + x[4]).id());
+      });
+}
+
+// i32 inputs and outputs through the vector views (ivec4) and the scalar tail.
+TEST(GpuArchetypes, PointwiseIntegers) {
+  testing::check_on_gpu({{"a", {1030}, DType::i32, -50, 50},
+                         {"b", {1030}, DType::i32, -50, 50},
+                         {"m", {4, 8}, DType::i32, -50, 50},
+                         {"n", {8}, DType::i32, -50, 50},
+                         {"f", {1030}}},
+                        [](Graph& graph, std::vector<Tensor>& x) {
+                          graph.set_output("sum", (x[0] + x[1]).id());
+                          graph.set_output("product", (x[2] * x[3]).id());
+                          graph.set_output("mixed", (cast(x[0], DType::f32) * x[4]).id());
+                          graph.set_output("halved",
+                                           cast(cast(x[1], DType::f32) * 0.5, DType::i32).id());
+                        });
+}
+
+}  // namespace
+}  // namespace mg

@@ -13,20 +13,7 @@ namespace {
 using testing::check_conv;
 using testing::check_on_gpu;
 using testing::output_with_gradients;
-
-// Sets an environment variable for the lifetime of the object (lowering reads it per Session).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 void check_matmuls() {
   check_on_gpu({{"a", {3, 13, 21}},

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
@@ -31,12 +33,29 @@ inline double normalized_error(const std::vector<float>& gpu, const HostTensor& 
   return std::sqrt(difference) / std::max(std::sqrt(norm), 1e-30);
 }
 
+// Sets an environment variable for the lifetime of the object (lowering reads the switches
+// per Session).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // Runs `build` (which returns the named outputs it sets on the graph) on the GPU and on the
-// reference, checking each output. Returns the worst error.
+// reference, checking each output. Returns the worst error; `dispatches` receives the
+// session's kernel dispatch count. Validation stays on unless a test needs an extension
+// Debian's validation layer predates (KHR cooperative matrices).
 inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
                            const std::function<void(Graph&, std::vector<Tensor>&)>& build,
-                           double tolerance = 1e-5, uint64_t seed = 7,
-                           SessionOptions options = {}) {
+                           double tolerance = 1e-5, uint64_t seed = 7, SessionOptions options = {},
+                           size_t* dispatches = nullptr, bool validation = true) {
   std::mt19937_64 generator(seed);
   Graph graph;
   std::vector<Tensor> tensors;
@@ -59,7 +78,7 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
   initialise_leaves(graph, environment, options.seed);
   const std::vector<HostTensor> reference = evaluate(graph, environment);
 
-  options.validation = true;
+  options.validation = validation;
   options.guard_bytes = 64;  // catches kernels writing past their outputs
   Session session(graph, options);
   for (const HarnessInput& spec : inputs) {
@@ -74,6 +93,7 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
     }
   }
   session.run();
+  if (dispatches) *dispatches = session.report().dispatches;
   double worst = 0;
   for (const auto& [name, id] : graph.outputs()) {
     const double error = normalized_error(session.output(name), reference[id]);

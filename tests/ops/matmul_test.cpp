@@ -89,6 +89,39 @@ TEST(Matmul, GradientsThroughFanOut) {
   });
 }
 
+// A split-K partial product (k_begin / k_end) sums only its K range: k in [1, 3) of kProduct.
+TEST(Matmul, KRangeSumsOnlyThatRange) {
+  const HostTensor a({2, 3}, {1, 2, 3, 4, 5, 6});
+  const HostTensor b({3, 2}, {7, 8, 9, 10, 11, 12});
+  const HostTensor partial = evaluate_op({a, b}, [](std::vector<Tensor>& x) {
+    Graph& graph = x[0].graph();
+    return Tensor(&graph, graph.add("matmul", {x[0].id(), x[1].id()},
+                                    {{"k_begin", int64_t{1}}, {"k_end", int64_t{3}}}));
+  });
+  expect_values(partial, {2, 2}, {51, 56, 111, 122});
+}
+
+TEST(Matmul, KRangeMisuseAndGradient) {
+  Graph graph;
+  const Tensor a = input(graph, "a", {2, 3});
+  const Tensor b = input(graph, "b", {3, 2});
+  const auto ranged = [&](Attrs attrs) { return graph.add("matmul", {a.id(), b.id()}, attrs); };
+  expect_error([&] { ranged({{"k_begin", int64_t{1}}}); }, {"matmul(", "both k_begin and k_end"});
+  expect_error(
+      [&] {
+        ranged({{"k_begin", int64_t{2}}, {"k_end", int64_t{2}}});
+      },
+      {"matmul(", "K range [2, 2)", "K = 3"});
+  expect_error(
+      [&] {
+        ranged({{"k_begin", int64_t{0}}, {"k_end", int64_t{4}}});
+      },
+      {"K range [0, 4)"});
+  const Tensor partial(&graph, ranged({{"k_begin", int64_t{0}}, {"k_end", int64_t{2}}}));
+  expect_error([&] { gradients(graph, sum_all(partial).id(), {a.id()}); },
+               {"K range (k_begin / k_end)", "after differentiation"});
+}
+
 TEST(Matmul, MisuseNamesOpAndShapes) {
   Graph graph;
   const Tensor a = input(graph, "a", {2, 3});

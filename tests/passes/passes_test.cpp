@@ -2,6 +2,7 @@
 // and foldable constants) evaluate to the same values before and after, on the f64 reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -129,6 +130,68 @@ TEST(Passes, WeightGradientSplitKeepsGradients) {
   const Graph split = passes::split_weight_gradients(graph);
   EXPECT_GT(split.size(), graph.size());  // the split happened
   expect_same_outputs(graph, split, environment);
+}
+
+// Random long-K products with few output tiles (transposes, broadcast batches, K not a multiple
+// of the slice alignment) are split into partial products over K ranges whose sum matches.
+TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 generator(seed);
+    const auto extent = [&](int64_t low, int64_t high) {
+      return low + static_cast<int64_t>(generator() % static_cast<uint64_t>(high - low + 1));
+    };
+    const int64_t m = extent(1, 9), n = extent(1, 9), k = extent(512, 1500), batch = extent(1, 3);
+    const bool transpose_a = generator() % 2, transpose_b = generator() % 2;
+    const Shape a_shape = transpose_a ? Shape{batch, 1, k, m} : Shape{batch, 1, m, k};
+    const Shape b_shape = transpose_b ? Shape{2, n, k} : Shape{2, k, n};
+    Graph graph;
+    Environment environment;
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    for (const auto& [name, shape] :
+         {std::pair<std::string, Shape>{"a", a_shape}, {"b", b_shape}}) {
+      HostTensor value(shape);
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves[name] = value;
+    }
+    const Tensor a = input(graph, "a", a_shape);
+    const Tensor b = input(graph, "b", b_shape);
+    const Tensor product = matmul(a, b, transpose_a, transpose_b);
+    graph.set_output("y", tanh(product).id());
+    graph.set_output("product", product.id());
+    const Graph split = passes::split_long_k_matmuls(graph);
+    // The partial products' ranges cover K in order, each but the last at least 256 long.
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id) {
+      const Node& node = split.node(id);
+      if (node.op == "matmul")
+        ranges.emplace_back(node.attrs.get_int("k_begin"), node.attrs.get_int("k_end"));
+    }
+    ASSERT_GE(ranges.size(), 2u) << "K = " << k;
+    std::sort(ranges.begin(), ranges.end());
+    int64_t covered = 0;
+    for (const auto& [begin, end] : ranges) {
+      EXPECT_EQ(begin, covered);
+      if (end != k) {
+        EXPECT_GE(end - begin, 256);
+      }
+      covered = end;
+    }
+    EXPECT_EQ(covered, k);
+    expect_same_outputs(graph, split, environment);
+  }
+}
+
+// Products that fill the GPU or have short K stay whole.
+TEST(Passes, SplitKLeavesLargeOrShortProducts) {
+  Graph graph;
+  const Tensor wide = matmul(input(graph, "a", {2048, 600}), input(graph, "b", {600, 2048}));
+  const Tensor short_k = matmul(input(graph, "c", {8, 300}), input(graph, "d", {300, 8}));
+  graph.set_output("wide", wide.id());
+  graph.set_output("short", short_k.id());
+  const Graph split = passes::split_long_k_matmuls(graph);
+  EXPECT_EQ(split.size(), graph.size());
+  for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id)
+    EXPECT_FALSE(split.node(id).attrs.has("k_begin"));
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The memory planner on the classifier programs (no device needed: planning is pure).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "meganeura/ops.hpp"
 #include "models/classifier.hpp"
 #include "plan/program.hpp"
@@ -50,9 +52,17 @@ TEST(Planner, DeepMlpInferenceReusesAtLeastSeventyPercent) {
   EXPECT_GT(saving(program), 0.70) << plan::describe_memory(program);
 }
 
+// Matmul epilogues keep the products before bias and activation, the shortest-lived values,
+// out of memory altogether, which shrinks the logical bytes the ratio is taken of. The ratio is
+// the planner's, measured on the program that stores them; fusing them must not cost bytes.
 TEST(Planner, DeepMlpTrainingReusesAtLeastFortyPercent) {
-  const plan::Program program = plan_for(deep_mlp(64, 12, true));
-  EXPECT_GT(saving(program), 0.40) << plan::describe_memory(program);
+  setenv("MEGANEURA_NO_EPILOGUE_FUSION", "1", 1);
+  const plan::Program stored_products = plan_for(deep_mlp(64, 12, true));
+  unsetenv("MEGANEURA_NO_EPILOGUE_FUSION");
+  EXPECT_GT(saving(stored_products), 0.40) << plan::describe_memory(stored_products);
+  const plan::Program fused = plan_for(deep_mlp(64, 12, true));
+  EXPECT_LE(fused.memory.physical_transient_bytes, stored_products.memory.physical_transient_bytes);
+  EXPECT_LT(fused.launches.size(), stored_products.launches.size());
 }
 
 TEST(Planner, CnnInferenceReusesAtLeastSixtyPercent) {

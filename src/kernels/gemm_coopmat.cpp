@@ -1,0 +1,78 @@
+#include "kernels/gemm_coopmat.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/index_codegen.hpp"
+
+namespace mg::kernels {
+namespace {
+
+bool kill_switch_set() {
+  const char* off = std::getenv("MEGANEURA_NO_COOPMAT");
+  return off != nullptr && std::strcmp(off, "0") != 0;
+}
+
+struct BlockShape {
+  int64_t warps_m, warps_n, frags_m, frags_n;
+  int64_t rows() const { return warps_m * frags_m * 16; }
+  int64_t cols() const { return warps_n * frags_n * 8; }
+};
+
+// 128 x 128 blocks (8 subgroups, 64 x 32 each) when they already give every compute unit of a
+// large GPU work, else 64 x 64 blocks (4 subgroups, 32 x 32 each).
+BlockShape choose_block(const CoopGemm& gemm) {
+  constexpr int64_t kWorkgroupsWanted = 132;
+  const BlockShape large{2, 4, 4, 4};
+  const int64_t large_blocks = ((gemm.m + large.rows() - 1) / large.rows()) *
+                               ((gemm.n + large.cols() - 1) / large.cols()) * gemm.entries;
+  if (large_blocks >= kWorkgroupsWanted) return large;
+  return {2, 2, 2, 4};
+}
+
+}  // namespace
+
+bool use_coop_gemm(const DeviceTraits& device) {
+  return device.fast_precision && (device.coop_matrix_f16_nv || device.coop_matrix_f16_khr) &&
+         device.subgroup_size == 32 && device.max_workgroup_invocations >= 256 &&
+         !kill_switch_set();
+}
+
+bool coop_wants_khr(const DeviceTraits& device) {
+  if (!device.coop_matrix_f16_nv) return true;
+  const char* choice = std::getenv("MEGANEURA_COOPMAT");
+  return choice != nullptr && std::strcmp(choice, "khr") == 0 && device.coop_matrix_f16_khr;
+}
+
+void emit_coop_gemm(LoweringContext& context, const CoopGemm& gemm, std::vector<Operand> operands) {
+  const BlockShape block = choose_block(gemm);
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "gemm_coopmat";
+  launch.body = gemm.functions + std::string(kernel_source("gemm_coopmat.comp"));
+  launch.defines = {{"GEMM_M", glsl_uint(gemm.m)},
+                    {"GEMM_N", glsl_uint(gemm.n)},
+                    {"GEMM_K", glsl_uint(gemm.k)},
+                    {"K_BEGIN", glsl_uint(gemm.k_begin)},
+                    {"WARPS_M", glsl_uint(block.warps_m)},
+                    {"WARPS_N", glsl_uint(block.warps_n)},
+                    {"FRAGS_M", glsl_uint(block.frags_m)},
+                    {"FRAGS_N", glsl_uint(block.frags_n)},
+                    {"A_M_CONTIGUOUS", gemm.a_m_contiguous ? "1" : "0"},
+                    {"B_K_CONTIGUOUS", gemm.b_k_contiguous ? "1" : "0"}};
+  launch.operands = std::move(operands);
+  launch.khr_cooperative_matrix = coop_wants_khr(context.device());
+  const int64_t groups_x = (gemm.n + block.cols() - 1) / block.cols();
+  const int64_t groups_y = (gemm.m + block.rows() - 1) / block.rows();
+  const int64_t limit = context.device().max_workgroup_count_x;
+  if (groups_x > limit || groups_y > limit || gemm.entries > limit) {
+    throw Error(launch.label + ": cooperative-matrix GEMM grid " + std::to_string(groups_x) +
+                " x " + std::to_string(groups_y) + " x " + std::to_string(gemm.entries) +
+                " exceeds the device's workgroup count limit " + std::to_string(limit));
+  }
+  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
+                   static_cast<uint32_t>(gemm.entries)};
+  context.emit(std::move(launch));
+}
+
+}  // namespace mg::kernels

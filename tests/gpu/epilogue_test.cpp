@@ -1,0 +1,194 @@
+// Matmul epilogue fusion (plan/fusion.cpp, kernels/gemm_epilogue.cpp): a matmul and the
+// elementwise chain that consumes it run as one GEMM launch. Every case runs against the f64
+// reference on both GEMM kernels (on Lavapipe: gemm_cpu.comp, and gemm.comp through
+// MEGANEURA_NO_CPU_KERNELS=1), and again with MEGANEURA_NO_EPILOGUE_FUSION=1, which must give
+// the same values in exactly `saved` more dispatches.
+#include <optional>
+
+#include "harness.hpp"
+#include "plan/fusion.hpp"
+
+namespace mg {
+namespace {
+
+using testing::check_on_gpu;
+using testing::HarnessInput;
+using testing::ScopedEnv;
+using Build = std::function<void(Graph&, std::vector<Tensor>&)>;
+
+void check_fused(const std::vector<HarnessInput>& inputs, const Build& build, size_t saved) {
+  for (const bool gpu_kernels : {false, true}) {
+    SCOPED_TRACE(gpu_kernels ? "gemm.comp" : "default GEMM kernel");
+    std::optional<ScopedEnv> force_gpu_kernels;
+    if (gpu_kernels) force_gpu_kernels.emplace("MEGANEURA_NO_CPU_KERNELS", "1");
+    size_t fused = 0, unfused = 0;
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
+    {
+      const ScopedEnv off("MEGANEURA_NO_EPILOGUE_FUSION", "1");
+      check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
+    }
+    EXPECT_EQ(fused + saved, unfused);
+  }
+}
+
+TEST(GpuEpilogue, LinearBiasGelu) {
+  check_fused(
+      {{"x", {37, 29}}, {"w", {45, 29}}, {"bias", {45}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", gelu(linear(x[0], x[1], x[2])).id());
+        // A different product, so that common-subexpression elimination keeps both.
+        graph.set_output("tanh_gelu",
+                         gelu(linear(x[0] * 2.0, x[1], x[2]) * 0.5, GeluApproximation::tanh).id());
+      },
+      2);
+}
+
+TEST(GpuEpilogue, LinearBiasResidualAdd) {
+  check_fused(
+      {{"x", {2, 19, 33}}, {"w", {33, 33}}, {"bias", {33}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor rows = reshape(x[0], {38, 33});
+        graph.set_output("y", (linear(rows, x[1], x[2]) + rows).id());
+      },
+      1);
+}
+
+// Batch axes broadcast on both operands and in the epilogue inputs: bias over the columns, a
+// scale per output batch entry of axis 1, a residual that repeats over axis 0.
+TEST(GpuEpilogue, BatchedBroadcastWithBias) {
+  check_fused(
+      {{"a", {2, 1, 13, 21}},
+       {"b", {1, 3, 21, 17}},
+       {"bias", {17}},
+       {"scale", {3, 1, 1}},
+       {"residual", {3, 13, 17}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", relu((matmul(x[0], x[1]) + x[2]) * x[3] + x[4]).id());
+      },
+      1);
+}
+
+TEST(GpuEpilogue, Transposes) {
+  check_fused(
+      {{"a", {3, 13, 21}}, {"at", {3, 21, 13}}, {"b", {21, 35}}, {"bt", {35, 21}}, {"bias", {35}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("nt", tanh(matmul(x[0], x[3], false, true) + x[4]).id());
+        graph.set_output("tn", sigmoid(matmul(x[1], x[2], true, false) - x[4]).id());
+        graph.set_output("tt", (matmul(x[1], x[3], true, true) * x[4]).id());
+      },
+      3);
+}
+
+// An i32 input converted in the chain, and scalar constants that become literals.
+TEST(GpuEpilogue, IntegerInputAndConstants) {
+  check_fused(
+      {{"a", {17, 23}}, {"b", {23, 31}}, {"counts", {31}, DType::i32, -4, 5}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor product = matmul(x[0], x[1]);
+        graph.set_output("y", (product * 0.5 + cast(x[2], DType::f32) - 1.25).id());
+      },
+      1);
+}
+
+// Two products summed: one becomes the sum's GEMM, the other keeps its own launch.
+TEST(GpuEpilogue, OneProductPerChain) {
+  check_fused(
+      {{"a", {19, 23}}, {"b", {23, 29}}, {"c", {19, 11}}, {"d", {11, 29}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", (matmul(x[0], x[1]) + matmul(x[2], x[3])).id());
+      },
+      1);
+}
+
+// A product that is itself an output stays materialised and unfused.
+TEST(GpuEpilogue, ObservedProductIsNotFused) {
+  check_fused(
+      {{"a", {19, 23}}, {"b", {23, 29}}, {"bias", {29}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor product = matmul(x[0], x[1]);
+        graph.set_output("product", product.id());
+        graph.set_output("y", (product + x[2]).id());
+      },
+      0);
+}
+
+// An epilogue with 13 bound inputs: 16 bindings with a, b and the result, the most every
+// Vulkan device supports.
+constexpr int kEpilogueInputs = 13;
+
+std::vector<HarnessInput> many_inputs() {
+  std::vector<HarnessInput> inputs{{"a", {2, 11, 19}}, {"b", {19, 23}}};
+  for (int k = 0; k < kEpilogueInputs; ++k) {
+    inputs.push_back(
+        {"e" + std::to_string(k), k % 2 ? Shape{23} : Shape{2, 11, 23}, DType::f32, 0.5, 1.5});
+  }
+  return inputs;
+}
+
+void build_many_inputs(Graph& graph, std::vector<Tensor>& x) {
+  Tensor y = matmul(x[0], x[1]);
+  for (int k = 0; k < kEpilogueInputs; ++k) y = k % 3 ? y + x[2 + k] : y * x[2 + k];
+  graph.set_output("y", y.id());
+}
+
+TEST(GpuEpilogue, SixteenBindings) {
+  check_fused(many_inputs(), build_many_inputs, 1);
+}
+
+size_t launch_count(const Graph& graph, uint32_t max_storage_buffers) {
+  kernels::DeviceTraits device;
+  device.max_storage_buffers = max_storage_buffers;
+  return plan::lower_graph(graph, device).size();
+}
+
+// Below 16 bindings the product gets its own launch; the chain stays fused.
+TEST(GpuEpilogue, BindingLimitKeepsTheProductSeparate) {
+  Graph graph;
+  std::vector<Tensor> x;
+  for (const HarnessInput& spec : many_inputs()) x.push_back(input(graph, spec.name, spec.shape));
+  build_many_inputs(graph, x);
+  EXPECT_EQ(launch_count(graph, 16), 1u);
+  EXPECT_EQ(launch_count(graph, 15), 2u);
+}
+
+// Split-K partial products (attribute k_begin) are never fused: each would carry the sum.
+TEST(GpuEpilogue, SplitKPartialsAreNotFused) {
+  Graph graph;
+  const Tensor a = input(graph, "a", {8, 16});
+  const Tensor b = input(graph, "b", {16, 8});
+  const Tensor bias = input(graph, "bias", {8});
+  Node partial;
+  partial.op = "matmul";
+  partial.inputs = {a.id(), b.id()};
+  partial.attrs = {
+      {"transpose_a", int64_t{0}}, {"transpose_b", int64_t{0}}, {"k_begin", int64_t{0}}};
+  partial.type = TensorType{DType::f32, {8, 8}};
+  const ValueId product = graph.add_typed(partial);
+  graph.set_output("y", (Tensor(&graph, product) + bias).id());
+  EXPECT_EQ(launch_count(graph, 16), 2u);
+}
+
+// The kill switches: MEGANEURA_NO_EPILOGUE_FUSION keeps pointwise chains fused,
+// MEGANEURA_NO_FUSION turns off both.
+TEST(GpuEpilogue, KillSwitches) {
+  const std::vector<HarnessInput> inputs{{"x", {37, 29}}, {"w", {45, 29}}, {"bias", {45}}};
+  const Build build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("y", gelu(linear(x[0], x[1], x[2])).id());
+  };
+  size_t fused = 0, chains_only = 0, unfused = 0;
+  check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
+  {
+    const ScopedEnv off("MEGANEURA_NO_EPILOGUE_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &chains_only);
+  }
+  {
+    const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
+  }
+  EXPECT_EQ(fused, 1u);
+  EXPECT_EQ(chains_only, 2u);
+  EXPECT_EQ(unfused, 3u);
+}
+
+}  // namespace
+}  // namespace mg
