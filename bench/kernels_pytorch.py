@@ -215,6 +215,7 @@ def main():
     rotate_bytes = (args.rotate if args.rotate is not None else 1 if args.small else 96) * 2**20
     framework = f"pytorch {torch.__version__}"
     timer = Timer(device, not args.no_graphs)
+    generator = torch.Generator().manual_seed(0)
 
     copy_bytes = (16 if args.small else 256) << 20
     copy_name = f"copy {copy_bytes >> 20}MiB"
@@ -231,7 +232,10 @@ def main():
         if dtype == torch.float16 and device != "cuda":
             continue  # CPU PyTorch 1.13 lacks f16 kernels for these ops
         copies = rotation_copies(shapes, rotate_bytes)
-        calls = [make([(torch.rand(shape, device=device) * 2 - 1).to(dtype) for shape in shapes])
+        # Drawn on the CPU: a failed CUDA-graph capture of an earlier case leaves CUDA's
+        # generator unusable ("Offset increment outside graph capture").
+        calls = [make([(torch.rand(shape, generator=generator) * 2 - 1).to(device, dtype)
+                       for shape in shapes])
                  for _ in range(copies)]
         ms, timing = timer.time(calls, args.runs)
         record = {"framework": framework, "case": name, "ms": ms, "copies": copies,

@@ -8,12 +8,14 @@
 //   O += P V on fragments, O living in shared memory (an accumulator fragment's rows cannot be
 //   rescaled in registers, so O is loaded, multiplied into and stored back each block).
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL.
-// Generated: float mask_at(b, h, i, j).
+// Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
+// arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 
 #define WARPS 4
 #define ROWS 16
@@ -56,11 +58,11 @@ void main() {
     tiles[(e / D) * D_STRIDE + e % D] =
         float16_t(qi < SQ ? q[(q_base + qi) * D + e % D] * SCALE : 0.0);
   }
-  for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
+  [[unroll]] for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
     output_rows[output_row + c] = 0.0;
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_fragments[D / 16];
-  for (uint c = 0; c < D / 16; ++c)
+  [[unroll]] for (uint c = 0; c < D / 16; ++c)
     coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
 
   float m = NEG_INF, l = 0.0;
@@ -80,9 +82,9 @@ void main() {
     }
     barrier();
 
-    for (uint n = 0; n < BK / 8; ++n) {
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-      for (uint c = 0; c < D / 16; ++c) {
+      [[unroll]] for (uint c = 0; c < D / 16; ++c) {
         // K^T as a column-major 16 x 8 block: element (d, j) is K[j][d].
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_transposed;
         coopMatLoadNV(k_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
@@ -95,7 +97,7 @@ void main() {
 
     float row_scores[BK / 2];
     float block_max = NEG_INF;
-    for (uint c = 0; c < BK / 2; ++c) {
+    [[unroll]] for (uint c = 0; c < BK / 2; ++c) {
       uint jj = half_index * (BK / 2) + c;
       uint j = k0 + jj;
       bool visible = j < SK && i < SQ && (CAUSAL == 0 || j <= i);
@@ -108,26 +110,26 @@ void main() {
     float shift = m_new == NEG_INF ? 0.0 : m_new;
     float alpha = exp(m - shift);
     float block_sum = 0.0;
-    for (uint c = 0; c < BK / 2; ++c) {
+    [[unroll]] for (uint c = 0; c < BK / 2; ++c) {
       float p = exp(row_scores[c] - shift);
       probabilities[(warp * ROWS + row) * P_STRIDE + half_index * (BK / 2) + c] = float16_t(p);
       block_sum += p;
     }
     l = l * alpha + block_sum + subgroupShuffleXor(block_sum, 1);
     m = m_new;
-    for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
+    [[unroll]] for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
       output_rows[output_row + c] *= alpha;
     subgroupMemoryBarrierShared();
     subgroupBarrier();
 
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_fragments[BK / 16];
-    for (uint c = 0; c < BK / 16; ++c)
+    [[unroll]] for (uint c = 0; c < BK / 16; ++c)
       coopMatLoadNV(p_fragments[c], probabilities, warp * ROWS * P_STRIDE + c * 16, P_STRIDE,
                     false);
-    for (uint n = 0; n < DV / 8; ++n) {
+    [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> o;
       coopMatLoadNV(o, output_rows, warp * ROWS * DV + n * 8, DV, false);
-      for (uint c = 0; c < BK / 16; ++c) {
+      [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_fragment;
         coopMatLoadNV(v_fragment, tiles, V_OFFSET + c * 16 * DV_STRIDE + n * 8, DV_STRIDE, false);
         o = coopMatMulAddNV(p_fragments[c], v_fragment, o);
@@ -139,6 +141,6 @@ void main() {
   }
 
   if (i >= SQ) return;
-  for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
+  [[unroll]] for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
     out_[(q_base + i) * DV + c] = output_rows[output_row + c] / l;
 }

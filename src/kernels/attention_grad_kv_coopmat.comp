@@ -8,12 +8,14 @@
 //   dS^T = P^T * (dP^T - delta) * SCALE (dK), as f16;
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K.
-// Generated: float mask_at(b, h, i, j).
+// Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
+// arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 
 #define WARPS 4
 #define ROWS 16
@@ -62,7 +64,7 @@ void main() {
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> k_fragments[D / 16];
-  for (uint c = 0; c < D / 16; ++c)
+  [[unroll]] for (uint c = 0; c < D / 16; ++c)
     coopMatLoadNV(k_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
 #if GRAD_K
   barrier();
@@ -73,12 +75,12 @@ void main() {
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> v_fragments[DV / 16];
-  for (uint c = 0; c < DV / 16; ++c)
+  [[unroll]] for (uint c = 0; c < DV / 16; ++c)
     coopMatLoadNV(v_fragments[c], tiles, warp * ROWS * DV_STRIDE + c * 16, DV_STRIDE, false);
 #endif
 
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> accumulators[RESULT_DIM / 8];
-  for (uint n = 0; n < RESULT_DIM / 8; ++n)
+  [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n)
     accumulators[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
   // Top-left causal masking: queries before k0 see none of this block's keys.
   uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
@@ -111,10 +113,10 @@ void main() {
       }
       barrier();
 
-      for (uint n = 0; n < BQ / 8; ++n) {
+      [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
         // Q^T (and dO^T) as column-major 16 x 8 blocks: element (d, i) is Q[i][d].
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-        for (uint c = 0; c < D / 16; ++c) {
+        [[unroll]] for (uint c = 0; c < D / 16; ++c) {
           fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> q_transposed;
           coopMatLoadNV(q_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
           s = coopMatMulAddNV(k_fragments[c], q_transposed, s);
@@ -123,7 +125,7 @@ void main() {
 #if GRAD_K
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp =
             fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-        for (uint c = 0; c < DV / 16; ++c) {
+        [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
           fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> do_transposed;
           coopMatLoadNV(do_transposed, tiles, DO_OFFSET + n * 8 * DV_STRIDE + c * 16, DV_STRIDE,
                         true);
@@ -135,7 +137,7 @@ void main() {
       subgroupMemoryBarrierShared();
       subgroupBarrier();
 
-      for (uint c = 0; c < BQ / 2; ++c) {
+      [[unroll]] for (uint c = 0; c < BQ / 2; ++c) {
         uint ii = half_index * (BQ / 2) + c;
         uint i = q0 + ii;
         float weight = 0.0;
@@ -153,10 +155,10 @@ void main() {
       subgroupBarrier();
 
       fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> w_fragments[BQ / 16];
-      for (uint c = 0; c < BQ / 16; ++c)
+      [[unroll]] for (uint c = 0; c < BQ / 16; ++c)
         coopMatLoadNV(w_fragments[c], weights, warp * ROWS * W_STRIDE + c * 16, W_STRIDE, false);
-      for (uint n = 0; n < RESULT_DIM / 8; ++n) {
-        for (uint c = 0; c < BQ / 16; ++c) {
+      [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
+        [[unroll]] for (uint c = 0; c < BQ / 16; ++c) {
           fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> operand;
 #if GRAD_K
           coopMatLoadNV(operand, tiles, c * 16 * D_STRIDE + n * 8, D_STRIDE, false);
@@ -171,7 +173,7 @@ void main() {
 
   // Out through the subgroup's score rows, one 16 x 8 fragment at a time.
   uint staged = warp * ROWS * BQ;
-  for (uint n = 0; n < RESULT_DIM / 8; ++n) {
+  [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
     subgroupBarrier();
     coopMatStoreNV(accumulators[n], scores, staged, 8, false);
     subgroupMemoryBarrierShared();

@@ -6,12 +6,14 @@
 //   two lanes per query row form dS = P * (dP - delta) * SCALE with P = exp(S + mask - lse);
 //   dQ += dS K with dQ in f32 accumulator fragments (no rescaling: P uses the saved lse).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL.
-// Generated: float mask_at(b, h, i, j).
+// Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
+// arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 
 #define WARPS 4
 #define ROWS 16
@@ -54,7 +56,7 @@ void main() {
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_fragments[D / 16];
-  for (uint c = 0; c < D / 16; ++c)
+  [[unroll]] for (uint c = 0; c < D / 16; ++c)
     coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
   barrier();
   for (uint e = t; e < BQ * DV; e += THREADS) {
@@ -64,7 +66,7 @@ void main() {
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> do_fragments[DV / 16];
-  for (uint c = 0; c < DV / 16; ++c)
+  [[unroll]] for (uint c = 0; c < DV / 16; ++c)
     coopMatLoadNV(do_fragments[c], tiles, warp * ROWS * DV_STRIDE + c * 16, DV_STRIDE, false);
 
   float delta = 0.0;
@@ -76,7 +78,7 @@ void main() {
   float row_lse = i < SQ ? lse[q_base + i] : 0.0;
 
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> accumulators[D / 8];
-  for (uint n = 0; n < D / 8; ++n)
+  [[unroll]] for (uint n = 0; n < D / 8; ++n)
     accumulators[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
 
   uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
@@ -94,16 +96,16 @@ void main() {
     }
     barrier();
 
-    for (uint n = 0; n < BK / 8; ++n) {
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-      for (uint c = 0; c < D / 16; ++c) {
+      [[unroll]] for (uint c = 0; c < D / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_transposed;
         coopMatLoadNV(k_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
         s = coopMatMulAddNV(q_fragments[c], k_transposed, s);
       }
       coopMatStoreNV(s, scores, warp * ROWS * BK + n * 8, BK, false);
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-      for (uint c = 0; c < DV / 16; ++c) {
+      [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_transposed;
         coopMatLoadNV(v_transposed, tiles, V_OFFSET + n * 8 * DV_STRIDE + c * 16, DV_STRIDE,
                       true);
@@ -114,7 +116,7 @@ void main() {
     subgroupMemoryBarrierShared();
     subgroupBarrier();
 
-    for (uint c = 0; c < BK / 2; ++c) {
+    [[unroll]] for (uint c = 0; c < BK / 2; ++c) {
       uint jj = half_index * (BK / 2) + c;
       uint j = k0 + jj;
       float ds = 0.0;
@@ -128,10 +130,10 @@ void main() {
     subgroupBarrier();
 
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ds_fragments[BK / 16];
-    for (uint c = 0; c < BK / 16; ++c)
+    [[unroll]] for (uint c = 0; c < BK / 16; ++c)
       coopMatLoadNV(ds_fragments[c], weights, warp * ROWS * W_STRIDE + c * 16, W_STRIDE, false);
-    for (uint n = 0; n < D / 8; ++n) {
-      for (uint c = 0; c < BK / 16; ++c) {
+    [[unroll]] for (uint n = 0; n < D / 8; ++n) {
+      [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_fragment;
         coopMatLoadNV(k_fragment, tiles, c * 16 * D_STRIDE + n * 8, D_STRIDE, false);
         accumulators[n] = coopMatMulAddNV(ds_fragments[c], k_fragment, accumulators[n]);
@@ -141,7 +143,7 @@ void main() {
 
   // Out through the subgroup's score rows, one 16 x 8 fragment at a time.
   uint staged = warp * ROWS * BK;
-  for (uint n = 0; n < D / 8; ++n) {
+  [[unroll]] for (uint n = 0; n < D / 8; ++n) {
     subgroupBarrier();
     coopMatStoreNV(accumulators[n], scores, staged, 8, false);
     subgroupMemoryBarrierShared();

@@ -13,6 +13,7 @@
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/k_split.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -68,6 +69,9 @@ TileConfig choose_tiles(int64_t m, int64_t n, const DeviceTraits& device) {
 
 struct GemmPlan {
   int64_t m = 0, n = 0, k = 0;
+  // Split-K (ops/k_split.hpp): the launch computes `k_splits` partial results over slices of K,
+  // whose store_c receives the flat index over [k_splits, groups]; 1 for the whole product.
+  int64_t k_splits = 1;
   bool a_k_fastest = false, b_k_fastest = false, m_fastest = true;
   // CPU devices: run the transposed GEMM (C^T = B^T A^T), so that the rows of gemm_cpu.comp,
   // whose A values are loaded once per LANES steps and broadcast, are the operand with the
@@ -76,22 +80,15 @@ struct GemmPlan {
   std::string functions;  // load_a, load_b, store_c
 };
 
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-  return text;
-}
-
-// The plan's GEMM on gemm_cpu.comp: its load/store functions are renamed and wrapped in the
-// (z, m, k) interface of gemm_cpu.comp, z being the convolution group.
-void emit_cpu_conv_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& plan,
-                        std::vector<Operand> operands) {
+// The plan's GEMM on gemm_cpu.comp (`entries` problems of K `k`, read through `functions`): its
+// load/store functions are renamed and wrapped in the (z, m, k) interface of gemm_cpu.comp.
+void emit_cpu_conv_gemm(LoweringContext& context, const GemmPlan& plan, int64_t entries, int64_t k,
+                        const std::string& functions, std::vector<Operand> operands) {
   CpuGemm gemm;
-  gemm.entries = g.groups;
-  gemm.functions =
-      replace_all(replace_all(replace_all(plan.functions, "float load_a(", "float conv_a("),
-                              "float load_b(", "float conv_b("),
-                  "void store_c(", "void conv_c(");
+  gemm.entries = entries;
+  gemm.functions = replace_all(replace_all(replace_all(functions, "float load_a(", "float conv_a("),
+                                           "float load_b(", "float conv_b("),
+                               "void store_c(", "void conv_c(");
   if (plan.cpu_transpose) {
     gemm.m = plan.n;
     gemm.n = plan.m;
@@ -107,24 +104,30 @@ void emit_cpu_conv_gemm(LoweringContext& context, const ConvGeometry& g, const G
         "float load_b(uint z, uint k, uint n) { return conv_b(z, k, n); }\n"
         "void store_c(uint z, uint m, uint n, float value) { conv_c(z, m, n, value); }\n";
   }
-  gemm.k = plan.k;
+  gemm.k = k;
   emit_cpu_gemm(context, gemm, std::move(operands));
 }
 
+// Grid z covers the convolution groups, times the K slices of a split-K plan.
 void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& plan,
                std::vector<Operand> operands) {
+  const int64_t entries = g.groups * plan.k_splits;
+  const int64_t k = plan.k_splits > 1 ? k_slice_length(plan.k, plan.k_splits) : plan.k;
+  const std::string functions =
+      plan.k_splits > 1 ? split_k_functions(plan.functions, g.groups, plan.k, plan.k_splits)
+                        : plan.functions;
   if (use_cpu_kernels(context.device())) {
-    emit_cpu_conv_gemm(context, g, plan, std::move(operands));
+    emit_cpu_conv_gemm(context, plan, entries, k, functions, std::move(operands));
     return;
   }
   if (use_coop_gemm(context.device())) {
     const CoopGemm gemm{.m = plan.m,
                         .n = plan.n,
-                        .k = plan.k,
-                        .entries = g.groups,
+                        .k = k,
+                        .entries = entries,
                         .a_m_contiguous = !plan.a_k_fastest,
                         .b_k_contiguous = plan.b_k_fastest,
-                        .functions = plan.functions};
+                        .functions = functions};
     emit_coop_gemm(context, gemm, std::move(operands));
     return;
   }
@@ -137,10 +140,10 @@ void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& 
   Launch launch;
   launch.label = context.label();
   launch.kernel = "conv";
-  launch.body = plan.functions + std::string(kernel_source("conv_igemm.comp"));
+  launch.body = functions + std::string(kernel_source("conv_igemm.comp"));
   launch.defines = {{"GEMM_M", u(plan.m)},
                     {"GEMM_N", u(plan.n)},
-                    {"GEMM_K", u(plan.k)},
+                    {"GEMM_K", u(k)},
                     {"THREADS_M", u(tiles.threads_m)},
                     {"THREADS_N", u(tiles.threads_n)},
                     {"WORK_M", u(tiles.work_m)},
@@ -153,12 +156,12 @@ void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& 
   const int64_t groups_x = (plan.n + tiles.tile_n() - 1) / tiles.tile_n();
   const int64_t groups_y = (plan.m + tiles.tile_m() - 1) / tiles.tile_m();
   const int64_t limit = context.device().max_workgroup_count_x;
-  if (groups_x > limit || groups_y > limit || g.groups > limit) {
+  if (groups_x > limit || groups_y > limit || entries > limit) {
     throw Error(launch.label + ": convolution grid " + s(groups_x) + " x " + s(groups_y) + " x " +
-                s(g.groups) + " exceeds the device's workgroup count limit " + s(limit));
+                s(entries) + " exceeds the device's workgroup count limit " + s(limit));
   }
   launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
-                   static_cast<uint32_t>(g.groups)};
+                   static_cast<uint32_t>(entries)};
   context.emit(std::move(launch));
 }
 
@@ -255,15 +258,18 @@ void lower_conv2d_data_grad(LoweringContext& context) {
 }
 
 // conv2d_grad_weight(x, grad_out): M = O / groups, N = C / groups * KH * KW and the long
-// K = batch * OH * OW, looped over inside each workgroup.
+// K = batch * OH * OW, looped over inside each workgroup, or over one K slice of it for split-K
+// partial gradients [S, O, C / groups, KH, KW].
 void lower_conv2d_weight_grad(LoweringContext& context) {
   const Node& node = context.node();
-  const ConvGeometry g = conv_geometry(node.attrs, context.input_type(0).shape, node.type.shape);
+  const Shape weight_shape = node.attrs.get_ints("weight_shape");
+  const ConvGeometry g = conv_geometry(node.attrs, context.input_type(0).shape, weight_shape);
   const int64_t out_plane = g.out_height * g.out_width;
   GemmPlan plan;
   plan.m = g.outs_per_group();
   plan.n = g.channels_per_group() * g.kernel_height * g.kernel_width;
   plan.k = g.batch * out_plane;
+  plan.k_splits = node.attrs.get_int("k_splits", 1);
   plan.a_k_fastest = true;
   plan.b_k_fastest = true;
   plan.m_fastest = false;

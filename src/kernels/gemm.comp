@@ -1,19 +1,20 @@
-// Tiled SIMT f32 GEMM, one batch entry per workgroup z: C[M, N] = op(A) op(B) summed over
-// k in [K_BEGIN, K_END), where op transposes when TRANSPOSE_A / TRANSPOSE_B is 1. The classic
-// high-performance SGEMM structure:
+// Tiled SIMT f32 GEMM: C[M, N] = op(A) op(B), where op transposes when TRANSPOSE_A /
+// TRANSPOSE_B is 1. Workgroup z computes batch entry z % BATCHES over all of K or, with SPLIT_K,
+// over split-K range r = z / BATCHES, k in [r * K_SLICE, min(K, (r + 1) * K_SLICE)): one
+// partial product (ops/k_split.hpp). The classic high-performance SGEMM structure:
 // - a workgroup computes a TILE x TILE block of C, a thread WORK x WORK outputs of it: WORK / 4
 //   groups of 4 consecutive rows (columns), the groups 4 * THREADS_PER_SIDE apart, so that the
 //   fragments a thread needs per k are vec4 reads (LDS.128) from shared memory;
 // - both shared tiles are k-major (A transposed on the way in), TILE_K x TILE;
 // - the next K slice is fetched from global memory into registers while the current one is
 //   multiplied, then stored into the other of two shared slots: one barrier per K slice;
-// - global loads are vec4 wherever the operand's contiguous extent (and the K range, when that
-//   is the contiguous one) is a multiple of 4 (A_VEC4 / B_VEC4, through the vec4 views a4 / b4).
-// Defines: M, N, K (the operands' K extent), K_BEGIN, K_END, TRANSPOSE_A, TRANSPOSE_B, TILE,
-// WORK (4 or 8), TILE_K, A_VEC4, B_VEC4.
+// - global loads are vec4 wherever the operand's contiguous extent is a multiple of 4 (A_VEC4 /
+//   B_VEC4, through the vec4 views a4 / b4); split-K ranges start at multiples of 16.
+// Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
+// TRANSPOSE_B, TILE, WORK (4 or 8), TILE_K, A_VEC4, B_VEC4.
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4, and
-// store_c(batch, row, col, value), which writes one element of C (and applies any fused
-// epilogue); called only with in-range row and col.
+// store_c(z, row, col, value), which writes one element of C (and applies any fused epilogue)
+// for workgroup z, the flat index over [ranges, BATCHES]; called only with in-range row and col.
 #extension GL_EXT_control_flow_attributes : enable
 
 #define THREADS_PER_SIDE (TILE / WORK)
@@ -47,9 +48,9 @@ float b_element(uint index, bool inside) {
 }
 
 #if TRANSPOSE_A
-vec4 fetch_a(uint base, uint row0, uint k0, uint e) {
+vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
   uint k = k0 + e / TILE_VEC4, m = row0 + 4 * (e % TILE_VEC4);
-  if (k >= K_END) return vec4(0.0);
+  if (k >= k_end) return vec4(0.0);
 #if A_VEC4
   if (m >= M) return vec4(0.0);
   return a4[(base + k * M + m) / 4];
@@ -64,16 +65,16 @@ void stash_a(uint slot, uint e, vec4 value) {
   tile_a[slot][e / TILE_VEC4][e % TILE_VEC4] = value;
 }
 #else
-vec4 fetch_a(uint base, uint row0, uint k0, uint e) {
+vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
   uint m = row0 + e % TILE, k = k0 + 4 * (e / TILE);
   if (m >= M) return vec4(0.0);
 #if A_VEC4
-  if (k >= K_END) return vec4(0.0);
+  if (k >= k_end) return vec4(0.0);
   return a4[(base + m * K + k) / 4];
 #else
   uint i = base + m * K + k;
-  return vec4(a_element(i, k < K_END), a_element(i + 1, k + 1 < K_END),
-              a_element(i + 2, k + 2 < K_END), a_element(i + 3, k + 3 < K_END));
+  return vec4(a_element(i, k < k_end), a_element(i + 1, k + 1 < k_end),
+              a_element(i + 2, k + 2 < k_end), a_element(i + 3, k + 3 < k_end));
 #endif
 }
 
@@ -84,16 +85,16 @@ void stash_a(uint slot, uint e, vec4 value) {
 #endif
 
 #if TRANSPOSE_B
-vec4 fetch_b(uint base, uint col0, uint k0, uint e) {
+vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
   uint n = col0 + e % TILE, k = k0 + 4 * (e / TILE);
   if (n >= N) return vec4(0.0);
 #if B_VEC4
-  if (k >= K_END) return vec4(0.0);
+  if (k >= k_end) return vec4(0.0);
   return b4[(base + n * K + k) / 4];
 #else
   uint i = base + n * K + k;
-  return vec4(b_element(i, k < K_END), b_element(i + 1, k + 1 < K_END),
-              b_element(i + 2, k + 2 < K_END), b_element(i + 3, k + 3 < K_END));
+  return vec4(b_element(i, k < k_end), b_element(i + 1, k + 1 < k_end),
+              b_element(i + 2, k + 2 < k_end), b_element(i + 3, k + 3 < k_end));
 #endif
 }
 
@@ -102,9 +103,9 @@ void stash_b(uint slot, uint e, vec4 value) {
   [[unroll]] for (uint i = 0; i < 4; ++i) tile_b[slot][k + i][n / 4][n % 4] = value[i];
 }
 #else
-vec4 fetch_b(uint base, uint col0, uint k0, uint e) {
+vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
   uint k = k0 + e / TILE_VEC4, n = col0 + 4 * (e % TILE_VEC4);
-  if (k >= K_END) return vec4(0.0);
+  if (k >= k_end) return vec4(0.0);
 #if B_VEC4
   if (n >= N) return vec4(0.0);
   return b4[(base + k * N + n) / 4];
@@ -121,7 +122,14 @@ void stash_b(uint slot, uint e, vec4 value) {
 #endif
 
 void main() {
-  uint batch = gl_WorkGroupID.z;
+  uint batch = gl_WorkGroupID.z % BATCHES;
+#if SPLIT_K
+  uint k_begin = gl_WorkGroupID.z / BATCHES * K_SLICE;
+  uint k_end = min(K, k_begin + K_SLICE);
+#else
+  // Constant bounds for the whole product.
+  const uint k_begin = 0u, k_end = K;
+#endif
   uint row0 = gl_WorkGroupID.y * TILE;
   uint col0 = gl_WorkGroupID.x * TILE;
   uint thread = gl_LocalInvocationID.x;
@@ -142,8 +150,8 @@ void main() {
 
   vec4 staged_a[LOADS], staged_b[LOADS];
   [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-    staged_a[l] = fetch_a(base_a, row0, K_BEGIN, thread + l * THREADS);
-    staged_b[l] = fetch_b(base_b, col0, K_BEGIN, thread + l * THREADS);
+    staged_a[l] = fetch_a(base_a, row0, k_begin, k_end, thread + l * THREADS);
+    staged_b[l] = fetch_b(base_b, col0, k_begin, k_end, thread + l * THREADS);
   }
   [[unroll]] for (uint l = 0; l < LOADS; ++l) {
     stash_a(0, thread + l * THREADS, staged_a[l]);
@@ -152,13 +160,13 @@ void main() {
   barrier();
 
   uint slot = 0;
-  for (uint k0 = K_BEGIN; k0 < K_END; k0 += TILE_K) {
+  for (uint k0 = k_begin; k0 < k_end; k0 += TILE_K) {
     // The next slice's global loads are in flight during this slice's multiply-adds.
-    bool more = k0 + TILE_K < K_END;
+    bool more = k0 + TILE_K < k_end;
     if (more) {
       [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-        staged_a[l] = fetch_a(base_a, row0, k0 + TILE_K, thread + l * THREADS);
-        staged_b[l] = fetch_b(base_b, col0, k0 + TILE_K, thread + l * THREADS);
+        staged_a[l] = fetch_a(base_a, row0, k0 + TILE_K, k_end, thread + l * THREADS);
+        staged_b[l] = fetch_b(base_b, col0, k0 + TILE_K, k_end, thread + l * THREADS);
       }
     }
     [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {
@@ -194,7 +202,7 @@ void main() {
       [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
         [[unroll]] for (uint j = 0; j < 4; ++j) {
           uint col = col0 + 4 * (h * THREADS_PER_SIDE + thread_col) + j;
-          if (col < N) store_c(batch, row, col, accumulator[4 * g + i][h][j]);
+          if (col < N) store_c(gl_WorkGroupID.z, row, col, accumulator[4 * g + i][h][j]);
         }
       }
     }

@@ -14,6 +14,7 @@
 #include "kernels/gemm_epilogue.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "ops/k_split.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -22,17 +23,18 @@ namespace {
 // thread ((TILE / WORK)^2 threads), K slices of TILE_K. Every one moves a whole number of vec4s
 // a thread per slice, and its two slots of both tiles (2 * 2 * TILE_K * TILE floats) take at
 // most 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every
-// tile.
+// tile. (A 16-deep slice for the 128 tile measured slower on the H200: 4.25 against 3.79 ms at
+// 4096^3.)
 struct GemmTile {
   int64_t tile, work, tile_k;
 };
 constexpr std::array<GemmTile, 3> kGemmTiles{{{128, 8, 8}, {64, 4, 16}, {32, 4, 16}}};
 
 // The largest tile that still gives every compute unit of a large GPU (132 on an H200) work:
-// 128 x 128 tiles for big products, down to 32 x 32 for small ones. `concurrent` is the number
-// of independent GEMMs of this shape that run at the same time (the split-K partial products
-// of one sum). MEGANEURA_GEMM_TILE=128|64|32 forces a tile (tuning and tests).
-GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t batches, int64_t concurrent) {
+// 128 x 128 tiles for big products, down to 32 x 32 for small ones. `entries` counts the
+// problems of the launch (batch entries times split-K slices). MEGANEURA_GEMM_TILE=128|64|32
+// forces a tile (tuning and tests).
+GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t entries) {
   constexpr int64_t kWorkgroupsWanted = 132;
   const char* forced = std::getenv("MEGANEURA_GEMM_TILE");
   for (const GemmTile& candidate : kGemmTiles) {
@@ -41,7 +43,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t batches, int64_t concurr
       continue;
     }
     const int64_t workgroups = ((m + candidate.tile - 1) / candidate.tile) *
-                               ((n + candidate.tile - 1) / candidate.tile) * batches * concurrent;
+                               ((n + candidate.tile - 1) / candidate.tile) * entries;
     if (workgroups >= kWorkgroupsWanted / (candidate.tile == 128 ? 1 : 2)) return candidate;
   }
   return kGemmTiles.back();
@@ -83,52 +85,61 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   const int64_t m = out_shape[out_shape.size() - 2];
   const int64_t n = out_shape[out_shape.size() - 1];
   const int64_t k = transpose_a ? a_shape[a_shape.size() - 2] : a_shape[a_shape.size() - 1];
-  const Shape batch_shape(out_shape.begin(), out_shape.end() - 2);
+  // A split-K node (ops/k_split.hpp) computes `splits` partial products [splits, batch..., M, N]
+  // in one launch: workgroup z runs K slice z / batches of batch entry z % batches.
+  const bool split = node.attrs.has("k_splits");
+  const int64_t splits = node.attrs.get_int("k_splits", 1);
+  const int64_t k_slice = split ? k_slice_length(k, splits) : k;
+  const Shape batch_shape(out_shape.begin() + (split ? 1 : 0), out_shape.end() - 2);
   const int64_t batches = element_count(batch_shape);
-  // The K range summed: all of K, or one slice of it for a split-K partial product.
-  const int64_t k_begin = node.attrs.get_int("k_begin", 0);
-  const int64_t k_end = node.attrs.get_int("k_end", k);
 
   const bool coop = use_coop_gemm(context.device());
   if (coop || use_cpu_kernels(context.device())) {
-    // The CPU GEMM sums k over [0, k_end - k_begin), so its loads shift k into the range; the
-    // cooperative-matrix GEMM takes the range itself.
-    const std::string kk = coop || k_begin == 0 ? "k" : "(k + " + glsl_uint(k_begin) + ")";
     const std::string t =
-        transpose_a ? kk + " * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + " + kk;
+        transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
     const std::string u =
-        transpose_b ? "n * " + glsl_uint(k) + " + " + kk : kk + " * " + glsl_uint(n) + " + n";
+        transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
     std::string functions =
         batch_offset_function("a_offset", a_shape, batch_shape) +
         batch_offset_function("b_offset", b_shape, batch_shape) +
         "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t + "]; }\n" +
         "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n";
+    if (split) functions = split_k_functions(functions, batches, k, splits);
+    // Four consecutive elements along each operand's contiguous extent, for the cooperative-matrix
+    // GEMM's vector loads (which it uses only when no block straddles an edge). Split products
+    // keep scalar loads: split_k_functions wraps only those.
+    const bool vector_loads = coop && !split && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+    if (vector_loads) {
+      functions +=
+          vec4_view("a4", 0) + vec4_view("b4", 1) +
+          "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t + ") / 4u]; }\n" +
+          "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u + ") / 4u]; }\n";
+    }
     Launch bindings;
     bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
     if (coop) {
       const CoopGemm gemm{.m = m,
                           .n = n,
-                          .k = k_end,
-                          .entries = batches,
-                          .k_begin = k_begin,
+                          .k = k_slice,
+                          .entries = batches * splits,
                           .a_m_contiguous = transpose_a,
                           .b_k_contiguous = transpose_b,
+                          .vector_loads = vector_loads,
                           .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {
-      emit_cpu_gemm(context, CpuGemm{m, n, k_end - k_begin, batches, std::move(functions)},
+      emit_cpu_gemm(context, CpuGemm{m, n, k_slice, batches * splits, std::move(functions)},
                     std::move(bindings.operands));
     }
     return;
   }
-  const GemmTile tile =
-      choose_gemm_tile(m, n, batches, std::max<int64_t>(1, k / (k_end - k_begin)));
-  // vec4 loads need the operand's contiguous extent, and the K range when K is that extent, in
-  // multiples of 4: a vec4 then starts 16-byte aligned and lies wholly inside or outside.
-  const bool k_range_aligned = k % 4 == 0 && k_begin % 4 == 0 && k_end % 4 == 0;
-  const bool a_vec4 = transpose_a ? m % 4 == 0 : k_range_aligned;
-  const bool b_vec4 = transpose_b ? k_range_aligned : n % 4 == 0;
+  const GemmTile tile = choose_gemm_tile(m, n, batches * splits);
+  // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
+  // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
+  // of 16).
+  const bool a_vec4 = transpose_a ? m % 4 == 0 : k % 4 == 0;
+  const bool b_vec4 = transpose_b ? k % 4 == 0 : n % 4 == 0;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm";
@@ -141,8 +152,9 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   launch.defines = {{"M", glsl_uint(m)},
                     {"N", glsl_uint(n)},
                     {"K", glsl_uint(k)},
-                    {"K_BEGIN", glsl_uint(k_begin)},
-                    {"K_END", glsl_uint(k_end)},
+                    {"SPLIT_K", split ? "1" : "0"},
+                    {"K_SLICE", glsl_uint(k_slice)},
+                    {"BATCHES", glsl_uint(batches)},
                     {"TRANSPOSE_A", transpose_a ? "1" : "0"},
                     {"TRANSPOSE_B", transpose_b ? "1" : "0"},
                     {"A_VEC4", a_vec4 ? "1" : "0"},
@@ -152,7 +164,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                     {"TILE_K", std::to_string(tile.tile_k)}};
   launch.groups = {static_cast<uint32_t>((n + tile.tile - 1) / tile.tile),
                    static_cast<uint32_t>((m + tile.tile - 1) / tile.tile),
-                   static_cast<uint32_t>(batches)};
+                   static_cast<uint32_t>(batches * splits)};
   context.emit(std::move(launch));
 }
 
@@ -301,6 +313,19 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
   launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
                    static_cast<uint32_t>(gemm.entries)};
   context.emit(std::move(launch));
+}
+
+std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
+                              int64_t splits) {
+  const std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
+                                        "float load_b(", "float whole_b(");
+  const std::string slice_k = "  uint whole_k = z / " + glsl_uint(entries) + " * " +
+                              glsl_uint(k_slice_length(k, splits)) +
+                              " + k;\n  if (whole_k >= " + glsl_uint(k) + ") return 0.0;\n";
+  const std::string entry = "z % " + glsl_uint(entries);
+  return whole + "float load_a(uint z, uint m, uint k) {\n" + slice_k + "  return whole_a(" +
+         entry + ", m, whole_k);\n}\nfloat load_b(uint z, uint k, uint n) {\n" + slice_k +
+         "  return whole_b(" + entry + ", whole_k, n);\n}\n";
 }
 
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,

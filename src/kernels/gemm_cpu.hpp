@@ -1,5 +1,7 @@
 #pragma once
-// The CPU-device GEMM (gemm_cpu.comp) that matmul and the convolutions lower to on Lavapipe.
+// The CPU-device GEMM (gemm_cpu.comp) that matmul and the convolutions lower to on Lavapipe, and
+// the split-K form of the load functions that it, the cooperative-matrix GEMM and conv_igemm.comp
+// read their operands through.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,5 +24,14 @@ struct CpuGemm {
 };
 
 void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands);
+
+// Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
+// load_b(z, k, n) for `entries` problems summing all of `k`; the result defines them for
+// entries * splits problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z
+// is slice z / entries of problem z % entries: loads shift k into the slice and read zero past
+// `k`. store_c is left as it is: it receives z itself, the flat index over [splits, entries] and
+// so over the leading axes of the [splits, ...] partial results.
+std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
+                              int64_t splits);
 
 }  // namespace mg::kernels

@@ -40,4 +40,10 @@ std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& 
   return text.empty() ? "0u" : text;
 }
 
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
 }  // namespace mg::kernels

@@ -19,4 +19,7 @@ std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& 
 std::string glsl_uint(int64_t value);  // "12u"
 std::string glsl_float(double value);  // a float literal that round-trips f32 ("0.5", "1e-05")
 
+// `text` with every occurrence of `from` replaced by `to` (renaming generated functions).
+std::string replace_all(std::string text, const std::string& from, const std::string& to);
+
 }  // namespace mg::kernels

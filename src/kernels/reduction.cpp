@@ -1,6 +1,9 @@
 // The row-reduction archetype: each output element combines the input elements along a set of
-// reduced axes. Long rows get one workgroup with a shared-memory tree; short rows one thread.
-// Softmax and log-softmax are three passes over one row inside one workgroup.
+// reduced axes. Long rows get one workgroup with a shared-memory tree; short rows one thread, and
+// so do many rows adjacent in memory (column sums such as the sum of split-K partial results
+// over their leading axis), where consecutive threads then read consecutive words.
+// Softmax and log-softmax are three passes over one row inside one workgroup, reading the row
+// once into registers when it is short enough.
 #include <algorithm>
 
 #include "kernels/index_codegen.hpp"
@@ -11,6 +14,11 @@ namespace {
 
 constexpr uint32_t kGroupSize = 128;
 constexpr int64_t kThreadPerRowLimit = 16;
+// A column sum takes one thread per output from this many outputs on (32 workgroups): enough to
+// spread over a GPU, where a workgroup per output would read every word on its own.
+constexpr int64_t kColumnThreadsMinRows = 4096;
+// Softmax rows up to this many elements a thread (4096 at 128 threads) stay in registers.
+constexpr int64_t kSoftmaxCachedPerThread = 32;
 
 // Splits an input shape into kept and reduced axes and generates
 // `uint input_index(uint o, uint r)` mapping (output row, position in row) to a flat index.
@@ -66,9 +74,14 @@ enum class ReductionKind { sum, max, argmax };
 void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize) {
   const Node& node = context.node();
   const Shape& in_shape = context.input_type(0).shape;
-  const RowLayout layout =
-      row_layout(in_shape, reduced_axes_of(node, static_cast<int64_t>(in_shape.size())));
-  const bool thread_per_row = layout.row_length <= kThreadPerRowLimit;
+  const std::vector<int64_t> reduced_axes =
+      reduced_axes_of(node, static_cast<int64_t>(in_shape.size()));
+  const RowLayout layout = row_layout(in_shape, reduced_axes);
+  const bool innermost_kept =
+      std::find(reduced_axes.begin(), reduced_axes.end(),
+                static_cast<int64_t>(in_shape.size()) - 1) == reduced_axes.end();
+  const bool thread_per_row = layout.row_length <= kThreadPerRowLimit ||
+                              (innermost_kept && layout.rows >= kColumnThreadsMinRows);
   const bool selecting = kind != ReductionKind::sum;
 
   std::string body = layout.index_function;
@@ -152,7 +165,7 @@ void emit_softmax(LoweringContext& context, bool logarithm) {
       row_layout(shape, reduced_axes_of(node, static_cast<int64_t>(shape.size())));
   const std::string group = glsl_uint(kGroupSize);
   const std::string length = glsl_uint(layout.row_length);
-  std::string body = layout.index_function;
+  std::string body = "#extension GL_EXT_control_flow_attributes : enable\n" + layout.index_function;
   body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
   body += "shared float partial[" + std::to_string(kGroupSize) + "];\n";
   body +=
@@ -165,17 +178,35 @@ void emit_softmax(LoweringContext& context, bool logarithm) {
   body += "  float result = partial[0];\n  barrier();\n  return result;\n}\n";
   body += "void main() {\n  uint o = linear_workgroup();\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  float row_max = -1.0 / 0.0;\n";
-  body += "  for (uint r = lane; r < " + length + "; r += " + group +
-          ") row_max = max(row_max, x[input_index(o, r)]);\n";
-  body += "  row_max = reduce_group(row_max, true);\n  float total = 0.0;\n";
-  body += "  for (uint r = lane; r < " + length + "; r += " + group +
-          ") total += exp(x[input_index(o, r)] - row_max);\n";
-  body += "  total = reduce_group(total, false);\n";
-  body += "  for (uint r = lane; r < " + length + "; r += " + group + ") {\n";
-  body += "    uint index = input_index(o, r);\n";
-  body += logarithm ? "    out_[index] = x[index] - row_max - log(total);\n"
-                    : "    out_[index] = exp(x[index] - row_max) / total;\n";
-  body += "  }\n}\n";
+  const int64_t per_thread = (layout.row_length + kGroupSize - 1) / kGroupSize;
+  const std::string result =
+      logarithm ? "value - row_max - log(total)" : "exp(value - row_max) / total";
+  if (per_thread <= kSoftmaxCachedPerThread) {
+    // The row fits in registers: one read of global memory instead of three.
+    const std::string count = std::to_string(per_thread);
+    body += "  float row[" + count + "];\n";
+    body += "  [[unroll]] for (uint c = 0u; c < " + count + "u; ++c) {\n";
+    body += "    uint r = lane + c * " + group + ";\n";
+    body += "    row[c] = r < " + length + " ? x[input_index(o, r)] : -1.0 / 0.0;\n";
+    body += "    row_max = max(row_max, row[c]);\n  }\n";
+    body += "  row_max = reduce_group(row_max, true);\n  float total = 0.0;\n";
+    body +=
+        "  [[unroll]] for (uint c = 0u; c < " + count + "u; ++c) total += exp(row[c] - row_max);\n";
+    body += "  total = reduce_group(total, false);\n";
+    body += "  [[unroll]] for (uint c = 0u; c < " + count + "u; ++c) {\n";
+    body += "    uint r = lane + c * " + group + ";\n    float value = row[c];\n";
+    body += "    if (r < " + length + ") out_[input_index(o, r)] = " + result + ";\n  }\n}\n";
+  } else {
+    body += "  for (uint r = lane; r < " + length + "; r += " + group +
+            ") row_max = max(row_max, x[input_index(o, r)]);\n";
+    body += "  row_max = reduce_group(row_max, true);\n  float total = 0.0;\n";
+    body += "  for (uint r = lane; r < " + length + "; r += " + group +
+            ") total += exp(x[input_index(o, r)] - row_max);\n";
+    body += "  total = reduce_group(total, false);\n";
+    body += "  for (uint r = lane; r < " + length + "; r += " + group + ") {\n";
+    body += "    uint index = input_index(o, r);\n    float value = x[index];\n";
+    body += "    out_[index] = " + result + ";\n  }\n}\n";
+  }
   Launch launch;
   launch.label = context.label();
   launch.kernel = "softmax";

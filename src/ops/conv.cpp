@@ -7,6 +7,7 @@
 
 #include "ops/apply.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/k_split.hpp"
 #include "ops/op_checks.hpp"
 
 namespace mg {
@@ -162,11 +163,19 @@ HostTensor convolve_grad_input(const ConvGeometry& g, const HostTensor& grad_out
   return grad;
 }
 
-HostTensor convolve_grad_weight(const ConvGeometry& g, const HostTensor& x,
+// The weight gradient sums over K = N * OH * OW, k = (n * OH + oh) * OW + ow; with k_splits the
+// result holds one partial gradient per K slice (ops/k_split.hpp).
+HostTensor convolve_grad_weight(const Node& node, const ConvGeometry& g, const HostTensor& x,
                                 const HostTensor& grad_out) {
-  HostTensor grad(g.weight_shape());
+  const int64_t out_plane = g.out_height * g.out_width;
+  const int64_t k = g.batch * out_plane;
+  const int64_t slice =
+      node.attrs.has("k_splits") ? k_slice_length(k, node.attrs.get_int("k_splits")) : k;
+  const int64_t weights = element_count(g.weight_shape());
+  HostTensor grad(node.type.shape);
   for_each_tap(g, [&](int64_t xi, int64_t wi, int64_t oi) {
-    grad.data[wi] += x.data[xi] * grad_out.data[oi];
+    const int64_t product = oi / (g.out_channels * out_plane) * out_plane + oi % out_plane;
+    grad.data[product / slice * weights + wi] += x.data[xi] * grad_out.data[oi];
   });
   return grad;
 }
@@ -250,7 +259,9 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   });
 
   // conv2d_grad_weight(x [N, C, H, W], grad_out [N, O, OH, OW]) -> [O, C/groups, KH, KW]: the
-  // gradient of conv2d with respect to w. attrs: those of conv2d plus weight_shape [4].
+  // gradient of conv2d with respect to w. attrs: those of conv2d plus weight_shape [4], and
+  // k_splits = S (only from the split-K pass) for S partial gradients [S, O, C/groups, KH, KW]
+  // over slices of K = N * OH * OW.
   registry.push_back(OpDef{
       .name = "conv2d_grad_weight",
       .infer =
@@ -261,16 +272,19 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             const ConvGeometry g = checked_geometry(graph, node, x.shape, weight_shape);
             expect_shape(graph, node, "grad_out", graph.type(node.inputs[1]).shape,
                          g.output_shape());
-            return TensorType{x.dtype, weight_shape};
+            return TensorType{
+                x.dtype,
+                split_k_shape(graph, node, g.batch * g.out_height * g.out_width, weight_shape)};
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const ConvGeometry g =
                 conv_geometry(node.attrs, in[0]->shape, node.attrs.get_ints("weight_shape"));
-            return convolve_grad_weight(g, *in[0], *in[1]);
+            return convolve_grad_weight(node, g, *in[0], *in[1]);
           },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
+            reject_split_k_gradient(graph, self);
             const Node node = graph.node(self);
             const ValueId x = node.inputs[0];
             const ValueId grad_out = node.inputs[1];

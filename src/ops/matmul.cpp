@@ -1,5 +1,9 @@
 // Matrix products with broadcast batch dimensions, and the linear layer built on them.
+#include <algorithm>
+
 #include "ops/apply.hpp"
+#include "ops/k_split.hpp"
+#include "ops/op_checks.hpp"
 #include "ops/shape_rules.hpp"
 
 namespace mg {
@@ -16,16 +20,10 @@ Shape batch_of(const Shape& shape) {
   return Shape(shape.begin(), shape.end() - 2);
 }
 
-// The K range [k_begin, k_end) a matmul sums over: all of K unless the split-K pass
-// (passes/split_k.cpp) made the node one partial product of a longer sum.
-std::pair<int64_t, int64_t> k_range(const Node& node, int64_t k) {
-  return {node.attrs.get_int("k_begin", 0), node.attrs.get_int("k_end", k)};
-}
-
-// matmul(a, b) {transpose_a: 0|1, transpose_b: 0|1, k_begin, k_end}: a [..., M, K] x
-// b [..., K, N] -> [..., M, N] after the optional swap of each operand's last two axes; rank
-// >= 2, batch axes broadcast (NumPy), one floating dtype. With k_begin / k_end (both or none,
-// 0 <= k_begin < k_end <= K) only that range of K is summed.
+// matmul(a, b) {transpose_a: 0|1, transpose_b: 0|1, k_splits}: a [..., M, K] x b [..., K, N]
+// -> [..., M, N] after the optional swap of each operand's last two axes; rank >= 2, batch axes
+// broadcast (NumPy), one floating dtype. With k_splits = S (only from the split-K pass) the
+// result is [S, ..., M, N], partial s summing only K slice s (ops/k_split.hpp).
 TensorType infer_matmul(const Graph& graph, const Node& node) {
   if (node.inputs.size() != 2) op_error(graph, node, "takes two inputs");
   const TensorType& a = graph.type(node.inputs[0]);
@@ -41,18 +39,10 @@ TensorType infer_matmul(const Graph& graph, const Node& node) {
     op_error(graph, node,
              "inner dimensions differ (" + std::to_string(k) + " vs " + std::to_string(k_b) + ")");
   }
-  if (node.attrs.has("k_begin") != node.attrs.has("k_end"))
-    op_error(graph, node, "needs both k_begin and k_end or neither");
-  const auto [k_begin, k_end] = k_range(node, k);
-  if (k_begin < 0 || k_begin >= k_end || k_end > k) {
-    op_error(graph, node,
-             "K range [" + std::to_string(k_begin) + ", " + std::to_string(k_end) +
-                 ") is empty or outside K = " + std::to_string(k));
-  }
   Shape shape = broadcast_or_error(graph, node, batch_of(a.shape), batch_of(b.shape));
   shape.push_back(m);
   shape.push_back(n);
-  return {a.dtype, shape};
+  return {a.dtype, split_k_shape(graph, node, k, std::move(shape))};
 }
 
 HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor*>& in) {
@@ -62,24 +52,30 @@ HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
   const auto [m, k_extent] = matrix_extents(a.shape, transpose_a);
   const int64_t n = matrix_extents(b.shape, transpose_b).second;
-  const auto [k_begin, k_end] = k_range(node, k_extent);
+  const bool split = node.attrs.has("k_splits");
+  const int64_t splits = node.attrs.get_int("k_splits", 1);
+  const int64_t slice = split ? k_slice_length(k_extent, splits) : k_extent;
   HostTensor out(node.type.shape);
-  const Shape batch = batch_of(out.shape);
-  for (int64_t batch_index = 0; batch_index < element_count(batch); ++batch_index) {
-    const int64_t a_base =
-        broadcast_source_index(batch_of(a.shape), batch, batch_index) * m * k_extent;
-    const int64_t b_base =
-        broadcast_source_index(batch_of(b.shape), batch, batch_index) * k_extent * n;
-    double* result = out.data.data() + batch_index * m * n;
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double total = 0;
-        for (int64_t k = k_begin; k < k_end; ++k) {
-          const double a_ik = a.data[a_base + (transpose_a ? k * m + i : i * k_extent + k)];
-          const double b_kj = b.data[b_base + (transpose_b ? j * k_extent + k : k * n + j)];
-          total += a_ik * b_kj;
+  const Shape batch = batch_of(Shape(out.shape.begin() + (split ? 1 : 0), out.shape.end()));
+  const int64_t batches = element_count(batch);
+  for (int64_t s = 0; s < splits; ++s) {
+    const int64_t k_begin = s * slice, k_end = std::min(k_extent, k_begin + slice);
+    for (int64_t batch_index = 0; batch_index < batches; ++batch_index) {
+      const int64_t a_base =
+          broadcast_source_index(batch_of(a.shape), batch, batch_index) * m * k_extent;
+      const int64_t b_base =
+          broadcast_source_index(batch_of(b.shape), batch, batch_index) * k_extent * n;
+      double* result = out.data.data() + (s * batches + batch_index) * m * n;
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double total = 0;
+          for (int64_t k = k_begin; k < k_end; ++k) {
+            const double a_ik = a.data[a_base + (transpose_a ? k * m + i : i * k_extent + k)];
+            const double b_kj = b.data[b_base + (transpose_b ? j * k_extent + k : k * n + j)];
+            total += a_ik * b_kj;
+          }
+          result[i * n + j] = total;
         }
-        result[i * n + j] = total;
       }
     }
   }
@@ -89,12 +85,8 @@ HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor
 // With A' = op(A), B' = op(B) and C = A'B': dA' = G B'^T and dB' = A'^T G; a transposed
 // operand takes the transpose of those, which folds into the flags of one product each.
 std::vector<ValueId> matmul_vjp(Graph& graph, ValueId self, ValueId grad) {
+  reject_split_k_gradient(graph, self);
   const Node node = graph.node(self);
-  if (node.attrs.has("k_begin")) {
-    throw Error("matmul %" + std::to_string(self) +
-                " sums a K range (k_begin / k_end), which has no gradient: split-K partial "
-                "products are made after differentiation");
-  }
   const Tensor a(&graph, node.inputs[0]);
   const Tensor b(&graph, node.inputs[1]);
   const Tensor g(&graph, grad);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/k_split.hpp"
+
 namespace mg {
 
 void expect_input_count(const Graph& graph, const Node& node, size_t count) {
@@ -63,6 +65,27 @@ Shape shape4_attr(const Graph& graph, const Node& node, std::string_view name) {
                  " must have 4 positive extents (N, C, H, W)");
   }
   return shape;
+}
+
+Shape split_k_shape(const Graph& graph, const Node& node, int64_t k, Shape whole) {
+  if (!node.attrs.has("k_splits")) return whole;
+  const int64_t splits = node.attrs.get_int("k_splits");
+  if (splits < 1 || (splits - 1) * k_slice_length(k, splits) >= k) {
+    op_error(graph, node,
+             "k_splits " + std::to_string(splits) +
+                 " must be >= 1 and leave every slice of K = " + std::to_string(k) +
+                 " (multiples of " + std::to_string(kKSliceAlignment) + ") non-empty");
+  }
+  whole.insert(whole.begin(), splits);
+  return whole;
+}
+
+void reject_split_k_gradient(const Graph& graph, ValueId self) {
+  const Node& node = graph.node(self);
+  if (!node.attrs.has("k_splits")) return;
+  throw Error(node.op + " %" + std::to_string(self) +
+              " computes split-K partial results (k_splits), which have no gradient: the split-K "
+              "pass runs after differentiation");
 }
 
 }  // namespace mg

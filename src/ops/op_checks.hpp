@@ -1,6 +1,6 @@
 #pragma once
-// Input checks shared by the spatial, normalisation and attention op families. Every check
-// reports through op_error, so the message names the op and the types of all its inputs.
+// Input checks shared by the spatial, normalisation, attention and matmul op families. Every
+// check reports through op_error, so the message names the op and the types of all its inputs.
 #include <array>
 #include <string>
 #include <string_view>
@@ -22,5 +22,11 @@ std::array<int64_t, 2> pair_attr(const Graph& graph, const Node& node, std::stri
                                  int64_t minimum, std::vector<int64_t> fallback = {});
 // A four-entry shape attribute (input_shape, weight_shape) with positive extents.
 Shape shape4_attr(const Graph& graph, const Node& node, std::string_view name);
+// The result shape of a node that may carry k_splits (ops/k_split.hpp): `whole` without the
+// attribute, else [S, ...whole] after checking S >= 1 and that every slice of `k` is non-empty.
+Shape split_k_shape(const Graph& graph, const Node& node, int64_t k, Shape whole);
+// Throws for a node carrying k_splits: partial results have no gradient, and the split-K pass
+// runs after differentiation.
+void reject_split_k_gradient(const Graph& graph, ValueId self);
 
 }  // namespace mg

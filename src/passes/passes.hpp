@@ -17,13 +17,10 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
 // replaces them by a uniform constant.
 Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
-// Cuts conv2d_grad_weight over the batch into partial gradients that run in parallel and are
-// summed (see split_weight_gradients.cpp).
-Graph split_weight_gradients(const Graph& graph, std::vector<ValueId>* remap = nullptr);
-
-// Cuts long-K matmuls with few output tiles into partial products over K ranges (k_begin /
-// k_end) that run in parallel and are summed (see split_k.cpp).
-Graph split_long_k_matmuls(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+// Split-K: a matmul or conv2d_grad_weight with few output tiles and a long K becomes one node
+// computing partial results over K slices (attribute k_splits) and a sum over them (see
+// split_k.cpp).
+Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);

@@ -113,14 +113,13 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
 
   // Matmul epilogues: a matmul's product with one pointwise consumer of its shape is handed to
   // the DAG that consumer belongs to, which the GEMM then evaluates in its store. A DAG takes
-  // one product; split-K partial products (k_begin) stay separate, or the GEMMs of one sum
-  // would run one after another.
+  // one product. Split-K partial results (k_splits) take none: a chain belongs after their sum.
   std::map<ValueId, kernels::MatmulEpilogue> epilogue_of_root;
   std::vector<bool> in_epilogue(graph.size(), false);
   if (fusion_enabled && !switched_on("MEGANEURA_NO_EPILOGUE_FUSION")) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
-      if (node.op != "matmul" || node.attrs.has("k_begin") || observed[i] || consumers[i] != 1 ||
+      if (node.op != "matmul" || node.attrs.has("k_splits") || observed[i] || consumers[i] != 1 ||
           node.type.dtype != DType::f32) {
         continue;
       }

@@ -200,13 +200,9 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   Program program;
   program.graph_nodes_before_passes = source.size();
   program.graph = passes::optimize(source);
-  bool split = options.split_weight_gradients;
-  if (const char* forced = std::getenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS"))
-    split = std::string(forced) != "0";
-  if (split) program.graph = passes::split_weight_gradients(program.graph);
   bool split_k = options.split_k;
   if (const char* forced = std::getenv("MEGANEURA_SPLIT_K")) split_k = std::string(forced) != "0";
-  if (split_k) program.graph = passes::split_long_k_matmuls(program.graph);
+  if (split_k) program.graph = passes::split_k(program.graph);
   verify(program.graph);
   const Graph& graph = program.graph;
 

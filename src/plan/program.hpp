@@ -45,10 +45,8 @@ struct PlanOptions {
   bool reuse_memory = true;  // false: every value gets its own bytes (for testing the planner)
   uint64_t arena_limit = 128ull << 20;  // min(maxStorageBufferRange, maxMemoryAllocationSize)
   uint64_t alignment = 256;             // >= minStorageBufferOffsetAlignment
-  // Run convolution weight gradients as parallel partial sums over batch slices: pays on GPUs
-  // with many compute units, not on CPU devices. MEGANEURA_SPLIT_WEIGHT_GRADIENTS=0/1 overrides.
-  bool split_weight_gradients = true;
-  // Split long-K matmuls with few output tiles over K (split-K), for the same reason.
+  // Split matmuls and convolution weight gradients with few output tiles and a long K over K
+  // (split-K, passes/split_k.cpp): pays on GPUs with many compute units, not on CPU devices.
   // MEGANEURA_SPLIT_K=0/1 overrides.
   bool split_k = true;
   // Bytes left unused after every value (tests fill them with a sentinel and check that no

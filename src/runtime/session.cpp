@@ -48,7 +48,6 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   options.arena_limit =
       std::min(info.caps.max_storage_buffer_range, info.caps.max_memory_allocation_size);
   options.alignment = std::max<uint64_t>(256, info.caps.min_storage_buffer_offset_alignment);
-  options.split_weight_gradients = info.kind != gpu::DeviceKind::cpu;
   options.split_k = info.kind != gpu::DeviceKind::cpu;
   return options;
 }

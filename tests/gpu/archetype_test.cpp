@@ -32,6 +32,30 @@ TEST(GpuArchetypes, ReductionsShortAndLongRows) {
   });
 }
 
+// Softmax keeps rows of up to 32 elements a thread (4096) in registers and streams longer
+// ones: both sides of that boundary, and a strided (non-innermost) axis.
+TEST(GpuArchetypes, SoftmaxRowsInAndBeyondRegisters) {
+  check_on_gpu({{"x", {3, 4100}, DType::f32, -4.0, 4.0},
+                {"y", {2, 4096}, DType::f32, -4.0, 4.0},
+                {"z", {300, 7}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 graph.set_output("streamed", softmax(x[0], 1).id());
+                 graph.set_output("streamed_log", log_softmax(x[0], 1).id());
+                 graph.set_output("cached", softmax(x[1], 1).id());
+                 graph.set_output("cached_log", log_softmax(x[1], 1).id());
+                 graph.set_output("strided", softmax(x[2], 0).id());
+               });
+}
+
+// Sums over leading axes with many outputs (split-K partial results) take one thread per output
+// however long the column: 4100 outputs of 40 values each, and of 3 x 7 with a max.
+TEST(GpuArchetypes, ReductionsOverLeadingAxes) {
+  check_on_gpu({{"x", {40, 4100}}, {"y", {3, 7, 4100}}}, [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("column_sum", sum(x[0], {0}).id());
+    graph.set_output("column_max", max(x[1], {0, 1}).id());
+  });
+}
+
 }  // namespace
 }  // namespace mg
 

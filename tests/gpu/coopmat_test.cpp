@@ -41,6 +41,9 @@ Graph coop_graph() {
   Tensor a = input(graph, "a", {2, 37, 70});
   Tensor b = input(graph, "b", {45, 70});
   graph.set_output("product", matmul(a, b, false, true).id());
+  // Whole blocks: the vector-load variant.
+  graph.set_output("aligned product",
+                   matmul(input(graph, "c", {64, 32}), input(graph, "d", {32, 64})).id());
   Tensor x = input(graph, "x", {2, 3, 9, 9});
   Tensor w = input(graph, "w", {8, 3, 3, 3});
   Tensor seed = input(graph, "seed", {2, 8, 4, 4});
@@ -82,9 +85,9 @@ gpu::KernelSpec spec_of(const Graph& graph, const kernels::Launch& launch) {
 
 TEST(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   const Graph graph = coop_graph();
-  // matmul, conv2d, conv2d_grad_input, conv2d_grad_weight, scaled_dot_product_attention,
+  // Two matmuls, conv2d, conv2d_grad_input, conv2d_grad_weight, scaled_dot_product_attention,
   // attention_grad_q, attention_grad_k, attention_grad_v.
-  EXPECT_EQ(coop_launches(graph, coop_device()).size(), 8u);
+  EXPECT_EQ(coop_launches(graph, coop_device()).size(), 9u);
 
   kernels::DeviceTraits strict = coop_device();
   strict.fast_precision = false;
@@ -96,6 +99,22 @@ TEST(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
 
   const ScopedEnv kill("MEGANEURA_NO_COOPMAT", "1");
   EXPECT_TRUE(coop_launches(graph, coop_device()).empty());
+}
+
+// Vector loads need every block whole: on for an aligned product, off for a ragged one.
+TEST(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
+  const auto vector_loads = [](const Shape& a, const Shape& b) {
+    Graph graph;
+    graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
+    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+    EXPECT_EQ(launches.size(), 1u);
+    for (const auto& [name, value] : launches.at(0).defines)
+      if (name == "VECTOR_LOADS") return value;
+    return std::string("missing");
+  };
+  EXPECT_EQ(vector_loads({256, 96}, {96, 192}), "1");
+  EXPECT_EQ(vector_loads({256, 96}, {96, 196}), "0");  // 196 columns: a partial block
+  EXPECT_EQ(vector_loads({250, 96}, {96, 192}), "0");
 }
 
 TEST(CoopMatrixLowering, KhrOnlyDevicesAndTheOverrideAskForTheRewrite) {
@@ -192,7 +211,7 @@ void expect_khr_module(const std::vector<uint32_t>& module, const std::string& l
 TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   const Graph graph = coop_graph();
   const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-  ASSERT_EQ(launches.size(), 8u);
+  ASSERT_EQ(launches.size(), 9u);
   // The attention kernels read K^T, V^T, Q^T or dO^T as column-major fragments.
   const std::map<std::string, int> column_major_loads = {{"gemm_coopmat", 0},
                                                          {"attention_forward_coopmat", 1},
@@ -204,6 +223,27 @@ TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
     if (launch.label.starts_with("attention_grad_k ")) expected = 2;  // Q^T and dO^T
     expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, expected);
   }
+}
+
+// Split-K partial results (matmul and convolution weight gradient) on cooperative matrices: one
+// launch each whose grid z covers the K slices, compiled to valid SPIR-V.
+TEST(CoopMatrixLowering, SplitKPartialsCompile) {
+  Graph graph;
+  const Tensor a = input(graph, "a", {2, 37, 70});
+  const Tensor b = input(graph, "b", {45, 70});
+  graph.set_output("partials", graph.add("matmul", {a.id(), b.id()},
+                                         {{"transpose_b", int64_t{1}}, {"k_splits", int64_t{3}}}));
+  const Tensor x = input(graph, "x", {2, 3, 9, 9});
+  const Tensor dy = input(graph, "dy", {2, 8, 4, 4});
+  graph.set_output("weight_partials", graph.add("conv2d_grad_weight", {x.id(), dy.id()},
+                                                {{"stride", std::vector<int64_t>{2, 2}},
+                                                 {"weight_shape", std::vector<int64_t>{8, 3, 3, 3}},
+                                                 {"k_splits", int64_t{2}}}));
+  const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+  ASSERT_EQ(launches.size(), 2u);
+  EXPECT_EQ(launches[0].groups[2], 6u);  // 2 batch entries x 3 slices
+  EXPECT_EQ(launches[1].groups[2], 2u);  // 1 group x 2 slices
+  for (const kernels::Launch& launch : launches) gpu::compile_glsl(spec_of(graph, launch));
 }
 
 // The on-device checks: skipped where the device has no f16 cooperative matrices.
@@ -244,6 +284,29 @@ void check_matmuls(bool validation) {
         graph.set_output("y", matmul(in[0], in[1], true, true).id());
       },
       kFastTolerance, 11, fast(), nullptr, validation);
+  // Whole blocks: the vector loads, for each operand layout (64 x 64 blocks here).
+  for (const auto& [ta, tb] : {std::pair{false, false}, std::pair{true, true}}) {
+    check_on_gpu(
+        {{"a", ta ? Shape{96, 256} : Shape{256, 96}}, {"b", tb ? Shape{192, 96} : Shape{96, 192}}},
+        [&](Graph& graph, std::vector<Tensor>& in) {
+          graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
+        },
+        kFastTolerance, 15, fast(), nullptr, validation);
+  }
+  // Whole 128 x 128 blocks with vector loads.
+  check_on_gpu(
+      {{"a", {1536, 64}}, {"b", {64, 1408}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1]).id());
+      },
+      kFastTolerance, 16, fast(), nullptr, validation);
+  // A long K over a small output: split-K partials (one GEMM over the slices, then a sum).
+  check_on_gpu(
+      {{"a", {64, 4096}}, {"b", {4096, 48}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1]).id());
+      },
+      kFastTolerance, 17, fast(), nullptr, validation);
   // Enough output blocks for the 128 x 128 shape, with ragged edges.
   check_on_gpu(
       {{"a", {1540, 40}}, {"b", {40, 1500}}},
@@ -254,6 +317,14 @@ void check_matmuls(bool validation) {
 }
 
 void check_convolutions(bool validation) {
+  // A weight gradient long enough in N * OH * OW to be split over K.
+  check_on_gpu(
+      {{"x", {4, 6, 32, 32}}, {"w", {20, 6, 3, 3}}, {"seed", {4, 20, 32, 32}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}),
+                              in[2], {in[0], in[1]});
+      },
+      kFastTolerance, 18, fast(), nullptr, validation);
   for (const Conv2dOptions& options :
        {Conv2dOptions{.padding = {1, 1}}, Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}},
         Conv2dOptions{.padding = {1, 1}, .groups = 2}}) {

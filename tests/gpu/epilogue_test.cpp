@@ -151,20 +151,15 @@ TEST(GpuEpilogue, BindingLimitKeepsTheProductSeparate) {
   EXPECT_EQ(launch_count(graph, 15), 2u);
 }
 
-// Split-K partial products (attribute k_begin) are never fused: each would carry the sum.
+// Split-K partial products (attribute k_splits) never take an epilogue: a chain belongs after
+// their sum.
 TEST(GpuEpilogue, SplitKPartialsAreNotFused) {
   Graph graph;
-  const Tensor a = input(graph, "a", {8, 16});
-  const Tensor b = input(graph, "b", {16, 8});
+  const Tensor a = input(graph, "a", {8, 32});
+  const Tensor b = input(graph, "b", {32, 8});
   const Tensor bias = input(graph, "bias", {8});
-  Node partial;
-  partial.op = "matmul";
-  partial.inputs = {a.id(), b.id()};
-  partial.attrs = {
-      {"transpose_a", int64_t{0}}, {"transpose_b", int64_t{0}}, {"k_begin", int64_t{0}}};
-  partial.type = TensorType{DType::f32, {8, 8}};
-  const ValueId product = graph.add_typed(partial);
-  graph.set_output("y", (Tensor(&graph, product) + bias).id());
+  const Tensor partials(&graph, graph.add("matmul", {a.id(), b.id()}, {{"k_splits", int64_t{2}}}));
+  graph.set_output("y", (partials + bias).id());
   EXPECT_EQ(launch_count(graph, 16), 2u);
 }
 

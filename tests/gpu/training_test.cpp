@@ -126,20 +126,36 @@ TEST(GpuTraining, PlannerReuseGivesBitIdenticalResults) {
 namespace mg {
 namespace {
 
-// The split of convolution weight gradients over batch slices (on by default on GPUs, off on
-// CPU devices) must give the reference's gradients.
-TEST(GpuTraining, SplitWeightGradientsMatchReference) {
-  setenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS", "1", 1);
-  // 16 images of 16x16: eight slices of 2 (each slice reduces at least 512 products).
-  testing::check_on_gpu({{"x", {16, 2, 16, 16}}, {"w", {3, 2, 3, 3}}, {"seed", {16, 3, 16, 16}}},
-                        [](Graph& graph, std::vector<Tensor>& in) {
-                          Conv2dOptions options;
-                          options.padding = {1, 1};
-                          const Tensor y = conv2d(in[0], in[1], std::nullopt, options);
-                          const auto grads = gradients(graph, y.id(), {in[1].id()}, in[2].id());
-                          graph.set_output("weight_grad", grads.at(in[1].id()));
-                        });
-  unsetenv("MEGANEURA_SPLIT_WEIGHT_GRADIENTS");
+// Split-K of convolution weight gradients (on by default on GPUs, off on CPU devices; forced
+// here): grouped, with K = 8 * 10 * 10 = 800 in three slices of 272 that cut images, on the
+// device's default kernels and on conv_igemm.comp. The split costs one reduction dispatch.
+void check_split_weight_gradients() {
+  const auto build = [](Graph& graph, std::vector<Tensor>& in) {
+    Conv2dOptions options;
+    options.groups = 2;
+    const Tensor y = conv2d(in[0], in[1], std::nullopt, options);
+    const auto grads = gradients(graph, y.id(), {in[1].id()}, in[2].id());
+    graph.set_output("weight_grad", grads.at(in[1].id()));
+  };
+  const std::vector<testing::HarnessInput> inputs{
+      {"x", {8, 4, 12, 12}}, {"w", {4, 2, 3, 3}}, {"seed", {8, 4, 10, 10}}};
+  size_t split_dispatches = 0, whole_dispatches = 0;
+  setenv("MEGANEURA_SPLIT_K", "1", 1);
+  testing::check_on_gpu(inputs, build, 1e-5, 7, {}, &split_dispatches);
+  setenv("MEGANEURA_SPLIT_K", "0", 1);
+  testing::check_on_gpu(inputs, build, 1e-5, 7, {}, &whole_dispatches);
+  unsetenv("MEGANEURA_SPLIT_K");
+  EXPECT_EQ(split_dispatches, whole_dispatches + 1);
+}
+
+TEST(GpuTraining, SplitKWeightGradientsMatchReference) {
+  check_split_weight_gradients();
+}
+
+TEST(GpuTraining, SplitKWeightGradientsMatchReferenceOnGpuKernels) {
+  setenv("MEGANEURA_NO_CPU_KERNELS", "1", 1);
+  check_split_weight_gradients();
+  unsetenv("MEGANEURA_NO_CPU_KERNELS");
 }
 
 }  // namespace

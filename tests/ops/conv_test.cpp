@@ -1,4 +1,8 @@
 // Convolution ops: hand-derived values, VJPs against finite differences, misuse errors.
+#include <algorithm>
+#include <array>
+#include <random>
+
 #include "gradient_check.hpp"
 #include "op_expectations.hpp"
 
@@ -139,6 +143,83 @@ TEST(Conv, BackwardOpsGradients) {
     with_shape.set("weight_shape", std::vector<int64_t>{3, 2, 2, 2});
     return raw(x[0].graph(), "conv2d_grad_weight", {x[0].id(), x[1].id()}, with_shape);
   });
+}
+
+HostTensor random_tensor(Shape shape, std::mt19937_64& generator) {
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  HostTensor tensor(std::move(shape));
+  for (double& element : tensor.data) element = uniform(generator);
+  return tensor;
+}
+
+// Images [first, last) of an NCHW tensor.
+HostTensor images(const HostTensor& tensor, int64_t first, int64_t last) {
+  Shape shape = tensor.shape;
+  shape[0] = last - first;
+  HostTensor part(shape);
+  const int64_t image = tensor.elements() / tensor.shape[0];
+  std::copy(tensor.data.begin() + first * image, tensor.data.begin() + last * image,
+            part.data.begin());
+  return part;
+}
+
+Tensor weight_grad(std::vector<Tensor>& x, Attrs attrs) {
+  return raw(x[0].graph(), "conv2d_grad_weight", {x[0].id(), x[1].id()}, std::move(attrs));
+}
+
+// conv2d_grad_weight with k_splits = S: partial s sums slice s of K = N * OH * OW, slices being
+// multiples of 16 long. With 4 x 4 outputs a slice is whole images: batch 5 in three slices is
+// images {0, 1}, {2, 3} and {4}, whose own weight gradients the partials must be.
+TEST(Conv, WeightGradientKSplitsAreImageSlices) {
+  std::mt19937_64 generator(11);
+  const HostTensor x = random_tensor({5, 4, 6, 6}, generator);
+  const HostTensor dy = random_tensor({5, 4, 4, 4}, generator);
+  const Attrs attrs{{"groups", int64_t{2}}, {"weight_shape", std::vector<int64_t>{4, 2, 3, 3}}};
+  Attrs split = attrs;
+  split.set("k_splits", int64_t{3});
+  const HostTensor partials =
+      evaluate_op({x, dy}, [&](std::vector<Tensor>& in) { return weight_grad(in, split); });
+  ASSERT_EQ(shape_string(partials.shape), shape_string({3, 4, 2, 3, 3}));
+  const std::array<int64_t, 4> first_image{0, 2, 4, 5};
+  for (int64_t s = 0; s < 3; ++s) {
+    const HostTensor whole =
+        evaluate_op({images(x, first_image[s], first_image[s + 1]),
+                     images(dy, first_image[s], first_image[s + 1])},
+                    [&](std::vector<Tensor>& in) { return weight_grad(in, attrs); });
+    for (int64_t e = 0; e < whole.elements(); ++e)
+      EXPECT_NEAR(partials.data[s * whole.elements() + e], whole.data[e], 1e-12) << s << " " << e;
+  }
+}
+
+// Slices that cut images (3 x 3 outputs, K = 27 in [0, 16) and [16, 27)) still add up to the
+// whole gradient; misuse and differentiation of partials are errors.
+TEST(Conv, WeightGradientKSplitsSumToTheGradient) {
+  std::mt19937_64 generator(12);
+  const HostTensor x = random_tensor({3, 2, 5, 5}, generator);
+  const HostTensor dy = random_tensor({3, 3, 3, 3}, generator);
+  const Attrs attrs{{"stride", std::vector<int64_t>{2, 2}},
+                    {"padding", std::vector<int64_t>{1, 1}},
+                    {"weight_shape", std::vector<int64_t>{3, 2, 3, 3}}};
+  Attrs split = attrs;
+  split.set("k_splits", int64_t{2});
+  const HostTensor partials =
+      evaluate_op({x, dy}, [&](std::vector<Tensor>& in) { return weight_grad(in, split); });
+  const HostTensor whole =
+      evaluate_op({x, dy}, [&](std::vector<Tensor>& in) { return weight_grad(in, attrs); });
+  ASSERT_EQ(partials.elements(), 2 * whole.elements());
+  for (int64_t e = 0; e < whole.elements(); ++e) {
+    EXPECT_NEAR(partials.data[e] + partials.data[whole.elements() + e], whole.data[e], 1e-12);
+    EXPECT_NE(partials.data[e], whole.data[e]) << e;
+  }
+
+  Graph graph;
+  std::vector<Tensor> in{input(graph, "x", x.shape), input(graph, "dy", dy.shape)};
+  split.set("k_splits", int64_t{3});  // a third slice of K = 27 would start at 32
+  expect_error([&] { weight_grad(in, split); }, {"conv2d_grad_weight", "k_splits 3", "K = 27"});
+  split.set("k_splits", int64_t{2});
+  const Tensor partial_grads = weight_grad(in, split);
+  expect_error([&] { gradients(graph, sum_all(partial_grads).id(), {in[0].id()}); },
+               {"conv2d_grad_weight %", "k_splits", "after differentiation"});
 }
 
 TEST(Conv, MisuseNamesOpAndShapes) {

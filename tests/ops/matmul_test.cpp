@@ -1,5 +1,8 @@
 // matmul and linear: hand-derived products, VJPs for every transpose combination and for
 // broadcast batches, misuse errors.
+#include <array>
+#include <random>
+
 #include "gradient_check.hpp"
 #include "op_expectations.hpp"
 
@@ -89,37 +92,50 @@ TEST(Matmul, GradientsThroughFanOut) {
   });
 }
 
-// A split-K partial product (k_begin / k_end) sums only its K range: k in [1, 3) of kProduct.
-TEST(Matmul, KRangeSumsOnlyThatRange) {
-  const HostTensor a({2, 3}, {1, 2, 3, 4, 5, 6});
-  const HostTensor b({3, 2}, {7, 8, 9, 10, 11, 12});
-  const HostTensor partial = evaluate_op({a, b}, [](std::vector<Tensor>& x) {
+// k_splits = S (made by the split-K pass): partial s sums only K slice s, the slices being
+// multiples of 16 long. K = 40 in three: [0, 16), [16, 32), [32, 40); A transposed, batched, B
+// broadcast.
+TEST(Matmul, KSplitsSumEachSlice) {
+  std::mt19937_64 generator(3);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  HostTensor a({2, 40, 3}), b({40, 4});
+  for (double& element : a.data) element = uniform(generator);
+  for (double& element : b.data) element = uniform(generator);
+  const HostTensor partials = evaluate_op({a, b}, [](std::vector<Tensor>& x) {
     Graph& graph = x[0].graph();
     return Tensor(&graph, graph.add("matmul", {x[0].id(), x[1].id()},
-                                    {{"k_begin", int64_t{1}}, {"k_end", int64_t{3}}}));
+                                    {{"transpose_a", int64_t{1}}, {"k_splits", int64_t{3}}}));
   });
-  expect_values(partial, {2, 2}, {51, 56, 111, 122});
+  ASSERT_EQ(shape_string(partials.shape), shape_string({3, 2, 3, 4}));
+  const std::array<int64_t, 4> bounds{0, 16, 32, 40};
+  for (int64_t s = 0; s < 3; ++s) {
+    for (int64_t batch = 0; batch < 2; ++batch) {
+      for (int64_t i = 0; i < 3; ++i) {
+        for (int64_t j = 0; j < 4; ++j) {
+          double expected = 0;
+          for (int64_t k = bounds[s]; k < bounds[s + 1]; ++k)
+            expected += a.data[(batch * 40 + k) * 3 + i] * b.data[k * 4 + j];
+          EXPECT_NEAR(partials.data[((s * 2 + batch) * 3 + i) * 4 + j], expected, 1e-12)
+              << "slice " << s << " batch " << batch << " (" << i << ", " << j << ")";
+        }
+      }
+    }
+  }
 }
 
-TEST(Matmul, KRangeMisuseAndGradient) {
+TEST(Matmul, KSplitsMisuseAndGradient) {
   Graph graph;
-  const Tensor a = input(graph, "a", {2, 3});
-  const Tensor b = input(graph, "b", {3, 2});
-  const auto ranged = [&](Attrs attrs) { return graph.add("matmul", {a.id(), b.id()}, attrs); };
-  expect_error([&] { ranged({{"k_begin", int64_t{1}}}); }, {"matmul(", "both k_begin and k_end"});
-  expect_error(
-      [&] {
-        ranged({{"k_begin", int64_t{2}}, {"k_end", int64_t{2}}});
-      },
-      {"matmul(", "K range [2, 2)", "K = 3"});
-  expect_error(
-      [&] {
-        ranged({{"k_begin", int64_t{0}}, {"k_end", int64_t{4}}});
-      },
-      {"K range [0, 4)"});
-  const Tensor partial(&graph, ranged({{"k_begin", int64_t{0}}, {"k_end", int64_t{2}}}));
-  expect_error([&] { gradients(graph, sum_all(partial).id(), {a.id()}); },
-               {"K range (k_begin / k_end)", "after differentiation"});
+  const Tensor a = input(graph, "a", {2, 40});
+  const Tensor b = input(graph, "b", {40, 2});
+  const auto split = [&](int64_t splits) {
+    return graph.add("matmul", {a.id(), b.id()}, {{"k_splits", splits}});
+  };
+  expect_error([&] { split(0); }, {"matmul(", "k_splits 0", "K = 40"});
+  // Slices of 16: a fourth slice of K = 40 would start at 48.
+  expect_error([&] { split(4); }, {"matmul(", "k_splits 4", "non-empty"});
+  const Tensor partials(&graph, split(3));
+  expect_error([&] { gradients(graph, sum_all(partials).id(), {a.id()}); },
+               {"matmul %", "k_splits", "after differentiation"});
 }
 
 TEST(Matmul, MisuseNamesOpAndShapes) {

@@ -9,6 +9,7 @@
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "ops/interpreter.hpp"
+#include "ops/k_split.hpp"
 #include "passes/passes.hpp"
 
 namespace mg {
@@ -110,14 +111,31 @@ TEST(Passes, CseAndFoldingShrinkTheGraph) {
   expect_same_outputs(graph, optimized, environment);
 }
 
-TEST(Passes, WeightGradientSplitKeepsGradients) {
+// The split-K node of a split graph: its k_splits, checked to be followed by the sum over them.
+int64_t only_split(const Graph& split, const std::string& op) {
+  int64_t splits = 0;
+  for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id) {
+    const Node& node = split.node(id);
+    if (node.op != op || !node.attrs.has("k_splits")) continue;
+    EXPECT_EQ(splits, 0) << "one split node";
+    splits = node.attrs.get_int("k_splits");
+    const auto sum = std::find_if(split.nodes().begin(), split.nodes().end(), [&](const Node& n) {
+      return n.op == "sum" && n.inputs == std::vector<ValueId>{id};
+    });
+    EXPECT_NE(sum, split.nodes().end()) << "partials are summed";
+  }
+  return splits;
+}
+
+// Convolution weight gradients (K = N * OH * OW = 1024) are split over K.
+TEST(Passes, SplitKKeepsWeightGradients) {
   Graph graph;
   Environment environment;
   std::mt19937_64 generator(4);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  const Tensor x = input(graph, "x", {16, 2, 16, 16});
+  const Tensor x = input(graph, "x", {4, 2, 16, 16});
   const Tensor w = input(graph, "w", {3, 2, 3, 3});
-  for (const auto& [name, shape] : {std::pair<std::string, Shape>{"x", {16, 2, 16, 16}},
+  for (const auto& [name, shape] : {std::pair<std::string, Shape>{"x", {4, 2, 16, 16}},
                                     std::pair<std::string, Shape>{"w", {3, 2, 3, 3}}}) {
     HostTensor value(shape);
     for (double& element : value.data) element = uniform(generator);
@@ -127,13 +145,14 @@ TEST(Passes, WeightGradientSplitKeepsGradients) {
   options.padding = {1, 1};
   const Tensor y = conv2d(x, w, std::nullopt, options);
   graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {w.id()}).at(w.id()));
-  const Graph split = passes::split_weight_gradients(graph);
-  EXPECT_GT(split.size(), graph.size());  // the split happened
+  const Graph split = passes::split_k(graph);
+  EXPECT_EQ(only_split(split, "conv2d_grad_weight"), 4);
   expect_same_outputs(graph, split, environment);
 }
 
 // Random long-K products with few output tiles (transposes, broadcast batches, K not a multiple
-// of the slice alignment) are split into partial products over K ranges whose sum matches.
+// of the slice alignment) become one node of partial products over K slices, at least 256 long,
+// whose sum matches.
 TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     std::mt19937_64 generator(seed);
@@ -158,25 +177,10 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
     const Tensor product = matmul(a, b, transpose_a, transpose_b);
     graph.set_output("y", tanh(product).id());
     graph.set_output("product", product.id());
-    const Graph split = passes::split_long_k_matmuls(graph);
-    // The partial products' ranges cover K in order, each but the last at least 256 long.
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id) {
-      const Node& node = split.node(id);
-      if (node.op == "matmul")
-        ranges.emplace_back(node.attrs.get_int("k_begin"), node.attrs.get_int("k_end"));
-    }
-    ASSERT_GE(ranges.size(), 2u) << "K = " << k;
-    std::sort(ranges.begin(), ranges.end());
-    int64_t covered = 0;
-    for (const auto& [begin, end] : ranges) {
-      EXPECT_EQ(begin, covered);
-      if (end != k) {
-        EXPECT_GE(end - begin, 256);
-      }
-      covered = end;
-    }
-    EXPECT_EQ(covered, k);
+    const Graph split = passes::split_k(graph);
+    const int64_t splits = only_split(split, "matmul");
+    ASSERT_GE(splits, 2) << "K = " << k;
+    EXPECT_GE(k_slice_length(k, splits), 256);
     expect_same_outputs(graph, split, environment);
   }
 }
@@ -188,10 +192,10 @@ TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   const Tensor short_k = matmul(input(graph, "c", {8, 300}), input(graph, "d", {300, 8}));
   graph.set_output("wide", wide.id());
   graph.set_output("short", short_k.id());
-  const Graph split = passes::split_long_k_matmuls(graph);
+  const Graph split = passes::split_k(graph);
   EXPECT_EQ(split.size(), graph.size());
   for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id)
-    EXPECT_FALSE(split.node(id).attrs.has("k_begin"));
+    EXPECT_FALSE(split.node(id).attrs.has("k_splits"));
 }
 
 }  // namespace

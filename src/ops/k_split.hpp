@@ -1,0 +1,21 @@
+#pragma once
+// Split-K (passes/split_k.cpp): a matmul or conv2d_grad_weight with attribute k_splits = S
+// computes S partial results stacked along a new leading axis ([S, ...the whole result]);
+// partial s sums only k in [s * L, min(K, (s + 1) * L)) with L = k_slice_length(K, S). The
+// references (src/ops) and the kernels (src/kernels) share this arithmetic, so their slices
+// agree.
+#include <cstdint>
+
+namespace mg {
+
+// Slice boundaries are multiples of 16: the K step of the GEMM kernels, and vec4 loads along K
+// stay 16-byte aligned.
+constexpr int64_t kKSliceAlignment = 16;
+
+// Length of every K slice but the last (which may be shorter) when K is cut into `splits`.
+constexpr int64_t k_slice_length(int64_t k, int64_t splits) {
+  const int64_t even = (k + splits - 1) / splits;
+  return (even + kKSliceAlignment - 1) / kKSliceAlignment * kKSliceAlignment;
+}
+
+}  // namespace mg
