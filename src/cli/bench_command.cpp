@@ -155,28 +155,23 @@ std::vector<BenchCase> bench_cases(bool small) {
                      },
                      flops,
                      0});
-    cases.push_back({name + " dX",
-                     {dy, w},
-                     [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-                       Attrs grad_attrs = attrs;
-                       grad_attrs.set("input_shape", x);
-                       Graph& graph = in[0].graph();
-                       return {Tensor(&graph, graph.add("conv2d_grad_input",
-                                                        {in[0].id(), in[1].id()}, grad_attrs))};
-                     },
-                     flops,
-                     0});
-    cases.push_back({name + " dW",
-                     {x, dy},
-                     [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-                       Attrs grad_attrs = attrs;
-                       grad_attrs.set("weight_shape", w);
-                       Graph& graph = in[0].graph();
-                       return {Tensor(&graph, graph.add("conv2d_grad_weight",
-                                                        {in[0].id(), in[1].id()}, grad_attrs))};
-                     },
-                     flops,
-                     0});
+    // A gradient op of the convolution, whose attribute `shape_key` names the shape it restores.
+    auto gradient = [&](const std::string& suffix, const char* op, const char* shape_key,
+                        const Shape& restored, const Shape& first, const Shape& second) {
+      cases.push_back(
+          {name + suffix,
+           {first, second},
+           [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+             Attrs grad_attrs = attrs;
+             grad_attrs.set(shape_key, restored);
+             Graph& graph = in[0].graph();
+             return {Tensor(&graph, graph.add(op, {in[0].id(), in[1].id()}, grad_attrs))};
+           },
+           flops,
+           0});
+    };
+    gradient(" dX", "conv2d_grad_input", "input_shape", x, dy, w);
+    gradient(" dW", "conv2d_grad_weight", "weight_shape", w, x, dy);
   };
   conv("resnet conv 7x7/2 3->64 224", 3, 64, 224, 7, 2);
   conv("resnet conv 3x3 64->64 56", 64, 64, 56, 3, 1);

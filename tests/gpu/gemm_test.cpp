@@ -9,20 +9,7 @@ namespace mg {
 namespace {
 
 using testing::check_on_gpu;
-
-// Sets an environment variable for the lifetime of the object (lowering reads it per Session).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 // The partial products of a matmul over `splits` K slices (what the split-K pass emits).
 Tensor split_matmul(Tensor a, Tensor b, bool transpose_a, bool transpose_b, int64_t splits) {
