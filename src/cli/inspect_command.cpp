@@ -23,12 +23,14 @@ passes.
   --graph             print every node of the graph
   --ops               list every op and whether it has a GPU kernel
   --device SEL        device index or part of its name
+  --precision P       strict (default) or fast: the program --plan builds
 )";
 
 }  // namespace
 
 int inspect_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura inspect", words, {"model", "mode", "batch", "device"},
+  const Arguments arguments("meganeura inspect", words,
+                            {"model", "mode", "batch", "device", "precision"},
                             {"plan", "graph", "ops", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
@@ -61,9 +63,14 @@ int inspect_command(const std::vector<std::string>& words) {
   if (arguments.has("plan")) {
     SessionOptions options;
     options.device = arguments.text("device", "");
+    options.precision = parse_precision(arguments.text("precision", "strict"));
     const Session session(graph, options);
     std::printf("device: %s\n%s", session.report().device.c_str(),
                 session.report().memory_plan.c_str());
+    if (options.precision == Precision::fast) {
+      std::printf("dispatches on cooperative matrices: %zu of %zu\n",
+                  session.report().coop_matrix_dispatches, session.report().dispatches);
+    }
   }
   return 0;
 }

@@ -95,25 +95,54 @@ std::string mask_function(const Graph& graph, const Node& node, const Inputs& in
   return text + "  return mask[" + (index.empty() ? "0u" : index) + "];\n}\n";
 }
 
-// Shared memory of the cooperative-matrix kernels (their declarations: 4 subgroups of 16 owned
-// rows, streamed blocks of 32): f16 tiles, f32 staged scores (and dP for dQ and dK), f16
-// weights (probabilities or dS) and, for the forward, the f32 output rows.
-int64_t coop_shared_bytes(Mode mode, const Dims& dims) {
-  const int64_t owned = 64, streamed = 32;
+// Shared memory of the cooperative-matrix dQ and dK / dV kernels for streamed blocks of
+// `streamed` keys (dQ) or queries (dK / dV), mirroring their declarations (64 owned rows): f16
+// tiles (the owned block's operands, or the streamed block's two), f32 staging rows (S, then dP,
+// and parts of the result at the end), the per-query lse and delta of dK / dV and the f16 weights.
+int64_t coop_shared_bytes(Mode mode, const Dims& dims, int64_t streamed) {
+  const int64_t owned = 64;
   const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
   const int64_t tiles = std::max(streamed * (d + dv), owned * std::max(d, dv));
-  const int64_t staged = mode == Mode::grad_v || mode == Mode::forward ? 1 : 2;
-  const int64_t output_rows = mode == Mode::forward ? 4 * owned * dims.value_dim : 0;
-  return 2 * tiles + staged * 4 * owned * streamed + 2 * owned * (streamed + 8) + output_rows +
-         8 * streamed;
+  const int64_t stage = owned * (streamed + 4);
+  const int64_t query_stats = mode == Mode::grad_k ? 2 : mode == Mode::grad_v ? 1 : 0;
+  return 2 * tiles + 4 * stage + 4 * query_stats * streamed + 2 * owned * (streamed + 8);
+}
+
+// The backward's streamed block: 64 where it fits (half the barriers of 32), else 32; 0 when
+// neither fits.
+int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& device) {
+  for (int64_t streamed : {64, 32})
+    if (coop_shared_bytes(mode, dims, streamed) <= device.max_shared_memory_bytes) return streamed;
+  return 0;
+}
+
+// Shared memory of the cooperative-matrix forward (attention_forward_coopmat.comp) for key
+// blocks of bk: f16 query block or K and V tiles, f32 staging rows (scores, or the output during
+// a rescale and at the end) and f16 probabilities, 64 owned queries.
+int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk) {
+  const int64_t owned = 64;
+  const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
+  const int64_t tiles = std::max(bk * (d + dv), owned * d);
+  const int64_t stage = owned * (std::max(bk, dims.value_dim) + 4);
+  return 2 * tiles + 4 * stage + 2 * owned * (bk + 8);
+}
+
+// The forward's key block: 64 keys where they fit (half the barriers and statistics passes of
+// 32), else 32; 0 when neither fits.
+int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
+  for (int64_t bk : {64, 32})
+    if (coop_forward_shared_bytes(dims, bk) <= device.max_shared_memory_bytes) return bk;
+  return 0;
 }
 
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments;
 // attention_lse keeps its strict kernel (it produces no matrix product output).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  return mode != Mode::lse && use_coop_gemm(device) && dims.head_dim % 16 == 0 &&
-         dims.value_dim % 16 == 0 &&
-         coop_shared_bytes(mode, dims) <= device.max_shared_memory_bytes;
+  if (mode == Mode::lse || !use_coop_gemm(device) || dims.head_dim % 16 != 0 ||
+      dims.value_dim % 16 != 0)
+    return false;
+  if (mode == Mode::forward) return coop_forward_block(dims, device) != 0;
+  return coop_backward_block(mode, dims, device) != 0;
 }
 
 void lower_attention(LoweringContext& context, Mode mode) {
@@ -143,6 +172,13 @@ void lower_attention(LoweringContext& context, Mode mode) {
                     {"DV", glsl_uint(dims.value_dim)},
                     {"SCALE", glsl_float(scale)},
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
+  if (coop && mode == Mode::forward) {
+    launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
+  }
+  if (coop && (mode == Mode::grad_q || key_owned)) {
+    launch.defines.push_back(
+        {key_owned ? "BQ" : "BK", glsl_uint(coop_backward_block(mode, dims, context.device()))});
+  }
   if (!coop) {
     launch.defines.push_back({"BQ", glsl_uint(bq)});
     launch.defines.push_back({"BK", glsl_uint(bk)});
@@ -184,6 +220,16 @@ void lower_attention(LoweringContext& context, Mode mode) {
                             : mode == Mode::grad_q ? "grad_q"
                                                    : "result";
   launch.operands.push_back({result_name, context.id(), true});
+  // The backward coop kernels alias out_value and grad_out as vec4 views, so they need the
+  // bindings, which shift with the mask.
+  if (coop && mode != Mode::forward) {
+    for (size_t k = 0; k < launch.operands.size(); ++k) {
+      if (launch.operands[k].name == "out_value")
+        launch.defines.push_back({"OUT_BINDING", std::to_string(k)});
+      if (launch.operands[k].name == "grad_out")
+        launch.defines.push_back({"GRAD_OUT_BINDING", std::to_string(k)});
+    }
+  }
 
   const int64_t blocks = key_owned ? (dims.kv_len + bk - 1) / bk : (dims.q_len + bq - 1) / bq;
   const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;

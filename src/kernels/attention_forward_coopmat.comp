@@ -1,42 +1,86 @@
 // Flash-attention forward on cooperative matrices (the `fast` precision path): f16 Q, K, V and
 // probabilities, f32 scores, softmax statistics and output accumulator. A workgroup of WARPS
 // subgroups owns BQ = WARPS * 16 queries of one (batch, query head), 16 per subgroup, and
-// streams over blocks of BK keys:
-//   S = (SCALE Q) K^T on 16 x 8 fragments, staged to shared memory;
-//   two lanes per query row apply mask and causality, update the running maximum and sum, write
-//   P = exp(S - max) as f16 and rescale the row's output accumulator;
-//   O += P V on fragments, O living in shared memory (an accumulator fragment's rows cannot be
-//   rescaled in registers, so O is loaded, multiplied into and stored back each block).
-// No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL.
-// Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
-// arrays stay in registers.
+// streams over blocks of BK keys, the next block's K and V read into registers (as vec4) while
+// the current one is multiplied:
+//   S = (SCALE log2(e) Q) K^T on 16 x 8 fragments, staged to shared memory (scores in log2
+//   units, so that P needs only exp2);
+//   two lanes per query row read the row's scores once, apply mask and causality and write
+//   P = exp2(S - m) as f16, m being the row's reference maximum;
+//   O += P V on accumulator fragments held in registers for the whole key loop.
+// An accumulator fragment's rows cannot be rescaled in registers, so the rescale is lazy (as in
+// FlashAttention-3/4): m stays put while a block's maximum exceeds it by at most THRESHOLD, which
+// bounds P by 2^THRESHOLD (safe in f16 and in the f32 sums). Only when some row of the subgroup
+// needs a larger m does the subgroup spill O through shared memory, rescale the rows there and
+// reload it; O and l stay relative to the same m, so the result O / l is exact either way. The
+// division by l at the end goes through the same staging area.
+// No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
+// BK (32 or 64). Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
+// that fragment arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #extension GL_EXT_control_flow_attributes : require
 
 #define WARPS 4
 #define ROWS 16
 #define BQ (WARPS * ROWS)
-#define BK 32
 #define THREADS (WARPS * 32)
 #define D_STRIDE (D + 8)
 #define DV_STRIDE (DV + 8)
 #define P_STRIDE (BK + 8)
+// Staged scores and output rows share a stride; the 4 floats of padding spread the rows of a
+// subgroup over the shared-memory banks.
+#define STAGE_STRIDE ((BK > DV ? BK : DV) + 4)
 #define V_OFFSET (BK * D_STRIDE)
 #define KV_HALVES (V_OFFSET + BK * DV_STRIDE)
 #define Q_HALVES (BQ * D_STRIDE)
+#define K_VECTORS (BK * D / 4 / THREADS)
+#define V_VECTORS (BK * DV / 4 / THREADS)
+#define Q_VECTORS (BQ * D / 4 / THREADS)
+#define LOG2E 1.4426950408889634
+#define THRESHOLD 11.0
 #define NEG_INF (-1.0 / 0.0)
 
 layout(local_size_x = THREADS) in;
 
+// q, k and v (bindings 0 to 2) read four elements at a time: D and DV are multiples of 16, so a
+// vec4 never straddles a row.
+layout(std430, set = 0, binding = 0) readonly buffer buffer_q4 { vec4 q4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer buffer_k4 { vec4 k4[]; };
+layout(std430, set = 0, binding = 2) readonly buffer buffer_v4 { vec4 v4[]; };
+
 // The scaled query block first, then each key block's K and V tiles.
 shared float16_t tiles[KV_HALVES > Q_HALVES ? KV_HALVES : Q_HALVES];
-shared float scores[WARPS * ROWS * BK];
-shared float16_t probabilities[WARPS * ROWS * P_STRIDE];
-shared float output_rows[WARPS * ROWS * DV];
+// Per subgroup: the block's scores, or the output rows during a rescale and at the end.
+shared float stage[BQ * STAGE_STRIDE];
+shared float16_t probabilities[BQ * P_STRIDE];
+
+vec4 k_next[K_VECTORS];
+vec4 v_next[V_VECTORS];
+
+// Reads the key block at k0 into registers; rows past SK read as zeros so that the padding
+// keys' P (zero) never meets a NaN.
+void load_kv(uint kv_base, uint k0, uint t) {
+  [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
+    uint e = t + r * THREADS, kj = k0 + e / (D / 4);
+    k_next[r] = kj < SK ? k4[(kv_base + kj) * (D / 4) + e % (D / 4)] : vec4(0.0);
+  }
+  [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
+    uint e = t + r * THREADS, kj = k0 + e / (DV / 4);
+    v_next[r] = kj < SK ? v4[(kv_base + kj) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
+  }
+}
+
+void store_halves(uint at, vec4 value) {
+  tiles[at] = float16_t(value.x);
+  tiles[at + 1] = float16_t(value.y);
+  tiles[at + 2] = float16_t(value.z);
+  tiles[at + 3] = float16_t(value.w);
+}
 
 void main() {
   uint bh = gl_WorkGroupID.y;
@@ -47,40 +91,45 @@ void main() {
   uint q0 = gl_WorkGroupID.x * BQ;
   uint q_base = bh * SQ;
   uint kv_base = (b * HKV + kv_head) * SK;
-  // Two lanes per query row, each owning half of the row's key and output columns.
+  // Two lanes per query row; lane half_index owns the row's columns 2c + half_index, which
+  // interleaves the pair over the banks.
   uint row = lane / 2, half_index = lane % 2;
   uint i = q0 + warp * ROWS + row;
-  uint score_row = (warp * ROWS + row) * BK;
-  uint output_row = (warp * ROWS + row) * DV;
+  uint stage_row = (warp * ROWS + row) * STAGE_STRIDE + half_index;
+  uint stage_block = warp * ROWS * STAGE_STRIDE;
+  uint p_row = (warp * ROWS + row) * P_STRIDE + half_index;
 
-  for (uint e = t; e < BQ * D; e += THREADS) {
-    uint qi = q0 + e / D;
-    tiles[(e / D) * D_STRIDE + e % D] =
-        float16_t(qi < SQ ? q[(q_base + qi) * D + e % D] * SCALE : 0.0);
+  // Top-left causal masking: no query of this block sees a key past its last query.
+  uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
+  load_kv(kv_base, 0, t);
+  [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
+    uint e = t + r * THREADS, qi = q0 + e / (D / 4);
+    vec4 value = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
+    store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, value * float(SCALE * LOG2E));
   }
-  [[unroll]] for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
-    output_rows[output_row + c] = 0.0;
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_fragments[D / 16];
   [[unroll]] for (uint c = 0; c < D / 16; ++c)
     coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> o[DV / 8];
+  [[unroll]] for (uint n = 0; n < DV / 8; ++n)
+    o[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
 
+  // m: the row's reference maximum (log2 units), -inf until the row sees a visible key; l: the
+  // sum of 2^(s - m) over the keys so far.
   float m = NEG_INF, l = 0.0;
-  // Top-left causal masking: no query of this block sees a key past its last query.
-  uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
   for (uint k0 = 0; k0 < kv_end; k0 += BK) {
     barrier();  // every subgroup is done with the previous tiles (or the query block)
-    for (uint e = t; e < BK * D; e += THREADS) {
-      uint kj = k0 + e / D;
-      tiles[(e / D) * D_STRIDE + e % D] =
-          float16_t(kj < SK ? k[(kv_base + kj) * D + e % D] : 0.0);
+    [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
+      uint e = t + r * THREADS;
+      store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, k_next[r]);
     }
-    for (uint e = t; e < BK * DV; e += THREADS) {
-      uint kj = k0 + e / DV;
-      tiles[V_OFFSET + (e / DV) * DV_STRIDE + e % DV] =
-          float16_t(kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0);
+    [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
+      uint e = t + r * THREADS;
+      store_halves(V_OFFSET + (e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, v_next[r]);
     }
     barrier();
+    if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
     [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
@@ -90,7 +139,7 @@ void main() {
         coopMatLoadNV(k_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
         s = coopMatMulAddNV(q_fragments[c], k_transposed, s);
       }
-      coopMatStoreNV(s, scores, warp * ROWS * BK + n * 8, BK, false);
+      coopMatStoreNV(s, stage, stage_block + n * 8, STAGE_STRIDE, false);
     }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
@@ -98,27 +147,41 @@ void main() {
     float row_scores[BK / 2];
     float block_max = NEG_INF;
     [[unroll]] for (uint c = 0; c < BK / 2; ++c) {
-      uint jj = half_index * (BK / 2) + c;
-      uint j = k0 + jj;
+      uint j = k0 + 2 * c + half_index;
       bool visible = j < SK && i < SQ && (CAUSAL == 0 || j <= i);
-      row_scores[c] = visible ? scores[score_row + jj] + mask_at(b, h, i, j) : NEG_INF;
+      row_scores[c] =
+          visible ? stage[stage_row + 2 * c] + mask_at(b, h, i, j) * float(LOG2E) : NEG_INF;
       block_max = max(block_max, row_scores[c]);
     }
     block_max = max(block_max, subgroupShuffleXor(block_max, 1));
-    float m_new = max(m, block_max);
-    // A row with every key so far masked keeps m = -inf; shift by 0 so exp gives 0, not NaN.
-    float shift = m_new == NEG_INF ? 0.0 : m_new;
-    float alpha = exp(m - shift);
+    // A row's first visible block sets m (O and l are still zero); later blocks move it only
+    // past the threshold. A row with every key so far masked keeps m = -inf.
+    float m_new = m == NEG_INF || block_max > m + THRESHOLD ? block_max : m;
+    bool rescale = m != NEG_INF && m_new != m;
+    if (subgroupAny(rescale)) {
+      float alpha = rescale ? exp2(m - m_new) : 1.0;
+      l *= alpha;
+      subgroupBarrier();  // every lane has read its scores: the staging area is free
+      [[unroll]] for (uint n = 0; n < DV / 8; ++n)
+        coopMatStoreNV(o[n], stage, stage_block + n * 8, STAGE_STRIDE, false);
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();
+      [[unroll]] for (uint c = 0; c < DV / 2; ++c) stage[stage_row + 2 * c] *= alpha;
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();
+      [[unroll]] for (uint n = 0; n < DV / 8; ++n)
+        coopMatLoadNV(o[n], stage, stage_block + n * 8, STAGE_STRIDE, false);
+    }
+    m = m_new;
+    // With m = -inf every score of the block is -inf too: shift by 0 so exp2 gives 0, not NaN.
+    float shift = m == NEG_INF ? 0.0 : m;
     float block_sum = 0.0;
     [[unroll]] for (uint c = 0; c < BK / 2; ++c) {
-      float p = exp(row_scores[c] - shift);
-      probabilities[(warp * ROWS + row) * P_STRIDE + half_index * (BK / 2) + c] = float16_t(p);
+      float p = exp2(row_scores[c] - shift);
+      probabilities[p_row + 2 * c] = float16_t(p);
       block_sum += p;
     }
-    l = l * alpha + block_sum + subgroupShuffleXor(block_sum, 1);
-    m = m_new;
-    [[unroll]] for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
-      output_rows[output_row + c] *= alpha;
+    l += block_sum + subgroupShuffleXor(block_sum, 1);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
 
@@ -127,20 +190,20 @@ void main() {
       coopMatLoadNV(p_fragments[c], probabilities, warp * ROWS * P_STRIDE + c * 16, P_STRIDE,
                     false);
     [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
-      fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> o;
-      coopMatLoadNV(o, output_rows, warp * ROWS * DV + n * 8, DV, false);
       [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_fragment;
         coopMatLoadNV(v_fragment, tiles, V_OFFSET + c * 16 * DV_STRIDE + n * 8, DV_STRIDE, false);
-        o = coopMatMulAddNV(p_fragments[c], v_fragment, o);
+        o[n] = coopMatMulAddNV(p_fragments[c], v_fragment, o[n]);
       }
-      coopMatStoreNV(o, output_rows, warp * ROWS * DV + n * 8, DV, false);
     }
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
   }
 
+  // The last block's scores were read before its products, so the staging area is free.
+  [[unroll]] for (uint n = 0; n < DV / 8; ++n)
+    coopMatStoreNV(o[n], stage, stage_block + n * 8, STAGE_STRIDE, false);
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
   if (i >= SQ) return;
-  [[unroll]] for (uint c = half_index * (DV / 2); c < (half_index + 1) * (DV / 2); ++c)
-    out_[(q_base + i) * DV + c] = output_rows[output_row + c] / l;
+  [[unroll]] for (uint c = 0; c < DV / 2; ++c)
+    out_[(q_base + i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
 }

@@ -1,13 +1,17 @@
 // Flash-attention backward for dK (GRAD_K=1) or dV (GRAD_K=0) on cooperative matrices (the
 // `fast` path; the strict kernel, attention_grad_kv.comp, explains the algorithm). A workgroup
 // of WARPS subgroups owns BK = WARPS * 16 keys of one (batch, kv head), 16 per subgroup, with
-// (SCALE K) and, for dK, V as f16 fragments in registers. It walks every query head of its
-// group and every block of BQ queries:
-//   S^T = (SCALE K) Q^T and, for dK, dP^T = V dO^T on 16 x 8 fragments, staged to shared memory;
-//   two lanes per key row form P^T = exp(S^T + mask - lse) (dV) or
-//   dS^T = P^T * (dP^T - delta) * SCALE (dK), as f16;
+// (SCALE log2(e) K) and, for dK, V as f16 fragments in registers. It walks every query head of
+// its group and every block of BQ queries as one sequence of blocks, the next block's Q and dO
+// read into registers (as vec4) while the current one is multiplied:
+//   S^T = (SCALE log2(e) K) Q^T on 16 x 8 fragments, staged to shared memory (log2 units);
+//   two lanes per key row read it into P^T = exp2(S^T + log2(e) (mask - lse)), which is
+//   exp(S^T + mask - lse) in natural units;
+//   for dK, dP^T = V dO^T, staged through the same area once P^T is read;
+//   the lanes write P^T (dV) or dS^T = P^T * (dP^T - delta) * SCALE (dK) as f16;
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
-// Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K.
+// Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, BQ (32 or 64),
+// GRAD_OUT_BINDING and, for dK, OUT_BINDING (the bindings of grad_out and out_value).
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
@@ -20,32 +24,96 @@
 #define WARPS 4
 #define ROWS 16
 #define BK (WARPS * ROWS)
-#define BQ 32
 #define THREADS (WARPS * 32)
+// Threads per query of a block for its lse and delta.
+#define TPQ (THREADS / BQ)
 #define D_STRIDE (D + 8)
 #define DV_STRIDE (DV + 8)
 #define W_STRIDE (BQ + 8)
-#define DO_OFFSET (BQ * D_STRIDE)
-#define QDO_HALVES (DO_OFFSET + BQ * DV_STRIDE)
-#define K_HALVES (BK * (D_STRIDE > DV_STRIDE ? D_STRIDE : DV_STRIDE))
 #if GRAD_K
 #define RESULT_DIM D
 #else
 #define RESULT_DIM DV
 #endif
-#define NEG_INF (-1.0 / 0.0)
+// Staged S^T, dP^T and parts of the result rows at the end share a stride; the 4 floats of
+// padding spread the rows of a subgroup over the shared-memory banks.
+#define STAGE_STRIDE (BQ + 4)
+// The result leaves in parts of OUT_COLUMNS columns, as wide as the staging rows allow.
+#define OUT_COLUMNS (RESULT_DIM % BQ == 0 ? BQ : 16)
+#define DO_OFFSET (BQ * D_STRIDE)
+#define QDO_HALVES (DO_OFFSET + BQ * DV_STRIDE)
+#define K_HALVES (BK * (D_STRIDE > DV_STRIDE ? D_STRIDE : DV_STRIDE))
+#define Q_VECTORS (BQ * D / 4 / THREADS)
+#define DO_VECTORS (BQ * DV / 4 / THREADS)
+#define K_VECTORS (BK * D / 4 / THREADS)
+#define V_VECTORS (BK * DV / 4 / THREADS)
+#define LOG2E 1.4426950408889634
 
 layout(local_size_x = THREADS) in;
 
+// q, k, v, out_value and grad_out read four elements at a time: D and DV are multiples of 16,
+// so a vec4 never straddles a row.
+layout(std430, set = 0, binding = 0) readonly buffer buffer_q4 { vec4 q4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer buffer_k4 { vec4 k4[]; };
+layout(std430, set = 0, binding = GRAD_OUT_BINDING) readonly buffer buffer_grad_out4 {
+  vec4 grad_out4[];
+};
+#if GRAD_K
+layout(std430, set = 0, binding = 2) readonly buffer buffer_v4 { vec4 v4[]; };
+layout(std430, set = 0, binding = OUT_BINDING) readonly buffer buffer_out_value4 {
+  vec4 out_value4[];
+};
+#endif
+
 // The key block (and for dK the value block), then each query block's Q and dO tiles.
 shared float16_t tiles[QDO_HALVES > K_HALVES ? QDO_HALVES : K_HALVES];
-shared float scores[WARPS * ROWS * BQ];
+// Per subgroup: the block's S^T, then (dK) its dP^T, and parts of the result rows at the end.
+shared float stage[BK * STAGE_STRIDE];
+shared float query_lse[BQ];
 #if GRAD_K
-shared float dp_scores[WARPS * ROWS * BQ];
 shared float query_delta[BQ];
 #endif
-shared float query_lse[BQ];
-shared float16_t weights[WARPS * ROWS * W_STRIDE];
+shared float16_t weights[BK * W_STRIDE];
+
+vec4 q_next[Q_VECTORS];
+vec4 do_next[DO_VECTORS];
+// This thread's query of the next block: its lse (log2 units) and, for dK, part of its delta.
+float lse_next;
+#if GRAD_K
+float delta_next;
+#endif
+
+// Reads the query block at q0 of the head whose rows start at q_base into registers; rows past
+// SQ read as zeros so that their P (zero) never meets a NaN.
+void load_qdo(uint q_base, uint q0, uint t) {
+  [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
+    uint e = t + r * THREADS, qi = q0 + e / (D / 4);
+    q_next[r] = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
+  }
+  [[unroll]] for (uint r = 0; r < DO_VECTORS; ++r) {
+    uint e = t + r * THREADS, qi = q0 + e / (DV / 4);
+    do_next[r] = qi < SQ ? grad_out4[(q_base + qi) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
+  }
+  uint qi = q0 + t / TPQ;
+  lse_next = qi < SQ ? lse[q_base + qi] * float(LOG2E) : 0.0;
+#if GRAD_K
+  // delta = rowsum(dO * O), each of the query's TPQ threads summing a TPQ-th of the row.
+  delta_next = 0.0;
+  if (qi < SQ) {
+    [[unroll]] for (uint c = 0; c < DV / 4 / TPQ; ++c) {
+      uint at = (q_base + qi) * (DV / 4) + (t % TPQ) * (DV / 4 / TPQ) + c;
+      delta_next += dot(grad_out4[at], out_value4[at]);
+    }
+  }
+#endif
+}
+
+void store_halves(uint at, vec4 value) {
+  tiles[at] = float16_t(value.x);
+  tiles[at + 1] = float16_t(value.y);
+  tiles[at + 2] = float16_t(value.z);
+  tiles[at + 3] = float16_t(value.w);
+}
 
 void main() {
   uint b = gl_WorkGroupID.y / HKV, kv_head = gl_WorkGroupID.y % HKV;
@@ -53,14 +121,26 @@ void main() {
   uint warp = t / 32, lane = t % 32;
   uint k0 = gl_WorkGroupID.x * BK;
   uint kv_base = gl_WorkGroupID.y * SK;
+  // Two lanes per key row; lane half_index owns the row's columns 2c + half_index, which
+  // interleaves the pair over the banks.
   uint row = lane / 2, half_index = lane % 2;
   uint j = k0 + warp * ROWS + row;
-  uint score_row = (warp * ROWS + row) * BQ;
+  uint stage_row = (warp * ROWS + row) * STAGE_STRIDE + half_index;
+  uint stage_block = warp * ROWS * STAGE_STRIDE;
+  uint w_row = (warp * ROWS + row) * W_STRIDE + half_index;
 
-  for (uint e = t; e < BK * D; e += THREADS) {
-    uint kj = k0 + e / D;
-    tiles[(e / D) * D_STRIDE + e % D] =
-        float16_t(kj < SK ? k[(kv_base + kj) * D + e % D] * SCALE : 0.0);
+  // Top-left causal masking: queries before k0 see none of this block's keys. The blocks of
+  // every query head of the group form one sequence, so the prefetch crosses heads too.
+  uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
+  uint q_blocks = q_start < SQ ? (SQ - q_start + BQ - 1) / BQ : 0u;
+  uint blocks = (HQ / HKV) * q_blocks;
+  uint h_first = kv_head * (HQ / HKV);
+  if (blocks > 0) load_qdo((b * HQ + h_first) * SQ, q_start, t);
+
+  [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
+    uint e = t + r * THREADS, kj = k0 + e / (D / 4);
+    vec4 value = kj < SK ? k4[(kv_base + kj) * (D / 4) + e % (D / 4)] : vec4(0.0);
+    store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, value * float(SCALE * LOG2E));
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> k_fragments[D / 16];
@@ -68,10 +148,10 @@ void main() {
     coopMatLoadNV(k_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
 #if GRAD_K
   barrier();
-  for (uint e = t; e < BK * DV; e += THREADS) {
-    uint kj = k0 + e / DV;
-    tiles[(e / DV) * DV_STRIDE + e % DV] =
-        float16_t(kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0);
+  [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
+    uint e = t + r * THREADS, kj = k0 + e / (DV / 4);
+    vec4 value = kj < SK ? v4[(kv_base + kj) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
+    store_halves((e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, value);
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> v_fragments[DV / 16];
@@ -82,105 +162,112 @@ void main() {
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> accumulators[RESULT_DIM / 8];
   [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n)
     accumulators[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-  // Top-left causal masking: queries before k0 see none of this block's keys.
-  uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
 
-  for (uint h = kv_head * (HQ / HKV); h < (kv_head + 1u) * (HQ / HKV); ++h) {
-    uint q_base = (b * HQ + h) * SQ;
-    for (uint q0 = q_start; q0 < SQ; q0 += BQ) {
-      barrier();  // every subgroup is done with the previous tiles (or the key block)
-      for (uint e = t; e < BQ * D; e += THREADS) {
-        uint qi = q0 + e / D;
-        tiles[(e / D) * D_STRIDE + e % D] =
-            float16_t(qi < SQ ? q[(q_base + qi) * D + e % D] : 0.0);
-      }
-      for (uint e = t; e < BQ * DV; e += THREADS) {
-        uint qi = q0 + e / DV;
-        tiles[DO_OFFSET + (e / DV) * DV_STRIDE + e % DV] =
-            float16_t(qi < SQ ? grad_out[(q_base + qi) * DV + e % DV] : 0.0);
-      }
-      if (t < BQ) {
-        uint qi = q0 + t;
-        query_lse[t] = qi < SQ ? lse[q_base + qi] : 0.0;
+  for (uint block = 0; block < blocks; ++block) {
+    uint h = h_first + block / q_blocks;
+    uint q0 = q_start + (block % q_blocks) * BQ;
 #if GRAD_K
-        float delta = 0.0;
-        if (qi < SQ) {
-          for (uint e = 0; e < DV; ++e)
-            delta += grad_out[(q_base + qi) * DV + e] * out_value[(q_base + qi) * DV + e];
-        }
-        query_delta[t] = delta;
+    float delta = delta_next;
+    [[unroll]] for (uint s = 1; s < TPQ; s *= 2) delta += subgroupShuffleXor(delta, s);
 #endif
-      }
-      barrier();
-
-      [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
-        // Q^T (and dO^T) as column-major 16 x 8 blocks: element (d, i) is Q[i][d].
-        fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-        [[unroll]] for (uint c = 0; c < D / 16; ++c) {
-          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> q_transposed;
-          coopMatLoadNV(q_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
-          s = coopMatMulAddNV(k_fragments[c], q_transposed, s);
-        }
-        coopMatStoreNV(s, scores, warp * ROWS * BQ + n * 8, BQ, false);
+    barrier();  // every subgroup is done with the previous tiles (or the key block)
+    [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
+      uint e = t + r * THREADS;
+      store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, q_next[r]);
+    }
+    [[unroll]] for (uint r = 0; r < DO_VECTORS; ++r) {
+      uint e = t + r * THREADS;
+      store_halves(DO_OFFSET + (e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, do_next[r]);
+    }
+    if (t % TPQ == 0) {
+      query_lse[t / TPQ] = lse_next;
 #if GRAD_K
-        fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp =
-            fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
-        [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
-          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> do_transposed;
-          coopMatLoadNV(do_transposed, tiles, DO_OFFSET + n * 8 * DV_STRIDE + c * 16, DV_STRIDE,
-                        true);
-          dp = coopMatMulAddNV(v_fragments[c], do_transposed, dp);
-        }
-        coopMatStoreNV(dp, dp_scores, warp * ROWS * BQ + n * 8, BQ, false);
+      query_delta[t / TPQ] = delta;
 #endif
-      }
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();
+    }
+    barrier();
+    if (block + 1 < blocks) {
+      uint next = block + 1;
+      load_qdo((b * HQ + h_first + next / q_blocks) * SQ, q_start + (next % q_blocks) * BQ, t);
+    }
 
-      [[unroll]] for (uint c = 0; c < BQ / 2; ++c) {
-        uint ii = half_index * (BQ / 2) + c;
-        uint i = q0 + ii;
-        float weight = 0.0;
-        if (i < SQ && j < SK && (CAUSAL == 0 || j <= i)) {
-          float p = exp(scores[score_row + ii] + mask_at(b, h, i, j) - query_lse[ii]);
+    [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
+      // Q^T (and dO^T) as column-major 16 x 8 blocks: element (d, i) is Q[i][d].
+      fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+      [[unroll]] for (uint c = 0; c < D / 16; ++c) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> q_transposed;
+        coopMatLoadNV(q_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
+        s = coopMatMulAddNV(k_fragments[c], q_transposed, s);
+      }
+      coopMatStoreNV(s, stage, stage_block + n * 8, STAGE_STRIDE, false);
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+
+    float p[BQ / 2];
+    [[unroll]] for (uint c = 0; c < BQ / 2; ++c) {
+      uint ii = 2 * c + half_index;
+      uint i = q0 + ii;
+      bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
+      p[c] = visible ? exp2(stage[stage_row + 2 * c] + mask_at(b, h, i, j) * float(LOG2E) -
+                            query_lse[ii])
+                     : 0.0;
+    }
 #if GRAD_K
-          weight = p * (dp_scores[score_row + ii] - query_delta[ii]) * SCALE;
+    subgroupBarrier();  // every lane has read its scores: the staging area is free for dP^T
+    [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
+      fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+      [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> do_transposed;
+        coopMatLoadNV(do_transposed, tiles, DO_OFFSET + n * 8 * DV_STRIDE + c * 16, DV_STRIDE,
+                      true);
+        dp = coopMatMulAddNV(v_fragments[c], do_transposed, dp);
+      }
+      coopMatStoreNV(dp, stage, stage_block + n * 8, STAGE_STRIDE, false);
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    // Hidden queries have P = 0 and a finite dP (zero rows past SQ), so their dS is 0.
+    [[unroll]] for (uint c = 0; c < BQ / 2; ++c) {
+      float dp_minus_delta = stage[stage_row + 2 * c] - query_delta[2 * c + half_index];
+      weights[w_row + 2 * c] = float16_t(p[c] * dp_minus_delta * SCALE);
+    }
 #else
-          weight = p;
+    [[unroll]] for (uint c = 0; c < BQ / 2; ++c) weights[w_row + 2 * c] = float16_t(p[c]);
 #endif
-        }
-        weights[(warp * ROWS + row) * W_STRIDE + ii] = float16_t(weight);
-      }
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
 
-      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> w_fragments[BQ / 16];
-      [[unroll]] for (uint c = 0; c < BQ / 16; ++c)
-        coopMatLoadNV(w_fragments[c], weights, warp * ROWS * W_STRIDE + c * 16, W_STRIDE, false);
-      [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
-        [[unroll]] for (uint c = 0; c < BQ / 16; ++c) {
-          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> operand;
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> w_fragments[BQ / 16];
+    [[unroll]] for (uint c = 0; c < BQ / 16; ++c)
+      coopMatLoadNV(w_fragments[c], weights, warp * ROWS * W_STRIDE + c * 16, W_STRIDE, false);
+    [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
+      [[unroll]] for (uint c = 0; c < BQ / 16; ++c) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> operand;
 #if GRAD_K
-          coopMatLoadNV(operand, tiles, c * 16 * D_STRIDE + n * 8, D_STRIDE, false);
+        coopMatLoadNV(operand, tiles, c * 16 * D_STRIDE + n * 8, D_STRIDE, false);
 #else
-          coopMatLoadNV(operand, tiles, DO_OFFSET + c * 16 * DV_STRIDE + n * 8, DV_STRIDE, false);
+        coopMatLoadNV(operand, tiles, DO_OFFSET + c * 16 * DV_STRIDE + n * 8, DV_STRIDE, false);
 #endif
-          accumulators[n] = coopMatMulAddNV(w_fragments[c], operand, accumulators[n]);
-        }
+        accumulators[n] = coopMatMulAddNV(w_fragments[c], operand, accumulators[n]);
       }
     }
   }
 
-  // Out through the subgroup's score rows, one 16 x 8 fragment at a time.
-  uint staged = warp * ROWS * BQ;
-  [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
-    subgroupBarrier();
-    coopMatStoreNV(accumulators[n], scores, staged, 8, false);
+  // The last block's staged values were read before its products, so the staging area is
+  // free; out in parts, consecutive lanes on consecutive columns.
+  [[unroll]] for (uint part = 0; part < RESULT_DIM / OUT_COLUMNS; ++part) {
+    subgroupBarrier();  // every lane has written the previous part out
+    [[unroll]] for (uint n = 0; n < OUT_COLUMNS / 8; ++n)
+      coopMatStoreNV(accumulators[part * (OUT_COLUMNS / 8) + n], stage, stage_block + n * 8,
+                     STAGE_STRIDE, false);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
-    for (uint e = lane; e < ROWS * 8; e += 32) {
-      uint kj = k0 + warp * ROWS + e / 8;
-      if (kj < SK) result[(kv_base + kj) * RESULT_DIM + n * 8 + e % 8] = scores[staged + e];
+    [[unroll]] for (uint r = 0; r < ROWS * OUT_COLUMNS / 32; ++r) {
+      uint e = lane + r * 32, kj = k0 + warp * ROWS + e / OUT_COLUMNS;
+      if (kj < SK)
+        result[(kv_base + kj) * RESULT_DIM + part * OUT_COLUMNS + e % OUT_COLUMNS] =
+            stage[stage_block + (e / OUT_COLUMNS) * STAGE_STRIDE + e % OUT_COLUMNS];
     }
   }
 }

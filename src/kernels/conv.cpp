@@ -1,8 +1,9 @@
-// Convolution as implicit GEMM (conv_igemm.comp): the forward pass, the data gradient (also
-// conv_transpose2d, which is the data gradient of the convolution mapping its output back to its
-// input) and the weight gradient are each one GEMM per convolution group whose operands are read
-// straight from the NCHW tensors by generated load functions. Which GEMM (and so which tile
-// shape) a node runs depends only on its shapes, baked into the generated code.
+// Convolution as implicit GEMM: the forward pass, the data gradient (also conv_transpose2d, which
+// is the data gradient of the convolution mapping its output back to its input) and the weight
+// gradient are each one GEMM per convolution group whose operands are read straight from the NCHW
+// tensors by generated load functions, on gemm.comp (GENERATED_LOADS) or, for skinny products,
+// conv_igemm.comp. Which GEMM (and so which kernel and tile shape) a node runs depends only on
+// its shapes, baked into the generated code.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -129,6 +130,20 @@ void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& 
                         .b_k_contiguous = plan.b_k_fastest,
                         .functions = functions};
     emit_coop_gemm(context, gemm, std::move(operands));
+    return;
+  }
+  // gemm.comp's square tiles where they suit the product (simt_gemm_suits); skinny products
+  // (depthwise, few channels per group) stay on conv_igemm.comp, whose tiles fit their shape, as
+  // does every product when MEGANEURA_CONV_TILES forces one of those tiles.
+  const SimtGemm gemm{.m = plan.m,
+                      .n = plan.n,
+                      .k = k,
+                      .entries = entries,
+                      .a_m_contiguous = !plan.a_k_fastest,
+                      .b_k_contiguous = plan.b_k_fastest,
+                      .functions = functions};
+  if (simt_gemm_suits(gemm) && std::getenv("MEGANEURA_CONV_TILES") == nullptr) {
+    emit_simt_gemm(context, gemm, std::move(operands));
     return;
   }
   const TileConfig tiles = choose_tiles(plan.m, plan.n, context.device());

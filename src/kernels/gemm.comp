@@ -10,11 +10,16 @@
 //   multiplied, then stored into the other of two shared slots: one barrier per K slice;
 // - global loads are vec4 wherever the operand's contiguous extent is a multiple of 4 (A_VEC4 /
 //   B_VEC4, through the vec4 views a4 / b4); split-K ranges start at multiples of 16.
+// With GENERATED_LOADS (the implicit-GEMM convolutions, conv.cpp) the operands are not buffers:
+// every element comes from the generated load_a(z, m, k) / load_b(z, k, n) for workgroup z, the
+// tiles are filled the same way (TRANSPOSE_A / TRANSPOSE_B then say along which of its indices
+// an operand is contiguous in memory), and any split-K slicing is in the load functions.
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
-// TRANSPOSE_B, TILE, WORK (4 or 8), TILE_K, A_VEC4, B_VEC4.
-// Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4, and
-// store_c(z, row, col, value), which writes one element of C (and applies any fused epilogue)
-// for workgroup z, the flat index over [ranges, BATCHES]; called only with in-range row and col.
+// TRANSPOSE_B, TILE, WORK (4 or 8), TILE_K, A_VEC4, B_VEC4, GENERATED_LOADS.
+// Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
+// load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
+// element of C (and applies any fused epilogue) for workgroup z, the flat index over
+// [ranges, BATCHES]; called only with in-range row and col.
 #extension GL_EXT_control_flow_attributes : enable
 
 #define THREADS_PER_SIDE (TILE / WORK)
@@ -37,14 +42,28 @@ shared vec4 tile_b[2][TILE_K][TILE_VEC4];
 //   down the k-major tile; consecutive threads take consecutive rows so that each of the four
 //   scalar stores of a warp hits 32 distinct banks.
 
-float a_element(uint index, bool inside) {
+// Element (m, k) of op(A) and (k, n) of op(B) for the problem at `base`: the batch entry's element
+// offset or, with GENERATED_LOADS, the workgroup z. Zero unless `inside`.
+float a_element(uint base, uint m, uint k, bool inside) {
   if (!inside) return 0.0;
-  return a[index];
+#if GENERATED_LOADS
+  return load_a(base, m, k);
+#elif TRANSPOSE_A
+  return a[base + k * M + m];
+#else
+  return a[base + m * K + k];
+#endif
 }
 
-float b_element(uint index, bool inside) {
+float b_element(uint base, uint k, uint n, bool inside) {
   if (!inside) return 0.0;
-  return b[index];
+#if GENERATED_LOADS
+  return load_b(base, k, n);
+#elif TRANSPOSE_B
+  return b[base + n * K + k];
+#else
+  return b[base + k * N + n];
+#endif
 }
 
 #if TRANSPOSE_A
@@ -55,9 +74,8 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
   if (m >= M) return vec4(0.0);
   return a4[(base + k * M + m) / 4];
 #else
-  uint i = base + k * M + m;
-  return vec4(a_element(i, m < M), a_element(i + 1, m + 1 < M), a_element(i + 2, m + 2 < M),
-              a_element(i + 3, m + 3 < M));
+  return vec4(a_element(base, m, k, m < M), a_element(base, m + 1, k, m + 1 < M),
+              a_element(base, m + 2, k, m + 2 < M), a_element(base, m + 3, k, m + 3 < M));
 #endif
 }
 
@@ -72,9 +90,8 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
   if (k >= k_end) return vec4(0.0);
   return a4[(base + m * K + k) / 4];
 #else
-  uint i = base + m * K + k;
-  return vec4(a_element(i, k < k_end), a_element(i + 1, k + 1 < k_end),
-              a_element(i + 2, k + 2 < k_end), a_element(i + 3, k + 3 < k_end));
+  return vec4(a_element(base, m, k, k < k_end), a_element(base, m, k + 1, k + 1 < k_end),
+              a_element(base, m, k + 2, k + 2 < k_end), a_element(base, m, k + 3, k + 3 < k_end));
 #endif
 }
 
@@ -92,9 +109,8 @@ vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
   if (k >= k_end) return vec4(0.0);
   return b4[(base + n * K + k) / 4];
 #else
-  uint i = base + n * K + k;
-  return vec4(b_element(i, k < k_end), b_element(i + 1, k + 1 < k_end),
-              b_element(i + 2, k + 2 < k_end), b_element(i + 3, k + 3 < k_end));
+  return vec4(b_element(base, k, n, k < k_end), b_element(base, k + 1, n, k + 1 < k_end),
+              b_element(base, k + 2, n, k + 2 < k_end), b_element(base, k + 3, n, k + 3 < k_end));
 #endif
 }
 
@@ -110,9 +126,8 @@ vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
   if (n >= N) return vec4(0.0);
   return b4[(base + k * N + n) / 4];
 #else
-  uint i = base + k * N + n;
-  return vec4(b_element(i, n < N), b_element(i + 1, n + 1 < N), b_element(i + 2, n + 2 < N),
-              b_element(i + 3, n + 3 < N));
+  return vec4(b_element(base, k, n, n < N), b_element(base, k, n + 1, n + 1 < N),
+              b_element(base, k, n + 2, n + 2 < N), b_element(base, k, n + 3, n + 3 < N));
 #endif
 }
 
@@ -122,7 +137,6 @@ void stash_b(uint slot, uint e, vec4 value) {
 #endif
 
 void main() {
-  uint batch = gl_WorkGroupID.z % BATCHES;
 #if SPLIT_K
   uint k_begin = gl_WorkGroupID.z / BATCHES * K_SLICE;
   uint k_end = min(K, k_begin + K_SLICE);
@@ -138,8 +152,13 @@ void main() {
   uint warp = thread / 32, lane = thread % 32;
   uint thread_row = warp / (THREADS_PER_SIDE / 8) * 4 + lane / 8;
   uint thread_col = warp % (THREADS_PER_SIDE / 8) * 8 + lane % 8;
+#if GENERATED_LOADS
+  uint base_a = gl_WorkGroupID.z, base_b = gl_WorkGroupID.z;
+#else
+  uint batch = gl_WorkGroupID.z % BATCHES;
   uint base_a = a_offset(batch);
   uint base_b = b_offset(batch);
+#endif
 
   // accumulator[4 * g + i][h].j is C at row 4 * (g * THREADS_PER_SIDE + thread_row) + i and
   // column 4 * (h * THREADS_PER_SIDE + thread_col) + j of the tile.

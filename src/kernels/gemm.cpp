@@ -1,6 +1,6 @@
 // Matrix products: batched GEMM with optional operand transposes and broadcast batch axes.
-// GPUs run the tiled gemm.comp; CPU devices (Lavapipe) run gemm_cpu.comp, emitted here for
-// matmul and for the convolutions (conv.cpp).
+// GPUs run the tiled gemm.comp; CPU devices (Lavapipe) run gemm_cpu.comp. Both are emitted here
+// for matmul and, reading through generated load functions, for the convolutions (conv.cpp).
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -159,6 +159,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                     {"TRANSPOSE_B", transpose_b ? "1" : "0"},
                     {"A_VEC4", a_vec4 ? "1" : "0"},
                     {"B_VEC4", b_vec4 ? "1" : "0"},
+                    {"GENERATED_LOADS", "0"},
                     {"TILE", std::to_string(tile.tile)},
                     {"WORK", std::to_string(tile.work)},
                     {"TILE_K", std::to_string(tile.tile_k)}};
@@ -242,6 +243,51 @@ bool use_cpu_kernels(const DeviceTraits& device) {
   if (device.max_workgroup_invocations < device.subgroup_size) return false;
   const char* off = std::getenv("MEGANEURA_NO_CPU_KERNELS");
   return off == nullptr || std::strcmp(off, "1") != 0;
+}
+
+bool simt_gemm_suits(const SimtGemm& gemm) {
+  // Fitted to the H200's ResNet-50 and U-Net convolutions (run 10 in docs/BENCHMARKS.md): the
+  // square tiles won where they divide N and K is deep enough for the double-buffered slices;
+  // the stem (K = 147) and 320-channel products (N = 320 on 128 tiles) ran faster on the
+  // convolution kernel's own tiles.
+  constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
+  if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
+  if (std::getenv("MEGANEURA_GEMM_TILE") != nullptr) return true;
+  return gemm.n % choose_gemm_tile(gemm.m, gemm.n, gemm.entries).tile == 0 && gemm.k >= kMinimumK;
+}
+
+void emit_simt_gemm(LoweringContext& context, const SimtGemm& gemm, std::vector<Operand> operands) {
+  const GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, gemm.entries);
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "gemm";
+  launch.body = gemm.functions + std::string(kernel_source("gemm.comp"));
+  launch.defines = {{"M", glsl_uint(gemm.m)},
+                    {"N", glsl_uint(gemm.n)},
+                    {"K", glsl_uint(gemm.k)},
+                    {"SPLIT_K", "0"},
+                    {"K_SLICE", glsl_uint(gemm.k)},
+                    {"BATCHES", glsl_uint(gemm.entries)},
+                    {"TRANSPOSE_A", gemm.a_m_contiguous ? "1" : "0"},
+                    {"TRANSPOSE_B", gemm.b_k_contiguous ? "1" : "0"},
+                    {"A_VEC4", "0"},
+                    {"B_VEC4", "0"},
+                    {"GENERATED_LOADS", "1"},
+                    {"TILE", std::to_string(tile.tile)},
+                    {"WORK", std::to_string(tile.work)},
+                    {"TILE_K", std::to_string(tile.tile_k)}};
+  launch.operands = std::move(operands);
+  const int64_t groups_x = (gemm.n + tile.tile - 1) / tile.tile;
+  const int64_t groups_y = (gemm.m + tile.tile - 1) / tile.tile;
+  const int64_t limit = context.device().max_workgroup_count_x;
+  if (groups_x > limit || groups_y > limit || gemm.entries > limit) {
+    throw Error(launch.label + ": GEMM grid " + std::to_string(groups_x) + " x " +
+                std::to_string(groups_y) + " x " + std::to_string(gemm.entries) +
+                " exceeds the device's workgroup count limit " + std::to_string(limit));
+  }
+  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
+                   static_cast<uint32_t>(gemm.entries)};
+  context.emit(std::move(launch));
 }
 
 void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands) {

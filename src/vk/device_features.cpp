@@ -74,7 +74,8 @@ DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validati
   on.extensions = supported.extensions;
   if (validation) {
     // Debian's validation layer (1.3.239) predates these extensions and reports every device
-    // and pipeline that uses them; no kernel needs them yet, so validated runs leave them off.
+    // and pipeline that uses them, so validated runs leave them off: the fast kernels then use
+    // the NV cooperative matrices (which the layer knows) or fall back to strict.
     on.known.coop_matrix_khr = false;
     on.known.bf16 = false;
     std::erase_if(on.extensions, [](const char* name) {

@@ -11,6 +11,7 @@ namespace {
 using testing::check_conv;
 using testing::check_on_gpu;
 using testing::output_with_gradients;
+using testing::ScopedEnv;
 
 TEST(GpuConv, Pointwise1x1) {
   check_conv({2, 4, 7, 7}, {5, 4, 1, 1}, {});
@@ -56,6 +57,50 @@ TEST(GpuConv, EveryTileShape) {
     check_conv({1, 5, 9, 10}, {66, 5, 3, 3}, {.padding = {1, 1}});
   }
   unsetenv("MEGANEURA_CONV_TILES");
+}
+
+// Products of at least 32 x 32 that suit its square tiles run on gemm.comp's generated-load form;
+// here the GPU kernels are forced on Lavapipe (whose default is the CPU kernels) and
+// MEGANEURA_GEMM_TILE forces the route: forward, data and weight gradient in every tile size,
+// odd extents leaving partial tiles and K not a multiple of the slice depth.
+TEST(GpuConv, SquareTileGemmEveryTile) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  for (const char* tile : {"128", "64", "32"}) {
+    SCOPED_TRACE(tile);
+    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    check_conv({2, 36, 9, 7}, {40, 36, 3, 3}, {.padding = {1, 1}});
+  }
+}
+
+// Two groups with mixed stride, dilation and padding, every GEMM at least 32 x 32 per group:
+// forward 48 x 34, data gradient 110 x 33, weight gradient 34 x 198.
+TEST(GpuConv, SquareTileGemmGroupsStrideDilation) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
+  check_conv({1, 66, 11, 10}, {68, 33, 3, 2},
+             {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}, .groups = 2});
+}
+
+// The weight gradient's K = 2 x 17 x 17 = 578 is long enough for the split-K pass: two slices
+// of 304, whose partial gradients the square-tile GEMM reads through the split load functions;
+// one GEMM and one reduction dispatch instead of one GEMM.
+TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
+  const auto build = [](Graph& graph, std::vector<Tensor>& in) {
+    output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
+                          {in[1]});
+  };
+  const std::vector<testing::HarnessInput> inputs{
+      {"x", {2, 32, 17, 17}}, {"w", {32, 32, 3, 3}}, {"seed", {2, 32, 17, 17}}};
+  size_t split_dispatches = 0, whole_dispatches = 0;
+  {
+    const ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &split_dispatches);
+  }
+  const ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
+  check_on_gpu(inputs, build, 1e-5, 7, {}, &whole_dispatches);
+  EXPECT_EQ(split_dispatches, whole_dispatches + 1);
 }
 
 TEST(GpuConv, Transpose2dStride2OutputPadding) {

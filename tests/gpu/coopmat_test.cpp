@@ -225,6 +225,37 @@ TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
+// The backward kernels stream blocks of 64 where shared memory allows and 32 otherwise (head
+// dimension 128); a mask moves the bindings of out_value and grad_out. Both block sizes, with a
+// mask, compile to valid NV SPIR-V and well-formed KHR SPIR-V.
+TEST(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
+  for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
+    Graph graph;
+    const Tensor q = input(graph, "q", {1, 2, 70, dim});
+    const Tensor k = input(graph, "k", {1, 1, 70, dim});
+    const Tensor v = input(graph, "v", {1, 1, 70, dim});
+    const Tensor mask = input(graph, "mask", {70, 70});
+    const Tensor y = scaled_dot_product_attention(q, k, v, {.causal = true, .mask = mask});
+    output_with_gradients(graph, y, input(graph, "seed", {1, 2, 70, dim}), {q, k, v});
+    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+    int backward = 0;
+    for (const kernels::Launch& launch : launches) {
+      if (launch.kernel == "attention_forward_coopmat") continue;
+      ++backward;
+      for (const auto& [name, value] : launch.defines) {
+        if (name == "BQ" || name == "BK") {
+          EXPECT_EQ(value, dim == 64 ? "64u" : "32u") << launch.label;
+        }
+      }
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));
+      const bool grad_k = launch.label.starts_with("attention_grad_k ");
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                        launch.kernel == "attention_grad_q_coopmat" || grad_k ? 2 : 1);
+    }
+    EXPECT_EQ(backward, 3) << dim;
+  }
+}
+
 // Split-K partial results (matmul and convolution weight gradient) on cooperative matrices: one
 // launch each whose grid z covers the K slices, compiled to valid SPIR-V.
 TEST(CoopMatrixLowering, SplitKPartialsCompile) {
@@ -321,8 +352,8 @@ void check_convolutions(bool validation) {
   check_on_gpu(
       {{"x", {4, 6, 32, 32}}, {"w", {20, 6, 3, 3}}, {"seed", {4, 20, 32, 32}}},
       [](Graph& graph, std::vector<Tensor>& in) {
-        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}),
-                              in[2], {in[0], in[1]});
+        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
+                              {in[0], in[1]});
       },
       kFastTolerance, 18, fast(), nullptr, validation);
   for (const Conv2dOptions& options :
@@ -369,6 +400,21 @@ void check_attention(bool validation) {
         },
         1e-2, 14, fast(), nullptr, validation);
   }
+  // Scores that climb along the keys (an additive ramp from -30 to +30 over 200 keys, about 19
+  // in log2 units per 64-key block): the forward keeps its running maximum until a block
+  // exceeds it by a margin, so this forces the rescaling of the output accumulator again and
+  // again, on top of a causal mask.
+  check_on_gpu(
+      {{"q", {1, 2, 200, 64}}, {"k", {1, 2, 200, 64}}, {"v", {1, 2, 200, 64}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        std::vector<double> ramp(200 * 200);
+        for (size_t e = 0; e < ramp.size(); ++e) ramp[e] = -30.0 + 60.0 * (e % 200) / 199.0;
+        AttentionOptions options;
+        options.causal = true;
+        options.mask = Tensor(&graph, graph.constant(ramp, {DType::f32, {200, 200}}));
+        graph.set_output("y", scaled_dot_product_attention(x[0], x[1], x[2], options).id());
+      },
+      kFastTolerance, 19, fast(), nullptr, validation);
 }
 
 TEST(GpuCoopMatrix, AttentionAndGradientsNv) {
