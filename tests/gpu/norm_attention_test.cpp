@@ -163,6 +163,17 @@ TEST(GpuNormAttention, HeadDim128) {
   check_attention(1, 2, 1, 5, 19, 128, 128, false);
 }
 
+// Positions near 40000 (and a negative offset): the angle must stay accurate where one f32
+// product p * f would already be off by about 2e-3 radians.
+TEST(GpuNormAttention, RopeAtLongPositions) {
+  for (int64_t offset : {39990, -20}) {
+    SCOPED_TRACE(offset);
+    check_on_gpu({{"x", {1, 2, 30, 64}}}, [&](Graph& graph, std::vector<Tensor>& x) {
+      graph.set_output("y", rope(x[0], 10000.0, offset).id());
+    });
+  }
+}
+
 TEST(GpuNormAttention, RopeForwardAndBackward) {
   check_on_gpu({{"x", {2, 3, 11, 8}}, {"g", {2, 3, 11, 8}}},
                [](Graph& graph, std::vector<Tensor>& x) {
