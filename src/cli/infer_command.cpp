@@ -65,11 +65,11 @@ int infer_command(const std::vector<std::string>& words) {
   options.device = arguments.text("device", "");
   options.precision = parse_precision(arguments.text("precision", "strict"));
   Session session(models::build_classifier(model, batch), options);
-  print_precision(options.precision, session.report());
   load_tensors(session, checkpoint, checkpoint_path, false);
   std::fprintf(stderr, "device: %s\nloaded %s (%s, step %lld); inference program: %zu dispatches\n",
                session.report().device.c_str(), checkpoint_path.c_str(), model.architecture.c_str(),
                static_cast<long long>(checkpoint.step), session.report().dispatches);
+  print_precision(options.precision, session.report());
 
   if (image_paths.empty()) {
     const data::Dataset test_set = data::load_fashion_mnist(

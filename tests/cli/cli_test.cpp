@@ -127,6 +127,15 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   expect_one_line_error("train --out " + out.string() + " --model cnn --resume " + good.string(),
                         "saved for model");
   expect_one_line_error("train --epochs many", "--epochs");
+  expect_one_line_error("infer " + good.string() + " --precision half", "unknown precision");
+
+  // Fast precision says which path ran: strict, with the reason, on a device without
+  // cooperative matrices (Lavapipe, where CI runs this), else the count of dispatches on them.
+  const Result fast = run("infer " + good.string() + " --precision fast");
+  EXPECT_EQ(fast.status, 0) << fast.output;
+  EXPECT_TRUE(fast.output.find("precision: strict (fast was asked for") != std::string::npos ||
+              fast.output.find("precision: fast (") != std::string::npos)
+      << fast.output;
   fs::remove_all(out);
 }
 
