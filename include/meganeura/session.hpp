@@ -25,8 +25,20 @@ enum class Precision {
 Precision parse_precision(std::string_view text);
 std::string_view precision_name(Precision precision);
 
+// A Vulkan device opened once for several Sessions (a training and an evaluation program,
+// say): one instance, one queue, one kernel cache. Each Session keeps it alive and frees what it
+// created on it when it ends. Opening a device per Session also works, but costs an instance
+// each, and NVIDIA's driver refused new instances after about 26 in one process.
+class SharedDevice;
+// `selector` and `validation` as in SessionOptions. Throws mg::Error as a Session would.
+std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector = "",
+                                                 bool validation = false);
+
 struct SessionOptions {
-  std::string device;       // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
+  std::string device;  // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
+  // When set, the session runs on this device instead of opening `device` (and `validation` is
+  // the shared device's).
+  std::shared_ptr<SharedDevice> shared_device;
   bool validation = false;  // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
   bool profile = false;     // per-dispatch GPU timestamps
   Precision precision = Precision::strict;

@@ -195,7 +195,8 @@ int train_command(const std::vector<std::string>& words) {
   const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
 
   SessionOptions session_options;
-  session_options.device = device;
+  // One device for the training and the evaluation program.
+  session_options.shared_device = open_shared_device(device);
   session_options.seed = seed;
   session_options.precision = parse_precision(arguments.text("precision", "strict"));
   session_options.profile = arguments.has("trace");

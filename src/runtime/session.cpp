@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "ops/interpreter.hpp"
@@ -74,8 +75,33 @@ std::string_view precision_name(Precision precision) {
   return precision == Precision::fast ? "fast" : "strict";
 }
 
+class SharedDevice {
+ public:
+  explicit SharedDevice(std::shared_ptr<gpu::Device> opened) : device(std::move(opened)) {}
+  std::shared_ptr<gpu::Device> device;
+};
+
+std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector, bool validation) {
+  return std::make_shared<SharedDevice>(gpu::Device::open(selector, validation));
+}
+
 struct Session::Impl {
-  std::unique_ptr<gpu::Device> device;
+  std::shared_ptr<gpu::Device> device;
+  // What this session created on the device, released when it ends: on a shared device, the
+  // device outlives the session.
+  std::vector<gpu::BufferId> owned_buffers;
+  std::optional<gpu::RecordingId> owned_recording;
+
+  ~Impl() {
+    if (!device) return;
+    if (owned_recording) device->destroy_recording(*owned_recording);
+    std::vector<gpu::PipelineId> pipelines = pipeline_of_launch;
+    std::sort(pipelines.begin(), pipelines.end());
+    pipelines.erase(std::unique(pipelines.begin(), pipelines.end()), pipelines.end());
+    device->destroy_pipelines(pipelines);
+    for (gpu::BufferId buffer : owned_buffers) device->destroy_buffer(buffer);
+  }
+
   plan::Program program;
   std::vector<gpu::BufferId> arena_buffers;
   gpu::BufferId upload = 0, download = 0;
@@ -215,7 +241,8 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   const auto start = std::chrono::steady_clock::now();
   Impl& impl = *impl_;
   impl.profile = options.profile;
-  impl.device = gpu::Device::open(options.device, options.validation);
+  impl.device = options.shared_device ? options.shared_device->device
+                                      : gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
   impl.program = plan::build_program(graph, traits_of(info, options.precision),
@@ -228,6 +255,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
         arena.bytes, gpu::BufferUse::device,
         (arena.kind == plan::ArenaKind::persistent ? "persistent arena " : "transient arena ") +
             std::to_string(a)));
+    impl.owned_buffers.push_back(impl.arena_buffers.back());
   }
   uint64_t upload_bytes = 0, download_bytes = 0;
   for (ValueId input : impl.program.inputs) {
@@ -242,8 +270,10 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   }
   impl.upload = impl.device->create_buffer(std::max<uint64_t>(upload_bytes, 256),
                                            gpu::BufferUse::upload, "input staging");
+  impl.owned_buffers.push_back(impl.upload);
   impl.download = impl.device->create_buffer(std::max<uint64_t>(download_bytes, 256),
                                              gpu::BufferUse::download, "output staging");
+  impl.owned_buffers.push_back(impl.download);
   for (const char* kind : {"parameter", "state"}) {
     for (ValueId leaf : planned.leaves(kind)) {
       if (!impl.program.regions.count(leaf)) continue;
@@ -263,6 +293,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.create_pipelines();
   const std::vector<gpu::Command> commands = impl.commands();
   impl.recording = impl.device->record(commands, options.profile);
+  impl.owned_recording = impl.recording;
   impl.report.dispatches = impl.program.launches.size();
   impl.report.coop_matrix_dispatches =
       static_cast<size_t>(std::count_if(impl.program.launches.begin(), impl.program.launches.end(),

@@ -115,11 +115,29 @@ class VulkanDevice final : public Device {
 
   CompileStats last_compile_stats() const override { return last_stats_; }
 
+  void destroy_pipelines(std::span<const PipelineId> ids) override {
+    for (PipelineId id : ids) {
+      if (id >= pipelines_.size())
+        throw Error("pipeline id " + std::to_string(id) + " does not exist");
+      vkDestroyPipeline(device_, pipelines_[id].handle, nullptr);
+      pipelines_[id].handle = VK_NULL_HANDLE;
+    }
+  }
+
   RecordingId record(std::span<const Command> commands, bool timestamps) override {
     auto id = static_cast<RecordingId>(recordings_.size());
     RecorderContext context{device_, command_pool_, physical_, buffers_, pipelines_};
     recordings_.push_back(record_commands(context, commands, timestamps, id));
     return id;
+  }
+
+  void destroy_recording(RecordingId id) override {
+    Recording& target = recording(id);
+    if (target.in_flight) wait(target);
+    const std::string name = target.name;
+    detail::destroy_recording(device_, command_pool_, target);
+    target.name = name;
+    target.stale_reason = "it was destroyed";
   }
 
   void submit(RecordingId id) override {
@@ -213,7 +231,8 @@ class VulkanDevice final : public Device {
   void release() {
     if (device_ != VK_NULL_HANDLE) {
       vkDeviceWaitIdle(device_);
-      for (Recording& recording : recordings_) destroy_recording(device_, command_pool_, recording);
+      for (Recording& recording : recordings_)
+        detail::destroy_recording(device_, command_pool_, recording);
       for (Pipeline& pipeline : pipelines_) vkDestroyPipeline(device_, pipeline.handle, nullptr);
       layouts_.reset();
       pipeline_cache_.reset();

@@ -172,8 +172,13 @@ class Device {
   virtual std::vector<PipelineId> create_pipelines(std::span<const KernelSpec> specs) = 0;
   virtual CompileStats last_compile_stats() const = 0;
 
+  // Frees pipelines that nothing records any more (a Session that ends on a shared device).
+  virtual void destroy_pipelines(std::span<const PipelineId> pipelines) = 0;
+
   // Records the commands into a reusable command buffer once.
   virtual RecordingId record(std::span<const Command> commands, bool timestamps) = 0;
+  // Frees a recording, after waiting for a submission of it still in flight.
+  virtual void destroy_recording(RecordingId recording) = 0;
   // Submits a recording and waits for it to finish.
   virtual void submit(RecordingId recording) = 0;
   // Per-dispatch GPU times of the last submission of a recording recorded with timestamps.
