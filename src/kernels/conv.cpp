@@ -121,27 +121,20 @@ void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& 
     emit_cpu_conv_gemm(context, plan, entries, k, functions, std::move(operands));
     return;
   }
+  const GeneratedGemm gemm{.m = plan.m,
+                           .n = plan.n,
+                           .k = k,
+                           .entries = entries,
+                           .a_m_contiguous = !plan.a_k_fastest,
+                           .b_k_contiguous = plan.b_k_fastest,
+                           .functions = functions};
   if (use_coop_gemm(context.device())) {
-    const CoopGemm gemm{.m = plan.m,
-                        .n = plan.n,
-                        .k = k,
-                        .entries = entries,
-                        .a_m_contiguous = !plan.a_k_fastest,
-                        .b_k_contiguous = plan.b_k_fastest,
-                        .functions = functions};
     emit_coop_gemm(context, gemm, std::move(operands));
     return;
   }
   // gemm.comp's square tiles where they suit the product (simt_gemm_suits); skinny products
   // (depthwise, few channels per group) stay on conv_igemm.comp, whose tiles fit their shape, as
   // does every product when MEGANEURA_CONV_TILES forces one of those tiles.
-  const SimtGemm gemm{.m = plan.m,
-                      .n = plan.n,
-                      .k = k,
-                      .entries = entries,
-                      .a_m_contiguous = !plan.a_k_fastest,
-                      .b_k_contiguous = plan.b_k_fastest,
-                      .functions = functions};
   if (simt_gemm_suits(gemm) && std::getenv("MEGANEURA_CONV_TILES") == nullptr) {
     emit_simt_gemm(context, gemm, std::move(operands));
     return;

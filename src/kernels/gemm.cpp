@@ -119,14 +119,14 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
     if (coop) {
-      const CoopGemm gemm{.m = m,
-                          .n = n,
-                          .k = k_slice,
-                          .entries = batches * splits,
-                          .a_m_contiguous = transpose_a,
-                          .b_k_contiguous = transpose_b,
-                          .vector_loads = vector_loads,
-                          .functions = std::move(functions)};
+      const GeneratedGemm gemm{.m = m,
+                               .n = n,
+                               .k = k_slice,
+                               .entries = batches * splits,
+                               .a_m_contiguous = transpose_a,
+                               .b_k_contiguous = transpose_b,
+                               .vector_loads = vector_loads,
+                               .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {
       emit_cpu_gemm(context, CpuGemm{m, n, k_slice, batches * splits, std::move(functions)},
@@ -245,7 +245,7 @@ bool use_cpu_kernels(const DeviceTraits& device) {
   return off == nullptr || std::strcmp(off, "1") != 0;
 }
 
-bool simt_gemm_suits(const SimtGemm& gemm) {
+bool simt_gemm_suits(const GeneratedGemm& gemm) {
   // Fitted to the H200's ResNet-50 and U-Net convolutions (run 10 in docs/BENCHMARKS.md): the
   // square tiles won where they divide N and K is deep enough for the double-buffered slices;
   // the stem (K = 147) and 320-channel products (N = 320 on 128 tiles) ran faster on the
@@ -256,7 +256,8 @@ bool simt_gemm_suits(const SimtGemm& gemm) {
   return gemm.n % choose_gemm_tile(gemm.m, gemm.n, gemm.entries).tile == 0 && gemm.k >= kMinimumK;
 }
 
-void emit_simt_gemm(LoweringContext& context, const SimtGemm& gemm, std::vector<Operand> operands) {
+void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
+                    std::vector<Operand> operands) {
   const GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, gemm.entries);
   Launch launch;
   launch.label = context.label();

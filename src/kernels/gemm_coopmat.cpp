@@ -25,7 +25,7 @@ struct BlockShape {
 
 // 128 x 128 blocks (8 subgroups, 64 x 32 each) when they already give every compute unit of a
 // large GPU work, else 64 x 64 blocks (4 subgroups, 32 x 32 each).
-BlockShape choose_block(const CoopGemm& gemm) {
+BlockShape choose_block(const GeneratedGemm& gemm) {
   constexpr int64_t kWorkgroupsWanted = 132;
   const BlockShape large{2, 4, 4, 4};
   const int64_t large_blocks = ((gemm.m + large.rows() - 1) / large.rows()) *
@@ -48,7 +48,8 @@ bool coop_wants_khr(const DeviceTraits& device) {
   return choice != nullptr && std::strcmp(choice, "khr") == 0 && device.coop_matrix_f16_khr;
 }
 
-void emit_coop_gemm(LoweringContext& context, const CoopGemm& gemm, std::vector<Operand> operands) {
+void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
+                    std::vector<Operand> operands) {
   const BlockShape block = choose_block(gemm);
   // Whole blocks only: a vec4 then never straddles the edge of the matrix or the K range.
   const bool vector_loads = gemm.vector_loads && gemm.m % block.rows() == 0 &&

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm_cpu.hpp"
 #include "kernels/lowering.hpp"
 
 namespace mg::kernels {
@@ -19,20 +20,8 @@ bool use_coop_gemm(const DeviceTraits& device);
 // drivers have both, which is how the KHR rewrite is proven on NVIDIA hardware).
 bool coop_wants_khr(const DeviceTraits& device);
 
-// C[m, n] = sum over k of A[m, k] B[k, n] for each of `entries` problems (grid
-// z). `functions` defines load_a(z, m, k), load_b(z, k, n) and store_c(z, m, n, value) over the
-// launch's operands; the kernel calls them with in-range indices only. The layout hints say
-// which index is adjacent in memory, so that neighbouring invocations load neighbouring words.
-struct CoopGemm {
-  int64_t m = 0, n = 0, k = 0, entries = 1;
-  bool a_m_contiguous = false;  // else A's k is the fastest index
-  bool b_k_contiguous = false;  // else B's n is the fastest index
-  // `functions` also define vec4 load_a4(z, m, k) and load_b4(z, k, n): four consecutive
-  // elements along the contiguous index, starting at a multiple of 4.
-  bool vector_loads = false;
-  std::string functions;
-};
-
-void emit_coop_gemm(LoweringContext& context, const CoopGemm& gemm, std::vector<Operand> operands);
+// Runs `gemm` on gemm_coopmat.comp (f16 fragments, f32 accumulators).
+void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
+                    std::vector<Operand> operands);
 
 }  // namespace mg::kernels

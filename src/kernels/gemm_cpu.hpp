@@ -1,8 +1,8 @@
 #pragma once
-// The GEMMs that read their operands through generated load functions: the CPU-device GEMM
-// (gemm_cpu.comp) that matmul and the convolutions lower to on Lavapipe, and gemm.comp's
-// GENERATED_LOADS form that the convolutions lower to on GPUs; and the split-K form of the load
-// functions that they, the cooperative-matrix GEMM and conv_igemm.comp read through.
+// The GEMMs that read their operands through generated load functions, shared by matmul and the
+// convolutions: the CPU-device GEMM (gemm_cpu.comp, Lavapipe), gemm.comp's GENERATED_LOADS
+// form and the cooperative-matrix GEMM (gemm_coopmat.hpp), and the split-K form of the load
+// functions that they and conv_igemm.comp read through.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,22 +26,29 @@ struct CpuGemm {
 
 void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands);
 
-// The same problems on gemm.comp (GENERATED_LOADS), its tile chosen as for matmul. The contiguity
-// flags pick each operand's tile fill: a thread reads four consecutive elements along the
-// operand's fastest index.
-struct SimtGemm {
+// C[m, n] = sum over k of A[m, k] B[k, n] for each of `entries` problems (grid z), read through
+// generated functions: `functions` defines load_a(z, m, k), load_b(z, k, n) and
+// store_c(z, m, n, value) over the launch's operands; kernels call them with in-range indices
+// only. The contiguity flags say which index is adjacent in memory, so that neighbouring
+// invocations load neighbouring words. Run on gemm.comp (GENERATED_LOADS, its tile chosen as for
+// matmul) or on cooperative matrices (gemm_coopmat.hpp).
+struct GeneratedGemm {
   int64_t m = 0, n = 0, k = 0, entries = 1;
   bool a_m_contiguous = false;  // else A's k is the fastest index
   bool b_k_contiguous = false;  // else B's n is the fastest index
+  // Cooperative-matrix GEMM only: `functions` also define vec4 load_a4(z, m, k) and
+  // load_b4(z, k, n), four consecutive elements along the contiguous index from a multiple of 4.
+  bool vector_loads = false;
   std::string functions;
 };
 
 // Whether gemm.comp's square tiles suit a convolution GEMM (else conv_igemm.comp runs it);
 // MEGANEURA_GEMM_TILE, which forces a square tile, also forces this route for every product
 // of at least 32 x 32.
-bool simt_gemm_suits(const SimtGemm& gemm);
+bool simt_gemm_suits(const GeneratedGemm& gemm);
 
-void emit_simt_gemm(LoweringContext& context, const SimtGemm& gemm, std::vector<Operand> operands);
+void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
+                    std::vector<Operand> operands);
 
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
 // load_b(z, k, n) for `entries` problems summing all of `k`; the result defines them for
