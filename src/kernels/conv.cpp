@@ -161,15 +161,8 @@ void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& 
                     {"B_K_FASTEST", plan.b_k_fastest ? "1" : "0"},
                     {"M_FASTEST", plan.m_fastest ? "1" : "0"}};
   launch.operands = std::move(operands);
-  const int64_t groups_x = (plan.n + tiles.tile_n() - 1) / tiles.tile_n();
-  const int64_t groups_y = (plan.m + tiles.tile_m() - 1) / tiles.tile_m();
-  const int64_t limit = context.device().max_workgroup_count_x;
-  if (groups_x > limit || groups_y > limit || entries > limit) {
-    throw Error(launch.label + ": convolution grid " + s(groups_x) + " x " + s(groups_y) + " x " +
-                s(entries) + " exceeds the device's workgroup count limit " + s(limit));
-  }
-  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
-                   static_cast<uint32_t>(entries)};
+  launch.groups = tiled_grid(launch.label, plan.n, tiles.tile_n(), plan.m, tiles.tile_m(), entries,
+                             context.device());
   context.emit(std::move(launch));
 }
 

@@ -278,16 +278,8 @@ void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"WORK", std::to_string(tile.work)},
                     {"TILE_K", std::to_string(tile.tile_k)}};
   launch.operands = std::move(operands);
-  const int64_t groups_x = (gemm.n + tile.tile - 1) / tile.tile;
-  const int64_t groups_y = (gemm.m + tile.tile - 1) / tile.tile;
-  const int64_t limit = context.device().max_workgroup_count_x;
-  if (groups_x > limit || groups_y > limit || gemm.entries > limit) {
-    throw Error(launch.label + ": GEMM grid " + std::to_string(groups_x) + " x " +
-                std::to_string(groups_y) + " x " + std::to_string(gemm.entries) +
-                " exceeds the device's workgroup count limit " + std::to_string(limit));
-  }
-  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
-                   static_cast<uint32_t>(gemm.entries)};
+  launch.groups = tiled_grid(launch.label, gemm.n, tile.tile, gemm.m, tile.tile, gemm.entries,
+                             context.device());
   context.emit(std::move(launch));
 }
 
@@ -349,16 +341,8 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
                     {"COLS", glsl_uint(best[1])},     {"GEMM_M", glsl_uint(gemm.m)},
                     {"GEMM_N", glsl_uint(gemm.n)},    {"GEMM_K", glsl_uint(gemm.k)}};
   launch.operands = std::move(operands);
-  const int64_t groups_x = (gemm.n + lanes * best[1] - 1) / (lanes * best[1]);
-  const int64_t groups_y = (gemm.m + best[0] - 1) / best[0];
-  const int64_t limit = device.max_workgroup_count_x;
-  if (groups_x > limit || groups_y > limit || gemm.entries > limit) {
-    throw Error(launch.label + ": CPU GEMM grid " + std::to_string(groups_x) + " x " +
-                std::to_string(groups_y) + " x " + std::to_string(gemm.entries) +
-                " exceeds the device's workgroup count limit " + std::to_string(limit));
-  }
-  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
-                   static_cast<uint32_t>(gemm.entries)};
+  launch.groups =
+      tiled_grid(launch.label, gemm.n, lanes * best[1], gemm.m, best[0], gemm.entries, device);
   context.emit(std::move(launch));
 }
 

@@ -71,16 +71,8 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"VECTOR_LOADS", vector_loads ? "1" : "0"}};
   launch.operands = std::move(operands);
   launch.khr_cooperative_matrix = coop_wants_khr(context.device());
-  const int64_t groups_x = (gemm.n + block.cols() - 1) / block.cols();
-  const int64_t groups_y = (gemm.m + block.rows() - 1) / block.rows();
-  const int64_t limit = context.device().max_workgroup_count_x;
-  if (groups_x > limit || groups_y > limit || gemm.entries > limit) {
-    throw Error(launch.label + ": cooperative-matrix GEMM grid " + std::to_string(groups_x) +
-                " x " + std::to_string(groups_y) + " x " + std::to_string(gemm.entries) +
-                " exceeds the device's workgroup count limit " + std::to_string(limit));
-  }
-  launch.groups = {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
-                   static_cast<uint32_t>(gemm.entries)};
+  launch.groups = tiled_grid(launch.label, gemm.n, block.cols(), gemm.m, block.rows(), gemm.entries,
+                             context.device());
   context.emit(std::move(launch));
 }
 

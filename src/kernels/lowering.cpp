@@ -68,6 +68,21 @@ std::array<uint32_t, 3> grid_for(uint64_t count, uint32_t local_size, const Devi
   return {static_cast<uint32_t>(limit), static_cast<uint32_t>(rows), 1};
 }
 
+std::array<uint32_t, 3> tiled_grid(const std::string& label, int64_t columns, int64_t tile_columns,
+                                   int64_t rows, int64_t tile_rows, int64_t entries,
+                                   const DeviceTraits& device) {
+  const int64_t groups_x = (columns + tile_columns - 1) / tile_columns;
+  const int64_t groups_y = (rows + tile_rows - 1) / tile_rows;
+  const int64_t limit = device.max_workgroup_count_x;
+  if (groups_x > limit || groups_y > limit || entries > limit) {
+    throw Error(label + ": grid " + std::to_string(groups_x) + " x " + std::to_string(groups_y) +
+                " x " + std::to_string(entries) + " exceeds the device's workgroup count limit " +
+                std::to_string(limit));
+  }
+  return {static_cast<uint32_t>(groups_x), static_cast<uint32_t>(groups_y),
+          static_cast<uint32_t>(entries)};
+}
+
 bool is_view_op(std::string_view op) {
   return op == "reshape" || op == "stop_gradient";
 }

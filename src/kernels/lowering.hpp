@@ -55,6 +55,12 @@ std::string buffer_declarations(const Graph& graph, const Launch& launch);
 // so that no dimension exceeds the device's limit. Kernels use linear_workgroup() (prelude).
 std::array<uint32_t, 3> grid_for(uint64_t count, uint32_t local_size, const DeviceTraits& device);
 
+// The grid of a tiled kernel: ceil(columns / tile_columns) x ceil(rows / tile_rows) x entries.
+// Throws mg::Error naming `label` when an extent exceeds the device's workgroup count limit.
+std::array<uint32_t, 3> tiled_grid(const std::string& label, int64_t columns, int64_t tile_columns,
+                                   int64_t rows, int64_t tile_rows, int64_t entries,
+                                   const DeviceTraits& device);
+
 class LoweringContext {
  public:
   LoweringContext(const Graph& graph, ValueId id, const DeviceTraits& device)
