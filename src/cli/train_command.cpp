@@ -45,7 +45,8 @@ and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (f32 everywhere, the default) or fast (f16 operands on
                         cooperative matrices / tensor cores with f32 accumulation, for the
-                        matrix products and convolutions; devices without them run strict)
+                        matrix products, convolutions and attention; devices without them
+                        run strict)
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
   --resume CKPT         continue from a checkpoint written by this command
   --checkpoint-every N  steps between checkpoints (default 500)
