@@ -7,7 +7,7 @@ Like the Meganeura side, each case's inputs are replicated until the copies hold
 copy. The run is captured once as a CUDA graph and replayed, so the time is GPU time without
 Python's launch overhead (cases that cannot be captured are timed eagerly; "timing" in the JSON
 says which); CUDA events bracket each replay, and the case's time is the median over --runs
-runs (after 3 warm-up runs) of the run's time divided by the number of copies.
+runs (after warm-up runs for WARMUP_SECONDS, at least 3) of the run's time divided by the number of copies.
 
 Usage: python3 bench/kernels_pytorch.py [--filter TEXT] [--runs 20] [--rotate 96] [--small]
        [--no-fast]
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 MAX_COPIES = 128
+WARMUP_SECONDS = 0.3
 
 
 def attention(q, k, v):
@@ -174,9 +175,14 @@ class Timer:
                 replay, timing = self.capture(calls), "cuda graph"
             except Exception:  # capture support varies by op and version: time it eagerly
                 torch.cuda.synchronize()
-        for _ in range(3):
+        # As in `meganeura bench`: back-to-back runs for WARMUP_SECONDS (at least 3) first, so
+        # that the GPU's clocks, lowered while idle, are up again before anything is timed.
+        start = time.perf_counter()
+        warmups = 0
+        while warmups < 3 or time.perf_counter() - start < WARMUP_SECONDS:
             replay()
-        self.synchronize()
+            self.synchronize()
+            warmups += 1
         times = []
         for _ in range(runs):
             if self.cuda:

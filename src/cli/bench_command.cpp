@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -27,7 +28,8 @@ compared with.
 Each case's inputs are replicated until the copies hold more than --rotate MiB (more than the
 GPU's L2 cache), and one run computes the case once on every copy, so no run reads inputs that
 the previous one left in the cache. A run's time is the sum of its dispatch durations divided
-by the number of copies; the case's time is the median of --runs runs after 3 warm-up runs.
+by the number of copies; the case's time is the median of --runs runs after 0.3 s of warm-up runs (at least 3),
+which bring the GPU's clocks back up after the idle time of building the case.
 
 Cases named "... fast" run the same problem with --precision fast (f16 operands on cooperative
 matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without cooperative
@@ -247,6 +249,23 @@ std::vector<BenchCase> bench_cases(bool small) {
   return cases;
 }
 
+// A GPU lowers its clocks while idle, and raises them only under sustained load: on the H200
+// the SM clock fell from 1980 to 525 MHz while a case's parameters were generated and
+// uploaded, and a 512 MiB copy then ran at half speed. So every case runs back to back for
+// kWarmupSeconds (at least 3 runs) before anything is timed; bench/kernels_pytorch.py does
+// the same.
+constexpr double kWarmupSeconds = 0.3;
+
+void warm_up(const std::function<void()>& run) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int runs = 0;
+       runs < 3 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+                       kWarmupSeconds;
+       ++runs) {
+    run();
+  }
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -284,7 +303,7 @@ double copy_gigabytes_per_second(const std::string& device_selector, uint64_t by
   copy.dispatch.groups = {columns, static_cast<uint32_t>((groups + columns - 1) / columns), 1};
   copy.dispatch.label = "copy";
   const gpu::RecordingId recording = device->record(std::span(&copy, 1), true);
-  for (int warmup = 0; warmup < 3; ++warmup) device->submit(recording);
+  warm_up([&] { device->submit(recording); });
   std::vector<double> durations;
   for (int64_t run = 0; run < runs; ++run) {
     device->submit(recording);
@@ -329,7 +348,7 @@ Measurement measure(const BenchCase& bench, const std::string& device, int64_t r
   options.profile = true;
   options.precision = bench.precision;
   Session session(graph, options);
-  for (int warmup = 0; warmup < 3; ++warmup) session.run();
+  warm_up([&] { session.run(); });
   std::vector<double> durations;
   for (int64_t run = 0; run < runs; ++run) {
     session.run();

@@ -73,6 +73,9 @@ struct GemmPlan {
   // Split-K (ops/k_split.hpp): the launch computes `k_splits` partial results over slices of K,
   // whose store_c receives the flat index over [k_splits, groups]; 1 for the whole product.
   int64_t k_splits = 1;
+  // Independent GEMMs of the launch (grid z, the first argument of the load and store
+  // functions): the convolution groups, times the stride phases of a strided data gradient.
+  int64_t problems = 1;
   bool a_k_fastest = false, b_k_fastest = false, m_fastest = true;
   // CPU devices: run the transposed GEMM (C^T = B^T A^T), so that the rows of gemm_cpu.comp,
   // whose A values are loaded once per LANES steps and broadcast, are the operand with the
@@ -109,16 +112,39 @@ void emit_cpu_conv_gemm(LoweringContext& context, const GemmPlan& plan, int64_t 
   emit_cpu_gemm(context, gemm, std::move(operands));
 }
 
-// Grid z covers the convolution groups, times the K slices of a split-K plan.
-void emit_gemm(LoweringContext& context, const ConvGeometry& g, const GemmPlan& plan,
-               std::vector<Operand> operands) {
-  const int64_t entries = g.groups * plan.k_splits;
+// gemm_rows.comp (one thread per row) for products of at most 4 columns with rows enough to
+// fill a large GPU; MEGANEURA_CONV_ROWS=1 forces it for every product of at most 4 columns
+// (tests). On the H200 it took the ResNet stem's data gradient (N = 3 input channels, already
+// split into stride phases) from 0.85 ms on conv_igemm.comp to 0.39 ms.
+constexpr int64_t kGemmRowsThreads = 128, kGemmRowsMaxColumns = 4, kGemmRowsMinRows = 16384;
+
+bool gemm_rows_suit(const GemmPlan& plan, int64_t entries) {
+  if (plan.n > kGemmRowsMaxColumns) return false;
+  if (const char* forced = std::getenv("MEGANEURA_CONV_ROWS")) return std::string(forced) == "1";
+  return plan.m * entries >= kGemmRowsMinRows;
+}
+
+// Grid z covers the plan's problems, times the K slices of a split-K plan.
+void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Operand> operands) {
+  const int64_t entries = plan.problems * plan.k_splits;
   const int64_t k = plan.k_splits > 1 ? k_slice_length(plan.k, plan.k_splits) : plan.k;
   const std::string functions =
-      plan.k_splits > 1 ? split_k_functions(plan.functions, g.groups, plan.k, plan.k_splits)
+      plan.k_splits > 1 ? split_k_functions(plan.functions, plan.problems, plan.k, plan.k_splits)
                         : plan.functions;
   if (use_cpu_kernels(context.device())) {
     emit_cpu_conv_gemm(context, plan, entries, k, functions, std::move(operands));
+    return;
+  }
+  if (gemm_rows_suit(plan, entries)) {
+    Launch launch;
+    launch.label = context.label();
+    launch.kernel = "gemm_rows";
+    launch.body = functions + std::string(kernel_source("gemm_rows.comp"));
+    launch.defines = {{"GEMM_M", u(plan.m)}, {"GEMM_N", u(plan.n)}, {"GEMM_K", u(k)}};
+    launch.operands = std::move(operands);
+    launch.groups =
+        tiled_grid(launch.label, plan.m, kGemmRowsThreads, 1, 1, entries, context.device());
+    context.emit(std::move(launch));
     return;
   }
   const GeneratedGemm gemm{.m = plan.m,
@@ -200,6 +226,7 @@ void lower_conv2d(LoweringContext& context) {
   plan.m = g.batch * out_plane;
   plan.n = g.outs_per_group();
   plan.k = g.channels_per_group() * taps;
+  plan.problems = g.groups;
   plan.b_k_fastest = true;
   plan.cpu_transpose = true;
   plan.functions = "float load_a(uint group, uint m, uint k) {\n" +
@@ -213,23 +240,84 @@ void lower_conv2d(LoweringContext& context) {
                     u(g.outs_per_group()) + " + n) * " + u(out_plane) + " + m % " + u(out_plane) +
                     "] = value;\n}\n";
   emit_gemm(
-      context, g, plan,
+      context, plan,
       {{"x", node.inputs[0], false}, {"w", node.inputs[1], false}, {"y", context.id(), true}});
+}
+
+// grad_out[b, group * O/groups + o, oh, ow], where the caller has declared b, oh and ow.
+std::string grad_out_element(const ConvGeometry& g, const std::string& group,
+                             const std::string& o) {
+  return "dy[((b * " + u(g.out_channels) + " + " + group + " * " + u(g.outs_per_group()) + " + " +
+         o + ") * " + u(g.out_height) + " + oh) * " + u(g.out_width) + " + ow]";
+}
+
+// The data gradient of a strided convolution (dilation 1) as S_h * S_w GEMMs, one per stride
+// phase (ih % S_h, iw % S_w): the pixels of one phase receive grad_out only through the taps
+// kh = r_h + S_h * jh with r_h = (ph + P_h) % S_h, at row oh = i + (ph + P_h) / S_h - jh for
+// pixel row ih = ph + S_h * i, so K shrinks to O / groups * ceil(KH / S_h) * ceil(KW / S_w)
+// (49 to 16 taps for ResNet's 7x7/2 stem, 9 to 4 for 3x3/2) and no tap needs a divisibility
+// test. Every phase gets the same ceil(H / S_h) x ceil(W / S_w) pixels and taps; the pixels
+// past the edge are not stored, the taps past the kernel read a zero weight.
+void lower_strided_data_grad(LoweringContext& context, const ConvGeometry& g) {
+  const Node& node = context.node();
+  const int64_t sh = g.stride[0], sw = g.stride[1];
+  const int64_t rows = (g.in_height + sh - 1) / sh, cols = (g.in_width + sw - 1) / sw;
+  const int64_t taps_h = (g.kernel_height + sh - 1) / sh, taps_w = (g.kernel_width + sw - 1) / sw;
+  GemmPlan plan;
+  plan.m = g.batch * rows * cols;
+  plan.n = g.channels_per_group();
+  plan.k = g.outs_per_group() * taps_h * taps_w;
+  plan.problems = g.groups * sh * sw;
+  plan.b_k_fastest = true;
+  plan.cpu_transpose = true;
+  // Declares group, ph, pw (the pixel phase) and the first tap r_h, r_w of problem z.
+  const std::string phase = "  uint group = z / " + u(sh * sw) + ", ph = z % " + u(sh * sw) +
+                            " / " + u(sw) + ", pw = z % " + u(sw) + ";\n  uint r_h = (ph + " +
+                            u(g.padding[0]) + ") % " + u(sh) + ", r_w = (pw + " + u(g.padding[1]) +
+                            ") % " + u(sw) + ";\n";
+  std::string& f = plan.functions;
+  f = "float load_a(uint z, uint m, uint k) {\n" + phase + split3("m", "b", "i", "j", rows, cols) +
+      split3("k", "o", "jh", "jw", taps_h, taps_w);
+  f += "  int oh_signed = int(i + (ph + " + u(g.padding[0]) + ") / " + u(sh) + ") - int(jh);\n";
+  f += "  int ow_signed = int(j + (pw + " + u(g.padding[1]) + ") / " + u(sw) + ") - int(jw);\n";
+  f += "  if (oh_signed < 0 || ow_signed < 0) return 0.0;\n";
+  f += "  uint oh = uint(oh_signed), ow = uint(ow_signed);\n";
+  f += "  if (oh >= " + u(g.out_height) + " || ow >= " + u(g.out_width) + ") return 0.0;\n";
+  f += "  return " + grad_out_element(g, "group", "o") + ";\n}\n";
+  f += "float load_b(uint z, uint k, uint n) {\n" + phase +
+       split3("k", "o", "jh", "jw", taps_h, taps_w) + "  uint kh = r_h + jh * " + u(sh) +
+       ", kw = r_w + jw * " + u(sw) + ";\n  if (kh >= " + u(g.kernel_height) +
+       " || kw >= " + u(g.kernel_width) + ") return 0.0;\n  return w[((group * " +
+       u(g.outs_per_group()) + " + o) * " + u(g.channels_per_group()) + " + n) * " +
+       u(g.kernel_height * g.kernel_width) + " + kh * " + u(g.kernel_width) + " + kw];\n}\n";
+  f += "void store_c(uint z, uint m, uint n, float value) {\n" + phase +
+       split3("m", "b", "i", "j", rows, cols) + "  uint ih = ph + i * " + u(sh) +
+       ", iw = pw + j * " + u(sw) + ";\n  if (ih >= " + u(g.in_height) +
+       " || iw >= " + u(g.in_width) + ") return;\n  dx[((b * " + u(g.in_channels) + " + group * " +
+       u(g.channels_per_group()) + " + n) * " + u(g.in_height) + " + ih) * " + u(g.in_width) +
+       " + iw] = value;\n}\n";
+  emit_gemm(
+      context, plan,
+      {{"dy", node.inputs[0], false}, {"w", node.inputs[1], false}, {"dx", context.id(), true}});
 }
 
 // conv2d_grad_input(grad_out, w) and conv_transpose2d(x, w): the result (shaped like the
 // convolution's input) is a GEMM with M = batch * H * W, N = C / groups, K = O / groups * KH * KW.
-// A tap (ih, kh) reads grad_out row (ih + P - kh * D) / S when that divides exactly; with
-// stride > 1 most of K is such zero taps, which costs time but keeps one code path.
+// A tap (ih, kh) reads grad_out row (ih + P - kh * D) / S when that divides exactly.
 void lower_conv2d_data_grad(LoweringContext& context) {
   const Node& node = context.node();
   const ConvGeometry g = conv_geometry(node.attrs, node.type.shape, context.input_type(1).shape);
+  if ((g.stride[0] > 1 || g.stride[1] > 1) && g.dilation[0] == 1 && g.dilation[1] == 1) {
+    lower_strided_data_grad(context, g);
+    return;
+  }
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.in_height * g.in_width;
   GemmPlan plan;
   plan.m = g.batch * plane;
   plan.n = g.channels_per_group();
   plan.k = g.outs_per_group() * taps;
+  plan.problems = g.groups;
   plan.b_k_fastest = true;
   plan.cpu_transpose = true;
   std::string& f = plan.functions;
@@ -245,8 +333,7 @@ void lower_conv2d_data_grad(LoweringContext& context) {
   }
   f += "  uint oh = uint(th) / " + u(g.stride[0]) + ", ow = uint(tw) / " + u(g.stride[1]) + ";\n";
   f += "  if (oh >= " + u(g.out_height) + " || ow >= " + u(g.out_width) + ") return 0.0;\n";
-  f += "  return dy[((b * " + u(g.out_channels) + " + group * " + u(g.outs_per_group()) +
-       " + o) * " + u(g.out_height) + " + oh) * " + u(g.out_width) + " + ow];\n}\n";
+  f += "  return " + grad_out_element(g, "group", "o") + ";\n}\n";
   f += "float load_b(uint group, uint k, uint n) {\n  return w[((group * " + u(g.outs_per_group()) +
        " + k / " + u(taps) + ") * " + u(g.channels_per_group()) + " + n) * " + u(taps) + " + k % " +
        u(taps) + "];\n}\n";
@@ -254,7 +341,7 @@ void lower_conv2d_data_grad(LoweringContext& context) {
        u(g.in_channels) + " + group * " + u(g.channels_per_group()) + " + n) * " + u(plane) +
        " + m % " + u(plane) + "] = value;\n}\n";
   emit_gemm(
-      context, g, plan,
+      context, plan,
       {{"dy", node.inputs[0], false}, {"w", node.inputs[1], false}, {"dx", context.id(), true}});
 }
 
@@ -270,6 +357,7 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
   plan.m = g.outs_per_group();
   plan.n = g.channels_per_group() * g.kernel_height * g.kernel_width;
   plan.k = g.batch * out_plane;
+  plan.problems = g.groups;
   plan.k_splits = node.attrs.get_int("k_splits", 1);
   plan.a_k_fastest = true;
   plan.b_k_fastest = true;
@@ -284,7 +372,7 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
   plan.functions += "void store_c(uint group, uint m, uint n, float value) {\n  dw[(group * " +
                     u(g.outs_per_group()) + " + m) * " + u(plan.n) + " + n] = value;\n}\n";
   emit_gemm(
-      context, g, plan,
+      context, plan,
       {{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}, {"dw", context.id(), true}});
 }
 

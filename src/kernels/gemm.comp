@@ -10,12 +10,20 @@
 //   multiplied, then stored into the other of two shared slots: one barrier per K slice;
 // - global loads are vec4 wherever the operand's contiguous extent is a multiple of 4 (A_VEC4 /
 //   B_VEC4, through the vec4 views a4 / b4); split-K ranges start at multiples of 16.
+// Sliced K within the workgroup: a small C has too few tiles to occupy a large GPU, and a thread
+// that walks all of K is then bound by the latency of its serial slices. With K_GROUPS > 1 the
+// workgroup runs K_GROUPS k-groups of THREADS threads (local y); k-group g has its own two slots
+// of both tiles and multiplies the K slices t * K_GROUPS + g of the workgroup's range (t = 0,
+// 1, ...). Every k-group runs the same number of iterations, so the barriers stay uniform: a
+// slice past the range is fetched as zeros. At the end k-groups g > 0 leave their accumulators
+// in their own slots and k-group 0 adds them up and alone calls store_c, which must see each
+// element once (it may apply an epilogue). K_GROUPS = 1 is the plain kernel.
 // With GENERATED_LOADS (the implicit-GEMM convolutions, conv.cpp) the operands are not buffers:
 // every element comes from the generated load_a(z, m, k) / load_b(z, k, n) for workgroup z, the
 // tiles are filled the same way (TRANSPOSE_A / TRANSPOSE_B then say along which of its indices
 // an operand is contiguous in memory), and any split-K slicing is in the load functions.
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
-// TRANSPOSE_B, TILE, WORK (4 or 8), TILE_K, A_VEC4, B_VEC4, GENERATED_LOADS.
+// TRANSPOSE_B, TILE, WORK (4 or 8), TILE_K, K_GROUPS, A_VEC4, B_VEC4, GENERATED_LOADS.
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
 // load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
 // element of C (and applies any fused epilogue) for workgroup z, the flat index over
@@ -29,10 +37,38 @@
 // vec4s of each operand's K slice that one thread moves from global to shared memory.
 #define LOADS (TILE * TILE_K / 4 / THREADS)
 
-layout(local_size_x = THREADS) in;
+// Invocations are numbered x first, so each warp lies within one k-group.
+layout(local_size_x = THREADS, local_size_y = K_GROUPS) in;
 
-shared vec4 tile_a[2][TILE_K][TILE_VEC4];
-shared vec4 tile_b[2][TILE_K][TILE_VEC4];
+// Slot s of k-group g is tile_a[2 * g + s] and tile_b[2 * g + s].
+shared vec4 tile_a[2 * K_GROUPS][TILE_K][TILE_VEC4];
+shared vec4 tile_b[2 * K_GROUPS][TILE_K][TILE_VEC4];
+
+#if K_GROUPS > 1
+// A k-group's accumulators (TILE * TILE floats) go through its own four slots (4 * TILE_K * TILE
+// floats) when the k-groups' sums meet.
+#if TILE > 4 * TILE_K
+#error "K_GROUPS > 1 needs TILE <= 4 * TILE_K"
+#endif
+#define SLOT_VEC4S (TILE_K * TILE_VEC4)
+
+// Vec4 `index` of k-group `k_group`'s accumulators: its two slots of tile_a, then its two of
+// tile_b, taken as one array.
+void stash_partial(uint k_group, uint index, vec4 value) {
+  uint slot = 2 * k_group + index / SLOT_VEC4S % 2, k = index / TILE_VEC4 % TILE_K;
+  if (index < 2 * SLOT_VEC4S) {
+    tile_a[slot][k][index % TILE_VEC4] = value;
+  } else {
+    tile_b[slot][k][index % TILE_VEC4] = value;
+  }
+}
+
+vec4 partial(uint k_group, uint index) {
+  uint slot = 2 * k_group + index / SLOT_VEC4S % 2, k = index / TILE_VEC4 % TILE_K;
+  return index < 2 * SLOT_VEC4S ? tile_a[slot][k][index % TILE_VEC4]
+                                : tile_b[slot][k][index % TILE_VEC4];
+}
+#endif
 
 // Slice loads. Element e of a slice (e < TILE * TILE_K / 4) is one vec4 of the operand:
 // - an operand contiguous along m (A transposed) or n (B plain) reads 4 consecutive rows or
@@ -147,6 +183,12 @@ void main() {
   uint row0 = gl_WorkGroupID.y * TILE;
   uint col0 = gl_WorkGroupID.x * TILE;
   uint thread = gl_LocalInvocationID.x;
+#if K_GROUPS > 1
+  uint k_group = gl_LocalInvocationID.y;
+#else
+  // A constant, so that the plain kernel's addressing stays as it was.
+  const uint k_group = 0u;
+#endif
   // A warp of 32 is a 4 x 8 block of the THREADS_PER_SIDE^2 thread grid: per k it reads 4
   // distinct A vec4s and 8 distinct B vec4s, 64 and 128 bytes, one shared-memory wavefront each.
   uint warp = thread / 32, lane = thread % 32;
@@ -167,25 +209,28 @@ void main() {
     [[unroll]] for (uint h = 0; h < GROUPS; ++h) accumulator[r][h] = vec4(0.0);
   }
 
+  // Every k-group runs each round k0 of the loop, multiplying its slice at k0 + k_offset.
+  uint k_offset = k_group * TILE_K;
   vec4 staged_a[LOADS], staged_b[LOADS];
   [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-    staged_a[l] = fetch_a(base_a, row0, k_begin, k_end, thread + l * THREADS);
-    staged_b[l] = fetch_b(base_b, col0, k_begin, k_end, thread + l * THREADS);
+    staged_a[l] = fetch_a(base_a, row0, k_begin + k_offset, k_end, thread + l * THREADS);
+    staged_b[l] = fetch_b(base_b, col0, k_begin + k_offset, k_end, thread + l * THREADS);
   }
+  uint slot = 2 * k_group;
   [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-    stash_a(0, thread + l * THREADS, staged_a[l]);
-    stash_b(0, thread + l * THREADS, staged_b[l]);
+    stash_a(slot, thread + l * THREADS, staged_a[l]);
+    stash_b(slot, thread + l * THREADS, staged_b[l]);
   }
   barrier();
 
-  uint slot = 0;
-  for (uint k0 = k_begin; k0 < k_end; k0 += TILE_K) {
+  for (uint k0 = k_begin; k0 < k_end; k0 += K_GROUPS * TILE_K) {
     // The next slice's global loads are in flight during this slice's multiply-adds.
-    bool more = k0 + TILE_K < k_end;
+    uint k_next = k0 + K_GROUPS * TILE_K;
+    bool more = k_next < k_end;
     if (more) {
       [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-        staged_a[l] = fetch_a(base_a, row0, k0 + TILE_K, k_end, thread + l * THREADS);
-        staged_b[l] = fetch_b(base_b, col0, k0 + TILE_K, k_end, thread + l * THREADS);
+        staged_a[l] = fetch_a(base_a, row0, k_next + k_offset, k_end, thread + l * THREADS);
+        staged_b[l] = fetch_b(base_b, col0, k_next + k_offset, k_end, thread + l * THREADS);
       }
     }
     [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {
@@ -213,6 +258,26 @@ void main() {
     barrier();
     slot ^= 1;
   }
+
+#if K_GROUPS > 1
+  // The loop's last barrier has passed every read of the slots.
+  if (k_group > 0) {
+    [[unroll]] for (uint r = 0; r < WORK; ++r) {
+      [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
+        stash_partial(k_group, (r * GROUPS + h) * THREADS + thread, accumulator[r][h]);
+      }
+    }
+  }
+  barrier();
+  if (k_group > 0) return;
+  [[unroll]] for (uint other = 1; other < K_GROUPS; ++other) {
+    [[unroll]] for (uint r = 0; r < WORK; ++r) {
+      [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
+        accumulator[r][h] += partial(other, (r * GROUPS + h) * THREADS + thread);
+      }
+    }
+  }
+#endif
 
   [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
     [[unroll]] for (uint i = 0; i < 4; ++i) {

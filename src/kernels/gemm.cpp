@@ -24,29 +24,77 @@ namespace {
 // a thread per slice, and its two slots of both tiles (2 * 2 * TILE_K * TILE floats) take at
 // most 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every
 // tile. (A 16-deep slice for the 128 tile measured slower on the H200: 4.25 against 3.79 ms at
-// 4096^3.)
+// 4096^3.) k_groups multiplies the threads and the slots (gemm.comp K_GROUPS); it is chosen per
+// product.
 struct GemmTile {
   int64_t tile, work, tile_k;
+  int64_t k_groups = 1;
 };
 constexpr std::array<GemmTile, 3> kGemmTiles{{{128, 8, 8}, {64, 4, 16}, {32, 4, 16}}};
 
-// The largest tile that still gives every compute unit of a large GPU (132 on an H200) work:
-// 128 x 128 tiles for big products, down to 32 x 32 for small ones. `entries` counts the
-// problems of the launch (batch entries times split-K slices). MEGANEURA_GEMM_TILE=128|64|32
-// forces a tile (tuning and tests).
-GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t entries) {
-  constexpr int64_t kWorkgroupsWanted = 132;
+// Workgroups that keep every compute unit of a large GPU (132 on an H200) busy.
+constexpr int64_t kWorkgroupsWanted = 132;
+
+int64_t workgroup_count(const GemmTile& tile, int64_t m, int64_t n, int64_t entries) {
+  return ((m + tile.tile - 1) / tile.tile) * ((n + tile.tile - 1) / tile.tile) * entries;
+}
+
+// The largest tile that still gives every compute unit work: 128 x 128 tiles for big products,
+// down to 32 x 32 for small ones. `entries` counts the problems of the launch (batch entries
+// times split-K slices). MEGANEURA_GEMM_TILE=128|64|32 forces a tile (tuning and tests).
+GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t entries) {
   const char* forced = std::getenv("MEGANEURA_GEMM_TILE");
   for (const GemmTile& candidate : kGemmTiles) {
     if (forced) {
       if (std::to_string(candidate.tile) == forced) return candidate;
       continue;
     }
-    const int64_t workgroups = ((m + candidate.tile - 1) / candidate.tile) *
-                               ((n + candidate.tile - 1) / candidate.tile) * entries;
-    if (workgroups >= kWorkgroupsWanted / (candidate.tile == 128 ? 1 : 2)) return candidate;
+    if (workgroup_count(candidate, m, n, entries) >=
+        kWorkgroupsWanted / (candidate.tile == 128 ? 1 : 2))
+      return candidate;
   }
   return kGemmTiles.back();
+}
+
+// Whether `tile` with `k_groups` k-groups runs on `device`. The k-groups' sums meet in their own
+// slots, which hold a whole tile of C only when TILE <= 4 * TILE_K (the 64 and 32 tiles).
+bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& device) {
+  if (k_groups == 1) return true;
+  const int64_t threads = (tile.tile / tile.work) * (tile.tile / tile.work) * k_groups;
+  const int64_t shared_bytes =
+      2 * 2 * tile.tile_k * tile.tile * static_cast<int64_t>(sizeof(float)) * k_groups;
+  return tile.tile <= 4 * tile.tile_k && shared_bytes <= device.max_shared_memory_bytes &&
+         threads <= device.max_workgroup_invocations;
+}
+
+// The tile of an M x N product over K (per entry) and its k-groups. Fewer workgroups than
+// compute units, or 64-thread workgroups of the 32 tile, leave the busy units with a few warps
+// that wait on their long chain of K slices; k-groups walk K in parallel, doubling until the
+// launch has the threads of kWorkgroupsWanted 256-thread workgroups (128 x 576 x 576: 72
+// workgroups of the 32 tile, 8 k-groups where 64 KiB of shared memory fit them, 4 in the H200's
+// 48 KiB). Every k-group keeps at least two slices, so that fetching one still overlaps
+// multiplying another, and there are at most 8, which bounds k-group 0's reduction.
+// MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where the device fits it.
+GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t entries,
+                          const DeviceTraits& device) {
+  constexpr int64_t kThreadsWanted = kWorkgroupsWanted * 256, kMostKGroups = 8;
+  GemmTile chosen = choose_tile_extent(m, n, entries);
+  if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
+    for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
+      if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {
+        chosen.k_groups = k_groups;
+        return chosen;
+      }
+    }
+  }
+  const int64_t threads = (chosen.tile / chosen.work) * (chosen.tile / chosen.work) *
+                          workgroup_count(chosen, m, n, entries);
+  while (chosen.k_groups < kMostKGroups && threads * chosen.k_groups < kThreadsWanted &&
+         k / (chosen.tile_k * 2 * chosen.k_groups) >= 2 &&
+         k_groups_fit(chosen, 2 * chosen.k_groups, device)) {
+    chosen.k_groups *= 2;
+  }
+  return chosen;
 }
 
 // Declares `view`, a vec4 array over the storage buffer at `binding` (which also holds the float
@@ -134,7 +182,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     }
     return;
   }
-  const GemmTile tile = choose_gemm_tile(m, n, batches * splits);
+  const GemmTile tile = choose_gemm_tile(m, n, k_slice, batches * splits, context.device());
   // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
   // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
   // of 16).
@@ -162,7 +210,8 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                     {"GENERATED_LOADS", "0"},
                     {"TILE", std::to_string(tile.tile)},
                     {"WORK", std::to_string(tile.work)},
-                    {"TILE_K", std::to_string(tile.tile_k)}};
+                    {"TILE_K", std::to_string(tile.tile_k)},
+                    {"K_GROUPS", std::to_string(tile.k_groups)}};
   launch.groups = {static_cast<uint32_t>((n + tile.tile - 1) / tile.tile),
                    static_cast<uint32_t>((m + tile.tile - 1) / tile.tile),
                    static_cast<uint32_t>(batches * splits)};
@@ -253,12 +302,12 @@ bool simt_gemm_suits(const GeneratedGemm& gemm) {
   constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
   if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
   if (std::getenv("MEGANEURA_GEMM_TILE") != nullptr) return true;
-  return gemm.n % choose_gemm_tile(gemm.m, gemm.n, gemm.entries).tile == 0 && gemm.k >= kMinimumK;
+  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.entries).tile == 0 && gemm.k >= kMinimumK;
 }
 
 void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands) {
-  const GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, gemm.entries);
+  const GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.entries, context.device());
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm";
@@ -276,7 +325,8 @@ void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"GENERATED_LOADS", "1"},
                     {"TILE", std::to_string(tile.tile)},
                     {"WORK", std::to_string(tile.work)},
-                    {"TILE_K", std::to_string(tile.tile_k)}};
+                    {"TILE_K", std::to_string(tile.tile_k)},
+                    {"K_GROUPS", std::to_string(tile.k_groups)}};
   launch.operands = std::move(operands);
   launch.groups = tiled_grid(launch.label, gemm.n, tile.tile, gemm.m, tile.tile, gemm.entries,
                              context.device());

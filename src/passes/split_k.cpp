@@ -21,7 +21,13 @@ namespace {
 // partial results: S * tiles <= 264 tiles of 128 x 128 f32 values, at most 16.5 MiB.
 constexpr int64_t kWorkgroupsWanted = 264;
 constexpr int64_t kOutputTile = 128;
-constexpr int64_t kMinKPerSlice = 256;
+// 128 rather than 256: SmolLM's 128 x 576 x 576 product went from 25.6 to 20.7 us and its
+// 128 x 1536 x 576 one from 33.0 to 24.9 us on the H200 (64 was faster for the first, slower
+// for every other; docs/BENCHMARKS.md, run 11).
+constexpr int64_t kMinKPerSlice = 128;
+// Products with a shorter K stay whole: a split costs a reduction dispatch and the product's
+// epilogue fusion, which a 64 x 256 x 256 layer of a small MLP does not win back.
+constexpr int64_t kMinKToSplit = 512;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -59,6 +65,7 @@ std::optional<Product> product_of(const Graph& graph, const Node& node) {
 
 // The number of K slices, 1 when the product stays whole.
 int64_t split_count(const Product& product) {
+  if (product.k < kMinKToSplit) return 1;
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
   const int64_t wanted = std::min(kWorkgroupsWanted / tiles, product.k / kMinKPerSlice);

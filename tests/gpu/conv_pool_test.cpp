@@ -29,6 +29,28 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
   check_conv({2, 3, 8, 9}, {5, 3, 5, 3}, {.stride = {2, 1}, .padding = {2, 0}});
 }
 
+// Strided data gradients run as one GEMM per stride phase (kernels/conv.cpp): stride 3 with
+// padding past the stride, a kernel narrower than the stride (phases without any tap, whose
+// gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and two
+// groups; then on the square-tile GEMM with 32 x 32 products per phase.
+TEST(GpuConv, StridedDataGradientPhases) {
+  check_conv({2, 4, 11, 13}, {6, 2, 2, 5}, {.stride = {3, 2}, .padding = {4, 1}, .groups = 2});
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
+  check_conv({2, 33, 17, 16}, {40, 33, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}});
+}
+
+// Products of at most 4 columns on gemm_rows.comp (one thread per row), forced on Lavapipe's GPU
+// kernels: the stem-like data gradient (3 input channels, stride phases), a depthwise forward
+// (one column per group) with a channel multiplier, and a dilated 2-channel data gradient.
+TEST(GpuConv, FewColumnProductsOneRowPerThread) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedEnv rows("MEGANEURA_CONV_ROWS", "1");
+  check_conv({2, 3, 11, 10}, {5, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
+  check_conv({2, 3, 7, 8}, {6, 1, 3, 3}, {.stride = {2, 1}, .padding = {1, 1}, .groups = 3});
+  check_conv({1, 2, 9, 9}, {4, 2, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}});
+}
+
 TEST(GpuConv, Dilation2) {
   check_conv({2, 4, 9, 9}, {4, 4, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}});
 }

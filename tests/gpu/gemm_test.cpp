@@ -1,13 +1,17 @@
-// The SIMT GEMM (gemm.comp) in every tile configuration, split-K partial products (k_splits) on
-// the GPU and CPU-device kernels, and the split-K pass end to end, against the f64 reference. On
-// Lavapipe gemm.comp runs only with MEGANEURA_NO_CPU_KERNELS=1.
+// The SIMT GEMM (gemm.comp) in every tile configuration and with K sliced over k-groups,
+// split-K partial products (k_splits) on the GPU and CPU-device kernels, and the split-K pass end
+// to end, against the f64 reference. On Lavapipe gemm.comp runs only with
+// MEGANEURA_NO_CPU_KERNELS=1.
+#include <array>
 #include <cstdlib>
 
 #include "conv_support.hpp"
+#include "kernels/lowering.hpp"
 
 namespace mg {
 namespace {
 
+using testing::check_conv;
 using testing::check_on_gpu;
 using testing::ScopedEnv;
 
@@ -51,6 +55,84 @@ TEST(GpuGemm, EveryTileConfiguration) {
     const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
     check_gemm_layouts();
   }
+}
+
+// K sliced over the workgroup's k-groups: every layout, including split-K ranges and K = 33
+// and 40, where the last k-groups' slices lie wholly past K and read zeros; then a fused
+// epilogue, which k-group 0 alone applies, and the convolution GEMMs through generated loads
+// (K = 324, 360 and 126). Lavapipe's 32 KiB of shared memory fit 2 k-groups of the 64 tile (whose
+// reduction also passes through tile_b) and 4 of the 32 tile.
+TEST(GpuGemm, KGroups) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const std::array<std::array<const char*, 2>, 2> configurations{{{"64", "2"}, {"32", "4"}}};
+  for (const auto& [tile, k_groups] : configurations) {
+    SCOPED_TRACE(std::string(tile) + " tile, " + k_groups + " k-groups");
+    const ScopedEnv forced_tile("MEGANEURA_GEMM_TILE", tile);
+    const ScopedEnv forced_k_groups("MEGANEURA_GEMM_K_GROUPS", k_groups);
+    check_gemm_layouts();
+  }
+  const ScopedEnv forced_tile("MEGANEURA_GEMM_TILE", "32");
+  const ScopedEnv forced_k_groups("MEGANEURA_GEMM_K_GROUPS", "4");
+  size_t dispatches = 0;
+  check_on_gpu(
+      {{"x", {37, 70}}, {"w", {45, 70}}, {"bias", {45}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", (gelu(linear(x[0], x[1], x[2])) + 1.0).id());
+      },
+      1e-5, 7, {}, &dispatches);
+  EXPECT_EQ(dispatches, 1u);
+  check_conv({2, 36, 9, 7}, {40, 36, 3, 3}, {.padding = {1, 1}});
+}
+
+// The K_GROUPS of the gemm.comp launch of `y` on `device`.
+std::string k_groups_of(const Graph& graph, Tensor y, const kernels::DeviceTraits& device) {
+  for (const kernels::Launch& launch : kernels::lower_node(graph, y.id(), device)) {
+    if (launch.kernel != "gemm") continue;
+    for (const auto& [name, value] : launch.defines)
+      if (name == "K_GROUPS") return value;
+  }
+  return "no gemm.comp launch";
+}
+
+std::string matmul_k_groups(const Shape& a, const Shape& b, int64_t splits,
+                            const kernels::DeviceTraits& device) {
+  Graph graph;
+  const Tensor x = input(graph, "a", a), y = input(graph, "b", b);
+  return k_groups_of(graph, splits > 1 ? split_matmul(x, y, false, false, splits) : matmul(x, y),
+                     device);
+}
+
+// SmolLM-sized products with small outputs get k-groups up to what the device's shared memory
+// holds; large outputs, short K and the 128 tile keep one. The override applies where it fits.
+TEST(GemmLowering, KGroupsForSmallOutputs) {
+  kernels::DeviceTraits h200;
+  h200.max_shared_memory_bytes = 49152;
+  h200.max_workgroup_invocations = 1024;
+  // 72 workgroups of the 32 tile: 8 k-groups would take 64 KiB.
+  EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, h200), "4");
+  // Two K slices of 288: 144 workgroups of the 32 tile.
+  EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 2, h200), "4");
+  // Six K slices of 256: 108 workgroups of the 64 tile.
+  EXPECT_EQ(matmul_k_groups({128, 1536}, {1536, 576}, 6, h200), "2");
+  EXPECT_EQ(matmul_k_groups({128, 48}, {48, 576}, 1, h200), "1");      // 3 slices of K
+  EXPECT_EQ(matmul_k_groups({2048, 576}, {576, 2048}, 1, h200), "1");  // 128 tile
+  kernels::DeviceTraits minimal;  // 16 KiB of shared memory, 256 invocations
+  EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, minimal), "2");
+
+  // A convolution through generated loads: 64 x 64 x 576 on the 32 tile.
+  Graph graph;
+  const Tensor conv = conv2d(input(graph, "x", {1, 64, 8, 8}), input(graph, "w", {64, 64, 3, 3}),
+                             std::nullopt, {.padding = {1, 1}});
+  EXPECT_EQ(k_groups_of(graph, conv, h200), "4");
+
+  {
+    const ScopedEnv forced("MEGANEURA_GEMM_K_GROUPS", "2");
+    EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, h200), "2");
+    EXPECT_EQ(matmul_k_groups({128, 48}, {48, 576}, 1, h200), "2");
+    EXPECT_EQ(matmul_k_groups({2048, 576}, {576, 2048}, 1, h200), "1");  // 128 tile
+  }
+  const ScopedEnv forced("MEGANEURA_GEMM_K_GROUPS", "8");  // 64 KiB: the choice stands
+  EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, h200), "4");
 }
 
 // Split-K partial products on the device's default GEMM (gemm_cpu.comp on Lavapipe).

@@ -127,7 +127,7 @@ int64_t only_split(const Graph& split, const std::string& op) {
   return splits;
 }
 
-// Convolution weight gradients (K = N * OH * OW = 1024) are split over K.
+// Convolution weight gradients (K = N * OH * OW = 1024) are split over K, in 8 slices of 128.
 TEST(Passes, SplitKKeepsWeightGradients) {
   Graph graph;
   Environment environment;
@@ -146,12 +146,12 @@ TEST(Passes, SplitKKeepsWeightGradients) {
   const Tensor y = conv2d(x, w, std::nullopt, options);
   graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {w.id()}).at(w.id()));
   const Graph split = passes::split_k(graph);
-  EXPECT_EQ(only_split(split, "conv2d_grad_weight"), 4);
+  EXPECT_EQ(only_split(split, "conv2d_grad_weight"), 8);
   expect_same_outputs(graph, split, environment);
 }
 
 // Random long-K products with few output tiles (transposes, broadcast batches, K not a multiple
-// of the slice alignment) become one node of partial products over K slices, at least 256 long,
+// of the slice alignment) become one node of partial products over K slices, at least 128 long,
 // whose sum matches.
 TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
   for (uint64_t seed = 1; seed <= 12; ++seed) {
@@ -180,16 +180,16 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
     const Graph split = passes::split_k(graph);
     const int64_t splits = only_split(split, "matmul");
     ASSERT_GE(splits, 2) << "K = " << k;
-    EXPECT_GE(k_slice_length(k, splits), 256);
+    EXPECT_GE(k_slice_length(k, splits), 128);
     expect_same_outputs(graph, split, environment);
   }
 }
 
-// Products that fill the GPU or have short K stay whole.
+// Products that fill the GPU or have a K below 512 stay whole.
 TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   Graph graph;
   const Tensor wide = matmul(input(graph, "a", {2048, 600}), input(graph, "b", {600, 2048}));
-  const Tensor short_k = matmul(input(graph, "c", {8, 300}), input(graph, "d", {300, 8}));
+  const Tensor short_k = matmul(input(graph, "c", {8, 500}), input(graph, "d", {500, 8}));
   graph.set_output("wide", wide.id());
   graph.set_output("short", short_k.id());
   const Graph split = passes::split_k(graph);
