@@ -41,6 +41,9 @@ struct SessionOptions {
   std::shared_ptr<SharedDevice> shared_device;
   bool validation = false;  // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
   bool profile = false;     // per-dispatch GPU timestamps
+  // Benchmarks: the GPU time of each run as a whole (last_run_gpu_ms), with every dispatch
+  // waiting for the one before, as kernels in one CUDA stream do. Not with `profile`.
+  bool time_runs = false;
   Precision precision = Precision::strict;
   bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
   uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
@@ -93,7 +96,8 @@ class Session {
   TensorType leaf_type(std::string_view leaf) const;
 
   const BuildReport& report() const;
-  std::vector<DispatchProfile> profile() const;     // last run, needs options.profile
+  std::vector<DispatchProfile> profile() const;  // last run, needs options.profile
+  double last_run_gpu_ms() const;  // first dispatch's start to last one's end; options.time_runs
   void write_trace(const std::string& path) const;  // Chrome trace JSON of the last run
   uint32_t validation_messages() const;
   // With options.guard_bytes: throws mg::Error naming the value whose guard a kernel overwrote.

@@ -27,9 +27,11 @@ compared with.
 
 Each case's inputs are replicated until the copies hold more than --rotate MiB (more than the
 GPU's L2 cache), and one run computes the case once on every copy, so no run reads inputs that
-the previous one left in the cache. A run's time is the sum of its dispatch durations divided
-by the number of copies; the case's time is the median of --runs runs after 0.3 s of warm-up runs (at least 3),
-which bring the GPU's clocks back up after the idle time of building the case.
+the previous one left in the cache. Every dispatch of a run waits for the one before (as kernels
+in one CUDA stream do), and a run's time, from the first dispatch's start to the last one's end
+(GPU timestamps), is divided by the number of copies. The case's time is the median of --runs
+runs after 0.3 s of warm-up runs (at least 3), which bring the GPU's clocks back up after the
+idle time of building the case.
 
 Cases named "... fast" run the same problem with --precision fast (f16 operands on cooperative
 matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without cooperative
@@ -302,7 +304,7 @@ double copy_gigabytes_per_second(const std::string& device_selector, uint64_t by
   copy.dispatch.bindings = {{source, 0, bytes}, {target, 0, bytes}};
   copy.dispatch.groups = {columns, static_cast<uint32_t>((groups + columns - 1) / columns), 1};
   copy.dispatch.label = "copy";
-  const gpu::RecordingId recording = device->record(std::span(&copy, 1), true);
+  const gpu::RecordingId recording = device->record(std::span(&copy, 1), gpu::Timing::whole);
   warm_up([&] { device->submit(recording); });
   std::vector<double> durations;
   for (int64_t run = 0; run < runs; ++run) {
@@ -345,16 +347,14 @@ Measurement measure(const BenchCase& bench, const std::string& device, int64_t r
   }
   SessionOptions options;
   options.device = device;
-  options.profile = true;
+  options.time_runs = true;
   options.precision = bench.precision;
   Session session(graph, options);
   warm_up([&] { session.run(); });
   std::vector<double> durations;
   for (int64_t run = 0; run < runs; ++run) {
     session.run();
-    double total = 0;
-    for (const DispatchProfile& dispatch : session.profile()) total += dispatch.duration_ms;
-    durations.push_back(total / static_cast<double>(result.copies));
+    durations.push_back(session.last_run_gpu_ms() / static_cast<double>(result.copies));
   }
   result.ms = median(durations);
   result.dispatches = session.report().dispatches / static_cast<size_t>(result.copies);

@@ -110,6 +110,7 @@ struct Session::Impl {
   std::vector<std::string> persistent_names;
   gpu::RecordingId recording = 0;
   bool profile = false;
+  bool time_runs = false;  // every dispatch after a barrier, one timestamp pair (whole run)
   bool has_run = false;
   uint32_t guard_bytes = 0;
   BuildReport report;
@@ -177,7 +178,7 @@ struct Session::Impl {
     if (!inputs.empty()) barrier();
     for (size_t i = 0; i < program.launches.size(); ++i) {
       const plan::PlannedLaunch& planned = program.launches[i];
-      if (planned.barrier_before) barrier();
+      if (planned.barrier_before || (time_runs && i > 0)) barrier();
       gpu::Command dispatch{gpu::Command::Kind::dispatch};
       dispatch.dispatch.pipeline = pipeline_of_launch[i];
       for (const plan::Region& region : planned.regions) {
@@ -240,7 +241,12 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     : impl_(std::make_unique<Impl>()) {
   const auto start = std::chrono::steady_clock::now();
   Impl& impl = *impl_;
+  if (options.profile && options.time_runs)
+    throw Error(
+        "SessionOptions: profile and time_runs cannot both be on (per-dispatch "
+        "timestamps would be part of the timed run)");
   impl.profile = options.profile;
+  impl.time_runs = options.time_runs;
   impl.device = options.shared_device ? options.shared_device->device
                                       : gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
@@ -292,7 +298,9 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.upload_persistent(graph, options.seed);
   impl.create_pipelines();
   const std::vector<gpu::Command> commands = impl.commands();
-  impl.recording = impl.device->record(commands, options.profile);
+  impl.recording = impl.device->record(commands, options.profile     ? gpu::Timing::per_dispatch
+                                                 : options.time_runs ? gpu::Timing::whole
+                                                                     : gpu::Timing::none);
   impl.owned_recording = impl.recording;
   impl.report.dispatches = impl.program.launches.size();
   impl.report.coop_matrix_dispatches =
@@ -399,6 +407,14 @@ std::vector<DispatchProfile> Session::profile() const {
     entries.push_back({timing.label, timing.start_ms, timing.duration_ms});
   }
   return entries;
+}
+
+double Session::last_run_gpu_ms() const {
+  if (!impl_->time_runs) throw Error("run timing is off: create the session with time_runs = true");
+  const std::vector<gpu::DispatchTiming> timings = impl_->device->timings(impl_->recording);
+  if (timings.empty())
+    throw Error("no timed run yet, or the device has no timestamps (" + impl_->report.device + ")");
+  return timings.front().duration_ms;
 }
 
 void Session::write_trace(const std::string& path) const {

@@ -124,7 +124,7 @@ class CommandChecker {
 };
 
 void create_objects(const RecorderContext& context, std::span<const Command> commands,
-                    bool timestamps, Recording& recording) {
+                    Recording& recording) {
   VkDevice device = context.device;
   auto allocate =
       vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
@@ -154,10 +154,11 @@ void create_objects(const RecorderContext& context, std::span<const Command> com
           "creating a descriptor pool");
   }
 
-  if (timestamps && context.physical.info.caps.timestamps && !recording.dispatch_labels.empty()) {
+  if (recording.timing != Timing::none && context.physical.info.caps.timestamps &&
+      !recording.dispatch_labels.empty()) {
     auto query = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
     query.queryType = VK_QUERY_TYPE_TIMESTAMP;
-    query.queryCount = static_cast<uint32_t>(recording.dispatch_labels.size() * 2);
+    query.queryCount = timestamp_count(recording);
     check(vkCreateQueryPool(device, &query, nullptr, &recording.timestamps),
           "creating a timestamp query pool");
   }
@@ -223,23 +224,28 @@ void record_all(const RecorderContext& context, std::span<const Command> command
   auto begin = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
   check(vkBeginCommandBuffer(cb, &begin), "beginning a command buffer");
   if (recording.timestamps != VK_NULL_HANDLE)
-    vkCmdResetQueryPool(cb, recording.timestamps, 0,
-                        static_cast<uint32_t>(recording.dispatch_labels.size() * 2));
+    vkCmdResetQueryPool(cb, recording.timestamps, 0, timestamp_count(recording));
   // Earlier submissions (other recordings, buffer uploads) may have written what this reads.
   memory_barrier(cb, kWorkStages, kWorkWrites, kWorkStages, kWorkAccess);
 
+  const bool per_dispatch =
+      recording.timestamps != VK_NULL_HANDLE && recording.timing == Timing::per_dispatch;
+  const bool whole = recording.timestamps != VK_NULL_HANDLE && recording.timing == Timing::whole;
+  const size_t dispatches = recording.dispatch_labels.size();
+  size_t dispatch_index = 0;
   uint32_t query = 0;
   for (size_t i = 0; i < commands.size(); ++i) {
     const Command& command = commands[i];
     switch (command.kind) {
       case Command::Kind::dispatch:
-        if (recording.timestamps != VK_NULL_HANDLE)
+        if (per_dispatch || (whole && dispatch_index == 0))
           vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, recording.timestamps, query);
         record_dispatch(context, command.dispatch, sets[i], cb);
-        if (recording.timestamps != VK_NULL_HANDLE)
+        if (per_dispatch || (whole && dispatch_index + 1 == dispatches))
           vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, recording.timestamps,
-                              query + 1);
-        query += 2;
+                              per_dispatch ? query + 1 : 1);
+        if (per_dispatch) query += 2;
+        ++dispatch_index;
         break;
       case Command::Kind::copy: {
         const CopyCommand& copy = command.copy;
@@ -291,16 +297,22 @@ std::vector<BufferId> buffers_touched(std::span<const Command> commands) {
 
 }  // namespace
 
+uint32_t timestamp_count(const Recording& recording) {
+  if (recording.timing == Timing::whole) return 2;
+  return static_cast<uint32_t>(recording.dispatch_labels.size() * 2);
+}
+
 void record_full_barrier(VkCommandBuffer commands) {
   memory_barrier(commands, kWorkStages, kWorkAccess, kWorkStages, kWorkAccess);
 }
 
 Recording record_commands(const RecorderContext& context, std::span<const Command> commands,
-                          bool timestamps, RecordingId id) {
+                          Timing timing, RecordingId id) {
   CommandChecker checker(context);
   for (size_t i = 0; i < commands.size(); ++i) checker.check(i, commands[i]);
 
   Recording recording;
+  recording.timing = timing;
   for (const Command& command : commands)
     if (command.kind == Command::Kind::dispatch)
       recording.dispatch_labels.push_back(command.dispatch.label.empty()
@@ -314,7 +326,7 @@ Recording record_commands(const RecorderContext& context, std::span<const Comman
       ")";
   recording.buffers = buffers_touched(commands);
   try {
-    create_objects(context, commands, timestamps, recording);
+    create_objects(context, commands, recording);
     record_all(context, commands, write_descriptor_sets(context, commands, recording), recording);
   } catch (...) {
     destroy_recording(context.device, context.command_pool, recording);

@@ -15,7 +15,8 @@ struct Recording {
   std::string name;  // "recording 3 (12 dispatches, first 'matmul')", for errors
   VkCommandBuffer commands = VK_NULL_HANDLE;
   VkDescriptorPool descriptor_pool = VK_NULL_HANDLE;
-  VkQueryPool timestamps = VK_NULL_HANDLE;  // two queries a dispatch, when profiled
+  VkQueryPool timestamps = VK_NULL_HANDLE;  // two queries a dispatch, or two in all (timing)
+  Timing timing = Timing::none;
   VkFence fence = VK_NULL_HANDLE;
   std::vector<std::string> dispatch_labels;
   std::vector<BufferId> buffers;  // every buffer it touches, sorted
@@ -35,7 +36,10 @@ struct RecorderContext {
 // Checks every command against the device limits (throwing mg::Error naming the command) and
 // records them. Timestamps are recorded only when asked for and supported.
 Recording record_commands(const RecorderContext& context, std::span<const Command> commands,
-                          bool timestamps, RecordingId id);
+                          Timing timing, RecordingId id);
+
+// The queries of a recording's timestamp pool: two a dispatch, or two in all for Timing::whole.
+uint32_t timestamp_count(const Recording& recording);
 
 void destroy_recording(VkDevice device, VkCommandPool command_pool, Recording& recording);
 

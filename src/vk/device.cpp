@@ -124,10 +124,10 @@ class VulkanDevice final : public Device {
     }
   }
 
-  RecordingId record(std::span<const Command> commands, bool timestamps) override {
+  RecordingId record(std::span<const Command> commands, Timing timing) override {
     auto id = static_cast<RecordingId>(recordings_.size());
     RecorderContext context{device_, command_pool_, physical_, buffers_, pipelines_};
-    recordings_.push_back(record_commands(context, commands, timestamps, id));
+    recordings_.push_back(record_commands(context, commands, timing, id));
     return id;
   }
 

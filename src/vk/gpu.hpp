@@ -137,6 +137,11 @@ struct Command {
   FillCommand fill;
 };
 
+// GPU timestamps in a recording: none; a pair around every dispatch (the profile); or one pair
+// around all of its dispatches (the first's start to the last's end), which adds no wait between
+// dispatches.
+enum class Timing { none, per_dispatch, whole };
+
 struct DispatchTiming {
   std::string label;
   double start_ms = 0;  // relative to the first dispatch of the submission
@@ -176,12 +181,13 @@ class Device {
   virtual void destroy_pipelines(std::span<const PipelineId> pipelines) = 0;
 
   // Records the commands into a reusable command buffer once.
-  virtual RecordingId record(std::span<const Command> commands, bool timestamps) = 0;
+  virtual RecordingId record(std::span<const Command> commands, Timing timing) = 0;
   // Frees a recording, after waiting for a submission of it still in flight.
   virtual void destroy_recording(RecordingId recording) = 0;
   // Submits a recording and waits for it to finish.
   virtual void submit(RecordingId recording) = 0;
-  // Per-dispatch GPU times of the last submission of a recording recorded with timestamps.
+  // GPU times of the last submission of a recording recorded with Timing::per_dispatch (one
+  // entry a dispatch) or Timing::whole (one entry, labelled "run"); empty for Timing::none.
   virtual std::vector<DispatchTiming> timings(RecordingId recording) = 0;
 
   // Validation messages seen so far (always 0 without validation).

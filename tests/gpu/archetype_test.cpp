@@ -7,6 +7,38 @@ namespace {
 
 using testing::check_on_gpu;
 
+// Runs timed as a whole (SessionOptions::time_runs, what `meganeura bench` uses) put a barrier
+// before every dispatch and read one timestamp pair: independent and dependent dispatches still
+// match the reference, and the timing API refuses what it cannot give.
+TEST(GpuArchetypes, TimedRunsMatchTheReference) {
+  SessionOptions timed;
+  timed.time_runs = true;
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("softmax_product", softmax(matmul(x[0], x[1]), 1).id());
+    graph.set_output("independent", gelu(x[2]).id());
+  };
+  check_on_gpu({{"a", {9, 13}}, {"b", {13, 7}}, {"c", {5, 11}}}, build, 1e-5, 3, timed);
+
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 6});
+  graph.set_output("y", sum(exp(x), {1}).id());
+  std::vector<float> values(24);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.1f * static_cast<float>(i) - 1.0f;
+  Session session(graph, timed);
+  session.set_input("x", values);
+  session.run();
+  EXPECT_GE(session.last_run_gpu_ms(), 0.0);
+  EXPECT_THROW(session.profile(), Error);
+
+  Session untimed(graph);
+  untimed.set_input("x", values);
+  untimed.run();
+  EXPECT_THROW(untimed.last_run_gpu_ms(), Error);
+  SessionOptions both = timed;
+  both.profile = true;
+  EXPECT_THROW(Session(graph, both), Error);
+}
+
 TEST(GpuArchetypes, PointwiseChainWithBroadcast) {
   check_on_gpu({{"a", {3, 5, 7}}, {"b", {5, 1}}}, [](Graph& graph, std::vector<Tensor>& x) {
     graph.set_output("y", (relu(x[0] * x[1] + 0.5) - exp(x[1])).id());

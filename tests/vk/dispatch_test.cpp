@@ -42,7 +42,7 @@ TEST_F(Dispatch, ScaleAddCopyFillAndResubmit) {
   commands[3].kind = Command::Kind::fill;
   commands[3].fill = {{filled, 16, 32}, 0x3f800000u};  // 1.0f in words 4..11
   commands[4].kind = Command::Kind::barrier;
-  RecordingId recording = device_->record(commands, true);
+  RecordingId recording = device_->record(commands, Timing::per_dispatch);
 
   for (uint32_t seed : {1u, 2u}) {
     auto va = random_floats(count, seed), vb = random_floats(count, seed + 100);
@@ -64,6 +64,49 @@ TEST_F(Dispatch, ScaleAddCopyFillAndResubmit) {
     ASSERT_EQ(timings.size(), 1u);
     EXPECT_EQ(timings[0].label, "scale_add");
     EXPECT_GE(timings[0].duration_ms, 0.0);
+  }
+}
+
+// Timing::whole: one timestamp pair around three chained dispatches (c = 2a + b, then
+// d = 2c + b, then e = 2d + b), one "run" entry, and the results of every dispatch intact.
+TEST_F(Dispatch, WholeRunTiming) {
+  constexpr uint32_t count = 777;
+  constexpr uint64_t bytes = count * sizeof(float);
+  auto pipeline = device_->create_pipelines(std::vector{testing::scale_add_kernel()}).at(0);
+  std::vector<BufferId> buffers;
+  for (const char* name : {"a", "b", "c", "d", "e"})
+    buffers.push_back(device_->create_buffer(bytes, BufferUse::device, name));
+  const BufferId b = buffers[1];
+  std::vector<Command> commands;
+  for (size_t step = 0; step < 3; ++step) {
+    if (step > 0) commands.push_back({Command::Kind::barrier});
+    Command dispatch{Command::Kind::dispatch};
+    const BufferId source = step == 0 ? buffers[0] : buffers[step + 1];
+    dispatch.dispatch = {pipeline,
+                         {{source, 0, bytes}, {b, 0, bytes}, {buffers[step + 2], 0, bytes}},
+                         {count},
+                         {(count + 63) / 64, 1, 1},
+                         "scale_add " + std::to_string(step)};
+    commands.push_back(dispatch);
+  }
+  RecordingId recording = device_->record(commands, Timing::whole);
+  const auto va = random_floats(count, 5), vb = random_floats(count, 6);
+  write(buffers[0], va);
+  write(b, vb);
+  device_->submit(recording);
+  const std::vector<float> e = read<float>(buffers[4], count);
+  for (uint32_t i = 0; i < count; ++i) {
+    float value = va[i];
+    for (int step = 0; step < 3; ++step) value = value * 2.0f + vb[i];
+    ASSERT_EQ(e[i], value) << "at " << i;
+  }
+  const auto timings = device_->timings(recording);
+  if (device_->info().caps.timestamps) {
+    ASSERT_EQ(timings.size(), 1u);
+    EXPECT_EQ(timings[0].label, "run");
+    EXPECT_GE(timings[0].duration_ms, 0.0);
+  } else {
+    EXPECT_TRUE(timings.empty());
   }
 }
 
@@ -90,7 +133,7 @@ TEST_F(Dispatch, ParallelBuildKeepsSpecOrder) {
   commands[0].kind = Command::Kind::dispatch;
   commands[0].dispatch = {
       pipelines[3], {{a, 0, bytes}, {b, 0, bytes}, {c, 0, bytes}}, {count}, {2, 1, 1}, ""};
-  device_->submit(device_->record(commands, false));
+  device_->submit(device_->record(commands, Timing::none));
   auto out = read<float>(c, count);
   for (uint32_t i = 0; i < count; ++i) ASSERT_EQ(out[i], va[i] * 3.0f + vb[i]) << "at " << i;
 }
@@ -122,15 +165,15 @@ TEST_F(Dispatch, RecordRejectsBadBindings) {
         pipeline, {first, {small, 0, 256}, {small, 256, 256}}, {1}, {1, 1, 1}, "bad"};
     return commands;
   };
-  EXPECT_THROW(device_->record(dispatch_binding({large, 0, big}), false), Error);
+  EXPECT_THROW(device_->record(dispatch_binding({large, 0, big}), Timing::none), Error);
   EXPECT_NO_THROW(
-      device_->record(dispatch_binding({large, 256, caps.max_storage_buffer_range}), false));
-  EXPECT_THROW(device_->record(dispatch_binding({small, 512, 1024}), false), Error);
+      device_->record(dispatch_binding({large, 256, caps.max_storage_buffer_range}), Timing::none));
+  EXPECT_THROW(device_->record(dispatch_binding({small, 512, 1024}), Timing::none), Error);
   if (caps.min_storage_buffer_offset_alignment > 4) {
-    EXPECT_THROW(device_->record(dispatch_binding({small, 4, 256}), false), Error);
+    EXPECT_THROW(device_->record(dispatch_binding({small, 4, 256}), Timing::none), Error);
   }
   try {
-    device_->record(dispatch_binding({large, 0, big}), false);
+    device_->record(dispatch_binding({large, 0, big}), Timing::none);
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("maxStorageBufferRange"), std::string::npos);
   }
@@ -142,7 +185,7 @@ TEST_F(Dispatch, DestroyedBufferMakesRecordingStale) {
   std::vector<Command> commands(1);
   commands[0].kind = Command::Kind::copy;
   commands[0].copy = {{source, 0, 64}, target, 0};
-  RecordingId recording = device_->record(commands, false);
+  RecordingId recording = device_->record(commands, Timing::none);
   device_->submit(recording);
   device_->destroy_buffer(source);
   EXPECT_THROW(device_->submit(recording), Error);
