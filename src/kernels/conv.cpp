@@ -1,9 +1,11 @@
 // Convolution as implicit GEMM: the forward pass, the data gradient (also conv_transpose2d, which
 // is the data gradient of the convolution mapping its output back to its input) and the weight
-// gradient are each one GEMM per convolution group whose operands are read straight from the NCHW
-// tensors by generated load functions, on gemm.comp (GENERATED_LOADS) or, for skinny products,
-// conv_igemm.comp. Which GEMM (and so which kernel and tile shape) a node runs depends only on
-// its shapes, baked into the generated code.
+// gradient are each one GEMM per convolution group (and stride phase, for strided data
+// gradients) whose operands are read straight from the NCHW tensors by generated load functions,
+// on gemm.comp (GENERATED_LOADS), gemm_rows.comp (at most 4 columns) or, for other skinny
+// products, conv_igemm.comp; 1x1 convolutions with stride 1 read their operands as plain
+// matrices instead (a batched gemm.comp over buffers). Which GEMM (and so which kernel and tile
+// shape) a node runs depends only on its shapes, baked into the generated code.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -192,6 +194,44 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
   context.emit(std::move(launch));
 }
 
+// A 1x1 convolution with stride 1 and no padding multiplies each image's channels, a plain
+// [C, H * W] matrix, by the weights: on GPUs' strict path it runs as a batched GEMM over buffers
+// (gemm.cpp), vec4 loads and coalesced stores, no generated index arithmetic.
+bool runs_as_buffer_gemm(const ConvGeometry& g, const DeviceTraits& device) {
+  return g.kernel_height == 1 && g.kernel_width == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
+         g.padding[0] == 0 && g.padding[1] == 0 && !use_cpu_kernels(device) &&
+         !use_coop_gemm(device);
+}
+
+// The 1x1 forward (transpose_weights false: y[b, g*O/G + m] = w_g[m, :] x[b, g*C/G + :]) or data
+// gradient (true: dx[b, g*C/G + m] = w_g[:, m]^T dy[b, g*O/G + :]), one batch entry per image
+// and group. `from` is the channel-side operand (x or dy), `to` the result.
+void emit_pointwise_conv_gemm(LoweringContext& context, const ConvGeometry& g,
+                              bool transpose_weights, ValueId weights, ValueId from) {
+  const int64_t plane = g.in_height * g.in_width;
+  const int64_t from_channels = transpose_weights ? g.out_channels : g.in_channels;
+  const int64_t to_channels = transpose_weights ? g.in_channels : g.out_channels;
+  const int64_t m = transpose_weights ? g.channels_per_group() : g.outs_per_group();
+  const int64_t k = transpose_weights ? g.outs_per_group() : g.channels_per_group();
+  const std::string group = "(z % " + u(g.groups) + ")", image = "(z / " + u(g.groups) + ")";
+  Launch launch;
+  launch.label = context.label();
+  launch.operands = {{"a", weights, false}, {"b", from, false}, {"c", context.id(), true}};
+  launch.body = "uint a_offset(uint z) { return " + group + " * " + u(m * k) + "; }\n" +
+                "uint b_offset(uint z) { return (" + image + " * " + u(from_channels) + " + " +
+                group + " * " + u(k) + ") * " + u(plane) + "; }\n" +
+                "void store_c(uint z, uint m, uint n, float value) {\n  c[(" + image + " * " +
+                u(to_channels) + " + " + group + " * " + u(m) + " + m) * " + u(plane) +
+                " + n] = value;\n}\n";
+  emit_buffer_gemm(context,
+                   BufferGemm{.m = m,
+                              .n = plane,
+                              .k = k,
+                              .batches = g.batch * g.groups,
+                              .transpose_a = transpose_weights},
+                   std::move(launch));
+}
+
 // GLSL declaring `b`, `row` and `col` (uint) from a flat index over [batch, rows, cols].
 std::string split3(const std::string& flat, const std::string& b, const std::string& row,
                    const std::string& col, int64_t rows, int64_t cols) {
@@ -220,6 +260,10 @@ void lower_conv2d(LoweringContext& context) {
   const Node& node = context.node();
   const ConvGeometry g =
       conv_geometry(node.attrs, context.input_type(0).shape, context.input_type(1).shape);
+  if (runs_as_buffer_gemm(g, context.device())) {
+    emit_pointwise_conv_gemm(context, g, false, node.inputs[1], node.inputs[0]);
+    return;
+  }
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t out_plane = g.out_height * g.out_width;
   GemmPlan plan;
@@ -307,6 +351,10 @@ void lower_strided_data_grad(LoweringContext& context, const ConvGeometry& g) {
 void lower_conv2d_data_grad(LoweringContext& context) {
   const Node& node = context.node();
   const ConvGeometry g = conv_geometry(node.attrs, node.type.shape, context.input_type(1).shape);
+  if (runs_as_buffer_gemm(g, context.device())) {
+    emit_pointwise_conv_gemm(context, g, true, node.inputs[1], node.inputs[0]);
+    return;
+  }
   if ((g.stride[0] > 1 || g.stride[1] > 1) && g.dilation[0] == 1 && g.dilation[1] == 1) {
     lower_strided_data_grad(context, g);
     return;

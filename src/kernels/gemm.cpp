@@ -182,40 +182,21 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     }
     return;
   }
-  const GemmTile tile = choose_gemm_tile(m, n, k_slice, batches * splits, context.device());
-  // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
-  // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
-  // of 16).
-  const bool a_vec4 = transpose_a ? m % 4 == 0 : k % 4 == 0;
-  const bool b_vec4 = transpose_b ? k % 4 == 0 : n % 4 == 0;
   Launch launch;
   launch.label = context.label();
-  launch.kernel = "gemm";
   launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
-  launch.body = (a_vec4 ? vec4_view("a4", 0) : "") + (b_vec4 ? vec4_view("b4", 1) : "") +
-                batch_offset_function("a_offset", a_shape, batch_shape) +
+  launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
-                matmul_store_function(context.graph(), context.id(), epilogue, launch) +
-                std::string(kernel_source("gemm.comp"));
-  launch.defines = {{"M", glsl_uint(m)},
-                    {"N", glsl_uint(n)},
-                    {"K", glsl_uint(k)},
-                    {"SPLIT_K", split ? "1" : "0"},
-                    {"K_SLICE", glsl_uint(k_slice)},
-                    {"BATCHES", glsl_uint(batches)},
-                    {"TRANSPOSE_A", transpose_a ? "1" : "0"},
-                    {"TRANSPOSE_B", transpose_b ? "1" : "0"},
-                    {"A_VEC4", a_vec4 ? "1" : "0"},
-                    {"B_VEC4", b_vec4 ? "1" : "0"},
-                    {"GENERATED_LOADS", "0"},
-                    {"TILE", std::to_string(tile.tile)},
-                    {"WORK", std::to_string(tile.work)},
-                    {"TILE_K", std::to_string(tile.tile_k)},
-                    {"K_GROUPS", std::to_string(tile.k_groups)}};
-  launch.groups = {static_cast<uint32_t>((n + tile.tile - 1) / tile.tile),
-                   static_cast<uint32_t>((m + tile.tile - 1) / tile.tile),
-                   static_cast<uint32_t>(batches * splits)};
-  context.emit(std::move(launch));
+                matmul_store_function(context.graph(), context.id(), epilogue, launch);
+  emit_buffer_gemm(context,
+                   BufferGemm{.m = m,
+                              .n = n,
+                              .k = k,
+                              .batches = batches,
+                              .splits = split ? splits : 0,
+                              .transpose_a = transpose_a,
+                              .transpose_b = transpose_b},
+                   std::move(launch));
 }
 
 void lower_matmul(LoweringContext& context) {
@@ -284,6 +265,40 @@ std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes, bool padd
 }
 
 }  // namespace
+
+void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
+  const bool split = gemm.splits > 0;
+  const int64_t splits = split ? gemm.splits : 1;
+  const int64_t k_slice = split ? k_slice_length(gemm.k, splits) : gemm.k;
+  const GemmTile tile =
+      choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.batches * splits, context.device());
+  // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
+  // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
+  // of 16).
+  const bool a_vec4 = gemm.transpose_a ? gemm.m % 4 == 0 : gemm.k % 4 == 0;
+  const bool b_vec4 = gemm.transpose_b ? gemm.k % 4 == 0 : gemm.n % 4 == 0;
+  launch.kernel = "gemm";
+  launch.body = (a_vec4 ? vec4_view("a4", 0) : "") + (b_vec4 ? vec4_view("b4", 1) : "") +
+                launch.body + std::string(kernel_source("gemm.comp"));
+  launch.defines = {{"M", glsl_uint(gemm.m)},
+                    {"N", glsl_uint(gemm.n)},
+                    {"K", glsl_uint(gemm.k)},
+                    {"SPLIT_K", split ? "1" : "0"},
+                    {"K_SLICE", glsl_uint(k_slice)},
+                    {"BATCHES", glsl_uint(gemm.batches)},
+                    {"TRANSPOSE_A", gemm.transpose_a ? "1" : "0"},
+                    {"TRANSPOSE_B", gemm.transpose_b ? "1" : "0"},
+                    {"A_VEC4", a_vec4 ? "1" : "0"},
+                    {"B_VEC4", b_vec4 ? "1" : "0"},
+                    {"GENERATED_LOADS", "0"},
+                    {"TILE", std::to_string(tile.tile)},
+                    {"WORK", std::to_string(tile.work)},
+                    {"TILE_K", std::to_string(tile.tile_k)},
+                    {"K_GROUPS", std::to_string(tile.k_groups)}};
+  launch.groups = tiled_grid(launch.label, gemm.n, tile.tile, gemm.m, tile.tile,
+                             gemm.batches * splits, context.device());
+  context.emit(std::move(launch));
+}
 
 bool use_cpu_kernels(const DeviceTraits& device) {
   if (!device.cpu) return false;

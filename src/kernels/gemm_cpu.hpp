@@ -1,8 +1,9 @@
 #pragma once
-// The GEMMs that read their operands through generated load functions, shared by matmul and the
-// convolutions: the CPU-device GEMM (gemm_cpu.comp, Lavapipe), gemm.comp's GENERATED_LOADS
-// form and the cooperative-matrix GEMM (gemm_coopmat.hpp), and the split-K form of the load
-// functions that they and conv_igemm.comp read through.
+// The GEMM lowerings shared by matmul and the convolutions: gemm.comp over buffers, and the GEMMs
+// that read their operands through generated load functions (the CPU-device GEMM gemm_cpu.comp
+// on Lavapipe, gemm.comp's GENERATED_LOADS form and the cooperative-matrix GEMM in
+// gemm_coopmat.hpp), with the split-K form of the load functions that they and
+// conv_igemm.comp read through.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,6 +42,20 @@ struct GeneratedGemm {
   bool vector_loads = false;
   std::string functions;
 };
+
+// op(A)[m, k] op(B)[k, n] on gemm.comp, both operands in buffers: operands 0 and 1 of `launch`
+// ("a" and "b", each also read through a vec4 view where its contiguous extent allows), whose
+// body must define uint a_offset(uint batch) and b_offset(uint batch) (element offsets of batch
+// entry `batch`'s matrices, a multiple of 4 wherever the vec4 views apply) and
+// store_c(z, m, n, value). Matmul runs so, and the 1x1 convolutions (conv.cpp), whose channels
+// are a plain matrix per image. `splits` > 0 makes `splits` split-K partial products
+// (ops/k_split.hpp); batch entry z % batches, K slice z / batches.
+struct BufferGemm {
+  int64_t m = 0, n = 0, k = 0, batches = 1, splits = 0;
+  bool transpose_a = false, transpose_b = false;
+};
+
+void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch);
 
 // Whether gemm.comp's square tiles suit a convolution GEMM (else conv_igemm.comp runs it);
 // MEGANEURA_GEMM_TILE, which forces a square tile, also forces this route for every product

@@ -17,6 +17,22 @@ TEST(GpuConv, Pointwise1x1) {
   check_conv({2, 4, 7, 7}, {5, 4, 1, 1}, {});
 }
 
+// 1x1 convolutions (stride 1, no padding) on the GPU kernels run as batched GEMMs over buffers:
+// vec4 loads where the plane and channels allow (4 x 8 plane, 8 and 12 channels), scalar ones
+// where they do not (3 x 5 plane, 6 and 10 channels), two groups, and conv_transpose2d, which is
+// the data gradient's GEMM.
+TEST(GpuConv, PointwiseAsBufferGemm) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  check_conv({2, 8, 4, 8}, {12, 8, 1, 1}, {});
+  check_conv({3, 6, 3, 5}, {10, 3, 1, 1}, {.groups = 2});
+  check_on_gpu({{"x", {2, 6, 3, 5}}, {"w", {6, 4, 1, 1}}, {"seed", {2, 8, 3, 5}}},
+               [](Graph& graph, std::vector<Tensor>& in) {
+                 output_with_gradients(graph,
+                                       conv_transpose2d(in[0], in[1], std::nullopt, {.groups = 2}),
+                                       in[2], {in[0], in[1]});
+               });
+}
+
 TEST(GpuConv, Same3x3) {
   check_conv({2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}});
 }
