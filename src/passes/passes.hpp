@@ -22,6 +22,10 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // split_k.cpp).
 Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// Two-step sums: a sum whose reduced axes lie on both sides of a kept axis and that has few
+// outputs first sums the reduced axes after that kept axis (see split_reductions.cpp).
+Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 

@@ -202,7 +202,8 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   program.graph = passes::optimize(source);
   bool split_k = options.split_k;
   if (const char* forced = std::getenv("MEGANEURA_SPLIT_K")) split_k = std::string(forced) != "0";
-  if (split_k) program.graph = passes::split_k(program.graph);
+  // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
+  if (split_k) program.graph = passes::split_reductions(passes::split_k(program.graph));
   verify(program.graph);
   const Graph& graph = program.graph;
 

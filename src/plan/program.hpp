@@ -46,8 +46,9 @@ struct PlanOptions {
   uint64_t arena_limit = 128ull << 20;  // min(maxStorageBufferRange, maxMemoryAllocationSize)
   uint64_t alignment = 256;             // >= minStorageBufferOffsetAlignment
   // Split matmuls and convolution weight gradients with few output tiles and a long K over K
-  // (split-K, passes/split_k.cpp): pays on GPUs with many compute units, not on CPU devices.
-  // MEGANEURA_SPLIT_K=0/1 overrides.
+  // (split-K, passes/split_k.cpp), and sums with few outputs in two steps
+  // (passes/split_reductions.cpp): pays on GPUs with many compute units, not on CPU devices.
+  // MEGANEURA_SPLIT_K=0/1 overrides both.
   bool split_k = true;
   // Bytes left unused after every value (tests fill them with a sentinel and check that no
   // kernel wrote past its outputs). Needs reuse_memory = false, or a later value could

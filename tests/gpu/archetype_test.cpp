@@ -88,6 +88,25 @@ TEST(GpuArchetypes, ReductionsOverLeadingAxes) {
   });
 }
 
+// Sums around a kept axis with few outputs (a convolution's bias gradient) run in two steps on
+// GPUs (passes/split_reductions.cpp, forced here on Lavapipe with MEGANEURA_SPLIT_K=1): the
+// results match the reference, and each such sum costs one dispatch more than whole.
+TEST(GpuArchetypes, SumsAroundAKeptAxisInTwoSteps) {
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("bias_gradient", sum(x[0], {0, 2, 3}, true).id());
+    graph.set_output("dropped_axes", sum(x[1], {0, 2, 3}).id());
+  };
+  const std::vector<testing::HarnessInput> inputs{{"x", {8, 3, 20, 20}}, {"y", {5, 2, 9, 16}}};
+  size_t split_dispatches = 0, whole_dispatches = 0;
+  {
+    const testing::ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+    check_on_gpu(inputs, build, 1e-5, 5, {}, &split_dispatches);
+  }
+  const testing::ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
+  check_on_gpu(inputs, build, 1e-5, 5, {}, &whole_dispatches);
+  EXPECT_EQ(split_dispatches, whole_dispatches + 2);
+}
+
 }  // namespace
 }  // namespace mg
 

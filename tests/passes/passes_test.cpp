@@ -185,6 +185,52 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
   }
 }
 
+// The sums of one random input over reduced axes that straddle a kept axis.
+struct SumCase {
+  Shape shape;
+  std::vector<int64_t> axes;
+  bool keepdims;
+};
+
+size_t sum_count(const Graph& graph) {
+  return static_cast<size_t>(std::count_if(graph.nodes().begin(), graph.nodes().end(),
+                                           [](const Node& node) { return node.op == "sum"; }));
+}
+
+// Sums around a kept axis with few outputs become two sums whose result matches: a convolution
+// bias gradient ([N, C, H, W] over N, H, W, with and without keepdims), reduced axes on both
+// sides of two kept axes, and negative axes. Sums with many outputs, short inner rows or no kept
+// axis between reduced ones stay one node.
+TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
+  const std::vector<SumCase> split_cases{{{6, 3, 12, 13}, {0, 2, 3}, true},
+                                         {{6, 3, 12, 13}, {0, 2, 3}, false},
+                                         {{2, 3, 4, 5, 160}, {0, 2, 4}, false},
+                                         {{5, 2, 9, 16}, {-4, -1, -2}, true}};
+  const std::vector<SumCase> whole_cases{{{4, 1024, 2, 64}, {0, 2, 3}, true},
+                                         {{64, 3, 2, 5}, {0, 2, 3}, true},
+                                         {{3, 4, 200}, {1, 2}, false},
+                                         {{300, 7}, {0}, false}};
+  uint64_t seed = 10;
+  for (const auto& [cases, splits] :
+       {std::pair{&split_cases, true}, std::pair{&whole_cases, false}}) {
+    for (const SumCase& sum_case : *cases) {
+      SCOPED_TRACE(splits ? "split" : "whole");
+      std::mt19937_64 generator(++seed);
+      std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+      Graph graph;
+      Environment environment;
+      HostTensor value(sum_case.shape);
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves["x"] = value;
+      const Tensor x = input(graph, "x", sum_case.shape);
+      graph.set_output("y", sum(x, sum_case.axes, sum_case.keepdims).id());
+      const Graph split = passes::split_reductions(graph);
+      EXPECT_EQ(sum_count(split), splits ? 2u : 1u);
+      expect_same_outputs(graph, split, environment);
+    }
+  }
+}
+
 // Products that fill the GPU or have a K below 512 stay whole.
 TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   Graph graph;
