@@ -118,7 +118,8 @@ void emit_cpu_conv_gemm(LoweringContext& context, const GemmPlan& plan, int64_t 
 // fill a large GPU; MEGANEURA_CONV_ROWS=1 forces it for every product of at most 4 columns
 // (tests). On the H200 it took the ResNet stem's data gradient (N = 3 input channels, already
 // split into stride phases) from 0.85 ms on conv_igemm.comp to 0.39 ms.
-constexpr int64_t kGemmRowsThreads = 128, kGemmRowsMaxColumns = 4, kGemmRowsMinRows = 16384;
+constexpr uint32_t kGemmRowsThreads = 128;
+constexpr int64_t kGemmRowsMaxColumns = 4, kGemmRowsMinRows = 16384;
 
 bool gemm_rows_suit(const GemmPlan& plan, int64_t entries) {
   if (plan.n > kGemmRowsMaxColumns) return false;
@@ -144,8 +145,9 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
     launch.body = functions + std::string(kernel_source("gemm_rows.comp"));
     launch.defines = {{"GEMM_M", u(plan.m)}, {"GEMM_N", u(plan.n)}, {"GEMM_K", u(k)}};
     launch.operands = std::move(operands);
-    launch.groups =
-        tiled_grid(launch.label, plan.m, kGemmRowsThreads, 1, 1, entries, context.device());
+    // Rows over x and y (grid_for), problems over z.
+    launch.groups = grid_for(static_cast<uint64_t>(plan.m), kGemmRowsThreads, context.device());
+    launch.groups[2] = static_cast<uint32_t>(entries);
     context.emit(std::move(launch));
     return;
   }

@@ -11,7 +11,7 @@
 layout(local_size_x = 128) in;
 
 void main() {
-  uint m = gl_WorkGroupID.x * 128u + gl_LocalInvocationID.x;
+  uint m = linear_workgroup() * 128u + gl_LocalInvocationID.x;
   if (m >= GEMM_M) return;
   uint z = gl_WorkGroupID.z;
   float sums[GEMM_N];
