@@ -104,6 +104,41 @@ std::string vec4_view(const std::string& view, size_t binding) {
          ") readonly buffer buffer_" + view + " { vec4 " + view + "[]; };\n";
 }
 
+// The extents and forms of one gemm.comp launch (see its header for each define): `problems`
+// workgroup layers (batch entries times K slices), `k_slice` the K range of each.
+struct GemmCompForm {
+  int64_t m = 0, n = 0, k = 0, k_slice = 0, batches = 1, problems = 1;
+  bool split = false, transpose_a = false, transpose_b = false;
+  bool a_vec4 = false, b_vec4 = false, generated_loads = false;
+};
+
+// Completes `launch` (label, operands and the GLSL its loads and store need) as gemm.comp in
+// `tile` and emits it.
+void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const GemmTile& tile,
+                    Launch launch) {
+  const auto flag = [](bool value) { return std::string(value ? "1" : "0"); };
+  launch.kernel = "gemm";
+  launch.body += std::string(kernel_source("gemm.comp"));
+  launch.defines = {{"M", glsl_uint(form.m)},
+                    {"N", glsl_uint(form.n)},
+                    {"K", glsl_uint(form.k)},
+                    {"SPLIT_K", flag(form.split)},
+                    {"K_SLICE", glsl_uint(form.k_slice)},
+                    {"BATCHES", glsl_uint(form.batches)},
+                    {"TRANSPOSE_A", flag(form.transpose_a)},
+                    {"TRANSPOSE_B", flag(form.transpose_b)},
+                    {"A_VEC4", flag(form.a_vec4)},
+                    {"B_VEC4", flag(form.b_vec4)},
+                    {"GENERATED_LOADS", flag(form.generated_loads)},
+                    {"TILE", std::to_string(tile.tile)},
+                    {"WORK", std::to_string(tile.work)},
+                    {"TILE_K", std::to_string(tile.tile_k)},
+                    {"K_GROUPS", std::to_string(tile.k_groups)}};
+  launch.groups = tiled_grid(launch.label, form.n, tile.tile, form.m, tile.tile, form.problems,
+                             context.device());
+  context.emit(std::move(launch));
+}
+
 // `uint <name>(uint batch)`: element offset of an operand's matrix for output batch `batch`,
 // with broadcast (extent 1) batch axes contributing nothing.
 std::string batch_offset_function(const std::string& name, const Shape& operand,
@@ -277,27 +312,21 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   // of 16).
   const bool a_vec4 = gemm.transpose_a ? gemm.m % 4 == 0 : gemm.k % 4 == 0;
   const bool b_vec4 = gemm.transpose_b ? gemm.k % 4 == 0 : gemm.n % 4 == 0;
-  launch.kernel = "gemm";
-  launch.body = (a_vec4 ? vec4_view("a4", 0) : "") + (b_vec4 ? vec4_view("b4", 1) : "") +
-                launch.body + std::string(kernel_source("gemm.comp"));
-  launch.defines = {{"M", glsl_uint(gemm.m)},
-                    {"N", glsl_uint(gemm.n)},
-                    {"K", glsl_uint(gemm.k)},
-                    {"SPLIT_K", split ? "1" : "0"},
-                    {"K_SLICE", glsl_uint(k_slice)},
-                    {"BATCHES", glsl_uint(gemm.batches)},
-                    {"TRANSPOSE_A", gemm.transpose_a ? "1" : "0"},
-                    {"TRANSPOSE_B", gemm.transpose_b ? "1" : "0"},
-                    {"A_VEC4", a_vec4 ? "1" : "0"},
-                    {"B_VEC4", b_vec4 ? "1" : "0"},
-                    {"GENERATED_LOADS", "0"},
-                    {"TILE", std::to_string(tile.tile)},
-                    {"WORK", std::to_string(tile.work)},
-                    {"TILE_K", std::to_string(tile.tile_k)},
-                    {"K_GROUPS", std::to_string(tile.k_groups)}};
-  launch.groups = tiled_grid(launch.label, gemm.n, tile.tile, gemm.m, tile.tile,
-                             gemm.batches * splits, context.device());
-  context.emit(std::move(launch));
+  launch.body =
+      (a_vec4 ? vec4_view("a4", 0) : "") + (b_vec4 ? vec4_view("b4", 1) : "") + launch.body;
+  emit_gemm_comp(context,
+                 GemmCompForm{.m = gemm.m,
+                              .n = gemm.n,
+                              .k = gemm.k,
+                              .k_slice = k_slice,
+                              .batches = gemm.batches,
+                              .problems = gemm.batches * splits,
+                              .split = split,
+                              .transpose_a = gemm.transpose_a,
+                              .transpose_b = gemm.transpose_b,
+                              .a_vec4 = a_vec4,
+                              .b_vec4 = b_vec4},
+                 tile, std::move(launch));
 }
 
 bool use_cpu_kernels(const DeviceTraits& device) {
@@ -322,30 +351,22 @@ bool simt_gemm_suits(const GeneratedGemm& gemm) {
 
 void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands) {
-  const GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.entries, context.device());
   Launch launch;
   launch.label = context.label();
-  launch.kernel = "gemm";
-  launch.body = gemm.functions + std::string(kernel_source("gemm.comp"));
-  launch.defines = {{"M", glsl_uint(gemm.m)},
-                    {"N", glsl_uint(gemm.n)},
-                    {"K", glsl_uint(gemm.k)},
-                    {"SPLIT_K", "0"},
-                    {"K_SLICE", glsl_uint(gemm.k)},
-                    {"BATCHES", glsl_uint(gemm.entries)},
-                    {"TRANSPOSE_A", gemm.a_m_contiguous ? "1" : "0"},
-                    {"TRANSPOSE_B", gemm.b_k_contiguous ? "1" : "0"},
-                    {"A_VEC4", "0"},
-                    {"B_VEC4", "0"},
-                    {"GENERATED_LOADS", "1"},
-                    {"TILE", std::to_string(tile.tile)},
-                    {"WORK", std::to_string(tile.work)},
-                    {"TILE_K", std::to_string(tile.tile_k)},
-                    {"K_GROUPS", std::to_string(tile.k_groups)}};
+  launch.body = gemm.functions;
   launch.operands = std::move(operands);
-  launch.groups = tiled_grid(launch.label, gemm.n, tile.tile, gemm.m, tile.tile, gemm.entries,
-                             context.device());
-  context.emit(std::move(launch));
+  emit_gemm_comp(context,
+                 GemmCompForm{.m = gemm.m,
+                              .n = gemm.n,
+                              .k = gemm.k,
+                              .k_slice = gemm.k,
+                              .batches = gemm.entries,
+                              .problems = gemm.entries,
+                              .transpose_a = gemm.a_m_contiguous,
+                              .transpose_b = gemm.b_k_contiguous,
+                              .generated_loads = true},
+                 choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.entries, context.device()),
+                 std::move(launch));
 }
 
 void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands) {
