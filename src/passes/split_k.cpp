@@ -22,8 +22,8 @@ namespace {
 constexpr int64_t kWorkgroupsWanted = 264;
 constexpr int64_t kOutputTile = 128;
 // 128 rather than 256: SmolLM's 128 x 576 x 576 product went from 25.6 to 20.7 us and its
-// 128 x 1536 x 576 one from 33.0 to 24.9 us on the H200 (64 was faster for the first, slower
-// for every other; docs/BENCHMARKS.md, run 11).
+// 128 x 1536 x 576 one from 33.0 to 24.9 us on the H200 (64 was faster for the first and its
+// data gradient, slower for the other four; docs/BENCHMARKS.md, the sweeps beside run 11).
 constexpr int64_t kMinKPerSlice = 128;
 // Products with a shorter K stay whole: a split costs a reduction dispatch and the product's
 // epilogue fusion, which a 64 x 256 x 256 layer of a small MLP does not win back.
