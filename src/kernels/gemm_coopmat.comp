@@ -4,14 +4,20 @@
 // f16 into shared memory and multiplied on 16 x 8 x 16 fragments with f32 accumulators.
 // A workgroup of WARPS_M x WARPS_N subgroups (32 invocations each) computes a BLOCK_M x BLOCK_N
 // block of C; each subgroup a FRAGS_M x FRAGS_N grid of 16 x 8 accumulator fragments. K advances
-// in slices of BLOCK_K: while the subgroups multiply one slice out of shared memory, every
-// invocation already holds the next slice's values in registers (one barrier pair per slice).
+// in slices of BLOCK_K through two shared slots: while the subgroups multiply the slice in one
+// slot, every invocation holds its part of the next slice in registers, and stores it into the
+// other slot after its multiplies, so one barrier per slice suffices.
+// Shared tiles keep each operand's contiguous index contiguous: an invocation reads eight
+// adjacent elements and stores them as one 16-byte uvec4 of halves, and an operand contiguous
+// along the "wrong" index (A along m, B along k) is read as column-major fragments instead of
+// being transposed on its way in.
 // Results leave through a per-subgroup staging fragment in shared memory, so every element is
 // written by store_c (which bounds nothing: rows and columns past the edge are skipped here).
-// Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K, A_M_CONTIGUOUS
-// (consecutive m of A are adjacent in memory, else consecutive k), B_K_CONTIGUOUS (likewise
-// for B: k adjacent, else n), VECTOR_LOADS (every block is whole: load four adjacent elements
-// at a time through load_a4 / load_b4).
+// Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K (a multiple of
+// 16), A_M_CONTIGUOUS (consecutive m of A are adjacent in memory, else consecutive k),
+// B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_LOADS (every block is whole: load
+// four adjacent elements at a time through load_a4 / load_b4). The lowering (gemm_coopmat.cpp)
+// makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), and with VECTOR_LOADS
 // vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n).
@@ -30,123 +36,146 @@
 #define BLOCK_M (WARPS_M * FRAGS_M * FRAG_M)
 #define BLOCK_N (WARPS_N * FRAGS_N * FRAG_N)
 #define THREADS (WARPS_M * WARPS_N * 32)
-// Rows padded by 8 halves (16 bytes): fragment loads stay 16-byte aligned and consecutive rows
-// start in different shared-memory banks.
-#define A_STRIDE (BLOCK_K + 8)
-#define B_STRIDE (BLOCK_N + 8)
-#define A_PER_THREAD (BLOCK_M * BLOCK_K / THREADS)
-#define B_PER_THREAD (BLOCK_K * BLOCK_N / THREADS)
+#define SLICES ((GEMM_K + BLOCK_K - 1) / BLOCK_K)
+
+// A tile row runs along the operand's contiguous index, in units of 8 halves (one uvec4).
+#if A_M_CONTIGUOUS
+#define A_ROWS BLOCK_K
+#define A_ROW_UNITS (BLOCK_M / 8)
+#else
+#define A_ROWS BLOCK_M
+#define A_ROW_UNITS (BLOCK_K / 8)
+#endif
+#if B_K_CONTIGUOUS
+#define B_ROWS BLOCK_N
+#define B_ROW_UNITS (BLOCK_K / 8)
+#else
+#define B_ROWS BLOCK_K
+#define B_ROW_UNITS (BLOCK_N / 8)
+#endif
+// Rows padded by one unit: with an odd stride the 8 rows (16 bytes each) that a fragment load
+// reads at once fall in different shared-memory banks.
+#define A_STRIDE (A_ROW_UNITS + 1)
+#define B_STRIDE (B_ROW_UNITS + 1)
+#define A_SLOT (A_ROWS * A_STRIDE)
+#define B_SLOT (B_ROWS * B_STRIDE)
+#define A_UNITS (A_ROWS * A_ROW_UNITS / THREADS)  // per invocation and slice
+#define B_UNITS (B_ROWS * B_ROW_UNITS / THREADS)
 
 layout(local_size_x = THREADS) in;
 
-shared float16_t tile_a[BLOCK_M * A_STRIDE];
-shared float16_t tile_b[BLOCK_K * B_STRIDE];
+shared uvec4 tile_a[2 * A_SLOT];
+shared uvec4 tile_b[2 * B_SLOT];
 shared float staging[WARPS_M * WARPS_N * FRAG_M * FRAG_N];
 
+// The next slice, unit i of an invocation in elements [8 i, 8 i + 8).
+vec4 a_next[2 * A_UNITS];
+vec4 b_next[2 * B_UNITS];
+
+// Steps of one element along each operand's contiguous index, as (m, k) and (k, n).
+#define A_ALONG uvec2(A_M_CONTIGUOUS, 1 - A_M_CONTIGUOUS)
+#define B_ALONG uvec2(B_K_CONTIGUOUS, 1 - B_K_CONTIGUOUS)
+
+// Unit v of a tile as (row, unit within the row). Consecutive invocations take consecutive units
+// of a row, so they read adjacent memory. A 16-byte store is served 8 invocations at a time;
+// where a row is shorter than 8 units those 8 take rows `row_units` apart, which the odd
+// stride puts in disjoint banks (adjacent rows would overlap).
+uvec2 tile_unit(uint v, uint row_units) {
+  if (row_units >= 8 || 8 % row_units != 0) return uvec2(v / row_units, v % row_units);
+  uint group = v / (8 * row_units), wave = (v / 8) % row_units, lane = v % 8;
+  return uvec2(group * 8 + wave + row_units * (lane / row_units), lane % row_units);
+}
+
+// (m, k) within the block of unit `unit`'s first element, and (k, n) for B.
+uvec2 a_origin(uvec2 unit) {
+#if A_M_CONTIGUOUS
+  return uvec2(unit.y * 8, unit.x);
+#else
+  return uvec2(unit.x, unit.y * 8);
+#endif
+}
+
+uvec2 b_origin(uvec2 unit) {
+#if B_K_CONTIGUOUS
+  return uvec2(unit.y * 8, unit.x);
+#else
+  return uvec2(unit.x, unit.y * 8);
+#endif
+}
+
+// Offsets, in units, of element (m, k) of an A slice and (k, n) of a B slice within their slot;
+// m and k (k and n) are multiples of 8 along the contiguous index.
+uint a_offset_in_slot(uint m, uint k) {
+#if A_M_CONTIGUOUS
+  return k * A_STRIDE + m / 8;
+#else
+  return m * A_STRIDE + k / 8;
+#endif
+}
+
+uint b_offset_in_slot(uint k, uint n) {
+#if B_K_CONTIGUOUS
+  return n * B_STRIDE + k / 8;
+#else
+  return k * B_STRIDE + n / 8;
+#endif
+}
+
+// Four elements of A from (m, k) along its contiguous index (zero past the edges).
+vec4 read_a4(uint z, uvec2 mk) {
 #if VECTOR_LOADS
-#define A_VECTORS (A_PER_THREAD / 4)
-#define B_VECTORS (B_PER_THREAD / 4)
-vec4 a_next[A_VECTORS];
-vec4 b_next[B_VECTORS];
-
-// Vector v of a tile, as the (row, column) of its first element; its four elements run along
-// the contiguous index.
-uvec2 a_vector(uint v) {  // (m, k) within the block
-#if A_M_CONTIGUOUS
-  return uvec2((v * 4) % BLOCK_M, (v * 4) / BLOCK_M);
+  return load_a4(z, mk.x, mk.y);
 #else
-  return uvec2((v * 4) / BLOCK_K, (v * 4) % BLOCK_K);
-#endif
-}
-
-uvec2 b_vector(uint v) {  // (k, n) within the block
-#if B_K_CONTIGUOUS
-  return uvec2((v * 4) % BLOCK_K, (v * 4) / BLOCK_K);
-#else
-  return uvec2((v * 4) / BLOCK_N, (v * 4) % BLOCK_N);
-#endif
-}
-
-void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread) {
-  [[unroll]] for (uint i = 0; i < A_VECTORS; ++i) {
-    uvec2 mk = a_vector(thread + i * THREADS);
-    a_next[i] = load_a4(z, row0 + mk.x, k0 + mk.y);
+  vec4 values;
+  [[unroll]] for (uint c = 0; c < 4; ++c) {
+    uvec2 at = mk + c * A_ALONG;
+    values[c] = at.x < GEMM_M && at.y < GEMM_K ? load_a(z, at.x, at.y) : 0.0;
   }
-  [[unroll]] for (uint i = 0; i < B_VECTORS; ++i) {
-    uvec2 kn = b_vector(thread + i * THREADS);
-    b_next[i] = load_b4(z, k0 + kn.x, col0 + kn.y);
-  }
-}
-
-void store_slice(uint thread) {
-  [[unroll]] for (uint i = 0; i < A_VECTORS; ++i) {
-    uvec2 mk = a_vector(thread + i * THREADS);
-    f16vec4 halves = f16vec4(a_next[i]);
-    [[unroll]] for (uint c = 0; c < 4; ++c) {
-#if A_M_CONTIGUOUS
-      tile_a[(mk.x + c) * A_STRIDE + mk.y] = halves[c];
-#else
-      tile_a[mk.x * A_STRIDE + mk.y + c] = halves[c];
-#endif
-    }
-  }
-  [[unroll]] for (uint i = 0; i < B_VECTORS; ++i) {
-    uvec2 kn = b_vector(thread + i * THREADS);
-    f16vec4 halves = f16vec4(b_next[i]);
-    [[unroll]] for (uint c = 0; c < 4; ++c) {
-#if B_K_CONTIGUOUS
-      tile_b[(kn.x + c) * B_STRIDE + kn.y] = halves[c];
-#else
-      tile_b[kn.x * B_STRIDE + kn.y + c] = halves[c];
-#endif
-    }
-  }
-}
-#else
-float a_next[A_PER_THREAD];
-float b_next[B_PER_THREAD];
-
-// Element e of a tile, in the order that makes consecutive invocations read adjacent memory.
-uvec2 a_element(uint e) {  // (m, k) within the block
-#if A_M_CONTIGUOUS
-  return uvec2(e % BLOCK_M, e / BLOCK_M);
-#else
-  return uvec2(e / BLOCK_K, e % BLOCK_K);
+  return values;
 #endif
 }
 
-uvec2 b_element(uint e) {  // (k, n) within the block
-#if B_K_CONTIGUOUS
-  return uvec2(e % BLOCK_K, e / BLOCK_K);
+vec4 read_b4(uint z, uvec2 kn) {
+#if VECTOR_LOADS
+  return load_b4(z, kn.x, kn.y);
 #else
-  return uvec2(e / BLOCK_N, e % BLOCK_N);
+  vec4 values;
+  [[unroll]] for (uint c = 0; c < 4; ++c) {
+    uvec2 at = kn + c * B_ALONG;
+    values[c] = at.x < GEMM_K && at.y < GEMM_N ? load_b(z, at.x, at.y) : 0.0;
+  }
+  return values;
 #endif
 }
 
 void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread) {
-  [[unroll]] for (uint i = 0; i < A_PER_THREAD; ++i) {
-    uvec2 mk = a_element(thread + i * THREADS);
-    uint m = row0 + mk.x, k = k0 + mk.y;
-    a_next[i] = (m < GEMM_M && k < GEMM_K) ? load_a(z, m, k) : 0.0;
+  [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
+    uvec2 mk = uvec2(row0, k0) + a_origin(tile_unit(thread + i * THREADS, A_ROW_UNITS));
+    a_next[2 * i] = read_a4(z, mk);
+    a_next[2 * i + 1] = read_a4(z, mk + 4 * A_ALONG);
   }
-  [[unroll]] for (uint i = 0; i < B_PER_THREAD; ++i) {
-    uvec2 kn = b_element(thread + i * THREADS);
-    uint k = k0 + kn.x, n = col0 + kn.y;
-    b_next[i] = (k < GEMM_K && n < GEMM_N) ? load_b(z, k, n) : 0.0;
+  [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
+    uvec2 kn = uvec2(k0, col0) + b_origin(tile_unit(thread + i * THREADS, B_ROW_UNITS));
+    b_next[2 * i] = read_b4(z, kn);
+    b_next[2 * i + 1] = read_b4(z, kn + 4 * B_ALONG);
   }
 }
 
-void store_slice(uint thread) {
-  [[unroll]] for (uint i = 0; i < A_PER_THREAD; ++i) {
-    uvec2 mk = a_element(thread + i * THREADS);
-    tile_a[mk.x * A_STRIDE + mk.y] = float16_t(a_next[i]);
+uvec4 halves(vec4 low, vec4 high) {
+  return uvec4(packFloat2x16(f16vec2(low.xy)), packFloat2x16(f16vec2(low.zw)),
+               packFloat2x16(f16vec2(high.xy)), packFloat2x16(f16vec2(high.zw)));
+}
+
+void store_slice(uint slot, uint thread) {
+  [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
+    uvec2 unit = tile_unit(thread + i * THREADS, A_ROW_UNITS);
+    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = halves(a_next[2 * i], a_next[2 * i + 1]);
   }
-  [[unroll]] for (uint i = 0; i < B_PER_THREAD; ++i) {
-    uvec2 kn = b_element(thread + i * THREADS);
-    tile_b[kn.x * B_STRIDE + kn.y] = float16_t(b_next[i]);
+  [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
+    uvec2 unit = tile_unit(thread + i * THREADS, B_ROW_UNITS);
+    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = halves(b_next[2 * i], b_next[2 * i + 1]);
   }
 }
-#endif
 
 void main() {
   uint z = gl_WorkGroupID.z;
@@ -164,23 +193,35 @@ void main() {
       accumulators[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N>(0.0);
 
   fetch_slice(z, row0, col0, 0, thread);
-  for (uint k0 = 0; k0 < GEMM_K; k0 += BLOCK_K) {
-    barrier();  // the previous slice has been read out of shared memory
-    store_slice(thread);
-    barrier();
-    if (k0 + BLOCK_K < GEMM_K) fetch_slice(z, row0, col0, k0 + BLOCK_K, thread);
+  store_slice(0, thread);
+  barrier();
+  for (uint slice = 0; slice < SLICES; ++slice) {
+    uint slot = slice % 2;
+    bool more = slice + 1 < SLICES;
+    // Issued before the multiplies, so that global latency hides behind them.
+    if (more) fetch_slice(z, row0, col0, (slice + 1) * BLOCK_K, thread);
     [[unroll]] for (uint kk = 0; kk < BLOCK_K; kk += FRAG_K) {
       fcoopmatNV<16, gl_ScopeSubgroup, FRAG_M, FRAG_K> a_fragments[FRAGS_M];
-      fcoopmatNV<16, gl_ScopeSubgroup, FRAG_K, FRAG_N> b_fragments[FRAGS_N];
       [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
-        coopMatLoadNV(a_fragments[i], tile_a, (warp_row + i * FRAG_M) * A_STRIDE + kk, A_STRIDE,
-                      false);
-      [[unroll]] for (uint j = 0; j < FRAGS_N; ++j)
-        coopMatLoadNV(b_fragments[j], tile_b, kk * B_STRIDE + warp_col + j * FRAG_N, B_STRIDE,
-                      false);
-      [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
-        [[unroll]] for (uint j = 0; j < FRAGS_N; ++j)
-          accumulators[i][j] = coopMatMulAddNV(a_fragments[i], b_fragments[j], accumulators[i][j]);
+        coopMatLoadNV(a_fragments[i], tile_a,
+                      slot * A_SLOT + a_offset_in_slot(warp_row + i * FRAG_M, kk), A_STRIDE,
+                      A_M_CONTIGUOUS != 0);
+      // One B fragment at a time: it meets every A fragment at once, and fewer registers stay
+      // live next to the accumulators and the prefetched slice.
+      [[unroll]] for (uint j = 0; j < FRAGS_N; ++j) {
+        fcoopmatNV<16, gl_ScopeSubgroup, FRAG_K, FRAG_N> b_fragment;
+        coopMatLoadNV(b_fragment, tile_b,
+                      slot * B_SLOT + b_offset_in_slot(kk, warp_col + j * FRAG_N), B_STRIDE,
+                      B_K_CONTIGUOUS != 0);
+        [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
+          accumulators[i][j] = coopMatMulAddNV(a_fragments[i], b_fragment, accumulators[i][j]);
+      }
+    }
+    // The other slot was last read before the previous barrier; this one is not written again
+    // until every subgroup has passed the barrier below.
+    if (more) {
+      store_slice(1 - slot, thread);
+      barrier();
     }
   }
 

@@ -1,7 +1,14 @@
 #include "kernels/gemm_coopmat.hpp"
 
+#include <array>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string_view>
 
 #include "kernels/index_codegen.hpp"
 
@@ -13,25 +20,118 @@ bool kill_switch_set() {
   return off != nullptr && std::strcmp(off, "0") != 0;
 }
 
-// The K slice of every block. Measured on the H200 (4096^3): 32-deep slices 1.18 ms, 64-deep
-// 1.61 ms (the larger prefetch costs occupancy), and 128 x 256 blocks 1.39 ms.
-constexpr int64_t kBlockK = 32;
-
+// A workgroup of warps_m x warps_n subgroups, each frags_m x frags_n accumulator fragments of
+// 16 x 8, over K slices of block_k (gemm_coopmat.comp).
 struct BlockShape {
-  int64_t warps_m, warps_n, frags_m, frags_n;
+  int64_t warps_m, warps_n, frags_m, frags_n, block_k;
   int64_t rows() const { return warps_m * frags_m * 16; }
   int64_t cols() const { return warps_n * frags_n * 8; }
+  int64_t threads() const { return warps_m * warps_n * 32; }
 };
 
-// 128 x 128 blocks (8 subgroups, 64 x 32 each) when they already give every compute unit of a
-// large GPU work, else 64 x 64 blocks (4 subgroups, 32 x 32 each).
-BlockShape choose_block(const GeneratedGemm& gemm) {
+// Candidates from the largest: the first that gives every compute unit of a large GPU work
+// and fits the device runs. 64 x 64 subgroup tiles read the fewest fragment bytes from shared
+// memory per multiply-add (by estimate its bandwidth, not the tensor cores, bounds smaller
+// tiles on the H200); at 128 x 256 only 16-deep slices fit two slots in 48 KiB. The last fits
+// any device's 16 KiB.
+constexpr std::array<BlockShape, 4> kBlockShapes{
+    {{2, 4, 4, 8, 16}, {2, 4, 4, 4, 32}, {2, 2, 2, 4, 32}, {2, 2, 2, 4, 16}}};
+
+// Shared tile bytes of one slot of an operand: `rows` rows of `row_halves` contiguous halves,
+// padded by 8 halves.
+int64_t tile_bytes(int64_t rows, int64_t row_halves) {
+  return rows * (row_halves + 8) * 2;
+}
+
+// Why `block` cannot run `gemm` on `device`, or nothing when it can. The kernel needs whole
+// 8-half units along both tiles' rows, the same number of units for every invocation and its
+// two slots of both tiles plus the staging fragments in shared memory.
+std::optional<std::string> block_misfit(const BlockShape& block, const GeneratedGemm& gemm,
+                                        const DeviceTraits& device) {
+  // The bound keeps the products below from overflowing on a mistyped override.
+  constexpr int64_t kMostExtent = 4096;
+  for (const int64_t extent :
+       {block.warps_m, block.warps_n, block.frags_m, block.frags_n, block.block_k}) {
+    if (extent < 1 || extent > kMostExtent)
+      return "every extent must lie in [1, " + std::to_string(kMostExtent) + "]";
+  }
+  if (block.block_k % 16 != 0) return "block_k must be a multiple of 16";
+  if (block.threads() > device.max_workgroup_invocations)
+    return std::to_string(block.threads()) + " invocations exceed the device's " +
+           std::to_string(device.max_workgroup_invocations);
+  const int64_t a_halves = block.rows() * block.block_k, b_halves = block.block_k * block.cols();
+  if (a_halves % (8 * block.threads()) != 0 || b_halves % (8 * block.threads()) != 0)
+    return "the tiles do not split into 8 halves per invocation evenly";
+  const int64_t a_bytes = gemm.a_m_contiguous ? tile_bytes(block.block_k, block.rows())
+                                              : tile_bytes(block.rows(), block.block_k);
+  const int64_t b_bytes = gemm.b_k_contiguous ? tile_bytes(block.cols(), block.block_k)
+                                              : tile_bytes(block.block_k, block.cols());
+  const int64_t staging_bytes = block.warps_m * block.warps_n * 16 * 8 * 4;
+  const int64_t shared_bytes = 2 * (a_bytes + b_bytes) + staging_bytes;
+  if (shared_bytes > device.max_shared_memory_bytes)
+    return std::to_string(shared_bytes) + " bytes of shared memory exceed the device's " +
+           std::to_string(device.max_shared_memory_bytes);
+  return std::nullopt;
+}
+
+std::optional<BlockShape> parse_block(std::string_view text) {
+  BlockShape block{};
+  int64_t* fields[] = {&block.warps_m, &block.warps_n, &block.frags_m, &block.frags_n,
+                       &block.block_k};
+  const char* at = text.data();
+  const char* end = text.data() + text.size();
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    if (i > 0) {
+      if (at == end || *at != ',') return std::nullopt;
+      ++at;
+    }
+    const auto [next, error] = std::from_chars(at, end, *fields[i]);
+    if (error != std::errc{}) return std::nullopt;
+    at = next;
+  }
+  if (at != end) return std::nullopt;
+  return block;
+}
+
+// Once per distinct reason: a sweep lowers many GEMMs with the same override.
+void warn_once(const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard lock(mutex);
+  if (warned.insert(message).second) std::cerr << "meganeura: " << message << "\n";
+}
+
+// MEGANEURA_COOP_BLOCK=warps_m,warps_n,frags_m,frags_n,block_k forces the block (tuning
+// sweeps); a malformed value or a shape the device cannot run is ignored with a warning.
+std::optional<BlockShape> forced_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
+  const char* text = std::getenv("MEGANEURA_COOP_BLOCK");
+  if (text == nullptr) return std::nullopt;
+  const std::string prefix = "ignoring MEGANEURA_COOP_BLOCK=" + std::string(text) + ": ";
+  const std::optional<BlockShape> block = parse_block(text);
+  if (!block) {
+    warn_once(prefix + "expected warps_m,warps_n,frags_m,frags_n,block_k");
+    return std::nullopt;
+  }
+  if (const std::optional<std::string> misfit = block_misfit(*block, gemm, device)) {
+    warn_once(prefix + *misfit + " (" + device.name + ")");
+    return std::nullopt;
+  }
+  return block;
+}
+
+BlockShape choose_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
+  if (const std::optional<BlockShape> forced = forced_block(gemm, device)) return *forced;
   constexpr int64_t kWorkgroupsWanted = 132;
-  const BlockShape large{2, 4, 4, 4};
-  const int64_t large_blocks = ((gemm.m + large.rows() - 1) / large.rows()) *
-                               ((gemm.n + large.cols() - 1) / large.cols()) * gemm.entries;
-  if (large_blocks >= kWorkgroupsWanted) return large;
-  return {2, 2, 2, 4};
+  for (const BlockShape& block : kBlockShapes) {
+    const int64_t blocks = ((gemm.m + block.rows() - 1) / block.rows()) *
+                           ((gemm.n + block.cols() - 1) / block.cols()) * gemm.entries;
+    if (blocks >= kWorkgroupsWanted && !block_misfit(block, gemm, device)) return block;
+  }
+  // Too few blocks of every shape: the smallest that fits spreads the product widest.
+  for (const BlockShape& block : kBlockShapes) {
+    if (block.rows() <= 64 && !block_misfit(block, gemm, device)) return block;
+  }
+  return kBlockShapes.back();
 }
 
 }  // namespace
@@ -50,10 +150,10 @@ bool coop_wants_khr(const DeviceTraits& device) {
 
 void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands) {
-  const BlockShape block = choose_block(gemm);
+  const BlockShape block = choose_block(gemm, context.device());
   // Whole blocks only: a vec4 then never straddles the edge of the matrix or the K range.
   const bool vector_loads = gemm.vector_loads && gemm.m % block.rows() == 0 &&
-                            gemm.n % block.cols() == 0 && gemm.k % kBlockK == 0;
+                            gemm.n % block.cols() == 0 && gemm.k % block.block_k == 0;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_coopmat";
@@ -65,7 +165,7 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"WARPS_N", glsl_uint(block.warps_n)},
                     {"FRAGS_M", glsl_uint(block.frags_m)},
                     {"FRAGS_N", glsl_uint(block.frags_n)},
-                    {"BLOCK_K", glsl_uint(kBlockK)},
+                    {"BLOCK_K", glsl_uint(block.block_k)},
                     {"A_M_CONTIGUOUS", gemm.a_m_contiguous ? "1" : "0"},
                     {"B_K_CONTIGUOUS", gemm.b_k_contiguous ? "1" : "0"},
                     {"VECTOR_LOADS", vector_loads ? "1" : "0"}};

@@ -74,6 +74,19 @@ std::vector<kernels::Launch> coop_launches(const Graph& graph,
   return found;
 }
 
+std::string define_of(const kernels::Launch& launch, const std::string& name) {
+  for (const auto& [key, value] : launch.defines)
+    if (key == name) return value;
+  return "missing";
+}
+
+// The GEMM reads an operand that is contiguous along the other index than its fragments' rows
+// (A along m, B along k) as column-major fragments.
+int gemm_column_major_loads(const kernels::Launch& launch) {
+  return (define_of(launch, "A_M_CONTIGUOUS") == "1" ? 1 : 0) +
+         (define_of(launch, "B_K_CONTIGUOUS") == "1" ? 1 : 0);
+}
+
 gpu::KernelSpec spec_of(const Graph& graph, const kernels::Launch& launch) {
   gpu::KernelSpec spec;
   spec.label = launch.label;
@@ -108,9 +121,7 @@ TEST(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
     graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
     const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
     EXPECT_EQ(launches.size(), 1u);
-    for (const auto& [name, value] : launches.at(0).defines)
-      if (name == "VECTOR_LOADS") return value;
-    return std::string("missing");
+    return define_of(launches.at(0), "VECTOR_LOADS");
   };
   EXPECT_EQ(vector_loads({256, 96}, {96, 192}), "1");
   EXPECT_EQ(vector_loads({256, 96}, {96, 196}), "0");  // 196 columns: a partial block
@@ -213,14 +224,15 @@ TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
   ASSERT_EQ(launches.size(), 9u);
   // The attention kernels read K^T, V^T, Q^T or dO^T as column-major fragments.
-  const std::map<std::string, int> column_major_loads = {{"gemm_coopmat", 0},
-                                                         {"attention_forward_coopmat", 1},
+  const std::map<std::string, int> column_major_loads = {{"attention_forward_coopmat", 1},
                                                          {"attention_grad_q_coopmat", 2},
                                                          {"attention_grad_kv_coopmat", 1}};
   for (const kernels::Launch& launch : launches) {
     const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
-    int expected = column_major_loads.at(launch.kernel);
-    if (launch.label.starts_with("attention_grad_k ")) expected = 2;  // Q^T and dO^T
+    const int expected = launch.kernel == "gemm_coopmat" ? gemm_column_major_loads(launch)
+                         : launch.label.starts_with("attention_grad_k ")
+                             ? 2  // Q^T and dO^T
+                             : column_major_loads.at(launch.kernel);
     expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, expected);
   }
 }
@@ -275,6 +287,74 @@ TEST(CoopMatrixLowering, SplitKPartialsCompile) {
   EXPECT_EQ(launches[0].groups[2], 6u);  // 2 batch entries x 3 slices
   EXPECT_EQ(launches[1].groups[2], 2u);  // 1 group x 2 slices
   for (const kernels::Launch& launch : launches) gpu::compile_glsl(spec_of(graph, launch));
+}
+
+// Every GEMM form (scalar loads over ragged edges with A or B read column-major, vector loads for
+// each operand layout, the three convolution GEMMs, split-K partials) in the shapes that the
+// lowering picks and the ones worth sweeping with MEGANEURA_COOP_BLOCK compiles to valid NV
+// SPIR-V and well-formed KHR SPIR-V, with the forced shape.
+TEST(CoopMatrixLowering, BlockShapesCompile) {
+  Graph graph;
+  const Tensor a = input(graph, "a", {2, 37, 70});
+  const Tensor b = input(graph, "b", {45, 70});
+  graph.set_output("ragged", matmul(a, b, false, true).id());
+  graph.set_output(
+      "ragged_t",
+      matmul(input(graph, "at", {70, 37}), input(graph, "bt", {70, 45}), true, false).id());
+  for (const auto& [ta, tb] : {std::pair{false, false}, std::pair{true, false},
+                               std::pair{false, true}, std::pair{true, true}}) {
+    const std::string layout = std::to_string(ta) + std::to_string(tb);
+    const Tensor c = input(graph, "c" + layout, ta ? Shape{64, 256} : Shape{256, 64});
+    const Tensor d = input(graph, "d" + layout, tb ? Shape{256, 64} : Shape{64, 256});
+    graph.set_output("whole" + layout, matmul(c, d, ta, tb).id());
+  }
+  graph.set_output("partials", graph.add("matmul", {a.id(), b.id()},
+                                         {{"transpose_b", int64_t{1}}, {"k_splits", int64_t{3}}}));
+  const Tensor x = input(graph, "x", {2, 3, 9, 9});
+  const Tensor w = input(graph, "w", {8, 3, 3, 3});
+  const Tensor seed = input(graph, "seed", {2, 8, 4, 4});
+  output_with_gradients(graph, conv2d(x, w, std::nullopt, {.stride = {2, 2}}), seed, {x, w});
+  for (const std::string shape : {"2,4,4,8,16", "4,2,4,8,16", "2,4,4,4,32", "2,2,4,8,32",
+                                  "2,2,4,8,16", "2,2,2,4,32", "2,2,2,4,16", "2,2,2,4,64"}) {
+    SCOPED_TRACE(shape);
+    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", shape);
+    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+    ASSERT_EQ(launches.size(), 10u);
+    int vector_loads = 0;
+    for (const kernels::Launch& launch : launches) {
+      std::string seen;
+      for (const char* name : {"WARPS_M", "WARPS_N", "FRAGS_M", "FRAGS_N", "BLOCK_K"})
+        seen += (seen.empty() ? "" : ",") + define_of(launch, name);
+      std::erase(seen, 'u');
+      EXPECT_EQ(seen, shape) << launch.label;
+      vector_loads += define_of(launch, "VECTOR_LOADS") == "1" ? 1 : 0;
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                        gemm_column_major_loads(launch));
+    }
+    EXPECT_EQ(vector_loads, 4);
+  }
+}
+
+// A malformed MEGANEURA_COOP_BLOCK, or one the device cannot run, leaves the chosen block and
+// says so on stderr.
+TEST(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
+  Graph graph;
+  graph.set_output("y", matmul(input(graph, "a", {256, 64}), input(graph, "b", {64, 256})).id());
+  const std::vector<kernels::Launch> chosen = coop_launches(graph, coop_device());
+  ASSERT_EQ(chosen.size(), 1u);
+  for (const std::string shape :
+       {"2,4,4,8", "2,4,4,8,16,1", "2,x,4,8,16", "2,4,4,8,24", "2,4,4,8,32", "8,8,1,1,16",
+        "0,4,4,8,16", "3,1,1,1,16", "2,4,4,8,99999999999999"}) {
+    SCOPED_TRACE(shape);
+    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", shape);
+    ::testing::internal::CaptureStderr();
+    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+    const std::string warning = ::testing::internal::GetCapturedStderr();
+    ASSERT_EQ(launches.size(), 1u);
+    EXPECT_EQ(launches[0].defines, chosen[0].defines);
+    EXPECT_NE(warning.find("ignoring MEGANEURA_COOP_BLOCK=" + shape), std::string::npos);
+  }
 }
 
 // The on-device checks: skipped where the device has no f16 cooperative matrices.
@@ -338,6 +418,20 @@ void check_matmuls(bool validation) {
         graph.set_output("y", matmul(in[0], in[1]).id());
       },
       kFastTolerance, 17, fast(), nullptr, validation);
+  // Enough output blocks for the 128 x 256 shape: whole ones with both operands read as
+  // column-major fragments, and ragged ones with K not a multiple of the slice.
+  check_on_gpu(
+      {{"a", {64, 1920}}, {"b", {2304, 64}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1], true, true).id());
+      },
+      kFastTolerance, 21, fast(), nullptr, validation);
+  check_on_gpu(
+      {{"a", {1800, 40}}, {"b", {40, 2200}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1]).id());
+      },
+      kFastTolerance, 22, fast(), nullptr, validation);
   // Enough output blocks for the 128 x 128 shape, with ragged edges.
   check_on_gpu(
       {{"a", {1540, 40}}, {"b", {40, 1500}}},
