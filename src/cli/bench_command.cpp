@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 
@@ -18,6 +19,7 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: meganeura bench kernels [--filter TEXT] [--runs N] [--rotate MIB] [--small] [--no-fast]
+                              [--profile]
 
 Times each kernel family on the chosen device with GPU timestamps and prints one JSON object
 per case (name, ms, GFLOP/s or GB/s) and a table at the end; bench/kernels_pytorch.py times the
@@ -42,6 +44,8 @@ matrices they run strict, and their JSON says "coop_dispatches": 0.
   --rotate MIB   input bytes to rotate through (default 96; 0 = one copy of the inputs)
   --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe)
   --no-fast      leave out the "... fast" cases
+  --profile      also time every dispatch (in separate runs) and print each kernel kind's share
+                 of a case under its row ("kernel_ms" in the JSON)
   --device SEL   device index or part of its name
 )";
 
@@ -326,10 +330,38 @@ struct Measurement {
   int64_t copies = 1;
   size_t dispatches = 0;       // per copy
   size_t coop_dispatches = 0;  // per copy, on cooperative matrices
+  // With --profile: per kernel kind (a dispatch label up to its first " %"), the median over
+  // runs of its summed GPU time per copy.
+  std::map<std::string, double> kernel_ms;
 };
 
+std::string kernel_kind(const std::string& label) {
+  return label.substr(0, label.find(" %"));
+}
+
+// Per-dispatch timestamps serialise a run's dispatches and add their own cost, so the profile
+// comes from its own session and runs, apart from the case's timing.
+std::map<std::string, double> profile_kernels(const Graph& graph, SessionOptions options,
+                                              int64_t runs, int64_t copies) {
+  options.time_runs = false;
+  options.profile = true;
+  Session session(graph, options);
+  warm_up([&] { session.run(); });
+  std::map<std::string, std::vector<double>> samples;
+  for (int64_t run = 0; run < runs; ++run) {
+    session.run();
+    std::map<std::string, double> sums;
+    for (const DispatchProfile& dispatch : session.profile())
+      sums[kernel_kind(dispatch.label)] += dispatch.duration_ms / static_cast<double>(copies);
+    for (const auto& [kind, ms] : sums) samples[kind].push_back(ms);
+  }
+  std::map<std::string, double> medians;
+  for (auto& [kind, values] : samples) medians[kind] = median(values);
+  return medians;
+}
+
 Measurement measure(const BenchCase& bench, const std::string& device, int64_t runs,
-                    double rotate_bytes) {
+                    double rotate_bytes, bool profile) {
   Measurement result;
   result.copies = rotation_copies(bench, rotate_bytes);
   Graph graph;
@@ -360,6 +392,7 @@ Measurement measure(const BenchCase& bench, const std::string& device, int64_t r
   result.dispatches = session.report().dispatches / static_cast<size_t>(result.copies);
   result.coop_dispatches =
       session.report().coop_matrix_dispatches / static_cast<size_t>(result.copies);
+  if (profile) result.kernel_ms = profile_kernels(graph, options, runs, result.copies);
   return result;
 }
 
@@ -367,7 +400,7 @@ Measurement measure(const BenchCase& bench, const std::string& device, int64_t r
 
 int bench_command(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura bench", words, {"filter", "runs", "rotate", "device"},
-                            {"small", "no-fast", "help"});
+                            {"small", "no-fast", "profile", "help"});
   if (arguments.has("help") || arguments.positional().empty()) {
     std::fputs(kHelp, stdout);
     return arguments.has("help") ? 0 : 2;
@@ -404,7 +437,8 @@ int bench_command(const std::vector<std::string>& words) {
   for (const BenchCase& bench : bench_cases(small)) {
     if (bench.name.find(filter) == std::string::npos) continue;
     if (bench.precision == Precision::fast && arguments.has("no-fast")) continue;
-    const Measurement measured = measure(bench, device, runs, rotate_bytes);
+    const Measurement measured =
+        measure(bench, device, runs, rotate_bytes, arguments.has("profile"));
     const double ms = measured.ms;
     nlohmann::json record = {{"framework", "meganeura"},
                              {"case", bench.name},
@@ -413,6 +447,7 @@ int bench_command(const std::vector<std::string>& words) {
                              {"dispatches", measured.dispatches},
                              {"precision", std::string(precision_name(bench.precision))}};
     if (bench.precision == Precision::fast) record["coop_dispatches"] = measured.coop_dispatches;
+    if (!measured.kernel_ms.empty()) record["kernel_ms"] = measured.kernel_ms;
     if (bench.flops > 0) {
       record["gflops"] = bench.flops / ms / 1e6;
       std::snprintf(row, sizeof(row), "%-44s %10.4f ms %10.1f GFLOP/s", bench.name.c_str(), ms,
@@ -430,6 +465,10 @@ int bench_command(const std::vector<std::string>& words) {
     std::printf("%s\n", record.dump().c_str());
     std::fflush(stdout);
     table.push_back(row);
+    for (const auto& [kind, kind_ms] : measured.kernel_ms) {
+      std::snprintf(row, sizeof(row), "    %-40s %10.4f ms", kind.c_str(), kind_ms);
+      table.push_back(row);
+    }
   }
   for (const std::string& line : table) std::printf("%s\n", line.c_str());
   return 0;

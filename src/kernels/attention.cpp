@@ -47,7 +47,7 @@ int64_t shared_floats(Mode mode, const Dims& dims, int64_t bq, int64_t bk) {
     case Mode::grad_q:
       return bq * d + bq * dv + bk * kv_row + bq * bk + kThreads;
     case Mode::grad_k:
-      return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + 2 * bq + bq * bk + bk * (dv + 1);
+      return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + bq + kThreads + bq * bk + bk * (dv + 1);
     case Mode::grad_v:
       return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + bq + bq * bk;
   }

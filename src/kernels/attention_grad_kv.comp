@@ -3,7 +3,9 @@
 // recomputing P = exp(S - lse) from the saved log-sum-exp. dV = P^T dO; dK = SCALE * dS^T Q
 // with dS = P * (dO . V - delta), delta = dO . O. Each output element belongs to one thread
 // and is summed in a fixed order, so results are deterministic without atomics. TPR threads
-// share a key row, splitting the queries of a block and the dimensions of the result.
+// share a key row, splitting the queries of a block and the dimensions of the result. For dK,
+// the THREADS / BQ threads of each query in a block sum parts of its delta side by side
+// (a query's delta read by one thread was a serial chain of 2 * DV global loads per block).
 // Defines: HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL, GRAD_K, BQ, BK, TPR.
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #define THREADS (BK * TPR)
@@ -28,8 +30,10 @@ shared float row_lse[BQ];
 // Per (query, key): P for dV, SCALE * dS for dK.
 shared float weight_tile[BQ * BK];
 #if GRAD_K
+#define DELTA_PARTS (THREADS / BQ)
 shared float v_tile[BK * V_STRIDE];
-shared float row_delta[BQ];
+// delta_part[ii * DELTA_PARTS + p]: part p of query ii's delta.
+shared float delta_part[THREADS];
 #endif
 
 void main() {
@@ -71,16 +75,18 @@ void main() {
       for (uint ii = t; ii < BQ; ii += THREADS) {
         uint qi = q0 + ii;
         row_lse[ii] = qi < SQ ? lse[q_base + qi] : 0.0;
-#if GRAD_K
-        float delta = 0.0;
-        if (qi < SQ) {
-          for (uint e = 0u; e < DV; ++e) {
-            delta += grad_out[(q_base + qi) * DV + e] * out_value[(q_base + qi) * DV + e];
-          }
-        }
-        row_delta[ii] = delta;
-#endif
       }
+#if GRAD_K
+      {
+        uint qi = q0 + t / DELTA_PARTS;
+        float part = 0.0;
+        if (t < BQ * DELTA_PARTS && qi < SQ) {
+          for (uint e = t % DELTA_PARTS; e < DV; e += DELTA_PARTS)
+            part += grad_out[(q_base + qi) * DV + e] * out_value[(q_base + qi) * DV + e];
+        }
+        delta_part[t] = part;
+      }
+#endif
       barrier();
       for (uint c = 0u; c < QUERIES_PER_THREAD; ++c) {
         uint ii = r + c * TPR;
@@ -94,7 +100,9 @@ void main() {
 #if GRAD_K
           float dp = 0.0;
           for (uint e = 0u; e < DV; ++e) dp += do_tile[ii * V_STRIDE + e] * v_tile[row * V_STRIDE + e];
-          w *= (dp - row_delta[ii]) * SCALE;
+          float delta = 0.0;
+          for (uint p = 0u; p < DELTA_PARTS; ++p) delta += delta_part[ii * DELTA_PARTS + p];
+          w *= (dp - delta) * SCALE;
 #endif
         }
         weight_tile[ii * BK + row] = w;

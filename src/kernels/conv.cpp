@@ -165,7 +165,7 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
   // gemm.comp's square tiles where they suit the product (simt_gemm_suits); skinny products
   // (depthwise, few channels per group) stay on conv_igemm.comp, whose tiles fit their shape, as
   // does every product when MEGANEURA_CONV_TILES forces one of those tiles.
-  if (simt_gemm_suits(gemm) && std::getenv("MEGANEURA_CONV_TILES") == nullptr) {
+  if (simt_gemm_suits(gemm, context.device()) && std::getenv("MEGANEURA_CONV_TILES") == nullptr) {
     emit_simt_gemm(context, gemm, std::move(operands));
     return;
   }

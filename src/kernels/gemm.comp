@@ -2,10 +2,12 @@
 // TRANSPOSE_B is 1. Workgroup z computes batch entry z % BATCHES over all of K or, with SPLIT_K,
 // over split-K range r = z / BATCHES, k in [r * K_SLICE, min(K, (r + 1) * K_SLICE)): one
 // partial product (ops/k_split.hpp). The classic high-performance SGEMM structure:
-// - a workgroup computes a TILE x TILE block of C, a thread WORK x WORK outputs of it: WORK / 4
-//   groups of 4 consecutive rows (columns), the groups 4 * THREADS_PER_SIDE apart, so that the
-//   fragments a thread needs per k are vec4 reads (LDS.128) from shared memory;
-// - both shared tiles are k-major (A transposed on the way in), TILE_K x TILE;
+// - a workgroup computes a TILE_M x TILE_N block of C, a thread WORK_M x WORK_N outputs of it:
+//   WORK_M / 4 groups of 4 consecutive rows, the groups 4 * THREADS_M apart (and likewise its
+//   columns), so that the fragments a thread needs per k are vec4 reads (LDS.128) from shared
+//   memory;
+// - both shared tiles are k-major (A transposed on the way in), TILE_K x TILE_M and
+//   TILE_K x TILE_N;
 // - the next K slice is fetched from global memory into registers while the current one is
 //   multiplied, then stored into the other of two shared slots: one barrier per K slice;
 // - global loads are vec4 wherever the operand's contiguous extent is a multiple of 4 (A_VEC4 /
@@ -23,54 +25,72 @@
 // tiles are filled the same way (TRANSPOSE_A / TRANSPOSE_B then say along which of its indices
 // an operand is contiguous in memory), and any split-K slicing is in the load functions.
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
-// TRANSPOSE_B, TILE, WORK (4 or 8), TILE_K, K_GROUPS, A_VEC4, B_VEC4, GENERATED_LOADS.
+// TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
+// GENERATED_LOADS.
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
 // load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
 // element of C (and applies any fused epilogue) for workgroup z, the flat index over
 // [ranges, BATCHES]; called only with in-range row and col.
 #extension GL_EXT_control_flow_attributes : enable
 
-#define THREADS_PER_SIDE (TILE / WORK)
-#define THREADS (THREADS_PER_SIDE * THREADS_PER_SIDE)
-#define TILE_VEC4 (TILE / 4)
-#define GROUPS (WORK / 4)
+#define THREADS_M (TILE_M / WORK_M)
+#define THREADS_N (TILE_N / WORK_N)
+#define THREADS (THREADS_M * THREADS_N)
+#define TILE_M_VEC4 (TILE_M / 4)
+#define TILE_N_VEC4 (TILE_N / 4)
+#define GROUPS_M (WORK_M / 4)
+#define GROUPS_N (WORK_N / 4)
 // vec4s of each operand's K slice that one thread moves from global to shared memory.
-#define LOADS (TILE * TILE_K / 4 / THREADS)
+#define LOADS_A (TILE_M * TILE_K / 4 / THREADS)
+#define LOADS_B (TILE_N * TILE_K / 4 / THREADS)
+#if LOADS_A * THREADS * 4 != TILE_M * TILE_K || LOADS_B * THREADS * 4 != TILE_N * TILE_K
+#error "every thread moves a whole number of vec4s of each slice"
+#endif
+#if THREADS_N % 8 != 0 || THREADS % 32 != 0
+#error "warps are 4 x 8 blocks of the thread grid"
+#endif
 
 // Invocations are numbered x first, so each warp lies within one k-group.
 layout(local_size_x = THREADS, local_size_y = K_GROUPS) in;
 
 // Slot s of k-group g is tile_a[2 * g + s] and tile_b[2 * g + s].
-shared vec4 tile_a[2 * K_GROUPS][TILE_K][TILE_VEC4];
-shared vec4 tile_b[2 * K_GROUPS][TILE_K][TILE_VEC4];
+shared vec4 tile_a[2 * K_GROUPS][TILE_K][TILE_M_VEC4];
+shared vec4 tile_b[2 * K_GROUPS][TILE_K][TILE_N_VEC4];
 
 #if K_GROUPS > 1
-// A k-group's accumulators (TILE * TILE floats) go through its own four slots (4 * TILE_K * TILE
-// floats) when the k-groups' sums meet.
-#if TILE > 4 * TILE_K
-#error "K_GROUPS > 1 needs TILE <= 4 * TILE_K"
+// A k-group's accumulators (TILE_M * TILE_N floats) go through its own four slots
+// (2 * TILE_K * (TILE_M + TILE_N) floats) when the k-groups' sums meet.
+#if TILE_M * TILE_N > 2 * TILE_K * (TILE_M + TILE_N)
+#error "K_GROUPS > 1 needs TILE_M * TILE_N <= 2 * TILE_K * (TILE_M + TILE_N)"
 #endif
-#define SLOT_VEC4S (TILE_K * TILE_VEC4)
+#define A_SLOT_VEC4S (TILE_K * TILE_M_VEC4)
+#define B_SLOT_VEC4S (TILE_K * TILE_N_VEC4)
 
 // Vec4 `index` of k-group `k_group`'s accumulators: its two slots of tile_a, then its two of
 // tile_b, taken as one array.
 void stash_partial(uint k_group, uint index, vec4 value) {
-  uint slot = 2 * k_group + index / SLOT_VEC4S % 2, k = index / TILE_VEC4 % TILE_K;
-  if (index < 2 * SLOT_VEC4S) {
-    tile_a[slot][k][index % TILE_VEC4] = value;
+  if (index < 2 * A_SLOT_VEC4S) {
+    uint slot = 2 * k_group + index / A_SLOT_VEC4S, within = index % A_SLOT_VEC4S;
+    tile_a[slot][within / TILE_M_VEC4][within % TILE_M_VEC4] = value;
   } else {
-    tile_b[slot][k][index % TILE_VEC4] = value;
+    index -= 2 * A_SLOT_VEC4S;
+    uint slot = 2 * k_group + index / B_SLOT_VEC4S, within = index % B_SLOT_VEC4S;
+    tile_b[slot][within / TILE_N_VEC4][within % TILE_N_VEC4] = value;
   }
 }
 
 vec4 partial(uint k_group, uint index) {
-  uint slot = 2 * k_group + index / SLOT_VEC4S % 2, k = index / TILE_VEC4 % TILE_K;
-  return index < 2 * SLOT_VEC4S ? tile_a[slot][k][index % TILE_VEC4]
-                                : tile_b[slot][k][index % TILE_VEC4];
+  if (index < 2 * A_SLOT_VEC4S) {
+    uint slot = 2 * k_group + index / A_SLOT_VEC4S, within = index % A_SLOT_VEC4S;
+    return tile_a[slot][within / TILE_M_VEC4][within % TILE_M_VEC4];
+  }
+  index -= 2 * A_SLOT_VEC4S;
+  uint slot = 2 * k_group + index / B_SLOT_VEC4S, within = index % B_SLOT_VEC4S;
+  return tile_b[slot][within / TILE_N_VEC4][within % TILE_N_VEC4];
 }
 #endif
 
-// Slice loads. Element e of a slice (e < TILE * TILE_K / 4) is one vec4 of the operand:
+// Slice loads. Element e of a slice (e < TILE_M * TILE_K / 4 for A) is one vec4 of the operand:
 // - an operand contiguous along m (A transposed) or n (B plain) reads 4 consecutive rows or
 //   columns of one k; consecutive threads take consecutive vec4s of a k row, and the vec4 is
 //   stored as it is;
@@ -104,7 +124,7 @@ float b_element(uint base, uint k, uint n, bool inside) {
 
 #if TRANSPOSE_A
 vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
-  uint k = k0 + e / TILE_VEC4, m = row0 + 4 * (e % TILE_VEC4);
+  uint k = k0 + e / TILE_M_VEC4, m = row0 + 4 * (e % TILE_M_VEC4);
   if (k >= k_end) return vec4(0.0);
 #if A_VEC4
   if (m >= M) return vec4(0.0);
@@ -116,11 +136,11 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
 }
 
 void stash_a(uint slot, uint e, vec4 value) {
-  tile_a[slot][e / TILE_VEC4][e % TILE_VEC4] = value;
+  tile_a[slot][e / TILE_M_VEC4][e % TILE_M_VEC4] = value;
 }
 #else
 vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
-  uint m = row0 + e % TILE, k = k0 + 4 * (e / TILE);
+  uint m = row0 + e % TILE_M, k = k0 + 4 * (e / TILE_M);
   if (m >= M) return vec4(0.0);
 #if A_VEC4
   if (k >= k_end) return vec4(0.0);
@@ -132,14 +152,14 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
 }
 
 void stash_a(uint slot, uint e, vec4 value) {
-  uint m = e % TILE, k = 4 * (e / TILE);
+  uint m = e % TILE_M, k = 4 * (e / TILE_M);
   [[unroll]] for (uint i = 0; i < 4; ++i) tile_a[slot][k + i][m / 4][m % 4] = value[i];
 }
 #endif
 
 #if TRANSPOSE_B
 vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
-  uint n = col0 + e % TILE, k = k0 + 4 * (e / TILE);
+  uint n = col0 + e % TILE_N, k = k0 + 4 * (e / TILE_N);
   if (n >= N) return vec4(0.0);
 #if B_VEC4
   if (k >= k_end) return vec4(0.0);
@@ -151,12 +171,12 @@ vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
 }
 
 void stash_b(uint slot, uint e, vec4 value) {
-  uint n = e % TILE, k = 4 * (e / TILE);
+  uint n = e % TILE_N, k = 4 * (e / TILE_N);
   [[unroll]] for (uint i = 0; i < 4; ++i) tile_b[slot][k + i][n / 4][n % 4] = value[i];
 }
 #else
 vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
-  uint k = k0 + e / TILE_VEC4, n = col0 + 4 * (e % TILE_VEC4);
+  uint k = k0 + e / TILE_N_VEC4, n = col0 + 4 * (e % TILE_N_VEC4);
   if (k >= k_end) return vec4(0.0);
 #if B_VEC4
   if (n >= N) return vec4(0.0);
@@ -168,7 +188,7 @@ vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
 }
 
 void stash_b(uint slot, uint e, vec4 value) {
-  tile_b[slot][e / TILE_VEC4][e % TILE_VEC4] = value;
+  tile_b[slot][e / TILE_N_VEC4][e % TILE_N_VEC4] = value;
 }
 #endif
 
@@ -180,8 +200,8 @@ void main() {
   // Constant bounds for the whole product.
   const uint k_begin = 0u, k_end = K;
 #endif
-  uint row0 = gl_WorkGroupID.y * TILE;
-  uint col0 = gl_WorkGroupID.x * TILE;
+  uint row0 = gl_WorkGroupID.y * TILE_M;
+  uint col0 = gl_WorkGroupID.x * TILE_N;
   uint thread = gl_LocalInvocationID.x;
 #if K_GROUPS > 1
   uint k_group = gl_LocalInvocationID.y;
@@ -189,11 +209,11 @@ void main() {
   // A constant, so that the plain kernel's addressing stays as it was.
   const uint k_group = 0u;
 #endif
-  // A warp of 32 is a 4 x 8 block of the THREADS_PER_SIDE^2 thread grid: per k it reads 4
+  // A warp of 32 is a 4 x 8 block of the THREADS_M x THREADS_N thread grid: per k it reads 4
   // distinct A vec4s and 8 distinct B vec4s, 64 and 128 bytes, one shared-memory wavefront each.
   uint warp = thread / 32, lane = thread % 32;
-  uint thread_row = warp / (THREADS_PER_SIDE / 8) * 4 + lane / 8;
-  uint thread_col = warp % (THREADS_PER_SIDE / 8) * 8 + lane % 8;
+  uint thread_row = warp / (THREADS_N / 8) * 4 + lane / 8;
+  uint thread_col = warp % (THREADS_N / 8) * 8 + lane % 8;
 #if GENERATED_LOADS
   uint base_a = gl_WorkGroupID.z, base_b = gl_WorkGroupID.z;
 #else
@@ -202,25 +222,23 @@ void main() {
   uint base_b = b_offset(batch);
 #endif
 
-  // accumulator[4 * g + i][h].j is C at row 4 * (g * THREADS_PER_SIDE + thread_row) + i and
-  // column 4 * (h * THREADS_PER_SIDE + thread_col) + j of the tile.
-  vec4 accumulator[WORK][GROUPS];
-  [[unroll]] for (uint r = 0; r < WORK; ++r) {
-    [[unroll]] for (uint h = 0; h < GROUPS; ++h) accumulator[r][h] = vec4(0.0);
+  // accumulator[4 * g + i][h].j is C at row 4 * (g * THREADS_M + thread_row) + i and column
+  // 4 * (h * THREADS_N + thread_col) + j of the tile.
+  vec4 accumulator[WORK_M][GROUPS_N];
+  [[unroll]] for (uint r = 0; r < WORK_M; ++r) {
+    [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) accumulator[r][h] = vec4(0.0);
   }
 
   // Every k-group runs each round k0 of the loop, multiplying its slice at k0 + k_offset.
   uint k_offset = k_group * TILE_K;
-  vec4 staged_a[LOADS], staged_b[LOADS];
-  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+  vec4 staged_a[LOADS_A], staged_b[LOADS_B];
+  [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
     staged_a[l] = fetch_a(base_a, row0, k_begin + k_offset, k_end, thread + l * THREADS);
+  [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
     staged_b[l] = fetch_b(base_b, col0, k_begin + k_offset, k_end, thread + l * THREADS);
-  }
   uint slot = 2 * k_group;
-  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-    stash_a(slot, thread + l * THREADS, staged_a[l]);
-    stash_b(slot, thread + l * THREADS, staged_b[l]);
-  }
+  [[unroll]] for (uint l = 0; l < LOADS_A; ++l) stash_a(slot, thread + l * THREADS, staged_a[l]);
+  [[unroll]] for (uint l = 0; l < LOADS_B; ++l) stash_b(slot, thread + l * THREADS, staged_b[l]);
   barrier();
 
   for (uint k0 = k_begin; k0 < k_end; k0 += K_GROUPS * TILE_K) {
@@ -228,20 +246,20 @@ void main() {
     uint k_next = k0 + K_GROUPS * TILE_K;
     bool more = k_next < k_end;
     if (more) {
-      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+      [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
         staged_a[l] = fetch_a(base_a, row0, k_next + k_offset, k_end, thread + l * THREADS);
+      [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
         staged_b[l] = fetch_b(base_b, col0, k_next + k_offset, k_end, thread + l * THREADS);
-      }
     }
     [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {
-      vec4 a_values[GROUPS], b_values[GROUPS];
-      [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
-        a_values[g] = tile_a[slot][kk][g * THREADS_PER_SIDE + thread_row];
-        b_values[g] = tile_b[slot][kk][g * THREADS_PER_SIDE + thread_col];
-      }
-      [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
+      vec4 a_values[GROUPS_M], b_values[GROUPS_N];
+      [[unroll]] for (uint g = 0; g < GROUPS_M; ++g)
+        a_values[g] = tile_a[slot][kk][g * THREADS_M + thread_row];
+      [[unroll]] for (uint h = 0; h < GROUPS_N; ++h)
+        b_values[h] = tile_b[slot][kk][h * THREADS_N + thread_col];
+      [[unroll]] for (uint g = 0; g < GROUPS_M; ++g) {
         [[unroll]] for (uint i = 0; i < 4; ++i) {
-          [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
+          [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
             accumulator[4 * g + i][h] += a_values[g][i] * b_values[h];
           }
         }
@@ -250,10 +268,10 @@ void main() {
     // Nobody reads the other slot any more: the barrier that ended the previous slice
     // separated its readers from these writes.
     if (more) {
-      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+      [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
         stash_a(slot ^ 1, thread + l * THREADS, staged_a[l]);
+      [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
         stash_b(slot ^ 1, thread + l * THREADS, staged_b[l]);
-      }
     }
     barrier();
     slot ^= 1;
@@ -262,30 +280,30 @@ void main() {
 #if K_GROUPS > 1
   // The loop's last barrier has passed every read of the slots.
   if (k_group > 0) {
-    [[unroll]] for (uint r = 0; r < WORK; ++r) {
-      [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
-        stash_partial(k_group, (r * GROUPS + h) * THREADS + thread, accumulator[r][h]);
+    [[unroll]] for (uint r = 0; r < WORK_M; ++r) {
+      [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
+        stash_partial(k_group, (r * GROUPS_N + h) * THREADS + thread, accumulator[r][h]);
       }
     }
   }
   barrier();
   if (k_group > 0) return;
   [[unroll]] for (uint other = 1; other < K_GROUPS; ++other) {
-    [[unroll]] for (uint r = 0; r < WORK; ++r) {
-      [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
-        accumulator[r][h] += partial(other, (r * GROUPS + h) * THREADS + thread);
+    [[unroll]] for (uint r = 0; r < WORK_M; ++r) {
+      [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
+        accumulator[r][h] += partial(other, (r * GROUPS_N + h) * THREADS + thread);
       }
     }
   }
 #endif
 
-  [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
+  [[unroll]] for (uint g = 0; g < GROUPS_M; ++g) {
     [[unroll]] for (uint i = 0; i < 4; ++i) {
-      uint row = row0 + 4 * (g * THREADS_PER_SIDE + thread_row) + i;
+      uint row = row0 + 4 * (g * THREADS_M + thread_row) + i;
       if (row >= M) continue;
-      [[unroll]] for (uint h = 0; h < GROUPS; ++h) {
+      [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
         [[unroll]] for (uint j = 0; j < 4; ++j) {
-          uint col = col0 + 4 * (h * THREADS_PER_SIDE + thread_col) + j;
+          uint col = col0 + 4 * (h * THREADS_N + thread_col) + j;
           if (col < N) store_c(gl_WorkGroupID.z, row, col, accumulator[4 * g + i][h][j]);
         }
       }

@@ -3,10 +3,10 @@
 // for matmul and, reading through generated load functions, for the convolutions (conv.cpp).
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "kernels/gemm_coopmat.hpp"
@@ -19,51 +19,104 @@
 namespace mg::kernels {
 namespace {
 
-// gemm.comp's configurations, largest first: TILE x TILE outputs a workgroup, WORK x WORK a
-// thread ((TILE / WORK)^2 threads), K slices of TILE_K. Every one moves a whole number of vec4s
-// a thread per slice, and its two slots of both tiles (2 * 2 * TILE_K * TILE floats) take at
-// most 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every
-// tile. (A 16-deep slice for the 128 tile measured slower on the H200: 4.25 against 3.79 ms at
-// 4096^3.) k_groups multiplies the threads and the slots (gemm.comp K_GROUPS); it is chosen per
-// product.
+// gemm.comp's configurations, largest first: TILE_M x TILE_N outputs a workgroup, WORK_M x
+// WORK_N a thread, K slices of TILE_K. Every one moves a whole number of vec4s a thread per
+// slice, and its two slots of both tiles (2 * TILE_K * (TILE_M + TILE_N) floats) take at most
+// 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every tile.
+// (On the H200 at 4096^3 a 16-deep slice for the 128 tile took 155 registers, past the 128 that
+// let two workgroups share a compute unit: 4.25 against 3.79 ms. Of the rectangular tiles swept,
+// 128 x 128 with 16 x 8 per thread was fastest there, 3.64 ms, but slower on SmolLM's lm_head;
+// docs/BENCHMARKS.md.) k_groups multiplies the threads and the slots (gemm.comp K_GROUPS); it
+// is chosen per product.
 struct GemmTile {
-  int64_t tile, work, tile_k;
+  int64_t tile_m, tile_n, work_m, work_n, tile_k;
   int64_t k_groups = 1;
+  int64_t threads() const { return (tile_m / work_m) * (tile_n / work_n); }
 };
-constexpr std::array<GemmTile, 3> kGemmTiles{{{128, 8, 8}, {64, 4, 16}, {32, 4, 16}}};
+constexpr std::array<GemmTile, 3> kGemmTiles{
+    {{128, 128, 8, 8, 8}, {64, 64, 4, 4, 16}, {32, 32, 4, 4, 16}}};
 
 // Workgroups that keep every compute unit of a large GPU (132 on an H200) busy.
 constexpr int64_t kWorkgroupsWanted = 132;
 
 int64_t workgroup_count(const GemmTile& tile, int64_t m, int64_t n, int64_t entries) {
-  return ((m + tile.tile - 1) / tile.tile) * ((n + tile.tile - 1) / tile.tile) * entries;
+  return ((m + tile.tile_m - 1) / tile.tile_m) * ((n + tile.tile_n - 1) / tile.tile_n) * entries;
+}
+
+// Why gemm.comp cannot run `tile` on `device` (its #error conditions and the device's limits),
+// or nothing when it can.
+std::optional<std::string> tile_misfit(const GemmTile& tile, const DeviceTraits& device) {
+  constexpr int64_t kMostExtent = 1024;  // keeps the products below from overflowing
+  for (const int64_t extent : {tile.tile_m, tile.tile_n, tile.work_m, tile.work_n, tile.tile_k}) {
+    if (extent < 1 || extent > kMostExtent)
+      return "every extent must lie in [1, " + std::to_string(kMostExtent) + "]";
+  }
+  if (tile.work_m % 4 != 0 || tile.work_n % 4 != 0 || tile.tile_m % tile.work_m != 0 ||
+      tile.tile_n % tile.work_n != 0)
+    return "work_m and work_n must be multiples of 4 that divide tile_m and tile_n";
+  const int64_t threads = tile.threads();
+  if ((tile.tile_n / tile.work_n) % 8 != 0 || threads % 32 != 0)
+    return "warps are 4 x 8 threads: tile_n / work_n must be a multiple of 8 and the threads of "
+           "32";
+  if ((tile.tile_m * tile.tile_k) % (4 * threads) != 0 ||
+      (tile.tile_n * tile.tile_k) % (4 * threads) != 0)
+    return "every thread must move whole vec4s of both tiles' slices";
+  if (threads > device.max_workgroup_invocations)
+    return std::to_string(threads) + " invocations exceed the device's " +
+           std::to_string(device.max_workgroup_invocations);
+  const int64_t shared_bytes =
+      2 * tile.tile_k * (tile.tile_m + tile.tile_n) * static_cast<int64_t>(sizeof(float));
+  if (shared_bytes > device.max_shared_memory_bytes)
+    return std::to_string(shared_bytes) + " bytes of shared memory exceed the device's " +
+           std::to_string(device.max_shared_memory_bytes);
+  return std::nullopt;
+}
+
+// MEGANEURA_GEMM_TILE forces a tile (tuning sweeps and tests): 128, 64 or 32 for one of
+// kGemmTiles, or tile_m,tile_n,work_m,work_n,tile_k for any that fits the device. A malformed
+// value or a tile the device cannot run is ignored with a warning.
+std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
+  const char* text = std::getenv("MEGANEURA_GEMM_TILE");
+  if (text == nullptr) return std::nullopt;
+  for (const GemmTile& candidate : kGemmTiles)
+    if (std::to_string(candidate.tile_m) == text) return candidate;
+  const std::string prefix = "ignoring MEGANEURA_GEMM_TILE=" + std::string(text) + ": ";
+  const std::optional<std::vector<int64_t>> values = parse_integers(text, 5);
+  if (!values) {
+    warn_once(prefix + "expected 128, 64, 32 or tile_m,tile_n,work_m,work_n,tile_k");
+    return std::nullopt;
+  }
+  const GemmTile tile{(*values)[0], (*values)[1], (*values)[2], (*values)[3], (*values)[4]};
+  if (const std::optional<std::string> misfit = tile_misfit(tile, device)) {
+    warn_once(prefix + *misfit + " (" + device.name + ")");
+    return std::nullopt;
+  }
+  return tile;
 }
 
 // The largest tile that still gives every compute unit work: 128 x 128 tiles for big products,
 // down to 32 x 32 for small ones. `entries` counts the problems of the launch (batch entries
-// times split-K slices). MEGANEURA_GEMM_TILE=128|64|32 forces a tile (tuning and tests).
-GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t entries) {
-  const char* forced = std::getenv("MEGANEURA_GEMM_TILE");
+// times split-K slices).
+GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t entries, const DeviceTraits& device) {
+  if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
   for (const GemmTile& candidate : kGemmTiles) {
-    if (forced) {
-      if (std::to_string(candidate.tile) == forced) return candidate;
-      continue;
-    }
     if (workgroup_count(candidate, m, n, entries) >=
-        kWorkgroupsWanted / (candidate.tile == 128 ? 1 : 2))
+        kWorkgroupsWanted / (candidate.tile_m == 128 ? 1 : 2))
       return candidate;
   }
   return kGemmTiles.back();
 }
 
 // Whether `tile` with `k_groups` k-groups runs on `device`. The k-groups' sums meet in their own
-// slots, which hold a whole tile of C only when TILE <= 4 * TILE_K (the 64 and 32 tiles).
+// slots, which hold a whole tile of C only when TILE_M * TILE_N <= 2 * TILE_K * (TILE_M +
+// TILE_N) (the 64 and 32 tiles of kGemmTiles).
 bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& device) {
   if (k_groups == 1) return true;
-  const int64_t threads = (tile.tile / tile.work) * (tile.tile / tile.work) * k_groups;
-  const int64_t shared_bytes =
-      2 * 2 * tile.tile_k * tile.tile * static_cast<int64_t>(sizeof(float)) * k_groups;
-  return tile.tile <= 4 * tile.tile_k && shared_bytes <= device.max_shared_memory_bytes &&
+  const int64_t threads = tile.threads() * k_groups;
+  const int64_t shared_bytes = 2 * tile.tile_k * (tile.tile_m + tile.tile_n) *
+                               static_cast<int64_t>(sizeof(float)) * k_groups;
+  return tile.tile_m * tile.tile_n <= 2 * tile.tile_k * (tile.tile_m + tile.tile_n) &&
+         shared_bytes <= device.max_shared_memory_bytes &&
          threads <= device.max_workgroup_invocations;
 }
 
@@ -78,7 +131,7 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
 GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t entries,
                           const DeviceTraits& device) {
   constexpr int64_t kThreadsWanted = kWorkgroupsWanted * 256, kMostKGroups = 8;
-  GemmTile chosen = choose_tile_extent(m, n, entries);
+  GemmTile chosen = choose_tile_extent(m, n, entries, device);
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
     for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
       if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {
@@ -87,8 +140,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t entries,
       }
     }
   }
-  const int64_t threads = (chosen.tile / chosen.work) * (chosen.tile / chosen.work) *
-                          workgroup_count(chosen, m, n, entries);
+  const int64_t threads = chosen.threads() * workgroup_count(chosen, m, n, entries);
   while (chosen.k_groups < kMostKGroups && threads * chosen.k_groups < kThreadsWanted &&
          k / (chosen.tile_k * 2 * chosen.k_groups) >= 2 &&
          k_groups_fit(chosen, 2 * chosen.k_groups, device)) {
@@ -130,11 +182,13 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"A_VEC4", flag(form.a_vec4)},
                     {"B_VEC4", flag(form.b_vec4)},
                     {"GENERATED_LOADS", flag(form.generated_loads)},
-                    {"TILE", std::to_string(tile.tile)},
-                    {"WORK", std::to_string(tile.work)},
+                    {"TILE_M", std::to_string(tile.tile_m)},
+                    {"TILE_N", std::to_string(tile.tile_n)},
+                    {"WORK_M", std::to_string(tile.work_m)},
+                    {"WORK_N", std::to_string(tile.work_n)},
                     {"TILE_K", std::to_string(tile.tile_k)},
                     {"K_GROUPS", std::to_string(tile.k_groups)}};
-  launch.groups = tiled_grid(launch.label, form.n, tile.tile, form.m, tile.tile, form.problems,
+  launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,
                              context.device());
   context.emit(std::move(launch));
 }
@@ -338,7 +392,7 @@ bool use_cpu_kernels(const DeviceTraits& device) {
   return off == nullptr || std::strcmp(off, "1") != 0;
 }
 
-bool simt_gemm_suits(const GeneratedGemm& gemm) {
+bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
   // Fitted to the H200's ResNet-50 and U-Net convolutions (run 10 in docs/BENCHMARKS.md): the
   // square tiles won where they divide N and K is deep enough for the double-buffered slices;
   // the stem (K = 147) and 320-channel products (N = 320 on 128 tiles) ran faster on the
@@ -346,7 +400,8 @@ bool simt_gemm_suits(const GeneratedGemm& gemm) {
   constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
   if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
   if (std::getenv("MEGANEURA_GEMM_TILE") != nullptr) return true;
-  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.entries).tile == 0 && gemm.k >= kMinimumK;
+  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.entries, device).tile_n == 0 &&
+         gemm.k >= kMinimumK;
 }
 
 void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,

@@ -1,16 +1,12 @@
 #include "kernels/gemm_coopmat.hpp"
 
 #include <array>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
-#include <mutex>
 #include <optional>
-#include <set>
-#include <string_view>
 
 #include "kernels/index_codegen.hpp"
+#include "kernels/lowering.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -29,13 +25,19 @@ struct BlockShape {
   int64_t threads() const { return warps_m * warps_n * 32; }
 };
 
-// Candidates from the largest: the first that gives every compute unit of a large GPU work
-// and fits the device runs. 64 x 64 subgroup tiles read the fewest fragment bytes from shared
-// memory per multiply-add (by estimate its bandwidth, not the tensor cores, bounds smaller
-// tiles on the H200); at 128 x 256 only 16-deep slices fit two slots in 48 KiB. The last fits
-// any device's 16 KiB.
-constexpr std::array<BlockShape, 4> kBlockShapes{
-    {{2, 4, 4, 8, 16}, {2, 4, 4, 4, 32}, {2, 2, 2, 4, 32}, {2, 2, 2, 4, 16}}};
+// Candidates from the largest, each with its relative time per output element when the GPU is
+// full, measured on the H200 (docs/BENCHMARKS.md, coop block sweep): 64 x 64 subgroup tiles read
+// the fewest fragment bytes from shared memory per multiply-add; at 128 x 256 only 16-deep slices
+// fit two slots in 48 KiB. The 64 x 64 blocks' weight (1.5 at 4096^3) is raised to 1.8, which
+// also fits the smaller products of the sweep. The last fits any device's 16 KiB.
+struct Candidate {
+  BlockShape block;
+  double weight;
+};
+constexpr std::array<Candidate, 4> kCandidates{{{{2, 4, 4, 8, 16}, 1.0},
+                                                {{2, 4, 4, 4, 32}, 1.08},
+                                                {{2, 2, 2, 4, 32}, 1.8},
+                                                {{2, 2, 2, 4, 16}, 2.0}}};
 
 // Shared tile bytes of one slot of an operand: `rows` rows of `row_halves` contiguous halves,
 // padded by 8 halves.
@@ -74,64 +76,47 @@ std::optional<std::string> block_misfit(const BlockShape& block, const Generated
   return std::nullopt;
 }
 
-std::optional<BlockShape> parse_block(std::string_view text) {
-  BlockShape block{};
-  int64_t* fields[] = {&block.warps_m, &block.warps_n, &block.frags_m, &block.frags_n,
-                       &block.block_k};
-  const char* at = text.data();
-  const char* end = text.data() + text.size();
-  for (size_t i = 0; i < std::size(fields); ++i) {
-    if (i > 0) {
-      if (at == end || *at != ',') return std::nullopt;
-      ++at;
-    }
-    const auto [next, error] = std::from_chars(at, end, *fields[i]);
-    if (error != std::errc{}) return std::nullopt;
-    at = next;
-  }
-  if (at != end) return std::nullopt;
-  return block;
-}
-
-// Once per distinct reason: a sweep lowers many GEMMs with the same override.
-void warn_once(const std::string& message) {
-  static std::mutex mutex;
-  static std::set<std::string> warned;
-  const std::lock_guard lock(mutex);
-  if (warned.insert(message).second) std::cerr << "meganeura: " << message << "\n";
-}
-
 // MEGANEURA_COOP_BLOCK=warps_m,warps_n,frags_m,frags_n,block_k forces the block (tuning
 // sweeps); a malformed value or a shape the device cannot run is ignored with a warning.
 std::optional<BlockShape> forced_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
   const char* text = std::getenv("MEGANEURA_COOP_BLOCK");
   if (text == nullptr) return std::nullopt;
   const std::string prefix = "ignoring MEGANEURA_COOP_BLOCK=" + std::string(text) + ": ";
-  const std::optional<BlockShape> block = parse_block(text);
-  if (!block) {
+  const std::optional<std::vector<int64_t>> values = parse_integers(text, 5);
+  if (!values) {
     warn_once(prefix + "expected warps_m,warps_n,frags_m,frags_n,block_k");
     return std::nullopt;
   }
-  if (const std::optional<std::string> misfit = block_misfit(*block, gemm, device)) {
+  const BlockShape block{(*values)[0], (*values)[1], (*values)[2], (*values)[3], (*values)[4]};
+  if (const std::optional<std::string> misfit = block_misfit(block, gemm, device)) {
     warn_once(prefix + *misfit + " (" + device.name + ")");
     return std::nullopt;
   }
   return block;
 }
 
+// The candidate with the least estimated time: waves of kComputeUnits blocks (a partial wave
+// costs a whole one) times a block's outputs and weight. Large blocks win on big products; on
+// the rest a last, partly filled wave of them costs more than smaller blocks (128 x 49152:
+// 192 blocks of 128 x 256 take two waves, 384 of 128 x 128 three of half the work).
 BlockShape choose_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
   if (const std::optional<BlockShape> forced = forced_block(gemm, device)) return *forced;
-  constexpr int64_t kWorkgroupsWanted = 132;
-  for (const BlockShape& block : kBlockShapes) {
+  constexpr int64_t kComputeUnits = 132;
+  std::optional<Candidate> best;
+  double best_cost = 0;
+  for (const Candidate& candidate : kCandidates) {
+    const BlockShape& block = candidate.block;
+    if (block_misfit(block, gemm, device)) continue;
     const int64_t blocks = ((gemm.m + block.rows() - 1) / block.rows()) *
                            ((gemm.n + block.cols() - 1) / block.cols()) * gemm.entries;
-    if (blocks >= kWorkgroupsWanted && !block_misfit(block, gemm, device)) return block;
+    const int64_t waves = (blocks + kComputeUnits - 1) / kComputeUnits;
+    const double cost = static_cast<double>(waves * block.rows() * block.cols()) * candidate.weight;
+    if (!best || cost < best_cost) {
+      best = candidate;
+      best_cost = cost;
+    }
   }
-  // Too few blocks of every shape: the smallest that fits spreads the product widest.
-  for (const BlockShape& block : kBlockShapes) {
-    if (block.rows() <= 64 && !block_misfit(block, gemm, device)) return block;
-  }
-  return kBlockShapes.back();
+  return best ? best->block : kCandidates.back().block;
 }
 
 }  // namespace

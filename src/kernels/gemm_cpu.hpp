@@ -57,10 +57,10 @@ struct BufferGemm {
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch);
 
-// Whether gemm.comp's square tiles suit a convolution GEMM (else conv_igemm.comp runs it);
-// MEGANEURA_GEMM_TILE, which forces a square tile, also forces this route for every product
-// of at least 32 x 32.
-bool simt_gemm_suits(const GeneratedGemm& gemm);
+// Whether gemm.comp's tiles suit a convolution GEMM (else conv_igemm.comp runs it);
+// MEGANEURA_GEMM_TILE, which forces a tile, also forces this route for every product of at
+// least 32 x 32.
+bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device);
 
 void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands);

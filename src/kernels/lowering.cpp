@@ -1,6 +1,10 @@
 #include "kernels/lowering.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <iostream>
+#include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "kernels/embedded_sources.hpp"
@@ -112,6 +116,30 @@ std::string_view kernel_source(std::string_view file_name) {
     if (source.file_name == file_name) return source.text;
   }
   throw Error("internal: no embedded kernel named " + std::string(file_name));
+}
+
+std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t count) {
+  std::vector<int64_t> values(count);
+  const char* at = text.data();
+  const char* end = text.data() + text.size();
+  for (size_t i = 0; i < count; ++i) {
+    if (i > 0) {
+      if (at == end || *at != ',') return std::nullopt;
+      ++at;
+    }
+    const auto [next, error] = std::from_chars(at, end, values[i]);
+    if (error != std::errc{}) return std::nullopt;
+    at = next;
+  }
+  if (at != end) return std::nullopt;
+  return values;
+}
+
+void warn_once(const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard lock(mutex);
+  if (warned.insert(message).second) std::cerr << "meganeura: " << message << "\n";
 }
 
 }  // namespace mg::kernels

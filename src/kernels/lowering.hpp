@@ -5,6 +5,7 @@
 // generated code, so every kernel is specialised per shape.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -112,5 +113,13 @@ std::vector<std::string> lowered_ops();
 
 // The embedded GLSL file `file_name` (e.g. "gemm.comp"); throws if absent.
 std::string_view kernel_source(std::string_view file_name);
+
+// Tuning overrides (MEGANEURA_GEMM_TILE, MEGANEURA_COOP_BLOCK): `count` comma-separated integers,
+// or nothing when `text` is not exactly that.
+std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t count);
+
+// Prints "meganeura: <message>" to stderr once per distinct message: a sweep lowers many kernels
+// with the same ignored override.
+void warn_once(const std::string& message);
 
 }  // namespace mg::kernels

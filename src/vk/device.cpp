@@ -1,12 +1,14 @@
 // The Vulkan implementation of mg::gpu::Device. One object owns every Vulkan handle it makes;
 // it is used from one thread at a time (create_pipelines parallelizes internally).
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "meganeura/error.hpp"
 #include "vk/buffer.hpp"
 #include "vk/command_recorder.hpp"
+#include "vk/device_features.hpp"
 #include "vk/instance.hpp"
 #include "vk/physical_device.hpp"
 #include "vk/pipeline.hpp"
@@ -99,7 +101,7 @@ class VulkanDevice final : public Device {
       chosen.push_back(layouts_->get(spec.binding_count, spec.push_constant_bytes));
       layouts.push_back(chosen.back().layout);
     }
-    PipelineBuildOptions options{shader_target_, instance_->validation()};
+    PipelineBuildOptions options{shader_target_, instance_->validation(), kernel_statistics_};
     CompileStats stats;
     auto handles = build_pipelines(device_, *pipeline_cache_, specs, layouts, options, stats);
     last_stats_ = stats;
@@ -186,7 +188,9 @@ class VulkanDevice final : public Device {
     queue.queueFamilyIndex = physical_.compute_queue_family;
     queue.queueCount = 1;
     queue.pQueuePriorities = &priority;
-    DeviceFeatures enabled = features_to_enable(physical_.features, instance_->validation());
+    const bool statistics_requested = kernel_statistics_requested();
+    DeviceFeatures enabled =
+        features_to_enable(physical_.features, instance_->validation(), statistics_requested);
     auto create = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
     create.pNext = enabled.chain();
     create.queueCreateInfoCount = 1;
@@ -220,6 +224,13 @@ class VulkanDevice final : public Device {
     check(vkCreateFence(device_, &fence, nullptr, &transfer_fence_), "creating a fence");
 
     // glslang's SPIR-V 1.6 (the Vulkan 1.3 target) needs maintenance4; without it, target 1.2.
+    kernel_statistics_ =
+        enabled.known.executable_properties && enabled.executable_properties.pipelineExecutableInfo;
+    if (statistics_requested && !kernel_statistics_)
+      std::fprintf(stderr,
+                   "MEGANEURA_KERNEL_STATS: device '%s' does not report kernel statistics "
+                   "(no VK_KHR_pipeline_executable_properties)\n",
+                   name.c_str());
     shader_target_ = physical_.api_version;
     if (shader_target_ >= VK_API_VERSION_1_3 && !enabled.maintenance4.maintenance4)
       shader_target_ = VK_API_VERSION_1_2;
@@ -331,6 +342,7 @@ class VulkanDevice final : public Device {
   std::unique_ptr<Instance> instance_;
   PhysicalDevice physical_;
   uint32_t shader_target_ = VK_API_VERSION_1_1;  // the Vulkan version kernels are compiled for
+  bool kernel_statistics_ = false;  // MEGANEURA_KERNEL_STATS, where the driver reports them
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   VkCommandPool command_pool_ = VK_NULL_HANDLE;

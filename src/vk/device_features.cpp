@@ -1,6 +1,8 @@
 #include "vk/device_features.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 namespace mg::gpu::detail {
@@ -43,6 +45,7 @@ VkPhysicalDeviceFeatures2* DeviceFeatures::chain() {
   append(tail, coop_matrix_nv, known.coop_matrix_nv);
   append(tail, coop_matrix_khr, known.coop_matrix_khr);
   append(tail, bf16, known.bf16);
+  append(tail, executable_properties, known.executable_properties);
   *tail = nullptr;
   return &core;
 }
@@ -64,14 +67,29 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
   features.known.coop_matrix_nv = available.group(0, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
   features.known.coop_matrix_khr = available.group(0, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
   features.known.bf16 = available.group(0, VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
+  features.known.executable_properties =
+      available.group(0, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   vkGetPhysicalDeviceFeatures2(device, features.chain());
   return features;
 }
 
-DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation) {
+bool kernel_statistics_requested() {
+  const char* value = std::getenv("MEGANEURA_KERNEL_STATS");
+  return value != nullptr && std::strcmp(value, "0") != 0;
+}
+
+DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation,
+                                  bool kernel_statistics) {
   DeviceFeatures on;
   on.known = supported.known;
   on.extensions = supported.extensions;
+  if (!kernel_statistics) {
+    // Capturing statistics may keep more of each compilation around in the driver.
+    on.known.executable_properties = false;
+    std::erase_if(on.extensions, [](const char* name) {
+      return std::string_view(name) == VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+    });
+  }
   if (validation) {
     // Debian's validation layer (1.3.239) predates these extensions and reports every device
     // and pipeline that uses them, so validated runs leave them off: the fast kernels then use
@@ -123,6 +141,9 @@ DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validati
 
   on.bf16.shaderBFloat16Type = supported.bf16.shaderBFloat16Type;
   on.bf16.shaderBFloat16CooperativeMatrix = supported.bf16.shaderBFloat16CooperativeMatrix;
+
+  on.executable_properties.pipelineExecutableInfo =
+      supported.executable_properties.pipelineExecutableInfo;
   return on;
 }
 

@@ -40,11 +40,15 @@ struct DeviceFeatures {
   VkPhysicalDeviceShaderBfloat16FeaturesKHR bf16 =
       vk_struct<VkPhysicalDeviceShaderBfloat16FeaturesKHR>(
           VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR);
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executable_properties =
+      vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(
+          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR);
 
   struct Known {
     bool storage8 = false, float16_int8 = false, memory_model = false,
          subgroup_size_control = false, maintenance4 = false, atomic_float = false,
-         coop_matrix_nv = false, coop_matrix_khr = false, bf16 = false;
+         coop_matrix_nv = false, coop_matrix_khr = false, bf16 = false,
+         executable_properties = false;
   } known;
 
   // Extensions a device needs enabled for the groups that are not core in its version.
@@ -60,7 +64,14 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
                               const std::vector<std::string>& extensions);
 
 // The subset of `supported` Meganeura turns on (no robustness features: they cost speed and
-// the planner keeps every access in bounds). `validation`: the validation layer is on.
-DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation);
+// the planner keeps every access in bounds). `validation`: the validation layer is on;
+// `kernel_statistics`: the driver should report each kernel's statistics (see
+// kernel_statistics_requested).
+DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation,
+                                  bool kernel_statistics);
+
+// MEGANEURA_KERNEL_STATS=1: print what the driver reports of every kernel it compiles
+// (registers, shared memory, ...), for tuning kernels.
+bool kernel_statistics_requested();
 
 }  // namespace mg::gpu::detail

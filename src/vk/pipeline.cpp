@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <exception>
+#include <string>
 #include <thread>
 
 #include "vk/shader_compiler.hpp"
@@ -12,8 +14,59 @@
 namespace mg::gpu::detail {
 namespace {
 
+// One line per executable of `pipeline`: the driver's name for it and its statistics.
+std::string statistics_of(VkDevice device, VkPipeline pipeline, const std::string& label) {
+  auto properties_of = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutablePropertiesKHR"));
+  auto statistics_of = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutableStatisticsKHR"));
+  if (!properties_of || !statistics_of) return "kernel '" + label + "': no statistics\n";
+  auto pipeline_info = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
+  pipeline_info.pipeline = pipeline;
+  uint32_t count = 0;
+  properties_of(device, &pipeline_info, &count, nullptr);
+  std::vector<VkPipelineExecutablePropertiesKHR> executables(
+      count, vk_struct<VkPipelineExecutablePropertiesKHR>(
+                 VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR));
+  properties_of(device, &pipeline_info, &count, executables.data());
+  std::string text;
+  for (uint32_t index = 0; index < count; ++index) {
+    auto executable_info =
+        vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
+    executable_info.pipeline = pipeline;
+    executable_info.executableIndex = index;
+    uint32_t statistic_count = 0;
+    statistics_of(device, &executable_info, &statistic_count, nullptr);
+    std::vector<VkPipelineExecutableStatisticKHR> statistics(
+        statistic_count, vk_struct<VkPipelineExecutableStatisticKHR>(
+                             VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
+    statistics_of(device, &executable_info, &statistic_count, statistics.data());
+    text += "kernel '" + label + "' (" + executables[index].name + "):";
+    for (const auto& statistic : statistics) {
+      text += std::string(" ") + statistic.name + " ";
+      switch (statistic.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR:
+          text += statistic.value.b32 ? "yes" : "no";
+          break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR:
+          text += std::to_string(statistic.value.i64);
+          break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR:
+          text += std::to_string(statistic.value.u64);
+          break;
+        default:
+          text += std::to_string(statistic.value.f64);
+      }
+      text += ";";
+    }
+    text += "\n";
+  }
+  return text;
+}
+
 VkPipeline create_pipeline(VkDevice device, VkPipelineCache cache, const KernelSpec& spec,
-                           const std::vector<uint32_t>& spirv, VkPipelineLayout layout) {
+                           const std::vector<uint32_t>& spirv, VkPipelineLayout layout,
+                           bool capture_statistics) {
   auto module_info =
       vk_struct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
   module_info.codeSize = spirv.size() * sizeof(uint32_t);
@@ -30,6 +83,7 @@ VkPipeline create_pipeline(VkDevice device, VkPipelineCache cache, const KernelS
   info.stage.module = module;
   info.stage.pName = "main";
   info.layout = layout;
+  if (capture_statistics) info.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VkPipeline pipeline = VK_NULL_HANDLE;
   VkResult result = vkCreateComputePipelines(device, cache, 1, &info, nullptr, &pipeline);
   vkDestroyShaderModule(device, module, nullptr);
@@ -108,7 +162,11 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
         spirv = compile_to_spirv(specs[i], options.vulkan_api_version, options.validate_spirv);
         cache.store_spirv(specs[i], *spirv);
       }
-      pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i]);
+      pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i],
+                                     options.print_statistics);
+      if (options.print_statistics) {
+        std::fputs(statistics_of(device, pipelines[i], specs[i].label).c_str(), stderr);
+      }
     } catch (...) {
       errors[i] = std::current_exception();
     }

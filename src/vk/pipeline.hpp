@@ -43,6 +43,9 @@ class PipelineLayouts {
 struct PipelineBuildOptions {
   uint32_t vulkan_api_version = VK_API_VERSION_1_1;
   bool validate_spirv = false;
+  // Print the driver's statistics of every pipeline to stderr (MEGANEURA_KERNEL_STATS); needs
+  // VK_KHR_pipeline_executable_properties enabled.
+  bool print_statistics = false;
 };
 
 // Compiles (or loads from `cache`) and creates one pipeline per spec on a small thread pool.

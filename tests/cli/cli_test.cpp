@@ -1,9 +1,11 @@
 // The `meganeura` command as a user runs it: train, kill, resume, infer, and the one-line errors
 // for bad checkpoints. Small runs (MLP, few images) keep it fast on Lavapipe.
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -155,6 +157,21 @@ TEST(Cli, BenchKernelsFilterAndRotation) {
   EXPECT_NE(pointwise.output.find(R"("case":"pointwise add 64M+2")"), std::string::npos)
       << pointwise.output;
   EXPECT_NE(pointwise.output.find("gbps"), std::string::npos) << pointwise.output;
+}
+
+// --profile times every dispatch in runs of its own and reports each kernel kind per case.
+TEST(Cli, BenchKernelsProfile) {
+  const Result result =
+      run("bench kernels --small --runs 2 --rotate 0 --no-fast --profile --filter \"q_proj dW\"");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const size_t json = result.output.find(R"({"case":"smollm q_proj dW)");
+  ASSERT_NE(json, std::string::npos) << result.output;
+  const nlohmann::json record =
+      nlohmann::json::parse(result.output.substr(json, result.output.find('\n', json) - json));
+  ASSERT_TRUE(record.contains("kernel_ms")) << result.output;
+  ASSERT_TRUE(record["kernel_ms"].contains("matmul")) << result.output;
+  EXPECT_GT(record["kernel_ms"]["matmul"].get<double>(), 0.0);
+  EXPECT_NE(result.output.find("    matmul "), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -57,6 +57,17 @@ TEST(GpuGemm, EveryTileConfiguration) {
   }
 }
 
+// Rectangular tiles and per-thread blocks through the override's full form: taller and wider
+// tiles than threads' blocks (two A or two B vec4s a thread per slice), and 8 x 4 blocks.
+TEST(GpuGemm, RectangularTiles) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "128,64,8,8,8"}) {
+    SCOPED_TRACE(tile);
+    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    check_gemm_layouts();
+  }
+}
+
 // K sliced over the workgroup's k-groups: every layout, including split-K ranges and K = 33
 // and 40, where the last k-groups' slices lie wholly past K and read zeros; then a fused
 // epilogue, which k-group 0 alone applies, and the convolution GEMMs through generated loads
@@ -100,6 +111,45 @@ std::string matmul_k_groups(const Shape& a, const Shape& b, int64_t splits,
   const Tensor x = input(graph, "a", a), y = input(graph, "b", b);
   return k_groups_of(graph, splits > 1 ? split_matmul(x, y, false, false, splits) : matmul(x, y),
                      device);
+}
+
+// The defines of the gemm.comp launch of `y` on `device`.
+std::vector<std::pair<std::string, std::string>> gemm_defines(const Graph& graph, Tensor y,
+                                                              const kernels::DeviceTraits& device) {
+  for (const kernels::Launch& launch : kernels::lower_node(graph, y.id(), device))
+    if (launch.kernel == "gemm") return launch.defines;
+  return {};
+}
+
+// A malformed tile override, or one gemm.comp or the device cannot run, leaves the chosen tile
+// and says why on stderr.
+TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
+  kernels::DeviceTraits device;  // 16 KiB of shared memory, 256 invocations
+  Graph graph;
+  const Tensor y = matmul(input(graph, "a", {256, 64}), input(graph, "b", {64, 256}));
+  const auto chosen = gemm_defines(graph, y, device);
+  ASSERT_FALSE(chosen.empty());
+  for (const std::string tile :
+       {"96", "64,64,4,4", "64,64,4,4,16,1", "64,x,4,4,16", "64,64,6,4,16", "32,32,4,8,16",
+        "64,32,4,4,4", "128,128,4,4,8", "128,128,8,8,32", "0,64,4,4,16", "64,64,4,4,99999999999"}) {
+    SCOPED_TRACE(tile);
+    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    ::testing::internal::CaptureStderr();
+    const auto defines = gemm_defines(graph, y, device);
+    const std::string warning = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(defines, chosen);
+    EXPECT_NE(warning.find("ignoring MEGANEURA_GEMM_TILE=" + tile), std::string::npos) << warning;
+  }
+  const ScopedEnv forced("MEGANEURA_GEMM_TILE", "64,32,4,4,16");
+  const auto defines = gemm_defines(graph, y, device);
+  const auto define = [&](const std::string& name) {
+    for (const auto& [key, value] : defines)
+      if (key == name) return value;
+    return std::string("missing");
+  };
+  EXPECT_EQ(define("TILE_M") + " " + define("TILE_N") + " " + define("WORK_M") + " " +
+                define("WORK_N") + " " + define("TILE_K"),
+            "64 32 4 4 16");
 }
 
 // SmolLM-sized products with small outputs get k-groups up to what the device's shared memory

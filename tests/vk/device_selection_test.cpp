@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "meganeura/error.hpp"
+#include "vk/device_features.hpp"
 #include "vk_test_support.hpp"
 
 namespace mg::gpu {
@@ -64,4 +65,29 @@ TEST(DeviceSelection, OpenWithValidationReportsNoMessages) {
 }
 
 }  // namespace
+// MEGANEURA_KERNEL_STATS alone turns on VK_KHR_pipeline_executable_properties; without it the
+// extension and its feature stay off while the rest is enabled as before.
+TEST(DeviceFeatures, KernelStatisticsOnlyWhenRequested) {
+  detail::DeviceFeatures supported;
+  supported.known.executable_properties = true;
+  supported.known.coop_matrix_nv = true;
+  supported.executable_properties.pipelineExecutableInfo = VK_TRUE;
+  supported.coop_matrix_nv.cooperativeMatrix = VK_TRUE;
+  supported.extensions = {VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME,
+                          VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME};
+  const auto names = [](const detail::DeviceFeatures& features) {
+    return std::vector<std::string>(features.extensions.begin(), features.extensions.end());
+  };
+
+  const detail::DeviceFeatures off = detail::features_to_enable(supported, false, false);
+  EXPECT_FALSE(off.known.executable_properties);
+  EXPECT_EQ(names(off), std::vector<std::string>{VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME});
+  EXPECT_EQ(off.coop_matrix_nv.cooperativeMatrix, VK_TRUE);
+
+  const detail::DeviceFeatures on = detail::features_to_enable(supported, false, true);
+  EXPECT_TRUE(on.known.executable_properties);
+  EXPECT_EQ(on.executable_properties.pipelineExecutableInfo, VK_TRUE);
+  EXPECT_EQ(names(on), names(supported));
+}
+
 }  // namespace mg::gpu
