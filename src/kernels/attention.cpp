@@ -36,20 +36,21 @@ int64_t next_power_of_two(int64_t value) {
   return result;
 }
 
-// Floats of shared memory each kernel declares for blocks (bq, bk).
+// Floats of shared memory each kernel declares for blocks (bq, bk): rows of vec4s padded by one.
 int64_t shared_floats(Mode mode, const Dims& dims, int64_t bq, int64_t bk) {
-  const int64_t d = dims.head_dim, dv = dims.value_dim;
-  const int64_t kv_row = std::max(d, dv) + 1;
+  const int64_t k_row = 4 * ((dims.head_dim + 3) / 4 + 1);
+  const int64_t v_row = 4 * ((dims.value_dim + 3) / 4 + 1);
+  const int64_t kv_row = std::max(k_row, v_row);
   switch (mode) {
     case Mode::forward:
     case Mode::lse:
-      return bq * d + bk * kv_row + bq * bk + kThreads;
+      return bq * k_row + bk * kv_row + bq * bk + kThreads;
     case Mode::grad_q:
-      return bq * d + bq * dv + bk * kv_row + bq * bk + kThreads;
+      return bq * k_row + bq * v_row + bk * kv_row + bq * bk + kThreads;
     case Mode::grad_k:
-      return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + bq + kThreads + bq * bk + bk * (dv + 1);
+      return bk * k_row + bq * k_row + bq * v_row + bq + kThreads + bq * bk + bk * v_row;
     case Mode::grad_v:
-      return bk * (d + 1) + bq * (d + 1) + bq * (dv + 1) + bq + bq * bk;
+      return bk * k_row + bq * k_row + bq * v_row + bq + bq * bk;
   }
   return 0;
 }

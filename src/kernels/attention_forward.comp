@@ -2,22 +2,26 @@
 // over blocks of BK keys with an online softmax, so no Sq x Sk matrix exists anywhere. TPR
 // threads share a query row: they split the keys of a block for the scores and the value
 // dimensions for the output accumulator. WITH_VALUE=0 gives attention_lse (log-sum-exp only).
+// Shared tiles hold rows of vec4s (head dimensions padded with zeros to a multiple of 4) with
+// one vec4 of padding per row: a score is D4 vec4 dot products of two LDS.128 each, and the
+// rows a warp reads at once start 4 banks apart.
 // Defines: HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL, WITH_VALUE, BQ, BK, TPR.
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #define THREADS (BQ * TPR)
-#define K_STRIDE (D + 1)
-#define V_STRIDE (DV + 1)
-#define KV_TILE (BK * (K_STRIDE > V_STRIDE ? K_STRIDE : V_STRIDE))
+#define D4 ((D + 3) / 4)
+#define DV4 ((DV + 3) / 4)
+#define K_ROW (D4 + 1)
+#define V_ROW (DV4 + 1)
+#define KV_TILE (BK * (K_ROW > V_ROW ? K_ROW : V_ROW))
 #define KEYS_PER_THREAD ((BK + TPR - 1) / TPR)
-#define DV_PER_THREAD ((DV + TPR - 1) / TPR)
+#define DV4_PER_THREAD ((DV4 + TPR - 1) / TPR)
 #define NEG_INF (-1.0 / 0.0)
 #extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = THREADS) in;
 
-shared float q_tile[BQ * D];
-// Padded rows: the TPR threads of a row read different key rows at the same d.
-shared float kv_tile[KV_TILE];
+shared vec4 q_tile[BQ * K_ROW];
+shared vec4 kv_tile[KV_TILE];
 shared float p_tile[BQ * BK];
 shared float row_partial[THREADS];
 
@@ -47,13 +51,14 @@ void main() {
   uint q_base = bh * SQ;
   uint kv_base = (b * HKV + kv_head) * SK;
 
-  for (uint e = t; e < BQ * D; e += THREADS) {
-    uint qi = q0 + e / D;
-    q_tile[e] = qi < SQ ? q[(q_base + qi) * D + e % D] : 0.0;
+  for (uint e = t; e < BQ * D4; e += THREADS) {
+    uint qi = q0 + e / D4, d = 4u * (e % D4);
+    q_tile[(e / D4) * K_ROW + e % D4] =
+        qi < SQ ? LOAD_ROW4(q, (q_base + qi) * D, d, D) : vec4(0.0);
   }
 #if WITH_VALUE
-  float acc[DV_PER_THREAD];
-  for (uint c = 0u; c < DV_PER_THREAD; ++c) acc[c] = 0.0;
+  vec4 acc[DV4_PER_THREAD];
+  for (uint c = 0u; c < DV4_PER_THREAD; ++c) acc[c] = vec4(0.0);
 #endif
   float m = NEG_INF, l = 0.0;
   // Top-left causal masking: no query of this block sees a key past its last query.
@@ -61,9 +66,10 @@ void main() {
 
   for (uint k0 = 0u; k0 < kv_end; k0 += BK) {
     barrier();  // the previous block's readers of kv_tile and p_tile are done
-    for (uint e = t; e < BK * D; e += THREADS) {
-      uint kj = k0 + e / D;
-      kv_tile[(e / D) * K_STRIDE + e % D] = kj < SK ? k[(kv_base + kj) * D + e % D] : 0.0;
+    for (uint e = t; e < BK * D4; e += THREADS) {
+      uint kj = k0 + e / D4, d = 4u * (e % D4);
+      kv_tile[(e / D4) * K_ROW + e % D4] =
+          kj < SK ? LOAD_ROW4(k, (kv_base + kj) * D, d, D) : vec4(0.0);
     }
     barrier();
     float s[KEYS_PER_THREAD];
@@ -73,9 +79,10 @@ void main() {
       uint j = k0 + jj;
       s[c] = NEG_INF;
       if (jj >= BK || j >= SK || (CAUSAL != 0 && j > i)) continue;
-      float dot = 0.0;
-      for (uint d = 0u; d < D; ++d) dot += q_tile[row * D + d] * kv_tile[jj * K_STRIDE + d];
-      s[c] = dot * SCALE + mask_at(b, h, i, j);
+      float score = 0.0;
+      for (uint d4 = 0u; d4 < D4; ++d4)
+        score += dot(q_tile[row * K_ROW + d4], kv_tile[jj * K_ROW + d4]);
+      s[c] = score * SCALE + mask_at(b, h, i, j);
       block_max = max(block_max, s[c]);
     }
     float m_new = max(m, row_reduce(block_max, true));
@@ -94,19 +101,20 @@ void main() {
     m = m_new;
 #if WITH_VALUE
     // row_reduce's barriers also ordered every read of K before these writes.
-    for (uint e = t; e < BK * DV; e += THREADS) {
-      uint kj = k0 + e / DV;
-      kv_tile[(e / DV) * V_STRIDE + e % DV] = kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0;
+    for (uint e = t; e < BK * DV4; e += THREADS) {
+      uint kj = k0 + e / DV4, d = 4u * (e % DV4);
+      kv_tile[(e / DV4) * V_ROW + e % DV4] =
+          kj < SK ? LOAD_ROW4(v, (kv_base + kj) * DV, d, DV) : vec4(0.0);
     }
     barrier();
-    for (uint c = 0u; c < DV_PER_THREAD; ++c) acc[c] *= alpha;
+    for (uint c = 0u; c < DV4_PER_THREAD; ++c) acc[c] *= alpha;
     // Rolled over keys, unrolled over the accumulator: keeps acc in registers without the
-    // BK * DV_PER_THREAD straight-line body that makes compilers (llvmpipe's LLVM) crawl.
+    // BK * DV4_PER_THREAD straight-line body that makes compilers (llvmpipe's LLVM) crawl.
     [[dont_unroll]] for (uint jj = 0u; jj < BK; ++jj) {
       float p = p_tile[row * BK + jj];
-      [[unroll]] for (uint c = 0u; c < DV_PER_THREAD; ++c) {
-        uint e = r + c * TPR;
-        if (e < DV) acc[c] += p * kv_tile[jj * V_STRIDE + e];
+      [[unroll]] for (uint c = 0u; c < DV4_PER_THREAD; ++c) {
+        uint e4 = r + c * TPR;
+        if (e4 < DV4) acc[c] += p * kv_tile[jj * V_ROW + e4];
       }
     }
 #endif
@@ -114,9 +122,12 @@ void main() {
 
   if (i >= SQ) return;
 #if WITH_VALUE
-  for (uint c = 0u; c < DV_PER_THREAD; ++c) {
-    uint e = r + c * TPR;
-    if (e < DV) out_[(q_base + i) * DV + e] = acc[c] / l;
+  for (uint c = 0u; c < DV4_PER_THREAD; ++c) {
+    uint e4 = r + c * TPR;
+    if (e4 >= DV4) continue;
+    [[unroll]] for (uint lane = 0u; lane < 4u; ++lane) {
+      if (4u * e4 + lane < DV) out_[(q_base + i) * DV + 4u * e4 + lane] = acc[c][lane] / l;
+    }
   }
 #else
   if (r == 0u) lse[q_base + i] = m + log(l);

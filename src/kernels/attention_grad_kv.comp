@@ -6,32 +6,36 @@
 // share a key row, splitting the queries of a block and the dimensions of the result. For dK,
 // the THREADS / BQ threads of each query in a block sum parts of its delta side by side
 // (a query's delta read by one thread was a serial chain of 2 * DV global loads per block).
+// Tiles hold padded rows of vec4s, as in attention_forward.comp.
 // Defines: HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL, GRAD_K, BQ, BK, TPR.
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #define THREADS (BK * TPR)
-#define K_STRIDE (D + 1)
-#define V_STRIDE (DV + 1)
+#define D4 ((D + 3) / 4)
+#define DV4 ((DV + 3) / 4)
+#define K_ROW (D4 + 1)
+#define V_ROW (DV4 + 1)
 #define QUERIES_PER_THREAD ((BQ + TPR - 1) / TPR)
 #if GRAD_K
 #define RESULT_DIM D
 #else
 #define RESULT_DIM DV
 #endif
-#define RESULT_PER_THREAD ((RESULT_DIM + TPR - 1) / TPR)
+#define RESULT4 ((RESULT_DIM + 3) / 4)
+#define RESULT4_PER_THREAD ((RESULT4 + TPR - 1) / TPR)
 #define NEG_INF (-1.0 / 0.0)
 #extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = THREADS) in;
 
-shared float k_tile[BK * K_STRIDE];
-shared float q_tile[BQ * K_STRIDE];
-shared float do_tile[BQ * V_STRIDE];
+shared vec4 k_tile[BK * K_ROW];
+shared vec4 q_tile[BQ * K_ROW];
+shared vec4 do_tile[BQ * V_ROW];
 shared float row_lse[BQ];
 // Per (query, key): P for dV, SCALE * dS for dK.
 shared float weight_tile[BQ * BK];
 #if GRAD_K
 #define DELTA_PARTS (THREADS / BQ)
-shared float v_tile[BK * V_STRIDE];
+shared vec4 v_tile[BK * V_ROW];
 // delta_part[ii * DELTA_PARTS + p]: part p of query ii's delta.
 shared float delta_part[THREADS];
 #endif
@@ -44,18 +48,20 @@ void main() {
   uint j = k0 + row;
   uint kv_base = gl_WorkGroupID.y * SK;
 
-  for (uint e = t; e < BK * D; e += THREADS) {
-    uint kj = k0 + e / D;
-    k_tile[(e / D) * K_STRIDE + e % D] = kj < SK ? k[(kv_base + kj) * D + e % D] : 0.0;
+  for (uint e = t; e < BK * D4; e += THREADS) {
+    uint kj = k0 + e / D4, d = 4u * (e % D4);
+    k_tile[(e / D4) * K_ROW + e % D4] =
+        kj < SK ? LOAD_ROW4(k, (kv_base + kj) * D, d, D) : vec4(0.0);
   }
 #if GRAD_K
-  for (uint e = t; e < BK * DV; e += THREADS) {
-    uint kj = k0 + e / DV;
-    v_tile[(e / DV) * V_STRIDE + e % DV] = kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0;
+  for (uint e = t; e < BK * DV4; e += THREADS) {
+    uint kj = k0 + e / DV4, d = 4u * (e % DV4);
+    v_tile[(e / DV4) * V_ROW + e % DV4] =
+        kj < SK ? LOAD_ROW4(v, (kv_base + kj) * DV, d, DV) : vec4(0.0);
   }
 #endif
-  float acc[RESULT_PER_THREAD];
-  for (uint c = 0u; c < RESULT_PER_THREAD; ++c) acc[c] = 0.0;
+  vec4 acc[RESULT4_PER_THREAD];
+  for (uint c = 0u; c < RESULT4_PER_THREAD; ++c) acc[c] = vec4(0.0);
   // Top-left causal masking: queries before k0 see none of this block's keys.
   uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
 
@@ -63,14 +69,15 @@ void main() {
     uint q_base = (b * HQ + h) * SQ;
     for (uint q0 = q_start; q0 < SQ; q0 += BQ) {
       barrier();  // the previous block's readers of the query tiles are done
-      for (uint e = t; e < BQ * D; e += THREADS) {
-        uint qi = q0 + e / D;
-        q_tile[(e / D) * K_STRIDE + e % D] = qi < SQ ? q[(q_base + qi) * D + e % D] : 0.0;
+      for (uint e = t; e < BQ * D4; e += THREADS) {
+        uint qi = q0 + e / D4, d = 4u * (e % D4);
+        q_tile[(e / D4) * K_ROW + e % D4] =
+            qi < SQ ? LOAD_ROW4(q, (q_base + qi) * D, d, D) : vec4(0.0);
       }
-      for (uint e = t; e < BQ * DV; e += THREADS) {
-        uint qi = q0 + e / DV;
-        do_tile[(e / DV) * V_STRIDE + e % DV] =
-            qi < SQ ? grad_out[(q_base + qi) * DV + e % DV] : 0.0;
+      for (uint e = t; e < BQ * DV4; e += THREADS) {
+        uint qi = q0 + e / DV4, d = 4u * (e % DV4);
+        do_tile[(e / DV4) * V_ROW + e % DV4] =
+            qi < SQ ? LOAD_ROW4(grad_out, (q_base + qi) * DV, d, DV) : vec4(0.0);
       }
       for (uint ii = t; ii < BQ; ii += THREADS) {
         uint qi = q0 + ii;
@@ -94,12 +101,14 @@ void main() {
         if (ii >= BQ) continue;
         float w = 0.0;
         if (i < SQ && j < SK && (CAUSAL == 0 || j <= i)) {
-          float dot = 0.0;
-          for (uint d = 0u; d < D; ++d) dot += q_tile[ii * K_STRIDE + d] * k_tile[row * K_STRIDE + d];
-          w = exp(dot * SCALE + mask_at(b, h, i, j) - row_lse[ii]);
+          float score = 0.0;
+          for (uint d4 = 0u; d4 < D4; ++d4)
+            score += dot(q_tile[ii * K_ROW + d4], k_tile[row * K_ROW + d4]);
+          w = exp(score * SCALE + mask_at(b, h, i, j) - row_lse[ii]);
 #if GRAD_K
           float dp = 0.0;
-          for (uint e = 0u; e < DV; ++e) dp += do_tile[ii * V_STRIDE + e] * v_tile[row * V_STRIDE + e];
+          for (uint e4 = 0u; e4 < DV4; ++e4)
+            dp += dot(do_tile[ii * V_ROW + e4], v_tile[row * V_ROW + e4]);
           float delta = 0.0;
           for (uint p = 0u; p < DELTA_PARTS; ++p) delta += delta_part[ii * DELTA_PARTS + p];
           w *= (dp - delta) * SCALE;
@@ -111,12 +120,12 @@ void main() {
       // Rolled over queries, unrolled over the accumulator (see attention_forward.comp).
       [[dont_unroll]] for (uint ii = 0u; ii < BQ; ++ii) {
         float w = weight_tile[ii * BK + row];
-        [[unroll]] for (uint c = 0u; c < RESULT_PER_THREAD; ++c) {
-          uint e = r + c * TPR;
+        [[unroll]] for (uint c = 0u; c < RESULT4_PER_THREAD; ++c) {
+          uint e4 = r + c * TPR;
 #if GRAD_K
-          if (e < RESULT_DIM) acc[c] += w * q_tile[ii * K_STRIDE + e];
+          if (e4 < RESULT4) acc[c] += w * q_tile[ii * K_ROW + e4];
 #else
-          if (e < RESULT_DIM) acc[c] += w * do_tile[ii * V_STRIDE + e];
+          if (e4 < RESULT4) acc[c] += w * do_tile[ii * V_ROW + e4];
 #endif
         }
       }
@@ -124,8 +133,12 @@ void main() {
   }
 
   if (j >= SK) return;
-  for (uint c = 0u; c < RESULT_PER_THREAD; ++c) {
-    uint e = r + c * TPR;
-    if (e < RESULT_DIM) result[(kv_base + j) * RESULT_DIM + e] = acc[c];
+  for (uint c = 0u; c < RESULT4_PER_THREAD; ++c) {
+    uint e4 = r + c * TPR;
+    if (e4 >= RESULT4) continue;
+    [[unroll]] for (uint lane = 0u; lane < 4u; ++lane) {
+      uint e = 4u * e4 + lane;
+      if (e < RESULT_DIM) result[(kv_base + j) * RESULT_DIM + e] = acc[c][lane];
+    }
   }
 }

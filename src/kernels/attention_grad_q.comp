@@ -1,23 +1,26 @@
 // Flash-attention backward for dQ: one workgroup per (batch * query head, block of BQ queries)
 // streams over key blocks, recomputing P = exp(S - lse) from the saved log-sum-exp:
 // dS = P * (dO . V - delta), delta = dO . O, and dQ = SCALE * dS K. TPR threads share a query
-// row, splitting the keys of a block and the head dimensions of dQ.
+// row, splitting the keys of a block and the head dimensions of dQ. Tiles hold padded rows of
+// vec4s, as in attention_forward.comp.
 // Defines: HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL, BQ, BK, TPR.
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #define THREADS (BQ * TPR)
-#define K_STRIDE (D + 1)
-#define V_STRIDE (DV + 1)
-#define KV_TILE (BK * (K_STRIDE > V_STRIDE ? K_STRIDE : V_STRIDE))
+#define D4 ((D + 3) / 4)
+#define DV4 ((DV + 3) / 4)
+#define K_ROW (D4 + 1)
+#define V_ROW (DV4 + 1)
+#define KV_TILE (BK * (K_ROW > V_ROW ? K_ROW : V_ROW))
 #define KEYS_PER_THREAD ((BK + TPR - 1) / TPR)
-#define D_PER_THREAD ((D + TPR - 1) / TPR)
+#define D4_PER_THREAD ((D4 + TPR - 1) / TPR)
 #define NEG_INF (-1.0 / 0.0)
 #extension GL_EXT_control_flow_attributes : enable
 
 layout(local_size_x = THREADS) in;
 
-shared float q_tile[BQ * D];
-shared float do_tile[BQ * DV];
-shared float kv_tile[KV_TILE];
+shared vec4 q_tile[BQ * K_ROW];
+shared vec4 do_tile[BQ * V_ROW];
+shared vec4 kv_tile[KV_TILE];
 shared float ds_tile[BQ * BK];
 shared float row_partial[THREADS];
 
@@ -32,14 +35,16 @@ void main() {
   uint q_base = bh * SQ;
   uint kv_base = (b * HKV + kv_head) * SK;
 
-  for (uint e = t; e < BQ * D; e += THREADS) {
-    uint qi = q0 + e / D;
-    q_tile[e] = qi < SQ ? q[(q_base + qi) * D + e % D] : 0.0;
+  for (uint e = t; e < BQ * D4; e += THREADS) {
+    uint qi = q0 + e / D4, d = 4u * (e % D4);
+    q_tile[(e / D4) * K_ROW + e % D4] =
+        qi < SQ ? LOAD_ROW4(q, (q_base + qi) * D, d, D) : vec4(0.0);
   }
   float delta_part = 0.0;
-  for (uint e = t; e < BQ * DV; e += THREADS) {
-    uint qi = q0 + e / DV;
-    do_tile[e] = qi < SQ ? grad_out[(q_base + qi) * DV + e % DV] : 0.0;
+  for (uint e = t; e < BQ * DV4; e += THREADS) {
+    uint qi = q0 + e / DV4, d = 4u * (e % DV4);
+    do_tile[(e / DV4) * V_ROW + e % DV4] =
+        qi < SQ ? LOAD_ROW4(grad_out, (q_base + qi) * DV, d, DV) : vec4(0.0);
   }
   for (uint e = r; e < DV; e += TPR) {
     if (i < SQ) delta_part += grad_out[(q_base + i) * DV + e] * out_value[(q_base + i) * DV + e];
@@ -50,15 +55,16 @@ void main() {
   for (uint rr = 0u; rr < TPR; ++rr) delta += row_partial[row * TPR + rr];
   float row_lse = i < SQ ? lse[q_base + i] : 0.0;
 
-  float acc[D_PER_THREAD];
-  for (uint c = 0u; c < D_PER_THREAD; ++c) acc[c] = 0.0;
+  vec4 acc[D4_PER_THREAD];
+  for (uint c = 0u; c < D4_PER_THREAD; ++c) acc[c] = vec4(0.0);
   uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
 
   for (uint k0 = 0u; k0 < kv_end; k0 += BK) {
     barrier();  // the previous block's readers of kv_tile and ds_tile are done
-    for (uint e = t; e < BK * DV; e += THREADS) {
-      uint kj = k0 + e / DV;
-      kv_tile[(e / DV) * V_STRIDE + e % DV] = kj < SK ? v[(kv_base + kj) * DV + e % DV] : 0.0;
+    for (uint e = t; e < BK * DV4; e += THREADS) {
+      uint kj = k0 + e / DV4, d = 4u * (e % DV4);
+      kv_tile[(e / DV4) * V_ROW + e % DV4] =
+          kj < SK ? LOAD_ROW4(v, (kv_base + kj) * DV, d, DV) : vec4(0.0);
     }
     barrier();
     float dp[KEYS_PER_THREAD];
@@ -66,12 +72,14 @@ void main() {
       uint jj = r + c * TPR;
       dp[c] = 0.0;
       if (jj >= BK) continue;
-      for (uint e = 0u; e < DV; ++e) dp[c] += do_tile[row * DV + e] * kv_tile[jj * V_STRIDE + e];
+      for (uint e4 = 0u; e4 < DV4; ++e4)
+        dp[c] += dot(do_tile[row * V_ROW + e4], kv_tile[jj * V_ROW + e4]);
     }
     barrier();
-    for (uint e = t; e < BK * D; e += THREADS) {
-      uint kj = k0 + e / D;
-      kv_tile[(e / D) * K_STRIDE + e % D] = kj < SK ? k[(kv_base + kj) * D + e % D] : 0.0;
+    for (uint e = t; e < BK * D4; e += THREADS) {
+      uint kj = k0 + e / D4, d = 4u * (e % D4);
+      kv_tile[(e / D4) * K_ROW + e % D4] =
+          kj < SK ? LOAD_ROW4(k, (kv_base + kj) * D, d, D) : vec4(0.0);
     }
     barrier();
     for (uint c = 0u; c < KEYS_PER_THREAD; ++c) {
@@ -80,9 +88,10 @@ void main() {
       if (jj >= BK) continue;
       float ds = 0.0;
       if (i < SQ && j < SK && (CAUSAL == 0 || j <= i)) {
-        float dot = 0.0;
-        for (uint d = 0u; d < D; ++d) dot += q_tile[row * D + d] * kv_tile[jj * K_STRIDE + d];
-        float p = exp(dot * SCALE + mask_at(b, h, i, j) - row_lse);
+        float score = 0.0;
+        for (uint d4 = 0u; d4 < D4; ++d4)
+          score += dot(q_tile[row * K_ROW + d4], kv_tile[jj * K_ROW + d4]);
+        float p = exp(score * SCALE + mask_at(b, h, i, j) - row_lse);
         ds = p * (dp[c] - delta) * SCALE;
       }
       ds_tile[row * BK + jj] = ds;
@@ -91,16 +100,19 @@ void main() {
     // Rolled over keys, unrolled over the accumulator (see attention_forward.comp).
     [[dont_unroll]] for (uint jj = 0u; jj < BK; ++jj) {
       float ds = ds_tile[row * BK + jj];
-      [[unroll]] for (uint c = 0u; c < D_PER_THREAD; ++c) {
-        uint d = r + c * TPR;
-        if (d < D) acc[c] += ds * kv_tile[jj * K_STRIDE + d];
+      [[unroll]] for (uint c = 0u; c < D4_PER_THREAD; ++c) {
+        uint d4 = r + c * TPR;
+        if (d4 < D4) acc[c] += ds * kv_tile[jj * K_ROW + d4];
       }
     }
   }
 
   if (i >= SQ) return;
-  for (uint c = 0u; c < D_PER_THREAD; ++c) {
-    uint d = r + c * TPR;
-    if (d < D) grad_q[(q_base + i) * D + d] = acc[c];
+  for (uint c = 0u; c < D4_PER_THREAD; ++c) {
+    uint d4 = r + c * TPR;
+    if (d4 >= D4) continue;
+    [[unroll]] for (uint lane = 0u; lane < 4u; ++lane) {
+      if (4u * d4 + lane < D) grad_q[(q_base + i) * D + 4u * d4 + lane] = acc[c][lane];
+    }
   }
 }

@@ -38,9 +38,15 @@ const char* glsl_element_type(DType dtype) {
   }
 }
 
-// Shared by every kernel: 2-D grids for large launches (see grid_for).
+// Shared by every kernel: 2-D grids for large launches (see grid_for), and LOAD_ROW4, elements
+// d .. d + 3 of the float row at `start` of a buffer as a vec4, zero past `extent` (d < extent).
 constexpr std::string_view kPrelude = R"glsl(
 uint linear_workgroup() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+#define LOAD_ROW4(buffer, start, d, extent)                     \
+  vec4(buffer[(start) + (d)],                                  \
+       (d) + 1u < (extent) ? buffer[(start) + (d) + 1u] : 0.0, \
+       (d) + 2u < (extent) ? buffer[(start) + (d) + 2u] : 0.0, \
+       (d) + 3u < (extent) ? buffer[(start) + (d) + 3u] : 0.0)
 )glsl";
 
 }  // namespace

@@ -159,6 +159,11 @@ TEST(GpuNormAttention, PaddingMaskHeadDim64) {
   check_attention(2, 4, 2, 6, 9, 64, 64, true, false, true);
 }
 
+// The kernels hold head dimensions as vec4s: 6 and 5 are padded with zeros to 8.
+TEST(GpuNormAttention, HeadDimsNotMultiplesOfFour) {
+  check_attention(2, 2, 1, 6, 11, 6, 5, true, true);
+}
+
 TEST(GpuNormAttention, HeadDim128) {
   check_attention(1, 2, 1, 5, 19, 128, 128, false);
 }
