@@ -39,6 +39,11 @@ if [ "${RUN_KERNELS:-1}" = 1 ]; then
   python3 bench/kernels_pytorch.py --filter "${KERNEL_FILTER:-}" > "$out/kernels_pytorch.jsonl" 2>&1
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" | tee "$out/kernels_table.txt"
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" --markdown > "$out/kernels_table.md"
+  # Where the attention cases spend their time, kernel by kernel.
+  if [ -z "${KERNEL_FILTER:-}" ]; then
+    $bin/meganeura bench kernels --filter whisper --profile --runs 10 2>&1 | grep -v '^{' \
+      | tee "$out/attention_profile.txt"
+  fi
 fi
 if [ "${RUN_TRAIN:-1}" = 1 ]; then
   $bin/meganeura train --data .dev/data --out "$out/run" --epochs "${EPOCHS:-3}" > "$out/train.txt" 2>&1

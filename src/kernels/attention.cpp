@@ -137,13 +137,12 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
   return 0;
 }
 
-// The fast kernels run when the GEMMs do and the head dimensions fill whole fragments;
-// attention_lse keeps its strict kernel (it produces no matrix product output).
+// The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
+// (attention_lse runs the forward kernel without values).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (mode == Mode::lse || !use_coop_gemm(device) || dims.head_dim % 16 != 0 ||
-      dims.value_dim % 16 != 0)
+  if (!use_coop_gemm(device) || dims.head_dim % 16 != 0 || dims.value_dim % 16 != 0)
     return false;
-  if (mode == Mode::forward) return coop_forward_block(dims, device) != 0;
+  if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;
 }
 
@@ -174,7 +173,7 @@ void lower_attention(LoweringContext& context, Mode mode) {
                     {"DV", glsl_uint(dims.value_dim)},
                     {"SCALE", glsl_float(scale)},
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
-  if (coop && mode == Mode::forward) {
+  if (coop && (mode == Mode::forward || mode == Mode::lse)) {
     launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
   }
   if (coop && (mode == Mode::grad_q || key_owned)) {
@@ -191,7 +190,7 @@ void lower_attention(LoweringContext& context, Mode mode) {
     case Mode::forward:
     case Mode::lse:
       file = coop ? "attention_forward_coopmat.comp" : "attention_forward.comp";
-      if (!coop) launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
+      launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
       break;
     case Mode::grad_q:
       file = coop ? "attention_grad_q_coopmat.comp" : "attention_grad_q.comp";

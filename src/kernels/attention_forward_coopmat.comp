@@ -14,8 +14,10 @@
 // needs a larger m does the subgroup spill O through shared memory, rescale the rows there and
 // reload it; O and l stay relative to the same m, so the result O / l is exact either way. The
 // division by l at the end goes through the same staging area.
+// WITH_VALUE=0 gives attention_lse: no V, no P V, and m exact (l rescaled in its register), the
+// row's log-sum-exp (m + log2 l) / log2(e) its only output.
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
-// BK (32 or 64). Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
+// BK (32 or 64), WITH_VALUE. Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
 // that fragment arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -36,7 +38,11 @@
 // subgroup over the shared-memory banks.
 #define STAGE_STRIDE ((BK > DV ? BK : DV) + 4)
 #define V_OFFSET (BK * D_STRIDE)
+#if WITH_VALUE
 #define KV_HALVES (V_OFFSET + BK * DV_STRIDE)
+#else
+#define KV_HALVES V_OFFSET
+#endif
 #define Q_HALVES (BQ * D_STRIDE)
 #define K_VECTORS (BK * D / 4 / THREADS)
 #define V_VECTORS (BK * DV / 4 / THREADS)
@@ -51,16 +57,19 @@ layout(local_size_x = THREADS) in;
 // vec4 never straddles a row.
 layout(std430, set = 0, binding = 0) readonly buffer buffer_q4 { vec4 q4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer buffer_k4 { vec4 k4[]; };
+#if WITH_VALUE
 layout(std430, set = 0, binding = 2) readonly buffer buffer_v4 { vec4 v4[]; };
+#endif
 
 // The scaled query block first, then each key block's K and V tiles.
 shared float16_t tiles[KV_HALVES > Q_HALVES ? KV_HALVES : Q_HALVES];
 // Per subgroup: the block's scores, or the output rows during a rescale and at the end.
 shared float stage[BQ * STAGE_STRIDE];
+#if WITH_VALUE
 shared float16_t probabilities[BQ * P_STRIDE];
-
-vec4 k_next[K_VECTORS];
 vec4 v_next[V_VECTORS];
+#endif
+vec4 k_next[K_VECTORS];
 
 // Reads the key block at k0 into registers; rows past SK read as zeros so that the padding
 // keys' P (zero) never meets a NaN.
@@ -69,10 +78,12 @@ void load_kv(uint kv_base, uint k0, uint t) {
     uint e = t + r * THREADS, kj = k0 + e / (D / 4);
     k_next[r] = kj < SK ? k4[(kv_base + kj) * (D / 4) + e % (D / 4)] : vec4(0.0);
   }
+#if WITH_VALUE
   [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
     uint e = t + r * THREADS, kj = k0 + e / (DV / 4);
     v_next[r] = kj < SK ? v4[(kv_base + kj) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
   }
+#endif
 }
 
 void store_halves(uint at, vec4 value) {
@@ -111,9 +122,11 @@ void main() {
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_fragments[D / 16];
   [[unroll]] for (uint c = 0; c < D / 16; ++c)
     coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
+#if WITH_VALUE
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> o[DV / 8];
   [[unroll]] for (uint n = 0; n < DV / 8; ++n)
     o[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+#endif
 
   // m: the row's reference maximum (log2 units), -inf until the row sees a visible key; l: the
   // sum of 2^(s - m) over the keys so far.
@@ -124,10 +137,12 @@ void main() {
       uint e = t + r * THREADS;
       store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, k_next[r]);
     }
+#if WITH_VALUE
     [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
       uint e = t + r * THREADS;
       store_halves(V_OFFSET + (e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, v_next[r]);
     }
+#endif
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
@@ -154,6 +169,7 @@ void main() {
       block_max = max(block_max, row_scores[c]);
     }
     block_max = max(block_max, subgroupShuffleXor(block_max, 1));
+#if WITH_VALUE
     // A row's first visible block sets m (O and l are still zero); later blocks move it only
     // past the threshold. A row with every key so far masked keeps m = -inf.
     float m_new = m == NEG_INF || block_max > m + THRESHOLD ? block_max : m;
@@ -184,7 +200,17 @@ void main() {
     l += block_sum + subgroupShuffleXor(block_sum, 1);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
+#else
+    float m_new = max(m, block_max);
+    // Masked rows keep m = -inf: shift by 0 so exp2 gives 0, not NaN.
+    float shift = m_new == NEG_INF ? 0.0 : m_new;
+    float block_sum = 0.0;
+    [[unroll]] for (uint c = 0; c < BK / 2; ++c) block_sum += exp2(row_scores[c] - shift);
+    l = l * exp2(m - shift) + block_sum + subgroupShuffleXor(block_sum, 1);
+    m = m_new;
+#endif
 
+#if WITH_VALUE
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_fragments[BK / 16];
     [[unroll]] for (uint c = 0; c < BK / 16; ++c)
       coopMatLoadNV(p_fragments[c], probabilities, warp * ROWS * P_STRIDE + c * 16, P_STRIDE,
@@ -196,7 +222,10 @@ void main() {
         o[n] = coopMatMulAddNV(p_fragments[c], v_fragment, o[n]);
       }
     }
+#endif
   }
+
+#if WITH_VALUE
 
   // The last block's scores were read before its products, so the staging area is free.
   [[unroll]] for (uint n = 0; n < DV / 8; ++n)
@@ -206,4 +235,7 @@ void main() {
   if (i >= SQ) return;
   [[unroll]] for (uint c = 0; c < DV / 2; ++c)
     out_[(q_base + i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
+#else
+  if (i < SQ && half_index == 0) lse[q_base + i] = (m + log2(l)) / float(LOG2E);
+#endif
 }

@@ -99,8 +99,8 @@ gpu::KernelSpec spec_of(const Graph& graph, const kernels::Launch& launch) {
 TEST(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   const Graph graph = coop_graph();
   // Two matmuls, conv2d, conv2d_grad_input, conv2d_grad_weight, scaled_dot_product_attention,
-  // attention_grad_q, attention_grad_k, attention_grad_v.
-  EXPECT_EQ(coop_launches(graph, coop_device()).size(), 9u);
+  // attention_lse, attention_grad_q, attention_grad_k, attention_grad_v.
+  EXPECT_EQ(coop_launches(graph, coop_device()).size(), 10u);
 
   kernels::DeviceTraits strict = coop_device();
   strict.fast_precision = false;
@@ -222,7 +222,7 @@ void expect_khr_module(const std::vector<uint32_t>& module, const std::string& l
 TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   const Graph graph = coop_graph();
   const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-  ASSERT_EQ(launches.size(), 9u);
+  ASSERT_EQ(launches.size(), 10u);
   // The attention kernels read K^T, V^T, Q^T or dO^T as column-major fragments.
   const std::map<std::string, int> column_major_loads = {{"attention_forward_coopmat", 1},
                                                          {"attention_grad_q_coopmat", 2},
