@@ -49,6 +49,26 @@
 #if THREADS_N % 8 != 0 || THREADS % 32 != 0
 #error "warps are 4 x 8 blocks of the thread grid"
 #endif
+// The loops over both operands' vec4s and fragments run to the larger count, each statement
+// guarded by its own. Square tiles need no guard, and leaving it out keeps their SPIR-V the
+// interleaved loops the NVIDIA compiler scheduled best (one loop per operand instead ran
+// SmolLM's lm_head 10 % slower on the H200, docs/BENCHMARKS.md).
+#define LOADS (LOADS_A > LOADS_B ? LOADS_A : LOADS_B)
+#define GROUPS (GROUPS_M > GROUPS_N ? GROUPS_M : GROUPS_N)
+#if LOADS_A == LOADS_B
+#define IF_LOAD_A(l)
+#define IF_LOAD_B(l)
+#else
+#define IF_LOAD_A(l) if ((l) < LOADS_A)
+#define IF_LOAD_B(l) if ((l) < LOADS_B)
+#endif
+#if GROUPS_M == GROUPS_N
+#define IF_GROUP_M(g)
+#define IF_GROUP_N(g)
+#else
+#define IF_GROUP_M(g) if ((g) < GROUPS_M)
+#define IF_GROUP_N(g) if ((g) < GROUPS_N)
+#endif
 
 // Invocations are numbered x first, so each warp lies within one k-group.
 layout(local_size_x = THREADS, local_size_y = K_GROUPS) in;
@@ -232,13 +252,17 @@ void main() {
   // Every k-group runs each round k0 of the loop, multiplying its slice at k0 + k_offset.
   uint k_offset = k_group * TILE_K;
   vec4 staged_a[LOADS_A], staged_b[LOADS_B];
-  [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
+  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+    IF_LOAD_A(l)
     staged_a[l] = fetch_a(base_a, row0, k_begin + k_offset, k_end, thread + l * THREADS);
-  [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
+    IF_LOAD_B(l)
     staged_b[l] = fetch_b(base_b, col0, k_begin + k_offset, k_end, thread + l * THREADS);
+  }
   uint slot = 2 * k_group;
-  [[unroll]] for (uint l = 0; l < LOADS_A; ++l) stash_a(slot, thread + l * THREADS, staged_a[l]);
-  [[unroll]] for (uint l = 0; l < LOADS_B; ++l) stash_b(slot, thread + l * THREADS, staged_b[l]);
+  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+    IF_LOAD_A(l) stash_a(slot, thread + l * THREADS, staged_a[l]);
+    IF_LOAD_B(l) stash_b(slot, thread + l * THREADS, staged_b[l]);
+  }
   barrier();
 
   for (uint k0 = k_begin; k0 < k_end; k0 += K_GROUPS * TILE_K) {
@@ -246,17 +270,19 @@ void main() {
     uint k_next = k0 + K_GROUPS * TILE_K;
     bool more = k_next < k_end;
     if (more) {
-      [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
+      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+        IF_LOAD_A(l)
         staged_a[l] = fetch_a(base_a, row0, k_next + k_offset, k_end, thread + l * THREADS);
-      [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
+        IF_LOAD_B(l)
         staged_b[l] = fetch_b(base_b, col0, k_next + k_offset, k_end, thread + l * THREADS);
+      }
     }
     [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {
       vec4 a_values[GROUPS_M], b_values[GROUPS_N];
-      [[unroll]] for (uint g = 0; g < GROUPS_M; ++g)
-        a_values[g] = tile_a[slot][kk][g * THREADS_M + thread_row];
-      [[unroll]] for (uint h = 0; h < GROUPS_N; ++h)
-        b_values[h] = tile_b[slot][kk][h * THREADS_N + thread_col];
+      [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
+        IF_GROUP_M(g) a_values[g] = tile_a[slot][kk][g * THREADS_M + thread_row];
+        IF_GROUP_N(g) b_values[g] = tile_b[slot][kk][g * THREADS_N + thread_col];
+      }
       [[unroll]] for (uint g = 0; g < GROUPS_M; ++g) {
         [[unroll]] for (uint i = 0; i < 4; ++i) {
           [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
@@ -268,10 +294,10 @@ void main() {
     // Nobody reads the other slot any more: the barrier that ended the previous slice
     // separated its readers from these writes.
     if (more) {
-      [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
-        stash_a(slot ^ 1, thread + l * THREADS, staged_a[l]);
-      [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
-        stash_b(slot ^ 1, thread + l * THREADS, staged_b[l]);
+      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
+        IF_LOAD_A(l) stash_a(slot ^ 1, thread + l * THREADS, staged_a[l]);
+        IF_LOAD_B(l) stash_b(slot ^ 1, thread + l * THREADS, staged_b[l]);
+      }
     }
     barrier();
     slot ^= 1;
