@@ -14,33 +14,42 @@
 namespace mg::gpu::detail {
 namespace {
 
+// Runs a Vulkan two-call enumeration: `query(&count, nullptr)`, then `query(&count, items)`.
+template <typename Item, typename Query>
+std::vector<Item> enumerate_items(VkStructureType type, Query query) {
+  uint32_t count = 0;
+  query(&count, nullptr);
+  std::vector<Item> items(count, vk_struct<Item>(type));
+  query(&count, items.data());
+  items.resize(count);
+  return items;
+}
+
 // One line per executable of `pipeline`: the driver's name for it and its statistics.
 std::string statistics_of(VkDevice device, VkPipeline pipeline, const std::string& label) {
-  auto properties_of = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+  auto get_executables = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
       vkGetDeviceProcAddr(device, "vkGetPipelineExecutablePropertiesKHR"));
-  auto statistics_of = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+  auto get_statistics = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
       vkGetDeviceProcAddr(device, "vkGetPipelineExecutableStatisticsKHR"));
-  if (!properties_of || !statistics_of) return "kernel '" + label + "': no statistics\n";
+  if (!get_executables || !get_statistics) return "kernel '" + label + "': no statistics\n";
   auto pipeline_info = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
   pipeline_info.pipeline = pipeline;
-  uint32_t count = 0;
-  properties_of(device, &pipeline_info, &count, nullptr);
-  std::vector<VkPipelineExecutablePropertiesKHR> executables(
-      count, vk_struct<VkPipelineExecutablePropertiesKHR>(
-                 VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR));
-  properties_of(device, &pipeline_info, &count, executables.data());
+  const auto executables = enumerate_items<VkPipelineExecutablePropertiesKHR>(
+      VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR,
+      [&](uint32_t* count, VkPipelineExecutablePropertiesKHR* items) {
+        get_executables(device, &pipeline_info, count, items);
+      });
   std::string text;
-  for (uint32_t index = 0; index < count; ++index) {
+  for (uint32_t index = 0; index < executables.size(); ++index) {
     auto executable_info =
         vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
     executable_info.pipeline = pipeline;
     executable_info.executableIndex = index;
-    uint32_t statistic_count = 0;
-    statistics_of(device, &executable_info, &statistic_count, nullptr);
-    std::vector<VkPipelineExecutableStatisticKHR> statistics(
-        statistic_count, vk_struct<VkPipelineExecutableStatisticKHR>(
-                             VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
-    statistics_of(device, &executable_info, &statistic_count, statistics.data());
+    const auto statistics = enumerate_items<VkPipelineExecutableStatisticKHR>(
+        VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR,
+        [&](uint32_t* count, VkPipelineExecutableStatisticKHR* items) {
+          get_statistics(device, &executable_info, count, items);
+        });
     text += "kernel '" + label + "' (" + executables[index].name + "):";
     for (const auto& statistic : statistics) {
       text += std::string(" ") + statistic.name + " ";
