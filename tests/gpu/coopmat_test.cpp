@@ -338,6 +338,26 @@ TEST(CoopMatrixLowering, BlockShapesCompile) {
 
 // A malformed MEGANEURA_COOP_BLOCK, or one the device cannot run, leaves the chosen block and
 // says so on stderr.
+// The block the waves cost model takes on an H200-like device, against the fastest shape of the
+// coop block sweep (docs/BENCHMARKS.md, run 14): 128 x 256 at 4096^3, 128 x 128 where 128 x 256
+// leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of it.
+TEST(CoopMatrixLowering, BlocksByEstimatedWaves) {
+  const auto block_of = [](const Shape& a, const Shape& b) {
+    Graph graph;
+    graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
+    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+    EXPECT_EQ(launches.size(), 1u);
+    const kernels::Launch& launch = launches.at(0);
+    return define_of(launch, "WARPS_M") + "," + define_of(launch, "WARPS_N") + "," +
+           define_of(launch, "FRAGS_M") + "," + define_of(launch, "FRAGS_N") + "," +
+           define_of(launch, "BLOCK_K");
+  };
+  EXPECT_EQ(block_of({4096, 4096}, {4096, 4096}), "2u,4u,4u,8u,16u");
+  EXPECT_EQ(block_of({128, 576}, {576, 49152}), "2u,4u,4u,4u,32u");
+  EXPECT_EQ(block_of({128, 576}, {576, 576}), "2u,2u,2u,4u,32u");
+  EXPECT_EQ(block_of({12544, 576}, {576, 64}), "2u,2u,2u,4u,32u");
+}
+
 TEST(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
   Graph graph;
   graph.set_output("y", matmul(input(graph, "a", {256, 64}), input(graph, "b", {64, 256})).id());
