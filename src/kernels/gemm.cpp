@@ -36,8 +36,8 @@ struct GemmTile {
 constexpr std::array<GemmTile, 3> kGemmTiles{
     {{128, 128, 8, 8, 8}, {64, 64, 4, 4, 16}, {32, 32, 4, 4, 16}}};
 
-// Workgroups that keep every compute unit of a large GPU (132 on an H200) busy.
-constexpr int64_t kWorkgroupsWanted = 132;
+// Workgroups that keep every compute unit of a large GPU busy.
+constexpr int64_t kWorkgroupsWanted = kPlannedComputeUnits;
 
 int64_t workgroup_count(const GemmTile& tile, int64_t m, int64_t n, int64_t entries) {
   return ((m + tile.tile_m - 1) / tile.tile_m) * ((n + tile.tile_n - 1) / tile.tile_n) * entries;
@@ -399,7 +399,7 @@ bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
   // convolution kernel's own tiles.
   constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
   if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
-  if (std::getenv("MEGANEURA_GEMM_TILE") != nullptr) return true;
+  if (forced_tile(device)) return true;
   return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.entries, device).tile_n == 0 &&
          gemm.k >= kMinimumK;
 }

@@ -58,8 +58,8 @@ struct BufferGemm {
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch);
 
 // Whether gemm.comp's tiles suit a convolution GEMM (else conv_igemm.comp runs it);
-// MEGANEURA_GEMM_TILE, which forces a tile, also forces this route for every product of at
-// least 32 x 32.
+// MEGANEURA_GEMM_TILE, when it forces a tile (an ignored override does not), also forces this
+// route for every product of at least 32 x 32.
 bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device);
 
 void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,

@@ -114,6 +114,10 @@ std::vector<std::string> lowered_ops();
 // The embedded GLSL file `file_name` (e.g. "gemm.comp"); throws if absent.
 std::string_view kernel_source(std::string_view file_name);
 
+// The compute units that the GEMM tile and block choices plan their workgroups for: an H200's
+// 132 (Vulkan does not report the count).
+constexpr int64_t kPlannedComputeUnits = 132;
+
 // Tuning overrides (MEGANEURA_GEMM_TILE, MEGANEURA_COOP_BLOCK): `count` comma-separated integers,
 // or nothing when `text` is not exactly that.
 std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t count);
