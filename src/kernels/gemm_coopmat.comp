@@ -5,8 +5,9 @@
 // A workgroup of WARPS_M x WARPS_N subgroups (32 invocations each) computes a BLOCK_M x BLOCK_N
 // block of C; each subgroup a FRAGS_M x FRAGS_N grid of 16 x 8 accumulator fragments. K advances
 // in slices of BLOCK_K through two shared slots: while the subgroups multiply the slice in one
-// slot, every invocation holds its part of the next slice in registers, and stores it into the
-// other slot after its multiplies, so one barrier per slice suffices.
+// slot, every invocation holds its part of the next PREFETCH_SLICES (1 or 2) slices in
+// registers, and stores the next one into the other slot after its multiplies, so one barrier
+// per slice suffices.
 // Shared tiles keep each operand's contiguous index contiguous: an invocation reads eight
 // adjacent elements and stores them as one 16-byte uvec4 of halves, and an operand contiguous
 // along the "wrong" index (A along m, B along k) is read as column-major fragments instead of
@@ -16,7 +17,7 @@
 // Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K (a multiple of
 // 16), A_M_CONTIGUOUS (consecutive m of A are adjacent in memory, else consecutive k),
 // B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_LOADS (every block is whole: load
-// four adjacent elements at a time through load_a4 / load_b4). The lowering (gemm_coopmat.cpp)
+// four adjacent elements at a time through load_a4 / load_b4), PREFETCH_SLICES. The lowering (gemm_coopmat.cpp)
 // makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), and with VECTOR_LOADS
@@ -69,8 +70,9 @@ shared uvec4 tile_b[2 * B_SLOT];
 shared float staging[WARPS_M * WARPS_N * FRAG_M * FRAG_N];
 
 // The next slice, unit i of an invocation in elements [8 i, 8 i + 8).
-vec4 a_next[2 * A_UNITS];
-vec4 b_next[2 * B_UNITS];
+vec4 a_next[PREFETCH_SLICES][2 * A_UNITS];
+vec4 b_next[PREFETCH_SLICES][2 * B_UNITS];
+fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N> accumulators[FRAGS_M][FRAGS_N];
 
 // Steps of one element along each operand's contiguous index, as (m, k) and (k, n).
 #define A_ALONG uvec2(A_M_CONTIGUOUS, 1 - A_M_CONTIGUOUS)
@@ -148,16 +150,16 @@ vec4 read_b4(uint z, uvec2 kn) {
 #endif
 }
 
-void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread) {
+void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread, uint set) {
   [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
     uvec2 mk = uvec2(row0, k0) + a_origin(tile_unit(thread + i * THREADS, A_ROW_UNITS));
-    a_next[2 * i] = read_a4(z, mk);
-    a_next[2 * i + 1] = read_a4(z, mk + 4 * A_ALONG);
+    a_next[set][2 * i] = read_a4(z, mk);
+    a_next[set][2 * i + 1] = read_a4(z, mk + 4 * A_ALONG);
   }
   [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
     uvec2 kn = uvec2(k0, col0) + b_origin(tile_unit(thread + i * THREADS, B_ROW_UNITS));
-    b_next[2 * i] = read_b4(z, kn);
-    b_next[2 * i + 1] = read_b4(z, kn + 4 * B_ALONG);
+    b_next[set][2 * i] = read_b4(z, kn);
+    b_next[set][2 * i + 1] = read_b4(z, kn + 4 * B_ALONG);
   }
 }
 
@@ -166,14 +168,52 @@ uvec4 halves(vec4 low, vec4 high) {
                packFloat2x16(f16vec2(high.xy)), packFloat2x16(f16vec2(high.zw)));
 }
 
-void store_slice(uint slot, uint thread) {
+void store_slice(uint slot, uint thread, uint set) {
   [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
     uvec2 unit = tile_unit(thread + i * THREADS, A_ROW_UNITS);
-    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = halves(a_next[2 * i], a_next[2 * i + 1]);
+    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = halves(a_next[set][2 * i], a_next[set][2 * i + 1]);
   }
   [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
     uvec2 unit = tile_unit(thread + i * THREADS, B_ROW_UNITS);
-    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = halves(b_next[2 * i], b_next[2 * i + 1]);
+    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = halves(b_next[set][2 * i], b_next[set][2 * i + 1]);
+  }
+}
+
+// Multiplies the slice in `slot` into the accumulators.
+void multiply_slice(uint slot, uint warp_row, uint warp_col) {
+  [[unroll]] for (uint kk = 0; kk < BLOCK_K; kk += FRAG_K) {
+    fcoopmatNV<16, gl_ScopeSubgroup, FRAG_M, FRAG_K> a_fragments[FRAGS_M];
+    [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
+      coopMatLoadNV(a_fragments[i], tile_a,
+                    slot * A_SLOT + a_offset_in_slot(warp_row + i * FRAG_M, kk), A_STRIDE,
+                    A_M_CONTIGUOUS != 0);
+    // One B fragment at a time: it meets every A fragment at once, and fewer registers stay
+    // live next to the accumulators and the prefetched slices.
+    [[unroll]] for (uint j = 0; j < FRAGS_N; ++j) {
+      fcoopmatNV<16, gl_ScopeSubgroup, FRAG_K, FRAG_N> b_fragment;
+      coopMatLoadNV(b_fragment, tile_b,
+                    slot * B_SLOT + b_offset_in_slot(kk, warp_col + j * FRAG_N), B_STRIDE,
+                    B_K_CONTIGUOUS != 0);
+      [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
+        accumulators[i][j] = coopMatMulAddNV(a_fragments[i], b_fragment, accumulators[i][j]);
+    }
+  }
+}
+
+// One slice of the K loop with PREFETCH_SLICES register sets: the fetch of slice + PREFETCH_SLICES
+// is issued before the multiplies, so that global latency hides behind them, into the set that
+// held this slice (already in shared memory); the next slice's set goes to the other slot, which
+// was last read before the previous barrier and is not written again until every subgroup has
+// passed the barrier here.
+void advance(uint z, uint row0, uint col0, uint thread, uint warp_row, uint warp_col, uint slice,
+             uint set) {
+  uint slot = slice % 2;
+  if (slice + PREFETCH_SLICES < SLICES)
+    fetch_slice(z, row0, col0, (slice + PREFETCH_SLICES) * BLOCK_K, thread, set);
+  multiply_slice(slot, warp_row, warp_col);
+  if (slice + 1 < SLICES) {
+    store_slice(1 - slot, thread, (set + 1) % PREFETCH_SLICES);
+    barrier();
   }
 }
 
@@ -187,42 +227,22 @@ void main() {
   uint warp_row = (warp % WARPS_M) * FRAGS_M * FRAG_M;
   uint warp_col = (warp / WARPS_M) * FRAGS_N * FRAG_N;
 
-  fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N> accumulators[FRAGS_M][FRAGS_N];
   [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
     [[unroll]] for (uint j = 0; j < FRAGS_N; ++j)
       accumulators[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N>(0.0);
 
-  fetch_slice(z, row0, col0, 0, thread);
-  store_slice(0, thread);
+  fetch_slice(z, row0, col0, 0, thread, 0);
+  store_slice(0, thread, 0);
+#if PREFETCH_SLICES == 2
+  if (SLICES > 1) fetch_slice(z, row0, col0, BLOCK_K, thread, 1);
+#endif
   barrier();
-  for (uint slice = 0; slice < SLICES; ++slice) {
-    uint slot = slice % 2;
-    bool more = slice + 1 < SLICES;
-    // Issued before the multiplies, so that global latency hides behind them.
-    if (more) fetch_slice(z, row0, col0, (slice + 1) * BLOCK_K, thread);
-    [[unroll]] for (uint kk = 0; kk < BLOCK_K; kk += FRAG_K) {
-      fcoopmatNV<16, gl_ScopeSubgroup, FRAG_M, FRAG_K> a_fragments[FRAGS_M];
-      [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
-        coopMatLoadNV(a_fragments[i], tile_a,
-                      slot * A_SLOT + a_offset_in_slot(warp_row + i * FRAG_M, kk), A_STRIDE,
-                      A_M_CONTIGUOUS != 0);
-      // One B fragment at a time: it meets every A fragment at once, and fewer registers stay
-      // live next to the accumulators and the prefetched slice.
-      [[unroll]] for (uint j = 0; j < FRAGS_N; ++j) {
-        fcoopmatNV<16, gl_ScopeSubgroup, FRAG_K, FRAG_N> b_fragment;
-        coopMatLoadNV(b_fragment, tile_b,
-                      slot * B_SLOT + b_offset_in_slot(kk, warp_col + j * FRAG_N), B_STRIDE,
-                      B_K_CONTIGUOUS != 0);
-        [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
-          accumulators[i][j] = coopMatMulAddNV(a_fragments[i], b_fragment, accumulators[i][j]);
-      }
-    }
-    // The other slot was last read before the previous barrier; this one is not written again
-    // until every subgroup has passed the barrier below.
-    if (more) {
-      store_slice(1 - slot, thread);
-      barrier();
-    }
+  // Stepping by PREFETCH_SLICES keeps every register set's index a constant.
+  for (uint slice = 0; slice < SLICES; slice += PREFETCH_SLICES) {
+    advance(z, row0, col0, thread, warp_row, warp_col, slice, 0);
+#if PREFETCH_SLICES == 2
+    if (slice + 1 < SLICES) advance(z, row0, col0, thread, warp_row, warp_col, slice + 1, 1);
+#endif
   }
 
   uint staged = warp * FRAG_M * FRAG_N;

@@ -17,9 +17,9 @@ bool kill_switch_set() {
 }
 
 // A workgroup of warps_m x warps_n subgroups, each frags_m x frags_n accumulator fragments of
-// 16 x 8, over K slices of block_k (gemm_coopmat.comp).
+// 16 x 8, over K slices of block_k, fetching prefetch_slices slices ahead (gemm_coopmat.comp).
 struct BlockShape {
-  int64_t warps_m, warps_n, frags_m, frags_n, block_k;
+  int64_t warps_m, warps_n, frags_m, frags_n, block_k, prefetch_slices = 1;
   int64_t rows() const { return warps_m * frags_m * 16; }
   int64_t cols() const { return warps_n * frags_n * 8; }
   int64_t threads() const { return warps_m * warps_n * 32; }
@@ -58,6 +58,8 @@ std::optional<std::string> block_misfit(const BlockShape& block, const Generated
       return "every extent must lie in [1, " + std::to_string(kMostExtent) + "]";
   }
   if (block.block_k % 16 != 0) return "block_k must be a multiple of 16";
+  if (block.prefetch_slices != 1 && block.prefetch_slices != 2)
+    return "prefetch_slices must be 1 or 2";
   if (block.threads() > device.max_workgroup_invocations)
     return std::to_string(block.threads()) + " invocations exceed the device's " +
            std::to_string(device.max_workgroup_invocations);
@@ -76,18 +78,31 @@ std::optional<std::string> block_misfit(const BlockShape& block, const Generated
   return std::nullopt;
 }
 
-// MEGANEURA_COOP_BLOCK=warps_m,warps_n,frags_m,frags_n,block_k forces the block (tuning
-// sweeps); a malformed value or a shape the device cannot run is ignored with a warning.
+// Slices fetched ahead: two where the 128 x 256 block walks a long K. Its multiplies between
+// barriers then outlast the global reads' latency, which one slice of 16 did not cover on the
+// H200 (GEMM 4096^3 0.94 -> 0.81 ms, docs/BENCHMARKS.md run 15); the extra set of 24 registers
+// an invocation still fits one workgroup per compute unit (222 registers). Smaller blocks and
+// short K ran no faster or slower with two.
+int64_t prefetch_slices_for(const BlockShape& block, const GeneratedGemm& gemm) {
+  constexpr int64_t kLongK = 1024;
+  return block.rows() * block.cols() >= 128 * 256 && gemm.k >= kLongK ? 2 : 1;
+}
+
+// MEGANEURA_COOP_BLOCK=warps_m,warps_n,frags_m,frags_n,block_k[,prefetch_slices] forces the
+// block (tuning sweeps); a malformed value or a shape the device cannot run is ignored with a
+// warning.
 std::optional<BlockShape> forced_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
   const char* text = std::getenv("MEGANEURA_COOP_BLOCK");
   if (text == nullptr) return std::nullopt;
   const std::string prefix = "ignoring MEGANEURA_COOP_BLOCK=" + std::string(text) + ": ";
-  const std::optional<std::vector<int64_t>> values = parse_integers(text, 5);
+  std::optional<std::vector<int64_t>> values = parse_integers(text, 5);
+  if (!values) values = parse_integers(text, 6);
   if (!values) {
-    warn_once(prefix + "expected warps_m,warps_n,frags_m,frags_n,block_k");
+    warn_once(prefix + "expected warps_m,warps_n,frags_m,frags_n,block_k[,prefetch_slices]");
     return std::nullopt;
   }
-  const BlockShape block{(*values)[0], (*values)[1], (*values)[2], (*values)[3], (*values)[4]};
+  BlockShape block{(*values)[0], (*values)[1], (*values)[2], (*values)[3], (*values)[4]};
+  block.prefetch_slices = values->size() == 6 ? (*values)[5] : prefetch_slices_for(block, gemm);
   if (const std::optional<std::string> misfit = block_misfit(block, gemm, device)) {
     warn_once(prefix + *misfit + " (" + device.name + ")");
     return std::nullopt;
@@ -115,7 +130,9 @@ BlockShape choose_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
       best_cost = cost;
     }
   }
-  return best ? best->block : kCandidates.back().block;
+  BlockShape chosen = best ? best->block : kCandidates.back().block;
+  chosen.prefetch_slices = prefetch_slices_for(chosen, gemm);
+  return chosen;
 }
 
 }  // namespace
@@ -128,8 +145,9 @@ bool use_coop_gemm(const DeviceTraits& device) {
 
 bool coop_wants_khr(const DeviceTraits& device) {
   if (!device.coop_matrix_f16_nv) return true;
+  if (!device.coop_matrix_f16_khr) return false;
   const char* choice = std::getenv("MEGANEURA_COOPMAT");
-  return choice != nullptr && std::strcmp(choice, "khr") == 0 && device.coop_matrix_f16_khr;
+  return choice == nullptr || std::strcmp(choice, "nv") != 0;
 }
 
 void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
@@ -150,6 +168,7 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"FRAGS_M", glsl_uint(block.frags_m)},
                     {"FRAGS_N", glsl_uint(block.frags_n)},
                     {"BLOCK_K", glsl_uint(block.block_k)},
+                    {"PREFETCH_SLICES", std::to_string(block.prefetch_slices)},
                     {"A_M_CONTIGUOUS", gemm.a_m_contiguous ? "1" : "0"},
                     {"B_K_CONTIGUOUS", gemm.b_k_contiguous ? "1" : "0"},
                     {"VECTOR_LOADS", vector_loads ? "1" : "0"}};

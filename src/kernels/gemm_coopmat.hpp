@@ -15,9 +15,10 @@ namespace mg::kernels {
 // subgroups, and MEGANEURA_NO_COOPMAT=1 (the kill switch) is not set. Read at every lowering.
 bool use_coop_gemm(const DeviceTraits& device);
 
-// Whether cooperative-matrix kernels compile through SPV_KHR_cooperative_matrix: on devices
-// without the NV extension, or where both exist and MEGANEURA_COOPMAT=khr asks for it (NVIDIA
-// drivers have both, which is how the KHR rewrite is proven on NVIDIA hardware).
+// Whether cooperative-matrix kernels compile through SPV_KHR_cooperative_matrix: wherever the
+// device has it, unless MEGANEURA_COOPMAT=nv asks for the NV extension on a device that has both
+// (NVIDIA's). On the H200 the same kernels ran 10-15 % faster through KHR (docs/BENCHMARKS.md,
+// run 15); validated sessions leave KHR off (vk/device_features.cpp), so they use NV.
 bool coop_wants_khr(const DeviceTraits& device);
 
 // Runs `gemm` on gemm_coopmat.comp (f16 fragments, f32 accumulators).
