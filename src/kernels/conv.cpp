@@ -426,13 +426,62 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
       {{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}, {"dw", context.id(), true}});
 }
 
+// im2col(x): the columns [N, C * KH * KW, OH * OW], `width` (4 where OW allows, else 1)
+// consecutive output columns of one row per invocation, so that the tap's index arithmetic is
+// done once per vec4 store; consecutive invocations take consecutive columns, so reads along a
+// row of x and all writes are coalesced.
+void lower_im2col(LoweringContext& context) {
+  constexpr uint32_t kLocalSize = 256;
+  const Node& node = context.node();
+  const Shape& x = context.input_type(0).shape;
+  const auto pair = [&](std::string_view name, int64_t fallback) {
+    return attr_pair(node.attrs, name, fallback);
+  };
+  const auto kernel = pair("kernel", 1), stride = pair("stride", 1), padding = pair("padding", 0),
+             dilation = pair("dilation", 1), size = pair("output_size", 1);
+  const int64_t width = size[1] % 4 == 0 ? 4 : 1;
+  const int64_t count = node.type.elements() / width;
+  std::string body;
+  if (width == 4)
+    body +=
+        "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns4 { vec4 "
+        "columns4[]; };\n";
+  body += "layout(local_size_x = " + std::to_string(kLocalSize) +
+          ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kLocalSize) +
+          " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
+  const int64_t row_units = size[1] / width;
+  body += "  uint ox = i % " + u(row_units) + " * " + u(width) + ", oy = i / " + u(row_units) +
+          " % " + u(size[0]) + ";\n  uint tap = i / " + u(row_units * size[0]) +
+          ";\n  uint kw = tap % " + u(kernel[1]) + ", kh = tap / " + u(kernel[1]) + " % " +
+          u(kernel[0]) + ";\n  uint plane = tap / " + u(kernel[0] * kernel[1]) + ";\n";
+  body += "  int iy = int(oy) * " + s(stride[0]) + " + int(kh) * " + s(dilation[0]) + " - " +
+          s(padding[0]) + ";\n  int ix0 = int(ox) * " + s(stride[1]) + " + int(kw) * " +
+          s(dilation[1]) + " - " + s(padding[1]) + ";\n";
+  body += "  bool row_inside = iy >= 0 && iy < " + s(x[2]) + ";\n  uint row = (plane * " + u(x[2]) +
+          " + uint(iy)) * " + u(x[3]) + ";\n";
+  body += "  float values[" + std::to_string(width) + "];\n  for (int j = 0; j < " +
+          std::to_string(width) + "; ++j) {\n    int ix = ix0 + j * " + s(stride[1]) +
+          ";\n    values[j] = row_inside && ix >= 0 && ix < " + s(x[3]) +
+          " ? x[row + uint(ix)] : 0.0;\n  }\n";
+  body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
+                     : "  columns[i] = values[0];\n}\n";
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "im2col";
+  launch.body = std::move(body);
+  launch.operands = {{"x", node.inputs[0], false}, {"columns", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, context.device());
+  context.emit(std::move(launch));
+}
+
 }  // namespace
 
 std::vector<LoweringEntry> conv_lowerings() {
   return {{"conv2d", lower_conv2d},
           {"conv2d_grad_input", lower_conv2d_data_grad},
           {"conv_transpose2d", lower_conv2d_data_grad},
-          {"conv2d_grad_weight", lower_conv2d_weight_grad}};
+          {"conv2d_grad_weight", lower_conv2d_weight_grad},
+          {"im2col", lower_im2col}};
 }
 
 }  // namespace mg::kernels

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "kernels/gemm_coopmat.hpp"
@@ -94,15 +95,30 @@ std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
   return tile;
 }
 
+// 64 x 128 with 8 x 8 a thread: at 4096^3 on the H200 3 % slower than 128 x 128 (128 x 64: 15 %),
+// so it takes the products where 128 x 128 tiles pad or leave compute units idle.
+constexpr GemmTile kHalfTallTile{64, 128, 8, 8, 8};
+constexpr GemmTile kHalfWideTile{128, 64, 8, 8, 8};
+
 // The largest tile that still gives every compute unit work: 128 x 128 tiles for big products,
 // down to 32 x 32 for small ones. `entries` counts the problems of the launch (batch entries
-// times split-K slices).
+// times split-K slices). Where 128 x 128 tiles would be at most half full along M or N (the
+// convolutions as matmuls, W [64, C * KH * KW] x columns, have 64 rows; U-Net's 320 channels
+// leave the third row of tiles half empty) the half-tall (half-wide) tile keeps every row of
+// threads busy; where they would not fill the compute units, the half-tall tile does before
+// 64 x 64 with 4 x 4 a thread is taken (ResNet's strided data gradient 0.134 to 0.114 ms, U-Net's
+// 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run 15).
 GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t entries, const DeviceTraits& device) {
   if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
-  for (const GemmTile& candidate : kGemmTiles) {
-    if (workgroup_count(candidate, m, n, entries) >=
-        kWorkgroupsWanted / (candidate.tile_m == 128 ? 1 : 2))
-      return candidate;
+  const GemmTile& largest = kGemmTiles.front();
+  if (workgroup_count(largest, m, n, entries) >= kWorkgroupsWanted) {
+    if (m <= 64 || (m % 128 != 0 && m % 128 <= 64)) return kHalfTallTile;
+    if (n <= 64) return kHalfWideTile;
+    return largest;
+  }
+  if (workgroup_count(kHalfTallTile, m, n, entries) >= kWorkgroupsWanted) return kHalfTallTile;
+  for (const GemmTile& candidate : std::span(kGemmTiles).subspan(1)) {
+    if (workgroup_count(candidate, m, n, entries) >= kWorkgroupsWanted / 2) return candidate;
   }
   return kGemmTiles.back();
 }

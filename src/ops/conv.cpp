@@ -4,6 +4,7 @@
 // accumulate into, so they cannot drift apart. conv_transpose2d is the data gradient of the
 // convolution that maps its output back to its input.
 #include <array>
+#include <limits>
 
 #include "ops/apply.hpp"
 #include "ops/conv_geometry.hpp"
@@ -203,6 +204,49 @@ Tensor add_channel_bias(Tensor out, Tensor bias, std::string_view op) {
   return add(out, reshape(bias, bias_shape));
 }
 
+// The columns of im2col (see register_conv_ops): for every output position (oy, ox) and tap
+// (c, kh, kw), row oy * stride - padding + kh * dilation of x (likewise for columns), or 0
+// outside x.
+struct ColumnGeometry {
+  std::array<int64_t, 2> kernel, stride, padding, dilation, output_size;
+};
+
+ColumnGeometry checked_columns(const Graph& graph, const Node& node) {
+  const Shape& x = graph.type(node.inputs[0]).shape;
+  if (x.size() != 4) op_error(graph, node, "input must be [N, C, H, W]");
+  constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
+  ColumnGeometry g{.kernel = pair_attr(graph, node, "kernel", 1),
+                   .stride = pair_attr(graph, node, "stride", 1, {1, 1}),
+                   .padding = pair_attr(graph, node, "padding", kAnySign, {0, 0}),
+                   .dilation = pair_attr(graph, node, "dilation", kAnySign, {1, 1}),
+                   .output_size = pair_attr(graph, node, "output_size", 1)};
+  if (g.dilation[0] == 0 || g.dilation[1] == 0) op_error(graph, node, "dilation must not be 0");
+  return g;
+}
+
+HostTensor gather_columns(const Node& node, const HostTensor& x) {
+  const auto pair = [&](std::string_view name, int64_t fallback) {
+    return attr_pair(node.attrs, name, fallback);
+  };
+  const auto kernel = pair("kernel", 1), stride = pair("stride", 1), padding = pair("padding", 0),
+             dilation = pair("dilation", 1), size = pair("output_size", 1);
+  const int64_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2], width = x.shape[3];
+  HostTensor out(node.type.shape);
+  size_t at = 0;
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t kh = 0; kh < kernel[0]; ++kh)
+        for (int64_t kw = 0; kw < kernel[1]; ++kw)
+          for (int64_t oy = 0; oy < size[0]; ++oy)
+            for (int64_t ox = 0; ox < size[1]; ++ox, ++at) {
+              const int64_t iy = oy * stride[0] - padding[0] + kh * dilation[0];
+              const int64_t ix = ox * stride[1] - padding[1] + kw * dilation[1];
+              if (iy >= 0 && iy < height && ix >= 0 && ix < width)
+                out.data[at] = x.data[((n * channels + c) * height + iy) * width + ix];
+            }
+  return out;
+}
+
 }  // namespace
 
 void register_conv_ops(std::vector<OpDef>& registry) {
@@ -293,6 +337,29 @@ void register_conv_ops(std::vector<OpDef>& registry) {
                 graph.add("conv2d_grad_input", {grad_out, grad},
                           with_shape(attrs, "input_shape", graph.type(x).shape)),
                 graph.add("conv2d", {x, grad}, attrs)};
+          },
+  });
+
+  // im2col(x [N, C, H, W]) -> [N, C * KH * KW, OH * OW]: the taps of a convolution as the
+  // columns of a GEMM operand, element [n, (c * KH + kh) * KW + kw, oy * OW + ox] =
+  // x[n, c, oy * stride - padding + kh * dilation, ...] or 0 outside x. attrs: kernel [2],
+  // output_size [2] (OH, OW), stride [2] (>= 1, default 1), padding and dilation [2] (either
+  // sign: a stride-1 data gradient reads grad_out with padding -P and dilation -D). Written by
+  // the im2col pass (passes/im2col.cpp) after differentiation, so it has no gradient.
+  registry.push_back(OpDef{
+      .name = "im2col",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_input_count(graph, node, 1);
+            const ColumnGeometry g = checked_columns(graph, node);
+            const TensorType& x = graph.type(node.inputs[0]);
+            return TensorType{x.dtype,
+                              {x.shape[0], x.shape[1] * g.kernel[0] * g.kernel[1],
+                               g.output_size[0] * g.output_size[1]}};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            return gather_columns(node, *in[0]);
           },
   });
 

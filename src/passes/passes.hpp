@@ -22,6 +22,11 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // split_k.cpp).
 Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// Convolutions (conv2d, and conv2d_grad_input of stride 1) without groups as an im2col node and
+// a batched matmul, where the columns take at most `max_column_bytes` (see im2col.cpp).
+Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
+                          std::vector<ValueId>* remap = nullptr);
+
 // Two-step sums: a sum whose reduced axes lie on both sides of a kept axis and that has few
 // outputs first sums the reduced axes after that kept axis (see split_reductions.cpp).
 Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);

@@ -69,7 +69,10 @@ int64_t split_count(const Product& product) {
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
   const int64_t wanted = std::min(kWorkgroupsWanted / tiles, product.k / kMinKPerSlice);
-  if (wanted < 2) return 1;
+  // Two slices of a product that already fills most compute units cost their sum more than
+  // they gain: ResNet's 3x3 convolution as a matmul (100 tiles) took 52 us whole and 50 + 7 us
+  // split in two on the H200 (docs/BENCHMARKS.md run 15).
+  if (wanted < 3) return 1;
   // Aligned slices may cover K in fewer than `wanted`; count those that are not empty.
   return ceil_div(product.k, k_slice_length(product.k, wanted));
 }

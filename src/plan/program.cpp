@@ -202,6 +202,12 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   program.graph = passes::optimize(source);
   bool split_k = options.split_k;
   if (const char* forced = std::getenv("MEGANEURA_SPLIT_K")) split_k = std::string(forced) != "0";
+  bool im2col = options.im2col;
+  if (const char* forced = std::getenv("MEGANEURA_IM2COL")) im2col = std::string(forced) != "0";
+  // The columns are one transient value: at most a quarter of an arena, and 256 MiB.
+  if (im2col)
+    program.graph = passes::im2col_convolutions(
+        program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
   if (split_k) program.graph = passes::split_reductions(passes::split_k(program.graph));
   verify(program.graph);

@@ -50,6 +50,10 @@ struct PlanOptions {
   // (passes/split_reductions.cpp): pays on GPUs with many compute units, not on CPU devices.
   // MEGANEURA_SPLIT_K=0/1 overrides both.
   bool split_k = true;
+  // Convolutions as im2col + matmul (passes/im2col.cpp): faster on GPUs, where the implicit GEMM's
+  // per-element tap arithmetic sits in the inner loop; CPU devices keep the implicit GEMM.
+  // MEGANEURA_IM2COL=0/1 overrides.
+  bool im2col = true;
   // Bytes left unused after every value (tests fill them with a sentinel and check that no
   // kernel wrote past its outputs). Needs reuse_memory = false, or a later value could
   // legitimately land on an earlier value's guard.

@@ -45,6 +45,20 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
   check_conv({2, 3, 8, 9}, {5, 3, 5, 3}, {.stride = {2, 1}, .padding = {2, 0}});
 }
 
+// Convolutions as im2col + matmul (passes/im2col.cpp, on by default for GPUs, forced here for
+// Lavapipe): forwards with padding, stride and dilation and the stride-1 data gradients, on the
+// CPU-device kernels and on the GPU ones (the im2col kernel, the batched buffer GEMM with a
+// broadcast weight); the weight gradients stay implicit GEMMs.
+TEST(GpuConv, Im2colThenMatmul) {
+  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
+  for (const char* gpu_kernels : {"0", "1"}) {
+    const ScopedEnv kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
+    check_conv({2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}});
+    check_conv({1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}});
+    check_conv({2, 3, 13, 12}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
+  }
+}
+
 // Strided data gradients run as one GEMM per stride phase (kernels/conv.cpp): stride 3 with
 // padding past the stride, a kernel narrower than the stride (phases without any tap, whose
 // gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and two

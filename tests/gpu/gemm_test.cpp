@@ -152,6 +152,29 @@ TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
             "64 32 4 4 16");
 }
 
+// The tile for an H200-sized device (132 compute units): 128 x 128 where it fills them and
+// neither extent leaves a row or column of tiles at most half full, else 64 x 128 (128 x 64 for
+// thin N); 64 x 128 also before the 64 x 64 tile where 128 x 128 would leave units idle.
+TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
+  kernels::DeviceTraits h200;
+  h200.max_shared_memory_bytes = 49152;
+  h200.max_workgroup_invocations = 1024;
+  const auto tile_of = [&](const Shape& a, const Shape& b) {
+    Graph graph;
+    const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b));
+    std::string tile;
+    for (const auto& [key, value] : gemm_defines(graph, y, h200))
+      if (key == "TILE_M" || key == "TILE_N") tile += (tile.empty() ? "" : " ") + value;
+    return tile;
+  };
+  EXPECT_EQ(tile_of({4096, 512}, {512, 4096}), "128 128");
+  EXPECT_EQ(tile_of({64, 512}, {512, 32768}), "64 128");   // 64 rows
+  EXPECT_EQ(tile_of({320, 512}, {512, 16384}), "64 128");  // a half-empty third row of tiles
+  EXPECT_EQ(tile_of({32768, 512}, {512, 64}), "128 64");   // 64 columns
+  EXPECT_EQ(tile_of({2048, 512}, {512, 1024}), "64 128");  // 128 tiles of 128 x 128
+  EXPECT_EQ(tile_of({1024, 512}, {512, 1024}), "64 64");   // 128 tiles of 64 x 128
+}
+
 // SmolLM-sized products with small outputs get k-groups up to what the device's shared memory
 // holds; large outputs, short K and the 128 tile keep one. The override applies where it fits.
 TEST(GemmLowering, KGroupsForSmallOutputs) {

@@ -236,12 +236,75 @@ TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   Graph graph;
   const Tensor wide = matmul(input(graph, "a", {2048, 600}), input(graph, "b", {600, 2048}));
   const Tensor short_k = matmul(input(graph, "c", {8, 500}), input(graph, "d", {500, 8}));
+  // 100 output tiles: two slices would not pay for their sum (a 3x3 convolution as a matmul).
+  const Tensor most_units = matmul(input(graph, "e", {64, 576}), input(graph, "f", {4, 576, 3136}));
   graph.set_output("wide", wide.id());
   graph.set_output("short", short_k.id());
+  graph.set_output("most units", most_units.id());
   const Graph split = passes::split_k(graph);
   EXPECT_EQ(split.size(), graph.size());
   for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id)
     EXPECT_FALSE(split.node(id).attrs.has("k_splits"));
+}
+
+}  // namespace
+}  // namespace mg
+
+namespace mg {
+namespace {
+
+size_t count_op(const Graph& graph, const std::string& op) {
+  return static_cast<size_t>(std::count_if(graph.nodes().begin(), graph.nodes().end(),
+                                           [&](const Node& node) { return node.op == op; }));
+}
+
+// The im2col rewrite against the convolution references (an independent loop over taps): the
+// forward with padding, stride and dilation, and the stride-1 data gradient (columns of
+// grad_out with negative padding and dilation), on random inputs; grouped convolutions, strided
+// data gradients, 1x1 products over buffers and columns past the byte limit stay convolutions.
+TEST(Passes, Im2colKeepsConvolutionsAndDataGradients) {
+  struct Case {
+    Shape x, w;
+    Conv2dOptions options;
+    size_t im2col_nodes;  // forward + data gradient rewritten
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 2},
+      {{1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 2},
+      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 1},
+      {{1, 4, 7, 7}, {6, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}, 0},
+      {{2, 5, 6, 6}, {3, 5, 1, 1}, {}, 0},
+      {{2, 5, 6, 6}, {3, 5, 1, 1}, {.padding = {1, 0}}, 2},
+  };
+  uint64_t seed = 20;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
+    std::mt19937_64 generator(seed++);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    Graph graph;
+    Environment environment;
+    const Tensor x = input(graph, "x", c.x);
+    const Tensor w = input(graph, "w", c.w);
+    const Tensor y = conv2d(x, w, std::nullopt, c.options);
+    const Tensor seed_grad = input(graph, "g", y.shape());
+    for (const auto& [name, shape] :
+         {std::pair{std::string("x"), c.x}, std::pair{std::string("w"), c.w},
+          std::pair{std::string("g"), y.shape()}}) {
+      HostTensor value(shape);
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves[name] = value;
+    }
+    graph.set_output("y", y.id());
+    const std::map<ValueId, ValueId> grads =
+        gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
+    graph.set_output("dx", grads.at(x.id()));
+    graph.set_output("dw", grads.at(w.id()));
+    const Graph rewritten = passes::im2col_convolutions(graph, uint64_t{1} << 30);
+    EXPECT_EQ(count_op(rewritten, "im2col"), c.im2col_nodes);
+    expect_same_outputs(graph, rewritten, environment);
+    // A byte limit below the smallest columns keeps every convolution.
+    EXPECT_EQ(count_op(passes::im2col_convolutions(graph, 64), "im2col"), 0u);
+  }
 }
 
 }  // namespace
