@@ -7,6 +7,8 @@
 // times the input's bytes, a transient value freed after the product; products whose columns
 // exceed the byte limit keep the implicit GEMM, as do grouped convolutions (one GEMM per group)
 // and 1x1 convolutions with stride 1 and no padding (already plain GEMMs over the buffers).
+#include <optional>
+
 #include "ops/conv_geometry.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -27,21 +29,72 @@ uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t pla
   return static_cast<uint64_t>(batch * channels * taps * plane) * sizeof(float);
 }
 
-// The columns of `source` [N, C, H, W] for a GEMM producing an OH x OW plane, and the product
-// W2 [rows, C * KH * KW] x columns reshaped to `result_shape`.
-ValueId columns_product(Graph& target, ValueId source, ValueId weights, const ConvGeometry& g,
-                        std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
-                        std::array<int64_t, 2> stride, std::array<int64_t, 2> output_size,
-                        const Shape& result_shape) {
+ValueId columns_of(Graph& target, ValueId source, const ConvGeometry& g,
+                   std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
+                   std::array<int64_t, 2> stride, std::array<int64_t, 2> output_size) {
+  return target.add("im2col", {source},
+                    {{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
+                     {"stride", pair_of(stride)},
+                     {"padding", pair_of(padding)},
+                     {"dilation", pair_of(dilation)},
+                     {"output_size", pair_of(output_size)}});
+}
+
+ValueId reshaped(Graph& target, ValueId value, Shape shape) {
+  return target.add("reshape", {value}, {{"shape", std::move(shape)}});
+}
+
+// y[n] = W [O, C * KH * KW] x columns(x)[n].
+std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t max_bytes) {
+  const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
+                                       target.type(node.inputs[1]).shape);
+  const int64_t taps = g.kernel_height * g.kernel_width;
+  if (g.groups != 1 || reads_buffers_directly(g) ||
+      column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
+    return std::nullopt;
+  const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
+                                     {g.out_height, g.out_width});
+  const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps});
+  return reshaped(target, target.add("matmul", {rows, columns}, {}), g.output_shape());
+}
+
+// dx[n, c, y, x] = sum over (o, kh, kw) of w[o, c, kh, kw] grad_out[n, o, y + P - D kh,
+// x + P - D kw] for stride 1: the columns of grad_out with padding -P and dilation -D, against
+// w with its first two axes swapped.
+std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, uint64_t max_bytes) {
+  const ConvGeometry g = conv_geometry(node.attrs, node.attrs.get_ints("input_shape"),
+                                       target.type(node.inputs[1]).shape);
+  const int64_t taps = g.kernel_height * g.kernel_width;
+  if (g.groups != 1 || reads_buffers_directly(g) || g.stride != std::array<int64_t, 2>{1, 1} ||
+      column_bytes(g.batch, g.out_channels, taps, g.in_height * g.in_width) > max_bytes)
+    return std::nullopt;
   const ValueId columns =
-      target.add("im2col", {source},
-                 {{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
-                  {"stride", pair_of(stride)},
-                  {"padding", pair_of(padding)},
-                  {"dilation", pair_of(dilation)},
-                  {"output_size", pair_of(output_size)}});
-  const ValueId product = target.add("matmul", {weights, columns}, {});
-  return target.add("reshape", {product}, {{"shape", result_shape}});
+      columns_of(target, node.inputs[0], g, {-g.padding[0], -g.padding[1]},
+                 {-g.dilation[0], -g.dilation[1]}, {1, 1}, {g.in_height, g.in_width});
+  const ValueId swapped = target.add("transpose", {node.inputs[1]},
+                                     {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
+  const ValueId rows = reshaped(target, swapped, {g.in_channels, g.out_channels * taps});
+  return reshaped(target, target.add("matmul", {rows, columns}, {}), g.input_shape());
+}
+
+// dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
+// The batched product is long in K and short in outputs, so split-K slices it.
+std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
+                                               uint64_t max_bytes) {
+  const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
+                                       node.attrs.get_ints("weight_shape"));
+  const int64_t taps = g.kernel_height * g.kernel_width;
+  const int64_t plane = g.out_height * g.out_width;
+  if (g.groups != 1 || reads_buffers_directly(g) ||
+      column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
+    return std::nullopt;
+  const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
+                                     {g.out_height, g.out_width});
+  const ValueId rows = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
+  const ValueId per_image = target.add("matmul", {rows, columns}, {{"transpose_b", int64_t{1}}});
+  const ValueId summed =
+      target.add("sum", {per_image}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+  return reshaped(target, summed, g.weight_shape());
 }
 
 }  // namespace
@@ -52,39 +105,15 @@ Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
-        const bool forward = node.op == "conv2d";
-        const bool data_gradient = node.op == "conv2d_grad_input";
-        if ((!forward && !data_gradient) || node.type.dtype != DType::f32)
-          return target.add_typed(std::move(node));
-        const Shape& weight = target.type(node.inputs[1]).shape;
-        const Shape input =
-            forward ? target.type(node.inputs[0]).shape : node.attrs.get_ints("input_shape");
-        const ConvGeometry g = conv_geometry(node.attrs, input, weight);
-        const int64_t taps = g.kernel_height * g.kernel_width;
-        if (g.groups != 1 || reads_buffers_directly(g)) return target.add_typed(std::move(node));
-        if (forward) {
-          if (column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) >
-              max_column_bytes)
-            return target.add_typed(std::move(node));
-          const ValueId rows = target.add("reshape", {node.inputs[1]},
-                                          {{"shape", Shape{g.out_channels, g.in_channels * taps}}});
-          return columns_product(target, node.inputs[0], rows, g, g.padding, g.dilation, g.stride,
-                                 {g.out_height, g.out_width}, g.output_shape());
+        std::optional<ValueId> rewritten;
+        if (node.type.dtype == DType::f32) {
+          if (node.op == "conv2d") rewritten = rewrite_forward(target, node, max_column_bytes);
+          if (node.op == "conv2d_grad_input")
+            rewritten = rewrite_data_gradient(target, node, max_column_bytes);
+          if (node.op == "conv2d_grad_weight")
+            rewritten = rewrite_weight_gradient(target, node, max_column_bytes);
         }
-        // dx[n, c, y, x] = sum over (o, kh, kw) of w[o, c, kh, kw] grad_out[n, o, y + P - D kh,
-        // x + P - D kw] for stride 1: the columns of grad_out with padding -P and dilation -D,
-        // against w with its first two axes swapped.
-        if (g.stride != std::array<int64_t, 2>{1, 1} ||
-            column_bytes(g.batch, g.out_channels, taps, g.in_height * g.in_width) >
-                max_column_bytes)
-          return target.add_typed(std::move(node));
-        const ValueId swapped = target.add("transpose", {node.inputs[1]},
-                                           {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
-        const ValueId rows = target.add("reshape", {swapped},
-                                        {{"shape", Shape{g.in_channels, g.out_channels * taps}}});
-        return columns_product(target, node.inputs[0], rows, g, {-g.padding[0], -g.padding[1]},
-                               {-g.dilation[0], -g.dilation[1]}, {1, 1}, {g.in_height, g.in_width},
-                               g.input_shape());
+        return rewritten ? *rewritten : target.add_typed(std::move(node));
       },
       remap);
 }

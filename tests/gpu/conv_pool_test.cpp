@@ -46,9 +46,9 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
 }
 
 // Convolutions as im2col + matmul (passes/im2col.cpp, on by default for GPUs, forced here for
-// Lavapipe): forwards with padding, stride and dilation and the stride-1 data gradients, on the
-// CPU-device kernels and on the GPU ones (the im2col kernel, the batched buffer GEMM with a
-// broadcast weight); the weight gradients stay implicit GEMMs.
+// Lavapipe): forwards and weight gradients with padding, stride and dilation and the stride-1
+// data gradients, on the CPU-device kernels and on the GPU ones (the im2col kernel, the batched
+// buffer GEMM with a broadcast weight, the weight gradient's batched product and its sum).
 TEST(GpuConv, Im2colThenMatmul) {
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
   for (const char* gpu_kernels : {"0", "1"}) {

@@ -259,22 +259,23 @@ size_t count_op(const Graph& graph, const std::string& op) {
 }
 
 // The im2col rewrite against the convolution references (an independent loop over taps): the
-// forward with padding, stride and dilation, and the stride-1 data gradient (columns of
-// grad_out with negative padding and dilation), on random inputs; grouped convolutions, strided
-// data gradients, 1x1 products over buffers and columns past the byte limit stay convolutions.
-TEST(Passes, Im2colKeepsConvolutionsAndDataGradients) {
+// forward and the weight gradient with padding, stride and dilation, and the stride-1 data
+// gradient (columns of grad_out with negative padding and dilation), on random inputs; grouped
+// convolutions, strided data gradients, 1x1 products over buffers and columns past the byte
+// limit stay convolutions.
+TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   struct Case {
     Shape x, w;
     Conv2dOptions options;
-    size_t im2col_nodes;  // forward + data gradient rewritten
+    size_t im2col_nodes;  // one for each of the forward, data and weight gradients rewritten
   };
   const std::vector<Case> cases = {
-      {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 2},
-      {{1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 2},
-      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 1},
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 3},
+      {{1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 3},
+      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 2},
       {{1, 4, 7, 7}, {6, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}, 0},
       {{2, 5, 6, 6}, {3, 5, 1, 1}, {}, 0},
-      {{2, 5, 6, 6}, {3, 5, 1, 1}, {.padding = {1, 0}}, 2},
+      {{2, 5, 6, 6}, {3, 5, 1, 1}, {.padding = {1, 0}}, 3},
   };
   uint64_t seed = 20;
   for (const Case& c : cases) {
