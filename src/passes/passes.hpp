@@ -22,8 +22,9 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // split_k.cpp).
 Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
-// Convolutions (conv2d, and conv2d_grad_input of stride 1) without groups as an im2col node and
-// a batched matmul, where the columns take at most `max_column_bytes` (see im2col.cpp).
+// Convolutions without groups (conv2d, conv2d_grad_weight and conv2d_grad_input of stride 1) as
+// an im2col node and a batched matmul, where the columns take at most `max_column_bytes` (see
+// im2col.cpp).
 Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
                           std::vector<ValueId>* remap = nullptr);
 
