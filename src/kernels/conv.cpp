@@ -430,15 +430,31 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
 // consecutive output columns of one row per invocation, so that the tap's index arithmetic is
 // done once per vec4 store; consecutive invocations take consecutive columns, so reads along a
 // row of x and all writes are coalesced.
+constexpr uint32_t kColumnsLocalSize = 256;
+
+// The attributes im2col and col2im share (ops/conv.cpp).
+struct ColumnAttrs {
+  std::array<int64_t, 2> kernel, stride, padding, dilation, size;
+};
+
+ColumnAttrs column_attrs(const Node& node) {
+  return {.kernel = attr_pair(node.attrs, "kernel", 1),
+          .stride = attr_pair(node.attrs, "stride", 1),
+          .padding = attr_pair(node.attrs, "padding", 0),
+          .dilation = attr_pair(node.attrs, "dilation", 1),
+          .size = attr_pair(node.attrs, "output_size", 1)};
+}
+
+std::string columns_main(int64_t count) {
+  return "layout(local_size_x = " + std::to_string(kColumnsLocalSize) +
+         ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kColumnsLocalSize) +
+         " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
+}
+
 void lower_im2col(LoweringContext& context) {
-  constexpr uint32_t kLocalSize = 256;
   const Node& node = context.node();
   const Shape& x = context.input_type(0).shape;
-  const auto pair = [&](std::string_view name, int64_t fallback) {
-    return attr_pair(node.attrs, name, fallback);
-  };
-  const auto kernel = pair("kernel", 1), stride = pair("stride", 1), padding = pair("padding", 0),
-             dilation = pair("dilation", 1), size = pair("output_size", 1);
+  const auto [kernel, stride, padding, dilation, size] = column_attrs(node);
   const int64_t width = size[1] % 4 == 0 ? 4 : 1;
   const int64_t count = node.type.elements() / width;
   std::string body;
@@ -446,9 +462,7 @@ void lower_im2col(LoweringContext& context) {
     body +=
         "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns4 { vec4 "
         "columns4[]; };\n";
-  body += "layout(local_size_x = " + std::to_string(kLocalSize) +
-          ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kLocalSize) +
-          " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
+  body += columns_main(count);
   const int64_t row_units = size[1] / width;
   body += "  uint ox = i % " + u(row_units) + " * " + u(width) + ", oy = i / " + u(row_units) +
           " % " + u(size[0]) + ";\n  uint tap = i / " + u(row_units * size[0]) +
@@ -470,7 +484,44 @@ void lower_im2col(LoweringContext& context) {
   launch.kernel = "im2col";
   launch.body = std::move(body);
   launch.operands = {{"x", node.inputs[0], false}, {"columns", context.id(), true}};
-  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, context.device());
+  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
+  context.emit(std::move(launch));
+}
+
+// col2im(columns): one invocation per image element, summing the column elements of the taps
+// that reach it: for kernel row kh, the output row oy with oy * S - P + kh * D = y exists when
+// y + P - kh * D is a non-negative multiple of S below OH * S (likewise for columns). The loops
+// run over constant extents, so the compiler unrolls them and folds the stride tests.
+void lower_col2im(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& image = node.type.shape;
+  const auto [kernel, stride, padding, dilation, size] = column_attrs(node);
+  const int64_t count = node.type.elements();
+  std::string body = columns_main(count);
+  body += "  uint x = i % " + u(image[3]) + ", y = i / " + u(image[3]) + " % " + u(image[2]) +
+          ";\n  uint plane = i / " + u(image[2] * image[3]) + ";\n  float sum = 0.0;\n";
+  const auto axis = [&](const std::string& name, const std::string& at, int64_t dim) {
+    const std::string shifted = "t" + name;
+    std::string text = "int " + shifted + " = int(" + at + ") + " + s(padding[dim]) + " - k" +
+                       name + " * " + s(dilation[dim]) + ";\n";
+    text += "if (" + shifted + " < 0" +
+            (stride[dim] > 1 ? " || " + shifted + " % " + s(stride[dim]) + " != 0" : "") +
+            ") continue;\n";
+    text += "uint o" + name + " = uint(" + shifted + ") / " + u(stride[dim]) + ";\nif (o" + name +
+            " >= " + u(size[dim]) + ") continue;\n";
+    return text;
+  };
+  body += "  for (int ky = 0; ky < " + s(kernel[0]) + "; ++ky) {\n" + axis("y", "y", 0) +
+          "  for (int kx = 0; kx < " + s(kernel[1]) + "; ++kx) {\n" + axis("x", "x", 1) +
+          "  sum += columns[((plane * " + u(kernel[0]) + " + uint(ky)) * " + u(kernel[1]) +
+          " + uint(kx)) * " + u(size[0] * size[1]) + " + oy * " + u(size[1]) + " + ox];\n" +
+          "  }\n  }\n  image[i] = sum;\n}\n";
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "col2im";
+  launch.body = std::move(body);
+  launch.operands = {{"columns", node.inputs[0], false}, {"image", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
   context.emit(std::move(launch));
 }
 
@@ -481,7 +532,8 @@ std::vector<LoweringEntry> conv_lowerings() {
           {"conv2d_grad_input", lower_conv2d_data_grad},
           {"conv_transpose2d", lower_conv2d_data_grad},
           {"conv2d_grad_weight", lower_conv2d_weight_grad},
-          {"im2col", lower_im2col}};
+          {"im2col", lower_im2col},
+          {"col2im", lower_col2im}};
 }
 
 }  // namespace mg::kernels

@@ -204,47 +204,50 @@ Tensor add_channel_bias(Tensor out, Tensor bias, std::string_view op) {
   return add(out, reshape(bias, bias_shape));
 }
 
-// The columns of im2col (see register_conv_ops): for every output position (oy, ox) and tap
-// (c, kh, kw), row oy * stride - padding + kh * dilation of x (likewise for columns), or 0
-// outside x.
+// The columns of im2col and col2im (see register_conv_ops): for every output position (oy, ox)
+// and tap (c, kh, kw), row oy * stride - padding + kh * dilation of the image (likewise for
+// columns), or nothing outside it.
 struct ColumnGeometry {
   std::array<int64_t, 2> kernel, stride, padding, dilation, output_size;
 };
 
-ColumnGeometry checked_columns(const Graph& graph, const Node& node) {
-  const Shape& x = graph.type(node.inputs[0]).shape;
-  if (x.size() != 4) op_error(graph, node, "input must be [N, C, H, W]");
-  constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
+ColumnGeometry checked_columns(const Graph& graph, const Node& node, int64_t least_padding,
+                               int64_t least_dilation) {
   ColumnGeometry g{.kernel = pair_attr(graph, node, "kernel", 1),
                    .stride = pair_attr(graph, node, "stride", 1, {1, 1}),
-                   .padding = pair_attr(graph, node, "padding", kAnySign, {0, 0}),
-                   .dilation = pair_attr(graph, node, "dilation", kAnySign, {1, 1}),
+                   .padding = pair_attr(graph, node, "padding", least_padding, {0, 0}),
+                   .dilation = pair_attr(graph, node, "dilation", least_dilation, {1, 1}),
                    .output_size = pair_attr(graph, node, "output_size", 1)};
   if (g.dilation[0] == 0 || g.dilation[1] == 0) op_error(graph, node, "dilation must not be 0");
   return g;
 }
 
-HostTensor gather_columns(const Node& node, const HostTensor& x) {
-  const auto pair = [&](std::string_view name, int64_t fallback) {
-    return attr_pair(node.attrs, name, fallback);
-  };
-  const auto kernel = pair("kernel", 1), stride = pair("stride", 1), padding = pair("padding", 0),
-             dilation = pair("dilation", 1), size = pair("output_size", 1);
-  const int64_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2], width = x.shape[3];
-  HostTensor out(node.type.shape);
-  size_t at = 0;
+ColumnGeometry column_geometry(const Attrs& attrs) {
+  return {.kernel = attr_pair(attrs, "kernel", 1),
+          .stride = attr_pair(attrs, "stride", 1),
+          .padding = attr_pair(attrs, "padding", 0),
+          .dilation = attr_pair(attrs, "dilation", 1),
+          .output_size = attr_pair(attrs, "output_size", 1)};
+}
+
+// Calls visit(image_index, column_index) for every element of the columns [N, C * KH * KW,
+// OH * OW] that lies inside the image [N, C, H, W]. im2col and col2im are each other's adjoint
+// because both walk this one loop.
+template <class Visit>
+void for_each_column_tap(const ColumnGeometry& g, const Shape& image, Visit visit) {
+  const int64_t batch = image[0], channels = image[1], height = image[2], width = image[3];
+  int64_t column = 0;
   for (int64_t n = 0; n < batch; ++n)
     for (int64_t c = 0; c < channels; ++c)
-      for (int64_t kh = 0; kh < kernel[0]; ++kh)
-        for (int64_t kw = 0; kw < kernel[1]; ++kw)
-          for (int64_t oy = 0; oy < size[0]; ++oy)
-            for (int64_t ox = 0; ox < size[1]; ++ox, ++at) {
-              const int64_t iy = oy * stride[0] - padding[0] + kh * dilation[0];
-              const int64_t ix = ox * stride[1] - padding[1] + kw * dilation[1];
+      for (int64_t kh = 0; kh < g.kernel[0]; ++kh)
+        for (int64_t kw = 0; kw < g.kernel[1]; ++kw)
+          for (int64_t oy = 0; oy < g.output_size[0]; ++oy)
+            for (int64_t ox = 0; ox < g.output_size[1]; ++ox, ++column) {
+              const int64_t iy = oy * g.stride[0] - g.padding[0] + kh * g.dilation[0];
+              const int64_t ix = ox * g.stride[1] - g.padding[1] + kw * g.dilation[1];
               if (iy >= 0 && iy < height && ix >= 0 && ix < width)
-                out.data[at] = x.data[((n * channels + c) * height + iy) * width + ix];
+                visit(((n * channels + c) * height + iy) * width + ix, column);
             }
-  return out;
 }
 
 }  // namespace
@@ -351,15 +354,53 @@ void register_conv_ops(std::vector<OpDef>& registry) {
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
-            const ColumnGeometry g = checked_columns(graph, node);
             const TensorType& x = graph.type(node.inputs[0]);
+            if (x.shape.size() != 4) op_error(graph, node, "input must be [N, C, H, W]");
+            constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
+            const ColumnGeometry g = checked_columns(graph, node, kAnySign, kAnySign);
             return TensorType{x.dtype,
                               {x.shape[0], x.shape[1] * g.kernel[0] * g.kernel[1],
                                g.output_size[0] * g.output_size[1]}};
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            return gather_columns(node, *in[0]);
+            HostTensor columns(node.type.shape);
+            for_each_column_tap(
+                column_geometry(node.attrs), in[0]->shape,
+                [&](int64_t image, int64_t column) { columns.data[column] = in[0]->data[image]; });
+            return columns;
+          },
+  });
+
+  // col2im(columns [N, C * KH * KW, OH * OW]) -> [N, C, H, W]: the adjoint of im2col, each image
+  // element the sum of the column elements that im2col would copy from it. attrs: those of
+  // im2col with padding >= 0 and dilation >= 1, plus image_size [2] (H, W). Written by the
+  // im2col pass for strided data gradients: dx = col2im(W^T x grad_out) (passes/im2col.cpp).
+  registry.push_back(OpDef{
+      .name = "col2im",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_input_count(graph, node, 1);
+            const TensorType& columns = graph.type(node.inputs[0]);
+            const ColumnGeometry g = checked_columns(graph, node, 0, 1);
+            const auto image = pair_attr(graph, node, "image_size", 1);
+            const int64_t taps = g.kernel[0] * g.kernel[1];
+            if (columns.shape.size() != 3 || columns.shape[1] % taps != 0 ||
+                columns.shape[2] != g.output_size[0] * g.output_size[1]) {
+              op_error(graph, node,
+                       "columns must be [N, C * " + std::to_string(taps) + ", " +
+                           std::to_string(g.output_size[0] * g.output_size[1]) + "]");
+            }
+            return TensorType{columns.dtype,
+                              {columns.shape[0], columns.shape[1] / taps, image[0], image[1]}};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            HostTensor image(node.type.shape);
+            for_each_column_tap(
+                column_geometry(node.attrs), node.type.shape,
+                [&](int64_t pixel, int64_t column) { image.data[pixel] += in[0]->data[column]; });
+            return image;
           },
   });
 

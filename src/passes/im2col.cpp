@@ -1,14 +1,14 @@
-// Convolutions as explicit im2col + GEMM: conv2d, its weight gradient and the data gradient of a
-// stride-1 conv2d become an im2col node (the taps as the columns of a GEMM operand) and a
-// batched matmul, e.g. y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is
-// already NCHW. The implicit GEMM (kernels/conv.cpp) works out the tap of every operand element
-// inside its K loop; here one gather kernel does that once per element and the GEMM reads plain
-// vec4 rows. On the H200 ResNet's 3x3 forward went from 0.097 to 0.062 ms and its weight
-// gradient from 0.089 to 0.063 ms (docs/BENCHMARKS.md, run 15). The columns take C * KH * KW
-// times the input's bytes, a transient value freed after its product; products whose columns
-// pass the byte limit keep the implicit GEMM, as do grouped convolutions (one GEMM per group),
-// strided data gradients (whose stride phases already skip the empty taps) and 1x1
-// convolutions with stride 1 and no padding (already plain GEMMs over the buffers).
+// Convolutions as explicit im2col + GEMM: conv2d and its weight and stride-1 data gradients
+// become an im2col node (the taps as the columns of a GEMM operand) and a batched matmul, e.g.
+// y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is already NCHW; a
+// strided data gradient becomes a matmul into column gradients and a col2im node. The implicit
+// GEMM (kernels/conv.cpp) works out the tap of every operand element inside its K loop; here
+// one gather kernel does that once per element and the GEMM reads plain vec4 rows. On the H200
+// ResNet's 3x3 forward went from 0.097 to 0.062 ms and its weight gradient from 0.089 to
+// 0.063 ms (docs/BENCHMARKS.md, run 15). The columns take C * KH * KW times the input's bytes,
+// a transient value freed after its product; products whose columns pass the byte limit keep
+// the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
+// stride 1 and no padding (already plain GEMMs over the buffers).
 #include <optional>
 
 #include "ops/conv_geometry.hpp"
@@ -60,15 +60,40 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t
   return reshaped(target, target.add("matmul", {rows, columns}, {}), g.output_shape());
 }
 
+// The data gradient of a strided convolution: the column gradients W^T [C * KH * KW, O] x
+// grad_out[n] [O, OH * OW], summed back onto the image by col2im (each pixel gathers the taps
+// that reach it), instead of the implicit GEMM per stride phase, whose ResNet stem has only 3
+// columns (C) to spread over a GPU.
+ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometry& g) {
+  const int64_t plane = g.out_height * g.out_width;
+  const ValueId rows = reshaped(target, node.inputs[1],
+                                {g.out_channels, g.in_channels * g.kernel_height * g.kernel_width});
+  const ValueId grad_out = reshaped(target, node.inputs[0], {g.batch, g.out_channels, plane});
+  const ValueId column_grads =
+      target.add("matmul", {rows, grad_out}, {{"transpose_a", int64_t{1}}});
+  return target.add("col2im", {column_grads},
+                    {{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
+                     {"stride", pair_of(g.stride)},
+                     {"padding", pair_of(g.padding)},
+                     {"dilation", pair_of(g.dilation)},
+                     {"output_size", std::vector<int64_t>{g.out_height, g.out_width}},
+                     {"image_size", std::vector<int64_t>{g.in_height, g.in_width}}});
+}
+
 // dx[n, c, y, x] = sum over (o, kh, kw) of w[o, c, kh, kw] grad_out[n, o, y + P - D kh,
 // x + P - D kw] for stride 1: the columns of grad_out with padding -P and dilation -D, against
-// w with its first two axes swapped.
+// w with its first two axes swapped. Strided ones go through col2im.
 std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, node.attrs.get_ints("input_shape"),
                                        target.type(node.inputs[1]).shape);
   const int64_t taps = g.kernel_height * g.kernel_width;
-  if (g.groups != 1 || reads_buffers_directly(g) || g.stride != std::array<int64_t, 2>{1, 1} ||
-      column_bytes(g.batch, g.out_channels, taps, g.in_height * g.in_width) > max_bytes)
+  if (g.groups != 1 || reads_buffers_directly(g)) return std::nullopt;
+  if (g.stride != std::array<int64_t, 2>{1, 1}) {
+    if (column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
+      return std::nullopt;
+    return strided_data_gradient(target, node, g);
+  }
+  if (column_bytes(g.batch, g.out_channels, taps, g.in_height * g.in_width) > max_bytes)
     return std::nullopt;
   const ValueId columns =
       columns_of(target, node.inputs[0], g, {-g.padding[0], -g.padding[1]},

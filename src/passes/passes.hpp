@@ -22,9 +22,9 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // split_k.cpp).
 Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
-// Convolutions without groups (conv2d, conv2d_grad_weight and conv2d_grad_input of stride 1) as
-// an im2col node and a batched matmul, where the columns take at most `max_column_bytes` (see
-// im2col.cpp).
+// Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
+// (strided data gradients: a matmul and a col2im node), where the columns take at most
+// `max_column_bytes` (see im2col.cpp).
 Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
                           std::vector<ValueId>* remap = nullptr);
 

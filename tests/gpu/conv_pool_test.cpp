@@ -46,9 +46,10 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
 }
 
 // Convolutions as im2col + matmul (passes/im2col.cpp, on by default for GPUs, forced here for
-// Lavapipe): forwards and weight gradients with padding, stride and dilation and the stride-1
-// data gradients, on the CPU-device kernels and on the GPU ones (the im2col kernel, the batched
-// buffer GEMM with a broadcast weight, the weight gradient's batched product and its sum).
+// Lavapipe): forwards and weight gradients with padding, stride and dilation, the stride-1 data
+// gradients and the strided ones (col2im), on the CPU-device kernels and on the GPU ones (the
+// im2col and col2im kernels, the batched buffer GEMM with a broadcast weight, the weight
+// gradient's batched product and its sum).
 TEST(GpuConv, Im2colThenMatmul) {
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
   for (const char* gpu_kernels : {"0", "1"}) {
@@ -56,6 +57,9 @@ TEST(GpuConv, Im2colThenMatmul) {
     check_conv({2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}});
     check_conv({1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}});
     check_conv({2, 3, 13, 12}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
+    check_conv({1, 2, 12, 13}, {3, 2, 3, 3},
+               {.stride = {3, 2}, .padding = {1, 2}, .dilation = {2, 1}});
+    check_conv({2, 4, 8, 8}, {6, 4, 1, 1}, {.stride = {2, 2}});
   }
 }
 
@@ -64,6 +68,7 @@ TEST(GpuConv, Im2colThenMatmul) {
 // gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and two
 // groups; then on the square-tile GEMM with 32 x 32 products per phase.
 TEST(GpuConv, StridedDataGradientPhases) {
+  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   check_conv({2, 4, 11, 13}, {6, 2, 2, 5}, {.stride = {3, 2}, .padding = {4, 1}, .groups = 2});
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
@@ -74,6 +79,7 @@ TEST(GpuConv, StridedDataGradientPhases) {
 // kernels: the stem-like data gradient (3 input channels, stride phases), a depthwise forward
 // (one column per group) with a channel multiplier, and a dilated 2-channel data gradient.
 TEST(GpuConv, FewColumnProductsOneRowPerThread) {
+  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv rows("MEGANEURA_CONV_ROWS", "1");
   check_conv({2, 3, 11, 10}, {5, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
@@ -103,6 +109,7 @@ TEST(GpuConv, SeveralTiles) {
 // Every tile shape the lowering can pick (MEGANEURA_CONV_TILES indexes its table), on a
 // problem where each GEMM spans several tiles or leaves partial ones.
 TEST(GpuConv, EveryTileShape) {
+  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   for (int config = 0; config < 8; ++config) {
     SCOPED_TRACE("tile config " + std::to_string(config));
     setenv("MEGANEURA_CONV_TILES", std::to_string(config).c_str(), 1);
@@ -116,6 +123,7 @@ TEST(GpuConv, EveryTileShape) {
 // MEGANEURA_GEMM_TILE forces the route: forward, data and weight gradient in every tile size,
 // odd extents leaving partial tiles and K not a multiple of the slice depth.
 TEST(GpuConv, SquareTileGemmEveryTile) {
+  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   for (const char* tile : {"128", "64", "32"}) {
     SCOPED_TRACE(tile);
@@ -127,6 +135,7 @@ TEST(GpuConv, SquareTileGemmEveryTile) {
 // Two groups with mixed stride, dilation and padding, every GEMM at least 32 x 32 per group:
 // forward 48 x 34, data gradient 110 x 33, weight gradient 34 x 198.
 TEST(GpuConv, SquareTileGemmGroupsStrideDilation) {
+  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
   check_conv({1, 66, 11, 10}, {68, 33, 3, 2},
@@ -137,6 +146,7 @@ TEST(GpuConv, SquareTileGemmGroupsStrideDilation) {
 // of 304, whose partial gradients the square-tile GEMM reads through the split load functions;
 // one GEMM and one reduction dispatch instead of one GEMM.
 TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
+  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
   const auto build = [](Graph& graph, std::vector<Tensor>& in) {

@@ -490,7 +490,7 @@ void check_matmuls(bool validation) {
       kFastTolerance, 12, fast(), nullptr, validation);
 }
 
-void check_convolutions(bool validation) {
+void check_convolutions_once(bool validation) {
   // A weight gradient long enough in N * OH * OW to be split over K.
   check_on_gpu(
       {{"x", {4, 6, 32, 32}}, {"w", {20, 6, 3, 3}}, {"seed", {4, 20, 32, 32}}},
@@ -513,6 +513,14 @@ void check_convolutions(bool validation) {
                                 {in[0], in[1]});
         },
         kFastTolerance, 13, fast(), nullptr, validation);
+  }
+}
+
+void check_convolutions(bool validation) {
+  // The implicit GEMMs on cooperative matrices, then im2col + matmul (the default on GPUs).
+  for (const char* im2col : {"0", "1"}) {
+    const ScopedEnv route("MEGANEURA_IM2COL", im2col);
+    check_convolutions_once(validation);
   }
 }
 

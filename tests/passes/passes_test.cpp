@@ -259,23 +259,31 @@ size_t count_op(const Graph& graph, const std::string& op) {
 }
 
 // The im2col rewrite against the convolution references (an independent loop over taps): the
-// forward and the weight gradient with padding, stride and dilation, and the stride-1 data
-// gradient (columns of grad_out with negative padding and dilation), on random inputs; grouped
-// convolutions, strided data gradients, 1x1 products over buffers and columns past the byte
-// limit stay convolutions.
+// forward and the weight gradient with padding, stride and dilation, the stride-1 data gradient
+// (columns of grad_out with negative padding and dilation) and the strided one (col2im of the
+// column gradients), on random inputs; grouped convolutions, 1x1 products over buffers and
+// columns past the byte limit stay convolutions.
 TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   struct Case {
     Shape x, w;
     Conv2dOptions options;
     size_t im2col_nodes;  // one for each of the forward, data and weight gradients rewritten
+    size_t col2im_nodes;  // strided data gradients
   };
   const std::vector<Case> cases = {
-      {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 3},
-      {{1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 3},
-      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 2},
-      {{1, 4, 7, 7}, {6, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}, 0},
-      {{2, 5, 6, 6}, {3, 5, 1, 1}, {}, 0},
-      {{2, 5, 6, 6}, {3, 5, 1, 1}, {.padding = {1, 0}}, 3},
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 3, 0},
+      {{1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 3, 0},
+      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 2, 1},
+      {{2, 3, 15, 14}, {5, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}, 2, 1},
+      {{1, 2, 12, 13},
+       {3, 2, 3, 3},
+       {.stride = {3, 2}, .padding = {1, 2}, .dilation = {2, 1}},
+       2,
+       1},
+      {{2, 4, 8, 8}, {6, 4, 1, 1}, {.stride = {2, 2}}, 2, 1},
+      {{1, 4, 7, 7}, {6, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}, 0, 0},
+      {{2, 5, 6, 6}, {3, 5, 1, 1}, {}, 0, 0},
+      {{2, 5, 6, 6}, {3, 5, 1, 1}, {.padding = {1, 0}}, 3, 0},
   };
   uint64_t seed = 20;
   for (const Case& c : cases) {
@@ -302,9 +310,11 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
     graph.set_output("dw", grads.at(w.id()));
     const Graph rewritten = passes::im2col_convolutions(graph, uint64_t{1} << 30);
     EXPECT_EQ(count_op(rewritten, "im2col"), c.im2col_nodes);
+    EXPECT_EQ(count_op(rewritten, "col2im"), c.col2im_nodes);
     expect_same_outputs(graph, rewritten, environment);
     // A byte limit below the smallest columns keeps every convolution.
-    EXPECT_EQ(count_op(passes::im2col_convolutions(graph, 64), "im2col"), 0u);
+    const Graph limited = passes::im2col_convolutions(graph, 64);
+    EXPECT_EQ(count_op(limited, "im2col") + count_op(limited, "col2im"), 0u);
   }
 }
 
