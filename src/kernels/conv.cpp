@@ -451,6 +451,19 @@ std::string columns_main(int64_t count) {
          " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
 }
 
+// Emits `kernel` (`body`, `count` invocations) reading the node's input as names[0] and writing
+// its result as names[1].
+void emit_columns_launch(LoweringContext& context, const std::string& kernel, std::string body,
+                         const std::array<std::string, 2>& names, int64_t count) {
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = kernel;
+  launch.body = std::move(body);
+  launch.operands = {{names[0], context.node().inputs[0], false}, {names[1], context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
+  context.emit(std::move(launch));
+}
+
 void lower_im2col(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& x = context.input_type(0).shape;
@@ -479,13 +492,7 @@ void lower_im2col(LoweringContext& context) {
           " ? x[row + uint(ix)] : 0.0;\n  }\n";
   body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
                      : "  columns[i] = values[0];\n}\n";
-  Launch launch;
-  launch.label = context.label();
-  launch.kernel = "im2col";
-  launch.body = std::move(body);
-  launch.operands = {{"x", node.inputs[0], false}, {"columns", context.id(), true}};
-  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
-  context.emit(std::move(launch));
+  emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
 }
 
 // col2im(columns): one invocation per image element, summing the column elements of the taps
@@ -516,13 +523,7 @@ void lower_col2im(LoweringContext& context) {
           "  sum += columns[((plane * " + u(kernel[0]) + " + uint(ky)) * " + u(kernel[1]) +
           " + uint(kx)) * " + u(size[0] * size[1]) + " + oy * " + u(size[1]) + " + ox];\n" +
           "  }\n  }\n  image[i] = sum;\n}\n";
-  Launch launch;
-  launch.label = context.label();
-  launch.kernel = "col2im";
-  launch.body = std::move(body);
-  launch.operands = {{"columns", node.inputs[0], false}, {"image", context.id(), true}};
-  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
-  context.emit(std::move(launch));
+  emit_columns_launch(context, "col2im", std::move(body), {"columns", "image"}, count);
 }
 
 }  // namespace
