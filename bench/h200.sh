@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200 (see docs/BENCHMARKS.md): device listing, compile times, the GPU
-# test suite, kernel benchmarks against PyTorch, and the Fashion-MNIST job against PyTorch.
+# test suite, kernel benchmarks against PyTorch (and the convolutions on their implicit GEMMs),
+# and the Fashion-MNIST job against PyTorch.
 # Expects the Release binaries in .dev/bin, the dataset in .dev/data and loader debs in .gl.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" / ; done
@@ -17,12 +18,15 @@ $bin/meganeura devices --verbose 2>&1 | tee "$out/devices.txt"
 $bin/meganeura devices --bench-compile 2>&1 | tee -a "$out/devices.txt"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   # One process per test: the NVIDIA driver refused new instances after ~26 device openings
-  # in one process (seen 2026-11-29), which is not what these tests are about.
-  : > "$out/test_gpu.txt"
-  for test in $($bin/test_gpu --gtest_list_tests | awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}'); do
-    $bin/test_gpu --gtest_brief=1 --gtest_filter="$test" >> "$out/test_gpu.txt" 2>&1
-    echo "$test exit $?" >> "$out/test_gpu.txt"
-  done
+  # in one process (seen 2026-11-29), which is not what these tests are about. TEST_JOBS
+  # processes at a time (default 8) share the GPU; each test's output goes to its own file.
+  test_logs=$(mktemp -d)
+  $bin/test_gpu --gtest_list_tests | awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}' |
+    xargs -P "${TEST_JOBS:-8}" -I{} sh -c \
+      '"$0" --gtest_brief=1 --gtest_filter="$1" > "$2/$1.txt" 2>&1; echo "$1 exit $?" >> "$2/$1.txt"' \
+      "$bin/test_gpu" {} "$test_logs"
+  cat "$test_logs"/*.txt > "$out/test_gpu.txt"
+  rm -rf "$test_logs"
   grep -c " exit 0" "$out/test_gpu.txt" | sed "s/$/ tests exited 0 (skipped ones are listed below)/"
   grep -E " exit [1-9]" "$out/test_gpu.txt" || echo "no test failed"
   grep -E "SKIPPED \]" "$out/test_gpu.txt" | sort | uniq -c
@@ -39,10 +43,14 @@ if [ "${RUN_KERNELS:-1}" = 1 ]; then
   python3 bench/kernels_pytorch.py --filter "${KERNEL_FILTER:-}" > "$out/kernels_pytorch.jsonl" 2>&1
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" | tee "$out/kernels_table.txt"
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" --markdown > "$out/kernels_table.md"
-  # Where the attention cases spend their time, kernel by kernel.
+  # Where the attention cases spend their time, kernel by kernel; the convolutions again on
+  # their implicit GEMMs, against the im2col route of the table.
   if [ -z "${KERNEL_FILTER:-}" ]; then
     $bin/meganeura bench kernels --filter whisper --profile --runs 10 2>&1 | grep -v '^{' \
       | tee "$out/attention_profile.txt"
+    for family in resnet unet; do
+      MEGANEURA_IM2COL=0 $bin/meganeura bench kernels --filter "$family" --runs 10 2>&1 | grep -v '^{'
+    done | tee "$out/implicit_convolutions.txt"
   fi
 fi
 if [ "${RUN_TRAIN:-1}" = 1 ]; then
