@@ -404,15 +404,22 @@ bool device_has_coop_matrices() {
   return available;
 }
 
-// Whether the automatically chosen device lists the KHR fragment shape the kernel uses.
-bool device_has_khr_coop_matrices() {
+// Whether the automatically chosen device lists the fragment shape the kernel uses through the
+// KHR (or the NV) extension.
+bool device_lists_coop_shape(bool khr) {
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
   const gpu::DeviceCaps& caps = devices[gpu::choose_device(devices, "")].caps;
-  return std::any_of(caps.coop_matrix.begin(), caps.coop_matrix.end(),
-                     [](const gpu::CoopMatrixConfig& config) {
-                       return config.khr && config.m == 16 && config.n == 8 && config.k == 16 &&
-                              config.a == gpu::ScalarType::f16 && config.c == gpu::ScalarType::f32;
-                     });
+  return std::any_of(
+      caps.coop_matrix.begin(), caps.coop_matrix.end(), [&](const gpu::CoopMatrixConfig& config) {
+        return config.khr == khr && config.m == 16 && config.n == 8 && config.k == 16 &&
+               config.a == gpu::ScalarType::f16 && config.c == gpu::ScalarType::f32;
+      });
+}
+
+// The NV tests run validated, which leaves KHR off: on a device with KHR only they would run
+// strict, so they need the NV shape itself.
+bool device_has_nv_coop_matrices() {
+  return device_has_coop_matrices() && device_lists_coop_shape(false);
 }
 
 SessionOptions fast() {
@@ -569,17 +576,20 @@ void check_attention(bool validation) {
 }
 
 TEST(GpuCoopMatrix, AttentionAndGradientsNv) {
-  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_attention(true);
 }
 
 TEST(GpuCoopMatrix, MatmulNv) {
-  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_matmuls(true);
 }
 
 TEST(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
-  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_convolutions(true);
 }
 
@@ -587,7 +597,7 @@ TEST(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
 // tests above run validated, which leaves KHR off (Debian's layer predates the extension, see
 // device_features.cpp); this one runs without validation, so KHR where the device has it.
 TEST(GpuCoopMatrix, MatmulConvolutionsAndAttentionKhr) {
-  if (!device_has_khr_coop_matrices())
+  if (!device_lists_coop_shape(true))
     GTEST_SKIP() << "the device has no f16 KHR cooperative matrices";
   check_matmuls(false);
   check_convolutions(false);
