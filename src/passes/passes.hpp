@@ -32,6 +32,11 @@ Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
 // outputs first sums the reduced axes after that kept axis (see split_reductions.cpp).
 Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// Nested sums over leading axes (split-K partials [S, N, ...] summed over S and then over a
+// batch N, as the im2col pass's weight gradients are) become one sum over all those axes: one
+// dispatch and one read of the partials instead of two.
+Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 

@@ -56,7 +56,55 @@ std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
   return split;
 }
 
+// The count of leading axes [0, count) that `node` sums without keeping them, or nothing when it
+// is not such a sum (an empty axes list sums every axis and counts too).
+std::optional<int64_t> leading_sum_axes(const Graph& graph, const Node& node) {
+  if (node.op != "sum" || node.attrs.get_int("keepdims", 0) != 0) return std::nullopt;
+  const int64_t rank = static_cast<int64_t>(graph.type(node.inputs[0]).shape.size());
+  std::vector<int64_t> axes = node.attrs.get_ints("axes", {});
+  if (axes.empty()) return rank;
+  for (int64_t& axis : axes) {
+    if (axis < 0) axis += rank;
+  }
+  std::sort(axes.begin(), axes.end());
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (axes[i] != static_cast<int64_t>(i)) return std::nullopt;
+  }
+  return static_cast<int64_t>(axes.size());
+}
+
 }  // namespace
+
+Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap) {
+  std::vector<int64_t> uses(graph.size(), 0);
+  for (const Node& node : graph.nodes()) {
+    for (ValueId input : node.inputs) ++uses[input];
+  }
+  for (const auto& [name, id] : graph.outputs()) ++uses[id];
+  for (const auto& [leaf, value] : graph.updates()) ++uses[value];
+  std::vector<bool> keep(graph.size(), true);
+  std::vector<ValueId> merged_remap;
+  const Graph merged = rebuild(
+      graph, keep,
+      [&](Graph& target, ValueId old_id, Node node) {
+        const Node& old = graph.node(old_id);
+        const std::optional<int64_t> outer = leading_sum_axes(graph, old);
+        if (!outer || node.type.dtype != DType::f32) return target.add_typed(std::move(node));
+        const ValueId inner_id = old.inputs[0];
+        const std::optional<int64_t> inner = leading_sum_axes(graph, graph.node(inner_id));
+        if (!inner || uses[inner_id] != 1) return target.add_typed(std::move(node));
+        std::vector<int64_t> axes(static_cast<size_t>(*inner + *outer));
+        for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
+        // The inner sum, now unused, goes with the dead-code pass below.
+        const ValueId source = target.node(node.inputs[0]).inputs[0];
+        return target.add("sum", {source}, {{"axes", axes}, {"keepdims", int64_t{0}}});
+      },
+      &merged_remap);
+  std::vector<ValueId> dead_code_remap;
+  Graph result = eliminate_dead_code(merged, &dead_code_remap);
+  if (remap) *remap = compose(merged_remap, dead_code_remap);
+  return result;
+}
 
 Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);

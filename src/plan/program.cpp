@@ -209,7 +209,9 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     program.graph = passes::im2col_convolutions(
         program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
-  if (split_k) program.graph = passes::split_reductions(passes::split_k(program.graph));
+  if (split_k)
+    program.graph =
+        passes::split_reductions(passes::merge_leading_sums(passes::split_k(program.graph)));
   verify(program.graph);
   const Graph& graph = program.graph;
 

@@ -60,6 +60,10 @@ TEST(GpuConv, Im2colThenMatmul) {
     check_conv({1, 2, 12, 13}, {3, 2, 3, 3},
                {.stride = {3, 2}, .padding = {1, 2}, .dilation = {2, 1}});
     check_conv({2, 4, 8, 8}, {6, 4, 1, 1}, {.stride = {2, 2}});
+    // A plane of 576: the weight gradient's product is split over K, and its sums over the
+    // slices and the batch merge into one.
+    const ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+    check_conv({2, 3, 24, 24}, {4, 3, 3, 3}, {.padding = {1, 1}});
   }
 }
 

@@ -320,3 +320,55 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+
+// Nested sums over leading axes become one sum over all of them; a sum that is also used
+// elsewhere, kept axes and sums over later axes stay as they are. Then the im2col weight
+// gradient after split-K: its partials [S, N, O, K] are summed once.
+TEST(Passes, MergeLeadingSums) {
+  std::mt19937_64 generator(31);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  Graph graph;
+  Environment environment;
+  const Tensor x = input(graph, "x", {3, 4, 5, 6});
+  HostTensor value({3, 4, 5, 6});
+  for (double& element : value.data) element = uniform(generator);
+  environment.leaves["x"] = value;
+  graph.set_output("merged", sum(sum(x, {0}), {0, 1}).id());
+  graph.set_output("all", sum_all(sum(x, {0, 1})).id());
+  const Tensor shared = sum(x, {0});
+  graph.set_output("shared", shared.id());
+  graph.set_output("of shared", sum(shared, {0}).id());
+  graph.set_output("kept", sum(sum(x, {0}, true), {0}).id());
+  graph.set_output("later", sum(sum(x, {0}), {1}).id());
+  const Graph merged = passes::merge_leading_sums(graph);
+  // Two sums each for merged, all, kept and later, one each for shared and of shared; merged and
+  // all become one.
+  EXPECT_EQ(count_op(graph, "sum"), 10u);
+  EXPECT_EQ(count_op(merged, "sum"), 8u);
+  expect_same_outputs(graph, merged, environment);
+
+  Graph conv;
+  Environment conv_environment;
+  const Tensor images = input(conv, "images", {4, 3, 24, 24});
+  const Tensor weight = input(conv, "weight", {5, 3, 3, 3});
+  for (const auto& [name, shape] : {std::pair{std::string("images"), Shape{4, 3, 24, 24}},
+                                    std::pair{std::string("weight"), Shape{5, 3, 3, 3}}}) {
+    HostTensor leaf(shape);
+    for (double& element : leaf.data) element = uniform(generator);
+    conv_environment.leaves[name] = leaf;
+  }
+  const Tensor y = conv2d(images, weight, std::nullopt, {.padding = {1, 1}});
+  conv.set_output("dw", gradients(conv, sum_all(y * y).id(), {weight.id()}).at(weight.id()));
+  const Graph split = passes::eliminate_dead_code(
+      passes::split_k(passes::im2col_convolutions(conv, uint64_t{1} << 30)));
+  ASSERT_EQ(count_op(split, "sum"), 2u);  // over the K slices, then over the batch
+  const Graph one_sum = passes::merge_leading_sums(split);
+  EXPECT_EQ(count_op(one_sum, "sum"), count_op(split, "sum") - 1);
+  expect_same_outputs(conv, one_sum, conv_environment);
+}
+
+}  // namespace
+}  // namespace mg
