@@ -58,10 +58,12 @@ TEST(GpuGemm, EveryTileConfiguration) {
 }
 
 // Rectangular tiles and per-thread blocks through the override's full form: taller and wider
-// tiles than threads' blocks (two A or two B vec4s a thread per slice), and 8 x 4 blocks.
+// tiles than threads' blocks (two A or two B vec4s a thread per slice), and 8 x 4 blocks; the
+// last two are the rule's half tiles.
 TEST(GpuGemm, RectangularTiles) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "128,64,8,8,8"}) {
+  for (const char* tile :
+       {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "128,64,8,8,8", "64,128,8,8,8"}) {
     SCOPED_TRACE(tile);
     const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
     check_gemm_layouts();
