@@ -347,8 +347,8 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // columns of a GEMM operand, element [n, (c * KH + kh) * KW + kw, oy * OW + ox] =
   // x[n, c, oy * stride - padding + kh * dilation, ...] or 0 outside x. attrs: kernel [2],
   // output_size [2] (OH, OW), stride [2] (>= 1, default 1), padding and dilation [2] (either
-  // sign: a stride-1 data gradient reads grad_out with padding -P and dilation -D). Written by
-  // the im2col pass (passes/im2col.cpp) after differentiation, so it has no gradient.
+  // sign, dilation not 0: a stride-1 data gradient reads grad_out with padding -P and dilation
+  // -D). Written by the im2col pass (passes/im2col.cpp); its gradient is col2im.
   registry.push_back(OpDef{
       .name = "im2col",
       .infer =
@@ -370,19 +370,27 @@ void register_conv_ops(std::vector<OpDef>& registry) {
                 [&](int64_t image, int64_t column) { columns.data[column] = in[0]->data[image]; });
             return columns;
           },
+      .vjp =
+          [](Graph& graph, ValueId self, ValueId grad) {
+            Attrs attrs = graph.node(self).attrs;
+            const Shape& image = graph.type(graph.node(self).inputs[0]).shape;
+            attrs.set("image_size", std::vector<int64_t>{image[2], image[3]});
+            return std::vector<ValueId>{graph.add("col2im", {grad}, std::move(attrs))};
+          },
   });
 
   // col2im(columns [N, C * KH * KW, OH * OW]) -> [N, C, H, W]: the adjoint of im2col, each image
   // element the sum of the column elements that im2col would copy from it. attrs: those of
-  // im2col with padding >= 0 and dilation >= 1, plus image_size [2] (H, W). Written by the
-  // im2col pass for strided data gradients: dx = col2im(W^T x grad_out) (passes/im2col.cpp).
+  // im2col plus image_size [2] (H, W). Written by the im2col pass for strided data gradients:
+  // dx = col2im(W^T x grad_out) (passes/im2col.cpp); its gradient is im2col.
   registry.push_back(OpDef{
       .name = "col2im",
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
             const TensorType& columns = graph.type(node.inputs[0]);
-            const ColumnGeometry g = checked_columns(graph, node, 0, 1);
+            constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
+            const ColumnGeometry g = checked_columns(graph, node, kAnySign, kAnySign);
             const auto image = pair_attr(graph, node, "image_size", 1);
             const int64_t taps = g.kernel[0] * g.kernel[1];
             if (columns.shape.size() != 3 || columns.shape[1] % taps != 0 ||
@@ -401,6 +409,13 @@ void register_conv_ops(std::vector<OpDef>& registry) {
                 column_geometry(node.attrs), node.type.shape,
                 [&](int64_t pixel, int64_t column) { image.data[pixel] += in[0]->data[column]; });
             return image;
+          },
+      .vjp =
+          [](Graph& graph, ValueId self, ValueId grad) {
+            Attrs attrs;
+            for (const auto& [name, value] : graph.node(self).attrs.items())
+              if (name != "image_size") attrs.set(name, value);
+            return std::vector<ValueId>{graph.add("im2col", {grad}, std::move(attrs))};
           },
   });
 

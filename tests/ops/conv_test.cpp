@@ -271,3 +271,85 @@ TEST(Conv, MisuseNamesOpAndShapes) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+
+Attrs column_attrs(std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                   std::vector<int64_t> output_size) {
+  return {{"kernel", std::move(kernel)},
+          {"stride", std::move(stride)},
+          {"padding", std::move(padding)},
+          {"dilation", std::move(dilation)},
+          {"output_size", std::move(output_size)}};
+}
+
+// im2col of a 1 x 1 x 3 x 3 image counting 1..9 with a 2 x 2 kernel, padding 1 and stride 2:
+// output positions (0, 0), (0, 1), (1, 0), (1, 1) read rows and columns -1 and 1 shifted by the
+// tap; col2im puts each column element back, summing the ones that meet.
+TEST(Conv, Im2colAndCol2imByHand) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 1, 3, 3});
+  const Attrs attrs = column_attrs({2, 2}, {2, 2}, {1, 1}, {1, 1}, {2, 2});
+  const Tensor columns = raw(graph, "im2col", {x.id()}, attrs);
+  EXPECT_EQ(columns.shape(), (Shape{1, 4, 4}));
+  HostTensor image({1, 1, 3, 3});
+  for (int64_t i = 0; i < 9; ++i) image.data[static_cast<size_t>(i)] = static_cast<double>(i + 1);
+  // Tap (kh, kw) at output (oy, ox) reads x[2 oy - 1 + kh, 2 ox - 1 + kw].
+  const std::vector<double> expected = {0, 0, 0, 5,   // tap (0, 0)
+                                        0, 0, 4, 6,   // tap (0, 1)
+                                        0, 2, 0, 8,   // tap (1, 0)
+                                        1, 3, 7, 9};  // tap (1, 1)
+  Environment environment;
+  environment.leaves["x"] = image;
+  EXPECT_EQ(evaluate(graph, environment).at(columns.id()).data, expected);
+  Attrs back = attrs;
+  back.set("image_size", std::vector<int64_t>{3, 3});
+  const Tensor restored = raw(graph, "col2im", {columns.id()}, back);
+  // Every pixel is read by exactly one tap here, so col2im restores the image.
+  EXPECT_EQ(evaluate(graph, environment).at(restored.id()).data, image.data);
+}
+
+// The two are each other's adjoint, so each one's VJP is the other: against finite differences,
+// with stride, padding and dilation, and with the negative padding and dilation of the stride-1
+// data gradient.
+TEST(Conv, Im2colAndCol2imGradients) {
+  for (const Attrs& attrs : {column_attrs({3, 2}, {2, 1}, {1, 0}, {1, 2}, {3, 4}),
+                             column_attrs({3, 3}, {1, 1}, {-1, -1}, {-1, -1}, {5, 6})}) {
+    SCOPED_TRACE(attrs.to_string());
+    expect_gradients_match({.shapes = {{2, 2, 5, 6}}}, [&](std::vector<Tensor>& in) {
+      return raw(in[0].graph(), "im2col", {in[0].id()}, attrs);
+    });
+    const std::vector<int64_t>& kernel = attrs.get_ints("kernel");
+    const std::vector<int64_t>& size = attrs.get_ints("output_size");
+    Attrs back = attrs;
+    back.set("image_size", std::vector<int64_t>{5, 6});
+    expect_gradients_match(
+        {.shapes = {{2, 2 * kernel[0] * kernel[1], size[0] * size[1]}}},
+        [&](std::vector<Tensor>& in) { return raw(in[0].graph(), "col2im", {in[0].id()}, back); });
+  }
+}
+
+TEST(Conv, Im2colAndCol2imMisuse) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 2, 4, 4});
+  expect_error(
+      [&] {
+        raw(graph, "im2col", {x.id()}, column_attrs({3, 3}, {1, 1}, {1, 1}, {0, 1}, {4, 4}));
+      },
+      {"im2col", "dilation must not be 0"});
+  expect_error(
+      [&] {
+        raw(graph, "im2col", {x.id()}, column_attrs({3, 3}, {0, 1}, {1, 1}, {1, 1}, {4, 4}));
+      },
+      {"im2col", "stride"});
+  Attrs back = column_attrs({3, 3}, {1, 1}, {1, 1}, {1, 1}, {4, 4});
+  back.set("image_size", std::vector<int64_t>{4, 4});
+  const Tensor wrong = input(graph, "columns", {1, 17, 16});
+  expect_error([&] { raw(graph, "col2im", {wrong.id()}, back); },
+               {"col2im", "columns must be [N, C * 9, 16]"});
+}
+
+}  // namespace
+}  // namespace mg
