@@ -200,9 +200,7 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
 // [C, H * W] matrix, by the weights: on GPUs' strict path it runs as a batched GEMM over buffers
 // (gemm.cpp), vec4 loads and coalesced stores, no generated index arithmetic.
 bool runs_as_buffer_gemm(const ConvGeometry& g, const DeviceTraits& device) {
-  return g.kernel_height == 1 && g.kernel_width == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
-         g.padding[0] == 0 && g.padding[1] == 0 && !use_cpu_kernels(device) &&
-         !use_coop_gemm(device);
+  return g.is_pointwise() && !use_cpu_kernels(device) && !use_coop_gemm(device);
 }
 
 // The 1x1 forward (transpose_weights false: y[b, g*O/G + m] = w_g[m, :] x[b, g*C/G + :]) or data
@@ -432,19 +430,6 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
 // row of x and all writes are coalesced.
 constexpr uint32_t kColumnsLocalSize = 256;
 
-// The attributes im2col and col2im share (ops/conv.cpp).
-struct ColumnAttrs {
-  std::array<int64_t, 2> kernel, stride, padding, dilation, size;
-};
-
-ColumnAttrs column_attrs(const Node& node) {
-  return {.kernel = attr_pair(node.attrs, "kernel", 1),
-          .stride = attr_pair(node.attrs, "stride", 1),
-          .padding = attr_pair(node.attrs, "padding", 0),
-          .dilation = attr_pair(node.attrs, "dilation", 1),
-          .size = attr_pair(node.attrs, "output_size", 1)};
-}
-
 std::string columns_main(int64_t count) {
   return "layout(local_size_x = " + std::to_string(kColumnsLocalSize) +
          ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kColumnsLocalSize) +
@@ -467,7 +452,7 @@ void emit_columns_launch(LoweringContext& context, const std::string& kernel, st
 void lower_im2col(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& x = context.input_type(0).shape;
-  const auto [kernel, stride, padding, dilation, size] = column_attrs(node);
+  const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   const int64_t width = size[1] % 4 == 0 ? 4 : 1;
   const int64_t count = node.type.elements() / width;
   std::string body;
@@ -502,7 +487,7 @@ void lower_im2col(LoweringContext& context) {
 void lower_col2im(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& image = node.type.shape;
-  const auto [kernel, stride, padding, dilation, size] = column_attrs(node);
+  const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   const int64_t count = node.type.elements();
   std::string body = columns_main(count);
   body += "  uint x = i % " + u(image[3]) + ", y = i / " + u(image[3]) + " % " + u(image[2]) +

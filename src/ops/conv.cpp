@@ -204,30 +204,16 @@ Tensor add_channel_bias(Tensor out, Tensor bias, std::string_view op) {
   return add(out, reshape(bias, bias_shape));
 }
 
-// The columns of im2col and col2im (see register_conv_ops): for every output position (oy, ox)
-// and tap (c, kh, kw), row oy * stride - padding + kh * dilation of the image (likewise for
-// columns), or nothing outside it.
-struct ColumnGeometry {
-  std::array<int64_t, 2> kernel, stride, padding, dilation, output_size;
-};
-
-ColumnGeometry checked_columns(const Graph& graph, const Node& node, int64_t least_padding,
-                               int64_t least_dilation) {
-  ColumnGeometry g{.kernel = pair_attr(graph, node, "kernel", 1),
-                   .stride = pair_attr(graph, node, "stride", 1, {1, 1}),
-                   .padding = pair_attr(graph, node, "padding", least_padding, {0, 0}),
-                   .dilation = pair_attr(graph, node, "dilation", least_dilation, {1, 1}),
-                   .output_size = pair_attr(graph, node, "output_size", 1)};
-  if (g.dilation[0] == 0 || g.dilation[1] == 0) op_error(graph, node, "dilation must not be 0");
-  return g;
-}
-
-ColumnGeometry column_geometry(const Attrs& attrs) {
-  return {.kernel = attr_pair(attrs, "kernel", 1),
-          .stride = attr_pair(attrs, "stride", 1),
-          .padding = attr_pair(attrs, "padding", 0),
-          .dilation = attr_pair(attrs, "dilation", 1),
-          .output_size = attr_pair(attrs, "output_size", 1)};
+// The column geometry of an im2col or col2im node after rejecting bad attributes.
+ColumnGeometry checked_columns(const Graph& graph, const Node& node) {
+  constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
+  pair_attr(graph, node, "kernel", 1);
+  pair_attr(graph, node, "stride", 1, {1, 1});
+  pair_attr(graph, node, "padding", kAnySign, {0, 0});
+  const auto dilation = pair_attr(graph, node, "dilation", kAnySign, {1, 1});
+  pair_attr(graph, node, "output_size", 1);
+  if (dilation[0] == 0 || dilation[1] == 0) op_error(graph, node, "dilation must not be 0");
+  return column_geometry(node.attrs);
 }
 
 // Calls visit(image_index, column_index) for every element of the columns [N, C * KH * KW,
@@ -356,8 +342,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             expect_input_count(graph, node, 1);
             const TensorType& x = graph.type(node.inputs[0]);
             if (x.shape.size() != 4) op_error(graph, node, "input must be [N, C, H, W]");
-            constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
-            const ColumnGeometry g = checked_columns(graph, node, kAnySign, kAnySign);
+            const ColumnGeometry g = checked_columns(graph, node);
             return TensorType{x.dtype,
                               {x.shape[0], x.shape[1] * g.kernel[0] * g.kernel[1],
                                g.output_size[0] * g.output_size[1]}};
@@ -389,8 +374,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
             const TensorType& columns = graph.type(node.inputs[0]);
-            constexpr int64_t kAnySign = std::numeric_limits<int64_t>::min();
-            const ColumnGeometry g = checked_columns(graph, node, kAnySign, kAnySign);
+            const ColumnGeometry g = checked_columns(graph, node);
             const auto image = pair_attr(graph, node, "image_size", 1);
             const int64_t taps = g.kernel[0] * g.kernel[1];
             if (columns.shape.size() != 3 || columns.shape[1] % taps != 0 ||

@@ -33,4 +33,12 @@ ConvGeometry conv_geometry(const Attrs& attrs, const Shape& x, const Shape& w) {
   return g;
 }
 
+ColumnGeometry column_geometry(const Attrs& attrs) {
+  return {.kernel = attr_pair(attrs, "kernel", 1),
+          .stride = attr_pair(attrs, "stride", 1),
+          .padding = attr_pair(attrs, "padding", 0),
+          .dilation = attr_pair(attrs, "dilation", 1),
+          .output_size = attr_pair(attrs, "output_size", 1)};
+}
+
 }  // namespace mg

@@ -21,6 +21,11 @@ struct ConvGeometry {
     return {out_channels, channels_per_group(), kernel_height, kernel_width};
   }
   Shape output_shape() const { return {batch, out_channels, out_height, out_width}; }
+  // 1x1 with stride 1 and no padding: each image's channels are already a plain GEMM operand.
+  bool is_pointwise() const {
+    return kernel_height == 1 && kernel_width == 1 && stride == std::array<int64_t, 2>{1, 1} &&
+           padding == std::array<int64_t, 2>{0, 0};
+  }
 };
 
 // The two-entry (height, width) list attribute `name`, {fallback, fallback} when absent;
@@ -30,5 +35,16 @@ std::array<int64_t, 2> attr_pair(const Attrs& attrs, std::string_view name, int6
 // Geometry of conv2d(x [N, C, H, W], w [O, C/groups, KH, KW]) under the node's attributes,
 // without checks (infer runs checked_geometry first; references and kernels trust it).
 ConvGeometry conv_geometry(const Attrs& attrs, const Shape& x, const Shape& w);
+
+// The columns of im2col and col2im: for every output position (oy, ox) of an OH x OW plane
+// (output_size) and tap (c, kh, kw), row oy * stride - padding + kh * dilation of the image
+// (likewise for columns); padding and dilation may be negative.
+struct ColumnGeometry {
+  std::array<int64_t, 2> kernel, stride, padding, dilation, output_size;
+};
+
+// The column geometry of an im2col or col2im node's attributes, without checks (infer checks
+// them first).
+ColumnGeometry column_geometry(const Attrs& attrs);
 
 }  // namespace mg

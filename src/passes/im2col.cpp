@@ -22,11 +22,6 @@ std::vector<int64_t> pair_of(const std::array<int64_t, 2>& pair) {
   return {pair[0], pair[1]};
 }
 
-bool reads_buffers_directly(const ConvGeometry& g) {
-  return g.kernel_height == 1 && g.kernel_width == 1 && g.stride == std::array<int64_t, 2>{1, 1} &&
-         g.padding == std::array<int64_t, 2>{0, 0};
-}
-
 uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t plane) {
   return static_cast<uint64_t>(batch * channels * taps * plane) * sizeof(float);
 }
@@ -51,7 +46,7 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        target.type(node.inputs[1]).shape);
   const int64_t taps = g.kernel_height * g.kernel_width;
-  if (g.groups != 1 || reads_buffers_directly(g) ||
+  if (g.groups != 1 || g.is_pointwise() ||
       column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
@@ -87,7 +82,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, ui
   const ConvGeometry g = conv_geometry(node.attrs, node.attrs.get_ints("input_shape"),
                                        target.type(node.inputs[1]).shape);
   const int64_t taps = g.kernel_height * g.kernel_width;
-  if (g.groups != 1 || reads_buffers_directly(g)) return std::nullopt;
+  if (g.groups != 1 || g.is_pointwise()) return std::nullopt;
   if (g.stride != std::array<int64_t, 2>{1, 1}) {
     if (column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
       return std::nullopt;
@@ -112,7 +107,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
                                        node.attrs.get_ints("weight_shape"));
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
-  if (g.groups != 1 || reads_buffers_directly(g) ||
+  if (g.groups != 1 || g.is_pointwise() ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,

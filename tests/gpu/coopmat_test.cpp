@@ -428,73 +428,42 @@ SessionOptions fast() {
   return options;
 }
 
+// a (transposed when ta) times b (when tb) in fast precision against the reference; `seed`
+// draws the inputs.
+void check_product(const Shape& a, const Shape& b, bool ta, bool tb, uint64_t seed,
+                   bool validation) {
+  check_on_gpu(
+      {{"a", a}, {"b", b}},
+      [&](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
+      },
+      kFastTolerance, seed, fast(), nullptr, validation);
+}
+
 void check_matmuls(bool validation) {
   // Batch broadcast with transposes, partial 64 x 64 blocks, K not a multiple of the slice.
-  check_on_gpu(
-      {{"a", {3, 1, 70, 37}}, {"b", {4, 45, 70}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("y", matmul(in[0], in[1], true, true).id());
-      },
-      kFastTolerance, 11, fast(), nullptr, validation);
+  check_product({3, 1, 70, 37}, {4, 45, 70}, true, true, 11, validation);
   // Whole blocks: the vector loads, for each operand layout (64 x 64 blocks here).
-  for (const auto& [ta, tb] : {std::pair{false, false}, std::pair{true, true}}) {
-    check_on_gpu(
-        {{"a", ta ? Shape{96, 256} : Shape{256, 96}}, {"b", tb ? Shape{192, 96} : Shape{96, 192}}},
-        [&](Graph& graph, std::vector<Tensor>& in) {
-          graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
-        },
-        kFastTolerance, 15, fast(), nullptr, validation);
-  }
+  check_product({256, 96}, {96, 192}, false, false, 15, validation);
+  check_product({96, 256}, {192, 96}, true, true, 15, validation);
   // Whole 128 x 128 blocks with vector loads.
-  check_on_gpu(
-      {{"a", {1536, 64}}, {"b", {64, 1408}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("y", matmul(in[0], in[1]).id());
-      },
-      kFastTolerance, 16, fast(), nullptr, validation);
+  check_product({1536, 64}, {64, 1408}, false, false, 16, validation);
   // A long K over a small output: split-K partials (one GEMM over the slices, then a sum).
-  check_on_gpu(
-      {{"a", {64, 4096}}, {"b", {4096, 48}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("y", matmul(in[0], in[1]).id());
-      },
-      kFastTolerance, 17, fast(), nullptr, validation);
+  check_product({64, 4096}, {4096, 48}, false, false, 17, validation);
   // Enough output blocks for the 128 x 256 shape: whole ones with both operands read as
   // column-major fragments, and ragged ones with K not a multiple of the slice.
-  check_on_gpu(
-      {{"a", {64, 1920}}, {"b", {2304, 64}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("y", matmul(in[0], in[1], true, true).id());
-      },
-      kFastTolerance, 21, fast(), nullptr, validation);
-  check_on_gpu(
-      {{"a", {1800, 40}}, {"b", {40, 2200}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("y", matmul(in[0], in[1]).id());
-      },
-      kFastTolerance, 22, fast(), nullptr, validation);
+  check_product({64, 1920}, {2304, 64}, true, true, 21, validation);
+  check_product({1800, 40}, {40, 2200}, false, false, 22, validation);
   // Two slices fetched ahead (the rule's choice for 128 x 256 blocks over a long K), forced
   // here on small products: an odd number of slices with ragged edges, and whole blocks with
   // vector loads.
   {
     const ScopedEnv forced("MEGANEURA_COOP_BLOCK", "2,4,4,8,16,2");
-    for (const auto& [a, b] : {std::pair{Shape{200, 1000}, Shape{1000, 300}},
-                               std::pair{Shape{256, 512}, Shape{512, 256}}}) {
-      check_on_gpu(
-          {{"a", a}, {"b", b}},
-          [](Graph& graph, std::vector<Tensor>& in) {
-            graph.set_output("y", matmul(in[0], in[1]).id());
-          },
-          kFastTolerance, 23, fast(), nullptr, validation);
-    }
+    check_product({200, 1000}, {1000, 300}, false, false, 23, validation);
+    check_product({256, 512}, {512, 256}, false, false, 23, validation);
   }
   // Enough output blocks for the 128 x 128 shape, with ragged edges.
-  check_on_gpu(
-      {{"a", {1540, 40}}, {"b", {40, 1500}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("y", matmul(in[0], in[1]).id());
-      },
-      kFastTolerance, 12, fast(), nullptr, validation);
+  check_product({1540, 40}, {40, 1500}, false, false, 12, validation);
 }
 
 void check_convolutions_once(bool validation) {
