@@ -7,7 +7,8 @@ Usage: python3 bench/sweep.py --filter TEXT --set NAME=V1/V2/... [--set ...] [--
                               [--bin PATH] [--bench-args "ARGS"] [--jsonl FILE]
 
 Values are separated by "/" (a value may hold commas: 64,128,8,8,8); "-" leaves the variable
-unset (the built-in rule). Several --set options sweep their cartesian product.
+unset (the built-in rule). Several --set options sweep their cartesian product. A combination
+whose run fails is reported and left blank ("-") in the table.
 """
 import argparse
 import itertools
@@ -30,7 +31,10 @@ def run_case_family(binary, case_filter, runs, extra_args, environment):
     command += extra_args
     result = subprocess.run(command, env=environment, capture_output=True, text=True)
     if result.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr}")
+        # One bad combination must not cost the others' device time: report it, go on.
+        print(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr}",
+              file=sys.stderr, flush=True)
+        return []
     records = []
     for line in result.stdout.splitlines():
         if line.startswith("{"):

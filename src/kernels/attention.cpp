@@ -1,9 +1,11 @@
-// Attention kernels: flash-attention forward and log-sum-exp (attention_forward.comp), the dQ
-// backward (attention_grad_q.comp), the dK / dV backward (attention_grad_kv.comp), and rope.
-// Block sizes are chosen per shape so that every tile fits the device's shared memory; the
-// shared-memory formulas below mirror the declarations in the .comp files.
+// Attention kernels: strict flash attention, forward, log-sum-exp and the dQ / dK / dV backward
+// (attention_tiled.comp), their cooperative-matrix counterparts (attention_*_coopmat.comp), and
+// rope. Block sizes are chosen per shape so that every tile fits the device's shared memory;
+// the shared-memory formulas below mirror the declarations in the .comp files.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <numbers>
 
 #include "kernels/gemm_coopmat.hpp"
@@ -13,7 +15,7 @@
 namespace mg::kernels {
 namespace {
 
-constexpr uint32_t kThreads = 128;
+constexpr int64_t kThreads = 128;
 
 struct Dims {
   int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, value_dim;
@@ -28,7 +30,8 @@ struct Inputs {
   size_t out() const { return mask() + (has_mask ? 1 : 0); }
 };
 
-enum class Mode { forward, lse, grad_q, grad_k, grad_v };
+// The values are attention_tiled.comp's MODE.
+enum class Mode { forward = 0, lse = 1, grad_q = 2, grad_k = 3, grad_v = 4 };
 
 int64_t next_power_of_two(int64_t value) {
   int64_t result = 1;
@@ -36,45 +39,76 @@ int64_t next_power_of_two(int64_t value) {
   return result;
 }
 
-// Floats of shared memory each kernel declares for blocks (bq, bk): rows of vec4s padded by one.
-int64_t shared_floats(Mode mode, const Dims& dims, int64_t bq, int64_t bk) {
-  const int64_t k_row = 4 * ((dims.head_dim + 3) / 4 + 1);
-  const int64_t v_row = 4 * ((dims.value_dim + 3) / 4 + 1);
-  const int64_t kv_row = std::max(k_row, v_row);
-  switch (mode) {
-    case Mode::forward:
-    case Mode::lse:
-      return bq * k_row + bk * kv_row + bq * bk + kThreads;
-    case Mode::grad_q:
-      return bq * k_row + bq * v_row + bk * kv_row + bq * bk + kThreads;
-    case Mode::grad_k:
-      return bk * k_row + bq * k_row + bq * v_row + bq + kThreads + bq * bk + bk * v_row;
-    case Mode::grad_v:
-      return bk * k_row + bq * k_row + bq * v_row + bq + bq * bk;
-  }
-  return 0;
+// Bytes of shared memory attention_tiled.comp declares for blocks of `owned` and `streamed`
+// rows: rows of vec4s padded by one, the weights and the per-row statistics.
+int64_t tiled_shared_bytes(Mode mode, const Dims& dims, int64_t owned, int64_t streamed) {
+  const int64_t k_row = 16 * ((dims.head_dim + 3) / 4 + 1);
+  const int64_t v_row = 16 * ((dims.value_dim + 3) / 4 + 1);
+  const bool two_products = mode == Mode::grad_q || mode == Mode::grad_k;
+  int64_t bytes = owned * k_row + (two_products ? owned * v_row : 0) + streamed * k_row;
+  if (mode != Mode::lse) bytes += streamed * v_row + 4 * streamed * owned;
+  if (mode == Mode::forward || mode == Mode::lse) bytes += 8 * owned;
+  if (mode == Mode::grad_k || mode == Mode::grad_v) bytes += 8 * streamed;
+  return bytes;
 }
 
-// The largest blocks that fit: the rows a thread group owns (queries for forward and dQ, keys
-// for dK / dV) at most 16, the streamed block at most 32, neither longer than its sequence.
-std::pair<int64_t, int64_t> choose_blocks(Mode mode, const Dims& dims,
-                                          const LoweringContext& context) {
+struct TiledBlocks {
+  int64_t owned, streamed, threads, lanes;
+};
+
+// Owned rows per workgroup, streamed rows per block, threads per workgroup and the lanes that
+// share an owned row. The largest blocks that fit, owned first (each owned row reuses every
+// streamed tile), neither longer than its sequence needs.
+// MEGANEURA_ATTENTION_BLOCKS=OWNED,STREAMED[,THREADS[,LANES]] is tried first (for tuning
+// sweeps; where it does not fit, the built-in candidates follow).
+TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringContext& context) {
+  const DeviceTraits& device = context.device();
+  const int64_t max_lanes = std::min<int64_t>(32, device.subgroup_size);
+  const int64_t lanes = std::min<int64_t>(8, device.subgroup_size);
+  if (lanes < 4 || device.max_workgroup_invocations < kThreads) {
+    throw Error(context.label() + ": the strict attention kernels need subgroups of at least 4 " +
+                "lanes and workgroups of " + std::to_string(kThreads) + " invocations; " +
+                device.name + " offers " + std::to_string(device.subgroup_size) + " and " +
+                std::to_string(device.max_workgroup_invocations));
+  }
   const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
   const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
   const int64_t streamed_len = key_owned ? dims.q_len : dims.kv_len;
-  const int64_t limit = context.device().max_shared_memory_bytes / 4;
-  for (int64_t owned = std::min<int64_t>(16, next_power_of_two(owned_len)); owned >= 1;
-       owned /= 2) {
-    for (int64_t streamed = std::min<int64_t>(32, next_power_of_two(streamed_len)); streamed >= 1;
-         streamed /= 2) {
-      const int64_t bq = key_owned ? streamed : owned;
-      const int64_t bk = key_owned ? owned : streamed;
-      if (shared_floats(mode, dims, bq, bk) <= limit) return {bq, bk};
+  std::vector<TiledBlocks> candidates;
+  for (auto [owned, streamed] :
+       {std::pair<int64_t, int64_t>{64, 32}, {64, 16}, {32, 32}, {32, 16}, {16, 16}, {16, 8}})
+    candidates.push_back({owned, streamed, kThreads, lanes});
+  if (const char* forced = std::getenv("MEGANEURA_ATTENTION_BLOCKS")) {
+    TiledBlocks wanted{0, 0, kThreads, lanes};
+    const int fields = std::sscanf(forced, "%ld,%ld,%ld,%ld", &wanted.owned, &wanted.streamed,
+                                   &wanted.threads, &wanted.lanes);
+    const auto power_of_two = [](int64_t n) { return n > 0 && (n & (n - 1)) == 0; };
+    // Phase 1 gives every group of `lanes` threads at least one owned row, phase 2 every
+    // thread four.
+    if (fields < 2 || !power_of_two(wanted.owned) || !power_of_two(wanted.streamed) ||
+        !power_of_two(wanted.threads) || !power_of_two(wanted.lanes) || wanted.lanes > max_lanes ||
+        wanted.streamed < wanted.lanes || wanted.streamed > 128 ||
+        wanted.threads > device.max_workgroup_invocations || wanted.owned > 128 ||
+        wanted.owned * wanted.lanes < wanted.threads || wanted.owned > 4 * wanted.threads) {
+      throw Error(std::string("MEGANEURA_ATTENTION_BLOCKS='") + forced +
+                  "': expected OWNED,STREAMED[,THREADS[,LANES]], powers of two with LANES at " +
+                  "most " + std::to_string(max_lanes) + " (the subgroup), LANES <= STREAMED " +
+                  "<= 128, THREADS / LANES <= OWNED <= 128 and OWNED <= 4 * THREADS");
     }
+    candidates.insert(candidates.begin(), wanted);
+  }
+  for (TiledBlocks blocks : candidates) {
+    blocks.owned = std::max(blocks.threads / blocks.lanes,
+                            std::min(blocks.owned, next_power_of_two(owned_len)));
+    blocks.streamed =
+        std::max(blocks.lanes, std::min(blocks.streamed, next_power_of_two(streamed_len)));
+    if (tiled_shared_bytes(mode, dims, blocks.owned, blocks.streamed) <=
+        device.max_shared_memory_bytes)
+      return blocks;
   }
   throw Error(context.label() + ": head dimensions " + std::to_string(dims.head_dim) + "/" +
-              std::to_string(dims.value_dim) + " need more shared memory than " +
-              context.device().name + " offers");
+              std::to_string(dims.value_dim) + " need more shared memory than " + device.name +
+              " offers");
 }
 
 // `float mask_at(b, h, i, j)`: the additive mask broadcast to [B, Hq, Sq, Sk], 0 without one
@@ -140,8 +174,7 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
 // (attention_lse runs the forward kernel without values).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (!use_coop_gemm(device) || dims.head_dim % 16 != 0 || dims.value_dim % 16 != 0)
-    return false;
+  if (!use_coop_gemm(device) || dims.head_dim % 16 != 0 || dims.value_dim % 16 != 0) return false;
   if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;
 }
@@ -157,10 +190,7 @@ void lower_attention(LoweringContext& context, Mode mode) {
   const Dims dims{q[0], q[1], k[1], q[2], k[2], q[3], value_dim};
   const double scale =
       node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
-  // The cooperative-matrix kernels fix their blocks: 64 owned rows (4 subgroups of 16).
   const bool coop = use_coop_attention(mode, dims, context.device());
-  const auto [bq, bk] =
-      coop ? std::pair<int64_t, int64_t>{64, 64} : choose_blocks(mode, dims, context);
   const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
 
   Launch launch;
@@ -173,33 +203,44 @@ void lower_attention(LoweringContext& context, Mode mode) {
                     {"DV", glsl_uint(dims.value_dim)},
                     {"SCALE", glsl_float(scale)},
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
-  if (coop && (mode == Mode::forward || mode == Mode::lse)) {
-    launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
-  }
-  if (coop && (mode == Mode::grad_q || key_owned)) {
-    launch.defines.push_back(
-        {key_owned ? "BQ" : "BK", glsl_uint(coop_backward_block(mode, dims, context.device()))});
-  }
-  if (!coop) {
-    launch.defines.push_back({"BQ", glsl_uint(bq)});
-    launch.defines.push_back({"BK", glsl_uint(bk)});
-    launch.defines.push_back({"TPR", glsl_uint(kThreads / (key_owned ? bk : bq))});
-  }
   std::string file;
-  switch (mode) {
-    case Mode::forward:
-    case Mode::lse:
-      file = coop ? "attention_forward_coopmat.comp" : "attention_forward.comp";
-      launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
-      break;
-    case Mode::grad_q:
-      file = coop ? "attention_grad_q_coopmat.comp" : "attention_grad_q.comp";
-      break;
-    case Mode::grad_k:
-    case Mode::grad_v:
-      file = coop ? "attention_grad_kv_coopmat.comp" : "attention_grad_kv.comp";
-      launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
-      break;
+  // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
+  int64_t owned_block = 64;
+  if (coop) {
+    switch (mode) {
+      case Mode::forward:
+      case Mode::lse:
+        file = "attention_forward_coopmat.comp";
+        launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
+        launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
+        break;
+      case Mode::grad_q:
+        file = "attention_grad_q_coopmat.comp";
+        launch.defines.push_back(
+            {"BK", glsl_uint(coop_backward_block(mode, dims, context.device()))});
+        break;
+      case Mode::grad_k:
+      case Mode::grad_v:
+        file = "attention_grad_kv_coopmat.comp";
+        launch.defines.push_back(
+            {"BQ", glsl_uint(coop_backward_block(mode, dims, context.device()))});
+        launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
+        break;
+    }
+  } else {
+    file = "attention_tiled.comp";
+    const TiledBlocks blocks = choose_tiled_blocks(mode, dims, context);
+    owned_block = blocks.owned;
+    launch.defines.push_back({"MODE", std::to_string(static_cast<int>(mode))});
+    launch.defines.push_back({"BO", glsl_uint(blocks.owned)});
+    launch.defines.push_back({"BS", glsl_uint(blocks.streamed)});
+    launch.defines.push_back({"TC", glsl_uint(blocks.lanes)});
+    launch.defines.push_back({"THREADS", glsl_uint(blocks.threads)});
+    // Loads grouped 4 and 8 steps ahead: 0.347 -> 0.306 ms forward, 1.51 -> 1.45 ms backward on
+    // the H200 (docs/BENCHMARKS.md); Lavapipe's compiler only takes longer over them.
+    const bool cpu = context.device().cpu;
+    launch.defines.push_back({"U1", cpu ? "1" : "4"});
+    launch.defines.push_back({"U2", cpu ? "1" : "8"});
   }
   launch.khr_cooperative_matrix = coop && coop_wants_khr(context.device());
   launch.kernel = file.substr(0, file.size() - 5);
@@ -232,7 +273,8 @@ void lower_attention(LoweringContext& context, Mode mode) {
     }
   }
 
-  const int64_t blocks = key_owned ? (dims.kv_len + bk - 1) / bk : (dims.q_len + bq - 1) / bq;
+  const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
+  const int64_t blocks = (owned_len + owned_block - 1) / owned_block;
   const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
   launch.groups = {static_cast<uint32_t>(blocks), static_cast<uint32_t>(dims.batch * heads), 1};
   context.emit(std::move(launch));

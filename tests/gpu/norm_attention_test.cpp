@@ -168,6 +168,30 @@ TEST(GpuNormAttention, HeadDim128) {
   check_attention(1, 2, 1, 5, 19, 128, 128, false);
 }
 
+// The strict kernel under other blocks than the built-in choice: 4 lanes per row, 256 threads,
+// the smallest blocks; causal cross attention with more keys than queries, so that whole key
+// blocks see no query (dK / dV of those keys are zero), grouped heads, a mask and head
+// dimensions that are not multiples of 4.
+TEST(GpuNormAttention, TiledBlockVariants) {
+  for (const char* blocks : {"16,8,64,4", "32,16,256,8", "64,32,128,8"}) {
+    SCOPED_TRACE(blocks);
+    const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", blocks);
+    check_attention(1, 2, 1, 11, 40, 6, 10, true, true);
+  }
+}
+
+TEST(GpuNormAttention, TiledBlocksSwitchNamesBadValues) {
+  const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", "48,8");
+  try {
+    check_attention(1, 1, 1, 4, 4, 4, 4, false);
+    FAIL() << "a block of 48 owned rows was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_BLOCKS='48,8'"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 // Positions near 40000 (and a negative offset): the angle must stay accurate where one f32
 // product p * f would already be off by about 2e-3 radians.
 TEST(GpuNormAttention, RopeAtLongPositions) {

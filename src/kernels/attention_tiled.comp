@@ -1,0 +1,427 @@
+// Strict (f32) flash attention, every mode in one kernel: the forward, its log-sum-exp alone,
+// and the dQ, dK and dV backward. A workgroup owns BO rows (queries, or keys for dK / dV) of
+// one (batch, head) and streams blocks of BS rows of the other side. Each block is two small
+// products through shared memory, both register-tiled so that a thread reuses every vec4 it
+// loads:
+//   1. a score-like tile W[BS][BO]: S = A1 . T1 over the head dimension (and, for dQ / dK,
+//      dP = A2 . T2 over the value dimension), turned into probabilities or dS;
+//   2. acc[BO][E] += W^T C, with C the streamed tile T1 or T2.
+//   mode     owned A1 (A2)   streamed T1, T2   C    result
+//   forward  Q               K, V              V    O (online softmax)
+//   lse      Q               K                 -    log-sum-exp of each query
+//   dQ       Q (dO)          K, V              K    SCALE * dS K
+//   dK       K (V)           Q, dO             Q    SCALE * dS^T Q
+//   dV       K               Q, dO             dO   P^T dO
+// with P = exp(S * SCALE + mask - lse), dS = P * (dP - delta), delta = dO . O. Every result
+// element belongs to one thread and is summed in a fixed order: deterministic, no atomics.
+// The next block's tiles (and, for dK / dV, its queries' lse and delta) are fetched into
+// registers while the current block computes: the fetch latency was half the kernel's time.
+// Phase 1: TC consecutive lanes share RO1 owned rows and take every TC-th streamed row; row
+// maxima and sums combine over those lanes by subgroup shuffles. Phase 2: each thread owns 4
+// owned rows and every CT-th vec4 column of the result.
+// Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
+// padding per row, so that the lanes reading consecutive rows start 4 banks apart.
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV), HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
+// BO, BS, TC, THREADS.
+// Generated: float mask_at(b, h, i, j) (0 without a mask).
+#extension GL_EXT_control_flow_attributes : enable
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+#define KEY_OWNED (MODE >= 3)
+#define TWO_PRODUCTS (MODE == 2 || MODE == 3)
+#define ONLINE_SOFTMAX (MODE <= 1)
+#define HAS_T2 (MODE != 1)
+#define C_IS_T1 TWO_PRODUCTS
+#define D4 ((D + 3) / 4)
+#define DV4 ((DV + 3) / 4)
+#define K_ROW (D4 + 1)
+#define V_ROW (DV4 + 1)
+#if KEY_OWNED
+#define OWNED_LEN SK
+#define STREAM_LEN SQ
+#else
+#define OWNED_LEN SQ
+#define STREAM_LEN SK
+#endif
+#if C_IS_T1
+#define E D
+#define C_ROW K_ROW
+#else
+#define E DV
+#define C_ROW V_ROW
+#endif
+#define E4 ((E + 3) / 4)
+#define RO1 (BO * TC / THREADS)
+#define KPT (BS / TC)
+#define CT (THREADS / (BO / 4))
+#define E4PT ((E4 + CT - 1) / CT)
+#define NEG_INF (-1.0 / 0.0)
+
+layout(local_size_x = THREADS) in;
+
+shared vec4 a1_tile[BO * K_ROW];
+#if TWO_PRODUCTS
+shared vec4 a2_tile[BO * V_ROW];
+#endif
+shared vec4 t1_tile[BS * K_ROW];
+#if HAS_T2
+shared vec4 t2_tile[BS * V_ROW];
+#endif
+#if MODE != 1
+// w_tile[s * (BO / 4) + o / 4][o % 4]: the weight of owned row o for streamed row s.
+shared vec4 w_tile[BS * (BO / 4)];
+#endif
+#if ONLINE_SOFTMAX
+shared float row_alpha[BO];
+shared float row_sum[BO];
+#endif
+#if KEY_OWNED
+shared float stream_lse[BS];
+shared float stream_delta[BS];
+#endif
+
+// Rows [first, first + count) of a [.., DIM] buffer starting at row `base`, into `tile`; rows
+// past `limit` are zero.
+#define LOAD_TILE(tile, buffer, base, first, count, limit, DIM, DIM4, ROW)                  \
+  for (uint e = t; e < (count) * (DIM4); e += THREADS) {                                    \
+    uint tile_row = e / (DIM4), d4 = e % (DIM4), row_index = (first) + tile_row;            \
+    tile[tile_row * (ROW) + d4] =                                                           \
+        row_index < (limit) ? LOAD_ROW4(buffer, ((base) + row_index) * (DIM), 4u * d4, DIM) \
+                            : vec4(0.0);                                                    \
+  }
+
+// The same for a streamed tile of BS rows, in two steps: into registers (`slots` vec4s per
+// thread), and later from there into shared memory.
+#define SLOTS(DIM4) ((BS * (DIM4) + THREADS - 1) / THREADS)
+#define FETCH_TILE(slots, buffer, base, first, limit, DIM, DIM4)                   \
+  [[unroll]] for (uint p = 0u; p < SLOTS(DIM4); ++p) {                             \
+    uint e = t + p * THREADS;                                                      \
+    uint tile_row = e / (DIM4), d4 = e % (DIM4), row_index = (first) + tile_row;   \
+    slots[p] = e < BS * (DIM4) && row_index < (limit)                              \
+                   ? LOAD_ROW4(buffer, ((base) + row_index) * (DIM), 4u * d4, DIM) \
+                   : vec4(0.0);                                                    \
+  }
+#define STORE_TILE(tile, slots, DIM4, ROW)                                   \
+  [[unroll]] for (uint p = 0u; p < SLOTS(DIM4); ++p) {                       \
+    uint e = t + p * THREADS;                                                \
+    if (e < BS * (DIM4)) tile[(e / (DIM4)) * (ROW) + e % (DIM4)] = slots[p]; \
+  }
+
+// result[r][k] = owned row group1 * RO1 + r . streamed row lane + TC * k, over DIM4 vec4s, U1
+// vec4s per step with their loads first (one shared-memory latency per U1 steps); the
+// columns past DIM4 of a partial step are clamped to its last (padding is zero: adding it twice
+// would not be, so their products are skipped).
+#define PRODUCT(result, owned_tile, streamed_tile, DIM4, ROW)                                 \
+  [[unroll]] for (uint r = 0u; r < RO1; ++r) {                                                 \
+    [[unroll]] for (uint k = 0u; k < KPT; ++k) result[r][k] = 0.0;                             \
+  }                                                                                            \
+  [[dont_unroll]] for (uint d0 = 0u; d0 < (DIM4); d0 += U1) {                                  \
+    vec4 streamed[U1][KPT], owned[U1][RO1];                                                    \
+    [[unroll]] for (uint u = 0u; u < U1; ++u) {                                                \
+      uint d4 = min(d0 + u, (DIM4) - 1u);                                                      \
+      [[unroll]] for (uint k = 0u; k < KPT; ++k)                                               \
+        streamed[u][k] = streamed_tile[(lane + TC * k) * (ROW) + d4];                          \
+      [[unroll]] for (uint r = 0u; r < RO1; ++r)                                               \
+        owned[u][r] = owned_tile[(group1 * RO1 + r) * (ROW) + d4];                             \
+    }                                                                                          \
+    [[unroll]] for (uint u = 0u; u < U1; ++u) {                                                \
+      if ((DIM4) % U1 != 0u && d0 + u >= (DIM4)) break;                                        \
+      [[unroll]] for (uint r = 0u; r < RO1; ++r) {                                             \
+        [[unroll]] for (uint k = 0u; k < KPT; ++k) result[r][k] += dot(owned[u][r], streamed[u][k]); \
+      }                                                                                        \
+    }                                                                                          \
+  }
+
+float lanes_max(float value) {
+  [[unroll]] for (uint offset = 1u; offset < TC; offset *= 2u) value =
+      max(value, subgroupShuffleXor(value, offset));
+  return value;
+}
+
+float lanes_sum(float value) {
+  [[unroll]] for (uint offset = 1u; offset < TC; offset *= 2u) value +=
+      subgroupShuffleXor(value, offset);
+  return value;
+}
+
+uint t, lane, group1;
+uint b, kv_base;
+// The streamed blocks, numbered 0 .. block_count - 1 (for dK / dV over every query head of the
+// group), and the block whose tiles are in the registers below.
+uint block_count;
+#if KEY_OWNED
+uint first_head, s_begin, blocks_per_head;
+#endif
+vec4 next_t1[SLOTS(D4)];
+#if HAS_T2
+vec4 next_t2[SLOTS(DV4)];
+#endif
+#if KEY_OWNED
+#define STAT_ROWS ((BS + THREADS / TC - 1) / (THREADS / TC))
+float next_lse[STAT_ROWS];
+#if MODE == 3
+// delta's factors for streamed row group1 + (THREADS / TC) * x, elements lane + TC * y.
+#define DELTA_ELEMENTS ((DV + TC - 1) / TC)
+float next_do[STAT_ROWS][DELTA_ELEMENTS], next_o[STAT_ROWS][DELTA_ELEMENTS];
+#endif
+#endif
+
+// Head and first streamed row of block n.
+uvec2 block_origin(uint n) {
+#if KEY_OWNED
+  return uvec2(first_head + n / blocks_per_head, s_begin + (n % blocks_per_head) * BS);
+#else
+  return uvec2(gl_WorkGroupID.y % HQ, n * BS);
+#endif
+}
+
+void fetch_block(uint n) {
+  uvec2 origin = block_origin(n);
+  uint s0 = origin.y;
+#if KEY_OWNED
+  uint q_base = (b * HQ + origin.x) * SQ;
+  FETCH_TILE(next_t1, q, q_base, s0, SQ, D, D4)
+  FETCH_TILE(next_t2, grad_out, q_base, s0, SQ, DV, DV4)
+  [[unroll]] for (uint x = 0u; x < STAT_ROWS; ++x) {
+    uint ss = group1 + (THREADS / TC) * x, i = s0 + ss;
+    bool valid = ss < BS && i < SQ;
+    next_lse[x] = valid ? lse[q_base + i] : 0.0;
+#if MODE == 3
+    [[unroll]] for (uint y = 0u; y < DELTA_ELEMENTS; ++y) {
+      uint e = lane + TC * y;
+      next_do[x][y] = valid && e < DV ? grad_out[(q_base + i) * DV + e] : 0.0;
+      next_o[x][y] = valid && e < DV ? out_value[(q_base + i) * DV + e] : 0.0;
+    }
+#endif
+  }
+#else
+  FETCH_TILE(next_t1, k, kv_base, s0, SK, D, D4)
+#if HAS_T2
+  FETCH_TILE(next_t2, v, kv_base, s0, SK, DV, DV4)
+#endif
+#endif
+}
+
+void store_block() {
+  STORE_TILE(t1_tile, next_t1, D4, K_ROW)
+#if HAS_T2
+  STORE_TILE(t2_tile, next_t2, DV4, V_ROW)
+#endif
+#if KEY_OWNED
+  [[unroll]] for (uint x = 0u; x < STAT_ROWS; ++x) {
+    uint ss = group1 + (THREADS / TC) * x;
+#if MODE == 3
+    float part = 0.0;
+    [[unroll]] for (uint y = 0u; y < DELTA_ELEMENTS; ++y) part += next_do[x][y] * next_o[x][y];
+    part = lanes_sum(part);
+    if (lane == 0u && ss < BS) stream_delta[ss] = part;
+#endif
+    if (lane == 0u && ss < BS) stream_lse[ss] = next_lse[x];
+  }
+#endif
+}
+
+void main() {
+  t = gl_LocalInvocationID.x;
+  lane = t % TC;
+  group1 = t / TC;                        // phase 1: owned rows group1 * RO1 + r
+  uint group2 = t / CT, column = t % CT;  // phase 2: owned rows 4 * group2 + r
+  uint o0 = gl_WorkGroupID.x * BO;
+#if KEY_OWNED
+  b = gl_WorkGroupID.y / HKV;
+  kv_base = gl_WorkGroupID.y * SK;
+  LOAD_TILE(a1_tile, k, kv_base, o0, BO, SK, D, D4, K_ROW)
+#if TWO_PRODUCTS
+  LOAD_TILE(a2_tile, v, kv_base, o0, BO, SK, DV, DV4, V_ROW)
+#endif
+#else
+  uint bh = gl_WorkGroupID.y;
+  b = bh / HQ;
+  uint h = bh % HQ;
+  kv_base = (b * HKV + h / (HQ / HKV)) * SK;
+  uint q_base = bh * SQ;
+  LOAD_TILE(a1_tile, q, q_base, o0, BO, SQ, D, D4, K_ROW)
+#if TWO_PRODUCTS
+  LOAD_TILE(a2_tile, grad_out, q_base, o0, BO, SQ, DV, DV4, V_ROW)
+  // delta and lse of this thread's queries; the TC lanes of a row split delta's dot product.
+  float owned_lse[RO1], owned_delta[RO1];
+  [[unroll]] for (uint r = 0u; r < RO1; ++r) {
+    uint i = o0 + group1 * RO1 + r;
+    float part = 0.0;
+    if (i < SQ) {
+      for (uint e = lane; e < DV; e += TC)
+        part += grad_out[(q_base + i) * DV + e] * out_value[(q_base + i) * DV + e];
+    }
+    owned_delta[r] = lanes_sum(part);
+    owned_lse[r] = i < SQ ? lse[q_base + i] : 0.0;
+  }
+#endif
+#endif
+
+#if ONLINE_SOFTMAX
+  float m[RO1], l[RO1];
+  [[unroll]] for (uint r = 0u; r < RO1; ++r) {
+    m[r] = NEG_INF;
+    l[r] = 0.0;
+  }
+#endif
+#if MODE != 1
+  vec4 acc[4][E4PT];
+  [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+    [[unroll]] for (uint c = 0u; c < E4PT; ++c) acc[r][c] = vec4(0.0);
+  }
+#endif
+
+#if KEY_OWNED
+  // Top-left causal masking: queries before o0 see none of the owned keys.
+  s_begin = CAUSAL != 0 ? (o0 / BS) * BS : 0u;
+  first_head = (gl_WorkGroupID.y % HKV) * (HQ / HKV);
+  blocks_per_head = s_begin < SQ ? (SQ - s_begin + BS - 1u) / BS : 0u;
+  block_count = (HQ / HKV) * blocks_per_head;
+#else
+  // No owned query sees a key past its last query.
+  block_count = ((CAUSAL != 0 ? min(SK, o0 + BO) : SK) + BS - 1u) / BS;
+#endif
+  fetch_block(0u);
+  for (uint n = 0u; n < block_count; ++n) {
+    uvec2 origin = block_origin(n);
+#if KEY_OWNED
+    uint h = origin.x;
+    uint q_base = (b * HQ + h) * SQ;
+#endif
+    uint s0 = origin.y;
+    barrier();  // the previous block's readers of the streamed tiles and weights are done
+    store_block();
+    barrier();
+    if (n + 1u < block_count) fetch_block(n + 1u);
+
+    // Phase 1: S (and dP) for rows group1 * RO1 + r and streamed rows lane + TC * k.
+    float score[RO1][KPT];
+    PRODUCT(score, a1_tile, t1_tile, D4, K_ROW)
+#if TWO_PRODUCTS
+    float dp[RO1][KPT];
+    PRODUCT(dp, a2_tile, t2_tile, DV4, V_ROW)
+#endif
+    [[unroll]] for (uint r = 0u; r < RO1; ++r) {
+      uint owned_row = group1 * RO1 + r;
+      uint o = o0 + owned_row;
+#if ONLINE_SOFTMAX
+      float block_max = NEG_INF;
+#endif
+      [[unroll]] for (uint k = 0u; k < KPT; ++k) {
+        uint s = s0 + lane + TC * k;
+#if KEY_OWNED
+        uint i = s, j = o;
+#else
+        uint i = o, j = s;
+#endif
+        bool visible = o < OWNED_LEN && s < STREAM_LEN && (CAUSAL == 0 || j <= i);
+        float x = visible ? score[r][k] * SCALE + mask_at(b, h, i, j) : NEG_INF;
+#if ONLINE_SOFTMAX
+        score[r][k] = x;
+        block_max = max(block_max, x);
+#elif MODE == 2
+        score[r][k] = exp(x - owned_lse[r]) * (dp[r][k] - owned_delta[r]) * SCALE;
+#elif MODE == 3
+        uint ss = lane + TC * k;
+        score[r][k] = exp(x - stream_lse[ss]) * (dp[r][k] - stream_delta[ss]) * SCALE;
+#else
+        score[r][k] = exp(x - stream_lse[lane + TC * k]);
+#endif
+      }
+#if ONLINE_SOFTMAX
+      float m_new = max(m[r], lanes_max(block_max));
+      // A row with every key so far masked keeps m = -inf; shift by 0 so exp gives 0, not NaN.
+      float shift = m_new == NEG_INF ? 0.0 : m_new;
+      float alpha = exp(m[r] - shift);
+      float block_sum = 0.0;
+      [[unroll]] for (uint k = 0u; k < KPT; ++k) {
+        score[r][k] = exp(score[r][k] - shift);
+        block_sum += score[r][k];
+      }
+      l[r] = l[r] * alpha + block_sum;
+      m[r] = m_new;
+      if (lane == 0u) row_alpha[owned_row] = alpha;
+#endif
+#if MODE != 1
+      // Masked scores give exp(-inf) = 0 (dS: 0 * finite), so padding rows add nothing.
+      [[unroll]] for (uint k = 0u; k < KPT; ++k)
+          w_tile[(lane + TC * k) * (BO / 4) + owned_row / 4][owned_row % 4] = score[r][k];
+#endif
+    }
+#if MODE != 1
+    barrier();
+
+    // Phase 2: acc[4 rows][E4PT vec4 columns] += W^T C.
+#if ONLINE_SOFTMAX
+    [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+      float alpha = row_alpha[4u * group2 + r];
+      [[unroll]] for (uint c = 0u; c < E4PT; ++c) acc[r][c] *= alpha;
+    }
+#endif
+    // U2 streamed rows per step, their loads first: one shared-memory latency per U2 rows.
+    [[dont_unroll]] for (uint s2 = 0u; s2 < BS; s2 += U2) {
+      vec4 w[U2], value[U2][E4PT];
+      [[unroll]] for (uint u = 0u; u < U2; ++u) {
+        w[u] = w_tile[(s2 + u) * (BO / 4) + group2];
+        [[unroll]] for (uint c = 0u; c < E4PT; ++c) {
+          uint e4 = min(column + CT * c, E4 - 1u);
+#if C_IS_T1
+          value[u][c] = t1_tile[(s2 + u) * C_ROW + e4];
+#else
+          value[u][c] = t2_tile[(s2 + u) * C_ROW + e4];
+#endif
+        }
+      }
+      [[unroll]] for (uint u = 0u; u < U2; ++u) {
+        [[unroll]] for (uint c = 0u; c < E4PT; ++c) {
+          [[unroll]] for (uint r = 0u; r < 4u; ++r) acc[r][c] += w[u][r] * value[u][c];
+        }
+      }
+    }
+#endif
+  }
+
+#if ONLINE_SOFTMAX
+  [[unroll]] for (uint r = 0u; r < RO1; ++r) {
+    float total = lanes_sum(l[r]);
+    uint owned_row = group1 * RO1 + r, i = o0 + owned_row;
+#if MODE == 1
+    if (lane == 0u && i < SQ) lse[q_base + i] = m[r] + log(total);
+#else
+    if (lane == 0u) row_sum[owned_row] = total;
+#endif
+  }
+#endif
+#if MODE != 1
+#if MODE == 0
+  barrier();
+#define RESULT out_
+#define RESULT_BASE q_base
+#elif MODE == 2
+#define RESULT grad_q
+#define RESULT_BASE q_base
+#else
+#define RESULT result
+#define RESULT_BASE kv_base
+#endif
+  [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+    uint owned_row = 4u * group2 + r, o = o0 + owned_row;
+    if (o >= OWNED_LEN) continue;
+#if MODE == 0
+    float scale = 1.0 / row_sum[owned_row];
+#else
+    float scale = 1.0;
+#endif
+    [[unroll]] for (uint c = 0u; c < E4PT; ++c) {
+      uint e4 = column + CT * c;
+      if (e4 >= E4) continue;
+      [[unroll]] for (uint component = 0u; component < 4u; ++component) {
+        uint e = 4u * e4 + component;
+        if (e < E) RESULT[(RESULT_BASE + o) * E + e] = acc[r][c][component] * scale;
+      }
+    }
+  }
+#endif
+}
