@@ -8,7 +8,8 @@ Usage: python3 bench/sweep.py --filter TEXT --set NAME=V1/V2/... [--set ...] [--
 
 Values are separated by "/" (a value may hold commas: 64,128,8,8,8); "-" leaves the variable
 unset (the built-in rule). Several --set options sweep their cartesian product. A combination
-whose run fails is reported and left blank ("-") in the table.
+whose run fails is reported and left blank ("-") in the table. Each combination's times are
+also printed to stderr as soon as its run ends.
 """
 import argparse
 import itertools
@@ -73,6 +74,8 @@ def main():
         for record in run_case_family(arguments.bin, arguments.filter, arguments.runs,
                                       shlex.split(arguments.bench_args), environment):
             times.setdefault(record["case"], {})[len(columns) - 1] = record["ms"]
+            # As they come, so that a device call cut short by its time limit keeps them.
+            print(f"  {record['case']}: {record['ms']:.4f} ms", file=sys.stderr, flush=True)
             if log:
                 log.write(json.dumps(dict(record, settings=dict(zip(names, combination)))) + "\n")
     if log:

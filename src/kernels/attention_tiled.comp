@@ -22,7 +22,8 @@
 // Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
 // padding per row, so that the lanes reading consecutive rows start 4 banks apart.
 // Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV), HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
-// BO, BS, TC, THREADS.
+// BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of phase 2 whose
+// loads are issued together).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : require
