@@ -179,7 +179,8 @@ bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device)
   return coop_backward_block(mode, dims, device) != 0;
 }
 
-void lower_attention(LoweringContext& context, Mode mode) {
+// `written_lse`: an attention_lse value the forward writes too (kNoValue: none).
+void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = kNoValue) {
   const Node& node = context.node();
   const Graph& graph = context.graph();
   const bool with_value = mode != Mode::lse;
@@ -213,6 +214,7 @@ void lower_attention(LoweringContext& context, Mode mode) {
         file = "attention_forward_coopmat.comp";
         launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
         launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
+        launch.defines.push_back({"WITH_LSE", written_lse != kNoValue ? "1" : "0"});
         break;
       case Mode::grad_q:
         file = "attention_grad_q_coopmat.comp";
@@ -232,6 +234,7 @@ void lower_attention(LoweringContext& context, Mode mode) {
     const TiledBlocks blocks = choose_tiled_blocks(mode, dims, context);
     owned_block = blocks.owned;
     launch.defines.push_back({"MODE", std::to_string(static_cast<int>(mode))});
+    launch.defines.push_back({"WITH_LSE", written_lse != kNoValue ? "1" : "0"});
     launch.defines.push_back({"BO", glsl_uint(blocks.owned)});
     launch.defines.push_back({"BS", glsl_uint(blocks.streamed)});
     launch.defines.push_back({"TC", glsl_uint(blocks.lanes)});
@@ -262,6 +265,7 @@ void lower_attention(LoweringContext& context, Mode mode) {
                             : mode == Mode::grad_q ? "grad_q"
                                                    : "result";
   launch.operands.push_back({result_name, context.id(), true});
+  if (written_lse != kNoValue) launch.operands.push_back({"lse", written_lse, true});
   // The backward coop kernels alias out_value and grad_out as vec4 views, so they need the
   // bindings, which shift with the mask.
   if (coop && mode != Mode::forward) {
@@ -348,6 +352,28 @@ void lower_rope(LoweringContext& context) {
 }
 
 }  // namespace
+
+bool attention_forward_can_write_lse(const Graph& graph, ValueId forward, ValueId lse) {
+  const Node& f = graph.node(forward);
+  const Node& l = graph.node(lse);
+  if (f.op != "scaled_dot_product_attention" || l.op != "attention_lse" || lse <= forward)
+    return false;
+  const bool has_mask = f.attrs.get_int("has_mask", 0) != 0;
+  if ((l.attrs.get_int("has_mask", 0) != 0) != has_mask ||
+      l.attrs.get_int("causal", 0) != f.attrs.get_int("causal", 0) || l.inputs[0] != f.inputs[0] ||
+      l.inputs[1] != f.inputs[1] || (has_mask && l.inputs[2] != f.inputs[3]))
+    return false;
+  const double default_scale =
+      1.0 / std::sqrt(static_cast<double>(graph.type(f.inputs[0]).shape[3]));
+  return l.attrs.get_float("scale", default_scale) == f.attrs.get_float("scale", default_scale);
+}
+
+std::vector<Launch> lower_attention_with_lse(const Graph& graph, ValueId forward, ValueId lse,
+                                             const DeviceTraits& device) {
+  LoweringContext context(graph, forward, device);
+  lower_attention(context, Mode::forward, lse);
+  return std::move(context.launches());
+}
 
 std::vector<LoweringEntry> attention_lowerings() {
   return {{"scaled_dot_product_attention", lower<Mode::forward>},

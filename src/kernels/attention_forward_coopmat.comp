@@ -15,9 +15,9 @@
 // reload it; O and l stay relative to the same m, so the result O / l is exact either way. The
 // division by l at the end goes through the same staging area.
 // WITH_VALUE=0 gives attention_lse: no V, no P V, and m exact (l rescaled in its register), the
-// row's log-sum-exp (m + log2 l) / log2(e) its only output.
+// row's log-sum-exp (m + log2 l) / log2(e) its only output. WITH_LSE=1 writes it beside O.
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
-// BK (32 or 64), WITH_VALUE. Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
+// BK (32 or 64), WITH_VALUE, WITH_LSE. Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
 // that fragment arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -235,6 +235,10 @@ void main() {
   if (i >= SQ) return;
   [[unroll]] for (uint c = 0; c < DV / 2; ++c)
     out_[(q_base + i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
+#if WITH_LSE
+  // O and l are relative to the same m, so m + log2 l is the log-sum-exp here too.
+  if (half_index == 0) lse[q_base + i] = (m + log2(l)) / float(LOG2E);
+#endif
 #else
   if (i < SQ && half_index == 0) lse[q_base + i] = (m + log2(l)) / float(LOG2E);
 #endif

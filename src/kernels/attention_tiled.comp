@@ -1,5 +1,6 @@
-// Strict (f32) flash attention, every mode in one kernel: the forward, its log-sum-exp alone,
-// and the dQ, dK and dV backward. A workgroup owns BO rows (queries, or keys for dK / dV) of
+// Strict (f32) flash attention, every mode in one kernel: the forward (WITH_LSE=1: writing the
+// log-sum-exp as well, for the backward), the log-sum-exp alone, and the dQ, dK and dV
+// backward. A workgroup owns BO rows (queries, or keys for dK / dV) of
 // one (batch, head) and streams blocks of BS rows of the other side. Each block is two small
 // products through shared memory, both register-tiled so that a thread reuses every vec4 it
 // loads:
@@ -21,7 +22,7 @@
 // owned rows and every CT-th vec4 column of the result.
 // Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
 // padding per row, so that the lanes reading consecutive rows start 4 banks apart.
-// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV), HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV), WITH_LSE, HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
 // BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of phase 2 whose
 // loads are issued together).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
@@ -388,9 +389,10 @@ void main() {
   [[unroll]] for (uint r = 0u; r < RO1; ++r) {
     float total = lanes_sum(l[r]);
     uint owned_row = group1 * RO1 + r, i = o0 + owned_row;
-#if MODE == 1
+#if MODE == 1 || WITH_LSE
     if (lane == 0u && i < SQ) lse[q_base + i] = m[r] + log(total);
-#else
+#endif
+#if MODE == 0
     if (lane == 0u) row_sum[owned_row] = total;
 #endif
   }

@@ -108,6 +108,15 @@ bool is_view_op(std::string_view op);
 // Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);
 
+// Whether the attention forward `forward` can also write `lse`'s log-sum-exp: an attention_lse
+// node over the same q, k and mask with the same scale and causality, after `forward` in the
+// graph (so that every reader of `lse` runs after the forward's launch).
+bool attention_forward_can_write_lse(const Graph& graph, ValueId forward, ValueId lse);
+
+// The forward's launches, writing `lse` as well (its attention_lse node then needs none).
+std::vector<Launch> lower_attention_with_lse(const Graph& graph, ValueId forward, ValueId lse,
+                                             const DeviceTraits& device);
+
 // Every op that has a kernel (for `meganeura inspect --ops` and the coverage test).
 std::vector<std::string> lowered_ops();
 

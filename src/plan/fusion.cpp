@@ -137,16 +137,41 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     }
   }
 
+  // The backward's log-sum-exp of an attention whose forward is in the graph: the forward
+  // kernel has it at hand and writes it, instead of a second pass over the scores.
+  std::map<ValueId, ValueId> lse_of_forward;
+  std::vector<bool> lse_written_by_forward(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      if (graph.nodes()[i].op != "attention_lse") continue;
+      for (size_t f = 0; f < i; ++f) {
+        const ValueId forward = static_cast<ValueId>(f), lse = static_cast<ValueId>(i);
+        if (lse_of_forward.count(forward) ||
+            !kernels::attention_forward_can_write_lse(graph, forward, lse))
+          continue;
+        lse_of_forward.emplace(forward, lse);
+        lse_written_by_forward[i] = true;
+        break;
+      }
+    }
+  }
+
   if (fused_away) {
     *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true) +
-                  epilogue_of_root.size();
+                  epilogue_of_root.size() + lse_of_forward.size();
   }
   std::vector<kernels::Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
     if (node.is_leaf() || kernels::is_view_op(node.op) || fused_into_consumer[i] ||
-        in_epilogue[i]) {
+        in_epilogue[i] || lse_written_by_forward[i]) {
+      continue;
+    }
+    if (auto it = lse_of_forward.find(id); it != lse_of_forward.end()) {
+      for (kernels::Launch& launch :
+           kernels::lower_attention_with_lse(graph, id, it->second, device))
+        launches.push_back(std::move(launch));
       continue;
     }
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {

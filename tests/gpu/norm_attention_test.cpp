@@ -180,6 +180,16 @@ TEST(GpuNormAttention, TiledBlockVariants) {
   }
 }
 
+// attention_lse without its forward in the graph (a backward over a saved forward) has its own
+// launch; with the forward, the forward writes it (tests/plan/planner_test.cpp).
+TEST(GpuNormAttention, LogSumExpAlone) {
+  check_on_gpu(
+      {{"q", {1, 2, 9, 8}}, {"k", {1, 2, 13, 8}}}, [](Graph& graph, std::vector<Tensor>& x) {
+        const Attrs attrs{{"causal", int64_t{1}}, {"scale", 0.3}, {"has_mask", int64_t{0}}};
+        graph.set_output("lse", graph.add("attention_lse", {x[0].id(), x[1].id()}, attrs));
+      });
+}
+
 TEST(GpuNormAttention, TiledBlocksSwitchNamesBadValues) {
   const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", "48,8");
   try {

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "models/classifier.hpp"
 #include "plan/program.hpp"
@@ -109,6 +110,70 @@ TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
       }
     }
   }
+}
+
+// Attention with its gradients: the forward launch writes the log-sum-exp the backward reads,
+// so attention_lse has no launch of its own (unless fusion is off), and every launch that reads
+// it comes after the forward's.
+Graph attention_training(bool causal, bool lse_differs) {
+  Graph graph;
+  const Tensor q = input(graph, "q", {1, 2, 24, 16});
+  const Tensor k = input(graph, "k", {1, 2, 24, 16});
+  const Tensor v = input(graph, "v", {1, 2, 24, 16});
+  const Tensor seed = input(graph, "seed", {1, 2, 24, 16});
+  const Tensor y = scaled_dot_product_attention(q, k, v, {.causal = causal});
+  graph.set_output("y", y.id());
+  for (const auto& [leaf, grad] : gradients(graph, y.id(), {q.id(), k.id(), v.id()}, seed.id()))
+    graph.set_output("grad" + std::to_string(leaf), grad);
+  if (lse_differs) {
+    // A log-sum-exp under another scale: the forward cannot provide it.
+    const Attrs attrs{{"causal", int64_t{causal}}, {"scale", 0.5}, {"has_mask", int64_t{0}}};
+    graph.set_output("other_lse", graph.add("attention_lse", {q.id(), k.id()}, attrs));
+  }
+  return graph;
+}
+
+size_t launches_of(const plan::Program& program, const std::string& op) {
+  return static_cast<size_t>(std::count_if(
+      program.launches.begin(), program.launches.end(),
+      [&](const plan::PlannedLaunch& p) { return p.launch.label.starts_with(op + " "); }));
+}
+
+TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
+  for (const bool causal : {false, true}) {
+    const plan::Program program = plan_for(attention_training(causal, false));
+    EXPECT_EQ(launches_of(program, "attention_lse"), 0u);
+    int64_t forward_index = -1;
+    ValueId lse = kNoValue;
+    for (size_t t = 0; t < program.launches.size(); ++t) {
+      const kernels::Launch& launch = program.launches[t].launch;
+      if (!launch.label.starts_with("scaled_dot_product_attention ")) continue;
+      forward_index = static_cast<int64_t>(t);
+      ASSERT_EQ(launch.operands.back().name, "lse");
+      EXPECT_TRUE(launch.operands.back().write);
+      lse = launch.operands.back().value;
+      EXPECT_EQ(program.graph.node(lse).op, "attention_lse");
+    }
+    ASSERT_GE(forward_index, 0);
+    size_t readers = 0;
+    for (size_t t = 0; t < program.launches.size(); ++t) {
+      for (const kernels::Operand& operand : program.launches[t].launch.operands) {
+        if (operand.value != lse || operand.write) continue;
+        ++readers;
+        EXPECT_GT(static_cast<int64_t>(t), forward_index) << program.launches[t].launch.label;
+      }
+    }
+    EXPECT_EQ(readers, 3u);  // dQ, dK, dV
+  }
+}
+
+TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
+  const plan::Program mismatched = plan_for(attention_training(false, true));
+  EXPECT_EQ(launches_of(mismatched, "attention_lse"), 1u);  // the other scale's
+  setenv("MEGANEURA_NO_FUSION", "1", 1);
+  const plan::Program unfused = plan_for(attention_training(false, false));
+  unsetenv("MEGANEURA_NO_FUSION");
+  EXPECT_EQ(launches_of(unfused, "attention_lse"), 1u);
 }
 
 TEST(Planner, ArenasRespectTheBufferLimit) {
