@@ -31,7 +31,8 @@ struct Inputs {
 };
 
 // The values are attention_tiled.comp's MODE.
-enum class Mode { forward = 0, lse = 1, grad_q = 2, grad_k = 3, grad_v = 4 };
+// grad_kv: dK and dV of one node pair in one launch (attention_grad_k writing attention_grad_v).
+enum class Mode { forward = 0, lse = 1, grad_q = 2, grad_k = 3, grad_v = 4, grad_kv = 5 };
 
 int64_t next_power_of_two(int64_t value) {
   int64_t result = 1;
@@ -39,16 +40,21 @@ int64_t next_power_of_two(int64_t value) {
   return result;
 }
 
+bool is_key_owned(Mode mode) {
+  return mode == Mode::grad_k || mode == Mode::grad_v || mode == Mode::grad_kv;
+}
+
 // Bytes of shared memory attention_tiled.comp declares for blocks of `owned` and `streamed`
 // rows: rows of vec4s padded by one, the weights and the per-row statistics.
 int64_t tiled_shared_bytes(Mode mode, const Dims& dims, int64_t owned, int64_t streamed) {
   const int64_t k_row = 16 * ((dims.head_dim + 3) / 4 + 1);
   const int64_t v_row = 16 * ((dims.value_dim + 3) / 4 + 1);
-  const bool two_products = mode == Mode::grad_q || mode == Mode::grad_k;
+  const bool two_products = mode == Mode::grad_q || mode == Mode::grad_k || mode == Mode::grad_kv;
   int64_t bytes = owned * k_row + (two_products ? owned * v_row : 0) + streamed * k_row;
   if (mode != Mode::lse) bytes += streamed * v_row + 4 * streamed * owned;
+  if (mode == Mode::grad_kv) bytes += 4 * streamed * owned;
   if (mode == Mode::forward || mode == Mode::lse) bytes += 8 * owned;
-  if (mode == Mode::grad_k || mode == Mode::grad_v) bytes += 8 * streamed;
+  if (is_key_owned(mode)) bytes += 8 * streamed;
   return bytes;
 }
 
@@ -71,7 +77,7 @@ TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringConte
                 device.name + " offers " + std::to_string(device.subgroup_size) + " and " +
                 std::to_string(device.max_workgroup_invocations));
   }
-  const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
+  const bool key_owned = is_key_owned(mode);
   const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
   const int64_t streamed_len = key_owned ? dims.q_len : dims.kv_len;
   std::vector<TiledBlocks> candidates;
@@ -174,13 +180,16 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
 // (attention_lse runs the forward kernel without values).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (!use_coop_gemm(device) || dims.head_dim % 16 != 0 || dims.value_dim % 16 != 0) return false;
+  if (mode == Mode::grad_kv || !use_coop_gemm(device) || dims.head_dim % 16 != 0 ||
+      dims.value_dim % 16 != 0)
+    return false;
   if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;
 }
 
-// `written_lse`: an attention_lse value the forward writes too (kNoValue: none).
-void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = kNoValue) {
+// `companion`: a second value the launch writes (kNoValue: none): the attention_lse of a
+// forward, or the attention_grad_v of grad_kv.
+void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kNoValue) {
   const Node& node = context.node();
   const Graph& graph = context.graph();
   const bool with_value = mode != Mode::lse;
@@ -192,7 +201,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = 
   const double scale =
       node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
   const bool coop = use_coop_attention(mode, dims, context.device());
-  const bool key_owned = mode == Mode::grad_k || mode == Mode::grad_v;
+  const bool key_owned = is_key_owned(mode);
 
   Launch launch;
   launch.label = context.label();
@@ -204,6 +213,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = 
                     {"DV", glsl_uint(dims.value_dim)},
                     {"SCALE", glsl_float(scale)},
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
+  const bool writes_lse = mode == Mode::forward && companion != kNoValue;
   std::string file;
   // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
   int64_t owned_block = 64;
@@ -214,7 +224,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = 
         file = "attention_forward_coopmat.comp";
         launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
         launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
-        launch.defines.push_back({"WITH_LSE", written_lse != kNoValue ? "1" : "0"});
+        launch.defines.push_back({"WITH_LSE", writes_lse ? "1" : "0"});
         break;
       case Mode::grad_q:
         file = "attention_grad_q_coopmat.comp";
@@ -228,13 +238,16 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = 
             {"BQ", glsl_uint(coop_backward_block(mode, dims, context.device()))});
         launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
         break;
+      case Mode::grad_kv:  // use_coop_attention never picks it
+        throw Error(context.label() +
+                    ": dK and dV in one launch have no cooperative-matrix kernel");
     }
   } else {
     file = "attention_tiled.comp";
     const TiledBlocks blocks = choose_tiled_blocks(mode, dims, context);
     owned_block = blocks.owned;
     launch.defines.push_back({"MODE", std::to_string(static_cast<int>(mode))});
-    launch.defines.push_back({"WITH_LSE", written_lse != kNoValue ? "1" : "0"});
+    launch.defines.push_back({"WITH_LSE", writes_lse ? "1" : "0"});
     launch.defines.push_back({"BO", glsl_uint(blocks.owned)});
     launch.defines.push_back({"BS", glsl_uint(blocks.streamed)});
     launch.defines.push_back({"TC", glsl_uint(blocks.lanes)});
@@ -250,10 +263,11 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = 
   launch.body = mask_function(graph, node, inputs, dims) + std::string(kernel_source(file));
 
   launch.operands = {{"q", node.inputs[0], false}, {"k", node.inputs[1], false}};
-  const bool needs_v = mode == Mode::forward || mode == Mode::grad_q || mode == Mode::grad_k;
+  const bool needs_v = mode == Mode::forward || mode == Mode::grad_q || mode == Mode::grad_k ||
+                       mode == Mode::grad_kv;
   if (needs_v) launch.operands.push_back({"v", node.inputs[2], false});
   if (inputs.has_mask) launch.operands.push_back({"mask", node.inputs[inputs.mask()], false});
-  if (mode == Mode::grad_q || mode == Mode::grad_k) {
+  if (mode == Mode::grad_q || mode == Mode::grad_k || mode == Mode::grad_kv) {
     launch.operands.push_back({"out_value", node.inputs[inputs.out()], false});
   }
   if (mode != Mode::forward && mode != Mode::lse) {
@@ -265,7 +279,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId written_lse = 
                             : mode == Mode::grad_q ? "grad_q"
                                                    : "result";
   launch.operands.push_back({result_name, context.id(), true});
-  if (written_lse != kNoValue) launch.operands.push_back({"lse", written_lse, true});
+  if (companion != kNoValue)
+    launch.operands.push_back({mode == Mode::forward ? "lse" : "result_v", companion, true});
   // The backward coop kernels alias out_value and grad_out as vec4 views, so they need the
   // bindings, which shift with the mask.
   if (coop && mode != Mode::forward) {
@@ -353,25 +368,44 @@ void lower_rope(LoweringContext& context) {
 
 }  // namespace
 
-bool attention_forward_can_write_lse(const Graph& graph, ValueId forward, ValueId lse) {
-  const Node& f = graph.node(forward);
-  const Node& l = graph.node(lse);
-  if (f.op != "scaled_dot_product_attention" || l.op != "attention_lse" || lse <= forward)
-    return false;
-  const bool has_mask = f.attrs.get_int("has_mask", 0) != 0;
-  if ((l.attrs.get_int("has_mask", 0) != 0) != has_mask ||
-      l.attrs.get_int("causal", 0) != f.attrs.get_int("causal", 0) || l.inputs[0] != f.inputs[0] ||
-      l.inputs[1] != f.inputs[1] || (has_mask && l.inputs[2] != f.inputs[3]))
-    return false;
-  const double default_scale =
-      1.0 / std::sqrt(static_cast<double>(graph.type(f.inputs[0]).shape[3]));
-  return l.attrs.get_float("scale", default_scale) == f.attrs.get_float("scale", default_scale);
+bool is_companion_op(std::string_view op) {
+  return op == "attention_lse" || op == "attention_grad_v";
 }
 
-std::vector<Launch> lower_attention_with_lse(const Graph& graph, ValueId forward, ValueId lse,
-                                             const DeviceTraits& device) {
-  LoweringContext context(graph, forward, device);
-  lower_attention(context, Mode::forward, lse);
+bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
+                         const DeviceTraits& device) {
+  const Node& p = graph.node(producer);
+  const Node& c = graph.node(companion);
+  if (companion <= producer ||
+      (p.op != "scaled_dot_product_attention" && p.op != "attention_grad_k"))
+    return false;
+  const bool has_mask = p.attrs.get_int("has_mask", 0) != 0;
+  const double default_scale =
+      1.0 / std::sqrt(static_cast<double>(graph.type(p.inputs[0]).shape[3]));
+  if ((c.attrs.get_int("has_mask", 0) != 0) != has_mask ||
+      c.attrs.get_int("causal", 0) != p.attrs.get_int("causal", 0) ||
+      c.attrs.get_float("scale", default_scale) != p.attrs.get_float("scale", default_scale))
+    return false;
+  if (p.op == "scaled_dot_product_attention" && c.op == "attention_lse") {
+    return c.inputs[0] == p.inputs[0] && c.inputs[1] == p.inputs[1] &&
+           (!has_mask || c.inputs[2] == p.inputs[3]);
+  }
+  if (p.op == "attention_grad_k" && c.op == "attention_grad_v" && c.inputs == p.inputs) {
+    const Shape& q = graph.type(p.inputs[0]).shape;
+    const Shape& k = graph.type(p.inputs[1]).shape;
+    const Dims dims{q[0], q[1], k[1], q[2], k[2], q[3], graph.type(p.inputs[2]).shape[3]};
+    if (use_coop_attention(Mode::grad_k, dims, device)) return false;
+    const char* forced = std::getenv("MEGANEURA_ATTENTION_FUSED_KV");
+    return forced ? std::string(forced) != "0" : device.cpu;
+  }
+  return false;
+}
+
+std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, ValueId companion,
+                                         const DeviceTraits& device) {
+  LoweringContext context(graph, producer, device);
+  const bool grad_kv = graph.node(producer).op == "attention_grad_k";
+  lower_attention(context, grad_kv ? Mode::grad_kv : Mode::forward, companion);
   return std::move(context.launches());
 }
 

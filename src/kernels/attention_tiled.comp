@@ -1,6 +1,6 @@
 // Strict (f32) flash attention, every mode in one kernel: the forward (WITH_LSE=1: writing the
 // log-sum-exp as well, for the backward), the log-sum-exp alone, and the dQ, dK and dV
-// backward. A workgroup owns BO rows (queries, or keys for dK / dV) of
+// backward, dK and dV separately or together. A workgroup owns BO rows (queries, or keys for dK / dV) of
 // one (batch, head) and streams blocks of BS rows of the other side. Each block is two small
 // products through shared memory, both register-tiled so that a thread reuses every vec4 it
 // loads:
@@ -13,6 +13,7 @@
 //   dQ       Q (dO)          K, V              K    SCALE * dS K
 //   dK       K (V)           Q, dO             Q    SCALE * dS^T Q
 //   dV       K               Q, dO             dO   P^T dO
+//   dK, dV   K (V)           Q, dO             Q    dK as above; P^T dO (C = dO) into result_v
 // with P = exp(S * SCALE + mask - lse), dS = P * (dP - delta), delta = dO . O. Every result
 // element belongs to one thread and is summed in a fixed order: deterministic, no atomics.
 // The next block's tiles (and, for dK / dV, its queries' lse and delta) are fetched into
@@ -22,7 +23,7 @@
 // owned rows and every CT-th vec4 column of the result.
 // Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
 // padding per row, so that the lanes reading consecutive rows start 4 banks apart.
-// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV), WITH_LSE, HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV), WITH_LSE, HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
 // BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of phase 2 whose
 // loads are issued together).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
@@ -31,7 +32,9 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 
 #define KEY_OWNED (MODE >= 3)
-#define TWO_PRODUCTS (MODE == 2 || MODE == 3)
+#define GRAD_KV (MODE == 5)
+#define TWO_PRODUCTS (MODE == 2 || MODE == 3 || GRAD_KV)
+#define STREAM_DELTA (MODE == 3 || GRAD_KV)
 #define ONLINE_SOFTMAX (MODE <= 1)
 #define HAS_T2 (MODE != 1)
 #define C_IS_T1 TWO_PRODUCTS
@@ -58,6 +61,7 @@
 #define KPT (BS / TC)
 #define CT (THREADS / (BO / 4))
 #define E4PT ((E4 + CT - 1) / CT)
+#define DV4PT ((DV4 + CT - 1) / CT)
 #define NEG_INF (-1.0 / 0.0)
 
 layout(local_size_x = THREADS) in;
@@ -71,8 +75,12 @@ shared vec4 t1_tile[BS * K_ROW];
 shared vec4 t2_tile[BS * V_ROW];
 #endif
 #if MODE != 1
-// w_tile[s * (BO / 4) + o / 4][o % 4]: the weight of owned row o for streamed row s.
+// w_tile[s * (BO / 4) + o / 4][o % 4]: the weight of owned row o for streamed row s (for dK and
+// dV together, dS; p_tile holds P).
 shared vec4 w_tile[BS * (BO / 4)];
+#endif
+#if GRAD_KV
+shared vec4 p_tile[BS * (BO / 4)];
 #endif
 #if ONLINE_SOFTMAX
 shared float row_alpha[BO];
@@ -135,6 +143,40 @@ shared float stream_delta[BS];
     }                                                                                          \
   }
 
+// Phase 2: acc_[4 rows][vec4 columns column + CT * c] += W^T C for the block's BS streamed rows,
+// U2 rows a step with their loads first (one shared-memory latency per U2 rows). Columns past
+// DIM4 are clamped to its last and never written.
+#define ACCUMULATE(acc_, weights, c_tile, ROW, DIM4, PER_THREAD)                         \
+  [[dont_unroll]] for (uint s2 = 0u; s2 < BS; s2 += U2) {                                 \
+    vec4 w[U2], value[U2][PER_THREAD];                                                    \
+    [[unroll]] for (uint u = 0u; u < U2; ++u) {                                           \
+      w[u] = weights[(s2 + u) * (BO / 4) + group2];                                       \
+      [[unroll]] for (uint c = 0u; c < PER_THREAD; ++c)                                   \
+        value[u][c] = c_tile[(s2 + u) * (ROW) + min(column + CT * c, (DIM4) - 1u)];       \
+    }                                                                                     \
+    [[unroll]] for (uint u = 0u; u < U2; ++u) {                                           \
+      [[unroll]] for (uint c = 0u; c < PER_THREAD; ++c) {                                 \
+        [[unroll]] for (uint r = 0u; r < 4u; ++r) acc_[r][c] += w[u][r] * value[u][c];   \
+      }                                                                                   \
+    }                                                                                     \
+  }
+
+// The owned rows' results (rows of DIM floats from row `base`), each row times `row_scale`.
+#define WRITE_RESULT(buffer, base, acc_, DIM, DIM4, PER_THREAD, row_scale)                \
+  [[unroll]] for (uint r = 0u; r < 4u; ++r) {                                             \
+    uint owned_row = 4u * group2 + r, o = o0 + owned_row;                                 \
+    if (o >= OWNED_LEN) continue;                                                         \
+    float scale = row_scale;                                                              \
+    [[unroll]] for (uint c = 0u; c < PER_THREAD; ++c) {                                   \
+      uint e4 = column + CT * c;                                                          \
+      if (e4 >= (DIM4)) continue;                                                         \
+      [[unroll]] for (uint component = 0u; component < 4u; ++component) {                \
+        uint e = 4u * e4 + component;                                                     \
+        if (e < (DIM)) buffer[((base) + o) * (DIM) + e] = acc_[r][c][component] * scale;  \
+      }                                                                                   \
+    }                                                                                     \
+  }
+
 float lanes_max(float value) {
   [[unroll]] for (uint offset = 1u; offset < TC; offset *= 2u) value =
       max(value, subgroupShuffleXor(value, offset));
@@ -162,7 +204,7 @@ vec4 next_t2[SLOTS(DV4)];
 #if KEY_OWNED
 #define STAT_ROWS ((BS + THREADS / TC - 1) / (THREADS / TC))
 float next_lse[STAT_ROWS];
-#if MODE == 3
+#if STREAM_DELTA
 // delta's factors for streamed row group1 + (THREADS / TC) * x, elements lane + TC * y.
 #define DELTA_ELEMENTS ((DV + TC - 1) / TC)
 float next_do[STAT_ROWS][DELTA_ELEMENTS], next_o[STAT_ROWS][DELTA_ELEMENTS];
@@ -189,7 +231,7 @@ void fetch_block(uint n) {
     uint ss = group1 + (THREADS / TC) * x, i = s0 + ss;
     bool valid = ss < BS && i < SQ;
     next_lse[x] = valid ? lse[q_base + i] : 0.0;
-#if MODE == 3
+#if STREAM_DELTA
     [[unroll]] for (uint y = 0u; y < DELTA_ELEMENTS; ++y) {
       uint e = lane + TC * y;
       next_do[x][y] = valid && e < DV ? grad_out[(q_base + i) * DV + e] : 0.0;
@@ -213,7 +255,7 @@ void store_block() {
 #if KEY_OWNED
   [[unroll]] for (uint x = 0u; x < STAT_ROWS; ++x) {
     uint ss = group1 + (THREADS / TC) * x;
-#if MODE == 3
+#if STREAM_DELTA
     float part = 0.0;
     [[unroll]] for (uint y = 0u; y < DELTA_ELEMENTS; ++y) part += next_do[x][y] * next_o[x][y];
     part = lanes_sum(part);
@@ -266,6 +308,12 @@ void main() {
   [[unroll]] for (uint r = 0u; r < RO1; ++r) {
     m[r] = NEG_INF;
     l[r] = 0.0;
+  }
+#endif
+#if GRAD_KV
+  vec4 acc_v[4][DV4PT];
+  [[unroll]] for (uint r = 0u; r < 4u; ++r) {
+    [[unroll]] for (uint c = 0u; c < DV4PT; ++c) acc_v[r][c] = vec4(0.0);
   }
 #endif
 #if MODE != 1
@@ -325,9 +373,13 @@ void main() {
         block_max = max(block_max, x);
 #elif MODE == 2
         score[r][k] = exp(x - owned_lse[r]) * (dp[r][k] - owned_delta[r]) * SCALE;
-#elif MODE == 3
+#elif STREAM_DELTA
         uint ss = lane + TC * k;
-        score[r][k] = exp(x - stream_lse[ss]) * (dp[r][k] - stream_delta[ss]) * SCALE;
+        float p = exp(x - stream_lse[ss]);
+#if GRAD_KV
+        p_tile[ss * (BO / 4) + owned_row / 4][owned_row % 4] = p;
+#endif
+        score[r][k] = p * (dp[r][k] - stream_delta[ss]) * SCALE;
 #else
         score[r][k] = exp(x - stream_lse[lane + TC * k]);
 #endif
@@ -362,26 +414,14 @@ void main() {
       [[unroll]] for (uint c = 0u; c < E4PT; ++c) acc[r][c] *= alpha;
     }
 #endif
-    // U2 streamed rows per step, their loads first: one shared-memory latency per U2 rows.
-    [[dont_unroll]] for (uint s2 = 0u; s2 < BS; s2 += U2) {
-      vec4 w[U2], value[U2][E4PT];
-      [[unroll]] for (uint u = 0u; u < U2; ++u) {
-        w[u] = w_tile[(s2 + u) * (BO / 4) + group2];
-        [[unroll]] for (uint c = 0u; c < E4PT; ++c) {
-          uint e4 = min(column + CT * c, E4 - 1u);
 #if C_IS_T1
-          value[u][c] = t1_tile[(s2 + u) * C_ROW + e4];
+    ACCUMULATE(acc, w_tile, t1_tile, K_ROW, E4, E4PT)
 #else
-          value[u][c] = t2_tile[(s2 + u) * C_ROW + e4];
+    ACCUMULATE(acc, w_tile, t2_tile, V_ROW, E4, E4PT)
 #endif
-        }
-      }
-      [[unroll]] for (uint u = 0u; u < U2; ++u) {
-        [[unroll]] for (uint c = 0u; c < E4PT; ++c) {
-          [[unroll]] for (uint r = 0u; r < 4u; ++r) acc[r][c] += w[u][r] * value[u][c];
-        }
-      }
-    }
+#if GRAD_KV
+    ACCUMULATE(acc_v, p_tile, t2_tile, V_ROW, DV4, DV4PT)
+#endif
 #endif
   }
 
@@ -397,34 +437,15 @@ void main() {
 #endif
   }
 #endif
-#if MODE != 1
 #if MODE == 0
   barrier();
-#define RESULT out_
-#define RESULT_BASE q_base
+  WRITE_RESULT(out_, q_base, acc, DV, DV4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 2
-#define RESULT grad_q
-#define RESULT_BASE q_base
-#else
-#define RESULT result
-#define RESULT_BASE kv_base
+  WRITE_RESULT(grad_q, q_base, acc, D, D4, E4PT, 1.0)
+#elif MODE != 1
+  WRITE_RESULT(result, kv_base, acc, E, E4, E4PT, 1.0)
 #endif
-  [[unroll]] for (uint r = 0u; r < 4u; ++r) {
-    uint owned_row = 4u * group2 + r, o = o0 + owned_row;
-    if (o >= OWNED_LEN) continue;
-#if MODE == 0
-    float scale = 1.0 / row_sum[owned_row];
-#else
-    float scale = 1.0;
-#endif
-    [[unroll]] for (uint c = 0u; c < E4PT; ++c) {
-      uint e4 = column + CT * c;
-      if (e4 >= E4) continue;
-      [[unroll]] for (uint component = 0u; component < 4u; ++component) {
-        uint e = 4u * e4 + component;
-        if (e < E) RESULT[(RESULT_BASE + o) * E + e] = acc[r][c][component] * scale;
-      }
-    }
-  }
+#if GRAD_KV
+  WRITE_RESULT(result_v, kv_base, acc_v, DV, DV4, DV4PT, 1.0)
 #endif
 }

@@ -108,14 +108,19 @@ bool is_view_op(std::string_view op);
 // Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);
 
-// Whether the attention forward `forward` can also write `lse`'s log-sum-exp: an attention_lse
-// node over the same q, k and mask with the same scale and causality, after `forward` in the
-// graph (so that every reader of `lse` runs after the forward's launch).
-bool attention_forward_can_write_lse(const Graph& graph, ValueId forward, ValueId lse);
+// Values another node's launch can write beside its own result, so that their node needs no
+// launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
+// causality (the forward has the log-sum-exp at hand), and an attention_grad_v after the
+// attention_grad_k of the same inputs on the strict kernel (one pass over the scores for both;
+// on CPU devices, and wherever MEGANEURA_ATTENTION_FUSED_KV=1). The companion comes after its
+// producer in the graph, so every reader of it runs after the producer's launch.
+bool is_companion_op(std::string_view op);
+bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
+                         const DeviceTraits& device);
 
-// The forward's launches, writing `lse` as well (its attention_lse node then needs none).
-std::vector<Launch> lower_attention_with_lse(const Graph& graph, ValueId forward, ValueId lse,
-                                             const DeviceTraits& device);
+// The producer's launches, writing the companion as well.
+std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, ValueId companion,
+                                         const DeviceTraits& device);
 
 // Every op that has a kernel (for `meganeura inspect --ops` and the coverage test).
 std::vector<std::string> lowered_ops();

@@ -137,20 +137,20 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     }
   }
 
-  // The backward's log-sum-exp of an attention whose forward is in the graph: the forward
-  // kernel has it at hand and writes it, instead of a second pass over the scores.
-  std::map<ValueId, ValueId> lse_of_forward;
-  std::vector<bool> lse_written_by_forward(graph.size(), false);
+  // Values another launch writes beside its own result (kernels::is_companion_op): the
+  // backward's log-sum-exp from its attention forward, dV beside dK.
+  std::map<ValueId, ValueId> companion_of;
+  std::vector<bool> written_by_producer(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
-      if (graph.nodes()[i].op != "attention_lse") continue;
-      for (size_t f = 0; f < i; ++f) {
-        const ValueId forward = static_cast<ValueId>(f), lse = static_cast<ValueId>(i);
-        if (lse_of_forward.count(forward) ||
-            !kernels::attention_forward_can_write_lse(graph, forward, lse))
+      if (!kernels::is_companion_op(graph.nodes()[i].op)) continue;
+      for (size_t p = 0; p < i; ++p) {
+        const ValueId producer = static_cast<ValueId>(p), companion = static_cast<ValueId>(i);
+        if (companion_of.count(producer) ||
+            !kernels::can_write_companion(graph, producer, companion, device))
           continue;
-        lse_of_forward.emplace(forward, lse);
-        lse_written_by_forward[i] = true;
+        companion_of.emplace(producer, companion);
+        written_by_producer[i] = true;
         break;
       }
     }
@@ -158,19 +158,18 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
 
   if (fused_away) {
     *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true) +
-                  epilogue_of_root.size() + lse_of_forward.size();
+                  epilogue_of_root.size() + companion_of.size();
   }
   std::vector<kernels::Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
     if (node.is_leaf() || kernels::is_view_op(node.op) || fused_into_consumer[i] ||
-        in_epilogue[i] || lse_written_by_forward[i]) {
+        in_epilogue[i] || written_by_producer[i]) {
       continue;
     }
-    if (auto it = lse_of_forward.find(id); it != lse_of_forward.end()) {
-      for (kernels::Launch& launch :
-           kernels::lower_attention_with_lse(graph, id, it->second, device))
+    if (auto it = companion_of.find(id); it != companion_of.end()) {
+      for (kernels::Launch& launch : kernels::lower_with_companion(graph, id, it->second, device))
         launches.push_back(std::move(launch));
       continue;
     }

@@ -3,9 +3,9 @@
 // same shape is computed inside that consumer's kernel instead of in its own dispatch. Chains
 // such as the optimizer update (a dozen elementwise ops per parameter) become one kernel.
 // Matmul epilogues: a matmul whose only consumer is elementwise of its shape runs that
-// consumer's fused chain (bias, activation, residual add) in the GEMM's store. An attention
-// forward writes the log-sum-exp its backward needs, so that the backward's attention_lse
-// node has no dispatch.
+// consumer's fused chain (bias, activation, residual add) in the GEMM's store. Some values are
+// written by another node's launch beside its own result (kernels::is_companion_op): the
+// attention forward writes the log-sum-exp its backward needs, dK's launch can write dV.
 #include <vector>
 
 #include "kernels/lowering.hpp"
@@ -13,7 +13,7 @@
 namespace mg::plan {
 
 // Launches for every non-leaf, non-view node in order; fused producers emit nothing.
-// MEGANEURA_NO_FUSION=1 turns all fusion off (the log-sum-exp included),
+// MEGANEURA_NO_FUSION=1 turns all fusion off (companions included),
 // MEGANEURA_NO_EPILOGUE_FUSION=1 only the epilogues.
 // `fused_away` receives how many dispatches fusion saved.
 std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device,

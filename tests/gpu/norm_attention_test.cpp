@@ -171,11 +171,15 @@ TEST(GpuNormAttention, HeadDim128) {
 // The strict kernel under other blocks than the built-in choice: 4 lanes per row, 256 threads,
 // the smallest blocks; causal cross attention with more keys than queries, so that whole key
 // blocks see no query (dK / dV of those keys are zero), grouped heads, a mask and head
-// dimensions that are not multiples of 4.
+// dimensions that are not multiples of 4. dK and dV in separate launches as well as in one
+// (the default on CPU devices, which the other tests run).
 TEST(GpuNormAttention, TiledBlockVariants) {
-  for (const char* blocks : {"16,8,64,4", "32,16,256,8", "64,32,128,8"}) {
-    SCOPED_TRACE(blocks);
+  for (const auto& [blocks, fused_kv] : {std::pair<const char*, const char*>{"16,8,64,4", "0"},
+                                         {"32,16,256,8", "1"},
+                                         {"64,32,128,8", "0"}}) {
+    SCOPED_TRACE(std::string(blocks) + " fused dK/dV " + fused_kv);
     const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", blocks);
+    const testing::ScopedEnv fused("MEGANEURA_ATTENTION_FUSED_KV", fused_kv);
     check_attention(1, 2, 1, 11, 40, 6, 10, true, true);
   }
 }

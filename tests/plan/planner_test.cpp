@@ -176,6 +176,26 @@ TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
   EXPECT_EQ(launches_of(unfused, "attention_lse"), 1u);
 }
 
+// On CPU devices (and with MEGANEURA_ATTENTION_FUSED_KV=1) dK's launch writes dV too.
+TEST(Planner, AttentionGradKWritesGradVWhereFused) {
+  kernels::DeviceTraits cpu;
+  cpu.cpu = true;
+  const plan::Program fused =
+      plan::build_program(attention_training(false, false), cpu, plan::PlanOptions{});
+  EXPECT_EQ(launches_of(fused, "attention_grad_v"), 0u);
+  ASSERT_EQ(launches_of(fused, "attention_grad_k"), 1u);
+  for (const plan::PlannedLaunch& planned : fused.launches) {
+    if (!planned.launch.label.starts_with("attention_grad_k ")) continue;
+    ASSERT_EQ(planned.launch.operands.back().name, "result_v");
+    EXPECT_EQ(fused.graph.node(planned.launch.operands.back().value).op, "attention_grad_v");
+  }
+  setenv("MEGANEURA_ATTENTION_FUSED_KV", "0", 1);
+  const plan::Program split =
+      plan::build_program(attention_training(false, false), cpu, plan::PlanOptions{});
+  unsetenv("MEGANEURA_ATTENTION_FUSED_KV");
+  EXPECT_EQ(launches_of(split, "attention_grad_v"), 1u);
+}
+
 TEST(Planner, ArenasRespectTheBufferLimit) {
   plan::PlanOptions options;
   options.arena_limit = 1 << 20;
