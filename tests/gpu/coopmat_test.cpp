@@ -245,6 +245,28 @@ TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
+// With its attention_lse in the graph, the forward writes the log-sum-exp too (WITH_LSE=1), and
+// that variant compiles as well.
+TEST(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
+  const Graph graph = coop_graph();
+  ValueId forward = kNoValue, lse = kNoValue;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    if (graph.nodes()[i].op == "scaled_dot_product_attention") forward = static_cast<ValueId>(i);
+    if (graph.nodes()[i].op == "attention_lse") lse = static_cast<ValueId>(i);
+  }
+  ASSERT_TRUE(kernels::can_write_companion(graph, forward, lse, coop_device()));
+  const std::vector<kernels::Launch> launches =
+      kernels::lower_with_companion(graph, forward, lse, coop_device());
+  ASSERT_EQ(launches.size(), 1u);
+  const kernels::Launch& launch = launches[0];
+  EXPECT_EQ(launch.kernel, "attention_forward_coopmat");
+  EXPECT_EQ(define_of(launch, "WITH_LSE"), "1");
+  EXPECT_EQ(launch.operands.back().value, lse);
+  EXPECT_TRUE(launch.operands.back().write);
+  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
+}
+
 // The backward kernels stream blocks of 64 where shared memory allows and 32 otherwise (head
 // dimension 128); a mask moves the bindings of out_value and grad_out. Both block sizes, with a
 // mask, compile to valid NV SPIR-V and well-formed KHR SPIR-V.
