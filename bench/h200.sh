@@ -48,6 +48,11 @@ if [ "${RUN_KERNELS:-1}" = 1 ]; then
   if [ -z "${KERNEL_FILTER:-}" ]; then
     $bin/meganeura bench kernels --filter whisper --profile --runs 10 2>&1 | grep -v '^{' \
       | tee "$out/attention_profile.txt"
+    # The strict backward with dK and dV in one launch (off on GPUs until this says better).
+    for case in "1500x6x64 bwd" "1500x6x64 train"; do
+      MEGANEURA_ATTENTION_FUSED_KV=1 $bin/meganeura bench kernels --filter "$case" --no-fast \
+        --profile --runs 10 2>&1 | grep -v '^{'
+    done | tee "$out/attention_fused_kv.txt"
     for family in resnet unet; do
       MEGANEURA_IM2COL=0 $bin/meganeura bench kernels --filter "$family" --runs 10 2>&1 | grep -v '^{'
     done | tee "$out/implicit_convolutions.txt"

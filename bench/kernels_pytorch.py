@@ -46,6 +46,14 @@ def attention_backward(inputs):
     return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
 
 
+def attention_training(inputs):
+    """One training step's attention: the forward and the gradients of q, k and v."""
+    q, k, v, grad = inputs
+    for tensor in (q, k, v):
+        tensor.requires_grad_(True)
+    return lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), grad)
+
+
 def cases(small):
     """(name, input shapes, make(inputs) -> one call, flops, bytes), as `meganeura bench kernels`."""
     s = 8 if small else 1
@@ -112,6 +120,8 @@ def cases(small):
     out.append(("whisper attention 1500x6x64", [head] * 3, plain(attention), attention_flops, 0))
     out.append(("whisper attention 1500x6x64 bwd", [head] * 4, attention_backward,
                 2.5 * attention_flops, 0))
+    out.append(("whisper attention 1500x6x64 train", [head] * 4, attention_training,
+                3.5 * attention_flops, 0))
 
     def unet(side):
         batch, channels, extent = 2, 320, side // s

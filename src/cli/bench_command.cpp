@@ -10,6 +10,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
 #include "vk/gpu.hpp"
@@ -217,6 +218,22 @@ std::vector<BenchCase> bench_cases(bool small) {
        },
        2.5 * attention_flops,
        0});
+
+  // One training step's attention: the forward and, from its output, the three gradients (the
+  // backward's log-sum-exp written by the forward). FLOPs: forward + backward, 3.5x forward.
+  cases.push_back({"whisper attention 1500x6x64 train",
+                   {head_shape, head_shape, head_shape, head_shape},
+                   [](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                     Graph& graph = x[0].graph();
+                     const Tensor y = scaled_dot_product_attention(x[0], x[1], x[2]);
+                     std::vector<Tensor> results{y};
+                     for (const auto& [leaf, grad] :
+                          gradients(graph, y.id(), {x[0].id(), x[1].id(), x[2].id()}, x[3].id()))
+                       results.emplace_back(&graph, grad);
+                     return results;
+                   },
+                   3.5 * attention_flops,
+                   0});
 
   // A ResNet block of the SD U-Net: group norm (32 groups), SiLU, 3x3 convolution with bias, at
   // the workload's latent size (32x32) and at SD 1.5's 512-pixel latent (64x64).
