@@ -406,6 +406,9 @@ std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, V
   LoweringContext context(graph, producer, device);
   const bool grad_kv = graph.node(producer).op == "attention_grad_k";
   lower_attention(context, grad_kv ? Mode::grad_kv : Mode::forward, companion);
+  // Profiles and errors name both nodes whose values the launch writes.
+  for (Launch& launch : context.launches())
+    launch.label += " + " + graph.node(companion).op + " %" + std::to_string(companion);
   return std::move(context.launches());
 }
 

@@ -153,6 +153,8 @@ TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
       EXPECT_TRUE(launch.operands.back().write);
       lse = launch.operands.back().value;
       EXPECT_EQ(program.graph.node(lse).op, "attention_lse");
+      EXPECT_TRUE(launch.label.ends_with(" + attention_lse %" + std::to_string(lse)))
+          << launch.label;
     }
     ASSERT_GE(forward_index, 0);
     size_t readers = 0;
