@@ -4,7 +4,6 @@
 // the shared-memory formulas below mirror the declarations in the .comp files.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <numbers>
 
@@ -85,22 +84,29 @@ TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringConte
        {std::pair<int64_t, int64_t>{64, 32}, {64, 16}, {32, 32}, {32, 16}, {16, 16}, {16, 8}})
     candidates.push_back({owned, streamed, kThreads, lanes});
   if (const char* forced = std::getenv("MEGANEURA_ATTENTION_BLOCKS")) {
-    TiledBlocks wanted{0, 0, kThreads, lanes};
-    const int fields = std::sscanf(forced, "%ld,%ld,%ld,%ld", &wanted.owned, &wanted.streamed,
-                                   &wanted.threads, &wanted.lanes);
+    const auto reject = [&] {
+      return Error(std::string("MEGANEURA_ATTENTION_BLOCKS='") + forced +
+                   "': expected OWNED,STREAMED[,THREADS[,LANES]], powers of two with LANES at " +
+                   "most " + std::to_string(max_lanes) + " (the subgroup), LANES <= STREAMED " +
+                   "<= 128, THREADS / LANES <= OWNED <= 128 and OWNED <= 4 * THREADS");
+    };
+    // Two to four fields; THREADS and LANES default to the built-in ones.
+    std::vector<int64_t> fields;
+    for (size_t count = 4; count >= 2 && fields.empty(); --count)
+      fields = parse_integers(forced, count).value_or(std::vector<int64_t>{});
+    if (fields.empty()) throw reject();
+    if (fields.size() < 3) fields.push_back(kThreads);
+    if (fields.size() < 4) fields.push_back(lanes);
+    const TiledBlocks wanted{fields[0], fields[1], fields[2], fields[3]};
     const auto power_of_two = [](int64_t n) { return n > 0 && (n & (n - 1)) == 0; };
     // Phase 1 gives every group of `lanes` threads at least one owned row, phase 2 every
     // thread four.
-    if (fields < 2 || !power_of_two(wanted.owned) || !power_of_two(wanted.streamed) ||
+    if (!power_of_two(wanted.owned) || !power_of_two(wanted.streamed) ||
         !power_of_two(wanted.threads) || !power_of_two(wanted.lanes) || wanted.lanes > max_lanes ||
         wanted.streamed < wanted.lanes || wanted.streamed > 128 ||
         wanted.threads > device.max_workgroup_invocations || wanted.owned > 128 ||
-        wanted.owned * wanted.lanes < wanted.threads || wanted.owned > 4 * wanted.threads) {
-      throw Error(std::string("MEGANEURA_ATTENTION_BLOCKS='") + forced +
-                  "': expected OWNED,STREAMED[,THREADS[,LANES]], powers of two with LANES at " +
-                  "most " + std::to_string(max_lanes) + " (the subgroup), LANES <= STREAMED " +
-                  "<= 128, THREADS / LANES <= OWNED <= 128 and OWNED <= 4 * THREADS");
-    }
+        wanted.owned * wanted.lanes < wanted.threads || wanted.owned > 4 * wanted.threads)
+      throw reject();
     candidates.insert(candidates.begin(), wanted);
   }
   for (TiledBlocks blocks : candidates) {

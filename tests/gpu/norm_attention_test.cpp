@@ -195,14 +195,16 @@ TEST(GpuNormAttention, LogSumExpAlone) {
 }
 
 TEST(GpuNormAttention, TiledBlocksSwitchNamesBadValues) {
-  const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", "48,8");
-  try {
-    check_attention(1, 1, 1, 4, 4, 4, 4, false);
-    FAIL() << "a block of 48 owned rows was accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_BLOCKS='48,8'"),
-              std::string::npos)
-        << error.what();
+  for (const char* bad : {"48,8", "abc", "64,32,0", "16,8,64,4,1"}) {
+    const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", bad);
+    try {
+      check_attention(1, 1, 1, 4, 4, 4, 4, false);
+      ADD_FAILURE() << "MEGANEURA_ATTENTION_BLOCKS=" << bad << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_BLOCKS='" + std::string(bad)),
+                std::string::npos)
+          << error.what();
+    }
   }
 }
 
