@@ -20,6 +20,19 @@ struct Dims {
   int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, value_dim;
 };
 
+// The extents of an attention node (every op takes q and k first, and v third when it has
+// values; attention_lse has none).
+Dims attention_dims(const Graph& graph, const Node& node) {
+  const Shape& q = graph.type(node.inputs[0]).shape;
+  const Shape& k = graph.type(node.inputs[1]).shape;
+  const int64_t value_dim = node.op == "attention_lse" ? q[3] : graph.type(node.inputs[2]).shape[3];
+  return {q[0], q[1], k[1], q[2], k[2], q[3], value_dim};
+}
+
+double attention_scale(const Node& node, const Dims& dims) {
+  return node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
+}
+
 // Input positions (src/ops/attention.cpp). Forward: q, k, v, mask?; attention_lse: q, k,
 // mask?; backward: q, k, v, mask?, out, grad_out, lse.
 struct Inputs {
@@ -200,12 +213,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const Graph& graph = context.graph();
   const bool with_value = mode != Mode::lse;
   const Inputs inputs{with_value, node.attrs.get_int("has_mask", 0) != 0};
-  const Shape& q = context.input_type(0).shape;
-  const Shape& k = context.input_type(1).shape;
-  const int64_t value_dim = with_value ? context.input_type(2).shape[3] : q[3];
-  const Dims dims{q[0], q[1], k[1], q[2], k[2], q[3], value_dim};
-  const double scale =
-      node.attrs.get_float("scale", 1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
+  const Dims dims = attention_dims(graph, node);
+  const double scale = attention_scale(node, dims);
   const bool coop = use_coop_attention(mode, dims, context.device());
   const bool key_owned = is_key_owned(mode);
 
@@ -386,20 +395,16 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
       (p.op != "scaled_dot_product_attention" && p.op != "attention_grad_k"))
     return false;
   const bool has_mask = p.attrs.get_int("has_mask", 0) != 0;
-  const double default_scale =
-      1.0 / std::sqrt(static_cast<double>(graph.type(p.inputs[0]).shape[3]));
+  const Dims dims = attention_dims(graph, p);
   if ((c.attrs.get_int("has_mask", 0) != 0) != has_mask ||
       c.attrs.get_int("causal", 0) != p.attrs.get_int("causal", 0) ||
-      c.attrs.get_float("scale", default_scale) != p.attrs.get_float("scale", default_scale))
+      attention_scale(c, dims) != attention_scale(p, dims))
     return false;
   if (p.op == "scaled_dot_product_attention" && c.op == "attention_lse") {
     return c.inputs[0] == p.inputs[0] && c.inputs[1] == p.inputs[1] &&
            (!has_mask || c.inputs[2] == p.inputs[3]);
   }
   if (p.op == "attention_grad_k" && c.op == "attention_grad_v" && c.inputs == p.inputs) {
-    const Shape& q = graph.type(p.inputs[0]).shape;
-    const Shape& k = graph.type(p.inputs[1]).shape;
-    const Dims dims{q[0], q[1], k[1], q[2], k[2], q[3], graph.type(p.inputs[2]).shape[3]};
     if (use_coop_attention(Mode::grad_k, dims, device)) return false;
     const char* forced = std::getenv("MEGANEURA_ATTENTION_FUSED_KV");
     return forced ? std::string(forced) != "0" : device.cpu;

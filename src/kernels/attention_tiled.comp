@@ -51,9 +51,11 @@
 #endif
 #if C_IS_T1
 #define E D
+#define C_TILE t1_tile
 #define C_ROW K_ROW
 #else
 #define E DV
+#define C_TILE t2_tile
 #define C_ROW V_ROW
 #endif
 #define E4 ((E + 3) / 4)
@@ -414,11 +416,7 @@ void main() {
       [[unroll]] for (uint c = 0u; c < E4PT; ++c) acc[r][c] *= alpha;
     }
 #endif
-#if C_IS_T1
-    ACCUMULATE(acc, w_tile, t1_tile, K_ROW, E4, E4PT)
-#else
-    ACCUMULATE(acc, w_tile, t2_tile, V_ROW, E4, E4PT)
-#endif
+    ACCUMULATE(acc, w_tile, C_TILE, C_ROW, E4, E4PT)
 #if GRAD_KV
     ACCUMULATE(acc_v, p_tile, t2_tile, V_ROW, DV4, DV4PT)
 #endif
@@ -439,9 +437,9 @@ void main() {
 #endif
 #if MODE == 0
   barrier();
-  WRITE_RESULT(out_, q_base, acc, DV, DV4, E4PT, 1.0 / row_sum[owned_row])
+  WRITE_RESULT(out_, q_base, acc, E, E4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 2
-  WRITE_RESULT(grad_q, q_base, acc, D, D4, E4PT, 1.0)
+  WRITE_RESULT(grad_q, q_base, acc, E, E4, E4PT, 1.0)
 #elif MODE != 1
   WRITE_RESULT(result, kv_base, acc, E, E4, E4PT, 1.0)
 #endif

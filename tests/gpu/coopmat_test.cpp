@@ -80,6 +80,15 @@ std::string define_of(const kernels::Launch& launch, const std::string& name) {
   return "missing";
 }
 
+// The one cooperative-matrix launch of a @ b on coop_device().
+kernels::Launch matmul_launch(const Shape& a, const Shape& b) {
+  Graph graph;
+  graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
+  const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
+  EXPECT_EQ(launches.size(), 1u);
+  return launches.at(0);
+}
+
 // The GEMM reads an operand that is contiguous along the other index than its fragments' rows
 // (A along m, B along k) as column-major fragments.
 int gemm_column_major_loads(const kernels::Launch& launch) {
@@ -117,11 +126,7 @@ TEST(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
 // Vector loads need every block whole: on for an aligned product, off for a ragged one.
 TEST(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
   const auto vector_loads = [](const Shape& a, const Shape& b) {
-    Graph graph;
-    graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
-    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-    EXPECT_EQ(launches.size(), 1u);
-    return define_of(launches.at(0), "VECTOR_LOADS");
+    return define_of(matmul_launch(a, b), "VECTOR_LOADS");
   };
   EXPECT_EQ(vector_loads({256, 96}, {96, 192}), "1");
   EXPECT_EQ(vector_loads({256, 96}, {96, 196}), "0");  // 196 columns: a partial block
@@ -370,18 +375,12 @@ TEST(CoopMatrixLowering, BlockShapesCompile) {
   }
 }
 
-// A malformed MEGANEURA_COOP_BLOCK, or one the device cannot run, leaves the chosen block and
-// says so on stderr.
 // The block the waves cost model takes on an H200-like device, against the fastest shape of the
 // coop block sweep (docs/BENCHMARKS.md, run 14): 128 x 256 at 4096^3, 128 x 128 where 128 x 256
 // leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of it.
 TEST(CoopMatrixLowering, BlocksByEstimatedWaves) {
   const auto block_of = [](const Shape& a, const Shape& b) {
-    Graph graph;
-    graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
-    const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-    EXPECT_EQ(launches.size(), 1u);
-    const kernels::Launch& launch = launches.at(0);
+    const kernels::Launch launch = matmul_launch(a, b);
     return define_of(launch, "WARPS_M") + "," + define_of(launch, "WARPS_N") + "," +
            define_of(launch, "FRAGS_M") + "," + define_of(launch, "FRAGS_N") + "," +
            define_of(launch, "BLOCK_K") + "," + define_of(launch, "PREFETCH_SLICES");
@@ -394,6 +393,8 @@ TEST(CoopMatrixLowering, BlocksByEstimatedWaves) {
   EXPECT_EQ(block_of({12544, 576}, {576, 64}), "2u,2u,2u,4u,32u,1");
 }
 
+// A malformed MEGANEURA_COOP_BLOCK, or one the device cannot run, leaves the chosen block and
+// says so on stderr.
 TEST(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
   Graph graph;
   graph.set_output("y", matmul(input(graph, "a", {256, 64}), input(graph, "b", {64, 256})).id());
