@@ -11,8 +11,9 @@ export VK_LAYER_PATH=/usr/share/vulkan/explicit_layer.d
 export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache
 export PYTHONUNBUFFERED=1
 bin=.dev/bin
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+# The device tool returns at most 8 files from $OUT: everything is written to $out and packed
+# into one archive there at the end (bench/h200.sh's last lines).
+out=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 $bin/meganeura devices --verbose 2>&1 | tee "$out/devices.txt"
 $bin/meganeura devices --bench-compile 2>&1 | tee -a "$out/devices.txt"
@@ -48,11 +49,6 @@ if [ "${RUN_KERNELS:-1}" = 1 ]; then
   if [ -z "${KERNEL_FILTER:-}" ]; then
     $bin/meganeura bench kernels --filter whisper --profile --runs 10 2>&1 | grep -v '^{' \
       | tee "$out/attention_profile.txt"
-    # The strict backward with dK and dV in one launch (off on GPUs until this says better).
-    for case in "1500x6x64 bwd" "1500x6x64 train"; do
-      MEGANEURA_ATTENTION_FUSED_KV=1 $bin/meganeura bench kernels --filter "$case" --no-fast \
-        --profile --runs 10 2>&1 | grep -v '^{'
-    done | tee "$out/attention_fused_kv.txt"
     for family in resnet unet; do
       MEGANEURA_IM2COL=0 $bin/meganeura bench kernels --filter "$family" --runs 10 2>&1 | grep -v '^{'
     done | tee "$out/implicit_convolutions.txt"
@@ -72,3 +68,15 @@ if [ "${RUN_TRAIN:-1}" = 1 ]; then
   grep -E "img/s|accuracy|precision" "$out/train_fast.txt" | tail -4
   python3 bench/fashion_pytorch.py --model cnn --batch 64 --steps 300 | tee "$out/fashion_pytorch.jsonl"
 fi
+# The test verdicts again, last, where a truncated log still shows them.
+if [ -f "$out/test_gpu.txt" ]; then
+  grep -c " exit 0" "$out/test_gpu.txt" | sed "s/$/ GPU tests exited 0/"
+  grep -E " exit [1-9]" "$out/test_gpu.txt" || echo "no GPU test failed"
+fi
+# The test log's verdicts and the kernel table come back as files of their own as well.
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/h200_results.tar.gz" -C "$out" .
+  cp "$out"/kernels_table.md "$OUT/" 2>/dev/null
+  grep -E " exit [0-9]+$|SKIPPED \]" "$out/test_gpu.txt" > "$OUT/test_verdicts.txt" 2>/dev/null
+fi
+echo "results in $out${OUT:+ and $OUT/h200_results.tar.gz}"

@@ -112,7 +112,7 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
 // causality (the forward has the log-sum-exp at hand), and an attention_grad_v after the
 // attention_grad_k of the same inputs on the strict kernel (one pass over the scores for both;
-// on CPU devices, and wherever MEGANEURA_ATTENTION_FUSED_KV=1). The companion comes after its
+// MEGANEURA_ATTENTION_FUSED_KV=0 turns that off). The companion comes after its
 // producer in the graph, so every reader of it runs after the producer's launch.
 bool is_companion_op(std::string_view op);
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,

@@ -172,7 +172,7 @@ TEST(GpuNormAttention, HeadDim128) {
 // the smallest blocks; causal cross attention with more keys than queries, so that whole key
 // blocks see no query (dK / dV of those keys are zero), grouped heads, a mask and head
 // dimensions that are not multiples of 4. dK and dV in separate launches as well as in one
-// (the default on CPU devices, which the other tests run).
+// (the default, which the other tests run).
 TEST(GpuNormAttention, TiledBlockVariants) {
   for (const auto& [blocks, fused_kv] : {std::pair<const char*, const char*>{"16,8,64,4", "0"},
                                          {"32,16,256,8", "1"},

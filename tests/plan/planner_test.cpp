@@ -165,7 +165,7 @@ TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
         EXPECT_GT(static_cast<int64_t>(t), forward_index) << program.launches[t].launch.label;
       }
     }
-    EXPECT_EQ(readers, 3u);  // dQ, dK, dV
+    EXPECT_EQ(readers, 2u);  // dQ, and dK with dV
   }
 }
 
@@ -178,18 +178,21 @@ TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
   EXPECT_EQ(launches_of(unfused, "attention_lse"), 1u);
 }
 
-// On CPU devices (and with MEGANEURA_ATTENTION_FUSED_KV=1) dK's launch writes dV too.
-TEST(Planner, AttentionGradKWritesGradVWhereFused) {
+// dK's launch writes dV too, on CPU and GPU devices alike, unless MEGANEURA_ATTENTION_FUSED_KV=0.
+TEST(Planner, AttentionGradKWritesGradV) {
   kernels::DeviceTraits cpu;
   cpu.cpu = true;
-  const plan::Program fused =
-      plan::build_program(attention_training(false, false), cpu, plan::PlanOptions{});
-  EXPECT_EQ(launches_of(fused, "attention_grad_v"), 0u);
-  ASSERT_EQ(launches_of(fused, "attention_grad_k"), 1u);
-  for (const plan::PlannedLaunch& planned : fused.launches) {
-    if (!planned.launch.label.starts_with("attention_grad_k ")) continue;
-    ASSERT_EQ(planned.launch.operands.back().name, "result_v");
-    EXPECT_EQ(fused.graph.node(planned.launch.operands.back().value).op, "attention_grad_v");
+  for (const kernels::DeviceTraits& device : {cpu, kernels::DeviceTraits{}}) {
+    SCOPED_TRACE(device.cpu ? "cpu device" : "gpu device");
+    const plan::Program fused =
+        plan::build_program(attention_training(false, false), device, plan::PlanOptions{});
+    EXPECT_EQ(launches_of(fused, "attention_grad_v"), 0u);
+    ASSERT_EQ(launches_of(fused, "attention_grad_k"), 1u);
+    for (const plan::PlannedLaunch& planned : fused.launches) {
+      if (!planned.launch.label.starts_with("attention_grad_k ")) continue;
+      ASSERT_EQ(planned.launch.operands.back().name, "result_v");
+      EXPECT_EQ(fused.graph.node(planned.launch.operands.back().value).op, "attention_grad_v");
+    }
   }
   setenv("MEGANEURA_ATTENTION_FUSED_KV", "0", 1);
   const plan::Program split =
