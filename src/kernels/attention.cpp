@@ -10,6 +10,7 @@
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "ops/k_split.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -229,6 +230,11 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                     {"SCALE", glsl_float(scale)},
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
   const bool writes_lse = mode == Mode::forward && companion != kNoValue;
+  // A forward over key slices (passes/split_attention.cpp): workgroup z computes slice z.
+  const int64_t kv_splits = mode == Mode::forward ? node.attrs.get_int("kv_splits", 1) : 1;
+  const int64_t kv_slice = kv_slice_length(dims.kv_len, kv_splits);
+  launch.defines.push_back({"KV_SPLITS", std::to_string(kv_splits)});  // tested by #if
+  launch.defines.push_back({"KV_SLICE", glsl_uint(kv_slice)});
   std::string file;
   // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
   int64_t owned_block = 64;
@@ -260,6 +266,12 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   } else {
     file = "attention_tiled.comp";
     const TiledBlocks blocks = choose_tiled_blocks(mode, dims, context);
+    if (kv_splits > 1 && kv_slice % blocks.streamed != 0) {
+      throw Error(context.label() + ": key slices of " + std::to_string(kv_slice) +
+                  " keys need streamed blocks that divide them, not " +
+                  std::to_string(blocks.streamed) +
+                  " (check MEGANEURA_ATTENTION_BLOCKS and MEGANEURA_ATTENTION_SPLITS)");
+    }
     owned_block = blocks.owned;
     launch.defines.push_back({"MODE", std::to_string(static_cast<int>(mode))});
     launch.defines.push_back({"WITH_LSE", writes_lse ? "1" : "0"});
@@ -310,7 +322,29 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
   const int64_t blocks = (owned_len + owned_block - 1) / owned_block;
   const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
-  launch.groups = {static_cast<uint32_t>(blocks), static_cast<uint32_t>(dims.batch * heads), 1};
+  launch.groups = {static_cast<uint32_t>(blocks), static_cast<uint32_t>(dims.batch * heads),
+                   static_cast<uint32_t>(kv_splits)};
+  context.emit(std::move(launch));
+}
+
+// attention_combine (attention_combine.comp): one invocation per output element; `companion`,
+// when given, is the attention_lse it writes as well.
+void lower_attention_combine(LoweringContext& context, ValueId companion = kNoValue) {
+  const Node& node = context.node();
+  const int64_t splits = context.input_type(0).shape[0];
+  const int64_t value_dim = node.type.shape.back();
+  const int64_t rows = node.type.elements() / value_dim;
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "attention_combine";
+  launch.body = std::string(kernel_source("attention_combine.comp"));
+  launch.defines = {{"SPLITS", glsl_uint(splits)},
+                    {"ROWS", glsl_uint(rows)},
+                    {"DV", glsl_uint(value_dim)},
+                    {"WITH_LSE", companion != kNoValue ? "1" : "0"}};
+  launch.operands = {{"partials", node.inputs[0], false}, {"out_", context.id(), true}};
+  if (companion != kNoValue) launch.operands.push_back({"lse", companion, true});
+  launch.groups = grid_for(static_cast<uint64_t>(rows * value_dim), 256, context.device());
   context.emit(std::move(launch));
 }
 
@@ -389,10 +423,14 @@ bool is_companion_op(std::string_view op) {
 
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device) {
-  const Node& p = graph.node(producer);
   const Node& c = graph.node(companion);
+  const Node& producer_node = graph.node(producer);
+  // A forward over key slices hands its log-sum-exp to the combine that follows it.
+  const bool combine = producer_node.op == "attention_combine";
+  const Node& p = combine ? graph.node(producer_node.inputs[0]) : producer_node;
   if (companion <= producer ||
-      (p.op != "scaled_dot_product_attention" && p.op != "attention_grad_k"))
+      (p.op != "scaled_dot_product_attention" && p.op != "attention_grad_k") ||
+      (p.op == "scaled_dot_product_attention" && p.attrs.has("kv_splits") != combine))
     return false;
   const bool has_mask = p.attrs.get_int("has_mask", 0) != 0;
   const Dims dims = attention_dims(graph, p);
@@ -417,8 +455,11 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
 std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, ValueId companion,
                                          const DeviceTraits& device) {
   LoweringContext context(graph, producer, device);
-  const bool grad_kv = graph.node(producer).op == "attention_grad_k";
-  lower_attention(context, grad_kv ? Mode::grad_kv : Mode::forward, companion);
+  const std::string& op = graph.node(producer).op;
+  if (op == "attention_combine")
+    lower_attention_combine(context, companion);
+  else
+    lower_attention(context, op == "attention_grad_k" ? Mode::grad_kv : Mode::forward, companion);
   // Profiles and errors name both nodes whose values the launch writes.
   for (Launch& launch : context.launches())
     launch.label += " + " + graph.node(companion).op + " %" + std::to_string(companion);
@@ -427,6 +468,7 @@ std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, V
 
 std::vector<LoweringEntry> attention_lowerings() {
   return {{"scaled_dot_product_attention", lower<Mode::forward>},
+          {"attention_combine", [](LoweringContext& context) { lower_attention_combine(context); }},
           {"attention_lse", lower<Mode::lse>},
           {"attention_grad_q", lower<Mode::grad_q>},
           {"attention_grad_k", lower<Mode::grad_k>},

@@ -16,8 +16,11 @@
 // division by l at the end goes through the same staging area.
 // WITH_VALUE=0 gives attention_lse: no V, no P V, and m exact (l rescaled in its register), the
 // row's log-sum-exp (m + log2 l) / log2(e) its only output. WITH_LSE=1 writes it beside O.
+// KV_SPLITS > 1 (passes/split_attention.cpp): workgroup z takes keys [z * KV_SLICE,
+// (z + 1) * KV_SLICE) and writes rows of DV + 1 floats, its O / l (zeros where a row sees no key
+// of the slice) and the log-sum-exp (-inf there), which attention_combine joins.
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
-// BK (32 or 64), WITH_VALUE, WITH_LSE. Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
+// BK (32 or 64), WITH_VALUE, WITH_LSE, KV_SPLITS, KV_SLICE (a multiple of BK). Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
 // that fragment arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -50,6 +53,7 @@
 #define LOG2E 1.4426950408889634
 #define THRESHOLD 11.0
 #define NEG_INF (-1.0 / 0.0)
+#define SPLIT (WITH_VALUE && KV_SPLITS > 1)
 
 layout(local_size_x = THREADS) in;
 
@@ -111,8 +115,13 @@ void main() {
   uint p_row = (warp * ROWS + row) * P_STRIDE + half_index;
 
   // Top-left causal masking: no query of this block sees a key past its last query.
+  uint kv_begin = 0;
   uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
-  load_kv(kv_base, 0, t);
+#if SPLIT
+  kv_begin = gl_WorkGroupID.z * KV_SLICE;
+  kv_end = min(kv_end, kv_begin + KV_SLICE);
+#endif
+  load_kv(kv_base, kv_begin, t);
   [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
     uint e = t + r * THREADS, qi = q0 + e / (D / 4);
     vec4 value = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
@@ -131,7 +140,7 @@ void main() {
   // m: the row's reference maximum (log2 units), -inf until the row sees a visible key; l: the
   // sum of 2^(s - m) over the keys so far.
   float m = NEG_INF, l = 0.0;
-  for (uint k0 = 0; k0 < kv_end; k0 += BK) {
+  for (uint k0 = kv_begin; k0 < kv_end; k0 += BK) {
     barrier();  // every subgroup is done with the previous tiles (or the query block)
     [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
       uint e = t + r * THREADS;
@@ -233,8 +242,18 @@ void main() {
   subgroupMemoryBarrierShared();
   subgroupBarrier();
   if (i >= SQ) return;
+#if SPLIT
+  // Slice z's rows follow those of slices 0 .. z - 1 (B * HQ * SQ each; grid y is B * HQ).
+  uint out_row = gl_WorkGroupID.z * gl_NumWorkGroups.y * SQ + q_base + i;
+  // A row that saw no key of the slice (l = 0, m = -inf) gets zeros and lse -inf.
+  float inverse_sum = l > 0.0 ? 1.0 / l : 0.0;
+  [[unroll]] for (uint c = 0; c < DV / 2; ++c)
+    out_[out_row * (DV + 1) + 2 * c + half_index] = stage[stage_row + 2 * c] * inverse_sum;
+  if (half_index == 0) out_[out_row * (DV + 1) + DV] = (m + log2(l)) / float(LOG2E);
+#else
   [[unroll]] for (uint c = 0; c < DV / 2; ++c)
     out_[(q_base + i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
+#endif
 #if WITH_LSE
   // O and l are relative to the same m, so m + log2 l is the log-sum-exp here too.
   if (half_index == 0) lse[q_base + i] = (m + log2(l)) / float(LOG2E);

@@ -23,9 +23,13 @@
 // owned rows and every CT-th vec4 column of the result.
 // Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
 // padding per row, so that the lanes reading consecutive rows start 4 banks apart.
-// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV), WITH_LSE, HQ, HKV, SQ, SK, D, DV, SCALE, CAUSAL,
-// BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of phase 2 whose
-// loads are issued together).
+// The forward over key slices (KV_SPLITS > 1, passes/split_attention.cpp): workgroup z takes
+// keys [z * KV_SLICE, (z + 1) * KV_SLICE) and writes rows of DV + 1 floats, its output over
+// those keys (zeros where a row sees none) and their log-sum-exp (-inf there); the
+// attention_combine kernel joins the slices.
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV), WITH_LSE, HQ, HKV, SQ, SK, D,
+// DV, SCALE, CAUSAL, BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of
+// phase 2 whose loads are issued together), KV_SPLITS and KV_SLICE (a multiple of BS).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : require
@@ -65,6 +69,14 @@
 #define E4PT ((E4 + CT - 1) / CT)
 #define DV4PT ((DV4 + CT - 1) / CT)
 #define NEG_INF (-1.0 / 0.0)
+#define SPLIT (MODE == 0 && KV_SPLITS > 1)
+#if SPLIT
+// Slice z's rows follow those of slices 0 .. z - 1 (B * HQ * SQ each; grid y is B * HQ).
+#define OUT_BASE (gl_WorkGroupID.z * gl_NumWorkGroups.y * SQ + q_base)
+#define OUT_STRIDE (DV + 1)
+#else
+#define OUT_STRIDE DV
+#endif
 
 layout(local_size_x = THREADS) in;
 
@@ -163,8 +175,9 @@ shared float stream_delta[BS];
     }                                                                                     \
   }
 
-// The owned rows' results (rows of DIM floats from row `base`), each row times `row_scale`.
-#define WRITE_RESULT(buffer, base, acc_, DIM, DIM4, PER_THREAD, row_scale)                \
+// The owned rows' results (DIM floats at the start of rows of STRIDE floats, from row `base`),
+// each row times `row_scale`.
+#define WRITE_RESULT(buffer, base, acc_, DIM, STRIDE, DIM4, PER_THREAD, row_scale)        \
   [[unroll]] for (uint r = 0u; r < 4u; ++r) {                                             \
     uint owned_row = 4u * group2 + r, o = o0 + owned_row;                                 \
     if (o >= OWNED_LEN) continue;                                                         \
@@ -174,7 +187,7 @@ shared float stream_delta[BS];
       if (e4 >= (DIM4)) continue;                                                         \
       [[unroll]] for (uint component = 0u; component < 4u; ++component) {                \
         uint e = 4u * e4 + component;                                                     \
-        if (e < (DIM)) buffer[((base) + o) * (DIM) + e] = acc_[r][c][component] * scale;  \
+        if (e < (DIM)) buffer[((base) + o) * (STRIDE) + e] = acc_[r][c][component] * scale; \
       }                                                                                   \
     }                                                                                     \
   }
@@ -196,6 +209,9 @@ uint b, kv_base;
 // The streamed blocks, numbered 0 .. block_count - 1 (for dK / dV over every query head of the
 // group), and the block whose tiles are in the registers below.
 uint block_count;
+#if !KEY_OWNED
+uint stream_begin;  // the first key of this workgroup's slice
+#endif
 #if KEY_OWNED
 uint first_head, s_begin, blocks_per_head;
 #endif
@@ -218,7 +234,7 @@ uvec2 block_origin(uint n) {
 #if KEY_OWNED
   return uvec2(first_head + n / blocks_per_head, s_begin + (n % blocks_per_head) * BS);
 #else
-  return uvec2(gl_WorkGroupID.y % HQ, n * BS);
+  return uvec2(gl_WorkGroupID.y % HQ, stream_begin + n * BS);
 #endif
 }
 
@@ -333,7 +349,14 @@ void main() {
   block_count = (HQ / HKV) * blocks_per_head;
 #else
   // No owned query sees a key past its last query.
-  block_count = ((CAUSAL != 0 ? min(SK, o0 + BO) : SK) + BS - 1u) / BS;
+  uint stream_end = CAUSAL != 0 ? min(SK, o0 + BO) : SK;
+#if SPLIT
+  stream_begin = gl_WorkGroupID.z * KV_SLICE;
+  stream_end = min(stream_end, stream_begin + KV_SLICE);
+#else
+  stream_begin = 0u;
+#endif
+  block_count = stream_end > stream_begin ? (stream_end - stream_begin + BS - 1u) / BS : 0u;
 #endif
   fetch_block(0u);
   for (uint n = 0u; n < block_count; ++n) {
@@ -427,7 +450,10 @@ void main() {
   [[unroll]] for (uint r = 0u; r < RO1; ++r) {
     float total = lanes_sum(l[r]);
     uint owned_row = group1 * RO1 + r, i = o0 + owned_row;
-#if MODE == 1 || WITH_LSE
+#if SPLIT
+    // A row that saw no key of the slice has m = -inf and total = 0: its lse is -inf.
+    if (lane == 0u && i < SQ) out_[(OUT_BASE + i) * OUT_STRIDE + DV] = m[r] + log(total);
+#elif MODE == 1 || WITH_LSE
     if (lane == 0u && i < SQ) lse[q_base + i] = m[r] + log(total);
 #endif
 #if MODE == 0
@@ -435,15 +461,20 @@ void main() {
 #endif
   }
 #endif
-#if MODE == 0
+#if SPLIT
   barrier();
-  WRITE_RESULT(out_, q_base, acc, E, E4, E4PT, 1.0 / row_sum[owned_row])
+  // A slice's row without visible keys contributes nothing (its weight in the combine is 0).
+  WRITE_RESULT(out_, OUT_BASE, acc, E, OUT_STRIDE, E4, E4PT,
+               row_sum[owned_row] > 0.0 ? 1.0 / row_sum[owned_row] : 0.0)
+#elif MODE == 0
+  barrier();
+  WRITE_RESULT(out_, q_base, acc, E, E, E4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 2
-  WRITE_RESULT(grad_q, q_base, acc, E, E4, E4PT, 1.0)
+  WRITE_RESULT(grad_q, q_base, acc, E, E, E4, E4PT, 1.0)
 #elif MODE != 1
-  WRITE_RESULT(result, kv_base, acc, E, E4, E4PT, 1.0)
+  WRITE_RESULT(result, kv_base, acc, E, E, E4, E4PT, 1.0)
 #endif
 #if GRAD_KV
-  WRITE_RESULT(result_v, kv_base, acc_v, DV, DV4, DV4PT, 1.0)
+  WRITE_RESULT(result_v, kv_base, acc_v, DV, DV, DV4, DV4PT, 1.0)
 #endif
 }

@@ -110,7 +110,8 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 
 // Values another node's launch can write beside its own result, so that their node needs no
 // launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
-// causality (the forward has the log-sum-exp at hand), and an attention_grad_v after the
+// causality (the forward, or for a forward over key slices the attention_combine after it, has
+// the log-sum-exp at hand), and an attention_grad_v after the
 // attention_grad_k of the same inputs on the strict kernel (one pass over the scores for both;
 // MEGANEURA_ATTENTION_FUSED_KV=0 turns that off). The companion comes after its
 // producer in the graph, so every reader of it runs after the producer's launch.

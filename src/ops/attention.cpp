@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "ops/apply.hpp"
+#include "ops/k_split.hpp"
 #include "ops/op_checks.hpp"
 
 namespace mg {
@@ -167,6 +168,43 @@ struct AttentionReference {
     }
   }
 
+  // The partial results of kv_splits = `splits` (ops/k_split.hpp): for each slice of the keys,
+  // every query row's output over that slice alone (normalised by the slice's own sum) and,
+  // in column Dv, the slice's log-sum-exp; a row that sees no key of a slice gets zeros and
+  // -inf there.
+  HostTensor partials(int64_t splits) const {
+    const int64_t slice = kv_slice_length(dims.kv_len, splits);
+    const int64_t rows = element_count(dims.lse_shape()), width = dims.value_dim + 1;
+    HostTensor out(split_attention_shape(dims, splits));
+    for (int64_t s = 0; s < splits; ++s) {
+      const int64_t begin = s * slice, end = std::min(dims.kv_len, begin + slice);
+      for (int64_t b = 0; b < dims.batch; ++b) {
+        for (int64_t h = 0; h < dims.q_heads; ++h) {
+          for (int64_t i = 0; i < dims.q_len; ++i) {
+            double* result = &out.data[(s * rows + row(b, h, i)) * width];
+            double largest = -std::numeric_limits<double>::infinity();
+            for (int64_t j = begin; j < end; ++j) largest = std::max(largest, score(b, h, i, j));
+            result[dims.value_dim] = largest;
+            if (largest == -std::numeric_limits<double>::infinity()) continue;
+            double total = 0;
+            for (int64_t j = begin; j < end; ++j) total += std::exp(score(b, h, i, j) - largest);
+            for (int64_t j = begin; j < end; ++j) {
+              const double p = std::exp(score(b, h, i, j) - largest) / total;
+              const double* value = &v->data[key_row(b, h, j) * dims.value_dim];
+              for (int64_t e = 0; e < dims.value_dim; ++e) result[e] += p * value[e];
+            }
+            result[dims.value_dim] += std::log(total);
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  static Shape split_attention_shape(const AttentionDims& dims, int64_t splits) {
+    return {splits, dims.batch, dims.q_heads, dims.q_len, dims.value_dim + 1};
+  }
+
   HostTensor forward() const {
     HostTensor out(dims.output_shape());
     for_each_probability(nullptr, [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
@@ -278,14 +316,28 @@ void register_attention_ops(std::vector<OpDef>& registry) {
       .infer =
           [](const Graph& graph, const Node& node) {
             const AttentionDims dims = check_attention(graph, node, true, false);
-            return TensorType{graph.type(node.inputs[0]).dtype, dims.output_shape()};
+            const DType dtype = graph.type(node.inputs[0]).dtype;
+            if (!node.attrs.has("kv_splits")) return TensorType{dtype, dims.output_shape()};
+            const int64_t splits = node.attrs.get_int("kv_splits");
+            if (splits < 1 || (splits - 1) * kv_slice_length(dims.kv_len, splits) >= dims.kv_len) {
+              op_error(graph, node,
+                       "kv_splits " + std::to_string(splits) +
+                           " must be >= 1 and leave every slice of the " +
+                           std::to_string(dims.kv_len) + " keys (multiples of " +
+                           std::to_string(kKvSliceAlignment) + ") non-empty");
+            }
+            return TensorType{dtype, AttentionReference::split_attention_shape(dims, splits)};
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            return AttentionReference(node, in, true).forward();
+            const AttentionReference attention(node, in, true);
+            if (node.attrs.has("kv_splits"))
+              return attention.partials(node.attrs.get_int("kv_splits"));
+            return attention.forward();
           },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
+            reject_split_gradient(graph, self);
             const Node node = graph.node(self);
             const AttentionInputs layout = attention_inputs(node, true, false);
             std::vector<ValueId> lse_inputs{node.inputs[0], node.inputs[1]};
@@ -301,6 +353,52 @@ void register_attention_ops(std::vector<OpDef>& registry) {
                                        graph.add("attention_grad_v", grad_inputs, node.attrs)};
             if (layout.has_mask) grads.push_back(kNoValue);  // masks take no gradient
             return grads;
+          },
+  });
+
+  // With kv_splits = S (only from passes/split_attention.cpp) the forward gives S partial
+  // results [S, B, Hq, Sq, Dv + 1] (AttentionReference::partials), and
+  // attention_combine(partials [S, ..., Dv + 1]) -> [..., Dv] joins them: with M the largest
+  // log-sum-exp of a row and w_s = exp(lse_s - M), out = sum_s w_s O_s / sum_s w_s.
+  registry.push_back(OpDef{
+      .name = "attention_combine",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            expect_input_count(graph, node, 1);
+            expect_floating(graph, node, 0);
+            const TensorType& partials = graph.type(node.inputs[0]);
+            if (partials.rank() < 2 || partials.shape.back() < 2) {
+              op_error(graph, node,
+                       "partials " + shape_string(partials.shape) +
+                           " need rank >= 2 ([S, ..., Dv + 1]) and Dv >= 1");
+            }
+            Shape shape(partials.shape.begin() + 1, partials.shape.end());
+            shape.back() -= 1;
+            return TensorType{partials.dtype, shape};
+          },
+      .reference =
+          [](const Node&, const std::vector<const HostTensor*>& in) {
+            const HostTensor& partials = *in[0];
+            const int64_t splits = partials.shape[0], width = partials.shape.back();
+            const int64_t rows = partials.elements() / splits / width;
+            Shape shape(partials.shape.begin() + 1, partials.shape.end());
+            shape.back() -= 1;
+            HostTensor out(shape);
+            for (int64_t r = 0; r < rows; ++r) {
+              double largest = -std::numeric_limits<double>::infinity();
+              for (int64_t s = 0; s < splits; ++s)
+                largest = std::max(largest, partials.data[(s * rows + r) * width + width - 1]);
+              double total = 0;
+              for (int64_t s = 0; s < splits; ++s) {
+                const double* part = &partials.data[(s * rows + r) * width];
+                const double weight = std::exp(part[width - 1] - largest);
+                total += weight;
+                for (int64_t e = 0; e + 1 < width; ++e)
+                  out.data[r * (width - 1) + e] += weight * part[e];
+              }
+              for (int64_t e = 0; e + 1 < width; ++e) out.data[r * (width - 1) + e] /= total;
+            }
+            return out;
           },
   });
 

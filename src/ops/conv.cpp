@@ -317,7 +317,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
           },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
-            reject_split_k_gradient(graph, self);
+            reject_split_gradient(graph, self);
             const Node node = graph.node(self);
             const ValueId x = node.inputs[0];
             const ValueId grad_out = node.inputs[1];

@@ -18,4 +18,15 @@ constexpr int64_t k_slice_length(int64_t k, int64_t splits) {
   return (even + kKSliceAlignment - 1) / kKSliceAlignment * kKSliceAlignment;
 }
 
+// Split attention (passes/split_attention.cpp): a scaled_dot_product_attention with attribute
+// kv_splits = S computes S partial results over slices of the keys, partial s over keys
+// [s * L, min(Sk, (s + 1) * L)) with L = kv_slice_length(Sk, S). Slice boundaries are multiples
+// of 64, so every key block of the kernels lies in one slice.
+constexpr int64_t kKvSliceAlignment = 64;
+
+constexpr int64_t kv_slice_length(int64_t kv_len, int64_t splits) {
+  const int64_t even = (kv_len + splits - 1) / splits;
+  return (even + kKvSliceAlignment - 1) / kKvSliceAlignment * kKvSliceAlignment;
+}
+
 }  // namespace mg

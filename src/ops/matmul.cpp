@@ -85,7 +85,7 @@ HostTensor reference_matmul(const Node& node, const std::vector<const HostTensor
 // With A' = op(A), B' = op(B) and C = A'B': dA' = G B'^T and dB' = A'^T G; a transposed
 // operand takes the transpose of those, which folds into the flags of one product each.
 std::vector<ValueId> matmul_vjp(Graph& graph, ValueId self, ValueId grad) {
-  reject_split_k_gradient(graph, self);
+  reject_split_gradient(graph, self);
   const Node node = graph.node(self);
   const Tensor a(&graph, node.inputs[0]);
   const Tensor b(&graph, node.inputs[1]);

@@ -80,12 +80,14 @@ Shape split_k_shape(const Graph& graph, const Node& node, int64_t k, Shape whole
   return whole;
 }
 
-void reject_split_k_gradient(const Graph& graph, ValueId self) {
+void reject_split_gradient(const Graph& graph, ValueId self) {
   const Node& node = graph.node(self);
-  if (!node.attrs.has("k_splits")) return;
-  throw Error(node.op + " %" + std::to_string(self) +
-              " computes split-K partial results (k_splits), which have no gradient: the split-K "
-              "pass runs after differentiation");
+  for (const char* attribute : {"k_splits", "kv_splits"}) {
+    if (!node.attrs.has(attribute)) continue;
+    throw Error(node.op + " %" + std::to_string(self) + " computes partial results (" + attribute +
+                "), which have no gradient: the passes that split products and attention run "
+                "after differentiation");
+  }
 }
 
 }  // namespace mg

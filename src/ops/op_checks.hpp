@@ -25,8 +25,8 @@ Shape shape4_attr(const Graph& graph, const Node& node, std::string_view name);
 // The result shape of a node that may carry k_splits (ops/k_split.hpp): `whole` without the
 // attribute, else [S, ...whole] after checking S >= 1 and that every slice of `k` is non-empty.
 Shape split_k_shape(const Graph& graph, const Node& node, int64_t k, Shape whole);
-// Throws for a node carrying k_splits: partial results have no gradient, and the split-K pass
-// runs after differentiation.
-void reject_split_k_gradient(const Graph& graph, ValueId self);
+// Throws for a node carrying k_splits or kv_splits: partial results have no gradient, and the
+// passes that split run after differentiation.
+void reject_split_gradient(const Graph& graph, ValueId self);
 
 }  // namespace mg

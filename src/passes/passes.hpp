@@ -22,6 +22,11 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // split_k.cpp).
 Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// Split attention: an attention forward with few query blocks and many keys becomes one node
+// computing partial results over key slices (attribute kv_splits) and an attention_combine of
+// them (see split_attention.cpp). MEGANEURA_ATTENTION_SPLITS=N forces N slices.
+Graph split_attention(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
 // `max_column_bytes` (see im2col.cpp).

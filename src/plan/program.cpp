@@ -212,6 +212,9 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   if (split_k)
     program.graph =
         passes::split_reductions(passes::merge_leading_sums(passes::split_k(program.graph)));
+  // The same trade for attention; forcing a slice count (sweeps, tests) applies on any device.
+  if (split_k || std::getenv("MEGANEURA_ATTENTION_SPLITS"))
+    program.graph = passes::split_attention(program.graph);
   verify(program.graph);
   const Graph& graph = program.graph;
 

@@ -272,6 +272,28 @@ TEST(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
   expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
 }
 
+// The forward over key slices (KV_SPLITS = 2, each workgroup z one slice of 64 keys) compiles
+// to valid NV and well-formed KHR SPIR-V.
+TEST(CoopMatrixLowering, ForwardOverKeySlicesCompiles) {
+  Graph graph;
+  const Tensor q = input(graph, "q", {1, 2, 70, 32});
+  const Tensor k = input(graph, "k", {1, 1, 100, 32});
+  const Tensor v = input(graph, "v", {1, 1, 100, 16});
+  Node node = graph.node(scaled_dot_product_attention(q, k, v, {.causal = true}).id());
+  node.attrs.set("kv_splits", int64_t{2});
+  const ValueId partials = graph.add(node.op, node.inputs, node.attrs);
+  graph.set_output("partials", partials);
+  const std::vector<kernels::Launch> launches = kernels::lower_node(graph, partials, coop_device());
+  ASSERT_EQ(launches.size(), 1u);
+  const kernels::Launch& launch = launches[0];
+  EXPECT_EQ(launch.kernel, "attention_forward_coopmat");
+  EXPECT_EQ(define_of(launch, "KV_SPLITS"), "2");
+  EXPECT_EQ(define_of(launch, "KV_SLICE"), "64u");
+  EXPECT_EQ(launch.groups[2], 2u);
+  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
+}
+
 // The backward kernels stream blocks of 64 where shared memory allows and 32 otherwise (head
 // dimension 128); a mask moves the bindings of out_value and grad_out. Both block sizes, with a
 // mask, compile to valid NV SPIR-V and well-formed KHR SPIR-V.
@@ -533,9 +555,13 @@ void check_attention(bool validation) {
     Shape q, k, v;
     bool causal, masked;
   };
+  // The last case again over three key slices (passes/split_attention.cpp, forced: the rule
+  // leaves it whole), causal, so that the first queries see no key of the later slices.
   for (const Case& c : {Case{{1, 2, 100, 64}, {1, 2, 100, 64}, {1, 2, 100, 64}, false, false},
                         Case{{2, 4, 70, 32}, {2, 2, 70, 32}, {2, 2, 70, 16}, true, false},
-                        Case{{1, 2, 33, 16}, {1, 2, 45, 16}, {1, 2, 45, 32}, false, true}}) {
+                        Case{{1, 2, 33, 16}, {1, 2, 45, 16}, {1, 2, 45, 32}, false, true},
+                        Case{{1, 2, 80, 32}, {1, 2, 150, 32}, {1, 2, 150, 16}, true, true}}) {
+    const testing::ScopedEnv splits("MEGANEURA_ATTENTION_SPLITS", c.k[2] == 150 ? "3" : "1");
     std::vector<testing::HarnessInput> inputs = {
         {"q", c.q}, {"k", c.k}, {"v", c.v}, {"g", {c.q[0], c.q[1], c.q[2], c.v[3]}}};
     if (c.masked) inputs.push_back({"mask", {c.q[2], c.k[2]}, DType::f32, -2.0, 2.0});

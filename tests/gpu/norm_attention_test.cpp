@@ -208,6 +208,30 @@ TEST(GpuNormAttention, TiledBlocksSwitchNamesBadValues) {
   }
 }
 
+// The forward over key slices and attention_combine (passes/split_attention.cpp), forced since
+// the built-in rule leaves these short sequences whole: causal cross attention whose first
+// queries see no key of the later slices, a mask, grouped heads, head dimensions that are no
+// multiple of 4; the backward reads the log-sum-exp that the combine writes.
+TEST(GpuNormAttention, KeySlices) {
+  const testing::ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "3");
+  check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
+  check_attention(2, 4, 2, 20, 200, 16, 16, false, true);
+}
+
+TEST(GpuNormAttention, KeySlicesSwitchNamesBadValues) {
+  for (const char* bad : {"0", "three", "-2"}) {
+    const testing::ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", bad);
+    try {
+      check_attention(1, 1, 1, 4, 4, 4, 4, false);
+      ADD_FAILURE() << "MEGANEURA_ATTENTION_SPLITS=" << bad << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_SPLITS=" + std::string(bad)),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 // Positions near 40000 (and a negative offset): the angle must stay accurate where one f32
 // product p * f would already be off by about 2e-3 radians.
 TEST(GpuNormAttention, RopeAtLongPositions) {

@@ -186,6 +186,25 @@ TEST(Attention, MisuseNamesOpAndShapes) {
         scaled_dot_product_attention(input(graph, "q3", {4, 8}), k, v);
       },
       {"scaled_dot_product_attention", "f32[4, 8]", "rank 4"});
+  // Key slices (passes/split_attention.cpp) of 64: three would leave the third of 100 keys empty.
+  const Tensor long_k = input(graph, "long_k", {1, 2, 100, 8});
+  const Tensor long_v = input(graph, "long_v", {1, 2, 100, 6});
+  const Attrs split_attrs{
+      {"causal", int64_t{0}}, {"has_mask", int64_t{0}}, {"kv_splits", int64_t{3}}};
+  expect_error(
+      [&] {
+        graph.add("scaled_dot_product_attention", {q4.id(), long_k.id(), long_v.id()}, split_attrs);
+      },
+      {"scaled_dot_product_attention", "kv_splits 3", "100 keys"});
+  Attrs two_slices = split_attrs;
+  two_slices.set("kv_splits", int64_t{2});
+  const ValueId partials =
+      graph.add("scaled_dot_product_attention", {q4.id(), long_k.id(), long_v.id()}, two_slices);
+  EXPECT_EQ(graph.type(partials).shape, (Shape{2, 1, 4, 4, 7}));
+  const ValueId combined = graph.add("attention_combine", {partials});
+  EXPECT_EQ(graph.type(combined).shape, (Shape{1, 4, 4, 6}));
+  expect_error([&] { gradients(graph, sum_all(Tensor(&graph, partials)).id(), {q4.id()}); },
+               {"scaled_dot_product_attention", "kv_splits", "no gradient"});
   expect_error(
       [&] {
         rope(input(graph, "x", {1, 1, 2, 5}));

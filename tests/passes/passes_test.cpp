@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "meganeura/autodiff.hpp"
@@ -368,6 +369,69 @@ TEST(Passes, MergeLeadingSums) {
   const Graph one_sum = passes::merge_leading_sums(split);
   EXPECT_EQ(count_op(one_sum, "sum"), count_op(split, "sum") - 1);
   expect_same_outputs(conv, one_sum, conv_environment);
+}
+
+// Attention over key slices (a forward over partial results and attention_combine) against the
+// whole forward on the reference: grouped heads, an additive mask, causal masking (whose later
+// slices see no key of a row) and a key count that is no multiple of the slices; forced slice
+// counts, since the built-in rule leaves sequences this short whole.
+TEST(Passes, SplitAttentionKeepsOutputs) {
+  std::mt19937_64 generator(11);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"q", {2, 2, 70, 8}}, {"k", {2, 1, 300, 8}}, {"v", {2, 1, 300, 6}}, {"mask", {70, 300}}};
+  Environment environment;
+  Graph graph;
+  std::map<std::string, Tensor> x;
+  for (const auto& [name, shape] : shapes) {
+    x.emplace(name, input(graph, name, shape));
+    HostTensor value(shape);
+    for (double& element : value.data) element = 2.0 * uniform(generator);
+    environment.leaves[name] = value;
+  }
+  const Tensor masked = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"),
+                                                     {.scale = 0.7, .mask = x.at("mask")});
+  const Tensor causal =
+      scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {.causal = true});
+  graph.set_output("masked", masked.id());
+  graph.set_output("causal", causal.id());
+  for (const auto& [forced, slices] :
+       {std::pair<const char*, int64_t>{"5", 5}, {"3", 3}, {"2", 2}, {"40", 5}}) {
+    SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_SPLITS=") + forced);
+    setenv("MEGANEURA_ATTENTION_SPLITS", forced, 1);
+    const Graph split = passes::split_attention(graph);
+    unsetenv("MEGANEURA_ATTENTION_SPLITS");
+    EXPECT_EQ(count_op(split, "attention_combine"), 2u);
+    for (const Node& node : split.nodes()) {
+      if (node.op == "scaled_dot_product_attention") {
+        EXPECT_EQ(node.attrs.get_int("kv_splits", 1), slices);
+      }
+    }
+    expect_same_outputs(graph, split, environment);
+  }
+}
+
+// The built-in rule: Whisper's encoder attention at batch 1 (144 query blocks of 64) takes
+// slices; at batch 8, or over 128 keys, it stays whole.
+TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
+  const auto kv_splits = [](int64_t batch, int64_t keys) {
+    Graph graph;
+    const Tensor q = input(graph, "q", {batch, 6, 1500, 64});
+    const Tensor k = input(graph, "k", {batch, 6, keys, 64});
+    const Tensor v = input(graph, "v", {batch, 6, keys, 64});
+    graph.set_output("y", scaled_dot_product_attention(q, k, v, {}).id());
+    const Graph split = passes::split_attention(graph);
+    for (const Node& node : split.nodes()) {
+      if (node.op == "scaled_dot_product_attention") return node.attrs.get_int("kv_splits", 1);
+    }
+    return int64_t{0};
+  };
+  EXPECT_EQ(kv_splits(1, 1500), 4);
+  EXPECT_EQ(kv_splits(8, 1500), 1);
+  EXPECT_EQ(kv_splits(1, 128), 1);
+  setenv("MEGANEURA_ATTENTION_SPLITS", "two", 1);
+  EXPECT_THROW(kv_splits(1, 1500), Error);
+  unsetenv("MEGANEURA_ATTENTION_SPLITS");
 }
 
 }  // namespace

@@ -115,12 +115,12 @@ TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
 // Attention with its gradients: the forward launch writes the log-sum-exp the backward reads,
 // so attention_lse has no launch of its own (unless fusion is off), and every launch that reads
 // it comes after the forward's.
-Graph attention_training(bool causal, bool lse_differs) {
+Graph attention_training(bool causal, bool lse_differs, int64_t length = 24) {
   Graph graph;
-  const Tensor q = input(graph, "q", {1, 2, 24, 16});
-  const Tensor k = input(graph, "k", {1, 2, 24, 16});
-  const Tensor v = input(graph, "v", {1, 2, 24, 16});
-  const Tensor seed = input(graph, "seed", {1, 2, 24, 16});
+  const Tensor q = input(graph, "q", {1, 2, length, 16});
+  const Tensor k = input(graph, "k", {1, 2, length, 16});
+  const Tensor v = input(graph, "v", {1, 2, length, 16});
+  const Tensor seed = input(graph, "seed", {1, 2, length, 16});
   const Tensor y = scaled_dot_product_attention(q, k, v, {.causal = causal});
   graph.set_output("y", y.id());
   for (const auto& [leaf, grad] : gradients(graph, y.id(), {q.id(), k.id(), v.id()}, seed.id()))
@@ -176,6 +176,27 @@ TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
   const plan::Program unfused = plan_for(attention_training(false, false));
   unsetenv("MEGANEURA_NO_FUSION");
   EXPECT_EQ(launches_of(unfused, "attention_lse"), 1u);
+}
+
+// A forward over key slices: its launch covers the slices in grid z, and the attention_combine
+// after it writes the backward's log-sum-exp.
+TEST(Planner, AttentionCombineWritesTheLogSumExp) {
+  setenv("MEGANEURA_ATTENTION_SPLITS", "2", 1);
+  const plan::Program program = plan_for(attention_training(false, false, 100));
+  unsetenv("MEGANEURA_ATTENTION_SPLITS");
+  EXPECT_EQ(launches_of(program, "attention_lse"), 0u);
+  ASSERT_EQ(launches_of(program, "attention_combine"), 1u);
+  for (const plan::PlannedLaunch& planned : program.launches) {
+    const kernels::Launch& launch = planned.launch;
+    if (launch.label.starts_with("scaled_dot_product_attention ")) {
+      EXPECT_EQ(launch.groups[2], 2u);
+      EXPECT_EQ(launch.operands.back().name, "out_");
+    }
+    if (launch.label.starts_with("attention_combine ")) {
+      ASSERT_EQ(launch.operands.back().name, "lse");
+      EXPECT_EQ(program.graph.node(launch.operands.back().value).op, "attention_lse");
+    }
+  }
 }
 
 // dK's launch writes dV too, on CPU and GPU devices alike, unless MEGANEURA_ATTENTION_FUSED_KV=0.

@@ -1,0 +1,33 @@
+// attention_combine: joins the partial results of an attention forward over key slices
+// (passes/split_attention.cpp). Slice s holds, per query row, its output over its keys O_s and
+// their log-sum-exp lse_s in rows of DV + 1 floats; with M the row's largest lse_s and
+// w_s = exp(lse_s - M), the output is sum_s w_s O_s / sum_s w_s and (WITH_LSE) the row's
+// log-sum-exp M + log(sum_s w_s), which the backward reads. One invocation per output element.
+// Defines: SPLITS, ROWS (query rows of every slice), DV, WITH_LSE.
+#extension GL_EXT_control_flow_attributes : enable
+
+#define WIDTH (DV + 1)
+
+layout(local_size_x = 256) in;
+
+void main() {
+  uint index = linear_workgroup() * 256u + gl_LocalInvocationID.x;
+  if (index >= ROWS * DV) return;
+  uint row = index / DV, e = index % DV;
+  float slice_lse[SPLITS];
+  float largest = -1.0 / 0.0;
+  [[unroll]] for (uint s = 0u; s < SPLITS; ++s) {
+    slice_lse[s] = partials[(s * ROWS + row) * WIDTH + DV];
+    largest = max(largest, slice_lse[s]);
+  }
+  float total = 0.0, value = 0.0;
+  [[unroll]] for (uint s = 0u; s < SPLITS; ++s) {
+    float weight = exp(slice_lse[s] - largest);
+    total += weight;
+    value += weight * partials[(s * ROWS + row) * WIDTH + e];
+  }
+  out_[index] = value / total;
+#if WITH_LSE
+  if (e == 0u) lse[row] = largest + log(total);
+#endif
+}
