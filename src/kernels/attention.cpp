@@ -230,11 +230,17 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                     {"SCALE", glsl_float(scale)},
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
   const bool writes_lse = mode == Mode::forward && companion != kNoValue;
-  // A forward over key slices (passes/split_attention.cpp): workgroup z computes slice z.
-  const int64_t kv_splits = mode == Mode::forward ? node.attrs.get_int("kv_splits", 1) : 1;
-  const int64_t kv_slice = kv_slice_length(dims.kv_len, kv_splits);
-  launch.defines.push_back({"KV_SPLITS", std::to_string(kv_splits)});  // tested by #if
-  launch.defines.push_back({"KV_SLICE", glsl_uint(kv_slice)});
+  // Slices of the streamed rows (passes/split_attention.cpp): workgroup z computes partial z,
+  // over keys (forward, dQ) or queries (dK, dV).
+  const int64_t kv_splits = key_owned || mode == Mode::lse ? 1 : node.attrs.get_int("kv_splits", 1);
+  const int64_t q_splits = key_owned ? node.attrs.get_int("q_splits", 1) : 1;
+  const int64_t splits = std::max(kv_splits, q_splits);
+  const int64_t slice = attention_slice_length(key_owned ? dims.q_len : dims.kv_len, splits);
+  // Tested by #if, so plain integers.
+  launch.defines.push_back({"KV_SPLITS", std::to_string(kv_splits)});
+  launch.defines.push_back({"KV_SLICE", glsl_uint(slice)});
+  launch.defines.push_back({"Q_SPLITS", std::to_string(q_splits)});
+  launch.defines.push_back({"Q_SLICE", glsl_uint(slice)});
   std::string file;
   // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
   int64_t owned_block = 64;
@@ -266,9 +272,9 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   } else {
     file = "attention_tiled.comp";
     const TiledBlocks blocks = choose_tiled_blocks(mode, dims, context);
-    if (kv_splits > 1 && kv_slice % blocks.streamed != 0) {
-      throw Error(context.label() + ": key slices of " + std::to_string(kv_slice) +
-                  " keys need streamed blocks that divide them, not " +
+    if (splits > 1 && slice % blocks.streamed != 0) {
+      throw Error(context.label() + ": slices of " + std::to_string(slice) +
+                  " streamed rows need streamed blocks that divide them, not " +
                   std::to_string(blocks.streamed) +
                   " (check MEGANEURA_ATTENTION_BLOCKS and MEGANEURA_ATTENTION_SPLITS)");
     }
@@ -323,7 +329,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const int64_t blocks = (owned_len + owned_block - 1) / owned_block;
   const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
   launch.groups = {static_cast<uint32_t>(blocks), static_cast<uint32_t>(dims.batch * heads),
-                   static_cast<uint32_t>(kv_splits)};
+                   static_cast<uint32_t>(splits)};
   context.emit(std::move(launch));
 }
 
@@ -442,7 +448,8 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
     return c.inputs[0] == p.inputs[0] && c.inputs[1] == p.inputs[1] &&
            (!has_mask || c.inputs[2] == p.inputs[3]);
   }
-  if (p.op == "attention_grad_k" && c.op == "attention_grad_v" && c.inputs == p.inputs) {
+  if (p.op == "attention_grad_k" && c.op == "attention_grad_v" && c.inputs == p.inputs &&
+      c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1)) {
     if (use_coop_attention(Mode::grad_k, dims, device)) return false;
     // One pass over the scores for both: 1.27 -> 1.02 ms for the Whisper backward on the H200
     // (docs/BENCHMARKS.md run 18), 494 -> 452 ms on Lavapipe.

@@ -10,8 +10,12 @@
 //   for dK, dP^T = V dO^T, staged through the same area once P^T is read;
 //   the lanes write P^T (dV) or dS^T = P^T * (dP^T - delta) * SCALE (dK) as f16;
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
+// Q_SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [z * Q_SLICE,
+// (z + 1) * Q_SLICE) of each head and writes partial result z (after the B * HKV * SK rows of
+// those before).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, BQ (32 or 64),
-// GRAD_OUT_BINDING and, for dK, OUT_BINDING (the bindings of grad_out and out_value).
+// Q_SPLITS, Q_SLICE (a multiple of BQ), GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
+// bindings of grad_out and out_value).
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
@@ -132,7 +136,12 @@ void main() {
   // Top-left causal masking: queries before k0 see none of this block's keys. The blocks of
   // every query head of the group form one sequence, so the prefetch crosses heads too.
   uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
-  uint q_blocks = q_start < SQ ? (SQ - q_start + BQ - 1) / BQ : 0u;
+  uint q_end = SQ;
+#if Q_SPLITS > 1
+  q_start = max(q_start, gl_WorkGroupID.z * Q_SLICE);
+  q_end = min(q_end, gl_WorkGroupID.z * Q_SLICE + Q_SLICE);
+#endif
+  uint q_blocks = q_start < q_end ? (q_end - q_start + BQ - 1) / BQ : 0u;
   uint blocks = (HQ / HKV) * q_blocks;
   uint h_first = kv_head * (HQ / HKV);
   if (blocks > 0) load_qdo((b * HQ + h_first) * SQ, q_start, t);
@@ -255,7 +264,9 @@ void main() {
   }
 
   // The last block's staged values were read before its products, so the staging area is
-  // free; out in parts, consecutive lanes on consecutive columns.
+  // free; out in parts, consecutive lanes on consecutive columns, after the rows of the
+  // partials before this one (grid y is B * HKV).
+  uint partial_base = gl_WorkGroupID.z * gl_NumWorkGroups.y * SK;
   [[unroll]] for (uint part = 0; part < RESULT_DIM / OUT_COLUMNS; ++part) {
     subgroupBarrier();  // every lane has written the previous part out
     [[unroll]] for (uint n = 0; n < OUT_COLUMNS / 8; ++n)
@@ -266,7 +277,7 @@ void main() {
     [[unroll]] for (uint r = 0; r < ROWS * OUT_COLUMNS / 32; ++r) {
       uint e = lane + r * 32, kj = k0 + warp * ROWS + e / OUT_COLUMNS;
       if (kj < SK)
-        result[(kv_base + kj) * RESULT_DIM + part * OUT_COLUMNS + e % OUT_COLUMNS] =
+        result[(partial_base + kv_base + kj) * RESULT_DIM + part * OUT_COLUMNS + e % OUT_COLUMNS] =
             stage[stage_block + (e / OUT_COLUMNS) * STAGE_STRIDE + e % OUT_COLUMNS];
     }
   }

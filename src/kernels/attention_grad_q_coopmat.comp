@@ -8,8 +8,11 @@
 //   dP = dO V^T, staged through the same area once P is read; the lanes form
 //   dS = P * (dP - delta) * SCALE in f16;
 //   dQ += dS K with dQ in f32 accumulator fragments (no rescaling: P uses the saved lse).
+// KV_SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * KV_SLICE,
+// (z + 1) * KV_SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, BK (32 or 64),
-// OUT_BINDING and GRAD_OUT_BINDING (the bindings of out_value and grad_out). Generated:
+// KV_SPLITS, KV_SLICE (a multiple of BK), OUT_BINDING and GRAD_OUT_BINDING (the bindings of
+// out_value and grad_out). Generated:
 // float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
 #extension GL_NV_cooperative_matrix : require
@@ -101,8 +104,13 @@ void main() {
   uint w_row = (warp * ROWS + row) * W_STRIDE + half_index;
 
   // Top-left causal masking: no query of this block sees a key past its last query.
+  uint kv_begin = 0;
   uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
-  load_kv(kv_base, 0, t);
+#if KV_SPLITS > 1
+  kv_begin = gl_WorkGroupID.z * KV_SLICE;
+  kv_end = min(kv_end, kv_begin + KV_SLICE);
+#endif
+  load_kv(kv_base, kv_begin, t);
   [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
     uint e = t + r * THREADS, qi = q0 + e / (D / 4);
     vec4 value = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
@@ -138,7 +146,7 @@ void main() {
   [[unroll]] for (uint n = 0; n < D / 8; ++n)
     accumulators[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
 
-  for (uint k0 = 0; k0 < kv_end; k0 += BK) {
+  for (uint k0 = kv_begin; k0 < kv_end; k0 += BK) {
     barrier();  // every subgroup is done with the previous tiles (or dO)
     [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
       uint e = t + r * THREADS;
@@ -206,7 +214,9 @@ void main() {
   }
 
   // The last block's dP was read before its products, so the staging area is free; out in
-  // parts, consecutive lanes on consecutive columns.
+  // parts, consecutive lanes on consecutive columns, after the rows of the partials before
+  // this one (grid y is B * HQ).
+  uint partial_base = gl_WorkGroupID.z * gl_NumWorkGroups.y * SQ;
   [[unroll]] for (uint part = 0; part < D / OUT_COLUMNS; ++part) {
     subgroupBarrier();  // every lane has written the previous part out
     [[unroll]] for (uint n = 0; n < OUT_COLUMNS / 8; ++n)
@@ -217,7 +227,7 @@ void main() {
     [[unroll]] for (uint r = 0; r < ROWS * OUT_COLUMNS / 32; ++r) {
       uint e = lane + r * 32, qi = q0 + warp * ROWS + e / OUT_COLUMNS;
       if (qi < SQ)
-        grad_q[(q_base + qi) * D + part * OUT_COLUMNS + e % OUT_COLUMNS] =
+        grad_q[(partial_base + q_base + qi) * D + part * OUT_COLUMNS + e % OUT_COLUMNS] =
             stage[stage_block + (e / OUT_COLUMNS) * STAGE_STRIDE + e % OUT_COLUMNS];
     }
   }

@@ -23,13 +23,16 @@
 // owned rows and every CT-th vec4 column of the result.
 // Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
 // padding per row, so that the lanes reading consecutive rows start 4 banks apart.
-// The forward over key slices (KV_SPLITS > 1, passes/split_attention.cpp): workgroup z takes
-// keys [z * KV_SLICE, (z + 1) * KV_SLICE) and writes rows of DV + 1 floats, its output over
-// those keys (zeros where a row sees none) and their log-sum-exp (-inf there); the
-// attention_combine kernel joins the slices.
+// Slices of the streamed rows (passes/split_attention.cpp): workgroup z streams only rows
+// [z * SLICE, (z + 1) * SLICE) (keys with KV_SPLITS > 1 for the forward and dQ, queries with
+// Q_SPLITS > 1 for dK and dV) and writes partial result z, after the B * heads * owned rows of
+// the partials before it. The forward's partial rows hold DV + 1 floats: its output over the
+// slice's keys (zeros where a row sees none) and their log-sum-exp (-inf there), which the
+// attention_combine kernel joins; the gradients' partials are summed.
 // Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV), WITH_LSE, HQ, HKV, SQ, SK, D,
 // DV, SCALE, CAUSAL, BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of
-// phase 2 whose loads are issued together), KV_SPLITS and KV_SLICE (a multiple of BS).
+// phase 2 whose loads are issued together), KV_SPLITS, KV_SLICE, Q_SPLITS and Q_SLICE (slices
+// multiples of BS).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : require
@@ -69,10 +72,18 @@
 #define E4PT ((E4 + CT - 1) / CT)
 #define DV4PT ((DV4 + CT - 1) / CT)
 #define NEG_INF (-1.0 / 0.0)
-#define SPLIT (MODE == 0 && KV_SPLITS > 1)
-#if SPLIT
-// Slice z's rows follow those of slices 0 .. z - 1 (B * HQ * SQ each; grid y is B * HQ).
-#define OUT_BASE (gl_WorkGroupID.z * gl_NumWorkGroups.y * SQ + q_base)
+#if KEY_OWNED
+#define SPLIT (Q_SPLITS > 1)
+#define SLICE Q_SLICE
+#else
+#define SPLIT (KV_SPLITS > 1)
+#define SLICE KV_SLICE
+#endif
+// The first row of this workgroup's partial result: slice z's rows follow those of slices
+// 0 .. z - 1 (grid y is B * heads).
+#define PARTIAL_BASE (gl_WorkGroupID.z * gl_NumWorkGroups.y * OWNED_LEN)
+#if SPLIT && MODE == 0
+#define OUT_BASE (PARTIAL_BASE + q_base)
 #define OUT_STRIDE (DV + 1)
 #else
 #define OUT_STRIDE DV
@@ -344,15 +355,20 @@ void main() {
 #if KEY_OWNED
   // Top-left causal masking: queries before o0 see none of the owned keys.
   s_begin = CAUSAL != 0 ? (o0 / BS) * BS : 0u;
+  uint s_end = SQ;
+#if SPLIT
+  s_begin = max(s_begin, gl_WorkGroupID.z * SLICE);
+  s_end = min(s_end, gl_WorkGroupID.z * SLICE + SLICE);
+#endif
   first_head = (gl_WorkGroupID.y % HKV) * (HQ / HKV);
-  blocks_per_head = s_begin < SQ ? (SQ - s_begin + BS - 1u) / BS : 0u;
+  blocks_per_head = s_begin < s_end ? (s_end - s_begin + BS - 1u) / BS : 0u;
   block_count = (HQ / HKV) * blocks_per_head;
 #else
   // No owned query sees a key past its last query.
   uint stream_end = CAUSAL != 0 ? min(SK, o0 + BO) : SK;
 #if SPLIT
-  stream_begin = gl_WorkGroupID.z * KV_SLICE;
-  stream_end = min(stream_end, stream_begin + KV_SLICE);
+  stream_begin = gl_WorkGroupID.z * SLICE;
+  stream_end = min(stream_end, stream_begin + SLICE);
 #else
   stream_begin = 0u;
 #endif
@@ -450,7 +466,7 @@ void main() {
   [[unroll]] for (uint r = 0u; r < RO1; ++r) {
     float total = lanes_sum(l[r]);
     uint owned_row = group1 * RO1 + r, i = o0 + owned_row;
-#if SPLIT
+#if SPLIT && MODE == 0
     // A row that saw no key of the slice has m = -inf and total = 0: its lse is -inf.
     if (lane == 0u && i < SQ) out_[(OUT_BASE + i) * OUT_STRIDE + DV] = m[r] + log(total);
 #elif MODE == 1 || WITH_LSE
@@ -461,7 +477,7 @@ void main() {
 #endif
   }
 #endif
-#if SPLIT
+#if SPLIT && MODE == 0
   barrier();
   // A slice's row without visible keys contributes nothing (its weight in the combine is 0).
   WRITE_RESULT(out_, OUT_BASE, acc, E, OUT_STRIDE, E4, E4PT,
@@ -470,11 +486,11 @@ void main() {
   barrier();
   WRITE_RESULT(out_, q_base, acc, E, E, E4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 2
-  WRITE_RESULT(grad_q, q_base, acc, E, E, E4, E4PT, 1.0)
+  WRITE_RESULT(grad_q, (SPLIT ? PARTIAL_BASE : 0u) + q_base, acc, E, E, E4, E4PT, 1.0)
 #elif MODE != 1
-  WRITE_RESULT(result, kv_base, acc, E, E, E4, E4PT, 1.0)
+  WRITE_RESULT(result, (SPLIT ? PARTIAL_BASE : 0u) + kv_base, acc, E, E, E4, E4PT, 1.0)
 #endif
 #if GRAD_KV
-  WRITE_RESULT(result_v, kv_base, acc_v, DV, DV, DV4, DV4PT, 1.0)
+  WRITE_RESULT(result_v, (SPLIT ? PARTIAL_BASE : 0u) + kv_base, acc_v, DV, DV, DV4, DV4PT, 1.0)
 #endif
 }

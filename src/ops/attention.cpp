@@ -100,6 +100,11 @@ AttentionDims check_attention(const Graph& graph, const Node& node, bool with_va
   return dims;
 }
 
+// A half-open range of queries or keys.
+struct Range {
+  int64_t begin = 0, end = std::numeric_limits<int64_t>::max();
+};
+
 // The reference evaluation of one attention node: scores, probabilities and their gradients.
 struct AttentionReference {
   AttentionDims dims;
@@ -152,15 +157,16 @@ struct AttentionReference {
     return largest + std::log(total);
   }
 
-  // Calls visit(b, h, i, j, probability) for every query/key pair, with the probabilities of a
-  // row recomputed from its log-sum-exp.
+  // Calls visit(b, h, i, j, probability) for every query/key pair (within `queries` and `keys`),
+  // with the probabilities of a row recomputed from its log-sum-exp.
   template <class Visit>
-  void for_each_probability(const HostTensor* lse, Visit visit) const {
+  void for_each_probability(const HostTensor* lse, Visit visit, Range queries = {},
+                            Range keys = {}) const {
     for (int64_t b = 0; b < dims.batch; ++b) {
       for (int64_t h = 0; h < dims.q_heads; ++h) {
-        for (int64_t i = 0; i < dims.q_len; ++i) {
+        for (int64_t i = queries.begin; i < std::min(queries.end, dims.q_len); ++i) {
           const double row_lse = lse ? lse->data[row(b, h, i)] : log_sum_exp(b, h, i);
-          for (int64_t j = 0; j < dims.kv_len; ++j) {
+          for (int64_t j = keys.begin; j < std::min(keys.end, dims.kv_len); ++j) {
             visit(b, h, i, j, std::exp(score(b, h, i, j) - row_lse));
           }
         }
@@ -173,7 +179,7 @@ struct AttentionReference {
   // in column Dv, the slice's log-sum-exp; a row that sees no key of a slice gets zeros and
   // -inf there.
   HostTensor partials(int64_t splits) const {
-    const int64_t slice = kv_slice_length(dims.kv_len, splits);
+    const int64_t slice = attention_slice_length(dims.kv_len, splits);
     const int64_t rows = element_count(dims.lse_shape()), width = dims.value_dim + 1;
     HostTensor out(split_attention_shape(dims, splits));
     for (int64_t s = 0; s < splits; ++s) {
@@ -220,9 +226,10 @@ struct AttentionReference {
   };
 
   // dS_ij = P_ij * (dO_i . v_j - D_i) with D_i = dO_i . O_i; dq_i = scale * sum_j dS_ij k_j,
-  // dk_j = scale * sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i (summed over a group's q heads).
-  Gradients backward(const HostTensor& out, const HostTensor& grad_out,
-                     const HostTensor& lse) const {
+  // dk_j = scale * sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i (summed over a group's q heads); the
+  // sums only over the pairs within `queries` and `keys` (the split backward's partials).
+  Gradients backward(const HostTensor& out, const HostTensor& grad_out, const HostTensor& lse,
+                     Range queries = {}, Range keys = {}) const {
     Gradients grads{HostTensor(q->shape), HostTensor(k->shape), HostTensor(v->shape)};
     std::vector<double> row_delta(element_count(dims.lse_shape()), 0.0);
     for (size_t r = 0; r < row_delta.size(); ++r) {
@@ -230,46 +237,92 @@ struct AttentionReference {
         row_delta[r] += grad_out.data[r * dims.value_dim + e] * out.data[r * dims.value_dim + e];
       }
     }
-    for_each_probability(&lse, [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
-      const int64_t query_row = row(b, h, i);
-      const int64_t kv_row = key_row(b, h, j);
-      const double* d_out = &grad_out.data[query_row * dims.value_dim];
-      const double* value = &v->data[kv_row * dims.value_dim];
-      double d_probability = 0;
-      for (int64_t e = 0; e < dims.value_dim; ++e) {
-        d_probability += d_out[e] * value[e];
-        grads.v.data[kv_row * dims.value_dim + e] += p * d_out[e];
-      }
-      const double d_score = p * (d_probability - row_delta[query_row]) * scale;
-      for (int64_t d = 0; d < dims.head_dim; ++d) {
-        grads.q.data[query_row * dims.head_dim + d] +=
-            d_score * k->data[kv_row * dims.head_dim + d];
-        grads.k.data[kv_row * dims.head_dim + d] +=
-            d_score * q->data[query_row * dims.head_dim + d];
-      }
-    });
+    for_each_probability(
+        &lse,
+        [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
+          const int64_t query_row = row(b, h, i);
+          const int64_t kv_row = key_row(b, h, j);
+          const double* d_out = &grad_out.data[query_row * dims.value_dim];
+          const double* value = &v->data[kv_row * dims.value_dim];
+          double d_probability = 0;
+          for (int64_t e = 0; e < dims.value_dim; ++e) {
+            d_probability += d_out[e] * value[e];
+            grads.v.data[kv_row * dims.value_dim + e] += p * d_out[e];
+          }
+          const double d_score = p * (d_probability - row_delta[query_row]) * scale;
+          for (int64_t d = 0; d < dims.head_dim; ++d) {
+            grads.q.data[query_row * dims.head_dim + d] +=
+                d_score * k->data[kv_row * dims.head_dim + d];
+            grads.k.data[kv_row * dims.head_dim + d] +=
+                d_score * q->data[query_row * dims.head_dim + d];
+          }
+        },
+        queries, keys);
     return grads;
   }
 };
 
-// One backward op: same inputs, one of the three gradients.
+// The number of slices of a node split over `length` queries or keys by attribute `split`
+// (ops/k_split.hpp), 1 without it; throws unless every slice is non-empty.
+int64_t attention_splits(const Graph& graph, const Node& node, const char* split, int64_t length,
+                         const char* what) {
+  if (!node.attrs.has(split)) return 1;
+  const int64_t splits = node.attrs.get_int(split);
+  if (splits < 1 || (splits - 1) * attention_slice_length(length, splits) >= length) {
+    op_error(graph, node,
+             std::string(split) + " " + std::to_string(splits) +
+                 " must be >= 1 and leave every slice of the " + std::to_string(length) + " " +
+                 what + " (multiples of " + std::to_string(kAttentionSliceAlignment) +
+                 ") non-empty");
+  }
+  return splits;
+}
+
+// One backward op: same inputs, one of the three gradients. With attribute `split` (kv_splits
+// for dQ, q_splits for dK and dV; only from passes/split_attention.cpp) the result is [S, ...]:
+// partial s sums only over the keys (queries) of slice s.
 void register_attention_grad(std::vector<OpDef>& registry, const char* name,
                              HostTensor AttentionReference::Gradients::*pick,
-                             Shape (*result_shape)(const Graph&, const Node&)) {
+                             Shape (*result_shape)(const Graph&, const Node&), const char* split) {
+  const bool over_keys = std::string_view(split) == "kv_splits";
   registry.push_back(OpDef{
       .name = name,
       .infer =
-          [result_shape](const Graph& graph, const Node& node) {
-            check_attention(graph, node, true, true);
-            return TensorType{graph.type(node.inputs[0]).dtype, result_shape(graph, node)};
+          [result_shape, split, over_keys](const Graph& graph, const Node& node) {
+            const AttentionDims dims = check_attention(graph, node, true, true);
+            Shape shape = result_shape(graph, node);
+            if (node.attrs.has(split)) {
+              shape.insert(shape.begin(), attention_splits(graph, node, split,
+                                                           over_keys ? dims.kv_len : dims.q_len,
+                                                           over_keys ? "keys" : "queries"));
+            }
+            return TensorType{graph.type(node.inputs[0]).dtype, shape};
           },
       .reference =
-          [pick](const Node& node, const std::vector<const HostTensor*>& in) {
+          [pick, split, over_keys](const Node& node, const std::vector<const HostTensor*>& in) {
             const AttentionReference attention(node, in, true);
             const size_t out = attention_inputs(node, true, true).out_index();
-            AttentionReference::Gradients grads =
-                attention.backward(*in[out], *in[out + 1], *in[out + 2]);
-            return std::move(grads.*pick);
+            if (!node.attrs.has(split))
+              return std::move(attention.backward(*in[out], *in[out + 1], *in[out + 2]).*pick);
+            const int64_t splits = node.attrs.get_int(split);
+            const int64_t length = over_keys ? attention.dims.kv_len : attention.dims.q_len;
+            const int64_t slice = attention_slice_length(length, splits);
+            std::vector<HostTensor> partials;
+            for (int64_t s = 0; s < splits; ++s) {
+              const Range range{s * slice, (s + 1) * slice};
+              AttentionReference::Gradients grads =
+                  over_keys ? attention.backward(*in[out], *in[out + 1], *in[out + 2], {}, range)
+                            : attention.backward(*in[out], *in[out + 1], *in[out + 2], range);
+              partials.push_back(std::move(grads.*pick));
+            }
+            Shape shape = partials[0].shape;
+            shape.insert(shape.begin(), splits);
+            HostTensor stacked(shape);
+            for (int64_t s = 0; s < splits; ++s) {
+              std::copy(partials[s].data.begin(), partials[s].data.end(),
+                        stacked.data.begin() + s * partials[s].elements());
+            }
+            return stacked;
           },
   });
 }
@@ -318,14 +371,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
             const AttentionDims dims = check_attention(graph, node, true, false);
             const DType dtype = graph.type(node.inputs[0]).dtype;
             if (!node.attrs.has("kv_splits")) return TensorType{dtype, dims.output_shape()};
-            const int64_t splits = node.attrs.get_int("kv_splits");
-            if (splits < 1 || (splits - 1) * kv_slice_length(dims.kv_len, splits) >= dims.kv_len) {
-              op_error(graph, node,
-                       "kv_splits " + std::to_string(splits) +
-                           " must be >= 1 and leave every slice of the " +
-                           std::to_string(dims.kv_len) + " keys (multiples of " +
-                           std::to_string(kKvSliceAlignment) + ") non-empty");
-            }
+            const int64_t splits = attention_splits(graph, node, "kv_splits", dims.kv_len, "keys");
             return TensorType{dtype, AttentionReference::split_attention_shape(dims, splits)};
           },
       .reference =
@@ -432,13 +478,14 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   //   heads of their group). attrs: those of scaled_dot_product_attention.
   register_attention_grad(
       registry, "attention_grad_q", &AttentionReference::Gradients::q,
-      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 0); });
+      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 0); },
+      "kv_splits");
   register_attention_grad(
       registry, "attention_grad_k", &AttentionReference::Gradients::k,
-      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 1); });
+      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 1); }, "q_splits");
   register_attention_grad(
       registry, "attention_grad_v", &AttentionReference::Gradients::v,
-      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 2); });
+      [](const Graph& graph, const Node& node) { return input_shape(graph, node, 2); }, "q_splits");
 
   // rope(x [..., S, D]) -> x's type, Llama "rotate half" form: with x1 = x[..., :D/2],
   //   x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] at angle

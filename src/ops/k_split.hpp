@@ -18,15 +18,17 @@ constexpr int64_t k_slice_length(int64_t k, int64_t splits) {
   return (even + kKSliceAlignment - 1) / kKSliceAlignment * kKSliceAlignment;
 }
 
-// Split attention (passes/split_attention.cpp): a scaled_dot_product_attention with attribute
-// kv_splits = S computes S partial results over slices of the keys, partial s over keys
-// [s * L, min(Sk, (s + 1) * L)) with L = kv_slice_length(Sk, S). Slice boundaries are multiples
-// of 64, so every key block of the kernels lies in one slice.
-constexpr int64_t kKvSliceAlignment = 64;
+// Split attention (passes/split_attention.cpp): a scaled_dot_product_attention or
+// attention_grad_q with attribute kv_splits = S computes S partial results over slices of the
+// keys, an attention_grad_k / attention_grad_v with q_splits = S over slices of the queries:
+// slice s covers [s * L, min(length, (s + 1) * L)) with L = attention_slice_length(length, S).
+// Slice boundaries are multiples of 64, so every block of the kernels lies in one slice.
+constexpr int64_t kAttentionSliceAlignment = 64;
 
-constexpr int64_t kv_slice_length(int64_t kv_len, int64_t splits) {
-  const int64_t even = (kv_len + splits - 1) / splits;
-  return (even + kKvSliceAlignment - 1) / kKvSliceAlignment * kKvSliceAlignment;
+constexpr int64_t attention_slice_length(int64_t length, int64_t splits) {
+  const int64_t even = (length + splits - 1) / splits;
+  return (even + kAttentionSliceAlignment - 1) / kAttentionSliceAlignment *
+         kAttentionSliceAlignment;
 }
 
 }  // namespace mg

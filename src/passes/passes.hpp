@@ -22,9 +22,11 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // split_k.cpp).
 Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
-// Split attention: an attention forward with few query blocks and many keys becomes one node
-// computing partial results over key slices (attribute kv_splits) and an attention_combine of
-// them (see split_attention.cpp). MEGANEURA_ATTENTION_SPLITS=N forces N slices.
+// Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
+// rows becomes one node computing partial results over slices of the keys (attribute
+// kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine
+// (forward) or a sum (see split_attention.cpp). MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces
+// the slice counts.
 Graph split_attention(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul

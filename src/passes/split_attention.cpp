@@ -1,12 +1,15 @@
-// Split attention (flash-decoding style): an attention forward over few query blocks, Whisper's
-// encoder at batch 1 (6 heads x 24 blocks of 64 queries = 144 workgroups), leaves an H200's
-// 132 compute units with one workgroup of 4 subgroups each, too few to hide the latency of
-// its loads and barriers. The pass cuts the keys into S slices (attribute kv_splits, see
-// ops/k_split.hpp): one dispatch computes every (query block, slice) pair's output and
-// log-sum-exp, and attention_combine joins the S partial results per query. The partials cost
-// S * (Dv + 1) floats per query, small next to the Sk * D multiply-adds each one sums.
+// Split attention (flash-decoding style): an attention over few owned blocks, Whisper's encoder
+// at batch 1 (6 heads x 24 blocks of 64 queries = 144 workgroups, and as many key blocks in
+// dK / dV), leaves an H200's 132 compute units with one workgroup of 4 subgroups each, too few
+// to hide the latency of their loads and barriers. The pass cuts the streamed rows into S
+// slices (see ops/k_split.hpp): the forward and dQ get kv_splits (key slices), dK and dV
+// q_splits (query slices); one dispatch computes every (owned block, slice) pair. The
+// forward's partial results (output and log-sum-exp per slice) are joined by
+// attention_combine, the gradients' by a sum over the slices. The partials cost S rows per
+// owned row, small next to the multiply-adds each one sums.
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "ops/k_split.hpp"
 #include "passes/passes.hpp"
@@ -15,40 +18,56 @@
 namespace mg::passes {
 namespace {
 
-// Workgroups wanted in flight: five of the kernels' 64-query workgroups on each of an H200's
-// 132 compute units, as many as their shared memory allows there. For Whisper's 144 query
-// blocks that is 4 slices: forward 0.305 -> 0.210 ms strict and 0.108 -> 0.087 ms fast on the
-// H200, where 2, 3, 6 and 8 slices were slower for one of the two or both (docs/BENCHMARKS.md).
+// Workgroups wanted in flight: five of the kernels' 64-row workgroups on each of an H200's 132
+// compute units, as many as the forward's shared memory allows there. For Whisper's 144 blocks
+// that is 4 slices: forward 0.305 -> 0.210 ms strict and 0.108 -> 0.087 ms fast, backward
+// 1.018 -> 0.779 ms strict and 0.500 -> 0.370 ms fast on the H200, where 2, 3, 6 and 8 slices
+// were slower or no faster (docs/BENCHMARKS.md, runs 19 and 20).
 constexpr int64_t kWorkgroupsWanted = 5 * 132;
-constexpr int64_t kQueriesPerWorkgroup = 64;
-// A slice keeps at least this many keys, so that its partial result is small next to its work.
-constexpr int64_t kMinKeysPerSlice = 256;
+constexpr int64_t kRowsPerWorkgroup = 64;
+// A slice keeps at least this many streamed rows, so that its partial result is small next to
+// its work.
+constexpr int64_t kMinRowsPerSlice = 256;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// MEGANEURA_ATTENTION_SPLITS=N: N slices for every attention forward (1: none), for sweeps.
-int64_t forced_splits() {
+// Which split a node takes: the forward and dQ (query-owned kernels) over the keys, dK and dV
+// (key-owned) over the queries.
+enum class Kind { forward, grad_q, grad_kv };
+
+// MEGANEURA_ATTENTION_SPLITS=N (every kind) or F,Q,KV (forward, dQ, dK and dV): slices forced
+// for sweeps and tests, 1 for none; 0 where unset.
+int64_t forced_splits(Kind kind) {
   const char* text = std::getenv("MEGANEURA_ATTENTION_SPLITS");
   if (text == nullptr) return 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 1 || value > 1024) {
-    throw Error("MEGANEURA_ATTENTION_SPLITS=" + std::string(text) +
-                ": expected a whole number of key slices from 1 to 1024 (1: no split); unset it "
-                "for the built-in choice");
+  std::vector<int64_t> values;
+  bool well_formed = true;
+  for (const char* at = text; well_formed;) {
+    char* end = nullptr;
+    const long value = std::strtol(at, &end, 10);
+    well_formed = end != at && value >= 1 && value <= 1024 && (*end == '\0' || *end == ',');
+    values.push_back(value);
+    if (*end != ',') break;
+    at = end + 1;
   }
-  return value;
+  if (!well_formed || (values.size() != 1 && values.size() != 3)) {
+    throw Error("MEGANEURA_ATTENTION_SPLITS=" + std::string(text) +
+                ": expected N or F,Q,KV, whole numbers of slices from 1 to 1024 (1: no split) "
+                "for every attention kernel or for the forward, dQ and dK / dV; unset it for "
+                "the built-in choice");
+  }
+  return values.size() == 1 ? values[0] : values[static_cast<size_t>(kind)];
 }
 
-// Slices for an attention over `kv_len` keys with `workgroups` query blocks; 1 keeps it whole.
-int64_t split_count(int64_t workgroups, int64_t kv_len) {
-  int64_t wanted = forced_splits();
-  if (wanted == 0) wanted = std::min(kWorkgroupsWanted / workgroups, kv_len / kMinKeysPerSlice);
+// Slices for `workgroups` owned blocks that each stream `streamed` rows; 1 keeps the node whole.
+int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed) {
+  int64_t wanted = forced_splits(kind);
+  if (wanted == 0) wanted = std::min(kWorkgroupsWanted / workgroups, streamed / kMinRowsPerSlice);
   if (wanted < 2) return 1;
-  // Aligned slices may cover the keys in fewer than `wanted`; count those that are not empty.
-  return ceil_div(kv_len, kv_slice_length(kv_len, wanted));
+  // Aligned slices may cover the rows in fewer than `wanted`; count those that are not empty.
+  return ceil_div(streamed, attention_slice_length(streamed, wanted));
 }
 
 }  // namespace
@@ -58,17 +77,25 @@ Graph split_attention(const Graph& graph, std::vector<ValueId>* remap) {
   return rebuild(
       graph, keep,
       [](Graph& target, ValueId, Node node) {
-        if (node.op != "scaled_dot_product_attention" || node.attrs.has("kv_splits"))
+        const bool forward = node.op == "scaled_dot_product_attention";
+        const bool grad_q = node.op == "attention_grad_q";
+        const bool grad_kv = node.op == "attention_grad_k" || node.op == "attention_grad_v";
+        const char* attribute = grad_kv ? "q_splits" : "kv_splits";
+        if ((!forward && !grad_q && !grad_kv) || node.attrs.has(attribute))
           return target.add_typed(std::move(node));
         const Shape& q = target.type(node.inputs[0]).shape;
-        const int64_t kv_len = target.type(node.inputs[1]).shape[2];
+        const Shape& k = target.type(node.inputs[1]).shape;
+        const Kind kind = forward ? Kind::forward : grad_q ? Kind::grad_q : Kind::grad_kv;
         const int64_t splits =
-            split_count(q[0] * q[1] * ceil_div(q[2], kQueriesPerWorkgroup), kv_len);
+            grad_kv ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2])
+                    : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2]);
         if (splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
-        attrs.set("kv_splits", splits);
+        attrs.set(attribute, splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        return target.add("attention_combine", {partials}, {});
+        if (forward) return target.add("attention_combine", {partials}, {});
+        return target.add("sum", {partials},
+                          {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
       },
       remap);
 }

@@ -47,8 +47,9 @@ struct PlanOptions {
   uint64_t alignment = 256;             // >= minStorageBufferOffsetAlignment
   // Split matmuls and convolution weight gradients with few output tiles and a long K over K
   // (split-K, passes/split_k.cpp), sums with few outputs in two steps
-  // (passes/split_reductions.cpp) and attention forwards with few query blocks over key slices
-  // (passes/split_attention.cpp): pays on GPUs with many compute units, not on CPU devices.
+  // (passes/split_reductions.cpp) and attention with few owned blocks over slices of its
+  // streamed rows (passes/split_attention.cpp): pays on GPUs with many compute units, not on
+  // CPU devices.
   // MEGANEURA_SPLIT_K=0/1 overrides all three.
   bool split_k = true;
   // Convolutions as im2col + matmul (passes/im2col.cpp): faster on GPUs, where the implicit GEMM's

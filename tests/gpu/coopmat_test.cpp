@@ -8,6 +8,7 @@
 
 #include "conv_support.hpp"
 #include "kernels/lowering.hpp"
+#include "passes/passes.hpp"
 #include "vk/gpu.hpp"
 #include "vk/spirv_cooperative_matrix.hpp"
 
@@ -272,26 +273,34 @@ TEST(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
   expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
 }
 
-// The forward over key slices (KV_SPLITS = 2, each workgroup z one slice of 64 keys) compiles
-// to valid NV and well-formed KHR SPIR-V.
-TEST(CoopMatrixLowering, ForwardOverKeySlicesCompiles) {
+// Every attention kernel over slices (passes/split_attention.cpp, forced to 2: the forward and
+// dQ over two slices of 64 keys, dK and dV over two of 64 queries; each workgroup z one slice)
+// compiles to valid NV and well-formed KHR SPIR-V.
+TEST(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   Graph graph;
   const Tensor q = input(graph, "q", {1, 2, 70, 32});
   const Tensor k = input(graph, "k", {1, 1, 100, 32});
   const Tensor v = input(graph, "v", {1, 1, 100, 16});
-  Node node = graph.node(scaled_dot_product_attention(q, k, v, {.causal = true}).id());
-  node.attrs.set("kv_splits", int64_t{2});
-  const ValueId partials = graph.add(node.op, node.inputs, node.attrs);
-  graph.set_output("partials", partials);
-  const std::vector<kernels::Launch> launches = kernels::lower_node(graph, partials, coop_device());
-  ASSERT_EQ(launches.size(), 1u);
-  const kernels::Launch& launch = launches[0];
-  EXPECT_EQ(launch.kernel, "attention_forward_coopmat");
-  EXPECT_EQ(define_of(launch, "KV_SPLITS"), "2");
-  EXPECT_EQ(define_of(launch, "KV_SLICE"), "64u");
-  EXPECT_EQ(launch.groups[2], 2u);
-  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
-  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
+  output_with_gradients(graph, scaled_dot_product_attention(q, k, v, {.causal = true}),
+                        input(graph, "seed", {1, 2, 70, 16}), {q, k, v});
+  const ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "2");
+  const Graph split = passes::split_attention(graph);
+  const std::vector<kernels::Launch> launches = coop_launches(split, coop_device());
+  ASSERT_EQ(launches.size(), 5u);  // forward, log-sum-exp (whole), dQ, dK, dV
+  for (const kernels::Launch& launch : launches) {
+    SCOPED_TRACE(launch.label);
+    const bool key_owned = launch.kernel == "attention_grad_kv_coopmat";
+    const bool whole = launch.label.starts_with("attention_lse ");
+    EXPECT_EQ(define_of(launch, key_owned ? "Q_SPLITS" : "KV_SPLITS"), whole ? "1" : "2");
+    if (!whole) {
+      EXPECT_EQ(define_of(launch, key_owned ? "Q_SLICE" : "KV_SLICE"), "64u");
+    }
+    EXPECT_EQ(launch.groups[2], whole ? 1u : 2u);
+    const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(split, launch));  // validated
+    const bool grad_k = launch.label.starts_with("attention_grad_k ");
+    expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                      launch.kernel == "attention_grad_q_coopmat" || grad_k ? 2 : 1);
+  }
 }
 
 // The backward kernels stream blocks of 64 where shared memory allows and 32 otherwise (head

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
@@ -371,15 +372,19 @@ TEST(Passes, MergeLeadingSums) {
   expect_same_outputs(conv, one_sum, conv_environment);
 }
 
-// Attention over key slices (a forward over partial results and attention_combine) against the
-// whole forward on the reference: grouped heads, an additive mask, causal masking (whose later
-// slices see no key of a row) and a key count that is no multiple of the slices; forced slice
-// counts, since the built-in rule leaves sequences this short whole.
+// Attention over slices (the forward and dQ over key slices, dK and dV over query slices, their
+// partial results joined by attention_combine or summed) against the whole ops on the
+// reference: grouped heads, an additive mask, causal masking (whose later slices see no key of
+// a row) and lengths that are no multiple of the slices; forced slice counts, since the
+// built-in rule leaves sequences this short whole.
 TEST(Passes, SplitAttentionKeepsOutputs) {
   std::mt19937_64 generator(11);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  const std::vector<std::pair<std::string, Shape>> shapes = {
-      {"q", {2, 2, 70, 8}}, {"k", {2, 1, 300, 8}}, {"v", {2, 1, 300, 6}}, {"mask", {70, 300}}};
+  const std::vector<std::pair<std::string, Shape>> shapes = {{"q", {2, 2, 140, 8}},
+                                                             {"k", {2, 1, 300, 8}},
+                                                             {"v", {2, 1, 300, 6}},
+                                                             {"mask", {140, 300}},
+                                                             {"seed", {2, 2, 140, 6}}};
   Environment environment;
   Graph graph;
   std::map<std::string, Tensor> x;
@@ -395,42 +400,78 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
       scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {.causal = true});
   graph.set_output("masked", masked.id());
   graph.set_output("causal", causal.id());
-  for (const auto& [forced, slices] :
-       {std::pair<const char*, int64_t>{"5", 5}, {"3", 3}, {"2", 2}, {"40", 5}}) {
+  const std::vector<ValueId> wrt{x.at("q").id(), x.at("k").id(), x.at("v").id()};
+  for (const Tensor& y : {masked, causal}) {
+    for (const auto& [leaf, grad] : gradients(graph, sum_all(y * x.at("seed")).id(), wrt))
+      graph.set_output("d" + std::to_string(y.id()) + "_" + std::to_string(leaf), grad);
+  }
+  // Forced counts: every kind, or forward, dQ and dK / dV apart (140 queries make at most 3
+  // query slices of 64).
+  for (const auto& [forced, key_slices, query_slices] :
+       {std::tuple<const char*, int64_t, int64_t>{"5", 5, 3},
+        {"3", 3, 3},
+        {"2", 2, 2},
+        {"40", 5, 3},
+        {"1,5,2", 5, 2}}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_SPLITS=") + forced);
     setenv("MEGANEURA_ATTENTION_SPLITS", forced, 1);
     const Graph split = passes::split_attention(graph);
     unsetenv("MEGANEURA_ATTENTION_SPLITS");
-    EXPECT_EQ(count_op(split, "attention_combine"), 2u);
+    const bool forward_split = std::string(forced) != "1,5,2";
+    EXPECT_EQ(count_op(split, "attention_combine"), forward_split ? 2u : 0u);
     for (const Node& node : split.nodes()) {
       if (node.op == "scaled_dot_product_attention") {
-        EXPECT_EQ(node.attrs.get_int("kv_splits", 1), slices);
+        EXPECT_EQ(node.attrs.get_int("kv_splits", 1), forward_split ? key_slices : 1);
+      }
+      if (node.op == "attention_grad_q") {
+        EXPECT_EQ(node.attrs.get_int("kv_splits"), key_slices);
+      }
+      if (node.op == "attention_grad_k" || node.op == "attention_grad_v") {
+        EXPECT_EQ(node.attrs.get_int("q_splits"), query_slices);
       }
     }
     expect_same_outputs(graph, split, environment);
   }
 }
 
-// The built-in rule: Whisper's encoder attention at batch 1 (144 query blocks of 64) takes
-// slices; at batch 8, or over 128 keys, it stays whole.
+// The built-in rule: Whisper's encoder attention at batch 1 (144 blocks of 64 queries, and as
+// many of 64 keys) takes 4 slices in the forward, dQ, dK and dV; at batch 8, or over 128 keys
+// and queries, it stays whole.
 TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
-  const auto kv_splits = [](int64_t batch, int64_t keys) {
+  // Each attention op's slices (0: absent).
+  const auto slices = [](int64_t batch, int64_t length) {
     Graph graph;
-    const Tensor q = input(graph, "q", {batch, 6, 1500, 64});
-    const Tensor k = input(graph, "k", {batch, 6, keys, 64});
-    const Tensor v = input(graph, "v", {batch, 6, keys, 64});
-    graph.set_output("y", scaled_dot_product_attention(q, k, v, {}).id());
+    const Tensor q = input(graph, "q", {batch, 6, length, 64});
+    const Tensor k = input(graph, "k", {batch, 6, length, 64});
+    const Tensor v = input(graph, "v", {batch, 6, length, 64});
+    const Tensor y = scaled_dot_product_attention(q, k, v, {});
+    graph.set_output("y", y.id());
+    for (const auto& [leaf, grad] : gradients(graph, sum_all(y * y).id(), {q.id(), k.id(), v.id()}))
+      graph.set_output("d" + std::to_string(leaf), grad);
+    std::map<std::string, int64_t> found;
     const Graph split = passes::split_attention(graph);
     for (const Node& node : split.nodes()) {
-      if (node.op == "scaled_dot_product_attention") return node.attrs.get_int("kv_splits", 1);
+      if (node.op.starts_with("attention_grad_") || node.op == "scaled_dot_product_attention")
+        found[node.op] = node.attrs.get_int(
+            node.op == "attention_grad_k" || node.op == "attention_grad_v" ? "q_splits"
+                                                                           : "kv_splits",
+            1);
     }
-    return int64_t{0};
+    return found;
   };
-  EXPECT_EQ(kv_splits(1, 1500), 4);
-  EXPECT_EQ(kv_splits(8, 1500), 1);
-  EXPECT_EQ(kv_splits(1, 128), 1);
-  setenv("MEGANEURA_ATTENTION_SPLITS", "two", 1);
-  EXPECT_THROW(kv_splits(1, 1500), Error);
+  const std::map<std::string, int64_t> whisper = slices(1, 1500);
+  EXPECT_EQ(whisper.size(), 4u);
+  for (const auto& [op, count] : whisper) EXPECT_EQ(count, 4) << op;
+  for (const auto& [op, count] : slices(8, 1500)) EXPECT_EQ(count, 1) << op;
+  for (const auto& [op, count] : slices(1, 128)) EXPECT_EQ(count, 1) << op;
+  const auto kv_splits = [&](int64_t batch, int64_t length) {
+    return slices(batch, length).at("scaled_dot_product_attention");
+  };
+  for (const char* bad : {"two", "0", "2,2", "2,2,x", "3,", "2,2,2,2"}) {
+    SCOPED_TRACE(bad);
+    setenv("MEGANEURA_ATTENTION_SPLITS", bad, 1);
+    EXPECT_THROW(kv_splits(1, 1500), Error);
+  }
   unsetenv("MEGANEURA_ATTENTION_SPLITS");
 }
 

@@ -178,19 +178,28 @@ TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
   EXPECT_EQ(launches_of(unfused, "attention_lse"), 1u);
 }
 
-// A forward over key slices: its launch covers the slices in grid z, and the attention_combine
-// after it writes the backward's log-sum-exp.
-TEST(Planner, AttentionCombineWritesTheLogSumExp) {
+// Attention over slices: the forward's and dQ's launches cover two key slices in grid z, the
+// fused dK / dV launch two query slices (its companion split alike); the attention_combine after
+// the forward writes the backward's log-sum-exp, and sums join the gradients' partials.
+TEST(Planner, AttentionOverSlices) {
   setenv("MEGANEURA_ATTENTION_SPLITS", "2", 1);
   const plan::Program program = plan_for(attention_training(false, false, 100));
   unsetenv("MEGANEURA_ATTENTION_SPLITS");
   EXPECT_EQ(launches_of(program, "attention_lse"), 0u);
+  EXPECT_EQ(launches_of(program, "attention_grad_v"), 0u);
   ASSERT_EQ(launches_of(program, "attention_combine"), 1u);
+  EXPECT_EQ(launches_of(program, "sum"), 3u);  // dQ, dK, dV
   for (const plan::PlannedLaunch& planned : program.launches) {
     const kernels::Launch& launch = planned.launch;
-    if (launch.label.starts_with("scaled_dot_product_attention ")) {
+    SCOPED_TRACE(launch.label);
+    if (launch.label.starts_with("scaled_dot_product_attention ") ||
+        launch.label.starts_with("attention_grad_q ")) {
       EXPECT_EQ(launch.groups[2], 2u);
-      EXPECT_EQ(launch.operands.back().name, "out_");
+    }
+    if (launch.label.starts_with("attention_grad_k ")) {
+      EXPECT_EQ(launch.groups[2], 2u);
+      ASSERT_EQ(launch.operands.back().name, "result_v");
+      EXPECT_EQ(program.graph.node(launch.operands.back().value).attrs.get_int("q_splits"), 2);
     }
     if (launch.label.starts_with("attention_combine ")) {
       ASSERT_EQ(launch.operands.back().name, "lse");
