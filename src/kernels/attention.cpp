@@ -170,10 +170,24 @@ int64_t coop_shared_bytes(Mode mode, const Dims& dims, int64_t streamed) {
   return 2 * tiles + 4 * stage + 4 * query_stats * streamed + 2 * owned * (streamed + 8);
 }
 
-// The backward's streamed block: 64 where it fits (half the barriers of 32), else 32; 0 when
-// neither fits.
+// The streamed blocks the cooperative-matrix kernels try in order, `preferred` (from the
+// built-in choice) or only the one MEGANEURA_ATTENTION_COOP_BLOCK=32/64 names (tuning sweeps;
+// any other value is an error naming the variable).
+std::vector<int64_t> coop_block_candidates(std::vector<int64_t> preferred) {
+  const char* forced = std::getenv("MEGANEURA_ATTENTION_COOP_BLOCK");
+  if (forced == nullptr) return preferred;
+  if (std::string(forced) == "64" || std::string(forced) == "32") return {std::stoll(forced)};
+  throw Error("MEGANEURA_ATTENTION_COOP_BLOCK='" + std::string(forced) +
+              "': expected 32 or 64 (the cooperative-matrix attention kernels' streamed block); "
+              "unset it for the built-in choice");
+}
+
+// The backward's streamed block: 32, else 64; 0 when neither fits. Blocks of 64 take 24-51 more
+// registers (200-253 an invocation on the H200), so fewer workgroups share a compute unit:
+// Whisper's dK, dQ and dV took 0.162, 0.126 and 0.079 ms with 64 against 0.105, 0.088 and 0.061
+// with 32 (docs/BENCHMARKS.md, run 21).
 int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  for (int64_t streamed : {64, 32})
+  for (int64_t streamed : coop_block_candidates({32, 64}))
     if (coop_shared_bytes(mode, dims, streamed) <= device.max_shared_memory_bytes) return streamed;
   return 0;
 }
@@ -190,9 +204,10 @@ int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk) {
 }
 
 // The forward's key block: 64 keys where they fit (half the barriers and statistics passes of
-// 32), else 32; 0 when neither fits.
+// 32: Whisper's forward 0.087 ms against 0.101 with 32 on the H200, run 21), else 32; 0 when
+// neither fits.
 int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
-  for (int64_t bk : {64, 32})
+  for (int64_t bk : coop_block_candidates({64, 32}))
     if (coop_forward_shared_bytes(dims, bk) <= device.max_shared_memory_bytes) return bk;
   return 0;
 }

@@ -26,7 +26,7 @@
 // an operand is contiguous in memory), and any split-K slicing is in the load functions.
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
-// GENERATED_LOADS.
+// GENERATED_LOADS, PAD_K_ROWS.
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
 // load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
 // element of C (and applies any fused epilogue) for workgroup z, the flat index over
@@ -38,6 +38,13 @@
 #define THREADS (THREADS_M * THREADS_N)
 #define TILE_M_VEC4 (TILE_M / 4)
 #define TILE_N_VEC4 (TILE_N / 4)
+// vec4s along k of one row of an operand's slice.
+#define K_VEC4 (TILE_K / 4)
+// A k row of a shared tile: TILE_M (TILE_N) floats, plus, with PAD_K_ROWS (where shared memory
+// allows), one vec4 of padding for an operand contiguous along k, whose 4 scalar stores per vec4
+// (below) then spread the K_VEC4 vec4s of a row over different banks.
+#define A_ROW_VEC4 (TILE_M_VEC4 + (TRANSPOSE_A != 0 ? 0 : PAD_K_ROWS))
+#define B_ROW_VEC4 (TILE_N_VEC4 + (TRANSPOSE_B != 0 ? PAD_K_ROWS : 0))
 #define GROUPS_M (WORK_M / 4)
 #define GROUPS_N (WORK_N / 4)
 // vec4s of each operand's K slice that one thread moves from global to shared memory.
@@ -74,8 +81,8 @@
 layout(local_size_x = THREADS, local_size_y = K_GROUPS) in;
 
 // Slot s of k-group g is tile_a[2 * g + s] and tile_b[2 * g + s].
-shared vec4 tile_a[2 * K_GROUPS][TILE_K][TILE_M_VEC4];
-shared vec4 tile_b[2 * K_GROUPS][TILE_K][TILE_N_VEC4];
+shared vec4 tile_a[2 * K_GROUPS][TILE_K][A_ROW_VEC4];
+shared vec4 tile_b[2 * K_GROUPS][TILE_K][B_ROW_VEC4];
 
 #if K_GROUPS > 1
 // A k-group's accumulators (TILE_M * TILE_N floats) go through its own four slots
@@ -83,30 +90,30 @@ shared vec4 tile_b[2 * K_GROUPS][TILE_K][TILE_N_VEC4];
 #if TILE_M * TILE_N > 2 * TILE_K * (TILE_M + TILE_N)
 #error "K_GROUPS > 1 needs TILE_M * TILE_N <= 2 * TILE_K * (TILE_M + TILE_N)"
 #endif
-#define A_SLOT_VEC4S (TILE_K * TILE_M_VEC4)
-#define B_SLOT_VEC4S (TILE_K * TILE_N_VEC4)
+#define A_SLOT_VEC4S (TILE_K * A_ROW_VEC4)
+#define B_SLOT_VEC4S (TILE_K * B_ROW_VEC4)
 
 // Vec4 `index` of k-group `k_group`'s accumulators: its two slots of tile_a, then its two of
 // tile_b, taken as one array.
 void stash_partial(uint k_group, uint index, vec4 value) {
   if (index < 2 * A_SLOT_VEC4S) {
     uint slot = 2 * k_group + index / A_SLOT_VEC4S, within = index % A_SLOT_VEC4S;
-    tile_a[slot][within / TILE_M_VEC4][within % TILE_M_VEC4] = value;
+    tile_a[slot][within / A_ROW_VEC4][within % A_ROW_VEC4] = value;
   } else {
     index -= 2 * A_SLOT_VEC4S;
     uint slot = 2 * k_group + index / B_SLOT_VEC4S, within = index % B_SLOT_VEC4S;
-    tile_b[slot][within / TILE_N_VEC4][within % TILE_N_VEC4] = value;
+    tile_b[slot][within / B_ROW_VEC4][within % B_ROW_VEC4] = value;
   }
 }
 
 vec4 partial(uint k_group, uint index) {
   if (index < 2 * A_SLOT_VEC4S) {
     uint slot = 2 * k_group + index / A_SLOT_VEC4S, within = index % A_SLOT_VEC4S;
-    return tile_a[slot][within / TILE_M_VEC4][within % TILE_M_VEC4];
+    return tile_a[slot][within / A_ROW_VEC4][within % A_ROW_VEC4];
   }
   index -= 2 * A_SLOT_VEC4S;
   uint slot = 2 * k_group + index / B_SLOT_VEC4S, within = index % B_SLOT_VEC4S;
-  return tile_b[slot][within / TILE_N_VEC4][within % TILE_N_VEC4];
+  return tile_b[slot][within / B_ROW_VEC4][within % B_ROW_VEC4];
 }
 #endif
 
@@ -115,8 +122,12 @@ vec4 partial(uint k_group, uint index) {
 //   columns of one k; consecutive threads take consecutive vec4s of a k row, and the vec4 is
 //   stored as it is;
 // - an operand contiguous along k reads 4 consecutive k of one row or column and scatters them
-//   down the k-major tile; consecutive threads take consecutive rows so that each of the four
-//   scalar stores of a warp hits 32 distinct banks.
+//   down the k-major tile; consecutive threads take the K_VEC4 consecutive vec4s of a row, then
+//   the next row, so that a warp reads 32 / K_VEC4 rows, each one contiguous run. (The global
+//   loads took 21 % of the 4096^3 product and 30 % of SmolLM's lm_head on the H200, found by
+//   runs without them; a warp over 32 rows, 16 bytes of each, gave way to this for 2-8 % on
+//   every GEMM-shaped case, docs/BENCHMARKS.md run 21.) The padded k rows spread the scalar
+//   stores of a warp over the banks (at most two lanes to a bank).
 
 // Element (m, k) of op(A) and (k, n) of op(B) for the problem at `base`: the batch entry's element
 // offset or, with GENERATED_LOADS, the workgroup z. Zero unless `inside`.
@@ -160,7 +171,7 @@ void stash_a(uint slot, uint e, vec4 value) {
 }
 #else
 vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
-  uint m = row0 + e % TILE_M, k = k0 + 4 * (e / TILE_M);
+  uint m = row0 + e / K_VEC4, k = k0 + 4 * (e % K_VEC4);
   if (m >= M) return vec4(0.0);
 #if A_VEC4
   if (k >= k_end) return vec4(0.0);
@@ -172,14 +183,14 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
 }
 
 void stash_a(uint slot, uint e, vec4 value) {
-  uint m = e % TILE_M, k = 4 * (e / TILE_M);
+  uint m = e / K_VEC4, k = 4 * (e % K_VEC4);
   [[unroll]] for (uint i = 0; i < 4; ++i) tile_a[slot][k + i][m / 4][m % 4] = value[i];
 }
 #endif
 
 #if TRANSPOSE_B
 vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
-  uint n = col0 + e % TILE_N, k = k0 + 4 * (e / TILE_N);
+  uint n = col0 + e / K_VEC4, k = k0 + 4 * (e % K_VEC4);
   if (n >= N) return vec4(0.0);
 #if B_VEC4
   if (k >= k_end) return vec4(0.0);
@@ -191,7 +202,7 @@ vec4 fetch_b(uint base, uint col0, uint k0, uint k_end, uint e) {
 }
 
 void stash_b(uint slot, uint e, vec4 value) {
-  uint n = e % TILE_N, k = 4 * (e / TILE_N);
+  uint n = e / K_VEC4, k = 4 * (e % K_VEC4);
   [[unroll]] for (uint i = 0; i < 4; ++i) tile_b[slot][k + i][n / 4][n % 4] = value[i];
 }
 #else

@@ -40,6 +40,14 @@ constexpr std::array<GemmTile, 3> kGemmTiles{
 // Workgroups that keep every compute unit of a large GPU busy.
 constexpr int64_t kWorkgroupsWanted = kPlannedComputeUnits;
 
+// Shared memory of gemm.comp's two slots of both tiles for each of `k_groups` k-groups; `padded`
+// counts the vec4 of padding that a k row of an operand contiguous along k takes (PAD_K_ROWS),
+// for both operands.
+int64_t gemm_shared_bytes(const GemmTile& tile, int64_t k_groups, bool padded) {
+  return 2 * tile.tile_k * (tile.tile_m + tile.tile_n + (padded ? 8 : 0)) *
+         static_cast<int64_t>(sizeof(float)) * k_groups;
+}
+
 int64_t workgroup_count(const GemmTile& tile, int64_t m, int64_t n, int64_t entries) {
   return ((m + tile.tile_m - 1) / tile.tile_m) * ((n + tile.tile_n - 1) / tile.tile_n) * entries;
 }
@@ -65,8 +73,7 @@ std::optional<std::string> tile_misfit(const GemmTile& tile, const DeviceTraits&
   if (threads > device.max_workgroup_invocations)
     return std::to_string(threads) + " invocations exceed the device's " +
            std::to_string(device.max_workgroup_invocations);
-  const int64_t shared_bytes =
-      2 * tile.tile_k * (tile.tile_m + tile.tile_n) * static_cast<int64_t>(sizeof(float));
+  const int64_t shared_bytes = gemm_shared_bytes(tile, 1, false);
   if (shared_bytes > device.max_shared_memory_bytes)
     return std::to_string(shared_bytes) + " bytes of shared memory exceed the device's " +
            std::to_string(device.max_shared_memory_bytes);
@@ -129,8 +136,7 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t entries, const DeviceT
 bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& device) {
   if (k_groups == 1) return true;
   const int64_t threads = tile.threads() * k_groups;
-  const int64_t shared_bytes = 2 * tile.tile_k * (tile.tile_m + tile.tile_n) *
-                               static_cast<int64_t>(sizeof(float)) * k_groups;
+  const int64_t shared_bytes = gemm_shared_bytes(tile, k_groups, false);
   return tile.tile_m * tile.tile_n <= 2 * tile.tile_k * (tile.tile_m + tile.tile_n) &&
          shared_bytes <= device.max_shared_memory_bytes &&
          threads <= device.max_workgroup_invocations;
@@ -203,7 +209,9 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"WORK_M", std::to_string(tile.work_m)},
                     {"WORK_N", std::to_string(tile.work_n)},
                     {"TILE_K", std::to_string(tile.tile_k)},
-                    {"K_GROUPS", std::to_string(tile.k_groups)}};
+                    {"K_GROUPS", std::to_string(tile.k_groups)},
+                    {"PAD_K_ROWS", flag(gemm_shared_bytes(tile, tile.k_groups, true) <=
+                                        context.device().max_shared_memory_bytes)}};
   launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,
                              context.device());
   context.emit(std::move(launch));

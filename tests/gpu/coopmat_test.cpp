@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "conv_support.hpp"
 #include "kernels/lowering.hpp"
@@ -303,11 +304,17 @@ TEST(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   }
 }
 
-// The backward kernels stream blocks of 64 where shared memory allows and 32 otherwise (head
-// dimension 128); a mask moves the bindings of out_value and grad_out. Both block sizes, with a
-// mask, compile to valid NV SPIR-V and well-formed KHR SPIR-V.
+// The backward kernels stream blocks of 32 (fewer registers than 64), and 64 where
+// MEGANEURA_ATTENTION_COOP_BLOCK=64 asks and shared memory allows (head dimension 64, not 128);
+// a mask moves the bindings of out_value and grad_out. Both block sizes, with a mask, compile
+// to valid NV SPIR-V and well-formed KHR SPIR-V; a forced block that is neither is an error
+// naming the variable.
 TEST(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
-  for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
+  for (const auto& [dim, forced] :
+       {std::pair<int64_t, const char*>{64, nullptr}, {64, "64"}, {128, nullptr}}) {
+    SCOPED_TRACE(std::to_string(dim) + (forced ? " forced 64" : ""));
+    std::optional<ScopedEnv> block;
+    if (forced) block.emplace("MEGANEURA_ATTENTION_COOP_BLOCK", forced);
     Graph graph;
     const Tensor q = input(graph, "q", {1, 2, 70, dim});
     const Tensor k = input(graph, "k", {1, 1, 70, dim});
@@ -322,7 +329,7 @@ TEST(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
       ++backward;
       for (const auto& [name, value] : launch.defines) {
         if (name == "BQ" || name == "BK") {
-          EXPECT_EQ(value, dim == 64 ? "64u" : "32u") << launch.label;
+          EXPECT_EQ(value, forced ? "64u" : "32u") << launch.label;
         }
       }
       const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));
@@ -331,6 +338,18 @@ TEST(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
                         launch.kernel == "attention_grad_q_coopmat" || grad_k ? 2 : 1);
     }
     EXPECT_EQ(backward, 3) << dim;
+  }
+  const ScopedEnv bad("MEGANEURA_ATTENTION_COOP_BLOCK", "48");
+  Graph graph;
+  const Tensor q = input(graph, "q", {1, 1, 70, 64});
+  graph.set_output("y", scaled_dot_product_attention(q, q, q, {}).id());
+  try {
+    coop_launches(graph, coop_device());
+    ADD_FAILURE() << "MEGANEURA_ATTENTION_COOP_BLOCK=48 was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_COOP_BLOCK='48'"),
+              std::string::npos)
+        << error.what();
   }
 }
 
