@@ -8,7 +8,8 @@
 // 0.063 ms (docs/BENCHMARKS.md, run 15). The columns take C * KH * KW times the input's bytes,
 // a transient value freed after its product; products whose columns pass the byte limit keep
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
-// stride 1 and no padding (already plain GEMMs over the buffers).
+// stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
+// gradients with fewer than kMinColumnRows rows of columns (below).
 #include <optional>
 
 #include "ops/conv_geometry.hpp"
@@ -21,6 +22,14 @@ namespace {
 std::vector<int64_t> pair_of(const std::array<int64_t, 2>& pair) {
   return {pair[0], pair[1]};
 }
+
+// Columns with C * KH * KW rows fewer than this leave the forward's GEMM a K, and the weight
+// gradient's an N, too small to pay for the gather: the Fashion-MNIST CNN's first convolution
+// (1 channel, 3 x 3: 9 rows) took 9.0 us implicit against 5.8 + 13.2 us as im2col + matmul for
+// its forward and 25.7 against 4.0 + 31.8 us for its weight gradient on the H200, while its
+// second (16 channels: 144 rows) gained 6 and 1.4 us from the columns (docs/BENCHMARKS.md,
+// run 21).
+constexpr int64_t kMinColumnRows = 16;
 
 uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t plane) {
   return static_cast<uint64_t>(batch * channels * taps * plane) * sizeof(float);
@@ -46,7 +55,7 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        target.type(node.inputs[1]).shape);
   const int64_t taps = g.kernel_height * g.kernel_width;
-  if (g.groups != 1 || g.is_pointwise() ||
+  if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
@@ -107,7 +116,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
                                        node.attrs.get_ints("weight_shape"));
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
-  if (g.groups != 1 || g.is_pointwise() ||
+  if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,

@@ -46,7 +46,9 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
 }
 
 // Convolutions as im2col + matmul (passes/im2col.cpp, on by default for GPUs, forced here for
-// Lavapipe): forwards and weight gradients with padding, stride and dilation, the stride-1 data
+// Lavapipe; every case has at least 16 rows of columns, C * KH * KW, below which forwards and
+// weight gradients stay implicit): forwards and weight gradients with padding, stride and
+// dilation, the stride-1 data
 // gradients and the strided ones (col2im), on the CPU-device kernels and on the GPU ones (the
 // im2col and col2im kernels, the batched buffer GEMM with a broadcast weight, the weight
 // gradient's batched product and its sum).
@@ -55,11 +57,11 @@ TEST(GpuConv, Im2colThenMatmul) {
   for (const char* gpu_kernels : {"0", "1"}) {
     const ScopedEnv kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
     check_conv({2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}});
-    check_conv({1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}});
+    check_conv({1, 3, 11, 10}, {3, 3, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}});
     check_conv({2, 3, 13, 12}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
     check_conv({1, 2, 12, 13}, {3, 2, 3, 3},
                {.stride = {3, 2}, .padding = {1, 2}, .dilation = {2, 1}});
-    check_conv({2, 4, 8, 8}, {6, 4, 1, 1}, {.stride = {2, 2}});
+    check_conv({2, 16, 8, 8}, {6, 16, 1, 1}, {.stride = {2, 2}});
     // A plane of 576: the weight gradient's product is split over K, and its sums over the
     // slices and the batch merge into one.
     const ScopedEnv split("MEGANEURA_SPLIT_K", "1");

@@ -263,8 +263,9 @@ size_t count_op(const Graph& graph, const std::string& op) {
 // The im2col rewrite against the convolution references (an independent loop over taps): the
 // forward and the weight gradient with padding, stride and dilation, the stride-1 data gradient
 // (columns of grad_out with negative padding and dilation) and the strided one (col2im of the
-// column gradients), on random inputs; grouped convolutions, 1x1 products over buffers and
-// columns past the byte limit stay convolutions.
+// column gradients), on random inputs; grouped convolutions, 1x1 products over buffers,
+// columns past the byte limit and forwards and weight gradients with fewer than 16 rows of
+// columns (C * KH * KW) stay convolutions.
 TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   struct Case {
     Shape x, w;
@@ -274,7 +275,7 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   };
   const std::vector<Case> cases = {
       {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 3, 0},
-      {{1, 2, 11, 10}, {3, 2, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 3, 0},
+      {{1, 3, 11, 10}, {3, 3, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 3, 0},
       {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 2, 1},
       {{2, 3, 15, 14}, {5, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}, 2, 1},
       {{1, 2, 12, 13},
@@ -282,10 +283,12 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
        {.stride = {3, 2}, .padding = {1, 2}, .dilation = {2, 1}},
        2,
        1},
-      {{2, 4, 8, 8}, {6, 4, 1, 1}, {.stride = {2, 2}}, 2, 1},
+      {{2, 16, 8, 8}, {6, 16, 1, 1}, {.stride = {2, 2}}, 2, 1},
       {{1, 4, 7, 7}, {6, 2, 3, 3}, {.padding = {1, 1}, .groups = 2}, 0, 0},
       {{2, 5, 6, 6}, {3, 5, 1, 1}, {}, 0, 0},
-      {{2, 5, 6, 6}, {3, 5, 1, 1}, {.padding = {1, 0}}, 3, 0},
+      {{2, 16, 6, 6}, {3, 16, 1, 1}, {.padding = {1, 0}}, 3, 0},
+      // 9 rows of columns: the forward and the weight gradient stay implicit.
+      {{2, 1, 9, 9}, {4, 1, 3, 3}, {.padding = {1, 1}}, 1, 0},
   };
   uint64_t seed = 20;
   for (const Case& c : cases) {
