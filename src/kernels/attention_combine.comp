@@ -4,8 +4,6 @@
 // w_s = exp(lse_s - M), the output is sum_s w_s O_s / sum_s w_s and (WITH_LSE) the row's
 // log-sum-exp M + log(sum_s w_s), which the backward reads. One invocation per output element.
 // Defines: SPLITS, ROWS (query rows of every slice), DV, WITH_LSE.
-#extension GL_EXT_control_flow_attributes : enable
-
 #define WIDTH (DV + 1)
 
 layout(local_size_x = 256) in;
@@ -14,15 +12,13 @@ void main() {
   uint index = linear_workgroup() * 256u + gl_LocalInvocationID.x;
   if (index >= ROWS * DV) return;
   uint row = index / DV, e = index % DV;
-  float slice_lse[SPLITS];
+  // Two passes over the slices' lse (cached) instead of an array of SPLITS registers: a
+  // decoding-like shape (few queries, many keys) may have hundreds of slices.
   float largest = -1.0 / 0.0;
-  [[unroll]] for (uint s = 0u; s < SPLITS; ++s) {
-    slice_lse[s] = partials[(s * ROWS + row) * WIDTH + DV];
-    largest = max(largest, slice_lse[s]);
-  }
+  for (uint s = 0u; s < SPLITS; ++s) largest = max(largest, partials[(s * ROWS + row) * WIDTH + DV]);
   float total = 0.0, value = 0.0;
-  [[unroll]] for (uint s = 0u; s < SPLITS; ++s) {
-    float weight = exp(slice_lse[s] - largest);
+  for (uint s = 0u; s < SPLITS; ++s) {
+    float weight = exp(partials[(s * ROWS + row) * WIDTH + DV] - largest);
     total += weight;
     value += weight * partials[(s * ROWS + row) * WIDTH + e];
   }

@@ -208,14 +208,17 @@ TEST(GpuNormAttention, TiledBlocksSwitchNamesBadValues) {
   }
 }
 
-// The forward over key slices and attention_combine (passes/split_attention.cpp), forced since
-// the built-in rule leaves these short sequences whole: causal cross attention whose first
+// Attention over slices (passes/split_attention.cpp: the forward and dQ over key slices, the
+// forward's joined by attention_combine, dK and dV over query slices), forced since the
+// built-in rule leaves these short sequences whole: causal cross attention whose first
 // queries see no key of the later slices, a mask, grouped heads, head dimensions that are no
-// multiple of 4; the backward reads the log-sum-exp that the combine writes.
+// multiple of 4, a single query over many keys; the backward reads the log-sum-exp that the
+// combine writes.
 TEST(GpuNormAttention, KeySlices) {
   const testing::ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "3");
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
   check_attention(2, 4, 2, 20, 200, 16, 16, false, true);
+  check_attention(1, 2, 1, 1, 700, 8, 8, false);  // one query (decoding): slices of 256 keys
 }
 
 TEST(GpuNormAttention, KeySlicesSwitchNamesBadValues) {
