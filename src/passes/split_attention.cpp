@@ -53,8 +53,8 @@ int64_t forced_splits(Kind kind) {
     at = end + 1;
   }
   if (!well_formed || (values.size() != 1 && values.size() != 3)) {
-    throw Error("MEGANEURA_ATTENTION_SPLITS=" + std::string(text) +
-                ": expected N or F,Q,KV, whole numbers of slices from 1 to 1024 (1: no split) "
+    throw Error("MEGANEURA_ATTENTION_SPLITS='" + std::string(text) +
+                "': expected N or F,Q,KV, whole numbers of slices from 1 to 1024 (1: no split) "
                 "for every attention kernel or for the forward, dQ and dK / dV; unset it for "
                 "the built-in choice");
   }
