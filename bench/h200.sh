@@ -44,11 +44,13 @@ if [ "${RUN_KERNELS:-1}" = 1 ]; then
   python3 bench/kernels_pytorch.py --filter "${KERNEL_FILTER:-}" > "$out/kernels_pytorch.jsonl" 2>&1
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" | tee "$out/kernels_table.txt"
   python3 bench/compare.py "$out/kernels_meganeura.jsonl" "$out/kernels_pytorch.jsonl" --markdown > "$out/kernels_table.md"
-  # Where the attention cases spend their time, kernel by kernel; the convolutions again on
-  # their implicit GEMMs, against the im2col route of the table.
+  # Where the attention and ResNet cases spend their time, kernel by kernel; the convolutions
+  # again on their implicit GEMMs, against the im2col route of the table.
   if [ -z "${KERNEL_FILTER:-}" ]; then
     $bin/meganeura bench kernels --filter whisper --profile --runs 10 2>&1 | grep -v '^{' \
       | tee "$out/attention_profile.txt"
+    $bin/meganeura bench kernels --filter resnet --no-fast --profile --runs 10 2>&1 \
+      | grep -v '^{' > "$out/resnet_profile.txt"
     for family in resnet unet; do
       MEGANEURA_IM2COL=0 $bin/meganeura bench kernels --filter "$family" --runs 10 2>&1 | grep -v '^{'
     done | tee "$out/implicit_convolutions.txt"
