@@ -63,6 +63,7 @@ struct BuildReport {
   size_t dispatches = 0;
   size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (Precision::fast)
   std::string memory_plan;            // plan::describe_memory
+  std::string dispatch_list;          // plan::describe_dispatches: one line per dispatch
 };
 
 struct DispatchProfile {

@@ -14,12 +14,14 @@ constexpr const char* kHelp = R"(usage: meganeura inspect [options]
 
 Prints the graph of a built-in model and, with --plan, builds it on the device and prints the
 memory plan (logical vs physical bytes, peak, arenas) and dispatch counts before and after the
-passes.
+passes; with --dispatches, every dispatch in execution order (the labels that --trace files
+and `bench kernels --profile` show, the kernel, its grid and the barriers).
 
   --model cnn|mlp     which classifier (default cnn)
   --mode train|infer  training graph (gradients, optimizer) or inference graph (default train)
   --batch N           batch size (default 64)
   --plan              build on the device and print the memory plan
+  --dispatches        build on the device and list its dispatches
   --graph             print every node of the graph
   --ops               list every op and whether it has a GPU kernel
   --device SEL        device index or part of its name
@@ -31,7 +33,7 @@ passes.
 int inspect_command(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura inspect", words,
                             {"model", "mode", "batch", "device", "precision"},
-                            {"plan", "graph", "ops", "help"});
+                            {"plan", "dispatches", "graph", "ops", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -60,13 +62,14 @@ int inspect_command(const std::vector<std::string>& words) {
   std::printf("%s %s graph, batch %lld: %zu nodes\n", model.architecture.c_str(), mode.c_str(),
               static_cast<long long>(batch), graph.size());
   if (arguments.has("graph")) std::fputs(graph.to_string().c_str(), stdout);
-  if (arguments.has("plan")) {
+  if (arguments.has("plan") || arguments.has("dispatches")) {
     SessionOptions options;
     options.device = arguments.text("device", "");
     options.precision = parse_precision(arguments.text("precision", "strict"));
     const Session session(graph, options);
-    std::printf("device: %s\n%s", session.report().device.c_str(),
-                session.report().memory_plan.c_str());
+    std::printf("device: %s\n", session.report().device.c_str());
+    if (arguments.has("plan")) std::fputs(session.report().memory_plan.c_str(), stdout);
+    if (arguments.has("dispatches")) std::fputs(session.report().dispatch_list.c_str(), stdout);
     if (options.precision == Precision::fast) {
       std::printf("dispatches on cooperative matrices: %zu of %zu\n",
                   session.report().coop_matrix_dispatches, session.report().dispatches);

@@ -329,4 +329,18 @@ std::string describe_memory(const Program& program) {
   return text;
 }
 
+std::string describe_dispatches(const Program& program) {
+  std::string text = "   #  kernel                    grid         label (* after a barrier)\n";
+  for (size_t t = 0; t < program.launches.size(); ++t) {
+    const PlannedLaunch& planned = program.launches[t];
+    const std::array<uint32_t, 3>& groups = planned.launch.groups;
+    char grid[40], line[160];
+    std::snprintf(grid, sizeof(grid), "%ux%ux%u", groups[0], groups[1], groups[2]);
+    std::snprintf(line, sizeof(line), "%4zu %c%-24s  %-11s  ", t,
+                  planned.barrier_before ? '*' : ' ', planned.launch.kernel.c_str(), grid);
+    text += line + planned.launch.label + "\n";
+  }
+  return text;
+}
+
 }  // namespace mg::plan

@@ -82,4 +82,8 @@ Program build_program(const Graph& graph, const kernels::DeviceTraits& device,
 // Human-readable memory plan (`meganeura inspect --plan`).
 std::string describe_memory(const Program& program);
 
+// One line per dispatch in execution order (`meganeura inspect --dispatches`): its index, label
+// (the names that profiles and traces show), kernel, grid and whether a barrier precedes it.
+std::string describe_dispatches(const Program& program);
+
 }  // namespace mg::plan

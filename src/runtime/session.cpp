@@ -310,6 +310,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                           return planned.launch.kernel.ends_with("coopmat");
                                         }));
   impl.report.memory_plan = plan::describe_memory(impl.program);
+  impl.report.dispatch_list = plan::describe_dispatches(impl.program);
   impl.report.build_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "io/checkpoint.hpp"
@@ -172,6 +173,30 @@ TEST(Cli, BenchKernelsProfile) {
   ASSERT_TRUE(record["kernel_ms"].contains("matmul")) << result.output;
   EXPECT_GT(record["kernel_ms"]["matmul"].get<double>(), 0.0);
   EXPECT_NE(result.output.find("    matmul "), std::string::npos) << result.output;
+}
+
+// --dispatches lists every dispatch of the plan once, in order, with the labels that traces and
+// profiles show: as many lines as --plan counts, numbered from 0.
+TEST(Cli, InspectListsDispatches) {
+  const Result result = run("inspect --model mlp --mode infer --batch 4 --plan --dispatches");
+  ASSERT_EQ(result.status, 0) << result.output;
+  const size_t counted = result.output.find("dispatches: ");
+  ASSERT_NE(counted, std::string::npos) << result.output;
+  const int dispatches = std::stoi(result.output.substr(counted + 12));
+  ASSERT_GT(dispatches, 0);
+  const size_t header = result.output.find("   #  kernel");
+  ASSERT_NE(header, std::string::npos) << result.output;
+  std::istringstream lines(result.output.substr(header));
+  std::string line;
+  std::getline(lines, line);
+  int listed = 0;
+  while (std::getline(lines, line)) {
+    ASSERT_EQ(std::stoi(line.substr(0, 4)), listed) << line;
+    EXPECT_NE(line.find(" %"), std::string::npos) << line;  // a label names its node
+    ++listed;
+  }
+  EXPECT_EQ(listed, dispatches) << result.output;
+  EXPECT_NE(result.output.find("matmul %"), std::string::npos) << result.output;
 }
 
 }  // namespace
