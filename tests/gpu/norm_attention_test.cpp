@@ -223,6 +223,8 @@ TEST(GpuNormAttention, KeySlices) {
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
   check_attention(2, 4, 2, 20, 200, 16, 16, false, true);
   check_attention(1, 2, 1, 1, 700, 8, 8, false);  // one query (decoding): slices of 256 keys
+  const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");  // dK, dV apart
+  check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
 }
 
 TEST(GpuNormAttention, KeySlicesSwitchNamesBadValues) {
