@@ -182,10 +182,10 @@ std::vector<int64_t> coop_block_candidates(std::vector<int64_t> preferred) {
               "unset it for the built-in choice");
 }
 
-// The backward's streamed block: 32, else 64; 0 when neither fits. Blocks of 64 take 24-51 more
-// registers (200-253 an invocation on the H200), so fewer workgroups share a compute unit:
-// Whisper's dK, dQ and dV took 0.162, 0.126 and 0.079 ms with 64 against 0.105, 0.088 and 0.061
-// with 32 (docs/BENCHMARKS.md, run 21).
+// The backward's streamed block: 32, else 64; 0 when neither fits. Blocks of 64 take 44-79 more
+// registers (202-253 an invocation on the H200, against 158-174), so fewer workgroups share a
+// compute unit: Whisper's dK, dQ and dV took 0.162, 0.126 and 0.079 ms with 64 against 0.105,
+// 0.088 and 0.061 with 32 (docs/BENCHMARKS.md, run 21).
 int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& device) {
   for (int64_t streamed : coop_block_candidates({32, 64}))
     if (coop_shared_bytes(mode, dims, streamed) <= device.max_shared_memory_bytes) return streamed;

@@ -82,12 +82,9 @@
 // The first row of this workgroup's partial result: slice z's rows follow those of slices
 // 0 .. z - 1 (grid y is B * heads).
 #define PARTIAL_BASE (gl_WorkGroupID.z * gl_NumWorkGroups.y * OWNED_LEN)
-#if SPLIT && MODE == 0
+// The forward's partial rows: the output over the slice, then its log-sum-exp.
 #define OUT_BASE (PARTIAL_BASE + q_base)
 #define OUT_STRIDE (DV + 1)
-#else
-#define OUT_STRIDE DV
-#endif
 
 layout(local_size_x = THREADS) in;
 
