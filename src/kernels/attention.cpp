@@ -246,16 +246,13 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                     {"CAUSAL", node.attrs.get_int("causal", 0) != 0 ? "1" : "0"}};
   const bool writes_lse = mode == Mode::forward && companion != kNoValue;
   // Slices of the streamed rows (passes/split_attention.cpp): workgroup z computes partial z,
-  // over keys (forward, dQ) or queries (dK, dV).
-  const int64_t kv_splits = key_owned || mode == Mode::lse ? 1 : node.attrs.get_int("kv_splits", 1);
-  const int64_t q_splits = key_owned ? node.attrs.get_int("q_splits", 1) : 1;
-  const int64_t splits = std::max(kv_splits, q_splits);
+  // over keys (forward and dQ: kv_splits) or queries (dK and dV: q_splits); the log-sum-exp
+  // alone is never split.
+  const int64_t splits =
+      mode == Mode::lse ? 1 : node.attrs.get_int(key_owned ? "q_splits" : "kv_splits", 1);
   const int64_t slice = attention_slice_length(key_owned ? dims.q_len : dims.kv_len, splits);
-  // Tested by #if, so plain integers.
-  launch.defines.push_back({"KV_SPLITS", std::to_string(kv_splits)});
-  launch.defines.push_back({"KV_SLICE", glsl_uint(slice)});
-  launch.defines.push_back({"Q_SPLITS", std::to_string(q_splits)});
-  launch.defines.push_back({"Q_SLICE", glsl_uint(slice)});
+  launch.defines.push_back({"SPLITS", std::to_string(splits)});  // tested by #if: no suffix
+  launch.defines.push_back({"SLICE", glsl_uint(slice)});
   std::string file;
   // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
   int64_t owned_block = 64;

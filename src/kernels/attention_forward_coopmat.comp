@@ -16,12 +16,13 @@
 // division by l at the end goes through the same staging area.
 // WITH_VALUE=0 gives attention_lse: no V, no P V, and m exact (l rescaled in its register), the
 // row's log-sum-exp (m + log2 l) / log2(e) its only output. WITH_LSE=1 writes it beside O.
-// KV_SPLITS > 1 (passes/split_attention.cpp): workgroup z takes keys [z * KV_SLICE,
-// (z + 1) * KV_SLICE) and writes rows of DV + 1 floats, its O / l (zeros where a row sees no key
-// of the slice) and the log-sum-exp (-inf there), which attention_combine joins.
+// SPLITS > 1 (passes/split_attention.cpp): workgroup z takes keys [z * SLICE, (z + 1) * SLICE)
+// and writes rows of DV + 1 floats, its O / l (zeros where a row sees no key of the slice) and
+// the log-sum-exp (-inf there), which attention_combine joins.
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
-// BK (32 or 64), WITH_VALUE, WITH_LSE, KV_SPLITS, KV_SLICE (a multiple of BK). Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so
-// that fragment arrays stay in registers.
+// BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK). Generated: float
+// mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
+// registers.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -53,7 +54,7 @@
 #define LOG2E 1.4426950408889634
 #define THRESHOLD 11.0
 #define NEG_INF (-1.0 / 0.0)
-#define SPLIT (WITH_VALUE && KV_SPLITS > 1)
+#define SPLIT (WITH_VALUE && SPLITS > 1)
 
 layout(local_size_x = THREADS) in;
 
@@ -118,8 +119,8 @@ void main() {
   uint kv_begin = 0;
   uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
 #if SPLIT
-  kv_begin = gl_WorkGroupID.z * KV_SLICE;
-  kv_end = min(kv_end, kv_begin + KV_SLICE);
+  kv_begin = gl_WorkGroupID.z * SLICE;
+  kv_end = min(kv_end, kv_begin + SLICE);
 #endif
   load_kv(kv_base, kv_begin, t);
   [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {

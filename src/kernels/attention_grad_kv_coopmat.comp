@@ -10,11 +10,11 @@
 //   for dK, dP^T = V dO^T, staged through the same area once P^T is read;
 //   the lanes write P^T (dV) or dS^T = P^T * (dP^T - delta) * SCALE (dK) as f16;
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
-// Q_SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [z * Q_SLICE,
-// (z + 1) * Q_SLICE) of each head and writes partial result z (after the B * HKV * SK rows of
+// SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [z * SLICE,
+// (z + 1) * SLICE) of each head and writes partial result z (after the B * HKV * SK rows of
 // those before).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, BQ (32 or 64),
-// Q_SPLITS, Q_SLICE (a multiple of BQ), GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
+// SPLITS, SLICE (a multiple of BQ), GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
 // bindings of grad_out and out_value).
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
@@ -137,9 +137,9 @@ void main() {
   // every query head of the group form one sequence, so the prefetch crosses heads too.
   uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
   uint q_end = SQ;
-#if Q_SPLITS > 1
-  q_start = max(q_start, gl_WorkGroupID.z * Q_SLICE);
-  q_end = min(q_end, gl_WorkGroupID.z * Q_SLICE + Q_SLICE);
+#if SPLITS > 1
+  q_start = max(q_start, gl_WorkGroupID.z * SLICE);
+  q_end = min(q_end, gl_WorkGroupID.z * SLICE + SLICE);
 #endif
   uint q_blocks = q_start < q_end ? (q_end - q_start + BQ - 1) / BQ : 0u;
   uint blocks = (HQ / HKV) * q_blocks;

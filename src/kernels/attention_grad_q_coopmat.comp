@@ -8,10 +8,10 @@
 //   dP = dO V^T, staged through the same area once P is read; the lanes form
 //   dS = P * (dP - delta) * SCALE in f16;
 //   dQ += dS K with dQ in f32 accumulator fragments (no rescaling: P uses the saved lse).
-// KV_SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * KV_SLICE,
-// (z + 1) * KV_SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
+// SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * SLICE,
+// (z + 1) * SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, BK (32 or 64),
-// KV_SPLITS, KV_SLICE (a multiple of BK), OUT_BINDING and GRAD_OUT_BINDING (the bindings of
+// SPLITS, SLICE (a multiple of BK), OUT_BINDING and GRAD_OUT_BINDING (the bindings of
 // out_value and grad_out). Generated:
 // float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
@@ -106,9 +106,9 @@ void main() {
   // Top-left causal masking: no query of this block sees a key past its last query.
   uint kv_begin = 0;
   uint kv_end = CAUSAL != 0 ? min(SK, q0 + BQ) : SK;
-#if KV_SPLITS > 1
-  kv_begin = gl_WorkGroupID.z * KV_SLICE;
-  kv_end = min(kv_end, kv_begin + KV_SLICE);
+#if SPLITS > 1
+  kv_begin = gl_WorkGroupID.z * SLICE;
+  kv_end = min(kv_end, kv_begin + SLICE);
 #endif
   load_kv(kv_base, kv_begin, t);
   [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {

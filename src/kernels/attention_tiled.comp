@@ -24,15 +24,14 @@
 // Tiles hold rows of vec4s (dimensions padded with zeros to a multiple of 4) with one vec4 of
 // padding per row, so that the lanes reading consecutive rows start 4 banks apart.
 // Slices of the streamed rows (passes/split_attention.cpp): workgroup z streams only rows
-// [z * SLICE, (z + 1) * SLICE) (keys with KV_SPLITS > 1 for the forward and dQ, queries with
-// Q_SPLITS > 1 for dK and dV) and writes partial result z, after the B * heads * owned rows of
+// [z * SLICE, (z + 1) * SLICE) when SPLITS > 1 (keys for the forward and dQ, queries for dK
+// and dV) and writes partial result z, after the B * heads * owned rows of
 // the partials before it. The forward's partial rows hold DV + 1 floats: its output over the
 // slice's keys (zeros where a row sees none) and their log-sum-exp (-inf there), which the
 // attention_combine kernel joins; the gradients' partials are summed.
 // Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV), WITH_LSE, HQ, HKV, SQ, SK, D,
 // DV, SCALE, CAUSAL, BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of
-// phase 2 whose loads are issued together), KV_SPLITS, KV_SLICE, Q_SPLITS and Q_SLICE (slices
-// multiples of BS).
+// phase 2 whose loads are issued together), SPLITS and SLICE (a multiple of BS).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : require
@@ -72,13 +71,7 @@
 #define E4PT ((E4 + CT - 1) / CT)
 #define DV4PT ((DV4 + CT - 1) / CT)
 #define NEG_INF (-1.0 / 0.0)
-#if KEY_OWNED
-#define SPLIT (Q_SPLITS > 1)
-#define SLICE Q_SLICE
-#else
-#define SPLIT (KV_SPLITS > 1)
-#define SLICE KV_SLICE
-#endif
+#define SPLIT (SPLITS > 1)
 // The first row of this workgroup's partial result: slice z's rows follow those of slices
 // 0 .. z - 1 (grid y is B * heads).
 #define PARTIAL_BASE (gl_WorkGroupID.z * gl_NumWorkGroups.y * OWNED_LEN)

@@ -123,9 +123,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
                                      {g.out_height, g.out_width});
   const ValueId rows = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
   const ValueId per_image = target.add("matmul", {rows, columns}, {{"transpose_b", int64_t{1}}});
-  const ValueId summed =
-      target.add("sum", {per_image}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
-  return reshaped(target, summed, g.weight_shape());
+  return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
 }
 
 }  // namespace

@@ -31,4 +31,8 @@ std::vector<ValueId> compose(const std::vector<ValueId>& first,
   return result;
 }
 
+ValueId sum_leading_axis(Graph& target, ValueId value) {
+  return target.add("sum", {value}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+}
+
 }  // namespace mg::passes

@@ -14,6 +14,10 @@ Graph rebuild(const Graph& source, const std::vector<bool>& keep,
               const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
               std::vector<ValueId>* remap);
 
+// A sum over the leading axis of `value` (split partial results, a batch of per-image
+// products), appended to `target`.
+ValueId sum_leading_axis(Graph& target, ValueId value);
+
 // Composes remaps: first then second.
 std::vector<ValueId> compose(const std::vector<ValueId>& first, const std::vector<ValueId>& second);
 

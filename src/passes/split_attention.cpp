@@ -94,8 +94,7 @@ Graph split_attention(const Graph& graph, std::vector<ValueId>* remap) {
         attrs.set(attribute, splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
         if (forward) return target.add("attention_combine", {partials}, {});
-        return target.add("sum", {partials},
-                          {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+        return sum_leading_axis(target, partials);
       },
       remap);
 }

@@ -91,8 +91,7 @@ Graph split_k(const Graph& graph, std::vector<ValueId>* remap) {
         Attrs attrs = node.attrs;
         attrs.set("k_splits", splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        return target.add("sum", {partials},
-                          {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+        return sum_leading_axis(target, partials);
       },
       remap);
 }
