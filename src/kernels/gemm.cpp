@@ -102,28 +102,51 @@ std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
   return tile;
 }
 
-// 64 x 128 with 8 x 8 a thread: at 4096^3 on the H200 3 % slower than 128 x 128 (128 x 64: 15 %),
-// so it takes the products where 128 x 128 tiles pad or leave compute units idle.
-constexpr GemmTile kHalfTallTile{64, 128, 8, 8, 8};
+// 64 x 128 with 8 x 8 a thread: at 4096^3 on the H200 it ran 3 % slower than 128 x 128 (128 x 64:
+// 15 %), so it takes the products where 128 x 128 tiles pad or leave compute units idle. Its K
+// slices are 16 deep, which halves the chain of slices a workgroup waits on (docs/BENCHMARKS.md
+// run 23): SmolLM's up and down projections ran 16-21 % faster than on the 64 x 64 tile, ResNet's
+// 3x3 and 1x1 convolutions 8-23 % and SmolLM's lm_head 2-5 % faster than with 8-deep slices. A
+// product with short K and workgroups to spare keeps 8-deep slices, whose first one costs less
+// before the loop overlaps the rest: the ResNet stem (K = 147, and 64 for its data gradient; 392
+// and 1176 workgroups) ran 12 % slower with 16. K is the whole product's: the 128-deep split-K
+// slices of ResNet's 3x3/2 convolution (504 workgroups) ran 29 % slower with 8. The 16-deep tile's
+// 24 KiB of shared memory need a device with more than the 16 KiB minimum; elsewhere it runs 8-deep
+// slices.
+constexpr GemmTile kHalfTallTile{64, 128, 8, 8, 16};
 constexpr GemmTile kHalfWideTile{128, 64, 8, 8, 8};
+constexpr int64_t kShallowSliceDepth = 8, kMinKForDeepSlices = 256;
+
+GemmTile half_tall_tile(int64_t m, int64_t n, int64_t whole_k, int64_t entries,
+                        const DeviceTraits& device) {
+  GemmTile tile = kHalfTallTile;
+  const bool latency_bound = workgroup_count(tile, m, n, entries) < 2 * kWorkgroupsWanted;
+  if (tile_misfit(tile, device) || (whole_k < kMinKForDeepSlices && !latency_bound))
+    tile.tile_k = kShallowSliceDepth;
+  return tile;
+}
 
 // The largest tile that still gives every compute unit work: 128 x 128 tiles for big products,
-// down to 32 x 32 for small ones. `entries` counts the problems of the launch (batch entries
-// times split-K slices). Where 128 x 128 tiles would be at most half full along M or N (the
-// convolutions as matmuls, W [64, C * KH * KW] x columns, have 64 rows; U-Net's 320 channels
-// leave the third row of tiles half empty) the half-tall (half-wide) tile keeps every row of
-// threads busy; where they would not fill the compute units, the half-tall tile does before
-// 64 x 64 with 4 x 4 a thread is taken (ResNet's strided data gradient 0.134 to 0.114 ms, U-Net's
-// 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run 15).
-GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t entries, const DeviceTraits& device) {
+// down to 32 x 32 for small ones, over K (per entry, before any split). `entries` counts the
+// problems of the launch (batch entries times split-K slices). Where 128 x 128 tiles would be at
+// most half full along M or N, or M is a single row of them (the convolutions as matmuls, W [64, C
+// * KH * KW] x columns, have 64 rows; U-Net's 320 channels leave the third row of tiles half empty;
+// SmolLM's lm_head at sequence 128), the half-tall (half-wide) tile keeps every row of threads
+// busy; where they would not fill the compute units, the half-tall tile does before 64 x 64 with 4
+// x 4 a thread is taken, as long as it fills half of them (ResNet's strided data gradient 0.134 to
+// 0.114 ms, U-Net's 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run
+// 15).
+GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entries,
+                            const DeviceTraits& device) {
   if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
   const GemmTile& largest = kGemmTiles.front();
+  const GemmTile half_tall = half_tall_tile(m, n, whole_k, entries, device);
   if (workgroup_count(largest, m, n, entries) >= kWorkgroupsWanted) {
-    if (m <= 64 || (m % 128 != 0 && m % 128 <= 64)) return kHalfTallTile;
+    if (m <= 128 || (m % 128 != 0 && m % 128 <= 64)) return half_tall;
     if (n <= 64) return kHalfWideTile;
     return largest;
   }
-  if (workgroup_count(kHalfTallTile, m, n, entries) >= kWorkgroupsWanted) return kHalfTallTile;
+  if (workgroup_count(half_tall, m, n, entries) >= kWorkgroupsWanted / 2) return half_tall;
   for (const GemmTile& candidate : std::span(kGemmTiles).subspan(1)) {
     if (workgroup_count(candidate, m, n, entries) >= kWorkgroupsWanted / 2) return candidate;
   }
@@ -142,18 +165,19 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
          threads <= device.max_workgroup_invocations;
 }
 
-// The tile of an M x N product over K (per entry) and its k-groups. Fewer workgroups than
-// compute units, or 64-thread workgroups of the 32 tile, leave the busy units with a few warps
-// that wait on their long chain of K slices; k-groups walk K in parallel, doubling until the
-// launch has the threads of kWorkgroupsWanted 256-thread workgroups (128 x 576 x 576: 72
-// workgroups of the 32 tile, 8 k-groups where 64 KiB of shared memory fit them, 4 in the H200's
-// 48 KiB). Every k-group keeps at least two slices, so that fetching one still overlaps
-// multiplying another, and there are at most 8, which bounds k-group 0's reduction.
-// MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where the device fits it.
-GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t entries,
+// The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
+// split) and its k-groups. Fewer workgroups than compute units, or 64-thread workgroups of the
+// 32 tile, leave the busy units with a few warps that wait on their long chain of K slices;
+// k-groups walk K in parallel, doubling until the launch has the threads of kWorkgroupsWanted
+// 256-thread workgroups (128 x 576 x 576: 72 workgroups of the 32 tile, 8 k-groups where 64 KiB
+// of shared memory fit them, 4 in the H200's 48 KiB). Every k-group keeps at least two slices, so
+// that fetching one still overlaps multiplying another, and there are at most 8, which bounds
+// k-group 0's reduction. MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where
+// the device fits it.
+GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
                           const DeviceTraits& device) {
   constexpr int64_t kThreadsWanted = kWorkgroupsWanted * 256, kMostKGroups = 8;
-  GemmTile chosen = choose_tile_extent(m, n, entries, device);
+  GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, device);
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
     for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
       if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {
@@ -384,7 +408,7 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   const int64_t splits = split ? gemm.splits : 1;
   const int64_t k_slice = split ? k_slice_length(gemm.k, splits) : gemm.k;
   const GemmTile tile =
-      choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.batches * splits, context.device());
+      choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.k, gemm.batches * splits, context.device());
   // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
   // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
   // of 16).
@@ -424,7 +448,7 @@ bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
   constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
   if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
   if (forced_tile(device)) return true;
-  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.entries, device).tile_n == 0 &&
+  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.k, gemm.entries, device).tile_n == 0 &&
          gemm.k >= kMinimumK;
 }
 
@@ -444,7 +468,7 @@ void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                               .transpose_a = gemm.a_m_contiguous,
                               .transpose_b = gemm.b_k_contiguous,
                               .generated_loads = true},
-                 choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.entries, context.device()),
+                 choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.k, gemm.entries, context.device()),
                  std::move(launch));
 }
 
