@@ -44,8 +44,17 @@ struct Inputs {
 };
 
 // The values are attention_tiled.comp's MODE.
-// grad_kv: dK and dV of one node pair in one launch (attention_grad_k writing attention_grad_v).
-enum class Mode { forward = 0, lse = 1, grad_q = 2, grad_k = 3, grad_v = 4, grad_kv = 5 };
+// grad_kv: dK and dV of one node pair in one launch (attention_grad_k writing attention_grad_v);
+// grad_scores: attention_grad_scores (SCALE * dS) alone.
+enum class Mode {
+  forward = 0,
+  lse = 1,
+  grad_q = 2,
+  grad_k = 3,
+  grad_v = 4,
+  grad_kv = 5,
+  grad_scores = 6
+};
 
 int64_t next_power_of_two(int64_t value) {
   int64_t result = 1;
@@ -54,7 +63,14 @@ int64_t next_power_of_two(int64_t value) {
 }
 
 bool is_key_owned(Mode mode) {
-  return mode == Mode::grad_k || mode == Mode::grad_v || mode == Mode::grad_kv;
+  return mode == Mode::grad_k || mode == Mode::grad_v || mode == Mode::grad_kv ||
+         mode == Mode::grad_scores;
+}
+
+// Modes with a second product over the value dimension (dP).
+bool has_two_products(Mode mode) {
+  return mode == Mode::grad_q || mode == Mode::grad_k || mode == Mode::grad_kv ||
+         mode == Mode::grad_scores;
 }
 
 // Bytes of shared memory attention_tiled.comp declares for blocks of `owned` and `streamed`
@@ -62,8 +78,7 @@ bool is_key_owned(Mode mode) {
 int64_t tiled_shared_bytes(Mode mode, const Dims& dims, int64_t owned, int64_t streamed) {
   const int64_t k_row = 16 * ((dims.head_dim + 3) / 4 + 1);
   const int64_t v_row = 16 * ((dims.value_dim + 3) / 4 + 1);
-  const bool two_products = mode == Mode::grad_q || mode == Mode::grad_k || mode == Mode::grad_kv;
-  int64_t bytes = owned * k_row + (two_products ? owned * v_row : 0) + streamed * k_row;
+  int64_t bytes = owned * k_row + (has_two_products(mode) ? owned * v_row : 0) + streamed * k_row;
   if (mode != Mode::lse) bytes += streamed * v_row + 4 * streamed * owned;
   if (mode == Mode::grad_kv) bytes += 4 * streamed * owned;
   if (mode == Mode::forward || mode == Mode::lse) bytes += 8 * owned;
@@ -215,16 +230,18 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
 // (attention_lse runs the forward kernel without values).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (mode == Mode::grad_kv || !use_coop_gemm(device) || dims.head_dim % 16 != 0 ||
-      dims.value_dim % 16 != 0)
+  if (mode == Mode::grad_kv || mode == Mode::grad_scores || !use_coop_gemm(device) ||
+      dims.head_dim % 16 != 0 || dims.value_dim % 16 != 0)
     return false;
   if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;
 }
 
 // `companion`: a second value the launch writes (kNoValue: none): the attention_lse of a
-// forward, or the attention_grad_v of grad_kv.
-void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kNoValue) {
+// forward, or the attention_grad_v of grad_kv; `scores`: the attention_grad_scores that a dK
+// launch (grad_k, grad_kv) writes as well.
+void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kNoValue,
+                     ValueId scores = kNoValue) {
   const Node& node = context.node();
   const Graph& graph = context.graph();
   const bool with_value = mode != Mode::lse;
@@ -277,9 +294,9 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
             {"BQ", glsl_uint(coop_backward_block(mode, dims, context.device()))});
         launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
         break;
-      case Mode::grad_kv:  // use_coop_attention never picks it
-        throw Error(context.label() +
-                    ": dK and dV in one launch have no cooperative-matrix kernel");
+      case Mode::grad_kv:  // use_coop_attention never picks these
+      case Mode::grad_scores:
+        throw Error(context.label() + ": no cooperative-matrix kernel for this attention mode");
     }
   } else {
     file = "attention_tiled.comp";
@@ -293,6 +310,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
     owned_block = blocks.owned;
     launch.defines.push_back({"MODE", std::to_string(static_cast<int>(mode))});
     launch.defines.push_back({"WITH_LSE", writes_lse ? "1" : "0"});
+    launch.defines.push_back({"WITH_SCORES", scores != kNoValue ? "1" : "0"});
     launch.defines.push_back({"BO", glsl_uint(blocks.owned)});
     launch.defines.push_back({"BS", glsl_uint(blocks.streamed)});
     launch.defines.push_back({"TC", glsl_uint(blocks.lanes)});
@@ -308,24 +326,34 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   launch.body = mask_function(graph, node, inputs, dims) + std::string(kernel_source(file));
 
   launch.operands = {{"q", node.inputs[0], false}, {"k", node.inputs[1], false}};
-  const bool needs_v = mode == Mode::forward || mode == Mode::grad_q || mode == Mode::grad_k ||
-                       mode == Mode::grad_kv;
-  if (needs_v) launch.operands.push_back({"v", node.inputs[2], false});
+  if (mode == Mode::forward || has_two_products(mode))
+    launch.operands.push_back({"v", node.inputs[2], false});
   if (inputs.has_mask) launch.operands.push_back({"mask", node.inputs[inputs.mask()], false});
-  if (mode == Mode::grad_q || mode == Mode::grad_k || mode == Mode::grad_kv) {
+  if (has_two_products(mode))
     launch.operands.push_back({"out_value", node.inputs[inputs.out()], false});
-  }
   if (mode != Mode::forward && mode != Mode::lse) {
     launch.operands.push_back({"grad_out", node.inputs[inputs.out() + 1], false});
     launch.operands.push_back({"lse", node.inputs[inputs.out() + 2], false});
   }
-  const char* result_name = mode == Mode::forward  ? "out_"
-                            : mode == Mode::lse    ? "lse"
-                            : mode == Mode::grad_q ? "grad_q"
-                                                   : "result";
+  const char* result_name = mode == Mode::forward       ? "out_"
+                            : mode == Mode::lse         ? "lse"
+                            : mode == Mode::grad_q      ? "grad_q"
+                            : mode == Mode::grad_scores ? "scores"
+                                                        : "result";
   launch.operands.push_back({result_name, context.id(), true});
   if (companion != kNoValue)
     launch.operands.push_back({mode == Mode::forward ? "lse" : "result_v", companion, true});
+  if (scores != kNoValue) launch.operands.push_back({"scores", scores, true});
+  // W in whole vec4s where its rows are (the owned keys of a block start at multiples of 4).
+  if (!coop && (scores != kNoValue || mode == Mode::grad_scores)) {
+    const bool vec4 = dims.kv_len % 4 == 0;
+    launch.defines.push_back({"SCORES_VEC4", vec4 ? "1" : "0"});
+    for (size_t k = 0; vec4 && k < launch.operands.size(); ++k) {
+      if (launch.operands[k].name == "scores")
+        launch.body = "layout(std430, set = 0, binding = " + std::to_string(k) +
+                      ") writeonly buffer buffer_scores4 { vec4 scores4[]; };\n" + launch.body;
+    }
+  }
   // The backward coop kernels alias out_value and grad_out as vec4 views, so they need the
   // bindings, which shift with the mask.
   if (coop && mode != Mode::forward) {
@@ -436,7 +464,7 @@ void lower_rope(LoweringContext& context) {
 }  // namespace
 
 bool is_companion_op(std::string_view op) {
-  return op == "attention_lse" || op == "attention_grad_v";
+  return op == "attention_lse" || op == "attention_grad_v" || op == "attention_grad_scores";
 }
 
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
@@ -460,9 +488,13 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
     return c.inputs[0] == p.inputs[0] && c.inputs[1] == p.inputs[1] &&
            (!has_mask || c.inputs[2] == p.inputs[3]);
   }
-  if (p.op == "attention_grad_k" && c.op == "attention_grad_v" && c.inputs == p.inputs &&
+  if (p.op != "attention_grad_k" || c.inputs != p.inputs ||
+      use_coop_attention(Mode::grad_k, dims, device))
+    return false;
+  // The strict dK kernel has every weight of W at hand (its query slices cover W's rows).
+  if (c.op == "attention_grad_scores") return true;
+  if (c.op == "attention_grad_v" &&
       c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1)) {
-    if (use_coop_attention(Mode::grad_k, dims, device)) return false;
     // One pass over the scores for both: 1.27 -> 1.02 ms for the Whisper backward on the H200
     // (docs/BENCHMARKS.md run 18), 494 -> 452 ms on Lavapipe.
     const char* forced = std::getenv("MEGANEURA_ATTENTION_FUSED_KV");
@@ -471,17 +503,26 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
   return false;
 }
 
-std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, ValueId companion,
-                                         const DeviceTraits& device) {
+std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
+                                          const std::vector<ValueId>& companions,
+                                          const DeviceTraits& device) {
   LoweringContext context(graph, producer, device);
   const std::string& op = graph.node(producer).op;
+  ValueId companion = kNoValue, scores = kNoValue;
+  for (const ValueId value : companions)
+    (graph.node(value).op == "attention_grad_scores" ? scores : companion) = value;
   if (op == "attention_combine")
     lower_attention_combine(context, companion);
+  else if (op == "attention_grad_k")
+    lower_attention(context, companion != kNoValue ? Mode::grad_kv : Mode::grad_k, companion,
+                    scores);
   else
-    lower_attention(context, op == "attention_grad_k" ? Mode::grad_kv : Mode::forward, companion);
-  // Profiles and errors name both nodes whose values the launch writes.
-  for (Launch& launch : context.launches())
-    launch.label += " + " + graph.node(companion).op + " %" + std::to_string(companion);
+    lower_attention(context, Mode::forward, companion);
+  // Profiles and errors name every node whose value the launch writes.
+  for (Launch& launch : context.launches()) {
+    for (const ValueId value : companions)
+      launch.label += " + " + graph.node(value).op + " %" + std::to_string(value);
+  }
   return std::move(context.launches());
 }
 
@@ -492,6 +533,7 @@ std::vector<LoweringEntry> attention_lowerings() {
           {"attention_grad_q", lower<Mode::grad_q>},
           {"attention_grad_k", lower<Mode::grad_k>},
           {"attention_grad_v", lower<Mode::grad_v>},
+          {"attention_grad_scores", lower<Mode::grad_scores>},
           {"rope", lower_rope}};
 }
 

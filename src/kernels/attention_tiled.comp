@@ -1,7 +1,8 @@
 // Strict (f32) flash attention, every mode in one kernel: the forward (WITH_LSE=1: writing the
-// log-sum-exp as well, for the backward), the log-sum-exp alone, and the dQ, dK and dV
-// backward, dK and dV separately or together. A workgroup owns BO rows (queries, or keys for dK / dV) of
-// one (batch, head) and streams blocks of BS rows of the other side. Each block is two small
+// log-sum-exp as well, for the backward), the log-sum-exp alone, the dQ, dK and dV backward
+// (dK and dV separately or together), and the scores' gradient W = SCALE * dS ([B, HQ, SQ, SK])
+// alone or (WITH_SCORES=1) beside dK or dK and dV. A workgroup owns BO rows (queries, or keys
+// for dK / dV / W) of one (batch, head) and streams blocks of BS rows of the other side. Each block is two small
 // products through shared memory, both register-tiled so that a thread reuses every vec4 it
 // loads:
 //   1. a score-like tile W[BS][BO]: S = A1 . T1 over the head dimension (and, for dQ / dK,
@@ -14,6 +15,7 @@
 //   dK       K (V)           Q, dO             Q    SCALE * dS^T Q
 //   dV       K               Q, dO             dO   P^T dO
 //   dK, dV   K (V)           Q, dO             Q    dK as above; P^T dO (C = dO) into result_v
+//   W        K (V)           Q, dO             -    SCALE * dS into scores (no step 2)
 // with P = exp(S * SCALE + mask - lse), dS = P * (dP - delta), delta = dO . O. Every result
 // element belongs to one thread and is summed in a fixed order: deterministic, no atomics.
 // The next block's tiles (and, for dK / dV, its queries' lse and delta) are fetched into
@@ -29,7 +31,11 @@
 // the partials before it. The forward's partial rows hold DV + 1 floats: its output over the
 // slice's keys (zeros where a row sees none) and their log-sum-exp (-inf there), which the
 // attention_combine kernel joins; the gradients' partials are summed.
-// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV), WITH_LSE, HQ, HKV, SQ, SK, D,
+// W is written block by block from the weights' tile, and needs every (query, key) pair of it:
+// a workgroup that writes W visits the query blocks that causal masking would let it skip.
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV, 6 W), WITH_LSE, WITH_SCORES
+// (modes 3 and 5), SCORES_VEC4 (W written through the vec4 view scores4, SK a multiple of 4),
+// HQ, HKV, SQ, SK, D,
 // DV, SCALE, CAUSAL, BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of
 // phase 2 whose loads are issued together), SPLITS and SLICE (a multiple of BS).
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
@@ -39,8 +45,11 @@
 
 #define KEY_OWNED (MODE >= 3)
 #define GRAD_KV (MODE == 5)
-#define TWO_PRODUCTS (MODE == 2 || MODE == 3 || GRAD_KV)
-#define STREAM_DELTA (MODE == 3 || GRAD_KV)
+#define SCORES_ONLY (MODE == 6)
+#define WRITES_SCORES (WITH_SCORES || SCORES_ONLY)
+#define ACCUMULATES (MODE != 1 && !SCORES_ONLY)
+#define TWO_PRODUCTS (MODE == 2 || MODE == 3 || GRAD_KV || SCORES_ONLY)
+#define STREAM_DELTA (MODE == 3 || GRAD_KV || SCORES_ONLY)
 #define ONLINE_SOFTMAX (MODE <= 1)
 #define HAS_T2 (MODE != 1)
 #define C_IS_T1 TWO_PRODUCTS
@@ -335,7 +344,7 @@ void main() {
     [[unroll]] for (uint c = 0u; c < DV4PT; ++c) acc_v[r][c] = vec4(0.0);
   }
 #endif
-#if MODE != 1
+#if ACCUMULATES
   vec4 acc[4][E4PT];
   [[unroll]] for (uint r = 0u; r < 4u; ++r) {
     [[unroll]] for (uint c = 0u; c < E4PT; ++c) acc[r][c] = vec4(0.0);
@@ -344,7 +353,11 @@ void main() {
 
 #if KEY_OWNED
   // Top-left causal masking: queries before o0 see none of the owned keys.
-  s_begin = CAUSAL != 0 ? (o0 / BS) * BS : 0u;
+#if CAUSAL != 0 && !WRITES_SCORES
+  s_begin = (o0 / BS) * BS;
+#else
+  s_begin = 0u;
+#endif
   uint s_end = SQ;
 #if SPLIT
   s_begin = max(s_begin, gl_WorkGroupID.z * SLICE);
@@ -437,7 +450,24 @@ void main() {
     }
 #if MODE != 1
     barrier();
-
+#endif
+#if WRITES_SCORES
+    // This block's weights, streamed queries s0 .. s0 + BS by owned keys o0 .. o0 + BO.
+    for (uint e = t; e < BS * (BO / 4); e += THREADS) {
+      uint i = s0 + e / (BO / 4), j = o0 + 4u * (e % (BO / 4));
+      if (i >= SQ) continue;
+      vec4 weights = w_tile[e];
+      uint base = ((b * HQ + h) * SQ + i) * SK + j;
+#if SCORES_VEC4
+      if (j < SK) scores4[base / 4u] = weights;
+#else
+      [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+        if (j + c < SK) scores[base + c] = weights[c];
+      }
+#endif
+    }
+#endif
+#if ACCUMULATES
     // Phase 2: acc[4 rows][E4PT vec4 columns] += W^T C.
 #if ONLINE_SOFTMAX
     [[unroll]] for (uint r = 0u; r < 4u; ++r) {
@@ -477,7 +507,7 @@ void main() {
   WRITE_RESULT(out_, q_base, acc, E, E, E4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 2
   WRITE_RESULT(grad_q, (SPLIT ? PARTIAL_BASE : 0u) + q_base, acc, E, E, E4, E4PT, 1.0)
-#elif MODE != 1
+#elif ACCUMULATES
   WRITE_RESULT(result, (SPLIT ? PARTIAL_BASE : 0u) + kv_base, acc, E, E, E4, E4PT, 1.0)
 #endif
 #if GRAD_KV

@@ -111,17 +111,19 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // Values another node's launch can write beside its own result, so that their node needs no
 // launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
 // causality (the forward, or for a forward over key slices the attention_combine after it, has
-// the log-sum-exp at hand), and an attention_grad_v after the
-// attention_grad_k of the same inputs on the strict kernel (one pass over the scores for both;
-// MEGANEURA_ATTENTION_FUSED_KV=0 turns that off). The companion comes after its
-// producer in the graph, so every reader of it runs after the producer's launch.
+// the log-sum-exp at hand); after the attention_grad_k of the same inputs on the strict kernel,
+// an attention_grad_v (one pass over the scores for both; MEGANEURA_ATTENTION_FUSED_KV=0 turns
+// that off) and an attention_grad_scores (the weights it computes anyway). A companion comes
+// after its producer in the graph, so every reader of it runs after the producer's launch; a
+// producer writes at most one companion of each op.
 bool is_companion_op(std::string_view op);
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device);
 
-// The producer's launches, writing the companion as well.
-std::vector<Launch> lower_with_companion(const Graph& graph, ValueId producer, ValueId companion,
-                                         const DeviceTraits& device);
+// The producer's launches, writing the companions as well.
+std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
+                                          const std::vector<ValueId>& companions,
+                                          const DeviceTraits& device);
 
 // Every op that has a kernel (for `meganeura inspect --ops` and the coverage test).
 std::vector<std::string> lowered_ops();

@@ -225,18 +225,24 @@ struct AttentionReference {
     HostTensor q, k, v;
   };
 
-  // dS_ij = P_ij * (dO_i . v_j - D_i) with D_i = dO_i . O_i; dq_i = scale * sum_j dS_ij k_j,
-  // dk_j = scale * sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i (summed over a group's q heads); the
-  // sums only over the pairs within `queries` and `keys` (the split backward's partials).
-  Gradients backward(const HostTensor& out, const HostTensor& grad_out, const HostTensor& lse,
-                     Range queries = {}, Range keys = {}) const {
-    Gradients grads{HostTensor(q->shape), HostTensor(k->shape), HostTensor(v->shape)};
+  // D_i = dO_i . O_i of every query row.
+  std::vector<double> row_deltas(const HostTensor& out, const HostTensor& grad_out) const {
     std::vector<double> row_delta(element_count(dims.lse_shape()), 0.0);
     for (size_t r = 0; r < row_delta.size(); ++r) {
       for (int64_t e = 0; e < dims.value_dim; ++e) {
         row_delta[r] += grad_out.data[r * dims.value_dim + e] * out.data[r * dims.value_dim + e];
       }
     }
+    return row_delta;
+  }
+
+  // dS_ij = P_ij * (dO_i . v_j - D_i) with D_i = dO_i . O_i; dq_i = scale * sum_j dS_ij k_j,
+  // dk_j = scale * sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i (summed over a group's q heads); the
+  // sums only over the pairs within `queries` and `keys` (the split backward's partials).
+  Gradients backward(const HostTensor& out, const HostTensor& grad_out, const HostTensor& lse,
+                     Range queries = {}, Range keys = {}) const {
+    Gradients grads{HostTensor(q->shape), HostTensor(k->shape), HostTensor(v->shape)};
+    const std::vector<double> row_delta = row_deltas(out, grad_out);
     for_each_probability(
         &lse,
         [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
@@ -259,6 +265,22 @@ struct AttentionReference {
         },
         queries, keys);
     return grads;
+  }
+
+  // scale * dS [B, Hq, Sq, Sk], computed on its own from q, k, v, dO and O (dQ = this . k).
+  HostTensor score_gradients(const HostTensor& out, const HostTensor& grad_out,
+                             const HostTensor& lse) const {
+    HostTensor result(dims.scores_shape());
+    const std::vector<double> row_delta = row_deltas(out, grad_out);
+    for_each_probability(&lse, [&](int64_t b, int64_t h, int64_t i, int64_t j, double p) {
+      const int64_t query_row = row(b, h, i);
+      const double* d_out = &grad_out.data[query_row * dims.value_dim];
+      const double* value = &v->data[key_row(b, h, j) * dims.value_dim];
+      double d_probability = 0;
+      for (int64_t e = 0; e < dims.value_dim; ++e) d_probability += d_out[e] * value[e];
+      result.data[query_row * dims.kv_len + j] = p * (d_probability - row_delta[query_row]) * scale;
+    });
+    return result;
   }
 };
 
@@ -486,6 +508,24 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   register_attention_grad(
       registry, "attention_grad_v", &AttentionReference::Gradients::v,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 2); }, "q_splits");
+
+  // attention_grad_scores(q, k, v, mask?, out, grad_out, lse) -> [B, Hq, Sq, Sk]: scale * dS,
+  //   the scores' gradient (attention_grad_q is this times k), for the GPU's route of dQ as a
+  //   matmul (passes/attention_grad_q_gemm.cpp). attrs: those of scaled_dot_product_attention.
+  registry.push_back(OpDef{
+      .name = "attention_grad_scores",
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            const AttentionDims dims = check_attention(graph, node, true, true);
+            return TensorType{graph.type(node.inputs[0]).dtype, dims.scores_shape()};
+          },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            const AttentionReference attention(node, in, true);
+            const size_t out = attention_inputs(node, true, true).out_index();
+            return attention.score_gradients(*in[out], *in[out + 1], *in[out + 2]);
+          },
+  });
 
   // rope(x [..., S, D]) -> x's type, Llama "rotate half" form: with x1 = x[..., :D/2],
   //   x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] at angle

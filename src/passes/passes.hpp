@@ -29,6 +29,13 @@ Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // the slice counts.
 Graph split_attention(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
+// dQ as a matmul: a non-causal attention_grad_q whose attention_grad_k of the same inputs
+// follows it becomes attention_grad_scores (W = scale * dS, which the dK launch writes beside
+// its result) times k, where W takes at most `max_score_bytes`; the attention_grad_k moves up to
+// the rewritten node's place, before W (see attention_grad_q_gemm.cpp).
+Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
+                            std::vector<ValueId>* remap = nullptr);
+
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
 // `max_column_bytes` (see im2col.cpp).

@@ -138,27 +138,32 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   }
 
   // Values another launch writes beside its own result (kernels::is_companion_op): the
-  // backward's log-sum-exp from its attention forward, dV beside dK.
-  std::map<ValueId, ValueId> companion_of;
+  // backward's log-sum-exp from its attention forward, dV and the scores' gradient beside dK.
+  std::map<ValueId, std::vector<ValueId>> companions_of;
   std::vector<bool> written_by_producer(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
-      if (!kernels::is_companion_op(graph.nodes()[i].op)) continue;
+      const std::string& op = graph.nodes()[i].op;
+      if (!kernels::is_companion_op(op)) continue;
       for (size_t p = 0; p < i; ++p) {
         const ValueId producer = static_cast<ValueId>(p), companion = static_cast<ValueId>(i);
-        if (companion_of.count(producer) ||
-            !kernels::can_write_companion(graph, producer, companion, device))
-          continue;
-        companion_of.emplace(producer, companion);
+        std::vector<ValueId>& written = companions_of[producer];
+        const bool op_taken = std::any_of(written.begin(), written.end(), [&](ValueId other) {
+          return graph.node(other).op == op;
+        });
+        if (op_taken || !kernels::can_write_companion(graph, producer, companion, device)) continue;
+        written.push_back(companion);
         written_by_producer[i] = true;
         break;
       }
     }
+    std::erase_if(companions_of, [](const auto& entry) { return entry.second.empty(); });
   }
 
   if (fused_away) {
     *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true) +
-                  epilogue_of_root.size() + companion_of.size();
+                  epilogue_of_root.size() +
+                  std::count(written_by_producer.begin(), written_by_producer.end(), true);
   }
   std::vector<kernels::Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
@@ -168,8 +173,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
         in_epilogue[i] || written_by_producer[i]) {
       continue;
     }
-    if (auto it = companion_of.find(id); it != companion_of.end()) {
-      for (kernels::Launch& launch : kernels::lower_with_companion(graph, id, it->second, device))
+    if (auto it = companions_of.find(id); it != companions_of.end()) {
+      for (kernels::Launch& launch : kernels::lower_with_companions(graph, id, it->second, device))
         launches.push_back(std::move(launch));
       continue;
     }

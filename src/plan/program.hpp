@@ -56,6 +56,11 @@ struct PlanOptions {
   // per-element tap arithmetic sits in the inner loop; CPU devices keep the implicit GEMM.
   // MEGANEURA_IM2COL=0/1 overrides.
   bool im2col = true;
+  // dQ of non-causal attention as a matmul of the scores' gradient, which the dK launch writes
+  // (passes/attention_grad_q_gemm.cpp): pays on GPUs, where the GEMM kernels outrun the
+  // attention kernels' third product, when the attention kernels are the strict ones (the
+  // cooperative-matrix dK keeps its dQ kernel). MEGANEURA_ATTENTION_DQ_GEMM=0/1 overrides.
+  bool attention_dq_gemm = true;
   // Bytes left unused after every value (tests fill them with a sentinel and check that no
   // kernel wrote past its outputs). Needs reuse_memory = false, or a later value could
   // legitimately land on an earlier value's guard.

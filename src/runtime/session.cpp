@@ -50,6 +50,7 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
       std::min(info.caps.max_storage_buffer_range, info.caps.max_memory_allocation_size);
   options.alignment = std::max<uint64_t>(256, info.caps.min_storage_buffer_offset_alignment);
   options.split_k = info.kind != gpu::DeviceKind::cpu;
+  options.attention_dq_gemm = info.kind != gpu::DeviceKind::cpu;
   options.im2col = info.kind != gpu::DeviceKind::cpu;
   return options;
 }

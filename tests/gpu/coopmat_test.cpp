@@ -263,7 +263,7 @@ TEST(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
   }
   ASSERT_TRUE(kernels::can_write_companion(graph, forward, lse, coop_device()));
   const std::vector<kernels::Launch> launches =
-      kernels::lower_with_companion(graph, forward, lse, coop_device());
+      kernels::lower_with_companions(graph, forward, {lse}, coop_device());
   ASSERT_EQ(launches.size(), 1u);
   const kernels::Launch& launch = launches[0];
   EXPECT_EQ(launch.kernel, "attention_forward_coopmat");

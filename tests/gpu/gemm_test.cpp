@@ -59,12 +59,12 @@ TEST(GpuGemm, EveryTileConfiguration) {
 
 // Rectangular tiles and per-thread blocks through the override's full form: taller and wider
 // tiles than threads' blocks (two A or two B vec4s a thread per slice), and 8 x 4 blocks; the
-// last three are the rule's half tiles (64 x 128 with 16-deep slices, and with the 8-deep ones
-// of a device with 16 KiB of shared memory).
+// last four are the rule's half tiles (with 16-deep slices, and with the 8-deep ones of short
+// products and of a device with 16 KiB of shared memory).
 TEST(GpuGemm, RectangularTiles) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "128,64,8,8,8",
-                           "64,128,8,8,16", "64,128,8,8,8"}) {
+  for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "128,64,8,8,16",
+                           "128,64,8,8,8", "64,128,8,8,16", "64,128,8,8,8"}) {
     SCOPED_TRACE(tile);
     const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
     check_gemm_layouts();
@@ -158,7 +158,7 @@ TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
 // The tile for an H200-sized device (132 compute units): 128 x 128 where it fills them and
 // neither extent leaves a row or column of tiles at most half full nor M is one row of them,
 // else 64 x 128 (128 x 64 for thin N); 64 x 128 also before the 64 x 64 tile where 128 x 128
-// would leave units idle and 64 x 128 fills at least half of them. 64 x 128 takes 16-deep K
+// would leave units idle and 64 x 128 fills at least half of them. Both take 16-deep K
 // slices where the device has more than 16 KiB of shared memory for them, unless the product's
 // whole K is short and the launch has at least two workgroups per compute unit.
 TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
@@ -180,7 +180,7 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   EXPECT_EQ(tile_of({64, 512}, {512, 32768}, h200), "64 128 16");   // 64 rows
   EXPECT_EQ(tile_of({128, 576}, {576, 49152}, h200), "64 128 16");  // one row of 128 x 128
   EXPECT_EQ(tile_of({320, 512}, {512, 16384}, h200), "64 128 16");  // a half-empty third row
-  EXPECT_EQ(tile_of({32768, 512}, {512, 64}, h200), "128 64 8");    // 64 columns
+  EXPECT_EQ(tile_of({32768, 512}, {512, 64}, h200), "128 64 16");   // 64 columns
   EXPECT_EQ(tile_of({2048, 512}, {512, 1024}, h200), "64 128 16");  // 128 tiles of 128 x 128
   EXPECT_EQ(tile_of({1024, 512}, {512, 1024}, h200), "64 128 16");  // 128 tiles of 64 x 128
   EXPECT_EQ(tile_of({576, 128}, {128, 576}, h200), "64 64 16");     // 45 tiles of 64 x 128

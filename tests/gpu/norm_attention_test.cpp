@@ -227,6 +227,43 @@ TEST(GpuNormAttention, KeySlices) {
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
 }
 
+// dQ as a matmul of the scores' gradient W (passes/attention_grad_q_gemm.cpp; on by default on
+// GPUs, forced here on Lavapipe): W written by the launch of dK and dV together, of dK alone,
+// and by its own launch (fusion off), beside query slices of dK and dV, in whole vec4s (key
+// counts 44, 68) and in floats (33, 70); grouped heads, a mask, head dimensions that are no
+// multiple of 4. Causal attention keeps its dQ kernel, but W alone
+// must still hold every pair (the launch visits the blocks that causal masking skips).
+TEST(GpuNormAttention, GradQAsMatmul) {
+  const testing::ScopedEnv dq_gemm("MEGANEURA_ATTENTION_DQ_GEMM", "1");
+  check_attention(2, 4, 2, 37, 44, 6, 10, false, true);
+  {
+    const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
+    check_attention(1, 2, 1, 70, 33, 16, 16, false);
+  }
+  {
+    const testing::ScopedEnv unfused("MEGANEURA_NO_FUSION", "1");
+    check_attention(1, 2, 2, 9, 68, 8, 8, false, true);
+  }
+  {
+    const testing::ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "3");
+    check_attention(1, 2, 1, 150, 70, 8, 8, false);
+  }
+  check_on_gpu(
+      {{"q", {1, 2, 40, 8}},
+       {"k", {1, 1, 70, 8}},
+       {"v", {1, 1, 70, 6}},
+       {"out", {1, 2, 40, 6}},
+       {"grad_out", {1, 2, 40, 6}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Attrs attrs{{"causal", int64_t{1}}, {"scale", 0.4}, {"has_mask", int64_t{0}}};
+        const ValueId lse = graph.add("attention_lse", {x[0].id(), x[1].id()}, attrs);
+        graph.set_output(
+            "scores",
+            graph.add("attention_grad_scores",
+                      {x[0].id(), x[1].id(), x[2].id(), x[3].id(), x[4].id(), lse}, attrs));
+      });
+}
+
 TEST(GpuNormAttention, KeySlicesSwitchNamesBadValues) {
   for (const char* bad : {"0", "three", "-2", "2,2"})
     expect_switch_rejected("MEGANEURA_ATTENTION_SPLITS", bad);

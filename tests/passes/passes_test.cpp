@@ -437,6 +437,58 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
   }
 }
 
+// dQ as a matmul of W = scale * dS: non-causal gradients of grouped heads (a masked and an
+// unmasked attention) give the reference's dQ through attention_grad_scores and a matmul, with
+// their attention_grad_k ahead of W; the causal one keeps attention_grad_q, and so does any
+// whose W exceeds the bound.
+TEST(Passes, AttentionGradQAsMatmulKeepsOutputs) {
+  std::mt19937_64 generator(5);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const std::vector<std::pair<std::string, Shape>> shapes = {{"q", {2, 4, 20, 8}},
+                                                             {"k", {2, 2, 30, 8}},
+                                                             {"v", {2, 2, 30, 6}},
+                                                             {"mask", {20, 30}},
+                                                             {"seed", {2, 4, 20, 6}}};
+  Environment environment;
+  Graph graph;
+  std::map<std::string, Tensor> x;
+  for (const auto& [name, shape] : shapes) {
+    x.emplace(name, input(graph, name, shape));
+    HostTensor value(shape);
+    for (double& element : value.data) element = 2.0 * uniform(generator);
+    environment.leaves[name] = value;
+  }
+  const Tensor masked = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"),
+                                                     {.scale = 0.7, .mask = x.at("mask")});
+  const Tensor plain = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {});
+  const Tensor causal =
+      scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {.causal = true});
+  const std::vector<ValueId> wrt{x.at("q").id(), x.at("k").id(), x.at("v").id()};
+  for (const Tensor& y : {masked, plain, causal}) {
+    graph.set_output("y" + std::to_string(y.id()), y.id());
+    for (const auto& [leaf, grad] : gradients(graph, sum_all(y * x.at("seed")).id(), wrt))
+      graph.set_output("d" + std::to_string(y.id()) + "_" + std::to_string(leaf), grad);
+  }
+  const Graph routed = passes::attention_grad_q_gemm(graph, 1 << 20);
+  EXPECT_EQ(count_op(routed, "attention_grad_q"), 1u);  // the causal one
+  EXPECT_EQ(count_op(routed, "attention_grad_scores"), 2u);
+  for (size_t i = 0; i < routed.size(); ++i) {
+    const Node& node = routed.nodes()[i];
+    if (node.op != "attention_grad_scores") continue;
+    bool grad_k_before = false;
+    for (size_t j = 0; j < i; ++j) {
+      const Node& other = routed.nodes()[j];
+      grad_k_before =
+          grad_k_before || (other.op == "attention_grad_k" && other.inputs == node.inputs);
+    }
+    EXPECT_TRUE(grad_k_before) << "W %" << i;
+  }
+  expect_same_outputs(graph, routed, environment);
+  // W is 2 x 4 x 20 x 30 floats, 19200 bytes.
+  EXPECT_EQ(count_op(passes::attention_grad_q_gemm(graph, 19199), "attention_grad_q"), 3u);
+  EXPECT_EQ(count_op(passes::attention_grad_q_gemm(graph, 19200), "attention_grad_q"), 1u);
+}
+
 // The built-in rule: Whisper's encoder attention at batch 1 (144 blocks of 64 queries, and as
 // many of 64 keys) takes 4 slices in the forward, dQ, dK and dV; at batch 8, or over 128 keys
 // and queries, it stays whole.

@@ -165,7 +165,8 @@ TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
         EXPECT_GT(static_cast<int64_t>(t), forward_index) << program.launches[t].launch.label;
       }
     }
-    EXPECT_EQ(readers, 2u);  // dQ, and dK with dV
+    // dK with dV (and, without causal masking, W for dQ's matmul), and the causal dQ kernel.
+    EXPECT_EQ(readers, causal ? 2u : 1u);
   }
 }
 
@@ -180,10 +181,13 @@ TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
 
 // Attention over slices: the forward's and dQ's launches cover two key slices in grid z, the
 // fused dK / dV launch two query slices (its companion split alike); the attention_combine after
-// the forward writes the backward's log-sum-exp, and sums join the gradients' partials.
+// the forward writes the backward's log-sum-exp, and sums join the gradients' partials. (dQ as
+// the dQ kernel: MEGANEURA_ATTENTION_DQ_GEMM=0.)
 TEST(Planner, AttentionOverSlices) {
   setenv("MEGANEURA_ATTENTION_SPLITS", "2", 1);
+  setenv("MEGANEURA_ATTENTION_DQ_GEMM", "0", 1);
   const plan::Program program = plan_for(attention_training(false, false, 100));
+  unsetenv("MEGANEURA_ATTENTION_DQ_GEMM");
   unsetenv("MEGANEURA_ATTENTION_SPLITS");
   EXPECT_EQ(launches_of(program, "attention_lse"), 0u);
   EXPECT_EQ(launches_of(program, "attention_grad_v"), 0u);
@@ -220,8 +224,12 @@ TEST(Planner, AttentionGradKWritesGradV) {
     ASSERT_EQ(launches_of(fused, "attention_grad_k"), 1u);
     for (const plan::PlannedLaunch& planned : fused.launches) {
       if (!planned.launch.label.starts_with("attention_grad_k ")) continue;
-      ASSERT_EQ(planned.launch.operands.back().name, "result_v");
-      EXPECT_EQ(fused.graph.node(planned.launch.operands.back().value).op, "attention_grad_v");
+      const auto& operands = planned.launch.operands;
+      const auto result_v = std::find_if(operands.begin(), operands.end(),
+                                         [](const auto& o) { return o.name == "result_v"; });
+      ASSERT_NE(result_v, operands.end());
+      EXPECT_TRUE(result_v->write);
+      EXPECT_EQ(fused.graph.node(result_v->value).op, "attention_grad_v");
     }
   }
   setenv("MEGANEURA_ATTENTION_FUSED_KV", "0", 1);
@@ -229,6 +237,46 @@ TEST(Planner, AttentionGradKWritesGradV) {
       plan::build_program(attention_training(false, false), cpu, plan::PlanOptions{});
   unsetenv("MEGANEURA_ATTENTION_FUSED_KV");
   EXPECT_EQ(launches_of(split, "attention_grad_v"), 1u);
+}
+
+// dQ as a matmul (passes/attention_grad_q_gemm.cpp): without causal masking the dK launch also
+// writes W (attention_grad_scores), which a later matmul launch reads; there is no dQ kernel.
+// Causal attention, the option off, or W past a quarter of the arena keep the dQ kernel.
+TEST(Planner, AttentionGradQAsMatmul) {
+  const auto dq_launches = [](const Graph& graph, bool option, uint64_t arena_limit) {
+    plan::PlanOptions options;
+    options.attention_dq_gemm = option;
+    options.arena_limit = arena_limit;
+    return launches_of(plan::build_program(graph, kernels::DeviceTraits{}, options),
+                       "attention_grad_q");
+  };
+  const Graph plain = attention_training(false, false, 40);
+  const plan::Program program =
+      plan::build_program(plain, kernels::DeviceTraits{}, plan::PlanOptions{});
+  EXPECT_EQ(launches_of(program, "attention_grad_q"), 0u);
+  EXPECT_EQ(launches_of(program, "attention_grad_scores"), 0u);
+  int64_t writer = -1, reader = -1;
+  for (size_t t = 0; t < program.launches.size(); ++t) {
+    const kernels::Launch& launch = program.launches[t].launch;
+    for (const kernels::Operand& operand : launch.operands) {
+      if (program.graph.node(operand.value).op != "attention_grad_scores") continue;
+      if (operand.write) {
+        EXPECT_TRUE(launch.label.starts_with("attention_grad_k ")) << launch.label;
+        EXPECT_NE(launch.label.find(" + attention_grad_scores %"), std::string::npos);
+        writer = static_cast<int64_t>(t);
+      } else {
+        EXPECT_EQ(launch.kernel, "gemm") << launch.label;
+        reader = static_cast<int64_t>(t);
+      }
+    }
+  }
+  EXPECT_GE(writer, 0);
+  EXPECT_GT(reader, writer);
+  EXPECT_EQ(dq_launches(attention_training(true, false, 40), true, 128ull << 20), 1u);
+  EXPECT_EQ(dq_launches(plain, false, 128ull << 20), 1u);
+  // W is 2 x 40 x 40 floats (12.5 KiB): over a quarter of a 48 KiB arena.
+  EXPECT_EQ(dq_launches(plain, true, 48ull << 10), 1u);
+  EXPECT_EQ(dq_launches(plain, true, 64ull << 10), 0u);
 }
 
 TEST(Planner, ArenasRespectTheBufferLimit) {
