@@ -118,6 +118,12 @@ std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
 constexpr GemmTile kHalfTallTile{64, 128, 8, 8, 16};
 constexpr GemmTile kHalfWideTile{128, 64, 8, 8, 16};
 constexpr int64_t kShallowSliceDepth = 8, kMinKForDeepSlices = 256;
+// A product over a short K with tiles to spare (SmolLM's lm_head weight gradient, 49152 x 576
+// over K = 128: 1920 tiles of 128 x 128) spends much of each workgroup's time before and after
+// its few slices; 64-thread workgroups with the same 8 x 8 a thread overlap more of them on each
+// compute unit: 0.2478 against 0.2623 ms on the H200 (docs/BENCHMARKS.md run 23).
+constexpr GemmTile kShortKTile{64, 64, 8, 8, 8};
+constexpr int64_t kMaxShortK = 128, kShortKTilesPerUnit = 8;
 
 GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, int64_t entries,
                    const DeviceTraits& device) {
@@ -143,6 +149,9 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entri
   if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
   const GemmTile& largest = kGemmTiles.front();
   const GemmTile half_tall = half_tile(kHalfTallTile, m, n, whole_k, entries, device);
+  if (whole_k <= kMaxShortK &&
+      workgroup_count(largest, m, n, entries) >= kShortKTilesPerUnit * kWorkgroupsWanted)
+    return kShortKTile;
   if (workgroup_count(largest, m, n, entries) >= kWorkgroupsWanted) {
     if (m <= 128 || (m % 128 != 0 && m % 128 <= 64)) return half_tall;
     if (n <= 64) return half_tile(kHalfWideTile, m, n, whole_k, entries, device);

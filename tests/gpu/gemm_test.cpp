@@ -59,12 +59,13 @@ TEST(GpuGemm, EveryTileConfiguration) {
 
 // Rectangular tiles and per-thread blocks through the override's full form: taller and wider
 // tiles than threads' blocks (two A or two B vec4s a thread per slice), and 8 x 4 blocks; the
-// last four are the rule's half tiles (with 16-deep slices, and with the 8-deep ones of short
-// products and of a device with 16 KiB of shared memory).
+// last five are the rule's short-K tile (64 x 64 with 8 x 8 a thread) and half tiles (with
+// 16-deep slices, and with the 8-deep ones of short products and of a device with 16 KiB of
+// shared memory).
 TEST(GpuGemm, RectangularTiles) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "128,64,8,8,16",
-                           "128,64,8,8,8", "64,128,8,8,16", "64,128,8,8,8"}) {
+  for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "64,64,8,8,8",
+                           "128,64,8,8,16", "128,64,8,8,8", "64,128,8,8,16", "64,128,8,8,8"}) {
     SCOPED_TRACE(tile);
     const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
     check_gemm_layouts();
@@ -155,7 +156,8 @@ TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
             "64 32 4 4 16");
 }
 
-// The tile for an H200-sized device (132 compute units): 128 x 128 where it fills them and
+// The tile for an H200-sized device (132 compute units): 64 x 64 with 8 x 8 a thread for short
+// K over many tiles; 128 x 128 where it fills them and
 // neither extent leaves a row or column of tiles at most half full nor M is one row of them,
 // else 64 x 128 (128 x 64 for thin N); 64 x 128 also before the 64 x 64 tile where 128 x 128
 // would leave units idle and 64 x 128 fills at least half of them. Both take 16-deep K
@@ -188,6 +190,9 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   // has workgroups to spare (392).
   EXPECT_EQ(tile_of({1536, 128}, {128, 576}, h200), "64 128 16");
   EXPECT_EQ(tile_of({64, 147}, {147, 50176}, h200), "64 128 8");
+  // K <= 128 over at least 8 tiles of 128 x 128 per compute unit: 64 x 64 with 8 x 8 a thread.
+  EXPECT_EQ(tile_of({49152, 128}, {128, 576}, h200), "64 64 8");
+  EXPECT_EQ(tile_of({1152, 128}, {128, 3136}, h200), "128 128 8");  // 225 tiles
   // Whole K decides, not the split-K slice's: ResNet's 3x3/2 convolution, 9 slices of 128.
   EXPECT_EQ(tile_of({4, 128, 1152}, {4, 1152, 784}, h200, 9), "64 128 16");
   kernels::DeviceTraits minimal;  // 16 KiB of shared memory
