@@ -375,39 +375,52 @@ TEST(Passes, MergeLeadingSums) {
   expect_same_outputs(conv, one_sum, conv_environment);
 }
 
+// Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
+// each variant ("masked": scale 0.7 and the mask; "plain"; "causal") as an output under its
+// name, with the gradients of sum(y * seed) with respect to q, k and v.
+struct AttentionCase {
+  Graph graph;
+  Environment environment;
+};
+
+AttentionCase attention_with_gradients(uint64_t seed, const Shape& q, const Shape& k,
+                                       const Shape& v, const std::vector<std::string>& variants) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"q", q}, {"k", k}, {"v", v}, {"mask", {q[2], k[2]}}, {"seed", {q[0], q[1], q[2], v[3]}}};
+  AttentionCase result;
+  Graph& graph = result.graph;
+  std::map<std::string, Tensor> x;
+  for (const auto& [name, shape] : shapes) {
+    x.emplace(name, input(graph, name, shape));
+    HostTensor value(shape);
+    for (double& element : value.data) element = 2.0 * uniform(generator);
+    result.environment.leaves[name] = value;
+  }
+  const std::vector<ValueId> wrt{x.at("q").id(), x.at("k").id(), x.at("v").id()};
+  for (const std::string& variant : variants) {
+    AttentionOptions options;
+    if (variant == "masked") options = {.scale = 0.7, .mask = x.at("mask")};
+    if (variant == "causal") options.causal = true;
+    const Tensor y = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), options);
+    graph.set_output(variant, y.id());
+    for (const auto& [leaf, grad] : gradients(graph, sum_all(y * x.at("seed")).id(), wrt))
+      graph.set_output("d" + variant + "_" + std::to_string(leaf), grad);
+  }
+  return result;
+}
+
 // Attention over slices (the forward and dQ over key slices, dK and dV over query slices, their
 // partial results joined by attention_combine or summed) against the whole ops on the
 // reference: grouped heads, an additive mask, causal masking (whose later slices see no key of
 // a row) and lengths that are no multiple of the slices; forced slice counts, since the
 // built-in rule leaves sequences this short whole.
 TEST(Passes, SplitAttentionKeepsOutputs) {
-  std::mt19937_64 generator(11);
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  const std::vector<std::pair<std::string, Shape>> shapes = {{"q", {2, 2, 140, 8}},
-                                                             {"k", {2, 1, 300, 8}},
-                                                             {"v", {2, 1, 300, 6}},
-                                                             {"mask", {140, 300}},
-                                                             {"seed", {2, 2, 140, 6}}};
-  Environment environment;
-  Graph graph;
-  std::map<std::string, Tensor> x;
-  for (const auto& [name, shape] : shapes) {
-    x.emplace(name, input(graph, name, shape));
-    HostTensor value(shape);
-    for (double& element : value.data) element = 2.0 * uniform(generator);
-    environment.leaves[name] = value;
-  }
-  const Tensor masked = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"),
-                                                     {.scale = 0.7, .mask = x.at("mask")});
-  const Tensor causal =
-      scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {.causal = true});
-  graph.set_output("masked", masked.id());
-  graph.set_output("causal", causal.id());
-  const std::vector<ValueId> wrt{x.at("q").id(), x.at("k").id(), x.at("v").id()};
-  for (const Tensor& y : {masked, causal}) {
-    for (const auto& [leaf, grad] : gradients(graph, sum_all(y * x.at("seed")).id(), wrt))
-      graph.set_output("d" + std::to_string(y.id()) + "_" + std::to_string(leaf), grad);
-  }
+  const AttentionCase attention = attention_with_gradients(11, {2, 2, 140, 8}, {2, 1, 300, 8},
+                                                           {2, 1, 300, 6}, {"masked", "causal"});
+  const Graph& graph = attention.graph;
+  const Environment& environment = attention.environment;
   // Forced counts: every kind, or forward, dQ and dK / dV apart (140 queries make at most 3
   // query slices of 64).
   for (const auto& [forced, key_slices, query_slices] :
@@ -442,33 +455,9 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
 // their attention_grad_k ahead of W; the causal one keeps attention_grad_q, and so does any
 // whose W exceeds the bound.
 TEST(Passes, AttentionGradQAsMatmulKeepsOutputs) {
-  std::mt19937_64 generator(5);
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  const std::vector<std::pair<std::string, Shape>> shapes = {{"q", {2, 4, 20, 8}},
-                                                             {"k", {2, 2, 30, 8}},
-                                                             {"v", {2, 2, 30, 6}},
-                                                             {"mask", {20, 30}},
-                                                             {"seed", {2, 4, 20, 6}}};
-  Environment environment;
-  Graph graph;
-  std::map<std::string, Tensor> x;
-  for (const auto& [name, shape] : shapes) {
-    x.emplace(name, input(graph, name, shape));
-    HostTensor value(shape);
-    for (double& element : value.data) element = 2.0 * uniform(generator);
-    environment.leaves[name] = value;
-  }
-  const Tensor masked = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"),
-                                                     {.scale = 0.7, .mask = x.at("mask")});
-  const Tensor plain = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {});
-  const Tensor causal =
-      scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {.causal = true});
-  const std::vector<ValueId> wrt{x.at("q").id(), x.at("k").id(), x.at("v").id()};
-  for (const Tensor& y : {masked, plain, causal}) {
-    graph.set_output("y" + std::to_string(y.id()), y.id());
-    for (const auto& [leaf, grad] : gradients(graph, sum_all(y * x.at("seed")).id(), wrt))
-      graph.set_output("d" + std::to_string(y.id()) + "_" + std::to_string(leaf), grad);
-  }
+  const AttentionCase attention = attention_with_gradients(
+      5, {2, 4, 20, 8}, {2, 2, 30, 8}, {2, 2, 30, 6}, {"masked", "plain", "causal"});
+  const Graph& graph = attention.graph;
   const Graph routed = passes::attention_grad_q_gemm(graph, 1 << 20);
   EXPECT_EQ(count_op(routed, "attention_grad_q"), 1u);  // the causal one
   EXPECT_EQ(count_op(routed, "attention_grad_scores"), 2u);
@@ -483,7 +472,7 @@ TEST(Passes, AttentionGradQAsMatmulKeepsOutputs) {
     }
     EXPECT_TRUE(grad_k_before) << "W %" << i;
   }
-  expect_same_outputs(graph, routed, environment);
+  expect_same_outputs(graph, routed, attention.environment);
   // W is 2 x 4 x 20 x 30 floats, 19200 bytes.
   EXPECT_EQ(count_op(passes::attention_grad_q_gemm(graph, 19199), "attention_grad_q"), 3u);
   EXPECT_EQ(count_op(passes::attention_grad_q_gemm(graph, 19200), "attention_grad_q"), 1u);
