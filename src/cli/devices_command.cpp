@@ -5,6 +5,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "kernels/lowering.hpp"
 #include "meganeura/session.hpp"
 #include "models/classifier.hpp"
 #include "vk/gpu.hpp"
@@ -18,7 +19,8 @@ constexpr const char* kHelp =
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
 
-  --verbose         also list each device's cooperative-matrix shapes and limits
+  --verbose         also list each device's limits, compute units (where the driver reports
+                    them) and cooperative-matrix shapes
   --bench-compile   build the CNN training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the build times
@@ -57,6 +59,12 @@ void print_details(const gpu::DeviceInfo& info) {
       static_cast<unsigned long long>(caps.max_storage_buffer_range >> 20),
       static_cast<unsigned long long>(caps.max_memory_allocation_size >> 20),
       caps.max_workgroup_invocations, caps.max_storage_buffers_per_stage);
+  if (caps.compute_units > 0)
+    std::printf("    %u compute units (kernels and splits are planned for them)\n",
+                caps.compute_units);
+  else
+    std::printf("    compute units not reported by the driver (planned as %lld, an H200's)\n",
+                static_cast<long long>(kernels::kAssumedComputeUnits));
   for (const gpu::CoopMatrixConfig& config : caps.coop_matrix) {
     std::printf("    cooperative matrix (%s) %ux%ux%u  %s x %s + %s -> %s\n",
                 config.khr ? "KHR" : "NV", config.m, config.n, config.k,

@@ -37,9 +37,6 @@ struct GemmTile {
 constexpr std::array<GemmTile, 3> kGemmTiles{
     {{128, 128, 8, 8, 8}, {64, 64, 4, 4, 16}, {32, 32, 4, 4, 16}}};
 
-// Workgroups that keep every compute unit of a large GPU busy.
-constexpr int64_t kWorkgroupsWanted = kPlannedComputeUnits;
-
 // Shared memory of gemm.comp's two slots of both tiles for each of `k_groups` k-groups; `padded`
 // counts the vec4 of padding that a k row of an operand contiguous along k takes (PAD_K_ROWS),
 // for both operands.
@@ -128,7 +125,7 @@ constexpr int64_t kMaxShortK = 128, kShortKTilesPerUnit = 8;
 GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, int64_t entries,
                    const DeviceTraits& device) {
   GemmTile tile = half;
-  const bool latency_bound = workgroup_count(tile, m, n, entries) < 2 * kWorkgroupsWanted;
+  const bool latency_bound = workgroup_count(tile, m, n, entries) < 2 * device.compute_units;
   if (tile_misfit(tile, device) || (whole_k < kMinKForDeepSlices && !latency_bound))
     tile.tile_k = kShallowSliceDepth;
   return tile;
@@ -148,18 +145,19 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entri
                             const DeviceTraits& device) {
   if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
   const GemmTile& largest = kGemmTiles.front();
+  const int64_t units = device.compute_units;
   const GemmTile half_tall = half_tile(kHalfTallTile, m, n, whole_k, entries, device);
   if (whole_k <= kMaxShortK &&
-      workgroup_count(largest, m, n, entries) >= kShortKTilesPerUnit * kWorkgroupsWanted)
+      workgroup_count(largest, m, n, entries) >= kShortKTilesPerUnit * units)
     return kShortKTile;
-  if (workgroup_count(largest, m, n, entries) >= kWorkgroupsWanted) {
+  if (workgroup_count(largest, m, n, entries) >= units) {
     if (m <= 128 || (m % 128 != 0 && m % 128 <= 64)) return half_tall;
     if (n <= 64) return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
     return largest;
   }
-  if (workgroup_count(half_tall, m, n, entries) >= kWorkgroupsWanted / 2) return half_tall;
+  if (workgroup_count(half_tall, m, n, entries) >= units / 2) return half_tall;
   for (const GemmTile& candidate : std::span(kGemmTiles).subspan(1)) {
-    if (workgroup_count(candidate, m, n, entries) >= kWorkgroupsWanted / 2) return candidate;
+    if (workgroup_count(candidate, m, n, entries) >= units / 2) return candidate;
   }
   return kGemmTiles.back();
 }
@@ -179,15 +177,16 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
 // The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
 // split) and its k-groups. Fewer workgroups than compute units, or 64-thread workgroups of the
 // 32 tile, leave the busy units with a few warps that wait on their long chain of K slices;
-// k-groups walk K in parallel, doubling until the launch has the threads of kWorkgroupsWanted
-// 256-thread workgroups (128 x 576 x 576: 72 workgroups of the 32 tile, 8 k-groups where 64 KiB
-// of shared memory fit them, 4 in the H200's 48 KiB). Every k-group keeps at least two slices, so
-// that fetching one still overlaps multiplying another, and there are at most 8, which bounds
+// k-groups walk K in parallel, doubling until the launch has the threads of one 256-thread
+// workgroup per compute unit (128 x 576 x 576: 72 workgroups of the 32 tile, 8 k-groups where 64
+// KiB of shared memory fit them, 4 in the H200's 48 KiB). Every k-group keeps at least two slices,
+// so that fetching one still overlaps multiplying another, and there are at most 8, which bounds
 // k-group 0's reduction. MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where
 // the device fits it.
 GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
                           const DeviceTraits& device) {
-  constexpr int64_t kThreadsWanted = kWorkgroupsWanted * 256, kMostKGroups = 8;
+  constexpr int64_t kMostKGroups = 8;
+  const int64_t threads_wanted = device.compute_units * 256;
   GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, device);
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
     for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
@@ -198,7 +197,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
     }
   }
   const int64_t threads = chosen.threads() * workgroup_count(chosen, m, n, entries);
-  while (chosen.k_groups < kMostKGroups && threads * chosen.k_groups < kThreadsWanted &&
+  while (chosen.k_groups < kMostKGroups && threads * chosen.k_groups < threads_wanted &&
          k / (chosen.tile_k * 2 * chosen.k_groups) >= 2 &&
          k_groups_fit(chosen, 2 * chosen.k_groups, device)) {
     chosen.k_groups *= 2;

@@ -110,7 +110,7 @@ std::optional<BlockShape> forced_block(const GeneratedGemm& gemm, const DeviceTr
   return block;
 }
 
-// The candidate with the least estimated time: waves of kPlannedComputeUnits blocks (a partial wave
+// The candidate with the least estimated time: waves of one block per compute unit (a partial wave
 // costs a whole one) times a block's outputs and weight. Large blocks win on big products; on
 // the rest a last, partly filled wave of them costs more than smaller blocks (128 x 49152:
 // 192 blocks of 128 x 256 take two waves, 384 of 128 x 128 three of half the work).
@@ -123,7 +123,7 @@ BlockShape choose_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
     if (block_misfit(block, gemm, device)) continue;
     const int64_t blocks = ((gemm.m + block.rows() - 1) / block.rows()) *
                            ((gemm.n + block.cols() - 1) / block.cols()) * gemm.entries;
-    const int64_t waves = (blocks + kPlannedComputeUnits - 1) / kPlannedComputeUnits;
+    const int64_t waves = (blocks + device.compute_units - 1) / device.compute_units;
     const double cost = static_cast<double>(waves * block.rows() * block.cols()) * candidate.weight;
     if (!best || cost < best_cost) {
       best = candidate;

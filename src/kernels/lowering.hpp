@@ -15,9 +15,15 @@
 
 namespace mg::kernels {
 
+// The compute units that the tile, block and split rules plan their workgroups for when the
+// driver does not report the count (only NVIDIA's, AMD's and Arm's do, through vendor
+// extensions): an H200's 132, the GPU the rules were tuned on.
+constexpr int64_t kAssumedComputeUnits = 132;
+
 // What lowering needs to know about the device (copied from gpu::DeviceCaps by the runtime).
 struct DeviceTraits {
   uint32_t subgroup_size = 32;
+  int64_t compute_units = kAssumedComputeUnits;
   uint32_t max_shared_memory_bytes = 16384;
   uint32_t max_workgroup_invocations = 256;
   uint32_t max_workgroup_count_x = 65535;
@@ -130,10 +136,6 @@ std::vector<std::string> lowered_ops();
 
 // The embedded GLSL file `file_name` (e.g. "gemm.comp"); throws if absent.
 std::string_view kernel_source(std::string_view file_name);
-
-// The compute units that the GEMM tile and block choices plan their workgroups for: an H200's
-// 132 (Vulkan does not report the count).
-constexpr int64_t kPlannedComputeUnits = 132;
 
 // Tuning overrides (MEGANEURA_GEMM_TILE, MEGANEURA_COOP_BLOCK): `count` comma-separated integers,
 // or nothing when `text` is not exactly that.

@@ -18,16 +18,17 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
 Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Split-K: a matmul or conv2d_grad_weight with few output tiles and a long K becomes one node
-// computing partial results over K slices (attribute k_splits) and a sum over them (see
-// split_k.cpp).
-Graph split_k(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+// computing partial results over K slices (attribute k_splits) and a sum over them, planned for a
+// device with `compute_units` compute units (see split_k.cpp).
+Graph split_k(const Graph& graph, int64_t compute_units, std::vector<ValueId>* remap = nullptr);
 
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
 // rows becomes one node computing partial results over slices of the keys (attribute
 // kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine
-// (forward) or a sum (see split_attention.cpp). MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces
-// the slice counts.
-Graph split_attention(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+// (forward) or a sum, planned for a device with `compute_units` compute units (see
+// split_attention.cpp). MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts.
+Graph split_attention(const Graph& graph, int64_t compute_units,
+                      std::vector<ValueId>* remap = nullptr);
 
 // dQ as a matmul: a non-causal attention_grad_q whose attention_grad_k of the same inputs
 // follows it becomes attention_grad_scores (W = scale * dS, which the dK launch writes beside

@@ -18,12 +18,12 @@
 namespace mg::passes {
 namespace {
 
-// Workgroups wanted in flight: five of the kernels' 64-row workgroups on each of an H200's 132
-// compute units, as many as the forward's shared memory allows there. For Whisper's 144 blocks
-// that is 4 slices: forward 0.305 -> 0.210 ms strict and 0.108 -> 0.087 ms fast, backward
+// Workgroups wanted in flight: five of the kernels' 64-row workgroups on each compute unit, as
+// many as the forward's shared memory allows on an H200. For Whisper's 144 blocks on its 132
+// units that is 4 slices: forward 0.305 -> 0.210 ms strict and 0.108 -> 0.087 ms fast, backward
 // 1.018 -> 0.779 ms strict and 0.500 -> 0.370 ms fast on the H200, where 2, 3, 6 and 8 slices
 // were slower or no faster (docs/BENCHMARKS.md, runs 19 and 20).
-constexpr int64_t kWorkgroupsWanted = 5 * 132;
+constexpr int64_t kWorkgroupsPerUnit = 5;
 constexpr int64_t kRowsPerWorkgroup = 64;
 // A slice keeps at least this many streamed rows, so that its partial result is small next to
 // its work.
@@ -62,9 +62,10 @@ int64_t forced_splits(Kind kind) {
 }
 
 // Slices for `workgroups` owned blocks that each stream `streamed` rows; 1 keeps the node whole.
-int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed) {
+int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, int64_t compute_units) {
   int64_t wanted = forced_splits(kind);
-  if (wanted == 0) wanted = std::min(kWorkgroupsWanted / workgroups, streamed / kMinRowsPerSlice);
+  if (wanted == 0)
+    wanted = std::min(kWorkgroupsPerUnit * compute_units / workgroups, streamed / kMinRowsPerSlice);
   if (wanted < 2) return 1;
   // Aligned slices may cover the rows in fewer than `wanted`; count those that are not empty.
   return ceil_div(streamed, attention_slice_length(streamed, wanted));
@@ -72,11 +73,11 @@ int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed) {
 
 }  // namespace
 
-Graph split_attention(const Graph& graph, std::vector<ValueId>* remap) {
+Graph split_attention(const Graph& graph, int64_t compute_units, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
-      [](Graph& target, ValueId, Node node) {
+      [compute_units](Graph& target, ValueId, Node node) {
         const bool forward = node.op == "scaled_dot_product_attention";
         const bool grad_q = node.op == "attention_grad_q";
         const bool grad_kv = node.op == "attention_grad_k" || node.op == "attention_grad_v";
@@ -87,8 +88,10 @@ Graph split_attention(const Graph& graph, std::vector<ValueId>* remap) {
         const Shape& k = target.type(node.inputs[1]).shape;
         const Kind kind = forward ? Kind::forward : grad_q ? Kind::grad_q : Kind::grad_kv;
         const int64_t splits =
-            grad_kv ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2])
-                    : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2]);
+            grad_kv ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2],
+                                  compute_units)
+                    : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2],
+                                  compute_units);
         if (splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
         attrs.set(attribute, splits);

@@ -16,10 +16,10 @@
 namespace mg::passes {
 namespace {
 
-// Workgroups wanted in flight: two 128 x 128 GEMM tiles on each of an H200's 132 compute units.
+// Workgroups wanted in flight: two 128 x 128 GEMM tiles on each compute unit (264 on an H200).
 // The slice count rounds down, so the GEMM fills at most two such waves. This also bounds the
-// partial results: S * tiles <= 264 tiles of 128 x 128 f32 values, at most 16.5 MiB.
-constexpr int64_t kWorkgroupsWanted = 264;
+// partial results: S * tiles <= 2 * units tiles of 128 x 128 f32 values (16.5 MiB on an H200).
+constexpr int64_t kTilesPerUnit = 2;
 constexpr int64_t kOutputTile = 128;
 // 128 rather than 256: SmolLM's 128 x 576 x 576 product went from 25.6 to 20.7 us and its
 // 128 x 1536 x 576 one from 33.0 to 24.9 us on the H200 (64 was faster for the first and its
@@ -64,11 +64,11 @@ std::optional<Product> product_of(const Graph& graph, const Node& node) {
 }
 
 // The number of K slices, 1 when the product stays whole.
-int64_t split_count(const Product& product) {
+int64_t split_count(const Product& product, int64_t compute_units) {
   if (product.k < kMinKToSplit) return 1;
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
-  const int64_t wanted = std::min(kWorkgroupsWanted / tiles, product.k / kMinKPerSlice);
+  const int64_t wanted = std::min(kTilesPerUnit * compute_units / tiles, product.k / kMinKPerSlice);
   // Two slices of a product that already fills most compute units cost their sum more than
   // they gain: ResNet's 3x3 convolution as a matmul (100 tiles) took 52 us whole and 50 + 7 us
   // split in two on the H200 (docs/BENCHMARKS.md run 15).
@@ -79,14 +79,14 @@ int64_t split_count(const Product& product) {
 
 }  // namespace
 
-Graph split_k(const Graph& graph, std::vector<ValueId>* remap) {
+Graph split_k(const Graph& graph, int64_t compute_units, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
-      [](Graph& target, ValueId, Node node) {
+      [compute_units](Graph& target, ValueId, Node node) {
         const std::optional<Product> product = product_of(target, node);
         if (!product) return target.add_typed(std::move(node));
-        const int64_t splits = split_count(*product);
+        const int64_t splits = split_count(*product, compute_units);
         if (splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
         attrs.set("k_splits", splits);

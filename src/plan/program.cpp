@@ -218,11 +218,11 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
         program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
   if (split_k)
-    program.graph =
-        passes::split_reductions(passes::merge_leading_sums(passes::split_k(program.graph)));
+    program.graph = passes::split_reductions(
+        passes::merge_leading_sums(passes::split_k(program.graph, device.compute_units)));
   // The same trade for attention; forcing a slice count (sweeps, tests) applies on any device.
   if (split_k || std::getenv("MEGANEURA_ATTENTION_SPLITS"))
-    program.graph = passes::split_attention(program.graph);
+    program.graph = passes::split_attention(program.graph, device.compute_units);
   verify(program.graph);
   const Graph& graph = program.graph;
 

@@ -32,6 +32,7 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision
   traits.subgroup_size = info.caps.subgroup_size;
   traits.max_shared_memory_bytes = info.caps.max_shared_memory_bytes;
   traits.max_workgroup_invocations = info.caps.max_workgroup_invocations;
+  if (info.caps.compute_units > 0) traits.compute_units = info.caps.compute_units;
   traits.max_workgroup_count_x = info.caps.max_workgroup_count[0];
   traits.cpu = info.kind == gpu::DeviceKind::cpu;
   traits.max_storage_buffers = info.caps.max_storage_buffers_per_stage;

@@ -37,6 +37,10 @@ struct DeviceCaps {
   uint32_t min_subgroup_size = 0, max_subgroup_size = 0;  // 0 when size control is absent
   uint32_t max_shared_memory_bytes = 0;
   uint32_t max_workgroup_invocations = 0;
+  // Streaming multiprocessors, compute units or shader cores, from VK_NV_shader_sm_builtins,
+  // VK_AMD_shader_core_properties(2) or VK_ARM_shader_core_builtins; 0 where the driver has none
+  // of them (Vulkan itself does not report the count).
+  uint32_t compute_units = 0;
   std::array<uint32_t, 3> max_workgroup_size{};
   std::array<uint32_t, 3> max_workgroup_count{};
   uint64_t max_storage_buffer_range = 0;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "meganeura/error.hpp"
 #include "vk/vk_result.hpp"
@@ -139,7 +140,32 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   }
   bool driver_known = out.api_version >= VK_API_VERSION_1_2 ||
                       has(extensions, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
-  if (driver_known) *tail = &driver;
+  if (driver_known) {
+    *tail = &driver;
+    tail = &driver.pNext;
+  }
+  // The compute unit count, where a vendor extension reports it.
+  auto nv_sm = vk_struct<VkPhysicalDeviceShaderSMBuiltinsPropertiesNV>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV);
+  auto amd_core = vk_struct<VkPhysicalDeviceShaderCorePropertiesAMD>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD);
+  auto amd_core2 = vk_struct<VkPhysicalDeviceShaderCoreProperties2AMD>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_2_AMD);
+  auto arm_core = vk_struct<VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_BUILTINS_PROPERTIES_ARM);
+  const bool nv = has(extensions, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
+  const bool amd = has(extensions, VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME);
+  const bool amd2 = has(extensions, VK_AMD_SHADER_CORE_PROPERTIES_2_EXTENSION_NAME);
+  const bool arm = has(extensions, VK_ARM_SHADER_CORE_BUILTINS_EXTENSION_NAME);
+  for (auto [present, link] :
+       {std::pair<bool, VkBaseOutStructure*>{nv, reinterpret_cast<VkBaseOutStructure*>(&nv_sm)},
+        {amd, reinterpret_cast<VkBaseOutStructure*>(&amd_core)},
+        {amd2, reinterpret_cast<VkBaseOutStructure*>(&amd_core2)},
+        {arm, reinterpret_cast<VkBaseOutStructure*>(&arm_core)}}) {
+    if (!present) continue;
+    *tail = link;
+    tail = reinterpret_cast<void**>(&link->pNext);
+  }
   vkGetPhysicalDeviceProperties2(device, &properties);
 
   const auto& p = properties.properties;
@@ -163,6 +189,14 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   }
   caps.max_shared_memory_bytes = p.limits.maxComputeSharedMemorySize;
   caps.max_workgroup_invocations = p.limits.maxComputeWorkGroupInvocations;
+  if (nv) caps.compute_units = nv_sm.shaderSMCount;
+  // The active units of a harvested die where the driver says, else the full layout.
+  if (amd2 && amd_core2.activeComputeUnitCount > 0)
+    caps.compute_units = amd_core2.activeComputeUnitCount;
+  else if (amd)
+    caps.compute_units = amd_core.shaderEngineCount * amd_core.shaderArraysPerEngineCount *
+                         amd_core.computeUnitsPerShaderArray;
+  if (arm) caps.compute_units = arm_core.shaderCoreCount;
   std::copy_n(p.limits.maxComputeWorkGroupSize, 3, caps.max_workgroup_size.begin());
   std::copy_n(p.limits.maxComputeWorkGroupCount, 3, caps.max_workgroup_count.begin());
   caps.max_storage_buffer_range = p.limits.maxStorageBufferRange;

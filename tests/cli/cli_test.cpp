@@ -177,6 +177,24 @@ TEST(Cli, BenchKernelsProfile) {
 
 // --dispatches lists every dispatch of the plan once, in order, with the labels that traces and
 // profiles show: as many lines as --plan counts, numbered from 0.
+// Every device's details say how many compute units the rules plan for: the driver's count,
+// or the assumed one where it reports none.
+TEST(Cli, DevicesVerboseNamesComputeUnits) {
+  const Result result = run("devices --verbose");
+  ASSERT_EQ(result.status, 0) << result.output;
+  size_t devices = 0, unit_lines = 0;
+  std::istringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" | Vulkan ") != std::string::npos) ++devices;
+    if (line.find(" compute units (kernels and splits are planned for them)") !=
+            std::string::npos ||
+        line.find("compute units not reported by the driver (planned as 132") != std::string::npos)
+      ++unit_lines;
+  }
+  EXPECT_GT(devices, 0u) << result.output;
+  EXPECT_EQ(unit_lines, devices) << result.output;
+}
+
 TEST(Cli, InspectListsDispatches) {
   const Result result = run("inspect --model mlp --mode infer --batch 4 --plan --dispatches");
   ASSERT_EQ(result.status, 0) << result.output;

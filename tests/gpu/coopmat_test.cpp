@@ -285,7 +285,7 @@ TEST(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   output_with_gradients(graph, scaled_dot_product_attention(q, k, v, {.causal = true}),
                         input(graph, "seed", {1, 2, 70, 16}), {q, k, v});
   const ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "2");
-  const Graph split = passes::split_attention(graph);
+  const Graph split = passes::split_attention(graph, kernels::kAssumedComputeUnits);
   const std::vector<kernels::Launch> launches = coop_launches(split, coop_device());
   ASSERT_EQ(launches.size(), 5u);  // forward, log-sum-exp (whole), dQ, dK, dV
   for (const kernels::Launch& launch : launches) {

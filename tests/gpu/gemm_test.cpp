@@ -200,6 +200,30 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   EXPECT_EQ(tile_of({1024, 512}, {512, 1024}, minimal), "64 128 8");
 }
 
+// The rules count workgroups against the device's compute units: a product that leaves an
+// H200's 132 half idle on 128 x 128 tiles (64 of them) fills a 16-unit GPU, and SmolLM's
+// q_proj needs no k-groups there.
+TEST(GemmLowering, RulesFollowComputeUnits) {
+  kernels::DeviceTraits small;
+  small.max_shared_memory_bytes = 49152;
+  small.max_workgroup_invocations = 1024;
+  small.compute_units = 16;
+  kernels::DeviceTraits h200 = small;
+  h200.compute_units = 132;
+  const auto tile = [](const kernels::DeviceTraits& device) {
+    Graph graph;
+    const Tensor y = matmul(input(graph, "a", {1024, 512}), input(graph, "b", {512, 1024}));
+    std::string text;
+    for (const auto& [key, value] : gemm_defines(graph, y, device))
+      if (key == "TILE_M" || key == "TILE_N") text += (text.empty() ? "" : " ") + value;
+    return text;
+  };
+  EXPECT_EQ(tile(h200), "64 128");
+  EXPECT_EQ(tile(small), "128 128");
+  EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, h200), "4");
+  EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, small), "1");
+}
+
 // SmolLM-sized products with small outputs get k-groups up to what the device's shared memory
 // holds; large outputs, short K and the 128 tile keep one. The override applies where it fits.
 TEST(GemmLowering, KGroupsForSmallOutputs) {

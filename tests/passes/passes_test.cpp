@@ -17,6 +17,9 @@
 namespace mg {
 namespace {
 
+// The split rules were tuned on an H200; the slice counts below are its.
+constexpr int64_t kH200ComputeUnits = 132;
+
 Graph random_graph(uint64_t seed, Environment& environment) {
   std::mt19937_64 generator(seed);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
@@ -147,7 +150,7 @@ TEST(Passes, SplitKKeepsWeightGradients) {
   options.padding = {1, 1};
   const Tensor y = conv2d(x, w, std::nullopt, options);
   graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {w.id()}).at(w.id()));
-  const Graph split = passes::split_k(graph);
+  const Graph split = passes::split_k(graph, kH200ComputeUnits);
   EXPECT_EQ(only_split(split, "conv2d_grad_weight"), 8);
   expect_same_outputs(graph, split, environment);
 }
@@ -179,7 +182,7 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
     const Tensor product = matmul(a, b, transpose_a, transpose_b);
     graph.set_output("y", tanh(product).id());
     graph.set_output("product", product.id());
-    const Graph split = passes::split_k(graph);
+    const Graph split = passes::split_k(graph, kH200ComputeUnits);
     const int64_t splits = only_split(split, "matmul");
     ASSERT_GE(splits, 2) << "K = " << k;
     EXPECT_GE(k_slice_length(k, splits), 128);
@@ -233,6 +236,24 @@ TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
   }
 }
 
+// The slice count follows the device's compute units: SmolLM's 128 x 576 x 49152 data gradient
+// (5 tiles of 128 x 128) takes 52 slices for an H200's 132 (two tiles each), 6 for 16 units and
+// none for 4 (two tiles each: only one slice).
+TEST(Passes, SplitKFollowsComputeUnits) {
+  Graph graph;
+  const Tensor dx = matmul(input(graph, "a", {128, 49152}), input(graph, "b", {49152, 576}));
+  graph.set_output("dx", dx.id());
+  const auto slices = [&](int64_t units) {
+    const Graph split = passes::split_k(graph, units);
+    for (const Node& node : split.nodes())
+      if (node.op == "matmul") return node.attrs.get_int("k_splits", 1);
+    return int64_t{0};
+  };
+  EXPECT_EQ(slices(kH200ComputeUnits), 52);
+  EXPECT_EQ(slices(16), 6);
+  EXPECT_EQ(slices(4), 1);
+}
+
 // Products that fill the GPU or have a K below 512 stay whole.
 TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   Graph graph;
@@ -243,7 +264,7 @@ TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   graph.set_output("wide", wide.id());
   graph.set_output("short", short_k.id());
   graph.set_output("most units", most_units.id());
-  const Graph split = passes::split_k(graph);
+  const Graph split = passes::split_k(graph, kH200ComputeUnits);
   EXPECT_EQ(split.size(), graph.size());
   for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id)
     EXPECT_FALSE(split.node(id).attrs.has("k_splits"));
@@ -368,7 +389,7 @@ TEST(Passes, MergeLeadingSums) {
   const Tensor y = conv2d(images, weight, std::nullopt, {.padding = {1, 1}});
   conv.set_output("dw", gradients(conv, sum_all(y * y).id(), {weight.id()}).at(weight.id()));
   const Graph split = passes::eliminate_dead_code(
-      passes::split_k(passes::im2col_convolutions(conv, uint64_t{1} << 30)));
+      passes::split_k(passes::im2col_convolutions(conv, uint64_t{1} << 30), kH200ComputeUnits));
   ASSERT_EQ(count_op(split, "sum"), 2u);  // over the K slices, then over the batch
   const Graph one_sum = passes::merge_leading_sums(split);
   EXPECT_EQ(count_op(one_sum, "sum"), count_op(split, "sum") - 1);
@@ -431,7 +452,7 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
         {"1,5,2", 5, 2}}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_SPLITS=") + forced);
     setenv("MEGANEURA_ATTENTION_SPLITS", forced, 1);
-    const Graph split = passes::split_attention(graph);
+    const Graph split = passes::split_attention(graph, kH200ComputeUnits);
     unsetenv("MEGANEURA_ATTENTION_SPLITS");
     const bool forward_split = std::string(forced) != "1,5,2";
     EXPECT_EQ(count_op(split, "attention_combine"), forward_split ? 2u : 0u);
@@ -483,7 +504,7 @@ TEST(Passes, AttentionGradQAsMatmulKeepsOutputs) {
 // and queries, it stays whole.
 TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
   // Each attention op's slices (0: absent).
-  const auto slices = [](int64_t batch, int64_t length) {
+  const auto slices = [](int64_t batch, int64_t length, int64_t units = kH200ComputeUnits) {
     Graph graph;
     const Tensor q = input(graph, "q", {batch, 6, length, 64});
     const Tensor k = input(graph, "k", {batch, 6, length, 64});
@@ -493,7 +514,7 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
     for (const auto& [leaf, grad] : gradients(graph, sum_all(y * y).id(), {q.id(), k.id(), v.id()}))
       graph.set_output("d" + std::to_string(leaf), grad);
     std::map<std::string, int64_t> found;
-    const Graph split = passes::split_attention(graph);
+    const Graph split = passes::split_attention(graph, units);
     for (const Node& node : split.nodes()) {
       if (node.op.starts_with("attention_grad_") || node.op == "scaled_dot_product_attention")
         found[node.op] = node.attrs.get_int(
@@ -508,6 +529,10 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
   for (const auto& [op, count] : whisper) EXPECT_EQ(count, 4) << op;
   for (const auto& [op, count] : slices(8, 1500)) EXPECT_EQ(count, 1) << op;
   for (const auto& [op, count] : slices(1, 128)) EXPECT_EQ(count, 1) << op;
+  // A device with 16 compute units already has 9 blocks for each; one with 264, twice the
+  // H200's, takes 5 slices (at least 256 rows each of the 1500).
+  for (const auto& [op, count] : slices(1, 1500, 16)) EXPECT_EQ(count, 1) << op;
+  for (const auto& [op, count] : slices(1, 1500, 264)) EXPECT_EQ(count, 5) << op;
   const auto kv_splits = [&](int64_t batch, int64_t length) {
     return slices(batch, length).at("scaled_dot_product_attention");
   };
