@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
-#include <utility>
 
 #include "meganeura/error.hpp"
 #include "vk/vk_result.hpp"
@@ -122,6 +121,13 @@ void choose_compute_queue(VkPhysicalDevice device, PhysicalDevice& out) {
   out.info.caps.timestamps = timestamp_bits > 0 && out.limits.timestampPeriod > 0;
 }
 
+// Appends `link` to the pNext chain whose last pointer is `tail`.
+template <class Link>
+void chain(void**& tail, Link& link) {
+  *tail = &link;
+  tail = &link.pNext;
+}
+
 void read_properties(VkPhysicalDevice device, const std::vector<std::string>& extensions,
                      PhysicalDevice& out) {
   auto properties =
@@ -132,18 +138,6 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES);
   auto driver = vk_struct<VkPhysicalDeviceDriverProperties>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
-  properties.pNext = &subgroup;
-  void** tail = &subgroup.pNext;
-  if (out.features.known.subgroup_size_control) {
-    *tail = &size_control;
-    tail = &size_control.pNext;
-  }
-  bool driver_known = out.api_version >= VK_API_VERSION_1_2 ||
-                      has(extensions, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
-  if (driver_known) {
-    *tail = &driver;
-    tail = &driver.pNext;
-  }
   // The compute unit count, where a vendor extension reports it.
   auto nv_sm = vk_struct<VkPhysicalDeviceShaderSMBuiltinsPropertiesNV>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV);
@@ -153,19 +147,20 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_2_AMD);
   auto arm_core = vk_struct<VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_BUILTINS_PROPERTIES_ARM);
+  const bool driver_known = out.api_version >= VK_API_VERSION_1_2 ||
+                            has(extensions, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
   const bool nv = has(extensions, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
   const bool amd = has(extensions, VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME);
   const bool amd2 = has(extensions, VK_AMD_SHADER_CORE_PROPERTIES_2_EXTENSION_NAME);
   const bool arm = has(extensions, VK_ARM_SHADER_CORE_BUILTINS_EXTENSION_NAME);
-  for (auto [present, link] :
-       {std::pair<bool, VkBaseOutStructure*>{nv, reinterpret_cast<VkBaseOutStructure*>(&nv_sm)},
-        {amd, reinterpret_cast<VkBaseOutStructure*>(&amd_core)},
-        {amd2, reinterpret_cast<VkBaseOutStructure*>(&amd_core2)},
-        {arm, reinterpret_cast<VkBaseOutStructure*>(&arm_core)}}) {
-    if (!present) continue;
-    *tail = link;
-    tail = reinterpret_cast<void**>(&link->pNext);
-  }
+  void** tail = &properties.pNext;
+  chain(tail, subgroup);
+  if (out.features.known.subgroup_size_control) chain(tail, size_control);
+  if (driver_known) chain(tail, driver);
+  if (nv) chain(tail, nv_sm);
+  if (amd) chain(tail, amd_core);
+  if (amd2) chain(tail, amd_core2);
+  if (arm) chain(tail, arm_core);
   vkGetPhysicalDeviceProperties2(device, &properties);
 
   const auto& p = properties.properties;
