@@ -147,17 +147,17 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       if (!kernels::is_companion_op(op)) continue;
       for (size_t p = 0; p < i; ++p) {
         const ValueId producer = static_cast<ValueId>(p), companion = static_cast<ValueId>(i);
+        if (!kernels::can_write_companion(graph, producer, companion, device)) continue;
         std::vector<ValueId>& written = companions_of[producer];
         const bool op_taken = std::any_of(written.begin(), written.end(), [&](ValueId other) {
           return graph.node(other).op == op;
         });
-        if (op_taken || !kernels::can_write_companion(graph, producer, companion, device)) continue;
+        if (op_taken) continue;
         written.push_back(companion);
         written_by_producer[i] = true;
         break;
       }
     }
-    std::erase_if(companions_of, [](const auto& entry) { return entry.second.empty(); });
   }
 
   if (fused_away) {
