@@ -24,9 +24,12 @@
 // every element comes from the generated load_a(z, m, k) / load_b(z, k, n) for workgroup z, the
 // tiles are filled the same way (TRANSPOSE_A / TRANSPOSE_B then say along which of its indices
 // an operand is contiguous in memory), and any split-K slicing is in the load functions.
+// With PREFETCH = P > 1 each thread keeps the next P slices' loads in registers instead of the
+// next one, so that a slice's fetch has P slices' multiply-adds to land behind (a tuning hook,
+// MEGANEURA_GEMM_PREFETCH; the built-in kernels take 1).
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
-// GENERATED_LOADS, PAD_K_ROWS.
+// GENERATED_LOADS, PAD_K_ROWS, PREFETCH.
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
 // load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
 // element of C (and applies any fused epilogue) for workgroup z, the flat index over
@@ -223,6 +226,34 @@ void stash_b(uint slot, uint e, vec4 value) {
 }
 #endif
 
+// One K slice (at k, for this thread's share) from global memory into registers, from registers
+// into shared slot `slot`, and the multiply-adds of the slice in shared slot `slot`.
+#define FETCH_SLICE(into_a, into_b, k)                                                  \
+  [[unroll]] for (uint l = 0; l < LOADS; ++l) {                                       \
+    IF_LOAD_A(l) into_a[l] = fetch_a(base_a, row0, (k), k_end, thread + l * THREADS); \
+    IF_LOAD_B(l) into_b[l] = fetch_b(base_b, col0, (k), k_end, thread + l * THREADS); \
+  }
+#define STASH_SLICE(slot, from_a, from_b)                                 \
+  [[unroll]] for (uint l = 0; l < LOADS; ++l) {                         \
+    IF_LOAD_A(l) stash_a((slot), thread + l * THREADS, from_a[l]);      \
+    IF_LOAD_B(l) stash_b((slot), thread + l * THREADS, from_b[l]);      \
+  }
+#define MULTIPLY_SLOT(slot)                                                         \
+  [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {                                 \
+    vec4 a_values[GROUPS_M], b_values[GROUPS_N];                                    \
+    [[unroll]] for (uint g = 0; g < GROUPS; ++g) {                                  \
+      IF_GROUP_M(g) a_values[g] = tile_a[(slot)][kk][g * THREADS_M + thread_row];   \
+      IF_GROUP_N(g) b_values[g] = tile_b[(slot)][kk][g * THREADS_N + thread_col];   \
+    }                                                                               \
+    [[unroll]] for (uint g = 0; g < GROUPS_M; ++g) {                                \
+      [[unroll]] for (uint i = 0; i < 4; ++i) {                                     \
+        [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {                            \
+          accumulator[4 * g + i][h] += a_values[g][i] * b_values[h];                \
+        }                                                                           \
+      }                                                                             \
+    }                                                                               \
+  }
+
 void main() {
 #if SPLIT_K
   uint k_begin = gl_WorkGroupID.z / BATCHES * K_SLICE;
@@ -263,56 +294,53 @@ void main() {
   // Every k-group runs each round k0 of the loop, multiplying its slice at k0 + k_offset.
   uint k_offset = k_group * TILE_K;
   vec4 staged_a[LOADS_A], staged_b[LOADS_B];
-  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-    IF_LOAD_A(l)
-    staged_a[l] = fetch_a(base_a, row0, k_begin + k_offset, k_end, thread + l * THREADS);
-    IF_LOAD_B(l)
-    staged_b[l] = fetch_b(base_b, col0, k_begin + k_offset, k_end, thread + l * THREADS);
+  FETCH_SLICE(staged_a, staged_b, k_begin + k_offset)
+#if PREFETCH > 1
+  // ahead_*[d] holds slice t + 1 + ((d - t) mod PREFETCH) while slice t is multiplied.
+  const uint k_step = K_GROUPS * TILE_K;
+  vec4 ahead_a[PREFETCH][LOADS_A], ahead_b[PREFETCH][LOADS_B];
+  [[unroll]] for (uint d = 0; d < PREFETCH; ++d) {
+    FETCH_SLICE(ahead_a[d], ahead_b[d], k_begin + k_offset + (d + 1) * k_step)
   }
+#endif
   uint slot = 2 * k_group;
-  [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-    IF_LOAD_A(l) stash_a(slot, thread + l * THREADS, staged_a[l]);
-    IF_LOAD_B(l) stash_b(slot, thread + l * THREADS, staged_b[l]);
-  }
+  STASH_SLICE(slot, staged_a, staged_b)
   barrier();
 
+#if PREFETCH > 1
+  for (uint k0 = k_begin; k0 < k_end; k0 += PREFETCH * k_step) {
+    [[unroll]] for (uint d = 0; d < PREFETCH; ++d) {
+      uint k_this = k0 + d * k_step;
+      if (k_this >= k_end) break;
+      MULTIPLY_SLOT(slot)
+      // Slice t + 1 goes to the other slot, whose readers the last barrier separated from
+      // these writes, and its registers fetch slice t + 1 + PREFETCH.
+      if (k_this + k_step < k_end) {
+        STASH_SLICE(slot ^ 1, ahead_a[d], ahead_b[d])
+        FETCH_SLICE(ahead_a[d], ahead_b[d], k_this + (PREFETCH + 1) * k_step + k_offset)
+      }
+      barrier();
+      slot ^= 1;
+    }
+  }
+#else
   for (uint k0 = k_begin; k0 < k_end; k0 += K_GROUPS * TILE_K) {
     // The next slice's global loads are in flight during this slice's multiply-adds.
     uint k_next = k0 + K_GROUPS * TILE_K;
     bool more = k_next < k_end;
     if (more) {
-      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-        IF_LOAD_A(l)
-        staged_a[l] = fetch_a(base_a, row0, k_next + k_offset, k_end, thread + l * THREADS);
-        IF_LOAD_B(l)
-        staged_b[l] = fetch_b(base_b, col0, k_next + k_offset, k_end, thread + l * THREADS);
-      }
+      FETCH_SLICE(staged_a, staged_b, k_next + k_offset)
     }
-    [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {
-      vec4 a_values[GROUPS_M], b_values[GROUPS_N];
-      [[unroll]] for (uint g = 0; g < GROUPS; ++g) {
-        IF_GROUP_M(g) a_values[g] = tile_a[slot][kk][g * THREADS_M + thread_row];
-        IF_GROUP_N(g) b_values[g] = tile_b[slot][kk][g * THREADS_N + thread_col];
-      }
-      [[unroll]] for (uint g = 0; g < GROUPS_M; ++g) {
-        [[unroll]] for (uint i = 0; i < 4; ++i) {
-          [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
-            accumulator[4 * g + i][h] += a_values[g][i] * b_values[h];
-          }
-        }
-      }
-    }
+    MULTIPLY_SLOT(slot)
     // Nobody reads the other slot any more: the barrier that ended the previous slice
     // separated its readers from these writes.
     if (more) {
-      [[unroll]] for (uint l = 0; l < LOADS; ++l) {
-        IF_LOAD_A(l) stash_a(slot ^ 1, thread + l * THREADS, staged_a[l]);
-        IF_LOAD_B(l) stash_b(slot ^ 1, thread + l * THREADS, staged_b[l]);
-      }
+      STASH_SLICE(slot ^ 1, staged_a, staged_b)
     }
     barrier();
     slot ^= 1;
   }
+#endif
 
 #if K_GROUPS > 1
   // The loop's last barrier has passed every read of the slots.

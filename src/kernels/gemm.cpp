@@ -32,6 +32,7 @@ namespace {
 struct GemmTile {
   int64_t tile_m, tile_n, work_m, work_n, tile_k;
   int64_t k_groups = 1;
+  int64_t prefetch = 1;  // slices whose loads a thread keeps in flight (gemm.comp PREFETCH)
   int64_t threads() const { return (tile_m / work_m) * (tile_n / work_n); }
 };
 constexpr std::array<GemmTile, 3> kGemmTiles{
@@ -174,6 +175,19 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
          threads <= device.max_workgroup_invocations;
 }
 
+// MEGANEURA_GEMM_PREFETCH=P (1 to 8): every SIMT GEMM keeps the loads of the next P K slices in
+// registers (gemm.comp PREFETCH), a tuning hook for the short products whose workgroups wait on
+// each slice's fetch; unset, 1, as measured. Anything else is an error naming the variable.
+int64_t forced_prefetch() {
+  const char* text = std::getenv("MEGANEURA_GEMM_PREFETCH");
+  if (text == nullptr) return 1;
+  const std::optional<std::vector<int64_t>> value = parse_integers(text, 1);
+  if (!value || (*value)[0] < 1 || (*value)[0] > 8)
+    throw Error(std::string("MEGANEURA_GEMM_PREFETCH='") + text +
+                "': expected a whole number of K slices from 1 to 8; unset it for 1");
+  return (*value)[0];
+}
+
 // The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
 // split) and its k-groups. Fewer workgroups than compute units, or 64-thread workgroups of the
 // 32 tile, leave the busy units with a few warps that wait on their long chain of K slices;
@@ -188,6 +202,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
   constexpr int64_t kMostKGroups = 8;
   const int64_t threads_wanted = device.compute_units * 256;
   GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, device);
+  chosen.prefetch = forced_prefetch();
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
     for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
       if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {
@@ -244,6 +259,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"WORK_N", std::to_string(tile.work_n)},
                     {"TILE_K", std::to_string(tile.tile_k)},
                     {"K_GROUPS", std::to_string(tile.k_groups)},
+                    {"PREFETCH", std::to_string(tile.prefetch)},
                     {"PAD_K_ROWS", flag(gemm_shared_bytes(tile, tile.k_groups, true) <=
                                         context.device().max_shared_memory_bytes)}};
   launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,

@@ -72,6 +72,38 @@ TEST(GpuGemm, RectangularTiles) {
   }
 }
 
+// Loads of the next 2 or 3 K slices in flight (MEGANEURA_GEMM_PREFETCH, a tuning hook): every
+// layout, K = 33 and 40 (shorter than the prefetched slices), split-K ranges, on the 64 tile with
+// 2 k-groups and the 32 tile with 4, and the convolution GEMMs through generated loads; a bad
+// value is an error naming the variable.
+TEST(GpuGemm, PrefetchDepths) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  for (const auto& [prefetch, tile, k_groups] :
+       {std::tuple<const char*, const char*, const char*>{"2", "64", "2"},
+        {"3", "32", "4"},
+        {"3", "64,128,8,8,16", "1"}}) {
+    SCOPED_TRACE(std::string(prefetch) + " slices ahead, tile " + tile);
+    const ScopedEnv forced_prefetch("MEGANEURA_GEMM_PREFETCH", prefetch);
+    const ScopedEnv forced_tile("MEGANEURA_GEMM_TILE", tile);
+    const ScopedEnv forced_k_groups("MEGANEURA_GEMM_K_GROUPS", k_groups);
+    check_gemm_layouts();
+  }
+  const ScopedEnv forced_prefetch("MEGANEURA_GEMM_PREFETCH", "2");
+  check_conv({2, 36, 9, 7}, {40, 36, 3, 3}, {.padding = {1, 1}});
+  for (const char* bad : {"0", "9", "two"}) {
+    const ScopedEnv wrong("MEGANEURA_GEMM_PREFETCH", bad);
+    try {
+      check_gemm_layouts();
+      ADD_FAILURE() << "MEGANEURA_GEMM_PREFETCH=" << bad << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(
+          std::string(error.what()).find(std::string("MEGANEURA_GEMM_PREFETCH='") + bad + "'"),
+          std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 // K sliced over the workgroup's k-groups: every layout, including split-K ranges and K = 33
 // and 40, where the last k-groups' slices lie wholly past K and read zeros; then a fused
 // epilogue, which k-group 0 alone applies, and the convolution GEMMs through generated loads
