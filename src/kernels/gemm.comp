@@ -25,8 +25,8 @@
 // tiles are filled the same way (TRANSPOSE_A / TRANSPOSE_B then say along which of its indices
 // an operand is contiguous in memory), and any split-K slicing is in the load functions.
 // With PREFETCH = P > 1 each thread keeps the next P slices' loads in registers instead of the
-// next one, so that a slice's fetch has P slices' multiply-adds to land behind (a tuning hook,
-// MEGANEURA_GEMM_PREFETCH; the built-in kernels take 1).
+// next one, so that a slice's fetch has P slices' multiply-adds to land behind (gemm.cpp's
+// prefetch_depth chooses P; MEGANEURA_GEMM_PREFETCH forces it).
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
 // GENERATED_LOADS, PAD_K_ROWS, PREFETCH.

@@ -176,16 +176,33 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
 }
 
 // MEGANEURA_GEMM_PREFETCH=P (1 to 8): every SIMT GEMM keeps the loads of the next P K slices in
-// registers (gemm.comp PREFETCH), a tuning hook for the short products whose workgroups wait on
-// each slice's fetch; unset, 1, as measured. Anything else is an error naming the variable.
-int64_t forced_prefetch() {
+// registers (gemm.comp PREFETCH), a tuning hook; unset, the rule below decides. Anything else is
+// an error naming the variable.
+std::optional<int64_t> forced_prefetch() {
   const char* text = std::getenv("MEGANEURA_GEMM_PREFETCH");
-  if (text == nullptr) return 1;
+  if (text == nullptr) return std::nullopt;
   const std::optional<std::vector<int64_t>> value = parse_integers(text, 1);
   if (!value || (*value)[0] < 1 || (*value)[0] > 8)
     throw Error(std::string("MEGANEURA_GEMM_PREFETCH='") + text +
-                "': expected a whole number of K slices from 1 to 8; unset it for 1");
+                "': expected a whole number of K slices from 1 to 8; unset it for the built-in "
+                "rule");
   return (*value)[0];
+}
+
+// The K slices whose loads a thread of `tile` keeps in flight. Threads of the 4 x 4 tiles walk a
+// few slices each (SmolLM's 128 x 576 x 576 product and its gradients) and hold one vec4 of each
+// operand per slice, so four slices ahead cost them few registers and hide the fetches these
+// short chains wait on: 15.2 / 14.8 / 10.4 us to 13.5 / 13.5 / 8.8 us on the H200. The 128 x 128
+// tile over a K of at most 128 (ResNet's 1x1 and strided data gradients, 8 and 16 slices) gains
+// from two: 29.8 to 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile:
+// 18-25 % slower with two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md run 25.
+int64_t prefetch_depth(const GemmTile& tile, int64_t whole_k) {
+  if (const std::optional<int64_t> forced = forced_prefetch()) return *forced;
+  if (tile.work_m * tile.work_n <= 16) return 4;
+  const GemmTile& largest = kGemmTiles.front();
+  if (tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n && whole_k <= kMaxShortK)
+    return 2;
+  return 1;
 }
 
 // The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
@@ -202,7 +219,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
   constexpr int64_t kMostKGroups = 8;
   const int64_t threads_wanted = device.compute_units * 256;
   GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, device);
-  chosen.prefetch = forced_prefetch();
+  chosen.prefetch = prefetch_depth(chosen, whole_k);
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
     for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
       if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {

@@ -232,6 +232,35 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   EXPECT_EQ(tile_of({1024, 512}, {512, 1024}, minimal), "64 128 8");
 }
 
+// Loads in flight (gemm.comp PREFETCH) on an H200-sized device: four slices for the 4 x 4 tiles
+// (SmolLM's 128 x 576 x 576 product as four K slices, its weight gradient), two for the 128 x 128
+// tile over K <= 128 (ResNet's strided data gradient), one for the 64 x 128 tile, the short-K
+// tile and the 128 x 128 tile over a long K; MEGANEURA_GEMM_PREFETCH overrides every one.
+TEST(GemmLowering, PrefetchDepthByTile) {
+  kernels::DeviceTraits h200;
+  h200.max_shared_memory_bytes = 49152;
+  h200.max_workgroup_invocations = 1024;
+  const auto prefetch_of = [&](const Shape& a, const Shape& b, int64_t splits = 1) {
+    Graph graph;
+    const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
+    const Tensor y = splits > 1 ? split_matmul(x, w, false, false, splits) : matmul(x, w);
+    std::string text;
+    for (const auto& [key, value] : gemm_defines(graph, y, h200))
+      if (key == "TILE_M" || key == "TILE_N" || key == "WORK_M" || key == "PREFETCH")
+        text += (text.empty() ? "" : " ") + value;
+    return text;
+  };
+  EXPECT_EQ(prefetch_of({128, 576}, {576, 576}, 4), "64 64 4 4");
+  EXPECT_EQ(prefetch_of({576, 128}, {128, 576}), "64 64 4 4");
+  EXPECT_EQ(prefetch_of({1152, 128}, {128, 3136}), "128 128 8 2");
+  EXPECT_EQ(prefetch_of({4096, 512}, {512, 4096}), "128 128 8 1");
+  EXPECT_EQ(prefetch_of({128, 576}, {576, 49152}), "64 128 8 1");
+  EXPECT_EQ(prefetch_of({49152, 128}, {128, 576}), "64 64 8 1");
+  const ScopedEnv forced("MEGANEURA_GEMM_PREFETCH", "3");
+  EXPECT_EQ(prefetch_of({128, 576}, {576, 576}, 4), "64 64 4 3");
+  EXPECT_EQ(prefetch_of({4096, 512}, {512, 4096}), "128 128 8 3");
+}
+
 // The rules count workgroups against the device's compute units: a product that leaves an
 // H200's 132 half idle on 128 x 128 tiles (64 of them) fills a 16-unit GPU, and SmolLM's
 // q_proj needs no k-groups there.
