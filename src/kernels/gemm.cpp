@@ -189,20 +189,28 @@ std::optional<int64_t> forced_prefetch() {
   return (*value)[0];
 }
 
-// The K slices whose loads a thread of `tile` keeps in flight. Threads of the 4 x 4 tiles walk a
-// few slices each (SmolLM's 128 x 576 x 576 product and its gradients) and hold one vec4 of each
-// operand per slice, so four slices ahead cost them few registers and hide the fetches these
-// short chains wait on: 15.2 / 14.8 / 10.4 us to 13.5 / 13.5 / 8.8 us on the H200. The 128 x 128
-// tile over a K of at most 128 (ResNet's 1x1 and strided data gradients, 8 and 16 slices) gains
-// from two: 29.8 to 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile:
-// 18-25 % slower with two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md run 25.
-int64_t prefetch_depth(const GemmTile& tile, int64_t whole_k) {
+// The K slices whose loads a thread of `tile` keeps in flight, for a launch over K slices of
+// `k` (`whole_k` before any split). Threads of the 4 x 4 tiles walk a few slices each (SmolLM's
+// 128 x 576 x 576 product and its gradients) and hold one vec4 of each operand per slice, so up
+// to four slices ahead cost them few registers and hide the fetches these short chains wait on:
+// 15.2 / 14.8 / 10.4 us to 13.5 / 13.5 / 8.8 us on the H200. The 128 x 128 tile over a K of at
+// most 128 (ResNet's 1x1 and strided data gradients, 8 and 16 slices) gains from two: 29.8 to
+// 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile: 18-25 % slower with
+// two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md run 25. No thread fetches
+// past its k-group's chain: the slices after the first are all there is to keep in flight.
+int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k) {
   if (const std::optional<int64_t> forced = forced_prefetch()) return *forced;
-  if (tile.work_m * tile.work_n <= 16) return 4;
   const GemmTile& largest = kGemmTiles.front();
-  if (tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n && whole_k <= kMaxShortK)
-    return 2;
-  return 1;
+  int64_t depth = 1;
+  if (tile.work_m * tile.work_n <= 16) {
+    depth = 4;
+  } else if (tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n &&
+             whole_k <= kMaxShortK) {
+    depth = 2;
+  }
+  const int64_t k_group_depth = tile.tile_k * tile.k_groups;
+  const int64_t chain = (k + k_group_depth - 1) / k_group_depth;
+  return std::clamp<int64_t>(chain - 1, 1, depth);
 }
 
 // The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
@@ -219,21 +227,23 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
   constexpr int64_t kMostKGroups = 8;
   const int64_t threads_wanted = device.compute_units * 256;
   GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, device);
-  chosen.prefetch = prefetch_depth(chosen, whole_k);
+  bool forced_k_groups = false;
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
-    for (int64_t k_groups = 1; k_groups <= kMostKGroups; k_groups *= 2) {
+    for (int64_t k_groups = 1; k_groups <= kMostKGroups && !forced_k_groups; k_groups *= 2) {
       if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {
         chosen.k_groups = k_groups;
-        return chosen;
+        forced_k_groups = true;
       }
     }
   }
   const int64_t threads = chosen.threads() * workgroup_count(chosen, m, n, entries);
-  while (chosen.k_groups < kMostKGroups && threads * chosen.k_groups < threads_wanted &&
+  while (!forced_k_groups && chosen.k_groups < kMostKGroups &&
+         threads * chosen.k_groups < threads_wanted &&
          k / (chosen.tile_k * 2 * chosen.k_groups) >= 2 &&
          k_groups_fit(chosen, 2 * chosen.k_groups, device)) {
     chosen.k_groups *= 2;
   }
+  chosen.prefetch = prefetch_depth(chosen, k, whole_k);
   return chosen;
 }
 

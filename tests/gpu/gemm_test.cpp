@@ -232,10 +232,12 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   EXPECT_EQ(tile_of({1024, 512}, {512, 1024}, minimal), "64 128 8");
 }
 
-// Loads in flight (gemm.comp PREFETCH) on an H200-sized device: four slices for the 4 x 4 tiles
-// (SmolLM's 128 x 576 x 576 product as four K slices, its weight gradient), two for the 128 x 128
-// tile over K <= 128 (ResNet's strided data gradient), one for the 64 x 128 tile, the short-K
-// tile and the 128 x 128 tile over a long K; MEGANEURA_GEMM_PREFETCH overrides every one.
+// Loads in flight (gemm.comp PREFETCH) on an H200-sized device: up to four slices for the 4 x 4
+// tiles, never past the slices a k-group walks after its first (SmolLM's 128 x 576 x 576 product
+// as four K slices: 2 k-groups of 5 slices; its weight gradient: 2 of 4; K = 10: one slice), two
+// for the 128 x 128 tile over K <= 128 (ResNet's strided data gradient), one for the 64 x 128
+// tile, the short-K tile and the 128 x 128 tile over a long K; MEGANEURA_GEMM_PREFETCH overrides
+// every one.
 TEST(GemmLowering, PrefetchDepthByTile) {
   kernels::DeviceTraits h200;
   h200.max_shared_memory_bytes = 49152;
@@ -251,7 +253,8 @@ TEST(GemmLowering, PrefetchDepthByTile) {
     return text;
   };
   EXPECT_EQ(prefetch_of({128, 576}, {576, 576}, 4), "64 64 4 4");
-  EXPECT_EQ(prefetch_of({576, 128}, {128, 576}), "64 64 4 4");
+  EXPECT_EQ(prefetch_of({576, 128}, {128, 576}), "64 64 4 3");
+  EXPECT_EQ(prefetch_of({64, 10}, {10, 128}), "32 32 4 1");
   EXPECT_EQ(prefetch_of({1152, 128}, {128, 3136}), "128 128 8 2");
   EXPECT_EQ(prefetch_of({4096, 512}, {512, 4096}), "128 128 8 1");
   EXPECT_EQ(prefetch_of({128, 576}, {576, 49152}), "64 128 8 1");
