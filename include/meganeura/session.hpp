@@ -62,8 +62,11 @@ struct BuildReport {
   uint32_t spirv_cache_hits = 0;
   size_t dispatches = 0;
   size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (Precision::fast)
-  std::string memory_plan;            // plan::describe_memory
-  std::string dispatch_list;          // plan::describe_dispatches: one line per dispatch
+  // Precision::fast was asked for and the device runs cooperative matrices; small products may
+  // still run strict (docs/KERNELS.md, fast precision).
+  bool coop_matrix_available = false;
+  std::string memory_plan;    // plan::describe_memory
+  std::string dispatch_list;  // plan::describe_dispatches: one line per dispatch
 };
 
 struct DispatchProfile {

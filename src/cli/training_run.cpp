@@ -80,6 +80,10 @@ void print_precision(Precision requested, const BuildReport& report) {
   } else if (report.coop_matrix_dispatches > 0) {
     std::fprintf(stderr, "precision: fast (%zu of %zu dispatches on cooperative matrices)\n",
                  report.coop_matrix_dispatches, report.dispatches);
+  } else if (report.coop_matrix_available) {
+    std::fprintf(stderr,
+                 "precision: strict (fast was asked for, but every product is small enough to run "
+                 "faster strict; MEGANEURA_COOP_GEMM_MIN=0 puts them on cooperative matrices)\n");
   } else {
     std::fprintf(stderr,
                  "precision: strict (fast was asked for, but the device has no f16 cooperative "

@@ -7,6 +7,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "kernels/gemm_coopmat.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
 #include "vk/gpu.hpp"
@@ -254,8 +255,9 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                       : gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
-  impl.program = plan::build_program(graph, traits_of(info, options.precision),
-                                     plan_options_of(info, options));
+  const kernels::DeviceTraits traits = traits_of(info, options.precision);
+  impl.report.coop_matrix_available = kernels::use_coop_gemm(traits);
+  impl.program = plan::build_program(graph, traits, plan_options_of(info, options));
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {

@@ -25,6 +25,13 @@ using testing::ScopedEnv;
 // kernel (order 1).
 constexpr double kFastTolerance = 3e-3;
 
+// The kernels' tests run small products, which the fast path would leave on gemm.comp
+// (kernels::coop_gemm_suits): these suites put every product on cooperative matrices.
+class CoopMatrixLowering : public ::testing::Test {
+  ScopedEnv every_product_ = ScopedEnv("MEGANEURA_COOP_GEMM_MIN", "0");
+};
+class GpuCoopMatrix : public CoopMatrixLowering {};
+
 kernels::DeviceTraits coop_device() {
   kernels::DeviceTraits device;
   device.subgroup_size = 32;
@@ -107,7 +114,7 @@ gpu::KernelSpec spec_of(const Graph& graph, const kernels::Launch& launch) {
   return spec;
 }
 
-TEST(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
+TEST_F(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   const Graph graph = coop_graph();
   // Two matmuls, conv2d, conv2d_grad_input, conv2d_grad_weight, scaled_dot_product_attention,
   // attention_lse, attention_grad_q, attention_grad_k, attention_grad_v.
@@ -125,8 +132,45 @@ TEST(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   EXPECT_TRUE(coop_launches(graph, coop_device()).empty());
 }
 
+// Fast precision puts products of at least 1M multiply-adds per compute unit on cooperative
+// matrices and leaves smaller ones on gemm.comp; MEGANEURA_COOP_GEMM_MIN moves the bound (0: every
+// product) and rejects what is not a whole number.
+TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
+  const auto kernel_of = [](const Shape& a, const Shape& b) {
+    Graph graph;
+    const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b));
+    return kernels::lower_node(graph, y.id(), coop_device()).at(0).kernel;
+  };
+  // 132 units of 1M: 128 x 576 x 576 (43M) and 128 x 1536 x 576 (113M) stay, 128 x 1536 x 768
+  // (151M) and a batch of two 128 x 1536 x 576 (226M) go.
+  EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm");
+  EXPECT_EQ(kernel_of({128, 576}, {576, 1536}), "gemm");
+  EXPECT_EQ(kernel_of({128, 768}, {768, 1536}), "gemm_coopmat");
+  EXPECT_EQ(kernel_of({2, 128, 576}, {576, 1536}), "gemm_coopmat");
+  {
+    const ScopedEnv every("MEGANEURA_COOP_GEMM_MIN", "0");
+    EXPECT_EQ(kernel_of({16, 16}, {16, 16}), "gemm_coopmat");
+  }
+  {
+    const ScopedEnv fewer("MEGANEURA_COOP_GEMM_MIN", "100000");
+    EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm_coopmat");
+  }
+  for (const char* bad : {"-1", "a lot"}) {
+    const ScopedEnv wrong("MEGANEURA_COOP_GEMM_MIN", bad);
+    try {
+      kernel_of({128, 576}, {576, 576});
+      ADD_FAILURE() << "MEGANEURA_COOP_GEMM_MIN=" << bad << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(
+          std::string(error.what()).find(std::string("MEGANEURA_COOP_GEMM_MIN='") + bad + "'"),
+          std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 // Vector loads need every block whole: on for an aligned product, off for a ragged one.
-TEST(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
+TEST_F(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
   const auto vector_loads = [](const Shape& a, const Shape& b) {
     return define_of(matmul_launch(a, b), "VECTOR_LOADS");
   };
@@ -137,7 +181,7 @@ TEST(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
 
 // KHR wherever the device has it (faster on the H200); NV where only NV exists or where
 // MEGANEURA_COOPMAT=nv asks for it on a device with both.
-TEST(CoopMatrixLowering, KhrWhereverTheDeviceHasIt) {
+TEST_F(CoopMatrixLowering, KhrWhereverTheDeviceHasIt) {
   const Graph graph = coop_graph();
   const auto expect_khr = [&](const kernels::DeviceTraits& device, bool khr) {
     const std::vector<kernels::Launch> launches = coop_launches(graph, device);
@@ -234,7 +278,7 @@ void expect_khr_module(const std::vector<uint32_t>& module, const std::string& l
   EXPECT_EQ(column_major_loads, expected_column_major_loads);
 }
 
-TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
+TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   const Graph graph = coop_graph();
   const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
   ASSERT_EQ(launches.size(), 10u);
@@ -254,7 +298,7 @@ TEST(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
 
 // With its attention_lse in the graph, the forward writes the log-sum-exp too (WITH_LSE=1), and
 // that variant compiles as well.
-TEST(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
+TEST_F(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
   const Graph graph = coop_graph();
   ValueId forward = kNoValue, lse = kNoValue;
   for (size_t i = 0; i < graph.size(); ++i) {
@@ -277,7 +321,7 @@ TEST(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
 // Every attention kernel over slices (passes/split_attention.cpp, forced to 2: the forward and
 // dQ over two slices of 64 keys, dK and dV over two of 64 queries; each workgroup z one slice)
 // compiles to valid NV and well-formed KHR SPIR-V.
-TEST(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
+TEST_F(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   Graph graph;
   const Tensor q = input(graph, "q", {1, 2, 70, 32});
   const Tensor k = input(graph, "k", {1, 1, 100, 32});
@@ -308,7 +352,7 @@ TEST(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
 // a mask moves the bindings of out_value and grad_out. Both block sizes, with a mask, compile
 // to valid NV SPIR-V and well-formed KHR SPIR-V; a forced block that is neither is an error
 // naming the variable.
-TEST(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
+TEST_F(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
   for (const auto& [dim, forced] :
        {std::pair<int64_t, const char*>{64, nullptr}, {64, "64"}, {128, nullptr}}) {
     SCOPED_TRACE(std::to_string(dim) + (forced ? " forced 64" : ""));
@@ -354,7 +398,7 @@ TEST(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
 
 // Split-K partial results (matmul and convolution weight gradient) on cooperative matrices: one
 // launch each whose grid z covers the K slices, compiled to valid SPIR-V.
-TEST(CoopMatrixLowering, SplitKPartialsCompile) {
+TEST_F(CoopMatrixLowering, SplitKPartialsCompile) {
   Graph graph;
   const Tensor a = input(graph, "a", {2, 37, 70});
   const Tensor b = input(graph, "b", {45, 70});
@@ -377,7 +421,7 @@ TEST(CoopMatrixLowering, SplitKPartialsCompile) {
 // each operand layout, the three convolution GEMMs, split-K partials) in the shapes that the
 // lowering picks and the ones worth sweeping with MEGANEURA_COOP_BLOCK compiles to valid NV
 // SPIR-V and well-formed KHR SPIR-V, with the forced shape.
-TEST(CoopMatrixLowering, BlockShapesCompile) {
+TEST_F(CoopMatrixLowering, BlockShapesCompile) {
   Graph graph;
   const Tensor a = input(graph, "a", {2, 37, 70});
   const Tensor b = input(graph, "b", {45, 70});
@@ -427,7 +471,7 @@ TEST(CoopMatrixLowering, BlockShapesCompile) {
 // The block the waves cost model takes on an H200-like device, against the fastest shape of the
 // coop block sweep (docs/BENCHMARKS.md, run 14): 128 x 256 at 4096^3, 128 x 128 where 128 x 256
 // leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of it.
-TEST(CoopMatrixLowering, BlocksByEstimatedWaves) {
+TEST_F(CoopMatrixLowering, BlocksByEstimatedWaves) {
   const auto block_of = [](const Shape& a, const Shape& b) {
     const kernels::Launch launch = matmul_launch(a, b);
     return define_of(launch, "WARPS_M") + "," + define_of(launch, "WARPS_N") + "," +
@@ -444,7 +488,7 @@ TEST(CoopMatrixLowering, BlocksByEstimatedWaves) {
 
 // A malformed MEGANEURA_COOP_BLOCK, or one the device cannot run, leaves the chosen block and
 // says so on stderr.
-TEST(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
+TEST_F(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
   Graph graph;
   graph.set_output("y", matmul(input(graph, "a", {256, 64}), input(graph, "b", {64, 256})).id());
   const std::vector<kernels::Launch> chosen = coop_launches(graph, coop_device());
@@ -620,19 +664,19 @@ void check_attention(bool validation) {
       kFastTolerance, 19, fast(), nullptr, validation);
 }
 
-TEST(GpuCoopMatrix, AttentionAndGradientsNv) {
+TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_attention(true);
 }
 
-TEST(GpuCoopMatrix, MatmulNv) {
+TEST_F(GpuCoopMatrix, MatmulNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_matmuls(true);
 }
 
-TEST(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
+TEST_F(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_convolutions(true);
@@ -641,7 +685,7 @@ TEST(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
 // SPV_KHR_cooperative_matrix through the rewrite, the default wherever the device has it. The NV
 // tests above run validated, which leaves KHR off (Debian's layer predates the extension, see
 // device_features.cpp); this one runs without validation, so KHR where the device has it.
-TEST(GpuCoopMatrix, MatmulConvolutionsAndAttentionKhr) {
+TEST_F(GpuCoopMatrix, MatmulConvolutionsAndAttentionKhr) {
   if (!device_lists_coop_shape(true))
     GTEST_SKIP() << "the device has no f16 KHR cooperative matrices";
   check_matmuls(false);
