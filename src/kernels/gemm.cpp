@@ -152,6 +152,11 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entri
   const GemmTile half_tall = half_tile(kHalfTallTile, m, n, whole_k, entries, device);
   if (whole_k <= kMaxShortK && large_tiles >= kShortKTilesPerUnit * units) return kShortKTile;
   if (large_tiles >= units) {
+    // One row of 128 x 128 tiles over at least two waves (SmolLM's lm_head, 128 x 49152 x 576):
+    // 128 x 64 tiles read the wide operand once where 64 x 128 ones read it twice, 0.2294 against
+    // 0.2361 ms on the H200 (docs/BENCHMARKS.md run 26).
+    if (m == largest.tile_m && large_tiles >= 2 * units)
+      return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
     if (m <= 128 || (m % 128 != 0 && m % 128 <= 64)) return half_tall;
     if (n <= 64) return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
     return largest;

@@ -7,7 +7,9 @@
 // traffic is small next to the product, since every slice keeps at least kMinKPerSlice
 // multiply-adds per output.
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "ops/k_split.hpp"
 #include "passes/passes.hpp"
@@ -63,9 +65,27 @@ std::optional<Product> product_of(const Graph& graph, const Node& node) {
   return std::nullopt;
 }
 
+// MEGANEURA_SPLIT_K_SLICES=N: every product the pass may split (K >= kMinKToSplit) takes N
+// slices, 1 for none (a tuning hook for sweeps); 0 where unset.
+int64_t forced_slices() {
+  const char* text = std::getenv("MEGANEURA_SPLIT_K_SLICES");
+  if (text == nullptr) return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 1 || value > 1024)
+    throw Error("MEGANEURA_SPLIT_K_SLICES='" + std::string(text) +
+                "': expected a whole number of K slices from 1 to 1024 (1: no split); unset it "
+                "for the built-in choice");
+  return value;
+}
+
 // The number of K slices, 1 when the product stays whole.
 int64_t split_count(const Product& product, int64_t compute_units) {
   if (product.k < kMinKToSplit) return 1;
+  if (const int64_t forced = forced_slices(); forced > 0) {
+    const int64_t wanted = std::min(forced, ceil_div(product.k, 16));
+    return wanted < 2 ? 1 : ceil_div(product.k, k_slice_length(product.k, wanted));
+  }
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
   const int64_t wanted = std::min(kTilesPerUnit * compute_units / tiles, product.k / kMinKPerSlice);

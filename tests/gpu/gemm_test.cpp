@@ -191,10 +191,11 @@ TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
 // The tile for an H200-sized device (132 compute units): 64 x 64 with 8 x 8 a thread for short
 // K over many tiles; 128 x 128 where it fills them and
 // neither extent leaves a row or column of tiles at most half full nor M is one row of them,
-// else 64 x 128 (128 x 64 for thin N); 64 x 128 also before the 64 x 64 tile where 128 x 128
-// would leave units idle and 64 x 128 fills at least half of them. Both take 16-deep K
-// slices where the device has more than 16 KiB of shared memory for them, unless the product's
-// whole K is short and the launch has at least two workgroups per compute unit.
+// else 64 x 128 (128 x 64 for thin N, and where M is exactly one row over two waves); 64 x 128 also
+// before the 64 x 64 tile where 128 x 128 would leave units idle and 64 x 128 fills at least half
+// of them. Both take 16-deep K slices where the device has more than 16 KiB of shared memory for
+// them, unless the product's whole K is short and the launch has at least two workgroups per
+// compute unit.
 TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   kernels::DeviceTraits h200;
   h200.max_shared_memory_bytes = 49152;
@@ -212,7 +213,9 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   };
   EXPECT_EQ(tile_of({4096, 512}, {512, 4096}, h200), "128 128 8");
   EXPECT_EQ(tile_of({64, 512}, {512, 32768}, h200), "64 128 16");   // 64 rows
-  EXPECT_EQ(tile_of({128, 576}, {576, 49152}, h200), "64 128 16");  // one row of 128 x 128
+  EXPECT_EQ(tile_of({128, 576}, {576, 49152}, h200), "128 64 16");  // one row, 384 tiles
+  EXPECT_EQ(tile_of({128, 576}, {576, 16384}, h200), "64 128 16");  // one row, 128 tiles
+  EXPECT_EQ(tile_of({96, 576}, {576, 49152}, h200), "64 128 16");   // part of a row
   EXPECT_EQ(tile_of({320, 512}, {512, 16384}, h200), "64 128 16");  // a half-empty third row
   EXPECT_EQ(tile_of({32768, 512}, {512, 64}, h200), "128 64 16");   // 64 columns
   EXPECT_EQ(tile_of({2048, 512}, {512, 1024}, h200), "64 128 16");  // 128 tiles of 128 x 128
@@ -235,8 +238,8 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
 // Loads in flight (gemm.comp PREFETCH) on an H200-sized device: up to four slices for the 4 x 4
 // tiles, never past the slices a k-group walks after its first (SmolLM's 128 x 576 x 576 product
 // as four K slices: 2 k-groups of 5 slices; its weight gradient: 2 of 4; K = 10: one slice), two
-// for the 128 x 128 tile over K <= 128 (ResNet's strided data gradient), one for the 64 x 128
-// tile, the short-K tile and the 128 x 128 tile over a long K; MEGANEURA_GEMM_PREFETCH overrides
+// for the 128 x 128 tile over K <= 128 (ResNet's strided data gradient), one for the half
+// tiles, the short-K tile and the 128 x 128 tile over a long K; MEGANEURA_GEMM_PREFETCH overrides
 // every one.
 TEST(GemmLowering, PrefetchDepthByTile) {
   kernels::DeviceTraits h200;
@@ -257,7 +260,8 @@ TEST(GemmLowering, PrefetchDepthByTile) {
   EXPECT_EQ(prefetch_of({64, 10}, {10, 128}), "32 32 4 1");
   EXPECT_EQ(prefetch_of({1152, 128}, {128, 3136}), "128 128 8 2");
   EXPECT_EQ(prefetch_of({4096, 512}, {512, 4096}), "128 128 8 1");
-  EXPECT_EQ(prefetch_of({128, 576}, {576, 49152}), "64 128 8 1");
+  EXPECT_EQ(prefetch_of({128, 576}, {576, 49152}), "128 64 8 1");
+  EXPECT_EQ(prefetch_of({64, 512}, {512, 32768}), "64 128 8 1");
   EXPECT_EQ(prefetch_of({49152, 128}, {128, 576}), "64 64 8 1");
   const ScopedEnv forced("MEGANEURA_GEMM_PREFETCH", "3");
   EXPECT_EQ(prefetch_of({128, 576}, {576, 576}, 4), "64 64 4 3");

@@ -252,6 +252,23 @@ TEST(Passes, SplitKFollowsComputeUnits) {
   EXPECT_EQ(slices(kH200ComputeUnits), 52);
   EXPECT_EQ(slices(16), 6);
   EXPECT_EQ(slices(4), 1);
+  // MEGANEURA_SPLIT_K_SLICES forces the count on any device (1: whole); misuse names it.
+  setenv("MEGANEURA_SPLIT_K_SLICES", "13", 1);
+  EXPECT_EQ(slices(kH200ComputeUnits), 13);
+  EXPECT_EQ(slices(4), 13);
+  setenv("MEGANEURA_SPLIT_K_SLICES", "1", 1);
+  EXPECT_EQ(slices(kH200ComputeUnits), 1);
+  for (const char* bad : {"0", "1025", "13x", ""}) {
+    SCOPED_TRACE(bad);
+    setenv("MEGANEURA_SPLIT_K_SLICES", bad, 1);
+    try {
+      slices(kH200ComputeUnits);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("MEGANEURA_SPLIT_K_SLICES='"), std::string::npos);
+    }
+  }
+  unsetenv("MEGANEURA_SPLIT_K_SLICES");
 }
 
 // Products that fill the GPU or have a K below 512 stay whole.
