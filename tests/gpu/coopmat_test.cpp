@@ -156,16 +156,9 @@ TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
     EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm_coopmat");
   }
   for (const char* bad : {"-1", "a lot"}) {
-    const ScopedEnv wrong("MEGANEURA_COOP_GEMM_MIN", bad);
-    try {
+    testing::expect_switch_rejected("MEGANEURA_COOP_GEMM_MIN", bad, [&] {
       kernel_of({128, 576}, {576, 576});
-      ADD_FAILURE() << "MEGANEURA_COOP_GEMM_MIN=" << bad << " was accepted";
-    } catch (const Error& error) {
-      EXPECT_NE(
-          std::string(error.what()).find(std::string("MEGANEURA_COOP_GEMM_MIN='") + bad + "'"),
-          std::string::npos)
-          << error.what();
-    }
+    });
   }
 }
 
@@ -382,18 +375,11 @@ TEST_F(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
     }
     EXPECT_EQ(backward, 3) << dim;
   }
-  const ScopedEnv bad("MEGANEURA_ATTENTION_COOP_BLOCK", "48");
   Graph graph;
   const Tensor q = input(graph, "q", {1, 1, 70, 64});
   graph.set_output("y", scaled_dot_product_attention(q, q, q, {}).id());
-  try {
-    coop_launches(graph, coop_device());
-    ADD_FAILURE() << "MEGANEURA_ATTENTION_COOP_BLOCK=48 was accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_COOP_BLOCK='48'"),
-              std::string::npos)
-        << error.what();
-  }
+  testing::expect_switch_rejected("MEGANEURA_ATTENTION_COOP_BLOCK", "48",
+                                  [&] { coop_launches(graph, coop_device()); });
 }
 
 // Split-K partial results (matmul and convolution weight gradient) on cooperative matrices: one

@@ -48,6 +48,21 @@ class ScopedEnv {
   const char* name_;
 };
 
+// A malformed tuning switch: with `variable` set to `bad`, `build` must throw an mg::Error that
+// quotes the setting (VARIABLE='bad').
+inline void expect_switch_rejected(const char* variable, const std::string& bad,
+                                   const std::function<void()>& build) {
+  const ScopedEnv forced(variable, bad);
+  try {
+    build();
+    ADD_FAILURE() << variable << "=" << bad << " was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(std::string(variable) + "='" + bad + "'"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 // Runs `build` (which returns the named outputs it sets on the graph) on the GPU and on the
 // reference, checking each output. Returns the worst error; `dispatches` receives the
 // session's kernel dispatch count. Validation stays on unless a test needs an extension
