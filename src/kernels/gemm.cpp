@@ -198,11 +198,11 @@ std::optional<int64_t> forced_prefetch() {
 // `k` (`whole_k` before any split). Threads of the 4 x 4 tiles walk a few slices each (SmolLM's
 // 128 x 576 x 576 product and its gradients) and hold one vec4 of each operand per slice, so up
 // to four slices ahead cost them few registers and hide the fetches these short chains wait on:
-// 15.2 / 14.8 / 10.4 us to 13.5 / 13.5 / 8.8 us on the H200. The 128 x 128 tile over a K of at
+// 15.2 / 14.8 / 10.4 us to 13.5 / 13.4 / 9.2 us on the H200. The 128 x 128 tile over a K of at
 // most 128 (ResNet's 1x1 and strided data gradients, 8 and 16 slices) gains from two: 29.8 to
 // 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile: 18-25 % slower with
-// two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md run 25. No thread fetches
-// past its k-group's chain: the slices after the first are all there is to keep in flight.
+// two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md runs 25 and 27. No thread
+// fetches past its k-group's chain: the slices after the first are all there is to keep in flight.
 int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k) {
   if (const std::optional<int64_t> forced = forced_prefetch()) return *forced;
   const GemmTile& largest = kGemmTiles.front();
