@@ -1,9 +1,9 @@
 #pragma once
 // A Session binds a graph to a GPU: it optimises the graph, lowers it to kernels, plans its
-// memory, creates every pipeline up front and records one command buffer. run() then replays
-// that fixed dispatch list: uploads of the inputs, the kernels, the assignments (optimizer
-// updates) and downloads of the outputs, in one submission. Nothing is allocated or compiled
-// inside run().
+// memory, creates every pipeline up front and records its command buffer (twice: one per run
+// slot, see start_run). run() then replays that fixed dispatch list: uploads of the inputs, the
+// kernels, the assignments (optimizer updates) and downloads of the outputs, in one submission.
+// Nothing is allocated or compiled inside run().
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -87,13 +87,21 @@ class Session {
   void set_input(std::string_view name, std::span<const int32_t> values);
   bool has_input(std::string_view name) const;
 
+  // Runs the program on the inputs set so far and waits for it (start_run, then finish_run).
   void run();
+  // Starts a run without waiting for it, then waits for the run started before it, if that is
+  // still in flight: the GPU has the new run queued behind it and never idles in between. While
+  // the new run is in flight the next run's inputs can be set, and output() returns the outputs
+  // of the run before it. Inputs persist: a run uses each input's last set value.
+  void start_run();
+  // Waits for the run in flight, if any; output() then returns its outputs.
+  void finish_run();
 
-  // Outputs of the last run (f32 outputs; i32 outputs convert exactly to float).
+  // Outputs of the last finished run (f32 outputs; i32 outputs convert exactly to float).
   std::vector<float> output(std::string_view name) const;
   float scalar_output(std::string_view name) const;
 
-  // Parameters and state by name (blocking GPU reads and writes).
+  // Parameters and state by name (blocking GPU reads and writes, after any run in flight).
   std::vector<float> read(std::string_view leaf) const;
   void write(std::string_view leaf, std::span<const float> values);
   std::vector<std::string> persistent_names() const;  // parameters then state, in graph order

@@ -240,7 +240,8 @@ int train_command(const std::vector<std::string>& words) {
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
   std::vector<float> images(static_cast<size_t>(batch * train_set.image_size()));
-  std::vector<int32_t> labels(static_cast<size_t>(batch));
+  // The labels of the step in flight and of the one queued behind it.
+  std::vector<int32_t> labels(static_cast<size_t>(batch)), next_labels(labels.size());
   io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
       test_accuracy_series{"test accuracy", {}};
   ProgressLine progress;
@@ -248,15 +249,32 @@ int train_command(const std::vector<std::string>& words) {
   const int64_t first_step = step;
   double smoothed_loss = NAN, smoothed_accuracy = NAN;
   double last_test_accuracy = NAN;
-  while (step < total_steps && !stop_requested) {
-    batcher.next(images, labels);
+  const auto start_step = [&](int64_t index, std::vector<int32_t>& step_labels) {
+    batcher.next(images, step_labels);
     training.set_input(models::kImagesInput, images);
-    training.set_input(models::kLabelsInput, labels);
-    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+    training.set_input(models::kLabelsInput, step_labels);
+    for (const auto& [name, value] : optimizer_inputs(optimizer, index)) {
       if (training.has_input(name))
         training.set_input(name, std::vector<float>{static_cast<float>(value)});
     }
-    training.run();
+    training.start_run();
+  };
+  // Evaluations and checkpoints read the parameters after a step, so no step may be queued
+  // behind the one they follow.
+  const auto ends_a_stretch = [&](int64_t steps_done) {
+    return steps_done % steps_per_epoch == 0 || steps_done % checkpoint_every == 0;
+  };
+  // The next step is queued behind the one in flight (its batch prepared and its inputs set
+  // while that one runs), so the GPU does not wait for the host between steps.
+  bool in_flight = step < total_steps && !stop_requested;
+  if (in_flight) start_step(step, labels);
+  while (in_flight) {
+    in_flight = step + 1 < total_steps && !stop_requested && !ends_a_stretch(step + 1);
+    if (in_flight) {
+      start_step(step + 1, next_labels);
+    } else {
+      training.finish_run();
+    }
     ++step;
     const double loss = training.scalar_output("loss");
     if (!std::isfinite(loss)) {
@@ -312,6 +330,11 @@ int train_command(const std::vector<std::string>& words) {
                    100 * last_test_accuracy);
     }
     if (epoch_end || step % checkpoint_every == 0) save();
+    std::swap(labels, next_labels);
+    if (!in_flight && step < total_steps && !stop_requested) {
+      in_flight = true;
+      start_step(step, labels);
+    }
   }
   progress.finish();
   save();

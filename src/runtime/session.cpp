@@ -1,6 +1,7 @@
 #include "meganeura/session.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -94,11 +95,11 @@ struct Session::Impl {
   // What this session created on the device, released when it ends: on a shared device, the
   // device outlives the session.
   std::vector<gpu::BufferId> owned_buffers;
-  std::optional<gpu::RecordingId> owned_recording;
+  std::vector<gpu::RecordingId> owned_recordings;
 
   ~Impl() {
     if (!device) return;
-    if (owned_recording) device->destroy_recording(*owned_recording);
+    for (gpu::RecordingId recording : owned_recordings) device->destroy_recording(recording);
     std::vector<gpu::PipelineId> pipelines = pipeline_of_launch;
     std::sort(pipelines.begin(), pipelines.end());
     pipelines.erase(std::unique(pipelines.begin(), pipelines.end()), pipelines.end());
@@ -108,14 +109,25 @@ struct Session::Impl {
 
   plan::Program program;
   std::vector<gpu::BufferId> arena_buffers;
-  gpu::BufferId upload = 0, download = 0;
   std::map<std::string, StagingSlot, std::less<>> inputs, outputs;
   std::map<std::string, ValueId, std::less<>> persistent_by_name;
   std::vector<std::string> persistent_names;
-  gpu::RecordingId recording = 0;
+  // Two run slots, so that the next run's inputs can be set while a run is in flight
+  // (start_run): each has its own input and output staging and its own recording, which copies
+  // from and to them. A slot holds each input as of some set_input call, counted per input.
+  struct RunSlot {
+    gpu::BufferId upload = 0, download = 0;
+    gpu::RecordingId recording = 0;
+    std::map<std::string, uint64_t, std::less<>> input_versions;
+  };
+  std::array<RunSlot, 2> slots;
+  std::map<std::string, uint64_t, std::less<>> input_versions;  // set_input calls per input
+  size_t input_slot = 0;          // set_input writes to it, start_run submits it
+  std::optional<size_t> running;  // the slot of the run in flight
+  std::optional<size_t>
+      finished;  // the slot of the last finished run, whose outputs output() reads
   bool profile = false;
   bool time_runs = false;  // every dispatch after a barrier, one timestamp pair (whole run)
-  bool has_run = false;
   uint32_t guard_bytes = 0;
   BuildReport report;
 
@@ -124,7 +136,7 @@ struct Session::Impl {
     return {arena_buffers[region.arena], region.offset, region.bytes};
   }
 
-  const StagingSlot& input_slot(std::string_view name, DType dtype, size_t count) const {
+  const StagingSlot& checked_input(std::string_view name, DType dtype, size_t count) const {
     auto it = inputs.find(name);
     if (it == inputs.end()) {
       std::string known;
@@ -170,13 +182,51 @@ struct Session::Impl {
     }
   }
 
-  std::vector<gpu::Command> commands() const {
+  // Timestamps of the last run, once any run in flight has finished; none before the first.
+  std::vector<gpu::DispatchTiming> last_timings() {
+    finish_run();
+    if (!finished) return {};
+    return device->timings(slots[*finished].recording);
+  }
+
+  void finish_run() {
+    if (!running) return;
+    device->finish(slots[*running].recording);
+    finished = running;
+    running.reset();
+  }
+
+  void set_input(std::string_view name, DType dtype, const void* values, size_t count) {
+    const StagingSlot& staging = checked_input(name, dtype, count);
+    RunSlot& slot = slots[input_slot];
+    std::memcpy(static_cast<std::byte*>(device->mapped(slot.upload)) + staging.offset, values,
+                staging.bytes);
+    slot.input_versions.find(name)->second = ++input_versions.find(name)->second;
+  }
+
+  // Inputs not set since this slot last ran are in the other slot's staging (which a run in
+  // flight only reads).
+  void bring_inputs_up_to_date(size_t target) {
+    RunSlot& slot = slots[target];
+    const RunSlot& other = slots[1 - target];
+    for (const auto& [name, staging] : inputs) {
+      uint64_t& held = slot.input_versions.find(name)->second;
+      const uint64_t latest = input_versions.find(name)->second;
+      if (held == latest) continue;
+      std::memcpy(static_cast<std::byte*>(device->mapped(slot.upload)) + staging.offset,
+                  static_cast<const std::byte*>(device->mapped(other.upload)) + staging.offset,
+                  staging.bytes);
+      held = latest;
+    }
+  }
+
+  std::vector<gpu::Command> commands(const RunSlot& run_slot) const {
     std::vector<gpu::Command> list;
     auto barrier = [&] { list.push_back({gpu::Command::Kind::barrier}); };
     for (const auto& [name, slot] : inputs) {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange target = range_of(slot.value);
-      copy.copy = {{upload, slot.offset, slot.bytes}, target.buffer, target.offset};
+      copy.copy = {{run_slot.upload, slot.offset, slot.bytes}, target.buffer, target.offset};
       list.push_back(copy);
     }
     if (!inputs.empty()) barrier();
@@ -203,7 +253,7 @@ struct Session::Impl {
     }
     for (const auto& [name, slot] : outputs) {
       gpu::Command copy{gpu::Command::Kind::copy};
-      copy.copy = {range_of(slot.value), download, slot.offset};
+      copy.copy = {range_of(slot.value), run_slot.download, slot.offset};
       list.push_back(copy);
     }
     return list;
@@ -279,12 +329,16 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     impl.outputs[name] = {value, download_bytes, bytes};
     download_bytes += (bytes + 255) / 256 * 256;
   }
-  impl.upload = impl.device->create_buffer(std::max<uint64_t>(upload_bytes, 256),
-                                           gpu::BufferUse::upload, "input staging");
-  impl.owned_buffers.push_back(impl.upload);
-  impl.download = impl.device->create_buffer(std::max<uint64_t>(download_bytes, 256),
-                                             gpu::BufferUse::download, "output staging");
-  impl.owned_buffers.push_back(impl.download);
+  for (Impl::RunSlot& slot : impl.slots) {
+    slot.upload = impl.device->create_buffer(std::max<uint64_t>(upload_bytes, 256),
+                                             gpu::BufferUse::upload, "input staging");
+    impl.owned_buffers.push_back(slot.upload);
+    slot.download = impl.device->create_buffer(std::max<uint64_t>(download_bytes, 256),
+                                               gpu::BufferUse::download, "output staging");
+    impl.owned_buffers.push_back(slot.download);
+    for (const auto& [name, staging] : impl.inputs) slot.input_versions[name] = 0;
+  }
+  for (const auto& [name, staging] : impl.inputs) impl.input_versions[name] = 0;
   for (const char* kind : {"parameter", "state"}) {
     for (ValueId leaf : planned.leaves(kind)) {
       if (!impl.program.regions.count(leaf)) continue;
@@ -302,11 +356,13 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   }
   impl.upload_persistent(graph, options.seed);
   impl.create_pipelines();
-  const std::vector<gpu::Command> commands = impl.commands();
-  impl.recording = impl.device->record(commands, options.profile     ? gpu::Timing::per_dispatch
+  for (Impl::RunSlot& slot : impl.slots) {
+    slot.recording =
+        impl.device->record(impl.commands(slot), options.profile     ? gpu::Timing::per_dispatch
                                                  : options.time_runs ? gpu::Timing::whole
                                                                      : gpu::Timing::none);
-  impl.owned_recording = impl.recording;
+    impl.owned_recordings.push_back(slot.recording);
+  }
   impl.report.dispatches = impl.program.launches.size();
   impl.report.coop_matrix_dispatches =
       static_cast<size_t>(std::count_if(impl.program.launches.begin(), impl.program.launches.end(),
@@ -322,15 +378,11 @@ Session::Session(const Graph& graph, const SessionOptions& options)
 Session::~Session() = default;
 
 void Session::set_input(std::string_view name, std::span<const float> values) {
-  const StagingSlot& slot = impl_->input_slot(name, DType::f32, values.size());
-  std::memcpy(static_cast<std::byte*>(impl_->device->mapped(impl_->upload)) + slot.offset,
-              values.data(), slot.bytes);
+  impl_->set_input(name, DType::f32, values.data(), values.size());
 }
 
 void Session::set_input(std::string_view name, std::span<const int32_t> values) {
-  const StagingSlot& slot = impl_->input_slot(name, DType::i32, values.size());
-  std::memcpy(static_cast<std::byte*>(impl_->device->mapped(impl_->upload)) + slot.offset,
-              values.data(), slot.bytes);
+  impl_->set_input(name, DType::i32, values.data(), values.size());
 }
 
 bool Session::has_input(std::string_view name) const {
@@ -338,18 +390,35 @@ bool Session::has_input(std::string_view name) const {
 }
 
 void Session::run() {
-  impl_->device->submit(impl_->recording);
-  impl_->has_run = true;
+  start_run();
+  finish_run();
+}
+
+void Session::start_run() {
+  Impl& impl = *impl_;
+  const size_t started = impl.input_slot;
+  impl.bring_inputs_up_to_date(started);
+  impl.device->start(impl.slots[started].recording);
+  // The run before it, if still in flight, finishes behind it in the queue; its slot takes the
+  // next inputs.
+  impl.finish_run();
+  impl.running = started;
+  impl.input_slot = 1 - started;
+}
+
+void Session::finish_run() {
+  impl_->finish_run();
 }
 
 std::vector<float> Session::output(std::string_view name) const {
   auto it = impl_->outputs.find(name);
   if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
-  if (!impl_->has_run)
-    throw Error("output '" + std::string(name) + "' read before the first run()");
+  if (!impl_->finished)
+    throw Error("output '" + std::string(name) + "' read before the first run finished");
   const StagingSlot& slot = it->second;
-  const std::byte* data =
-      static_cast<const std::byte*>(impl_->device->mapped(impl_->download)) + slot.offset;
+  const std::byte* data = static_cast<const std::byte*>(
+                              impl_->device->mapped(impl_->slots[*impl_->finished].download)) +
+                          slot.offset;
   const TensorType& type = impl_->program.graph.type(slot.value);
   std::vector<float> values(static_cast<size_t>(type.elements()));
   if (type.dtype == DType::f32) {
@@ -372,6 +441,7 @@ float Session::scalar_output(std::string_view name) const {
 }
 
 std::vector<float> Session::read(std::string_view leaf) const {
+  impl_->finish_run();
   const ValueId value = impl_->persistent_leaf(leaf);
   const gpu::BufferRange range = impl_->range_of(value);
   std::vector<float> values(static_cast<size_t>(impl_->program.graph.type(value).elements()));
@@ -388,6 +458,7 @@ void Session::write(std::string_view leaf, std::span<const float> values) {
                 std::to_string(type.elements()) + " values) but was given " +
                 std::to_string(values.size()) + " values");
   }
+  impl_->finish_run();
   const gpu::BufferRange range = impl_->range_of(value);
   impl_->device->write_buffer(
       range.buffer, range.offset,
@@ -409,7 +480,7 @@ const BuildReport& Session::report() const {
 std::vector<DispatchProfile> Session::profile() const {
   if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
   std::vector<DispatchProfile> entries;
-  for (const gpu::DispatchTiming& timing : impl_->device->timings(impl_->recording)) {
+  for (const gpu::DispatchTiming& timing : impl_->last_timings()) {
     entries.push_back({timing.label, timing.start_ms, timing.duration_ms});
   }
   return entries;
@@ -417,7 +488,7 @@ std::vector<DispatchProfile> Session::profile() const {
 
 double Session::last_run_gpu_ms() const {
   if (!impl_->time_runs) throw Error("run timing is off: create the session with time_runs = true");
-  const std::vector<gpu::DispatchTiming> timings = impl_->device->timings(impl_->recording);
+  const std::vector<gpu::DispatchTiming> timings = impl_->last_timings();
   if (timings.empty())
     throw Error("no timed run yet, or the device has no timestamps (" + impl_->report.device + ")");
   return timings.front().duration_ms;
@@ -425,7 +496,7 @@ double Session::last_run_gpu_ms() const {
 
 void Session::write_trace(const std::string& path) const {
   if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
-  gpu::write_chrome_trace(impl_->device->timings(impl_->recording), path);
+  gpu::write_chrome_trace(impl_->last_timings(), path);
 }
 
 uint32_t Session::validation_messages() const {
@@ -433,6 +504,7 @@ uint32_t Session::validation_messages() const {
 }
 
 void Session::check_guards() const {
+  impl_->finish_run();
   const Impl& impl = *impl_;
   if (impl.guard_bytes == 0) throw Error("check_guards needs a session built with guard_bytes");
   std::vector<std::vector<uint32_t>> arenas;

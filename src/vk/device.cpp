@@ -143,6 +143,11 @@ class VulkanDevice final : public Device {
   }
 
   void submit(RecordingId id) override {
+    start(id);
+    finish(id);
+  }
+
+  void start(RecordingId id) override {
     Recording& recording = this->recording(id);
     if (!recording.stale_reason.empty())
       throw Error("cannot submit " + recording.name + ": " + recording.stale_reason +
@@ -156,10 +161,15 @@ class VulkanDevice final : public Device {
     check(vkQueueSubmit(queue_, 1, &submit, recording.fence), "submitting " + recording.name);
     recording.in_flight = true;
     recording.submitted = true;
-    wait(recording);
+  }
+
+  void finish(RecordingId id) override {
+    Recording& recording = this->recording(id);
+    if (recording.in_flight) wait(recording);
   }
 
   std::vector<DispatchTiming> timings(RecordingId id) override {
+    finish(id);
     return read_timings(device_, recording(id), physical_.info.caps.timestamp_period_ns,
                         physical_.timestamp_valid_bits);
   }

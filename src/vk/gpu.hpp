@@ -190,6 +190,12 @@ class Device {
   virtual void destroy_recording(RecordingId recording) = 0;
   // Submits a recording and waits for it to finish.
   virtual void submit(RecordingId recording) = 0;
+  // Submits a recording without waiting for it. It runs after everything submitted before it
+  // (every recording starts with a barrier over earlier work); a submission of the same recording
+  // still in flight is waited for first.
+  virtual void start(RecordingId recording) = 0;
+  // Waits for the submission of `recording` in flight, if any.
+  virtual void finish(RecordingId recording) = 0;
   // GPU times of the last submission of a recording recorded with Timing::per_dispatch (one
   // entry a dispatch) or Timing::whole (one entry, labelled "run"); empty for Timing::none.
   virtual std::vector<DispatchTiming> timings(RecordingId recording) = 0;

@@ -63,6 +63,49 @@ TEST(Cli, TrainThenInferReportsAccuracy) {
   fs::remove_all(out);
 }
 
+// `train` queues each step behind the one in flight, except before an evaluation or a
+// checkpoint; with a checkpoint after every step nothing is queued. Both end in the same
+// checkpoint, bit for bit, and the same metrics. The evaluation after the first epoch sees the
+// parameters of that epoch's last step, no later one: a one-epoch run, whose evaluation follows
+// its last step, measures the same test accuracy.
+TEST(Cli, QueuedStepsTrainAsStepsRunOneByOne) {
+  std::vector<mg::io::Checkpoint> checkpoints;
+  std::vector<std::string> metrics;
+  const std::string mlp = " --model mlp --limit 512 --batch 32 ";
+  for (const std::string options :
+       {"--epochs 2 --checkpoint-every 1000", "--epochs 2 --checkpoint-every 1", "--epochs 1"}) {
+    const fs::path out = scratch("queued-" + std::to_string(metrics.size()));
+    const Result train = run("train --out " + out.string() + mlp + options);
+    ASSERT_EQ(train.status, 0) << train.output;
+    checkpoints.push_back(mg::io::load_checkpoint(out / "checkpoint.safetensors"));
+    std::ifstream lines(out / "metrics.jsonl");
+    std::string text, line;
+    // images_per_second differs from run to run; everything else must not.
+    while (std::getline(lines, line)) {
+      nlohmann::json record = nlohmann::json::parse(line);
+      record.erase("images_per_second");
+      text += record.dump() + "\n";
+    }
+    metrics.push_back(text);
+    fs::remove_all(out);
+  }
+  EXPECT_EQ(checkpoints[0].step, checkpoints[1].step);
+  ASSERT_EQ(checkpoints[0].tensors.size(), checkpoints[1].tensors.size());
+  for (size_t t = 0; t < checkpoints[0].tensors.size(); ++t) {
+    SCOPED_TRACE(checkpoints[0].tensors[t].name);
+    EXPECT_EQ(checkpoints[0].tensors[t].name, checkpoints[1].tensors[t].name);
+    EXPECT_EQ(checkpoints[0].tensors[t].bytes, checkpoints[1].tensors[t].bytes);
+  }
+  EXPECT_EQ(metrics[0], metrics[1]);
+  EXPECT_NE(metrics[0].find("\"loss\""), std::string::npos);
+  const auto first_evaluation = [](const std::string& text) {
+    const size_t at = text.find("\"test_accuracy\"");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('}', at) - at);
+  };
+  EXPECT_FALSE(first_evaluation(metrics[2]).empty());
+  EXPECT_EQ(first_evaluation(metrics[0]), first_evaluation(metrics[2]));
+}
+
 TEST(Cli, KillDuringCheckpointingThenResume) {
   const fs::path out = scratch("kill");
   const pid_t child = ::fork();

@@ -120,6 +120,67 @@ TEST(GpuTraining, PlannerReuseGivesBitIdenticalResults) {
   EXPECT_EQ(weights[0], weights[1]);
 }
 
+// Steps queued behind each other (Session::start_run, as `meganeura train` runs them): each
+// step's inputs are set while the step before it is in flight, and its loss is read after the
+// next one was started. Losses, parameters and the optimizer state match the same steps run one
+// by one with every input set each step, bit for bit; the queued steps get the (constant)
+// learning rate once, before the first step, and it holds for every step although the steps
+// alternate between two input stagings. output() before any run finished is an error.
+TEST(GpuTraining, QueuedStepsMatchStepsRunOneByOne) {
+  OptimizerConfig optimizer;
+  optimizer.learning_rate = 0.01;
+  const Graph graph = small_mlp(8, 12, 3, optimizer);
+  std::mt19937_64 generator(17);
+  std::vector<Batch> batches;
+  for (int step = 0; step < 7; ++step) batches.push_back(random_batch(generator, 8, 12, 3));
+  const auto set_step = [&](Session& session, int step, bool learning_rate) {
+    session.set_input("x", batches[static_cast<size_t>(step)].features);
+    session.set_input("labels", batches[static_cast<size_t>(step)].labels);
+    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+      if (session.has_input(name) && (name != kLearningRateInput || learning_rate))
+        session.set_input(name, std::vector<float>{static_cast<float>(value)});
+    }
+  };
+  std::vector<std::vector<float>> losses(2), weights(2), moments(2);
+  for (const bool queued : {false, true}) {
+    SessionOptions options;
+    options.validation = true;
+    Session session(graph, options);
+    EXPECT_THROW(session.output("loss"), Error);
+    std::vector<float>& trajectory = losses[queued ? 1 : 0];
+    if (queued) {
+      set_step(session, 0, true);
+      session.start_run();
+      for (int step = 1; step < 7; ++step) {
+        set_step(session, step, false);
+        session.start_run();  // step - 1 has finished
+        trajectory.push_back(session.scalar_output("loss"));
+      }
+      session.finish_run();
+      trajectory.push_back(session.scalar_output("loss"));
+    } else {
+      for (int step = 0; step < 7; ++step) {
+        set_step(session, step, true);
+        session.run();
+        trajectory.push_back(session.scalar_output("loss"));
+      }
+    }
+    weights[queued ? 1 : 0] = session.read("model.fc1.weight");
+    for (const std::string& name : session.persistent_names()) {
+      if (name.find("fc2.weight") != std::string::npos && name != "model.fc2.weight")
+        moments[queued ? 1 : 0] = session.read(name);
+    }
+    EXPECT_EQ(session.validation_messages(), 0u);
+  }
+  ASSERT_EQ(losses[0].size(), 7u);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(weights[0], weights[1]);
+  EXPECT_FALSE(moments[0].empty());
+  EXPECT_EQ(moments[0], moments[1]);
+  // Different batches give different losses, so equal trajectories are not all one value.
+  EXPECT_NE(losses[0][0], losses[0][6]);
+}
+
 }  // namespace
 }  // namespace mg
 
