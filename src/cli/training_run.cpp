@@ -57,12 +57,22 @@ Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batc
   evaluation.confusion.assign(classes, std::vector<int64_t>(classes, 0));
   const int64_t image = dataset.image_size();
   std::vector<float> images(static_cast<size_t>(batch * image));
-  for (int64_t start = 0; start < dataset.count; start += batch) {
+  const auto start_batch = [&](int64_t start) {
     const int64_t rows = std::min(batch, dataset.count - start);
     std::fill(images.begin(), images.end(), 0.0f);
     std::copy_n(dataset.images.begin() + start * image, rows * image, images.begin());
     session.set_input(models::kImagesInput, images);
-    session.run();
+    session.start_run();
+  };
+  // Each batch is queued behind the one in flight, whose logits are read once it has finished.
+  if (dataset.count > 0) start_batch(0);
+  for (int64_t start = 0; start < dataset.count; start += batch) {
+    if (start + batch < dataset.count) {
+      start_batch(start + batch);
+    } else {
+      session.finish_run();
+    }
+    const int64_t rows = std::min(batch, dataset.count - start);
     const std::vector<int64_t> predicted = predictions(session.output("logits"), rows, classes);
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t truth = dataset.labels[start + row];

@@ -60,6 +60,18 @@ TEST(Cli, TrainThenInferReportsAccuracy) {
   ASSERT_NE(at, std::string::npos) << infer.output;
   // 32 steps of an MLP on 512 images is far from converged, but far above chance (10 %).
   EXPECT_GT(std::stod(infer.output.substr(at + 15)), 40.0) << infer.output;
+  // The test set in one batch (nothing queued) and in batches of 333 queued behind each other
+  // (the last one partial) give the same confusion matrix and accuracy.
+  const auto confusion = [](const std::string& output) {
+    return output.substr(0, output.find("evaluated "));
+  };
+  const Result whole = run("infer " + (out / "checkpoint.safetensors").string() + " --batch 10000");
+  const Result queued = run("infer " + (out / "checkpoint.safetensors").string() + " --batch 333");
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  ASSERT_EQ(queued.status, 0) << queued.output;
+  EXPECT_EQ(confusion(whole.output), confusion(queued.output));
+  EXPECT_EQ(whole.output.substr(whole.output.find("test accuracy: ")),
+            queued.output.substr(queued.output.find("test accuracy: ")));
   fs::remove_all(out);
 }
 
