@@ -59,9 +59,15 @@ Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batc
   std::vector<float> images(static_cast<size_t>(batch * image));
   const auto start_batch = [&](int64_t start) {
     const int64_t rows = std::min(batch, dataset.count - start);
-    std::fill(images.begin(), images.end(), 0.0f);
-    std::copy_n(dataset.images.begin() + start * image, rows * image, images.begin());
-    session.set_input(models::kImagesInput, images);
+    if (rows == batch) {
+      session.set_input(models::kImagesInput, std::span(dataset.images)
+                                                  .subspan(static_cast<size_t>(start * image),
+                                                           static_cast<size_t>(batch * image)));
+    } else {  // the last, partial batch, padded with zeros
+      std::fill(images.begin(), images.end(), 0.0f);
+      std::copy_n(dataset.images.begin() + start * image, rows * image, images.begin());
+      session.set_input(models::kImagesInput, images);
+    }
     session.start_run();
   };
   // Each batch is queued behind the one in flight, whose logits are read once it has finished.
