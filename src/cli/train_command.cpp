@@ -259,8 +259,8 @@ int train_command(const std::vector<std::string>& words) {
     }
     training.start_run();
   };
-  // Evaluations and checkpoints read the parameters after a step, so no step may be queued
-  // behind the one they follow.
+  // Where an evaluation (an epoch's end) or a checkpoint follows: they read the parameters after
+  // the step, so no step may be queued behind it.
   const auto ends_a_stretch = [&](int64_t steps_done) {
     return steps_done % steps_per_epoch == 0 || steps_done % checkpoint_every == 0;
   };
@@ -329,7 +329,7 @@ int train_command(const std::vector<std::string>& words) {
       std::fprintf(stderr, "epoch %lld: test accuracy %.2f%%\n", static_cast<long long>(epoch + 1),
                    100 * last_test_accuracy);
     }
-    if (epoch_end || step % checkpoint_every == 0) save();
+    if (ends_a_stretch(step)) save();
     std::swap(labels, next_labels);
     if (!in_flight && step < total_steps && !stop_requested) {
       in_flight = true;

@@ -68,6 +68,12 @@ struct StagingSlot {
   uint64_t bytes = 0;
 };
 
+// An input's place in both run slots' staging, and the slot that alone holds its last set
+// value (none: both do).
+struct InputStaging : StagingSlot {
+  std::optional<size_t> only_in;
+};
+
 }  // namespace
 
 Precision parse_precision(std::string_view text) {
@@ -109,19 +115,18 @@ struct Session::Impl {
 
   plan::Program program;
   std::vector<gpu::BufferId> arena_buffers;
-  std::map<std::string, StagingSlot, std::less<>> inputs, outputs;
+  std::map<std::string, InputStaging, std::less<>> inputs;
+  std::map<std::string, StagingSlot, std::less<>> outputs;
   std::map<std::string, ValueId, std::less<>> persistent_by_name;
   std::vector<std::string> persistent_names;
   // Two run slots, so that the next run's inputs can be set while a run is in flight
   // (start_run): each has its own input and output staging and its own recording, which copies
-  // from and to them. A slot holds each input as of some set_input call, counted per input.
+  // from and to them.
   struct RunSlot {
     gpu::BufferId upload = 0, download = 0;
     gpu::RecordingId recording = 0;
-    std::map<std::string, uint64_t, std::less<>> input_versions;
   };
   std::array<RunSlot, 2> slots;
-  std::map<std::string, uint64_t, std::less<>> input_versions;  // set_input calls per input
   size_t input_slot = 0;          // set_input writes to it, start_run submits it
   std::optional<size_t> running;  // the slot of the run in flight
   std::optional<size_t>
@@ -136,7 +141,7 @@ struct Session::Impl {
     return {arena_buffers[region.arena], region.offset, region.bytes};
   }
 
-  const StagingSlot& checked_input(std::string_view name, DType dtype, size_t count) const {
+  InputStaging& checked_input(std::string_view name, DType dtype, size_t count) {
     auto it = inputs.find(name);
     if (it == inputs.end()) {
       std::string known;
@@ -197,26 +202,22 @@ struct Session::Impl {
   }
 
   void set_input(std::string_view name, DType dtype, const void* values, size_t count) {
-    const StagingSlot& staging = checked_input(name, dtype, count);
-    RunSlot& slot = slots[input_slot];
-    std::memcpy(static_cast<std::byte*>(device->mapped(slot.upload)) + staging.offset, values,
-                staging.bytes);
-    slot.input_versions.find(name)->second = ++input_versions.find(name)->second;
+    InputStaging& staging = checked_input(name, dtype, count);
+    std::memcpy(static_cast<std::byte*>(device->mapped(slots[input_slot].upload)) + staging.offset,
+                values, staging.bytes);
+    staging.only_in = input_slot;
   }
 
   // Inputs not set since this slot last ran are in the other slot's staging (which a run in
   // flight only reads).
   void bring_inputs_up_to_date(size_t target) {
-    RunSlot& slot = slots[target];
-    const RunSlot& other = slots[1 - target];
-    for (const auto& [name, staging] : inputs) {
-      uint64_t& held = slot.input_versions.find(name)->second;
-      const uint64_t latest = input_versions.find(name)->second;
-      if (held == latest) continue;
-      std::memcpy(static_cast<std::byte*>(device->mapped(slot.upload)) + staging.offset,
-                  static_cast<const std::byte*>(device->mapped(other.upload)) + staging.offset,
-                  staging.bytes);
-      held = latest;
+    for (auto& [name, staging] : inputs) {
+      if (!staging.only_in || *staging.only_in == target) continue;
+      std::memcpy(
+          static_cast<std::byte*>(device->mapped(slots[target].upload)) + staging.offset,
+          static_cast<const std::byte*>(device->mapped(slots[1 - target].upload)) + staging.offset,
+          staging.bytes);
+      staging.only_in.reset();
     }
   }
 
@@ -321,7 +322,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   uint64_t upload_bytes = 0, download_bytes = 0;
   for (ValueId input : impl.program.inputs) {
     const uint64_t bytes = planned.type(input).bytes();
-    impl.inputs[planned.node(input).name] = {input, upload_bytes, bytes};
+    impl.inputs[planned.node(input).name] = {{input, upload_bytes, bytes}, std::nullopt};
     upload_bytes += (bytes + 255) / 256 * 256;
   }
   for (const auto& [name, value] : planned.outputs()) {
@@ -336,9 +337,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     slot.download = impl.device->create_buffer(std::max<uint64_t>(download_bytes, 256),
                                                gpu::BufferUse::download, "output staging");
     impl.owned_buffers.push_back(slot.download);
-    for (const auto& [name, staging] : impl.inputs) slot.input_versions[name] = 0;
   }
-  for (const auto& [name, staging] : impl.inputs) impl.input_versions[name] = 0;
   for (const char* kind : {"parameter", "state"}) {
     for (ValueId leaf : planned.leaves(kind)) {
       if (!impl.program.regions.count(leaf)) continue;
