@@ -34,6 +34,9 @@ struct GemmTile {
   int64_t k_groups = 1;
   int64_t prefetch = 1;  // slices whose loads a thread keeps in flight (gemm.comp PREFETCH)
   int64_t threads() const { return (tile_m / work_m) * (tile_n / work_n); }
+  bool four_by_four() const { return work_m * work_n <= 16; }
+  // The TILE_K slices each k-group walks over a K of `k`.
+  int64_t chain(int64_t k) const { return (k + tile_k * k_groups - 1) / (tile_k * k_groups); }
 };
 constexpr std::array<GemmTile, 3> kGemmTiles{
     {{128, 128, 8, 8, 8}, {64, 64, 4, 4, 16}, {32, 32, 4, 4, 16}}};
@@ -207,15 +210,13 @@ int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k) {
   if (const std::optional<int64_t> forced = forced_prefetch()) return *forced;
   const GemmTile& largest = kGemmTiles.front();
   int64_t depth = 1;
-  if (tile.work_m * tile.work_n <= 16) {
+  if (tile.four_by_four()) {
     depth = 4;
   } else if (tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n &&
              whole_k <= kMaxShortK) {
     depth = 2;
   }
-  const int64_t k_group_depth = tile.tile_k * tile.k_groups;
-  const int64_t chain = (k + k_group_depth - 1) / k_group_depth;
-  return std::clamp<int64_t>(chain - 1, 1, depth);
+  return std::clamp<int64_t>(tile.chain(k) - 1, 1, depth);
 }
 
 // The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
@@ -461,6 +462,14 @@ std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes, bool padd
 }
 
 }  // namespace
+
+SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
+                                const DeviceTraits& device) {
+  const GemmTile tile = choose_gemm_tile(m, n, k, whole_k, entries, device);
+  return {.workgroups = workgroup_count(tile, m, n, entries),
+          .chain = tile.chain(k),
+          .four_by_four = tile.four_by_four()};
+}
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
   const bool split = gemm.splits > 0;

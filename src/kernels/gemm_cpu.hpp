@@ -65,6 +65,20 @@ bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device);
 void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands);
 
+// How gemm.comp runs an M x N product for `entries` problems (batch entries times split-K
+// slices) whose workgroups each sum over `k` (`whole_k` as its lowering passes it: the whole K
+// for buffer products, the slice for generated loads): the workgroups it launches, and the
+// chain of TILE_K slices each k-group of a workgroup walks. The split-K pass weighs slice counts
+// by it.
+struct SimtGemmLaunch {
+  int64_t workgroups = 0;
+  int64_t chain = 0;
+  bool four_by_four = false;  // 4 x 4 outputs a thread (the 64 and 32 tiles)
+};
+
+SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
+                                const DeviceTraits& device);
+
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
 // load_b(z, k, n) for `entries` problems summing all of `k`; the result defines them for
 // entries * splits problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z

@@ -3,6 +3,7 @@
 // fills `remap` (old value -> new value, kNoValue for removed values) when given.
 #include <vector>
 
+#include "kernels/lowering.hpp"
 #include "meganeura/graph.hpp"
 
 namespace mg::passes {
@@ -18,9 +19,11 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
 Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Split-K: a matmul or conv2d_grad_weight with few output tiles and a long K becomes one node
-// computing partial results over K slices (attribute k_splits) and a sum over them, planned for a
-// device with `compute_units` compute units (see split_k.cpp).
-Graph split_k(const Graph& graph, int64_t compute_units, std::vector<ValueId>* remap = nullptr);
+// computing partial results over K slices (attribute k_splits) and a sum over them, planned for
+// `device`: its compute units, and the GEMM kernel and tile each product will run on (see
+// split_k.cpp). MEGANEURA_SPLIT_K_SLICES=N forces the slice count.
+Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
+              std::vector<ValueId>* remap = nullptr);
 
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
 // rows becomes one node computing partial results over slices of the keys (attribute

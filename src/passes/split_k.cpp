@@ -3,14 +3,26 @@
 // weight gradients, which sum over batch * OH * OW) runs on a few workgroups of a GPU with 132
 // compute units, each walking all of K. The pass gives such a node k_splits = S: one GEMM
 // dispatch whose workgroups also cover S slices of K and write S partial results [S, ...], then
-// one `sum` over the leading axis (a column reduction, one thread per output element). The extra
-// traffic is small next to the product, since every slice keeps at least kMinKPerSlice
-// multiply-adds per output.
+// one `sum` over the leading axis (a column reduction, one thread per output element).
+//
+// Products that run on gemm.comp take the slice count its launch runs fastest with, by a model
+// of that launch (kernels::simt_gemm_launch). These products are bound by latency: every
+// workgroup waits on its chain of K slices, and a compute unit given a second workgroup runs the
+// two in about the time of two. So a launch takes about `waves` (its workgroups over the compute
+// units, rounded up) times (the chain + a fixed cost per workgroup), and a split pays off where it
+// shortens the chain without adding a wave. On the H200 this ordered the measured slice counts of
+// every split product of the benchmarks (ResNet's weight gradients and strided forward, SmolLM's
+// projections, Whisper's dQ matmul; docs/BENCHMARKS.md run 28): 128 x 576 x 49152 runs best on 13
+// slices, one wave of 130 workgroups, not on 26 (two) or 16 (160 workgroups: two waves for 28
+// units).
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 
+#include "kernels/gemm_coopmat.hpp"
+#include "kernels/gemm_cpu.hpp"
 #include "ops/k_split.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -18,18 +30,24 @@
 namespace mg::passes {
 namespace {
 
-// Workgroups wanted in flight: two 128 x 128 GEMM tiles on each compute unit (264 on an H200).
-// The slice count rounds down, so the GEMM fills at most two such waves. This also bounds the
-// partial results: S * tiles <= 2 * units tiles of 128 x 128 f32 values (16.5 MiB on an H200).
-constexpr int64_t kTilesPerUnit = 2;
-constexpr int64_t kOutputTile = 128;
-// 128 rather than 256: SmolLM's 128 x 576 x 576 product went from 25.6 to 20.7 us and its
-// 128 x 1536 x 576 one from 33.0 to 24.9 us on the H200 (64 was faster for the first and its
-// data gradient, slower for the other four; docs/BENCHMARKS.md, the sweeps beside run 11).
-constexpr int64_t kMinKPerSlice = 128;
 // Products with a shorter K stay whole: a split costs a reduction dispatch and the product's
 // epilogue fusion, which a 64 x 256 x 256 layer of a small MLP does not win back.
 constexpr int64_t kMinKToSplit = 512;
+// A slice keeps at least two 16-deep steps of gemm.comp, so that fetching one overlaps
+// multiplying the other (SmolLM's 128 x 576 x 576 ran best on 48-deep slices, 12 of them).
+constexpr int64_t kMinKPerSlice = 32;
+// At most this many slices, which bounds the partial results.
+constexpr int64_t kMostSlices = 256;
+// The launch model's fixed cost of a workgroup, in K slices of its chain (its first fetch, its
+// epilogue and the partial result it writes and the sum reads back), and the weight of a slice
+// for the 4 x 4 tiles, whose k-groups meet in shared memory at the end: fitted to the H200 sweep
+// of run 28 (docs/BENCHMARKS.md).
+constexpr double kWorkgroupCost = 5.0, kFourByFourSliceCost = 1.25;
+
+// Products on another GEMM (cooperative matrices, conv_igemm.comp) keep the rule the pass had
+// before the model: two 128 x 128 tiles in flight on each compute unit (264 on an H200), at
+// least 128 of K a slice, and no split into fewer than three.
+constexpr int64_t kTilesPerUnit = 2, kOutputTile = 128, kMinKPerCoarseSlice = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -39,6 +57,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
 // summed over K.
 struct Product {
   int64_t m = 0, n = 0, k = 0, entries = 1;
+  bool generated_loads = false;  // conv2d_grad_weight's implicit GEMM, not a matmul's buffers
 };
 
 std::optional<Product> product_of(const Graph& graph, const Node& node) {
@@ -60,7 +79,8 @@ std::optional<Product> product_of(const Graph& graph, const Node& node) {
     return Product{.m = weight[0] / groups,
                    .n = weight[1] * weight[2] * weight[3],
                    .k = grad_out[0] * grad_out[2] * grad_out[3],
-                   .entries = groups};
+                   .entries = groups,
+                   .generated_loads = true};
   }
   return std::nullopt;
 }
@@ -79,16 +99,12 @@ int64_t forced_slices() {
   return value;
 }
 
-// The number of K slices, 1 when the product stays whole.
-int64_t split_count(const Product& product, int64_t compute_units) {
-  if (product.k < kMinKToSplit) return 1;
-  if (const int64_t forced = forced_slices(); forced > 0) {
-    const int64_t wanted = std::min(forced, ceil_div(product.k, 16));
-    return wanted < 2 ? 1 : ceil_div(product.k, k_slice_length(product.k, wanted));
-  }
+// The slice count of the coarse rule above.
+int64_t coarse_split_count(const Product& product, int64_t compute_units) {
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
-  const int64_t wanted = std::min(kTilesPerUnit * compute_units / tiles, product.k / kMinKPerSlice);
+  const int64_t wanted =
+      std::min(kTilesPerUnit * compute_units / tiles, product.k / kMinKPerCoarseSlice);
   // Two slices of a product that already fills most compute units cost their sum more than
   // they gain: ResNet's 3x3 convolution as a matmul (100 tiles) took 52 us whole and 50 + 7 us
   // split in two on the H200 (docs/BENCHMARKS.md run 15).
@@ -97,16 +113,75 @@ int64_t split_count(const Product& product, int64_t compute_units) {
   return ceil_div(product.k, k_slice_length(product.k, wanted));
 }
 
+// The launch of `product` over `splits` slices where gemm.comp runs it (see the top of the file),
+// or nothing where conv_igemm.comp does.
+std::optional<kernels::SimtGemmLaunch> simt_launch(const Product& product, int64_t splits,
+                                                   const kernels::DeviceTraits& device) {
+  const int64_t k = splits > 1 ? k_slice_length(product.k, splits) : product.k;
+  const int64_t entries = product.entries * splits;
+  if (!product.generated_loads)
+    return kernels::simt_gemm_launch(product.m, product.n, k, product.k, entries, device);
+  // conv2d_grad_weight's implicit GEMM (kernels/conv.cpp): gemm.comp where its tiles suit.
+  if (!kernels::simt_gemm_suits({.m = product.m, .n = product.n, .k = k, .entries = entries},
+                                device))
+    return std::nullopt;
+  return kernels::simt_gemm_launch(product.m, product.n, k, k, entries, device);
+}
+
+double launch_cost(const kernels::SimtGemmLaunch& launch, int64_t compute_units) {
+  const double slice_cost = launch.four_by_four ? kFourByFourSliceCost : 1.0;
+  return static_cast<double>(ceil_div(launch.workgroups, compute_units)) *
+         (static_cast<double>(launch.chain) * slice_cost + kWorkgroupCost);
+}
+
+bool runs_on_simt_gemm(const Product& product, const kernels::DeviceTraits& device) {
+  if (kernels::use_cpu_kernels(device)) return false;
+  if (!kernels::use_coop_gemm(device)) return true;
+  // Matmuls this small stay on gemm.comp (kernels/gemm.cpp); convolutions all take the coop GEMM.
+  return !product.generated_loads &&
+         !kernels::coop_gemm_suits(product.m * product.n * product.k * product.entries, device);
+}
+
+// The number of K slices, 1 when the product stays whole.
+int64_t split_count(const Product& product, const kernels::DeviceTraits& device) {
+  if (product.k < kMinKToSplit) return 1;
+  if (const int64_t forced = forced_slices(); forced > 0) {
+    const int64_t wanted = std::min(forced, ceil_div(product.k, 16));
+    return wanted < 2 ? 1 : ceil_div(product.k, k_slice_length(product.k, wanted));
+  }
+  const std::optional<kernels::SimtGemmLaunch> whole =
+      runs_on_simt_gemm(product, device) ? simt_launch(product, 1, device) : std::nullopt;
+  if (!whole) return coarse_split_count(product, device.compute_units);
+  int64_t best_splits = 1;
+  double best_cost = launch_cost(*whole, device.compute_units);
+  // Slice counts from few to many; a count that only ties keeps the fewer slices, which write
+  // and sum fewer partial results.
+  const int64_t most_slices = std::min(kMostSlices, product.k / kMinKPerSlice);
+  for (int64_t wanted = 2; wanted <= most_slices; ++wanted) {
+    const int64_t splits = ceil_div(product.k, k_slice_length(product.k, wanted));
+    if (splits != wanted) continue;  // aligned slices reach this count from another `wanted`
+    const std::optional<kernels::SimtGemmLaunch> launch = simt_launch(product, splits, device);
+    if (!launch) continue;
+    const double cost = launch_cost(*launch, device.compute_units);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_splits = splits;
+    }
+  }
+  return best_splits;
+}
+
 }  // namespace
 
-Graph split_k(const Graph& graph, int64_t compute_units, std::vector<ValueId>* remap) {
+Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
+              std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
-      [compute_units](Graph& target, ValueId, Node node) {
+      [&device](Graph& target, ValueId, Node node) {
         const std::optional<Product> product = product_of(target, node);
         if (!product) return target.add_typed(std::move(node));
-        const int64_t splits = split_count(*product, compute_units);
+        const int64_t splits = split_count(*product, device);
         if (splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
         attrs.set("k_splits", splits);

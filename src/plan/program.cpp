@@ -219,7 +219,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
   if (split_k)
     program.graph = passes::split_reductions(
-        passes::merge_leading_sums(passes::split_k(program.graph, device.compute_units)));
+        passes::merge_leading_sums(passes::split_k(program.graph, device)));
   // The same trade for attention; forcing a slice count (sweeps, tests) applies on any device.
   if (split_k || std::getenv("MEGANEURA_ATTENTION_SPLITS"))
     program.graph = passes::split_attention(program.graph, device.compute_units);
