@@ -112,6 +112,7 @@ def cases(small):
     conv("resnet conv 7x7/2 3->64 224", 3, 64, 224, 7, 2)
     conv("resnet conv 3x3 64->64 56", 64, 64, 56, 3, 1)
     conv("resnet conv 1x1 256->64 56", 256, 64, 56, 1, 1)
+    conv("resnet conv 1x1 512->128 28", 512, 128, 28, 1, 1)
     conv("resnet conv 3x3/2 128->128 56", 128, 128, 56, 3, 2)
 
     heads, tokens, head_dim = 6, 1500 // s, 64

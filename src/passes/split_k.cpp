@@ -43,6 +43,11 @@ constexpr int64_t kMostSlices = 256;
 // for the 4 x 4 tiles, whose k-groups meet in shared memory at the end: fitted to the H200 sweep
 // of run 28 (docs/BENCHMARKS.md).
 constexpr double kWorkgroupCost = 5.0, kFourByFourSliceCost = 1.25;
+// Through generated loads (conv2d_grad_weight's implicit GEMM) every element of a slice is a
+// call of the load functions, and a slice took 2.5-3 us on every tile of the H200 sweep (ResNet's
+// 1x1 weight gradient: 32 x 32, 64 x 64 and 64 x 128 tiles), against about 1 us for the buffer
+// GEMMs' 64 x 128 tile: the tiles weigh alike and the fixed cost is fewer slices.
+constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 
 // Products on another GEMM (cooperative matrices, conv_igemm.comp) keep the rule the pass had
 // before the model: two 128 x 128 tiles in flight on each compute unit (264 on an H200), at
@@ -128,10 +133,14 @@ std::optional<kernels::SimtGemmLaunch> simt_launch(const Product& product, int64
   return kernels::simt_gemm_launch(product.m, product.n, k, k, entries, device);
 }
 
-double launch_cost(const kernels::SimtGemmLaunch& launch, int64_t compute_units) {
-  const double slice_cost = launch.four_by_four ? kFourByFourSliceCost : 1.0;
+double launch_cost(const kernels::SimtGemmLaunch& launch, const Product& product,
+                   int64_t compute_units) {
+  const double slice_cost =
+      launch.four_by_four && !product.generated_loads ? kFourByFourSliceCost : 1.0;
+  const double workgroup_cost =
+      product.generated_loads ? kGeneratedLoadsWorkgroupCost : kWorkgroupCost;
   return static_cast<double>(ceil_div(launch.workgroups, compute_units)) *
-         (static_cast<double>(launch.chain) * slice_cost + kWorkgroupCost);
+         (static_cast<double>(launch.chain) * slice_cost + workgroup_cost);
 }
 
 bool runs_on_simt_gemm(const Product& product, const kernels::DeviceTraits& device) {
@@ -153,7 +162,7 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
       runs_on_simt_gemm(product, device) ? simt_launch(product, 1, device) : std::nullopt;
   if (!whole) return coarse_split_count(product, device.compute_units);
   int64_t best_splits = 1;
-  double best_cost = launch_cost(*whole, device.compute_units);
+  double best_cost = launch_cost(*whole, product, device.compute_units);
   // Slice counts from few to many; a count that only ties keeps the fewer slices, which write
   // and sum fewer partial results.
   const int64_t most_slices = std::min(kMostSlices, product.k / kMinKPerSlice);
@@ -162,7 +171,7 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
     if (splits != wanted) continue;  // aligned slices reach this count from another `wanted`
     const std::optional<kernels::SimtGemmLaunch> launch = simt_launch(product, splits, device);
     if (!launch) continue;
-    const double cost = launch_cost(*launch, device.compute_units);
+    const double cost = launch_cost(*launch, product, device.compute_units);
     if (cost < best_cost) {
       best_cost = cost;
       best_splits = splits;

@@ -254,8 +254,9 @@ int64_t matmul_slices(const Graph& graph, const kernels::DeviceTraits& device) {
 }
 
 // The products of the H200 benchmarks that split-K may cut (SmolLM's projections and data
-// gradients, ResNet-50's weight gradients and strided forward as im2col matmuls) take the slice
-// count that ran fastest when swept on the H200 (docs/BENCHMARKS.md run 28).
+// gradients, ResNet-50's weight gradients and strided forward as im2col matmuls, its 1x1 weight
+// gradients) take the slice count that ran fastest when swept on the H200 (docs/BENCHMARKS.md
+// runs 28 and 30).
 TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
   struct Measured {
     std::string name;
@@ -279,6 +280,23 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
                                  product.transpose_b)
                               .id());
     EXPECT_EQ(matmul_slices(graph, h200_like()), product.fastest) << product.name;
+  }
+  // ResNet-50's 1x1 weight gradients at batch 4, on the implicit GEMM through generated loads.
+  struct MeasuredConvolution {
+    int64_t in_channels, out_channels, side, fastest;
+  };
+  for (const MeasuredConvolution& convolution :
+       std::vector<MeasuredConvolution>{{256, 64, 56, 31}, {512, 128, 28, 8}}) {
+    Graph graph;
+    const Tensor images =
+        input(graph, "images", {4, convolution.in_channels, convolution.side, convolution.side});
+    const Tensor weight =
+        input(graph, "weight", {convolution.out_channels, convolution.in_channels, 1, 1});
+    const Tensor y = conv2d(images, weight, std::nullopt, {});
+    graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {weight.id()}).at(weight.id()));
+    const Graph split = passes::split_k(graph, h200_like());
+    EXPECT_EQ(only_split(split, "conv2d_grad_weight"), convolution.fastest)
+        << "1x1 " << convolution.in_channels << "->" << convolution.out_channels;
   }
 }
 
