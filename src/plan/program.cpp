@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <optional>
 
 #include "kernels/gemm_coopmat.hpp"
 #include "passes/passes.hpp"
@@ -166,32 +168,130 @@ bool ranges_overlap(const Region& a, const Region& b) {
   return a.arena == b.arena && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
 }
 
-// Marks launches that must wait for earlier ones: read-after-write, write-after-read and
-// write-after-write on overlapping byte ranges since the last barrier.
-void place_barriers(Program& program) {
-  std::vector<Region> pending_reads, pending_writes;
-  auto touches = [](const std::vector<Region>& pending, const Region& region) {
-    return std::any_of(pending.begin(), pending.end(),
-                       [&](const Region& other) { return ranges_overlap(other, region); });
-  };
-  for (PlannedLaunch& planned : program.launches) {
-    bool hazard = false;
-    for (size_t k = 0; k < planned.regions.size(); ++k) {
-      const Region& region = planned.regions[k];
-      hazard = hazard || touches(pending_writes, region) ||
-               (planned.launch.operands[k].write && touches(pending_reads, region));
-    }
-    if (hazard) {
-      planned.barrier_before = true;
-      ++program.memory.barriers;
-      pending_reads.clear();
-      pending_writes.clear();
-    }
-    for (size_t k = 0; k < planned.regions.size(); ++k) {
-      (planned.launch.operands[k].write ? pending_writes : pending_reads)
-          .push_back(planned.regions[k]);
+// Whether `later` must wait for `earlier`: both touch overlapping bytes and one of them writes
+// them (read-after-write, write-after-read, write-after-write).
+bool has_hazard(const PlannedLaunch& earlier, const PlannedLaunch& later) {
+  for (size_t e = 0; e < earlier.regions.size(); ++e) {
+    for (size_t l = 0; l < later.regions.size(); ++l) {
+      if ((earlier.launch.operands[e].write || later.launch.operands[l].write) &&
+          ranges_overlap(earlier.regions[e], later.regions[l]))
+        return true;
     }
   }
+  return false;
+}
+
+// Barriers in lowering order: one before every launch with a hazard on a launch since the last
+// barrier.
+void place_barriers_in_order(Program& program) {
+  size_t epoch_start = 0;
+  for (size_t i = 0; i < program.launches.size(); ++i) {
+    for (size_t j = epoch_start; j < i; ++j) {
+      if (has_hazard(program.launches[j], program.launches[i])) {
+        program.launches[i].barrier_before = true;
+        ++program.memory.barriers;
+        epoch_start = i;
+        break;
+      }
+    }
+  }
+}
+
+// The latest epochs that read and wrote the bytes of each arena, as disjoint segments keyed by
+// their first byte: what decides the earliest epoch of a launch that touches them.
+class EpochsByByte {
+ public:
+  // The earliest epoch in which a launch may read (or write) `region`: after every epoch that
+  // wrote it (and every one that read it).
+  uint32_t earliest(const Region& region, bool write) {
+    uint32_t epoch = 0;
+    for_each_segment(region, [&](const Segment& segment) {
+      if (segment.last_write) epoch = std::max(epoch, *segment.last_write + 1);
+      if (write && segment.last_read) epoch = std::max(epoch, *segment.last_read + 1);
+    });
+    return epoch;
+  }
+
+  void record(const Region& region, bool write, uint32_t epoch) {
+    split_at(region.arena, region.offset);
+    split_at(region.arena, region.offset + region.bytes);
+    std::map<uint64_t, Segment>& segments = arenas_[region.arena];
+    // Fill the gaps between the segments the region covers.
+    uint64_t at = region.offset;
+    for (auto it = segments.lower_bound(region.offset);
+         it != segments.end() && it->first < region.offset + region.bytes; ++it) {
+      if (it->first > at) segments.emplace(at, Segment{it->first, {}, {}});
+      at = it->second.end;
+    }
+    if (at < region.offset + region.bytes)
+      segments.emplace(at, Segment{region.offset + region.bytes, {}, {}});
+    for_each_segment(region, [&](Segment& segment) {
+      std::optional<uint32_t>& last = write ? segment.last_write : segment.last_read;
+      last = std::max(last.value_or(0), epoch);
+    });
+  }
+
+ private:
+  struct Segment {
+    uint64_t end = 0;
+    std::optional<uint32_t> last_read, last_write;
+  };
+
+  template <typename Visit>
+  void for_each_segment(const Region& region, Visit visit) {
+    std::map<uint64_t, Segment>& segments = arenas_[region.arena];
+    auto it = segments.upper_bound(region.offset);
+    if (it != segments.begin() && std::prev(it)->second.end > region.offset) --it;
+    for (; it != segments.end() && it->first < region.offset + region.bytes; ++it)
+      visit(it->second);
+  }
+
+  // Cuts the segment that straddles `offset`, if any, in two at it.
+  void split_at(uint32_t arena, uint64_t offset) {
+    std::map<uint64_t, Segment>& segments = arenas_[arena];
+    auto it = segments.upper_bound(offset);
+    if (it == segments.begin()) return;
+    --it;
+    if (it->first == offset || it->second.end <= offset) return;
+    Segment tail = it->second;
+    it->second.end = offset;
+    segments.emplace(offset, tail);
+  }
+
+  std::map<uint32_t, std::map<uint64_t, Segment>> arenas_;
+};
+
+// Orders the launches into epochs, which barriers separate, as few as the hazards allow: each
+// launch runs in the epoch after the latest earlier launch it has a hazard with. Work that the
+// lowering emitted between dependent launches but that depends on neither (the optimizer's update
+// of every parameter, each of which waited on the one before; the weight gradients beside the data
+// gradients) then shares an epoch. The memory plan, made for the lowering order, stays valid: any
+// two launches that touch the same bytes, one writing, keep their order with a barrier between.
+void schedule_epochs(Program& program) {
+  const size_t count = program.launches.size();
+  std::vector<uint32_t> epoch(count, 0);
+  EpochsByByte touched;
+  for (size_t i = 0; i < count; ++i) {
+    const PlannedLaunch& planned = program.launches[i];
+    for (size_t k = 0; k < planned.regions.size(); ++k) {
+      epoch[i] = std::max(epoch[i],
+                          touched.earliest(planned.regions[k], planned.launch.operands[k].write));
+    }
+    for (size_t k = 0; k < planned.regions.size(); ++k)
+      touched.record(planned.regions[k], planned.launch.operands[k].write, epoch[i]);
+  }
+  std::vector<size_t> order(count);
+  for (size_t i = 0; i < count; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return epoch[a] < epoch[b]; });
+  std::vector<PlannedLaunch> scheduled;
+  scheduled.reserve(count);
+  for (size_t k = 0; k < count; ++k) {
+    scheduled.push_back(std::move(program.launches[order[k]]));
+    scheduled.back().barrier_before = k > 0 && epoch[order[k]] != epoch[order[k - 1]];
+    if (scheduled.back().barrier_before) ++program.memory.barriers;
+  }
+  program.launches = std::move(scheduled);
 }
 
 }  // namespace
@@ -301,7 +401,15 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
       planned.regions.push_back(program.regions.at(operand.value));
     }
   }
-  place_barriers(program);
+  bool reorder = options.schedule_epochs;
+  if (const char* forced = std::getenv("MEGANEURA_SCHEDULE_EPOCHS")) {
+    reorder = std::string(forced) != "0";
+  }
+  if (reorder) {
+    schedule_epochs(program);
+  } else {
+    place_barriers_in_order(program);
+  }
   return program;
 }
 

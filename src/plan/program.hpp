@@ -65,6 +65,10 @@ struct PlanOptions {
   // kernel wrote past its outputs). Needs reuse_memory = false, or a later value could
   // legitimately land on an earlier value's guard.
   uint64_t guard_bytes = 0;
+  // Launches reordered into as few barrier-separated epochs as their hazards allow (program.cpp,
+  // schedule_epochs); false keeps the lowering's order, with a barrier at each hazard.
+  // MEGANEURA_SCHEDULE_EPOCHS=0/1 overrides.
+  bool schedule_epochs = true;
 };
 
 struct Program {

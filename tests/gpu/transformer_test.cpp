@@ -76,7 +76,10 @@ TEST(GpuTransformer, TrainingMatchesReferenceOverTwentySteps) {
   EXPECT_EQ(session.validation_messages(), 0u);
 }
 
-TEST(GpuTransformer, CnnPlannerReuseGivesBitIdenticalResults) {
+// Memory reuse off, and launches in the lowering's order instead of scheduled into epochs
+// (plan::PlanOptions::schedule_epochs), change where values live and when launches run, not
+// what they compute.
+TEST(GpuTransformer, CnnPlannerReuseAndSchedulingGiveBitIdenticalResults) {
   const OptimizerConfig optimizer;
   const Graph graph = models::build_classifier_training(models::ClassifierConfig{}, 4, optimizer);
   std::mt19937_64 generator(8);
@@ -85,7 +88,8 @@ TEST(GpuTransformer, CnnPlannerReuseGivesBitIdenticalResults) {
   for (float& value : images) value = pixel(generator);
   const std::vector<int32_t> labels{3, 1, 4, 1};
   std::vector<std::vector<float>> results;
-  for (bool reuse : {true, false}) {
+  for (const auto& [reuse, schedule] : {std::pair{true, true}, {false, true}, {true, false}}) {
+    const testing::ScopedEnv scheduling("MEGANEURA_SCHEDULE_EPOCHS", schedule ? "1" : "0");
     SessionOptions options;
     options.reuse_memory = reuse;
     options.validation = true;
@@ -106,6 +110,7 @@ TEST(GpuTransformer, CnnPlannerReuseGivesBitIdenticalResults) {
     EXPECT_EQ(session.validation_messages(), 0u);
   }
   EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The memory planner on the classifier programs (no device needed: planning is pure).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
@@ -277,6 +279,68 @@ TEST(Planner, AttentionGradQAsMatmul) {
   // W is 2 x 40 x 40 floats (12.5 KiB): over a quarter of a 48 KiB arena.
   EXPECT_EQ(dq_launches(plain, true, 48ull << 10), 1u);
   EXPECT_EQ(dq_launches(plain, true, 64ull << 10), 0u);
+}
+
+// Whether two launches touch overlapping bytes with one of them writing them.
+bool conflict(const plan::PlannedLaunch& a, const plan::PlannedLaunch& b) {
+  for (size_t i = 0; i < a.regions.size(); ++i) {
+    for (size_t j = 0; j < b.regions.size(); ++j) {
+      const plan::Region& x = a.regions[i];
+      const plan::Region& y = b.regions[j];
+      const bool overlap =
+          x.arena == y.arena && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+      if (overlap && (a.launch.operands[i].write || b.launch.operands[j].write)) return true;
+    }
+  }
+  return false;
+}
+
+// The scheduler reorders the launches into epochs that barriers separate: the same launches run
+// with the same memory plan, no two launches of one epoch conflict, and every conflicting pair
+// keeps the lowering's order. The CNN's Adam update (its last 24 launches: the two moments and
+// the parameter of each of 8 parameters, one parameter after another in the lowering, with a
+// barrier inside each) takes at most 4 epochs: first moments, second moments, parameters, and
+// the one parameter whose gradient comes last.
+TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
+  for (const Graph& graph :
+       {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
+        deep_mlp(16, 6, true)}) {
+    plan::PlanOptions in_order_options;
+    in_order_options.schedule_epochs = false;
+    const plan::Program in_order =
+        plan::build_program(graph, kernels::DeviceTraits{}, in_order_options);
+    const plan::Program scheduled =
+        plan::build_program(graph, kernels::DeviceTraits{}, plan::PlanOptions{});
+    ASSERT_EQ(scheduled.launches.size(), in_order.launches.size());
+    EXPECT_EQ(scheduled.memory.physical_transient_bytes, in_order.memory.physical_transient_bytes);
+    std::map<std::string, size_t> lowering_index;
+    for (size_t t = 0; t < in_order.launches.size(); ++t)
+      lowering_index[in_order.launches[t].launch.label] = t;
+    ASSERT_EQ(lowering_index.size(), in_order.launches.size()) << "labels name launches";
+    std::vector<size_t> epoch(scheduled.launches.size(), 0);
+    for (size_t t = 1; t < scheduled.launches.size(); ++t)
+      epoch[t] = epoch[t - 1] + (scheduled.launches[t].barrier_before ? 1 : 0);
+    EXPECT_EQ(epoch.back(), scheduled.memory.barriers);
+    for (size_t a = 0; a < scheduled.launches.size(); ++a) {
+      const plan::PlannedLaunch& first = scheduled.launches[a];
+      ASSERT_TRUE(lowering_index.count(first.launch.label)) << first.launch.label;
+      for (size_t b = a + 1; b < scheduled.launches.size(); ++b) {
+        const plan::PlannedLaunch& second = scheduled.launches[b];
+        if (!conflict(first, second)) continue;
+        EXPECT_LT(epoch[a], epoch[b]) << first.launch.label << " / " << second.launch.label;
+        EXPECT_LT(lowering_index[first.launch.label], lowering_index[second.launch.label])
+            << first.launch.label << " / " << second.launch.label;
+      }
+    }
+    EXPECT_LT(scheduled.memory.barriers, in_order.memory.barriers);
+  }
+  const plan::Program cnn = plan::build_program(
+      models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
+      kernels::DeviceTraits{}, plan::PlanOptions{});
+  const size_t update_barriers = static_cast<size_t>(
+      std::count_if(cnn.launches.end() - 24, cnn.launches.end(),
+                    [](const plan::PlannedLaunch& planned) { return planned.barrier_before; }));
+  EXPECT_LE(update_barriers, 3u);
 }
 
 TEST(Planner, ArenasRespectTheBufferLimit) {
