@@ -12,9 +12,9 @@
 // units, rounded up) times (the chain + a fixed cost per workgroup), and a split pays off where it
 // shortens the chain without adding a wave. On the H200 this ordered the measured slice counts of
 // every split product of the benchmarks (ResNet's weight gradients and strided forward, SmolLM's
-// projections, Whisper's dQ matmul; docs/BENCHMARKS.md run 28): 128 x 576 x 49152 runs best on 13
-// slices, one wave of 130 workgroups, not on 26 (two) or 16 (160 workgroups: two waves for 28
-// units).
+// projections, Whisper's dQ matmul; docs/BENCHMARKS.md run 28): ResNet's 3x3 weight gradient
+// (4 products of 64 x 576 x 3136) runs best on 6 slices, one wave of 120 workgroups of 64 x 128,
+// not on 13 (two waves) or 8 (160 workgroups: a second wave for 28 units).
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -40,8 +40,9 @@ constexpr int64_t kMinKPerSlice = 32;
 constexpr int64_t kMostSlices = 256;
 // The launch model's fixed cost of a workgroup, in K slices of its chain (its first fetch, its
 // epilogue and the partial result it writes and the sum reads back), and the weight of a slice
-// for the 4 x 4 tiles, whose k-groups meet in shared memory at the end: fitted to the H200 sweep
-// of run 28 (docs/BENCHMARKS.md).
+// of the 4 x 4 tiles, which took about 1.25 times as long a slice as the 64 x 128 tile in the
+// H200 sweep of run 28 (docs/BENCHMARKS.md; 64 x 64 tiles with 2 k-groups on ResNet's 3x3
+// weight gradient and SmolLM's lm_head data gradient).
 constexpr double kWorkgroupCost = 5.0, kFourByFourSliceCost = 1.25;
 // Through generated loads (conv2d_grad_weight's implicit GEMM) every element of a slice is a
 // call of the load functions, and a slice took 2.5-3 us on every tile of the H200 sweep (ResNet's
