@@ -129,8 +129,8 @@ struct Session::Impl {
   std::array<RunSlot, 2> slots;
   size_t input_slot = 0;          // set_input writes to it, start_run submits it
   std::optional<size_t> running;  // the slot of the run in flight
-  std::optional<size_t>
-      finished;  // the slot of the last finished run, whose outputs output() reads
+  // The slot of the last finished run, whose outputs output() reads.
+  std::optional<size_t> finished;
   bool profile = false;
   bool time_runs = false;  // every dispatch after a barrier, one timestamp pair (whole run)
   uint32_t guard_bytes = 0;

@@ -152,7 +152,8 @@ class VulkanDevice final : public Device {
     if (!recording.stale_reason.empty())
       throw Error("cannot submit " + recording.name + ": " + recording.stale_reason +
                   "; record it again");
-    // A submission that timed out may still be running; its fence must signal before reuse.
+    // A submission still in flight (started without a wait, or one whose wait timed out) must
+    // signal its fence before the fence is reset for this one.
     if (recording.in_flight) wait(recording);
     check(vkResetFences(device_, 1, &recording.fence), "resetting a fence");
     auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
