@@ -349,17 +349,17 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
         batch_offset_function("b_offset", b_shape, batch_shape) +
         "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t + "]; }\n" +
         "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n";
-    if (split) functions = split_k_functions(functions, batches, k, splits);
     // Four consecutive elements along each operand's contiguous extent, for the cooperative-matrix
-    // GEMM's vector loads (which it uses only when no block straddles an edge). Split products
-    // keep scalar loads: split_k_functions wraps only those.
-    const bool vector_loads = coop && !split && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+    // GEMM's vector loads: with every extent a multiple of 4, a vec4 starts 16-byte aligned and
+    // lies wholly inside or outside each edge.
+    const bool vector_loads = coop && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
     if (vector_loads) {
       functions +=
           vec4_view("a4", 0) + vec4_view("b4", 1) +
           "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t + ") / 4u]; }\n" +
           "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u + ") / 4u]; }\n";
     }
+    if (split) functions = split_k_functions(functions, batches, k, splits);
     Launch bindings;
     bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
@@ -605,15 +605,31 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
 
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
                               int64_t splits) {
-  const std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
-                                        "float load_b(", "float whole_b(");
-  const std::string slice_k = "  uint whole_k = z / " + glsl_uint(entries) + " * " +
-                              glsl_uint(k_slice_length(k, splits)) +
-                              " + k;\n  if (whole_k >= " + glsl_uint(k) + ") return 0.0;\n";
+  const bool vector_loads = functions.find("vec4 load_a4(") != std::string::npos;
+  std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
+                                  "float load_b(", "float whole_b(");
+  if (vector_loads)
+    whole = replace_all(replace_all(whole, "vec4 load_a4(", "vec4 whole_a4("), "vec4 load_b4(",
+                        "vec4 whole_b4(");
   const std::string entry = "z % " + glsl_uint(entries);
-  return whole + "float load_a(uint z, uint m, uint k) {\n" + slice_k + "  return whole_a(" +
-         entry + ", m, whole_k);\n}\nfloat load_b(uint z, uint k, uint n) {\n" + slice_k +
-         "  return whole_b(" + entry + ", whole_k, n);\n}\n";
+  // K slices start at multiples of 16 and `k` is a multiple of 4 wherever vec4 loads exist, so a
+  // vec4 along k lies wholly inside or wholly past `k`.
+  const auto sliced = [&](const std::string& signature, const std::string& zero,
+                          const std::string& whole_call) {
+    return signature + " {\n  uint whole_k = z / " + glsl_uint(entries) + " * " +
+           glsl_uint(k_slice_length(k, splits)) + " + k;\n  if (whole_k >= " + glsl_uint(k) +
+           ") return " + zero + ";\n  return " + whole_call + ";\n}\n";
+  };
+  std::string text =
+      whole +
+      sliced("float load_a(uint z, uint m, uint k)", "0.0", "whole_a(" + entry + ", m, whole_k)") +
+      sliced("float load_b(uint z, uint k, uint n)", "0.0", "whole_b(" + entry + ", whole_k, n)");
+  if (vector_loads)
+    text += sliced("vec4 load_a4(uint z, uint m, uint k)", "vec4(0.0)",
+                   "whole_a4(" + entry + ", m, whole_k)") +
+            sliced("vec4 load_b4(uint z, uint k, uint n)", "vec4(0.0)",
+                   "whole_b4(" + entry + ", whole_k, n)");
+  return text;
 }
 
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,

@@ -16,9 +16,11 @@
 // written by store_c (which bounds nothing: rows and columns past the edge are skipped here).
 // Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K (a multiple of
 // 16), A_M_CONTIGUOUS (consecutive m of A are adjacent in memory, else consecutive k),
-// B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_LOADS (every block is whole: load
-// four adjacent elements at a time through load_a4 / load_b4), PREFETCH_SLICES. The lowering (gemm_coopmat.cpp)
-// makes each tile's units a multiple of THREADS.
+// B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_LOADS (load four adjacent
+// elements at a time through load_a4 / load_b4: every extent is a multiple of 4, so a vec4 lies
+// wholly inside or outside each edge), WHOLE_BLOCKS (no block reaches past an edge, so loads
+// need no bounds), PREFETCH_SLICES. The lowering (gemm_coopmat.cpp) makes each tile's units a
+// multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), and with VECTOR_LOADS
 // vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n).
@@ -125,8 +127,12 @@ uint b_offset_in_slot(uint k, uint n) {
 
 // Four elements of A from (m, k) along its contiguous index (zero past the edges).
 vec4 read_a4(uint z, uvec2 mk) {
-#if VECTOR_LOADS
+#if VECTOR_LOADS && WHOLE_BLOCKS
   return load_a4(z, mk.x, mk.y);
+#elif VECTOR_LOADS
+  vec4 values = vec4(0.0);
+  if (mk.x < GEMM_M && mk.y < GEMM_K) values = load_a4(z, mk.x, mk.y);
+  return values;
 #else
   vec4 values;
   [[unroll]] for (uint c = 0; c < 4; ++c) {
@@ -138,8 +144,12 @@ vec4 read_a4(uint z, uvec2 mk) {
 }
 
 vec4 read_b4(uint z, uvec2 kn) {
-#if VECTOR_LOADS
+#if VECTOR_LOADS && WHOLE_BLOCKS
   return load_b4(z, kn.x, kn.y);
+#elif VECTOR_LOADS
+  vec4 values = vec4(0.0);
+  if (kn.x < GEMM_K && kn.y < GEMM_N) values = load_b4(z, kn.x, kn.y);
+  return values;
 #else
   vec4 values;
   [[unroll]] for (uint c = 0; c < 4; ++c) {

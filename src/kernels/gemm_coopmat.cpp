@@ -172,9 +172,8 @@ bool coop_wants_khr(const DeviceTraits& device) {
 void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands) {
   const BlockShape block = choose_block(gemm, context.device());
-  // Whole blocks only: a vec4 then never straddles the edge of the matrix or the K range.
-  const bool vector_loads = gemm.vector_loads && gemm.m % block.rows() == 0 &&
-                            gemm.n % block.cols() == 0 && gemm.k % block.block_k == 0;
+  const bool whole_blocks =
+      gemm.m % block.rows() == 0 && gemm.n % block.cols() == 0 && gemm.k % block.block_k == 0;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_coopmat";
@@ -190,7 +189,8 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"PREFETCH_SLICES", std::to_string(block.prefetch_slices)},
                     {"A_M_CONTIGUOUS", gemm.a_m_contiguous ? "1" : "0"},
                     {"B_K_CONTIGUOUS", gemm.b_k_contiguous ? "1" : "0"},
-                    {"VECTOR_LOADS", vector_loads ? "1" : "0"}};
+                    {"VECTOR_LOADS", gemm.vector_loads ? "1" : "0"},
+                    {"WHOLE_BLOCKS", whole_blocks ? "1" : "0"}};
   launch.operands = std::move(operands);
   launch.khr_cooperative_matrix = coop_wants_khr(context.device());
   launch.groups = tiled_grid(launch.label, gemm.n, block.cols(), gemm.m, block.rows(), gemm.entries,

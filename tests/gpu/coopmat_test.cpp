@@ -162,14 +162,18 @@ TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
   }
 }
 
-// Vector loads need every block whole: on for an aligned product, off for a ragged one.
-TEST_F(CoopMatrixLowering, VectorLoadsOnlyForWholeBlocks) {
-  const auto vector_loads = [](const Shape& a, const Shape& b) {
-    return define_of(matmul_launch(a, b), "VECTOR_LOADS");
+// Vector loads wherever every extent is a multiple of 4, bounds on them only where a block
+// reaches past an edge; scalar loads otherwise.
+TEST_F(CoopMatrixLowering, VectorLoadsWhereExtentsAlignBoundedOnPartialBlocks) {
+  const auto loads = [](const Shape& a, const Shape& b) {
+    const kernels::Launch launch = matmul_launch(a, b);
+    return define_of(launch, "VECTOR_LOADS") + define_of(launch, "WHOLE_BLOCKS");
   };
-  EXPECT_EQ(vector_loads({256, 96}, {96, 192}), "1");
-  EXPECT_EQ(vector_loads({256, 96}, {96, 196}), "0");  // 196 columns: a partial block
-  EXPECT_EQ(vector_loads({250, 96}, {96, 192}), "0");
+  EXPECT_EQ(loads({256, 96}, {96, 192}), "11");
+  EXPECT_EQ(loads({256, 96}, {96, 196}), "10");    // 196 columns: a partial block
+  EXPECT_EQ(loads({256, 100}, {100, 192}), "10");  // K = 100: a partial slice
+  EXPECT_EQ(loads({250, 96}, {96, 192}), "00");
+  EXPECT_EQ(loads({256, 98}, {98, 192}), "00");
 }
 
 // KHR wherever the device has it (faster on the H200); NV where only NV exists or where
@@ -424,6 +428,16 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
   }
   graph.set_output("partials", graph.add("matmul", {a.id(), b.id()},
                                          {{"transpose_b", int64_t{1}}, {"k_splits", int64_t{3}}}));
+  // Extents in multiples of 4 over partial blocks: vector loads with bounds, also over K slices.
+  const Tensor aligned_a = input(graph, "aligned_a", {2, 36, 72});
+  const Tensor aligned_b = input(graph, "aligned_b", {44, 72});
+  graph.set_output("aligned", matmul(aligned_a, aligned_b, false, true).id());
+  graph.set_output("aligned_t", matmul(input(graph, "aligned_at", {72, 36}),
+                                       input(graph, "aligned_bt", {72, 44}), true, false)
+                                    .id());
+  graph.set_output("aligned_partials",
+                   graph.add("matmul", {aligned_a.id(), aligned_b.id()},
+                             {{"transpose_b", int64_t{1}}, {"k_splits", int64_t{3}}}));
   const Tensor x = input(graph, "x", {2, 3, 9, 9});
   const Tensor w = input(graph, "w", {8, 3, 3, 3});
   const Tensor seed = input(graph, "seed", {2, 8, 4, 4});
@@ -434,8 +448,8 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
     SCOPED_TRACE(shape);
     const ScopedEnv forced("MEGANEURA_COOP_BLOCK", shape);
     const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-    ASSERT_EQ(launches.size(), 10u);
-    int vector_loads = 0;
+    ASSERT_EQ(launches.size(), 13u);
+    int vector_loads = 0, whole_blocks = 0;
     for (const kernels::Launch& launch : launches) {
       std::string seen;
       for (const char* name : {"WARPS_M", "WARPS_N", "FRAGS_M", "FRAGS_N", "BLOCK_K"})
@@ -446,11 +460,13 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
       const bool prefetch_given = std::count(shape.begin(), shape.end(), ',') == 5;
       EXPECT_EQ(seen, prefetch_given ? shape : shape + ",1") << launch.label;
       vector_loads += define_of(launch, "VECTOR_LOADS") == "1" ? 1 : 0;
+      whole_blocks += define_of(launch, "WHOLE_BLOCKS") == "1" ? 1 : 0;
       const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
       expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
                         gemm_column_major_loads(launch));
     }
-    EXPECT_EQ(vector_loads, 4);
+    EXPECT_EQ(vector_loads, 7);  // the whole products and the three aligned ones
+    EXPECT_EQ(whole_blocks, 4);
   }
 }
 
@@ -550,8 +566,10 @@ void check_matmuls(bool validation) {
   check_product({96, 256}, {192, 96}, true, true, 15, validation);
   // Whole 128 x 128 blocks with vector loads.
   check_product({1536, 64}, {64, 1408}, false, false, 16, validation);
-  // A long K over a small output: split-K partials (one GEMM over the slices, then a sum).
+  // A long K over a small output: split-K partials (one GEMM over the slices, then a sum), with
+  // vector loads over partial blocks, for both operand layouts.
   check_product({64, 4096}, {4096, 48}, false, false, 17, validation);
+  check_product({4096, 64}, {48, 4096}, true, true, 18, validation);
   // Enough output blocks for the 128 x 256 shape: whole ones with both operands read as
   // column-major fragments, and ragged ones with K not a multiple of the slice.
   check_product({64, 1920}, {2304, 64}, true, true, 21, validation);
@@ -564,8 +582,10 @@ void check_matmuls(bool validation) {
     check_product({200, 1000}, {1000, 300}, false, false, 23, validation);
     check_product({256, 512}, {512, 256}, false, false, 23, validation);
   }
-  // Enough output blocks for the 128 x 128 shape, with ragged edges.
+  // Enough output blocks for the 128 x 128 shape, with ragged edges (vector loads with bounds),
+  // for both operand layouts.
   check_product({1540, 40}, {40, 1500}, false, false, 12, validation);
+  check_product({40, 1540}, {1500, 40}, true, true, 13, validation);
 }
 
 void check_convolutions_once(bool validation) {
@@ -577,6 +597,15 @@ void check_convolutions_once(bool validation) {
                               {in[0], in[1]});
       },
       kFastTolerance, 18, fast(), nullptr, validation);
+  // Channels in multiples of 4: with im2col the forward, data and weight gradient products read
+  // vector loads over partial blocks (20 output channels), the weight gradient's over K slices.
+  check_on_gpu(
+      {{"x", {4, 8, 32, 32}}, {"w", {20, 8, 3, 3}}, {"seed", {4, 20, 32, 32}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
+                              {in[0], in[1]});
+      },
+      kFastTolerance, 19, fast(), nullptr, validation);
   for (const Conv2dOptions& options :
        {Conv2dOptions{.padding = {1, 1}}, Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}},
         Conv2dOptions{.padding = {1, 1}, .groups = 2}}) {
