@@ -253,13 +253,6 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
   return chosen;
 }
 
-// Declares `view`, a vec4 array over the storage buffer at `binding` (which also holds the float
-// array of the operand), for 16-byte global loads.
-std::string vec4_view(const std::string& view, size_t binding) {
-  return "layout(std430, set = 0, binding = " + std::to_string(binding) +
-         ") readonly buffer buffer_" + view + " { vec4 " + view + "[]; };\n";
-}
-
 // The extents and forms of one gemm.comp launch (see its header for each define): `problems`
 // workgroup layers (batch entries times K slices), `k_slice` the K range of each.
 struct GemmCompForm {
@@ -355,7 +348,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     const bool vector_loads = coop && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
     if (vector_loads) {
       functions +=
-          vec4_view("a4", 0) + vec4_view("b4", 1) +
+          vec4_buffer_view("a4", 0, false) + vec4_buffer_view("b4", 1, false) +
           "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t + ") / 4u]; }\n" +
           "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u + ") / 4u]; }\n";
     }
@@ -482,8 +475,8 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   // of 16).
   const bool a_vec4 = gemm.transpose_a ? gemm.m % 4 == 0 : gemm.k % 4 == 0;
   const bool b_vec4 = gemm.transpose_b ? gemm.k % 4 == 0 : gemm.n % 4 == 0;
-  launch.body =
-      (a_vec4 ? vec4_view("a4", 0) : "") + (b_vec4 ? vec4_view("b4", 1) : "") + launch.body;
+  launch.body = (a_vec4 ? vec4_buffer_view("a4", 0, false) : "") +
+                (b_vec4 ? vec4_buffer_view("b4", 1, false) : "") + launch.body;
   emit_gemm_comp(context,
                  GemmCompForm{.m = gemm.m,
                               .n = gemm.n,

@@ -46,4 +46,10 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   return text;
 }
 
+std::string vec4_buffer_view(const std::string& array, size_t binding, bool write) {
+  return "layout(std430, set = 0, binding = " + std::to_string(binding) + ") " +
+         (write ? "buffer" : "readonly buffer") + " buffer_" + array + " { vec4 " + array +
+         "[]; };\n";
+}
+
 }  // namespace mg::kernels

@@ -22,4 +22,9 @@ std::string glsl_float(double value);  // a float literal that round-trips f32 (
 // `text` with every occurrence of `from` replaced by `to` (renaming generated functions).
 std::string replace_all(std::string text, const std::string& from, const std::string& to);
 
+// Declares `array`, a vec4 array over the f32 storage buffer at `binding` (aliasing its float
+// declaration), for 16-byte loads (and stores when `write`); the planner aligns every value to
+// at least 256 bytes, so element 4 i starts vec4 i.
+std::string vec4_buffer_view(const std::string& array, size_t binding, bool write);
+
 }  // namespace mg::kernels

@@ -5,6 +5,7 @@
 // batch_norm groups (N * H * W elements) do not fit in shared memory.
 #include <algorithm>
 
+#include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
@@ -14,11 +15,23 @@ namespace {
 enum class Kind { layer, rms, group, batch };
 
 // Two passes (mean, then squared deviations) as the reference does: one-pass E[x^2] - E[x]^2
-// loses the 1e-5 budget on rows with a large mean.
+// loses the 1e-5 budget on rows with a large mean. A thread walks STEPS steps of its group,
+// each a VALUE: one element, or with VEC4 four consecutive elements of one channel (or of
+// consecutive channels for layer_norm and rms_norm), read and written as one vec4.
 constexpr std::string_view kNormKernel = R"glsl(
 layout(local_size_x = LOCAL) in;
 shared float partial_a[LOCAL];
 shared float partial_b[LOCAL];
+
+#if VEC4
+#define VALUE vec4
+#define STEPS (COUNT / 4u)
+float total_of(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+#else
+#define VALUE float
+#define STEPS COUNT
+float total_of(float v) { return v; }
+#endif
 
 // Sums a and b over the workgroup; every invocation gets both totals.
 void reduce_pair(inout float a, inout float b) {
@@ -48,60 +61,62 @@ void main() {
   rstd = 1.0 / sqrt(running_var[g] + EPS);
 #else
 #if CENTRED
-  float total = 0.0, unused = 0.0;
-  for (uint e = lane; e < COUNT; e += LOCAL) total += x[element_index(g, e)];
+  VALUE sums = VALUE(0.0);
+  for (uint s = lane; s < STEPS; s += LOCAL) sums += load_x(g, s);
+  float total = total_of(sums), unused = 0.0;
   reduce_pair(total, unused);
   mean = total / float(COUNT);
 #endif
-  float squares = 0.0, unused2 = 0.0;
-  for (uint e = lane; e < COUNT; e += LOCAL) {
-    float d = x[element_index(g, e)] - mean;
-    squares += d * d;
+  VALUE square_sums = VALUE(0.0);
+  for (uint s = lane; s < STEPS; s += LOCAL) {
+    VALUE d = load_x(g, s) - mean;
+    square_sums += d * d;
   }
+  float squares = total_of(square_sums), unused2 = 0.0;
   reduce_pair(squares, unused2);
   rstd = 1.0 / sqrt(squares / float(COUNT) + EPS);
 #endif
 
 #if FORWARD
-  for (uint e = lane; e < COUNT; e += LOCAL) {
-    uint i = element_index(g, e);
-    float value = (x[i] - mean) * rstd;
+  for (uint s = lane; s < STEPS; s += LOCAL) {
+    VALUE value = (load_x(g, s) - mean) * rstd;
 #if HAS_WEIGHT
-    value *= weight[channel_of(g, e)];
+    value *= load_weight(g, s);
 #endif
 #if HAS_BIAS
-    value += bias[channel_of(g, e)];
+    value += load_bias(g, s);
 #endif
-    out_[i] = value;
+    store_out(g, s, value);
   }
 #else
   // dx = rstd * (gw - mean(gw) - x_hat * mean(gw * x_hat)), gw = grad_out * weight.
   float grad_sum = 0.0, grad_dot = 0.0;
 #if !RUNNING
-  for (uint e = lane; e < COUNT; e += LOCAL) {
-    uint i = element_index(g, e);
-    float gw = grad_out[i];
+  VALUE grad_sums = VALUE(0.0), grad_dots = VALUE(0.0);
+  for (uint s = lane; s < STEPS; s += LOCAL) {
+    VALUE gw = load_grad_out(g, s);
 #if HAS_WEIGHT
-    gw *= weight[channel_of(g, e)];
+    gw *= load_weight(g, s);
 #endif
-    grad_sum += gw;
-    grad_dot += gw * ((x[i] - mean) * rstd);
+    grad_sums += gw;
+    grad_dots += gw * ((load_x(g, s) - mean) * rstd);
   }
+  grad_sum = total_of(grad_sums);
+  grad_dot = total_of(grad_dots);
   reduce_pair(grad_sum, grad_dot);
 #endif
-  for (uint e = lane; e < COUNT; e += LOCAL) {
-    uint i = element_index(g, e);
-    float value = grad_out[i];
+  for (uint s = lane; s < STEPS; s += LOCAL) {
+    VALUE value = load_grad_out(g, s);
 #if HAS_WEIGHT
-    value *= weight[channel_of(g, e)];
+    value *= load_weight(g, s);
 #endif
 #if !RUNNING
 #if CENTRED
     value -= grad_sum / float(COUNT);
 #endif
-    value -= (x[i] - mean) * rstd * (grad_dot / float(COUNT));
+    value -= (load_x(g, s) - mean) * rstd * (grad_dot / float(COUNT));
 #endif
-    out_[i] = value * rstd;
+    store_out(g, s, value * rstd);
   }
 #endif
 }
@@ -111,6 +126,10 @@ void main() {
 struct GroupMap {
   int64_t groups = 0;
   int64_t count = 0;  // elements per group
+  // Four consecutive elements of a group are adjacent in memory from every multiple of 4, and
+  // of one channel unless the channel is the element itself (layer_norm, rms_norm).
+  bool vec4 = false;
+  bool channel_per_element = false;
   std::string functions;
 };
 
@@ -122,11 +141,14 @@ GroupMap group_map(Kind kind, const Shape& x, int64_t norm_groups) {
     const int64_t length = x.back();
     map.groups = elements / length;
     map.count = length;
+    map.vec4 = length % 4 == 0;
+    map.channel_per_element = true;
     index = "g * " + glsl_uint(length) + " + e";
     channel = "e";
   } else {
     const int64_t channels = x[1];
     const int64_t inner = elements / (x[0] * channels);
+    map.vec4 = inner % 4 == 0;
     if (kind == Kind::group) {
       // A (sample, channel group) pair is one contiguous run of channels_per_group * inner.
       const int64_t per_group = channels / norm_groups;
@@ -148,9 +170,46 @@ GroupMap group_map(Kind kind, const Shape& x, int64_t norm_groups) {
   return map;
 }
 
-uint32_t local_size_for(int64_t count) {
+// load_<name>(g, s) for an operand read per element, or per channel (weight, bias), and
+// store_out(g, s, value), over steps of one element or, with vec4, of four.
+std::string access_functions(const GroupMap& map, const std::vector<Operand>& operands) {
+  std::string text;
+  const std::string value = map.vec4 ? "vec4" : "float";
+  const std::string element = map.vec4 ? "4u * s" : "s";
+  for (size_t binding = 0; binding < operands.size(); ++binding) {
+    const std::string& name = operands[binding].name;
+    if (name == "running_mean" || name == "running_var") continue;
+    const bool per_channel = name == "weight" || name == "bias";
+    const bool view = map.vec4 && (!per_channel || map.channel_per_element);
+    if (view) text += vec4_buffer_view(name + "_x4", binding, operands[binding].write);
+    const std::string at =
+        per_channel ? "channel_of(g, " + element + ")" : "element_index(g, " + element + ")";
+    const std::string array = view ? name + "_x4" : name;
+    const std::string index = view ? at + " / 4u" : at;
+    if (operands[binding].write) {
+      text += "void store_out(uint g, uint s, " + value + " value) { " + array + "[" + index +
+              "] = value; }\n";
+    } else {
+      text += value + " load_" + name + "(uint g, uint s) { return " + value + "(" + array + "[" +
+              index + "]); }\n";
+    }
+  }
+  return text;
+}
+
+// Threads of the workgroup that owns one group. With fewer groups than twice the compute units
+// a workgroup's threads are all that pull its group through a compute unit, so it takes up to
+// 1024 of them, about 16 elements each: U-Net's group_norm (64 groups of 40960) took 56 us on
+// 256 threads of scalar loads on the H200 (docs/BENCHMARKS.md, run 32). Many groups keep at
+// most 256, and so do CPU devices running their own kernels (each workgroup one CPU thread).
+uint32_t local_size_for(int64_t count, int64_t groups, const DeviceTraits& device) {
+  constexpr int64_t kElementsPerThread = 16;
+  const bool few_groups = !use_cpu_kernels(device) && groups < 2 * device.compute_units;
+  const uint32_t most =
+      few_groups ? std::min<uint32_t>(1024, device.max_workgroup_invocations) : 256;
+  const int64_t per_thread = few_groups ? kElementsPerThread : 1;
   uint32_t size = 32;
-  while (size < 256 && size < count) size *= 2;
+  while (size < most && size * per_thread < count) size *= 2;
   return size;
 }
 
@@ -161,12 +220,11 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward) {
   const bool has_bias = !backward && kind != Kind::rms && node.attrs.get_int("has_bias", 0) != 0;
   const bool running = kind == Kind::batch && node.attrs.get_int("training", 1) == 0;
   const GroupMap map = group_map(kind, x_shape, node.attrs.get_int("groups", 1));
-  const uint32_t local = local_size_for(map.count);
+  const uint32_t local = local_size_for(map.count, map.groups, context.device());
 
   Launch launch;
   launch.label = context.label();
   launch.kernel = "norm";
-  launch.body = map.functions + std::string(kNormKernel);
   launch.defines = {{"LOCAL", glsl_uint(local)},
                     {"COUNT", glsl_uint(map.count)},
                     {"EPS", glsl_float(node.attrs.get_float("eps"))},
@@ -174,7 +232,8 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward) {
                     {"CENTRED", kind == Kind::rms ? "0" : "1"},
                     {"RUNNING", running ? "1" : "0"},
                     {"HAS_WEIGHT", has_weight ? "1" : "0"},
-                    {"HAS_BIAS", has_bias ? "1" : "0"}};
+                    {"HAS_BIAS", has_bias ? "1" : "0"},
+                    {"VEC4", map.vec4 ? "1" : "0"}};
   // Input order (src/ops/norm.cpp): x, weight?, bias? (forward only), running_mean?,
   // running_var?, grad_out (backward only).
   size_t next = 0;
@@ -187,6 +246,7 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward) {
   }
   if (backward) launch.operands.push_back({"grad_out", node.inputs[next++], false});
   launch.operands.push_back({"out_", context.id(), true});
+  launch.body = map.functions + access_functions(map, launch.operands) + std::string(kNormKernel);
   launch.groups = grid_for(static_cast<uint64_t>(map.groups), 1, context.device());
   context.emit(std::move(launch));
 }

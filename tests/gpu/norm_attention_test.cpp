@@ -91,6 +91,42 @@ TEST(GpuNorm, BatchNormTrainingUpdatesRunningStatistics) {
       });
 }
 
+// The GPU kernels' rule (forced on CPU devices): few groups of many elements take workgroups of
+// up to 1024 threads, and groups whose elements come in aligned fours of one channel take vec4
+// steps; the odd plane keeps scalar steps over the same wide workgroups.
+TEST(GpuNorm, WideWorkgroupsAndVectorSteps) {
+  const testing::ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  check_on_gpu({{"x", {2, 8, 48, 48}, DType::f32, -1.0, 2.0},
+                {"w", {8}},
+                {"b", {8}},
+                {"g", {2, 8, 48, 48}},
+                {"rows", {2, 12288}},
+                {"row_w", {12288}},
+                {"row_g", {2, 12288}},
+                {"odd", {2, 4, 45, 45}},
+                {"odd_g", {2, 4, 45, 45}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor grouped = group_norm(x[0], 2, x[1], x[2]);
+                 graph.set_output("grouped", grouped.id());
+                 output_gradients(graph, "grouped_", grouped, {x[0], x[1], x[2]}, x[3]);
+                 const Tensor running_mean(&graph, graph.state("running_mean", {DType::f32, {8}}));
+                 const Tensor running_var(&graph, graph.state("running_var", {DType::f32, {8}}));
+                 const Tensor batched =
+                     batch_norm(x[0], x[1], x[2], running_mean, running_var, true);
+                 graph.set_output("batched", batched.id());
+                 output_gradients(graph, "batched_", batched, {x[0], x[1]}, x[3]);
+                 const Tensor rows = layer_norm(x[4], x[5], std::nullopt);
+                 graph.set_output("rows", rows.id());
+                 output_gradients(graph, "rows_", rows, {x[4], x[5]}, x[6]);
+                 const Tensor rms = rms_norm(x[4], x[5]);
+                 graph.set_output("rms", rms.id());
+                 output_gradients(graph, "rms_", rms, {x[4]}, x[6]);
+                 const Tensor odd = group_norm(x[7], 1, std::nullopt, std::nullopt);
+                 graph.set_output("odd", odd.id());
+                 output_gradients(graph, "odd_", odd, {x[7]}, x[8]);
+               });
+}
+
 TEST(GpuNorm, BatchNormEval) {
   check_on_gpu({{"x", {3, 4, 7}},
                 {"w", {4}},
