@@ -331,7 +331,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   const int64_t batches = element_count(batch_shape);
 
   const bool coop =
-      use_coop_gemm(context.device()) && coop_gemm_suits(m * n * k * batches, context.device());
+      use_coop_gemm(context.device()) && coop_gemm_suits(m * n * k * batches, k, context.device());
   if (coop || use_cpu_kernels(context.device())) {
     const std::string t =
         transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";

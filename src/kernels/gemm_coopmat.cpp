@@ -143,22 +143,23 @@ bool use_coop_gemm(const DeviceTraits& device) {
          !kill_switch_set();
 }
 
-bool coop_gemm_suits(int64_t multiply_adds, const DeviceTraits& device) {
-  // SmolLM's 128 x 576 x 576 (43M multiply-adds) ran 17.0 us on cooperative matrices against
-  // 13.5 on gemm.comp, its 128 x 1536 x 576 (113M) 19.0 against 17.2 and 128 x 576 x 1536
-  // (113M, split over K) 16.1 against 16.0; ResNet's smallest coop convolution (462M) 42.9
-  // against 58.0 (docs/BENCHMARKS.md run 26).
-  constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 20;
-  int64_t per_unit = kMinMultiplyAddsPerUnit;
+bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device) {
+  // ResNet's smallest coop convolution (462M) ran 42.9 us against 58.0 on gemm.comp
+  // (docs/BENCHMARKS.md run 26); the bounds' measurements are in the header.
+  constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 20, kMinSplitMultiplyAddsPerUnit = 1 << 18;
+  constexpr int64_t kMinSplitK = 512;
   if (const char* text = std::getenv("MEGANEURA_COOP_GEMM_MIN")) {
     const std::optional<std::vector<int64_t>> value = parse_integers(text, 1);
     if (!value || (*value)[0] < 0)
       throw Error(std::string("MEGANEURA_COOP_GEMM_MIN='") + text +
                   "': expected the multiply-adds per compute unit from which products run on "
                   "cooperative matrices (0: every product); unset it for " +
-                  std::to_string(kMinMultiplyAddsPerUnit));
-    per_unit = (*value)[0];
+                  std::to_string(kMinMultiplyAddsPerUnit) + " (" +
+                  std::to_string(kMinSplitMultiplyAddsPerUnit) +
+                  " where K >= " + std::to_string(kMinSplitK) + ")");
+    return multiply_adds >= (*value)[0] * device.compute_units;
   }
+  const int64_t per_unit = k >= kMinSplitK ? kMinSplitMultiplyAddsPerUnit : kMinMultiplyAddsPerUnit;
   return multiply_adds >= per_unit * device.compute_units;
 }
 

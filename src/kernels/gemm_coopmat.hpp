@@ -15,13 +15,16 @@ namespace mg::kernels {
 // subgroups, and MEGANEURA_NO_COOPMAT=1 (the kill switch) is not set. Read at every lowering.
 bool use_coop_gemm(const DeviceTraits& device);
 
-// Whether a product of `multiply_adds` (M * N * K times the batch entries) runs on the
-// cooperative-matrix GEMM where use_coop_gemm(device) holds: products of fewer than 1M
-// multiply-adds per compute unit run faster on gemm.comp, whose 4 x 4 tiles keep more
-// workgroups in flight than the smallest 64 x 64 coop block (SmolLM's 128 x 576 x 576: 13.5
-// against 17.0 us on the H200). MEGANEURA_COOP_GEMM_MIN=N sets the multiply-adds per compute
-// unit from which products take the coop GEMM (0: all); anything else is an error naming it.
-bool coop_gemm_suits(int64_t multiply_adds, const DeviceTraits& device);
+// Whether a product of `multiply_adds` (M * N * K times the batch entries) over `k` runs on the
+// cooperative-matrix GEMM where use_coop_gemm(device) holds: from 1M multiply-adds per compute
+// unit, and from 256K where K is long enough for split-K (passes/split_k.cpp, K >= 512). Smaller
+// products run faster on gemm.comp, whose 4 x 4 tiles keep more workgroups in flight than the
+// smallest 64 x 64 coop block; split over K in slices of 64, SmolLM's 128 x 576 x 576 (43M) ran
+// 9.8 us on cooperative matrices against 11.4 on gemm.comp on the H200, 128 x 1536 x 576 13.9
+// against 16.3 and 128 x 576 x 1536 13.9 against 16.1 (docs/BENCHMARKS.md run 32).
+// MEGANEURA_COOP_GEMM_MIN=N sets one bound for all, the multiply-adds per compute unit from which
+// products take the coop GEMM (0: all); anything else is an error naming it.
+bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device);
 
 // Whether cooperative-matrix kernels compile through SPV_KHR_cooperative_matrix: wherever the
 // device has it, unless MEGANEURA_COOPMAT=nv asks for the NV extension on a device that has both

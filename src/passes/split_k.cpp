@@ -52,8 +52,13 @@ constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 
 // Products on another GEMM (cooperative matrices, conv_igemm.comp) keep the rule the pass had
 // before the model: two 128 x 128 tiles in flight on each compute unit (264 on an H200), at
-// least 128 of K a slice, and no split into fewer than three.
-constexpr int64_t kTilesPerUnit = 2, kOutputTile = 128, kMinKPerCoarseSlice = 128;
+// least 128 of K a slice (64 on cooperative matrices), and no split into fewer than three. With
+// vector loads over K slices (kernels/gemm_coopmat.cpp) SmolLM's 128 x 576 x 576 ran 9.8 us on 9
+// slices of 64 against 13.5 on 4 of 144, 128 x 1536 x 576 13.9 against 14.8, and 128 x 576 x 1536
+// 13.9 on 24 slices against 12.2 on 12, still faster than gemm.comp's 16.1 (docs/BENCHMARKS.md
+// run 32).
+constexpr int64_t kTilesPerUnit = 2, kOutputTile = 128, kMinKPerCoarseSlice = 128,
+                  kMinKPerCoopSlice = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -105,12 +110,12 @@ int64_t forced_slices() {
   return value;
 }
 
-// The slice count of the coarse rule above.
-int64_t coarse_split_count(const Product& product, int64_t compute_units) {
+// The slice count of the coarse rule above, with slices of at least `min_k_per_slice`.
+int64_t coarse_split_count(const Product& product, int64_t compute_units, int64_t min_k_per_slice) {
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
   const int64_t wanted =
-      std::min(kTilesPerUnit * compute_units / tiles, product.k / kMinKPerCoarseSlice);
+      std::min(kTilesPerUnit * compute_units / tiles, product.k / min_k_per_slice);
   // Two slices of a product that already fills most compute units cost their sum more than
   // they gain: ResNet's 3x3 convolution as a matmul (100 tiles) took 52 us whole and 50 + 7 us
   // split in two on the H200 (docs/BENCHMARKS.md run 15).
@@ -149,7 +154,8 @@ bool runs_on_simt_gemm(const Product& product, const kernels::DeviceTraits& devi
   if (!kernels::use_coop_gemm(device)) return true;
   // Matmuls this small stay on gemm.comp (kernels/gemm.cpp); convolutions all take the coop GEMM.
   return !product.generated_loads &&
-         !kernels::coop_gemm_suits(product.m * product.n * product.k * product.entries, device);
+         !kernels::coop_gemm_suits(product.m * product.n * product.k * product.entries, product.k,
+                                   device);
 }
 
 // The number of K slices, 1 when the product stays whole.
@@ -161,7 +167,10 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
   }
   const std::optional<kernels::SimtGemmLaunch> whole =
       runs_on_simt_gemm(product, device) ? simt_launch(product, 1, device) : std::nullopt;
-  if (!whole) return coarse_split_count(product, device.compute_units);
+  if (!whole)
+    return coarse_split_count(
+        product, device.compute_units,
+        kernels::use_coop_gemm(device) ? kMinKPerCoopSlice : kMinKPerCoarseSlice);
   int64_t best_splits = 1;
   double best_cost = launch_cost(*whole, product, device.compute_units);
   // Slice counts from few to many; a count that only ties keeps the fewer slices, which write

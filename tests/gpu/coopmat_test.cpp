@@ -133,19 +133,22 @@ TEST_F(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
 }
 
 // Fast precision puts products of at least 1M multiply-adds per compute unit on cooperative
-// matrices and leaves smaller ones on gemm.comp; MEGANEURA_COOP_GEMM_MIN moves the bound (0: every
-// product) and rejects what is not a whole number.
+// matrices, and of at least 256K where K >= 512 (long enough to split), and leaves smaller ones
+// on gemm.comp; MEGANEURA_COOP_GEMM_MIN sets one bound for all (0: every product) and rejects
+// what is not a whole number.
 TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
   const auto kernel_of = [](const Shape& a, const Shape& b) {
     Graph graph;
     const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b));
     return kernels::lower_node(graph, y.id(), coop_device()).at(0).kernel;
   };
-  // 132 units of 1M: 128 x 576 x 576 (43M) and 128 x 1536 x 576 (113M) stay, 128 x 1536 x 768
-  // (151M) and a batch of two 128 x 1536 x 576 (226M) go.
-  EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm");
-  EXPECT_EQ(kernel_of({128, 576}, {576, 1536}), "gemm");
-  EXPECT_EQ(kernel_of({128, 768}, {768, 1536}), "gemm_coopmat");
+  // 132 units: over K >= 512, 128 x 576 x 576 (43M) goes and 128 x 512 x 512 (33.6M, under
+  // 132 x 256K = 34.6M) stays; over K = 256, 128 x 1536 x 256 (50M) stays and 128 x 4608 x 256
+  // (151M, over 132 x 1M) goes, as does a batch of two 128 x 1536 x 576 (226M).
+  EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm_coopmat");
+  EXPECT_EQ(kernel_of({128, 512}, {512, 512}), "gemm");
+  EXPECT_EQ(kernel_of({128, 256}, {256, 1536}), "gemm");
+  EXPECT_EQ(kernel_of({128, 256}, {256, 4608}), "gemm_coopmat");
   EXPECT_EQ(kernel_of({2, 128, 576}, {576, 1536}), "gemm_coopmat");
   {
     const ScopedEnv every("MEGANEURA_COOP_GEMM_MIN", "0");
@@ -153,7 +156,11 @@ TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
   }
   {
     const ScopedEnv fewer("MEGANEURA_COOP_GEMM_MIN", "100000");
-    EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm_coopmat");
+    EXPECT_EQ(kernel_of({128, 512}, {512, 512}), "gemm_coopmat");
+  }
+  {
+    const ScopedEnv more("MEGANEURA_COOP_GEMM_MIN", "1048576");
+    EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm");
   }
   for (const char* bad : {"-1", "a lot"}) {
     testing::expect_switch_rejected("MEGANEURA_COOP_GEMM_MIN", bad, [&] {

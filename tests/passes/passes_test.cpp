@@ -302,8 +302,9 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
 
 // The slice count follows the device's compute units: SmolLM's 128 x 576 x 49152 data gradient
 // takes fewer slices on fewer units. On cooperative matrices (fast precision) it keeps the coarse
-// rule, two 128 x 128 tiles a compute unit (5 tiles: 52 slices), while a product small enough to
-// stay on gemm.comp there is split as in strict precision.
+// rule, two 128 x 128 tiles a compute unit (5 tiles: 52 slices), with slices of at least 64:
+// SmolLM's 128 x 576 x 576 ran fastest on 9 of them there (docs/BENCHMARKS.md run 32), while a
+// product small enough to stay on gemm.comp is split as in strict precision.
 TEST(Passes, SplitKFollowsComputeUnits) {
   Graph graph;
   const Tensor dx = matmul(input(graph, "a", {128, 49152}), input(graph, "b", {49152, 576}));
@@ -317,8 +318,12 @@ TEST(Passes, SplitKFollowsComputeUnits) {
   coop.fast_precision = true;
   coop.coop_matrix_f16_nv = true;
   EXPECT_EQ(matmul_slices(graph, coop), 52);
+  Graph q_proj;
+  q_proj.set_output("y",
+                    matmul(input(q_proj, "a", {128, 576}), input(q_proj, "b", {576, 576})).id());
+  EXPECT_EQ(matmul_slices(q_proj, coop), 9);
   Graph small;
-  small.set_output("y", matmul(input(small, "a", {128, 576}), input(small, "b", {576, 576})).id());
+  small.set_output("y", matmul(input(small, "a", {128, 512}), input(small, "b", {512, 512})).id());
   EXPECT_EQ(matmul_slices(small, coop), matmul_slices(small, h200_like()));
   EXPECT_GT(matmul_slices(small, coop), 1);
 
