@@ -32,37 +32,9 @@ ValueId storage_root(const Graph& graph, const AliasMap& in_place, ValueId id) {
   }
 }
 
-// The epoch of each launch when every value has bytes of its own (views share their source's):
-// the one after the latest earlier launch that wrote a value it touches, or read a value it
-// writes. These are the fewest epochs the data allow; the memory plan keeps them (below).
-std::vector<int64_t> dependency_epochs(const Graph& graph,
-                                       const std::vector<PlannedLaunch>& launches) {
-  std::vector<int64_t> epochs(launches.size(), 0);
-  std::unordered_map<ValueId, int64_t> last_write, last_read;
-  for (size_t t = 0; t < launches.size(); ++t) {
-    const std::vector<kernels::Operand>& operands = launches[t].launch.operands;
-    for (const kernels::Operand& operand : operands) {
-      const ValueId root = storage_root(graph, {}, operand.value);
-      if (auto it = last_write.find(root); it != last_write.end())
-        epochs[t] = std::max(epochs[t], it->second + 1);
-      if (auto it = last_read.find(root); operand.write && it != last_read.end())
-        epochs[t] = std::max(epochs[t], it->second + 1);
-    }
-    for (const kernels::Operand& operand : operands) {
-      const ValueId root = storage_root(graph, {}, operand.value);
-      int64_t& last = operand.write ? last_write[root] : last_read[root];
-      last = std::max(last, epochs[t]);
-    }
-  }
-  return epochs;
-}
-
 // A pointwise launch may write its result over an input of the same shape that nothing reads
-// afterwards: each invocation reads element i of that input before writing element i. With
-// `epochs`, no other reader of that input may share the launch's epoch either: the write would
-// then have to wait for it behind a barrier of its own.
-AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& launches,
-                         const std::vector<int64_t>* epochs) {
+// afterwards: each invocation reads element i of that input before writing element i.
+AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& launches) {
   const int64_t end = static_cast<int64_t>(launches.size());
   std::vector<int64_t> last_use(graph.size(), -1);
   for (int64_t t = 0; t < end; ++t) {
@@ -78,17 +50,6 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
       last_use[node.inputs[0]] = std::max(last_use[node.inputs[0]], last_use[i]);
     }
   }
-  // The latest epoch of a launch other than the last that reads each value.
-  std::vector<int64_t> earlier_reader_epoch(graph.size(), -1);
-  if (epochs) {
-    for (int64_t t = 0; t < end; ++t) {
-      for (const kernels::Operand& operand : launches[t].launch.operands) {
-        if (!operand.write && last_use[operand.value] != t)
-          earlier_reader_epoch[operand.value] =
-              std::max(earlier_reader_epoch[operand.value], (*epochs)[t]);
-      }
-    }
-  }
   AliasMap in_place;
   for (int64_t t = 0; t < end; ++t) {
     const kernels::Launch& launch = launches[t].launch;
@@ -98,8 +59,7 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
       const ValueId candidate = launch.operands[k].value;
       const ValueId root = storage_root(graph, in_place, candidate);
       if (graph.node(root).is_leaf() || last_use[candidate] != t ||
-          !(graph.type(candidate) == graph.type(result)) ||
-          (epochs && earlier_reader_epoch[candidate] >= (*epochs)[t])) {
+          !(graph.type(candidate) == graph.type(result))) {
         continue;
       }
       in_place[result] = candidate;
@@ -370,37 +330,11 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     program.launches.push_back({std::move(launch), {}, false});
   }
 
-  bool reorder = options.schedule_epochs;
-  if (const char* forced = std::getenv("MEGANEURA_SCHEDULE_EPOCHS")) {
-    reorder = std::string(forced) != "0";
-  }
   // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"
-  // (host uploads), `end` is "after the last" (downloads and assignments). Where the launches
-  // will run in epochs, lifetimes count epochs instead of launches: two values then share bytes
-  // only when the last epoch that touches one precedes the first that touches the other, so
-  // reuse adds no hazard the data did not have and the schedule keeps the dependency epochs.
-  std::vector<int64_t> epochs;
-  if (reorder) {
-    // In epoch order, so that every launch touching a value runs before any launch touching a
-    // later value placed over its bytes.
-    epochs = dependency_epochs(graph, program.launches);
-    std::vector<size_t> order(epochs.size());
-    for (size_t t = 0; t < order.size(); ++t) order[t] = t;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return epochs[a] < epochs[b]; });
-    std::vector<PlannedLaunch> sorted;
-    sorted.reserve(order.size());
-    for (size_t t : order) sorted.push_back(std::move(program.launches[t]));
-    program.launches = std::move(sorted);
-    std::sort(epochs.begin(), epochs.end());
-  }
-  const auto time_of = [&](int64_t t) { return reorder ? epochs[t] : t; };
-  const int64_t end =
-      reorder ? (epochs.empty() ? 0 : *std::max_element(epochs.begin(), epochs.end()) + 1)
-              : static_cast<int64_t>(program.launches.size());
+  // (host uploads), launch count is "after the last" (downloads and assignments).
+  const int64_t end = static_cast<int64_t>(program.launches.size());
   const AliasMap in_place =
-      options.reuse_memory ? choose_in_place(graph, program.launches, reorder ? &epochs : nullptr)
-                           : AliasMap{};
+      options.reuse_memory ? choose_in_place(graph, program.launches) : AliasMap{};
   std::unordered_map<ValueId, Interval> lifetimes;
   std::vector<ValueId> persistent;
   std::unordered_map<ValueId, uint64_t> logical_values;  // every stored value as if unshared
@@ -428,9 +362,9 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     interval.first = std::min(interval.first, when);
     interval.last = std::max(interval.last, when);
   };
-  for (size_t t = 0; t < program.launches.size(); ++t) {
+  for (int64_t t = 0; t < end; ++t) {
     for (const kernels::Operand& operand : program.launches[t].launch.operands)
-      touch(operand.value, time_of(static_cast<int64_t>(t)));
+      touch(operand.value, t);
   }
   for (const auto& [name, id] : graph.outputs()) touch(id, end);
   for (const auto& [leaf, value] : graph.updates()) {
@@ -466,6 +400,10 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     for (const kernels::Operand& operand : planned.launch.operands) {
       planned.regions.push_back(program.regions.at(operand.value));
     }
+  }
+  bool reorder = options.schedule_epochs;
+  if (const char* forced = std::getenv("MEGANEURA_SCHEDULE_EPOCHS")) {
+    reorder = std::string(forced) != "0";
   }
   if (reorder) {
     schedule_epochs(program);
