@@ -295,12 +295,68 @@ bool conflict(const plan::PlannedLaunch& a, const plan::PlannedLaunch& b) {
   return false;
 }
 
+// The value whose bytes `value` reads: views share their source's.
+ValueId view_root(const Graph& graph, ValueId value) {
+  while (kernels::is_view_op(graph.node(value).op)) value = graph.node(value).inputs[0];
+  return value;
+}
+
+// Runs `program`'s schedule on a model of its memory: every 4-byte word of every arena holds
+// the value last written there. Launches of one epoch run at once, so each reads the words as
+// they were when the epoch began and their writes land when it ends. Every read must find the
+// value it reads (a view its source, an in-place result's input the input), and at the end every
+// output and update must be where the program says. A missing barrier or a value placed over
+// one still to be read fails here.
+void expect_schedule_computes_every_value(const plan::Program& program) {
+  const Graph& graph = program.graph;
+  std::vector<std::vector<int64_t>> words(program.arenas.size());
+  for (size_t a = 0; a < program.arenas.size(); ++a)
+    words[a].assign(program.arenas[a].bytes / 4 + 1, -1);
+  const auto put = [&](const plan::Region& region, ValueId value) {
+    for (uint64_t w = region.offset / 4; w < (region.offset + region.bytes + 3) / 4; ++w)
+      words[region.arena][w] = value;
+  };
+  const auto holds = [&](const plan::Region& region, ValueId value) {
+    for (uint64_t w = region.offset / 4; w < (region.offset + region.bytes + 3) / 4; ++w)
+      if (words[region.arena][w] != static_cast<int64_t>(value)) return false;
+    return true;
+  };
+  for (ValueId value : program.persistent) put(program.regions.at(value), value);
+  for (ValueId value : program.inputs) put(program.regions.at(value), value);
+  size_t begin = 0;
+  while (begin < program.launches.size()) {
+    size_t end = begin + 1;
+    while (end < program.launches.size() && !program.launches[end].barrier_before) ++end;
+    for (size_t t = begin; t < end; ++t) {
+      const plan::PlannedLaunch& planned = program.launches[t];
+      for (size_t k = 0; k < planned.regions.size(); ++k) {
+        const kernels::Operand& operand = planned.launch.operands[k];
+        if (!operand.write) {
+          EXPECT_TRUE(holds(planned.regions[k], view_root(graph, operand.value)))
+              << planned.launch.label << " reads %" << operand.value << " overwritten or unwritten";
+        }
+      }
+    }
+    for (size_t t = begin; t < end; ++t) {
+      const plan::PlannedLaunch& planned = program.launches[t];
+      for (size_t k = 0; k < planned.regions.size(); ++k)
+        if (planned.launch.operands[k].write)
+          put(planned.regions[k], view_root(graph, planned.launch.operands[k].value));
+    }
+    begin = end;
+  }
+  for (const auto& [name, id] : graph.outputs())
+    EXPECT_TRUE(holds(program.regions.at(id), view_root(graph, id))) << "output " << name;
+  for (const auto& [leaf, value] : graph.updates())
+    EXPECT_TRUE(holds(program.regions.at(value), view_root(graph, value))) << "update %" << value;
+}
+
 // The scheduler reorders the launches into epochs that barriers separate: the same launches run
-// with the same memory plan, no two launches of one epoch conflict, and every conflicting pair
-// keeps the lowering's order. The CNN's Adam update (its last 24 launches: the two moments and
-// the parameter of each of 8 parameters, one parameter after another in the lowering, with a
-// barrier inside each) takes at most 4 epochs: first moments, second moments, parameters, and
-// the one parameter whose gradient comes last.
+// with the same memory plan, no two launches of one epoch conflict, every conflicting pair
+// keeps the lowering's order, and the schedule computes every value (above). The CNN's Adam update
+// (its last 24 launches: the two moments and the parameter of each of 8 parameters, one parameter
+// after another in the lowering, with a barrier inside each) takes at most 4 epochs: first moments,
+// second moments, parameters, and the one parameter whose gradient comes last.
 TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
   for (const Graph& graph :
        {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
@@ -332,6 +388,8 @@ TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
             << first.launch.label << " / " << second.launch.label;
       }
     }
+    expect_schedule_computes_every_value(scheduled);
+    expect_schedule_computes_every_value(in_order);
     EXPECT_LT(scheduled.memory.barriers, in_order.memory.barriers);
   }
   const plan::Program cnn = plan::build_program(
