@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "harness.hpp"
+#include "kernels/lowering.hpp"
 #include "meganeura/autodiff.hpp"
 
 namespace mg {
@@ -125,6 +126,31 @@ TEST(GpuNorm, WideWorkgroupsAndVectorSteps) {
                  graph.set_output("odd", odd.id());
                  output_gradients(graph, "odd_", odd, {x[7]}, x[8]);
                });
+}
+
+// The workgroup of a norm over few large groups: the largest power of two the device allows,
+// 1024 on an H200-like GPU and 256 where the limit is 384; many groups and CPU devices keep
+// 256.
+TEST(NormLowering, WorkgroupsWithinTheDeviceLimit) {
+  const auto local_size = [](const Shape& x, int64_t groups, const kernels::DeviceTraits& device) {
+    Graph graph;
+    const Tensor y = group_norm(input(graph, "x", x), groups, std::nullopt, std::nullopt);
+    const std::vector<kernels::Launch> launches = kernels::lower_node(graph, y.id(), device);
+    for (const auto& [name, value] : launches.at(0).defines)
+      if (name == "LOCAL") return value;
+    return std::string("missing");
+  };
+  kernels::DeviceTraits gpu;
+  gpu.max_workgroup_invocations = 1024;
+  EXPECT_EQ(local_size({2, 320, 64, 64}, 32, gpu), "1024u");
+  kernels::DeviceTraits mobile = gpu;
+  mobile.max_workgroup_invocations = 384;
+  EXPECT_EQ(local_size({2, 320, 64, 64}, 32, mobile), "256u");
+  EXPECT_EQ(local_size({64, 320, 8, 8}, 32, gpu), "256u");  // 2048 groups
+  kernels::DeviceTraits cpu = gpu;
+  cpu.cpu = true;
+  cpu.subgroup_size = 8;
+  EXPECT_EQ(local_size({2, 320, 64, 64}, 32, cpu), "256u");
 }
 
 TEST(GpuNorm, BatchNormEval) {
