@@ -7,6 +7,7 @@
 
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "ops/k_split.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -147,7 +148,6 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
   // ResNet's smallest coop convolution (462M) ran 42.9 us against 58.0 on gemm.comp
   // (docs/BENCHMARKS.md run 26); the bounds' measurements are in the header.
   constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 20, kMinSplitMultiplyAddsPerUnit = 1 << 18;
-  constexpr int64_t kMinSplitK = 512;
   if (const char* text = std::getenv("MEGANEURA_COOP_GEMM_MIN")) {
     const std::optional<std::vector<int64_t>> value = parse_integers(text, 1);
     if (!value || (*value)[0] < 0)
@@ -156,10 +156,11 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
                   "cooperative matrices (0: every product); unset it for " +
                   std::to_string(kMinMultiplyAddsPerUnit) + " (" +
                   std::to_string(kMinSplitMultiplyAddsPerUnit) +
-                  " where K >= " + std::to_string(kMinSplitK) + ")");
+                  " where K >= " + std::to_string(kMinKToSplit) + ")");
     return multiply_adds >= (*value)[0] * device.compute_units;
   }
-  const int64_t per_unit = k >= kMinSplitK ? kMinSplitMultiplyAddsPerUnit : kMinMultiplyAddsPerUnit;
+  const int64_t per_unit =
+      k >= kMinKToSplit ? kMinSplitMultiplyAddsPerUnit : kMinMultiplyAddsPerUnit;
   return multiply_adds >= per_unit * device.compute_units;
 }
 

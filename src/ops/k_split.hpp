@@ -12,6 +12,11 @@ namespace mg {
 // stay 16-byte aligned.
 constexpr int64_t kKSliceAlignment = 16;
 
+// Products with a shorter K stay whole: a split costs a reduction dispatch and the product's
+// epilogue fusion, which a 64 x 256 x 256 layer of a small MLP does not win back. The fast
+// GEMM's routing (kernels/gemm_coopmat.cpp) counts on splits from this K on.
+constexpr int64_t kMinKToSplit = 512;
+
 // Length of every K slice but the last (which may be shorter) when K is cut into `splits`.
 constexpr int64_t k_slice_length(int64_t k, int64_t splits) {
   const int64_t even = (k + splits - 1) / splits;

@@ -30,9 +30,6 @@
 namespace mg::passes {
 namespace {
 
-// Products with a shorter K stay whole: a split costs a reduction dispatch and the product's
-// epilogue fusion, which a 64 x 256 x 256 layer of a small MLP does not win back.
-constexpr int64_t kMinKToSplit = 512;
 // A slice keeps at least two 16-deep steps of gemm.comp, so that fetching one overlaps
 // multiplying the other (SmolLM's 128 x 576 x 576 ran best on 48-deep slices, 12 of them).
 constexpr int64_t kMinKPerSlice = 32;
