@@ -175,12 +175,13 @@ std::string mask_function(const Graph& graph, const Node& node, const Inputs& in
 // Shared memory of the cooperative-matrix dQ and dK / dV kernels for streamed blocks of
 // `streamed` keys (dQ) or queries (dK / dV), mirroring their declarations (64 owned rows): f16
 // tiles (the owned block's operands, or the streamed block's two), f32 staging rows (S, then dP,
-// and parts of the result at the end), the per-query lse and delta of dK / dV and the f16 weights.
+// and parts of the result at the end; padded by 8 floats for dQ's vec4 reads, 4 otherwise), the
+// per-query lse and delta of dK / dV and the f16 weights.
 int64_t coop_shared_bytes(Mode mode, const Dims& dims, int64_t streamed) {
   const int64_t owned = 64;
   const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
   const int64_t tiles = std::max(streamed * (d + dv), owned * std::max(d, dv));
-  const int64_t stage = owned * (streamed + 4);
+  const int64_t stage = owned * (streamed + (mode == Mode::grad_q ? 8 : 4));
   const int64_t query_stats = mode == Mode::grad_k ? 2 : mode == Mode::grad_v ? 1 : 0;
   return 2 * tiles + 4 * stage + 4 * query_stats * streamed + 2 * owned * (streamed + 8);
 }
@@ -323,7 +324,9 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   }
   launch.khr_cooperative_matrix = coop && coop_wants_khr(context.device());
   launch.kernel = file.substr(0, file.size() - 5);
-  launch.body = mask_function(graph, node, inputs, dims) + std::string(kernel_source(file));
+  launch.body = mask_function(graph, node, inputs, dims) +
+                (coop ? std::string(kernel_source("attention_coopmat_tiles.glsl")) : "") +
+                std::string(kernel_source(file));
 
   launch.operands = {{"q", node.inputs[0], false}, {"k", node.inputs[1], false}};
   if (mode == Mode::forward || has_two_products(mode))

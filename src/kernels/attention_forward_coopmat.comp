@@ -35,22 +35,20 @@
 #define ROWS 16
 #define BQ (WARPS * ROWS)
 #define THREADS (WARPS * 32)
-#define D_STRIDE (D + 8)
-#define DV_STRIDE (DV + 8)
+// Tile row strides in uvec2s of 4 halves (attention_coopmat_tiles.glsl).
+#define D_UVEC2S ATTENTION_ROW_UVEC2S(D)
+#define DV_UVEC2S ATTENTION_ROW_UVEC2S(DV)
 #define P_STRIDE (BK + 8)
 // Staged scores and output rows share a stride; the 4 floats of padding spread the rows of a
 // subgroup over the shared-memory banks.
 #define STAGE_STRIDE ((BK > DV ? BK : DV) + 4)
-#define V_OFFSET (BK * D_STRIDE)
+#define V_OFFSET (BK * D_UVEC2S)
 #if WITH_VALUE
-#define KV_HALVES (V_OFFSET + BK * DV_STRIDE)
+#define KV_UVEC2S (V_OFFSET + BK * DV_UVEC2S)
 #else
-#define KV_HALVES V_OFFSET
+#define KV_UVEC2S V_OFFSET
 #endif
-#define Q_HALVES (BQ * D_STRIDE)
-#define K_VECTORS (BK * D / 4 / THREADS)
-#define V_VECTORS (BK * DV / 4 / THREADS)
-#define Q_VECTORS (BQ * D / 4 / THREADS)
+#define Q_UVEC2S (BQ * D_UVEC2S)
 #define LOG2E 1.4426950408889634
 #define THRESHOLD 11.0
 #define NEG_INF (-1.0 / 0.0)
@@ -67,35 +65,22 @@ layout(std430, set = 0, binding = 2) readonly buffer buffer_v4 { vec4 v4[]; };
 #endif
 
 // The scaled query block first, then each key block's K and V tiles.
-shared float16_t tiles[KV_HALVES > Q_HALVES ? KV_HALVES : Q_HALVES];
+shared uvec2 tiles[KV_UVEC2S > Q_UVEC2S ? KV_UVEC2S : Q_UVEC2S];
 // Per subgroup: the block's scores, or the output rows during a rescale and at the end.
 shared float stage[BQ * STAGE_STRIDE];
 #if WITH_VALUE
 shared float16_t probabilities[BQ * P_STRIDE];
-vec4 v_next[V_VECTORS];
+vec4 v_next[ATTENTION_LOADS(BK, DV)];
 #endif
-vec4 k_next[K_VECTORS];
+vec4 k_next[ATTENTION_LOADS(BK, D)];
 
 // Reads the key block at k0 into registers; rows past SK read as zeros so that the padding
 // keys' P (zero) never meets a NaN.
 void load_kv(uint kv_base, uint k0, uint t) {
-  [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
-    uint e = t + r * THREADS, kj = k0 + e / (D / 4);
-    k_next[r] = kj < SK ? k4[(kv_base + kj) * (D / 4) + e % (D / 4)] : vec4(0.0);
-  }
+  ATTENTION_FETCH(k_next, k4, kv_base, k0, SK, BK, D, t)
 #if WITH_VALUE
-  [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
-    uint e = t + r * THREADS, kj = k0 + e / (DV / 4);
-    v_next[r] = kj < SK ? v4[(kv_base + kj) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
-  }
+  ATTENTION_FETCH(v_next, v4, kv_base, k0, SK, BK, DV, t)
 #endif
-}
-
-void store_halves(uint at, vec4 value) {
-  tiles[at] = float16_t(value.x);
-  tiles[at + 1] = float16_t(value.y);
-  tiles[at + 2] = float16_t(value.z);
-  tiles[at + 3] = float16_t(value.w);
 }
 
 void main() {
@@ -123,15 +108,15 @@ void main() {
   kv_end = min(kv_end, kv_begin + SLICE);
 #endif
   load_kv(kv_base, kv_begin, t);
-  [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
-    uint e = t + r * THREADS, qi = q0 + e / (D / 4);
-    vec4 value = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
-    store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, value * float(SCALE * LOG2E));
+  {
+    vec4 q_values[ATTENTION_LOADS(BQ, D)];
+    ATTENTION_FETCH(q_values, q4, q_base, q0, SQ, BQ, D, t)
+    ATTENTION_STASH(tiles, 0, q_values, float(SCALE * LOG2E), BQ, D, t)
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_fragments[D / 16];
   [[unroll]] for (uint c = 0; c < D / 16; ++c)
-    coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
+    coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_UVEC2S + c * 4, D_UVEC2S, false);
 #if WITH_VALUE
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> o[DV / 8];
   [[unroll]] for (uint n = 0; n < DV / 8; ++n)
@@ -143,15 +128,9 @@ void main() {
   float m = NEG_INF, l = 0.0;
   for (uint k0 = kv_begin; k0 < kv_end; k0 += BK) {
     barrier();  // every subgroup is done with the previous tiles (or the query block)
-    [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
-      uint e = t + r * THREADS;
-      store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, k_next[r]);
-    }
+    ATTENTION_STASH(tiles, 0, k_next, 1.0, BK, D, t)
 #if WITH_VALUE
-    [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
-      uint e = t + r * THREADS;
-      store_halves(V_OFFSET + (e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, v_next[r]);
-    }
+    ATTENTION_STASH(tiles, V_OFFSET, v_next, 1.0, BK, DV, t)
 #endif
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
@@ -161,7 +140,7 @@ void main() {
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
         // K^T as a column-major 16 x 8 block: element (d, j) is K[j][d].
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_transposed;
-        coopMatLoadNV(k_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
+        coopMatLoadNV(k_transposed, tiles, n * 8 * D_UVEC2S + c * 4, D_UVEC2S, true);
         s = coopMatMulAddNV(q_fragments[c], k_transposed, s);
       }
       coopMatStoreNV(s, stage, stage_block + n * 8, STAGE_STRIDE, false);
@@ -228,7 +207,7 @@ void main() {
     [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
       [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_fragment;
-        coopMatLoadNV(v_fragment, tiles, V_OFFSET + c * 16 * DV_STRIDE + n * 8, DV_STRIDE, false);
+        coopMatLoadNV(v_fragment, tiles, V_OFFSET + c * 16 * DV_UVEC2S + n * 2, DV_UVEC2S, false);
         o[n] = coopMatMulAddNV(p_fragments[c], v_fragment, o[n]);
       }
     }

@@ -31,8 +31,9 @@
 #define THREADS (WARPS * 32)
 // Threads per query of a block for its lse and delta.
 #define TPQ (THREADS / BQ)
-#define D_STRIDE (D + 8)
-#define DV_STRIDE (DV + 8)
+// Tile row strides in uvec2s of 4 halves (attention_coopmat_tiles.glsl).
+#define D_UVEC2S ATTENTION_ROW_UVEC2S(D)
+#define DV_UVEC2S ATTENTION_ROW_UVEC2S(DV)
 #define W_STRIDE (BQ + 8)
 #if GRAD_K
 #define RESULT_DIM D
@@ -44,13 +45,9 @@
 #define STAGE_STRIDE (BQ + 4)
 // The result leaves in parts of OUT_COLUMNS columns, as wide as the staging rows allow.
 #define OUT_COLUMNS (RESULT_DIM % BQ == 0 ? BQ : 16)
-#define DO_OFFSET (BQ * D_STRIDE)
-#define QDO_HALVES (DO_OFFSET + BQ * DV_STRIDE)
-#define K_HALVES (BK * (D_STRIDE > DV_STRIDE ? D_STRIDE : DV_STRIDE))
-#define Q_VECTORS (BQ * D / 4 / THREADS)
-#define DO_VECTORS (BQ * DV / 4 / THREADS)
-#define K_VECTORS (BK * D / 4 / THREADS)
-#define V_VECTORS (BK * DV / 4 / THREADS)
+#define DO_OFFSET (BQ * D_UVEC2S)
+#define QDO_UVEC2S (DO_OFFSET + BQ * DV_UVEC2S)
+#define K_UVEC2S (BK * (D_UVEC2S > DV_UVEC2S ? D_UVEC2S : DV_UVEC2S))
 #define LOG2E 1.4426950408889634
 
 layout(local_size_x = THREADS) in;
@@ -70,7 +67,7 @@ layout(std430, set = 0, binding = OUT_BINDING) readonly buffer buffer_out_value4
 #endif
 
 // The key block (and for dK the value block), then each query block's Q and dO tiles.
-shared float16_t tiles[QDO_HALVES > K_HALVES ? QDO_HALVES : K_HALVES];
+shared uvec2 tiles[QDO_UVEC2S > K_UVEC2S ? QDO_UVEC2S : K_UVEC2S];
 // Per subgroup: the block's S^T, then (dK) its dP^T, and parts of the result rows at the end.
 shared float stage[BK * STAGE_STRIDE];
 shared float query_lse[BQ];
@@ -79,8 +76,8 @@ shared float query_delta[BQ];
 #endif
 shared float16_t weights[BK * W_STRIDE];
 
-vec4 q_next[Q_VECTORS];
-vec4 do_next[DO_VECTORS];
+vec4 q_next[ATTENTION_LOADS(BQ, D)];
+vec4 do_next[ATTENTION_LOADS(BQ, DV)];
 // This thread's query of the next block: its lse (log2 units) and, for dK, part of its delta.
 float lse_next;
 #if GRAD_K
@@ -90,14 +87,8 @@ float delta_next;
 // Reads the query block at q0 of the head whose rows start at q_base into registers; rows past
 // SQ read as zeros so that their P (zero) never meets a NaN.
 void load_qdo(uint q_base, uint q0, uint t) {
-  [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
-    uint e = t + r * THREADS, qi = q0 + e / (D / 4);
-    q_next[r] = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
-  }
-  [[unroll]] for (uint r = 0; r < DO_VECTORS; ++r) {
-    uint e = t + r * THREADS, qi = q0 + e / (DV / 4);
-    do_next[r] = qi < SQ ? grad_out4[(q_base + qi) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
-  }
+  ATTENTION_FETCH(q_next, q4, q_base, q0, SQ, BQ, D, t)
+  ATTENTION_FETCH(do_next, grad_out4, q_base, q0, SQ, BQ, DV, t)
   uint qi = q0 + t / TPQ;
   lse_next = qi < SQ ? lse[q_base + qi] * float(LOG2E) : 0.0;
 #if GRAD_K
@@ -110,13 +101,6 @@ void load_qdo(uint q_base, uint q0, uint t) {
     }
   }
 #endif
-}
-
-void store_halves(uint at, vec4 value) {
-  tiles[at] = float16_t(value.x);
-  tiles[at + 1] = float16_t(value.y);
-  tiles[at + 2] = float16_t(value.z);
-  tiles[at + 3] = float16_t(value.w);
 }
 
 void main() {
@@ -146,26 +130,26 @@ void main() {
   uint h_first = kv_head * (HQ / HKV);
   if (blocks > 0) load_qdo((b * HQ + h_first) * SQ, q_start, t);
 
-  [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
-    uint e = t + r * THREADS, kj = k0 + e / (D / 4);
-    vec4 value = kj < SK ? k4[(kv_base + kj) * (D / 4) + e % (D / 4)] : vec4(0.0);
-    store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, value * float(SCALE * LOG2E));
+  {
+    vec4 k_values[ATTENTION_LOADS(BK, D)];
+    ATTENTION_FETCH(k_values, k4, kv_base, k0, SK, BK, D, t)
+    ATTENTION_STASH(tiles, 0, k_values, float(SCALE * LOG2E), BK, D, t)
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> k_fragments[D / 16];
   [[unroll]] for (uint c = 0; c < D / 16; ++c)
-    coopMatLoadNV(k_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
+    coopMatLoadNV(k_fragments[c], tiles, warp * ROWS * D_UVEC2S + c * 4, D_UVEC2S, false);
 #if GRAD_K
   barrier();
-  [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
-    uint e = t + r * THREADS, kj = k0 + e / (DV / 4);
-    vec4 value = kj < SK ? v4[(kv_base + kj) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
-    store_halves((e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, value);
+  {
+    vec4 v_values[ATTENTION_LOADS(BK, DV)];
+    ATTENTION_FETCH(v_values, v4, kv_base, k0, SK, BK, DV, t)
+    ATTENTION_STASH(tiles, 0, v_values, 1.0, BK, DV, t)
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> v_fragments[DV / 16];
   [[unroll]] for (uint c = 0; c < DV / 16; ++c)
-    coopMatLoadNV(v_fragments[c], tiles, warp * ROWS * DV_STRIDE + c * 16, DV_STRIDE, false);
+    coopMatLoadNV(v_fragments[c], tiles, warp * ROWS * DV_UVEC2S + c * 4, DV_UVEC2S, false);
 #endif
 
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> accumulators[RESULT_DIM / 8];
@@ -180,14 +164,8 @@ void main() {
     [[unroll]] for (uint s = 1; s < TPQ; s *= 2) delta += subgroupShuffleXor(delta, s);
 #endif
     barrier();  // every subgroup is done with the previous tiles (or the key block)
-    [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
-      uint e = t + r * THREADS;
-      store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, q_next[r]);
-    }
-    [[unroll]] for (uint r = 0; r < DO_VECTORS; ++r) {
-      uint e = t + r * THREADS;
-      store_halves(DO_OFFSET + (e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, do_next[r]);
-    }
+    ATTENTION_STASH(tiles, 0, q_next, 1.0, BQ, D, t)
+    ATTENTION_STASH(tiles, DO_OFFSET, do_next, 1.0, BQ, DV, t)
     if (t % TPQ == 0) {
       query_lse[t / TPQ] = lse_next;
 #if GRAD_K
@@ -205,7 +183,7 @@ void main() {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> q_transposed;
-        coopMatLoadNV(q_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
+        coopMatLoadNV(q_transposed, tiles, n * 8 * D_UVEC2S + c * 4, D_UVEC2S, true);
         s = coopMatMulAddNV(k_fragments[c], q_transposed, s);
       }
       coopMatStoreNV(s, stage, stage_block + n * 8, STAGE_STRIDE, false);
@@ -228,7 +206,7 @@ void main() {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> do_transposed;
-        coopMatLoadNV(do_transposed, tiles, DO_OFFSET + n * 8 * DV_STRIDE + c * 16, DV_STRIDE,
+        coopMatLoadNV(do_transposed, tiles, DO_OFFSET + n * 8 * DV_UVEC2S + c * 4, DV_UVEC2S,
                       true);
         dp = coopMatMulAddNV(v_fragments[c], do_transposed, dp);
       }
@@ -254,9 +232,9 @@ void main() {
       [[unroll]] for (uint c = 0; c < BQ / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> operand;
 #if GRAD_K
-        coopMatLoadNV(operand, tiles, c * 16 * D_STRIDE + n * 8, D_STRIDE, false);
+        coopMatLoadNV(operand, tiles, c * 16 * D_UVEC2S + n * 2, D_UVEC2S, false);
 #else
-        coopMatLoadNV(operand, tiles, DO_OFFSET + c * 16 * DV_STRIDE + n * 8, DV_STRIDE, false);
+        coopMatLoadNV(operand, tiles, DO_OFFSET + c * 16 * DV_UVEC2S + n * 2, DV_UVEC2S, false);
 #endif
         accumulators[n] = coopMatMulAddNV(w_fragments[c], operand, accumulators[n]);
       }

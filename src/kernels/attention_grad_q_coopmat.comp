@@ -8,6 +8,10 @@
 //   dP = dO V^T, staged through the same area once P is read; the lanes form
 //   dS = P * (dP - delta) * SCALE in f16;
 //   dQ += dS K with dQ in f32 accumulator fragments (no rescaling: P uses the saved lse).
+// Each lane of a row's pair owns every other vec4 of its columns, so it reads S and dP as vec4s
+// and writes dS 4 halves at a time: 0.088 to 0.070 ms for Whisper's dQ on the H200 against
+// interleaved single columns (docs/BENCHMARKS.md, run 34; the forward and dK / dV kernels ran
+// 2-19 % slower so and keep single columns).
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * SLICE,
 // (z + 1) * SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, BK (32 or 64),
@@ -26,21 +30,20 @@
 #define ROWS 16
 #define BQ (WARPS * ROWS)
 #define THREADS (WARPS * 32)
-#define D_STRIDE (D + 8)
-#define DV_STRIDE (DV + 8)
-#define W_STRIDE (BK + 8)
-// Staged S, dP and parts of the dQ rows at the end share a stride; the 4 floats of padding
-// spread the rows of a subgroup over the shared-memory banks.
-#define STAGE_STRIDE (BK + 4)
+// Tile row strides in uvec2s of 4 halves (attention_coopmat_tiles.glsl).
+#define D_UVEC2S ATTENTION_ROW_UVEC2S(D)
+#define DV_UVEC2S ATTENTION_ROW_UVEC2S(DV)
+// dS rows in units of 4 halves (one uvec2).
+#define W_UVEC2S ((BK + 8) / 4)
+// Staged S, dP and parts of the dQ rows at the end share a stride, in vec4s: 8 floats of
+// padding put the rows of a subgroup 8 or 24 banks apart, so that the vec4 reads of the two
+// lanes of 4 consecutive rows fall in distinct banks.
+#define STAGE_VEC4S ((BK + 8) / 4)
 // The result leaves in parts of OUT_COLUMNS columns, as wide as the staging rows allow.
 #define OUT_COLUMNS (D % BK == 0 ? BK : 16)
-#define V_OFFSET (BK * D_STRIDE)
-#define KV_HALVES (V_OFFSET + BK * DV_STRIDE)
-#define Q_HALVES (BQ * (D_STRIDE > DV_STRIDE ? D_STRIDE : DV_STRIDE))
-#define K_VECTORS (BK * D / 4 / THREADS)
-#define V_VECTORS (BK * DV / 4 / THREADS)
-#define Q_VECTORS (BQ * D / 4 / THREADS)
-#define DO_VECTORS (BQ * DV / 4 / THREADS)
+#define V_OFFSET (BK * D_UVEC2S)
+#define KV_UVEC2S (V_OFFSET + BK * DV_UVEC2S)
+#define Q_UVEC2S (BQ * (D_UVEC2S > DV_UVEC2S ? D_UVEC2S : DV_UVEC2S))
 #define LOG2E 1.4426950408889634
 
 layout(local_size_x = THREADS) in;
@@ -58,32 +61,36 @@ layout(std430, set = 0, binding = GRAD_OUT_BINDING) readonly buffer buffer_grad_
 };
 
 // The query block, then dO, then each key block's K and V tiles.
-shared float16_t tiles[KV_HALVES > Q_HALVES ? KV_HALVES : Q_HALVES];
+shared uvec2 tiles[KV_UVEC2S > Q_UVEC2S ? KV_UVEC2S : Q_UVEC2S];
 // Per subgroup: the block's S, then its dP, and parts of the dQ rows at the end.
-shared float stage[BQ * STAGE_STRIDE];
-shared float16_t weights[BQ * W_STRIDE];
+shared uvec4 stage[BQ * STAGE_VEC4S];
+shared uvec2 weights[BQ * W_UVEC2S];
 
-vec4 k_next[K_VECTORS];
-vec4 v_next[V_VECTORS];
+// The f32 staging rows are a uvec4 array (glslang 12 stores cooperative matrices only into
+// 32-bit unsigned vectors, not float ones): vec4 `at` of them.
+#define STAGED(at) uintBitsToFloat(stage[(at)])
+
+// Part `part` (OUT_COLUMNS columns) of the subgroup's ROWS result rows, staged at stage_block
+// (rows STAGE_VEC4S vec4s apart), into `result` (rows of `width` floats) at row base + row0 + r,
+// for the rows row0 + r below `limit`; consecutive lanes on consecutive vec4s.
+#define ATTENTION_WRITE_PART(result, base, row0, limit, width, part)                          \
+  [[unroll]] for (uint r_ = 0; r_ < ROWS * OUT_COLUMNS / 128; ++r_) {                      \
+    uint e_ = lane + r_ * 32, row_ = e_ / (OUT_COLUMNS / 4), column_ = e_ % (OUT_COLUMNS / 4); \
+    if ((row0) + row_ < (limit)) {                                                            \
+      vec4 value_ = STAGED(stage_block + row_ * STAGE_VEC4S + column_);                        \
+      uint at_ = ((base) + (row0) + row_) * (width) + (part) * OUT_COLUMNS + 4 * column_;     \
+      [[unroll]] for (uint c_ = 0; c_ < 4; ++c_) result[at_ + c_] = value_[c_];             \
+    }                                                                                         \
+  }
+
+vec4 k_next[ATTENTION_LOADS(BK, D)];
+vec4 v_next[ATTENTION_LOADS(BK, DV)];
 
 // Reads the key block at k0 into registers; rows past SK read as zeros so that the padding
 // keys' dS (zero) never meets a NaN.
 void load_kv(uint kv_base, uint k0, uint t) {
-  [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
-    uint e = t + r * THREADS, kj = k0 + e / (D / 4);
-    k_next[r] = kj < SK ? k4[(kv_base + kj) * (D / 4) + e % (D / 4)] : vec4(0.0);
-  }
-  [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
-    uint e = t + r * THREADS, kj = k0 + e / (DV / 4);
-    v_next[r] = kj < SK ? v4[(kv_base + kj) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
-  }
-}
-
-void store_halves(uint at, vec4 value) {
-  tiles[at] = float16_t(value.x);
-  tiles[at + 1] = float16_t(value.y);
-  tiles[at + 2] = float16_t(value.z);
-  tiles[at + 3] = float16_t(value.w);
+  ATTENTION_FETCH(k_next, k4, kv_base, k0, SK, BK, D, t)
+  ATTENTION_FETCH(v_next, v4, kv_base, k0, SK, BK, DV, t)
 }
 
 void main() {
@@ -95,13 +102,13 @@ void main() {
   uint q0 = gl_WorkGroupID.x * BQ;
   uint q_base = bh * SQ;
   uint kv_base = (b * HKV + kv_head) * SK;
-  // Two lanes per query row; lane half_index owns the row's columns 2c + half_index, which
-  // interleaves the pair over the banks.
+  // Two lanes per query row; lane half_index owns the row's columns 8c + 4 half_index .. + 3
+  // (vec4 2c + half_index), which interleaves the pair over the banks.
   uint row = lane / 2, half_index = lane % 2;
   uint i = q0 + warp * ROWS + row;
-  uint stage_row = (warp * ROWS + row) * STAGE_STRIDE + half_index;
-  uint stage_block = warp * ROWS * STAGE_STRIDE;
-  uint w_row = (warp * ROWS + row) * W_STRIDE + half_index;
+  uint stage_row = (warp * ROWS + row) * STAGE_VEC4S + half_index;
+  uint stage_block = warp * ROWS * STAGE_VEC4S;
+  uint w_row = (warp * ROWS + row) * W_UVEC2S + half_index;
 
   // Top-left causal masking: no query of this block sees a key past its last query.
   uint kv_begin = 0;
@@ -111,25 +118,25 @@ void main() {
   kv_end = min(kv_end, kv_begin + SLICE);
 #endif
   load_kv(kv_base, kv_begin, t);
-  [[unroll]] for (uint r = 0; r < Q_VECTORS; ++r) {
-    uint e = t + r * THREADS, qi = q0 + e / (D / 4);
-    vec4 value = qi < SQ ? q4[(q_base + qi) * (D / 4) + e % (D / 4)] : vec4(0.0);
-    store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, value * float(SCALE * LOG2E));
+  {
+    vec4 q_values[ATTENTION_LOADS(BQ, D)];
+    ATTENTION_FETCH(q_values, q4, q_base, q0, SQ, BQ, D, t)
+    ATTENTION_STASH(tiles, 0, q_values, float(SCALE * LOG2E), BQ, D, t)
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> q_fragments[D / 16];
   [[unroll]] for (uint c = 0; c < D / 16; ++c)
-    coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_STRIDE + c * 16, D_STRIDE, false);
+    coopMatLoadNV(q_fragments[c], tiles, warp * ROWS * D_UVEC2S + c * 4, D_UVEC2S, false);
   barrier();
-  [[unroll]] for (uint r = 0; r < DO_VECTORS; ++r) {
-    uint e = t + r * THREADS, qi = q0 + e / (DV / 4);
-    vec4 value = qi < SQ ? grad_out4[(q_base + qi) * (DV / 4) + e % (DV / 4)] : vec4(0.0);
-    store_halves((e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, value);
+  {
+    vec4 do_values[ATTENTION_LOADS(BQ, DV)];
+    ATTENTION_FETCH(do_values, grad_out4, q_base, q0, SQ, BQ, DV, t)
+    ATTENTION_STASH(tiles, 0, do_values, 1.0, BQ, DV, t)
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> do_fragments[DV / 16];
   [[unroll]] for (uint c = 0; c < DV / 16; ++c)
-    coopMatLoadNV(do_fragments[c], tiles, warp * ROWS * DV_STRIDE + c * 16, DV_STRIDE, false);
+    coopMatLoadNV(do_fragments[c], tiles, warp * ROWS * DV_UVEC2S + c * 4, DV_UVEC2S, false);
 
   // delta = rowsum(dO * O), each lane of the pair summing half the row.
   float delta = 0.0;
@@ -148,14 +155,8 @@ void main() {
 
   for (uint k0 = kv_begin; k0 < kv_end; k0 += BK) {
     barrier();  // every subgroup is done with the previous tiles (or dO)
-    [[unroll]] for (uint r = 0; r < K_VECTORS; ++r) {
-      uint e = t + r * THREADS;
-      store_halves((e / (D / 4)) * D_STRIDE + (e % (D / 4)) * 4, k_next[r]);
-    }
-    [[unroll]] for (uint r = 0; r < V_VECTORS; ++r) {
-      uint e = t + r * THREADS;
-      store_halves(V_OFFSET + (e / (DV / 4)) * DV_STRIDE + (e % (DV / 4)) * 4, v_next[r]);
-    }
+    ATTENTION_STASH(tiles, 0, k_next, 1.0, BK, D, t)
+    ATTENTION_STASH(tiles, V_OFFSET, v_next, 1.0, BK, DV, t)
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
@@ -164,21 +165,22 @@ void main() {
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
         // K^T as a column-major 16 x 8 block: element (d, j) is K[j][d].
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_transposed;
-        coopMatLoadNV(k_transposed, tiles, n * 8 * D_STRIDE + c * 16, D_STRIDE, true);
+        coopMatLoadNV(k_transposed, tiles, n * 8 * D_UVEC2S + c * 4, D_UVEC2S, true);
         s = coopMatMulAddNV(q_fragments[c], k_transposed, s);
       }
-      coopMatStoreNV(s, stage, stage_block + n * 8, STAGE_STRIDE, false);
+      coopMatStoreNV(s, stage, stage_block + n * 2, STAGE_VEC4S, false);
     }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
 
-    float p[BK / 2];
-    [[unroll]] for (uint c = 0; c < BK / 2; ++c) {
-      uint j = k0 + 2 * c + half_index;
-      bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
-      p[c] = visible
-                 ? exp2(stage[stage_row + 2 * c] + mask_at(b, h, i, j) * float(LOG2E) - row_lse)
-                 : 0.0;
+    vec4 p[BK / 8];
+    [[unroll]] for (uint c = 0; c < BK / 8; ++c) {
+      vec4 staged = STAGED(stage_row + 2 * c);
+      [[unroll]] for (uint e = 0; e < 4; ++e) {
+        uint j = k0 + 8 * c + 4 * half_index + e;
+        bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
+        p[c][e] = visible ? exp2(staged[e] + mask_at(b, h, i, j) * float(LOG2E) - row_lse) : 0.0;
+      }
     }
     subgroupBarrier();  // every lane has read its scores: the staging area is free for dP
 
@@ -186,28 +188,27 @@ void main() {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_transposed;
-        coopMatLoadNV(v_transposed, tiles, V_OFFSET + n * 8 * DV_STRIDE + c * 16, DV_STRIDE,
-                      true);
+        coopMatLoadNV(v_transposed, tiles, V_OFFSET + n * 8 * DV_UVEC2S + c * 4, DV_UVEC2S, true);
         dp = coopMatMulAddNV(do_fragments[c], v_transposed, dp);
       }
-      coopMatStoreNV(dp, stage, stage_block + n * 8, STAGE_STRIDE, false);
+      coopMatStoreNV(dp, stage, stage_block + n * 2, STAGE_VEC4S, false);
     }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
 
     // Hidden keys have P = 0 and a finite dP (zero rows past SK), so their dS is 0.
-    [[unroll]] for (uint c = 0; c < BK / 2; ++c)
-      weights[w_row + 2 * c] = float16_t(p[c] * (stage[stage_row + 2 * c] - delta) * SCALE);
+    [[unroll]] for (uint c = 0; c < BK / 8; ++c)
+      weights[w_row + 2 * c] = QUARTER_HALVES(p[c] * (STAGED(stage_row + 2 * c) - delta) * SCALE);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
 
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ds_fragments[BK / 16];
     [[unroll]] for (uint c = 0; c < BK / 16; ++c)
-      coopMatLoadNV(ds_fragments[c], weights, warp * ROWS * W_STRIDE + c * 16, W_STRIDE, false);
+      coopMatLoadNV(ds_fragments[c], weights, warp * ROWS * W_UVEC2S + c * 4, W_UVEC2S, false);
     [[unroll]] for (uint n = 0; n < D / 8; ++n) {
       [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
         fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_fragment;
-        coopMatLoadNV(k_fragment, tiles, c * 16 * D_STRIDE + n * 8, D_STRIDE, false);
+        coopMatLoadNV(k_fragment, tiles, c * 16 * D_UVEC2S + 2 * n, D_UVEC2S, false);
         accumulators[n] = coopMatMulAddNV(ds_fragments[c], k_fragment, accumulators[n]);
       }
     }
@@ -220,15 +221,10 @@ void main() {
   [[unroll]] for (uint part = 0; part < D / OUT_COLUMNS; ++part) {
     subgroupBarrier();  // every lane has written the previous part out
     [[unroll]] for (uint n = 0; n < OUT_COLUMNS / 8; ++n)
-      coopMatStoreNV(accumulators[part * (OUT_COLUMNS / 8) + n], stage, stage_block + n * 8,
-                     STAGE_STRIDE, false);
+      coopMatStoreNV(accumulators[part * (OUT_COLUMNS / 8) + n], stage, stage_block + n * 2,
+                     STAGE_VEC4S, false);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
-    [[unroll]] for (uint r = 0; r < ROWS * OUT_COLUMNS / 32; ++r) {
-      uint e = lane + r * 32, qi = q0 + warp * ROWS + e / OUT_COLUMNS;
-      if (qi < SQ)
-        grad_q[(partial_base + q_base + qi) * D + part * OUT_COLUMNS + e % OUT_COLUMNS] =
-            stage[stage_block + (e / OUT_COLUMNS) * STAGE_STRIDE + e % OUT_COLUMNS];
-    }
+    ATTENTION_WRITE_PART(grad_q, partial_base + q_base, q0 + warp * ROWS, SQ, D, part)
   }
 }

@@ -49,13 +49,17 @@ constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 
 // Products on another GEMM (cooperative matrices, conv_igemm.comp) keep the rule the pass had
 // before the model: two 128 x 128 tiles in flight on each compute unit (264 on an H200), at
-// least 128 of K a slice (64 on cooperative matrices), and no split into fewer than three. With
-// vector loads over K slices (kernels/gemm_coopmat.cpp) SmolLM's 128 x 576 x 576 ran 9.8 us on 9
-// slices of 64 against 13.5 on 4 of 144, 128 x 1536 x 576 13.9 against 14.8, and 128 x 576 x 1536
-// 13.9 on 24 slices against 12.2 on 12, still faster than gemm.comp's 16.1 (docs/BENCHMARKS.md
-// run 32).
-constexpr int64_t kTilesPerUnit = 2, kOutputTile = 128, kMinKPerCoarseSlice = 128,
-                  kMinKPerCoopSlice = 64;
+// least 128 of K a slice, and no split into fewer than three. On cooperative matrices slices of
+// at least 64 and one tile a compute unit where that makes three slices or more, two where it
+// does not: with vector loads over K slices (kernels/gemm_coopmat.cpp) SmolLM's 128 x 576 x 576
+// ran 9.8 us on 9 slices of 64 against 13.5 on 4 of 144, 128 x 1536 x 576 13.9 against 14.8
+// (docs/BENCHMARKS.md run 32); every partial result is written and read back once more, and
+// ResNet's strided 3x3 convolution as 4 products over 36 tiles ran 0.0324 ms on 4 slices
+// against 0.0366 on the 9 of two tiles a unit, its weight gradient 0.0322 on 3 against 0.0379
+// on 7, while U-Net's 320-channel 32 x 32 convolution (48 tiles) ran its block in 0.0862 ms on
+// 5 slices and 0.0940 whole (run 34).
+constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
+                  kMinKPerCoarseSlice = 128, kMinKPerCoopSlice = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -107,12 +111,14 @@ int64_t forced_slices() {
   return value;
 }
 
-// The slice count of the coarse rule above, with slices of at least `min_k_per_slice`.
-int64_t coarse_split_count(const Product& product, int64_t compute_units, int64_t min_k_per_slice) {
+// The slice count of the coarse rule above, `tiles_per_unit` 128 x 128 tiles a compute unit and
+// slices of at least `min_k_per_slice`.
+int64_t coarse_split_count(const Product& product, int64_t compute_units, int64_t tiles_per_unit,
+                           int64_t min_k_per_slice) {
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
   const int64_t wanted =
-      std::min(kTilesPerUnit * compute_units / tiles, product.k / min_k_per_slice);
+      std::min(tiles_per_unit * compute_units / tiles, product.k / min_k_per_slice);
   // Two slices of a product that already fills most compute units cost their sum more than
   // they gain: ResNet's 3x3 convolution as a matmul (100 tiles) took 52 us whole and 50 + 7 us
   // split in two on the H200 (docs/BENCHMARKS.md run 15).
@@ -164,10 +170,15 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
   }
   const std::optional<kernels::SimtGemmLaunch> whole =
       runs_on_simt_gemm(product, device) ? simt_launch(product, 1, device) : std::nullopt;
-  if (!whole)
-    return coarse_split_count(
-        product, device.compute_units,
-        kernels::use_coop_gemm(device) ? kMinKPerCoopSlice : kMinKPerCoarseSlice);
+  if (!whole) {
+    if (!kernels::use_coop_gemm(device))
+      return coarse_split_count(product, device.compute_units, kTilesPerUnit, kMinKPerCoarseSlice);
+    const int64_t splits =
+        coarse_split_count(product, device.compute_units, kCoopTilesPerUnit, kMinKPerCoopSlice);
+    return splits > 1 ? splits
+                      : coarse_split_count(product, device.compute_units, kTilesPerUnit,
+                                           kMinKPerCoopSlice);
+  }
   int64_t best_splits = 1;
   double best_cost = launch_cost(*whole, product, device.compute_units);
   // Slice counts from few to many; a count that only ties keeps the fewer slices, which write

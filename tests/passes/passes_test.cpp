@@ -302,9 +302,12 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
 
 // The slice count follows the device's compute units: SmolLM's 128 x 576 x 49152 data gradient
 // takes fewer slices on fewer units. On cooperative matrices (fast precision) it keeps the coarse
-// rule, two 128 x 128 tiles a compute unit (5 tiles: 52 slices), with slices of at least 64:
-// SmolLM's 128 x 576 x 576 ran fastest on 9 of them there (docs/BENCHMARKS.md run 32), while a
-// product small enough to stay on gemm.comp is split as in strict precision.
+// rule with one 128 x 128 tile a compute unit (5 tiles: 26 slices; two where one leaves fewer
+// than three slices) and slices of at least 64: SmolLM's 128 x 576 x 576 ran fastest on 9 of
+// them there, ResNet's strided 3x3 weight gradient as 4 products of 128 x 1152 x 784 (36 tiles)
+// on 3, U-Net's 320-channel convolution as 2 products of 320 x 1024 x 2880 (48 tiles) on 5
+// rather than whole (docs/BENCHMARKS.md runs 32 and 34), while a product small enough to stay on
+// gemm.comp is split as in strict precision.
 TEST(Passes, SplitKFollowsComputeUnits) {
   Graph graph;
   const Tensor dx = matmul(input(graph, "a", {128, 49152}), input(graph, "b", {49152, 576}));
@@ -317,11 +320,22 @@ TEST(Passes, SplitKFollowsComputeUnits) {
   kernels::DeviceTraits coop = h200_like();
   coop.fast_precision = true;
   coop.coop_matrix_f16_nv = true;
-  EXPECT_EQ(matmul_slices(graph, coop), 52);
+  EXPECT_EQ(matmul_slices(graph, coop), 26);
   Graph q_proj;
   q_proj.set_output("y",
                     matmul(input(q_proj, "a", {128, 576}), input(q_proj, "b", {576, 576})).id());
   EXPECT_EQ(matmul_slices(q_proj, coop), 9);
+  Graph strided_weight_gradient;
+  strided_weight_gradient.set_output(
+      "dw", matmul(input(strided_weight_gradient, "dy", {4, 128, 784}),
+                   input(strided_weight_gradient, "columns", {4, 784, 1152}))
+                .id());
+  EXPECT_EQ(matmul_slices(strided_weight_gradient, coop), 3);
+  Graph unet_convolution;
+  unet_convolution.set_output("y", matmul(input(unet_convolution, "w", {320, 2880}),
+                                          input(unet_convolution, "columns", {2, 2880, 1024}))
+                                       .id());
+  EXPECT_EQ(matmul_slices(unet_convolution, coop), 5);
   Graph small;
   small.set_output("y", matmul(input(small, "a", {128, 512}), input(small, "b", {512, 512})).id());
   EXPECT_EQ(matmul_slices(small, coop), matmul_slices(small, h200_like()));

@@ -1,0 +1,36 @@
+// Shared by the cooperative-matrix attention kernels (attention.cpp puts it before them): moving
+// row blocks of f32 operands into f16 tiles in shared memory. A tile row of `width` elements is
+// padded by 8 halves (16 bytes: an odd stride in 16-byte units, so that the 8 rows a fragment
+// load reads fall in distinct banks). A thread reads a vec4 from global memory and stores it as
+// one uvec2 of 4 halves. Everything here is a macro, expanded after the kernel's extensions and
+// THREADS.
+
+// Vec4s of a block of `rows` rows, and how many each thread moves.
+#define ATTENTION_VECTORS(rows, width) ((rows) * (width) / 4)
+#define ATTENTION_LOADS(rows, width) ((ATTENTION_VECTORS(rows, width) + THREADS - 1) / THREADS)
+// Shared-memory uvec2s (4 halves) of a tile row, padding included: one 16-byte unit of padding
+// makes the stride an odd number of units.
+#define ATTENTION_ROW_UVEC2S(width) ((width) / 4 + 2)
+
+#define QUARTER_HALVES(value) \
+  uvec2(packFloat2x16(f16vec2((value).xy)), packFloat2x16(f16vec2((value).zw)))
+
+// Rows row0 .. row0 + rows - 1 of the matrix whose rows (`width` elements) start at row `base` of
+// the vec4 view `source4`, into `registers` (ATTENTION_LOADS(rows, width) vec4s), consecutive
+// threads on consecutive vec4s: zeros for rows from `limit` on.
+#define ATTENTION_FETCH(registers, source4, base, row0, limit, rows, width, t)               \
+  [[unroll]] for (uint r_ = 0; r_ < ATTENTION_LOADS(rows, width); ++r_) {                \
+    uint e_ = (t) + r_ * THREADS, row_ = (row0) + e_ / ((width) / 4);                      \
+    bool inside_ = row_ < (limit) && e_ < ATTENTION_VECTORS(rows, width);                  \
+    registers[r_] = inside_ ? source4[((base) + row_) * ((width) / 4) + e_ % ((width) / 4)] \
+                            : vec4(0.0);                                                   \
+  }
+
+// The fetched rows, times `scale`, into the tile at uvec2 `offset` of the uvec2 array `tiles`.
+#define ATTENTION_STASH(tiles, offset, registers, scale, rows, width, t)                     \
+  [[unroll]] for (uint r_ = 0; r_ < ATTENTION_LOADS(rows, width); ++r_) {                \
+    uint e_ = (t) + r_ * THREADS;                                                           \
+    if (e_ < ATTENTION_VECTORS(rows, width))                                                \
+      tiles[(offset) + (e_ / ((width) / 4)) * ATTENTION_ROW_UVEC2S(width) + e_ % ((width) / 4)] = \
+          QUARTER_HALVES(registers[r_] * (scale));                                          \
+  }
