@@ -364,6 +364,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                                .a_m_contiguous = transpose_a,
                                .b_k_contiguous = transpose_b,
                                .vector_loads = vector_loads,
+                               .row_major_c = epilogue == nullptr,
                                .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {

@@ -13,13 +13,16 @@
 // along the "wrong" index (A along m, B along k) is read as column-major fragments instead of
 // being transposed on its way in.
 // Results leave through a per-subgroup staging fragment in shared memory, so every element is
-// written by store_c (which bounds nothing: rows and columns past the edge are skipped here).
+// written by store_c (which bounds nothing: rows and columns past the edge are skipped here);
+// with DIRECT_STORE (C is the row-major product itself, N a multiple of 4, so every fragment
+// starts 16-byte aligned) a fragment wholly inside C is stored to it straight away.
 // Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K (a multiple of
 // 16), A_M_CONTIGUOUS (consecutive m of A are adjacent in memory, else consecutive k),
 // B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_LOADS (load four adjacent
 // elements at a time through load_a4 / load_b4: every extent is a multiple of 4, so a vec4 lies
 // wholly inside or outside each edge), WHOLE_BLOCKS (no block reaches past an edge, so loads
-// need no bounds), PREFETCH_SLICES. The lowering (gemm_coopmat.cpp) makes each tile's units a
+// need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c holds C row-major, entry after
+// entry). The lowering (gemm_coopmat.cpp) makes each tile's units a
 // multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), and with VECTOR_LOADS
@@ -258,15 +261,25 @@ void main() {
   uint staged = warp * FRAG_M * FRAG_N;
   [[unroll]] for (uint i = 0; i < FRAGS_M; ++i) {
     [[unroll]] for (uint j = 0; j < FRAGS_N; ++j) {
-      coopMatStoreNV(accumulators[i][j], staging, staged, FRAG_N, false);
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();
-      for (uint e = lane; e < FRAG_M * FRAG_N; e += 32) {
-        uint row = row0 + warp_row + i * FRAG_M + e / FRAG_N;
-        uint col = col0 + warp_col + j * FRAG_N + e % FRAG_N;
-        if (row < GEMM_M && col < GEMM_N) store_c(z, row, col, staging[staged + e]);
+      uint fragment_row = row0 + warp_row + i * FRAG_M, fragment_col = col0 + warp_col + j * FRAG_N;
+#if DIRECT_STORE
+      // No `continue` here: it would keep the loops from unrolling, and the accumulators would
+      // leave registers for the whole kernel.
+      if (fragment_row + FRAG_M <= GEMM_M && fragment_col + FRAG_N <= GEMM_N) {
+        coopMatStoreNV(accumulators[i][j], c, (z * GEMM_M + fragment_row) * GEMM_N + fragment_col,
+                       GEMM_N, false);
+      } else
+#endif
+      {
+        coopMatStoreNV(accumulators[i][j], staging, staged, FRAG_N, false);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        for (uint e = lane; e < FRAG_M * FRAG_N; e += 32) {
+          uint row = fragment_row + e / FRAG_N, col = fragment_col + e % FRAG_N;
+          if (row < GEMM_M && col < GEMM_N) store_c(z, row, col, staging[staged + e]);
+        }
+        subgroupBarrier();  // every lane has read the fragment before the next one lands
       }
-      subgroupBarrier();  // every lane has read the fragment before the next one lands
     }
   }
 }

@@ -40,6 +40,9 @@ struct GeneratedGemm {
   // Cooperative-matrix GEMM only: `functions` also define vec4 load_a4(z, m, k) and
   // load_b4(z, k, n), four consecutive elements along the contiguous index from a multiple of 4.
   bool vector_loads = false;
+  // store_c(z, m, n, value) writes value to c[(z M + m) N + n] and nothing else (a matmul without
+  // an epilogue), so whole fragments may be stored there at once.
+  bool row_major_c = false;
   std::string functions;
 };
 

@@ -183,6 +183,22 @@ TEST_F(CoopMatrixLowering, VectorLoadsWhereExtentsAlignBoundedOnPartialBlocks) {
   EXPECT_EQ(loads({256, 98}, {98, 192}), "00");
 }
 
+// A matmul's fragments go straight to its product where the product is C itself, row-major
+// with rows of a multiple of 4 floats (16-byte aligned fragments); convolutions scatter theirs
+// through store_c.
+TEST_F(CoopMatrixLowering, DirectStoresOnlyIntoRowMajorProducts) {
+  EXPECT_EQ(define_of(matmul_launch({256, 96}, {96, 192}), "DIRECT_STORE"), "1");
+  EXPECT_EQ(define_of(matmul_launch({250, 96}, {96, 196}), "DIRECT_STORE"), "1");
+  EXPECT_EQ(define_of(matmul_launch({256, 96}, {96, 190}), "DIRECT_STORE"), "0");
+  int convolutions = 0;
+  for (const kernels::Launch& launch : coop_launches(coop_graph(), coop_device())) {
+    if (!launch.label.starts_with("conv2d")) continue;
+    ++convolutions;
+    EXPECT_EQ(define_of(launch, "DIRECT_STORE"), "0") << launch.label;
+  }
+  EXPECT_EQ(convolutions, 3);
+}
+
 // KHR wherever the device has it (faster on the H200); NV where only NV exists or where
 // MEGANEURA_COOPMAT=nv asks for it on a device with both.
 TEST_F(CoopMatrixLowering, KhrWhereverTheDeviceHasIt) {
