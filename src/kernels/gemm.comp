@@ -29,7 +29,9 @@
 // prefetch_depth chooses P; MEGANEURA_GEMM_PREFETCH forces it).
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
-// GENERATED_LOADS, PAD_K_ROWS, PREFETCH.
+// GENERATED_LOADS, PAD_K_ROWS, PREFETCH, C_VEC4 (C is the product itself, row-major with rows of
+// a multiple of 4 floats, and the vec4 view c4 of it is bound: a thread's four adjacent outputs
+// are one store).
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
 // load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
 // element of C (and applies any fused epilogue) for workgroup z, the flat index over
@@ -367,10 +369,18 @@ void main() {
       uint row = row0 + 4 * (g * THREADS_M + thread_row) + i;
       if (row >= M) continue;
       [[unroll]] for (uint h = 0; h < GROUPS_N; ++h) {
+#if C_VEC4
+        // In vec4s throughout: (z M + row) N / 4 + col / 4 with a constant N / 4 and col / 4 a sum
+        // of the thread's own terms, no division of the whole offset.
+        uint col4 = col0 / 4 + h * THREADS_N + thread_col;
+        if (col4 < N / 4)
+          c4[(gl_WorkGroupID.z * M + row) * (N / 4) + col4] = accumulator[4 * g + i][h];
+#else
         [[unroll]] for (uint j = 0; j < 4; ++j) {
           uint col = col0 + 4 * (h * THREADS_N + thread_col) + j;
           if (col < N) store_c(gl_WorkGroupID.z, row, col, accumulator[4 * g + i][h][j]);
         }
+#endif
       }
     }
   }

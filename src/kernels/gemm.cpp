@@ -259,6 +259,9 @@ struct GemmCompForm {
   int64_t m = 0, n = 0, k = 0, k_slice = 0, batches = 1, problems = 1;
   bool split = false, transpose_a = false, transpose_b = false;
   bool a_vec4 = false, b_vec4 = false, generated_loads = false;
+  // C is the product itself, row-major with rows of a multiple of 4 floats, bound as the vec4
+  // view c4: four adjacent outputs of a thread are one store (no epilogue to apply).
+  bool c_vec4 = false;
 };
 
 // Completes `launch` (label, operands and the GLSL its loads and store need) as gemm.comp in
@@ -279,6 +282,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"A_VEC4", flag(form.a_vec4)},
                     {"B_VEC4", flag(form.b_vec4)},
                     {"GENERATED_LOADS", flag(form.generated_loads)},
+                    {"C_VEC4", flag(form.c_vec4)},
                     {"TILE_M", std::to_string(tile.tile_m)},
                     {"TILE_N", std::to_string(tile.tile_n)},
                     {"WORK_M", std::to_string(tile.work_m)},
@@ -386,7 +390,8 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                               .batches = batches,
                               .splits = split ? splits : 0,
                               .transpose_a = transpose_a,
-                              .transpose_b = transpose_b},
+                              .transpose_b = transpose_b,
+                              .row_major_c = epilogue == nullptr},
                    std::move(launch));
 }
 
@@ -476,8 +481,15 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   // of 16).
   const bool a_vec4 = gemm.transpose_a ? gemm.m % 4 == 0 : gemm.k % 4 == 0;
   const bool b_vec4 = gemm.transpose_b ? gemm.k % 4 == 0 : gemm.n % 4 == 0;
+  // Vec4 stores made every SmolLM, ResNet and U-Net product faster on the H200 but the 128 x 128
+  // tile over whole tiles, whose 127 registers fit two workgroups a compute unit: with them it
+  // takes 128 and one workgroup (GEMM 4096^3 3.70 to 3.94 ms, docs/BENCHMARKS.md run 34).
+  const bool at_register_limit = tile.tile_m == 128 && tile.tile_n == 128 && tile.work_m == 8 &&
+                                 tile.work_n == 8 && gemm.m % 128 == 0 && gemm.n % 128 == 0;
+  const bool c_vec4 = gemm.row_major_c && gemm.n % 4 == 0 && !at_register_limit;
   launch.body = (a_vec4 ? vec4_buffer_view("a4", 0, false) : "") +
-                (b_vec4 ? vec4_buffer_view("b4", 1, false) : "") + launch.body;
+                (b_vec4 ? vec4_buffer_view("b4", 1, false) : "") +
+                (c_vec4 ? vec4_buffer_view("c4", 2, true) : "") + launch.body;
   emit_gemm_comp(context,
                  GemmCompForm{.m = gemm.m,
                               .n = gemm.n,
@@ -489,7 +501,8 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
                               .transpose_a = gemm.transpose_a,
                               .transpose_b = gemm.transpose_b,
                               .a_vec4 = a_vec4,
-                              .b_vec4 = b_vec4},
+                              .b_vec4 = b_vec4,
+                              .c_vec4 = c_vec4},
                  tile, std::move(launch));
 }
 

@@ -56,6 +56,9 @@ struct GeneratedGemm {
 struct BufferGemm {
   int64_t m = 0, n = 0, k = 0, batches = 1, splits = 0;
   bool transpose_a = false, transpose_b = false;
+  // store_c(z, m, n, value) writes value to operand 2, c, at (z M + m) N + n and nothing else (a
+  // matmul without an epilogue): rows of a multiple of 4 floats are then stored a vec4 at a time.
+  bool row_major_c = false;
 };
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch);

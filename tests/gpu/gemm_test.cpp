@@ -258,6 +258,29 @@ TEST(GemmLowering, PrefetchDepthByTile) {
   EXPECT_EQ(prefetch_of({4096, 512}, {512, 4096}), "128 128 8 3");
 }
 
+// A product whose rows are a multiple of 4 floats, with nothing fused into its store, leaves a
+// vec4 at a time (C_VEC4); odd rows, convolutions' scattered stores and the whole-tile 128 x 128
+// kernel (at two workgroups' register limit on the H200) keep scalar store_c calls.
+TEST(GemmLowering, VectorStoresIntoRowMajorProducts) {
+  kernels::DeviceTraits h200;
+  h200.max_shared_memory_bytes = 49152;
+  h200.max_workgroup_invocations = 1024;
+  const auto vector_stores = [&](const Shape& a, const Shape& b, int64_t splits = 1) {
+    Graph graph;
+    const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
+    const Tensor y = splits > 1 ? split_matmul(x, w, false, false, splits) : matmul(x, w);
+    for (const auto& [key, value] : gemm_defines(graph, y, h200))
+      if (key == "C_VEC4") return value;
+    return std::string("no gemm.comp launch");
+  };
+  EXPECT_EQ(vector_stores({128, 576}, {576, 576}), "1");
+  EXPECT_EQ(vector_stores({128, 576}, {576, 576}, 4), "1");
+  EXPECT_EQ(vector_stores({130, 64}, {64, 36}), "1");
+  EXPECT_EQ(vector_stores({128, 64}, {64, 98}), "0");
+  EXPECT_EQ(vector_stores({4096, 512}, {512, 4096}), "0");
+  EXPECT_EQ(vector_stores({4000, 512}, {512, 4096}), "1");
+}
+
 // The rules count workgroups against the device's compute units: a product that leaves an
 // H200's 132 half idle on 128 x 128 tiles (64 of them) fills a 16-unit GPU, and SmolLM's
 // q_proj needs no k-groups there.
