@@ -356,7 +356,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
           "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t + ") / 4u]; }\n" +
           "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u + ") / 4u]; }\n";
     }
-    if (split) functions = split_k_functions(functions, batches, k, splits);
+    if (split) functions = split_k_functions(functions, batches, k, splits, vector_loads);
     Launch bindings;
     bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
@@ -611,8 +611,7 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
 }
 
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits) {
-  const bool vector_loads = functions.find("vec4 load_a4(") != std::string::npos;
+                              int64_t splits, bool vector_loads) {
   std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
                                   "float load_b(", "float whole_b(");
   if (vector_loads)

@@ -86,13 +86,13 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
                                 const DeviceTraits& device);
 
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
-// load_b(z, k, n) (and maybe the vec4 load_a4 and load_b4, then with `k` a multiple of 4) for
-// `entries` problems summing all of `k`; the result defines them for
-// entries * splits problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z
-// is slice z / entries of problem z % entries: loads shift k into the slice and read zero past
-// `k`. store_c is left as it is: it receives z itself, the flat index over [splits, entries] and
-// so over the leading axes of the [splits, ...] partial results.
+// load_b(z, k, n) (and, with `vector_loads`, the vec4 load_a4 and load_b4, `k` then a multiple
+// of 4) for `entries` problems summing all of `k`; the result defines them for entries * splits
+// problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z is slice
+// z / entries of problem z % entries: loads shift k into the slice and read zero past `k`.
+// store_c is left as it is: it receives z itself, the flat index over [splits, entries] and so
+// over the leading axes of the [splits, ...] partial results.
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits);
+                              int64_t splits, bool vector_loads);
 
 }  // namespace mg::kernels

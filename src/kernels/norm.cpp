@@ -206,10 +206,10 @@ uint32_t local_size_for(int64_t count, int64_t groups, const DeviceTraits& devic
   constexpr int64_t kElementsPerThread = 16;
   const bool few_groups = !use_cpu_kernels(device) && groups < 2 * device.compute_units;
   const uint32_t most =
-      few_groups ? std::min<uint32_t>(1024, device.max_workgroup_invocations) : 256;
+      std::min<uint32_t>(few_groups ? 1024 : 256, device.max_workgroup_invocations);
   const int64_t per_thread = few_groups ? kElementsPerThread : 1;
   // A power of two (the reduction tree halves it) within the device's limit, which need not be
-  // one (384 invocations on some mobile GPUs).
+  // one (384 invocations on some mobile GPUs) and may be below 256 (Vulkan guarantees 128).
   uint32_t size = 32;
   while (size * 2 <= most && size * per_thread < count) size *= 2;
   return size;

@@ -147,6 +147,10 @@ TEST(NormLowering, WorkgroupsWithinTheDeviceLimit) {
   mobile.max_workgroup_invocations = 384;
   EXPECT_EQ(local_size({2, 320, 64, 64}, 32, mobile), "256u");
   EXPECT_EQ(local_size({64, 320, 8, 8}, 32, gpu), "256u");  // 2048 groups
+  kernels::DeviceTraits smallest = gpu;
+  smallest.max_workgroup_invocations = 128;  // Vulkan's minimum
+  EXPECT_EQ(local_size({64, 320, 8, 8}, 32, smallest), "128u");
+  EXPECT_EQ(local_size({2, 320, 64, 64}, 32, smallest), "128u");
   kernels::DeviceTraits cpu = gpu;
   cpu.cpu = true;
   cpu.subgroup_size = 8;
