@@ -138,6 +138,9 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES);
   auto driver = vk_struct<VkPhysicalDeviceDriverProperties>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
+  // Core in Vulkan 1.1, which every device read here has.
+  auto maintenance = vk_struct<VkPhysicalDeviceMaintenance3Properties>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES);
   // The compute unit count, where a vendor extension reports it.
   auto nv_sm = vk_struct<VkPhysicalDeviceShaderSMBuiltinsPropertiesNV>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV);
@@ -155,6 +158,7 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   const bool arm = has(extensions, VK_ARM_SHADER_CORE_BUILTINS_EXTENSION_NAME);
   void** tail = &properties.pNext;
   chain(tail, subgroup);
+  chain(tail, maintenance);
   if (out.features.known.subgroup_size_control) chain(tail, size_control);
   if (driver_known) chain(tail, driver);
   if (nv) chain(tail, nv_sm);
@@ -195,6 +199,7 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   std::copy_n(p.limits.maxComputeWorkGroupSize, 3, caps.max_workgroup_size.begin());
   std::copy_n(p.limits.maxComputeWorkGroupCount, 3, caps.max_workgroup_count.begin());
   caps.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+  caps.max_memory_allocation_size = maintenance.maxMemoryAllocationSize;
   caps.min_storage_buffer_offset_alignment = p.limits.minStorageBufferOffsetAlignment;
   caps.max_push_constants_bytes = p.limits.maxPushConstantsSize;
   caps.max_storage_buffers_per_stage = p.limits.maxPerStageDescriptorStorageBuffers;
@@ -202,14 +207,6 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
 }
 
 void read_memory(VkPhysicalDevice device, PhysicalDevice& out) {
-  auto maintenance = vk_struct<VkPhysicalDeviceMaintenance3Properties>(
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES);
-  auto properties =
-      vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
-  properties.pNext = &maintenance;
-  vkGetPhysicalDeviceProperties2(device, &properties);
-  out.info.caps.max_memory_allocation_size = maintenance.maxMemoryAllocationSize;
-
   vkGetPhysicalDeviceMemoryProperties(device, &out.memory);
   for (uint32_t i = 0; i < out.memory.memoryHeapCount; ++i) {
     const auto& heap = out.memory.memoryHeaps[i];
