@@ -147,6 +147,22 @@ std::vector<std::pair<std::string, std::string>> gemm_defines(const Graph& graph
   return {};
 }
 
+// The gemm.comp defines of the product a @ b (as `splits` split-K partials where splits > 1).
+std::vector<std::pair<std::string, std::string>> product_defines(
+    const Shape& a, const Shape& b, int64_t splits, const kernels::DeviceTraits& device) {
+  Graph graph;
+  const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
+  const Tensor y = splits > 1 ? split_matmul(x, w, false, false, splits) : matmul(x, w);
+  return gemm_defines(graph, y, device);
+}
+
+kernels::DeviceTraits h200_sized() {
+  kernels::DeviceTraits device;
+  device.max_shared_memory_bytes = 49152;
+  device.max_workgroup_invocations = 1024;
+  return device;
+}
+
 // A malformed tile override, or one gemm.comp or the device cannot run, leaves the chosen tile
 // and says why on stderr.
 TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
@@ -232,15 +248,9 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
 // tiles, the short-K tile and the 128 x 128 tile over a long K; MEGANEURA_GEMM_PREFETCH overrides
 // every one.
 TEST(GemmLowering, PrefetchDepthByTile) {
-  kernels::DeviceTraits h200;
-  h200.max_shared_memory_bytes = 49152;
-  h200.max_workgroup_invocations = 1024;
-  const auto prefetch_of = [&](const Shape& a, const Shape& b, int64_t splits = 1) {
-    Graph graph;
-    const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
-    const Tensor y = splits > 1 ? split_matmul(x, w, false, false, splits) : matmul(x, w);
+  const auto prefetch_of = [](const Shape& a, const Shape& b, int64_t splits = 1) {
     std::string text;
-    for (const auto& [key, value] : gemm_defines(graph, y, h200))
+    for (const auto& [key, value] : product_defines(a, b, splits, h200_sized()))
       if (key == "TILE_M" || key == "TILE_N" || key == "WORK_M" || key == "PREFETCH")
         text += (text.empty() ? "" : " ") + value;
     return text;
@@ -262,14 +272,8 @@ TEST(GemmLowering, PrefetchDepthByTile) {
 // vec4 at a time (C_VEC4); odd rows, convolutions' scattered stores and the whole-tile 128 x 128
 // kernel (at two workgroups' register limit on the H200) keep scalar store_c calls.
 TEST(GemmLowering, VectorStoresIntoRowMajorProducts) {
-  kernels::DeviceTraits h200;
-  h200.max_shared_memory_bytes = 49152;
-  h200.max_workgroup_invocations = 1024;
-  const auto vector_stores = [&](const Shape& a, const Shape& b, int64_t splits = 1) {
-    Graph graph;
-    const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
-    const Tensor y = splits > 1 ? split_matmul(x, w, false, false, splits) : matmul(x, w);
-    for (const auto& [key, value] : gemm_defines(graph, y, h200))
+  const auto vector_stores = [](const Shape& a, const Shape& b, int64_t splits = 1) {
+    for (const auto& [key, value] : product_defines(a, b, splits, h200_sized()))
       if (key == "C_VEC4") return value;
     return std::string("no gemm.comp launch");
   };
