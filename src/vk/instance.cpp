@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -39,6 +40,26 @@ VkDebugUtilsMessengerCreateInfoEXT messenger_info(void* user,
   return info;
 }
 
+// Keeps the Vulkan drivers loaded for the rest of the process. The loader unloads a driver with
+// the last instance and loads it again for the next, and glibc never gives back the static TLS
+// space that a driver library takes when loaded (NVIDIA's takes some): after some tens of
+// sessions in one process the driver no longer loads and vkCreateInstance reports no driver
+// (seen on the H200 after about 26). One bare instance that is never destroyed keeps every
+// driver loaded once; the process's exit reclaims it.
+void keep_drivers_loaded(uint32_t api_version) {
+  static std::once_flag once;
+  std::call_once(once, [api_version] {
+    auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
+    app.pApplicationName = "meganeura (keeps the drivers loaded)";
+    app.apiVersion = api_version;
+    auto create = vk_struct<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
+    create.pApplicationInfo = &app;
+    VkInstance kept = VK_NULL_HANDLE;
+    // A failure here is reported by the instance that follows.
+    vkCreateInstance(&create, nullptr, &kept);
+  });
+}
+
 }  // namespace
 
 bool validation_requested_by_environment() {
@@ -63,6 +84,7 @@ Instance::Instance(bool validation) {
         "the Vulkan loader supports only Vulkan 1.0; Meganeura needs 1.1 or newer "
         "(update libvulkan1)");
   api_version_ = loader_version >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : loader_version;
+  keep_drivers_loaded(api_version_);
 
   auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
   app.pApplicationName = "meganeura";

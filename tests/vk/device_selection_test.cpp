@@ -1,4 +1,8 @@
 #include <algorithm>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
 
 #include "meganeura/error.hpp"
 #include "vk/device_features.hpp"
@@ -6,6 +10,39 @@
 
 namespace mg::gpu {
 namespace {
+
+// The shared libraries mapped into this process (Linux: /proc/self/maps).
+std::set<std::string> mapped_libraries() {
+  std::set<std::string> libraries;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t path = line.find('/');
+    if (path != std::string::npos && line.find(".so", path) != std::string::npos)
+      libraries.insert(line.substr(path));
+  }
+  return libraries;
+}
+
+// The driver a device loads stays loaded after the device is gone: the Vulkan loader would
+// unload it with the last instance, and a driver that takes static TLS (NVIDIA's) cannot be
+// loaded again more than some tens of times in one process (vk/instance.cpp).
+TEST(DeviceSelection, DriversStayLoadedBetweenDevices) {
+  if (!std::ifstream("/proc/self/maps")) GTEST_SKIP() << "no /proc/self/maps on this system";
+  const std::set<std::string> before = mapped_libraries();
+  std::set<std::string> during;
+  {
+    const std::unique_ptr<Device> device = Device::open("", false);
+    during = mapped_libraries();
+  }
+  const std::set<std::string> after = mapped_libraries();
+  int loaded = 0;
+  for (const std::string& library : during) {
+    if (before.count(library) != 0) continue;
+    ++loaded;
+    EXPECT_EQ(after.count(library), 1u) << library << " was unloaded with the device";
+  }
+  EXPECT_GT(loaded, 0) << "opening a device loaded no library (the driver was loaded already?)";
+}
 
 TEST(DeviceSelection, ListsLavapipe) {
   auto devices = list_devices();
