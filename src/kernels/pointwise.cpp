@@ -240,12 +240,29 @@ std::string vector_view(const std::string& name, DType dtype, uint32_t binding, 
 }
 
 // The DAG for one element whose inputs are `input_expressions`, stored with `store`.
+// The statements of one element, its result stored to `store` and extra output k to
+// `extra_stores[k]`.
 std::string element_glsl(const PointwiseDag& dag, const std::vector<std::string>& input_expressions,
-                         DType output_dtype, const std::string& store) {
+                         DType output_dtype, const std::string& store,
+                         const std::vector<std::string>& extra_stores) {
   const std::string result = pointwise_result_glsl(dag);
-  return pointwise_statements_glsl(dag, input_expressions) + "  " + store + " = " +
-         (output_dtype == DType::f32 ? result : scalar_type(output_dtype) + "(" + result + ")") +
-         ";\n";
+  std::string text =
+      pointwise_statements_glsl(dag, input_expressions) + "  " + store + " = " +
+      (output_dtype == DType::f32 ? result : scalar_type(output_dtype) + "(" + result + ")") +
+      ";\n";
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    text +=
+        "  " + extra_stores[k] + " = t" + std::to_string(dag.extra_outputs[k].statement) + ";\n";
+  return text;
+}
+
+// Extra output k's store target: `name`<k> followed by `suffix` ("[i]", ".x", ...).
+std::vector<std::string> extra_stores(const PointwiseDag& dag, const std::string& name,
+                                      const std::string& suffix) {
+  std::vector<std::string> stores;
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    stores.push_back(name + std::to_string(k) + suffix);
+  return stores;
 }
 
 }  // namespace
@@ -276,6 +293,11 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     input.binding = static_cast<uint32_t>(launch.operands.size());
     launch.operands.push_back({input.name, dag.inputs[k], false});
   }
+  // Extra outputs bind before the result, which stays the last operand (the planner's in-place
+  // choice writes only the result over a dying input).
+  const uint32_t first_extra_binding = static_cast<uint32_t>(launch.operands.size());
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    launch.operands.push_back({"extra" + std::to_string(k), dag.extra_outputs[k].value, true});
   const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
   launch.operands.push_back({"result", dag.output, true});
 
@@ -298,6 +320,10 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       if (vector_load) body += vector_view(input.name, input.dtype, input.binding, false);
     }
     body += vector_view("result", output_dtype, result_binding, true);
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+      body += vector_view("extra" + std::to_string(k), DType::f32,
+                          first_extra_binding + static_cast<uint32_t>(k), true);
+    }
     body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
     body += "  uint g = linear_workgroup() * " + local + "u + gl_LocalInvocationID.x;\n";
     body += "  if (g < " + glsl_uint(groups) + ") {\n";
@@ -318,6 +344,8 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       }
     }
     body += "  " + vector_type(output_dtype) + " r;\n";
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+      body += "  vec4 e" + std::to_string(k) + ";\n";
     for (const char* lane : {"x", "y", "z", "w"}) {
       std::vector<std::string> lane_inputs;
       for (size_t k = 0; k < inputs.size(); ++k) {
@@ -325,10 +353,15 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                                   ? inputs[k].name
                                   : "a" + std::to_string(k) + "." + lane);
       }
-      body += "  {\n" + element_glsl(dag, lane_inputs, output_dtype, std::string("r.") + lane) +
+      body += "  {\n" +
+              element_glsl(dag, lane_inputs, output_dtype, std::string("r.") + lane,
+                           extra_stores(dag, "e", std::string(".") + lane)) +
               "  }\n";
     }
-    body += "  result_x4[g] = r;\n  }\n";
+    body += "  result_x4[g] = r;\n";
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+      body += "  extra" + std::to_string(k) + "_x4[g] = e" + std::to_string(k) + ";\n";
+    body += "  }\n";
     if (count % kElementsPerThread != 0) {
       // The last few elements, without broadcast inputs (those imply a multiple of four).
       std::vector<std::string> tail_inputs;
@@ -341,7 +374,9 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       body += "  if (g == " + glsl_uint(groups) + ") {\n";
       body += "  for (uint i = " + glsl_uint(groups * kElementsPerThread) + "; i < " +
               glsl_uint(count) + "; ++i) {\n";
-      body += element_glsl(dag, tail_inputs, output_dtype, "result[i]") + "  }\n  }\n";
+      body += element_glsl(dag, tail_inputs, output_dtype, "result[i]",
+                           extra_stores(dag, "extra", "[i]")) +
+              "  }\n  }\n";
     }
     body += "}\n";
     launch.groups = grid_for(static_cast<uint64_t>(groups + (count % kElementsPerThread != 0)),
@@ -372,7 +407,9 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     body += "  uint i = first + j * " + local + "u;\n";
     body += "  if (i >= " + glsl_uint(count) + ") return;\n";
     if (has_broadcast) body += coordinates_glsl(extents, "i");
-    body += element_glsl(dag, element_inputs, output_dtype, "result[i]") + "  }\n}\n";
+    body += element_glsl(dag, element_inputs, output_dtype, "result[i]",
+                         extra_stores(dag, "extra", "[i]")) +
+            "  }\n}\n";
     launch.groups =
         grid_for((static_cast<uint64_t>(count) + kElementsPerThread - 1) / kElementsPerThread,
                  kLocalSize, device);

@@ -16,10 +16,18 @@ struct PointwiseStatement {
   std::vector<int> arguments;
 };
 
+// A value of the DAG that its kernel writes besides the result: statement `statement`, which
+// has the result's shape (a value the graph keeps, fused into its consumer's kernel).
+struct PointwiseExtraOutput {
+  ValueId value = kNoValue;
+  size_t statement = 0;
+};
+
 struct PointwiseDag {
   std::vector<ValueId> inputs;
   std::vector<PointwiseStatement> statements;  // the last one is the result
   ValueId output = kNoValue;
+  std::vector<PointwiseExtraOutput> extra_outputs;  // f32; pointwise_launch only
 };
 
 bool is_pointwise_op(std::string_view op);

@@ -16,17 +16,18 @@ bool switched_on(const char* variable) {
   return value && std::strcmp(value, "0") != 0;
 }
 
-// Adds node `id` and, recursively, the producers fused into it to `dag`; returns the argument
-// index that refers to `id`'s result.
+// Adds node `id` and, recursively, the producers fused into it to `dag` (those `written_beside`
+// as its extra outputs); returns the argument index that refers to `id`'s result.
 int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_into_consumer,
-                 kernels::PointwiseDag& dag, std::map<ValueId, int>& argument_of) {
+                 const std::vector<bool>& written_beside, kernels::PointwiseDag& dag,
+                 std::map<ValueId, int>& argument_of) {
   if (auto it = argument_of.find(id); it != argument_of.end()) return it->second;
   const Node& node = graph.node(id);
   kernels::PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
     if (fused_into_consumer[input]) {
       statement.arguments.push_back(
-          append_fused(graph, input, fused_into_consumer, dag, argument_of));
+          append_fused(graph, input, fused_into_consumer, written_beside, dag, argument_of));
     } else {
       auto it = argument_of.find(input);
       if (it == argument_of.end()) {
@@ -37,9 +38,30 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_
     }
   }
   dag.statements.push_back(std::move(statement));
+  if (written_beside[id]) dag.extra_outputs.push_back({id, dag.statements.size() - 1});
   const int reference = -static_cast<int>(dag.statements.size());
   argument_of[id] = reference;
   return reference;
+}
+
+// The pointwise DAG whose result is `root`.
+kernels::PointwiseDag dag_of(const Graph& graph, ValueId root,
+                             const std::vector<bool>& fused_into_consumer,
+                             const std::vector<bool>& written_beside) {
+  kernels::PointwiseDag dag;
+  dag.output = root;
+  std::map<ValueId, int> argument_of;
+  append_fused(graph, root, fused_into_consumer, written_beside, dag, argument_of);
+  return dag;
+}
+
+// Storage buffers a pointwise launch of `dag` binds: its inputs but uniform constants, its
+// extra outputs and its result.
+uint32_t pointwise_bindings(const Graph& graph, const kernels::PointwiseDag& dag) {
+  uint32_t bindings = 1 + static_cast<uint32_t>(dag.extra_outputs.size());
+  for (ValueId input : dag.inputs)
+    if (!graph.node(input).is_uniform_constant()) ++bindings;
+  return bindings;
 }
 
 // The DAG rooted at `root` with the product of matmul `product` (which feeds it, possibly through
@@ -49,7 +71,8 @@ kernels::MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId p
   kernels::MatmulEpilogue epilogue;
   epilogue.dag.output = root;
   std::map<ValueId, int> argument_of;
-  append_fused(graph, root, fused_into_consumer, epilogue.dag, argument_of);
+  const std::vector<bool> none_beside(graph.size(), false);
+  append_fused(graph, root, fused_into_consumer, none_beside, epilogue.dag, argument_of);
   epilogue.product_input = static_cast<size_t>(argument_of.at(product));
   return epilogue;
 }
@@ -137,6 +160,34 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     }
   }
 
+  // Values the graph keeps (outputs, state updates) that are pointwise with one pointwise
+  // consumer of their shape: computed inside the consumer's kernel, which writes them as extra
+  // outputs. Adam's first and second moments of a parameter, each an update, feed the
+  // parameter's update: one kernel instead of three, and the moments are not read back. Matmul
+  // epilogues keep their DAGs (neither side of the fusion may be one), and the merged kernel
+  // stays within the device's storage buffers.
+  std::vector<bool> written_beside(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      const ValueId consumer = consumer_of[i];
+      if (!observed[i] || !kernels::is_pointwise_op(node.op) || consumers[i] != 1 ||
+          node.type.dtype != DType::f32 || !kernels::is_pointwise_op(graph.node(consumer).op) ||
+          !(graph.node(consumer).type.shape == node.type.shape) ||
+          epilogue_of_root.count(static_cast<ValueId>(i)) != 0) {
+        continue;
+      }
+      ValueId root = consumer;
+      while (fused_into_consumer[root]) root = consumer_of[root];
+      if (epilogue_of_root.count(root) != 0) continue;
+      fused_into_consumer[i] = written_beside[i] = true;
+      if (pointwise_bindings(graph, dag_of(graph, root, fused_into_consumer, written_beside)) >
+          device.max_storage_buffers) {
+        fused_into_consumer[i] = written_beside[i] = false;
+      }
+    }
+  }
+
   // Values another launch writes beside its own result (kernels::is_companion_op): the
   // backward's log-sum-exp from its attention forward, dV and the scores' gradient beside dK.
   std::map<ValueId, std::vector<ValueId>> companions_of;
@@ -199,10 +250,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       }
       continue;
     }
-    kernels::PointwiseDag dag;
-    dag.output = id;
-    std::map<ValueId, int> argument_of;
-    append_fused(graph, id, fused_into_consumer, dag, argument_of);
+    const kernels::PointwiseDag dag = dag_of(graph, id, fused_into_consumer, written_beside);
     launches.push_back(kernels::pointwise_launch(graph, dag, device, fused_label(graph, dag)));
   }
   return launches;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "harness.hpp"
+#include "plan/fusion.hpp"
 
 namespace mg {
 namespace {
@@ -113,6 +114,50 @@ TEST(GpuFusion, RandomGraphsKeepOutputsOnBothGemmPaths) {
       EXPECT_LT(fused, unfused);
     }
   }
+}
+
+// A value the graph keeps (here an output) with one elementwise consumer of its shape is computed
+// in the consumer's kernel, which writes it as well: h = x w + b and y = tanh(h) x in one
+// dispatch, against the reference, on the vec4 path (32 elements, a bias row of 8), the vec4
+// path with a scalar tail (21 elements, b of x's shape) and the scalar path of a bias row that
+// is not whole vec4s (5 x 6).
+TEST(GpuFusion, KeptValuesWrittenBesideTheirConsumer) {
+  for (const auto& [shape, b_shape] :
+       std::vector<std::pair<Shape, Shape>>{{{4, 8}, {8}}, {{3, 7}, {3, 7}}, {{5, 6}, {6}}}) {
+    SCOPED_TRACE(shape_string(shape) + " + " + shape_string(b_shape));
+    const std::vector<HarnessInput> inputs{{"x", shape}, {"w", shape}, {"b", b_shape}};
+    const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+      const Tensor h = x[0] * x[1] + x[2];
+      graph.set_output("h", h.id());
+      graph.set_output("y", (tanh(h) * x[0]).id());
+    };
+    size_t fused = 0, unfused = 0;
+    check_on_gpu(inputs, build, 1e-5, 11, {}, &fused);
+    {
+      const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+      check_on_gpu(inputs, build, 1e-5, 11, {}, &unfused);
+    }
+    EXPECT_EQ(fused, 1u);
+    EXPECT_EQ(unfused, 4u);
+  }
+}
+
+// The kernel that writes a kept value binds it as well: where the device's storage buffers
+// run out, the value keeps a kernel of its own.
+TEST(GpuFusion, KeptValuesStayWithinTheBindingLimit) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 8}), w = input(graph, "w", {4, 8});
+  const Tensor b = input(graph, "b", {8});
+  const Tensor h = x * w + b;
+  graph.set_output("h", h.id());
+  graph.set_output("y", (tanh(h) * x).id());
+  const auto launches = [&](uint32_t max_storage_buffers) {
+    kernels::DeviceTraits device;
+    device.max_storage_buffers = max_storage_buffers;
+    return plan::lower_graph(graph, device).size();
+  };
+  EXPECT_EQ(launches(5), 1u);  // x, w, b, h and y
+  EXPECT_EQ(launches(4), 2u);
 }
 
 }  // namespace

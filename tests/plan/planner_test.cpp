@@ -353,52 +353,70 @@ void expect_schedule_computes_every_value(const plan::Program& program) {
 
 // The scheduler reorders the launches into epochs that barriers separate: the same launches run
 // with the same memory plan, no two launches of one epoch conflict, every conflicting pair
-// keeps the lowering's order, and the schedule computes every value (above). The CNN's Adam update
-// (its last 24 launches: the two moments and the parameter of each of 8 parameters, one parameter
-// after another in the lowering, with a barrier inside each) takes at most 4 epochs: first moments,
-// second moments, parameters, and the one parameter whose gradient comes last.
+// keeps the lowering's order, and the schedule computes every value (above); with fusion and
+// without. Without fusion it needs fewer barriers than the lowering's order (Adam's dozen
+// elementwise ops of each parameter, one parameter after another in the lowering, run side by
+// side); with fusion each parameter's update is one launch that also writes both moments, and
+// the CNN's 8 updates (its last 8 launches) share at most 2 epochs.
 TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
-  for (const Graph& graph :
-       {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
-        deep_mlp(16, 6, true)}) {
-    plan::PlanOptions in_order_options;
-    in_order_options.schedule_epochs = false;
-    const plan::Program in_order =
-        plan::build_program(graph, kernels::DeviceTraits{}, in_order_options);
-    const plan::Program scheduled =
-        plan::build_program(graph, kernels::DeviceTraits{}, plan::PlanOptions{});
-    ASSERT_EQ(scheduled.launches.size(), in_order.launches.size());
-    EXPECT_EQ(scheduled.memory.physical_transient_bytes, in_order.memory.physical_transient_bytes);
-    std::map<std::string, size_t> lowering_index;
-    for (size_t t = 0; t < in_order.launches.size(); ++t)
-      lowering_index[in_order.launches[t].launch.label] = t;
-    ASSERT_EQ(lowering_index.size(), in_order.launches.size()) << "labels name launches";
-    std::vector<size_t> epoch(scheduled.launches.size(), 0);
-    for (size_t t = 1; t < scheduled.launches.size(); ++t)
-      epoch[t] = epoch[t - 1] + (scheduled.launches[t].barrier_before ? 1 : 0);
-    EXPECT_EQ(epoch.back(), scheduled.memory.barriers);
-    for (size_t a = 0; a < scheduled.launches.size(); ++a) {
-      const plan::PlannedLaunch& first = scheduled.launches[a];
-      ASSERT_TRUE(lowering_index.count(first.launch.label)) << first.launch.label;
-      for (size_t b = a + 1; b < scheduled.launches.size(); ++b) {
-        const plan::PlannedLaunch& second = scheduled.launches[b];
-        if (!conflict(first, second)) continue;
-        EXPECT_LT(epoch[a], epoch[b]) << first.launch.label << " / " << second.launch.label;
-        EXPECT_LT(lowering_index[first.launch.label], lowering_index[second.launch.label])
-            << first.launch.label << " / " << second.launch.label;
+  for (const bool fusion : {true, false}) {
+    SCOPED_TRACE(fusion ? "fusion" : "no fusion");
+    if (!fusion) setenv("MEGANEURA_NO_FUSION", "1", 1);
+    for (const Graph& graph :
+         {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
+          deep_mlp(16, 6, true)}) {
+      plan::PlanOptions in_order_options;
+      in_order_options.schedule_epochs = false;
+      const plan::Program in_order =
+          plan::build_program(graph, kernels::DeviceTraits{}, in_order_options);
+      const plan::Program scheduled =
+          plan::build_program(graph, kernels::DeviceTraits{}, plan::PlanOptions{});
+      ASSERT_EQ(scheduled.launches.size(), in_order.launches.size());
+      EXPECT_EQ(scheduled.memory.physical_transient_bytes,
+                in_order.memory.physical_transient_bytes);
+      std::map<std::string, size_t> lowering_index;
+      for (size_t t = 0; t < in_order.launches.size(); ++t)
+        lowering_index[in_order.launches[t].launch.label] = t;
+      ASSERT_EQ(lowering_index.size(), in_order.launches.size()) << "labels name launches";
+      std::vector<size_t> epoch(scheduled.launches.size(), 0);
+      for (size_t t = 1; t < scheduled.launches.size(); ++t)
+        epoch[t] = epoch[t - 1] + (scheduled.launches[t].barrier_before ? 1 : 0);
+      EXPECT_EQ(epoch.back(), scheduled.memory.barriers);
+      for (size_t a = 0; a < scheduled.launches.size(); ++a) {
+        const plan::PlannedLaunch& first = scheduled.launches[a];
+        ASSERT_TRUE(lowering_index.count(first.launch.label)) << first.launch.label;
+        for (size_t b = a + 1; b < scheduled.launches.size(); ++b) {
+          const plan::PlannedLaunch& second = scheduled.launches[b];
+          if (!conflict(first, second)) continue;
+          EXPECT_LT(epoch[a], epoch[b]) << first.launch.label << " / " << second.launch.label;
+          EXPECT_LT(lowering_index[first.launch.label], lowering_index[second.launch.label])
+              << first.launch.label << " / " << second.launch.label;
+        }
       }
+      expect_schedule_computes_every_value(scheduled);
+      expect_schedule_computes_every_value(in_order);
+      if (fusion)
+        EXPECT_LE(scheduled.memory.barriers, in_order.memory.barriers);
+      else
+        EXPECT_LT(scheduled.memory.barriers, in_order.memory.barriers);
     }
-    expect_schedule_computes_every_value(scheduled);
-    expect_schedule_computes_every_value(in_order);
-    EXPECT_LT(scheduled.memory.barriers, in_order.memory.barriers);
+    unsetenv("MEGANEURA_NO_FUSION");
   }
-  const plan::Program cnn = plan::build_program(
-      models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
-      kernels::DeviceTraits{}, plan::PlanOptions{});
-  const size_t update_barriers = static_cast<size_t>(
-      std::count_if(cnn.launches.end() - 24, cnn.launches.end(),
-                    [](const plan::PlannedLaunch& planned) { return planned.barrier_before; }));
-  EXPECT_LE(update_barriers, 3u);
+  const Graph training =
+      models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{});
+  const plan::Program cnn =
+      plan::build_program(training, kernels::DeviceTraits{}, plan::PlanOptions{});
+  ASSERT_EQ(training.updates().size(), 3u * 8u) << "8 parameters, each with two moments";
+  size_t update_barriers = 0;
+  for (auto planned = cnn.launches.end() - 8; planned != cnn.launches.end(); ++planned) {
+    EXPECT_EQ(planned->launch.kernel, "pointwise") << planned->launch.label;
+    EXPECT_EQ(std::count_if(planned->launch.operands.begin(), planned->launch.operands.end(),
+                            [](const kernels::Operand& operand) { return operand.write; }),
+              3)
+        << planned->launch.label << " writes the parameter and both moments";
+    update_barriers += planned->barrier_before ? 1 : 0;
+  }
+  EXPECT_LE(update_barriers, 1u);
 }
 
 TEST(Planner, ArenasRespectTheBufferLimit) {
