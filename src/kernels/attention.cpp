@@ -353,8 +353,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
     launch.defines.push_back({"SCORES_VEC4", vec4 ? "1" : "0"});
     for (size_t k = 0; vec4 && k < launch.operands.size(); ++k) {
       if (launch.operands[k].name == "scores")
-        launch.body = "layout(std430, set = 0, binding = " + std::to_string(k) +
-                      ") writeonly buffer buffer_scores4 { vec4 scores4[]; };\n" + launch.body;
+        launch.body = vector_buffer_view("scores4", k, true) + launch.body;
     }
   }
   // The backward coop kernels alias out_value and grad_out as vec4 views, so they need the

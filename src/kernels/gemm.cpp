@@ -352,7 +352,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     const bool vector_loads = coop && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
     if (vector_loads) {
       functions +=
-          vec4_buffer_view("a4", 0, false) + vec4_buffer_view("b4", 1, false) +
+          vector_buffer_view("a4", 0, false) + vector_buffer_view("b4", 1, false) +
           "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t + ") / 4u]; }\n" +
           "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u + ") / 4u]; }\n";
     }
@@ -487,9 +487,9 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   const bool at_register_limit = tile.tile_m == 128 && tile.tile_n == 128 && tile.work_m == 8 &&
                                  tile.work_n == 8 && gemm.m % 128 == 0 && gemm.n % 128 == 0;
   const bool c_vec4 = gemm.row_major_c && gemm.n % 4 == 0 && !at_register_limit;
-  launch.body = (a_vec4 ? vec4_buffer_view("a4", 0, false) : "") +
-                (b_vec4 ? vec4_buffer_view("b4", 1, false) : "") +
-                (c_vec4 ? vec4_buffer_view("c4", 2, true) : "") + launch.body;
+  launch.body = (a_vec4 ? vector_buffer_view("a4", 0, false) : "") +
+                (b_vec4 ? vector_buffer_view("b4", 1, false) : "") +
+                (c_vec4 ? vector_buffer_view("c4", 2, true) : "") + launch.body;
   emit_gemm_comp(context,
                  GemmCompForm{.m = gemm.m,
                               .n = gemm.n,

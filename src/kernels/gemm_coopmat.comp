@@ -22,8 +22,7 @@
 // elements at a time through load_a4 / load_b4: every extent is a multiple of 4, so a vec4 lies
 // wholly inside or outside each edge), WHOLE_BLOCKS (no block reaches past an edge, so loads
 // need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c holds C row-major, entry after
-// entry). The lowering (gemm_coopmat.cpp) makes each tile's units a
-// multiple of THREADS.
+// entry). The lowering (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), and with VECTOR_LOADS
 // vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n).

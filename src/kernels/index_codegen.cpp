@@ -46,10 +46,11 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   return text;
 }
 
-std::string vec4_buffer_view(const std::string& array, size_t binding, bool write) {
+std::string vector_buffer_view(const std::string& array, size_t binding, bool write,
+                               const std::string& vector_type) {
   return "layout(std430, set = 0, binding = " + std::to_string(binding) + ") " +
-         (write ? "buffer" : "readonly buffer") + " buffer_" + array + " { vec4 " + array +
-         "[]; };\n";
+         (write ? "buffer" : "readonly buffer") + " buffer_" + array + " { " + vector_type + " " +
+         array + "[]; };\n";
 }
 
 }  // namespace mg::kernels

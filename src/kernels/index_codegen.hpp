@@ -22,9 +22,11 @@ std::string glsl_float(double value);  // a float literal that round-trips f32 (
 // `text` with every occurrence of `from` replaced by `to` (renaming generated functions).
 std::string replace_all(std::string text, const std::string& from, const std::string& to);
 
-// Declares `array`, a vec4 array over the f32 storage buffer at `binding` (aliasing its float
-// declaration), for 16-byte loads (and stores when `write`); the planner aligns every value to
-// at least 256 bytes, so element 4 i starts vec4 i.
-std::string vec4_buffer_view(const std::string& array, size_t binding, bool write);
+// Declares `array`, an array of `vector_type` (vec4 over f32, ivec4 over i32, ...) over the
+// storage buffer at `binding` (aliasing its scalar declaration), for 16-byte loads (and stores
+// when `write`); the planner aligns every value to at least 256 bytes, so element 4 i starts
+// vector i.
+std::string vector_buffer_view(const std::string& array, size_t binding, bool write,
+                               const std::string& vector_type = "vec4");
 
 }  // namespace mg::kernels

@@ -181,7 +181,7 @@ std::string access_functions(const GroupMap& map, const std::vector<Operand>& op
     if (name == "running_mean" || name == "running_var") continue;
     const bool per_channel = name == "weight" || name == "bias";
     const bool view = map.vec4 && (!per_channel || map.channel_per_element);
-    if (view) text += vec4_buffer_view(name + "_x4", binding, operands[binding].write);
+    if (view) text += vector_buffer_view(name + "_x4", binding, operands[binding].write);
     const std::string at =
         per_channel ? "channel_of(g, " + element + ")" : "element_index(g, " + element + ")";
     const std::string array = view ? name + "_x4" : name;

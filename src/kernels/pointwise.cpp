@@ -231,15 +231,11 @@ std::string scalar_type(DType dtype) {
   }
 }
 
-// A vec4 view of operand `binding` (aliasing its scalar declaration); the planner aligns every
-// value to at least 256 bytes, so element 4g starts a vec4.
+// The vector view `name`_x4 of operand `binding`.
 std::string vector_view(const std::string& name, DType dtype, uint32_t binding, bool write) {
-  return "layout(std430, set = 0, binding = " + std::to_string(binding) + ") " +
-         (write ? "buffer" : "readonly buffer") + " buffer_" + name + "_x4 { " +
-         vector_type(dtype) + " " + name + "_x4[]; };\n";
+  return vector_buffer_view(name + "_x4", binding, write, vector_type(dtype));
 }
 
-// The DAG for one element whose inputs are `input_expressions`, stored with `store`.
 // The statements of one element, its result stored to `store` and extra output k to
 // `extra_stores[k]`.
 std::string element_glsl(const PointwiseDag& dag, const std::vector<std::string>& input_expressions,

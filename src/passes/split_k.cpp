@@ -17,7 +17,6 @@
 // not on 13 (two waves) or 8 (160 workgroups: a second wave for 28 units).
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <optional>
 #include <string>
 
@@ -165,7 +164,7 @@ bool runs_on_simt_gemm(const Product& product, const kernels::DeviceTraits& devi
 int64_t split_count(const Product& product, const kernels::DeviceTraits& device) {
   if (product.k < kMinKToSplit) return 1;
   if (const int64_t forced = forced_slices(); forced > 0) {
-    const int64_t wanted = std::min(forced, ceil_div(product.k, 16));
+    const int64_t wanted = std::min(forced, ceil_div(product.k, kKSliceAlignment));
     return wanted < 2 ? 1 : ceil_div(product.k, k_slice_length(product.k, wanted));
   }
   const std::optional<kernels::SimtGemmLaunch> whole =
