@@ -64,6 +64,10 @@ if [ "${RUN_TRAIN:-1}" = 1 ]; then
     --trace "$out/train_trace.json" > "$out/train_profiled.txt" 2>&1
   python3 bench/trace_top.py "$out/train_trace.json" 12
   $bin/meganeura infer "$out/run/checkpoint.safetensors" --data .dev/data 2>&1 | tail -3 | tee "$out/infer.txt"
+  # The GPU time of one inference batch, comparable with PyTorch's forward-only figure.
+  $bin/meganeura infer "$out/run/checkpoint.safetensors" --data .dev/data \
+    --trace "$out/infer_trace.json" 2>&1 | grep "^trace:" | tee -a "$out/infer.txt"
+  python3 bench/trace_top.py "$out/infer_trace.json" 8
   # The fast precision path (cooperative matrices) on the same job, one epoch.
   $bin/meganeura train --data .dev/data --out "$out/fast" --epochs 1 --precision fast \
     > "$out/train_fast.txt" 2>&1

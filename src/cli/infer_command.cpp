@@ -22,6 +22,9 @@ class.
   --precision P  strict (default) or fast (f16 operands on cooperative matrices, f32
                  accumulation; devices without them run strict)
   --data DIR     Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
+  --trace FILE   write a Chrome trace (per-dispatch GPU times) of the last batch and print its
+                 GPU time; the timestamps make every dispatch wait for the one before, so
+                 images/s drops while tracing
 )";
 
 void print_confusion(const Evaluation& evaluation) {
@@ -39,11 +42,21 @@ void print_confusion(const Evaluation& evaluation) {
   }
 }
 
+// Writes the last run's trace to `path` and prints its GPU time, the sum of its dispatches'.
+void write_trace(const Session& session, const std::string& path) {
+  session.write_trace(path);
+  double gpu_ms = 0;
+  const std::vector<DispatchProfile> dispatches = session.profile();
+  for (const DispatchProfile& dispatch : dispatches) gpu_ms += dispatch.duration_ms;
+  std::fprintf(stderr, "trace: %s (%zu dispatches, %.1f us of GPU time for one batch)\n",
+               path.c_str(), dispatches.size(), 1000 * gpu_ms);
+}
+
 }  // namespace
 
 int infer_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura infer", words, {"batch", "device", "precision", "data"},
-                            {"help"});
+  const Arguments arguments("meganeura infer", words,
+                            {"batch", "device", "precision", "data", "trace"}, {"help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -64,6 +77,7 @@ int infer_command(const std::vector<std::string>& words) {
   SessionOptions options;
   options.device = arguments.text("device", "");
   options.precision = parse_precision(arguments.text("precision", "strict"));
+  options.profile = arguments.has("trace");
   Session session(models::build_classifier(model, batch), options);
   load_tensors(session, checkpoint, checkpoint_path, false);
   std::fprintf(stderr, "device: %s\nloaded %s (%s, step %lld); inference program: %zu dispatches\n",
@@ -83,6 +97,7 @@ int infer_command(const std::vector<std::string>& words) {
                 static_cast<long long>(evaluation.examples), seconds, evaluation.examples / seconds,
                 static_cast<long long>(batch));
     std::printf("test accuracy: %.2f%%\n", 100 * evaluation.accuracy());
+    if (arguments.has("trace")) write_trace(session, arguments.text("trace", ""));
     return 0;
   }
 
@@ -105,6 +120,7 @@ int infer_command(const std::vector<std::string>& words) {
     std::printf("%s: %s (class %lld)\n", image_paths[i].c_str(), name.c_str(),
                 static_cast<long long>(c));
   }
+  if (arguments.has("trace")) write_trace(session, arguments.text("trace", ""));
   return 0;
 }
 

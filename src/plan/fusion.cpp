@@ -16,18 +16,19 @@ bool switched_on(const char* variable) {
   return value && std::strcmp(value, "0") != 0;
 }
 
-// Adds node `id` and, recursively, the producers fused into it to `dag` (those `written_beside`
-// as its extra outputs); returns the argument index that refers to `id`'s result.
-int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_into_consumer,
+// Adds node `id` and, recursively, the producers fused into it (`fused_into` names the consumer
+// a value is computed in, kNoValue where it has a kernel of its own) to `dag`, those
+// `written_beside` as its extra outputs; returns the argument index that refers to `id`'s result.
+int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fused_into,
                  const std::vector<bool>& written_beside, kernels::PointwiseDag& dag,
                  std::map<ValueId, int>& argument_of) {
   if (auto it = argument_of.find(id); it != argument_of.end()) return it->second;
   const Node& node = graph.node(id);
   kernels::PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
-    if (fused_into_consumer[input]) {
+    if (fused_into[input] == id) {
       statement.arguments.push_back(
-          append_fused(graph, input, fused_into_consumer, written_beside, dag, argument_of));
+          append_fused(graph, input, fused_into, written_beside, dag, argument_of));
     } else {
       auto it = argument_of.find(input);
       if (it == argument_of.end()) {
@@ -46,12 +47,12 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<bool>& fused_
 
 // The pointwise DAG whose result is `root`.
 kernels::PointwiseDag dag_of(const Graph& graph, ValueId root,
-                             const std::vector<bool>& fused_into_consumer,
+                             const std::vector<ValueId>& fused_into,
                              const std::vector<bool>& written_beside) {
   kernels::PointwiseDag dag;
   dag.output = root;
   std::map<ValueId, int> argument_of;
-  append_fused(graph, root, fused_into_consumer, written_beside, dag, argument_of);
+  append_fused(graph, root, fused_into, written_beside, dag, argument_of);
   return dag;
 }
 
@@ -67,14 +68,29 @@ uint32_t pointwise_bindings(const Graph& graph, const kernels::PointwiseDag& dag
 // The DAG rooted at `root` with the product of matmul `product` (which feeds it, possibly through
 // fused producers) as an input.
 kernels::MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId product,
-                                     const std::vector<bool>& fused_into_consumer) {
+                                     const std::vector<ValueId>& fused_into) {
   kernels::MatmulEpilogue epilogue;
   epilogue.dag.output = root;
   std::map<ValueId, int> argument_of;
   const std::vector<bool> none_beside(graph.size(), false);
-  append_fused(graph, root, fused_into_consumer, none_beside, epilogue.dag, argument_of);
+  append_fused(graph, root, fused_into, none_beside, epilogue.dag, argument_of);
   epilogue.product_input = static_cast<size_t>(argument_of.at(product));
   return epilogue;
+}
+
+// Whether every node that reads `value`, directly or through views, other than `first` comes
+// after `root`, the node whose launch writes it.
+bool readers_follow(const Graph& graph, const std::vector<std::vector<ValueId>>& consumer_lists,
+                    ValueId value, ValueId first, ValueId root) {
+  for (ValueId reader : consumer_lists[value]) {
+    if (reader == first) continue;
+    if (kernels::is_view_op(graph.node(reader).op)) {
+      if (!readers_follow(graph, consumer_lists, reader, first, root)) return false;
+    } else if (reader <= root) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string fused_label(const Graph& graph, const kernels::PointwiseDag& dag) {
@@ -88,26 +104,38 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
                                          size_t* fused_away) {
   std::vector<int> consumers(graph.size(), 0);
   std::vector<ValueId> consumer_of(graph.size(), kNoValue);
+  std::vector<std::vector<ValueId>> consumer_lists(graph.size());  // distinct, in order
   for (size_t i = 0; i < graph.size(); ++i) {
+    const ValueId id = static_cast<ValueId>(i);
     for (ValueId input : graph.nodes()[i].inputs) {
       ++consumers[input];
-      consumer_of[input] = static_cast<ValueId>(i);
+      consumer_of[input] = id;
+      if (consumer_lists[input].empty() || consumer_lists[input].back() != id)
+        consumer_lists[input].push_back(id);
     }
   }
   std::vector<bool> observed(graph.size(), false);  // outputs and assignments need their bytes
   for (const auto& [name, id] : graph.outputs()) observed[id] = true;
   for (const auto& [leaf, value] : graph.updates()) observed[value] = true;
 
-  std::vector<bool> fused_into_consumer(graph.size(), false);
+  // The consumer whose kernel computes each value, kNoValue for a value with a kernel (or no
+  // kernel) of its own; following it from a value leads to the root of the DAG it belongs to.
+  std::vector<ValueId> fused_into(graph.size(), kNoValue);
+  const auto is_fused = [&](ValueId id) { return fused_into[id] != kNoValue; };
+  const auto dag_root = [&](ValueId id) {
+    while (is_fused(id)) id = fused_into[id];
+    return id;
+  };
   const bool fusion_enabled = !switched_on("MEGANEURA_NO_FUSION");
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId consumer = consumer_of[i];
-      fused_into_consumer[i] = kernels::is_pointwise_op(node.op) && !observed[i] &&
-                               consumers[i] == 1 && node.type.dtype == DType::f32 &&
-                               kernels::is_pointwise_op(graph.node(consumer).op) &&
-                               graph.node(consumer).type.shape == node.type.shape;
+      if (kernels::is_pointwise_op(node.op) && !observed[i] && consumers[i] == 1 &&
+          node.type.dtype == DType::f32 && kernels::is_pointwise_op(graph.node(consumer).op) &&
+          graph.node(consumer).type.shape == node.type.shape) {
+        fused_into[i] = consumer;
+      }
     }
   }
 
@@ -119,16 +147,16 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     const Node& node = graph.nodes()[i];
     if (!kernels::is_pointwise_op(node.op)) continue;
     uint32_t count = 0;
-    for (ValueId input : node.inputs) count += fused_into_consumer[input] ? bound_inputs[input] : 1;
+    for (ValueId input : node.inputs) count += is_fused(input) ? bound_inputs[input] : 1;
     while (count > input_limit) {
       ValueId largest = kNoValue;
       for (ValueId input : node.inputs) {
-        if (fused_into_consumer[input] &&
+        if (is_fused(input) &&
             (largest == kNoValue || bound_inputs[input] > bound_inputs[largest])) {
           largest = input;
         }
       }
-      fused_into_consumer[largest] = false;
+      fused_into[largest] = kNoValue;
       count = count - bound_inputs[largest] + 1;
     }
     bound_inputs[i] = count;
@@ -149,41 +177,48 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       const Node& consumer = graph.node(consumer_of[i]);
       if (!kernels::is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape))
         continue;
-      ValueId root = consumer_of[i];
-      while (fused_into_consumer[root]) root = consumer_of[root];
+      const ValueId root = dag_root(consumer_of[i]);
       if (epilogue_of_root.count(root)) continue;
       kernels::MatmulEpilogue epilogue =
-          epilogue_for(graph, root, static_cast<ValueId>(i), fused_into_consumer);
+          epilogue_for(graph, root, static_cast<ValueId>(i), fused_into);
       if (kernels::matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
       epilogue_of_root.emplace(root, std::move(epilogue));
       in_epilogue[i] = true;
     }
   }
 
-  // Values the graph keeps (outputs, state updates) that are pointwise with one pointwise
-  // consumer of their shape: computed inside the consumer's kernel, which writes them as extra
-  // outputs. Adam's first and second moments of a parameter, each an update, feed the
-  // parameter's update: one kernel instead of three, and the moments are not read back. Matmul
-  // epilogues keep their DAGs (neither side of the fusion may be one), and the merged kernel
-  // stays within the device's storage buffers.
+  // An elementwise value that the graph keeps (an output, a state update) or that several nodes
+  // read is computed inside the kernel of its first consumer, when that one is elementwise of its
+  // shape, and written there as an extra output for the rest: Adam's moments feed the
+  // parameter's update (one kernel instead of three, the moments not read back), a bias add
+  // feeds its activation and the backward. Every other reader must come after the kernel that
+  // writes it. Matmul epilogues keep their DAGs (neither side of the fusion may be one), and the
+  // merged kernel stays within the device's storage buffers. Values are taken from the last, so
+  // that a value's consumers have found their DAGs (and its root its place) before it.
   std::vector<bool> written_beside(graph.size(), false);
   if (fusion_enabled) {
-    for (size_t i = 0; i < graph.size(); ++i) {
+    for (size_t i = graph.size(); i-- > 0;) {
       const Node& node = graph.nodes()[i];
-      const ValueId consumer = consumer_of[i];
-      if (!observed[i] || !kernels::is_pointwise_op(node.op) || consumers[i] != 1 ||
-          node.type.dtype != DType::f32 || !kernels::is_pointwise_op(graph.node(consumer).op) ||
-          !(graph.node(consumer).type.shape == node.type.shape) ||
-          epilogue_of_root.count(static_cast<ValueId>(i)) != 0) {
+      const ValueId id = static_cast<ValueId>(i);
+      if (!kernels::is_pointwise_op(node.op) || node.type.dtype != DType::f32 || is_fused(id) ||
+          consumer_lists[i].empty() || epilogue_of_root.count(id) != 0) {
         continue;
       }
-      ValueId root = consumer;
-      while (fused_into_consumer[root]) root = consumer_of[root];
-      if (epilogue_of_root.count(root) != 0) continue;
-      fused_into_consumer[i] = written_beside[i] = true;
-      if (pointwise_bindings(graph, dag_of(graph, root, fused_into_consumer, written_beside)) >
+      const ValueId first = consumer_lists[i].front();
+      const Node& consumer = graph.node(first);
+      if (!kernels::is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape))
+        continue;
+      const ValueId root = dag_root(first);
+      if (epilogue_of_root.count(root) != 0 ||
+          !readers_follow(graph, consumer_lists, id, first, root)) {
+        continue;
+      }
+      fused_into[i] = first;
+      written_beside[i] = observed[i] || consumer_lists[i].size() > 1;
+      if (pointwise_bindings(graph, dag_of(graph, root, fused_into, written_beside)) >
           device.max_storage_buffers) {
-        fused_into_consumer[i] = written_beside[i] = false;
+        fused_into[i] = kNoValue;
+        written_beside[i] = false;
       }
     }
   }
@@ -212,7 +247,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   }
 
   if (fused_away) {
-    *fused_away = std::count(fused_into_consumer.begin(), fused_into_consumer.end(), true) +
+    *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
+                                [](ValueId consumer) { return consumer != kNoValue; }) +
                   epilogue_of_root.size() +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true);
   }
@@ -220,8 +256,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
-    if (node.is_leaf() || kernels::is_view_op(node.op) || fused_into_consumer[i] ||
-        in_epilogue[i] || written_by_producer[i]) {
+    if (node.is_leaf() || kernels::is_view_op(node.op) || is_fused(id) || in_epilogue[i] ||
+        written_by_producer[i]) {
       continue;
     }
     if (auto it = companions_of.find(id); it != companions_of.end()) {
@@ -243,14 +279,14 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     const bool has_fused_producer =
         kernels::is_pointwise_op(node.op) &&
         std::any_of(node.inputs.begin(), node.inputs.end(),
-                    [&](ValueId input) { return fused_into_consumer[input]; });
+                    [&](ValueId input) { return fused_into[input] == id; });
     if (!has_fused_producer) {
       for (kernels::Launch& launch : kernels::lower_node(graph, id, device)) {
         launches.push_back(std::move(launch));
       }
       continue;
     }
-    const kernels::PointwiseDag dag = dag_of(graph, id, fused_into_consumer, written_beside);
+    const kernels::PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
     launches.push_back(kernels::pointwise_launch(graph, dag, device, fused_label(graph, dag)));
   }
   return launches;

@@ -1,7 +1,9 @@
 #pragma once
 // Greedy pointwise fusion: an elementwise node whose only consumer is an elementwise node of the
 // same shape is computed inside that consumer's kernel instead of in its own dispatch. Chains
-// such as the optimizer update (a dozen elementwise ops per parameter) become one kernel.
+// such as the optimizer update (a dozen elementwise ops per parameter) become one kernel. A value
+// that is kept or read by several nodes can join its first consumer's kernel, which writes it as
+// an extra output for the rest.
 // Matmul epilogues: a matmul whose only consumer is elementwise of its shape runs that
 // consumer's fused chain (bias, activation, residual add) in the GEMM's store. Some values are
 // written by another node's launch beside its own result (kernels::is_companion_op): the

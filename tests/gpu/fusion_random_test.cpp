@@ -142,6 +142,34 @@ TEST(GpuFusion, KeptValuesWrittenBesideTheirConsumer) {
   }
 }
 
+// A value that a later node reads as well is computed in the kernel of its first, elementwise
+// consumer and written there: h = x w + b, y = tanh(h) x and the row sums of h in two dispatches
+// (three before, five without fusion). Where another reader comes before the kernel that would
+// write it (the row sums between tanh(h) and its product with x), h keeps a kernel of its own.
+TEST(GpuFusion, SharedValuesWrittenBesideTheirFirstConsumer) {
+  const std::vector<HarnessInput> inputs{{"x", {5, 12}}, {"w", {5, 12}}, {"b", {12}}};
+  for (const bool sums_first : {false, true}) {
+    SCOPED_TRACE(sums_first ? "row sums before the product" : "row sums last");
+    const auto build = [sums_first](Graph& graph, std::vector<Tensor>& x) {
+      const Tensor h = x[0] * x[1] + x[2];
+      const Tensor t = tanh(h);
+      std::optional<Tensor> sums;
+      if (sums_first) sums = sum(h, {1});
+      graph.set_output("y", (t * x[0]).id());
+      if (!sums_first) sums = sum(h, {1});
+      graph.set_output("sums", sums->id());
+    };
+    size_t fused = 0, unfused = 0;
+    check_on_gpu(inputs, build, 1e-5, 12, {}, &fused);
+    {
+      const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+      check_on_gpu(inputs, build, 1e-5, 12, {}, &unfused);
+    }
+    EXPECT_EQ(fused, sums_first ? 3u : 2u);
+    EXPECT_EQ(unfused, 5u);
+  }
+}
+
 // The kernel that writes a kept value binds it as well: where the device's storage buffers
 // run out, the value keeps a kernel of its own.
 TEST(GpuFusion, KeptValuesStayWithinTheBindingLimit) {
