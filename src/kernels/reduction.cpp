@@ -69,6 +69,40 @@ std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
 
 enum class ReductionKind { sum, max, argmax };
 
+// Whether `axes` are the leading axes 0, 1, ... of the shape: the rows kept are then adjacent in
+// memory, each reduced position a block of all of them.
+bool leading_axes(std::vector<int64_t> axes) {
+  std::sort(axes.begin(), axes.end());
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+// Sums over leading axes (the slices of split-K and split attention partial results) with a
+// multiple of 4 outputs: each thread adds four adjacent outputs as one vec4 per reduced
+// position, a quarter of the scalar path's loads.
+Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
+                         const std::string& finalize) {
+  const int64_t quads = layout.rows / 4;
+  std::string body = vector_buffer_view("x4", 0, false) + vector_buffer_view("out4", 1, true);
+  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
+  body += "void main() {\n";
+  body +=
+      "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + gl_LocalInvocationID.x;\n";
+  body += "  if (o >= " + glsl_uint(quads) + ") return;\n";
+  body += "  vec4 total = vec4(0.0);\n";
+  body += "  for (uint r = 0u; r < " + glsl_uint(layout.row_length) + "; ++r) {\n";
+  body += "    total += x4[r * " + glsl_uint(quads) + " + o];\n  }\n";
+  body += "  out4[o] = " + finalize + ";\n}\n";
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "reduction";
+  launch.body = std::move(body);
+  launch.operands = {{"x", context.node().inputs[0], false}, {"out_", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(quads), kGroupSize, context.device());
+  return launch;
+}
+
 // Sums, or selects the maximum keeping the index of its first occurrence (max, argmax). The
 // result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax).
 void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize) {
@@ -83,6 +117,10 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   const bool thread_per_row = layout.row_length <= kThreadPerRowLimit ||
                               (innermost_kept && layout.rows >= kColumnThreadsMinRows);
   const bool selecting = kind != ReductionKind::sum;
+  if (!selecting && thread_per_row && layout.rows % 4 == 0 && leading_axes(reduced_axes)) {
+    context.emit(vector_column_sum(context, layout, finalize));
+    return;
+  }
 
   std::string body = layout.index_function;
   body +=

@@ -107,6 +107,20 @@ TEST(GpuArchetypes, SumsAroundAKeptAxisInTwoSteps) {
   EXPECT_EQ(split_dispatches, whole_dispatches + 2);
 }
 
+// Sums and means over leading axes (the slices of split partial results) with a multiple of 4
+// outputs read one vec4 of adjacent outputs a thread; 4099 outputs take the scalar path. Long
+// (5, 12 positions) and short columns (7) against the reference.
+TEST(GpuArchetypes, ColumnSumsOverLeadingAxes) {
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("slices", sum(x[0], {0}).id());
+    graph.set_output("two_axes", mean(x[1], {0, 1}).id());
+    graph.set_output("tail", sum(x[2], {0}).id());
+    graph.set_output("short", sum(x[3], {0}, true).id());
+  };
+  check_on_gpu({{"x", {5, 3, 2048}}, {"y", {3, 4, 1032}}, {"z", {3, 4099}}, {"w", {7, 40}}},
+               build, 1e-5, 6);
+}
+
 }  // namespace
 }  // namespace mg
 
