@@ -2,9 +2,11 @@
 //
 // Cross-entropy rows are short next to a workgroup when there are few classes (a [64, 10]
 // classifier), so a workgroup is cut into segments of SEGMENT lanes (a power of two covering the
-// row, at most the workgroup) and each segment reduces one row. The scalar loss is computed by a
-// single workgroup that walks every row and sums the row losses in a fixed order: there is no
-// scratch memory for per-row partial results, and a fixed order keeps the mean deterministic.
+// row, at most the workgroup) and each segment reduces one row; up to kThreadPerRowClasses
+// classes a segment is one lane, which walks its row alone and needs no barrier to reduce it. The
+// scalar loss is computed by a single workgroup that walks every row and sums the row losses in a
+// fixed order: there is no scratch memory for per-row partial results, and a fixed order keeps the
+// mean deterministic.
 #include <algorithm>
 
 #include "kernels/index_codegen.hpp"
@@ -14,6 +16,10 @@ namespace mg::kernels {
 namespace {
 
 constexpr uint32_t kGroupSize = 256;
+// Rows of up to this many classes are reduced by one lane each: the [64, 10] classifier's loss
+// took 9.6 us on the H200 in 16-lane segments, whose shared-memory trees cost 12 barriers a
+// round of rows (docs/BENCHMARKS.md run 37).
+constexpr int64_t kThreadPerRowClasses = 32;
 
 // Segmented reductions shared by both cross-entropy kernels. Every lane runs the same number of
 // rounds (rows past the end are dummies) so that barriers stay in uniform control flow.
@@ -29,6 +35,7 @@ uint segment_base() { return gl_LocalInvocationID.x - segment_lane(); }
 
 // Maximum of a within each segment; every lane of the segment gets it.
 float segment_max(float a) {
+  if (SEGMENT == 1u) return a;
   partial_a[lane_id()] = a;
   barrier();
   for (uint width = SEGMENT / 2u; width > 0u; width >>= 1) {
@@ -44,6 +51,7 @@ float segment_max(float a) {
 
 // Sums of a and b within each segment (span SEGMENT) or the whole group (span GROUP).
 void sum_pair(inout float a, inout float b, uint span) {
+  if (span == 1u) return;
   uint base = gl_LocalInvocationID.x - gl_LocalInvocationID.x % span;
   partial_a[lane_id()] = a;
   partial_b[lane_id()] = b;
@@ -127,6 +135,7 @@ void main() {
 )glsl";
 
 uint32_t segment_for(int64_t classes) {
+  if (classes <= kThreadPerRowClasses) return 1;
   uint32_t segment = 1;
   while (segment < kGroupSize && segment < classes) segment *= 2;
   return segment;

@@ -363,6 +363,19 @@ TEST(GpuNormLoss, CrossEntropyClassifierShape) {
                });
 }
 
+// More rows of few classes than a workgroup has lanes (one lane a row): several rounds of rows
+// in the loss, several workgroups in its gradient.
+TEST(GpuNormLoss, CrossEntropyManyShortRows) {
+  check_on_gpu({{"logits", {700, 7}, DType::f32, -3.0, 3.0},
+                {"labels", {700}, DType::i32, -1.0, 7.0},
+                {"seed", {}, DType::f32, 0.5, 2.0}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor loss = cross_entropy(x[0], x[1], 0.1, -1);
+                 graph.set_output("loss", loss.id());
+                 output_gradients(graph, "", loss, {x[0]}, x[2]);
+               });
+}
+
 TEST(GpuNormLoss, CrossEntropyWideRows) {
   check_on_gpu({{"logits", {5, 300}, DType::f32, -4.0, 4.0},
                 {"labels", {5}, DType::i32, 0.0, 300.0},
