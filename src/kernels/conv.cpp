@@ -455,11 +455,19 @@ void lower_im2col(LoweringContext& context) {
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   const int64_t width = size[1] % 4 == 0 ? 4 : 1;
   const int64_t count = node.type.elements() / width;
+  // Packed columns (packed_columns): four elements as two words of f16 pairs, element e in half
+  // e % 2 of word e / 2.
+  const bool packed = packed_columns(context.graph(), context.id(), context.device());
   std::string body;
-  if (width == 4)
+  if (packed) {
+    body +=
+        "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns_halves { uvec2 "
+        "columns_halves[]; };\n";
+  } else if (width == 4) {
     body +=
         "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns4 { vec4 "
         "columns4[]; };\n";
+  }
   body += columns_main(count);
   const int64_t row_units = size[1] / width;
   body += "  uint ox = i % " + u(row_units) + " * " + u(width) + ", oy = i / " + u(row_units) +
@@ -475,8 +483,14 @@ void lower_im2col(LoweringContext& context) {
           std::to_string(width) + "; ++j) {\n    int ix = ix0 + j * " + s(stride[1]) +
           ";\n    values[j] = row_inside && ix >= 0 && ix < " + s(x[3]) +
           " ? x[row + uint(ix)] : 0.0;\n  }\n";
-  body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
-                     : "  columns[i] = values[0];\n}\n";
+  if (packed) {
+    body +=
+        "  columns_halves[i] = uvec2(packHalf2x16(vec2(values[0], values[1])), "
+        "packHalf2x16(vec2(values[2], values[3])));\n}\n";
+  } else {
+    body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
+                       : "  columns[i] = values[0];\n}\n";
+  }
   emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
 }
 

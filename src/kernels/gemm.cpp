@@ -315,46 +315,109 @@ std::string batch_offset_function(const std::string& name, const Shape& operand,
   return text + ";\n}\n";
 }
 
+// A matmul's extents: C[m, n] over k for `batches` entries of `splits` K slices each.
+struct MatmulShape {
+  int64_t m = 0, n = 0, k = 0, splits = 1, batches = 1;
+  bool split = false, transpose_a = false, transpose_b = false;
+  Shape batch_shape;
+};
+
+MatmulShape matmul_shape(const Graph& graph, ValueId id) {
+  const Node& node = graph.node(id);
+  const Shape& a_shape = graph.type(node.inputs[0]).shape;
+  const Shape& out_shape = node.type.shape;
+  MatmulShape shape;
+  shape.transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  shape.transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
+  shape.m = out_shape[out_shape.size() - 2];
+  shape.n = out_shape[out_shape.size() - 1];
+  shape.k = shape.transpose_a ? a_shape[a_shape.size() - 2] : a_shape[a_shape.size() - 1];
+  // A split-K node (ops/k_split.hpp) computes `splits` partial products [splits, batch..., M, N]
+  // in one launch: workgroup z runs K slice z / batches of batch entry z % batches.
+  shape.split = node.attrs.has("k_splits");
+  shape.splits = node.attrs.get_int("k_splits", 1);
+  shape.batch_shape = Shape(out_shape.begin() + (shape.split ? 1 : 0), out_shape.end() - 2);
+  shape.batches = element_count(shape.batch_shape);
+  return shape;
+}
+
+bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
+  return use_coop_gemm(device) &&
+         coop_gemm_suits(shape.m * shape.n * shape.k * shape.batches, shape.k, device);
+}
+
+}  // namespace
+
+bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device) {
+  const Node& node = graph.node(columns);
+  if (node.op != "im2col" || node.attrs.get_ints("output_size").at(1) % 4 != 0) return false;
+  const char* forced = std::getenv("MEGANEURA_PACKED_COLUMNS");
+  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
+  ValueId consumer = kNoValue;
+  for (size_t i = static_cast<size_t>(columns) + 1; i < graph.size(); ++i) {
+    const std::vector<ValueId>& inputs = graph.nodes()[i].inputs;
+    if (std::find(inputs.begin(), inputs.end(), columns) == inputs.end()) continue;
+    if (consumer != kNoValue) return false;
+    consumer = static_cast<ValueId>(i);
+  }
+  if (consumer == kNoValue) return false;
+  const Node& product = graph.node(consumer);
+  if (product.op != "matmul" || product.inputs[0] == columns || product.inputs[1] != columns)
+    return false;
+  if (matmul_runs_coop(matmul_shape(graph, consumer), device)) return true;
+  return forced != nullptr && std::strcmp(forced, "1") == 0 && use_cpu_kernels(device);
+}
+
+namespace {
+
 // Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue`.
 void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   const Node& node = context.node();
   const Shape& a_shape = context.input_type(0).shape;
   const Shape& b_shape = context.input_type(1).shape;
-  const Shape& out_shape = node.type.shape;
-  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
-  const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
-  const int64_t m = out_shape[out_shape.size() - 2];
-  const int64_t n = out_shape[out_shape.size() - 1];
-  const int64_t k = transpose_a ? a_shape[a_shape.size() - 2] : a_shape[a_shape.size() - 1];
-  // A split-K node (ops/k_split.hpp) computes `splits` partial products [splits, batch..., M, N]
-  // in one launch: workgroup z runs K slice z / batches of batch entry z % batches.
-  const bool split = node.attrs.has("k_splits");
-  const int64_t splits = node.attrs.get_int("k_splits", 1);
+  const MatmulShape shape = matmul_shape(context.graph(), context.id());
+  const auto [m, n, k, splits, batches, split, transpose_a, transpose_b, batch_shape] = shape;
   const int64_t k_slice = split ? k_slice_length(k, splits) : k;
-  const Shape batch_shape(out_shape.begin() + (split ? 1 : 0), out_shape.end() - 2);
-  const int64_t batches = element_count(batch_shape);
 
-  const bool coop =
-      use_coop_gemm(context.device()) && coop_gemm_suits(m * n * k * batches, k, context.device());
+  const bool coop = matmul_runs_coop(shape, context.device());
+  const bool packed_b = packed_columns(context.graph(), node.inputs[1], context.device());
+  if (packed_b && !coop && !use_cpu_kernels(context.device()))
+    throw Error(context.label() + ": packed f16 columns need a GEMM with generated loads");
   if (coop || use_cpu_kernels(context.device())) {
     const std::string t =
         transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
     const std::string u =
         transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
-    std::string functions =
-        batch_offset_function("a_offset", a_shape, batch_shape) +
-        batch_offset_function("b_offset", b_shape, batch_shape) +
-        "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t + "]; }\n" +
-        "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n";
+    std::string functions = batch_offset_function("a_offset", a_shape, batch_shape) +
+                            batch_offset_function("b_offset", b_shape, batch_shape) +
+                            "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t +
+                            "]; }\n";
+    // Packed columns hold element e in half e % 2 of word e / 2 (lower_im2col).
+    if (packed_b) {
+      functions += vector_buffer_view("b_halves", 1, false, "uint") +
+                   "float load_b(uint z, uint k, uint n) {\n  uint e = b_offset(z) + " + u +
+                   ";\n  return unpackHalf2x16(b_halves[e / 2u])[e % 2u];\n}\n";
+    } else {
+      functions += "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n";
+    }
     // Four consecutive elements along each operand's contiguous extent, for the cooperative-matrix
     // GEMM's vector loads: with every extent a multiple of 4, a vec4 starts 16-byte aligned and
     // lies wholly inside or outside each edge.
     const bool vector_loads = coop && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
     if (vector_loads) {
-      functions +=
-          vector_buffer_view("a4", 0, false) + vector_buffer_view("b4", 1, false) +
-          "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t + ") / 4u]; }\n" +
-          "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u + ") / 4u]; }\n";
+      functions += vector_buffer_view("a4", 0, false) +
+                   "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t +
+                   ") / 4u]; }\n";
+      if (packed_b) {
+        functions +=
+            vector_buffer_view("b_halves4", 1, false, "uvec2") +
+            "vec4 load_b4(uint z, uint k, uint n) {\n  uvec2 pairs = b_halves4[(b_offset(z) + " +
+            u + ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
+      } else {
+        functions += vector_buffer_view("b4", 1, false) +
+                     "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u +
+                     ") / 4u]; }\n";
+      }
     }
     if (split) functions = split_k_functions(functions, batches, k, splits, vector_loads);
     Launch bindings;

@@ -69,6 +69,34 @@ TEST(GpuConv, Im2colThenMatmul) {
   }
 }
 
+// Columns stored as packed f16 pairs (kernels::packed_columns; on the H200 wherever the fast
+// GEMM reads them, forced here for the CPU-device GEMM, which reads through the same
+// functions): the forward, data gradient and weight gradient of a same-padded 3x3 and a strided
+// 3x3 convolution (whose data gradient goes through col2im, no columns) against the reference
+// at f16's precision. The worst error must also exceed f32's, or the columns were not rounded
+// to f16 and the packed path did not run. A third case's output width, 7, is not a multiple of
+// 4: its columns stay f32, and so does its error.
+TEST(GpuConv, PackedColumns) {
+  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
+  const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
+  const auto build = [](Conv2dOptions options) {
+    return [options](Graph& graph, std::vector<Tensor>& in) {
+      testing::output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
+                                     {in[0], in[1]});
+    };
+  };
+  const double same =
+      check_on_gpu({{"x", {2, 4, 8, 12}}, {"w", {5, 4, 3, 3}}, {"seed", {2, 5, 8, 12}}},
+                   build({.padding = {1, 1}}), 3e-3, 21);
+  EXPECT_GT(same, 1e-6);
+  const double strided =
+      check_on_gpu({{"x", {2, 4, 16, 16}}, {"w", {6, 4, 3, 3}}, {"seed", {2, 6, 8, 8}}},
+                   build({.stride = {2, 2}, .padding = {1, 1}}), 3e-3, 22);
+  EXPECT_GT(strided, 1e-6);
+  check_on_gpu({{"x", {2, 4, 13, 13}}, {"w", {6, 4, 3, 3}}, {"seed", {2, 6, 7, 7}}},
+               build({.stride = {2, 2}, .padding = {1, 1}}), 1e-5, 23);
+}
+
 // Strided data gradients run as one GEMM per stride phase (kernels/conv.cpp): stride 3 with
 // padding past the stride, a kernel narrower than the stride (phases without any tap, whose
 // gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and two

@@ -430,6 +430,51 @@ TEST_F(CoopMatrixLowering, SplitKPartialsCompile) {
   for (const kernels::Launch& launch : launches) gpu::compile_glsl(spec_of(graph, launch));
 }
 
+// Convolution columns feeding the cooperative-matrix GEMM are packed f16 pairs: the gather
+// writes uvec2s of halves and the GEMM unpacks them in its generated loads, in the forward (B
+// along n) and the weight gradient (B along k, over K slices); both kernels compile. An output
+// width of 6 keeps f32 columns, and so does MEGANEURA_PACKED_COLUMNS=0.
+TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
+  const auto lowered = [](int64_t width) {
+    Graph graph;
+    const Tensor x = input(graph, "x", {2, 8, 16, width});
+    const Tensor w = input(graph, "w", {16, 8, 3, 3});
+    const Tensor seed = input(graph, "seed", {2, 16, 16, width});
+    testing::output_with_gradients(graph, conv2d(x, w, std::nullopt, {.padding = {1, 1}}), seed,
+                                   {x, w});
+    const Graph columns = passes::im2col_convolutions(graph, uint64_t{1} << 30);
+    std::vector<kernels::Launch> launches;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      const std::string& op = columns.nodes()[i].op;
+      if (op != "im2col" && op != "matmul") continue;
+      for (kernels::Launch& launch :
+           kernels::lower_node(columns, static_cast<ValueId>(i), coop_device()))
+        launches.push_back(std::move(launch));
+    }
+    return std::pair{columns, launches};
+  };
+  const auto count = [](const std::vector<kernels::Launch>& launches, const std::string& text) {
+    return std::count_if(launches.begin(), launches.end(), [&](const kernels::Launch& launch) {
+      return launch.body.find(text) != std::string::npos;
+    });
+  };
+  {
+    const auto [graph, launches] = lowered(16);
+    // The forward's and the weight gradient's columns; the data gradient's are packed too.
+    EXPECT_EQ(count(launches, "columns_halves[i] = uvec2(packHalf2x16"), 3);
+    EXPECT_EQ(count(launches, "unpackHalf2x16(pairs.x)"), 3);
+    for (const kernels::Launch& launch : launches) {
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+      if (launch.kernel == "gemm_coopmat")
+        expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                          gemm_column_major_loads(launch));
+    }
+  }
+  EXPECT_EQ(count(lowered(6).second, "packHalf2x16"), 0);
+  const ScopedEnv off("MEGANEURA_PACKED_COLUMNS", "0");
+  EXPECT_EQ(count(lowered(16).second, "packHalf2x16"), 0);
+}
+
 // Every GEMM form (scalar loads over ragged edges with A or B read column-major, vector loads for
 // each operand layout, the three convolution GEMMs, split-K partials) in the shapes that the
 // lowering picks and the ones worth sweeping with MEGANEURA_COOP_BLOCK compiles to valid NV
