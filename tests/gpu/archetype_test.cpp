@@ -117,8 +117,8 @@ TEST(GpuArchetypes, ColumnSumsOverLeadingAxes) {
     graph.set_output("tail", sum(x[2], {0}).id());
     graph.set_output("short", sum(x[3], {0}, true).id());
   };
-  check_on_gpu({{"x", {5, 3, 2048}}, {"y", {3, 4, 1032}}, {"z", {3, 4099}}, {"w", {7, 40}}},
-               build, 1e-5, 6);
+  check_on_gpu({{"x", {5, 3, 2048}}, {"y", {3, 4, 1032}}, {"z", {3, 4099}}, {"w", {7, 40}}}, build,
+               1e-5, 6);
 }
 
 }  // namespace
