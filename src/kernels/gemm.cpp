@@ -351,8 +351,8 @@ bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device) {
   const Node& node = graph.node(columns);
   if (node.op != "im2col" || node.attrs.get_ints("output_size").at(1) % 4 != 0) return false;
-  const char* forced = std::getenv("MEGANEURA_PACKED_COLUMNS");
-  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
+  const char* switched = std::getenv("MEGANEURA_PACKED_COLUMNS");
+  if (switched == nullptr || std::strcmp(switched, "1") != 0) return false;
   ValueId consumer = kNoValue;
   for (size_t i = static_cast<size_t>(columns) + 1; i < graph.size(); ++i) {
     const std::vector<ValueId>& inputs = graph.nodes()[i].inputs;
@@ -364,8 +364,7 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
   const Node& product = graph.node(consumer);
   if (product.op != "matmul" || product.inputs[0] == columns || product.inputs[1] != columns)
     return false;
-  if (matmul_runs_coop(matmul_shape(graph, consumer), device)) return true;
-  return forced != nullptr && std::strcmp(forced, "1") == 0 && use_cpu_kernels(device);
+  return matmul_runs_coop(matmul_shape(graph, consumer), device) || use_cpu_kernels(device);
 }
 
 namespace {

@@ -17,13 +17,14 @@ namespace mg::kernels {
 // Read at every lowering, not cached, so a test can flip it between Sessions.
 bool use_cpu_kernels(const DeviceTraits& device);
 
-// Whether the convolution columns `columns` (an im2col node) are stored as packed f16 pairs:
-// their one consumer, a matmul taking them as B, reads them through generated load functions on
-// cooperative matrices, which round them to f16 anyway, so the gather writes and the GEMM reads
-// half the bytes. Only where the gather writes vec4 rows (output width a multiple of 4).
-// MEGANEURA_PACKED_COLUMNS=0 turns it off; =1 also packs for the CPU-device GEMM (gemm_cpu.comp,
-// which reads through the same functions), so that Lavapipe can test both ends. lower_im2col and
-// the matmul's lowering both ask, so they agree.
+// Whether the convolution columns `columns` (an im2col node) are stored as packed f16 pairs, so
+// that the gather writes and the GEMM reads half the bytes: with MEGANEURA_PACKED_COLUMNS=1,
+// where their one consumer, a matmul taking them as B, reads them through generated load
+// functions, on cooperative matrices (which round them to f16 anyway) or on the CPU-device GEMM
+// (gemm_cpu.comp, so that Lavapipe tests both ends), and the gather writes vec4 rows (output
+// width a multiple of 4). Off by default: on the H200 it sped some fast convolutions up and
+// slowed others down (docs/BENCHMARKS.md run 37). lower_im2col and the matmul's lowering both
+// ask, so they agree.
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device);
 
 // C[m, n] = sum_k A[m, k] B[k, n] for each of `entries` independent problems (grid z).

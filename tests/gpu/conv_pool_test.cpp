@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "conv_support.hpp"
+#include "vk/gpu.hpp"
 
 namespace mg {
 namespace {
@@ -69,14 +70,19 @@ TEST(GpuConv, Im2colThenMatmul) {
   }
 }
 
-// Columns stored as packed f16 pairs (kernels::packed_columns; on the H200 wherever the fast
-// GEMM reads them, forced here for the CPU-device GEMM, which reads through the same
-// functions): the forward, data gradient and weight gradient of a same-padded 3x3 and a strided
+// Columns stored as packed f16 pairs (MEGANEURA_PACKED_COLUMNS=1) for the CPU-device GEMM,
+// which reads them through the same functions as the cooperative-matrix GEMM (whose own tests,
+// GpuCoopMatrix.*Convolutions*, run with them on devices that have it; other GPUs cannot pack
+// for their strict GEMM, so this test is skipped there): the forward, data gradient and weight
+// gradient of a same-padded 3x3 and a strided
 // 3x3 convolution (whose data gradient goes through col2im, no columns) against the reference
 // at f16's precision. The worst error must also exceed f32's, or the columns were not rounded
 // to f16 and the packed path did not run. A third case's output width, 7, is not a multiple of
 // 4: its columns stay f32, and so does its error.
 TEST(GpuConv, PackedColumns) {
+  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
+  if (devices[gpu::choose_device(devices, "")].kind != gpu::DeviceKind::cpu)
+    GTEST_SKIP() << "packed columns feed only the CPU-device GEMM in strict precision";
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
   const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
   const auto build = [](Conv2dOptions options) {

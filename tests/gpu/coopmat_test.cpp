@@ -430,10 +430,11 @@ TEST_F(CoopMatrixLowering, SplitKPartialsCompile) {
   for (const kernels::Launch& launch : launches) gpu::compile_glsl(spec_of(graph, launch));
 }
 
-// Convolution columns feeding the cooperative-matrix GEMM are packed f16 pairs: the gather
-// writes uvec2s of halves and the GEMM unpacks them in its generated loads, in the forward (B
-// along n) and the weight gradient (B along k, over K slices); both kernels compile. An output
-// width of 6 keeps f32 columns, and so does MEGANEURA_PACKED_COLUMNS=0.
+// With MEGANEURA_PACKED_COLUMNS=1, convolution columns feeding the cooperative-matrix GEMM are
+// packed f16 pairs: the gather writes uvec2s of halves and the GEMM unpacks them in its
+// generated loads, in the forward and data gradient (B along n) and the weight gradient (B along
+// k, over K slices); the kernels compile. An output width of 6 keeps f32 columns, and so does
+// the default.
 TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
   const auto lowered = [](int64_t width) {
     Graph graph;
@@ -458,6 +459,8 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
       return launch.body.find(text) != std::string::npos;
     });
   };
+  EXPECT_EQ(count(lowered(16).second, "packHalf2x16"), 0);
+  const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
   {
     const auto [graph, launches] = lowered(16);
     // The forward's and the weight gradient's columns; the data gradient's are packed too.
@@ -471,8 +474,6 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
     }
   }
   EXPECT_EQ(count(lowered(6).second, "packHalf2x16"), 0);
-  const ScopedEnv off("MEGANEURA_PACKED_COLUMNS", "0");
-  EXPECT_EQ(count(lowered(16).second, "packHalf2x16"), 0);
 }
 
 // Every GEMM form (scalar loads over ragged edges with A or B read column-major, vector loads for
@@ -687,11 +688,15 @@ void check_convolutions_once(bool validation) {
 }
 
 void check_convolutions(bool validation) {
-  // The implicit GEMMs on cooperative matrices, then im2col + matmul (the default on GPUs).
+  // The implicit GEMMs on cooperative matrices, then im2col + matmul (the default on GPUs), with
+  // f32 and with packed f16 columns.
   for (const char* im2col : {"0", "1"}) {
     const ScopedEnv route("MEGANEURA_IM2COL", im2col);
     check_convolutions_once(validation);
   }
+  const ScopedEnv route("MEGANEURA_IM2COL", "1");
+  const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
+  check_convolutions_once(validation);
 }
 
 // Whisper-like heads (64) with a partial last block, grouped-query heads with a causal mask
