@@ -79,11 +79,13 @@ kernels::MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId p
 }
 
 // Whether every node that reads `value`, directly or through views, other than `first` comes
-// after `root`, the node whose launch writes it.
+// after `root`, the node whose launch writes it. A companion op (kernels::is_companion_op) may
+// run in its producer's launch, before its own place, so it never counts as coming after.
 bool readers_follow(const Graph& graph, const std::vector<std::vector<ValueId>>& consumer_lists,
                     ValueId value, ValueId first, ValueId root) {
   for (ValueId reader : consumer_lists[value]) {
     if (reader == first) continue;
+    if (kernels::is_companion_op(graph.node(reader).op)) return false;
     if (kernels::is_view_op(graph.node(reader).op)) {
       if (!readers_follow(graph, consumer_lists, reader, first, root)) return false;
     } else if (reader <= root) {
