@@ -72,6 +72,32 @@ TEST(Cli, TrainThenInferReportsAccuracy) {
   EXPECT_EQ(confusion(whole.output), confusion(queued.output));
   EXPECT_EQ(whole.output.substr(whole.output.find("test accuracy: ")),
             queued.output.substr(queued.output.find("test accuracy: ")));
+  // --trace writes the last batch's dispatches, as many as the inference program has, and
+  // prints the sum of their GPU times.
+  const Result traced = run("infer " + (out / "checkpoint.safetensors").string() + " --trace " +
+                            (out / "trace.json").string());
+  ASSERT_EQ(traced.status, 0) << traced.output;
+  const size_t program = traced.output.find("inference program: ");
+  const size_t line = traced.output.find("trace: ");
+  ASSERT_NE(program, std::string::npos) << traced.output;
+  ASSERT_NE(line, std::string::npos) << traced.output;
+  const size_t dispatches = std::stoul(traced.output.substr(program + 19));
+  const size_t counted = traced.output.find(" (", line);
+  EXPECT_EQ(std::stoul(traced.output.substr(counted + 2)), dispatches) << traced.output;
+  const double printed_us =
+      std::stod(traced.output.substr(traced.output.find("dispatches, ", line) + 12));
+  std::ifstream file(out / "trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(file);
+  const nlohmann::json& events = trace.is_object() ? trace.at("traceEvents") : trace;
+  size_t spans = 0;
+  double total_us = 0;
+  for (const nlohmann::json& event : events) {
+    if (event.value("ph", "") != "X") continue;
+    ++spans;
+    total_us += event.at("dur").get<double>();
+  }
+  EXPECT_EQ(spans, dispatches);
+  EXPECT_NEAR(total_us, printed_us, 0.05 + 1e-3 * total_us) << traced.output;
   fs::remove_all(out);
 }
 
