@@ -15,7 +15,8 @@ void main() {
   // Two passes over the slices' lse (cached) instead of an array of SPLITS registers: a
   // decoding-like shape (few queries, many keys) may have hundreds of slices.
   float largest = -1.0 / 0.0;
-  for (uint s = 0u; s < SPLITS; ++s) largest = max(largest, partials[(s * ROWS + row) * WIDTH + DV]);
+  for (uint s = 0u; s < SPLITS; ++s)
+    largest = max(largest, partials[(s * ROWS + row) * WIDTH + DV]);
   float total = 0.0, value = 0.0;
   for (uint s = 0u; s < SPLITS; ++s) {
     float weight = exp(partials[(s * ROWS + row) * WIDTH + DV] - largest);

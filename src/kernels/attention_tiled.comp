@@ -2,9 +2,9 @@
 // log-sum-exp as well, for the backward), the log-sum-exp alone, the dQ, dK and dV backward
 // (dK and dV separately or together), and the scores' gradient W = SCALE * dS ([B, HQ, SQ, SK])
 // alone or (WITH_SCORES=1) beside dK or dK and dV. A workgroup owns BO rows (queries, or keys
-// for dK / dV / W) of one (batch, head) and streams blocks of BS rows of the other side. Each block is two small
-// products through shared memory, both register-tiled so that a thread reuses every vec4 it
-// loads:
+// for dK / dV / W) of one (batch, head) and streams blocks of BS rows of the other side. Each
+// block is two small products through shared memory, both register-tiled so that a thread
+// reuses every vec4 it loads:
 //   1. a score-like tile W[BS][BO]: S = A1 . T1 over the head dimension (and, for dQ / dK,
 //      dP = A2 . T2 over the value dimension), turned into probabilities or dS;
 //   2. acc[BO][E] += W^T C, with C the streamed tile T1 or T2.
@@ -162,7 +162,8 @@ shared float stream_delta[BS];
     [[unroll]] for (uint u = 0u; u < U1; ++u) {                                                \
       if ((DIM4) % U1 != 0u && d0 + u >= (DIM4)) break;                                        \
       [[unroll]] for (uint r = 0u; r < RO1; ++r) {                                             \
-        [[unroll]] for (uint k = 0u; k < KPT; ++k) result[r][k] += dot(owned[u][r], streamed[u][k]); \
+        [[unroll]] for (uint k = 0u; k < KPT; ++k)                                           \
+          result[r][k] += dot(owned[u][r], streamed[u][k]);                                    \
       }                                                                                        \
     }                                                                                          \
   }

@@ -183,11 +183,13 @@ uvec4 halves(vec4 low, vec4 high) {
 void store_slice(uint slot, uint thread, uint set) {
   [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
     uvec2 unit = tile_unit(thread + i * THREADS, A_ROW_UNITS);
-    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = halves(a_next[set][2 * i], a_next[set][2 * i + 1]);
+    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] =
+        halves(a_next[set][2 * i], a_next[set][2 * i + 1]);
   }
   [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
     uvec2 unit = tile_unit(thread + i * THREADS, B_ROW_UNITS);
-    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = halves(b_next[set][2 * i], b_next[set][2 * i + 1]);
+    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] =
+        halves(b_next[set][2 * i], b_next[set][2 * i + 1]);
   }
 }
 
