@@ -70,11 +70,10 @@ uint32_t pointwise_bindings(const Graph& graph, const kernels::PointwiseDag& dag
 kernels::MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId product,
                                      const std::vector<ValueId>& fused_into) {
   kernels::MatmulEpilogue epilogue;
-  epilogue.dag.output = root;
-  std::map<ValueId, int> argument_of;
-  const std::vector<bool> none_beside(graph.size(), false);
-  append_fused(graph, root, fused_into, none_beside, epilogue.dag, argument_of);
-  epilogue.product_input = static_cast<size_t>(argument_of.at(product));
+  epilogue.dag = dag_of(graph, root, fused_into, std::vector<bool>(graph.size(), false));
+  epilogue.product_input = static_cast<size_t>(
+      std::find(epilogue.dag.inputs.begin(), epilogue.dag.inputs.end(), product) -
+      epilogue.dag.inputs.begin());
   return epilogue;
 }
 
@@ -104,14 +103,14 @@ std::string fused_label(const Graph& graph, const kernels::PointwiseDag& dag) {
 
 std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::DeviceTraits& device,
                                          size_t* fused_away) {
+  // Uses of each value as an input (a node reading it twice counts twice), and the nodes that
+  // read it, each once, in order.
   std::vector<int> consumers(graph.size(), 0);
-  std::vector<ValueId> consumer_of(graph.size(), kNoValue);
-  std::vector<std::vector<ValueId>> consumer_lists(graph.size());  // distinct, in order
+  std::vector<std::vector<ValueId>> consumer_lists(graph.size());
   for (size_t i = 0; i < graph.size(); ++i) {
     const ValueId id = static_cast<ValueId>(i);
     for (ValueId input : graph.nodes()[i].inputs) {
       ++consumers[input];
-      consumer_of[input] = id;
       if (consumer_lists[input].empty() || consumer_lists[input].back() != id)
         consumer_lists[input].push_back(id);
     }
@@ -132,9 +131,12 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
-      const ValueId consumer = consumer_of[i];
-      if (kernels::is_pointwise_op(node.op) && !observed[i] && consumers[i] == 1 &&
-          node.type.dtype == DType::f32 && kernels::is_pointwise_op(graph.node(consumer).op) &&
+      if (!kernels::is_pointwise_op(node.op) || observed[i] || consumers[i] != 1 ||
+          node.type.dtype != DType::f32) {
+        continue;
+      }
+      const ValueId consumer = consumer_lists[i].front();
+      if (kernels::is_pointwise_op(graph.node(consumer).op) &&
           graph.node(consumer).type.shape == node.type.shape) {
         fused_into[i] = consumer;
       }
@@ -176,10 +178,10 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
           node.type.dtype != DType::f32) {
         continue;
       }
-      const Node& consumer = graph.node(consumer_of[i]);
+      const Node& consumer = graph.node(consumer_lists[i].front());
       if (!kernels::is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape))
         continue;
-      const ValueId root = dag_root(consumer_of[i]);
+      const ValueId root = dag_root(consumer_lists[i].front());
       if (epilogue_of_root.count(root)) continue;
       kernels::MatmulEpilogue epilogue =
           epilogue_for(graph, root, static_cast<ValueId>(i), fused_into);
