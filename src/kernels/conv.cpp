@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kernels/conv_weight_grad.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
@@ -395,11 +396,16 @@ void lower_conv2d_data_grad(LoweringContext& context) {
 
 // conv2d_grad_weight(x, grad_out): M = O / groups, N = C / groups * KH * KW and the long
 // K = batch * OH * OW, looped over inside each workgroup, or over one K slice of it for split-K
-// partial gradients [S, O, C / groups, KH, KW].
+// partial gradients [S, O, C / groups, KH, KW]; or the direct kernel where it suits
+// (conv_weight_grad.hpp), whose splits divide the same K into chunks of output rows.
 void lower_conv2d_weight_grad(LoweringContext& context) {
   const Node& node = context.node();
   const Shape weight_shape = node.attrs.get_ints("weight_shape");
   const ConvGeometry g = conv_geometry(node.attrs, context.input_type(0).shape, weight_shape);
+  if (direct_weight_gradient_suits(g, context.device())) {
+    emit_direct_weight_gradient(context, g, node.attrs.get_int("k_splits", 1));
+    return;
+  }
   const int64_t out_plane = g.out_height * g.out_width;
   GemmPlan plan;
   plan.m = g.outs_per_group();

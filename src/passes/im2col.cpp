@@ -12,6 +12,7 @@
 // gradients with fewer than kMinColumnRows rows of columns (below).
 #include <optional>
 
+#include "kernels/conv_weight_grad.hpp"
 #include "ops/conv_geometry.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -110,12 +111,15 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, ui
 
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
 // The batched product is long in K and short in outputs, so split-K slices it.
+// Those the direct kernel runs (kernels/conv_weight_grad.hpp) need no columns.
 std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
+                                               const kernels::DeviceTraits& device,
                                                uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        node.attrs.get_ints("weight_shape"));
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
+  if (kernels::direct_weight_gradient_suits(g, device)) return std::nullopt;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
@@ -128,8 +132,8 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
 
 }  // namespace
 
-Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
-                          std::vector<ValueId>* remap) {
+Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& device,
+                          uint64_t max_column_bytes, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
@@ -140,7 +144,7 @@ Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
           if (node.op == "conv2d_grad_input")
             rewritten = rewrite_data_gradient(target, node, max_column_bytes);
           if (node.op == "conv2d_grad_weight")
-            rewritten = rewrite_weight_gradient(target, node, max_column_bytes);
+            rewritten = rewrite_weight_gradient(target, node, device, max_column_bytes);
         }
         return rewritten ? *rewritten : target.add_typed(std::move(node));
       },

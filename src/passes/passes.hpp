@@ -21,7 +21,8 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // Split-K: a matmul or conv2d_grad_weight with few output tiles and a long K becomes one node
 // computing partial results over K slices (attribute k_splits) and a sum over them, planned for
 // `device`: its compute units, and the GEMM kernel and tile each product will run on (see
-// split_k.cpp). MEGANEURA_SPLIT_K_SLICES=N forces the slice count.
+// split_k.cpp), or the direct weight-gradient kernel's own rule. MEGANEURA_SPLIT_K_SLICES=N
+// forces the slice count.
 Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
               std::vector<ValueId>* remap = nullptr);
 
@@ -42,9 +43,10 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
 
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
-// `max_column_bytes` (see im2col.cpp).
-Graph im2col_convolutions(const Graph& graph, uint64_t max_column_bytes,
-                          std::vector<ValueId>* remap = nullptr);
+// `max_column_bytes` (see im2col.cpp); weight gradients that the direct kernel runs on `device`
+// stay (kernels/conv_weight_grad.hpp).
+Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& device,
+                          uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
 
 // Two-step sums: a sum whose reduced axes lie on both sides of a kept axis and that has few
 // outputs first sums the reduced axes after that kept axis (see split_reductions.cpp).

@@ -20,8 +20,10 @@
 #include <optional>
 #include <string>
 
+#include "kernels/conv_weight_grad.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
+#include "ops/conv_geometry.hpp"
 #include "ops/k_split.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -197,6 +199,17 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
   return best_splits;
 }
 
+// The geometry of a conv2d_grad_weight node that runs on the direct kernel, which plans its
+// own splits.
+std::optional<ConvGeometry> direct_weight_gradient(const Graph& graph, const Node& node,
+                                                   const kernels::DeviceTraits& device) {
+  if (node.op != "conv2d_grad_weight" || node.attrs.has("k_splits")) return std::nullopt;
+  const ConvGeometry g = conv_geometry(node.attrs, graph.type(node.inputs[0]).shape,
+                                       node.attrs.get_ints("weight_shape"));
+  if (!kernels::direct_weight_gradient_suits(g, device)) return std::nullopt;
+  return g;
+}
+
 }  // namespace
 
 Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
@@ -205,9 +218,19 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
   return rebuild(
       graph, keep,
       [&device](Graph& target, ValueId, Node node) {
-        const std::optional<Product> product = product_of(target, node);
-        if (!product) return target.add_typed(std::move(node));
-        const int64_t splits = split_count(*product, device);
+        int64_t splits = 1;
+        if (const std::optional<ConvGeometry> direct =
+                direct_weight_gradient(target, node, device)) {
+          // The count must also leave every aligned slice of K non-empty, as the node's checks
+          // ask of every k_splits, though the kernel divides K into whole chunks of rows instead.
+          const int64_t k = direct->batch * direct->out_height * direct->out_width;
+          const int64_t forced = forced_slices();
+          const int64_t wanted =
+              forced > 0 ? forced : kernels::direct_weight_gradient_splits(*direct, device);
+          splits = ceil_div(k, k_slice_length(k, wanted));
+        } else if (const std::optional<Product> product = product_of(target, node)) {
+          splits = split_count(*product, device);
+        }
         if (splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
         attrs.set("k_splits", splits);

@@ -308,7 +308,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   // The columns are one transient value: at most a quarter of an arena, and 256 MiB.
   if (im2col)
     program.graph = passes::im2col_convolutions(
-        program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+        program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   bool dq_gemm = options.attention_dq_gemm && !kernels::use_coop_gemm(device);
   if (const char* forced = std::getenv("MEGANEURA_ATTENTION_DQ_GEMM"))
     dq_gemm = std::string(forced) != "0";

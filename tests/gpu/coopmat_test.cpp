@@ -443,7 +443,7 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
     const Tensor seed = input(graph, "seed", {2, 16, 16, width});
     testing::output_with_gradients(graph, conv2d(x, w, std::nullopt, {.padding = {1, 1}}), seed,
                                    {x, w});
-    const Graph columns = passes::im2col_convolutions(graph, uint64_t{1} << 30);
+    const Graph columns = passes::im2col_convolutions(graph, coop_device(), uint64_t{1} << 30);
     std::vector<kernels::Launch> launches;
     for (size_t i = 0; i < columns.size(); ++i) {
       const std::string& op = columns.nodes()[i].op;

@@ -440,12 +440,12 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
         gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
     graph.set_output("dx", grads.at(x.id()));
     graph.set_output("dw", grads.at(w.id()));
-    const Graph rewritten = passes::im2col_convolutions(graph, uint64_t{1} << 30);
+    const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
     EXPECT_EQ(count_op(rewritten, "im2col"), c.im2col_nodes);
     EXPECT_EQ(count_op(rewritten, "col2im"), c.col2im_nodes);
     expect_same_outputs(graph, rewritten, environment);
     // A byte limit below the smallest columns keeps every convolution.
-    const Graph limited = passes::im2col_convolutions(graph, 64);
+    const Graph limited = passes::im2col_convolutions(graph, h200_like(), 64);
     EXPECT_EQ(count_op(limited, "im2col") + count_op(limited, "col2im"), 0u);
   }
 }
@@ -494,12 +494,37 @@ TEST(Passes, MergeLeadingSums) {
   }
   const Tensor y = conv2d(images, weight, std::nullopt, {.padding = {1, 1}});
   conv.set_output("dw", gradients(conv, sum_all(y * y).id(), {weight.id()}).at(weight.id()));
-  const Graph split = passes::eliminate_dead_code(
-      passes::split_k(passes::im2col_convolutions(conv, uint64_t{1} << 30), h200_like()));
+  const Graph split = passes::eliminate_dead_code(passes::split_k(
+      passes::im2col_convolutions(conv, h200_like(), uint64_t{1} << 30), h200_like()));
   ASSERT_EQ(count_op(split, "sum"), 2u);  // over the K slices, then over the batch
   const Graph one_sum = passes::merge_leading_sums(split);
   EXPECT_EQ(count_op(one_sum, "sum"), count_op(split, "sum") - 1);
   expect_same_outputs(conv, one_sum, conv_environment);
+}
+
+// ResNet's 3x3 weight gradient at 64 channels runs on the direct kernel on an H200-like GPU:
+// the im2col pass leaves it whole and split-K gives it one workgroup a compute unit, 44 splits
+// of 3 kernel rows. Turned off, it becomes columns and a batched matmul. (Its values are checked
+// on the GPU by GpuConv.DirectWeightGradient.)
+TEST(Passes, DirectWeightGradientStaysWholeAndPlansItsSplits) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 64, 56, 56});
+  const Tensor w = input(graph, "w", {64, 64, 3, 3});
+  const Tensor seed = input(graph, "seed", {4, 64, 56, 56});
+  const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
+  graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+  graph = passes::eliminate_dead_code(graph);  // the forward, which dw does not read
+  const auto weight_gradients = [&](const Graph& rewritten) {
+    return count_op(rewritten, "conv2d_grad_weight");
+  };
+  const Graph kept = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+  EXPECT_EQ(weight_gradients(kept), 1u);
+  EXPECT_EQ(only_split(passes::split_k(kept, h200_like()), "conv2d_grad_weight"), 44);
+  setenv("MEGANEURA_DIRECT_WEIGHT_GRAD", "0", 1);
+  const Graph columns = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+  unsetenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
+  EXPECT_EQ(weight_gradients(columns), 0u);
+  EXPECT_EQ(count_op(columns, "im2col"), 1u);
 }
 
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:

@@ -1,0 +1,115 @@
+#include "kernels/conv_weight_grad.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels/gemm_coopmat.hpp"
+#include "kernels/gemm_cpu.hpp"
+#include "kernels/index_codegen.hpp"
+
+namespace mg::kernels {
+namespace {
+
+// The kernel's tile of output and input channels (TILE_O, TILE_C in conv_weight_grad.comp).
+constexpr int64_t kChannelTile = 64;
+// A workgroup takes one kernel row: its thread holds 16 accumulators a column of the row.
+constexpr int64_t kMostKernelExtent = 3;
+// Output columns a chunk covers at most. On the H200 ResNet's 56-wide rows ran as fast in
+// chunks of 14 as of 28 and 19 (0.0378, 0.0383 and 0.0391 ms), of 8 slower (0.0476).
+constexpr int64_t kMostChunkColumns = 16;
+constexpr int64_t kMinChunksPerSplit = 4;
+// Workgroups a compute unit holds at once: on the H200 the kernel over 14-column chunks takes
+// 147 registers, one 256-thread workgroup a unit; 44 splits of ResNet's 3 x 3 weight gradient
+// (132 workgroups) ran 0.0378 ms against 0.0451 on 33 and 0.0453 on 88.
+constexpr int64_t kWorkgroupsPerUnit = 1;
+
+// "0" or "1" from MEGANEURA_DIRECT_WEIGHT_GRAD, or nothing when unset.
+const char* direct_switch() {
+  return std::getenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles
+// (rows of TILE + 4 floats) and the staging of a quarter of the results.
+int64_t shared_bytes(int64_t columns, const ConvGeometry& g) {
+  constexpr int64_t kRowBytes = (kChannelTile + 4) * 4;
+  const int64_t image_columns = columns + g.kernel_width - 1;
+  const int64_t staging_bytes = kChannelTile / 4 * kChannelTile * g.kernel_width * 4;
+  return 2 * (columns + image_columns) * kRowBytes + staging_bytes;
+}
+
+// Output columns per chunk: rows split into equal chunks of at most kMostChunkColumns (fewer
+// where shared memory is short), so that a 56-wide row takes 4 chunks of 14 and a 20-wide one 2
+// of 10, with no padding columns; 0 when not even one column fits.
+int64_t chunk_columns(const ConvGeometry& g, const DeviceTraits& device) {
+  for (int64_t most = kMostChunkColumns; most >= 1; --most) {
+    const int64_t columns = ceil_div(g.out_width, ceil_div(g.out_width, most));
+    if (shared_bytes(columns, g) <= device.max_shared_memory_bytes) return columns;
+  }
+  return 0;
+}
+
+int64_t chunk_count(const ConvGeometry& g, const DeviceTraits& device) {
+  return g.batch * g.out_height * ceil_div(g.out_width, chunk_columns(g, device));
+}
+
+}  // namespace
+
+bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
+  const char* forced = direct_switch();
+  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
+  const bool any_channels = forced != nullptr && std::strcmp(forced, "1") == 0;
+  // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3
+  // weight gradient: 0.0381 against 0.0383 ms on the H200) and stays, as for the other fast
+  // convolutions.
+  if (use_cpu_kernels(device) || use_coop_gemm(device) || device.max_workgroup_invocations < 256)
+    return false;
+  return g.groups == 1 && g.stride == std::array<int64_t, 2>{1, 1} &&
+         g.dilation == std::array<int64_t, 2>{1, 1} && g.kernel_height * g.kernel_width > 1 &&
+         g.kernel_height <= kMostKernelExtent && g.kernel_width <= kMostKernelExtent &&
+         (any_channels || (g.in_channels >= kChannelTile && g.out_channels >= kChannelTile)) &&
+         chunk_columns(g, device) > 0;
+}
+
+int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits& device) {
+  const int64_t workgroups_per_split = ceil_div(g.out_channels, kChannelTile) *
+                                       ceil_div(g.in_channels, kChannelTile) * g.kernel_height;
+  const int64_t most = std::max<int64_t>(1, chunk_count(g, device) / kMinChunksPerSplit);
+  return std::clamp<int64_t>(kWorkgroupsPerUnit * device.compute_units / workgroups_per_split, 1,
+                             most);
+}
+
+void emit_direct_weight_gradient(LoweringContext& context, const ConvGeometry& g,
+                                 int64_t k_splits) {
+  const Node& node = context.node();
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "conv_weight_grad";
+  launch.body = std::string(kernel_source("conv_weight_grad.comp"));
+  launch.defines = {{"BATCH", glsl_uint(g.batch)},
+                    {"C", glsl_uint(g.in_channels)},
+                    {"O", glsl_uint(g.out_channels)},
+                    {"H", glsl_uint(g.in_height)},
+                    {"W", glsl_uint(g.in_width)},
+                    {"OH", glsl_uint(g.out_height)},
+                    {"OW", glsl_uint(g.out_width)},
+                    {"KH", glsl_uint(g.kernel_height)},
+                    {"KW", glsl_uint(g.kernel_width)},
+                    {"PAD_H", std::to_string(g.padding[0])},
+                    {"PAD_W", std::to_string(g.padding[1])},
+                    {"XT", glsl_uint(chunk_columns(g, context.device()))},
+                    {"K_SPLITS", glsl_uint(k_splits)}};
+  launch.operands = {{"image", node.inputs[0], false},
+                     {"grad_out", node.inputs[1], false},
+                     {"grad_weight", context.id(), true}};
+  launch.groups = tiled_grid(launch.label, g.in_channels, kChannelTile, g.out_channels,
+                             kChannelTile, k_splits * g.kernel_height, context.device());
+  context.emit(std::move(launch));
+}
+
+}  // namespace mg::kernels

@@ -1,0 +1,26 @@
+#pragma once
+// The direct weight gradient of small stride-1 convolutions (conv_weight_grad.comp): every tap
+// from one image tile in shared memory, instead of im2col columns (KH * KW copies of the image
+// written and read back) and a GEMM over them.
+#include <cstdint>
+
+#include "kernels/lowering.hpp"
+#include "ops/conv_geometry.hpp"
+
+namespace mg::kernels {
+
+// Whether conv2d_grad_weight over geometry `g` runs on the direct kernel on `device`: stride 1,
+// no dilation or groups, at most 3 x 3 taps, at least 64 input and output channels (the
+// kernel's tile on each side), strict precision on a GPU (CPU devices run their own GEMM, the
+// fast path its f16 one).
+// MEGANEURA_DIRECT_WEIGHT_GRAD=0 turns it off (the im2col or implicit-GEMM route then runs), =1
+// drops the channel minimum (tests of partial tiles).
+bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device);
+
+// Its K splits, planned for the device's compute units: one workgroup a unit, each over an
+// equal share of the chunks of output rows (at least 4 chunks) for one kernel row.
+int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits& device);
+
+void emit_direct_weight_gradient(LoweringContext& context, const ConvGeometry& g, int64_t k_splits);
+
+}  // namespace mg::kernels
