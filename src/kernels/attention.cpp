@@ -182,7 +182,9 @@ int64_t coop_shared_bytes(Mode mode, const Dims& dims, int64_t streamed) {
   const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
   const int64_t tiles = std::max(streamed * (d + dv), owned * std::max(d, dv));
   const int64_t stage = owned * (streamed + (mode == Mode::grad_q ? 8 : 4));
-  const int64_t query_stats = mode == Mode::grad_k ? 2 : mode == Mode::grad_v ? 1 : 0;
+  const int64_t query_stats = mode == Mode::grad_k || mode == Mode::grad_kv ? 2
+                              : mode == Mode::grad_v                        ? 1
+                                                                            : 0;
   return 2 * tiles + 4 * stage + 4 * query_stats * streamed + 2 * owned * (streamed + 8);
 }
 
@@ -231,8 +233,8 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
 // (attention_lse runs the forward kernel without values).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (mode == Mode::grad_kv || mode == Mode::grad_scores || !use_coop_gemm(device) ||
-      dims.head_dim % 16 != 0 || dims.value_dim % 16 != 0)
+  if (mode == Mode::grad_scores || !use_coop_gemm(device) || dims.head_dim % 16 != 0 ||
+      dims.value_dim % 16 != 0)
     return false;
   if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;
@@ -290,13 +292,14 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
         break;
       case Mode::grad_k:
       case Mode::grad_v:
+      case Mode::grad_kv:
         file = "attention_grad_kv_coopmat.comp";
         launch.defines.push_back(
             {"BQ", glsl_uint(coop_backward_block(mode, dims, context.device()))});
-        launch.defines.push_back({"GRAD_K", mode == Mode::grad_k ? "1" : "0"});
+        launch.defines.push_back({"GRAD_K", mode != Mode::grad_v ? "1" : "0"});
+        launch.defines.push_back({"WITH_GRAD_V", mode == Mode::grad_kv ? "1" : "0"});
         break;
-      case Mode::grad_kv:  // use_coop_attention never picks these
-      case Mode::grad_scores:
+      case Mode::grad_scores:  // use_coop_attention never picks it
         throw Error(context.label() + ": no cooperative-matrix kernel for this attention mode");
     }
   } else {
@@ -490,15 +493,15 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
     return c.inputs[0] == p.inputs[0] && c.inputs[1] == p.inputs[1] &&
            (!has_mask || c.inputs[2] == p.inputs[3]);
   }
-  if (p.op != "attention_grad_k" || c.inputs != p.inputs ||
-      use_coop_attention(Mode::grad_k, dims, device))
-    return false;
+  if (p.op != "attention_grad_k" || c.inputs != p.inputs) return false;
+  const bool coop = use_coop_attention(Mode::grad_k, dims, device);
   // The strict dK kernel has every weight of W at hand (its query slices cover W's rows).
-  if (c.op == "attention_grad_scores") return true;
+  if (c.op == "attention_grad_scores") return !coop;
   if (c.op == "attention_grad_v" &&
-      c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1)) {
+      c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1) &&
+      (!coop || use_coop_attention(Mode::grad_kv, dims, device))) {
     // One pass over the scores for both: 1.27 -> 1.02 ms for the Whisper backward on the H200
-    // (docs/BENCHMARKS.md run 18), 494 -> 452 ms on Lavapipe.
+    // (docs/BENCHMARKS.md run 18), 494 -> 452 ms on Lavapipe; on cooperative matrices too.
     const char* forced = std::getenv("MEGANEURA_ATTENTION_FUSED_KV");
     return forced == nullptr || std::string(forced) != "0";
   }

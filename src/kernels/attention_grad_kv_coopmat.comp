@@ -1,5 +1,6 @@
-// Flash-attention backward for dK (GRAD_K=1) or dV (GRAD_K=0) on cooperative matrices (the
-// `fast` path; the strict kernel, attention_grad_kv.comp, explains the algorithm). A workgroup
+// Flash-attention backward for dK (GRAD_K=1), dV (GRAD_K=0) or both (GRAD_K=1, WITH_GRAD_V=1,
+// dV into result_v) on cooperative matrices (the `fast` path; the strict kernel,
+// attention_tiled.comp, explains the algorithm). A workgroup
 // of WARPS subgroups owns BK = WARPS * 16 keys of one (batch, kv head), 16 per subgroup, with
 // (SCALE log2(e) K) and, for dK, V as f16 fragments in registers. It walks every query head of
 // its group and every block of BQ queries as one sequence of blocks, the next block's Q and dO
@@ -10,11 +11,13 @@
 //   for dK, dP^T = V dO^T, staged through the same area once P^T is read;
 //   the lanes write P^T (dV) or dS^T = P^T * (dP^T - delta) * SCALE (dK) as f16;
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
+// With both, P^T goes into dV before dP^T is staged, and dS^T then into dK: one pass over the
+// scores for the two gradients, where separate launches computed S^T and P^T twice.
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [z * SLICE,
 // (z + 1) * SLICE) of each head and writes partial result z (after the B * HKV * SK rows of
 // those before).
-// Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, BQ (32 or 64),
-// SPLITS, SLICE (a multiple of BQ), GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
+// Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, WITH_GRAD_V,
+// BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
 // bindings of grad_out and out_value).
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
@@ -43,8 +46,8 @@
 // Staged S^T, dP^T and parts of the result rows at the end share a stride; the 4 floats of
 // padding spread the rows of a subgroup over the shared-memory banks.
 #define STAGE_STRIDE (BQ + 4)
-// The result leaves in parts of OUT_COLUMNS columns, as wide as the staging rows allow.
-#define OUT_COLUMNS (RESULT_DIM % BQ == 0 ? BQ : 16)
+// A result of `dim` columns leaves in parts as wide as the staging rows allow.
+#define OUT_COLUMNS(dim) ((dim) % BQ == 0 ? BQ : 16)
 #define DO_OFFSET (BQ * D_UVEC2S)
 #define QDO_UVEC2S (DO_OFFSET + BQ * DV_UVEC2S)
 #define K_UVEC2S (BK * (D_UVEC2S > DV_UVEC2S ? D_UVEC2S : DV_UVEC2S))
@@ -103,6 +106,25 @@ void load_qdo(uint q_base, uint q0, uint t) {
 #endif
 }
 
+// Writes this subgroup's rows of accumulator fragments `fragments` (dim columns) to `target`
+// through its staging rows, OUT_COLUMNS(dim) columns at a time.
+#define WRITE_ROWS(fragments, target, dim)                                                        \
+  [[unroll]] for (uint part = 0; part < (dim) / OUT_COLUMNS(dim); ++part) {                      \
+    subgroupBarrier(); /* every lane has written the previous part out */                        \
+    [[unroll]] for (uint n = 0; n < OUT_COLUMNS(dim) / 8; ++n)                                   \
+      coopMatStoreNV(fragments[part * (OUT_COLUMNS(dim) / 8) + n], stage, stage_block + n * 8, \
+                     STAGE_STRIDE, false);                                                       \
+    subgroupMemoryBarrierShared();                                                               \
+    subgroupBarrier();                                                                           \
+    [[unroll]] for (uint r = 0; r < ROWS * OUT_COLUMNS(dim) / 32; ++r) {                         \
+      uint e = lane + r * 32, kj = k0 + warp * ROWS + e / OUT_COLUMNS(dim);                      \
+      if (kj < SK)                                                                               \
+        target[(partial_base + kv_base + kj) * (dim) + part * OUT_COLUMNS(dim) +                 \
+               e % OUT_COLUMNS(dim)] =                                                           \
+            stage[stage_block + (e / OUT_COLUMNS(dim)) * STAGE_STRIDE + e % OUT_COLUMNS(dim)];   \
+    }                                                                                            \
+  }
+
 void main() {
   uint b = gl_WorkGroupID.y / HKV, kv_head = gl_WorkGroupID.y % HKV;
   uint t = gl_LocalInvocationID.x;
@@ -155,6 +177,11 @@ void main() {
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> accumulators[RESULT_DIM / 8];
   [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n)
     accumulators[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+#if WITH_GRAD_V
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> value_accumulators[DV / 8];
+  [[unroll]] for (uint n = 0; n < DV / 8; ++n)
+    value_accumulators[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+#endif
 
   for (uint block = 0; block < blocks; ++block) {
     uint h = h_first + block / q_blocks;
@@ -200,6 +227,26 @@ void main() {
                             query_lse[ii])
                      : 0.0;
     }
+#if WITH_GRAD_V
+    [[unroll]] for (uint c = 0; c < BQ / 2; ++c) weights[w_row + 2 * c] = float16_t(p[c]);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    {
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_fragments[BQ / 16];
+      [[unroll]] for (uint c = 0; c < BQ / 16; ++c)
+        coopMatLoadNV(p_fragments[c], weights, warp * ROWS * W_STRIDE + c * 16, W_STRIDE, false);
+      [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+        [[unroll]] for (uint c = 0; c < BQ / 16; ++c) {
+          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> grad_out_fragment;
+          coopMatLoadNV(grad_out_fragment, tiles, DO_OFFSET + c * 16 * DV_UVEC2S + n * 2,
+                        DV_UVEC2S, false);
+          value_accumulators[n] =
+              coopMatMulAddNV(p_fragments[c], grad_out_fragment, value_accumulators[n]);
+        }
+      }
+    }
+    // Every lane has loaded P^T before dS^T overwrites it (the subgroup barrier below).
+#endif
 #if GRAD_K
     subgroupBarrier();  // every lane has read its scores: the staging area is free for dP^T
     [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
@@ -245,18 +292,8 @@ void main() {
   // free; out in parts, consecutive lanes on consecutive columns, after the rows of the
   // partials before this one (grid y is B * HKV).
   uint partial_base = gl_WorkGroupID.z * gl_NumWorkGroups.y * SK;
-  [[unroll]] for (uint part = 0; part < RESULT_DIM / OUT_COLUMNS; ++part) {
-    subgroupBarrier();  // every lane has written the previous part out
-    [[unroll]] for (uint n = 0; n < OUT_COLUMNS / 8; ++n)
-      coopMatStoreNV(accumulators[part * (OUT_COLUMNS / 8) + n], stage, stage_block + n * 8,
-                     STAGE_STRIDE, false);
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    [[unroll]] for (uint r = 0; r < ROWS * OUT_COLUMNS / 32; ++r) {
-      uint e = lane + r * 32, kj = k0 + warp * ROWS + e / OUT_COLUMNS;
-      if (kj < SK)
-        result[(partial_base + kv_base + kj) * RESULT_DIM + part * OUT_COLUMNS + e % OUT_COLUMNS] =
-            stage[stage_block + (e / OUT_COLUMNS) * STAGE_STRIDE + e % OUT_COLUMNS];
-    }
-  }
+  WRITE_ROWS(accumulators, result, RESULT_DIM)
+#if WITH_GRAD_V
+  WRITE_ROWS(value_accumulators, result_v, DV)
+#endif
 }

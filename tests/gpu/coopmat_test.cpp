@@ -338,6 +338,36 @@ TEST_F(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
   expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
 }
 
+// dV as the companion of the dK launch over the same inputs (WITH_GRAD_V=1, written to the
+// last binding), unless MEGANEURA_ATTENTION_FUSED_KV=0; that variant compiles as well, and reads
+// Q^T and dO^T column-major, as dK alone does.
+TEST_F(CoopMatrixLowering, KeyAndValueGradientsInOneLaunchCompile) {
+  const Graph graph = coop_graph();
+  ValueId grad_k = kNoValue, grad_v = kNoValue;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    if (graph.nodes()[i].op == "attention_grad_k") grad_k = static_cast<ValueId>(i);
+    if (graph.nodes()[i].op == "attention_grad_v") grad_v = static_cast<ValueId>(i);
+  }
+  ASSERT_NE(grad_k, kNoValue);
+  ASSERT_NE(grad_v, kNoValue);
+  {
+    const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
+    EXPECT_FALSE(kernels::can_write_companion(graph, grad_k, grad_v, coop_device()));
+  }
+  ASSERT_TRUE(kernels::can_write_companion(graph, grad_k, grad_v, coop_device()));
+  const std::vector<kernels::Launch> launches =
+      kernels::lower_with_companions(graph, grad_k, {grad_v}, coop_device());
+  ASSERT_EQ(launches.size(), 1u);
+  const kernels::Launch& launch = launches[0];
+  EXPECT_EQ(launch.kernel, "attention_grad_kv_coopmat");
+  EXPECT_EQ(define_of(launch, "GRAD_K"), "1");
+  EXPECT_EQ(define_of(launch, "WITH_GRAD_V"), "1");
+  EXPECT_EQ(launch.operands.back().value, grad_v);
+  EXPECT_TRUE(launch.operands.back().write);
+  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 2);
+}
+
 // Every attention kernel over slices (passes/split_attention.cpp, forced to 2: the forward and
 // dQ over two slices of 64 keys, dK and dV over two of 64 queries; each workgroup z one slice)
 // compiles to valid NV and well-formed KHR SPIR-V.
