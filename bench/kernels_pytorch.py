@@ -94,7 +94,7 @@ def cases(small):
                 8.0 * rows * width))
 
     def conv(name, c, o, hw, kernel, stride):
-        batch, side, padding = 4, hw // s, kernel // 2
+        batch, side, padding = 4, max(hw // s, 3), kernel // 2
         size = (side + 2 * padding - kernel) // stride + 1
         x, w, dy = (batch, c, side, side), (o, c, kernel, kernel), (batch, o, size, size)
         flops = 2.0 * batch * o * size * size * c * kernel * kernel
@@ -114,6 +114,9 @@ def cases(small):
     conv("resnet conv 1x1 256->64 56", 256, 64, 56, 1, 1)
     conv("resnet conv 1x1 512->128 28", 512, 128, 28, 1, 1)
     conv("resnet conv 3x3/2 128->128 56", 128, 128, 56, 3, 2)
+    conv("resnet conv 3x3 128->128 28", 128, 128, 28, 3, 1)
+    conv("resnet conv 3x3 256->256 14", 256, 256, 14, 3, 1)
+    conv("resnet conv 3x3 512->512 7", 512, 512, 7, 3, 1)
 
     heads, tokens, head_dim = 6, 1500 // s, 64
     head = (1, heads, tokens, head_dim)

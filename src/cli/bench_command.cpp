@@ -148,7 +148,8 @@ std::vector<BenchCase> bench_cases(bool small) {
   // Forward, data gradient and weight gradient of one convolution at batch 4.
   auto conv = [&](const std::string& name, int64_t c, int64_t o, int64_t hw, int64_t kernel,
                   int64_t stride) {
-    const int64_t batch = 4, side = hw / s, padding = kernel / 2,
+    // --small keeps at least a 3 x 3 image (the 7 x 7 stage would vanish).
+    const int64_t batch = 4, side = std::max<int64_t>(hw / s, 3), padding = kernel / 2,
                   out = (side + 2 * padding - kernel) / stride + 1;
     const Shape x{batch, c, side, side}, w{o, c, kernel, kernel}, dy{batch, o, out, out};
     const double flops = 2.0 * batch * o * out * out * c * kernel * kernel;
@@ -186,6 +187,9 @@ std::vector<BenchCase> bench_cases(bool small) {
   conv("resnet conv 1x1 256->64 56", 256, 64, 56, 1, 1);
   conv("resnet conv 1x1 512->128 28", 512, 128, 28, 1, 1);
   conv("resnet conv 3x3/2 128->128 56", 128, 128, 56, 3, 2);
+  conv("resnet conv 3x3 128->128 28", 128, 128, 28, 3, 1);
+  conv("resnet conv 3x3 256->256 14", 256, 256, 14, 3, 1);
+  conv("resnet conv 3x3 512->512 7", 512, 512, 7, 3, 1);
 
   const int64_t heads = 6, tokens = 1500 / s, head_dim = 64;
   const Shape head_shape{1, heads, tokens, head_dim};
