@@ -108,17 +108,26 @@ TEST(GpuArchetypes, SumsAroundAKeptAxisInTwoSteps) {
 }
 
 // Sums and means over leading axes (the slices of split partial results) with a multiple of 4
-// outputs read one vec4 of adjacent outputs a thread; 4099 outputs take the scalar path. Long
-// (5, 12 positions) and short columns (7) against the reference.
+// outputs read one vec4 of adjacent outputs a thread; 4099 outputs take the scalar path. With
+// few columns (planned for 132 compute units), threads share one (reduction.cpp): 2 of them
+// over 5 and 7 positions (uneven shares), 4 over 12, 8 over 40, and none over 3, each against
+// the reference.
 TEST(GpuArchetypes, ColumnSumsOverLeadingAxes) {
   const auto build = [](Graph& graph, std::vector<Tensor>& x) {
     graph.set_output("slices", sum(x[0], {0}).id());
     graph.set_output("two_axes", mean(x[1], {0, 1}).id());
     graph.set_output("tail", sum(x[2], {0}).id());
     graph.set_output("short", sum(x[3], {0}, true).id());
+    graph.set_output("eight_threads", sum(x[4], {0}).id());
+    graph.set_output("one_thread", sum(x[5], {0}).id());
   };
-  check_on_gpu({{"x", {5, 3, 2048}}, {"y", {3, 4, 1032}}, {"z", {3, 4099}}, {"w", {7, 40}}}, build,
-               1e-5, 6);
+  check_on_gpu({{"x", {5, 3, 2048}},
+                {"y", {3, 4, 1032}},
+                {"z", {3, 4099}},
+                {"w", {7, 40}},
+                {"u", {40, 1024}},
+                {"v", {3, 1024}}},
+               build, 1e-5, 6);
 }
 
 }  // namespace
