@@ -60,27 +60,38 @@ int64_t chunk_count(const ConvGeometry& g, const DeviceTraits& device) {
 
 }  // namespace
 
+int64_t workgroups_per_split(const ConvGeometry& g) {
+  return ceil_div(g.out_channels, kChannelTile) * ceil_div(g.in_channels, kChannelTile) *
+         g.kernel_height;
+}
+
 bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
   const char* forced = direct_switch();
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
-  const bool any_channels = forced != nullptr && std::strcmp(forced, "1") == 0;
+  const bool forced_on = forced != nullptr && std::strcmp(forced, "1") == 0;
   // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3
   // weight gradient: 0.0381 against 0.0383 ms on the H200) and stays, as for the other fast
   // convolutions.
   if (use_cpu_kernels(device) || use_coop_gemm(device) || device.max_workgroup_invocations < 256)
     return false;
-  return g.groups == 1 && g.stride == std::array<int64_t, 2>{1, 1} &&
-         g.dilation == std::array<int64_t, 2>{1, 1} && g.kernel_height * g.kernel_width > 1 &&
-         g.kernel_height <= kMostKernelExtent && g.kernel_width <= kMostKernelExtent &&
-         (any_channels || (g.in_channels >= kChannelTile && g.out_channels >= kChannelTile)) &&
-         chunk_columns(g, device) > 0;
+  if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
+      g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height * g.kernel_width < 2 ||
+      g.kernel_height > kMostKernelExtent || g.kernel_width > kMostKernelExtent ||
+      chunk_columns(g, device) == 0)
+    return false;
+  if (forced_on) return true;
+  // Every ResNet stage measured on the H200 ran faster than on the columns with 96 to 192
+  // workgroups on 132 units (docs/BENCHMARKS.md run 40); a layer whose channel tiles and splits
+  // leave more than 30 % of the units idle (U-Net's 320 channels at 32 x 32, batch 2: 75
+  // workgroups walking 128 chunks each) keeps the columns' GEMM, which split-K spreads.
+  const int64_t workgroups = workgroups_per_split(g) * direct_weight_gradient_splits(g, device);
+  return g.in_channels >= kChannelTile && g.out_channels >= kChannelTile &&
+         10 * workgroups >= 7 * device.compute_units;
 }
 
 int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits& device) {
-  const int64_t workgroups_per_split = ceil_div(g.out_channels, kChannelTile) *
-                                       ceil_div(g.in_channels, kChannelTile) * g.kernel_height;
   const int64_t most = std::max<int64_t>(1, chunk_count(g, device) / kMinChunksPerSplit);
-  return std::clamp<int64_t>(kWorkgroupsPerUnit * device.compute_units / workgroups_per_split, 1,
+  return std::clamp<int64_t>(kWorkgroupsPerUnit * device.compute_units / workgroups_per_split(g), 1,
                              most);
 }
 

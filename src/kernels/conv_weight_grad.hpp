@@ -11,10 +11,10 @@ namespace mg::kernels {
 
 // Whether conv2d_grad_weight over geometry `g` runs on the direct kernel on `device`: stride 1,
 // no dilation or groups, at most 3 x 3 taps, at least 64 input and output channels (the
-// kernel's tile on each side), strict precision on a GPU (CPU devices run their own GEMM, the
-// fast path its f16 one).
-// MEGANEURA_DIRECT_WEIGHT_GRAD=0 turns it off (the im2col or implicit-GEMM route then runs), =1
-// drops the channel minimum (tests of partial tiles).
+// kernel's tile on each side), workgroups (channel tiles x kernel rows x splits) for at least
+// 70 % of the compute units, strict precision on a GPU (CPU devices run their own GEMM, the
+// fast path its f16 one). MEGANEURA_DIRECT_WEIGHT_GRAD=0 turns it off (the im2col or
+// implicit-GEMM route then runs), =1 drops the channel and occupancy minimums (tests).
 bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device);
 
 // Its K splits, planned for the device's compute units: one workgroup a unit, each over an

@@ -2,7 +2,6 @@
 // Gradients come from mg::gradients seeded with a random cotangent (not ones), so a backward
 // kernel that reads the wrong output gradient element cannot pass by symmetry.
 #include <cstdlib>
-#include <optional>
 
 #include "conv_support.hpp"
 #include "vk/gpu.hpp"
@@ -206,25 +205,25 @@ TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
   EXPECT_EQ(split_dispatches, whole_dispatches + 1);
 }
 
-// The direct weight gradient (kernels/conv_weight_grad.hpp) on the GPU kernels: 64 channels a
-// side (the built-in rule's minimum), then with the minimum dropped, partial channel tiles on
-// both sides (70 output, 18 input channels) and 3 x 2 taps, and padding 2 (output larger than
-// the input) with output rows of 19 in chunks of 10 and 9; the first and last split over
-// K, the second whole (each variant costs Lavapipe seconds to compile). With the kernel off the
-// same weight gradient takes more dispatches (im2col columns and a GEMM, or the implicit GEMM
-// and its reduction), so the counts show which one ran.
+// The direct weight gradient (kernels/conv_weight_grad.hpp) on the GPU kernels, forced on (these
+// shapes are too small for the rule's occupancy minimum; Passes.DirectWeightGradient* checks
+// the rule): whole 64-channel tiles, partial channel tiles on both sides (70 output, 18 input
+// channels) and 3 x 2 taps, and padding 2 (output larger than the input) with output rows of 19 in
+// chunks of 10 and 9; the first and last split over K, the second whole (each variant costs
+// Lavapipe seconds to compile). With the kernel off the same weight gradient takes more dispatches
+// (im2col columns and a GEMM, or the implicit GEMM and its reduction), so the counts show which one
+// ran.
 TEST(GpuConv, DirectWeightGradient) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
   struct Case {
     Shape x, w;
     Conv2dOptions options;
-    const char* direct;
     const char* split;
   };
-  const std::vector<Case> cases{{{2, 64, 9, 12}, {64, 64, 3, 3}, {.padding = {1, 1}}, nullptr, "1"},
-                                {{3, 18, 7, 11}, {70, 18, 3, 2}, {.padding = {1, 0}}, "1", "0"},
-                                {{1, 8, 5, 17}, {4, 8, 3, 3}, {.padding = {2, 2}}, "1", "1"}};
+  const std::vector<Case> cases{{{2, 64, 9, 12}, {64, 64, 3, 3}, {.padding = {1, 1}}, "1"},
+                                {{3, 18, 7, 11}, {70, 18, 3, 2}, {.padding = {1, 0}}, "0"},
+                                {{1, 8, 5, 17}, {4, 8, 3, 3}, {.padding = {2, 2}}, "1"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
     const Shape y{c.x[0], c.w[0], testing::conv_extent(c.x[2], c.w[2], 1, c.options.padding[0], 1),
@@ -236,8 +235,7 @@ TEST(GpuConv, DirectWeightGradient) {
     const ScopedEnv split_k("MEGANEURA_SPLIT_K", c.split);
     size_t direct_dispatches = 0, other_dispatches = 0;
     {
-      std::optional<ScopedEnv> direct;
-      if (c.direct) direct.emplace("MEGANEURA_DIRECT_WEIGHT_GRAD", c.direct);
+      const ScopedEnv direct("MEGANEURA_DIRECT_WEIGHT_GRAD", "1");
       check_on_gpu(inputs, build, 1e-5, 7, {}, &direct_dispatches);
     }
     const ScopedEnv off("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");

@@ -502,29 +502,45 @@ TEST(Passes, MergeLeadingSums) {
   expect_same_outputs(conv, one_sum, conv_environment);
 }
 
-// ResNet's 3x3 weight gradient at 64 channels runs on the direct kernel on an H200-like GPU:
-// the im2col pass leaves it whole and split-K gives it one workgroup a compute unit, 44 splits
-// of 3 kernel rows. Turned off, it becomes columns and a batched matmul. (Its values are checked
-// on the GPU by GpuConv.DirectWeightGradient.)
+// The 3x3 weight gradients of ResNet-50's four stages at batch 4 run on the direct kernel on an
+// H200-like GPU: the im2col pass leaves them whole and split-K gives each as many splits as
+// fill the compute units with workgroups (channel tiles x 3 kernel rows), or none where the
+// tiles alone do: 44 at 64 channels (132 workgroups), 11 at 128 (132), 2 at 256 (96), 1 at 512
+// (192). U-Net's 320 channels at 32 x 32, batch 2, would leave 57 of 132 units idle (75
+// workgroups) and becomes columns and a batched matmul, as every one does with the kernel
+// turned off. (Values are checked on the GPU by GpuConv.DirectWeightGradient.)
 TEST(Passes, DirectWeightGradientStaysWholeAndPlansItsSplits) {
-  Graph graph;
-  const Tensor x = input(graph, "x", {4, 64, 56, 56});
-  const Tensor w = input(graph, "w", {64, 64, 3, 3});
-  const Tensor seed = input(graph, "seed", {4, 64, 56, 56});
-  const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
-  graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
-  graph = passes::eliminate_dead_code(graph);  // the forward, which dw does not read
-  const auto weight_gradients = [&](const Graph& rewritten) {
-    return count_op(rewritten, "conv2d_grad_weight");
+  struct Case {
+    Shape x;
+    int64_t channels;
+    int64_t splits;  // 0: columns
   };
-  const Graph kept = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
-  EXPECT_EQ(weight_gradients(kept), 1u);
-  EXPECT_EQ(only_split(passes::split_k(kept, h200_like()), "conv2d_grad_weight"), 44);
-  setenv("MEGANEURA_DIRECT_WEIGHT_GRAD", "0", 1);
-  const Graph columns = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
-  unsetenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
-  EXPECT_EQ(weight_gradients(columns), 0u);
-  EXPECT_EQ(count_op(columns, "im2col"), 1u);
+  for (const Case& c : {Case{{4, 64, 56, 56}, 64, 44}, Case{{4, 128, 28, 28}, 128, 11},
+                        Case{{4, 256, 14, 14}, 256, 2}, Case{{4, 512, 7, 7}, 512, 1},
+                        Case{{2, 320, 32, 32}, 320, 0}}) {
+    SCOPED_TRACE(shape_string(c.x));
+    Graph graph;
+    const Tensor x = input(graph, "x", c.x);
+    const Tensor w = input(graph, "w", {c.channels, c.channels, 3, 3});
+    const Tensor seed = input(graph, "seed", c.x);
+    const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
+    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+    graph = passes::eliminate_dead_code(graph);  // the forward, which dw does not read
+    const Graph kept = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    EXPECT_EQ(count_op(kept, "conv2d_grad_weight"), c.splits > 0 ? 1u : 0u);
+    EXPECT_EQ(count_op(kept, "im2col"), c.splits > 0 ? 0u : 1u);
+    const Graph split = passes::split_k(kept, h200_like());
+    if (c.splits > 1) {
+      EXPECT_EQ(only_split(split, "conv2d_grad_weight"), c.splits);
+    } else if (c.splits == 1) {
+      EXPECT_EQ(count_op(split, "sum"), 0u);
+    }
+    setenv("MEGANEURA_DIRECT_WEIGHT_GRAD", "0", 1);
+    const Graph columns = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    unsetenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
+    EXPECT_EQ(count_op(columns, "conv2d_grad_weight"), 0u);
+    EXPECT_EQ(count_op(columns, "im2col"), 1u);
+  }
 }
 
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
