@@ -1,15 +1,18 @@
 """Times kernel cases under every combination of environment settings (tuning switches such as
-MEGANEURA_GEMM_TILE, MEGANEURA_COOP_BLOCK, MEGANEURA_IM2COL) in one go, one `meganeura bench
-kernels` process per combination, and prints one table: a row per case, a column per
-combination, milliseconds (the fastest of a row marked with *). Meant for one device call.
+MEGANEURA_GEMM_TILE, MEGANEURA_COOP_BLOCK, MEGANEURA_IM2COL) and binaries in one go, one
+`meganeura bench kernels` process per combination, and prints one table: a row per case, a
+column per combination, milliseconds (the fastest of a row marked with *). Meant for one device
+call.
 
-Usage: python3 bench/sweep.py --filter TEXT --set NAME=V1/V2/... [--set ...] [--runs N]
-                              [--bin PATH] [--bench-args "ARGS"] [--jsonl FILE]
+Usage: python3 bench/sweep.py --filter TEXT [--set NAME=V1/V2/... ...] [--bin PATH ...]
+                              [--repeat N] [--runs N] [--bench-args "ARGS"] [--jsonl FILE]
 
 Values are separated by "/" (a value may hold commas: 64,128,8,8,8); "-" leaves the variable
-unset (the built-in rule). Several --set options sweep their cartesian product. A combination
-whose run fails is reported and left blank ("-") in the table. Each combination's times are
-also printed to stderr as soon as its run ends.
+unset (the built-in rule). Several --set options sweep their cartesian product. Several --bin
+options (an old and a new build, say) add a dimension to it, and --repeat N runs the whole
+product N times in turn (A, B, A, B, ...), so that drift within the call shows as spread along a
+row. A combination whose run fails is reported and left blank ("-") in the table. Each
+combination's times are also printed to stderr as soon as its run ends.
 """
 import argparse
 import itertools
@@ -49,35 +52,45 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--filter", required=True, help="cases whose name contains this text")
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append",
-                        required=True, help="NAME=V1/V2/... ('-' = unset)")
+                        default=[], help="NAME=V1/V2/... ('-' = unset)")
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the whole product this many times in turn")
     default_binary = ".dev/bin/meganeura" if os.path.exists(".dev/bin/meganeura") \
         else "build/meganeura"
-    parser.add_argument("--bin", default=default_binary)
+    parser.add_argument("--bin", dest="binaries", action="append",
+                        help=f"a meganeura binary; several compare builds (default {default_binary})")
     parser.add_argument("--bench-args", default="", help="more arguments for bench kernels")
     parser.add_argument("--jsonl", help="also write every record, with its settings, here")
     arguments = parser.parse_args()
 
+    binaries = arguments.binaries or [default_binary]
     names = [name for name, _ in arguments.settings]
-    combinations = list(itertools.product(*[values for _, values in arguments.settings]))
+    combinations = list(itertools.product(binaries,
+                                          *[values for _, values in arguments.settings]))
     columns = []
     times = {}  # case -> {column index: ms}
     log = open(arguments.jsonl, "w") if arguments.jsonl else None
-    for combination in combinations:
-        environment = dict(os.environ)
-        for name, value in zip(names, combination):
-            environment.pop(name, None)
-            if value != "-":
-                environment[name] = value
-        columns.append(" ".join(f"{name}={value}" for name, value in zip(names, combination)))
-        print(f"running {columns[-1]}", file=sys.stderr, flush=True)
-        for record in run_case_family(arguments.bin, arguments.filter, arguments.runs,
-                                      shlex.split(arguments.bench_args), environment):
-            times.setdefault(record["case"], {})[len(columns) - 1] = record["ms"]
-            # As they come, so that a device call cut short by its time limit keeps them.
-            print(f"  {record['case']}: {record['ms']:.4f} ms", file=sys.stderr, flush=True)
-            if log:
-                log.write(json.dumps(dict(record, settings=dict(zip(names, combination)))) + "\n")
+    for _ in range(arguments.repeat):
+        for binary, *combination in combinations:
+            environment = dict(os.environ)
+            for name, value in zip(names, combination):
+                environment.pop(name, None)
+                if value != "-":
+                    environment[name] = value
+            settings = dict(zip(names, combination))
+            label = " ".join(f"{name}={value}" for name, value in settings.items())
+            if len(binaries) > 1:
+                label = f"{binary} {label}".strip()
+            columns.append(label or binary)
+            print(f"running {columns[-1]}", file=sys.stderr, flush=True)
+            for record in run_case_family(binary, arguments.filter, arguments.runs,
+                                          shlex.split(arguments.bench_args), environment):
+                times.setdefault(record["case"], {})[len(columns) - 1] = record["ms"]
+                # As they come, so that a device call cut short by its time limit keeps them.
+                print(f"  {record['case']}: {record['ms']:.4f} ms", file=sys.stderr, flush=True)
+                if log:
+                    log.write(json.dumps(dict(record, binary=binary, settings=settings)) + "\n")
     if log:
         log.close()
     if not times:
