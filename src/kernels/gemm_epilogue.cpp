@@ -44,16 +44,25 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
       input_expressions.push_back(input.type.dtype == DType::f32 ? load : "float(" + load + ")");
     }
   }
+  // Values of the DAG that the graph keeps or other nodes read, of the product's shape (f32).
+  std::string extra_stores;
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+    const std::string name = "epilogue_extra" + std::to_string(k);
+    launch.operands.push_back({name, dag.extra_outputs[k].value, true});
+    extra_stores += "  " + name + "[" + offset + "] = t" +
+                    std::to_string(dag.extra_outputs[k].statement) + ";\n";
+  }
   const std::string result = pointwise_result_glsl(dag);
   const bool float_output = graph.type(dag.output).dtype == DType::f32;
   return std::string(pointwise_functions_glsl()) + signature +
          (batch_shape.empty() ? "" : coordinates_glsl(batch_shape, "z", "batch")) +
          pointwise_statements_glsl(dag, input_expressions) + "  c[" + offset +
-         "] = " + (float_output ? result : "int(" + result + ")") + ";\n}\n";
+         "] = " + (float_output ? result : "int(" + result + ")") + ";\n" + extra_stores + "}\n";
 }
 
 uint32_t matmul_epilogue_bindings(const Graph& graph, const MatmulEpilogue& epilogue) {
-  uint32_t bindings = 3;  // a, b and the result
+  // a, b, the result and the extra outputs
+  uint32_t bindings = 3 + static_cast<uint32_t>(epilogue.dag.extra_outputs.size());
   for (size_t k = 0; k < epilogue.dag.inputs.size(); ++k) {
     if (k != epilogue.product_input && !graph.node(epilogue.dag.inputs[k]).is_uniform_constant())
       ++bindings;

@@ -23,14 +23,17 @@ struct MatmulEpilogue {
 // GLSL that defines `void store_c(uint z, uint m, uint n, float value)` for the matmul node
 // `matmul` (result [batch..., M, N]; z is the flat batch index) together with the helper
 // functions it calls. Without an epilogue it writes `value` to the product; with one, it
-// evaluates the epilogue's DAG at (z, m, n) and writes the DAG's result. Appends the operands
-// it reads and writes to `launch.operands`: the written result, named "c", then the epilogue's
-// bound inputs, named "epilogue<k>" (uniform constants become literals and bind nothing).
+// evaluates the epilogue's DAG at (z, m, n) and writes the DAG's result, and its extra outputs
+// (values the graph keeps or reads elsewhere) beside it. Appends the operands it reads and
+// writes to `launch.operands`: the written result, named "c", then the epilogue's bound inputs,
+// named "epilogue<k>" (uniform constants become literals and bind nothing), then the extra
+// outputs, "epilogue_extra<k>".
 std::string matmul_store_function(const Graph& graph, ValueId matmul,
                                   const MatmulEpilogue* epilogue, Launch& launch);
 
-// How many storage buffers a GEMM launch for `epilogue` binds (a, b, the result and the
-// epilogue's bound inputs), to keep fusion within DeviceTraits::max_storage_buffers.
+// How many storage buffers a GEMM launch for `epilogue` binds (a, b, the result, the
+// epilogue's bound inputs and its extra outputs), to keep fusion within
+// DeviceTraits::max_storage_buffers.
 uint32_t matmul_epilogue_bindings(const Graph& graph, const MatmulEpilogue& epilogue);
 
 // The launches of matmul node `matmul` with `epilogue` fused into its store (gemm.cpp).

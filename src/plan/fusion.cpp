@@ -66,11 +66,12 @@ uint32_t pointwise_bindings(const Graph& graph, const kernels::PointwiseDag& dag
 }
 
 // The DAG rooted at `root` with the product of matmul `product` (which feeds it, possibly through
-// fused producers) as an input.
+// fused producers) as an input, the values `written_beside` as its extra outputs.
 kernels::MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId product,
-                                     const std::vector<ValueId>& fused_into) {
+                                     const std::vector<ValueId>& fused_into,
+                                     const std::vector<bool>& written_beside) {
   kernels::MatmulEpilogue epilogue;
-  epilogue.dag = dag_of(graph, root, fused_into, std::vector<bool>(graph.size(), false));
+  epilogue.dag = dag_of(graph, root, fused_into, written_beside);
   epilogue.product_input = static_cast<size_t>(
       std::find(epilogue.dag.inputs.begin(), epilogue.dag.inputs.end(), product) -
       epilogue.dag.inputs.begin());
@@ -183,8 +184,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
         continue;
       const ValueId root = dag_root(consumer_lists[i].front());
       if (epilogue_of_root.count(root)) continue;
-      kernels::MatmulEpilogue epilogue =
-          epilogue_for(graph, root, static_cast<ValueId>(i), fused_into);
+      kernels::MatmulEpilogue epilogue = epilogue_for(graph, root, static_cast<ValueId>(i),
+                                                      fused_into, std::vector<bool>(graph.size()));
       if (kernels::matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
       epilogue_of_root.emplace(root, std::move(epilogue));
       in_epilogue[i] = true;
@@ -196,16 +197,18 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   // shape, and written there as an extra output for the rest: Adam's moments feed the
   // parameter's update (one kernel instead of three, the moments not read back), a bias add
   // feeds its activation and the backward. Every other reader must come after the kernel that
-  // writes it. Matmul epilogues keep their DAGs (neither side of the fusion may be one), and the
-  // merged kernel stays within the device's storage buffers. Values are taken from the last, so
-  // that a value's consumers have found their DAGs (and its root its place) before it.
+  // writes it. A matmul epilogue's root joins its consumer's DAG the same way, the epilogue
+  // moving there (matmul + bias + ReLU in one GEMM that also writes the pre-activation), but a
+  // DAG that is already an epilogue takes no other; the merged kernel stays within the device's
+  // storage buffers. Values are taken from the last, so that a value's consumers have found
+  // their DAGs (and its root its place) before it.
   std::vector<bool> written_beside(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = graph.size(); i-- > 0;) {
       const Node& node = graph.nodes()[i];
       const ValueId id = static_cast<ValueId>(i);
       if (!kernels::is_pointwise_op(node.op) || node.type.dtype != DType::f32 || is_fused(id) ||
-          consumer_lists[i].empty() || epilogue_of_root.count(id) != 0) {
+          consumer_lists[i].empty()) {
         continue;
       }
       const ValueId first = consumer_lists[i].front();
@@ -219,11 +222,21 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       }
       fused_into[i] = first;
       written_beside[i] = observed[i] || consumer_lists[i].size() > 1;
-      if (pointwise_bindings(graph, dag_of(graph, root, fused_into, written_beside)) >
-          device.max_storage_buffers) {
-        fused_into[i] = kNoValue;
-        written_beside[i] = false;
+      if (auto epilogue = epilogue_of_root.find(id); epilogue != epilogue_of_root.end()) {
+        const ValueId product = epilogue->second.dag.inputs[epilogue->second.product_input];
+        kernels::MatmulEpilogue moved =
+            epilogue_for(graph, root, product, fused_into, written_beside);
+        if (kernels::matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
+          epilogue_of_root.erase(epilogue);
+          epilogue_of_root.emplace(root, std::move(moved));
+          continue;
+        }
+      } else if (pointwise_bindings(graph, dag_of(graph, root, fused_into, written_beside)) <=
+                 device.max_storage_buffers) {
+        continue;
       }
+      fused_into[i] = kNoValue;
+      written_beside[i] = false;
     }
   }
 

@@ -112,6 +112,24 @@ TEST(GpuEpilogue, ObservedProductIsNotFused) {
       0);
 }
 
+// A bias add that the graph keeps (an output here; in training, the pre-activation the backward
+// reads) and that a later node reads too: the GEMM evaluates it and its ReLU, writing the ReLU
+// as its result and the bias add beside it. Without epilogues the bias add and ReLU are one
+// pointwise kernel that writes both, so the GEMM saves exactly that dispatch (with the bias add
+// as the epilogue's end, as before extra outputs, the ReLU was a kernel of its own: none saved).
+TEST(GpuEpilogue, KeptValueWrittenBesideTheActivation) {
+  check_fused(
+      {{"x", {37, 29}}, {"w", {45, 29}}, {"bias", {45}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor pre_activation = linear(x[0], x[1], x[2]);
+        const Tensor activation = relu(pre_activation);
+        graph.set_output("pre_activation", pre_activation.id());
+        graph.set_output("activation", activation.id());
+        graph.set_output("later", (pre_activation * 3.0).id());
+      },
+      1);
+}
+
 // An epilogue with 13 bound inputs: 16 bindings with a, b and the result, the most every
 // Vulkan device supports.
 constexpr int kEpilogueInputs = 13;
