@@ -316,56 +316,56 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
+// The node of coop_graph() whose op is `op` (it has one).
+ValueId node_of(const Graph& graph, const std::string& op) {
+  for (size_t i = 0; i < graph.size(); ++i)
+    if (graph.nodes()[i].op == op) return static_cast<ValueId>(i);
+  ADD_FAILURE() << "no " << op << " node";
+  return kNoValue;
+}
+
+// The one launch of `producer` that writes `companion` too, as its last binding; it compiles to
+// valid NV SPIR-V and well-formed KHR SPIR-V with `column_major_loads` column-major loads.
+kernels::Launch companion_launch(const Graph& graph, ValueId producer, ValueId companion,
+                                 int column_major_loads) {
+  EXPECT_TRUE(kernels::can_write_companion(graph, producer, companion, coop_device()));
+  std::vector<kernels::Launch> launches =
+      kernels::lower_with_companions(graph, producer, {companion}, coop_device());
+  EXPECT_EQ(launches.size(), 1u);
+  const kernels::Launch& launch = launches.front();
+  EXPECT_EQ(launch.operands.back().value, companion);
+  EXPECT_TRUE(launch.operands.back().write);
+  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                    column_major_loads);
+  return launch;
+}
+
 // With its attention_lse in the graph, the forward writes the log-sum-exp too (WITH_LSE=1), and
 // that variant compiles as well.
 TEST_F(CoopMatrixLowering, ForwardWritingTheLogSumExpCompiles) {
   const Graph graph = coop_graph();
-  ValueId forward = kNoValue, lse = kNoValue;
-  for (size_t i = 0; i < graph.size(); ++i) {
-    if (graph.nodes()[i].op == "scaled_dot_product_attention") forward = static_cast<ValueId>(i);
-    if (graph.nodes()[i].op == "attention_lse") lse = static_cast<ValueId>(i);
-  }
-  ASSERT_TRUE(kernels::can_write_companion(graph, forward, lse, coop_device()));
-  const std::vector<kernels::Launch> launches =
-      kernels::lower_with_companions(graph, forward, {lse}, coop_device());
-  ASSERT_EQ(launches.size(), 1u);
-  const kernels::Launch& launch = launches[0];
+  const kernels::Launch launch = companion_launch(
+      graph, node_of(graph, "scaled_dot_product_attention"), node_of(graph, "attention_lse"), 1);
   EXPECT_EQ(launch.kernel, "attention_forward_coopmat");
   EXPECT_EQ(define_of(launch, "WITH_LSE"), "1");
-  EXPECT_EQ(launch.operands.back().value, lse);
-  EXPECT_TRUE(launch.operands.back().write);
-  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
-  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
 }
 
-// dV as the companion of the dK launch over the same inputs (WITH_GRAD_V=1, written to the
-// last binding), unless MEGANEURA_ATTENTION_FUSED_KV=0; that variant compiles as well, and reads
-// Q^T and dO^T column-major, as dK alone does.
+// dV as the companion of the dK launch over the same inputs (WITH_GRAD_V=1), unless
+// MEGANEURA_ATTENTION_FUSED_KV=0; that variant compiles as well, and reads Q^T and dO^T
+// column-major, as dK alone does.
 TEST_F(CoopMatrixLowering, KeyAndValueGradientsInOneLaunchCompile) {
   const Graph graph = coop_graph();
-  ValueId grad_k = kNoValue, grad_v = kNoValue;
-  for (size_t i = 0; i < graph.size(); ++i) {
-    if (graph.nodes()[i].op == "attention_grad_k") grad_k = static_cast<ValueId>(i);
-    if (graph.nodes()[i].op == "attention_grad_v") grad_v = static_cast<ValueId>(i);
-  }
-  ASSERT_NE(grad_k, kNoValue);
-  ASSERT_NE(grad_v, kNoValue);
+  const ValueId grad_k = node_of(graph, "attention_grad_k"),
+                grad_v = node_of(graph, "attention_grad_v");
   {
     const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
     EXPECT_FALSE(kernels::can_write_companion(graph, grad_k, grad_v, coop_device()));
   }
-  ASSERT_TRUE(kernels::can_write_companion(graph, grad_k, grad_v, coop_device()));
-  const std::vector<kernels::Launch> launches =
-      kernels::lower_with_companions(graph, grad_k, {grad_v}, coop_device());
-  ASSERT_EQ(launches.size(), 1u);
-  const kernels::Launch& launch = launches[0];
+  const kernels::Launch launch = companion_launch(graph, grad_k, grad_v, 2);
   EXPECT_EQ(launch.kernel, "attention_grad_kv_coopmat");
   EXPECT_EQ(define_of(launch, "GRAD_K"), "1");
   EXPECT_EQ(define_of(launch, "WITH_GRAD_V"), "1");
-  EXPECT_EQ(launch.operands.back().value, grad_v);
-  EXPECT_TRUE(launch.operands.back().write);
-  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
-  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 2);
 }
 
 // Every attention kernel over slices (passes/split_attention.cpp, forced to 2: the forward and
