@@ -8,6 +8,7 @@
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
+#include "ops/k_split.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -28,10 +29,6 @@ constexpr int64_t kWorkgroupsPerUnit = 1;
 // "0" or "1" from MEGANEURA_DIRECT_WEIGHT_GRAD, or nothing when unset.
 const char* direct_switch() {
   return std::getenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
-}
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
 }
 
 // Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles

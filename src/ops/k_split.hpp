@@ -8,6 +8,11 @@
 
 namespace mg {
 
+// a / b rounded up, for positive a and b: slice lengths and counts, tiles and chunks.
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
 // Slice boundaries are multiples of 16: the K step of the GEMM kernels, and vec4 loads along K
 // stay 16-byte aligned.
 constexpr int64_t kKSliceAlignment = 16;
@@ -19,8 +24,7 @@ constexpr int64_t kMinKToSplit = 512;
 
 // Length of every K slice but the last (which may be shorter) when K is cut into `splits`.
 constexpr int64_t k_slice_length(int64_t k, int64_t splits) {
-  const int64_t even = (k + splits - 1) / splits;
-  return (even + kKSliceAlignment - 1) / kKSliceAlignment * kKSliceAlignment;
+  return ceil_div(ceil_div(k, splits), kKSliceAlignment) * kKSliceAlignment;
 }
 
 // Split attention (passes/split_attention.cpp): a scaled_dot_product_attention or
@@ -31,9 +35,7 @@ constexpr int64_t k_slice_length(int64_t k, int64_t splits) {
 constexpr int64_t kAttentionSliceAlignment = 64;
 
 constexpr int64_t attention_slice_length(int64_t length, int64_t splits) {
-  const int64_t even = (length + splits - 1) / splits;
-  return (even + kAttentionSliceAlignment - 1) / kAttentionSliceAlignment *
-         kAttentionSliceAlignment;
+  return ceil_div(ceil_div(length, splits), kAttentionSliceAlignment) * kAttentionSliceAlignment;
 }
 
 }  // namespace mg

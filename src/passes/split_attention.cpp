@@ -29,10 +29,6 @@ constexpr int64_t kRowsPerWorkgroup = 64;
 // its work.
 constexpr int64_t kMinRowsPerSlice = 256;
 
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
 // Which split a node takes: the forward and dQ (query-owned kernels) over the keys, dK and dV
 // (key-owned) over the queries.
 enum class Kind { forward, grad_q, grad_kv };

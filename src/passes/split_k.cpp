@@ -62,10 +62,6 @@ constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
                   kMinKPerCoarseSlice = 128, kMinKPerCoopSlice = 64;
 
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
 // A product the pass may split: the GEMM it runs, C[M, N] for each of `entries` problems
 // summed over K.
 struct Product {
