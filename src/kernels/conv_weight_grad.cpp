@@ -26,11 +26,6 @@ constexpr int64_t kMinChunksPerSplit = 4;
 // (132 workgroups) ran 0.0378 ms against 0.0451 on 33 and 0.0453 on 88.
 constexpr int64_t kWorkgroupsPerUnit = 1;
 
-// "0" or "1" from MEGANEURA_DIRECT_WEIGHT_GRAD, or nothing when unset.
-const char* direct_switch() {
-  return std::getenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
-}
-
 // Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles
 // (rows of TILE + 4 floats) and the staging of a quarter of the results.
 int64_t shared_bytes(int64_t columns, const ConvGeometry& g) {
@@ -55,15 +50,15 @@ int64_t chunk_count(const ConvGeometry& g, const DeviceTraits& device) {
   return g.batch * g.out_height * ceil_div(g.out_width, chunk_columns(g, device));
 }
 
-}  // namespace
-
 int64_t workgroups_per_split(const ConvGeometry& g) {
   return ceil_div(g.out_channels, kChannelTile) * ceil_div(g.in_channels, kChannelTile) *
          g.kernel_height;
 }
 
+}  // namespace
+
 bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
-  const char* forced = direct_switch();
+  const char* forced = std::getenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
   const bool forced_on = forced != nullptr && std::strcmp(forced, "1") == 0;
   // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3

@@ -49,8 +49,8 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
   for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
     const std::string name = "epilogue_extra" + std::to_string(k);
     launch.operands.push_back({name, dag.extra_outputs[k].value, true});
-    extra_stores += "  " + name + "[" + offset + "] = t" +
-                    std::to_string(dag.extra_outputs[k].statement) + ";\n";
+    extra_stores += "  " + name + "[" + offset +
+                    "] = " + pointwise_value_glsl(dag.extra_outputs[k].statement) + ";\n";
   }
   const std::string result = pointwise_result_glsl(dag);
   const bool float_output = graph.type(dag.output).dtype == DType::f32;

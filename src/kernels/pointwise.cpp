@@ -126,16 +126,20 @@ std::string pointwise_statements_glsl(const PointwiseDag& dag,
     std::vector<std::string> arguments;
     for (int argument : statement.arguments) {
       arguments.push_back(argument >= 0 ? input_expressions.at(argument)
-                                        : "t" + std::to_string(-1 - argument));
+                                        : pointwise_value_glsl(-1 - argument));
     }
-    text += "  float t" + std::to_string(s) + " = " +
+    text += "  float " + pointwise_value_glsl(s) + " = " +
             substitute(expression_for(statement), arguments) + ";\n";
   }
   return text;
 }
 
+std::string pointwise_value_glsl(size_t statement) {
+  return "t" + std::to_string(statement);
+}
+
 std::string pointwise_result_glsl(const PointwiseDag& dag) {
-  return "t" + std::to_string(dag.statements.size() - 1);
+  return pointwise_value_glsl(dag.statements.size() - 1);
 }
 
 namespace {
@@ -247,8 +251,8 @@ std::string element_glsl(const PointwiseDag& dag, const std::vector<std::string>
       (output_dtype == DType::f32 ? result : scalar_type(output_dtype) + "(" + result + ")") +
       ";\n";
   for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
-    text +=
-        "  " + extra_stores[k] + " = t" + std::to_string(dag.extra_outputs[k].statement) + ";\n";
+    text += "  " + extra_stores[k] + " = " + pointwise_value_glsl(dag.extra_outputs[k].statement) +
+            ";\n";
   return text;
 }
 

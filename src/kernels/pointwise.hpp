@@ -27,7 +27,7 @@ struct PointwiseDag {
   std::vector<ValueId> inputs;
   std::vector<PointwiseStatement> statements;  // the last one is the result
   ValueId output = kNoValue;
-  std::vector<PointwiseExtraOutput> extra_outputs;  // f32; pointwise_launch only
+  std::vector<PointwiseExtraOutput> extra_outputs;  // f32
 };
 
 bool is_pointwise_op(std::string_view op);
@@ -39,6 +39,8 @@ std::string_view pointwise_functions_glsl();
 // per DAG input; shared by pointwise_launch and the matmul epilogue (gemm_epilogue.hpp).
 std::string pointwise_statements_glsl(const PointwiseDag& dag,
                                       const std::vector<std::string>& input_expressions);
+// The variable that holds statement `statement`'s value after those statements.
+std::string pointwise_value_glsl(size_t statement);
 // The variable that holds the DAG's result after those statements.
 std::string pointwise_result_glsl(const PointwiseDag& dag);
 

@@ -62,6 +62,12 @@ constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
                   kMinKPerCoarseSlice = 128, kMinKPerCoopSlice = 64;
 
+// The slices that are not empty when K is cut for `wanted` of them (aligned slices may cover K
+// in fewer).
+int64_t nonempty_slices(int64_t k, int64_t wanted) {
+  return ceil_div(k, k_slice_length(k, wanted));
+}
+
 // A product the pass may split: the GEMM it runs, C[M, N] for each of `entries` problems
 // summed over K.
 struct Product {
@@ -120,8 +126,7 @@ int64_t coarse_split_count(const Product& product, int64_t compute_units, int64_
   // they gain: ResNet's 3x3 convolution as a matmul (100 tiles) took 52 us whole and 50 + 7 us
   // split in two on the H200 (docs/BENCHMARKS.md run 15).
   if (wanted < 3) return 1;
-  // Aligned slices may cover K in fewer than `wanted`; count those that are not empty.
-  return ceil_div(product.k, k_slice_length(product.k, wanted));
+  return nonempty_slices(product.k, wanted);
 }
 
 // The launch of `product` over `splits` slices where gemm.comp runs it (see the top of the file),
@@ -163,7 +168,7 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
   if (product.k < kMinKToSplit) return 1;
   if (const int64_t forced = forced_slices(); forced > 0) {
     const int64_t wanted = std::min(forced, ceil_div(product.k, kKSliceAlignment));
-    return wanted < 2 ? 1 : ceil_div(product.k, k_slice_length(product.k, wanted));
+    return wanted < 2 ? 1 : nonempty_slices(product.k, wanted);
   }
   const std::optional<kernels::SimtGemmLaunch> whole =
       runs_on_simt_gemm(product, device) ? simt_launch(product, 1, device) : std::nullopt;
@@ -182,7 +187,7 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
   // and sum fewer partial results.
   const int64_t most_slices = std::min(kMostSlices, product.k / kMinKPerSlice);
   for (int64_t wanted = 2; wanted <= most_slices; ++wanted) {
-    const int64_t splits = ceil_div(product.k, k_slice_length(product.k, wanted));
+    const int64_t splits = nonempty_slices(product.k, wanted);
     if (splits != wanted) continue;  // aligned slices reach this count from another `wanted`
     const std::optional<kernels::SimtGemmLaunch> launch = simt_launch(product, splits, device);
     if (!launch) continue;
@@ -223,7 +228,7 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
           const int64_t forced = forced_slices();
           const int64_t wanted =
               forced > 0 ? forced : kernels::direct_weight_gradient_splits(*direct, device);
-          splits = ceil_div(k, k_slice_length(k, wanted));
+          splits = nonempty_slices(k, wanted);
         } else if (const std::optional<Product> product = product_of(target, node)) {
           splits = split_count(*product, device);
         }
