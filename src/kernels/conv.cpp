@@ -430,10 +430,10 @@ void lower_conv2d_weight_grad(LoweringContext& context) {
       {{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}, {"dw", context.id(), true}});
 }
 
-// im2col(x): the columns [N, C * KH * KW, OH * OW], `width` (4 where OW allows, else 1)
-// consecutive output columns of one row per invocation, so that the tap's index arithmetic is
-// done once per vec4 store; consecutive invocations take consecutive columns, so reads along a
-// row of x and all writes are coalesced.
+// im2col(x): the columns [N, C * KH * KW, OH * OW] (or side by side), `width` (4 where OW
+// allows and the images are apart, else 1) consecutive output columns of one row per invocation,
+// so that the tap's index arithmetic is done once per vec4 store; consecutive invocations take
+// consecutive columns, so reads along a row of x and all writes are coalesced.
 constexpr uint32_t kColumnsLocalSize = 256;
 
 std::string columns_main(int64_t count) {
@@ -459,7 +459,9 @@ void lower_im2col(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& x = context.input_type(0).shape;
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
-  const int64_t width = size[1] % 4 == 0 ? 4 : 1;
+  // Side by side, an invocation's four columns could belong to two images: one column each.
+  const bool side_by_side = images_side_by_side(node.attrs);
+  const int64_t width = size[1] % 4 == 0 && !side_by_side ? 4 : 1;
   const int64_t count = node.type.elements() / width;
   // Packed columns (packed_columns): four elements as two words of f16 pairs, element e in half
   // e % 2 of word e / 2.
@@ -477,9 +479,20 @@ void lower_im2col(LoweringContext& context) {
   body += columns_main(count);
   const int64_t row_units = size[1] / width;
   body += "  uint ox = i % " + u(row_units) + " * " + u(width) + ", oy = i / " + u(row_units) +
-          " % " + u(size[0]) + ";\n  uint tap = i / " + u(row_units * size[0]) +
-          ";\n  uint kw = tap % " + u(kernel[1]) + ", kh = tap / " + u(kernel[1]) + " % " +
-          u(kernel[0]) + ";\n  uint plane = tap / " + u(kernel[0] * kernel[1]) + ";\n";
+          " % " + u(size[0]) + ";\n";
+  // tap: the column row (c * KH + kh) * KW + kw, plane: the image's channel n * C + c.
+  const int64_t taps = kernel[0] * kernel[1];
+  if (side_by_side) {
+    const int64_t columns_per_row = x[0] * size[0] * size[1];
+    body += "  uint tap = i / " + u(columns_per_row) + ", image = i % " + u(columns_per_row) +
+            " / " + u(size[0] * size[1]) + ";\n  uint plane = image * " + u(x[1]) + " + tap / " +
+            u(taps) + ";\n";
+  } else {
+    body +=
+        "  uint tap = i / " + u(row_units * size[0]) + ";\n  uint plane = tap / " + u(taps) + ";\n";
+  }
+  body += "  uint kw = tap % " + u(kernel[1]) + ", kh = tap / " + u(kernel[1]) + " % " +
+          u(kernel[0]) + ";\n";
   body += "  int iy = int(oy) * " + s(stride[0]) + " + int(kh) * " + s(dilation[0]) + " - " +
           s(padding[0]) + ";\n  int ix0 = int(ox) * " + s(stride[1]) + " + int(kw) * " +
           s(dilation[1]) + " - " + s(padding[1]) + ";\n";

@@ -15,6 +15,7 @@
 #include "kernels/gemm_epilogue.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "ops/conv_geometry.hpp"
 #include "ops/k_split.hpp"
 
 namespace mg::kernels {
@@ -350,7 +351,9 @@ bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
 
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device) {
   const Node& node = graph.node(columns);
-  if (node.op != "im2col" || node.attrs.get_ints("output_size").at(1) % 4 != 0) return false;
+  if (node.op != "im2col" || node.attrs.get_ints("output_size").at(1) % 4 != 0 ||
+      images_side_by_side(node.attrs))
+    return false;
   const char* switched = std::getenv("MEGANEURA_PACKED_COLUMNS");
   if (switched == nullptr || std::strcmp(switched, "1") != 0) return false;
   ValueId consumer = kNoValue;

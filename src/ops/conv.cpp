@@ -334,7 +334,10 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // x[n, c, oy * stride - padding + kh * dilation, ...] or 0 outside x. attrs: kernel [2],
   // output_size [2] (OH, OW), stride [2] (>= 1, default 1), padding and dilation [2] (either
   // sign, dilation not 0: a stride-1 data gradient reads grad_out with padding -P and dilation
-  // -D). Written by the im2col pass (passes/im2col.cpp); its gradient is col2im.
+  // -D), images_side_by_side (0 or 1, default 0: with 1 the result is [C * KH * KW,
+  // N * OH * OW], element [(c * KH + kh) * KW + kw, n * OH * OW + oy * OW + ox], one GEMM
+  // operand for the whole batch). Written by the im2col pass (passes/im2col.cpp); its gradient
+  // is col2im.
   registry.push_back(OpDef{
       .name = "im2col",
       .infer =
@@ -343,23 +346,48 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             const TensorType& x = graph.type(node.inputs[0]);
             if (x.shape.size() != 4) op_error(graph, node, "input must be [N, C, H, W]");
             const ColumnGeometry g = checked_columns(graph, node);
-            return TensorType{x.dtype,
-                              {x.shape[0], x.shape[1] * g.kernel[0] * g.kernel[1],
-                               g.output_size[0] * g.output_size[1]}};
+            const int64_t side_by_side = node.attrs.get_int("images_side_by_side", 0);
+            if (side_by_side != 0 && side_by_side != 1)
+              op_error(graph, node, "images_side_by_side must be 0 or 1");
+            const int64_t rows = x.shape[1] * g.kernel[0] * g.kernel[1];
+            const int64_t plane = g.output_size[0] * g.output_size[1];
+            if (side_by_side == 1) return TensorType{x.dtype, {rows, x.shape[0] * plane}};
+            return TensorType{x.dtype, {x.shape[0], rows, plane}};
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             HostTensor columns(node.type.shape);
-            for_each_column_tap(
-                column_geometry(node.attrs), in[0]->shape,
-                [&](int64_t image, int64_t column) { columns.data[column] = in[0]->data[image]; });
+            const ColumnGeometry g = column_geometry(node.attrs);
+            const int64_t batch = in[0]->shape[0];
+            const int64_t rows = in[0]->shape[1] * g.kernel[0] * g.kernel[1];
+            const int64_t plane = g.output_size[0] * g.output_size[1];
+            const bool side_by_side = images_side_by_side(node.attrs);
+            for_each_column_tap(g, in[0]->shape, [&](int64_t image, int64_t column) {
+              // Per image the column index is (n rows + row) plane + p; side by side it is
+              // (row N + n) plane + p.
+              const int64_t n = column / (rows * plane), row = column / plane % rows;
+              const int64_t at = side_by_side ? (row * batch + n) * plane + column % plane : column;
+              columns.data[at] = in[0]->data[image];
+            });
             return columns;
           },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
-            Attrs attrs = graph.node(self).attrs;
-            const Shape& image = graph.type(graph.node(self).inputs[0]).shape;
+            const Node node = graph.node(self);
+            Attrs attrs;
+            for (const auto& [name, value] : node.attrs.items())
+              if (name != "images_side_by_side") attrs.set(name, value);
+            const Shape& image = graph.type(node.inputs[0]).shape;
             attrs.set("image_size", std::vector<int64_t>{image[2], image[3]});
+            if (images_side_by_side(node.attrs)) {
+              // col2im takes one matrix per image: [rows, N, plane] -> [N, rows, plane].
+              const Shape& columns = node.type.shape;
+              const ValueId split =
+                  graph.add("reshape", {grad},
+                            {{"shape", Shape{columns[0], image[0], columns[1] / image[0]}}});
+              grad =
+                  graph.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
+            }
             return std::vector<ValueId>{graph.add("col2im", {grad}, std::move(attrs))};
           },
   });

@@ -41,4 +41,8 @@ ColumnGeometry column_geometry(const Attrs& attrs) {
           .output_size = attr_pair(attrs, "output_size", 1)};
 }
 
+bool images_side_by_side(const Attrs& attrs) {
+  return attrs.get_int("images_side_by_side", 0) != 0;
+}
+
 }  // namespace mg

@@ -47,4 +47,8 @@ struct ColumnGeometry {
 // them first).
 ColumnGeometry column_geometry(const Attrs& attrs);
 
+// Whether an im2col node lays the images' columns side by side, [C * KH * KW, N * OH * OW],
+// instead of one matrix per image, [N, C * KH * KW, OH * OW] (attribute images_side_by_side).
+bool images_side_by_side(const Attrs& attrs);
+
 }  // namespace mg

@@ -10,6 +10,8 @@
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
 // stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
 // gradients with fewer than kMinColumnRows rows of columns (below).
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "kernels/conv_weight_grad.hpp"
@@ -36,19 +38,46 @@ uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t pla
   return static_cast<uint64_t>(batch * channels * taps * plane) * sizeof(float);
 }
 
+// Whether the columns of a batch's `plane`-sized planes go side by side ([C * KH * KW,
+// N * plane], one GEMM for the batch and a transpose of its result) rather than one matrix per
+// image: where a plane is not a whole number of vec4s but the batch's planes are, so that the
+// GEMM reads and writes vec4s. On the H200 ResNet's 7 x 7 stage (3x3 512->512, batch 4: planes
+// of 49) ran its forward in 0.0490 ms instead of 0.0783 and its data gradient in 0.0600 instead
+// of 0.0800; side by side everywhere made the other ResNet and U-Net convolutions up to 40 %
+// slower (docs/BENCHMARKS.md run 42). MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every batch apart,
+// =1 puts every batch of more than one image side by side (tuning sweeps).
+bool side_by_side(int64_t batch, int64_t plane) {
+  if (const char* forced = std::getenv("MEGANEURA_COLUMNS_SIDE_BY_SIDE"))
+    return std::strcmp(forced, "0") != 0 && batch > 1;
+  return batch > 1 && plane % 4 != 0 && batch * plane % 4 == 0;
+}
+
 ValueId columns_of(Graph& target, ValueId source, const ConvGeometry& g,
                    std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
-                   std::array<int64_t, 2> stride, std::array<int64_t, 2> output_size) {
-  return target.add("im2col", {source},
-                    {{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
-                     {"stride", pair_of(stride)},
-                     {"padding", pair_of(padding)},
-                     {"dilation", pair_of(dilation)},
-                     {"output_size", pair_of(output_size)}});
+                   std::array<int64_t, 2> stride, std::array<int64_t, 2> output_size,
+                   bool images_side_by_side) {
+  Attrs attrs{{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
+              {"stride", pair_of(stride)},
+              {"padding", pair_of(padding)},
+              {"dilation", pair_of(dilation)},
+              {"output_size", pair_of(output_size)}};
+  if (images_side_by_side) attrs.set("images_side_by_side", int64_t{1});
+  return target.add("im2col", {source}, std::move(attrs));
 }
 
 ValueId reshaped(Graph& target, ValueId value, Shape shape) {
   return target.add("reshape", {value}, {{"shape", std::move(shape)}});
+}
+
+// rows [R, K] x columns, per image: [N, R, plane] from columns [N, K, plane] (a batched GEMM
+// with broadcast rows), or from side-by-side columns [K, N * plane] through [R, N * plane].
+ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t batch,
+                          int64_t plane) {
+  const ValueId product = target.add("matmul", {rows, columns}, {});
+  const Node& column_node = target.node(columns);
+  if (!images_side_by_side(column_node.attrs)) return product;
+  const ValueId split = reshaped(target, product, {target.type(rows).shape[0], batch, plane});
+  return target.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
 // y[n] = W [O, C * KH * KW] x columns(x)[n].
@@ -56,13 +85,15 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        target.type(node.inputs[1]).shape);
   const int64_t taps = g.kernel_height * g.kernel_width;
+  const int64_t plane = g.out_height * g.out_width;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
-      column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
+      column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
-                                     {g.out_height, g.out_width});
+                                     {g.out_height, g.out_width}, side_by_side(g.batch, plane));
   const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps});
-  return reshaped(target, target.add("matmul", {rows, columns}, {}), g.output_shape());
+  return reshaped(target, product_per_image(target, rows, columns, g.batch, plane),
+                  g.output_shape());
 }
 
 // The data gradient of a strided convolution: the column gradients W^T [C * KH * KW, O] x
@@ -98,15 +129,16 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, ui
       return std::nullopt;
     return strided_data_gradient(target, node, g);
   }
-  if (column_bytes(g.batch, g.out_channels, taps, g.in_height * g.in_width) > max_bytes)
-    return std::nullopt;
-  const ValueId columns =
-      columns_of(target, node.inputs[0], g, {-g.padding[0], -g.padding[1]},
-                 {-g.dilation[0], -g.dilation[1]}, {1, 1}, {g.in_height, g.in_width});
+  const int64_t plane = g.in_height * g.in_width;
+  if (column_bytes(g.batch, g.out_channels, taps, plane) > max_bytes) return std::nullopt;
+  const ValueId columns = columns_of(target, node.inputs[0], g, {-g.padding[0], -g.padding[1]},
+                                     {-g.dilation[0], -g.dilation[1]}, {1, 1},
+                                     {g.in_height, g.in_width}, side_by_side(g.batch, plane));
   const ValueId swapped = target.add("transpose", {node.inputs[1]},
                                      {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
   const ValueId rows = reshaped(target, swapped, {g.in_channels, g.out_channels * taps});
-  return reshaped(target, target.add("matmul", {rows, columns}, {}), g.input_shape());
+  return reshaped(target, product_per_image(target, rows, columns, g.batch, plane),
+                  g.input_shape());
 }
 
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
@@ -124,7 +156,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
-                                     {g.out_height, g.out_width});
+                                     {g.out_height, g.out_width}, false);
   const ValueId rows = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
   const ValueId per_image = target.add("matmul", {rows, columns}, {{"transpose_b", int64_t{1}}});
   return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());

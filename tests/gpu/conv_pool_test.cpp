@@ -49,10 +49,10 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
 // Convolutions as im2col + matmul (passes/im2col.cpp, on by default for GPUs, forced here for
 // Lavapipe; every case has at least 16 rows of columns, C * KH * KW, below which forwards and
 // weight gradients stay implicit): forwards and weight gradients with padding, stride and
-// dilation, the stride-1 data
-// gradients and the strided ones (col2im), on the CPU-device kernels and on the GPU ones (the
-// im2col and col2im kernels, the batched buffer GEMM with a broadcast weight, the weight
-// gradient's batched product and its sum).
+// dilation, the stride-1 data gradients (also from columns side by side) and the strided ones
+// (col2im), on the CPU-device kernels and on the GPU ones (the im2col and col2im kernels, the
+// batched buffer GEMM with a broadcast weight, the weight gradient's batched product and its
+// sum).
 TEST(GpuConv, Im2colThenMatmul) {
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
   for (const char* gpu_kernels : {"0", "1"}) {
@@ -63,6 +63,8 @@ TEST(GpuConv, Im2colThenMatmul) {
     check_conv({1, 2, 12, 13}, {3, 2, 3, 3},
                {.stride = {3, 2}, .padding = {1, 2}, .dilation = {2, 1}});
     check_conv({2, 16, 8, 8}, {6, 16, 1, 1}, {.stride = {2, 2}});
+    // Planes of 25: the forward's and the data gradient's columns lie side by side, [36, 100].
+    check_conv({4, 4, 5, 5}, {6, 4, 3, 3}, {.padding = {1, 1}});
     // A plane of 576: the weight gradient's product is split over K, and its sums over the
     // slices and the batch merge into one.
     const ScopedEnv split("MEGANEURA_SPLIT_K", "1");

@@ -314,6 +314,38 @@ TEST(Conv, Im2colAndCol2imByHand) {
 // The two are each other's adjoint, so each one's VJP is the other: against finite differences,
 // with stride, padding and dilation, and with the negative padding and dilation of the stride-1
 // data gradient.
+// Side by side, image n's column p of row r lands at column n * plane + p of row r: two
+// images against the per-image columns, and the VJP (through col2im) against finite
+// differences.
+TEST(Conv, Im2colSideBySide) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {2, 2, 3, 3});
+  Attrs attrs = column_attrs({2, 2}, {1, 1}, {1, 1}, {1, 1}, {3, 3});
+  const Tensor apart = raw(graph, "im2col", {x.id()}, attrs);
+  attrs.set("images_side_by_side", int64_t{1});
+  const Tensor together = raw(graph, "im2col", {x.id()}, attrs);
+  EXPECT_EQ(apart.shape(), (Shape{2, 8, 9}));
+  EXPECT_EQ(together.shape(), (Shape{8, 18}));
+  HostTensor image({2, 2, 3, 3});
+  for (size_t i = 0; i < image.data.size(); ++i) image.data[i] = static_cast<double>(i + 1);
+  Environment environment;
+  environment.leaves["x"] = image;
+  const auto values = evaluate(graph, environment);
+  const std::vector<double>& per_image = values.at(apart.id()).data;
+  const std::vector<double>& side_by_side = values.at(together.id()).data;
+  for (size_t n = 0; n < 2; ++n)
+    for (size_t row = 0; row < 8; ++row)
+      for (size_t p = 0; p < 9; ++p)
+        EXPECT_EQ(side_by_side[row * 18 + n * 9 + p], per_image[(n * 8 + row) * 9 + p])
+            << "image " << n << ", row " << row << ", column " << p;
+  expect_gradients_match({.shapes = {{2, 2, 5, 6}}}, [&](std::vector<Tensor>& in) {
+    return raw(in[0].graph(), "im2col", {in[0].id()}, attrs);
+  });
+  attrs.set("images_side_by_side", int64_t{2});
+  expect_error([&] { raw(graph, "im2col", {x.id()}, attrs); },
+               {"im2col", "images_side_by_side must be 0 or 1"});
+}
+
 TEST(Conv, Im2colAndCol2imGradients) {
   for (const Attrs& attrs : {column_attrs({3, 2}, {2, 1}, {1, 0}, {1, 2}, {3, 4}),
                              column_attrs({3, 3}, {1, 1}, {-1, -1}, {-1, -1}, {5, 6})}) {

@@ -390,20 +390,23 @@ size_t count_op(const Graph& graph, const std::string& op) {
 // The im2col rewrite against the convolution references (an independent loop over taps): the
 // forward and the weight gradient with padding, stride and dilation, the stride-1 data gradient
 // (columns of grad_out with negative padding and dilation) and the strided one (col2im of the
-// column gradients), on random inputs; grouped convolutions, 1x1 products over buffers,
-// columns past the byte limit and forwards and weight gradients with fewer than 16 rows of
-// columns (C * KH * KW) stay convolutions.
+// column gradients), on random inputs; the forward's and the stride-1 data gradient's columns
+// side by side where a plane is not a whole number of vec4s and the batch's planes are; grouped
+// convolutions, 1x1 products over buffers, columns past the byte limit and forwards and weight
+// gradients with fewer than 16 rows of columns (C * KH * KW) stay convolutions.
 TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   struct Case {
     Shape x, w;
     Conv2dOptions options;
-    size_t im2col_nodes;  // one for each of the forward, data and weight gradients rewritten
-    size_t col2im_nodes;  // strided data gradients
+    size_t im2col_nodes;      // one for each of the forward, data and weight gradients rewritten
+    size_t col2im_nodes;      // strided data gradients
+    size_t side_by_side = 0;  // im2col nodes with the batch's columns side by side
   };
   const std::vector<Case> cases = {
       {{2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}}, 3, 0},
       {{1, 3, 11, 10}, {3, 3, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}}, 3, 0},
-      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 2, 1},
+      // Planes of 42, two of them 84 floats: the forward's columns side by side.
+      {{2, 3, 13, 12}, {4, 3, 5, 5}, {.stride = {2, 2}, .padding = {2, 2}}, 2, 1, 1},
       {{2, 3, 15, 14}, {5, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}}, 2, 1},
       {{1, 2, 12, 13},
        {3, 2, 3, 3},
@@ -416,6 +419,13 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
       {{2, 16, 6, 6}, {3, 16, 1, 1}, {.padding = {1, 0}}, 3, 0},
       // 9 rows of columns: the forward and the weight gradient stay implicit.
       {{2, 1, 9, 9}, {4, 1, 3, 3}, {.padding = {1, 1}}, 1, 0},
+      // Planes of 49, four of them 196 floats: the forward's and the data gradient's columns
+      // side by side; two planes (98) or one stay apart.
+      {{4, 3, 7, 7}, {5, 3, 3, 3}, {.padding = {1, 1}}, 3, 0, 2},
+      {{2, 3, 7, 7}, {5, 3, 3, 3}, {.padding = {1, 1}}, 3, 0, 0},
+      {{1, 3, 7, 7}, {5, 3, 3, 3}, {.padding = {1, 1}}, 3, 0, 0},
+      // Strided: the forward's 3 x 3 planes side by side, the data gradient through col2im.
+      {{4, 4, 9, 9}, {6, 4, 3, 3}, {.stride = {3, 3}}, 2, 1, 1},
   };
   uint64_t seed = 20;
   for (const Case& c : cases) {
@@ -443,6 +453,12 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
     const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
     EXPECT_EQ(count_op(rewritten, "im2col"), c.im2col_nodes);
     EXPECT_EQ(count_op(rewritten, "col2im"), c.col2im_nodes);
+    EXPECT_EQ(std::count_if(rewritten.nodes().begin(), rewritten.nodes().end(),
+                            [](const Node& node) {
+                              return node.op == "im2col" &&
+                                     node.attrs.get_int("images_side_by_side", 0) == 1;
+                            }),
+              static_cast<std::ptrdiff_t>(c.side_by_side));
     expect_same_outputs(graph, rewritten, environment);
     // A byte limit below the smallest columns keeps every convolution.
     const Graph limited = passes::im2col_convolutions(graph, h200_like(), 64);
