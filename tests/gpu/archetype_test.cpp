@@ -53,42 +53,6 @@ TEST(GpuArchetypes, MatmulOddSizesAndTransposes) {
                });
 }
 
-// Transposes: swaps of two axes with runs of fewer than 32 floats moving together go through
-// shared-memory tiles (kernel "transpose"), the others element by element ("layout"). Matrices
-// with partial tiles on both sides, the weight swap of a data gradient (runs of 9), a batch of
-// swaps with runs of 5, unit axes dropped, a rotation that is a matrix swap once its adjacent
-// axes merge; a swap with runs of 240 and a reversal stay element by element.
-TEST(GpuArchetypes, Transposes) {
-  struct Case {
-    Shape x;
-    std::vector<int64_t> permutation;
-    bool tiled;
-  };
-  const std::vector<Case> cases = {
-      {{37, 45}, {1, 0}, true},
-      {{70, 6, 3, 3}, {1, 0, 2, 3}, true},
-      {{2, 33, 17, 5}, {0, 2, 1, 3}, true},
-      {{3, 1, 40, 19}, {0, 3, 1, 2}, true},
-      {{4, 5, 6}, {2, 0, 1}, true},
-      {{4, 5, 6, 40}, {1, 0, 2, 3}, false},
-      {{2, 3, 4, 5}, {3, 2, 1, 0}, false},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::PrintToString(c.x) + " by " + ::testing::PrintToString(c.permutation));
-    const auto build = [&](Graph& graph, std::vector<Tensor>& x) {
-      graph.set_output("y", transpose(x[0], c.permutation).id());
-    };
-    check_on_gpu({{"x", c.x}}, build);
-    Graph graph;
-    std::vector<Tensor> x{input(graph, "x", c.x)};
-    build(graph, x);
-    const Session session(graph);
-    const std::string& dispatches = session.report().dispatch_list;
-    // The kernel column, padded to 24 characters (the label says "transpose" either way).
-    EXPECT_EQ(dispatches.find(" transpose       ") != std::string::npos, c.tiled) << dispatches;
-  }
-}
-
 TEST(GpuArchetypes, ReductionsShortAndLongRows) {
   check_on_gpu({{"x", {4, 300, 5}}}, [](Graph& graph, std::vector<Tensor>& x) {
     graph.set_output("sum_long", sum(x[0], {1}).id());
