@@ -715,6 +715,15 @@ void check_convolutions_once(bool validation) {
         },
         kFastTolerance, 13, fast(), nullptr, validation);
   }
+  // Planes of 25, four of them 100 floats: with im2col the forward's and the data gradient's
+  // columns lie side by side (the 7 x 7 case above puts only its forward's there).
+  check_on_gpu(
+      {{"x", {4, 6, 5, 5}}, {"w", {20, 6, 3, 3}}, {"seed", {4, 20, 5, 5}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
+                              {in[0], in[1]});
+      },
+      kFastTolerance, 14, fast(), nullptr, validation);
 }
 
 void check_convolutions(bool validation) {
