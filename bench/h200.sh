@@ -2,7 +2,9 @@
 # One device call on the H200 (see docs/BENCHMARKS.md): device listing, compile times, the GPU
 # test suite, kernel benchmarks against PyTorch (and the convolutions on their implicit GEMMs),
 # and the Fashion-MNIST job against PyTorch.
-# Expects the Release binaries in .dev/bin, the dataset in .dev/data and loader debs in .gl.
+# Expects the Release binaries in .dev/bin, the dataset in .dev/data and loader debs in .gl:
+# the device README's list plus vulkan-validationlayers (several GPU tests ask for validation and
+# fail without the layer).
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig

@@ -5,7 +5,11 @@ column per combination, milliseconds (the fastest of a row marked with *). Meant
 call.
 
 Usage: python3 bench/sweep.py --filter TEXT [--set NAME=V1/V2/... ...] [--bin PATH ...]
-                              [--repeat N] [--runs N] [--bench-args "ARGS"] [--jsonl FILE]
+                              [--repeat N] [--runs N] [--no-fast] [--bench-args="ARGS"]
+                              [--jsonl FILE]
+
+--no-fast leaves out the "... fast" cases. Other bench arguments go in --bench-args; write it
+with "=" (--bench-args=--small), or argparse takes a value that starts with "--" for an option.
 
 Values are separated by "/" (a value may hold commas: 64,128,8,8,8); "-" leaves the variable
 unset (the built-in rule). Several --set options sweep their cartesian product. Several --bin
@@ -60,11 +64,14 @@ def main():
         else "build/meganeura"
     parser.add_argument("--bin", dest="binaries", action="append",
                         help=f"a meganeura binary; several compare builds (default {default_binary})")
-    parser.add_argument("--bench-args", default="", help="more arguments for bench kernels")
+    parser.add_argument("--no-fast", action="store_true", help="leave out the fast cases")
+    parser.add_argument("--bench-args", default="",
+                        help="more arguments for bench kernels (write --bench-args=ARGS)")
     parser.add_argument("--jsonl", help="also write every record, with its settings, here")
     arguments = parser.parse_args()
 
     binaries = arguments.binaries or [default_binary]
+    extra_arguments = shlex.split(arguments.bench_args) + (["--no-fast"] if arguments.no_fast else [])
     names = [name for name, _ in arguments.settings]
     combinations = list(itertools.product(binaries,
                                           *[values for _, values in arguments.settings]))
@@ -85,7 +92,7 @@ def main():
             columns.append(label or binary)
             print(f"running {columns[-1]}", file=sys.stderr, flush=True)
             for record in run_case_family(binary, arguments.filter, arguments.runs,
-                                          shlex.split(arguments.bench_args), environment):
+                                          extra_arguments, environment):
                 times.setdefault(record["case"], {})[len(columns) - 1] = record["ms"]
                 # As they come, so that a device call cut short by its time limit keeps them.
                 print(f"  {record['case']}: {record['ms']:.4f} ms", file=sys.stderr, flush=True)
