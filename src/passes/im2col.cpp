@@ -1,6 +1,7 @@
 // Convolutions as explicit im2col + GEMM: conv2d and its weight and stride-1 data gradients
 // become an im2col node (the taps as the columns of a GEMM operand) and a batched matmul, e.g.
-// y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is already NCHW; a
+// y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is already NCHW (or, with
+// the batch's columns side by side, one matmul and a transpose: side_by_side below); a
 // strided data gradient becomes a matmul into column gradients and a col2im node. The implicit
 // GEMM (kernels/conv.cpp) works out the tap of every operand element inside its K loop; here
 // one gather kernel does that once per element and the GEMM reads plain vec4 rows. On the H200
