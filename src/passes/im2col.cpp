@@ -1,7 +1,7 @@
 // Convolutions as explicit im2col + GEMM: conv2d and its weight and stride-1 data gradients
 // become an im2col node (the taps as the columns of a GEMM operand) and a batched matmul, e.g.
 // y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is already NCHW (or, with
-// the batch's columns side by side, one matmul and a transpose: side_by_side below); a
+// the batch's columns side by side, one matmul and a transpose: columns_side_by_side below); a
 // strided data gradient becomes a matmul into column gradients and a col2im node. The implicit
 // GEMM (kernels/conv.cpp) works out the tap of every operand element inside its K loop; here
 // one gather kernel does that once per element and the GEMM reads plain vec4 rows. On the H200
@@ -47,7 +47,7 @@ uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t pla
 // of 0.0800; side by side everywhere made the other ResNet and U-Net convolutions up to 40 %
 // slower (docs/BENCHMARKS.md run 42). MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every batch apart,
 // =1 puts every batch of more than one image side by side (tuning sweeps).
-bool side_by_side(int64_t batch, int64_t plane) {
+bool columns_side_by_side(int64_t batch, int64_t plane) {
   if (const char* forced = std::getenv("MEGANEURA_COLUMNS_SIDE_BY_SIDE"))
     return std::strcmp(forced, "0") != 0 && batch > 1;
   return batch > 1 && plane % 4 != 0 && batch * plane % 4 == 0;
@@ -56,13 +56,13 @@ bool side_by_side(int64_t batch, int64_t plane) {
 ValueId columns_of(Graph& target, ValueId source, const ConvGeometry& g,
                    std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
                    std::array<int64_t, 2> stride, std::array<int64_t, 2> output_size,
-                   bool images_side_by_side) {
+                   bool side_by_side) {
   Attrs attrs{{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
               {"stride", pair_of(stride)},
               {"padding", pair_of(padding)},
               {"dilation", pair_of(dilation)},
               {"output_size", pair_of(output_size)}};
-  if (images_side_by_side) attrs.set("images_side_by_side", int64_t{1});
+  if (side_by_side) attrs.set("images_side_by_side", int64_t{1});
   return target.add("im2col", {source}, std::move(attrs));
 }
 
@@ -90,8 +90,9 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
-  const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
-                                     {g.out_height, g.out_width}, side_by_side(g.batch, plane));
+  const ValueId columns =
+      columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
+                 {g.out_height, g.out_width}, columns_side_by_side(g.batch, plane));
   const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps});
   return reshaped(target, product_per_image(target, rows, columns, g.batch, plane),
                   g.output_shape());
@@ -132,9 +133,9 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, ui
   }
   const int64_t plane = g.in_height * g.in_width;
   if (column_bytes(g.batch, g.out_channels, taps, plane) > max_bytes) return std::nullopt;
-  const ValueId columns = columns_of(target, node.inputs[0], g, {-g.padding[0], -g.padding[1]},
-                                     {-g.dilation[0], -g.dilation[1]}, {1, 1},
-                                     {g.in_height, g.in_width}, side_by_side(g.batch, plane));
+  const ValueId columns = columns_of(
+      target, node.inputs[0], g, {-g.padding[0], -g.padding[1]}, {-g.dilation[0], -g.dilation[1]},
+      {1, 1}, {g.in_height, g.in_width}, columns_side_by_side(g.batch, plane));
   const ValueId swapped = target.add("transpose", {node.inputs[1]},
                                      {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
   const ValueId rows = reshaped(target, swapped, {g.in_channels, g.out_channels * taps});
@@ -157,7 +158,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
-                                     {g.out_height, g.out_width}, false);
+                                     {g.out_height, g.out_width}, /*side_by_side=*/false);
   const ValueId rows = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
   const ValueId per_image = target.add("matmul", {rows, columns}, {{"transpose_b", int64_t{1}}});
   return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
