@@ -6,31 +6,39 @@
 // A workgroup of 256 threads owns TILE_O output channels x TILE_C input channels and the KW taps
 // of kernel row kh = z % KH: a thread holds 4 x 4 channels of each tap, 16 * KW accumulators
 // (all 9 taps of a 3 x 3 kernel in one workgroup took 255 registers on the H200 and ran ResNet's
-// 3 x 3 weight gradient in 0.0516 ms against this form's 0.035). It walks chunks of XT adjacent output columns of one output row
-// (b, y): the chunk's grad_out tile [XT][TILE_O] and the XW = XT + KW - 1 image columns it meets
+// 3 x 3 weight gradient in 0.0516 ms against this form's 0.035). It walks chunks of XT adjacent
+// output columns of one output row (b, y): the chunk's grad_out tile [XT][TILE_O] and the XW = XT + KW - 1 image columns it meets
 // in row y + kh - PAD_H [XW][TILE_C], both channel-contiguous so that a thread reads its 4
 // channels as one vec4. Image column j of the tile meets output column j - kw at tap kw, so a
 // thread reads each grad_out vec4 and each image vec4 once and multiplies every pair among them:
 // 16 * KW * XT multiply-adds for XT + XW vec4 reads from shared memory.
 // Chunks are fetched into registers two ahead of the one being multiplied and stored into the
-// other of two shared slots after its multiplies: one barrier per chunk.
+// other of two shared slots after its multiplies: one barrier per chunk. (Measured on the H200
+// and not kept: three ahead, the fetches unconditional, or two to three warps that only fetch
+// while the others multiply, which ran 1.4-1.7x slower. Knock-out runs, docs/BENCHMARKS.md run
+// 43: the chunks' loads and shared stores cost about as much time as their multiply-adds.)
 // Split-K: workgroup z takes chunks [s * CHUNKS / K_SPLITS, (s + 1) * CHUNKS / K_SPLITS) of
 // split s = z / KH and writes its part of the partial gradient [K_SPLITS, O, C, KH, KW]
 // (K_SPLITS = 1: the gradient itself).
-// Defines: BATCH, C, O, H, W (the image), OH, OW (grad_out), KH, KW, PAD_H, PAD_W, XT, K_SPLITS.
+// Defines: BATCH, C, O, H, W (the image), OH, OW (grad_out), KH, KW, PAD_H, PAD_W, XT, K_SPLITS,
+// GRAD_GROUP, IMAGE_GROUP (4 or 1).
 #extension GL_EXT_control_flow_attributes : enable
 
 #define TILE_O 64
 #define TILE_C 64
 #define THREADS 256
 #define XW (XT + KW - 1)
-// Tile rows padded by one vec4: the scalar stores of consecutive threads (consecutive rows)
-// then spread over the banks 4 floats apart instead of landing on one.
+// Tile rows padded by one vec4: the stores of consecutive threads (consecutive rows) then fall on
+// different banks instead of all on the same ones.
 #define ROW_VEC4 (TILE_O / 4 + 1)
 #define CHUNKS_X ((OW + XT - 1) / XT)
 #define CHUNKS (BATCH * OH * CHUNKS_X)
-#define GRAD_LOADS ((TILE_O * XT + THREADS - 1) / THREADS)
-#define IMAGE_LOADS ((TILE_C * XW + THREADS - 1) / THREADS)
+// A fetch unit is GRAD_GROUP (IMAGE_GROUP) adjacent channels of one column of a tile: 4 (one
+// vec4 store to shared memory) where at least 7 / 8 of the threads then have a unit, else 1.
+#define GRAD_UNITS (TILE_O / GRAD_GROUP * XT)
+#define IMAGE_UNITS (TILE_C / IMAGE_GROUP * XW)
+#define GRAD_FETCHES ((GRAD_UNITS + THREADS - 1) / THREADS)
+#define IMAGE_FETCHES ((IMAGE_UNITS + THREADS - 1) / THREADS)
 
 layout(local_size_x = THREADS) in;
 
@@ -41,41 +49,60 @@ shared vec4 image_tile[2][XW][ROW_VEC4];
 shared float staging[STAGED];
 
 // Two register sets: chunk n + 2 is fetched while n is multiplied and n + 1 waits in the other.
-float grad_next[2][GRAD_LOADS];
-float image_next[2][IMAGE_LOADS];
+// A unit's channels are the first GRAD_GROUP (IMAGE_GROUP) components of its vec4.
+vec4 grad_next[2][GRAD_FETCHES];
+vec4 image_next[2][IMAGE_FETCHES];
 // accumulators[kw][i][j]: output channel o0 + 4 o4 + i, input channel c0 + 4 c4 + j, tap
 // (kh, kw).
 vec4 accumulators[KW][4];
 
-// Consecutive threads take consecutive columns of a row, so the reads of a warp are runs of
-// adjacent floats.
+// Thread t fetches units t, t + THREADS, ...: unit u is column u % XT (XW) of the GROUP channels
+// from GROUP (u / XT), loads a plane apart, so that consecutive threads read adjacent floats of a
+// channel's row and store to consecutive rows of the tile. A unit's column and channels depend
+// on t alone. (Scalar units for every tile ran ResNet's 3 x 3 weight gradients 6-8 % slower up to
+// 256 channels on the H200, where 14-column chunks give every thread a unit of 4; the 7-column
+// chunks of 512 channels leave half the threads without one and ran 7 % faster with scalars.)
 void fetch(uint chunk, uint o0, uint c0, uint kh, uint t, uint set) {
   uint x0 = chunk % CHUNKS_X * XT, y = chunk / CHUNKS_X % OH, b = chunk / (CHUNKS_X * OH);
-  [[unroll]] for (uint l = 0; l < GRAD_LOADS; ++l) {
-    uint e = t + l * THREADS;
-    uint o = o0 + e / XT, x = x0 + e % XT;
-    bool inside = e < TILE_O * XT && o < O && x < OW;
-    grad_next[set][l] = inside ? grad_out[((b * O + o) * OH + y) * OW + x] : 0.0;
+  [[unroll]] for (uint l = 0; l < GRAD_FETCHES; ++l) {
+    uint u = t + l * THREADS;
+    uint o = o0 + GRAD_GROUP * (u / XT), x = x0 + u % XT;
+    bool inside = u < GRAD_UNITS && x < OW;
+    uint at = ((b * O + o) * OH + y) * OW + x;
+    [[unroll]] for (uint i = 0; i < GRAD_GROUP; ++i)
+      grad_next[set][l][i] = inside && o + i < O ? grad_out[at + i * OH * OW] : 0.0;
   }
   int iy = int(y + kh) - PAD_H;
   bool row_inside = iy >= 0 && iy < H;
-  [[unroll]] for (uint l = 0; l < IMAGE_LOADS; ++l) {
-    uint e = t + l * THREADS;
-    uint c = c0 + e / XW;
-    int ix = int(x0 + e % XW) - PAD_W;
-    bool inside = row_inside && e < TILE_C * XW && c < C && ix >= 0 && ix < W;
-    image_next[set][l] = inside ? image[((b * C + c) * H + uint(iy)) * W + uint(ix)] : 0.0;
+  [[unroll]] for (uint l = 0; l < IMAGE_FETCHES; ++l) {
+    uint u = t + l * THREADS;
+    uint c = c0 + IMAGE_GROUP * (u / XW);
+    int ix = int(x0 + u % XW) - PAD_W;
+    bool inside = row_inside && u < IMAGE_UNITS && ix >= 0 && ix < W;
+    uint at = ((b * C + c) * H + uint(iy)) * W + uint(ix);
+    [[unroll]] for (uint i = 0; i < IMAGE_GROUP; ++i)
+      image_next[set][l][i] = inside && c + i < C ? image[at + i * H * W] : 0.0;
   }
 }
 
 void stash(uint slot, uint t, uint set) {
-  [[unroll]] for (uint l = 0; l < GRAD_LOADS; ++l) {
-    uint e = t + l * THREADS, o = e / XT;
-    if (e < TILE_O * XT) grad_tile[slot][e % XT][o / 4][o % 4] = grad_next[set][l];
+  [[unroll]] for (uint l = 0; l < GRAD_FETCHES; ++l) {
+    uint u = t + l * THREADS, x = u % XT, o = GRAD_GROUP * (u / XT);
+    if (u >= GRAD_UNITS) continue;
+#if GRAD_GROUP == 4
+    grad_tile[slot][x][o / 4] = grad_next[set][l];
+#else
+    grad_tile[slot][x][o / 4][o % 4] = grad_next[set][l].x;
+#endif
   }
-  [[unroll]] for (uint l = 0; l < IMAGE_LOADS; ++l) {
-    uint e = t + l * THREADS, c = e / XW;
-    if (e < TILE_C * XW) image_tile[slot][e % XW][c / 4][c % 4] = image_next[set][l];
+  [[unroll]] for (uint l = 0; l < IMAGE_FETCHES; ++l) {
+    uint u = t + l * THREADS, x = u % XW, c = IMAGE_GROUP * (u / XW);
+    if (u >= IMAGE_UNITS) continue;
+#if IMAGE_GROUP == 4
+    image_tile[slot][x][c / 4] = image_next[set][l];
+#else
+    image_tile[slot][x][c / 4][c % 4] = image_next[set][l].x;
+#endif
   }
 }
 

@@ -15,15 +15,18 @@ namespace {
 
 // The kernel's tile of output and input channels (TILE_O, TILE_C in conv_weight_grad.comp).
 constexpr int64_t kChannelTile = 64;
+constexpr int64_t kThreads = 256;
 // A workgroup takes one kernel row: its thread holds 16 accumulators a column of the row.
 constexpr int64_t kMostKernelExtent = 3;
 // Output columns a chunk covers at most. On the H200 ResNet's 56-wide rows ran as fast in
 // chunks of 14 as of 28 and 19 (0.0378, 0.0383 and 0.0391 ms), of 8 slower (0.0476).
 constexpr int64_t kMostChunkColumns = 16;
 constexpr int64_t kMinChunksPerSplit = 4;
-// Workgroups a compute unit holds at once: on the H200 the kernel over 14-column chunks takes
-// 147 registers, one 256-thread workgroup a unit; 44 splits of ResNet's 3 x 3 weight gradient
-// (132 workgroups) ran 0.0378 ms against 0.0451 on 33 and 0.0453 on 88.
+// Workgroups planned a compute unit: on the H200 44 splits of ResNet's 3 x 3 weight gradient
+// (132 workgroups of the kernel's 147-register form) ran 0.0378 ms against 0.0451 on 33 and
+// 0.0453 on 88. With vec4 fetch units the kernel takes 119 registers, so two 256-thread
+// workgroups fit a unit, but twice the splits (and partial gradients) still ran slower: 128
+// channels at 28 x 28 0.0417 against 0.0341 ms, 64 at 56 0.0421 against 0.0346.
 constexpr int64_t kWorkgroupsPerUnit = 1;
 
 // Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles
@@ -46,6 +49,13 @@ int64_t chunk_columns(const ConvGeometry& g, const DeviceTraits& device) {
   return 0;
 }
 
+// Adjacent channels one fetch unit of a tile `columns` wide loads (GRAD_GROUP / IMAGE_GROUP in
+// conv_weight_grad.comp): 4, one vec4 store, where at least 7 / 8 of the threads then have a unit,
+// else 1.
+int64_t fetch_group(int64_t columns) {
+  return 8 * (kChannelTile / 4) * columns >= 7 * kThreads ? 4 : 1;
+}
+
 int64_t chunk_count(const ConvGeometry& g, const DeviceTraits& device) {
   return g.batch * g.out_height * ceil_div(g.out_width, chunk_columns(g, device));
 }
@@ -64,7 +74,8 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
   // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3
   // weight gradient: 0.0381 against 0.0383 ms on the H200) and stays, as for the other fast
   // convolutions.
-  if (use_cpu_kernels(device) || use_coop_gemm(device) || device.max_workgroup_invocations < 256)
+  if (use_cpu_kernels(device) || use_coop_gemm(device) ||
+      device.max_workgroup_invocations < kThreads)
     return false;
   if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
       g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height * g.kernel_width < 2 ||
@@ -90,6 +101,7 @@ int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits&
 void emit_direct_weight_gradient(LoweringContext& context, const ConvGeometry& g,
                                  int64_t k_splits) {
   const Node& node = context.node();
+  const int64_t columns = chunk_columns(g, context.device());
   Launch launch;
   launch.label = context.label();
   launch.kernel = "conv_weight_grad";
@@ -105,7 +117,9 @@ void emit_direct_weight_gradient(LoweringContext& context, const ConvGeometry& g
                     {"KW", glsl_uint(g.kernel_width)},
                     {"PAD_H", std::to_string(g.padding[0])},
                     {"PAD_W", std::to_string(g.padding[1])},
-                    {"XT", glsl_uint(chunk_columns(g, context.device()))},
+                    {"XT", glsl_uint(columns)},
+                    {"GRAD_GROUP", std::to_string(fetch_group(columns))},
+                    {"IMAGE_GROUP", std::to_string(fetch_group(columns + g.kernel_width - 1))},
                     {"K_SPLITS", glsl_uint(k_splits)}};
   launch.operands = {{"image", node.inputs[0], false},
                      {"grad_out", node.inputs[1], false},

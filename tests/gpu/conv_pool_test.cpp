@@ -210,9 +210,11 @@ TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
 // The direct weight gradient (kernels/conv_weight_grad.hpp) on the GPU kernels, forced on (these
 // shapes are too small for the rule's occupancy minimum; Passes.DirectWeightGradient* checks
 // the rule): whole 64-channel tiles, partial channel tiles on both sides (70 output, 18 input
-// channels) and 3 x 2 taps, and padding 2 (output larger than the input) with output rows of 19 in
-// chunks of 10 and 9; the first and last split over K, the second whole (each variant costs
-// Lavapipe seconds to compile). With the kernel off the same weight gradient takes more dispatches
+// channels) and 3 x 2 taps, padding 2 (output larger than the input) with output rows of 19 in
+// chunks of 10 and 9, and a partial output tile over rows of 14. Tiles of 14 columns and wider
+// (the image of the first case, both of the last) are fetched 4 channels a load unit, the others
+// a channel at a time. All but the second split over K (each variant costs Lavapipe seconds to
+// compile). With the kernel off the same weight gradient takes more dispatches
 // (im2col columns and a GEMM, or the implicit GEMM and its reduction), so the counts show which one
 // ran.
 TEST(GpuConv, DirectWeightGradient) {
@@ -225,7 +227,8 @@ TEST(GpuConv, DirectWeightGradient) {
   };
   const std::vector<Case> cases{{{2, 64, 9, 12}, {64, 64, 3, 3}, {.padding = {1, 1}}, "1"},
                                 {{3, 18, 7, 11}, {70, 18, 3, 2}, {.padding = {1, 0}}, "0"},
-                                {{1, 8, 5, 17}, {4, 8, 3, 3}, {.padding = {2, 2}}, "1"}};
+                                {{1, 8, 5, 17}, {4, 8, 3, 3}, {.padding = {2, 2}}, "1"},
+                                {{2, 64, 3, 14}, {70, 64, 3, 3}, {.padding = {1, 1}}, "1"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
     const Shape y{c.x[0], c.w[0], testing::conv_extent(c.x[2], c.w[2], 1, c.options.padding[0], 1),
