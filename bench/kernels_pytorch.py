@@ -135,6 +135,10 @@ def cases(small):
                     [(batch, channels, extent, extent), (channels,), (channels,),
                      (channels, channels, 3, 3), (channels,)],
                     plain(fn), 2.0 * batch * channels * extent * extent * channels * 9, 0))
+        plane, w = (batch, channels, extent, extent), (channels, channels, 3, 3)
+        out.append((f"unet conv3x3 dW 2x320x{side}x{side}", [plane, plane],
+                    plain(lambda x_, dy_: torch.nn.grad.conv2d_weight(x_, w, dy_, padding=1)),
+                    2.0 * batch * channels * extent * extent * channels * 9, 0))
 
     unet(32)
     unet(64)

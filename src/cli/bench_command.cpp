@@ -259,6 +259,19 @@ std::vector<BenchCase> bench_cases(bool small) {
                      },
                      flops,
                      0});
+    // The block's convolution weight gradient, the largest product of its backward pass.
+    const Shape plane{batch, channels, extent, extent};
+    cases.push_back({"unet conv3x3 dW 2x320x" + size + "x" + size,
+                     {plane, plane},
+                     [=](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+                       Attrs attrs = conv_attrs(1, 1);
+                       attrs.set("weight_shape", Shape{channels, channels, 3, 3});
+                       Graph& graph = in[0].graph();
+                       return {Tensor(&graph, graph.add("conv2d_grad_weight",
+                                                        {in[0].id(), in[1].id()}, attrs))};
+                     },
+                     flops,
+                     0});
   };
   unet(32);
   unet(64);
