@@ -86,7 +86,8 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
   // Every ResNet stage measured on the H200 ran faster than on the columns with 96 to 192
   // workgroups on 132 units (docs/BENCHMARKS.md run 40); a layer whose channel tiles and splits
   // leave more than 30 % of the units idle (U-Net's 320 channels at 32 x 32, batch 2: 75
-  // workgroups walking 128 chunks each) keeps the columns' GEMM, which split-K spreads.
+  // workgroups walking 128 chunks each) keeps the columns' GEMM, which split-K spreads (0.1360
+  // against 0.1631 ms forced onto this kernel, run 43).
   const int64_t workgroups = workgroups_per_split(g) * direct_weight_gradient_splits(g, device);
   return g.in_channels >= kChannelTile && g.out_channels >= kChannelTile &&
          10 * workgroups >= 7 * device.compute_units;
