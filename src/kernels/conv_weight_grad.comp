@@ -14,9 +14,10 @@
 // 16 * KW * XT multiply-adds for XT + XW vec4 reads from shared memory.
 // Chunks are fetched into registers two ahead of the one being multiplied and stored into the
 // other of two shared slots after its multiplies: one barrier per chunk. (Measured on the H200
-// and not kept: three ahead, the fetches unconditional, or two to three warps that only fetch
-// while the others multiply, which ran 1.4-1.7x slower. Knock-out runs, docs/BENCHMARKS.md run
-// 43: the chunks' loads and shared stores cost about as much time as their multiply-adds.)
+// and not kept, docs/BENCHMARKS.md run 43: three chunks ahead, or the fetches unconditional, 1-8 %
+// slower; one to four warps that only fetch while the others multiply, 1.3-1.8x slower. Its
+// knock-out runs put the chunks' loads and shared stores at about the cost of their
+// multiply-adds.)
 // Split-K: workgroup z takes chunks [s * CHUNKS / K_SPLITS, (s + 1) * CHUNKS / K_SPLITS) of
 // split s = z / KH and writes its part of the partial gradient [K_SPLITS, O, C, KH, KW]
 // (K_SPLITS = 1: the gradient itself).
