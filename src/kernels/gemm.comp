@@ -29,7 +29,8 @@
 // prefetch_depth chooses P; MEGANEURA_GEMM_PREFETCH forces it).
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
-// GENERATED_LOADS, PAD_K_ROWS, PREFETCH, C_VEC4 (C is the product itself, row-major with rows of
+// GENERATED_LOADS, PAD_K_ROWS, PREFETCH, A_QUADS (A, contiguous along k, enters in vec4s of 4
+// rows at one k), C_VEC4 (C is the product itself, row-major with rows of
 // a multiple of 4 floats, and the vec4 view c4 of it is bound: a thread's four adjacent outputs
 // are one store).
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
@@ -132,7 +133,9 @@ vec4 partial(uint k_group, uint index) {
 //   loads took 21 % of the 4096^3 product and 30 % of SmolLM's lm_head on the H200, found by
 //   runs without them; a warp over 32 rows, 16 bytes of each, gave way to this for 2-8 % on
 //   every GEMM-shaped case, docs/BENCHMARKS.md run 21.) The padded k rows spread the scalar
-//   stores of a warp over the banks (at most two lanes to a bank).
+//   stores of a warp over the banks (at most two lanes to a bank);
+// - with A_QUADS, A (contiguous along k) is read as 4 adjacent rows at one k, four scalars whose
+//   vec4 is stored as it is, in one padded k row (gemm.cpp says where).
 
 // Element (m, k) of op(A) and (k, n) of op(B) for the problem at `base`: the batch entry's element
 // offset or, with GENERATED_LOADS, the workgroup z. Zero unless `inside`.
@@ -173,6 +176,19 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
 
 void stash_a(uint slot, uint e, vec4 value) {
   tile_a[slot][e / TILE_M_VEC4][e % TILE_M_VEC4] = value;
+}
+#elif A_QUADS
+// Four adjacent rows at one k, stored as one vec4: consecutive threads take consecutive k, so a
+// warp's load of each row is one contiguous run.
+vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
+  uint k = k0 + e % TILE_K, m = row0 + 4 * (e / TILE_K);
+  if (k >= k_end) return vec4(0.0);
+  return vec4(a_element(base, m, k, m < M), a_element(base, m + 1, k, m + 1 < M),
+              a_element(base, m + 2, k, m + 2 < M), a_element(base, m + 3, k, m + 3 < M));
+}
+
+void stash_a(uint slot, uint e, vec4 value) {
+  tile_a[slot][e % TILE_K][e / TILE_K] = value;
 }
 #else
 vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {

@@ -265,11 +265,34 @@ struct GemmCompForm {
   bool c_vec4 = false;
 };
 
+// The whole K from which a product on the 128 x 128 tile reads A in vec4s of 4 rows at one k.
+constexpr int64_t kMinKForQuadA = 1024;
+
+// Whether A (contiguous along k) enters gemm.comp as 4 adjacent rows at one k, four scalar loads
+// stored as one vec4 (A_QUADS), instead of vec4s along k scattered into the k-major tile by four
+// scalar stores. On the H200 (docs/BENCHMARKS.md run 43) the 4096^3 product ran 3.70 to 3.20 ms
+// that way: the 128 x 128 tile, 8-deep slices, one slice in flight, padded k rows (unpadded ones
+// would put 8 lanes' stores on the same banks), no split. Every other product measured ran
+// slower with it (and its twin for B of x @ w^T): SmolLM's by 5-28 % (lm_head 0.218 to 0.280
+// ms), ResNet's 3x3 convolutions as matmuls by 5-15 %, on shorter K or other tiles, where four
+// loads per vec4 cost more than the scattered stores saved. So it stays to that form over a
+// long whole K.
+bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
+  const GemmTile& largest = kGemmTiles.front();
+  return !form.transpose_a && !form.generated_loads && !form.split && padded &&
+         tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n &&
+         tile.work_m == largest.work_m && tile.work_n == largest.work_n &&
+         tile.tile_k == largest.tile_k && tile.k_groups == 1 && tile.prefetch == 1 &&
+         form.k >= kMinKForQuadA;
+}
+
 // Completes `launch` (label, operands and the GLSL its loads and store need) as gemm.comp in
 // `tile` and emits it.
 void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const GemmTile& tile,
                     Launch launch) {
   const auto flag = [](bool value) { return std::string(value ? "1" : "0"); };
+  const bool padded =
+      gemm_shared_bytes(tile, tile.k_groups, true) <= context.device().max_shared_memory_bytes;
   launch.kernel = "gemm";
   launch.body += std::string(kernel_source("gemm.comp"));
   launch.defines = {{"M", glsl_uint(form.m)},
@@ -291,8 +314,8 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"TILE_K", std::to_string(tile.tile_k)},
                     {"K_GROUPS", std::to_string(tile.k_groups)},
                     {"PREFETCH", std::to_string(tile.prefetch)},
-                    {"PAD_K_ROWS", flag(gemm_shared_bytes(tile, tile.k_groups, true) <=
-                                        context.device().max_shared_memory_bytes)}};
+                    {"PAD_K_ROWS", flag(padded)},
+                    {"A_QUADS", flag(quad_a_loads(form, tile, padded))}};
   launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,
                              context.device());
   context.emit(std::move(launch));
