@@ -429,5 +429,89 @@ TEST(Planner, ArenasRespectTheBufferLimit) {
   for (const plan::Arena& arena : program.arenas) EXPECT_LE(arena.bytes, options.arena_limit);
 }
 
+// The gemm.comp launches of `program` that read A as 4 rows at one k (its A_QUADS define).
+size_t quad_a_launches(const plan::Program& program) {
+  return static_cast<size_t>(std::count_if(
+      program.launches.begin(), program.launches.end(), [](const plan::PlannedLaunch& p) {
+        const auto& defines = p.launch.defines;
+        return p.launch.kernel == "gemm" &&
+               std::find(defines.begin(), defines.end(),
+                         std::pair<std::string, std::string>{"A_QUADS", "1"}) != defines.end();
+      }));
+}
+
+// `graph` with the gradients of `y` (seeded by a leaf of y's shape) for `leaves` as outputs.
+void add_gradients(Graph& graph, Tensor y, const std::vector<Tensor>& leaves) {
+  graph.set_output("y", y.id());
+  const Tensor seed = input(graph, "seed", y.shape());
+  std::vector<ValueId> ids;
+  for (const Tensor& leaf : leaves) ids.push_back(leaf.id());
+  for (const auto& [leaf, grad] : gradients(graph, y.id(), ids, seed.id()))
+    graph.set_output("grad" + std::to_string(leaf), grad);
+}
+
+// Built for an H200-like device, the products of `meganeura bench kernels` keep the A loads they
+// were measured with, except the 4096^3 product, which reads A as 4 rows at one k (gemm.comp's
+// A_QUADS, 3.70 to 3.20 ms there, docs/BENCHMARKS.md run 43): SmolLM's layers, ResNet-50's
+// convolutions and U-Net's block with their gradients, and Whisper's attention training step.
+TEST(Planner, OnlyTheLargeSquareProductReadsAAsRowQuads) {
+  kernels::DeviceTraits h200;
+  h200.compute_units = 132;
+  h200.max_shared_memory_bytes = 49152;
+  h200.max_workgroup_invocations = 1024;
+  const auto quads = [&](const Graph& graph) {
+    return quad_a_launches(plan::build_program(graph, h200, plan::PlanOptions{}));
+  };
+  {
+    Graph graph;
+    graph.set_output("y",
+                     matmul(input(graph, "a", {4096, 4096}), input(graph, "b", {4096, 4096})).id());
+    EXPECT_EQ(quads(graph), 1u);
+  }
+  for (const auto& [inputs, outputs] : std::vector<std::pair<int64_t, int64_t>>{
+           {576, 576}, {576, 1536}, {1536, 576}, {576, 49152}}) {
+    SCOPED_TRACE("smollm " + std::to_string(inputs) + " -> " + std::to_string(outputs));
+    Graph graph;
+    const Tensor x = input(graph, "x", {128, inputs}), w = input(graph, "w", {outputs, inputs});
+    add_gradients(graph, matmul(x, w, false, true), {x, w});
+    EXPECT_EQ(quads(graph), 0u);
+  }
+  struct Conv {
+    int64_t channels, outputs, side, kernel, stride;
+  };
+  for (const Conv& c :
+       {Conv{3, 64, 224, 7, 2}, Conv{64, 64, 56, 3, 1}, Conv{256, 64, 56, 1, 1},
+        Conv{512, 128, 28, 1, 1}, Conv{128, 128, 56, 3, 2}, Conv{128, 128, 28, 3, 1},
+        Conv{256, 256, 14, 3, 1}, Conv{512, 512, 7, 3, 1}}) {
+    SCOPED_TRACE("resnet " + std::to_string(c.channels) + " -> " + std::to_string(c.outputs) +
+                 " at " + std::to_string(c.side));
+    Graph graph;
+    const Tensor x = input(graph, "x", {4, c.channels, c.side, c.side});
+    const Tensor w = input(graph, "w", {c.outputs, c.channels, c.kernel, c.kernel});
+    Conv2dOptions options;
+    options.stride = {c.stride, c.stride};
+    options.padding = {c.kernel / 2, c.kernel / 2};
+    add_gradients(graph, conv2d(x, w, std::nullopt, options), {x, w});
+    EXPECT_EQ(quads(graph), 0u);
+  }
+  for (const int64_t side : {32, 64}) {
+    SCOPED_TRACE("unet at " + std::to_string(side));
+    Graph graph;
+    const Tensor x = input(graph, "x", {2, 320, side, side});
+    const Tensor gamma = input(graph, "gamma", {320}), beta = input(graph, "beta", {320});
+    const Tensor w = input(graph, "w", {320, 320, 3, 3}), bias = input(graph, "bias", {320});
+    Conv2dOptions options;
+    options.padding = {1, 1};
+    add_gradients(graph, conv2d(silu(group_norm(x, 32, gamma, beta)), w, bias, options), {x, w});
+    EXPECT_EQ(quads(graph), 0u);
+  }
+  Graph attention;
+  const Shape heads{1, 6, 1500, 64};
+  const Tensor q = input(attention, "q", heads), k = input(attention, "k", heads),
+               v = input(attention, "v", heads);
+  add_gradients(attention, scaled_dot_product_attention(q, k, v), {q, k, v});
+  EXPECT_EQ(quads(attention), 0u);
+}
+
 }  // namespace
 }  // namespace mg
