@@ -15,8 +15,9 @@ Values are separated by "/" (a value may hold commas: 64,128,8,8,8); "-" leaves 
 unset (the built-in rule). Several --set options sweep their cartesian product. Several --bin
 options (an old and a new build, say) add a dimension to it, and --repeat N runs the whole
 product N times in turn (A, B, A, B, ...), so that drift within the call shows as spread along a
-row. A combination whose run fails is reported and left blank ("-") in the table. Each
-combination's times are also printed to stderr as soon as its run ends.
+row. A combination whose run fails is reported, and the cases it did not time are left blank
+("-") in the table. Each combination's times are also printed to stderr as soon as its run
+ends.
 """
 import argparse
 import itertools
@@ -39,10 +40,10 @@ def run_case_family(binary, case_filter, runs, extra_args, environment):
     command += extra_args
     result = subprocess.run(command, env=environment, capture_output=True, text=True)
     if result.returncode != 0:
-        # One bad combination must not cost the others' device time: report it, go on.
+        # One bad combination (or case: the others still print theirs) must not cost the rest of
+        # the device call: report it, keep what ran, go on.
         print(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr}",
               file=sys.stderr, flush=True)
-        return []
     records = []
     for line in result.stdout.splitlines():
         if line.startswith("{"):

@@ -40,10 +40,15 @@ Cases named "... fast" run the same problem with --precision fast (f16 operands 
 matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without cooperative
 matrices they run strict, and their JSON says "coop_dispatches": 0.
 
+A case the device cannot run (the large cases need 256 MiB buffers, more than some devices bind)
+is reported on stderr and marked in the table, the other cases still run, and the exit status is
+then 1.
+
   --filter TEXT  only cases whose name contains TEXT
   --runs N       timed runs per case (default 20)
   --rotate MIB   input bytes to rotate through (default 96; 0 = one copy of the inputs)
-  --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe)
+  --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe, and
+                 devices whose buffers hold less than 256 MiB)
   --no-fast      leave out the "... fast" cases
   --profile      also time every dispatch (in separate runs) and print each kernel kind's share
                  of a case under its row ("kernel_ms" in the JSON)
@@ -445,35 +450,54 @@ int bench_command(const std::vector<std::string>& words) {
                 "' (try: meganeura bench kernels)");
   }
   const bool small = arguments.has("small");
-  const int64_t runs = std::max<int64_t>(1, arguments.integer("runs", 20));
-  const double rotate_bytes =
-      static_cast<double>(std::max<int64_t>(0, arguments.integer("rotate", small ? 1 : 96))) *
-      1048576.0;
+  const int64_t runs = arguments.integer("runs", 20);
+  if (runs < 1) throw Error("--runs must be at least 1 (timed runs per case)");
+  const int64_t rotate_mib = arguments.integer("rotate", small ? 1 : 96);
+  if (rotate_mib < 0) throw Error("--rotate must be 0 or more MiB (0: one copy of the inputs)");
+  const double rotate_bytes = static_cast<double>(rotate_mib) * 1048576.0;
   const std::string filter = arguments.text("filter", "");
   const std::string device = arguments.text("device", "");
   std::vector<std::string> table;
   double copy_rate = 0;
   char row[200];
 
+  // A case the device cannot run (a buffer past its limits, say) is reported, and the others
+  // still run; the exit status then says that some failed.
+  std::vector<std::string> failed;
+  const auto report_failure = [&](const std::string& name, const Error& error) {
+    std::fprintf(stderr, "meganeura bench: case '%s' failed: %s\n", name.c_str(), error.what());
+    std::snprintf(row, sizeof(row), "%-44s failed (see above)", name.c_str());
+    table.push_back(row);
+    failed.push_back(name);
+  };
+
   const uint64_t copy_bytes = (small ? 16ull : 256ull) << 20;
   const std::string copy_name = "copy " + std::to_string(copy_bytes >> 20) + "MiB";
-  if (copy_name.find(filter) != std::string::npos) {
-    copy_rate = copy_gigabytes_per_second(device, copy_bytes, runs);
-    const double ms = 2.0 * static_cast<double>(copy_bytes) / copy_rate / 1e6;
-    const nlohmann::json record = {
-        {"framework", "meganeura"}, {"case", copy_name}, {"ms", ms}, {"gbps", copy_rate}};
-    std::printf("%s\n", record.dump().c_str());
-    std::fflush(stdout);
-    std::snprintf(row, sizeof(row), "%-44s %10.4f ms %10.1f GB/s", copy_name.c_str(), ms,
-                  copy_rate);
-    table.push_back(row);
-  }
+  if (copy_name.find(filter) != std::string::npos) try {
+      copy_rate = copy_gigabytes_per_second(device, copy_bytes, runs);
+      const double ms = 2.0 * static_cast<double>(copy_bytes) / copy_rate / 1e6;
+      const nlohmann::json record = {
+          {"framework", "meganeura"}, {"case", copy_name}, {"ms", ms}, {"gbps", copy_rate}};
+      std::printf("%s\n", record.dump().c_str());
+      std::fflush(stdout);
+      std::snprintf(row, sizeof(row), "%-44s %10.4f ms %10.1f GB/s", copy_name.c_str(), ms,
+                    copy_rate);
+      table.push_back(row);
+    } catch (const Error& error) {
+      copy_rate = 0;
+      report_failure(copy_name, error);
+    }
 
   for (const BenchCase& bench : bench_cases(small)) {
     if (bench.name.find(filter) == std::string::npos) continue;
     if (bench.precision == Precision::fast && arguments.has("no-fast")) continue;
-    const Measurement measured =
-        measure(bench, device, runs, rotate_bytes, arguments.has("profile"));
+    Measurement measured;
+    try {
+      measured = measure(bench, device, runs, rotate_bytes, arguments.has("profile"));
+    } catch (const Error& error) {
+      report_failure(bench.name, error);
+      continue;
+    }
     const double ms = measured.ms;
     nlohmann::json record = {{"framework", "meganeura"},
                              {"case", bench.name},
@@ -506,7 +530,12 @@ int bench_command(const std::vector<std::string>& words) {
     }
   }
   for (const std::string& line : table) std::printf("%s\n", line.c_str());
-  return 0;
+  if (failed.empty()) return 0;
+  std::fprintf(stderr, "meganeura bench: %zu case(s) failed%s\n", failed.size(),
+               small ? ""
+                     : "; on a device whose buffers hold less than 256 MiB, --small shrinks "
+                       "the large cases");
+  return 1;
 }
 
 }  // namespace mg::cli

@@ -241,6 +241,39 @@ TEST(Cli, BenchKernelsFilterAndRotation) {
   EXPECT_NE(pointwise.output.find("gbps"), std::string::npos) << pointwise.output;
 }
 
+// On a device whose buffers hold less than 256 MiB (Lavapipe: 128), each of the two 64M-element
+// cases fails on its own, named with the limit, and the second still runs after the first; the
+// exit status says so and the hint names --small. Bad --runs and --rotate values are errors.
+TEST(Cli, BenchKernelsReportsCasesTheDeviceCannotRun) {
+  const Result bad_runs = run("bench kernels --runs 0");
+  EXPECT_NE(bad_runs.status, 0);
+  EXPECT_NE(bad_runs.output.find("--runs must be at least 1"), std::string::npos)
+      << bad_runs.output;
+  const Result bad_rotate = run("bench kernels --small --rotate -1");
+  EXPECT_NE(bad_rotate.status, 0);
+  EXPECT_NE(bad_rotate.output.find("--rotate must be 0 or more"), std::string::npos)
+      << bad_rotate.output;
+
+  const Result devices = run("devices --verbose");
+  const size_t range = devices.output.find("max storage buffer range ");
+  ASSERT_NE(range, std::string::npos) << devices.output;
+  const int64_t range_mib = std::stoll(devices.output.substr(range + 25));
+  if (range_mib >= 257) GTEST_SKIP() << "the device binds " << range_mib << " MiB: every case fits";
+  const Result result = run("bench kernels --runs 1 --rotate 0 --filter \"pointwise add 64M\"");
+  EXPECT_EQ(result.status, 1) << result.output;
+  for (const char* name : {"pointwise add 64M'", "pointwise add 64M+2'"}) {
+    EXPECT_NE(result.output.find(std::string("case '") + name + " failed: "), std::string::npos)
+        << result.output;
+  }
+  EXPECT_NE(result.output.find("buffer limit"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("failed (see above)"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("2 case(s) failed; on a device whose buffers hold less than "
+                               "256 MiB, --small shrinks the large cases"),
+            std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find(R"("case":)"), std::string::npos) << result.output;
+}
+
 // --profile times every dispatch in runs of its own and reports each kernel kind per case.
 TEST(Cli, BenchKernelsProfile) {
   const Result result =
