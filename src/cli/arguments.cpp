@@ -1,5 +1,9 @@
 #include "cli/arguments.hpp"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "meganeura/error.hpp"
 
 namespace mg::cli {
@@ -82,6 +86,22 @@ double Arguments::real(const std::string& name, double fallback) const {
     throw Error("--" + name + " expects a number, got '" + *text + "'");
   }
   return parsed;
+}
+
+void require_writable_file(const Arguments& arguments, const std::string& name) {
+  const std::optional<std::string> path = arguments.value(name);
+  if (!path) return;
+  std::filesystem::path directory = std::filesystem::path(*path).parent_path();
+  if (directory.empty()) directory = ".";
+  std::error_code error;
+  if (!std::filesystem::is_directory(directory, error)) {
+    throw Error("--" + name + " " + *path + ": there is no directory " + directory.string() +
+                "; create it or choose another path");
+  }
+  if (::access(directory.c_str(), W_OK) != 0) {
+    throw Error("--" + name + " " + *path + ": the directory " + directory.string() +
+                " is not writable; choose another path");
+  }
 }
 
 }  // namespace mg::cli

@@ -30,4 +30,8 @@ class Arguments {
   std::vector<std::string> positional_;
 };
 
+// Throws mg::Error unless option `name` (when given) names a file whose directory exists and is
+// writable: checked when the command starts, not when it ends with the file.
+void require_writable_file(const Arguments& arguments, const std::string& name);
+
 }  // namespace mg::cli

@@ -64,6 +64,7 @@ int infer_command(const std::vector<std::string>& words) {
   if (arguments.positional().empty()) {
     throw Error("missing CHECKPOINT (usage: meganeura infer CHECKPOINT [IMAGE...])");
   }
+  require_writable_file(arguments, "trace");
   const std::filesystem::path checkpoint_path = arguments.positional()[0];
   const io::Checkpoint checkpoint = io::load_checkpoint(checkpoint_path);
   const models::ClassifierConfig model =

@@ -66,6 +66,21 @@ std::string default_out_dir() {
   return buffer;
 }
 
+// Creates the output directory, or says why it cannot be written, before the minutes of loading
+// and building that would otherwise end in a failed first checkpoint.
+void prepare_out_dir(const std::filesystem::path& out_dir) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    throw Error("cannot create the output directory " + out_dir.string() + " (" + error.message() +
+                "): pass --out with a directory you can write");
+  }
+  if (::access(out_dir.c_str(), W_OK) != 0) {
+    throw Error("the output directory " + out_dir.string() +
+                " is not writable: pass --out with a directory you can write");
+  }
+}
+
 std::string format_duration(double seconds) {
   const int64_t total = static_cast<int64_t>(std::max(0.0, seconds));
   char buffer[32];
@@ -173,6 +188,9 @@ int train_command(const std::vector<std::string>& words) {
     throw Error("--batch, --epochs and --checkpoint-every must be positive");
   }
 
+  prepare_out_dir(out_dir);
+  require_writable_file(arguments, "trace");
+
   models::ClassifierConfig model;
   model.architecture = arguments.text("model", "cnn");
   model = models::ClassifierConfig::from_json(model.to_json());
@@ -223,7 +241,6 @@ int train_command(const std::vector<std::string>& words) {
                  static_cast<long long>(step));
   }
 
-  std::filesystem::create_directories(out_dir);
   const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
   io::JsonlWriter metrics(out_dir / "metrics.jsonl");
   auto save = [&] {

@@ -211,6 +211,20 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   expect_one_line_error("train --out " + out.string() + " --model cnn --resume " + good.string(),
                         "saved for model");
   expect_one_line_error("train --epochs many", "--epochs");
+  // An output directory that cannot be made fails at once, before any loading or building.
+  const std::string unwritable = "train --out /proc/meganeura-out --model mlp --limit 64";
+  expect_one_line_error(unwritable, "cannot create the output directory /proc/meganeura-out");
+  EXPECT_EQ(run(unwritable).output.find("built training program"), std::string::npos);
+  // So does a trace file in a directory that does not exist, in training and in inference.
+  const std::string missing_dir = (out / "no-such-dir").string();
+  expect_one_line_error("train --out " + out.string() + " --model mlp --limit 64 --trace " +
+                            missing_dir + "/trace.json",
+                        "there is no directory " + missing_dir);
+  const Result infer_trace = run("infer " + good.string() + " --trace " + missing_dir + "/t.json");
+  EXPECT_NE(infer_trace.status, 0);
+  EXPECT_NE(infer_trace.output.find("there is no directory " + missing_dir), std::string::npos)
+      << infer_trace.output;
+  EXPECT_EQ(infer_trace.output.find("test accuracy"), std::string::npos) << infer_trace.output;
   expect_one_line_error("infer " + good.string() + " --precision half", "unknown precision");
 
   // Fast precision says which path ran: strict, with the reason, on a device without
