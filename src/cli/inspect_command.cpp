@@ -53,6 +53,7 @@ int inspect_command(const std::vector<std::string>& words) {
   model.architecture = arguments.text("model", "cnn");
   model = models::ClassifierConfig::from_json(model.to_json());
   const int64_t batch = arguments.integer("batch", 64);
+  if (batch <= 0) throw Error("--batch must be positive");
   const std::string mode = arguments.text("mode", "train");
   if (mode != "train" && mode != "infer") throw Error("--mode must be train or infer");
   const Graph graph = mode == "train"

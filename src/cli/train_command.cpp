@@ -187,6 +187,7 @@ int train_command(const std::vector<std::string>& words) {
   if (batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
     throw Error("--batch, --epochs and --checkpoint-every must be positive");
   }
+  if (arguments.has("limit") && limit <= 0) throw Error("--limit must be positive");
 
   prepare_out_dir(out_dir);
   require_writable_file(arguments, "trace");

@@ -211,6 +211,8 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   expect_one_line_error("train --out " + out.string() + " --model cnn --resume " + good.string(),
                         "saved for model");
   expect_one_line_error("train --epochs many", "--epochs");
+  expect_one_line_error("train --limit 0", "--limit must be positive");
+  expect_one_line_error("inspect --batch 0", "--batch must be positive");
   // An output directory that cannot be made fails at once, before any loading or building.
   const std::string unwritable = "train --out /proc/meganeura-out --model mlp --limit 64";
   expect_one_line_error(unwritable, "cannot create the output directory /proc/meganeura-out");
