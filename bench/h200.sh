@@ -2,9 +2,9 @@
 # One device call on the H200 (see docs/BENCHMARKS.md): device listing, compile times, the GPU
 # test suite, kernel benchmarks against PyTorch (and the convolutions on their implicit GEMMs),
 # and the Fashion-MNIST job against PyTorch.
-# Expects the Release binaries in .dev/bin, the dataset in .dev/data and loader debs in .gl:
-# the device README's list plus vulkan-validationlayers (several GPU tests ask for validation and
-# fail without the layer).
+# Expects the Release binaries in .dev/bin (stripped, plain or gzip'd), the dataset in .dev/data
+# and loader debs in .gl: the device README's list plus vulkan-validationlayers (several GPU tests
+# ask for validation and fail without the layer).
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig
@@ -13,6 +13,12 @@ export VK_LAYER_PATH=/usr/share/vulkan/explicit_layer.d
 export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache
 export PYTHONUNBUFFERED=1
 bin=.dev/bin
+# The device tool carries at most 64 MiB: two stripped builds, test_gpu, the loader debs and the
+# dataset fit only gzip'd (about 4 MiB a binary instead of 10), so *.gz there is unpacked first.
+for packed in "$bin"/*.gz; do
+  [ -e "$packed" ] || continue
+  gunzip -f "$packed" && chmod +x "${packed%.gz}"
+done
 # The device tool returns at most 8 files from $OUT: everything is written to $out and packed
 # into one archive there at the end (bench/h200.sh's last lines).
 out=$(mktemp -d)
