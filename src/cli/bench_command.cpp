@@ -463,17 +463,18 @@ int bench_command(const std::vector<std::string>& words) {
 
   // A case the device cannot run (a buffer past its limits, say) is reported, and the others
   // still run; the exit status then says that some failed.
-  std::vector<std::string> failed;
+  size_t failures = 0;
   const auto report_failure = [&](const std::string& name, const Error& error) {
     std::fprintf(stderr, "meganeura bench: case '%s' failed: %s\n", name.c_str(), error.what());
     std::snprintf(row, sizeof(row), "%-44s failed (see above)", name.c_str());
     table.push_back(row);
-    failed.push_back(name);
+    ++failures;
   };
 
   const uint64_t copy_bytes = (small ? 16ull : 256ull) << 20;
   const std::string copy_name = "copy " + std::to_string(copy_bytes >> 20) + "MiB";
-  if (copy_name.find(filter) != std::string::npos) try {
+  if (copy_name.find(filter) != std::string::npos) {
+    try {
       copy_rate = copy_gigabytes_per_second(device, copy_bytes, runs);
       const double ms = 2.0 * static_cast<double>(copy_bytes) / copy_rate / 1e6;
       const nlohmann::json record = {
@@ -484,9 +485,9 @@ int bench_command(const std::vector<std::string>& words) {
                     copy_rate);
       table.push_back(row);
     } catch (const Error& error) {
-      copy_rate = 0;
       report_failure(copy_name, error);
     }
+  }
 
   for (const BenchCase& bench : bench_cases(small)) {
     if (bench.name.find(filter) == std::string::npos) continue;
@@ -530,8 +531,8 @@ int bench_command(const std::vector<std::string>& words) {
     }
   }
   for (const std::string& line : table) std::printf("%s\n", line.c_str());
-  if (failed.empty()) return 0;
-  std::fprintf(stderr, "meganeura bench: %zu case(s) failed%s\n", failed.size(),
+  if (failures == 0) return 0;
+  std::fprintf(stderr, "meganeura bench: %zu case(s) failed%s\n", failures,
                small ? ""
                      : "; on a device whose buffers hold less than 256 MiB, --small shrinks "
                        "the large cases");
