@@ -66,8 +66,8 @@ std::string default_out_dir() {
   return buffer;
 }
 
-// Creates the output directory, or says why it cannot be written, before the minutes of loading
-// and building that would otherwise end in a failed first checkpoint.
+// Creates the output directory, or says why it cannot be written, before the data is loaded and
+// the programs are built rather than after.
 void prepare_out_dir(const std::filesystem::path& out_dir) {
   std::error_code error;
   std::filesystem::create_directories(out_dir, error);
