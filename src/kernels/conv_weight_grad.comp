@@ -36,6 +36,9 @@
 #define CHUNKS (BATCH * OH * CHUNKS_X)
 // A fetch unit is GRAD_GROUP (IMAGE_GROUP) adjacent channels of one column of a tile: 4 (one
 // vec4 store to shared memory) where at least 7 / 8 of the threads then have a unit, else 1.
+#if (GRAD_GROUP != 4 && GRAD_GROUP != 1) || (IMAGE_GROUP != 4 && IMAGE_GROUP != 1)
+#error "stash stores a unit as one vec4 (GROUP 4) or one float (GROUP 1)"
+#endif
 #define GRAD_UNITS (TILE_O / GRAD_GROUP * XT)
 #define IMAGE_UNITS (TILE_C / IMAGE_GROUP * XW)
 #define GRAD_FETCHES ((GRAD_UNITS + THREADS - 1) / THREADS)
