@@ -9,6 +9,7 @@
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "ops/k_split.hpp"
+#include "ops/winograd.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -28,6 +29,9 @@ constexpr int64_t kMinChunksPerSplit = 4;
 // workgroups fit a unit, but twice the splits (and partial gradients) still ran slower: 128
 // channels at 28 x 28 0.0417 against 0.0341 ms, 64 at 56 0.0421 against 0.0346.
 constexpr int64_t kWorkgroupsPerUnit = 1;
+// The Winograd weight gradient's product runs over the tiles of 2 x 2 outputs: with fewer than
+// this its GEMM's K is too short to pay for the transforms.
+constexpr int64_t kMinWinogradTiles = 128;
 
 // Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles
 // (rows of TILE + 4 floats) and the staging of a quarter of the results.
@@ -91,6 +95,26 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
   const int64_t workgroups = workgroups_per_split(g) * direct_weight_gradient_splits(g, device);
   return g.in_channels >= kChannelTile && g.out_channels >= kChannelTile &&
          10 * workgroups >= 7 * device.compute_units;
+}
+
+bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
+  const char* forced = std::getenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
+  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
+  if (use_cpu_kernels(device) || use_coop_gemm(device)) return false;
+  if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
+      g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height != 3 || g.kernel_width != 3)
+    return false;
+  if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
+  // On the H200 (docs/BENCHMARKS.md run 44) it ran ResNet's 128 channels at 28 x 28 in 0.0277
+  // against the direct kernel's 0.0343 ms, 256 at 14 x 14 in 0.0259 against 0.0408, and U-Net's
+  // 320 channels (columns and a GEMM) 0.0786 against 0.1363 and 0.2789 against 0.4709 ms; the
+  // direct kernel stayed ahead with 64 channels (0.0349 against 0.0395 ms at 56 x 56) and over
+  // the 64 tiles of 512 channels at 7 x 7 (0.0422 against 0.0681), a product too short in K.
+  const int64_t tiles = g.batch * ceil_div(g.out_height, winograd::kOutputs) *
+                        ceil_div(g.out_width, winograd::kOutputs);
+  const int64_t channels = std::min(g.in_channels, g.out_channels);
+  if (channels < kChannelTile || tiles < kMinWinogradTiles) return false;
+  return channels >= 2 * kChannelTile || !direct_weight_gradient_suits(g, device);
 }
 
 int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits& device) {

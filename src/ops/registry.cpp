@@ -13,7 +13,7 @@ struct Registry {
   Registry() {
     for (OpRegistrar family :
          {register_leaf_ops, register_elementwise_ops, register_matmul_ops, register_reduce_ops,
-          register_shape_ops, register_conv_ops, register_pool_ops, register_norm_ops,
+          register_shape_ops, register_conv_ops, register_winograd_ops, register_pool_ops, register_norm_ops,
           register_attention_ops, register_loss_ops}) {
       family(ops);
     }

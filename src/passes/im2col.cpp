@@ -11,12 +11,15 @@
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
 // stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
 // gradients with fewer than kMinColumnRows rows of columns (below).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
 #include "kernels/conv_weight_grad.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/k_split.hpp"
+#include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -143,9 +146,33 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, ui
                   g.input_shape());
 }
 
+// dw = G^T [sum over tiles of U V^T] G (ops/winograd.hpp): the transformed tiles of grad_out
+// U [16, O, T] and of the input V [16, C, T], one batched product of their 16 points over the
+// T tiles of 2 x 2 outputs, and the filter transform back to 3 x 3 taps. The tiles lie along
+// the product's K, so that the transforms read rows of the images and write rows of tiles; tiles
+// across, [16, T, C], made the product no faster and the transforms slower on the H200 (ResNet's
+// 128 channels at 28 x 28: 0.0104 against 0.0136 ms for both, docs/BENCHMARKS.md run 44).
+std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
+                                                const ConvGeometry& g, uint64_t max_bytes) {
+  const int64_t rows = ceil_div(g.out_height, winograd::kOutputs);
+  const int64_t columns = ceil_div(g.out_width, winograd::kOutputs);
+  const int64_t tiles = g.batch * rows * columns;
+  if (column_bytes(winograd::kPoints, std::max(g.in_channels, g.out_channels), 1, tiles) >
+      max_bytes)
+    return std::nullopt;
+  const std::vector<int64_t> grid{rows, columns};
+  const ValueId patches = target.add("winograd_tiles", {node.inputs[0]},
+                                     {{"tiles", grid}, {"padding", pair_of(g.padding)}});
+  const ValueId grads =
+      target.add("winograd_tiles", {node.inputs[1]}, {{"tiles", grid}, {"grad_out", int64_t{1}}});
+  const ValueId products = target.add("matmul", {grads, patches}, {{"transpose_b", int64_t{1}}});
+  return target.add("winograd_weight_grad", {products}, {});
+}
+
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
 // The batched product is long in K and short in outputs, so split-K slices it.
-// Those the direct kernel runs (kernels/conv_weight_grad.hpp) need no columns.
+// Those that run as Winograd or on the direct kernel (kernels/conv_weight_grad.hpp) need no
+// columns.
 std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
                                                const kernels::DeviceTraits& device,
                                                uint64_t max_bytes) {
@@ -153,6 +180,9 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
                                        node.attrs.get_ints("weight_shape"));
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
+  if (kernels::winograd_weight_gradient_suits(g, device)) {
+    if (auto rewritten = winograd_weight_gradient(target, node, g, max_bytes)) return rewritten;
+  }
   if (kernels::direct_weight_gradient_suits(g, device)) return std::nullopt;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)

@@ -43,8 +43,9 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
 
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
-// `max_column_bytes` (see im2col.cpp); weight gradients that the direct kernel runs on `device`
-// stay (kernels/conv_weight_grad.hpp).
+// `max_column_bytes` (see im2col.cpp); 3x3 stride-1 weight gradients that suit Winograd on
+// `device` become its two tile transforms, a batched matmul and its filter transform
+// (ops/winograd.hpp), and those that the direct kernel runs stay (kernels/conv_weight_grad.hpp).
 Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
 
@@ -54,7 +55,8 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr
 
 // Nested sums over leading axes (split-K partials [S, N, ...] summed over S and then over a
 // batch N, as the im2col pass's weight gradients are) become one sum over all those axes: one
-// dispatch and one read of the partials instead of two.
+// dispatch and one read of the partials instead of two. A winograd_weight_grad reading such a
+// sum over one leading axis reads the partials instead and sums them itself.
 Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.

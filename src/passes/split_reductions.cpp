@@ -88,6 +88,15 @@ Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap) {
       graph, keep,
       [&](Graph& target, ValueId old_id, Node node) {
         const Node& old = graph.node(old_id);
+        if (old.op == "winograd_weight_grad") {
+          // It sums a leading axis of partial products itself: one pass over the partials.
+          const ValueId sum_id = old.inputs[0];
+          const Node& sum = graph.node(sum_id);
+          if (leading_sum_axes(graph, sum) == 1 && uses[sum_id] == 1 &&
+              graph.type(sum.inputs[0]).shape.size() == 4)
+            node.inputs = {target.node(node.inputs[0]).inputs[0]};
+          return target.add_typed(std::move(node));
+        }
         const std::optional<int64_t> outer = leading_sum_axes(graph, old);
         if (!outer || node.type.dtype != DType::f32) return target.add_typed(std::move(node));
         const ValueId inner_id = old.inputs[0];

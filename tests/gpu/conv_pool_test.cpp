@@ -220,6 +220,7 @@ TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
 TEST(GpuConv, DirectWeightGradient) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
+  const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
   struct Case {
     Shape x, w;
     Conv2dOptions options;
@@ -246,6 +247,45 @@ TEST(GpuConv, DirectWeightGradient) {
     const ScopedEnv off("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");
     check_on_gpu(inputs, build, 1e-5, 7, {}, &other_dispatches);
     EXPECT_LT(direct_dispatches, other_dispatches);
+  }
+}
+
+// The Winograd weight gradient (ops/winograd.hpp) on the GPU kernels, forced on (the rule,
+// which Passes.WinogradWeightGradient* checks, wants 64 channels a side): padding 1 over an odd
+// output height (a last row of tiles half past grad_out), padding 0 and 2 (output larger than
+// the input), and 529 tiles whose product is split over K into 3 partial products, which the
+// filter transform sums itself. Off, the same gradient runs on im2col columns, one dispatch
+// fewer (the two tile transforms and the filter transform against the gather and the sum).
+TEST(GpuConv, WinogradWeightGradient) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
+  const ScopedEnv direct("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");
+  struct Case {
+    Shape x, w;
+    Conv2dOptions options;
+    const char* slices;
+  };
+  const std::vector<Case> cases{{{2, 5, 9, 8}, {6, 5, 3, 3}, {.padding = {1, 1}}, "1"},
+                                {{1, 3, 7, 10}, {4, 3, 3, 3}, {}, "1"},
+                                {{1, 4, 5, 6}, {3, 4, 3, 3}, {.padding = {2, 2}}, "1"},
+                                {{1, 4, 46, 46}, {4, 4, 3, 3}, {.padding = {1, 1}}, "3"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
+    const Shape y{c.x[0], c.w[0], testing::conv_extent(c.x[2], c.w[2], 1, c.options.padding[0], 1),
+                  testing::conv_extent(c.x[3], c.w[3], 1, c.options.padding[1], 1)};
+    const std::vector<testing::HarnessInput> inputs{{"x", c.x}, {"w", c.w}, {"seed", y}};
+    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
+      output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, c.options), in[2], {in[1]});
+    };
+    const ScopedEnv slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
+    size_t winograd_dispatches = 0, column_dispatches = 0;
+    {
+      const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+      check_on_gpu(inputs, build, 1e-5, 7, {}, &winograd_dispatches);
+    }
+    const ScopedEnv off("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &column_dispatches);
+    EXPECT_EQ(winograd_dispatches, column_dispatches + 1);
   }
 }
 

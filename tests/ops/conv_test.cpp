@@ -383,5 +383,62 @@ TEST(Conv, Im2colAndCol2imMisuse) {
                {"col2im", "columns must be [N, C * 9, 16]"});
 }
 
+// The Winograd transforms by hand: a 4 x 4 input patch d is B^T d B (row i of B^T is (1, 0,
+// -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)), so point (0, 0) is d00 - d02 - d20 +
+// d22; a 2 x 2 grad_out block e is A e A^T (rows of A (1, 0), (1, 1), (1, -1), (0, -1)), so
+// point (1, 1) is the block's sum; and the filter transform of M = 1 at point (1, 1) alone is
+// the outer product of G's row 1, (0.5, 0.5, 0.5), with itself. (Passes.Winograd* checks the
+// whole weight gradient against the convolution's.)
+TEST(Conv, WinogradTransformsByHand) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 1, 4, 4});
+  const Tensor patches =
+      raw(graph, "winograd_tiles", {x.id()}, {{"tiles", std::vector<int64_t>{1, 1}}});
+  const Tensor blocks = raw(graph, "winograd_tiles", {x.id()},
+                            {{"tiles", std::vector<int64_t>{2, 2}}, {"grad_out", int64_t{1}}});
+  const Tensor points = input(graph, "points", {16, 1, 1});
+  const Tensor taps = raw(graph, "winograd_weight_grad", {points.id()}, {});
+  EXPECT_EQ(patches.shape(), (Shape{16, 1, 1}));
+  EXPECT_EQ(blocks.shape(), (Shape{16, 1, 4}));
+  EXPECT_EQ(taps.shape(), (Shape{1, 1, 3, 3}));
+  HostTensor image({1, 1, 4, 4});
+  for (size_t i = 0; i < 16; ++i) image.data[i] = static_cast<double>((i * 7) % 11) - 3.0;
+  HostTensor unit({16, 1, 1});
+  unit.data[5] = 1.0;
+  Environment environment;
+  environment.leaves["x"] = image;
+  environment.leaves["points"] = unit;
+  const auto values = evaluate(graph, environment);
+  const std::vector<double>& d = image.data;
+  EXPECT_EQ(values.at(patches.id()).data[0], d[0] - d[2] - d[8] + d[10]);
+  // Point (1, 1) of the block at tile (1, 0): rows 2-3, columns 0-1.
+  EXPECT_EQ(values.at(blocks.id()).data[5 * 4 + 2], d[8] + d[9] + d[12] + d[13]);
+  EXPECT_EQ(values.at(taps.id()).data, std::vector<double>(9, 0.25));
+}
+
+TEST(Conv, WinogradMisuse) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 2, 4, 4});
+  const std::vector<int64_t> one{1, 1};
+  expect_error(
+      [&] {
+        raw(graph, "winograd_tiles", {x.id()}, {{"tiles", one}, {"grad_out", int64_t{2}}});
+      },
+      {"winograd_tiles", "grad_out must be 0 or 1"});
+  expect_error(
+      [&] {
+        raw(graph, "winograd_tiles", {x.id()},
+            {{"tiles", one}, {"grad_out", int64_t{1}}, {"padding", one}});
+      },
+      {"winograd_tiles", "grad_out tiles take no padding"});
+  expect_error([&] { raw(graph, "winograd_tiles", {x.id()}, {}); }, {"winograd_tiles", "tiles"});
+  const Tensor points = input(graph, "points", {9, 2, 2});
+  expect_error([&] { raw(graph, "winograd_weight_grad", {points.id()}, {}); },
+               {"winograd_weight_grad", "input must be [16, O, C] or [S, 16, O, C]"});
+  const Tensor tiles = raw(graph, "winograd_tiles", {x.id()}, {{"tiles", one}});
+  expect_error([&] { gradients(graph, sum_all(tiles).id(), {x.id()}); },
+               {"winograd_tiles", "after differentiation", "differentiate the conv2d"});
+}
+
 }  // namespace
 }  // namespace mg

@@ -197,6 +197,7 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
     EXPECT_GE(k_slice_length(k, splits), 32);
     expect_same_outputs(graph, split, environment);
   }
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // The sums of one random input over reduced axes that straddle a kept axis.
@@ -518,22 +519,26 @@ TEST(Passes, MergeLeadingSums) {
   expect_same_outputs(conv, one_sum, conv_environment);
 }
 
-// The 3x3 weight gradients of ResNet-50's four stages at batch 4 run on the direct kernel on an
-// H200-like GPU: the im2col pass leaves them whole and split-K gives each as many splits as
-// fill the compute units with workgroups (channel tiles x 3 kernel rows), or none where the
-// tiles alone do: 44 at 64 channels (132 workgroups), 11 at 128 (132), 2 at 256 (96), 1 at 512
-// (192). U-Net's 320 channels at 32 x 32, batch 2, would leave 57 of 132 units idle (75
-// workgroups) and becomes columns and a batched matmul, as every one does with the kernel
-// turned off. (Values are checked on the GPU by GpuConv.DirectWeightGradient.)
-TEST(Passes, DirectWeightGradientStaysWholeAndPlansItsSplits) {
+// The 3x3 weight gradients of ResNet-50's four stages at batch 4 and of U-Net's 320 channels at
+// 32 x 32, batch 2, on an H200-like GPU. Winograd (at least 128 tiles of 2 x 2 outputs and 128
+// channels a side) takes ResNet's 128 and 256 channels and U-Net's; the direct kernel keeps 64
+// channels and 512 over 7 x 7 (64 tiles), and split-K gives it as many splits as fill the
+// compute units with workgroups (channel tiles x 3 kernel rows), or none where the tiles alone
+// do: 44 at 64 channels (132 workgroups), 1 at 512 (192). With Winograd off the direct kernel
+// takes 128 (11 splits, 132 workgroups) and 256 (2, 96) too, while U-Net's would leave 57 of 132
+// units idle (75 workgroups) and becomes columns and a batched matmul, as every one does with
+// both off. (Values: Passes.WinogradWeightGradientMatchesTheConvolution here,
+// GpuConv.DirectWeightGradient and GpuConv.WinogradWeightGradient on the GPU.)
+TEST(Passes, WeightGradientRoutesAndDirectSplits) {
   struct Case {
     Shape x;
     int64_t channels;
-    int64_t splits;  // 0: columns
+    bool winograd;
+    int64_t direct_splits;  // with Winograd off; 0: columns
   };
-  for (const Case& c : {Case{{4, 64, 56, 56}, 64, 44}, Case{{4, 128, 28, 28}, 128, 11},
-                        Case{{4, 256, 14, 14}, 256, 2}, Case{{4, 512, 7, 7}, 512, 1},
-                        Case{{2, 320, 32, 32}, 320, 0}}) {
+  for (const Case& c : {Case{{4, 64, 56, 56}, 64, false, 44}, Case{{4, 128, 28, 28}, 128, true, 11},
+                        Case{{4, 256, 14, 14}, 256, true, 2}, Case{{4, 512, 7, 7}, 512, false, 1},
+                        Case{{2, 320, 32, 32}, 320, true, 0}}) {
     SCOPED_TRACE(shape_string(c.x));
     Graph graph;
     const Tensor x = input(graph, "x", c.x);
@@ -542,21 +547,91 @@ TEST(Passes, DirectWeightGradientStaysWholeAndPlansItsSplits) {
     const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
     graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
     graph = passes::eliminate_dead_code(graph);  // the forward, which dw does not read
-    const Graph kept = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
-    EXPECT_EQ(count_op(kept, "conv2d_grad_weight"), c.splits > 0 ? 1u : 0u);
-    EXPECT_EQ(count_op(kept, "im2col"), c.splits > 0 ? 0u : 1u);
-    const Graph split = passes::split_k(kept, h200_like());
-    if (c.splits > 1) {
-      EXPECT_EQ(only_split(split, "conv2d_grad_weight"), c.splits);
-    } else if (c.splits == 1) {
-      EXPECT_EQ(count_op(split, "sum"), 0u);
+    const auto expect_direct = [&](const Graph& rewritten) {
+      EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 1u);
+      EXPECT_EQ(count_op(rewritten, "im2col") + count_op(rewritten, "winograd_tiles"), 0u);
+      const Graph split = passes::split_k(rewritten, h200_like());
+      if (c.direct_splits > 1) {
+        EXPECT_EQ(only_split(split, "conv2d_grad_weight"), c.direct_splits);
+      } else {
+        EXPECT_EQ(count_op(split, "sum"), 0u);
+      }
+    };
+    const Graph chosen = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    if (c.winograd) {
+      EXPECT_EQ(count_op(chosen, "winograd_tiles"), 2u);
+      EXPECT_EQ(count_op(chosen, "winograd_weight_grad"), 1u);
+      EXPECT_EQ(count_op(chosen, "conv2d_grad_weight"), 0u);
+    } else {
+      expect_direct(chosen);
+    }
+    setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0", 1);
+    const Graph without_winograd =
+        passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    if (c.direct_splits > 0) {
+      expect_direct(without_winograd);
+    } else {
+      EXPECT_EQ(count_op(without_winograd, "im2col"), 1u);
     }
     setenv("MEGANEURA_DIRECT_WEIGHT_GRAD", "0", 1);
     const Graph columns = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
     unsetenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
+    unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
     EXPECT_EQ(count_op(columns, "conv2d_grad_weight"), 0u);
     EXPECT_EQ(count_op(columns, "im2col"), 1u);
   }
+}
+
+// The Winograd weight gradient (forced on, for shapes below the rule's minimums) against the
+// convolution's own weight gradient in the f64 reference: padding 1 with odd output extents (a
+// last row and column of tiles half past grad_out), padding 0 and 2, rectangular images and
+// channel counts that differ. Then 529 tiles split over K into 3 partial products: the filter
+// transform reads the partials [3, 16, O, C] and sums them itself, with no sum left.
+TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
+  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1", 1);
+  struct Case {
+    Shape x, w;
+    std::vector<int64_t> padding;
+  };
+  uint64_t seed = 40;
+  for (const Case& c :
+       {Case{{2, 3, 9, 7}, {4, 3, 3, 3}, {1, 1}}, Case{{1, 2, 6, 9}, {3, 2, 3, 3}, {0, 0}},
+        Case{{2, 4, 5, 4}, {2, 4, 3, 3}, {2, 1}}, Case{{1, 2, 46, 46}, {3, 2, 3, 3}, {1, 1}}}) {
+    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
+    std::mt19937_64 generator(seed++);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    Graph graph;
+    Environment environment;
+    const Tensor x = input(graph, "x", c.x);
+    const Tensor w = input(graph, "w", c.w);
+    const Tensor y = conv2d(x, w, std::nullopt, {.padding = c.padding});
+    const Tensor cotangent = input(graph, "g", y.shape());
+    for (const auto& [name, shape] :
+         {std::pair{std::string("x"), c.x}, std::pair{std::string("w"), c.w},
+          std::pair{std::string("g"), y.shape()}}) {
+      HostTensor value(shape);
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves[name] = value;
+    }
+    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, cotangent.id()).at(w.id()));
+    graph = passes::eliminate_dead_code(graph);
+    const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    EXPECT_EQ(count_op(rewritten, "winograd_tiles"), 2u);
+    EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 0u);
+    expect_same_outputs(graph, rewritten, environment);
+    if (c.x[2] < 46) continue;
+    setenv("MEGANEURA_SPLIT_K_SLICES", "3", 1);
+    const Graph split = passes::merge_leading_sums(passes::split_k(rewritten, h200_like()));
+    unsetenv("MEGANEURA_SPLIT_K_SLICES");
+    EXPECT_EQ(count_op(split, "sum"), 0u);
+    for (const Node& node : split.nodes()) {
+      if (node.op == "winograd_weight_grad") {
+        EXPECT_EQ(split.type(node.inputs[0]).shape, (Shape{3, 16, 3, 2}));
+      }
+    }
+    expect_same_outputs(graph, split, environment);
+  }
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
@@ -632,6 +707,7 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
     }
     expect_same_outputs(graph, split, environment);
   }
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // dQ as a matmul of W = scale * dS: non-causal gradients of grouped heads (a masked and an

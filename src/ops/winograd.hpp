@@ -1,0 +1,32 @@
+#pragma once
+// Winograd's minimal filtering F(2 x 2, 3 x 3) (Lavin and Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2016), turned around for the weight gradient of a 3 x 3
+// stride-1 convolution. The forward computes a 2 x 2 output tile from the 4 x 4 input patch d
+// under it as Y = A^T [(G g G^T) . (B^T d B)] A, which is linear in the filter g, so the
+// gradient of a tile with respect to g is G^T [(A dY A^T) . (B^T d B)] G. Summed over tiles,
+// each of the 16 points of the 4 x 4 transformed tile is one matrix product over the tiles:
+// M[p] = U[p] V[p]^T with U the transformed grad_out tiles [O, T] and V the transformed input
+// patches [C, T], and dW = G^T M G, 16 products per tile where the direct sum takes 36.
+// Shared by the reference (ops/winograd.cpp) and the kernels (kernels/conv.cpp).
+#include <cstdint>
+
+namespace mg::winograd {
+
+// Outputs a tile covers along each axis (m), the kernel's extent (r) and the transformed tile's
+// (m + r - 1).
+constexpr int64_t kOutputs = 2;
+constexpr int64_t kKernel = 3;
+constexpr int64_t kTile = 4;
+constexpr int64_t kPoints = kTile * kTile;
+
+// B^T: the input patch's transform, V = B^T d B.
+inline constexpr double kInputTransform[kTile][kTile] = {
+    {1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+// A (the forward's output transform A^T, transposed): the gradient tile's transform,
+// U = A dY A^T.
+inline constexpr double kGradTransform[kTile][kOutputs] = {{1, 0}, {1, 1}, {1, -1}, {0, -1}};
+// G: the filter transform; the weight gradient is G^T M G.
+inline constexpr double kFilterTransform[kTile][kKernel] = {
+    {1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+
+}  // namespace mg::winograd
