@@ -468,12 +468,12 @@ void lower_rope(LoweringContext& context) {
 
 }  // namespace
 
-bool is_companion_op(std::string_view op) {
+bool is_attention_companion_op(std::string_view op) {
   return op == "attention_lse" || op == "attention_grad_v" || op == "attention_grad_scores";
 }
 
-bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
-                         const DeviceTraits& device) {
+bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId companion,
+                                   const DeviceTraits& device) {
   const Node& c = graph.node(companion);
   const Node& producer_node = graph.node(producer);
   // A forward over key slices hands its log-sum-exp to the combine that follows it.
@@ -508,9 +508,9 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
   return false;
 }
 
-std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
-                                          const std::vector<ValueId>& companions,
-                                          const DeviceTraits& device) {
+std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId producer,
+                                                    const std::vector<ValueId>& companions,
+                                                    const DeviceTraits& device) {
   LoweringContext context(graph, producer, device);
   const std::string& op = graph.node(producer).op;
   ValueId companion = kNoValue, scores = kNoValue;

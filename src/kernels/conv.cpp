@@ -583,31 +583,34 @@ std::string tile_transform_glsl(const double (&transform)[winograd::kTile][Exten
   return text;
 }
 
-// winograd_tiles(v): one invocation per (plane p, tile t), consecutive invocations on
-// consecutive tiles, so that the patches' reads along a row of v and every point's store are
-// coalesced; it reads the patch (4 x 4 of the input, 2 x 2 of grad_out) once and writes its 16
-// transformed points, each [P, T] apart.
-void lower_winograd_tiles(LoweringContext& context) {
-  const Node& node = context.node();
-  const Shape& v = context.input_type(0).shape;
+// The body of a winograd_tiles or winograd_grad_tiles node for invocation i (below its
+// elements / 16) of a launch that reads its input as `source` and writes its result as `target`:
+// one invocation per (plane p, tile t), consecutive invocations on consecutive tiles, so that
+// the patches' reads along a row of the input and every point's store are coalesced; it reads
+// the patch (4 x 4 of the input, 2 x 2 of grad_out) once and writes its 16 transformed points,
+// each [P, T] apart.
+std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::string& source,
+                                const std::string& target) {
+  const Node& node = graph.node(id);
+  const Shape& v = graph.type(node.inputs[0]).shape;
   const auto tiles = attr_pair(node.attrs, "tiles", 1);
   const auto padding = attr_pair(node.attrs, "padding", 0);
-  const bool grad_out = node.attrs.get_int("grad_out", 0) == 1;
+  const bool grad_out = node.op == "winograd_grad_tiles";
   const int64_t tile_count = node.type.shape[2];
   const int64_t count = node.type.shape[1] * tile_count;
-  std::string body = columns_main(count);
-  body += "  uint t = i % " + u(tile_count) + ", p = i / " + u(tile_count) + ";\n  uint tx = t % " +
-          u(tiles[1]) + ", ty = t / " + u(tiles[1]) + " % " + u(tiles[0]) + ", n = t / " +
-          u(tiles[0] * tiles[1]) + ";\n  int y0 = int(ty) * 2 - " + s(padding[0]) +
-          ", x0 = int(tx) * 2 - " + s(padding[1]) + ";\n  uint plane = (n * " + u(v[1]) +
-          " + p) * " + u(v[2] * v[3]) + ";\n";
+  std::string body = "  uint t = i % " + u(tile_count) + ", p = i / " + u(tile_count) +
+                     ";\n  uint tx = t % " + u(tiles[1]) + ", ty = t / " + u(tiles[1]) + " % " +
+                     u(tiles[0]) + ", n = t / " + u(tiles[0] * tiles[1]) +
+                     ";\n  int y0 = int(ty) * 2 - " + s(padding[0]) + ", x0 = int(tx) * 2 - " +
+                     s(padding[1]) + ";\n  uint plane = (n * " + u(v[1]) + " + p) * " +
+                     u(v[2] * v[3]) + ";\n";
   const int64_t extent = grad_out ? winograd::kOutputs : winograd::kTile;
   for (int64_t a = 0; a < extent; ++a) {
     for (int64_t b = 0; b < extent; ++b) {
       const std::string y = "y0 + " + s(a), x = "x0 + " + s(b);
       body += "  float d" + s(a) + "_" + s(b) + " = " + y + " >= 0 && " + y + " < " + s(v[2]) +
-              " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? source[plane + uint((" + y +
-              ") * " + s(v[3]) + " + " + x + ")] : 0.0;\n";
+              " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? " + source + "[plane + uint((" +
+              y + ") * " + s(v[3]) + " + " + x + ")] : 0.0;\n";
     }
   }
   const auto patch = [](size_t a, size_t b) {
@@ -616,11 +619,21 @@ void lower_winograd_tiles(LoweringContext& context) {
   body += grad_out ? tile_transform_glsl(winograd::kGradTransform, patch)
                    : tile_transform_glsl(winograd::kInputTransform, patch);
   for (int64_t point = 0; point < winograd::kPoints; ++point) {
-    body += "  tiles[i + " + u(point * count) + "] = e" + s(point / winograd::kTile) + "_" +
-            s(point % winograd::kTile) + ";\n";
+    body += "  " + target + "[i + " + u(point * count) + "] = e" + s(point / winograd::kTile) +
+            "_" + s(point % winograd::kTile) + ";\n";
   }
-  body += "}\n";
-  emit_columns_launch(context, "winograd_tiles", std::move(body), {"source", "tiles"}, count);
+  return body;
+}
+
+int64_t winograd_tiles_invocations(const Graph& graph, ValueId id) {
+  return graph.type(id).elements() / winograd::kPoints;
+}
+
+void lower_winograd_tiles(LoweringContext& context) {
+  const int64_t count = winograd_tiles_invocations(context.graph(), context.id());
+  std::string body = columns_main(count) +
+                     winograd_tiles_glsl(context.graph(), context.id(), "source", "tiles") + "}\n";
+  emit_columns_launch(context, context.node().op, std::move(body), {"source", "tiles"}, count);
 }
 
 // winograd_weight_grad(m): one invocation per (o, c), consecutive invocations on consecutive c:
@@ -679,6 +692,37 @@ void lower_winograd_weight_grad(LoweringContext& context) {
 
 }  // namespace
 
+bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId companion) {
+  const Node& p = graph.node(producer);
+  const Node& c = graph.node(companion);
+  // Every reader of the companion follows it and so the producer's launch, and so must the
+  // value it reads.
+  return p.op == "winograd_tiles" && c.op == "winograd_grad_tiles" && companion > producer &&
+         c.inputs[0] < producer && p.attrs.get_ints("tiles") == c.attrs.get_ints("tiles") &&
+         graph.type(producer).shape[2] == graph.type(companion).shape[2];
+}
+
+std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId producer,
+                                              ValueId companion, const DeviceTraits& device) {
+  LoweringContext context(graph, producer, device);
+  const int64_t first = winograd_tiles_invocations(graph, producer);
+  const int64_t count = first + winograd_tiles_invocations(graph, companion);
+  Launch launch;
+  launch.label = context.label() + " + winograd_grad_tiles %" + std::to_string(companion);
+  launch.kernel = "winograd_tiles";
+  launch.body = columns_main(count) + "  if (i < " + u(first) + ") {\n" +
+                winograd_tiles_glsl(graph, producer, "source", "tiles") +
+                "  } else {\n  i -= " + u(first) + ";\n" +
+                winograd_tiles_glsl(graph, companion, "grad", "grad_tiles") + "  }\n}\n";
+  launch.operands = {{"source", graph.node(producer).inputs[0], false},
+                     {"grad", graph.node(companion).inputs[0], false},
+                     {"tiles", producer, true},
+                     {"grad_tiles", companion, true}};
+  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, device);
+  context.emit(std::move(launch));
+  return std::move(context.launches());
+}
+
 std::vector<LoweringEntry> conv_lowerings() {
   return {{"conv2d", lower_conv2d},
           {"conv2d_grad_input", lower_conv2d_data_grad},
@@ -687,6 +731,7 @@ std::vector<LoweringEntry> conv_lowerings() {
           {"im2col", lower_im2col},
           {"col2im", lower_col2im},
           {"winograd_tiles", lower_winograd_tiles},
+          {"winograd_grad_tiles", lower_winograd_tiles},
           {"winograd_weight_grad", lower_winograd_weight_grad}};
 }
 

@@ -119,7 +119,9 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // causality (the forward, or for a forward over key slices the attention_combine after it, has
 // the log-sum-exp at hand); after the attention_grad_k of the same inputs on the strict kernel,
 // an attention_grad_v (one pass over the scores for both; MEGANEURA_ATTENTION_FUSED_KV=0 turns
-// that off) and an attention_grad_scores (the weights it computes anyway). A companion comes
+// that off) and an attention_grad_scores (the weights it computes anyway); a
+// winograd_grad_tiles after the winograd_tiles of the same tile grid, when its input comes
+// before that (one launch for both transforms of a Winograd weight gradient). A companion comes
 // after its producer in the graph, so every reader of it runs after the producer's launch; a
 // producer writes at most one companion of each op.
 bool is_companion_op(std::string_view op);
@@ -130,6 +132,18 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
 std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
                                           const std::vector<ValueId>& companions,
                                           const DeviceTraits& device);
+
+// The attention family's companions (attention.cpp) and the Winograd tile pair (conv.cpp),
+// which the three functions above dispatch to.
+bool is_attention_companion_op(std::string_view op);
+bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId companion,
+                                   const DeviceTraits& device);
+std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId producer,
+                                                    const std::vector<ValueId>& companions,
+                                                    const DeviceTraits& device);
+bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId companion);
+std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId producer,
+                                              ValueId companion, const DeviceTraits& device);
 
 // Every op that has a kernel (for `meganeura inspect --ops` and the coverage test).
 std::vector<std::string> lowered_ops();

@@ -1,8 +1,8 @@
-// The Winograd weight gradient's two transforms (ops/winograd.hpp): winograd_tiles (input
-// patches or grad_out tiles to their 16 transformed points) and winograd_weight_grad (the
-// products' 4 x 4 points back to 3 x 3 taps). The im2col pass writes them for the weight
-// gradients of 3 x 3 stride-1 convolutions (passes/im2col.cpp), after differentiation, so they
-// take no gradient.
+// The Winograd weight gradient's transforms (ops/winograd.hpp): winograd_tiles and
+// winograd_grad_tiles (input patches and grad_out blocks to their 16 transformed points) and
+// winograd_weight_grad (the products' 4 x 4 points back to 3 x 3 taps). The im2col pass writes them
+// for the weight gradients of 3 x 3 stride-1 convolutions (passes/im2col.cpp), after
+// differentiation, so they take no gradient.
 #include "ops/winograd.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/op_checks.hpp"
@@ -13,77 +13,87 @@ namespace {
 using winograd::kPoints;
 using winograd::kTile;
 
-[[noreturn]] void reject_gradient(const Graph& graph, ValueId self) {
+// [16, P, N * TH * TW] for the tiles of v [N, P, H, W] (attribute tiles).
+TensorType tiles_type(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  expect_floating(graph, node, 0, 4);
+  const auto tiles = pair_attr(graph, node, "tiles", 1);
+  const TensorType& v = graph.type(node.inputs[0]);
+  return TensorType{v.dtype, {kPoints, v.shape[1], v.shape[0] * tiles[0] * tiles[1]}};
+}
+
+// The reference of both tile ops: point (i, j) of tile t is the sum over the extent x extent
+// patch at (2 ty - padding, 2 tx - padding) of T[i][a] T[j][b] v[.., a, b], with T (kTile x
+// extent) `transform` and 0 outside v.
+template <size_t Extent>
+HostTensor transformed_tiles(const Node& node, const HostTensor& v,
+                             const double (&transform)[kTile][Extent]) {
+  HostTensor result(node.type.shape);
+  const auto tiles = attr_pair(node.attrs, "tiles", 1);
+  const auto padding = attr_pair(node.attrs, "padding", 0);
+  const int64_t extent = static_cast<int64_t>(Extent);
+  const int64_t planes = v.shape[1], height = v.shape[2], width = v.shape[3];
+  const int64_t count = v.shape[0] * tiles[0] * tiles[1];
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t tx = t % tiles[1], ty = t / tiles[1] % tiles[0];
+    const int64_t n = t / (tiles[0] * tiles[1]);
+    for (int64_t p = 0; p < planes; ++p) {
+      const double* plane = v.data.data() + (n * planes + p) * height * width;
+      for (int64_t a = 0; a < extent; ++a) {
+        const int64_t y = 2 * ty - padding[0] + a;
+        if (y < 0 || y >= height) continue;
+        for (int64_t b = 0; b < extent; ++b) {
+          const int64_t x = 2 * tx - padding[1] + b;
+          if (x < 0 || x >= width) continue;
+          for (int64_t i = 0; i < kTile; ++i)
+            for (int64_t j = 0; j < kTile; ++j)
+              result.data[((i * kTile + j) * planes + p) * count + t] +=
+                  transform[i][a] * transform[j][b] * plane[y * width + x];
+        }
+      }
+    }
+  }
+  return result;
+}
+
+std::vector<ValueId> no_gradient(Graph& graph, ValueId self, ValueId) {
   throw Error(graph.node(self).op + " %" + std::to_string(self) +
               " is written by the im2col pass after differentiation and has no gradient; "
               "differentiate the conv2d it came from instead");
 }
 
-bool is_grad_out(const Attrs& attrs) {
-  return attrs.get_int("grad_out", 0) == 1;
-}
-
 }  // namespace
 
 void register_winograd_ops(std::vector<OpDef>& registry) {
-  // winograd_tiles(v [N, P, H, W]) -> [16, P, N * TH * TW]: element [4 i + j, p, t] of tile
-  // t = (n * TH + ty) * TW + tx is point (i, j) of its transform. attrs: tiles [2] (TH, TW),
-  // padding [2] (>= 0, default 0), grad_out (0 or 1, default 0). With grad_out 0, v is the
-  // convolution's input and the point is (B^T d B)[i][j] over the 4 x 4 patch d at
-  // (2 ty - padding, 2 tx - padding); with 1, v is grad_out, padding must be 0, and the point is
-  // (A dY A^T)[i][j] over the 2 x 2 block dY at (2 ty, 2 tx). Elements outside v read 0.
+  // winograd_tiles(x [N, C, H, W]) -> [16, C, N * TH * TW]: element [4 i + j, c, t] of tile
+  // t = (n * TH + ty) * TW + tx is point (i, j) of B^T d B for the 4 x 4 patch d of x at
+  // (2 ty - padding, 2 tx - padding), 0 outside x. attrs: tiles [2] (TH, TW), padding [2]
+  // (>= 0, default 0).
   registry.push_back(OpDef{
       .name = "winograd_tiles",
       .infer =
           [](const Graph& graph, const Node& node) {
-            expect_input_count(graph, node, 1);
-            expect_floating(graph, node, 0, 4);
-            const auto tiles = pair_attr(graph, node, "tiles", 1);
-            const auto padding = pair_attr(graph, node, "padding", 0, {0, 0});
-            const int64_t grad_out = node.attrs.get_int("grad_out", 0);
-            if (grad_out != 0 && grad_out != 1) op_error(graph, node, "grad_out must be 0 or 1");
-            if (grad_out == 1 && (padding[0] != 0 || padding[1] != 0))
-              op_error(graph, node, "grad_out tiles take no padding");
-            const TensorType& v = graph.type(node.inputs[0]);
-            return TensorType{v.dtype, {kPoints, v.shape[1], v.shape[0] * tiles[0] * tiles[1]}};
+            pair_attr(graph, node, "padding", 0, {0, 0});
+            return tiles_type(graph, node);
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            HostTensor result(node.type.shape);
-            const Shape& v = in[0]->shape;
-            const auto tiles = attr_pair(node.attrs, "tiles", 1);
-            const auto padding = attr_pair(node.attrs, "padding", 0);
-            const bool grad_out = is_grad_out(node.attrs);
-            const int64_t extent = grad_out ? winograd::kOutputs : kTile;
-            const int64_t planes = v[1], count = v[0] * tiles[0] * tiles[1];
-            // coefficient(i, a): row i of the transform applied to patch row (or column) a.
-            const auto coefficient = [&](int64_t i, int64_t a) {
-              return grad_out ? winograd::kGradTransform[i][a] : winograd::kInputTransform[i][a];
-            };
-            for (int64_t t = 0; t < count; ++t) {
-              const int64_t tx = t % tiles[1], ty = t / tiles[1] % tiles[0];
-              const int64_t n = t / (tiles[0] * tiles[1]);
-              for (int64_t p = 0; p < planes; ++p) {
-                const double* plane = in[0]->data.data() + (n * planes + p) * v[2] * v[3];
-                for (int64_t a = 0; a < extent; ++a) {
-                  const int64_t y = 2 * ty - padding[0] + a;
-                  if (y < 0 || y >= v[2]) continue;
-                  for (int64_t b = 0; b < extent; ++b) {
-                    const int64_t x = 2 * tx - padding[1] + b;
-                    if (x < 0 || x >= v[3]) continue;
-                    for (int64_t i = 0; i < kTile; ++i)
-                      for (int64_t j = 0; j < kTile; ++j)
-                        result.data[((i * kTile + j) * planes + p) * count + t] +=
-                            coefficient(i, a) * coefficient(j, b) * plane[y * v[3] + x];
-                  }
-                }
-              }
-            }
-            return result;
+            return transformed_tiles(node, *in[0], winograd::kInputTransform);
           },
-      .vjp = [](Graph& graph, ValueId self, ValueId) -> std::vector<ValueId> {
-        reject_gradient(graph, self);
-      },
+      .vjp = no_gradient,
+  });
+
+  // winograd_grad_tiles(dy [N, O, OH, OW]) -> [16, O, N * TH * TW]: element [4 i + j, o, t] is
+  // point (i, j) of A dY A^T for the 2 x 2 block dY of dy at (2 ty, 2 tx), 0 past its edge.
+  // attrs: tiles [2] (TH, TW).
+  registry.push_back(OpDef{
+      .name = "winograd_grad_tiles",
+      .infer = tiles_type,
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            return transformed_tiles(node, *in[0], winograd::kGradTransform);
+          },
+      .vjp = no_gradient,
   });
 
   // winograd_weight_grad(m [16, O, C]) -> [O, C, 3, 3]: G^T M G of each (o, c), where
@@ -122,9 +132,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
                 }
             return result;
           },
-      .vjp = [](Graph& graph, ValueId self, ValueId) -> std::vector<ValueId> {
-        reject_gradient(graph, self);
-      },
+      .vjp = no_gradient,
   });
 }
 

@@ -163,8 +163,7 @@ std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
   const std::vector<int64_t> grid{rows, columns};
   const ValueId patches = target.add("winograd_tiles", {node.inputs[0]},
                                      {{"tiles", grid}, {"padding", pair_of(g.padding)}});
-  const ValueId grads =
-      target.add("winograd_tiles", {node.inputs[1]}, {{"tiles", grid}, {"grad_out", int64_t{1}}});
+  const ValueId grads = target.add("winograd_grad_tiles", {node.inputs[1]}, {{"tiles", grid}});
   const ValueId products = target.add("matmul", {grads, patches}, {{"transpose_b", int64_t{1}}});
   return target.add("winograd_weight_grad", {products}, {});
 }

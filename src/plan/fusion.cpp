@@ -241,7 +241,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   }
 
   // Values another launch writes beside its own result (kernels::is_companion_op): the
-  // backward's log-sum-exp from its attention forward, dV and the scores' gradient beside dK.
+  // backward's log-sum-exp from its attention forward, dV and the scores' gradient beside dK,
+  // the grad_out tiles beside the input tiles of a Winograd weight gradient.
   std::map<ValueId, std::vector<ValueId>> companions_of;
   std::vector<bool> written_by_producer(graph.size(), false);
   if (fusion_enabled) {

@@ -7,7 +7,8 @@
 // Matmul epilogues: a matmul whose only consumer is elementwise of its shape runs that
 // consumer's fused chain (bias, activation, residual add) in the GEMM's store. Some values are
 // written by another node's launch beside its own result (kernels::is_companion_op): the
-// attention forward writes the log-sum-exp its backward needs, dK's launch can write dV.
+// attention forward writes the log-sum-exp its backward needs, dK's launch can write dV, and
+// a Winograd weight gradient's input tiles launch writes its grad_out tiles.
 #include <vector>
 
 #include "kernels/lowering.hpp"

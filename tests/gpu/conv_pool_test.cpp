@@ -251,11 +251,12 @@ TEST(GpuConv, DirectWeightGradient) {
 }
 
 // The Winograd weight gradient (ops/winograd.hpp) on the GPU kernels, forced on (the rule,
-// which Passes.WinogradWeightGradient* checks, wants 64 channels a side): padding 1 over an odd
-// output height (a last row of tiles half past grad_out), padding 0 and 2 (output larger than
-// the input), and 529 tiles whose product is split over K into 3 partial products, which the
-// filter transform sums itself. Off, the same gradient runs on im2col columns, one dispatch
-// fewer (the two tile transforms and the filter transform against the gather and the sum).
+// which Passes.WeightGradientRoutesAndDirectSplits checks, wants 128 tiles and channels): padding
+// 1 over an odd output height (a last row of tiles half past grad_out), padding 0 and 2 (output
+// larger than the input), and 529 tiles whose product is split over K into 3 partial products,
+// which the filter transform sums itself. Each with fusion off as well, where its two tile
+// transforms take a launch each instead of one: one dispatch more, so the pair ran; and that is
+// one more than the columns take (the gather, the product and the sum), so Winograd ran.
 TEST(GpuConv, WinogradWeightGradient) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
@@ -278,14 +279,18 @@ TEST(GpuConv, WinogradWeightGradient) {
       output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, c.options), in[2], {in[1]});
     };
     const ScopedEnv slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
-    size_t winograd_dispatches = 0, column_dispatches = 0;
+    size_t paired = 0, apart = 0, columns = 0;
     {
       const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
-      check_on_gpu(inputs, build, 1e-5, 7, {}, &winograd_dispatches);
+      check_on_gpu(inputs, build, 1e-5, 7, {}, &paired);
+      const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+      check_on_gpu(inputs, build, 1e-5, 7, {}, &apart);
     }
     const ScopedEnv off("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
-    check_on_gpu(inputs, build, 1e-5, 7, {}, &column_dispatches);
-    EXPECT_EQ(winograd_dispatches, column_dispatches + 1);
+    const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &columns);
+    EXPECT_EQ(paired + 1, apart);
+    EXPECT_EQ(apart, columns + 1);
   }
 }
 

@@ -394,8 +394,8 @@ TEST(Conv, WinogradTransformsByHand) {
   const Tensor x = input(graph, "x", {1, 1, 4, 4});
   const Tensor patches =
       raw(graph, "winograd_tiles", {x.id()}, {{"tiles", std::vector<int64_t>{1, 1}}});
-  const Tensor blocks = raw(graph, "winograd_tiles", {x.id()},
-                            {{"tiles", std::vector<int64_t>{2, 2}}, {"grad_out", int64_t{1}}});
+  const Tensor blocks =
+      raw(graph, "winograd_grad_tiles", {x.id()}, {{"tiles", std::vector<int64_t>{2, 2}}});
   const Tensor points = input(graph, "points", {16, 1, 1});
   const Tensor taps = raw(graph, "winograd_weight_grad", {points.id()}, {});
   EXPECT_EQ(patches.shape(), (Shape{16, 1, 1}));
@@ -420,24 +420,24 @@ TEST(Conv, WinogradMisuse) {
   Graph graph;
   const Tensor x = input(graph, "x", {1, 2, 4, 4});
   const std::vector<int64_t> one{1, 1};
-  expect_error(
-      [&] {
-        raw(graph, "winograd_tiles", {x.id()}, {{"tiles", one}, {"grad_out", int64_t{2}}});
-      },
-      {"winograd_tiles", "grad_out must be 0 or 1"});
-  expect_error(
-      [&] {
-        raw(graph, "winograd_tiles", {x.id()},
-            {{"tiles", one}, {"grad_out", int64_t{1}}, {"padding", one}});
-      },
-      {"winograd_tiles", "grad_out tiles take no padding"});
   expect_error([&] { raw(graph, "winograd_tiles", {x.id()}, {}); }, {"winograd_tiles", "tiles"});
+  expect_error(
+      [&] {
+        raw(graph, "winograd_grad_tiles", {x.id()}, {{"tiles", std::vector<int64_t>{0, 1}}});
+      },
+      {"winograd_grad_tiles", "tiles"});
+  const Tensor flat = input(graph, "flat", {2, 4, 4});
+  expect_error(
+      [&] {
+        raw(graph, "winograd_tiles", {flat.id()}, {{"tiles", one}});
+      },
+      {"winograd_tiles", "rank"});
   const Tensor points = input(graph, "points", {9, 2, 2});
   expect_error([&] { raw(graph, "winograd_weight_grad", {points.id()}, {}); },
                {"winograd_weight_grad", "input must be [16, O, C] or [S, 16, O, C]"});
-  const Tensor tiles = raw(graph, "winograd_tiles", {x.id()}, {{"tiles", one}});
+  const Tensor tiles = raw(graph, "winograd_grad_tiles", {x.id()}, {{"tiles", one}});
   expect_error([&] { gradients(graph, sum_all(tiles).id(), {x.id()}); },
-               {"winograd_tiles", "after differentiation", "differentiate the conv2d"});
+               {"winograd_grad_tiles", "after differentiation", "differentiate the conv2d"});
 }
 
 }  // namespace
