@@ -268,6 +268,20 @@ struct GemmCompForm {
 // The whole K from which a product on the 128 x 128 tile reads A in vec4s of 4 rows at one k.
 constexpr int64_t kMinKForQuadA = 1024;
 
+// The wide tile: 128 x 256 with 16 x 8 a thread (256 threads, one workgroup a compute unit),
+// for large products that read A as row quads. On the H200 (docs/BENCHMARKS.md run 46) the
+// 4096^3 product ran 2.99 ms on it against 3.21 on the 128 x 128 tile (two workgroups a unit),
+// 4.20 without the quads; of the other shapes swept with them, 128 x 256 with 8 x 16 a thread
+// ran 3.04, 256 x 128 with 16 x 8 3.09, 128 x 128 with 16 x 8 3.26. It takes products with at
+// least two of its workgroups a compute unit.
+constexpr GemmTile kWideQuadTile{128, 256, 16, 8, 8};
+constexpr int64_t kWideQuadTilesPerUnit = 2;
+
+bool same_extents(const GemmTile& a, const GemmTile& b) {
+  return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.work_m == b.work_m &&
+         a.work_n == b.work_n && a.tile_k == b.tile_k;
+}
+
 // Whether A (contiguous along k) enters gemm.comp as 4 adjacent rows at one k, four scalar loads
 // stored as one vec4 (A_QUADS), instead of vec4s along k scattered into the k-major tile by four
 // scalar stores. On the H200 (docs/BENCHMARKS.md run 43) the 4096^3 product ran 3.70 to 3.20 ms
@@ -278,12 +292,23 @@ constexpr int64_t kMinKForQuadA = 1024;
 // loads per vec4 cost more than the scattered stores saved. So it stays to that form over a
 // long whole K.
 bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
-  const GemmTile& largest = kGemmTiles.front();
   return !form.transpose_a && !form.generated_loads && !form.split && padded &&
-         tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n &&
-         tile.work_m == largest.work_m && tile.work_n == largest.work_n &&
-         tile.tile_k == largest.tile_k && tile.k_groups == 1 && tile.prefetch == 1 &&
-         form.k >= kMinKForQuadA;
+         (same_extents(tile, kGemmTiles.front()) || same_extents(tile, kWideQuadTile)) &&
+         tile.k_groups == 1 && tile.prefetch == 1 && form.k >= kMinKForQuadA;
+}
+
+// Whether a product that `tile` (chosen by choose_gemm_tile) would run takes the wide tile
+// instead (kWideQuadTile): the 128 x 128 tile with A read as row quads over a whole K, no tile
+// forced, and at least two wide workgroups a compute unit.
+bool wide_quad_tile_suits(const BufferGemm& gemm, const GemmTile& tile, bool split,
+                          const DeviceTraits& device) {
+  const GemmTile& largest = kGemmTiles.front();
+  return same_extents(tile, largest) && tile.k_groups == 1 && tile.prefetch == 1 && !split &&
+         !gemm.transpose_a && gemm.k >= kMinKForQuadA && !forced_tile(device) &&
+         !tile_misfit(kWideQuadTile, device) &&
+         gemm_shared_bytes(kWideQuadTile, 1, true) <= device.max_shared_memory_bytes &&
+         workgroup_count(kWideQuadTile, gemm.m, gemm.n, gemm.batches) >=
+             kWideQuadTilesPerUnit * device.compute_units;
 }
 
 // Completes `launch` (label, operands and the GLSL its loads and store need) as gemm.comp in
@@ -561,8 +586,9 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   const bool split = gemm.splits > 0;
   const int64_t splits = split ? gemm.splits : 1;
   const int64_t k_slice = split ? k_slice_length(gemm.k, splits) : gemm.k;
-  const GemmTile tile =
+  GemmTile tile =
       choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.k, gemm.batches * splits, context.device());
+  if (wide_quad_tile_suits(gemm, tile, split, context.device())) tile = kWideQuadTile;
   // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
   // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
   // of 16).
