@@ -207,6 +207,17 @@ TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
   EXPECT_EQ(split_dispatches, whole_dispatches + 1);
 }
 
+// The inputs and graph of a stride-1 convolution's weight gradient under a random cotangent.
+std::pair<std::vector<testing::HarnessInput>, std::function<void(Graph&, std::vector<Tensor>&)>>
+weight_gradient_check(const Shape& x, const Shape& w, const Conv2dOptions& options) {
+  const Shape y{x[0], w[0], testing::conv_extent(x[2], w[2], 1, options.padding[0], 1),
+                testing::conv_extent(x[3], w[3], 1, options.padding[1], 1)};
+  return {{{"x", x}, {"w", w}, {"seed", y}}, [options](Graph& graph, std::vector<Tensor>& in) {
+            output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
+                                  {in[1]});
+          }};
+}
+
 // The direct weight gradient (kernels/conv_weight_grad.hpp) on the GPU kernels, forced on (these
 // shapes are too small for the rule's occupancy minimum; Passes.DirectWeightGradient* checks
 // the rule): whole 64-channel tiles, partial channel tiles on both sides (70 output, 18 input
@@ -232,12 +243,7 @@ TEST(GpuConv, DirectWeightGradient) {
                                 {{2, 64, 3, 14}, {70, 64, 3, 3}, {.padding = {1, 1}}, "1"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
-    const Shape y{c.x[0], c.w[0], testing::conv_extent(c.x[2], c.w[2], 1, c.options.padding[0], 1),
-                  testing::conv_extent(c.x[3], c.w[3], 1, c.options.padding[1], 1)};
-    const std::vector<testing::HarnessInput> inputs{{"x", c.x}, {"w", c.w}, {"seed", y}};
-    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
-      output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, c.options), in[2], {in[1]});
-    };
+    const auto [inputs, build] = weight_gradient_check(c.x, c.w, c.options);
     const ScopedEnv split_k("MEGANEURA_SPLIT_K", c.split);
     size_t direct_dispatches = 0, other_dispatches = 0;
     {
@@ -272,12 +278,7 @@ TEST(GpuConv, WinogradWeightGradient) {
                                 {{1, 4, 46, 46}, {4, 4, 3, 3}, {.padding = {1, 1}}, "3"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
-    const Shape y{c.x[0], c.w[0], testing::conv_extent(c.x[2], c.w[2], 1, c.options.padding[0], 1),
-                  testing::conv_extent(c.x[3], c.w[3], 1, c.options.padding[1], 1)};
-    const std::vector<testing::HarnessInput> inputs{{"x", c.x}, {"w", c.w}, {"seed", y}};
-    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
-      output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, c.options), in[2], {in[1]});
-    };
+    const auto [inputs, build] = weight_gradient_check(c.x, c.w, c.options);
     const ScopedEnv slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
     size_t paired = 0, apart = 0, columns = 0;
     {

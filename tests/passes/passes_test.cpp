@@ -388,6 +388,29 @@ size_t count_op(const Graph& graph, const std::string& op) {
                                            [&](const Node& node) { return node.op == op; }));
 }
 
+// y = conv2d(x, w) with leaves x, w and a cotangent g of y's shape, whose values (uniform in
+// [-1, 1], from `seed`) go into `environment`.
+struct RandomConv {
+  Tensor x, w, y, g;
+};
+RandomConv random_conv(Graph& graph, Environment& environment, uint64_t seed, const Shape& x_shape,
+                       const Shape& w_shape, const Conv2dOptions& options) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const Tensor x = input(graph, "x", x_shape);
+  const Tensor w = input(graph, "w", w_shape);
+  const Tensor y = conv2d(x, w, std::nullopt, options);
+  const Tensor g = input(graph, "g", y.shape());
+  for (const auto& [name, shape] :
+       {std::pair{std::string("x"), x_shape}, std::pair{std::string("w"), w_shape},
+        std::pair{std::string("g"), y.shape()}}) {
+    HostTensor value(shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+  }
+  return {x, w, y, g};
+}
+
 // The im2col rewrite against the convolution references (an independent loop over taps): the
 // forward and the weight gradient with padding, stride and dilation, the stride-1 data gradient
 // (columns of grad_out with negative padding and dilation) and the strided one (col2im of the
@@ -431,21 +454,9 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   uint64_t seed = 20;
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
-    std::mt19937_64 generator(seed++);
-    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
     Graph graph;
     Environment environment;
-    const Tensor x = input(graph, "x", c.x);
-    const Tensor w = input(graph, "w", c.w);
-    const Tensor y = conv2d(x, w, std::nullopt, c.options);
-    const Tensor seed_grad = input(graph, "g", y.shape());
-    for (const auto& [name, shape] :
-         {std::pair{std::string("x"), c.x}, std::pair{std::string("w"), c.w},
-          std::pair{std::string("g"), y.shape()}}) {
-      HostTensor value(shape);
-      for (double& element : value.data) element = uniform(generator);
-      environment.leaves[name] = value;
-    }
+    const auto [x, w, y, seed_grad] = random_conv(graph, environment, seed++, c.x, c.w, c.options);
     graph.set_output("y", y.id());
     const std::map<ValueId, ValueId> grads =
         gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
@@ -599,21 +610,10 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
        {Case{{2, 3, 9, 7}, {4, 3, 3, 3}, {1, 1}}, Case{{1, 2, 6, 9}, {3, 2, 3, 3}, {0, 0}},
         Case{{2, 4, 5, 4}, {2, 4, 3, 3}, {2, 1}}, Case{{1, 2, 46, 46}, {3, 2, 3, 3}, {1, 1}}}) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
-    std::mt19937_64 generator(seed++);
-    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
     Graph graph;
     Environment environment;
-    const Tensor x = input(graph, "x", c.x);
-    const Tensor w = input(graph, "w", c.w);
-    const Tensor y = conv2d(x, w, std::nullopt, {.padding = c.padding});
-    const Tensor cotangent = input(graph, "g", y.shape());
-    for (const auto& [name, shape] :
-         {std::pair{std::string("x"), c.x}, std::pair{std::string("w"), c.w},
-          std::pair{std::string("g"), y.shape()}}) {
-      HostTensor value(shape);
-      for (double& element : value.data) element = uniform(generator);
-      environment.leaves[name] = value;
-    }
+    const auto [x, w, y, cotangent] =
+        random_conv(graph, environment, seed++, c.x, c.w, {.padding = c.padding});
     graph.set_output("dw", gradients(graph, y.id(), {w.id()}, cotangent.id()).at(w.id()));
     graph = passes::eliminate_dead_code(graph);
     const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
