@@ -559,13 +559,14 @@ std::string combination(const double (&row)[Extent], const std::array<std::strin
   return text.empty() ? "0.0" : text;
 }
 
-// The two-sided transform of one tile, T M T^T with T `transform` (kTile x Extent) and M the
-// Extent x Extent GLSL values named `value(a, b)`: declares e<i>_<j> for each of the 16 points.
-template <size_t Extent>
-std::string tile_transform_glsl(const double (&transform)[winograd::kTile][Extent],
+// The two-sided transform of one tile, T M T^T with T `transform` (Rows x Extent) and M the
+// Extent x Extent GLSL values named `value(a, b)`: declares e<i>_<j> for each of its Rows x Rows
+// points.
+template <size_t Rows, size_t Extent>
+std::string tile_transform_glsl(const double (&transform)[Rows][Extent],
                                 const std::function<std::string(size_t, size_t)>& value) {
   std::string text;
-  for (size_t i = 0; i < winograd::kTile; ++i) {
+  for (size_t i = 0; i < Rows; ++i) {
     for (size_t b = 0; b < Extent; ++b) {
       std::array<std::string, Extent> column;
       for (size_t a = 0; a < Extent; ++a) column[a] = value(a, b);
@@ -573,10 +574,10 @@ std::string tile_transform_glsl(const double (&transform)[winograd::kTile][Exten
               combination(transform[i], column) + ";\n";
     }
   }
-  for (size_t i = 0; i < winograd::kTile; ++i) {
+  for (size_t i = 0; i < Rows; ++i) {
     std::array<std::string, Extent> row;
     for (size_t b = 0; b < Extent; ++b) row[b] = "h" + std::to_string(i) + "_" + std::to_string(b);
-    for (size_t j = 0; j < winograd::kTile; ++j)
+    for (size_t j = 0; j < Rows; ++j)
       text += "  float e" + std::to_string(i) + "_" + std::to_string(j) + " = " +
               combination(transform[j], row) + ";\n";
   }
@@ -663,24 +664,17 @@ void lower_winograd_weight_grad(LoweringContext& context) {
             " += products[at + " + u(point * pairs) + "];\n";
   }
   body += "  }\n";
-  // (G^T M G)[r][q] = sum over i, j of G[i][r] M[i][j] G[j][q]: G^T's rows are G's columns.
+  // G^T M G is the two-sided transform by G^T, whose rows are G's columns.
   double transposed[winograd::kKernel][winograd::kTile];
   for (int64_t r = 0; r < winograd::kKernel; ++r)
     for (int64_t i = 0; i < winograd::kTile; ++i)
       transposed[r][i] = winograd::kFilterTransform[i][r];
-  for (int64_t r = 0; r < winograd::kKernel; ++r) {
-    for (int64_t j = 0; j < winograd::kTile; ++j) {
-      std::array<std::string, winograd::kTile> column;
-      for (int64_t i = 0; i < winograd::kTile; ++i) column[i] = "m" + s(i) + "_" + s(j);
-      body += "  float h" + s(r) + "_" + s(j) + " = " + combination(transposed[r], column) + ";\n";
-    }
-  }
-  for (int64_t r = 0; r < winograd::kKernel; ++r) {
-    std::array<std::string, winograd::kTile> row;
-    for (int64_t j = 0; j < winograd::kTile; ++j) row[j] = "h" + s(r) + "_" + s(j);
-    for (int64_t q = 0; q < winograd::kKernel; ++q)
-      body += "  staged[local * " + u(kTaps) + " + " + u(r * winograd::kKernel + q) +
-              "] = " + combination(transposed[q], row) + ";\n";
+  body += tile_transform_glsl(transposed, [](size_t i, size_t j) {
+    return "m" + std::to_string(i) + "_" + std::to_string(j);
+  });
+  for (int64_t tap = 0; tap < kTaps; ++tap) {
+    body += "  staged[local * " + u(kTaps) + " + " + u(tap) + "] = e" + s(tap / winograd::kKernel) +
+            "_" + s(tap % winograd::kKernel) + ";\n";
   }
   body += "  }\n  barrier();\n  for (uint k = 0u; k < " + u(kTaps) +
           "; ++k) {\n    uint at = k * " + u(kColumnsLocalSize) + " + local;\n    if (first * " +
