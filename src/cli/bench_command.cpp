@@ -44,7 +44,7 @@ A case the device cannot run (the large cases need 256 MiB buffers, more than so
 is reported on stderr and marked in the table, the other cases still run, and the exit status is
 then 1.
 
-  --filter TEXT  only cases whose name contains TEXT
+  --filter TEXT  only cases whose name contains TEXT (an error when none does)
   --runs N       timed runs per case (default 20)
   --rotate MIB   input bytes to rotate through (default 96; 0 = one copy of the inputs)
   --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe, and
@@ -473,6 +473,26 @@ int bench_command(const std::vector<std::string>& words) {
 
   const uint64_t copy_bytes = (small ? 16ull : 256ull) << 20;
   const std::string copy_name = "copy " + std::to_string(copy_bytes >> 20) + "MiB";
+  const std::vector<BenchCase> cases = bench_cases(small);
+  const auto selected = [&](const BenchCase& bench) {
+    return bench.name.find(filter) != std::string::npos &&
+           !(bench.precision == Precision::fast && arguments.has("no-fast"));
+  };
+  if (copy_name.find(filter) == std::string::npos &&
+      std::none_of(cases.begin(), cases.end(), selected)) {
+    // The families, each case name's first word, in the order the cases run.
+    std::vector<std::string> families{"copy"};
+    for (const BenchCase& bench : cases) {
+      const std::string family = bench.name.substr(0, bench.name.find(' '));
+      if (std::find(families.begin(), families.end(), family) == families.end())
+        families.push_back(family);
+    }
+    std::string listed;
+    for (const std::string& family : families) listed += (listed.empty() ? "" : ", ") + family;
+    throw Error("no case matches --filter '" + filter + "'" +
+                (arguments.has("no-fast") ? " without the fast cases" : "") +
+                "; case names start with " + listed + " (run without --filter to see every case)");
+  }
   if (copy_name.find(filter) != std::string::npos) {
     try {
       copy_rate = copy_gigabytes_per_second(device, copy_bytes, runs);
@@ -489,9 +509,8 @@ int bench_command(const std::vector<std::string>& words) {
     }
   }
 
-  for (const BenchCase& bench : bench_cases(small)) {
-    if (bench.name.find(filter) == std::string::npos) continue;
-    if (bench.precision == Precision::fast && arguments.has("no-fast")) continue;
+  for (const BenchCase& bench : cases) {
+    if (!selected(bench)) continue;
     Measurement measured;
     try {
       measured = measure(bench, device, runs, rotate_bytes, arguments.has("profile"));

@@ -184,9 +184,9 @@ int train_command(const std::vector<std::string>& words) {
   const int64_t limit = arguments.integer("limit", cpu_device ? 36000 : -1);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
-  if (batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
-    throw Error("--batch, --epochs and --checkpoint-every must be positive");
-  }
+  if (batch <= 0) throw Error("--batch must be positive (images a step)");
+  if (epochs <= 0) throw Error("--epochs must be positive");
+  if (checkpoint_every <= 0) throw Error("--checkpoint-every must be positive (steps)");
   if (arguments.has("limit") && limit <= 0) throw Error("--limit must be positive");
 
   prepare_out_dir(out_dir);

@@ -212,6 +212,8 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
                         "saved for model");
   expect_one_line_error("train --epochs many", "--epochs");
   expect_one_line_error("train --limit 0", "--limit must be positive");
+  expect_one_line_error("train --epochs 0", "--epochs must be positive");
+  expect_one_line_error("train --checkpoint-every -1", "--checkpoint-every must be positive");
   expect_one_line_error("inspect --batch 0", "--batch must be positive");
   // An output directory that cannot be made fails at once, before any loading or building.
   const std::string unwritable = "train --out /proc/meganeura-out --model mlp --limit 64";
@@ -249,6 +251,17 @@ TEST(Cli, BenchKernelsFilterAndRotation) {
       << result.output;
   EXPECT_NE(result.output.find(R"("copies":3)"), std::string::npos) << result.output;
   EXPECT_EQ(result.output.find("resnet"), std::string::npos) << result.output;
+
+  // A filter that matches nothing is an error that names the case families.
+  const Result none = run("bench kernels --small --filter zzz");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.output.find("no case matches --filter 'zzz'; case names start with copy, gemm, "
+                             "smollm, pointwise"),
+            std::string::npos)
+      << none.output;
+  const Result no_fast = run("bench kernels --small --no-fast --filter \"4096^3 fast\"");
+  EXPECT_NE(no_fast.status, 0);
+  EXPECT_NE(no_fast.output.find("without the fast cases"), std::string::npos) << no_fast.output;
 
   const Result pointwise = run("bench kernels --small --runs 2 --filter \"pointwise add\"");
   ASSERT_EQ(pointwise.status, 0) << pointwise.output;
