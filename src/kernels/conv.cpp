@@ -691,9 +691,17 @@ bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId compa
   const Node& c = graph.node(companion);
   // Every reader of the companion follows it and so the producer's launch, and so must the
   // value it reads.
-  return p.op == "winograd_tiles" && c.op == "winograd_grad_tiles" && companion > producer &&
-         c.inputs[0] < producer && p.attrs.get_ints("tiles") == c.attrs.get_ints("tiles") &&
-         graph.type(producer).shape[2] == graph.type(companion).shape[2];
+  if (p.op != "winograd_tiles" || c.op != "winograd_grad_tiles" || companion <= producer ||
+      c.inputs[0] >= producer)
+    return false;
+  // The two operands of one weight gradient's product, so that neither lives longer than it
+  // would in a launch of its own.
+  for (size_t i = companion + 1; i < graph.size(); ++i) {
+    const Node& reader = graph.nodes()[i];
+    if (reader.op == "matmul" && reader.inputs == std::vector<ValueId>{companion, producer})
+      return true;
+  }
+  return false;
 }
 
 std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId producer,

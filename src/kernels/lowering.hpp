@@ -120,8 +120,8 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // the log-sum-exp at hand); after the attention_grad_k of the same inputs on the strict kernel,
 // an attention_grad_v (one pass over the scores for both; MEGANEURA_ATTENTION_FUSED_KV=0 turns
 // that off) and an attention_grad_scores (the weights it computes anyway); a
-// winograd_grad_tiles after the winograd_tiles of the same tile grid, when its input comes
-// before that (one launch for both transforms of a Winograd weight gradient). A companion comes
+// winograd_grad_tiles after the winograd_tiles that one matmul multiplies it with, when its
+// input comes before that (one launch for both transforms of a Winograd weight gradient). A companion comes
 // after its producer in the graph, so every reader of it runs after the producer's launch; a
 // producer writes at most one companion of each op.
 bool is_companion_op(std::string_view op);

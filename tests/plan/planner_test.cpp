@@ -241,6 +241,44 @@ TEST(Planner, AttentionGradKWritesGradV) {
   EXPECT_EQ(launches_of(split, "attention_grad_v"), 1u);
 }
 
+// The Winograd weight gradients (forced on) of two convolutions over the same tile grid: each
+// pair of tile transforms runs in one launch, the grad_out tiles written beside the input tiles
+// that their own product multiplies them with, never another layer's.
+TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
+  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1", 1);
+  Graph graph;
+  const Tensor x = input(graph, "x", {2, 4, 8, 8});
+  const Tensor w1 = input(graph, "w1", {4, 4, 3, 3});
+  const Tensor w2 = input(graph, "w2", {4, 4, 3, 3});
+  const Tensor hidden = relu(conv2d(x, w1, std::nullopt, {.padding = {1, 1}}));
+  const Tensor y = conv2d(hidden, w2, std::nullopt, {.padding = {1, 1}});
+  const std::map<ValueId, ValueId> grads =
+      gradients(graph, sum_all(y * y).id(), {w1.id(), w2.id()});
+  graph.set_output("dw1", grads.at(w1.id()));
+  graph.set_output("dw2", grads.at(w2.id()));
+  plan::PlanOptions options;
+  options.im2col = true;
+  const plan::Program program = plan::build_program(graph, kernels::DeviceTraits{}, options);
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
+  EXPECT_EQ(launches_of(program, "winograd_grad_tiles"), 0u);
+  size_t pairs = 0;
+  for (const plan::PlannedLaunch& planned : program.launches) {
+    if (!planned.launch.label.starts_with("winograd_tiles ")) continue;
+    ValueId tiles = kNoValue, grad_tiles = kNoValue;
+    for (const kernels::Operand& operand : planned.launch.operands) {
+      if (operand.name == "tiles") tiles = operand.value;
+      if (operand.name == "grad_tiles") grad_tiles = operand.value;
+    }
+    ASSERT_NE(grad_tiles, kNoValue) << planned.launch.label;
+    const std::vector<Node>& nodes = program.graph.nodes();
+    EXPECT_TRUE(std::any_of(nodes.begin(), nodes.end(), [&](const Node& node) {
+      return node.op == "matmul" && node.inputs == std::vector<ValueId>{grad_tiles, tiles};
+    })) << planned.launch.label;
+    ++pairs;
+  }
+  EXPECT_EQ(pairs, 2u);
+}
+
 // dQ as a matmul (passes/attention_grad_q_gemm.cpp): without causal masking the dK launch also
 // writes W (attention_grad_scores), which a later matmul launch reads; there is no dQ kernel.
 // Causal attention, the option off, or W past a quarter of the arena keep the dQ kernel.
