@@ -100,7 +100,7 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
 bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
   const char* forced = std::getenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
   if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
-  if (use_cpu_kernels(device) || use_coop_gemm(device)) return false;
+  if (use_cpu_kernels(device)) return false;
   if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
       g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height != 3 || g.kernel_width != 3)
     return false;
@@ -108,8 +108,10 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
   // On the H200 (docs/BENCHMARKS.md runs 44 and 45) it ran ResNet's 128 channels at 28 x 28 in
   // 0.0255 against the direct kernel's 0.0343 ms, 256 at 14 x 14 in 0.0231 against 0.0408, and
   // U-Net's 320 channels (columns and a GEMM) 0.0764 against 0.1363 and 0.2744 against 0.4709 ms;
-  // the direct kernel stayed ahead with 64 channels (0.0349 against 0.0395 ms at 56 x 56) and
-  // over the 64 tiles of 512 channels at 7 x 7 (0.0422 against 0.0681), a product too short in K.
+  // the direct kernel stayed level with 64 channels (0.0348 against 0.0349 ms at 56 x 56, run 47)
+  // and ahead over the 64 tiles of 512 channels at 7 x 7 (0.0422 against 0.0491), a product too
+  // short in K. In fast precision, where the 16 products run on cooperative matrices and the
+  // direct kernel does not, it beat the columns' f16 GEMM from 64 channels (run 47).
   const int64_t tiles = g.batch * ceil_div(g.out_height, winograd::kOutputs) *
                         ceil_div(g.out_width, winograd::kOutputs);
   const int64_t channels = std::min(g.in_channels, g.out_channels);

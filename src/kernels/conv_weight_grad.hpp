@@ -23,8 +23,9 @@ int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits&
 
 // Whether conv2d_grad_weight over geometry `g` runs as Winograd F(2 x 2, 3 x 3) on `device`
 // (ops/winograd.hpp; the im2col pass writes it, before the direct kernel's rule): 3 x 3 taps,
-// stride 1, no dilation or groups, strict precision on a GPU, at least 128 tiles of 2 x 2
-// outputs, and at least 128 channels a side, or 64 where the direct kernel does not suit.
+// stride 1, no dilation or groups, a GPU (not a CPU device), at least 128 tiles of 2 x 2
+// outputs, and at least 128 channels a side, or 64 where the direct kernel does not suit (as in
+// fast precision, where the tile products run on cooperative matrices).
 // MEGANEURA_WINOGRAD_WEIGHT_GRAD=0 turns it off, =1 drops the size minimums (tests, sweeps).
 bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device);
 

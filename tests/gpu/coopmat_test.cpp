@@ -506,6 +506,36 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
   EXPECT_EQ(count(lowered(6).second, "packHalf2x16"), 0);
 }
 
+// Fast precision takes the Winograd weight gradient where strict would take the direct kernel
+// (64 channels over 56 x 56, ResNet's first stage): its 16 tile products are one batched matmul
+// on cooperative matrices, which compiles to valid NV and well-formed KHR SPIR-V.
+TEST_F(CoopMatrixLowering, WinogradTileProductsRunOnCoopMatrices) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 64, 56, 56});
+  const Tensor w = input(graph, "w", {64, 64, 3, 3});
+  const Tensor seed = input(graph, "seed", {4, 64, 56, 56});
+  const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
+  graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+  const Graph rewritten = passes::im2col_convolutions(passes::eliminate_dead_code(graph),
+                                                      coop_device(), uint64_t{1} << 30);
+  int products = 0;
+  for (size_t i = 0; i < rewritten.size(); ++i) {
+    if (rewritten.nodes()[i].op != "matmul") continue;
+    for (const kernels::Launch& launch :
+         kernels::lower_node(rewritten, static_cast<ValueId>(i), coop_device())) {
+      ++products;
+      ASSERT_EQ(launch.kernel, "gemm_coopmat");
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(rewritten, launch));
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                        gemm_column_major_loads(launch));
+    }
+  }
+  EXPECT_EQ(products, 1);
+  size_t tile_transforms = 0;
+  for (const Node& node : rewritten.nodes()) tile_transforms += node.op == "winograd_tiles" ? 1 : 0;
+  EXPECT_EQ(tile_transforms, 1u);
+}
+
 // Every GEMM form (scalar loads over ragged edges with A or B read column-major, vector loads for
 // each operand layout, the three convolution GEMMs, split-K partials) in the shapes that the
 // lowering picks and the ones worth sweeping with MEGANEURA_COOP_BLOCK compiles to valid NV
@@ -726,6 +756,24 @@ void check_convolutions_once(bool validation) {
       kFastTolerance, 14, fast(), nullptr, validation);
 }
 
+// The Winograd weight gradient with its 16 tile products on cooperative matrices (forced: these
+// shapes are below the rule's minimums): padding 1 over odd output extents, and 529 tiles whose
+// products are split over K into 3 partials that the filter transform sums.
+void check_winograd_weight_gradients(bool validation) {
+  const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  for (const auto& [x, slices] :
+       {std::pair<Shape, const char*>{{2, 8, 19, 17}, "1"}, {{1, 8, 46, 46}, "3"}}) {
+    const ScopedEnv split("MEGANEURA_SPLIT_K_SLICES", slices);
+    check_on_gpu(
+        {{"x", x}, {"w", {12, 8, 3, 3}}, {"seed", {x[0], 12, x[2], x[3]}}},
+        [](Graph& graph, std::vector<Tensor>& in) {
+          output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}),
+                                in[2], {in[1]});
+        },
+        kFastTolerance, 24, fast(), nullptr, validation);
+  }
+}
+
 void check_convolutions(bool validation) {
   // The implicit GEMMs on cooperative matrices, then im2col + matmul (the default on GPUs), with
   // f32 and with packed f16 columns.
@@ -733,6 +781,7 @@ void check_convolutions(bool validation) {
     const ScopedEnv route("MEGANEURA_IM2COL", im2col);
     check_convolutions_once(validation);
   }
+  check_winograd_weight_gradients(validation);
   const ScopedEnv route("MEGANEURA_IM2COL", "1");
   const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
   check_convolutions_once(validation);

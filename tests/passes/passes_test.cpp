@@ -594,6 +594,41 @@ TEST(Passes, WeightGradientRoutesAndDirectSplits) {
   }
 }
 
+// Fast precision, where the direct kernel does not run and the tile products go to cooperative
+// matrices: Winograd from 64 channels (ResNet's first three 3x3 stages, U-Net), the columns for
+// the 64 tiles of 512 channels at 7 x 7. With MEGANEURA_NO_COOPMAT=1 the strict routes return.
+TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
+  kernels::DeviceTraits fast = h200_like();
+  fast.subgroup_size = 32;
+  fast.coop_matrix_f16_khr = true;
+  fast.fast_precision = true;
+  for (const auto& [x, winograd] : {std::pair<Shape, bool>{{4, 64, 56, 56}, true},
+                                    {{4, 128, 28, 28}, true},
+                                    {{4, 256, 14, 14}, true},
+                                    {{4, 512, 7, 7}, false},
+                                    {{2, 320, 32, 32}, true}}) {
+    SCOPED_TRACE(shape_string(x));
+    Graph graph;
+    const Tensor input_x = input(graph, "x", x);
+    const Tensor w = input(graph, "w", {x[1], x[1], 3, 3});
+    const Tensor seed = input(graph, "seed", x);
+    const Tensor y = conv2d(input_x, w, std::nullopt, {.padding = {1, 1}});
+    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+    graph = passes::eliminate_dead_code(graph);
+    const Graph chosen = passes::im2col_convolutions(graph, fast, uint64_t{1} << 30);
+    EXPECT_EQ(count_op(chosen, "winograd_tiles"), winograd ? 1u : 0u);
+    EXPECT_EQ(count_op(chosen, "im2col"), winograd ? 0u : 1u);
+    EXPECT_EQ(count_op(chosen, "conv2d_grad_weight"), 0u);
+    if (x[1] == 64) {
+      setenv("MEGANEURA_NO_COOPMAT", "1", 1);
+      const Graph strict = passes::im2col_convolutions(graph, fast, uint64_t{1} << 30);
+      unsetenv("MEGANEURA_NO_COOPMAT");
+      EXPECT_EQ(count_op(strict, "winograd_tiles"), 0u);
+      EXPECT_EQ(count_op(strict, "conv2d_grad_weight"), 1u);  // the direct kernel
+    }
+  }
+}
+
 // The Winograd weight gradient (forced on, for shapes below the rule's minimums) against the
 // convolution's own weight gradient in the f64 reference: padding 1 with odd output extents (a
 // last row and column of tiles half past grad_out), padding 0 and 2, rectangular images and
