@@ -535,14 +535,16 @@ double run_gemm(Device& device, const GemmCase& c, uint32_t m, uint32_t n, uint3
 }
 
 void staged_gemms(Device& device) {
+  // warps m, n; fragments m, n; slices ahead; f16 operands; counted; cached; B fragments.
   const GemmCase cases[] = {
       {2, 4, 4, 8, 2, false, false, false, 1}, {2, 4, 4, 8, 2, false, false, false, 2},
       {2, 4, 4, 8, 2, false, false, false, 8}, {2, 4, 4, 8, 2, true, false, false, 1},
       {2, 4, 4, 8, 2, true, false, false, 2},  {2, 4, 4, 8, 2, true, false, false, 8},
-      {2, 4, 4, 8, 2, true, false, true, 1},   {2, 4, 4, 8, 2, true, false, true, 2},
-      {2, 4, 4, 8, 2, true, false, true, 8},   {2, 4, 4, 8, 1, true, true, false, 1},
-      {2, 4, 4, 8, 1, true, true, false, 2},   {2, 4, 4, 8, 1, false, true, false, 2},
-      {2, 4, 4, 8, 2, false, false, false, 1}};
+      {2, 4, 4, 8, 1, true, false, false, 1},  {2, 2, 4, 8, 2, true, false, false, 1},
+      {4, 4, 2, 8, 2, true, false, false, 1},  {2, 4, 4, 8, 2, true, false, true, 1},
+      {2, 4, 4, 8, 2, true, false, true, 8},   {2, 2, 4, 8, 2, true, false, true, 1},
+      {2, 4, 4, 8, 2, false, false, true, 1},  {2, 4, 4, 8, 1, true, true, false, 1},
+      {2, 4, 4, 8, 2, true, true, false, 1},   {2, 4, 4, 8, 1, false, true, false, 1}};
   for (const GemmCase& c : cases) {
     char name[200];
     std::snprintf(name, sizeof name,
