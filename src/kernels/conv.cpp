@@ -684,6 +684,71 @@ void lower_winograd_weight_grad(LoweringContext& context) {
                       pairs);
 }
 
+// winograd_filter(w): one invocation per pair of the result's [A, B] (o and c, or c and o when
+// transposed), consecutive invocations on consecutive b: its 9 taps (turned by 180 degrees when
+// transposed) through G g G^T, the 16 points each [A, B] apart.
+void lower_winograd_filter(LoweringContext& context) {
+  const Shape& w = context.input_type(0).shape;
+  const bool transposed = context.node().attrs.get_int("transposed", 0) == 1;
+  const int64_t second = context.node().type.shape[2];
+  const int64_t pairs = w[0] * w[1];
+  constexpr int64_t kTaps = winograd::kKernel * winograd::kKernel, kLast = winograd::kKernel - 1;
+  std::string body = columns_main(pairs) + "  uint a = i / " + u(second) + ", b = i % " +
+                     u(second) + ";\n  uint base = (" + (transposed ? "b" : "a") + " * " + u(w[1]) +
+                     " + " + (transposed ? "a" : "b") + ") * " + u(kTaps) + ";\n";
+  for (int64_t r = 0; r < winograd::kKernel; ++r) {
+    for (int64_t q = 0; q < winograd::kKernel; ++q) {
+      const int64_t tap =
+          transposed ? (kLast - r) * winograd::kKernel + kLast - q : r * winograd::kKernel + q;
+      body += "  float g" + s(r) + "_" + s(q) + " = weights[base + " + u(tap) + "];\n";
+    }
+  }
+  body += tile_transform_glsl(winograd::kFilterTransform, [](size_t r, size_t q) {
+    return "g" + std::to_string(r) + "_" + std::to_string(q);
+  });
+  for (int64_t point = 0; point < winograd::kPoints; ++point) {
+    body += "  points[i + " + u(point * pairs) + "] = e" + s(point / winograd::kTile) + "_" +
+            s(point % winograd::kTile) + ";\n";
+  }
+  emit_columns_launch(context, "winograd_filter", body + "}\n", {"weights", "points"}, pairs);
+}
+
+// winograd_output(m): one invocation per (plane p, tile t), consecutive invocations on
+// consecutive tiles (coalesced reads of every point): A^T M A, and the 2 x 2 outputs that lie
+// inside the image.
+void lower_winograd_output(LoweringContext& context) {
+  const Shape& y = context.node().type.shape;
+  const auto tiles = attr_pair(context.node().attrs, "tiles", 1);
+  const int64_t tile_count = context.input_type(0).shape[2];
+  const int64_t count = y[1] * tile_count;
+  std::string body = columns_main(count) + "  uint t = i % " + u(tile_count) + ", p = i / " +
+                     u(tile_count) + ";\n  uint tx = t % " + u(tiles[1]) + ", ty = t / " +
+                     u(tiles[1]) + " % " + u(tiles[0]) + ", n = t / " + u(tiles[0] * tiles[1]) +
+                     ";\n";
+  for (int64_t point = 0; point < winograd::kPoints; ++point) {
+    body += "  float m" + s(point / winograd::kTile) + "_" + s(point % winograd::kTile) +
+            " = products[i + " + u(point * count) + "];\n";
+  }
+  // A^T M A is the two-sided transform by A^T, whose rows are A's columns.
+  double output_transform[winograd::kOutputs][winograd::kTile];
+  for (int64_t r = 0; r < winograd::kOutputs; ++r)
+    for (int64_t i = 0; i < winograd::kTile; ++i)
+      output_transform[r][i] = winograd::kGradTransform[i][r];
+  body += tile_transform_glsl(output_transform, [](size_t i, size_t j) {
+    return "m" + std::to_string(i) + "_" + std::to_string(j);
+  });
+  body += "  uint y0 = ty * " + u(winograd::kOutputs) + ", x0 = tx * " + u(winograd::kOutputs) +
+          ";\n  uint plane = (n * " + u(y[1]) + " + p) * " + u(y[2] * y[3]) + ";\n";
+  for (int64_t r = 0; r < winograd::kOutputs; ++r) {
+    for (int64_t q = 0; q < winograd::kOutputs; ++q) {
+      body += "  if (y0 + " + u(r) + " < " + u(y[2]) + " && x0 + " + u(q) + " < " + u(y[3]) +
+              ") image[plane + (y0 + " + u(r) + ") * " + u(y[3]) + " + x0 + " + u(q) + "] = e" +
+              s(r) + "_" + s(q) + ";\n";
+    }
+  }
+  emit_columns_launch(context, "winograd_output", body + "}\n", {"products", "image"}, count);
+}
+
 }  // namespace
 
 bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId companion) {
@@ -734,7 +799,9 @@ std::vector<LoweringEntry> conv_lowerings() {
           {"col2im", lower_col2im},
           {"winograd_tiles", lower_winograd_tiles},
           {"winograd_grad_tiles", lower_winograd_tiles},
-          {"winograd_weight_grad", lower_winograd_weight_grad}};
+          {"winograd_weight_grad", lower_winograd_weight_grad},
+          {"winograd_filter", lower_winograd_filter},
+          {"winograd_output", lower_winograd_output}};
 }
 
 }  // namespace mg::kernels

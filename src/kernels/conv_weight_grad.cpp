@@ -32,6 +32,10 @@ constexpr int64_t kWorkgroupsPerUnit = 1;
 // The Winograd weight gradient's product runs over the tiles of 2 x 2 outputs: with fewer than
 // this its GEMM's K is too short to pay for the transforms.
 constexpr int64_t kMinWinogradTiles = 128;
+// The Winograd forward's and data gradient's products run over the channels, the tiles being
+// their columns: ResNet's 512 channels at 7 x 7 (64 tiles at batch 4) still ran 18 and 26 %
+// faster than the columns on the H200 (docs/BENCHMARKS.md run 47); fewer are unmeasured.
+constexpr int64_t kMinWinogradConvolutionTiles = 64;
 
 // Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles
 // (rows of TILE + 4 floats) and the staging of a quarter of the results.
@@ -117,6 +121,29 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
   const int64_t channels = std::min(g.in_channels, g.out_channels);
   if (channels < kChannelTile || tiles < kMinWinogradTiles) return false;
   return channels >= 2 * kChannelTile || !direct_weight_gradient_suits(g, device);
+}
+
+bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
+                                const DeviceTraits& device) {
+  const char* forced = std::getenv("MEGANEURA_WINOGRAD_CONV");
+  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
+  if (use_cpu_kernels(device)) return false;
+  if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
+      g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height != 3 || g.kernel_width != 3)
+    return false;
+  if (data_gradient && (g.padding[0] > 2 || g.padding[1] > 2)) return false;
+  if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
+  // On the H200 (docs/BENCHMARKS.md run 47) every ResNet-50 3x3 stage and U-Net's 320 channels
+  // ran faster than on the columns, forward and data gradient, strict and fast: ResNet's 64
+  // channels at 56 x 56 0.0354 against 0.0472 ms (forward), 256 at 14 x 14 0.0293 against
+  // 0.0483, U-Net's block at 64 x 64 0.2624 against 0.4899. Fewer than 64 channels are
+  // unmeasured.
+  const int64_t height = data_gradient ? g.in_height : g.out_height;
+  const int64_t width = data_gradient ? g.in_width : g.out_width;
+  const int64_t tiles =
+      g.batch * ceil_div(height, winograd::kOutputs) * ceil_div(width, winograd::kOutputs);
+  return std::min(g.in_channels, g.out_channels) >= kChannelTile &&
+         tiles >= kMinWinogradConvolutionTiles;
 }
 
 int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits& device) {

@@ -1,7 +1,8 @@
 #pragma once
 // The direct weight gradient of small stride-1 convolutions (conv_weight_grad.comp): every tap
 // from one image tile in shared memory, instead of im2col columns (KH * KW copies of the image
-// written and read back) and a GEMM over them.
+// written and read back) and a GEMM over them. Also the rules for Winograd's F(2 x 2, 3 x 3)
+// (ops/winograd.hpp), which the im2col pass asks before the columns.
 #include <cstdint>
 
 #include "kernels/lowering.hpp"
@@ -28,6 +29,14 @@ int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits&
 // fast precision, where the tile products run on cooperative matrices).
 // MEGANEURA_WINOGRAD_WEIGHT_GRAD=0 turns it off, =1 drops the size minimums (tests, sweeps).
 bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device);
+
+// Whether conv2d over geometry `g` (or, with `data_gradient`, its conv2d_grad_input) runs as
+// Winograd F(2 x 2, 3 x 3) on `device` (ops/winograd.hpp; the im2col pass writes it): 3 x 3
+// taps, stride 1, no dilation or groups (a data gradient also padding of at most 2), a GPU,
+// at least 64 channels a side and 64 tiles of 2 x 2 outputs. MEGANEURA_WINOGRAD_CONV=0 turns
+// it off (the columns or the implicit GEMM then run), =1 drops the size minimums.
+bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
+                                const DeviceTraits& device);
 
 void emit_direct_weight_gradient(LoweringContext& context, const ConvGeometry& g, int64_t k_splits);
 

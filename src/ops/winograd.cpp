@@ -1,8 +1,9 @@
-// The Winograd weight gradient's transforms (ops/winograd.hpp): winograd_tiles and
-// winograd_grad_tiles (input patches and grad_out blocks to their 16 transformed points) and
-// winograd_weight_grad (the products' 4 x 4 points back to 3 x 3 taps). The im2col pass writes them
-// for the weight gradients of 3 x 3 stride-1 convolutions (passes/im2col.cpp), after
-// differentiation, so they take no gradient.
+// Winograd's transforms (ops/winograd.hpp): winograd_tiles and winograd_grad_tiles (input
+// patches and grad_out blocks to their 16 transformed points), winograd_weight_grad (the
+// products' 4 x 4 points back to 3 x 3 taps), and for the forward and the data gradient
+// winograd_filter (3 x 3 taps to 4 x 4 points) and winograd_output (4 x 4 points to 2 x 2
+// outputs). The im2col pass writes them for 3 x 3 stride-1 convolutions (passes/im2col.cpp),
+// after differentiation, so they take no gradient.
 #include "ops/winograd.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/op_checks.hpp"
@@ -60,6 +61,36 @@ std::vector<ValueId> no_gradient(Graph& graph, ValueId self, ValueId) {
   throw Error(graph.node(self).op + " %" + std::to_string(self) +
               " is written by the im2col pass after differentiation and has no gradient; "
               "differentiate the conv2d it came from instead");
+}
+
+// [16, O, C] (or [16, C, O] when transposed) for w [O, C, 3, 3].
+TensorType filter_type(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  expect_floating(graph, node, 0, 4);
+  const TensorType& w = graph.type(node.inputs[0]);
+  if (w.shape[2] != winograd::kKernel || w.shape[3] != winograd::kKernel)
+    op_error(graph, node, "the filter must be 3 x 3");
+  const int64_t transposed = node.attrs.get_int("transposed", 0);
+  if (transposed != 0 && transposed != 1) op_error(graph, node, "transposed must be 0 or 1");
+  return TensorType{w.dtype, transposed ? Shape{kPoints, w.shape[1], w.shape[0]}
+                                        : Shape{kPoints, w.shape[0], w.shape[1]}};
+}
+
+// [N, P, OH, OW] for the 2 x 2 outputs of m [16, P, N * TH * TW]; the tiles must be the
+// output's (TH = ceil(OH / 2), TW = ceil(OW / 2)).
+TensorType output_type(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  expect_floating(graph, node, 0, 3);
+  const TensorType& m = graph.type(node.inputs[0]);
+  const auto tiles = pair_attr(graph, node, "tiles", 1);
+  const auto size = pair_attr(graph, node, "output_size", 1);
+  if (m.shape[0] != kPoints) op_error(graph, node, "input must be [16, P, T]");
+  if (tiles[0] != (size[0] + winograd::kOutputs - 1) / winograd::kOutputs ||
+      tiles[1] != (size[1] + winograd::kOutputs - 1) / winograd::kOutputs)
+    op_error(graph, node, "tiles must cover output_size in 2 x 2 blocks");
+  if (m.shape[2] % (tiles[0] * tiles[1]) != 0)
+    op_error(graph, node, "T must be a whole number of images' tiles");
+  return TensorType{m.dtype, {m.shape[2] / (tiles[0] * tiles[1]), m.shape[1], size[0], size[1]}};
 }
 
 }  // namespace
@@ -130,6 +161,76 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
                           winograd::kFilterTransform[i][r] * winograd::kFilterTransform[j][q] *
                           value;
                 }
+            return result;
+          },
+      .vjp = no_gradient,
+  });
+
+  // winograd_filter(w [O, C, 3, 3]) -> [16, O, C]: element [4 i + j, o, c] is point (i, j) of
+  // G g G^T for g = w[o, c]. With transposed = 1, [16, C, O] of the filter turned by 180
+  // degrees: element [4 i + j, c, o] is point (i, j) of G g' G^T, g'[r][q] = w[o, c, 2 - r,
+  // 2 - q] (the data gradient's filter).
+  registry.push_back(OpDef{
+      .name = "winograd_filter",
+      .infer = filter_type,
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            HostTensor result(node.type.shape);
+            const HostTensor& w = *in[0];
+            const int64_t outs = w.shape[0], ins = w.shape[1];
+            const bool transposed = node.attrs.get_int("transposed", 0) == 1;
+            constexpr int64_t kSide = winograd::kKernel, kLast = kSide - 1;
+            for (int64_t o = 0; o < outs; ++o)
+              for (int64_t c = 0; c < ins; ++c) {
+                const double* taps = w.data.data() + (o * ins + c) * kSide * kSide;
+                const int64_t pair = transposed ? c * outs + o : o * ins + c;
+                for (int64_t i = 0; i < kTile; ++i)
+                  for (int64_t j = 0; j < kTile; ++j) {
+                    double sum = 0;
+                    for (int64_t r = 0; r < kSide; ++r)
+                      for (int64_t q = 0; q < kSide; ++q) {
+                        const double tap = transposed ? taps[(kLast - r) * kSide + kLast - q]
+                                                      : taps[r * kSide + q];
+                        sum += winograd::kFilterTransform[i][r] * winograd::kFilterTransform[j][q] *
+                               tap;
+                      }
+                    result.data[(i * kTile + j) * outs * ins + pair] = sum;
+                  }
+              }
+            return result;
+          },
+      .vjp = no_gradient,
+  });
+
+  // winograd_output(m [16, P, N * TH * TW]) -> [N, P, OH, OW]: the 2 x 2 outputs at
+  // (2 ty, 2 tx) of tile t = (n * TH + ty) * TW + tx are A^T M A, M[i][j] = m[4 i + j, p, t];
+  // those past the edge are dropped. attrs: tiles [2] (TH, TW), output_size [2] (OH, OW).
+  registry.push_back(OpDef{
+      .name = "winograd_output",
+      .infer = output_type,
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            HostTensor result(node.type.shape);
+            const auto tiles = attr_pair(node.attrs, "tiles", 1);
+            const int64_t planes = node.type.shape[1], height = node.type.shape[2],
+                          width = node.type.shape[3];
+            const int64_t count = in[0]->shape[2];
+            for (int64_t t = 0; t < count; ++t) {
+              const int64_t tx = t % tiles[1], ty = t / tiles[1] % tiles[0];
+              const int64_t n = t / (tiles[0] * tiles[1]);
+              for (int64_t p = 0; p < planes; ++p)
+                for (int64_t r = 0; r < winograd::kOutputs; ++r)
+                  for (int64_t q = 0; q < winograd::kOutputs; ++q) {
+                    const int64_t y = winograd::kOutputs * ty + r, x = winograd::kOutputs * tx + q;
+                    if (y >= height || x >= width) continue;
+                    double sum = 0;
+                    for (int64_t i = 0; i < kTile; ++i)
+                      for (int64_t j = 0; j < kTile; ++j)
+                        sum += winograd::kGradTransform[i][r] * winograd::kGradTransform[j][q] *
+                               in[0]->data[((i * kTile + j) * planes + p) * count + t];
+                    result.data[((n * planes + p) * height + y) * width + x] = sum;
+                  }
+            }
             return result;
           },
       .vjp = no_gradient,

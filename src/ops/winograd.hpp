@@ -7,6 +7,11 @@
 // each of the 16 points of the 4 x 4 transformed tile is one matrix product over the tiles:
 // M[p] = U[p] V[p]^T with U the transformed grad_out tiles [O, T] and V the transformed input
 // patches [C, T], and dW = G^T M G, 16 products per tile where the direct sum takes 36.
+// The forward itself is winograd_filter (U [16, O, C], the points of G g G^T), winograd_tiles
+// (V [16, C, T]), one batched product M = U V ([16, O, T]) and winograd_output (A^T M A, each
+// tile's 2 x 2 outputs back in [N, O, OH, OW]): 16 products per tile where the direct sum
+// takes 36. The stride-1 data gradient is the forward over grad_out padded by 2 - P, with the
+// filter turned by 180 degrees and its two axes swapped (winograd_filter's `transposed`).
 // Shared by the reference (ops/winograd.cpp) and the kernels (kernels/conv.cpp).
 #include <cstdint>
 

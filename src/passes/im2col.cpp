@@ -84,10 +84,41 @@ ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t 
   return target.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
-// y[n] = W [O, C * KH * KW] x columns(x)[n].
-std::optional<ValueId> rewrite_forward(Graph& target, const Node& node, uint64_t max_bytes) {
+// Winograd F(2 x 2, 3 x 3) over `source` [N, P, H, W] padded by `padding` into [N, Q, OH, OW]
+// (ops/winograd.hpp): the transformed filter U [16, Q, P] (of `weights` [Q, P, 3, 3], or of
+// [P, Q, 3, 3] turned by 180 degrees when `transposed`) times the transformed patches V
+// [16, P, T] for the T tiles of 2 x 2 outputs, one batched product, and the output transform.
+std::optional<ValueId> winograd_convolution(Graph& target, ValueId source, ValueId weights,
+                                            bool transposed, std::array<int64_t, 2> padding,
+                                            std::array<int64_t, 2> output_size,
+                                            uint64_t max_bytes) {
+  const Shape& x = target.type(source).shape;
+  const Shape& w = target.type(weights).shape;
+  const int64_t rows = ceil_div(output_size[0], winograd::kOutputs);
+  const int64_t columns = ceil_div(output_size[1], winograd::kOutputs);
+  const int64_t tiles = x[0] * rows * columns;
+  if (column_bytes(winograd::kPoints, std::max(w[0], w[1]), 1, tiles) > max_bytes)
+    return std::nullopt;
+  const std::vector<int64_t> grid{rows, columns};
+  const ValueId patches =
+      target.add("winograd_tiles", {source}, {{"tiles", grid}, {"padding", pair_of(padding)}});
+  const ValueId filter =
+      target.add("winograd_filter", {weights}, {{"transposed", int64_t{transposed ? 1 : 0}}});
+  const ValueId products = target.add("matmul", {filter, patches}, {});
+  return target.add("winograd_output", {products},
+                    {{"tiles", grid}, {"output_size", pair_of(output_size)}});
+}
+
+// y[n] = W [O, C * KH * KW] x columns(x)[n]; Winograd where it suits.
+std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
+                                       const kernels::DeviceTraits& device, uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        target.type(node.inputs[1]).shape);
+  if (kernels::winograd_convolution_suits(g, false, device)) {
+    if (auto rewritten = winograd_convolution(target, node.inputs[0], node.inputs[1], false,
+                                              g.padding, {g.out_height, g.out_width}, max_bytes))
+      return rewritten;
+  }
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
@@ -123,10 +154,20 @@ ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometr
 
 // dx[n, c, y, x] = sum over (o, kh, kw) of w[o, c, kh, kw] grad_out[n, o, y + P - D kh,
 // x + P - D kw] for stride 1: the columns of grad_out with padding -P and dilation -D, against
-// w with its first two axes swapped. Strided ones go through col2im.
-std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node, uint64_t max_bytes) {
+// w with its first two axes swapped; or, where Winograd suits, the forward of grad_out padded by
+// 2 - P with the filter turned. Strided ones go through col2im.
+std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
+                                             const kernels::DeviceTraits& device,
+                                             uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, node.attrs.get_ints("input_shape"),
                                        target.type(node.inputs[1]).shape);
+  if (kernels::winograd_convolution_suits(g, true, device)) {
+    if (auto rewritten = winograd_convolution(
+            target, node.inputs[0], node.inputs[1], true,
+            {winograd::kKernel - 1 - g.padding[0], winograd::kKernel - 1 - g.padding[1]},
+            {g.in_height, g.in_width}, max_bytes))
+      return rewritten;
+  }
   const int64_t taps = g.kernel_height * g.kernel_width;
   if (g.groups != 1 || g.is_pointwise()) return std::nullopt;
   if (g.stride != std::array<int64_t, 2>{1, 1}) {
@@ -203,9 +244,10 @@ Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& devic
       [&](Graph& target, ValueId, Node node) {
         std::optional<ValueId> rewritten;
         if (node.type.dtype == DType::f32) {
-          if (node.op == "conv2d") rewritten = rewrite_forward(target, node, max_column_bytes);
+          if (node.op == "conv2d")
+            rewritten = rewrite_forward(target, node, device, max_column_bytes);
           if (node.op == "conv2d_grad_input")
-            rewritten = rewrite_data_gradient(target, node, max_column_bytes);
+            rewritten = rewrite_data_gradient(target, node, device, max_column_bytes);
           if (node.op == "conv2d_grad_weight")
             rewritten = rewrite_weight_gradient(target, node, device, max_column_bytes);
         }

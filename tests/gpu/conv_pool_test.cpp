@@ -295,6 +295,38 @@ TEST(GpuConv, WinogradWeightGradient) {
   }
 }
 
+// The Winograd forward and data gradient on the GPU (forced on: these shapes are below the
+// rule's minimums) against the f64 reference: padding 1 over odd extents (a last row and column
+// of tiles half past the image), padding 0 and 2 (the data gradient's grad_out padded by 2 and
+// 0). Winograd takes four launches a convolution (input tiles, filter, product, output
+// transform) where the columns take two for the forward (gather, product) and three for the data
+// gradient (gather, the filter's transpose, product): three more in all, so it ran.
+TEST(GpuConv, WinogradForwardAndDataGradient) {
+  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
+  const ScopedEnv weight_route("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
+  for (const auto& [x, padding] :
+       {std::pair<Shape, int64_t>{{2, 5, 9, 8}, 1}, {{1, 3, 7, 10}, 0}, {{1, 4, 5, 6}, 2}}) {
+    SCOPED_TRACE(shape_string(x));
+    const Shape w{6, x[1], 3, 3};
+    const int64_t side = 2 * padding - 2;
+    const Shape y{x[0], 6, x[2] + side, x[3] + side};
+    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
+      const Tensor out = conv2d(in[0], in[1], std::nullopt, {.padding = {padding, padding}});
+      graph.set_output("y", out.id());
+      graph.set_output("dx", gradients(graph, out.id(), {in[0].id()}, in[2].id()).at(in[0].id()));
+    };
+    size_t winograd = 0, columns = 0;
+    {
+      const ScopedEnv on("MEGANEURA_WINOGRAD_CONV", "1");
+      check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, build, 1e-5, 9, {}, &winograd);
+    }
+    const ScopedEnv off("MEGANEURA_WINOGRAD_CONV", "0");
+    check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, build, 1e-5, 9, {}, &columns);
+    EXPECT_EQ(winograd, columns + 3);
+  }
+}
+
 TEST(GpuConv, Transpose2dStride2OutputPadding) {
   // [2, 4, 5, 5] -> (5 - 1) * 2 - 2 + 2 + 1 + 1 = 10.
   for (int64_t groups : {1, 2}) {

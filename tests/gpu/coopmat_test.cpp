@@ -756,11 +756,13 @@ void check_convolutions_once(bool validation) {
       kFastTolerance, 14, fast(), nullptr, validation);
 }
 
-// The Winograd weight gradient with its 16 tile products on cooperative matrices (forced: these
-// shapes are below the rule's minimums): padding 1 over odd output extents, and 529 tiles whose
-// products are split over K into 3 partials that the filter transform sums.
-void check_winograd_weight_gradients(bool validation) {
-  const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+// Winograd convolutions with their 16 tile products on cooperative matrices (forced: these
+// shapes are below the rules' minimums): the forward with both gradients, padding 1 over odd
+// output extents, and 529 tiles whose weight-gradient products are split over K into 3 partials
+// that the filter transform sums.
+void check_winograd(bool validation) {
+  const ScopedEnv weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const ScopedEnv forward("MEGANEURA_WINOGRAD_CONV", "1");
   for (const auto& [x, slices] :
        {std::pair<Shape, const char*>{{2, 8, 19, 17}, "1"}, {{1, 8, 46, 46}, "3"}}) {
     const ScopedEnv split("MEGANEURA_SPLIT_K_SLICES", slices);
@@ -768,7 +770,7 @@ void check_winograd_weight_gradients(bool validation) {
         {{"x", x}, {"w", {12, 8, 3, 3}}, {"seed", {x[0], 12, x[2], x[3]}}},
         [](Graph& graph, std::vector<Tensor>& in) {
           output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}),
-                                in[2], {in[1]});
+                                in[2], {in[0], in[1]});
         },
         kFastTolerance, 24, fast(), nullptr, validation);
   }
@@ -781,7 +783,7 @@ void check_convolutions(bool validation) {
     const ScopedEnv route("MEGANEURA_IM2COL", im2col);
     check_convolutions_once(validation);
   }
-  check_winograd_weight_gradients(validation);
+  check_winograd(validation);
   const ScopedEnv route("MEGANEURA_IM2COL", "1");
   const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
   check_convolutions_once(validation);

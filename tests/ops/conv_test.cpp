@@ -416,6 +416,45 @@ TEST(Conv, WinogradTransformsByHand) {
   EXPECT_EQ(values.at(taps.id()).data, std::vector<double>(9, 0.25));
 }
 
+// The forward's transforms by hand: a filter g is G g G^T (rows of G (1, 0, 0), (0.5, 0.5,
+// 0.5), (0.5, -0.5, 0.5), (0, 0, 1)), so point (0, 0) is g00, point (3, 3) is g22 and point
+// (1, 1) a quarter of the taps' sum; turned and transposed, [16, C, O] holds point (0, 0) of
+// pair (c, o) as w[o, c, 2, 2]. The output transform A^T M A (columns of A (1, 1, 1, 0) and
+// (0, 1, -1, -1)) of M = 1 at point (1, 2) alone puts 1 * -1 = -1 at output (0, 1), 1 * 1 at
+// (0, 0), -1 at (1, 1) and 1 at (1, 0), cropped to a 3 x 3 image over two tiles a side.
+TEST(Conv, WinogradForwardTransformsByHand) {
+  Graph graph;
+  const Tensor w = input(graph, "w", {2, 1, 3, 3});
+  const Tensor filter = raw(graph, "winograd_filter", {w.id()}, {});
+  const Tensor turned = raw(graph, "winograd_filter", {w.id()}, {{"transposed", int64_t{1}}});
+  const Tensor points = input(graph, "points", {16, 1, 4});
+  const Tensor image =
+      raw(graph, "winograd_output", {points.id()},
+          {{"tiles", std::vector<int64_t>{2, 2}}, {"output_size", std::vector<int64_t>{3, 3}}});
+  EXPECT_EQ(filter.shape(), (Shape{16, 2, 1}));
+  EXPECT_EQ(turned.shape(), (Shape{16, 1, 2}));
+  EXPECT_EQ(image.shape(), (Shape{1, 1, 3, 3}));
+  HostTensor taps({2, 1, 3, 3});
+  for (size_t i = 0; i < 18; ++i) taps.data[i] = static_cast<double>((i * 5) % 7) - 2.0;
+  HostTensor unit({16, 1, 4});
+  unit.data[6 * 4 + 0] = 1.0;  // point (1, 2) of tile 0 (outputs 0-1 of rows 0-1)
+  unit.data[6 * 4 + 3] = 2.0;  // and twice that of tile 3, of which only output (2, 2) lies inside
+  Environment environment;
+  environment.leaves["w"] = taps;
+  environment.leaves["points"] = unit;
+  const auto values = evaluate(graph, environment);
+  const std::vector<double>& g = taps.data;
+  // Filter o = 1: taps 9-17. Point p of pair o lies at [p, o, 0] = p * 2 + o.
+  EXPECT_EQ(values.at(filter.id()).data[0 * 2 + 1], g[9]);
+  EXPECT_EQ(values.at(filter.id()).data[15 * 2 + 1], g[17]);
+  double sum = 0;
+  for (size_t i = 9; i < 18; ++i) sum += g[i];
+  EXPECT_DOUBLE_EQ(values.at(filter.id()).data[5 * 2 + 1], sum / 4);
+  EXPECT_EQ(values.at(turned.id()).data[0 * 2 + 1], g[17]);
+  EXPECT_EQ(values.at(turned.id()).data[15 * 2 + 0], g[0]);
+  EXPECT_EQ(values.at(image.id()).data, (std::vector<double>{1, -1, 0, 1, -1, 0, 0, 0, 2}));
+}
+
 TEST(Conv, WinogradMisuse) {
   Graph graph;
   const Tensor x = input(graph, "x", {1, 2, 4, 4});
@@ -438,6 +477,37 @@ TEST(Conv, WinogradMisuse) {
   const Tensor tiles = raw(graph, "winograd_grad_tiles", {x.id()}, {{"tiles", one}});
   expect_error([&] { gradients(graph, sum_all(tiles).id(), {x.id()}); },
                {"winograd_grad_tiles", "after differentiation", "differentiate the conv2d"});
+  const Tensor five = input(graph, "five", {2, 2, 5, 5});
+  expect_error([&] { raw(graph, "winograd_filter", {five.id()}, {}); },
+               {"winograd_filter", "the filter must be 3 x 3"});
+  const Tensor w = input(graph, "w", {2, 2, 3, 3});
+  expect_error(
+      [&] {
+        raw(graph, "winograd_filter", {w.id()}, {{"transposed", int64_t{2}}});
+      },
+      {"winograd_filter", "transposed must be 0 or 1"});
+  const Tensor products = input(graph, "products", {16, 2, 8});
+  const auto output = [&](std::vector<int64_t> grid, std::vector<int64_t> size) {
+    raw(graph, "winograd_output", {products.id()},
+        {{"tiles", std::move(grid)}, {"output_size", std::move(size)}});
+  };
+  expect_error(
+      [&] {
+        output({2, 2}, {5, 4});
+      },
+      {"winograd_output", "tiles must cover output_size in 2 x 2 blocks"});
+  expect_error(
+      [&] {
+        output({1, 3}, {2, 6});
+      },
+      {"winograd_output", "T must be a whole number of images' tiles"});
+  const Tensor nine = input(graph, "nine", {9, 2, 8});
+  expect_error(
+      [&] {
+        raw(graph, "winograd_output", {nine.id()},
+            {{"tiles", std::vector<int64_t>{2, 2}}, {"output_size", std::vector<int64_t>{4, 4}}});
+      },
+      {"winograd_output", "[16, P, T]"});
 }
 
 }  // namespace

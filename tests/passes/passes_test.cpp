@@ -671,6 +671,100 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
   unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
+// The forward's and data gradient's route on an H200 (strict and fast alike): Winograd for every
+// ResNet-50 3x3 stage (64 tiles at 512 channels over 7 x 7 included) and U-Net's 320 channels;
+// the columns for 32 channels, a stride of 2, a data gradient padded by 3, on CPU devices, and
+// with MEGANEURA_WINOGRAD_CONV=0.
+TEST(Passes, WinogradConvolutionRoutes) {
+  struct Case {
+    Shape x;
+    int64_t channels, stride, padding;
+    bool winograd;
+  };
+  kernels::DeviceTraits cpu = h200_like();
+  cpu.cpu = true;
+  cpu.subgroup_size = 8;
+  for (const Case& c :
+       {Case{{4, 64, 56, 56}, 64, 1, 1, true}, Case{{4, 128, 28, 28}, 128, 1, 1, true},
+        Case{{4, 256, 14, 14}, 256, 1, 1, true}, Case{{4, 512, 7, 7}, 512, 1, 1, true},
+        Case{{2, 320, 32, 32}, 320, 1, 1, true}, Case{{4, 32, 56, 56}, 32, 1, 1, false},
+        Case{{4, 128, 56, 56}, 128, 2, 1, false}}) {
+    SCOPED_TRACE(shape_string(c.x) + " stride " + std::to_string(c.stride));
+    Graph graph;
+    const Tensor x = input(graph, "x", c.x);
+    const Tensor w = input(graph, "w", {c.channels, c.x[1], 3, 3});
+    const Tensor y = conv2d(x, w, std::nullopt,
+                            {.stride = {c.stride, c.stride}, .padding = {c.padding, c.padding}});
+    const Tensor seed = input(graph, "seed", y.shape());
+    graph.set_output("y", y.id());
+    graph.set_output("dx", gradients(graph, y.id(), {x.id()}, seed.id()).at(x.id()));
+    const Graph chosen = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    EXPECT_EQ(count_op(chosen, "winograd_output"), c.winograd ? 2u : 0u);
+    EXPECT_EQ(
+        count_op(passes::im2col_convolutions(graph, cpu, uint64_t{1} << 30), "winograd_output"),
+        0u);
+    setenv("MEGANEURA_WINOGRAD_CONV", "0", 1);
+    EXPECT_EQ(count_op(passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30),
+                       "winograd_output"),
+              0u);
+    unsetenv("MEGANEURA_WINOGRAD_CONV");
+  }
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 64, 28, 28});
+  const Tensor w = input(graph, "w", {64, 64, 3, 3});
+  const Tensor y = conv2d(x, w, std::nullopt, {.padding = {3, 3}});
+  const Tensor seed = input(graph, "seed", y.shape());
+  graph.set_output("y", y.id());
+  graph.set_output("dx", gradients(graph, y.id(), {x.id()}, seed.id()).at(x.id()));
+  EXPECT_EQ(count_op(passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30),
+                     "winograd_output"),
+            1u);  // the forward only
+}
+
+// The Winograd forward and data gradient (forced on, for shapes below the rule's minimums)
+// against the convolution's own in the f64 reference: padding 1 with odd output extents (a last
+// row and column of tiles half past the image), padding 0 and 2 (the data gradient's grad_out
+// padded by 2 and 0), rectangular images and channel counts that differ. The weight gradient
+// stays on its own route (Winograd off for it here).
+TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
+  setenv("MEGANEURA_WINOGRAD_CONV", "1", 1);
+  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0", 1);
+  struct Case {
+    Shape x, w;
+    std::vector<int64_t> padding;
+  };
+  uint64_t seed = 60;
+  for (const Case& c :
+       {Case{{2, 3, 9, 7}, {4, 3, 3, 3}, {1, 1}}, Case{{1, 2, 6, 9}, {3, 2, 3, 3}, {0, 0}},
+        Case{{2, 4, 5, 4}, {2, 4, 3, 3}, {2, 1}}}) {
+    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
+    Graph graph;
+    Environment environment;
+    const auto [x, w, y, cotangent] =
+        random_conv(graph, environment, seed++, c.x, c.w, {.padding = c.padding});
+    graph.set_output("y", y.id());
+    graph.set_output("dx", gradients(graph, y.id(), {x.id()}, cotangent.id()).at(x.id()));
+    graph = passes::eliminate_dead_code(graph);
+    const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    EXPECT_EQ(count_op(rewritten, "winograd_filter"), 2u);
+    EXPECT_EQ(count_op(rewritten, "winograd_output"), 2u);
+    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input"), 0u);
+    expect_same_outputs(graph, rewritten, environment);
+  }
+  // Padding 3 leaves the data gradient's grad_out a negative padding: that one keeps the columns.
+  Graph graph;
+  Environment environment;
+  const auto [x, w, y, cotangent] =
+      random_conv(graph, environment, seed, {1, 2, 5, 5}, {2, 2, 3, 3}, {.padding = {3, 3}});
+  graph.set_output("dx", gradients(graph, y.id(), {x.id()}, cotangent.id()).at(x.id()));
+  graph = passes::eliminate_dead_code(graph);
+  const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+  EXPECT_EQ(count_op(rewritten, "winograd_output"), 0u);
+  expect_same_outputs(graph, rewritten, environment);
+  unsetenv("MEGANEURA_WINOGRAD_CONV");
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
+}
+
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
 // each variant ("masked": scale 0.7 and the mask; "plain"; "causal") as an output under its
 // name, with the gradients of sum(y * seed) with respect to q, k and v.
