@@ -73,12 +73,24 @@ int64_t workgroups_per_split(const ConvGeometry& g) {
          g.kernel_height;
 }
 
+// What F(2 x 2, 3 x 3) computes, on a device whose kernels it has: 3 x 3 taps, stride 1, no
+// dilation or groups, a GPU (CPU devices run their own GEMM).
+bool winograd_geometry(const ConvGeometry& g, const DeviceTraits& device) {
+  return !use_cpu_kernels(device) && g.groups == 1 && g.stride == std::array<int64_t, 2>{1, 1} &&
+         g.dilation == std::array<int64_t, 2>{1, 1} && g.kernel_height == winograd::kKernel &&
+         g.kernel_width == winograd::kKernel;
+}
+
+bool switch_is(const char* value, const char* expected) {
+  return value != nullptr && std::strcmp(value, expected) == 0;
+}
+
 }  // namespace
 
 bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
   const char* forced = std::getenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
-  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
-  const bool forced_on = forced != nullptr && std::strcmp(forced, "1") == 0;
+  if (switch_is(forced, "0")) return false;
+  const bool forced_on = switch_is(forced, "1");
   // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3
   // weight gradient: 0.0381 against 0.0383 ms on the H200) and stays, as for the other fast
   // convolutions.
@@ -103,12 +115,8 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
 
 bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
   const char* forced = std::getenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
-  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
-  if (use_cpu_kernels(device)) return false;
-  if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
-      g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height != 3 || g.kernel_width != 3)
-    return false;
-  if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
+  if (switch_is(forced, "0") || !winograd_geometry(g, device)) return false;
+  if (switch_is(forced, "1")) return true;
   // On the H200 (docs/BENCHMARKS.md runs 44 and 45) it ran ResNet's 128 channels at 28 x 28 in
   // 0.0255 against the direct kernel's 0.0343 ms, 256 at 14 x 14 in 0.0231 against 0.0408, and
   // U-Net's 320 channels (columns and a GEMM) 0.0764 against 0.1363 and 0.2744 against 0.4709 ms;
@@ -126,13 +134,10 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
 bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
                                 const DeviceTraits& device) {
   const char* forced = std::getenv("MEGANEURA_WINOGRAD_CONV");
-  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;
-  if (use_cpu_kernels(device)) return false;
-  if (g.groups != 1 || g.stride != std::array<int64_t, 2>{1, 1} ||
-      g.dilation != std::array<int64_t, 2>{1, 1} || g.kernel_height != 3 || g.kernel_width != 3)
-    return false;
+  if (switch_is(forced, "0") || !winograd_geometry(g, device)) return false;
+  // The data gradient pads grad_out by 2 - P.
   if (data_gradient && (g.padding[0] > 2 || g.padding[1] > 2)) return false;
-  if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
+  if (switch_is(forced, "1")) return true;
   // On the H200 (docs/BENCHMARKS.md run 47) every ResNet-50 3x3 stage and U-Net's 320 channels
   // ran faster than on the columns, forward and data gradient, strict and fast: ResNet's 64
   // channels at 56 x 56 0.0354 against 0.0472 ms (forward), 256 at 14 x 14 0.0293 against

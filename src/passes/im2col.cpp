@@ -10,7 +10,9 @@
 // a transient value freed after its product; products whose columns pass the byte limit keep
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
 // stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
-// gradients with fewer than kMinColumnRows rows of columns (below).
+// gradients with fewer than kMinColumnRows rows of columns (below). 3x3 stride-1 convolutions
+// and their gradients where Winograd suits (kernels/conv_weight_grad.hpp) take its transforms
+// and 16 batched products instead of columns.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
