@@ -20,7 +20,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
 
   --verbose         also list each device's limits, compute units (where the driver reports
-                    them) and cooperative-matrix shapes
+                    them), cooperative-matrix shapes and whether it has workgroup-scope
+                    cooperative matrices (VK_NV_cooperative_matrix2, which no kernel uses yet)
   --bench-compile   build the CNN training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the build times
@@ -71,6 +72,8 @@ void print_details(const gpu::DeviceInfo& info) {
                 scalar_name(config.a).data(), scalar_name(config.b).data(),
                 scalar_name(config.c).data(), scalar_name(config.result).data());
   }
+  std::printf("    workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2): %s\n",
+              caps.coop_matrix2_nv ? "yes" : "no");
 }
 
 void bench_compile(const std::string& device) {

@@ -54,6 +54,10 @@ struct DeviceCaps {
   bool timestamps = false;
   double timestamp_period_ns = 0;
   std::vector<CoopMatrixConfig> coop_matrix;
+  // VK_NV_cooperative_matrix2 (workgroup-scope matrices): reported by `devices --verbose`, since
+  // it is what a fast GEMM past the subgroup-scope kernels would need (docs/KERNELS.md); no
+  // kernel uses it, as Debian's glslang 12 cannot compile it.
+  bool coop_matrix2_nv = false;
   std::vector<MemoryHeap> heaps;
 };
 

@@ -256,6 +256,7 @@ std::vector<PhysicalDevice> enumerate_physical_devices(const Instance& instance)
     choose_compute_queue(handles[index], device);
     read_coop_matrix_configs(instance.handle(), handles[index], device.features,
                              device.info.caps.coop_matrix);
+    device.info.caps.coop_matrix2_nv = has(extensions, "VK_NV_cooperative_matrix2");
     devices.push_back(std::move(device));
   }
   if (devices.empty())

@@ -320,12 +320,13 @@ TEST(Cli, BenchKernelsProfile) {
 
 // --dispatches lists every dispatch of the plan once, in order, with the labels that traces and
 // profiles show: as many lines as --plan counts, numbered from 0.
-// Every device's details say how many compute units the rules plan for: the driver's count,
-// or the assumed one where it reports none.
+// Every device's details say how many compute units the rules plan for (the driver's count,
+// or the assumed one where it reports none) and whether it has workgroup-scope cooperative
+// matrices.
 TEST(Cli, DevicesVerboseNamesComputeUnits) {
   const Result result = run("devices --verbose");
   ASSERT_EQ(result.status, 0) << result.output;
-  size_t devices = 0, unit_lines = 0;
+  size_t devices = 0, unit_lines = 0, workgroup_scope_lines = 0;
   std::istringstream lines(result.output);
   for (std::string line; std::getline(lines, line);) {
     if (line.find(" | Vulkan ") != std::string::npos) ++devices;
@@ -333,9 +334,13 @@ TEST(Cli, DevicesVerboseNamesComputeUnits) {
             std::string::npos ||
         line.find("compute units not reported by the driver (planned as 132") != std::string::npos)
       ++unit_lines;
+    if (line.ends_with("workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2): yes") ||
+        line.ends_with("workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2): no"))
+      ++workgroup_scope_lines;
   }
   EXPECT_GT(devices, 0u) << result.output;
   EXPECT_EQ(unit_lines, devices) << result.output;
+  EXPECT_EQ(workgroup_scope_lines, devices) << result.output;
 }
 
 TEST(Cli, InspectListsDispatches) {
