@@ -116,10 +116,15 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
 
   // winograd_grad_tiles(dy [N, O, OH, OW]) -> [16, O, N * TH * TW]: element [4 i + j, o, t] is
   // point (i, j) of A dY A^T for the 2 x 2 block dY of dy at (2 ty, 2 tx), 0 past its edge.
-  // attrs: tiles [2] (TH, TW).
+  // attrs: tiles [2] (TH, TW); no padding (the blocks start at the grad_out's origin).
   registry.push_back(OpDef{
       .name = "winograd_grad_tiles",
-      .infer = tiles_type,
+      .infer =
+          [](const Graph& graph, const Node& node) {
+            if (node.attrs.has("padding"))
+              op_error(graph, node, "takes no padding: its blocks start at (2 ty, 2 tx)");
+            return tiles_type(graph, node);
+          },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             return transformed_tiles(node, *in[0], winograd::kGradTransform);

@@ -477,6 +477,12 @@ TEST(Conv, WinogradMisuse) {
   const Tensor tiles = raw(graph, "winograd_grad_tiles", {x.id()}, {{"tiles", one}});
   expect_error([&] { gradients(graph, sum_all(tiles).id(), {x.id()}); },
                {"winograd_grad_tiles", "after differentiation", "differentiate the conv2d"});
+  expect_error(
+      [&] {
+        raw(graph, "winograd_grad_tiles", {x.id()},
+            {{"tiles", one}, {"padding", std::vector<int64_t>{1, 1}}});
+      },
+      {"winograd_grad_tiles", "takes no padding"});
   const Tensor five = input(graph, "five", {2, 2, 5, 5});
   expect_error([&] { raw(graph, "winograd_filter", {five.id()}, {}); },
                {"winograd_filter", "the filter must be 3 x 3"});
