@@ -12,8 +12,9 @@
 //        memory, as the library reads them) or f16 in memory; two slots with a barrier a slice,
 //        or three slots whose readiness warps count in shared memory instead (a bounded spin:
 //        a measuring device, not a kernel for the library); loads that stay in the caches
-//        (every block reads the same rows; results wrong, timing only). Each variant is first
-//        checked against an f64 product at 512 x 1024 x 768.
+//        (every block reads the same rows; results wrong, timing only); one, two or all B
+//        fragments of a step live at once. Each variant is first checked against an f64
+//        product at 512 x 1024 x 768.
 // Needs a device with f16 cooperative matrices of 16 x 16 x 16 and 16 x 8 x 16 and 32-wide
 // subgroups; prints one line a case, milliseconds and TFLOP/s, the median of 20 runs after
 // 300 ms of warm-up (clocks drop while the host checks results).
