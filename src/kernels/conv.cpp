@@ -546,6 +546,15 @@ void lower_col2im(LoweringContext& context) {
   emit_columns_launch(context, "col2im", std::move(body), {"columns", "image"}, count);
 }
 
+// The GLSL name `prefix`<i>_<j> of point (i, j) of a tile (as a function of (i, j): `named`).
+std::string point_name(const std::string& prefix, size_t i, size_t j) {
+  return prefix + std::to_string(i) + "_" + std::to_string(j);
+}
+
+std::function<std::string(size_t, size_t)> named(std::string prefix) {
+  return [prefix = std::move(prefix)](size_t i, size_t j) { return point_name(prefix, i, j); };
+}
+
 // `names` combined with the coefficients of `row` (zeros left out), as a GLSL expression.
 template <size_t Extent>
 std::string combination(const double (&row)[Extent], const std::array<std::string, Extent>& names) {
@@ -570,18 +579,41 @@ std::string tile_transform_glsl(const double (&transform)[Rows][Extent],
     for (size_t b = 0; b < Extent; ++b) {
       std::array<std::string, Extent> column;
       for (size_t a = 0; a < Extent; ++a) column[a] = value(a, b);
-      text += "  float h" + std::to_string(i) + "_" + std::to_string(b) + " = " +
-              combination(transform[i], column) + ";\n";
+      text +=
+          "  float " + point_name("h", i, b) + " = " + combination(transform[i], column) + ";\n";
     }
   }
   for (size_t i = 0; i < Rows; ++i) {
     std::array<std::string, Extent> row;
-    for (size_t b = 0; b < Extent; ++b) row[b] = "h" + std::to_string(i) + "_" + std::to_string(b);
+    for (size_t b = 0; b < Extent; ++b) row[b] = point_name("h", i, b);
     for (size_t j = 0; j < Rows; ++j)
-      text += "  float e" + std::to_string(i) + "_" + std::to_string(j) + " = " +
-              combination(transform[j], row) + ";\n";
+      text += "  float " + point_name("e", i, j) + " = " + combination(transform[j], row) + ";\n";
   }
   return text;
+}
+
+// The name of flat point `point` (i * 4 + j) of a transformed 4 x 4 tile.
+std::string tile_point(const std::string& prefix, int64_t point) {
+  return point_name(prefix, static_cast<size_t>(point / winograd::kTile),
+                    static_cast<size_t>(point % winograd::kTile));
+}
+
+// `matrix` transposed: G^T M G and A^T M A are the two-sided transforms by G^T and A^T.
+template <size_t Rows, size_t Columns>
+struct Transposed {
+  double at[Columns][Rows];
+  explicit Transposed(const double (&matrix)[Rows][Columns]) {
+    for (size_t r = 0; r < Rows; ++r)
+      for (size_t c = 0; c < Columns; ++c) at[c][r] = matrix[r][c];
+  }
+};
+
+// Invocation i's plane p and tile t, with the tile's (ty, tx) and image n, for `tile_count`
+// tiles of a grid `tiles` (TH, TW) an image, consecutive invocations on consecutive tiles.
+std::string tile_coordinates_glsl(int64_t tile_count, const std::array<int64_t, 2>& tiles) {
+  return "  uint t = i % " + u(tile_count) + ", p = i / " + u(tile_count) + ";\n  uint tx = t % " +
+         u(tiles[1]) + ", ty = t / " + u(tiles[1]) + " % " + u(tiles[0]) + ", n = t / " +
+         u(tiles[0] * tiles[1]) + ";\n";
 }
 
 // The body of a winograd_tiles or winograd_grad_tiles node for invocation i (below its
@@ -599,30 +631,22 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
   const bool grad_out = node.op == "winograd_grad_tiles";
   const int64_t tile_count = node.type.shape[2];
   const int64_t count = node.type.shape[1] * tile_count;
-  std::string body = "  uint t = i % " + u(tile_count) + ", p = i / " + u(tile_count) +
-                     ";\n  uint tx = t % " + u(tiles[1]) + ", ty = t / " + u(tiles[1]) + " % " +
-                     u(tiles[0]) + ", n = t / " + u(tiles[0] * tiles[1]) +
-                     ";\n  int y0 = int(ty) * 2 - " + s(padding[0]) + ", x0 = int(tx) * 2 - " +
-                     s(padding[1]) + ";\n  uint plane = (n * " + u(v[1]) + " + p) * " +
-                     u(v[2] * v[3]) + ";\n";
+  std::string body = tile_coordinates_glsl(tile_count, tiles) + "  int y0 = int(ty) * 2 - " +
+                     s(padding[0]) + ", x0 = int(tx) * 2 - " + s(padding[1]) +
+                     ";\n  uint plane = (n * " + u(v[1]) + " + p) * " + u(v[2] * v[3]) + ";\n";
   const int64_t extent = grad_out ? winograd::kOutputs : winograd::kTile;
   for (int64_t a = 0; a < extent; ++a) {
     for (int64_t b = 0; b < extent; ++b) {
       const std::string y = "y0 + " + s(a), x = "x0 + " + s(b);
-      body += "  float d" + s(a) + "_" + s(b) + " = " + y + " >= 0 && " + y + " < " + s(v[2]) +
+      body += "  float " + point_name("d", a, b) + " = " + y + " >= 0 && " + y + " < " + s(v[2]) +
               " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? " + source + "[plane + uint((" +
               y + ") * " + s(v[3]) + " + " + x + ")] : 0.0;\n";
     }
   }
-  const auto patch = [](size_t a, size_t b) {
-    return "d" + std::to_string(a) + "_" + std::to_string(b);
-  };
-  body += grad_out ? tile_transform_glsl(winograd::kGradTransform, patch)
-                   : tile_transform_glsl(winograd::kInputTransform, patch);
-  for (int64_t point = 0; point < winograd::kPoints; ++point) {
-    body += "  " + target + "[i + " + u(point * count) + "] = e" + s(point / winograd::kTile) +
-            "_" + s(point % winograd::kTile) + ";\n";
-  }
+  body += grad_out ? tile_transform_glsl(winograd::kGradTransform, named("d"))
+                   : tile_transform_glsl(winograd::kInputTransform, named("d"));
+  for (int64_t point = 0; point < winograd::kPoints; ++point)
+    body += "  " + target + "[i + " + u(point * count) + "] = " + tile_point("e", point) + ";\n";
   return body;
 }
 
@@ -653,28 +677,17 @@ void lower_winograd_weight_grad(LoweringContext& context) {
                      "linear_workgroup() * " +
                      u(kColumnsLocalSize) + ";\n  uint i = first + local;\n  if (i < " + u(pairs) +
                      ") {\n";
-  for (int64_t point = 0; point < winograd::kPoints; ++point) {
-    body +=
-        "  float m" + s(point / winograd::kTile) + "_" + s(point % winograd::kTile) + " = 0.0;\n";
-  }
+  for (int64_t point = 0; point < winograd::kPoints; ++point)
+    body += "  float " + tile_point("m", point) + " = 0.0;\n";
   body += "  for (uint s = 0u; s < " + u(slices) + "; ++s) {\n    uint at = s * " +
           u(winograd::kPoints * pairs) + " + i;\n";
-  for (int64_t point = 0; point < winograd::kPoints; ++point) {
-    body += "    m" + s(point / winograd::kTile) + "_" + s(point % winograd::kTile) +
-            " += products[at + " + u(point * pairs) + "];\n";
-  }
+  for (int64_t point = 0; point < winograd::kPoints; ++point)
+    body += "    " + tile_point("m", point) + " += products[at + " + u(point * pairs) + "];\n";
   body += "  }\n";
-  // G^T M G is the two-sided transform by G^T, whose rows are G's columns.
-  double transposed[winograd::kKernel][winograd::kTile];
-  for (int64_t r = 0; r < winograd::kKernel; ++r)
-    for (int64_t i = 0; i < winograd::kTile; ++i)
-      transposed[r][i] = winograd::kFilterTransform[i][r];
-  body += tile_transform_glsl(transposed, [](size_t i, size_t j) {
-    return "m" + std::to_string(i) + "_" + std::to_string(j);
-  });
+  body += tile_transform_glsl(Transposed(winograd::kFilterTransform).at, named("m"));
   for (int64_t tap = 0; tap < kTaps; ++tap) {
-    body += "  staged[local * " + u(kTaps) + " + " + u(tap) + "] = e" + s(tap / winograd::kKernel) +
-            "_" + s(tap % winograd::kKernel) + ";\n";
+    body += "  staged[local * " + u(kTaps) + " + " + u(tap) +
+            "] = " + point_name("e", tap / winograd::kKernel, tap % winograd::kKernel) + ";\n";
   }
   body += "  }\n  barrier();\n  for (uint k = 0u; k < " + u(kTaps) +
           "; ++k) {\n    uint at = k * " + u(kColumnsLocalSize) + " + local;\n    if (first * " +
@@ -700,16 +713,12 @@ void lower_winograd_filter(LoweringContext& context) {
     for (int64_t q = 0; q < winograd::kKernel; ++q) {
       const int64_t tap =
           transposed ? (kLast - r) * winograd::kKernel + kLast - q : r * winograd::kKernel + q;
-      body += "  float g" + s(r) + "_" + s(q) + " = weights[base + " + u(tap) + "];\n";
+      body += "  float " + point_name("g", r, q) + " = weights[base + " + u(tap) + "];\n";
     }
   }
-  body += tile_transform_glsl(winograd::kFilterTransform, [](size_t r, size_t q) {
-    return "g" + std::to_string(r) + "_" + std::to_string(q);
-  });
-  for (int64_t point = 0; point < winograd::kPoints; ++point) {
-    body += "  points[i + " + u(point * pairs) + "] = e" + s(point / winograd::kTile) + "_" +
-            s(point % winograd::kTile) + ";\n";
-  }
+  body += tile_transform_glsl(winograd::kFilterTransform, named("g"));
+  for (int64_t point = 0; point < winograd::kPoints; ++point)
+    body += "  points[i + " + u(point * pairs) + "] = " + tile_point("e", point) + ";\n";
   emit_columns_launch(context, "winograd_filter", body + "}\n", {"weights", "points"}, pairs);
 }
 
@@ -721,29 +730,17 @@ void lower_winograd_output(LoweringContext& context) {
   const auto tiles = attr_pair(context.node().attrs, "tiles", 1);
   const int64_t tile_count = context.input_type(0).shape[2];
   const int64_t count = y[1] * tile_count;
-  std::string body = columns_main(count) + "  uint t = i % " + u(tile_count) + ", p = i / " +
-                     u(tile_count) + ";\n  uint tx = t % " + u(tiles[1]) + ", ty = t / " +
-                     u(tiles[1]) + " % " + u(tiles[0]) + ", n = t / " + u(tiles[0] * tiles[1]) +
-                     ";\n";
-  for (int64_t point = 0; point < winograd::kPoints; ++point) {
-    body += "  float m" + s(point / winograd::kTile) + "_" + s(point % winograd::kTile) +
-            " = products[i + " + u(point * count) + "];\n";
-  }
-  // A^T M A is the two-sided transform by A^T, whose rows are A's columns.
-  double output_transform[winograd::kOutputs][winograd::kTile];
-  for (int64_t r = 0; r < winograd::kOutputs; ++r)
-    for (int64_t i = 0; i < winograd::kTile; ++i)
-      output_transform[r][i] = winograd::kGradTransform[i][r];
-  body += tile_transform_glsl(output_transform, [](size_t i, size_t j) {
-    return "m" + std::to_string(i) + "_" + std::to_string(j);
-  });
+  std::string body = columns_main(count) + tile_coordinates_glsl(tile_count, tiles);
+  for (int64_t point = 0; point < winograd::kPoints; ++point)
+    body += "  float " + tile_point("m", point) + " = products[i + " + u(point * count) + "];\n";
+  body += tile_transform_glsl(Transposed(winograd::kGradTransform).at, named("m"));
   body += "  uint y0 = ty * " + u(winograd::kOutputs) + ", x0 = tx * " + u(winograd::kOutputs) +
           ";\n  uint plane = (n * " + u(y[1]) + " + p) * " + u(y[2] * y[3]) + ";\n";
   for (int64_t r = 0; r < winograd::kOutputs; ++r) {
     for (int64_t q = 0; q < winograd::kOutputs; ++q) {
       body += "  if (y0 + " + u(r) + " < " + u(y[2]) + " && x0 + " + u(q) + " < " + u(y[3]) +
-              ") image[plane + (y0 + " + u(r) + ") * " + u(y[3]) + " + x0 + " + u(q) + "] = e" +
-              s(r) + "_" + s(q) + ";\n";
+              ") image[plane + (y0 + " + u(r) + ") * " + u(y[3]) + " + x0 + " + u(q) +
+              "] = " + point_name("e", r, q) + ";\n";
     }
   }
   emit_columns_launch(context, "winograd_output", body + "}\n", {"products", "image"}, count);

@@ -124,8 +124,7 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
   // and ahead over the 64 tiles of 512 channels at 7 x 7 (0.0422 against 0.0491), a product too
   // short in K. In fast precision, where the 16 products run on cooperative matrices and the
   // direct kernel does not, it beat the columns' f16 GEMM from 64 channels (run 47).
-  const int64_t tiles = g.batch * ceil_div(g.out_height, winograd::kOutputs) *
-                        ceil_div(g.out_width, winograd::kOutputs);
+  const int64_t tiles = winograd::tile_count(g.batch, g.out_height, g.out_width);
   const int64_t channels = std::min(g.in_channels, g.out_channels);
   if (channels < kChannelTile || tiles < kMinWinogradTiles) return false;
   return channels >= 2 * kChannelTile || !direct_weight_gradient_suits(g, device);
@@ -143,10 +142,8 @@ bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
   // channels at 56 x 56 0.0354 against 0.0472 ms (forward), 256 at 14 x 14 0.0293 against
   // 0.0483, U-Net's block at 64 x 64 0.2624 against 0.4899. Fewer than 64 channels are
   // unmeasured.
-  const int64_t height = data_gradient ? g.in_height : g.out_height;
-  const int64_t width = data_gradient ? g.in_width : g.out_width;
-  const int64_t tiles =
-      g.batch * ceil_div(height, winograd::kOutputs) * ceil_div(width, winograd::kOutputs);
+  const int64_t tiles = data_gradient ? winograd::tile_count(g.batch, g.in_height, g.in_width)
+                                      : winograd::tile_count(g.batch, g.out_height, g.out_width);
   return std::min(g.in_channels, g.out_channels) >= kChannelTile &&
          tiles >= kMinWinogradConvolutionTiles;
 }

@@ -85,8 +85,7 @@ TensorType output_type(const Graph& graph, const Node& node) {
   const auto tiles = pair_attr(graph, node, "tiles", 1);
   const auto size = pair_attr(graph, node, "output_size", 1);
   if (m.shape[0] != kPoints) op_error(graph, node, "input must be [16, P, T]");
-  if (tiles[0] != (size[0] + winograd::kOutputs - 1) / winograd::kOutputs ||
-      tiles[1] != (size[1] + winograd::kOutputs - 1) / winograd::kOutputs)
+  if (tiles[0] != winograd::tiles_along(size[0]) || tiles[1] != winograd::tiles_along(size[1]))
     op_error(graph, node, "tiles must cover output_size in 2 x 2 blocks");
   if (m.shape[2] % (tiles[0] * tiles[1]) != 0)
     op_error(graph, node, "T must be a whole number of images' tiles");

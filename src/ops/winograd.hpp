@@ -24,6 +24,14 @@ constexpr int64_t kKernel = 3;
 constexpr int64_t kTile = 4;
 constexpr int64_t kPoints = kTile * kTile;
 
+// The tiles of 2 x 2 outputs that cover `outputs` along one axis, and a batch of images.
+constexpr int64_t tiles_along(int64_t outputs) {
+  return (outputs + kOutputs - 1) / kOutputs;
+}
+constexpr int64_t tile_count(int64_t batch, int64_t height, int64_t width) {
+  return batch * tiles_along(height) * tiles_along(width);
+}
+
 // B^T: the input patch's transform, V = B^T d B.
 inline constexpr double kInputTransform[kTile][kTile] = {
     {1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};

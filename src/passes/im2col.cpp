@@ -20,7 +20,6 @@
 
 #include "kernels/conv_weight_grad.hpp"
 #include "ops/conv_geometry.hpp"
-#include "ops/k_split.hpp"
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -86,6 +85,16 @@ ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t 
   return target.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
+// The grid of 2 x 2 output tiles (rows, columns) of `batch` images of `output_size`, or nothing
+// where its transformed tiles ([16, channels, T]) would pass the columns' byte limit.
+std::optional<std::vector<int64_t>> winograd_grid(int64_t batch, std::array<int64_t, 2> output_size,
+                                                  int64_t channels, uint64_t max_bytes) {
+  const int64_t tiles = winograd::tile_count(batch, output_size[0], output_size[1]);
+  if (column_bytes(winograd::kPoints, channels, 1, tiles) > max_bytes) return std::nullopt;
+  return std::vector<int64_t>{winograd::tiles_along(output_size[0]),
+                              winograd::tiles_along(output_size[1])};
+}
+
 // Winograd F(2 x 2, 3 x 3) over `source` [N, P, H, W] padded by `padding` into [N, Q, OH, OW]
 // (ops/winograd.hpp): the transformed filter U [16, Q, P] (of `weights` [Q, P, 3, 3], or of
 // [P, Q, 3, 3] turned by 180 degrees when `transposed`) times the transformed patches V
@@ -94,21 +103,17 @@ std::optional<ValueId> winograd_convolution(Graph& target, ValueId source, Value
                                             bool transposed, std::array<int64_t, 2> padding,
                                             std::array<int64_t, 2> output_size,
                                             uint64_t max_bytes) {
-  const Shape& x = target.type(source).shape;
   const Shape& w = target.type(weights).shape;
-  const int64_t rows = ceil_div(output_size[0], winograd::kOutputs);
-  const int64_t columns = ceil_div(output_size[1], winograd::kOutputs);
-  const int64_t tiles = x[0] * rows * columns;
-  if (column_bytes(winograd::kPoints, std::max(w[0], w[1]), 1, tiles) > max_bytes)
-    return std::nullopt;
-  const std::vector<int64_t> grid{rows, columns};
+  const std::optional<std::vector<int64_t>> grid =
+      winograd_grid(target.type(source).shape[0], output_size, std::max(w[0], w[1]), max_bytes);
+  if (!grid) return std::nullopt;
   const ValueId patches =
-      target.add("winograd_tiles", {source}, {{"tiles", grid}, {"padding", pair_of(padding)}});
+      target.add("winograd_tiles", {source}, {{"tiles", *grid}, {"padding", pair_of(padding)}});
   const ValueId filter =
       target.add("winograd_filter", {weights}, {{"transposed", int64_t{transposed ? 1 : 0}}});
   const ValueId products = target.add("matmul", {filter, patches}, {});
   return target.add("winograd_output", {products},
-                    {{"tiles", grid}, {"output_size", pair_of(output_size)}});
+                    {{"tiles", *grid}, {"output_size", pair_of(output_size)}});
 }
 
 // y[n] = W [O, C * KH * KW] x columns(x)[n]; Winograd where it suits.
@@ -197,16 +202,12 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
 // 128 channels at 28 x 28: 0.0104 against 0.0136 ms for both, docs/BENCHMARKS.md run 44).
 std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
                                                 const ConvGeometry& g, uint64_t max_bytes) {
-  const int64_t rows = ceil_div(g.out_height, winograd::kOutputs);
-  const int64_t columns = ceil_div(g.out_width, winograd::kOutputs);
-  const int64_t tiles = g.batch * rows * columns;
-  if (column_bytes(winograd::kPoints, std::max(g.in_channels, g.out_channels), 1, tiles) >
-      max_bytes)
-    return std::nullopt;
-  const std::vector<int64_t> grid{rows, columns};
+  const std::optional<std::vector<int64_t>> grid = winograd_grid(
+      g.batch, {g.out_height, g.out_width}, std::max(g.in_channels, g.out_channels), max_bytes);
+  if (!grid) return std::nullopt;
   const ValueId patches = target.add("winograd_tiles", {node.inputs[0]},
-                                     {{"tiles", grid}, {"padding", pair_of(g.padding)}});
-  const ValueId grads = target.add("winograd_grad_tiles", {node.inputs[1]}, {{"tiles", grid}});
+                                     {{"tiles", *grid}, {"padding", pair_of(g.padding)}});
+  const ValueId grads = target.add("winograd_grad_tiles", {node.inputs[1]}, {{"tiles", *grid}});
   const ValueId products = target.add("matmul", {grads, patches}, {{"transpose_b", int64_t{1}}});
   return target.add("winograd_weight_grad", {products}, {});
 }
