@@ -1,7 +1,8 @@
 // Where the fast GEMM's time goes: cooperative-matrix rates of the device, from the bare
-// multiply-add up to a whole staged GEMM (docs/BENCHMARKS.md run 47, docs/KERNELS.md).
+// multiply-add up to a whole staged GEMM, and the workgroup-scope GEMM the library took
+// instead (docs/BENCHMARKS.md runs 47 and 48, docs/KERNELS.md).
 //
-//   build/bench/coop_probe [rates|gemm|all]
+//   build/bench/coop_probe [rates|gemm|workgroup|all]
 //
 // rates: register-resident fragments (the multiply-add rate alone), then fragments read from
 //        shared memory every step, with the stores and the workgroup barrier of a staged GEMM
@@ -15,9 +16,15 @@
 //        (every block reads the same rows; results wrong, timing only); one, two or all B
 //        fragments of a step live at once. Each variant is first checked against an f64
 //        product at 512 x 1024 x 768.
+// workgroup: the same product on workgroup-scope matrices (VK_NV_cooperative_matrix2), where
+//        the driver stages the operands through shared memory itself: one BM x BN accumulator
+//        a workgroup, BM x BK and BK x BN operands loaded straight from memory (f16, or f32
+//        converted in the kernel; B row-major or transposed), one or two steps a loop
+//        iteration, or the next step's operands loaded before this step's multiply-add. Needs
+//        the extension; also prints the f32 -> f16 rounding of one 4096^2 operand.
 // Needs a device with f16 cooperative matrices of 16 x 16 x 16 and 16 x 8 x 16 and 32-wide
 // subgroups; prints one line a case, milliseconds and TFLOP/s, the median of 20 runs after
-// 300 ms of warm-up (clocks drop while the host checks results).
+// 500 ms of warm-up (clocks drop while the host checks results).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -367,6 +374,73 @@ void main() {
 }
 )";
 
+// C = A B on workgroup-scope matrices: one BM x BN accumulator a workgroup, operands loaded
+// from memory every BK-deep step. B_TRANSPOSED: B is stored as [GEMM_N, GEMM_K]. F32: operands
+// are f32 in memory and converted to f16 in the kernel.
+constexpr const char* kWorkgroupGemm = R"(
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = THREADS) in;
+#if F32
+#define OPERAND float
+#define WIDTH 32
+#else
+#define OPERAND float16_t
+#define WIDTH 16
+#endif
+layout(set = 0, binding = 0) readonly buffer A { OPERAND a_data[]; };
+layout(set = 0, binding = 1) readonly buffer B { OPERAND b_data[]; };
+layout(set = 0, binding = 2) writeonly buffer C { float c_data[]; };
+#if B_TRANSPOSED
+#define LOAD_B(b, k) coopMatLoadNV(b, b_data, col0 * GEMM_K + (k), GEMM_K, true)
+#else
+#define LOAD_B(b, k) coopMatLoadNV(b, b_data, (k) * GEMM_N + col0, GEMM_N, false)
+#endif
+#if F32
+#define MULTIPLY(a, b) \
+  acc = coopMatMulAddNV(fcoopmatNV<16, gl_ScopeWorkgroup, BM, BK>(a), \
+                        fcoopmatNV<16, gl_ScopeWorkgroup, BK, BN>(b), acc)
+#else
+#define MULTIPLY(a, b) acc = coopMatMulAddNV(a, b, acc)
+#endif
+#define STEP(k)                                                   \
+  {                                                               \
+    fcoopmatNV<WIDTH, gl_ScopeWorkgroup, BM, BK> a;               \
+    fcoopmatNV<WIDTH, gl_ScopeWorkgroup, BK, BN> b;               \
+    coopMatLoadNV(a, a_data, row0 * GEMM_K + (k), GEMM_K, false); \
+    LOAD_B(b, k);                                                 \
+    MULTIPLY(a, b);                                               \
+  }
+void main() {
+  uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+  fcoopmatNV<32, gl_ScopeWorkgroup, BM, BN> acc = fcoopmatNV<32, gl_ScopeWorkgroup, BM, BN>(0.0);
+#if PIPELINED
+  // The next step's operands load before this step's multiply-add (an even step count).
+  fcoopmatNV<WIDTH, gl_ScopeWorkgroup, BM, BK> a_now, a_next;
+  fcoopmatNV<WIDTH, gl_ScopeWorkgroup, BK, BN> b_now, b_next;
+  coopMatLoadNV(a_now, a_data, row0 * GEMM_K, GEMM_K, false);
+  LOAD_B(b_now, 0);
+  for (uint k = BK; k < GEMM_K; k += 2 * BK) {
+    coopMatLoadNV(a_next, a_data, row0 * GEMM_K + k, GEMM_K, false);
+    LOAD_B(b_next, k);
+    MULTIPLY(a_now, b_now);
+    if (k + BK < GEMM_K) {
+      coopMatLoadNV(a_now, a_data, row0 * GEMM_K + k + BK, GEMM_K, false);
+      LOAD_B(b_now, k + BK);
+    }
+    MULTIPLY(a_next, b_next);
+  }
+#else
+  for (uint k = 0; k < GEMM_K; k += BK * UNROLL) {
+    STEP(k)
+#if UNROLL > 1
+    STEP(k + BK)
+#endif
+  }
+#endif
+  coopMatStoreNV(acc, c_data, row0 * GEMM_N + col0, GEMM_N, false);
+}
+)";
+
 // One f32 operand of 4096^2 rounded to f16: what f16 operands in memory would cost up front.
 constexpr const char* kToHalf = R"(
 layout(local_size_x = 256) in;
@@ -398,7 +472,7 @@ double time_ms(Device& device, const KernelSpec& spec, std::vector<BufferRange> 
   commands[0].dispatch = {pipeline, std::move(bindings), {}, groups, spec.label};
   const RecordingId recording = device.record(commands, Timing::whole);
   const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(300))
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500))
     device.submit(recording);
   std::vector<double> times;
   for (int run = 0; run < runs; ++run) {
@@ -476,26 +550,88 @@ struct GemmCase {
   uint32_t b_fragments = 1;  // B fragments live at once: 1, 2 (the next one loading) or all
 };
 
-// Runs `c` at m x n x k; returns the time, and the largest error against the f64 product over a
-// sample of C (checked = false: timing only).
-double run_gemm(Device& device, const GemmCase& c, uint32_t m, uint32_t n, uint32_t k, bool checked,
-                double& worst_error) {
+// A product kernel to time: its spec for m x n x k and its workgroup grid.
+struct ProductKernel {
+  KernelSpec spec;
+  std::array<uint32_t, 3> groups;
+};
+
+// Runs C = A B (B stored transposed where `b_transposed`) at m x n x k through `make`; returns
+// the time, and the largest error against the f64 product over a sample of C (checked = false:
+// timing only).
+template <typename Make>
+double run_product(Device& device, Make make, bool f16, bool b_transposed, uint32_t m, uint32_t n,
+                   uint32_t k, bool checked, double& worst_error, uint64_t offset = 0) {
   std::mt19937 random(7 + m);
   std::vector<float> a(size_t{m} * k), b(size_t{k} * n);
   for (float& x : a) x = exact_half_value(random);
   for (float& x : b) x = exact_half_value(random);
-  const size_t element_bytes = c.f16 ? 2 : 4;
-  const BufferId a_buffer = device.create_buffer(a.size() * element_bytes, BufferUse::device, "a");
-  const BufferId b_buffer = device.create_buffer(b.size() * element_bytes, BufferUse::device, "b");
-  const BufferId c_buffer = device.create_buffer(size_t{m} * n * 4, BufferUse::device, "c");
+  const auto b_at = [&](uint32_t row, uint32_t col) {
+    return b_transposed ? b[size_t{col} * k + row] : b[size_t{row} * n + col];
+  };
+  const size_t element_bytes = f16 ? 2 : 4;
+  const BufferId a_buffer =
+      device.create_buffer(offset + a.size() * element_bytes, BufferUse::device, "a");
+  const BufferId b_buffer =
+      device.create_buffer(offset + b.size() * element_bytes, BufferUse::device, "b");
+  const BufferId c_buffer =
+      device.create_buffer(offset + size_t{m} * n * 4, BufferUse::device, "c");
   auto upload = [&](BufferId buffer, const std::vector<float>& values) {
-    if (!c.f16) return device.write_buffer(buffer, 0, std::as_bytes(std::span(values)));
+    if (!f16) return device.write_buffer(buffer, offset, std::as_bytes(std::span(values)));
     std::vector<uint16_t> bits(values.size());
     std::transform(values.begin(), values.end(), bits.begin(), half_bits);
-    device.write_buffer(buffer, 0, std::as_bytes(std::span(bits)));
+    device.write_buffer(buffer, offset, std::as_bytes(std::span(bits)));
   };
   upload(a_buffer, a);
   upload(b_buffer, b);
+  const ProductKernel product_kernel = make(m, n, k);
+  const double ms = time_ms(device, product_kernel.spec,
+                            {{a_buffer, offset, a.size() * element_bytes},
+                             {b_buffer, offset, b.size() * element_bytes},
+                             {c_buffer, offset, size_t{m} * n * 4}},
+                            product_kernel.groups, checked ? 1 : 20);
+  worst_error = 0;
+  if (checked) {
+    std::vector<float> product(size_t{m} * n);
+    device.read_buffer(c_buffer, offset, std::as_writable_bytes(std::span(product)));
+    for (uint32_t row = 0; row < m; row += 7)
+      for (uint32_t col = 0; col < n; col += 5) {
+        double sum = 0;
+        for (uint32_t i = 0; i < k; ++i) sum += double{a[size_t{row} * k + i]} * b_at(i, col);
+        worst_error = std::max(worst_error, std::abs(sum - product[size_t{row} * n + col]));
+      }
+  }
+  device.destroy_buffer(a_buffer);
+  device.destroy_buffer(b_buffer);
+  device.destroy_buffer(c_buffer);
+  return ms;
+}
+
+// Checks the product at 512 x 1024 x 768 (unless `timing_only`), then times it at 4096^3 and
+// prints one line.
+template <typename Make>
+void check_and_time(Device& device, const char* name, Make make, bool f16, bool b_transposed,
+                    bool timing_only) {
+  try {
+    double error = 0;
+    if (!timing_only) {
+      run_product(device, make, f16, b_transposed, 512, 1024, 768, true, error);
+      // Products of multiples of 2^-10 summed in f32: far below 1e-2 unless the kernel is wrong.
+      if (error > 1e-2) {
+        std::printf("gemm %s: WRONG, largest error %.3g at 512x1024x768\n", name, error);
+        return;
+      }
+    }
+    const double ms = run_product(device, make, f16, b_transposed, 4096, 4096, 4096, false, error);
+    std::printf("gemm 4096^3 %s: %.4f ms, %.1f TFLOP/s\n", name, ms,
+                2.0 * 4096 * 4096 * 4096 / ms / 1e9);
+  } catch (const std::exception& failure) {
+    std::printf("gemm %s: %s\n", name, failure.what());
+  }
+}
+
+// The staged subgroup-scope GEMM of `c` at m x n x k.
+ProductKernel staged_kernel(const GemmCase& c, uint32_t m, uint32_t n, uint32_t k) {
   const uint32_t block_m = c.warps_m * c.frags_m * 16, block_n = c.warps_n * c.frags_n * 8;
   const KernelSpec spec = kernel("staged gemm", kStagedGemm,
                                  {{"THREADS", std::to_string(c.warps_m * c.warps_n * 32)},
@@ -512,27 +648,19 @@ double run_gemm(Device& device, const GemmCase& c, uint32_t m, uint32_t n, uint3
                                   {"GEMM_N", std::to_string(n) + "u"},
                                   {"GEMM_K", std::to_string(k) + "u"}},
                                  3, true);
-  const double ms = time_ms(device, spec,
-                            {{a_buffer, 0, a.size() * element_bytes},
-                             {b_buffer, 0, b.size() * element_bytes},
-                             {c_buffer, 0, size_t{m} * n * 4}},
-                            {n / block_n, m / block_m, 1}, checked ? 1 : 20);
-  worst_error = 0;
-  if (checked) {
-    std::vector<float> product(size_t{m} * n);
-    device.read_buffer(c_buffer, 0, std::as_writable_bytes(std::span(product)));
-    for (uint32_t row = 0; row < m; row += 7)
-      for (uint32_t col = 0; col < n; col += 5) {
-        double sum = 0;
-        for (uint32_t i = 0; i < k; ++i)
-          sum += double{a[size_t{row} * k + i]} * b[size_t{i} * n + col];
-        worst_error = std::max(worst_error, std::abs(sum - product[size_t{row} * n + col]));
-      }
-  }
-  device.destroy_buffer(a_buffer);
-  device.destroy_buffer(b_buffer);
-  device.destroy_buffer(c_buffer);
-  return ms;
+  return {spec, {n / block_n, m / block_m, 1}};
+}
+
+void half_conversion(Device& device) {
+  constexpr uint32_t kCount = 4096 * 4096;
+  const BufferId x = device.create_buffer(uint64_t{kCount} * 4, BufferUse::device, "x");
+  const BufferId y = device.create_buffer(uint64_t{kCount} * 2, BufferUse::device, "y");
+  const KernelSpec spec =
+      kernel("to half", kToHalf, {{"COUNT4", std::to_string(kCount / 4) + "u"}}, 2, false);
+  const double ms =
+      time_ms(device, spec, {{x, 0, uint64_t{kCount} * 4}, {y, 0, uint64_t{kCount} * 2}},
+              {kCount / 4 / 256, 1, 1});
+  std::printf("f32 -> f16 of 4096^2: %.4f ms, %.0f GB/s\n", ms, kCount * 6.0 / ms / 1e6);
 }
 
 void staged_gemms(Device& device) {
@@ -554,32 +682,72 @@ void staged_gemms(Device& device) {
                   c.prefetch, c.b_fragments, c.f16 ? "f16 operands" : "f32 operands",
                   c.counted ? "3 slots counted" : "2 slots + barrier",
                   c.cached ? ", loads from cache (timing only)" : "");
-    try {
-      double error = 0;
-      if (!c.cached) {
-        run_gemm(device, c, 512, 1024, 768, true, error);
-        // Products of multiples of 2^-10 summed in f32: far below 1e-2 unless the kernel is wrong.
-        if (error > 1e-2) {
-          std::printf("gemm %s: WRONG, largest error %.3g at 512x1024x768\n", name, error);
-          continue;
-        }
-      }
-      const double ms = run_gemm(device, c, 4096, 4096, 4096, false, error);
-      std::printf("gemm 4096^3 %s: %.4f ms, %.1f TFLOP/s\n", name, ms,
-                  2.0 * 4096 * 4096 * 4096 / ms / 1e9);
-    } catch (const std::exception& failure) {
-      std::printf("gemm %s: %s\n", name, failure.what());
-    }
+    check_and_time(
+        device, name, [&](uint32_t m, uint32_t n, uint32_t k) { return staged_kernel(c, m, n, k); },
+        c.f16, false, c.cached);
   }
-  constexpr uint32_t kCount = 4096 * 4096;
-  const BufferId x = device.create_buffer(uint64_t{kCount} * 4, BufferUse::device, "x");
-  const BufferId y = device.create_buffer(uint64_t{kCount} * 2, BufferUse::device, "y");
-  const KernelSpec spec =
-      kernel("to half", kToHalf, {{"COUNT4", std::to_string(kCount / 4) + "u"}}, 2, false);
-  const double ms =
-      time_ms(device, spec, {{x, 0, uint64_t{kCount} * 4}, {y, 0, uint64_t{kCount} * 2}},
-              {kCount / 4 / 256, 1, 1});
-  std::printf("f32 -> f16 of 4096^2: %.4f ms, %.0f GB/s\n", ms, kCount * 6.0 / ms / 1e6);
+  half_conversion(device);
+}
+
+void workgroup_gemms(Device& device) {
+  const WorkgroupCoopMatrixCaps& caps = device.info().caps.workgroup_coop_matrix;
+  if (!caps.available) {
+    std::printf("workgroup-scope cooperative matrices: not available on this device\n");
+    return;
+  }
+  std::printf("workgroup scope: <= %u invocations, <= %u a side, %u bytes reserved\n",
+              caps.max_workgroup_invocations, caps.max_dimension,
+              caps.reserved_shared_memory_bytes);
+  struct Case {
+    uint32_t block_m, block_n, block_k, threads;
+    bool b_transposed, f32;
+    uint32_t unroll = 1;
+    bool pipelined = false;
+  };
+  // The library's kernel (kernels/gemm_workgroup.hpp) first, then what it was chosen over
+  // (docs/BENCHMARKS.md run 48): one step a loop iteration, other blocks and depths, B stored
+  // transposed, f32 operands converted in the kernel, and the next step's operands loaded
+  // before this step's multiply-add.
+  const Case cases[] = {
+      {128, 256, 64, 256, false, false, 2},       {128, 256, 64, 256, false, false, 1},
+      {128, 128, 64, 128, false, false, 2},       {256, 128, 64, 256, false, false, 2},
+      {128, 256, 32, 256, false, false, 2},       {128, 128, 32, 256, false, false, 1},
+      {128, 256, 64, 256, true, false, 2},        {128, 256, 64, 256, false, true, 1},
+      {128, 256, 64, 256, false, false, 1, true}, {128, 128, 32, 128, false, false, 1, true}};
+  for (const Case& c : cases) {
+    char name[160];
+    std::snprintf(name, sizeof name,
+                  "workgroup scope %ux%u block, %u deep x%u%s, %u invocations, %s operands, B %s",
+                  c.block_m, c.block_n, c.block_k, c.unroll, c.pipelined ? " pipelined" : "",
+                  c.threads, c.f32 ? "f32" : "f16", c.b_transposed ? "transposed" : "row-major");
+    const bool fits = std::any_of(caps.configs.begin(), caps.configs.end(), [&](const auto& g) {
+      return g.a == ScalarType::f16 && g.c == ScalarType::f32 && c.block_m % g.m_granularity == 0 &&
+             c.block_n % g.n_granularity == 0 && c.block_k % g.k_granularity == 0 &&
+             (g.workgroup_invocations == 0 || g.workgroup_invocations == c.threads);
+    });
+    if (!fits || c.threads > caps.max_workgroup_invocations) {
+      std::printf("gemm %s: no configuration allows it\n", name);
+      continue;
+    }
+    const auto make = [&](uint32_t m, uint32_t n, uint32_t k) {
+      const KernelSpec spec = kernel("workgroup gemm", kWorkgroupGemm,
+                                     {{"THREADS", std::to_string(c.threads)},
+                                      {"BM", std::to_string(c.block_m)},
+                                      {"BN", std::to_string(c.block_n)},
+                                      {"BK", std::to_string(c.block_k)},
+                                      {"B_TRANSPOSED", c.b_transposed ? "1" : "0"},
+                                      {"F32", c.f32 ? "1" : "0"},
+                                      {"UNROLL", std::to_string(c.unroll)},
+                                      {"PIPELINED", c.pipelined ? "1" : "0"},
+                                      {"GEMM_M", std::to_string(m) + "u"},
+                                      {"GEMM_N", std::to_string(n) + "u"},
+                                      {"GEMM_K", std::to_string(k) + "u"}},
+                                     3, true);
+      return ProductKernel{spec, {n / c.block_n, m / c.block_m, 1}};
+    };
+    check_and_time(device, name, make, !c.f32, c.b_transposed, false);
+  }
+  half_conversion(device);
 }
 
 }  // namespace
@@ -587,8 +755,8 @@ void staged_gemms(Device& device) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string mode = argc > 1 ? argv[1] : "all";
-  if (mode != "all" && mode != "rates" && mode != "gemm") {
-    std::fprintf(stderr, "usage: coop_probe [rates|gemm|all]\n");
+  if (mode != "all" && mode != "rates" && mode != "gemm" && mode != "workgroup") {
+    std::fprintf(stderr, "usage: coop_probe [rates|gemm|workgroup|all]\n");
     return 2;
   }
   try {
@@ -608,12 +776,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     const uint32_t units = std::max(1u, info.caps.compute_units);
-    if (mode != "gemm") {
+    if (mode == "all" || mode == "rates") {
       const BufferId out = device->create_buffer(uint64_t{256} << 20, BufferUse::device, "out");
       register_rates(*device, out, units);
       device->destroy_buffer(out);
     }
-    if (mode != "rates") staged_gemms(*device);
+    if (mode == "all" || mode == "gemm") staged_gemms(*device);
+    if (mode == "all" || mode == "workgroup") workgroup_gemms(*device);
   } catch (const std::exception& failure) {
     std::fprintf(stderr, "coop_probe: %s\n", failure.what());
     return 1;

@@ -21,7 +21,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
 
   --verbose         also list each device's limits, compute units (where the driver reports
                     them), cooperative-matrix shapes and whether it has workgroup-scope
-                    cooperative matrices (VK_NV_cooperative_matrix2, which no kernel uses yet)
+                    cooperative matrices (VK_NV_cooperative_matrix2, which the fast GEMM uses
+                    for large products), with their limits and granularities
   --bench-compile   build the CNN training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the build times
@@ -72,8 +73,21 @@ void print_details(const gpu::DeviceInfo& info) {
                 scalar_name(config.a).data(), scalar_name(config.b).data(),
                 scalar_name(config.c).data(), scalar_name(config.result).data());
   }
+  const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
   std::printf("    workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2): %s\n",
-              caps.coop_matrix2_nv ? "yes" : "no");
+              workgroup.available ? "yes" : "no");
+  if (!workgroup.available) return;
+  std::printf(
+      "      workgroups <= %u invocations, matrices <= %u a side, %u bytes of shared memory "
+      "reserved\n",
+      workgroup.max_workgroup_invocations, workgroup.max_dimension,
+      workgroup.reserved_shared_memory_bytes);
+  for (const gpu::WorkgroupCoopMatrixConfig& config : workgroup.configs)
+    std::printf("      multiples of %ux%ux%u  %s x %s + %s -> %s, %u invocations\n",
+                config.m_granularity, config.n_granularity, config.k_granularity,
+                scalar_name(config.a).data(), scalar_name(config.b).data(),
+                scalar_name(config.c).data(), scalar_name(config.result).data(),
+                config.workgroup_invocations);
 }
 
 void bench_compile(const std::string& device) {

@@ -15,9 +15,10 @@ namespace {
 const std::unordered_map<std::string_view, LoweringFunction>& lowering_table() {
   static const auto table = [] {
     std::unordered_map<std::string_view, LoweringFunction> entries;
-    for (const auto& family : {pointwise_lowerings(), layout_lowerings(), reduction_lowerings(),
-                               gemm_lowerings(), conv_lowerings(), pool_lowerings(),
-                               norm_lowerings(), attention_lowerings(), loss_lowerings()}) {
+    for (const auto& family :
+         {pointwise_lowerings(), layout_lowerings(), reduction_lowerings(), gemm_lowerings(),
+          workgroup_gemm_lowerings(), conv_lowerings(), pool_lowerings(), norm_lowerings(),
+          attention_lowerings(), loss_lowerings()}) {
       for (const LoweringEntry& entry : family) entries.emplace(entry.op, entry.lower);
     }
     return entries;
@@ -33,6 +34,8 @@ const char* glsl_element_type(DType dtype) {
       return "int";
     case DType::u32:
       return "uint";
+    case DType::f16:
+      return "float16_t";
     default:
       return nullptr;
   }
@@ -53,11 +56,15 @@ uint linear_workgroup() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_Work
 
 std::string buffer_declarations(const Graph& graph, const Launch& launch) {
   std::string text;
+  if (launch.f16_operands)
+    text +=
+        "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+        "#extension GL_EXT_shader_16bit_storage : require\n";
   for (size_t k = 0; k < launch.operands.size(); ++k) {
     const Operand& operand = launch.operands[k];
     const DType dtype = graph.type(operand.value).dtype;
     const char* element = glsl_element_type(dtype);
-    if (!element) {
+    if (!element || (dtype == DType::f16 && !launch.f16_operands)) {
       throw Error(launch.label + ": operand '" + operand.name + "' has dtype " +
                   std::string(dtype_name(dtype)) +
                   ", which the strict f32 kernels do not support yet");

@@ -33,6 +33,9 @@ struct DeviceTraits {
   // the fast GEMM uses), per extension; fast_precision asks for them (Precision::fast).
   bool coop_matrix_f16_nv = false;
   bool coop_matrix_f16_khr = false;
+  // Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2) for f16 A and B and f32
+  // accumulators on 256 invocations, in blocks of 128 x 256 x 64, with f16 storage buffers.
+  bool workgroup_coop_matrix_f16 = false;
   bool fast_precision = false;
   std::string name = "device";
 };
@@ -52,10 +55,14 @@ struct Launch {
   std::array<uint32_t, 3> groups{1, 1, 1};
   // The GLSL uses GL_NV_cooperative_matrix; compile it to SPV_KHR_cooperative_matrix instead.
   bool khr_cooperative_matrix = false;
+  // The kernel reads or writes f16 values (float16_t arrays); other kernels name the f16 operand
+  // in an error instead of compiling against values they were not written for.
+  bool f16_operands = false;
 };
 
 // The GLSL text that declares `launch`'s operands as std430 storage buffers (binding k is
-// operand k; f32 values as float[], i32 as int[]), followed by the common prelude.
+// operand k; f32 values as float[], i32 as int[], and f16 as float16_t[] after the extensions
+// that allow it where the launch has f16_operands), followed by the common prelude.
 std::string buffer_declarations(const Graph& graph, const Launch& launch);
 
 // Grid for `count` independent work items in workgroups of `local_size`, spread over x and y
@@ -102,6 +109,7 @@ std::vector<LoweringEntry> pointwise_lowerings();
 std::vector<LoweringEntry> layout_lowerings();
 std::vector<LoweringEntry> reduction_lowerings();
 std::vector<LoweringEntry> gemm_lowerings();
+std::vector<LoweringEntry> workgroup_gemm_lowerings();
 std::vector<LoweringEntry> conv_lowerings();
 std::vector<LoweringEntry> pool_lowerings();
 std::vector<LoweringEntry> norm_lowerings();
@@ -121,9 +129,9 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // an attention_grad_v (one pass over the scores for both; MEGANEURA_ATTENTION_FUSED_KV=0 turns
 // that off) and an attention_grad_scores (the weights it computes anyway); a
 // winograd_grad_tiles after the winograd_tiles that one matmul multiplies it with, when its
-// input comes before that (one launch for both transforms of a Winograd weight gradient). A companion comes
-// after its producer in the graph, so every reader of it runs after the producer's launch; a
-// producer writes at most one companion of each op.
+// input comes before that (one launch for both transforms of a Winograd weight gradient). A
+// companion comes after its producer in the graph, so every reader of it runs after the producer's
+// launch; a producer writes at most one companion of each op.
 bool is_companion_op(std::string_view op);
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device);

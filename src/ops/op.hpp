@@ -50,6 +50,7 @@ void register_reduce_ops(std::vector<OpDef>& registry);
 void register_shape_ops(std::vector<OpDef>& registry);
 void register_conv_ops(std::vector<OpDef>& registry);
 void register_winograd_ops(std::vector<OpDef>& registry);
+void register_half_gemm_ops(std::vector<OpDef>& registry);
 void register_pool_ops(std::vector<OpDef>& registry);
 void register_norm_ops(std::vector<OpDef>& registry);
 void register_attention_ops(std::vector<OpDef>& registry);

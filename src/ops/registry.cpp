@@ -13,8 +13,8 @@ struct Registry {
   Registry() {
     for (OpRegistrar family :
          {register_leaf_ops, register_elementwise_ops, register_matmul_ops, register_reduce_ops,
-          register_shape_ops, register_conv_ops, register_winograd_ops, register_pool_ops, register_norm_ops,
-          register_attention_ops, register_loss_ops}) {
+          register_shape_ops, register_conv_ops, register_winograd_ops, register_half_gemm_ops,
+          register_pool_ops, register_norm_ops, register_attention_ops, register_loss_ops}) {
       family(ops);
     }
     for (size_t i = 0; i < ops.size(); ++i) by_name.emplace(ops[i].name, i);

@@ -26,6 +26,11 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
               std::vector<ValueId>* remap = nullptr);
 
+// The workgroup GEMM: a 2-D matmul that suits it on `device` (kernels/gemm_workgroup.hpp)
+// becomes round_to_f16 of both operands and a half_matmul (ops/half_gemm.hpp).
+Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
+                     std::vector<ValueId>* remap = nullptr);
+
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
 // rows becomes one node computing partial results over slices of the keys (attribute
 // kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine

@@ -316,6 +316,8 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   if (dq_gemm)
     program.graph = passes::attention_grad_q_gemm(
         program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+  // Before split-K, which would otherwise split the products the workgroup GEMM takes whole.
+  program.graph = passes::workgroup_gemm(program.graph, device);
   // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
   if (split_k)
     program.graph = passes::split_reductions(

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "kernels/gemm_coopmat.hpp"
+#include "kernels/gemm_workgroup.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
 #include "vk/gpu.hpp"
@@ -29,6 +30,25 @@ bool has_f16_coop_shape(const gpu::DeviceCaps& caps, bool khr) {
                                         });
 }
 
+// The workgroup GEMM's configuration (kernels/gemm_workgroup.hpp): f16 x f16 + f32 on 256
+// invocations, whose granularities divide its 128 x 256 x 64 blocks.
+bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps) {
+  const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
+  return workgroup.available && caps.storage_f16 &&
+         workgroup.max_workgroup_invocations >= kernels::kWorkgroupGemmInvocations &&
+         std::any_of(workgroup.configs.begin(), workgroup.configs.end(),
+                     [](const gpu::WorkgroupCoopMatrixConfig& config) {
+                       return config.a == gpu::ScalarType::f16 &&
+                              config.b == gpu::ScalarType::f16 &&
+                              config.c == gpu::ScalarType::f32 &&
+                              config.result == gpu::ScalarType::f32 &&
+                              config.workgroup_invocations == kernels::kWorkgroupGemmInvocations &&
+                              kernels::kWorkgroupGemmBlockM % config.m_granularity == 0 &&
+                              kernels::kWorkgroupGemmBlockN % config.n_granularity == 0 &&
+                              kernels::kWorkgroupGemmBlockK % config.k_granularity == 0;
+                     });
+}
+
 kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision) {
   kernels::DeviceTraits traits;
   traits.subgroup_size = info.caps.subgroup_size;
@@ -41,6 +61,7 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision
   traits.name = info.name;
   traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
   traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
+  traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps);
   traits.fast_precision = precision == Precision::fast;
   return traits;
 }

@@ -44,6 +44,7 @@ VkPhysicalDeviceFeatures2* DeviceFeatures::chain() {
   append(tail, atomic_float, known.atomic_float);
   append(tail, coop_matrix_nv, known.coop_matrix_nv);
   append(tail, coop_matrix_khr, known.coop_matrix_khr);
+  append(tail, coop_matrix2_nv, known.coop_matrix2_nv);
   append(tail, bf16, known.bf16);
   append(tail, executable_properties, known.executable_properties);
   *tail = nullptr;
@@ -66,6 +67,9 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
   features.known.atomic_float = available.group(0, VK_EXT_SHADER_ATOMIC_FLOAT_EXTENSION_NAME);
   features.known.coop_matrix_nv = available.group(0, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
   features.known.coop_matrix_khr = available.group(0, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  // Workgroup-scope matrices are KHR cooperative matrices of a wider scope.
+  features.known.coop_matrix2_nv = features.known.coop_matrix_khr &&
+                                   available.group(0, VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME);
   features.known.bf16 = available.group(0, VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
   features.known.executable_properties =
       available.group(0, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
@@ -138,6 +142,10 @@ DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validati
 
   on.coop_matrix_nv.cooperativeMatrix = supported.coop_matrix_nv.cooperativeMatrix;
   on.coop_matrix_khr.cooperativeMatrix = supported.coop_matrix_khr.cooperativeMatrix;
+  on.coop_matrix2_nv.cooperativeMatrixWorkgroupScope =
+      supported.coop_matrix2_nv.cooperativeMatrixWorkgroupScope;
+  on.coop_matrix2_nv.cooperativeMatrixFlexibleDimensions =
+      supported.coop_matrix2_nv.cooperativeMatrixFlexibleDimensions;
 
   on.bf16.shaderBFloat16Type = supported.bf16.shaderBFloat16Type;
   on.bf16.shaderBFloat16CooperativeMatrix = supported.bf16.shaderBFloat16CooperativeMatrix;

@@ -37,6 +37,9 @@ struct DeviceFeatures {
   VkPhysicalDeviceCooperativeMatrixFeaturesKHR coop_matrix_khr =
       vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
           VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR);
+  VkPhysicalDeviceCooperativeMatrix2FeaturesNV coop_matrix2_nv =
+      vk_struct<VkPhysicalDeviceCooperativeMatrix2FeaturesNV>(
+          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV);
   VkPhysicalDeviceShaderBfloat16FeaturesKHR bf16 =
       vk_struct<VkPhysicalDeviceShaderBfloat16FeaturesKHR>(
           VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR);
@@ -47,7 +50,7 @@ struct DeviceFeatures {
   struct Known {
     bool storage8 = false, float16_int8 = false, memory_model = false,
          subgroup_size_control = false, maintenance4 = false, atomic_float = false,
-         coop_matrix_nv = false, coop_matrix_khr = false, bf16 = false,
+         coop_matrix_nv = false, coop_matrix_khr = false, coop_matrix2_nv = false, bf16 = false,
          executable_properties = false;
   } known;
 

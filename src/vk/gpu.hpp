@@ -25,6 +25,26 @@ struct CoopMatrixConfig {
   bool khr = false;  // from VK_KHR_cooperative_matrix (else VK_NV_cooperative_matrix)
 };
 
+// One workgroup-scope cooperative-matrix configuration (VK_NV_cooperative_matrix2): a matrix
+// spread over a whole workgroup of `workgroup_invocations`, whose sizes are any multiples of
+// the granularities (A is M x K, B K x N), staged through shared memory by the driver.
+struct WorkgroupCoopMatrixConfig {
+  uint32_t m_granularity = 0, n_granularity = 0, k_granularity = 0;
+  ScalarType a = ScalarType::other, b = ScalarType::other, c = ScalarType::other,
+             result = ScalarType::other;
+  uint32_t workgroup_invocations = 0;
+};
+
+struct WorkgroupCoopMatrixCaps {
+  // The device has VK_NV_cooperative_matrix2 with workgroup scope and flexible dimensions, and
+  // they are enabled (not on validated devices: Debian's layer predates the extension).
+  bool available = false;
+  uint32_t max_workgroup_invocations = 0;
+  uint32_t max_dimension = 0;
+  uint32_t reserved_shared_memory_bytes = 0;  // taken from a kernel's 48 KiB by the staging
+  std::vector<WorkgroupCoopMatrixConfig> configs;
+};
+
 struct MemoryHeap {
   uint64_t bytes = 0;
   bool device_local = false;
@@ -54,10 +74,7 @@ struct DeviceCaps {
   bool timestamps = false;
   double timestamp_period_ns = 0;
   std::vector<CoopMatrixConfig> coop_matrix;
-  // VK_NV_cooperative_matrix2 (workgroup-scope matrices): reported by `devices --verbose`, since
-  // it is what a fast GEMM past the subgroup-scope kernels would need (docs/KERNELS.md); no
-  // kernel uses it, as Debian's glslang 12 cannot compile it.
-  bool coop_matrix2_nv = false;
+  WorkgroupCoopMatrixCaps workgroup_coop_matrix;
   std::vector<MemoryHeap> heaps;
 };
 

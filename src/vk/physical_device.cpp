@@ -103,6 +103,39 @@ void read_coop_matrix_configs(VkInstance instance, VkPhysicalDevice device,
   }
 }
 
+constexpr uint32_t kWorkgroupScope = 2;  // VK_SCOPE_WORKGROUP_KHR
+
+// What workgroup-scope matrices allow; `properties` is VK_NV_cooperative_matrix2's limits, read
+// with the other properties.
+void read_workgroup_coop_matrix(VkInstance instance, VkPhysicalDevice device,
+                                const DeviceFeatures& features,
+                                const VkPhysicalDeviceCooperativeMatrix2PropertiesNV& properties,
+                                WorkgroupCoopMatrixCaps& out) {
+  if (!features.known.coop_matrix2_nv ||
+      !features.coop_matrix2_nv.cooperativeMatrixWorkgroupScope ||
+      !features.coop_matrix2_nv.cooperativeMatrixFlexibleDimensions)
+    return;
+  auto query =
+      reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV>(
+          vkGetInstanceProcAddr(
+              instance, "vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV"));
+  uint32_t count = 0;
+  if (query == nullptr || query(device, &count, nullptr) != VK_SUCCESS) return;
+  std::vector<VkCooperativeMatrixFlexibleDimensionsPropertiesNV> configs(
+      count, vk_struct<VkCooperativeMatrixFlexibleDimensionsPropertiesNV>(
+                 VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_FLEXIBLE_DIMENSIONS_PROPERTIES_NV));
+  if (query(device, &count, configs.data()) != VK_SUCCESS) return;
+  for (const auto& c : configs)
+    if (static_cast<uint32_t>(c.scope) == kWorkgroupScope && !c.saturatingAccumulation)
+      out.configs.push_back({c.MGranularity, c.NGranularity, c.KGranularity, scalar_of(c.AType),
+                             scalar_of(c.BType), scalar_of(c.CType), scalar_of(c.ResultType),
+                             c.workgroupInvocations});
+  out.available = !out.configs.empty();
+  out.max_workgroup_invocations = properties.cooperativeMatrixWorkgroupScopeMaxWorkgroupSize;
+  out.max_dimension = properties.cooperativeMatrixFlexibleDimensionsMaxDimension;
+  out.reserved_shared_memory_bytes = properties.cooperativeMatrixWorkgroupScopeReservedSharedMemory;
+}
+
 // Prefers a queue family that can also write timestamps, so profiles work.
 void choose_compute_queue(VkPhysicalDevice device, PhysicalDevice& out) {
   uint32_t count = 0;
@@ -128,8 +161,8 @@ void chain(void**& tail, Link& link) {
   tail = &link.pNext;
 }
 
-void read_properties(VkPhysicalDevice device, const std::vector<std::string>& extensions,
-                     PhysicalDevice& out) {
+void read_properties(VkInstance instance, VkPhysicalDevice device,
+                     const std::vector<std::string>& extensions, PhysicalDevice& out) {
   auto properties =
       vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
   auto subgroup = vk_struct<VkPhysicalDeviceSubgroupProperties>(
@@ -150,6 +183,8 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_2_AMD);
   auto arm_core = vk_struct<VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_BUILTINS_PROPERTIES_ARM);
+  auto coop_matrix2 = vk_struct<VkPhysicalDeviceCooperativeMatrix2PropertiesNV>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_PROPERTIES_NV);
   const bool driver_known = out.api_version >= VK_API_VERSION_1_2 ||
                             has(extensions, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
   const bool nv = has(extensions, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
@@ -165,6 +200,7 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   if (amd) chain(tail, amd_core);
   if (amd2) chain(tail, amd_core2);
   if (arm) chain(tail, arm_core);
+  if (out.features.known.coop_matrix2_nv) chain(tail, coop_matrix2);
   vkGetPhysicalDeviceProperties2(device, &properties);
 
   const auto& p = properties.properties;
@@ -204,6 +240,8 @@ void read_properties(VkPhysicalDevice device, const std::vector<std::string>& ex
   caps.max_push_constants_bytes = p.limits.maxPushConstantsSize;
   caps.max_storage_buffers_per_stage = p.limits.maxPerStageDescriptorStorageBuffers;
   caps.timestamp_period_ns = p.limits.timestampPeriod;
+  read_workgroup_coop_matrix(instance, device, out.features, coop_matrix2,
+                             caps.workgroup_coop_matrix);
 }
 
 void read_memory(VkPhysicalDevice device, PhysicalDevice& out) {
@@ -249,14 +287,18 @@ std::vector<PhysicalDevice> enumerate_physical_devices(const Instance& instance)
       continue;
     }
     auto extensions = extensions_of(handles[index]);
+    // Debian's validation layer (1.3.239) predates VK_NV_cooperative_matrix2 and reports its
+    // structs in every query, so a validated instance does without it (as it does without the
+    // KHR cooperative matrices, device_features.cpp).
+    if (instance.validation())
+      std::erase(extensions, std::string(VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME));
     device.features = query_features(handles[index], device.api_version, extensions);
-    read_properties(handles[index], extensions, device);
+    read_properties(instance.handle(), handles[index], extensions, device);
     read_memory(handles[index], device);
     read_feature_caps(device);
     choose_compute_queue(handles[index], device);
     read_coop_matrix_configs(instance.handle(), handles[index], device.features,
                              device.info.caps.coop_matrix);
-    device.info.caps.coop_matrix2_nv = has(extensions, "VK_NV_cooperative_matrix2");
     devices.push_back(std::move(device));
   }
   if (devices.empty())

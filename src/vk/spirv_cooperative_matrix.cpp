@@ -3,6 +3,7 @@
 #define SPV_ENABLE_UTILITY_CODE
 #include <glslang/SPIRV/spirv.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <initializer_list>
@@ -75,6 +76,9 @@ ModuleFacts gather_facts(std::span<const uint32_t> module) {
   ModuleFacts facts;
   std::map<uint32_t, uint32_t> type_of_value;
   std::vector<uint32_t> matrix_types;
+  // (source type, result type) of every conversion: KHR converts only between matrices of one
+  // use, so a matrix converted into an A operand is an A matrix too.
+  std::vector<std::pair<uint32_t, uint32_t>> conversions;
   const auto assign = [&](uint32_t type, Use use) {
     auto [it, inserted] = facts.use_of_type.emplace(type, use);
     if (!inserted && it->second != use)
@@ -100,6 +104,16 @@ ModuleFacts gather_facts(std::span<const uint32_t> module) {
       case spv::OpTypeCooperativeMatrixNV:
         matrix_types.push_back(instruction.operands[0]);
         break;
+      case spv::OpFConvert:
+      case spv::OpSConvert:
+      case spv::OpUConvert:
+      case spv::OpConvertFToS:
+      case spv::OpConvertFToU:
+      case spv::OpConvertSToF:
+      case spv::OpConvertUToF:
+        conversions.emplace_back(type_of_value.at(instruction.operands[2]),
+                                 instruction.operands[0]);
+        break;
       case spv::OpCooperativeMatrixMulAddNV:
         assign(type_of_value.at(instruction.operands[2]), kMatrixA);
         assign(type_of_value.at(instruction.operands[3]), kMatrixB);
@@ -110,6 +124,26 @@ ModuleFacts gather_facts(std::span<const uint32_t> module) {
         break;
     }
   });
+  const auto is_matrix = [&](uint32_t type) {
+    return std::find(matrix_types.begin(), matrix_types.end(), type) != matrix_types.end();
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& [source, result] : conversions) {
+      if (!is_matrix(source) || !is_matrix(result)) continue;
+      const auto source_use = facts.use_of_type.find(source);
+      const auto result_use = facts.use_of_type.find(result);
+      if (source_use == facts.use_of_type.end() && result_use != facts.use_of_type.end()) {
+        assign(source, result_use->second);
+        changed = true;
+      } else if (result_use == facts.use_of_type.end() && source_use != facts.use_of_type.end()) {
+        assign(result, source_use->second);
+        changed = true;
+      } else if (source_use != facts.use_of_type.end()) {
+        assign(source, result_use->second);  // both known: they must agree
+      }
+    }
+  }
   for (uint32_t type : matrix_types) {
     if (!facts.use_of_type.count(type))
       throw Error(

@@ -11,7 +11,8 @@ namespace mg::gpu::detail {
 
 // Rewrites a module using SPV_NV_cooperative_matrix into the same module using
 // SPV_KHR_cooperative_matrix: the capability and extension, the matrix types (which gain a Use,
-// inferred from their role in the multiply-adds: A, B or accumulator), loads and stores (the
+// inferred from their role in the multiply-adds: A, B or accumulator, and carried through
+// conversions, which keep the use), loads and stores (the
 // column-major flag becomes a memory layout), multiply-adds and lengths. Throws mg::Error when
 // a matrix type has no role or two roles (give A and B different shapes) or when the
 // column-major flag is not a constant.

@@ -316,6 +316,130 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
+// The workgroup GEMM (forced onto small products) in every transposition, K an odd and an
+// even number of 64-deep steps: its two operand roundings compile to valid SPIR-V, and its
+// product to valid NV SPIR-V whose KHR rewrite has three workgroup-scope matrix types, A
+// 128 x 64 and B 64 x 256 in f16 and a 128 x 256 f32 accumulator, a column-major load per
+// transposed operand and the row-major store of C.
+TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
+  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  kernels::DeviceTraits device = coop_device();
+  device.workgroup_coop_matrix_f16 = true;
+  for (const int64_t k : {192, 256}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      Graph graph;
+      const Tensor a = input(graph, "a", ta ? Shape{k, 256} : Shape{256, k});
+      const Tensor b = input(graph, "b", tb ? Shape{512, k} : Shape{k, 512});
+      graph.set_output("y", matmul(a, b, ta, tb).id());
+      const Graph rewritten = passes::workgroup_gemm(graph, device);
+      int roundings = 0, products = 0;
+      for (size_t i = 0; i < rewritten.size(); ++i) {
+        if (rewritten.nodes()[i].is_leaf()) continue;
+        for (const kernels::Launch& launch :
+             kernels::lower_node(rewritten, static_cast<ValueId>(i), device)) {
+          SCOPED_TRACE(launch.label + " K " + std::to_string(k) + " flags " +
+                       std::to_string(flags));
+          const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(rewritten, launch));
+          if (launch.kernel == "round_to_f16") {
+            ++roundings;
+            continue;
+          }
+          ASSERT_EQ(launch.kernel, "gemm_workgroup_coopmat");
+          ++products;
+          EXPECT_TRUE(launch.khr_cooperative_matrix);
+          EXPECT_EQ(define_of(launch, "ODD_STEPS"), k == 192 ? "1" : "0");
+          constexpr uint32_t kOpTypeFloat = 22, kOpConstant = 43, kOpTypeMatrixKhr = 4456,
+                             kOpLoadKhr = 4457, kOpStoreKhr = 4458, kWorkgroupScope = 2;
+          std::map<uint32_t, uint32_t> constant_value, float_width;
+          std::map<uint32_t, uint32_t>
+              shapes_by_use;  // use -> width * 1000000 + rows * 1000 + columns
+          int column_major_loads = 0, stores = 0;
+          for (const auto& [opcode, operands] :
+               instructions(gpu::detail::nv_to_khr_cooperative_matrix(nv))) {
+            if (opcode == kOpTypeFloat) float_width[operands[0]] = operands[1];
+            if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
+            if (opcode == kOpTypeMatrixKhr) {
+              EXPECT_EQ(constant_value.at(operands[2]), kWorkgroupScope);
+              shapes_by_use[constant_value.at(operands[5])] =
+                  float_width.at(operands[1]) * 1000000 + constant_value.at(operands[3]) * 1000 +
+                  constant_value.at(operands[4]);
+            }
+            if (opcode == kOpLoadKhr) column_major_loads += constant_value.at(operands[3]) == 1;
+            if (opcode == kOpStoreKhr) {
+              ++stores;
+              EXPECT_EQ(constant_value.at(operands[2]), 0u) << "row-major store";
+            }
+          }
+          EXPECT_EQ(shapes_by_use,
+                    (std::map<uint32_t, uint32_t>{{0, 16128064}, {1, 16064256}, {2, 32128256}}));
+          // Each step loads both operands: three steps when K is 192 (two in the loop, one
+          // after it), two when 256.
+          EXPECT_EQ(column_major_loads, (ta + tb) * (k == 192 ? 3 : 2));
+          EXPECT_EQ(stores, 1);
+        }
+      }
+      EXPECT_EQ(roundings, 2);
+      EXPECT_EQ(products, 1);
+    }
+  }
+}
+
+// KHR converts only between matrices of one use, so the rewrite gives a matrix converted into
+// an operand that operand's use: here an f32 16 x 16 matrix loaded and converted to f16 before
+// it multiplies as A (as bench/coop_probe's f32-operand workgroup GEMM does).
+TEST(CoopMatrixRewrite, UsesCarryThroughConversions) {
+  gpu::KernelSpec spec;
+  spec.label = "converted A";
+  spec.binding_count = 1;
+  spec.source = R"(
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) buffer Data { float data[]; };
+void main() {
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> a_wide;
+  coopMatLoadNV(a_wide, data, 0, 16, false);
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> b;
+  coopMatLoadNV(b, data, 256, 4, false);
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+  acc = coopMatMulAddNV(fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>(a_wide), b, acc);
+  coopMatStoreNV(acc, data, 512, 8, false);
+}
+)";
+  constexpr uint32_t kOpTypeFloat = 22, kOpConstant = 43, kOpTypeMatrixKhr = 4456;
+  std::map<uint32_t, uint32_t> constant_value, float_width;
+  std::map<uint32_t, uint32_t> use_by_shape;  // width * 1000000 + rows * 1000 + columns -> use
+  for (const auto& [opcode, operands] :
+       instructions(gpu::detail::nv_to_khr_cooperative_matrix(gpu::compile_glsl(spec)))) {
+    if (opcode == kOpTypeFloat) float_width[operands[0]] = operands[1];
+    if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
+    if (opcode == kOpTypeMatrixKhr)
+      use_by_shape[float_width.at(operands[1]) * 1000000 + constant_value.at(operands[3]) * 1000 +
+                   constant_value.at(operands[4])] = constant_value.at(operands[5]);
+  }
+  EXPECT_EQ(use_by_shape, (std::map<uint32_t, uint32_t>{
+                              {32016016, 0}, {16016016, 0}, {16016008, 1}, {32016008, 2}}));
+}
+
+// Only the kernels written for f16 values declare f16 buffers; any other kernel given one names
+// the operand and its dtype instead of compiling against values it was not written for.
+TEST_F(CoopMatrixLowering, F16BuffersOnlyForKernelsWrittenForThem) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 4}, DType::f16);
+  const Tensor y = x + x;
+  graph.set_output("y", y.id());
+  const std::vector<kernels::Launch> launches = kernels::lower_node(graph, y.id(), coop_device());
+  ASSERT_EQ(launches.size(), 1u);
+  try {
+    kernels::buffer_declarations(graph, launches[0]);
+    ADD_FAILURE() << "an f16 operand was declared for " << launches[0].kernel;
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("has dtype f16"), std::string::npos) << error.what();
+  }
+}
+
 // The node of coop_graph() whose op is `op` (it has one).
 ValueId node_of(const Graph& graph, const std::string& op) {
   for (size_t i = 0; i < graph.size(); ++i)
@@ -853,6 +977,45 @@ TEST_F(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   check_convolutions(true);
+}
+
+// Workgroup-scope f16 matrices on 256 invocations (VK_NV_cooperative_matrix2), which the
+// workgroup GEMM needs.
+bool device_has_workgroup_coop_matrices() {
+  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
+  const gpu::WorkgroupCoopMatrixCaps& caps =
+      devices[gpu::choose_device(devices, "")].caps.workgroup_coop_matrix;
+  return caps.available && std::any_of(caps.configs.begin(), caps.configs.end(),
+                                       [](const gpu::WorkgroupCoopMatrixConfig& config) {
+                                         return config.a == gpu::ScalarType::f16 &&
+                                                config.c == gpu::ScalarType::f32 &&
+                                                config.workgroup_invocations == 256;
+                                       });
+}
+
+// The workgroup GEMM (forced onto products below its size rule) in every transposition, K an
+// odd and an even number of its 64-deep steps, several blocks each way: three dispatches (the
+// two operand roundings and the product), values within the fast tolerance. Without
+// validation: the layer predates the extension.
+TEST_F(GpuCoopMatrix, WorkgroupScopeMatmul) {
+  if (!device_has_workgroup_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  uint64_t seed = 40;
+  for (const int64_t k : {192, 256}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      SCOPED_TRACE("K " + std::to_string(k) + " flags " + std::to_string(flags));
+      size_t dispatches = 0;
+      check_on_gpu(
+          {{"a", ta ? Shape{k, 384} : Shape{384, k}}, {"b", tb ? Shape{512, k} : Shape{k, 512}}},
+          [&](Graph& graph, std::vector<Tensor>& in) {
+            graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
+          },
+          kFastTolerance, seed++, fast(), &dispatches, false);
+      EXPECT_EQ(dispatches, 3u);
+    }
+  }
 }
 
 // SPV_KHR_cooperative_matrix through the rewrite, the default wherever the device has it. The NV

@@ -1,6 +1,8 @@
 // matmul and linear: hand-derived products, VJPs for every transpose combination and for
 // broadcast batches, misuse errors.
 #include <array>
+#include <cmath>
+#include <limits>
 #include <random>
 
 #include "gradient_check.hpp"
@@ -165,6 +167,98 @@ TEST(Matmul, MisuseNamesOpAndShapes) {
         linear(a, input(graph, "w2", {5, 3}), input(graph, "bias", {4}));
       },
       {"linear(", "bias must have shape [5]"});
+}
+
+Tensor raw(Graph& graph, const std::string& op, std::vector<ValueId> inputs, Attrs attrs = {}) {
+  return {&graph, graph.add(op, std::move(inputs), std::move(attrs))};
+}
+
+// round_to_f16 against values worked out by hand from f16's format: 11 significant bits, ties
+// to the even neighbour, subnormal steps of 2^-24 below 2^-14, infinity from 65520 on.
+TEST(HalfGemm, RoundToF16ByHand) {
+  const double p = std::ldexp(1.0, -11);  // half of the step just above 1
+  const std::vector<double> in = {1 + p,
+                                  1 + 3 * p,
+                                  1 + 1.5 * p,
+                                  -(2 + 3 * p),
+                                  65519.0,
+                                  65520.0,
+                                  -70000.0,
+                                  std::ldexp(1.0, -25),
+                                  3 * std::ldexp(1.0, -25),
+                                  0.1,
+                                  std::ldexp(1.0, -14) * 1.5 + std::ldexp(1.0, -26)};
+  const std::vector<double> expected = {1.0,
+                                        1 + 4 * p,
+                                        1 + 2 * p,
+                                        -(2 + 4 * p),  // the step above 2 is 4p: 2 + 3p rounds up
+                                        65504.0,
+                                        std::numeric_limits<double>::infinity(),
+                                        -std::numeric_limits<double>::infinity(),
+                                        0.0,
+                                        std::ldexp(1.0, -23),
+                                        0.0999755859375,  // 1638 / 16384
+                                        std::ldexp(1.0, -14) * 1.5};
+  const HostTensor x({static_cast<int64_t>(in.size())}, in);
+  const HostTensor y = evaluate_op(
+      {x}, [](std::vector<Tensor>& v) { return raw(v[0].graph(), "round_to_f16", {v[0].id()}); });
+  ASSERT_EQ(y.data.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(y.data[i], expected[i]) << "element " << i;
+}
+
+// half_matmul multiplies its f16 operands as matmul does, in every transposition, into f32.
+TEST(HalfGemm, HalfMatmulIsTheProductInF32) {
+  const HostTensor a({2, 3}, {1, 2, 3, 4, 5, 6});
+  const HostTensor a_t({3, 2}, {1, 4, 2, 5, 3, 6});
+  const HostTensor b({3, 2}, {7, 8, 9, 10, 11, 12});
+  const HostTensor b_t({2, 3}, {7, 9, 11, 8, 10, 12});
+  for (int flags = 0; flags < 4; ++flags) {
+    const bool ta = flags & 1, tb = flags & 2;
+    Graph graph;
+    Environment environment;
+    const Tensor x = input(graph, "a", (ta ? a_t : a).shape, DType::f16);
+    const Tensor y = input(graph, "b", (tb ? b_t : b).shape, DType::f16);
+    environment.leaves["a"] = ta ? a_t : a;
+    environment.leaves["b"] = tb ? b_t : b;
+    const Tensor product = raw(graph, "half_matmul", {x.id(), y.id()},
+                               {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
+    EXPECT_EQ(product.dtype(), DType::f32);
+    expect_values(evaluate(graph, environment)[product.id()], {2, 2}, kProduct);
+  }
+}
+
+TEST(HalfGemm, Misuse) {
+  Graph graph;
+  const Tensor a = input(graph, "a", {2, 3});
+  const Tensor h = input(graph, "h", {2, 3}, DType::f16);
+  const Tensor g = input(graph, "g", {4, 2}, DType::f16);
+  expect_error([&] { raw(graph, "round_to_f16", {h.id()}); }, {"round_to_f16", "rounds f32"});
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {a.id(), h.id()});
+      },
+      {"half_matmul", "f16 operands", "round_to_f16"});
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {h.id(), g.id()});
+      },
+      {"half_matmul", "inner dimensions differ (3 vs 4)"});
+  const Tensor batch = input(graph, "batch", {2, 3, 2}, DType::f16);
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {batch.id(), batch.id()});
+      },
+      {"half_matmul", "rank 2"});
+  const Tensor rounded = raw(graph, "round_to_f16", {a.id()});
+  expect_error(
+      [&] {
+        gradients(graph,
+                  sum_all(raw(graph, "half_matmul", {rounded.id(), rounded.id()},
+                              {{"transpose_b", int64_t{1}}}))
+                      .id(),
+                  {a.id()});
+      },
+      {"half_matmul", "after differentiation", "differentiate the matmul"});
 }
 
 }  // namespace

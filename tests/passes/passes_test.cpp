@@ -914,5 +914,127 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
   unsetenv("MEGANEURA_ATTENTION_SPLITS");
 }
 
+// A GPU like the H200 with workgroup-scope f16 matrices, in fast precision.
+kernels::DeviceTraits workgroup_capable(int64_t compute_units) {
+  kernels::DeviceTraits device = h200_like(compute_units);
+  device.coop_matrix_f16_khr = true;
+  device.workgroup_coop_matrix_f16 = true;
+  device.fast_precision = true;
+  return device;
+}
+
+// c = a b (each operand stored transposed where its flag says) on seeded leaves: multiples of
+// 2^-8 in [-1, 1] (which f16 holds exactly) or any values in [-1, 1].
+struct RandomProduct {
+  Graph graph;
+  Environment environment;
+};
+RandomProduct random_product(uint64_t seed, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                             bool transpose_b, bool exact_in_f16) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  RandomProduct result;
+  const Shape a_shape = transpose_a ? Shape{k, m} : Shape{m, k};
+  const Shape b_shape = transpose_b ? Shape{n, k} : Shape{k, n};
+  const Tensor a = input(result.graph, "a", a_shape);
+  const Tensor b = input(result.graph, "b", b_shape);
+  result.graph.set_output("c", matmul(a, b, transpose_a, transpose_b).id());
+  for (const auto& [name, shape] :
+       {std::pair{std::string("a"), a_shape}, std::pair{std::string("b"), b_shape}}) {
+    HostTensor value(shape);
+    for (double& element : value.data)
+      element = exact_in_f16 ? std::round(uniform(generator) * 256) / 256 : uniform(generator);
+    result.environment.leaves[name] = value;
+  }
+  return result;
+}
+
+// The workgroup GEMM pass (forced past its size rule): a product whose extents are multiples of
+// 128 x 256 x 64 becomes round_to_f16 of both operands and a half_matmul, in every
+// transposition. On operands f16 holds exactly it computes the product itself; on any
+// others the product of the rounded operands, within K * 2^-10 of the f64 one (each operand
+// off by at most 2^-11 relative) and not equal to it.
+TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
+  setenv("MEGANEURA_WORKGROUP_GEMM", "1", 1);  // past the size rule, for a product this small
+  uint64_t seed = 90;
+  for (int flags = 0; flags < 4; ++flags) {
+    const bool transpose_a = flags & 1, transpose_b = flags & 2;
+    SCOPED_TRACE("transpose_a " + std::to_string(transpose_a) + ", transpose_b " +
+                 std::to_string(transpose_b));
+    const int64_t m = 128, n = 256, k = 192;
+    RandomProduct exact = random_product(seed++, m, n, k, transpose_a, transpose_b, true);
+    const Graph rewritten = passes::workgroup_gemm(exact.graph, workgroup_capable(1));
+    EXPECT_EQ(count_op(rewritten, "round_to_f16"), 2u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 1u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
+    expect_same_outputs(exact.graph, rewritten, exact.environment);
+
+    RandomProduct any = random_product(seed++, m, n, k, transpose_a, transpose_b, false);
+    const HostTensor wanted = evaluate(any.graph, any.environment)[any.graph.output("c")];
+    const Graph rounded = passes::workgroup_gemm(any.graph, workgroup_capable(1));
+    const HostTensor got = evaluate(rounded, any.environment)[rounded.output("c")];
+    double largest = 0;
+    for (int64_t i = 0; i < wanted.elements(); ++i)
+      largest = std::max(largest, std::abs(wanted.data[i] - got.data[i]));
+    EXPECT_GT(largest, 0.0);
+    EXPECT_LE(largest, k * std::ldexp(1.0, -10));
+  }
+  unsetenv("MEGANEURA_WORKGROUP_GEMM");
+}
+
+TEST(Passes, WorkgroupGemmRoutes) {
+  const auto taken = [](int64_t m, int64_t n, int64_t k, const kernels::DeviceTraits& device) {
+    Graph graph;
+    const Tensor a = input(graph, "a", {m, k});
+    const Tensor b = input(graph, "b", {k, n});
+    graph.set_output("c", matmul(a, b).id());
+    return count_op(passes::workgroup_gemm(graph, device), "half_matmul") == 1;
+  };
+  EXPECT_TRUE(taken(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
+  // M N / (M + N) = 512, the least the roundings of the operands allow.
+  EXPECT_TRUE(taken(1024, 1024, 64, workgroup_capable(1)));
+  EXPECT_TRUE(taken(1152, 1024, 64, workgroup_capable(1)));
+  // Extents off the block.
+  EXPECT_FALSE(taken(1088, 1024, 64, workgroup_capable(1)));
+  EXPECT_FALSE(taken(1024, 1152, 64, workgroup_capable(1)));
+  EXPECT_FALSE(taken(1024, 1024, 96, workgroup_capable(1)));
+  // SmolLM's lm_head fills the H200 with 192 blocks, but its 128 rows do not pay for rounding
+  // the 49152 x 576 weight; a 1024 x 1024 product has 32 blocks for 132 units.
+  EXPECT_FALSE(taken(128, 49152, 576, workgroup_capable(kH200ComputeUnits)));
+  EXPECT_FALSE(taken(1024, 1024, 1024, workgroup_capable(kH200ComputeUnits)));
+  kernels::DeviceTraits strict = workgroup_capable(1);
+  strict.fast_precision = false;
+  EXPECT_FALSE(taken(1024, 1024, 64, strict));
+  kernels::DeviceTraits subgroups_only = workgroup_capable(1);
+  subgroups_only.workgroup_coop_matrix_f16 = false;
+  EXPECT_FALSE(taken(1024, 1024, 64, subgroups_only));
+  // Batched products stay on the subgroup-scope kernel.
+  Graph batched;
+  const Tensor a = input(batched, "a", {2, 1024, 64});
+  const Tensor b = input(batched, "b", {2, 64, 1024});
+  batched.set_output("c", matmul(a, b).id());
+  EXPECT_EQ(count_op(passes::workgroup_gemm(batched, workgroup_capable(1)), "half_matmul"), 0u);
+
+  setenv("MEGANEURA_WORKGROUP_GEMM", "1", 1);
+  EXPECT_TRUE(taken(1024, 1024, 1024, workgroup_capable(kH200ComputeUnits)));
+  EXPECT_TRUE(taken(128, 256, 64, workgroup_capable(kH200ComputeUnits)));
+  EXPECT_FALSE(taken(96, 256, 64, workgroup_capable(1)));
+  setenv("MEGANEURA_WORKGROUP_GEMM", "0", 1);
+  EXPECT_FALSE(taken(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
+  setenv("MEGANEURA_NO_COOPMAT", "1", 1);
+  unsetenv("MEGANEURA_WORKGROUP_GEMM");
+  EXPECT_FALSE(taken(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
+  unsetenv("MEGANEURA_NO_COOPMAT");
+  setenv("MEGANEURA_WORKGROUP_GEMM", "yes", 1);
+  try {
+    taken(1024, 1024, 64, workgroup_capable(1));
+    ADD_FAILURE() << "MEGANEURA_WORKGROUP_GEMM=yes was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGANEURA_WORKGROUP_GEMM='yes'"), std::string::npos)
+        << error.what();
+  }
+  unsetenv("MEGANEURA_WORKGROUP_GEMM");
+}
+
 }  // namespace
 }  // namespace mg

@@ -1,0 +1,27 @@
+#pragma once
+// The fast GEMM on workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2,
+// gemm_workgroup.comp): one 128 x 256 accumulator a workgroup of 256 invocations, its f16
+// operands loaded 64 deep straight from memory, the staging through shared memory left to the
+// driver. A matmul takes it through passes/workgroup_gemm.cpp, as round_to_f16 of each operand
+// and a half_matmul (ops/half_gemm.hpp).
+#include <cstdint>
+
+#include "kernels/lowering.hpp"
+
+namespace mg::kernels {
+
+constexpr int64_t kWorkgroupGemmBlockM = 128, kWorkgroupGemmBlockN = 256, kWorkgroupGemmBlockK = 64,
+                  kWorkgroupGemmInvocations = 256;
+
+// Whether an M x N x K product (2-D, no split) runs on the workgroup GEMM on `device`: the coop
+// GEMM is on (use_coop_gemm), the device has workgroup-scope f16 matrices
+// (DeviceTraits::workgroup_coop_matrix_f16), M, N and K are multiples of the block, the blocks
+// fill every compute unit once, and M N >= 512 (M + N), so that the product outweighs the
+// roundings of its operands (gemm_workgroup.cpp). On the H200 at 4096^3 the rounded operands
+// and the product took 0.53 ms against the subgroup-scope kernel's 0.82 (docs/BENCHMARKS.md
+// run 48).
+// MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the size bound (the extents must still be
+// multiples of the block); anything else is an error naming it.
+bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device);
+
+}  // namespace mg::kernels
