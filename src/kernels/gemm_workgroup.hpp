@@ -18,7 +18,7 @@ constexpr int64_t kWorkgroupGemmBlockM = 128, kWorkgroupGemmBlockN = 256, kWorkg
 // (DeviceTraits::workgroup_coop_matrix_f16), M, N and K are multiples of the block, the blocks
 // fill every compute unit once, and M N >= 512 (M + N), so that the product outweighs the
 // roundings of its operands (gemm_workgroup.cpp). On the H200 at 4096^3 the rounded operands
-// and the product took 0.53 ms against the subgroup-scope kernel's 0.82 (docs/BENCHMARKS.md
+// and the product took 0.49-0.50 ms against the subgroup-scope kernel's 0.81 (docs/BENCHMARKS.md
 // run 48).
 // MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the size bound (the extents must still be
 // multiples of the block); anything else is an error naming it.
