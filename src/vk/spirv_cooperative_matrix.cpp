@@ -111,8 +111,11 @@ ModuleFacts gather_facts(std::span<const uint32_t> module) {
       case spv::OpConvertFToU:
       case spv::OpConvertSToF:
       case spv::OpConvertUToF:
-        conversions.emplace_back(type_of_value.at(instruction.operands[2]),
-                                 instruction.operands[0]);
+        // Matrix types come before any code, so a conversion between matrices is known here.
+        if (std::find(matrix_types.begin(), matrix_types.end(), instruction.operands[0]) !=
+            matrix_types.end())
+          conversions.emplace_back(type_of_value.at(instruction.operands[2]),
+                                   instruction.operands[0]);
         break;
       case spv::OpCooperativeMatrixMulAddNV:
         assign(type_of_value.at(instruction.operands[2]), kMatrixA);
@@ -124,23 +127,17 @@ ModuleFacts gather_facts(std::span<const uint32_t> module) {
         break;
     }
   });
-  const auto is_matrix = [&](uint32_t type) {
-    return std::find(matrix_types.begin(), matrix_types.end(), type) != matrix_types.end();
-  };
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& [source, result] : conversions) {
-      if (!is_matrix(source) || !is_matrix(result)) continue;
-      const auto source_use = facts.use_of_type.find(source);
-      const auto result_use = facts.use_of_type.find(result);
-      if (source_use == facts.use_of_type.end() && result_use != facts.use_of_type.end()) {
-        assign(source, result_use->second);
+      const bool source_known = facts.use_of_type.count(source) != 0;
+      const bool result_known = facts.use_of_type.count(result) != 0;
+      if (source_known && result_known) {
+        assign(source, facts.use_of_type.at(result));  // they must agree
+      } else if (source_known || result_known) {
+        assign(source_known ? result : source,
+               facts.use_of_type.at(source_known ? source : result));
         changed = true;
-      } else if (result_use == facts.use_of_type.end() && source_use != facts.use_of_type.end()) {
-        assign(result, source_use->second);
-        changed = true;
-      } else if (source_use != facts.use_of_type.end()) {
-        assign(source, result_use->second);  // both known: they must agree
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "conv_support.hpp"
 #include "kernels/lowering.hpp"
@@ -236,6 +237,34 @@ std::vector<std::pair<uint32_t, std::vector<uint32_t>>> instructions(
   return list;
 }
 
+// A rewritten module's cooperative-matrix types with their constants resolved, and the layout
+// (1: column-major) of each load and store.
+struct MatrixType {
+  uint32_t width, scope, rows, columns, use;
+  auto operator<=>(const MatrixType&) const = default;
+};
+struct KhrMatrixUse {
+  std::set<MatrixType> types;
+  std::vector<uint32_t> load_layouts, store_layouts;
+};
+KhrMatrixUse khr_matrix_use(const std::vector<uint32_t>& module) {
+  constexpr uint32_t kOpTypeFloat = 22, kOpConstant = 43, kOpTypeMatrixKhr = 4456,
+                     kOpLoadKhr = 4457, kOpStoreKhr = 4458;
+  std::map<uint32_t, uint32_t> constant_value, float_width;
+  KhrMatrixUse found;
+  for (const auto& [opcode, operands] : instructions(module)) {
+    if (opcode == kOpTypeFloat) float_width[operands[0]] = operands[1];
+    if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
+    if (opcode == kOpTypeMatrixKhr)
+      found.types.insert({float_width.at(operands[1]), constant_value.at(operands[2]),
+                          constant_value.at(operands[3]), constant_value.at(operands[4]),
+                          constant_value.at(operands[5])});
+    if (opcode == kOpLoadKhr) found.load_layouts.push_back(constant_value.at(operands[3]));
+    if (opcode == kOpStoreKhr) found.store_layouts.push_back(constant_value.at(operands[2]));
+  }
+  return found;
+}
+
 // The SPIR-V validator of Debian 12 predates SPV_KHR_cooperative_matrix, so the rewritten
 // modules are checked against the extension's encoding here: the NV forms are gone, every
 // matrix type carries the use its shape implies (A 16x16 f16, B 16x8 f16, accumulator 16x8
@@ -349,34 +378,16 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
           ++products;
           EXPECT_TRUE(launch.khr_cooperative_matrix);
           EXPECT_EQ(define_of(launch, "ODD_STEPS"), k == 192 ? "1" : "0");
-          constexpr uint32_t kOpTypeFloat = 22, kOpConstant = 43, kOpTypeMatrixKhr = 4456,
-                             kOpLoadKhr = 4457, kOpStoreKhr = 4458, kWorkgroupScope = 2;
-          std::map<uint32_t, uint32_t> constant_value, float_width;
-          std::map<uint32_t, uint32_t>
-              shapes_by_use;  // use -> width * 1000000 + rows * 1000 + columns
-          int column_major_loads = 0, stores = 0;
-          for (const auto& [opcode, operands] :
-               instructions(gpu::detail::nv_to_khr_cooperative_matrix(nv))) {
-            if (opcode == kOpTypeFloat) float_width[operands[0]] = operands[1];
-            if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
-            if (opcode == kOpTypeMatrixKhr) {
-              EXPECT_EQ(constant_value.at(operands[2]), kWorkgroupScope);
-              shapes_by_use[constant_value.at(operands[5])] =
-                  float_width.at(operands[1]) * 1000000 + constant_value.at(operands[3]) * 1000 +
-                  constant_value.at(operands[4]);
-            }
-            if (opcode == kOpLoadKhr) column_major_loads += constant_value.at(operands[3]) == 1;
-            if (opcode == kOpStoreKhr) {
-              ++stores;
-              EXPECT_EQ(constant_value.at(operands[2]), 0u) << "row-major store";
-            }
-          }
-          EXPECT_EQ(shapes_by_use,
-                    (std::map<uint32_t, uint32_t>{{0, 16128064}, {1, 16064256}, {2, 32128256}}));
+          const KhrMatrixUse use = khr_matrix_use(gpu::detail::nv_to_khr_cooperative_matrix(nv));
+          constexpr uint32_t kWorkgroup = 2;  // scope
+          EXPECT_EQ(use.types, (std::set<MatrixType>{{16, kWorkgroup, 128, 64, 0},
+                                                     {16, kWorkgroup, 64, 256, 1},
+                                                     {32, kWorkgroup, 128, 256, 2}}));
           // Each step loads both operands: three steps when K is 192 (two in the loop, one
           // after it), two when 256.
-          EXPECT_EQ(column_major_loads, (ta + tb) * (k == 192 ? 3 : 2));
-          EXPECT_EQ(stores, 1);
+          EXPECT_EQ(std::count(use.load_layouts.begin(), use.load_layouts.end(), 1u),
+                    (ta + tb) * (k == 192 ? 3 : 2));
+          EXPECT_EQ(use.store_layouts, std::vector<uint32_t>{0}) << "one row-major store";
         }
       }
       EXPECT_EQ(roundings, 2);
@@ -408,19 +419,13 @@ void main() {
   coopMatStoreNV(acc, data, 512, 8, false);
 }
 )";
-  constexpr uint32_t kOpTypeFloat = 22, kOpConstant = 43, kOpTypeMatrixKhr = 4456;
-  std::map<uint32_t, uint32_t> constant_value, float_width;
-  std::map<uint32_t, uint32_t> use_by_shape;  // width * 1000000 + rows * 1000 + columns -> use
-  for (const auto& [opcode, operands] :
-       instructions(gpu::detail::nv_to_khr_cooperative_matrix(gpu::compile_glsl(spec)))) {
-    if (opcode == kOpTypeFloat) float_width[operands[0]] = operands[1];
-    if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
-    if (opcode == kOpTypeMatrixKhr)
-      use_by_shape[float_width.at(operands[1]) * 1000000 + constant_value.at(operands[3]) * 1000 +
-                   constant_value.at(operands[4])] = constant_value.at(operands[5]);
-  }
-  EXPECT_EQ(use_by_shape, (std::map<uint32_t, uint32_t>{
-                              {32016016, 0}, {16016016, 0}, {16016008, 1}, {32016008, 2}}));
+  constexpr uint32_t kSubgroup = 3;  // scope
+  EXPECT_EQ(
+      khr_matrix_use(gpu::detail::nv_to_khr_cooperative_matrix(gpu::compile_glsl(spec))).types,
+      (std::set<MatrixType>{{32, kSubgroup, 16, 16, 0},
+                            {16, kSubgroup, 16, 16, 0},
+                            {16, kSubgroup, 16, 8, 1},
+                            {32, kSubgroup, 16, 8, 2}}));
 }
 
 // Only the kernels written for f16 values declare f16 buffers; any other kernel given one names
