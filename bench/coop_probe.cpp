@@ -1,6 +1,6 @@
 // Where the fast GEMM's time goes: cooperative-matrix rates of the device, from the bare
 // multiply-add up to a whole staged GEMM, and the workgroup-scope GEMM the library took
-// instead (docs/BENCHMARKS.md runs 47 and 48, docs/KERNELS.md).
+// instead (docs/BENCHMARKS.md runs 47 to 49, docs/KERNELS.md).
 //
 //   build/bench/coop_probe [rates|gemm|workgroup|all]
 //
@@ -19,9 +19,12 @@
 // workgroup: the same product on workgroup-scope matrices (VK_NV_cooperative_matrix2), where
 //        the driver stages the operands through shared memory itself: one BM x BN accumulator
 //        a workgroup, BM x BK and BK x BN operands loaded straight from memory (f16, or f32
-//        converted in the kernel; B row-major or transposed), one or two steps a loop
-//        iteration, or the next step's operands loaded before this step's multiply-add. Needs
-//        the extension; also prints the f32 -> f16 rounding of one 4096^2 operand.
+//        converted in the kernel; B row-major or transposed), one, two or four steps a loop
+//        iteration, or the next step's operands loaded before this step's multiply-add; plain
+//        or tensor-addressing loads (gpu::MatrixLoads); the block held as two or four
+//        accumulators; the result stored as f16. Blocks that do not divide 4096 run at the
+//        largest multiple below it. Needs the extension; also prints the f32 -> f16 rounding of
+//        one 4096^2 operand.
 // Needs a device with f16 cooperative matrices of 16 x 16 x 16 and 16 x 8 x 16 and 32-wide
 // subgroups; prints one line a case, milliseconds and TFLOP/s, the median of 20 runs after
 // 500 ms of warm-up (clocks drop while the host checks results).
@@ -411,7 +414,11 @@ layout(set = 0, binding = 2) writeonly buffer C { float c_data[]; };
     MULTIPLY(a, b);                                               \
   }
 void main() {
+#if M_FASTEST
+  uint row0 = gl_WorkGroupID.x * BM, col0 = gl_WorkGroupID.y * BN;
+#else
   uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+#endif
   fcoopmatNV<32, gl_ScopeWorkgroup, BM, BN> acc = fcoopmatNV<32, gl_ScopeWorkgroup, BM, BN>(0.0);
 #if PIPELINED
   // The next step's operands load before this step's multiply-add (an even step count).
@@ -435,9 +442,70 @@ void main() {
 #if UNROLL > 1
     STEP(k + BK)
 #endif
+#if UNROLL > 2
+    STEP(k + 2 * BK)
+    STEP(k + 3 * BK)
+#endif
   }
 #endif
   coopMatStoreNV(acc, c_data, row0 * GEMM_N + col0, GEMM_N, false);
+}
+)";
+
+// The workgroup GEMM with its BM x BN block held as FM x FN accumulators of (BM/FM) x (BN/FN),
+// each fed by its own operand slices (the driver spreads each matrix over the whole workgroup).
+// F16_OUT: C is stored as f16.
+constexpr const char* kWorkgroupSplitGemm = R"(
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 256) in;
+layout(set = 0, binding = 0) readonly buffer A { float16_t a_data[]; };
+layout(set = 0, binding = 1) readonly buffer B { float16_t b_data[]; };
+#if F16_OUT
+layout(set = 0, binding = 2) writeonly buffer C { float16_t c_data[]; };
+#else
+layout(set = 0, binding = 2) writeonly buffer C { float c_data[]; };
+#endif
+#define SM (BM / FM)
+#define SN (BN / FN)
+#define ACC fcoopmatNV<32, gl_ScopeWorkgroup, SM, SN>
+#define LOAD_A(m, i, k) coopMatLoadNV(m, a_data, (row0 + (i) * SM) * GEMM_K + (k), GEMM_K, false)
+#define LOAD_B(m, j, k) coopMatLoadNV(m, b_data, (k) * GEMM_N + col0 + (j) * SN, GEMM_N, false)
+#if F16_OUT
+#define STORE(m, i, j)                                                                     \
+  coopMatStoreNV(fcoopmatNV<16, gl_ScopeWorkgroup, SM, SN>(m), c_data,                      \
+                 (row0 + (i) * SM) * GEMM_N + col0 + (j) * SN, GEMM_N, false)
+#else
+#define STORE(m, i, j) \
+  coopMatStoreNV(m, c_data, (row0 + (i) * SM) * GEMM_N + col0 + (j) * SN, GEMM_N, false)
+#endif
+#define STEP(k)                                             \
+  {                                                         \
+    fcoopmatNV<16, gl_ScopeWorkgroup, SM, BK> a0, a1;       \
+    fcoopmatNV<16, gl_ScopeWorkgroup, BK, SN> b0, b1;       \
+    LOAD_A(a0, 0, k);                                       \
+    LOAD_B(b0, 0, k);                                       \
+    acc00 = coopMatMulAddNV(a0, b0, acc00);                 \
+    if (FN > 1) {                                           \
+      LOAD_B(b1, 1, k);                                     \
+      acc01 = coopMatMulAddNV(a0, b1, acc01);               \
+    }                                                       \
+    if (FM > 1) {                                           \
+      LOAD_A(a1, 1, k);                                     \
+      acc10 = coopMatMulAddNV(a1, b0, acc10);               \
+      if (FN > 1) acc11 = coopMatMulAddNV(a1, b1, acc11);   \
+    }                                                       \
+  }
+void main() {
+  const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+  ACC acc00 = ACC(0.0), acc01 = ACC(0.0), acc10 = ACC(0.0), acc11 = ACC(0.0);
+  for (uint k = 0; k < GEMM_K; k += 2 * BK) {
+    STEP(k)
+    STEP(k + BK)
+  }
+  STORE(acc00, 0, 0);
+  if (FN > 1) STORE(acc01, 0, 1);
+  if (FM > 1) STORE(acc10, 1, 0);
+  if (FM > 1 && FN > 1) STORE(acc11, 1, 1);
 }
 )";
 
@@ -608,23 +676,27 @@ double run_product(Device& device, Make make, bool f16, bool b_transposed, uint3
 }
 
 // Checks the product at 512 x 1024 x 768 (unless `timing_only`), then times it at 4096^3 and
-// prints one line.
+// prints one line. Blocks that do not divide those extents check at four blocks a side and time
+// at the largest multiple below 4096.
 template <typename Make>
 void check_and_time(Device& device, const char* name, Make make, bool f16, bool b_transposed,
-                    bool timing_only) {
+                    bool timing_only, uint32_t block_m = 128, uint32_t block_n = 256) {
   try {
     double error = 0;
+    const bool even = 512 % block_m == 0 && 1024 % block_n == 0;
     if (!timing_only) {
-      run_product(device, make, f16, b_transposed, 512, 1024, 768, true, error);
+      const uint32_t m = even ? 512 : 4 * block_m, n = even ? 1024 : 4 * block_n;
+      run_product(device, make, f16, b_transposed, m, n, 768, true, error);
       // Products of multiples of 2^-10 summed in f32: far below 1e-2 unless the kernel is wrong.
       if (error > 1e-2) {
-        std::printf("gemm %s: WRONG, largest error %.3g at 512x1024x768\n", name, error);
+        std::printf("gemm %s: WRONG, largest error %.3g at %ux%ux768\n", name, error, m, n);
         return;
       }
     }
-    const double ms = run_product(device, make, f16, b_transposed, 4096, 4096, 4096, false, error);
-    std::printf("gemm 4096^3 %s: %.4f ms, %.1f TFLOP/s\n", name, ms,
-                2.0 * 4096 * 4096 * 4096 / ms / 1e9);
+    const uint32_t m = 4096 / block_m * block_m, n = 4096 / block_n * block_n;
+    const double ms = run_product(device, make, f16, b_transposed, m, n, 4096, false, error);
+    std::printf("gemm %ux%ux4096 %s: %.4f ms, %.1f TFLOP/s\n", m, n, name, ms,
+                2.0 * m * n * 4096 / ms / 1e9);
   } catch (const std::exception& failure) {
     std::printf("gemm %s: %s\n", name, failure.what());
   }
@@ -689,6 +761,61 @@ void staged_gemms(Device& device) {
   half_conversion(device);
 }
 
+const char* loads_name(MatrixLoads loads) {
+  switch (loads) {
+    case MatrixLoads::plain:
+      return "plain loads";
+    case MatrixLoads::tensor_at_element:
+      return "tensor loads at the element";
+    case MatrixLoads::tensor_at_buffer_start:
+      return "tensor loads from the buffer start";
+  }
+  return "?";
+}
+
+// The workgroup GEMM's block split into several accumulators, and its result stored as f16
+// (timed only: the check reads f32), with plain and tensor loads.
+void split_gemms(Device& device) {
+  struct Case {
+    uint32_t block_m, block_n, block_k, frags_m, frags_n;
+    bool f16_out;
+    MatrixLoads loads;
+  };
+  constexpr auto plain = MatrixLoads::plain, at_element = MatrixLoads::tensor_at_element;
+  const Case cases[] = {{128, 256, 64, 1, 1, false, plain}, {128, 256, 64, 1, 1, false, at_element},
+                        {128, 256, 64, 1, 1, true, plain},  {128, 256, 64, 1, 1, true, at_element},
+                        {128, 256, 64, 1, 2, false, plain}, {128, 256, 64, 1, 2, false, at_element},
+                        {128, 256, 64, 1, 2, true, plain},  {128, 256, 64, 1, 2, true, at_element},
+                        {128, 256, 64, 2, 1, false, plain}, {128, 256, 64, 2, 2, false, plain}};
+  for (const Case& c : cases) {
+    char name[160];
+    std::snprintf(name, sizeof name,
+                  "workgroup scope %ux%u block as %ux%u accumulators, %u deep x2, %s out, %s",
+                  c.block_m, c.block_n, c.frags_m, c.frags_n, c.block_k, c.f16_out ? "f16" : "f32",
+                  loads_name(c.loads));
+    if (c.loads != plain && !device.info().caps.workgroup_coop_matrix.tensor_addressing) {
+      std::printf("gemm %s: the device has no tensor addressing\n", name);
+      continue;
+    }
+    const auto make = [&](uint32_t m, uint32_t n, uint32_t k) {
+      KernelSpec spec = kernel("split workgroup gemm", kWorkgroupSplitGemm,
+                               {{"BM", std::to_string(c.block_m)},
+                                {"BN", std::to_string(c.block_n)},
+                                {"BK", std::to_string(c.block_k)},
+                                {"FM", std::to_string(c.frags_m)},
+                                {"FN", std::to_string(c.frags_n)},
+                                {"F16_OUT", c.f16_out ? "1" : "0"},
+                                {"GEMM_M", std::to_string(m) + "u"},
+                                {"GEMM_N", std::to_string(n) + "u"},
+                                {"GEMM_K", std::to_string(k) + "u"}},
+                               3, true);
+      spec.matrix_loads = c.loads;
+      return ProductKernel{spec, {n / c.block_n, m / c.block_m, 1}};
+    };
+    check_and_time(device, name, make, true, false, c.f16_out, c.block_m, c.block_n);
+  }
+}
+
 void workgroup_gemms(Device& device) {
   const WorkgroupCoopMatrixCaps& caps = device.info().caps.workgroup_coop_matrix;
   if (!caps.available) {
@@ -700,26 +827,54 @@ void workgroup_gemms(Device& device) {
               caps.reserved_shared_memory_bytes);
   struct Case {
     uint32_t block_m, block_n, block_k, threads;
-    bool b_transposed, f32;
-    uint32_t unroll = 1;
+    bool b_transposed = false, f32 = false;
+    uint32_t unroll = 2;
     bool pipelined = false;
+    MatrixLoads loads = MatrixLoads::plain;
+    bool m_fastest = false;  // consecutive workgroups take consecutive row blocks
   };
+  constexpr auto at_element = MatrixLoads::tensor_at_element;
+  constexpr auto from_start = MatrixLoads::tensor_at_buffer_start;
   // The library's kernel (kernels/gemm_workgroup.hpp) first, then what it was chosen over
-  // (docs/BENCHMARKS.md run 48): one step a loop iteration, other blocks and depths, B stored
-  // transposed, f32 operands converted in the kernel, and the next step's operands loaded
-  // before this step's multiply-add.
-  const Case cases[] = {
-      {128, 256, 64, 256, false, false, 2},       {128, 256, 64, 256, false, false, 1},
-      {128, 128, 64, 128, false, false, 2},       {256, 128, 64, 256, false, false, 2},
-      {128, 256, 32, 256, false, false, 2},       {128, 128, 32, 256, false, false, 1},
-      {128, 256, 64, 256, true, false, 2},        {128, 256, 64, 256, false, true, 1},
-      {128, 256, 64, 256, false, false, 1, true}, {128, 128, 32, 128, false, false, 1, true}};
+  // (docs/BENCHMARKS.md runs 48 and 49): one or four steps a loop iteration, other blocks and
+  // depths, B stored transposed, f32 operands converted in the kernel, the next step's operands
+  // loaded before this step's multiply-add, tensor-addressing loads and another workgroup order.
+  const Case cases[] = {{128, 256, 64, 256},
+                        {128, 256, 64, 256, false, false, 1},
+                        {128, 128, 64, 128},
+                        {256, 128, 64, 256},
+                        {128, 256, 32, 256},
+                        {128, 128, 32, 256, false, false, 1},
+                        {64, 256, 64, 256},
+                        {64, 256, 64, 128},
+                        {96, 256, 64, 256},
+                        {128, 192, 64, 256},
+                        {128, 384, 32, 256},
+                        {64, 512, 64, 256},
+                        {128, 256, 128, 256, false, false, 1},
+                        {128, 256, 64, 256, true},
+                        {128, 256, 64, 256, false, true},
+                        {128, 256, 32, 256, false, true},
+                        {128, 256, 16, 256, false, true},
+                        {128, 256, 16, 256, false, true, 2, false, at_element},
+                        {128, 256, 64, 256, false, false, 1, true},
+                        {128, 128, 32, 128, false, false, 1, true},
+                        {128, 256, 64, 256, false, false, 2, false, at_element},
+                        {128, 256, 64, 256, false, false, 2, false, from_start},
+                        {128, 256, 64, 256, true, false, 2, false, at_element},
+                        {128, 256, 64, 256, true, false, 2, false, from_start},
+                        {128, 256, 64, 256, false, false, 4, false, at_element},
+                        {128, 256, 64, 256, false, false, 4, false, from_start},
+                        {128, 256, 32, 256, false, false, 4, false, from_start},
+                        {128, 256, 64, 256, false, false, 2, false, MatrixLoads::plain, true}};
   for (const Case& c : cases) {
-    char name[160];
+    char name[200];
     std::snprintf(name, sizeof name,
-                  "workgroup scope %ux%u block, %u deep x%u%s, %u invocations, %s operands, B %s",
+                  "workgroup scope %ux%u block, %u deep x%u%s, %u invocations, %s operands, B %s, "
+                  "%s%s",
                   c.block_m, c.block_n, c.block_k, c.unroll, c.pipelined ? " pipelined" : "",
-                  c.threads, c.f32 ? "f32" : "f16", c.b_transposed ? "transposed" : "row-major");
+                  c.threads, c.f32 ? "f32" : "f16", c.b_transposed ? "transposed" : "row-major",
+                  loads_name(c.loads), c.m_fastest ? ", row blocks first" : "");
     const bool fits = std::any_of(caps.configs.begin(), caps.configs.end(), [&](const auto& g) {
       return g.a == ScalarType::f16 && g.c == ScalarType::f32 && c.block_m % g.m_granularity == 0 &&
              c.block_n % g.n_granularity == 0 && c.block_k % g.k_granularity == 0 &&
@@ -729,24 +884,32 @@ void workgroup_gemms(Device& device) {
       std::printf("gemm %s: no configuration allows it\n", name);
       continue;
     }
+    if (c.loads != MatrixLoads::plain && !caps.tensor_addressing) {
+      std::printf("gemm %s: the device has no tensor addressing\n", name);
+      continue;
+    }
     const auto make = [&](uint32_t m, uint32_t n, uint32_t k) {
-      const KernelSpec spec = kernel("workgroup gemm", kWorkgroupGemm,
-                                     {{"THREADS", std::to_string(c.threads)},
-                                      {"BM", std::to_string(c.block_m)},
-                                      {"BN", std::to_string(c.block_n)},
-                                      {"BK", std::to_string(c.block_k)},
-                                      {"B_TRANSPOSED", c.b_transposed ? "1" : "0"},
-                                      {"F32", c.f32 ? "1" : "0"},
-                                      {"UNROLL", std::to_string(c.unroll)},
-                                      {"PIPELINED", c.pipelined ? "1" : "0"},
-                                      {"GEMM_M", std::to_string(m) + "u"},
-                                      {"GEMM_N", std::to_string(n) + "u"},
-                                      {"GEMM_K", std::to_string(k) + "u"}},
-                                     3, true);
+      KernelSpec spec = kernel("workgroup gemm", kWorkgroupGemm,
+                               {{"THREADS", std::to_string(c.threads)},
+                                {"BM", std::to_string(c.block_m)},
+                                {"BN", std::to_string(c.block_n)},
+                                {"BK", std::to_string(c.block_k)},
+                                {"B_TRANSPOSED", c.b_transposed ? "1" : "0"},
+                                {"F32", c.f32 ? "1" : "0"},
+                                {"UNROLL", std::to_string(c.unroll)},
+                                {"PIPELINED", c.pipelined ? "1" : "0"},
+                                {"M_FASTEST", c.m_fastest ? "1" : "0"},
+                                {"GEMM_M", std::to_string(m) + "u"},
+                                {"GEMM_N", std::to_string(n) + "u"},
+                                {"GEMM_K", std::to_string(k) + "u"}},
+                               3, true);
+      spec.matrix_loads = c.loads;
+      if (c.m_fastest) return ProductKernel{spec, {m / c.block_m, n / c.block_n, 1}};
       return ProductKernel{spec, {n / c.block_n, m / c.block_m, 1}};
     };
-    check_and_time(device, name, make, !c.f32, c.b_transposed, false);
+    check_and_time(device, name, make, !c.f32, c.b_transposed, false, c.block_m, c.block_n);
   }
+  split_gemms(device);
   half_conversion(device);
 }
 

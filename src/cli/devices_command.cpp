@@ -22,7 +22,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
   --verbose         also list each device's limits, compute units (where the driver reports
                     them), cooperative-matrix shapes and whether it has workgroup-scope
                     cooperative matrices (VK_NV_cooperative_matrix2, which the fast GEMM uses
-                    for large products), with their limits and granularities
+                    for large products), with their limits, granularities and whether they
+                    load through tensor addressing
   --bench-compile   build the CNN training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the build times
@@ -79,9 +80,9 @@ void print_details(const gpu::DeviceInfo& info) {
   if (!workgroup.available) return;
   std::printf(
       "      workgroups <= %u invocations, matrices <= %u a side, %u bytes of shared memory "
-      "reserved\n",
+      "reserved, tensor-addressing loads %s\n",
       workgroup.max_workgroup_invocations, workgroup.max_dimension,
-      workgroup.reserved_shared_memory_bytes);
+      workgroup.reserved_shared_memory_bytes, workgroup.tensor_addressing ? "yes" : "no");
   for (const gpu::WorkgroupCoopMatrixConfig& config : workgroup.configs)
     std::printf("      multiples of %ux%ux%u  %s x %s + %s -> %s, %u invocations\n",
                 config.m_granularity, config.n_granularity, config.k_granularity,

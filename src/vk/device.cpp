@@ -348,6 +348,15 @@ class VulkanDevice final : public Device {
                   std::to_string(spec.push_constant_bytes) +
                   " bytes of push constants; it must be a multiple of 4 and at most " +
                   std::to_string(physical_.info.caps.max_push_constants_bytes));
+    if (spec.matrix_loads != MatrixLoads::plain &&
+        !(spec.khr_cooperative_matrix &&
+          physical_.info.caps.workgroup_coop_matrix.tensor_addressing))
+      throw Error("kernel '" + spec.label +
+                  "' asks for tensor-addressing loads, which need a KHR cooperative-matrix "
+                  "kernel and a device with VK_NV_cooperative_matrix2's "
+                  "cooperativeMatrixTensorAddressing; '" +
+                  physical_.info.name +
+                  "' lacks it (or it is off under validation): use plain loads");
   }
 
   std::unique_ptr<Instance> instance_;

@@ -146,6 +146,8 @@ DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validati
       supported.coop_matrix2_nv.cooperativeMatrixWorkgroupScope;
   on.coop_matrix2_nv.cooperativeMatrixFlexibleDimensions =
       supported.coop_matrix2_nv.cooperativeMatrixFlexibleDimensions;
+  on.coop_matrix2_nv.cooperativeMatrixTensorAddressing =
+      supported.coop_matrix2_nv.cooperativeMatrixTensorAddressing;
 
   on.bf16.shaderBFloat16Type = supported.bf16.shaderBFloat16Type;
   on.bf16.shaderBFloat16CooperativeMatrix = supported.bf16.shaderBFloat16CooperativeMatrix;

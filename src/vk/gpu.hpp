@@ -43,6 +43,7 @@ struct WorkgroupCoopMatrixCaps {
   uint32_t max_dimension = 0;
   uint32_t reserved_shared_memory_bytes = 0;  // taken from a kernel's 48 KiB by the staging
   std::vector<WorkgroupCoopMatrixConfig> configs;
+  bool tensor_addressing = false;  // cooperativeMatrixTensorAddressing (KernelSpec::matrix_loads)
 };
 
 struct MemoryHeap {
@@ -111,6 +112,13 @@ enum class BufferUse {
   download,  // host-visible staging that the GPU writes and the host reads
 };
 
+// How a cooperative-matrix kernel's loads reach memory: as written, or rewritten into
+// VK_NV_cooperative_matrix2 tensor-addressing loads whose two-dimensional layout starts at the
+// loaded element, or at the buffer's first element with the load's position as the slice. On the
+// H200 all three ran the workgroup GEMM equally fast (docs/BENCHMARKS.md run 49); bench/coop_probe
+// compares them on other drivers.
+enum class MatrixLoads { plain, tensor_at_element, tensor_at_buffer_start };
+
 // A GLSL compute kernel to instantiate: `source` is the full text without a #version line; the
 // compiler prepends "#version 450", the extensions it needs and one #define per entry of
 // `defines`. `label` names it in errors and traces.
@@ -123,6 +131,9 @@ struct KernelSpec {
   // The source uses GL_NV_cooperative_matrix (all glslang 12 compiles); rewrite the SPIR-V to
   // SPV_KHR_cooperative_matrix for devices that only have the KHR extension.
   bool khr_cooperative_matrix = false;
+  // With khr_cooperative_matrix: how the matrices are loaded (needs
+  // WorkgroupCoopMatrixCaps::tensor_addressing unless plain).
+  MatrixLoads matrix_loads = MatrixLoads::plain;
 };
 
 // A buffer range bound to one storage-buffer binding.

@@ -134,6 +134,8 @@ void read_workgroup_coop_matrix(VkInstance instance, VkPhysicalDevice device,
   out.max_workgroup_invocations = properties.cooperativeMatrixWorkgroupScopeMaxWorkgroupSize;
   out.max_dimension = properties.cooperativeMatrixFlexibleDimensionsMaxDimension;
   out.reserved_shared_memory_bytes = properties.cooperativeMatrixWorkgroupScopeReservedSharedMemory;
+  out.tensor_addressing =
+      out.available && features.coop_matrix2_nv.cooperativeMatrixTensorAddressing;
 }
 
 // Prefers a queue family that can also write timestamps, so profiles work.

@@ -153,8 +153,10 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
   if (validate) validate_spirv(spec, spirv, target);
   // The rewrite runs after validation: Debian's SPIRV-Tools (2023.1) predates the KHR
   // extension and rejects its opcodes, so the NV form is what gets checked.
-  if (spec.khr_cooperative_matrix) return nv_to_khr_cooperative_matrix(spirv);
-  return spirv;
+  if (!spec.khr_cooperative_matrix) return spirv;
+  spirv = nv_to_khr_cooperative_matrix(spirv);
+  if (spec.matrix_loads == MatrixLoads::plain) return spirv;
+  return khr_loads_to_tensor_loads(spirv, spec.matrix_loads);
 }
 
 }  // namespace detail

@@ -150,6 +150,29 @@ ModuleFacts gather_facts(std::span<const uint32_t> module) {
   return facts;
 }
 
+// SPV_NV_tensor_addressing and SPV_NV_cooperative_matrix2 enumerants (newer than Debian's headers).
+constexpr uint32_t kCapabilityCooperativeMatrixTensorAddressingNv = 5433;
+constexpr uint32_t kCapabilityTensorAddressingNv = 5439;
+constexpr uint32_t kOpCooperativeMatrixLoadTensorNv = 5367;
+constexpr uint32_t kOpTypeTensorLayoutNv = 5370;
+constexpr uint32_t kOpTypeTensorViewNv = 5371;
+constexpr uint32_t kOpCreateTensorLayoutNv = 5372;
+constexpr uint32_t kOpTensorLayoutSetDimensionNv = 5373;
+constexpr uint32_t kOpTensorLayoutSetStrideNv = 5374;
+constexpr uint32_t kOpTensorLayoutSliceNv = 5375;
+constexpr uint32_t kOpCreateTensorViewNv = 5377;
+constexpr uint32_t kTensorAddressingTensorView = 0x1;
+constexpr uint32_t kClampModeUndefined = 0;
+
+struct MatrixShape {
+  uint32_t rows, cols;  // ids of the constants
+};
+
+struct AccessChain {
+  uint32_t pointer_type, base;
+  std::vector<uint32_t> indices;
+};
+
 }  // namespace
 
 std::vector<uint32_t> nv_to_khr_cooperative_matrix(std::span<const uint32_t> nv_module) {
@@ -233,6 +256,153 @@ std::vector<uint32_t> nv_to_khr_cooperative_matrix(std::span<const uint32_t> nv_
         break;
     }
     append_instruction(out, instruction.opcode, {}, operands);
+  });
+  out[kBoundWord] = bound;
+  return out;
+}
+
+std::vector<uint32_t> khr_loads_to_tensor_loads(std::span<const uint32_t> khr_module,
+                                                MatrixLoads loads) {
+  const bool from_buffer_start = loads == MatrixLoads::tensor_at_buffer_start;
+  if (khr_module.size() < kHeaderWords || khr_module[0] != spv::MagicNumber)
+    throw Error("internal: not a SPIR-V module");
+  std::map<uint32_t, MatrixShape> matrix_shapes;
+  std::map<uint32_t, uint32_t> uint_constants;  // id -> value
+  std::map<uint32_t, AccessChain> access_chains;
+  std::optional<uint32_t> uint_type, bool_type, false_constant;
+  for_each_instruction(khr_module, [&](const Instruction& instruction) {
+    const auto& operands = instruction.operands;
+    switch (instruction.opcode) {
+      case spv::OpTypeInt:
+        if (operands[1] == 32 && operands[2] == 0) uint_type = operands[0];
+        break;
+      case spv::OpTypeBool:
+        bool_type = operands[0];
+        break;
+      case spv::OpConstantFalse:
+        false_constant = operands[1];
+        break;
+      case spv::OpConstant:
+        if (uint_type && operands[0] == *uint_type) uint_constants[operands[1]] = operands[2];
+        break;
+      case kOpTypeCooperativeMatrixKhr:
+        matrix_shapes[operands[0]] = {operands[3], operands[4]};
+        break;
+      case spv::OpAccessChain:
+      case spv::OpInBoundsAccessChain:
+        access_chains[operands[1]] = {
+            operands[0], operands[2], {operands.begin() + 3, operands.end()}};
+        break;
+      default:
+        break;
+    }
+  });
+  if (!uint_type) throw Error("internal: a cooperative-matrix module without a uint type");
+
+  std::vector<uint32_t> out(khr_module.begin(), khr_module.begin() + kHeaderWords);
+  uint32_t bound = khr_module[kBoundWord];
+  const auto fresh_id = [&] { return bound++; };
+  std::map<uint32_t, uint32_t> constant_of_value;
+  for (const auto& [id, value] : uint_constants) constant_of_value.emplace(value, id);
+  // Constants the rewrite needs but the module lacks are declared with the layout types.
+  std::vector<std::pair<uint32_t, uint32_t>> new_constants;  // (id, value)
+  const auto uint_constant = [&](uint32_t value) {
+    auto [it, inserted] = constant_of_value.emplace(value, 0);
+    if (inserted) {
+      it->second = fresh_id();
+      new_constants.emplace_back(it->second, value);
+    }
+    return it->second;
+  };
+  const uint32_t zero = uint_constant(0), one = uint_constant(1), two = uint_constant(2);
+  const uint32_t clamp_undefined = uint_constant(kClampModeUndefined);
+  const uint32_t layout_type = fresh_id(), view_type = fresh_id();
+  std::optional<uint32_t> declared_bool, declared_false;
+  if (!bool_type) bool_type = declared_bool = fresh_id();
+  if (!false_constant) false_constant = declared_false = fresh_id();
+  bool capabilities_added = false, extensions_added = false, types_added = false;
+
+  for_each_instruction(khr_module, [&](const Instruction& instruction) {
+    const auto& operands = instruction.operands;
+    if (instruction.opcode == spv::OpExtension && !extensions_added) {
+      append_extension(out, "SPV_NV_cooperative_matrix2");
+      append_extension(out, "SPV_NV_tensor_addressing");
+      extensions_added = true;
+    }
+    if (instruction.opcode == spv::OpFunction && !types_added) {
+      if (declared_bool) append_instruction(out, spv::OpTypeBool, {*declared_bool});
+      if (declared_false)
+        append_instruction(out, spv::OpConstantFalse, {*bool_type, *declared_false});
+      for (const auto& [id, value] : new_constants)
+        append_instruction(out, spv::OpConstant, {*uint_type, id, value});
+      append_instruction(out, kOpTypeTensorLayoutNv, {layout_type, two, clamp_undefined});
+      append_instruction(out, kOpTypeTensorViewNv, {view_type, two, *false_constant, one, zero});
+      types_added = true;
+    }
+    if (instruction.opcode == spv::OpCapability && !capabilities_added) {
+      append_instruction(out, spv::OpCapability, {kCapabilityTensorAddressingNv});
+      append_instruction(out, spv::OpCapability, {kCapabilityCooperativeMatrixTensorAddressingNv});
+      capabilities_added = true;
+    }
+    if (instruction.opcode != kOpCooperativeMatrixLoadKhr) {
+      append_instruction(out, instruction.opcode, {}, operands);
+      return;
+    }
+    // KHR: type, result, pointer, layout, stride [, memory operand]
+    const uint32_t matrix_type = operands[0], result = operands[1];
+    const MatrixShape shape = matrix_shapes.at(matrix_type);
+    const auto layout = uint_constants.find(operands[3]);
+    if (layout == uint_constants.end())
+      throw Error("internal: a cooperative-matrix load has a non-constant layout");
+    const bool column_major = layout->second == kColumnMajor;
+    const uint32_t stride = operands[4];
+    // The stored tensor: rows x cols, or cols x rows read through a transposing view.
+    const uint32_t stored_rows = column_major ? shape.cols : shape.rows;
+    const uint32_t stored_cols = column_major ? shape.rows : shape.cols;
+    uint32_t pointer = operands[2], row_offset = zero, col_offset = zero;
+    uint32_t rows_dimension = stored_rows;
+    if (from_buffer_start) {
+      // The layout covers every row up to the slice's last and whole rows (the stride).
+      const auto found = access_chains.find(pointer);
+      if (found == access_chains.end())
+        throw Error("internal: a cooperative-matrix load's pointer is not an access chain");
+      const AccessChain& chain = found->second;
+      const uint32_t element = chain.indices.back();
+      std::vector<uint32_t> start_indices = chain.indices;
+      start_indices.back() = zero;
+      pointer = fresh_id();
+      append_instruction(out, spv::OpAccessChain, {chain.pointer_type, pointer, chain.base},
+                         start_indices);
+      row_offset = fresh_id();
+      append_instruction(out, spv::OpUDiv, {*uint_type, row_offset, element, stride});
+      col_offset = fresh_id();
+      append_instruction(out, spv::OpUMod, {*uint_type, col_offset, element, stride});
+      rows_dimension = fresh_id();
+      append_instruction(out, spv::OpIAdd, {*uint_type, rows_dimension, row_offset, stored_rows});
+    }
+    const uint32_t created = fresh_id(), sized = fresh_id(), strided = fresh_id(),
+                   sliced = fresh_id(), object = fresh_id();
+    append_instruction(out, kOpCreateTensorLayoutNv, {layout_type, created});
+    append_instruction(
+        out, kOpTensorLayoutSetDimensionNv,
+        {layout_type, sized, created, rows_dimension, from_buffer_start ? stride : stored_cols});
+    append_instruction(out, kOpTensorLayoutSetStrideNv, {layout_type, strided, sized, stride, one});
+    append_instruction(
+        out, kOpTensorLayoutSliceNv,
+        {layout_type, sliced, strided, row_offset, stored_rows, col_offset, stored_cols});
+    append_instruction(out, spv::OpUndef, {matrix_type, object});
+    std::vector<uint32_t> tail(operands.begin() + 5, operands.end());
+    if (tail.empty()) tail.push_back(spv::MemoryAccessMaskNone);
+    if (column_major) {
+      const uint32_t view = fresh_id();
+      append_instruction(out, kOpCreateTensorViewNv, {view_type, view});
+      tail.push_back(kTensorAddressingTensorView);
+      tail.push_back(view);
+    } else {
+      tail.push_back(0);
+    }
+    append_instruction(out, kOpCooperativeMatrixLoadTensorNv,
+                       {matrix_type, result, pointer, object, sliced}, tail);
   });
   out[kBoundWord] = bound;
   return out;

@@ -3,9 +3,11 @@
 // device needed); the numerics run only where the device has the fragment shape (the H200 run
 // of bench/h200.sh) and are skipped, visibly, elsewhere (Lavapipe).
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 
 #include "conv_support.hpp"
@@ -426,6 +428,161 @@ void main() {
                             {16, kSubgroup, 16, 16, 0},
                             {16, kSubgroup, 16, 8, 1},
                             {32, kSubgroup, 16, 8, 2}}));
+}
+
+// The workgroup GEMM's launch for C [m, n] = A B (A stored transposed where `ta`, B where `tb`),
+// forced onto the workgroup pass, as a KHR spec with the given loads; `groups` receives its grid.
+gpu::KernelSpec workgroup_gemm_spec(int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                                    gpu::MatrixLoads loads,
+                                    std::array<uint32_t, 3>* groups = nullptr) {
+  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  kernels::DeviceTraits device = coop_device();
+  device.workgroup_coop_matrix_f16 = true;
+  Graph graph;
+  const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k});
+  const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n});
+  graph.set_output("c", matmul(a, b, ta, tb).id());
+  const Graph rewritten = passes::workgroup_gemm(graph, device);
+  for (size_t i = 0; i < rewritten.size(); ++i) {
+    if (rewritten.nodes()[i].is_leaf()) continue;
+    for (const kernels::Launch& launch :
+         kernels::lower_node(rewritten, static_cast<ValueId>(i), device)) {
+      if (launch.kernel != "gemm_workgroup_coopmat") continue;
+      gpu::KernelSpec spec = spec_of(rewritten, launch);
+      spec.khr_cooperative_matrix = true;
+      spec.matrix_loads = loads;
+      if (groups) *groups = launch.groups;
+      return spec;
+    }
+  }
+  ADD_FAILURE() << "no workgroup GEMM launch";
+  return {};
+}
+
+// The tensor-addressing rewrite checked against the plain KHR module it starts from (no driver
+// here has the extension; GpuCoopMatrix.TensorAddressingLoadsReadTheSameOperands runs them):
+// every load keeps its result id and matrix type and becomes a tensor load whose layout is the
+// stored matrix (rows x columns, or columns x rows read through the (1, 0) view where the load
+// was column-major) with the load's stride, either at the loaded element or from the buffer's
+// first element with the element's row and column (element / stride, element % stride) as the
+// slice; the capabilities, extensions and layout types are declared, every id is below the bound.
+TEST(CoopMatrixRewrite, TensorLoadsReadWhatThePlainLoadsRead) {
+  constexpr uint32_t kOpExtension = 10, kOpCapability = 17, kOpConstant = 43, kOpAccessChain = 65,
+                     kOpIAdd = 128, kOpUDiv = 134, kOpUMod = 137;
+  constexpr uint32_t kOpTypeMatrixKhr = 4456, kOpLoadKhr = 4457, kOpLoadTensor = 5367,
+                     kOpTypeLayout = 5370, kOpTypeView = 5371, kOpCreateLayout = 5372,
+                     kOpSetDimension = 5373, kOpSetStride = 5374, kOpSlice = 5375,
+                     kOpCreateView = 5377;
+  using Operands = std::vector<uint32_t>;
+  for (const gpu::MatrixLoads loads :
+       {gpu::MatrixLoads::tensor_at_element, gpu::MatrixLoads::tensor_at_buffer_start}) {
+    const bool from_start = loads == gpu::MatrixLoads::tensor_at_buffer_start;
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      SCOPED_TRACE(std::string(from_start ? "from the buffer start" : "at the element") +
+                   " flags " + std::to_string(flags));
+      const gpu::KernelSpec tensor_spec = workgroup_gemm_spec(256, 512, 192, ta, tb, loads);
+      gpu::KernelSpec plain_spec = tensor_spec;
+      plain_spec.matrix_loads = gpu::MatrixLoads::plain;
+      const auto plain = instructions(gpu::compile_glsl(plain_spec));
+      const std::vector<uint32_t> module = gpu::compile_glsl(tensor_spec);
+      const auto rewritten = instructions(module);
+
+      std::map<uint32_t, uint32_t> constant_value;
+      std::map<uint32_t, Operands> plain_loads, matrix_shape, chains;
+      for (const auto& [opcode, operands] : plain) {
+        if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
+        if (opcode == kOpLoadKhr) plain_loads[operands[1]] = operands;
+        if (opcode == kOpTypeMatrixKhr) matrix_shape[operands[0]] = {operands[3], operands[4]};
+        if (opcode == kOpAccessChain) chains[operands[1]] = operands;
+      }
+      // Three steps (K 192, 64 deep) of two loads.
+      ASSERT_EQ(plain_loads.size(), 6u);
+
+      const uint32_t bound = module.at(3);
+      std::map<uint32_t, std::pair<uint32_t, Operands>> defined;  // result id -> instruction
+      std::set<uint32_t> capabilities;
+      std::set<std::string> extensions;
+      std::vector<Operands> tensor_loads;
+      Operands layout_type, view_type;
+      for (const auto& [opcode, operands] : rewritten) {
+        EXPECT_NE(opcode, kOpLoadKhr) << "a plain load left";
+        if (opcode == kOpCapability) capabilities.insert(operands[0]);
+        if (opcode == kOpExtension)
+          extensions.insert(reinterpret_cast<const char*>(operands.data()));
+        if (opcode == kOpConstant) constant_value[operands[1]] = operands[2];
+        if (opcode == kOpTypeLayout) layout_type = operands;
+        if (opcode == kOpTypeView) view_type = operands;
+        if (opcode == kOpLoadTensor) tensor_loads.push_back(operands);
+        if (operands.size() >= 2) defined[operands[1]] = {opcode, operands};
+        if (opcode == kOpLoadTensor || opcode == kOpCreateLayout || opcode == kOpSlice) {
+          for (uint32_t id : operands) EXPECT_LT(id, bound);
+        }
+      }
+      EXPECT_TRUE(capabilities.count(5439) && capabilities.count(5433));
+      EXPECT_TRUE(extensions.count("SPV_NV_tensor_addressing") &&
+                  extensions.count("SPV_NV_cooperative_matrix2"));
+      ASSERT_EQ(layout_type.size(), 3u);
+      EXPECT_EQ(constant_value.at(layout_type[1]), 2u) << "two dimensions";
+      EXPECT_EQ(constant_value.at(layout_type[2]), 0u) << "no clamping";
+      ASSERT_EQ(view_type.size(), 5u);
+      EXPECT_EQ(constant_value.at(view_type[1]), 2u);
+      EXPECT_EQ(constant_value.at(view_type[3]), 1u) << "the view swaps the dimensions";
+      EXPECT_EQ(constant_value.at(view_type[4]), 0u);
+      ASSERT_EQ(tensor_loads.size(), plain_loads.size());
+
+      const auto instruction = [&](uint32_t id, uint32_t opcode) -> const Operands& {
+        const auto& [found, operands] = defined.at(id);
+        EXPECT_EQ(found, opcode) << "id " << id;
+        return operands;
+      };
+      const auto value = [&](uint32_t id) { return constant_value.at(id); };
+      int column_major = 0;
+      for (const Operands& load : tensor_loads) {
+        // type, result, pointer, object, layout, memory operand, addressing operands [, view]
+        const Operands& before = plain_loads.at(load[1]);
+        EXPECT_EQ(load[0], before[0]) << "matrix type";
+        const bool transposed = value(before[3]) == 1;
+        column_major += transposed;
+        const Operands& shape = matrix_shape.at(before[0]);
+        const uint32_t rows = value(shape[transposed ? 1 : 0]);
+        const uint32_t columns = value(shape[transposed ? 0 : 1]);
+        const uint32_t stride = before[4];
+        const Operands& slice = instruction(load[4], kOpSlice);
+        const Operands& strided = instruction(slice[2], kOpSetStride);
+        const Operands& sized = instruction(strided[2], kOpSetDimension);
+        instruction(sized[2], kOpCreateLayout);
+        EXPECT_EQ(strided[3], stride);
+        EXPECT_EQ(value(strided[4]), 1u);
+        EXPECT_EQ(value(slice[4]), rows);
+        EXPECT_EQ(value(slice[6]), columns);
+        const uint32_t element = chains.at(before[2]).back();
+        if (from_start) {
+          const Operands& start = instruction(load[2], kOpAccessChain);
+          EXPECT_EQ(start[2], chains.at(before[2])[2]) << "same buffer";
+          EXPECT_EQ(value(start.back()), 0u) << "its first element";
+          const Operands& row = instruction(slice[3], kOpUDiv);
+          const Operands& column = instruction(slice[5], kOpUMod);
+          EXPECT_EQ(Operands(row.begin() + 2, row.end()), (Operands{element, stride}));
+          EXPECT_EQ(Operands(column.begin() + 2, column.end()), (Operands{element, stride}));
+          const Operands& extent = instruction(sized[3], kOpIAdd);
+          EXPECT_EQ(Operands(extent.begin() + 2, extent.end()), (Operands{slice[3], slice[4]}));
+          EXPECT_EQ(sized[4], stride);
+        } else {
+          EXPECT_EQ(load[2], before[2]) << "the loaded element";
+          EXPECT_EQ(value(slice[3]), 0u);
+          EXPECT_EQ(value(slice[5]), 0u);
+          EXPECT_EQ(value(sized[3]), rows);
+          EXPECT_EQ(value(sized[4]), columns);
+        }
+        ASSERT_EQ(load.size(), transposed ? 8u : 7u);
+        EXPECT_EQ(load[5], 0u) << "no memory operand";
+        EXPECT_EQ(load[6], transposed ? 1u : 0u) << "the TensorView operand";
+        if (transposed) instruction(load[7], kOpCreateView);
+      }
+      EXPECT_EQ(column_major, 3 * (ta + tb));
+    }
+  }
 }
 
 // Only the kernels written for f16 values declare f16 buffers; any other kernel given one names
@@ -1020,6 +1177,99 @@ TEST_F(GpuCoopMatrix, WorkgroupScopeMatmul) {
           kFastTolerance, seed++, fast(), &dispatches, false);
       EXPECT_EQ(dispatches, 3u);
     }
+  }
+}
+
+// f16 bits of n / 1024 for |n| <= 1024 (exact: at most 11 significant bits).
+uint16_t half_bits_of_1024ths(int n) {
+  if (n == 0) return 0;
+  const uint16_t sign = n < 0 ? 0x8000 : 0;
+  const int magnitude = std::abs(n);
+  int power = 0;  // the highest set bit of the magnitude
+  while ((2 << power) <= magnitude) ++power;
+  const int mantissa = (magnitude - (1 << power)) << (10 - power);
+  return static_cast<uint16_t>(sign | ((power - 10 + 15) << 10) | mantissa);
+}
+
+// Tensor-addressing loads, from either origin, read what the plain loads read: the workgroup
+// GEMM in every transposition against the f64 product of exact f16 values (multiples of 2^-10,
+// so that only the f32 sums round). Without validation: the layer predates the extension.
+TEST_F(GpuCoopMatrix, TensorAddressingLoadsReadTheSameOperands) {
+  std::unique_ptr<gpu::Device> device = gpu::Device::open("", false);
+  if (!device->info().caps.workgroup_coop_matrix.tensor_addressing)
+    GTEST_SKIP() << "the device has no tensor-addressing cooperative-matrix loads";
+  constexpr int64_t m = 256, n = 512, k = 192;
+  std::mt19937 random(53);
+  std::uniform_int_distribution<int> numerator(-1024, 1024);
+  for (int flags = 0; flags < 4; ++flags) {
+    const bool ta = flags & 1, tb = flags & 2;
+    std::vector<int> a(m * k), b(k * n);  // in 1024ths, as stored
+    for (int& x : a) x = numerator(random);
+    for (int& x : b) x = numerator(random);
+    const auto a_at = [&](int64_t row, int64_t p) { return a[ta ? p * m + row : row * k + p]; };
+    const auto b_at = [&](int64_t p, int64_t col) { return b[tb ? col * k + p : p * n + col]; };
+    const auto upload = [&](const std::vector<int>& values, const char* label) {
+      std::vector<uint16_t> bits(values.size());
+      std::transform(values.begin(), values.end(), bits.begin(), half_bits_of_1024ths);
+      const gpu::BufferId buffer =
+          device->create_buffer(bits.size() * 2, gpu::BufferUse::device, label);
+      device->write_buffer(buffer, 0, std::as_bytes(std::span(bits)));
+      return buffer;
+    };
+    const gpu::BufferId a_buffer = upload(a, "a"), b_buffer = upload(b, "b");
+    const gpu::BufferId c_buffer = device->create_buffer(m * n * 4, gpu::BufferUse::device, "c");
+    for (const gpu::MatrixLoads loads :
+         {gpu::MatrixLoads::plain, gpu::MatrixLoads::tensor_at_element,
+          gpu::MatrixLoads::tensor_at_buffer_start}) {
+      SCOPED_TRACE("flags " + std::to_string(flags) + " loads " +
+                   std::to_string(static_cast<int>(loads)));
+      std::array<uint32_t, 3> groups{};
+      const gpu::KernelSpec spec = workgroup_gemm_spec(m, n, k, ta, tb, loads, &groups);
+      std::vector<gpu::Command> commands(1);
+      commands[0].kind = gpu::Command::Kind::dispatch;
+      commands[0].dispatch = {device->create_pipelines(std::span(&spec, 1))[0],
+                              {{a_buffer, 0, uint64_t(m * k * 2)},
+                               {b_buffer, 0, uint64_t(k * n * 2)},
+                               {c_buffer, 0, uint64_t(m * n * 4)}},
+                              {},
+                              groups,
+                              spec.label};
+      const gpu::RecordingId recording = device->record(commands, gpu::Timing::none);
+      device->submit(recording);
+      device->destroy_recording(recording);
+      std::vector<float> c(m * n);
+      device->read_buffer(c_buffer, 0, std::as_writable_bytes(std::span(c)));
+      double worst = 0;
+      for (int64_t row = 0; row < m; ++row)
+        for (int64_t col = 0; col < n; ++col) {
+          double sum = 0;
+          for (int64_t p = 0; p < k; ++p) sum += double(a_at(row, p)) * b_at(p, col);
+          worst = std::max(worst, std::abs(sum / (1024.0 * 1024.0) - c[row * n + col]));
+        }
+      // 192 products of at most 1 summed in f32: errors near 1e-5; a misread operand is order 1.
+      EXPECT_LT(worst, 1e-4);
+    }
+    for (const gpu::BufferId buffer : {a_buffer, b_buffer, c_buffer})
+      device->destroy_buffer(buffer);
+  }
+}
+
+// A device without tensor addressing refuses a kernel that asks for it, naming the kernel, the
+// feature and the device, instead of handing the driver SPIR-V it cannot run.
+TEST_F(GpuCoopMatrix, TensorAddressingLoadsRefusedWhereMissing) {
+  std::unique_ptr<gpu::Device> device = gpu::Device::open("", false);
+  if (device->info().caps.workgroup_coop_matrix.tensor_addressing)
+    GTEST_SKIP() << "the device has tensor-addressing loads (the test above runs them)";
+  const gpu::KernelSpec spec =
+      workgroup_gemm_spec(256, 512, 192, false, false, gpu::MatrixLoads::tensor_at_element);
+  try {
+    device->create_pipelines(std::span(&spec, 1));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("'" + spec.label + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("cooperativeMatrixTensorAddressing"), std::string::npos) << message;
+    EXPECT_NE(message.find(device->info().name), std::string::npos) << message;
   }
 }
 
