@@ -1,8 +1,8 @@
 // Where the fast GEMM's time goes: cooperative-matrix rates of the device, from the bare
 // multiply-add up to a whole staged GEMM, and the workgroup-scope GEMM the library took
-// instead (docs/BENCHMARKS.md runs 47 to 49, docs/KERNELS.md).
+// instead (docs/BENCHMARKS.md runs 47 to 50, docs/KERNELS.md).
 //
-//   build/bench/coop_probe [rates|gemm|workgroup|all]
+//   build/bench/coop_probe [rates|gemm|workgroup|staged-workgroup|all]
 //
 // rates: register-resident fragments (the multiply-add rate alone), then fragments read from
 //        shared memory every step, with the stores and the workgroup barrier of a staged GEMM
@@ -25,6 +25,9 @@
 //        accumulators; the result stored as f16. Blocks that do not divide 4096 run at the
 //        largest multiple below it. Needs the extension; also prints the f32 -> f16 rounding of
 //        one 4096^2 operand.
+// staged-workgroup: the workgroup-scope product with its operands staged through shared memory
+//        by the kernel (registers a step ahead, padded tiles, one to three slots), checked
+//        against f64 like the rest.
 // Needs a device with f16 cooperative matrices of 16 x 16 x 16 and 16 x 8 x 16 and 32-wide
 // subgroups; prints one line a case, milliseconds and TFLOP/s, the median of 20 runs after
 // 500 ms of warm-up (clocks drop while the host checks results).
@@ -509,6 +512,75 @@ void main() {
 }
 )";
 
+// The workgroup GEMM with its operands staged through shared memory by the kernel itself: every
+// step the workgroup copies the BM x BK and BK x BN f16 tiles (8 halves a uvec4, rows padded by
+// PAD uvec4s against bank conflicts) into one of SLOTS slots, the next step's tiles waiting in
+// registers meanwhile, and loads its workgroup-scope matrices from there. With two slots one
+// barrier a step suffices: a slot is written again only after every invocation has passed the
+// barrier of the step that read it last.
+constexpr const char* kWorkgroupStagedGemm = R"(
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 256) in;
+layout(set = 0, binding = 0) readonly buffer A { uvec4 a_quads[]; };
+layout(set = 0, binding = 1) readonly buffer B { uvec4 b_quads[]; };
+layout(set = 0, binding = 2) writeonly buffer C { float c_data[]; };
+#define A_ROW (BK / 8 + PAD)
+#define B_ROW (BN / 8 + PAD)
+#define A_SLOT (BM * A_ROW)
+#define B_SLOT (BK * B_ROW)
+#define A_EACH (BM * BK / 8 / 256)
+#define B_EACH (BK * BN / 8 / 256)
+shared uvec4 tile_a[SLOTS * A_SLOT];
+shared uvec4 tile_b[SLOTS * B_SLOT];
+void main() {
+  const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
+  const uint t = gl_LocalInvocationID.x;
+  fcoopmatNV<32, gl_ScopeWorkgroup, BM, BN> acc = fcoopmatNV<32, gl_ScopeWorkgroup, BM, BN>(0.0);
+  uvec4 next_a[A_EACH], next_b[B_EACH];
+  [[unroll]] for (uint i = 0; i < A_EACH; ++i) {
+    const uint q = t + i * 256u, r = q / (BK / 8), c = q % (BK / 8);
+    next_a[i] = a_quads[(row0 + r) * (GEMM_K / 8) + c];
+  }
+  [[unroll]] for (uint i = 0; i < B_EACH; ++i) {
+    const uint q = t + i * 256u, r = q / (BN / 8), c = q % (BN / 8);
+    next_b[i] = b_quads[r * (GEMM_N / 8) + col0 / 8 + c];
+  }
+  uint slot = 0;
+  for (uint k = 0; k < GEMM_K; k += BK) {
+    [[unroll]] for (uint i = 0; i < A_EACH; ++i) {
+      const uint q = t + i * 256u;
+      tile_a[slot * A_SLOT + (q / (BK / 8)) * A_ROW + q % (BK / 8)] = next_a[i];
+    }
+    [[unroll]] for (uint i = 0; i < B_EACH; ++i) {
+      const uint q = t + i * 256u;
+      tile_b[slot * B_SLOT + (q / (BN / 8)) * B_ROW + q % (BN / 8)] = next_b[i];
+    }
+    barrier();
+    if (k + BK < GEMM_K) {
+      [[unroll]] for (uint i = 0; i < A_EACH; ++i) {
+        const uint q = t + i * 256u, r = q / (BK / 8), c = q % (BK / 8);
+        next_a[i] = a_quads[(row0 + r) * (GEMM_K / 8) + (k + BK) / 8 + c];
+      }
+      [[unroll]] for (uint i = 0; i < B_EACH; ++i) {
+        const uint q = t + i * 256u, r = q / (BN / 8), c = q % (BN / 8);
+        next_b[i] = b_quads[(k + BK + r) * (GEMM_N / 8) + col0 / 8 + c];
+      }
+    }
+    fcoopmatNV<16, gl_ScopeWorkgroup, BM, BK> a;
+    fcoopmatNV<16, gl_ScopeWorkgroup, BK, BN> b;
+    coopMatLoadNV(a, tile_a, slot * A_SLOT, A_ROW, false);
+    coopMatLoadNV(b, tile_b, slot * B_SLOT, B_ROW, false);
+    acc = coopMatMulAddNV(a, b, acc);
+#if SLOTS == 1
+    barrier();
+#else
+    slot = (slot + 1) % SLOTS;
+#endif
+  }
+  coopMatStoreNV(acc, c_data, row0 * GEMM_N + col0, GEMM_N, false);
+}
+)";
+
 // One f32 operand of 4096^2 rounded to f16: what f16 operands in memory would cost up front.
 constexpr const char* kToHalf = R"(
 layout(local_size_x = 256) in;
@@ -816,6 +888,41 @@ void split_gemms(Device& device) {
   }
 }
 
+// The workgroup GEMM staged through shared memory by the kernel (kWorkgroupStagedGemm): blocks,
+// depths and slots that fit the shared memory the driver leaves (48 KiB less its reservation).
+void staged_workgroup_gemms(Device& device) {
+  if (!device.info().caps.workgroup_coop_matrix.available) {
+    std::printf("workgroup-scope cooperative matrices: not available on this device\n");
+    return;
+  }
+  struct Case {
+    uint32_t block_m, block_n, block_k, slots, pad;
+  };
+  const Case cases[] = {{128, 256, 32, 1, 1}, {128, 256, 16, 2, 1}, {128, 256, 16, 3, 1},
+                        {128, 128, 64, 1, 1}, {128, 128, 32, 2, 1}, {256, 128, 32, 1, 1},
+                        {256, 128, 16, 2, 1}, {128, 256, 32, 1, 0}, {128, 128, 32, 2, 0}};
+  for (const Case& c : cases) {
+    char name[160];
+    std::snprintf(name, sizeof name,
+                  "workgroup scope staged by the kernel %ux%u block, %u deep, %u slot%s, pad %u",
+                  c.block_m, c.block_n, c.block_k, c.slots, c.slots > 1 ? "s" : "", c.pad);
+    const auto make = [&](uint32_t m, uint32_t n, uint32_t k) {
+      const KernelSpec spec = kernel("staged workgroup gemm", kWorkgroupStagedGemm,
+                                     {{"BM", std::to_string(c.block_m) + "u"},
+                                      {"BN", std::to_string(c.block_n) + "u"},
+                                      {"BK", std::to_string(c.block_k) + "u"},
+                                      {"SLOTS", std::to_string(c.slots)},
+                                      {"PAD", std::to_string(c.pad) + "u"},
+                                      {"GEMM_M", std::to_string(m) + "u"},
+                                      {"GEMM_N", std::to_string(n) + "u"},
+                                      {"GEMM_K", std::to_string(k) + "u"}},
+                                     3, true);
+      return ProductKernel{spec, {n / c.block_n, m / c.block_m, 1}};
+    };
+    check_and_time(device, name, make, true, false, false, c.block_m, c.block_n);
+  }
+}
+
 void workgroup_gemms(Device& device) {
   const WorkgroupCoopMatrixCaps& caps = device.info().caps.workgroup_coop_matrix;
   if (!caps.available) {
@@ -918,8 +1025,9 @@ void workgroup_gemms(Device& device) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string mode = argc > 1 ? argv[1] : "all";
-  if (mode != "all" && mode != "rates" && mode != "gemm" && mode != "workgroup") {
-    std::fprintf(stderr, "usage: coop_probe [rates|gemm|workgroup|all]\n");
+  if (mode != "all" && mode != "rates" && mode != "gemm" && mode != "workgroup" &&
+      mode != "staged-workgroup") {
+    std::fprintf(stderr, "usage: coop_probe [rates|gemm|workgroup|staged-workgroup|all]\n");
     return 2;
   }
   try {
@@ -946,6 +1054,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "all" || mode == "gemm") staged_gemms(*device);
     if (mode == "all" || mode == "workgroup") workgroup_gemms(*device);
+    if (mode == "all" || mode == "staged-workgroup") staged_workgroup_gemms(*device);
   } catch (const std::exception& failure) {
     std::fprintf(stderr, "coop_probe: %s\n", failure.what());
     return 1;

@@ -1,6 +1,7 @@
 """PyTorch side of `meganeura bench kernels`: the same cases and shapes, strict f32 (TF32 off),
 one JSON object per case; the "... fast" twins run with f16 inputs (against Meganeura's
---precision fast).
+--precision fast), and so do the "... f16" twins of the GEMM and SmolLM cases (against
+Meganeura's f16 tensors).
 
 Like the Meganeura side, each case's inputs are replicated until the copies hold more than
 --rotate MiB (more than the GPU's L2 cache), and one timed run computes the case once on every
@@ -150,11 +151,16 @@ FAST_CASE_PREFIXES = ("gemm 4096^3", "smollm", "resnet conv 3x3 64->64", "resnet
                       "whisper attention", "unet")
 
 
+# The cases that also run on f16 tensors in Meganeura, as "<name> f16"; here the same as "fast".
+F16_CASE_PREFIXES = ("gemm 4096^3", "smollm")
+
+
 def with_fast_twins(strict_cases):
     """(name, shapes, make, flops, bytes, dtype): every case in f32, the listed ones also in f16."""
     listed = [(*case, torch.float32) for case in strict_cases]
-    twins = [(name + " fast", *rest, torch.float16) for name, *rest in strict_cases
-             if name.startswith(FAST_CASE_PREFIXES)]
+    twins = [(name + suffix, *rest, torch.float16)
+             for suffix, prefixes in ((" fast", FAST_CASE_PREFIXES), (" f16", F16_CASE_PREFIXES))
+             for name, *rest in strict_cases if name.startswith(prefixes)]
     return listed + twins
 
 
@@ -230,7 +236,8 @@ def main():
                         help="MiB of inputs to rotate through (default 96; --small: 1)")
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--no-graphs", action="store_true", help="time eagerly, no CUDA graphs")
-    parser.add_argument("--no-fast", action="store_true", help="leave out the f16 \"fast\" twins")
+    parser.add_argument("--no-fast", action="store_true",
+                        help="leave out the f16 \"fast\" and \"f16\" twins")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

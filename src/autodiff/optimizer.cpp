@@ -84,6 +84,14 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   }
   const std::vector<ValueId> parameters = graph.leaves("parameter");
   if (parameters.empty()) throw Error("training: the graph has no parameters");
+  for (ValueId parameter : parameters) {
+    const Node& node = graph.node(parameter);
+    if (node.type.dtype != DType::f32)
+      throw Error("training: parameter '" + node.name + "' is " + type_string(node.type) +
+                  "; the optimizers update f32 parameters (their small steps vanish in f16): "
+                  "declare it f32 and cast it to " +
+                  std::string(dtype_name(node.type.dtype)) + " where the graph uses it");
+  }
 
   check_accumulation(config);
 

@@ -38,7 +38,9 @@ idle time of building the case.
 
 Cases named "... fast" run the same problem with --precision fast (f16 operands on cooperative
 matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without cooperative
-matrices they run strict, and their JSON says "coop_dispatches": 0.
+matrices they run strict, and their JSON says "coop_dispatches": 0. Cases named "... f16" run
+the GEMM and SmolLM problems on f16 tensors (operands and result stored in f16) with --precision
+fast, as PyTorch's f16 twin does: the like-for-like comparison, with no rounding of f32 operands.
 
 A case the device cannot run (the large cases need 256 MiB buffers, more than some devices bind)
 is reported on stderr and marked in the table, the other cases still run, and the exit status is
@@ -49,7 +51,7 @@ then 1.
   --rotate MIB   input bytes to rotate through (default 96; 0 = one copy of the inputs)
   --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe, and
                  devices whose buffers hold less than 256 MiB)
-  --no-fast      leave out the "... fast" cases
+  --no-fast      leave out the "... fast" and "... f16" cases
   --profile      also time every dispatch (in separate runs) and print each kernel kind's share
                  of a case under its row ("kernel_ms" in the JSON)
   --device SEL   device index or part of its name
@@ -65,12 +67,15 @@ struct BenchCase {
   double flops = 0;  // GFLOP/s for compute-bound cases
   double bytes = 0;  // GB/s (bytes read plus written) for memory-bound cases
   Precision precision = Precision::strict;
+  DType dtype = DType::f32;  // of the inputs, and so of the results
 };
 
 // The compute-bound cases that also run on cooperative matrices, as "<name> fast".
 constexpr std::array<std::string_view, 6> kFastCasePrefixes = {
     "gemm 4096^3",       "smollm", "resnet conv 3x3 64->64", "resnet conv 3x3/2",
     "whisper attention", "unet"};
+// The products that also run on f16 tensors in fast precision, as "<name> f16".
+constexpr std::array<std::string_view, 2> kF16CasePrefixes = {"gemm 4096^3", "smollm"};
 
 Attrs conv_attrs(int64_t stride, int64_t padding) {
   return {{"stride", std::vector<int64_t>{stride, stride}},
@@ -282,16 +287,21 @@ std::vector<BenchCase> bench_cases(bool small) {
   unet(64);
 
   const size_t strict_cases = cases.size();
-  for (size_t i = 0; i < strict_cases; ++i) {
-    const bool twin =
-        std::any_of(kFastCasePrefixes.begin(), kFastCasePrefixes.end(),
-                    [&](std::string_view prefix) { return cases[i].name.starts_with(prefix); });
-    if (!twin) continue;
-    BenchCase fast = cases[i];
-    fast.name += " fast";
-    fast.precision = Precision::fast;
-    cases.push_back(std::move(fast));
-  }
+  const auto add_twins = [&](const auto& prefixes, const std::string& suffix, DType dtype) {
+    for (size_t i = 0; i < strict_cases; ++i) {
+      const bool twin = std::any_of(prefixes.begin(), prefixes.end(), [&](std::string_view prefix) {
+        return cases[i].name.starts_with(prefix);
+      });
+      if (!twin) continue;
+      BenchCase fast = cases[i];
+      fast.name += suffix;
+      fast.precision = Precision::fast;
+      fast.dtype = dtype;
+      cases.push_back(std::move(fast));
+    }
+  };
+  add_twins(kFastCasePrefixes, " fast", DType::f32);
+  add_twins(kF16CasePrefixes, " f16", DType::f16);
   return cases;
 }
 
@@ -411,7 +421,7 @@ Measurement measure(const BenchCase& bench, const std::string& device, int64_t r
     for (size_t i = 0; i < bench.inputs.size(); ++i) {
       // Parameters live on the device from the start, so runs copy no inputs in.
       inputs.push_back(parameter(graph, "x" + std::to_string(i) + suffix, bench.inputs[i],
-                                 Init::uniform(-1.0, 1.0)));
+                                 Init::uniform(-1.0, 1.0), bench.dtype));
     }
     const std::vector<Tensor> results = bench.build(inputs);
     for (size_t j = 0; j < results.size(); ++j)
@@ -524,7 +534,8 @@ int bench_command(const std::vector<std::string>& words) {
                              {"ms", ms},
                              {"copies", measured.copies},
                              {"dispatches", measured.dispatches},
-                             {"precision", std::string(precision_name(bench.precision))}};
+                             {"precision", std::string(precision_name(bench.precision))},
+                             {"dtype", std::string(dtype_name(bench.dtype))}};
     if (bench.precision == Precision::fast) record["coop_dispatches"] = measured.coop_dispatches;
     if (!measured.kernel_ms.empty()) record["kernel_ms"] = measured.kernel_ms;
     if (bench.flops > 0) {

@@ -429,7 +429,17 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   const auto [m, n, k, splits, batches, split, transpose_a, transpose_b, batch_shape] = shape;
   const int64_t k_slice = split ? k_slice_length(k, splits) : k;
 
-  const bool coop = matmul_runs_coop(shape, context.device());
+  // f16 operands (half_matmul) are read as f16 and the result stored as f16 where it is f16;
+  // they run on cooperative matrices whatever the product's size (passes/f16_storage.cpp).
+  const bool half_operands = context.input_type(0).dtype == DType::f16;
+  const bool half_result = node.type.dtype == DType::f16;
+  const bool coop =
+      half_operands ? use_coop_gemm(context.device()) : matmul_runs_coop(shape, context.device());
+  if (half_operands && !coop)
+    throw Error(context.label() +
+                " multiplies f16 operands, which only the cooperative-matrix "
+                "GEMM reads, and this session does not run it on '" +
+                context.device().name + "'; the f16 storage pass checks this");
   // Only where the loads below are generated: packed_columns asks the same questions.
   const bool packed_b = packed_columns(context.graph(), node.inputs[1], context.device());
   if (coop || use_cpu_kernels(context.device())) {
@@ -437,38 +447,57 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
         transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
     const std::string u =
         transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
+    // An element of an operand buffer as a float.
+    const auto element = [&](const std::string& buffer, const std::string& index) {
+      const std::string read = buffer + "[" + index + "]";
+      return half_operands ? "float(" + read + ")" : read;
+    };
     std::string functions = batch_offset_function("a_offset", a_shape, batch_shape) +
                             batch_offset_function("b_offset", b_shape, batch_shape) +
-                            "float load_a(uint z, uint m, uint k) { return a[a_offset(z) + " + t +
-                            "]; }\n";
+                            "float load_a(uint z, uint m, uint k) { return " +
+                            element("a", "a_offset(z) + " + t) + "; }\n";
     // Packed columns hold element e in half e % 2 of word e / 2 (lower_im2col).
     if (packed_b) {
       functions += vector_buffer_view("b_halves", 1, false, "uint") +
                    "float load_b(uint z, uint k, uint n) {\n  uint e = b_offset(z) + " + u +
                    ";\n  return unpackHalf2x16(b_halves[e / 2u])[e % 2u];\n}\n";
     } else {
-      functions += "float load_b(uint z, uint k, uint n) { return b[b_offset(z) + " + u + "]; }\n";
+      functions += "float load_b(uint z, uint k, uint n) { return " +
+                   element("b", "b_offset(z) + " + u) + "; }\n";
     }
     // Four consecutive elements along each operand's contiguous extent, for the cooperative-matrix
-    // GEMM's vector loads: with every extent a multiple of 4, a vec4 starts 16-byte aligned and
-    // lies wholly inside or outside each edge.
-    const bool vector_loads = coop && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+    // GEMM's vector loads: with every extent a multiple of 4, a vec4 (or four halves) starts
+    // 16-byte (8-byte) aligned and lies wholly inside or outside each edge.
+    // f16 operands with every extent a multiple of 8 are read 8 halves (one uvec4) at a time.
+    const bool half_units =
+        coop && half_operands && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && !packed_b;
+    const bool vector_loads = coop && !half_units && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+    const auto vector_load = [](const std::string& function, const std::string& view,
+                                uint32_t binding, bool halves, const std::string& index) {
+      const std::string signature = "vec4 " + function + "(uint z, uint " +
+                                    (function == "load_a4" ? "m, uint k" : "k, uint n") + ") ";
+      if (!halves)
+        return vector_buffer_view(view, binding, false) + signature + "{ return " + view + "[(" +
+               index + ") / 4u]; }\n";
+      return vector_buffer_view(view, binding, false, "uvec2") + signature +
+             "{\n  uvec2 pairs = " + view + "[(" + index +
+             ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
+    };
     if (vector_loads) {
-      functions += vector_buffer_view("a4", 0, false) +
-                   "vec4 load_a4(uint z, uint m, uint k) { return a4[(a_offset(z) + " + t +
-                   ") / 4u]; }\n";
-      if (packed_b) {
-        functions +=
-            vector_buffer_view("b_halves4", 1, false, "uvec2") +
-            "vec4 load_b4(uint z, uint k, uint n) {\n  uvec2 pairs = b_halves4[(b_offset(z) + " +
-            u + ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
-      } else {
-        functions += vector_buffer_view("b4", 1, false) +
-                     "vec4 load_b4(uint z, uint k, uint n) { return b4[(b_offset(z) + " + u +
-                     ") / 4u]; }\n";
-      }
+      functions += vector_load("load_a4", half_operands ? "a_halves4" : "a4", 0, half_operands,
+                               "a_offset(z) + " + t);
+      functions += vector_load("load_b4", packed_b || half_operands ? "b_halves4" : "b4", 1,
+                               packed_b || half_operands, "b_offset(z) + " + u);
     }
-    if (split) functions = split_k_functions(functions, batches, k, splits, vector_loads);
+    if (half_units) {
+      functions += vector_buffer_view("a_units", 0, false, "uvec4") +
+                   "uvec4 load_a8(uint z, uint m, uint k) { return a_units[(a_offset(z) + " + t +
+                   ") / 8u]; }\n" + vector_buffer_view("b_units", 1, false, "uvec4") +
+                   "uvec4 load_b8(uint z, uint k, uint n) { return b_units[(b_offset(z) + " + u +
+                   ") / 8u]; }\n";
+    }
+    if (split)
+      functions = split_k_functions(functions, batches, k, splits, vector_loads, half_units);
     Launch bindings;
     bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
@@ -480,7 +509,11 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                                .a_m_contiguous = transpose_a,
                                .b_k_contiguous = transpose_b,
                                .vector_loads = vector_loads,
-                               .row_major_c = epilogue == nullptr,
+                               // f16 results leave through store_c, which rounds them: an f16
+                               // fragment would have B's type, which the KHR rewrite refuses.
+                               .row_major_c = epilogue == nullptr && !half_result,
+                               .half_operands = half_operands,
+                               .half_units = half_units,
                                .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {
@@ -510,6 +543,14 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
 void lower_matmul(LoweringContext& context) {
   emit_matmul(context, nullptr);
 }
+
+}  // namespace
+
+void emit_half_matmul_on_subgroups(LoweringContext& context) {
+  emit_matmul(context, nullptr);
+}
+
+namespace {
 
 // The generated part of gemm_cpu.comp: one statement per row and 4-column part of the register
 // block; part p of row i is acc_<i>_<p>, a vector over the lane's columns 4p .. 4p + 3.
@@ -724,12 +765,15 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
 }
 
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits, bool vector_loads) {
+                              int64_t splits, bool vector_loads, bool half_units) {
   std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
                                   "float load_b(", "float whole_b(");
   if (vector_loads)
     whole = replace_all(replace_all(whole, "vec4 load_a4(", "vec4 whole_a4("), "vec4 load_b4(",
                         "vec4 whole_b4(");
+  if (half_units)
+    whole = replace_all(replace_all(whole, "uvec4 load_a8(", "uvec4 whole_a8("), "uvec4 load_b8(",
+                        "uvec4 whole_b8(");
   const std::string entry = "z % " + glsl_uint(entries);
   // K slices start at multiples of 16 and `k` is a multiple of 4 wherever vec4 loads exist, so a
   // vec4 along k lies wholly inside or wholly past `k`.
@@ -748,6 +792,11 @@ std::string split_k_functions(const std::string& functions, int64_t entries, int
                    "whole_a4(" + entry + ", m, whole_k)") +
             sliced("vec4 load_b4(uint z, uint k, uint n)", "vec4(0.0)",
                    "whole_b4(" + entry + ", whole_k, n)");
+  if (half_units)
+    text += sliced("uvec4 load_a8(uint z, uint m, uint k)", "uvec4(0)",
+                   "whole_a8(" + entry + ", m, whole_k)") +
+            sliced("uvec4 load_b8(uint z, uint k, uint n)", "uvec4(0)",
+                   "whole_b8(" + entry + ", whole_k, n)");
   return text;
 }
 

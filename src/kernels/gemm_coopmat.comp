@@ -1,7 +1,7 @@
 // GEMM on cooperative matrices (tensor cores), the `fast` precision path, shared by matmul and
 // the convolutions: C[GEMM_M, GEMM_N] = A[GEMM_M, GEMM_K] B[GEMM_K, GEMM_N] for entry
-// gl_WorkGroupID.z. Operands are read as f32 through the generated load functions, rounded to
-// f16 into shared memory and multiplied on 16 x 8 x 16 fragments with f32 accumulators.
+// gl_WorkGroupID.z. Operands are read as f32 through the generated load functions (or as f16,
+// HALF_UNITS), rounded to f16 into shared memory and multiplied on 16 x 8 x 16 fragments with f32 accumulators.
 // A workgroup of WARPS_M x WARPS_N subgroups (32 invocations each) computes a BLOCK_M x BLOCK_N
 // block of C; each subgroup a FRAGS_M x FRAGS_N grid of 16 x 8 accumulator fragments. K advances
 // in slices of BLOCK_K through two shared slots: while the subgroups multiply the slice in one
@@ -14,7 +14,7 @@
 // being transposed on its way in.
 // Results leave through a per-subgroup staging fragment in shared memory, so every element is
 // written by store_c (which bounds nothing: rows and columns past the edge are skipped here);
-// with DIRECT_STORE (C is the row-major product itself, N a multiple of 4, so every fragment
+// with DIRECT_STORE (C is the row-major f32 product itself, N a multiple of 4, so every fragment
 // starts 16-byte aligned) a fragment wholly inside C is stored to it straight away.
 // Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K (a multiple of
 // 16), A_M_CONTIGUOUS (consecutive m of A are adjacent in memory, else consecutive k),
@@ -22,10 +22,13 @@
 // elements at a time through load_a4 / load_b4: every extent is a multiple of 4, so a vec4 lies
 // wholly inside or outside each edge), WHOLE_BLOCKS (no block reaches past an edge, so loads
 // need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c holds C row-major, entry after
-// entry). The lowering (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
+// entry), HALF_UNITS (the operands are f16 in memory and every extent a multiple of 8: each unit
+// of 8 halves is read as one uvec4 through load_a8 / load_b8 and stored as it is, without the
+// f32 round trip). The lowering (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
-// void store_c(uint z, uint m, uint n, float value), and with VECTOR_LOADS
-// vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n).
+// void store_c(uint z, uint m, uint n, float value), with VECTOR_LOADS
+// vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n), and with
+// HALF_UNITS uvec4 load_a8(uint z, uint m, uint k), uvec4 load_b8(uint z, uint k, uint n).
 // Loops over fragments are unrolled so that fragment arrays stay in registers.
 // A (16 x 16) and B (16 x 8) fragments have different shapes on purpose: the SPIR-V rewrite to
 // SPV_KHR_cooperative_matrix infers each matrix type's use from its role.
@@ -73,9 +76,15 @@ shared uvec4 tile_a[2 * A_SLOT];
 shared uvec4 tile_b[2 * B_SLOT];
 shared float staging[WARPS_M * WARPS_N * FRAG_M * FRAG_N];
 
-// The next slice, unit i of an invocation in elements [8 i, 8 i + 8).
+// The next slice, unit i of an invocation in elements [8 i, 8 i + 8): as 8 halves, or as two
+// vec4s to round.
+#if HALF_UNITS
+uvec4 a_next[PREFETCH_SLICES][A_UNITS];
+uvec4 b_next[PREFETCH_SLICES][B_UNITS];
+#else
 vec4 a_next[PREFETCH_SLICES][2 * A_UNITS];
 vec4 b_next[PREFETCH_SLICES][2 * B_UNITS];
+#endif
 fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N> accumulators[FRAGS_M][FRAGS_N];
 
 // Steps of one element along each operand's contiguous index, as (m, k) and (k, n).
@@ -162,6 +171,45 @@ vec4 read_b4(uint z, uvec2 kn) {
 #endif
 }
 
+#if HALF_UNITS
+// Eight halves of A from (m, k) along its contiguous index (zero past the edges, which a unit
+// never straddles), and of B from (k, n).
+uvec4 read_a8(uint z, uvec2 mk) {
+#if WHOLE_BLOCKS
+  return load_a8(z, mk.x, mk.y);
+#else
+  return mk.x < GEMM_M && mk.y < GEMM_K ? load_a8(z, mk.x, mk.y) : uvec4(0);
+#endif
+}
+
+uvec4 read_b8(uint z, uvec2 kn) {
+#if WHOLE_BLOCKS
+  return load_b8(z, kn.x, kn.y);
+#else
+  return kn.x < GEMM_K && kn.y < GEMM_N ? load_b8(z, kn.x, kn.y) : uvec4(0);
+#endif
+}
+
+void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread, uint set) {
+  [[unroll]] for (uint i = 0; i < A_UNITS; ++i)
+    a_next[set][i] = read_a8(z, uvec2(row0, k0) +
+                                    a_origin(tile_unit(thread + i * THREADS, A_ROW_UNITS)));
+  [[unroll]] for (uint i = 0; i < B_UNITS; ++i)
+    b_next[set][i] = read_b8(z, uvec2(k0, col0) +
+                                    b_origin(tile_unit(thread + i * THREADS, B_ROW_UNITS)));
+}
+
+void store_slice(uint slot, uint thread, uint set) {
+  [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
+    uvec2 unit = tile_unit(thread + i * THREADS, A_ROW_UNITS);
+    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = a_next[set][i];
+  }
+  [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
+    uvec2 unit = tile_unit(thread + i * THREADS, B_ROW_UNITS);
+    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = b_next[set][i];
+  }
+}
+#else
 void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread, uint set) {
   [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
     uvec2 mk = uvec2(row0, k0) + a_origin(tile_unit(thread + i * THREADS, A_ROW_UNITS));
@@ -192,6 +240,7 @@ void store_slice(uint slot, uint thread, uint set) {
         halves(b_next[set][2 * i], b_next[set][2 * i + 1]);
   }
 }
+#endif
 
 // Multiplies the slice in `slot` into the accumulators.
 void multiply_slice(uint slot, uint warp_row, uint warp_col) {

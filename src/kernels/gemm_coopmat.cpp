@@ -192,9 +192,11 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"A_M_CONTIGUOUS", gemm.a_m_contiguous ? "1" : "0"},
                     {"B_K_CONTIGUOUS", gemm.b_k_contiguous ? "1" : "0"},
                     {"VECTOR_LOADS", gemm.vector_loads ? "1" : "0"},
+                    {"HALF_UNITS", gemm.half_units ? "1" : "0"},
                     {"WHOLE_BLOCKS", whole_blocks ? "1" : "0"},
                     {"DIRECT_STORE", gemm.row_major_c && gemm.n % 4 == 0 ? "1" : "0"}};
   launch.operands = std::move(operands);
+  launch.f16_operands = gemm.half_operands;
   launch.khr_cooperative_matrix = coop_wants_khr(context.device());
   launch.groups = tiled_grid(launch.label, gemm.n, block.cols(), gemm.m, block.rows(), gemm.entries,
                              context.device());

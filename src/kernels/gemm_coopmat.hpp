@@ -32,6 +32,10 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
 // run 15); validated sessions leave KHR off (vk/device_features.cpp), so they use NV.
 bool coop_wants_khr(const DeviceTraits& device);
 
+// A half_matmul (ops/half_gemm.hpp) on gemm_coopmat.comp (gemm.cpp): its f16 operands read as
+// f16, its result stored as f16 where it is f16; products the workgroup GEMM does not take.
+void emit_half_matmul_on_subgroups(LoweringContext& context);
+
 // Runs `gemm` on gemm_coopmat.comp (f16 fragments, f32 accumulators).
 void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     std::vector<Operand> operands);

@@ -53,6 +53,10 @@ struct GeneratedGemm {
   // store_c(z, m, n, value) writes value to c[(z M + m) N + n] and nothing else (a matmul without
   // an epilogue), so whole fragments may be stored there at once.
   bool row_major_c = false;
+  // The operand buffers hold f16 (Launch::f16_operands): `functions` read them as such, and
+  // with half_units also define uvec4 load_a8(z, m, k) and load_b8(z, k, n), 8 consecutive
+  // halves along the contiguous index from a multiple of 8.
+  bool half_operands = false, half_units = false;
   std::string functions;
 };
 
@@ -97,12 +101,13 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
 
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
 // load_b(z, k, n) (and, with `vector_loads`, the vec4 load_a4 and load_b4, `k` then a multiple
-// of 4) for `entries` problems summing all of `k`; the result defines them for entries * splits
+// of 4; with `half_units`, the uvec4 load_a8 and load_b8 of 8 halves, `k` a multiple of 8) for
+// `entries` problems summing all of `k`; the result defines them for entries * splits
 // problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z is slice
 // z / entries of problem z % entries: loads shift k into the slice and read zero past `k`.
 // store_c is left as it is: it receives z itself, the flat index over [splits, entries] and so
 // over the leading axes of the [splits, ...] partial results.
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits, bool vector_loads);
+                              int64_t splits, bool vector_loads, bool half_units = false);
 
 }  // namespace mg::kernels

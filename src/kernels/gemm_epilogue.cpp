@@ -13,7 +13,9 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
   const std::string signature = "void store_c(uint z, uint m, uint n, float value) {\n";
   if (!epilogue) {
     launch.operands.push_back({"c", matmul, true});
-    return signature + "  c[" + offset + "] = value;\n}\n";
+    const std::string stored =
+        graph.type(matmul).dtype == DType::f16 ? "float16_t(value)" : "value";
+    return signature + "  c[" + offset + "] = " + stored + ";\n}\n";
   }
 
   const PointwiseDag& dag = epilogue->dag;

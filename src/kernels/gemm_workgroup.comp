@@ -1,12 +1,12 @@
-// C[GEMM_M, GEMM_N] (f32) = A[GEMM_M, GEMM_K] B[GEMM_K, GEMM_N] (f16) on workgroup-scope
-// cooperative matrices: a workgroup of 256 invocations owns one BLOCK_M x BLOCK_N accumulator
-// and multiplies BLOCK_M x BLOCK_K and BLOCK_K x BLOCK_N operands loaded straight from memory;
-// the driver stages them through shared memory. A_TRANSPOSED: a is stored [GEMM_K, GEMM_M],
-// B_TRANSPOSED: b is stored [GEMM_N, GEMM_K]; both are then read as column-major matrices.
-// The extents are multiples of the block (kernels/gemm_workgroup.hpp); ODD_STEPS: GEMM_K /
-// BLOCK_K is odd, so one step follows the loop. Two steps a loop
-// iteration and every matrix local to main: on the H200 a matrix in a global variable or
-// behind a function call ran 1.5x slower (docs/BENCHMARKS.md run 48).
+// C[GEMM_M, GEMM_N] (f32, or f16 with F16_RESULT) = A[GEMM_M, GEMM_K] B[GEMM_K, GEMM_N] (f16)
+// on workgroup-scope cooperative matrices: a workgroup of 256 invocations owns one
+// BLOCK_M x BLOCK_N accumulator and multiplies BLOCK_M x BLOCK_K and BLOCK_K x BLOCK_N operands
+// loaded straight from memory; the driver stages them through shared memory. A_TRANSPOSED: a is
+// stored [GEMM_K, GEMM_M], B_TRANSPOSED: b is stored [GEMM_N, GEMM_K]; both are then read as
+// column-major matrices. The extents are multiples of the block (kernels/gemm_workgroup.hpp);
+// ODD_STEPS: GEMM_K / BLOCK_K is odd, so one step follows the loop. Two steps a loop iteration
+// and every matrix local to main: on the H200 a matrix in a global variable or behind a
+// function call ran 1.5x slower (docs/BENCHMARKS.md run 48).
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 layout(local_size_x = 256) in;
@@ -42,5 +42,10 @@ void main() {
 #if ODD_STEPS
   STEP(k)
 #endif
+#if F16_RESULT
+  coopMatStoreNV(fcoopmatNV<16, gl_ScopeWorkgroup, BLOCK_M, BLOCK_N>(acc), c, row0 * GEMM_N + col0,
+                 GEMM_N, false);
+#else
   coopMatStoreNV(acc, c, row0 * GEMM_N + col0, GEMM_N, false);
+#endif
 }

@@ -1,5 +1,6 @@
-// Kernels of round_to_f16 and half_matmul, the workgroup GEMM's operands and product
-// (gemm_workgroup.hpp).
+// Kernels of round_to_f16, widen_f16 and half_matmul: the workgroup GEMM's operands and product
+// (gemm_workgroup.hpp), and the conversions around f32 kernels for f16 tensors
+// (passes/f16_storage.cpp).
 #include "kernels/gemm_workgroup.hpp"
 
 #include <cstdlib>
@@ -12,33 +13,43 @@
 namespace mg::kernels {
 namespace {
 
-// Four values an invocation, read as one vec4 and written as one f16vec4 through views of the
-// two buffers (the planner aligns every value to 256 bytes), rounded by the conversion to f16
-// (to nearest even): 16-byte accesses ran at 3.8 TB/s on the H200 where scalar ones ran at 2.5.
-constexpr const char* kRoundToF16 = R"glsl(
-layout(std430, set = 0, binding = 0) readonly buffer x_quads { vec4 x4[]; };
-layout(std430, set = 0, binding = 1) writeonly buffer y_quads { f16vec4 y4[]; };
+// Four values an invocation, read and written as one vector through views of both buffers (the
+// planner aligns every value to 256 bytes), the last invocation converting the 0-3 values past
+// the last whole vector one by one: 16-byte reads ran at 3.8 TB/s on the H200 where scalar
+// ones ran at 2.5. The conversion to f16 rounds to nearest even; the one from f16 is exact.
+constexpr const char* kConvertF16 = R"glsl(
+layout(std430, set = 0, binding = 0) readonly buffer x_quads { X_QUAD x4[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer y_quads { Y_QUAD y4[]; };
 layout(local_size_x = 256) in;
 void main() {
   const uint quad = linear_workgroup() * 256u + gl_LocalInvocationID.x;
-  if (quad < QUADS) y4[quad] = f16vec4(x4[quad]);
+  if (quad < COUNT / 4u) {
+    y4[quad] = Y_QUAD(x4[quad]);
+  } else if (quad == COUNT / 4u) {
+    for (uint i = quad * 4u; i < COUNT; ++i) y[i] = Y_SCALAR(x[i]);
+  }
 }
 )glsl";
 
-void lower_round_to_f16(LoweringContext& context) {
+// round_to_f16 (f32 -> f16) and widen_f16 (f16 -> f32).
+void lower_f16_conversion(LoweringContext& context) {
+  const bool to_f16 = context.node().type.dtype == DType::f16;
   const int64_t count = element_count(context.node().type.shape);
-  if (count % 4 != 0)
-    throw Error(context.label() + " rounds " + std::to_string(count) +
-                " values; its kernel takes a multiple of 4, as every operand of the workgroup "
-                "GEMM is (the pass that writes the op)");
+  if (!context.device().f16_tensors)
+    throw Error(context.label() + " converts " + (to_f16 ? "into" : "from") +
+                " an f16 tensor, which needs f16 storage buffers and f16 arithmetic; '" +
+                context.device().name + "' lacks them: keep the graph's tensors f32 there");
   Launch launch;
   launch.label = context.label();
-  launch.kernel = "round_to_f16";
-  launch.body = kRoundToF16;
-  launch.defines = {{"QUADS", glsl_uint(count / 4)}};
+  launch.kernel = context.node().op;
+  launch.body = kConvertF16;
+  launch.defines = {{"COUNT", glsl_uint(count)},
+                    {"X_QUAD", to_f16 ? "vec4" : "f16vec4"},
+                    {"Y_QUAD", to_f16 ? "f16vec4" : "vec4"},
+                    {"Y_SCALAR", to_f16 ? "float16_t" : "float"}};
   launch.operands = {{"x", context.node().inputs[0], false}, {"y", context.id(), true}};
   launch.f16_operands = true;
-  launch.groups = grid_for(static_cast<uint64_t>(count / 4), 256, context.device());
+  launch.groups = grid_for(static_cast<uint64_t>(count / 4 + 1), 256, context.device());
   context.emit(std::move(launch));
 }
 
@@ -47,17 +58,17 @@ void lower_half_matmul(LoweringContext& context) {
   const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
   const Shape& a = context.input_type(0).shape;
-  const int64_t m = node.type.shape[0], n = node.type.shape[1], k = a[transpose_a ? 0 : 1];
-  if (!context.device().workgroup_coop_matrix_f16 || m % kWorkgroupGemmBlockM != 0 ||
-      n % kWorkgroupGemmBlockN != 0 || k % kWorkgroupGemmBlockK != 0)
-    throw Error(
-        context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
-        std::to_string(k) +
-        ") needs workgroup-scope cooperative matrices and extents in "
-        "multiples of " +
-        std::to_string(kWorkgroupGemmBlockM) + " x " + std::to_string(kWorkgroupGemmBlockN) +
-        " x " + std::to_string(kWorkgroupGemmBlockK) + ", which '" + context.device().name +
-        "' or this product lacks; it comes from the workgroup GEMM pass, which checks both");
+  const int64_t m = a[transpose_a ? 1 : 0], n = node.type.shape.back(), k = a[transpose_a ? 0 : 1];
+  // Split-K partials (the split-K pass splits only what the workgroup GEMM does not take).
+  if (node.attrs.has("k_splits") ||
+      !workgroup_gemm_suits(m, n, k, context.device(), OperandsIn::f16)) {
+    if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
+    throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                std::to_string(k) + ") multiplies f16 operands on cooperative matrices, which '" +
+                context.device().name +
+                "' does not run in this session (fast precision and the coop GEMM's switches); "
+                "the passes that write it (workgroup GEMM, f16 storage) check this");
+  }
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_workgroup_coopmat";
@@ -70,7 +81,8 @@ void lower_half_matmul(LoweringContext& context) {
                     {"BLOCK_K", std::to_string(kWorkgroupGemmBlockK)},
                     {"A_TRANSPOSED", transpose_a ? "1" : "0"},
                     {"B_TRANSPOSED", transpose_b ? "1" : "0"},
-                    {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"}};
+                    {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
+                    {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"}};
   launch.operands = {
       {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
   launch.f16_operands = true;
@@ -91,7 +103,8 @@ void lower_half_matmul(LoweringContext& context) {
 // run 48).
 constexpr int64_t kMinHalfHarmonicMean = 512;
 
-bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device) {
+bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
+                          OperandsIn operands) {
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
   if (m % kWorkgroupGemmBlockM != 0 || n % kWorkgroupGemmBlockN != 0 ||
       k % kWorkgroupGemmBlockK != 0)
@@ -104,11 +117,14 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
                 "every product whose extents fit its blocks); unset it for the size rule");
   }
   const int64_t blocks = (m / kWorkgroupGemmBlockM) * (n / kWorkgroupGemmBlockN);
-  return blocks >= device.compute_units && m * n >= kMinHalfHarmonicMean * (m + n);
+  if (blocks < device.compute_units) return false;
+  return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);
 }
 
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {
-  return {{"round_to_f16", lower_round_to_f16}, {"half_matmul", lower_half_matmul}};
+  return {{"round_to_f16", lower_f16_conversion},
+          {"widen_f16", lower_f16_conversion},
+          {"half_matmul", lower_half_matmul}};
 }
 
 }  // namespace mg::kernels

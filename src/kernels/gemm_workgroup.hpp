@@ -13,15 +13,21 @@ namespace mg::kernels {
 constexpr int64_t kWorkgroupGemmBlockM = 128, kWorkgroupGemmBlockN = 256, kWorkgroupGemmBlockK = 64,
                   kWorkgroupGemmInvocations = 256;
 
+// What a product's operands are before the workgroup GEMM reads them: f32 values it must round
+// to f16 first (passes/workgroup_gemm.cpp), or f16 tensors it reads as they are
+// (passes/f16_storage.cpp).
+enum class OperandsIn { f32, f16 };
+
 // Whether an M x N x K product (2-D, no split) runs on the workgroup GEMM on `device`: the coop
 // GEMM is on (use_coop_gemm), the device has workgroup-scope f16 matrices
-// (DeviceTraits::workgroup_coop_matrix_f16), M, N and K are multiples of the block, the blocks
-// fill every compute unit once, and M N >= 512 (M + N), so that the product outweighs the
-// roundings of its operands (gemm_workgroup.cpp). On the H200 at 4096^3 the rounded operands
-// and the product took 0.49-0.50 ms against the subgroup-scope kernel's 0.81 (docs/BENCHMARKS.md
-// run 48).
-// MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the size bound (the extents must still be
+// (DeviceTraits::workgroup_coop_matrix_f16), M, N and K are multiples of the block, and the
+// blocks fill every compute unit once; for f32 operands also M N >= 512 (M + N), so that the
+// product outweighs the roundings of its operands (gemm_workgroup.cpp). On the H200 at 4096^3
+// the rounded operands and the product took 0.49-0.50 ms against the subgroup-scope kernel's
+// 0.81 (docs/BENCHMARKS.md run 48).
+// MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the size bounds (the extents must still be
 // multiples of the block); anything else is an error naming it.
-bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device);
+bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
+                          OperandsIn operands);
 
 }  // namespace mg::kernels

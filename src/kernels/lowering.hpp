@@ -36,6 +36,8 @@ struct DeviceTraits {
   // Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2) for f16 A and B and f32
   // accumulators on 256 invocations, in blocks of 128 x 256 x 64, with f16 storage buffers.
   bool workgroup_coop_matrix_f16 = false;
+  // f16 storage buffers and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
+  bool f16_tensors = false;
   bool fast_precision = false;
   std::string name = "device";
 };

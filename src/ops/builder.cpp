@@ -22,8 +22,8 @@ Tensor input(Graph& graph, std::string name, Shape shape, DType dtype) {
   return {&graph, graph.input(std::move(name), {dtype, std::move(shape)})};
 }
 
-Tensor parameter(Graph& graph, std::string name, Shape shape, Init init) {
-  return {&graph, graph.parameter(std::move(name), {DType::f32, std::move(shape)}, init)};
+Tensor parameter(Graph& graph, std::string name, Shape shape, Init init, DType dtype) {
+  return {&graph, graph.parameter(std::move(name), {dtype, std::move(shape)}, init)};
 }
 
 Tensor scalar(Graph& graph, double value, DType dtype) {

@@ -1,10 +1,7 @@
-// The operands of a product on workgroup-scope cooperative matrices (passes/workgroup_gemm.cpp):
-// round_to_f16 (a tensor rounded to f16, stored as f16) and half_matmul (the product of two f16
-// matrices, accumulated and returned in f32). The pass writes them after differentiation, so
-// they take no gradient.
-#include <cmath>
-#include <limits>
-
+// The f16 ops that passes write after differentiation, so they take no gradient: round_to_f16
+// (an f32 tensor rounded to f16, stored as f16), widen_f16 (an f16 tensor as f32, exactly) and
+// half_matmul (the product of two f16 matrices, accumulated in f32 and returned in f32, or in
+// f16 with f16_result). passes/workgroup_gemm.cpp and passes/f16_storage.cpp write them.
 #include "ops/half_gemm.hpp"
 #include "ops/op_checks.hpp"
 #include "ops/shape_rules.hpp"
@@ -14,8 +11,8 @@ namespace {
 
 std::vector<ValueId> no_gradient(Graph& graph, ValueId self, ValueId) {
   throw Error(graph.node(self).op + " %" + std::to_string(self) +
-              " is written by the workgroup GEMM pass after differentiation and has no "
-              "gradient; differentiate the matmul it came from instead");
+              " is written by a compile pass after differentiation and has no gradient; "
+              "differentiate the graph the pass was given instead");
 }
 
 TensorType infer_round_to_f16(const Graph& graph, const Node& node) {
@@ -25,8 +22,17 @@ TensorType infer_round_to_f16(const Graph& graph, const Node& node) {
   return TensorType{DType::f16, x.shape};
 }
 
-// half_matmul(a, b) {transpose_a, transpose_b}: a [M, K] and b [K, N] in f16 (each stored
-// transposed where its flag says) -> [M, N] in f32.
+TensorType infer_widen_f16(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  const TensorType& x = graph.type(node.inputs[0]);
+  if (x.dtype != DType::f16) op_error(graph, node, "widens f16 values");
+  return TensorType{DType::f32, x.shape};
+}
+
+// half_matmul(a, b) {transpose_a, transpose_b, f16_result, k_splits}: a [M, K] and b [K, N] in
+// f16 (each stored transposed where its flag says) -> [M, N] in f32, or rounded to f16 with
+// f16_result; with k_splits = S (only from the split-K pass) the f32 partial results [S, M, N]
+// as matmul's (ops/k_split.hpp).
 TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 2);
   const TensorType& a = graph.type(node.inputs[0]);
@@ -41,22 +47,13 @@ TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   if (k != k_b)
     op_error(graph, node,
              "inner dimensions differ (" + std::to_string(k) + " vs " + std::to_string(k_b) + ")");
-  return TensorType{DType::f32, {m, n}};
+  const bool f16_result = flag_attr(graph, node, "f16_result");
+  if (f16_result && node.attrs.has("k_splits"))
+    op_error(graph, node, "partial results (k_splits) are f32; f16_result rounds whole products");
+  return TensorType{f16_result ? DType::f16 : DType::f32, split_k_shape(graph, node, k, {m, n})};
 }
 
 }  // namespace
-
-double round_to_f16(double value) {
-  if (!std::isfinite(value)) return value;
-  const double magnitude = std::fabs(value);
-  // Past the largest half (65504) by half its last step, f16 has only infinity.
-  if (magnitude >= 65520.0) return std::copysign(std::numeric_limits<double>::infinity(), value);
-  int exponent = 0;
-  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
-  // 11 significant bits down to the smallest normal (2^-14), then the subnormals' fixed 2^-24.
-  const double step = std::ldexp(1.0, std::max(exponent - 11, -24));
-  return std::copysign(std::nearbyint(magnitude / step) * step, value);  // ties to even
-}
 
 void register_half_gemm_ops(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
@@ -69,6 +66,13 @@ void register_half_gemm_ops(std::vector<OpDef>& registry) {
               result.data[i] = round_to_f16(inputs[0]->data[i]);
             return result;
           },
+      .vjp = no_gradient,
+  });
+  registry.push_back(OpDef{
+      .name = "widen_f16",
+      .infer = infer_widen_f16,
+      .reference = [](const Node&,
+                      const std::vector<const HostTensor*>& inputs) { return *inputs[0]; },
       .vjp = no_gradient,
   });
   registry.push_back(OpDef{

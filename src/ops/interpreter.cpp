@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "ir/half.hpp"
 #include "ops/op.hpp"
 
 namespace mg {
@@ -39,6 +40,16 @@ void initialise_leaves(const Graph& graph, Environment& environment, uint64_t se
   }
 }
 
+namespace {
+
+// An f16 tensor holds only f16 values, whatever its producer computed or its caller gave.
+void hold_in_dtype(const TensorType& type, HostTensor& tensor) {
+  if (type.dtype != DType::f16) return;
+  for (double& value : tensor.data) value = round_to_f16(value);
+}
+
+}  // namespace
+
 std::vector<HostTensor> evaluate(const Graph& graph, const Environment& environment) {
   std::vector<HostTensor> values(graph.size());
   std::vector<const HostTensor*> inputs;
@@ -56,6 +67,7 @@ std::vector<HostTensor> evaluate(const Graph& graph, const Environment& environm
                     shape_string(it->second.shape));
       }
       values[i] = it->second;
+      hold_in_dtype(node.type, values[i]);
       continue;
     }
     const OpDef& def = op_def(node.op);
@@ -68,6 +80,7 @@ std::vector<HostTensor> evaluate(const Graph& graph, const Environment& environm
       throw Error("internal: reference of '" + node.op + "' produced shape " +
                   shape_string(values[i].shape) + " for type " + type_string(node.type));
     }
+    hold_in_dtype(node.type, values[i]);
   }
   return values;
 }

@@ -20,7 +20,8 @@ struct Environment {
 // leaf's Init, with a seeded generator (same seed, same values).
 void initialise_leaves(const Graph& graph, Environment& environment, uint64_t seed);
 
-// Evaluates every node. Throws mg::Error when a leaf is missing or has the wrong shape.
+// Evaluates every node; the values of f16 nodes (leaves too) are rounded to f16. Throws mg::Error
+// when a leaf is missing or has the wrong shape.
 std::vector<HostTensor> evaluate(const Graph& graph, const Environment& environment);
 
 // Evaluates, then applies the graph's assignments to `environment` (one training step).

@@ -26,6 +26,15 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
               std::vector<ValueId>* remap = nullptr);
 
+// f16 storage: f16 tensors stay f16 in memory and every kernel but a few computes in f32, so
+// each f16 input a kernel reads becomes widen_f16 of it and each f16 result round_to_f16 of the
+// f32 result (ops/half_gemm.hpp); casts between f32 and f16 become those two ops. A 2-D matmul
+// of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
+// GEMM or the subgroup-scope one) becomes a half_matmul reading the f16 operands and writing the
+// f16 result (see f16_storage.cpp).
+Graph f16_storage(const Graph& graph, const kernels::DeviceTraits& device,
+                  std::vector<ValueId>* remap = nullptr);
+
 // The workgroup GEMM: a 2-D matmul that suits it on `device` (kernels/gemm_workgroup.hpp)
 // becomes round_to_f16 of both operands and a half_matmul (ops/half_gemm.hpp).
 Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,

@@ -23,6 +23,7 @@
 #include "kernels/conv_weight_grad.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
+#include "kernels/gemm_workgroup.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/k_split.hpp"
 #include "passes/passes.hpp"
@@ -73,18 +74,31 @@ int64_t nonempty_slices(int64_t k, int64_t wanted) {
 struct Product {
   int64_t m = 0, n = 0, k = 0, entries = 1;
   bool generated_loads = false;  // conv2d_grad_weight's implicit GEMM, not a matmul's buffers
+  bool half_operands = false;    // a half_matmul: the cooperative-matrix GEMM runs it, any size
 };
 
-std::optional<Product> product_of(const Graph& graph, const Node& node) {
+std::optional<Product> product_of(const Graph& graph, const Node& node,
+                                  const kernels::DeviceTraits& device) {
   if (node.attrs.has("k_splits")) return std::nullopt;
-  if (node.op == "matmul") {
+  // A product of f16 operands splits where the subgroup-scope GEMM runs it (the workgroup GEMM
+  // takes products whole).
+  const bool half = node.op == "half_matmul";
+  if (half) {
+    const Shape& a_shape = graph.type(node.inputs[0]).shape;
+    const int64_t k = a_shape[node.attrs.get_int("transpose_a", 0) != 0 ? 0 : 1];
+    if (kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1], k, device,
+                                      kernels::OperandsIn::f16))
+      return std::nullopt;
+  }
+  if (node.op == "matmul" || half) {
     const Shape& a_shape = graph.type(node.inputs[0]).shape;
     const Shape& out_shape = node.type.shape;
     const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
     return Product{.m = out_shape[out_shape.size() - 2],
                    .n = out_shape[out_shape.size() - 1],
                    .k = a_shape[a_shape.size() - (transpose_a ? 2 : 1)],
-                   .entries = element_count(Shape(out_shape.begin(), out_shape.end() - 2))};
+                   .entries = element_count(Shape(out_shape.begin(), out_shape.end() - 2)),
+                   .half_operands = half};
   }
   if (node.op == "conv2d_grad_weight") {
     // Per group: M = O / groups, N = C / groups * KH * KW, K = N * OH * OW (kernels/conv.cpp).
@@ -157,6 +171,7 @@ double launch_cost(const kernels::SimtGemmLaunch& launch, const Product& product
 bool runs_on_simt_gemm(const Product& product, const kernels::DeviceTraits& device) {
   if (kernels::use_cpu_kernels(device)) return false;
   if (!kernels::use_coop_gemm(device)) return true;
+  if (product.half_operands) return false;
   // Matmuls this small stay on gemm.comp (kernels/gemm.cpp); convolutions all take the coop GEMM.
   return !product.generated_loads &&
          !kernels::coop_gemm_suits(product.m * product.n * product.k * product.entries, product.k,
@@ -229,14 +244,19 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
           const int64_t wanted =
               forced > 0 ? forced : kernels::direct_weight_gradient_splits(*direct, device);
           splits = nonempty_slices(k, wanted);
-        } else if (const std::optional<Product> product = product_of(target, node)) {
+        } else if (const std::optional<Product> product = product_of(target, node, device)) {
           splits = split_count(*product, device);
         }
         if (splits < 2) return target.add_typed(std::move(node));
-        Attrs attrs = node.attrs;
+        // Partial results are f32; an f16 product is rounded once they are summed.
+        const bool f16_result = node.type.dtype == DType::f16;
+        Attrs attrs;
+        for (const auto& [name, value] : node.attrs.items())
+          if (name != "f16_result") attrs.set(name, value);
         attrs.set("k_splits", splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        return sum_leading_axis(target, partials);
+        const ValueId sum = sum_leading_axis(target, partials);
+        return f16_result ? target.add("round_to_f16", {sum}) : sum;
       },
       remap);
 }

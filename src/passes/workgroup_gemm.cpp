@@ -23,7 +23,8 @@ Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
         if (a.rank() != 2 || b.rank() != 2) return target.add_typed(std::move(node));
         const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
         const int64_t k = a.shape[transpose_a ? 0 : 1];
-        if (!kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1], k, device))
+        if (!kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1], k, device,
+                                           kernels::OperandsIn::f32))
           return target.add_typed(std::move(node));
         const ValueId a_half = target.add("round_to_f16", {node.inputs[0]});
         const ValueId b_half = target.add("round_to_f16", {node.inputs[1]});

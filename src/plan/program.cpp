@@ -300,7 +300,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
                       const PlanOptions& options) {
   Program program;
   program.graph_nodes_before_passes = source.size();
-  program.graph = passes::optimize(source);
+  program.graph = passes::f16_storage(passes::optimize(source), device);
   bool split_k = options.split_k;
   if (const char* forced = std::getenv("MEGANEURA_SPLIT_K")) split_k = std::string(forced) != "0";
   bool im2col = options.im2col;

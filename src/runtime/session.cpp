@@ -8,6 +8,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "ir/half.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_workgroup.hpp"
 #include "ops/interpreter.hpp"
@@ -62,6 +63,7 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision
   traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
   traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
   traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps);
+  traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
   traits.fast_precision = precision == Precision::fast;
   return traits;
 }
@@ -77,6 +79,71 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   options.attention_dq_gemm = info.kind != gpu::DeviceKind::cpu;
   options.im2col = info.kind != gpu::DeviceKind::cpu;
   return options;
+}
+
+// `values` as the device stores a tensor of `dtype`: f32 as they are, f16 rounded to the nearest
+// f16 (ties to even), i32 and u32 truncated toward zero.
+template <typename Value>
+std::vector<std::byte> device_bytes(DType dtype, std::span<const Value> values) {
+  const size_t width = dtype_bytes(dtype);
+  std::vector<std::byte> bytes(values.size() * width);
+  const auto store = [&](size_t i, auto element) {
+    std::memcpy(bytes.data() + i * width, &element, sizeof(element));
+  };
+  for (size_t i = 0; i < values.size(); ++i) {
+    switch (dtype) {
+      case DType::f32:
+        store(i, static_cast<float>(values[i]));
+        break;
+      case DType::f16:
+        store(i, f16_bits(static_cast<double>(values[i])));
+        break;
+      case DType::i32:
+        store(i, static_cast<int32_t>(values[i]));
+        break;
+      case DType::u32:
+        store(i, static_cast<uint32_t>(values[i]));
+        break;
+      case DType::bf16:
+        throw Error("bf16 tensors cannot be stored yet: keep the tensor f32 or f16");
+    }
+  }
+  return bytes;
+}
+
+// The values of `count` elements of `dtype` as the device stored them.
+std::vector<float> host_values(DType dtype, const std::byte* data, size_t count) {
+  std::vector<float> values(count);
+  const size_t width = dtype_bytes(dtype);
+  for (size_t i = 0; i < count; ++i) {
+    const std::byte* element = data + i * width;
+    switch (dtype) {
+      case DType::f32:
+        std::memcpy(&values[i], element, 4);
+        break;
+      case DType::f16: {
+        uint16_t bits = 0;
+        std::memcpy(&bits, element, 2);
+        values[i] = f16_value(bits);
+        break;
+      }
+      case DType::i32: {
+        int32_t integer = 0;
+        std::memcpy(&integer, element, 4);
+        values[i] = static_cast<float>(integer);
+        break;
+      }
+      case DType::u32: {
+        uint32_t integer = 0;
+        std::memcpy(&integer, element, 4);
+        values[i] = static_cast<float>(integer);
+        break;
+      }
+      case DType::bf16:
+        throw Error("bf16 tensors cannot be read yet: keep the tensor f32 or f16");
+    }
+  }
+  return values;
 }
 
 // Written into every guard: a NaN pattern no kernel produces by accident.
@@ -171,7 +238,9 @@ struct Session::Impl {
       throw Error("the program has no input '" + std::string(name) + "' (inputs: " + known + ")");
     }
     const TensorType& type = program.graph.type(it->second.value);
-    if (type.dtype != dtype || static_cast<int64_t>(count) != type.elements()) {
+    const bool rounded_into_f16 = type.dtype == DType::f16 && dtype == DType::f32;
+    if ((type.dtype != dtype && !rounded_into_f16) ||
+        static_cast<int64_t>(count) != type.elements()) {
       throw Error("input '" + std::string(name) + "' expects " + type_string(type) + " (" +
                   std::to_string(type.elements()) + " values) but was given " +
                   std::to_string(count) + " " + std::string(dtype_name(dtype)) + " values");
@@ -198,13 +267,10 @@ struct Session::Impl {
               ? (node.data ? HostTensor(node.type.shape, *node.data)
                            : HostTensor(node.type.shape, node.attrs.get_float("value")))
               : initial.leaves.at(node.name);
-      std::vector<float> floats(tensor.data.begin(), tensor.data.end());
-      std::vector<int32_t> integers(tensor.data.begin(), tensor.data.end());
-      const std::byte* bytes = node.type.dtype == DType::f32
-                                   ? reinterpret_cast<const std::byte*>(floats.data())
-                                   : reinterpret_cast<const std::byte*>(integers.data());
+      const std::vector<std::byte> bytes =
+          device_bytes(node.type.dtype, std::span<const double>(tensor.data));
       const gpu::BufferRange range = range_of(value);
-      device->write_buffer(range.buffer, range.offset, {bytes, node.type.bytes()});
+      device->write_buffer(range.buffer, range.offset, bytes);
     }
   }
 
@@ -224,8 +290,16 @@ struct Session::Impl {
 
   void set_input(std::string_view name, DType dtype, const void* values, size_t count) {
     InputStaging& staging = checked_input(name, dtype, count);
-    std::memcpy(static_cast<std::byte*>(device->mapped(slots[input_slot].upload)) + staging.offset,
-                values, staging.bytes);
+    std::byte* staged =
+        static_cast<std::byte*>(device->mapped(slots[input_slot].upload)) + staging.offset;
+    const DType stored = program.graph.type(staging.value).dtype;
+    if (stored == dtype) {
+      std::memcpy(staged, values, staging.bytes);
+    } else {
+      const std::vector<std::byte> bytes =
+          device_bytes(stored, std::span<const float>(static_cast<const float*>(values), count));
+      std::memcpy(staged, bytes.data(), staging.bytes);
+    }
     staging.only_in = input_slot;
   }
 
@@ -440,15 +514,7 @@ std::vector<float> Session::output(std::string_view name) const {
                               impl_->device->mapped(impl_->slots[*impl_->finished].download)) +
                           slot.offset;
   const TensorType& type = impl_->program.graph.type(slot.value);
-  std::vector<float> values(static_cast<size_t>(type.elements()));
-  if (type.dtype == DType::f32) {
-    std::memcpy(values.data(), data, slot.bytes);
-  } else {
-    std::vector<int32_t> integers(values.size());
-    std::memcpy(integers.data(), data, slot.bytes);
-    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(integers[i]);
-  }
-  return values;
+  return host_values(type.dtype, data, static_cast<size_t>(type.elements()));
 }
 
 float Session::scalar_output(std::string_view name) const {
@@ -464,10 +530,10 @@ std::vector<float> Session::read(std::string_view leaf) const {
   impl_->finish_run();
   const ValueId value = impl_->persistent_leaf(leaf);
   const gpu::BufferRange range = impl_->range_of(value);
-  std::vector<float> values(static_cast<size_t>(impl_->program.graph.type(value).elements()));
-  impl_->device->read_buffer(range.buffer, range.offset,
-                             {reinterpret_cast<std::byte*>(values.data()), values.size() * 4});
-  return values;
+  const TensorType& type = impl_->program.graph.type(value);
+  std::vector<std::byte> bytes(type.bytes());
+  impl_->device->read_buffer(range.buffer, range.offset, bytes);
+  return host_values(type.dtype, bytes.data(), static_cast<size_t>(type.elements()));
 }
 
 void Session::write(std::string_view leaf, std::span<const float> values) {
@@ -480,9 +546,7 @@ void Session::write(std::string_view leaf, std::span<const float> values) {
   }
   impl_->finish_run();
   const gpu::BufferRange range = impl_->range_of(value);
-  impl_->device->write_buffer(
-      range.buffer, range.offset,
-      {reinterpret_cast<const std::byte*>(values.data()), values.size() * 4});
+  impl_->device->write_buffer(range.buffer, range.offset, device_bytes(type.dtype, values));
 }
 
 std::vector<std::string> Session::persistent_names() const {

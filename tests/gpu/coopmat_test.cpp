@@ -9,8 +9,10 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "conv_support.hpp"
+#include "ir/half.hpp"
 #include "kernels/lowering.hpp"
 #include "passes/passes.hpp"
 #include "vk/gpu.hpp"
@@ -42,6 +44,7 @@ kernels::DeviceTraits coop_device() {
   device.max_workgroup_invocations = 1024;
   device.coop_matrix_f16_nv = true;
   device.coop_matrix_f16_khr = true;
+  device.f16_tensors = true;
   device.fast_precision = true;
   return device;
 }
@@ -602,6 +605,50 @@ TEST_F(CoopMatrixLowering, F16BuffersOnlyForKernelsWrittenForThem) {
   }
 }
 
+// A product of f16 tensors into an f16 result that the workgroup GEMM does not take runs on the
+// subgroup-scope GEMM as it is: one launch with f16 buffers, reading the operands as halves
+// (eight at a time, stored to shared memory as they are, where every extent is a multiple of 8;
+// four at a time where it is a multiple of 4) and rounding each stored value to f16 (never
+// storing f32 fragments straight into the f16 result). It compiles to valid NV SPIR-V and
+// well-formed KHR SPIR-V in every transposition.
+TEST_F(CoopMatrixLowering, HalfMatmulOnSubgroupsReadsAndWritesF16) {
+  for (const auto& [m, n, k] :
+       {std::tuple{128, 192, 96}, std::tuple{132, 68, 36}, std::tuple{130, 66, 34}}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                   " flags " + std::to_string(flags));
+      Graph graph;
+      const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k}, DType::f16);
+      const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, DType::f16);
+      graph.set_output("c", matmul(a, b, ta, tb).id());
+      const Graph stored = passes::f16_storage(graph, coop_device());
+      const ValueId product = stored.output("c");
+      ASSERT_EQ(stored.node(product).op, "half_matmul");
+      const std::vector<kernels::Launch> launches =
+          kernels::lower_node(stored, product, coop_device());
+      ASSERT_EQ(launches.size(), 1u);
+      const kernels::Launch& launch = launches[0];
+      EXPECT_EQ(launch.kernel, "gemm_coopmat");
+      EXPECT_TRUE(launch.f16_operands);
+      const std::string declarations = kernels::buffer_declarations(stored, launch);
+      EXPECT_NE(declarations.find("float16_t c[]"), std::string::npos) << declarations;
+      EXPECT_NE(launch.body.find("= float16_t(value)"), std::string::npos);
+      EXPECT_EQ(define_of(launch, "DIRECT_STORE"), "0");
+      const bool units = m % 8 == 0 && n % 8 == 0 && k % 8 == 0;
+      const bool quads = !units && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+      EXPECT_EQ(define_of(launch, "HALF_UNITS"), units ? "1" : "0");
+      EXPECT_EQ(launch.body.find("a_units") != std::string::npos, units);
+      EXPECT_EQ(launch.body.find("b_units") != std::string::npos, units);
+      EXPECT_EQ(launch.body.find("a_halves4") != std::string::npos, quads);
+      EXPECT_EQ(launch.body.find("b_halves4") != std::string::npos, quads);
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(stored, launch));  // validated
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                        gemm_column_major_loads(launch));
+    }
+  }
+}
+
 // The node of coop_graph() whose op is `op` (it has one).
 ValueId node_of(const Graph& graph, const std::string& op) {
   for (size_t i = 0; i < graph.size(); ++i)
@@ -1156,39 +1203,71 @@ bool device_has_workgroup_coop_matrices() {
 }
 
 // The workgroup GEMM (forced onto products below its size rule) in every transposition, K an
-// odd and an even number of its 64-deep steps, several blocks each way: three dispatches (the
-// two operand roundings and the product), values within the fast tolerance. Without
+// odd and an even number of its 64-deep steps, several blocks each way, on tensors of `dtype`,
+// each product in `dispatches` dispatches, within `tolerance` of the reference. Without
 // validation: the layer predates the extension.
-TEST_F(GpuCoopMatrix, WorkgroupScopeMatmul) {
-  if (!device_has_workgroup_coop_matrices())
-    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+void check_workgroup_products(DType dtype, double tolerance, size_t dispatches, uint64_t seed) {
   const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
-  uint64_t seed = 40;
   for (const int64_t k : {192, 256}) {
     for (int flags = 0; flags < 4; ++flags) {
       const bool ta = flags & 1, tb = flags & 2;
       SCOPED_TRACE("K " + std::to_string(k) + " flags " + std::to_string(flags));
-      size_t dispatches = 0;
+      size_t launched = 0;
       check_on_gpu(
-          {{"a", ta ? Shape{k, 384} : Shape{384, k}}, {"b", tb ? Shape{512, k} : Shape{k, 512}}},
+          {{"a", ta ? Shape{k, 384} : Shape{384, k}, dtype},
+           {"b", tb ? Shape{512, k} : Shape{k, 512}, dtype}},
           [&](Graph& graph, std::vector<Tensor>& in) {
             graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
           },
-          kFastTolerance, seed++, fast(), &dispatches, false);
-      EXPECT_EQ(dispatches, 3u);
+          tolerance, seed++, fast(), &launched, false);
+      EXPECT_EQ(launched, dispatches);
     }
   }
 }
 
-// f16 bits of n / 1024 for |n| <= 1024 (exact: at most 11 significant bits).
-uint16_t half_bits_of_1024ths(int n) {
-  if (n == 0) return 0;
-  const uint16_t sign = n < 0 ? 0x8000 : 0;
-  const int magnitude = std::abs(n);
-  int power = 0;  // the highest set bit of the magnitude
-  while ((2 << power) <= magnitude) ++power;
-  const int mantissa = (magnitude - (1 << power)) << (10 - power);
-  return static_cast<uint16_t>(sign | ((power - 10 + 15) << 10) | mantissa);
+// f32 tensors: three dispatches (the two operand roundings and the product), values within the
+// fast tolerance.
+TEST_F(GpuCoopMatrix, WorkgroupScopeMatmul) {
+  if (!device_has_workgroup_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+  check_workgroup_products(DType::f32, kFastTolerance, 3, 40);
+}
+
+// f16 tensors into an f16 result: the kernel as it is, one dispatch, no rounding of operands.
+// The f16 result is checked against the f64 product rounded to f16, which the f32 sum may miss
+// by one f16 step (2^-10 relative at most).
+TEST_F(GpuCoopMatrix, WorkgroupGemmOfF16Tensors) {
+  if (!device_has_workgroup_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+  check_workgroup_products(DType::f16, 1e-3, 1, 60);
+}
+
+// Products of f16 tensors into f16 results that the workgroup GEMM does not take (below its
+// size rule, or off its blocks) run on the subgroup-scope GEMM as they are, in every
+// transposition, with each width of load (8 halves, 4, 1), against the f64 product rounded to
+// f16: one dispatch, or three where K is long enough to split (f32 partial products, their sum,
+// the rounding of the sum).
+TEST_F(GpuCoopMatrix, SubgroupGemmOfF16Tensors) {
+  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
+  uint64_t seed = 70;
+  for (const auto& [m, n, k, launches] :
+       {std::tuple{128, 576, 192, 1}, std::tuple{132, 68, 36, 1}, std::tuple{130, 66, 34, 1},
+        std::tuple{64, 96, 2048, 3}, std::tuple{60, 92, 2044, 3}}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                   " flags " + std::to_string(flags));
+      size_t dispatches = 0;
+      check_on_gpu(
+          {{"a", ta ? Shape{k, m} : Shape{m, k}, DType::f16},
+           {"b", tb ? Shape{n, k} : Shape{k, n}, DType::f16}},
+          [&](Graph& graph, std::vector<Tensor>& in) {
+            graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
+          },
+          1e-3, seed++, fast(), &dispatches, false);
+      EXPECT_EQ(dispatches, static_cast<size_t>(launches));
+    }
+  }
 }
 
 // Tensor-addressing loads, from either origin, read what the plain loads read: the workgroup
@@ -1217,7 +1296,8 @@ TEST_F(GpuCoopMatrix, TensorAddressingLoadsReadTheSameOperands) {
       }
     const auto upload = [&](const std::vector<int>& values, const char* label) {
       std::vector<uint16_t> bits(values.size());
-      std::transform(values.begin(), values.end(), bits.begin(), half_bits_of_1024ths);
+      std::transform(values.begin(), values.end(), bits.begin(),
+                     [](int n) { return f16_bits(n / 1024.0); });
       const gpu::BufferId buffer =
           device->create_buffer(bits.size() * 2, gpu::BufferUse::device, label);
       device->write_buffer(buffer, 0, std::as_bytes(std::span(bits)));

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "gradient_check.hpp"
+#include "ir/half.hpp"
 #include "op_expectations.hpp"
 
 namespace mg {
@@ -258,7 +259,77 @@ TEST(HalfGemm, Misuse) {
                       .id(),
                   {a.id()});
       },
-      {"half_matmul", "after differentiation", "differentiate the matmul"});
+      {"half_matmul", "after differentiation", "differentiate the graph"});
+  expect_error([&] { raw(graph, "widen_f16", {a.id()}); }, {"widen_f16", "widens f16"});
+}
+
+// With f16_result the product is rounded to f16, and widen_f16 gives f16 values back exactly.
+TEST(HalfGemm, F16ResultIsTheRoundedProduct) {
+  Graph graph;
+  Environment environment;
+  const HostTensor a_values({2, 2}, {0.1, 1.0 / 3, 2049, -7.25});
+  const HostTensor b_values({2, 2}, {1.0 / 7, 3.5, 0.3, 1.0});
+  const Tensor a = input(graph, "a", {2, 2}, DType::f16);
+  const Tensor b = input(graph, "b", {2, 2}, DType::f16);
+  environment.leaves["a"] = a_values;
+  environment.leaves["b"] = b_values;
+  const Tensor product = raw(graph, "half_matmul", {a.id(), b.id()}, {{"f16_result", int64_t{1}}});
+  const Tensor widened = raw(graph, "widen_f16", {product.id()});
+  EXPECT_EQ(product.dtype(), DType::f16);
+  EXPECT_EQ(widened.dtype(), DType::f32);
+  const std::vector<HostTensor> values = evaluate(graph, environment);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      double exact = 0;
+      for (int k = 0; k < 2; ++k)
+        exact += round_to_f16(a_values.data[i * 2 + k]) * round_to_f16(b_values.data[k * 2 + j]);
+      EXPECT_EQ(values[product.id()].data[i * 2 + j], round_to_f16(exact)) << i << ", " << j;
+      EXPECT_EQ(values[widened.id()].data[i * 2 + j], round_to_f16(exact)) << i << ", " << j;
+    }
+  }
+}
+
+// Every f16 bit pattern decodes to a value that encodes back to it (NaNs to the quiet NaN), and
+// values between two neighbours encode to the nearer one, ties to the even pattern.
+TEST(HalfGemm, F16BitsRoundTrip) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float value = f16_value(static_cast<uint16_t>(bits));
+    if (std::isnan(value)) {
+      EXPECT_EQ((bits >> 10) & 0x1F, 0x1Fu) << bits;
+      EXPECT_EQ(f16_bits(value), 0x7E00) << bits;
+      continue;
+    }
+    ASSERT_EQ(f16_bits(value), bits) << "pattern " << bits << " (" << value << ")";
+    EXPECT_EQ(round_to_f16(value), value) << bits;
+  }
+  EXPECT_EQ(f16_bits(1.0), 0x3C00);
+  EXPECT_EQ(f16_bits(-2.0), 0xC000);
+  EXPECT_EQ(f16_bits(65504.0), 0x7BFF);
+  EXPECT_EQ(f16_bits(std::ldexp(1.0, -24)), 0x0001);
+  EXPECT_EQ(f16_bits(std::ldexp(1.0, -14)), 0x0400);
+  EXPECT_EQ(f16_bits(-0.0), 0x8000);
+  EXPECT_EQ(f16_bits(1e6), 0x7C00);
+  EXPECT_EQ(f16_bits(1 + std::ldexp(1.0, -11)), 0x3C00);      // tie to even (down)
+  EXPECT_EQ(f16_bits(1 + 3 * std::ldexp(1.0, -11)), 0x3C02);  // tie to even (up)
+  EXPECT_EQ(f16_value(0x3555), 0.333251953125f);
+}
+
+// The interpreter holds f16 tensors in f16: leaves and results alike are rounded.
+TEST(HalfGemm, InterpreterRoundsF16Values) {
+  Graph graph;
+  Environment environment;
+  const Tensor x = input(graph, "x", {3}, DType::f16);
+  environment.leaves["x"] = HostTensor({3}, {0.1, 1.0 / 3, 70000});
+  const Tensor doubled = x * 3.0;
+  const Tensor wide = cast(x, DType::f32) * 3.0;
+  const std::vector<HostTensor> values = evaluate(graph, environment);
+  const std::vector<double> held = {0.0999755859375, 0.333251953125,
+                                    std::numeric_limits<double>::infinity()};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(values[x.id()].data[i], held[i]) << i;
+    EXPECT_EQ(values[doubled.id()].data[i], round_to_f16(held[i] * 3)) << i;
+    EXPECT_EQ(values[wide.id()].data[i], held[i] * 3) << i;
+  }
 }
 
 }  // namespace

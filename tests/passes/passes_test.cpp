@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "meganeura/autodiff.hpp"
@@ -1034,6 +1035,135 @@ TEST(Passes, WorkgroupGemmRoutes) {
         << error.what();
   }
   unsetenv("MEGANEURA_WORKGROUP_GEMM");
+}
+
+// The f16 storage pass on a graph of f16 tensors (inputs, a state, an f16 constant, casts every
+// way, ops of several families, a batched product, a view, f16 outputs and an assignment): every
+// kernel but the conversions reads and writes f32 or integers only, each f16 value a kernel reads
+// is widened once, and every output and assignment keeps its reference value exactly (the pass
+// rounds where the interpreter does).
+TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
+  Graph graph;
+  Environment environment;
+  std::mt19937_64 generator(71);
+  std::uniform_real_distribution<double> uniform(-2.0, 2.0);
+  const auto leaf = [&](Tensor tensor, const std::string& name) {
+    HostTensor value(tensor.shape());
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+    return tensor;
+  };
+  const Tensor x = leaf(input(graph, "x", {2, 3, 5}, DType::f16), "x");
+  const Tensor w = leaf(input(graph, "w", {5, 4}, DType::f16), "w");
+  const Tensor wide = leaf(input(graph, "wide", {4}), "wide");
+  const Tensor running =
+      leaf(Tensor(&graph, graph.state("running", {DType::f16, {3, 4}})), "running");
+  const Tensor hidden =
+      relu(matmul(x, w) + full(graph, {4}, 0.1, DType::f16)) * cast(wide, DType::f16);
+  const Tensor mixed = matmul(hidden, hidden, false, true);  // batched, f16
+  graph.set_output("hidden", reshape(hidden, {24}).id());
+  graph.set_output("mixed", mixed.id());
+  graph.set_output("wide", (cast(x, DType::f32) * 3.0).id());
+  graph.set_output("integers", cast(x * 4.0, DType::i32).id());
+  graph.set_output("back", cast(cast(cast(x, DType::i32), DType::f16), DType::f32).id());
+  graph.assign(running.id(), (running * 0.5 + sum(hidden, {0}, false)).id());
+
+  const Graph rewritten = passes::f16_storage(graph, h200_like());
+  verify(rewritten);
+  const std::set<std::string> conversions = {"round_to_f16", "widen_f16", "half_matmul"};
+  for (const Node& node : rewritten.nodes()) {
+    if (node.is_leaf() || kernels::is_view_op(node.op) || conversions.count(node.op)) continue;
+    EXPECT_NE(node.type.dtype, DType::f16) << node.op;
+    for (ValueId input_id : node.inputs)
+      EXPECT_NE(rewritten.type(input_id).dtype, DType::f16) << node.op << " reads an f16 value";
+  }
+  std::map<ValueId, int> widenings;
+  for (const Node& node : rewritten.nodes())
+    if (node.op == "widen_f16") ++widenings[node.inputs[0]];
+  for (const auto& [value, count] : widenings) EXPECT_EQ(count, 1) << "%" << value;
+  EXPECT_EQ(count_op(rewritten, "half_matmul"), 0u);
+  EXPECT_EQ(rewritten.type(rewritten.output("hidden")).dtype, DType::f16);
+
+  Environment stepped_before = environment, stepped_after = environment;
+  expect_same_outputs(graph, rewritten, environment);
+  step(graph, stepped_before);
+  step(rewritten, stepped_after);
+  EXPECT_EQ(stepped_before.leaves["running"].data, stepped_after.leaves["running"].data);
+}
+
+// Split-K takes a product of f16 matrices on the subgroup-scope GEMM apart as it takes an f32
+// one, into f32 partial products whose sum is rounded to f16 once, with the reference values of
+// the whole product; the workgroup GEMM's products stay whole.
+TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
+  for (const auto& [m, n, k] : {std::tuple{128, 576, 1536}, std::tuple{4096, 4096, 4096}}) {
+    Graph graph;
+    Environment environment;
+    std::mt19937_64 generator(m + k);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    const Tensor a = input(graph, "a", {m, k}, DType::f16);
+    const Tensor b = input(graph, "b", {k, n}, DType::f16);
+    graph.set_output("c", matmul(a, b).id());
+    const Graph split =
+        passes::split_k(passes::f16_storage(graph, workgroup_capable(kH200ComputeUnits)),
+                        workgroup_capable(kH200ComputeUnits));
+    const ValueId product = [&] {
+      for (size_t i = 0; i < split.size(); ++i)
+        if (split.nodes()[i].op == "half_matmul") return static_cast<ValueId>(i);
+      return kNoValue;
+    }();
+    ASSERT_NE(product, kNoValue);
+    const bool on_workgroups = m == 4096;
+    EXPECT_EQ(split.node(product).attrs.has("k_splits"), !on_workgroups);
+    EXPECT_EQ(split.type(product).dtype, on_workgroups ? DType::f16 : DType::f32);
+    EXPECT_EQ(count_op(split, "round_to_f16"), on_workgroups ? 0u : 1u);
+    EXPECT_EQ(split.type(split.output("c")).dtype, DType::f16);
+    if (on_workgroups) continue;
+    for (const auto& [name, shape] : {std::pair{"a", Shape{m, k}}, std::pair{"b", Shape{k, n}}}) {
+      HostTensor value(shape);
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves[name] = value;
+    }
+    expect_same_outputs(graph, split, environment);
+  }
+}
+
+// Products of f16 matrices into f16 results run on cooperative matrices as they are wherever the
+// session runs the fast GEMMs: the workgroup GEMM where the blocks fill the compute units (no
+// roundings to pay for, so no other bound), else the subgroup-scope GEMM whatever their size.
+// Elsewhere (strict precision, the kill switch) they are computed in f32 between conversions.
+TEST(Passes, F16StorageRoutesF16Products) {
+  const auto rewritten = [](int64_t m, int64_t n, int64_t k, const kernels::DeviceTraits& device) {
+    Graph graph;
+    const Tensor a = input(graph, "a", {m, k}, DType::f16);
+    const Tensor b = input(graph, "b", {k, n}, DType::f16);
+    graph.set_output("c", matmul(a, b).id());
+    return passes::f16_storage(graph, device);
+  };
+  const auto on_coop = [&](int64_t m, int64_t n, int64_t k, const kernels::DeviceTraits& device) {
+    const Graph graph = rewritten(m, n, k, device);
+    const bool direct = count_op(graph, "half_matmul") == 1;
+    // Either the product reads the f16 operands and writes the f16 result itself, or two
+    // widenings and a rounding surround an f32 matmul.
+    EXPECT_EQ(count_op(graph, "widen_f16"), direct ? 0u : 2u);
+    EXPECT_EQ(count_op(graph, "round_to_f16"), direct ? 0u : 1u);
+    EXPECT_EQ(count_op(graph, "matmul"), direct ? 0u : 1u);
+    EXPECT_EQ(graph.type(graph.output("c")).dtype, DType::f16);
+    return direct;
+  };
+  const kernels::DeviceTraits h200 = workgroup_capable(kH200ComputeUnits);
+  // 128 x 49152: 192 blocks of the workgroup GEMM, which f32 operands would not take
+  // (M N / (M + N) < 512); 1024^3, SmolLM's 128 x 1536 x 576 and a product that gemm.comp would
+  // run in f32 are the subgroup GEMM's.
+  EXPECT_TRUE(on_coop(128, 49152, 576, h200));
+  EXPECT_TRUE(on_coop(1024, 1024, 1024, h200));
+  EXPECT_TRUE(on_coop(128, 1536, 576, h200));
+  EXPECT_TRUE(on_coop(64, 64, 64, h200));
+  kernels::DeviceTraits strict = workgroup_capable(1);
+  strict.fast_precision = false;
+  EXPECT_FALSE(on_coop(1024, 1024, 64, strict));
+  setenv("MEGANEURA_NO_COOPMAT", "1", 1);
+  EXPECT_FALSE(on_coop(4096, 4096, 4096, h200));
+  unsetenv("MEGANEURA_NO_COOPMAT");
 }
 
 }  // namespace

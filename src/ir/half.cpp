@@ -1,0 +1,47 @@
+#include "ir/half.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace mg {
+
+double round_to_f16(double value) {
+  if (!std::isfinite(value)) return value;
+  const double magnitude = std::fabs(value);
+  // Past the largest half (65504) by half its last step, f16 has only infinity.
+  if (magnitude >= 65520.0) return std::copysign(std::numeric_limits<double>::infinity(), value);
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
+  // 11 significant bits down to the smallest normal (2^-14), then the subnormals' fixed 2^-24.
+  const double step = std::ldexp(1.0, std::max(exponent - 11, -24));
+  return std::copysign(std::nearbyint(magnitude / step) * step, value);  // ties to even
+}
+
+uint16_t f16_bits(double value) {
+  if (std::isnan(value)) return 0x7E00;
+  const double rounded = round_to_f16(value);
+  const uint16_t sign = std::signbit(rounded) ? 0x8000 : 0;
+  const double magnitude = std::fabs(rounded);
+  if (std::isinf(magnitude)) return sign | 0x7C00;
+  // Below 2^-14 the exponent field is 0 and the fraction counts steps of 2^-24.
+  if (magnitude < std::ldexp(1.0, -14))
+    return sign | static_cast<uint16_t>(std::ldexp(magnitude, 24));
+  int exponent = 0;
+  const double fraction = std::frexp(magnitude, &exponent);                  // in [0.5, 1)
+  const auto significand = static_cast<uint16_t>(std::ldexp(fraction, 11));  // 1024 .. 2047
+  return sign | static_cast<uint16_t>((exponent - 1 + 15) << 10) |
+         static_cast<uint16_t>(significand - 1024);
+}
+
+float f16_value(uint16_t bits) {
+  const float sign = (bits & 0x8000) ? -1.0f : 1.0f;
+  const int exponent = (bits >> 10) & 0x1F;
+  const int fraction = bits & 0x3FF;
+  if (exponent == 0x1F)
+    return fraction ? std::numeric_limits<float>::quiet_NaN()
+                    : sign * std::numeric_limits<float>::infinity();
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(fraction), -24);
+  return sign * std::ldexp(static_cast<float>(1024 + fraction), exponent - 25);
+}
+
+}  // namespace mg

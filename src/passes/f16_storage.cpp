@@ -1,0 +1,112 @@
+// The f16 storage pass (passes.hpp): f16 tensors are stored in f16 and computed in f32. The f32
+// kernels read widen_f16 of each f16 input and their f16 results are written as round_to_f16 of
+// the f32 result, which is what the reference interpreter computes (every f16 value rounded to
+// f16). A 2-D matmul of f16 operands into an f16 result that runs on cooperative matrices
+// multiplies the f16 values directly (half_matmul with f16_result), as PyTorch's f16 GEMM does.
+#include <unordered_map>
+
+#include "ir/half.hpp"
+#include "kernels/gemm_coopmat.hpp"
+#include "kernels/gemm_workgroup.hpp"
+#include "passes/passes.hpp"
+#include "passes/rebuild.hpp"
+
+namespace mg::passes {
+namespace {
+
+bool involves_f16(const Graph& graph, const Node& node) {
+  if (node.type.dtype == DType::f16) return true;
+  for (ValueId input : node.inputs)
+    if (graph.type(input).dtype == DType::f16) return true;
+  return false;
+}
+
+class F16Storage {
+ public:
+  explicit F16Storage(const kernels::DeviceTraits& device) : device_(device) {}
+
+  ValueId rewrite(Graph& target, Node node) {
+    if (node.is_leaf() || kernels::is_view_op(node.op) || !involves_f16(target, node))
+      return target.add_typed(std::move(node));
+    if (node.op == "cast") return cast(target, node);
+    if (const ValueId product = half_product(target, node); product != kNoValue) return product;
+    std::vector<ValueId> inputs;
+    for (ValueId input : node.inputs) inputs.push_back(as_f32(target, input));
+    const ValueId computed = target.add(node.op, std::move(inputs), node.attrs);
+    return node.type.dtype == DType::f16 ? target.add("round_to_f16", {computed}) : computed;
+  }
+
+ private:
+  // `value` in f32: widened once however many kernels read it; an f16 constant becomes the f32
+  // constant of its (already rounded) values, which needs no launch.
+  ValueId as_f32(Graph& target, ValueId value) {
+    if (target.type(value).dtype != DType::f16) return value;
+    auto [it, inserted] = widened_.try_emplace(value, kNoValue);
+    if (!inserted) return it->second;
+    const Node& node = target.node(value);
+    const TensorType type{DType::f32, node.type.shape};
+    if (node.op == "constant" && node.is_uniform_constant()) {
+      it->second = target.constant(round_to_f16(node.attrs.get_float("value")), type);
+    } else if (node.op == "constant") {
+      std::vector<double> values = *node.data;
+      for (double& element : values) element = round_to_f16(element);
+      it->second = target.constant(std::move(values), type);
+    } else {
+      it->second = target.add("widen_f16", {value});
+    }
+    return it->second;
+  }
+
+  ValueId cast(Graph& target, const Node& node) {
+    const ValueId source = node.inputs[0];
+    const DType from = target.type(source).dtype, to = node.type.dtype;
+    if (from == to) return source;
+    if (from == DType::f16) {
+      const ValueId widened = as_f32(target, source);
+      return to == DType::f32 ? widened : target.add("cast", {widened}, node.attrs);
+    }
+    const ValueId wide =
+        from == DType::f32
+            ? source
+            : target.add("cast", {source}, {{"dtype", std::string(dtype_name(DType::f32))}});
+    return target.add("round_to_f16", {wide});
+  }
+
+  // A product of f16 matrices into an f16 result on cooperative matrices (the workgroup GEMM,
+  // else the subgroup-scope one, which read f16 operands and store f16 results), or kNoValue
+  // where the node is not such a product or the session runs no cooperative-matrix GEMM.
+  ValueId half_product(Graph& target, const Node& node) {
+    if (node.op != "matmul" || node.attrs.has("k_splits") || node.type.rank() != 2 ||
+        node.type.dtype != DType::f16)
+      return kNoValue;
+    const TensorType& a = target.type(node.inputs[0]);
+    if (a.rank() != 2 || target.type(node.inputs[1]).rank() != 2) return kNoValue;
+    const int64_t k = a.shape[node.attrs.get_int("transpose_a", 0) != 0 ? 0 : 1];
+    const bool on_workgroups = kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1],
+                                                             k, device_, kernels::OperandsIn::f16);
+    // The subgroup GEMM's size rule (coop_gemm_suits) sends small f32 products to gemm.comp;
+    // f16 ones would pay two widenings and a rounding there, so they all stay on cooperative
+    // matrices: SmolLM's 576 x 576 x 128 ran 0.0082 ms so against 0.0157 between conversions on
+    // the H200 (docs/BENCHMARKS.md run 50).
+    if (!on_workgroups && !kernels::use_coop_gemm(device_)) return kNoValue;
+    Attrs attrs = node.attrs;
+    attrs.set("f16_result", int64_t{1});
+    return target.add("half_matmul", node.inputs, std::move(attrs));
+  }
+
+  const kernels::DeviceTraits& device_;
+  std::unordered_map<ValueId, ValueId> widened_;
+};
+
+}  // namespace
+
+Graph f16_storage(const Graph& graph, const kernels::DeviceTraits& device,
+                  std::vector<ValueId>* remap) {
+  F16Storage pass(device);
+  return rebuild(
+      graph, std::vector<bool>(graph.size(), true),
+      [&pass](Graph& target, ValueId, Node node) { return pass.rewrite(target, std::move(node)); },
+      remap);
+}
+
+}  // namespace mg::passes

@@ -1,0 +1,160 @@
+// f16 tensors end to end (passes/f16_storage.cpp): inputs, parameters and outputs stored in f16,
+// every op computed in f32 between a widening of its f16 inputs and a rounding of its f16
+// result, against the f64 reference interpreter, which holds every f16 value in f16.
+#include <random>
+
+#include "harness.hpp"
+#include "ir/half.hpp"
+#include "meganeura/autodiff.hpp"
+#include "meganeura/nn.hpp"
+#include "meganeura/train.hpp"
+
+namespace mg {
+namespace {
+
+using testing::check_on_gpu;
+
+// An f16 block of ops of every kernel family (a matmul batched and not, a broadcast add,
+// relu, softmax, a sum, a layer norm) on f16 inputs with ragged extents (no multiple of 4, so
+// the conversions' tails run too), with f16 and f32 outputs. Each f16 result is rounded from an
+// f32 result that may sit on the other side of a rounding boundary from the f64 one: one f16
+// step, 2^-10 relative at most.
+TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
+  for (const Precision precision : {Precision::strict, Precision::fast}) {
+    SCOPED_TRACE(std::string(precision_name(precision)));
+    SessionOptions options;
+    options.precision = precision;
+    check_on_gpu(
+        {{"x", {2, 13, 24}, DType::f16},
+         {"w", {24, 10}, DType::f16},
+         {"bias", {10}, DType::f16},
+         {"v", {2, 10, 7}, DType::f16}},
+        [](Graph& graph, std::vector<Tensor>& in) {
+          const Tensor hidden = relu(matmul(in[0], in[1]) + in[2]);
+          const Tensor mixed = matmul(softmax(hidden, -1), in[3]);
+          graph.set_output("hidden", hidden.id());
+          graph.set_output("mixed", mixed.id());
+          graph.set_output("total", sum_all(cast(mixed, DType::f32)).id());
+          graph.set_output("normed",
+                           layer_norm(cast(hidden, DType::f32), std::nullopt, std::nullopt).id());
+        },
+        2e-3, 11, options);
+  }
+}
+
+// Conversions alone are exact: what the session uploads into an f16 input, widens, rounds and
+// reads back is the value rounded to f16 on the host, bit for bit, in tensors of 4n + 1 values.
+TEST(GpuF16, ConversionsAreExact) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {9}, DType::f16);
+  const Tensor wide = cast(x, DType::f32);
+  const Tensor wide_input = input(graph, "wide", {9});
+  graph.set_output("widened", (wide * 2.0).id());
+  graph.set_output("rounded", cast(wide_input, DType::f16).id());
+  graph.set_output("tripled", (x * 3.0).id());
+  SessionOptions options;
+  options.validation = true;
+  Session session(graph, options);
+  const std::vector<float> given = {0.1f,  1.0f / 3, -2.0f,    65519.0f, 65520.0f,
+                                    1e-7f, -3.0e-5f, 1000.25f, 0.0f};
+  const std::vector<float> wide_values = {1.0f / 7, 2049.0f,   -0.3f, 1e5f,         5.9604645e-08f,
+                                          3.0f,     -65504.0f, 0.5f,  1.0009765625f};
+  session.set_input("x", given);
+  session.set_input("wide", wide_values);
+  session.run();
+  const std::vector<float> widened = session.output("widened");
+  const std::vector<float> rounded = session.output("rounded");
+  const std::vector<float> tripled = session.output("tripled");
+  for (size_t i = 0; i < given.size(); ++i) {
+    const double held = round_to_f16(given[i]);
+    EXPECT_EQ(widened[i], static_cast<float>(held * 2)) << i;
+    EXPECT_EQ(tripled[i], static_cast<float>(round_to_f16(held * 3))) << i;
+    EXPECT_EQ(rounded[i], static_cast<float>(round_to_f16(wide_values[i]))) << i;
+  }
+  EXPECT_EQ(session.validation_messages(), 0u);
+}
+
+// An f16 parameter is drawn and stored in f16: read gives f16 values, and write rounds what it
+// is given.
+TEST(GpuF16, ParametersHoldF16Values) {
+  Graph graph;
+  const Tensor weight = parameter(graph, "weight", {7}, Init::uniform(-1, 1), DType::f16);
+  graph.set_output("y", (weight * 2.0).id());
+  Session session(graph, {});
+  for (const float value : session.read("weight"))
+    EXPECT_EQ(value, static_cast<float>(round_to_f16(value))) << value;
+  const std::vector<float> written = {0.1f, -0.7f, 3.3f, 1e-6f, 7.0f, 1.0f / 3, 70000.0f};
+  session.write("weight", written);
+  const std::vector<float> held = session.read("weight");
+  session.run();
+  const std::vector<float> doubled = session.output("y");
+  for (size_t i = 0; i < written.size(); ++i) {
+    EXPECT_EQ(held[i], static_cast<float>(round_to_f16(written[i]))) << i;
+    EXPECT_EQ(doubled[i], static_cast<float>(round_to_f16(2 * round_to_f16(written[i])))) << i;
+  }
+}
+
+// Mixed precision: f32 parameters cast to f16 for the products, the loss in f32. The gradients
+// flow back through the casts and the f16 products, against the reference.
+TEST(GpuF16, MixedPrecisionGradientsMatchTheReference) {
+  check_on_gpu(
+      {{"x", {6, 12}, DType::f16}, {"target", {6, 5}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        const Tensor w1 = parameter(graph, "w1", {12, 8}, Init::uniform(-0.5, 0.5));
+        const Tensor w2 = parameter(graph, "w2", {8, 5}, Init::uniform(-0.5, 0.5));
+        const Tensor hidden = tanh(matmul(in[0], cast(w1, DType::f16)));
+        const Tensor out = cast(matmul(hidden, cast(w2, DType::f16)), DType::f32);
+        const Tensor loss = mean_all(square(out - in[1]));
+        const std::map<ValueId, ValueId> grads = gradients(graph, loss.id(), {w1.id(), w2.id()});
+        graph.set_output("loss", loss.id());
+        graph.set_output("dw1", grads.at(w1.id()));
+        graph.set_output("dw2", grads.at(w2.id()));
+      },
+      3e-3, 12);
+}
+
+// A product of f16 tensors far below the subgroup GEMM's size rule for f32 products still runs
+// on cooperative matrices where the session has them (one dispatch, reading and writing f16),
+// and in f32 between conversions where it has not (two widenings, the product, a rounding).
+TEST(GpuF16, SmallProductsInFastPrecision) {
+  Graph graph;
+  const Tensor a = input(graph, "a", {24, 40}, DType::f16);
+  const Tensor b = input(graph, "b", {40, 16}, DType::f16);
+  graph.set_output("c", matmul(a, b).id());
+  Environment environment;
+  std::mt19937_64 generator(13);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  SessionOptions options;
+  options.precision = Precision::fast;
+  Session session(graph, options);
+  for (const auto& [name, shape] : {std::pair{"a", Shape{24, 40}}, std::pair{"b", Shape{40, 16}}}) {
+    HostTensor value(shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+    session.set_input(name, std::vector<float>(value.data.begin(), value.data.end()));
+  }
+  session.run();
+  const HostTensor expected = evaluate(graph, environment)[graph.output("c")];
+  EXPECT_LT(testing::normalized_error(session.output("c"), expected), 1e-3);
+  const bool on_coop = session.report().coop_matrix_dispatches > 0;
+  EXPECT_EQ(session.report().dispatches, on_coop ? 1u : 4u);
+}
+
+TEST(GpuF16, TrainingRefusesF16Parameters) {
+  Graph graph;
+  const Tensor weight =
+      parameter(graph, "encoder.weight", {4, 3}, Init::uniform(-1, 1), DType::f16);
+  const Tensor x = input(graph, "x", {2, 4}, DType::f16);
+  const Tensor loss = sum_all(cast(matmul(x, weight), DType::f32));
+  try {
+    add_training(graph, loss.id(), OptimizerConfig{});
+    ADD_FAILURE() << "training accepted an f16 parameter";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const char* fragment : {"encoder.weight", "f16[4, 3]", "f32", "cast"})
+      EXPECT_NE(message.find(fragment), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace mg
