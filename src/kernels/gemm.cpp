@@ -472,21 +472,22 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     const bool half_units =
         coop && half_operands && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && !packed_b;
     const bool vector_loads = coop && !half_units && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
-    const auto vector_load = [](const std::string& function, const std::string& view,
+    // `signature` returning the four elements of `operand` (binding `binding`) from `index`, a
+    // multiple of 4: one vec4, or four halves unpacked.
+    const auto vector_load = [](const std::string& signature, const std::string& operand,
                                 uint32_t binding, bool halves, const std::string& index) {
-      const std::string signature = "vec4 " + function + "(uint z, uint " +
-                                    (function == "load_a4" ? "m, uint k" : "k, uint n") + ") ";
+      const std::string view = operand + (halves ? "_halves4" : "4");
       if (!halves)
-        return vector_buffer_view(view, binding, false) + signature + "{ return " + view + "[(" +
+        return vector_buffer_view(view, binding, false) + signature + " { return " + view + "[(" +
                index + ") / 4u]; }\n";
       return vector_buffer_view(view, binding, false, "uvec2") + signature +
-             "{\n  uvec2 pairs = " + view + "[(" + index +
+             " {\n  uvec2 pairs = " + view + "[(" + index +
              ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
     };
     if (vector_loads) {
-      functions += vector_load("load_a4", half_operands ? "a_halves4" : "a4", 0, half_operands,
+      functions += vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
                                "a_offset(z) + " + t);
-      functions += vector_load("load_b4", packed_b || half_operands ? "b_halves4" : "b4", 1,
+      functions += vector_load("vec4 load_b4(uint z, uint k, uint n)", "b", 1,
                                packed_b || half_operands, "b_offset(z) + " + u);
     }
     if (half_units) {

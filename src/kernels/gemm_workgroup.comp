@@ -12,22 +12,22 @@
 layout(local_size_x = 256) in;
 
 #if A_TRANSPOSED
-#define LOAD_A(matrix, k) coopMatLoadNV(matrix, a, (k) * GEMM_M + row0, GEMM_M, true)
+#define LOAD_A(matrix, k) coopMatLoadNV(matrix, a, (k)*GEMM_M + row0, GEMM_M, true)
 #else
-#define LOAD_A(matrix, k) coopMatLoadNV(matrix, a, row0 * GEMM_K + (k), GEMM_K, false)
+#define LOAD_A(matrix, k) coopMatLoadNV(matrix, a, row0* GEMM_K + (k), GEMM_K, false)
 #endif
 #if B_TRANSPOSED
-#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, col0 * GEMM_K + (k), GEMM_K, true)
+#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, col0* GEMM_K + (k), GEMM_K, true)
 #else
-#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, (k) * GEMM_N + col0, GEMM_N, false)
+#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, (k)*GEMM_N + col0, GEMM_N, false)
 #endif
-#define STEP(k)                                                  \
-  {                                                              \
+#define STEP(k)                                                 \
+  {                                                             \
     fcoopmatNV<16, gl_ScopeWorkgroup, BLOCK_M, BLOCK_K> a_step; \
     fcoopmatNV<16, gl_ScopeWorkgroup, BLOCK_K, BLOCK_N> b_step; \
-    LOAD_A(a_step, k);                                           \
-    LOAD_B(b_step, k);                                           \
-    acc = coopMatMulAddNV(a_step, b_step, acc);                  \
+    LOAD_A(a_step, k);                                          \
+    LOAD_B(b_step, k);                                          \
+    acc = coopMatMulAddNV(a_step, b_step, acc);                 \
   }
 
 void main() {

@@ -59,9 +59,7 @@ void lower_half_matmul(LoweringContext& context) {
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
   const Shape& a = context.input_type(0).shape;
   const int64_t m = a[transpose_a ? 1 : 0], n = node.type.shape.back(), k = a[transpose_a ? 0 : 1];
-  // Split-K partials (the split-K pass splits only what the workgroup GEMM does not take).
-  if (node.attrs.has("k_splits") ||
-      !workgroup_gemm_suits(m, n, k, context.device(), OperandsIn::f16)) {
+  if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
     if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
     throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
                 std::to_string(k) + ") multiplies f16 operands on cooperative matrices, which '" +
@@ -119,6 +117,15 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
   const int64_t blocks = (m / kWorkgroupGemmBlockM) * (n / kWorkgroupGemmBlockN);
   if (blocks < device.compute_units) return false;
   return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);
+}
+
+bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device) {
+  if (node.attrs.has("k_splits")) return false;
+  const Shape& a = graph.type(node.inputs[0]).shape;
+  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  return workgroup_gemm_suits(a[transpose_a ? 1 : 0], node.type.shape.back(),
+                              a[transpose_a ? 0 : 1], device, OperandsIn::f16);
 }
 
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {

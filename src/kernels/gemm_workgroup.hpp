@@ -30,4 +30,11 @@ enum class OperandsIn { f32, f16 };
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
                           OperandsIn operands);
 
+// Whether the 2-D product `node` of `graph` (a matmul or half_matmul, a transposed when its
+// transpose_a says) of f16 operands runs on the workgroup GEMM on `device`: never once split
+// over K (k_splits), else by workgroup_gemm_suits for f16 operands. The f16 storage pass, split-K
+// and half_matmul's lowering ask it of the same product.
+bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device);
+
 }  // namespace mg::kernels

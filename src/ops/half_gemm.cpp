@@ -10,9 +10,7 @@ namespace mg {
 namespace {
 
 std::vector<ValueId> no_gradient(Graph& graph, ValueId self, ValueId) {
-  throw Error(graph.node(self).op + " %" + std::to_string(self) +
-              " is written by a compile pass after differentiation and has no gradient; "
-              "differentiate the graph the pass was given instead");
+  reject_pass_written_gradient(graph, self, "a compile pass", "the graph the pass was given");
 }
 
 TensorType infer_round_to_f16(const Graph& graph, const Node& node) {

@@ -90,4 +90,10 @@ void reject_split_gradient(const Graph& graph, ValueId self) {
   }
 }
 
+void reject_pass_written_gradient(const Graph& graph, ValueId self, const std::string& writer,
+                                  const std::string& instead) {
+  throw Error(graph.node(self).op + " %" + std::to_string(self) + " is written by " + writer +
+              " after differentiation and has no gradient; differentiate " + instead + " instead");
+}
+
 }  // namespace mg

@@ -28,5 +28,10 @@ Shape split_k_shape(const Graph& graph, const Node& node, int64_t k, Shape whole
 // Throws for a node carrying k_splits or kv_splits: partial results have no gradient, and the
 // passes that split run after differentiation.
 void reject_split_gradient(const Graph& graph, ValueId self);
+// Throws for node `self`, which `writer` (a pass that runs after differentiation) wrote: it has
+// no gradient, and the message says to differentiate `instead`.
+[[noreturn]] void reject_pass_written_gradient(const Graph& graph, ValueId self,
+                                               const std::string& writer,
+                                               const std::string& instead);
 
 }  // namespace mg

@@ -58,9 +58,7 @@ HostTensor transformed_tiles(const Node& node, const HostTensor& v,
 }
 
 std::vector<ValueId> no_gradient(Graph& graph, ValueId self, ValueId) {
-  throw Error(graph.node(self).op + " %" + std::to_string(self) +
-              " is written by the im2col pass after differentiation and has no gradient; "
-              "differentiate the conv2d it came from instead");
+  reject_pass_written_gradient(graph, self, "the im2col pass", "the conv2d it came from");
 }
 
 // [16, O, C] (or [16, C, O] when transposed) for w [O, C, 3, 3].

@@ -79,11 +79,9 @@ class F16Storage {
     if (node.op != "matmul" || node.attrs.has("k_splits") || node.type.rank() != 2 ||
         node.type.dtype != DType::f16)
       return kNoValue;
-    const TensorType& a = target.type(node.inputs[0]);
-    if (a.rank() != 2 || target.type(node.inputs[1]).rank() != 2) return kNoValue;
-    const int64_t k = a.shape[node.attrs.get_int("transpose_a", 0) != 0 ? 0 : 1];
-    const bool on_workgroups = kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1],
-                                                             k, device_, kernels::OperandsIn::f16);
+    if (target.type(node.inputs[0]).rank() != 2 || target.type(node.inputs[1]).rank() != 2)
+      return kNoValue;
+    const bool on_workgroups = kernels::workgroup_gemm_takes_f16_product(target, node, device_);
     // The subgroup GEMM's size rule (coop_gemm_suits) sends small f32 products to gemm.comp;
     // f16 ones would pay two widenings and a rounding there, so they all stay on cooperative
     // matrices: SmolLM's 576 x 576 x 128 ran 0.0082 ms so against 0.0157 between conversions on

@@ -83,13 +83,7 @@ std::optional<Product> product_of(const Graph& graph, const Node& node,
   // A product of f16 operands splits where the subgroup-scope GEMM runs it (the workgroup GEMM
   // takes products whole).
   const bool half = node.op == "half_matmul";
-  if (half) {
-    const Shape& a_shape = graph.type(node.inputs[0]).shape;
-    const int64_t k = a_shape[node.attrs.get_int("transpose_a", 0) != 0 ? 0 : 1];
-    if (kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1], k, device,
-                                      kernels::OperandsIn::f16))
-      return std::nullopt;
-  }
+  if (half && kernels::workgroup_gemm_takes_f16_product(graph, node, device)) return std::nullopt;
   if (node.op == "matmul" || half) {
     const Shape& a_shape = graph.type(node.inputs[0]).shape;
     const Shape& out_shape = node.type.shape;

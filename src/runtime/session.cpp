@@ -81,14 +81,15 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   return options;
 }
 
-// `values` as the device stores a tensor of `dtype`: f32 as they are, f16 rounded to the nearest
-// f16 (ties to even), i32 and u32 truncated toward zero.
+// Writes `values` to `bytes` as the device stores a tensor of `dtype`: f32 as they are, f16
+// rounded to the nearest f16 (ties to even), i32 and u32 truncated toward zero. `bytes` holds
+// values.size() * dtype_bytes(dtype) bytes (a run slot's staging, where set_input writes without
+// allocating).
 template <typename Value>
-std::vector<std::byte> device_bytes(DType dtype, std::span<const Value> values) {
+void store_device_values(DType dtype, std::span<const Value> values, std::byte* bytes) {
   const size_t width = dtype_bytes(dtype);
-  std::vector<std::byte> bytes(values.size() * width);
   const auto store = [&](size_t i, auto element) {
-    std::memcpy(bytes.data() + i * width, &element, sizeof(element));
+    std::memcpy(bytes + i * width, &element, sizeof(element));
   };
   for (size_t i = 0; i < values.size(); ++i) {
     switch (dtype) {
@@ -108,6 +109,12 @@ std::vector<std::byte> device_bytes(DType dtype, std::span<const Value> values) 
         throw Error("bf16 tensors cannot be stored yet: keep the tensor f32 or f16");
     }
   }
+}
+
+template <typename Value>
+std::vector<std::byte> device_bytes(DType dtype, std::span<const Value> values) {
+  std::vector<std::byte> bytes(values.size() * dtype_bytes(dtype));
+  store_device_values(dtype, values, bytes.data());
   return bytes;
 }
 
@@ -296,9 +303,8 @@ struct Session::Impl {
     if (stored == dtype) {
       std::memcpy(staged, values, staging.bytes);
     } else {
-      const std::vector<std::byte> bytes =
-          device_bytes(stored, std::span<const float>(static_cast<const float*>(values), count));
-      std::memcpy(staged, bytes.data(), staging.bytes);
+      store_device_values(stored, std::span<const float>(static_cast<const float*>(values), count),
+                          staged);
     }
     staging.only_in = input_slot;
   }
