@@ -2,7 +2,7 @@
 // multiply-add up to a whole staged GEMM, and the workgroup-scope GEMM the library took
 // instead (docs/BENCHMARKS.md runs 47 to 50, docs/KERNELS.md).
 //
-//   build/bench/coop_probe [rates|gemm|workgroup|staged-workgroup|all]
+//   build/bench/coop_probe [rates|gemm|workgroup|split|staged-workgroup|all]
 //
 // rates: register-resident fragments (the multiply-add rate alone), then fragments read from
 //        shared memory every step, with the stores and the workgroup barrier of a staged GEMM
@@ -25,6 +25,8 @@
 //        accumulators; the result stored as f16. Blocks that do not divide 4096 run at the
 //        largest multiple below it. Needs the extension; also prints the f32 -> f16 rounding of
 //        one 4096^2 operand.
+// split: only workgroup's split forms (several accumulators, f16 results, grouped workgroup
+//        orders).
 // staged-workgroup: the workgroup-scope product with its operands staged through shared memory
 //        by the kernel (registers a step ahead, padded tiles, one to three slots), checked
 //        against f64 like the rest.
@@ -455,9 +457,10 @@ void main() {
 }
 )";
 
-// The workgroup GEMM with its BM x BN block held as FM x FN accumulators of (BM/FM) x (BN/FN),
-// each fed by its own operand slices (the driver spreads each matrix over the whole workgroup).
-// F16_OUT: C is stored as f16.
+// The workgroup GEMM with its BM x BN block held as FM x FN accumulators of (BM/FM) x (BN/FN)
+// (FM up to 3 where FN is 1, else up to 2), each fed by its own operand slices (the driver
+// spreads each matrix over the whole workgroup), STEPS steps (1, 2 or 4) a loop iteration.
+// F16_OUT: C is stored as f16. A_FIRST (FM 2, FN 1): both halves of A loaded before B.
 constexpr const char* kWorkgroupSplitGemm = R"(
 #extension GL_EXT_shader_16bit_storage : require
 layout(local_size_x = 256) in;
@@ -481,9 +484,21 @@ layout(set = 0, binding = 2) writeonly buffer C { float c_data[]; };
 #define STORE(m, i, j) \
   coopMatStoreNV(m, c_data, (row0 + (i) * SM) * GEMM_N + col0 + (j) * SN, GEMM_N, false)
 #endif
+#if A_FIRST
 #define STEP(k)                                             \
   {                                                         \
     fcoopmatNV<16, gl_ScopeWorkgroup, SM, BK> a0, a1;       \
+    fcoopmatNV<16, gl_ScopeWorkgroup, BK, SN> b0;           \
+    LOAD_A(a0, 0, k);                                       \
+    LOAD_A(a1, 1, k);                                       \
+    LOAD_B(b0, 0, k);                                       \
+    acc00 = coopMatMulAddNV(a0, b0, acc00);                 \
+    acc10 = coopMatMulAddNV(a1, b0, acc10);                 \
+  }
+#else
+#define STEP(k)                                             \
+  {                                                         \
+    fcoopmatNV<16, gl_ScopeWorkgroup, SM, BK> a0, a1, a2;   \
     fcoopmatNV<16, gl_ScopeWorkgroup, BK, SN> b0, b1;       \
     LOAD_A(a0, 0, k);                                       \
     LOAD_B(b0, 0, k);                                       \
@@ -497,18 +512,40 @@ layout(set = 0, binding = 2) writeonly buffer C { float c_data[]; };
       acc10 = coopMatMulAddNV(a1, b0, acc10);               \
       if (FN > 1) acc11 = coopMatMulAddNV(a1, b1, acc11);   \
     }                                                       \
+    if (FM > 2) {                                           \
+      LOAD_A(a2, 2, k);                                     \
+      acc20 = coopMatMulAddNV(a2, b0, acc20);               \
+    }                                                       \
   }
+#endif
 void main() {
+#if GROUP_ROWS
+  // Workgroups in groups of GROUP_ROWS row blocks, column by column, so that the blocks running
+  // at once share their rows of A and columns of B in the L2 cache.
+  const uint blocks_m = GEMM_M / BM, blocks_n = GEMM_N / BN;
+  const uint group = gl_WorkGroupID.x / (uint(GROUP_ROWS) * blocks_n);
+  const uint rows = min(uint(GROUP_ROWS), blocks_m - group * uint(GROUP_ROWS));
+  const uint within = gl_WorkGroupID.x % (uint(GROUP_ROWS) * blocks_n);
+  const uint row0 = (group * uint(GROUP_ROWS) + within % rows) * BM, col0 = within / rows * BN;
+#else
   const uint row0 = gl_WorkGroupID.y * BM, col0 = gl_WorkGroupID.x * BN;
-  ACC acc00 = ACC(0.0), acc01 = ACC(0.0), acc10 = ACC(0.0), acc11 = ACC(0.0);
-  for (uint k = 0; k < GEMM_K; k += 2 * BK) {
+#endif
+  ACC acc00 = ACC(0.0), acc01 = ACC(0.0), acc10 = ACC(0.0), acc11 = ACC(0.0), acc20 = ACC(0.0);
+  for (uint k = 0; k < GEMM_K; k += STEPS * BK) {
     STEP(k)
+#if STEPS > 1
     STEP(k + BK)
+#endif
+#if STEPS > 2
+    STEP(k + 2 * BK)
+    STEP(k + 3 * BK)
+#endif
   }
   STORE(acc00, 0, 0);
   if (FN > 1) STORE(acc01, 0, 1);
   if (FM > 1) STORE(acc10, 1, 0);
   if (FM > 1 && FN > 1) STORE(acc11, 1, 1);
+  if (FM > 2) STORE(acc20, 2, 0);
 }
 )";
 
@@ -848,23 +885,48 @@ const char* loads_name(MatrixLoads loads) {
 // The workgroup GEMM's block split into several accumulators, and its result stored as f16
 // (timed only: the check reads f32), with plain and tensor loads.
 void split_gemms(Device& device) {
+  if (!device.info().caps.workgroup_coop_matrix.available) {
+    std::printf("workgroup-scope cooperative matrices: not available on this device\n");
+    return;
+  }
   struct Case {
     uint32_t block_m, block_n, block_k, frags_m, frags_n;
     bool f16_out;
     MatrixLoads loads;
+    uint32_t group_rows = 0;  // workgroups in groups of this many row blocks (0: a 2-D grid)
+    uint32_t steps = 2;       // a loop iteration
+    bool a_first = false;
   };
   constexpr auto plain = MatrixLoads::plain, at_element = MatrixLoads::tensor_at_element;
-  const Case cases[] = {{128, 256, 64, 1, 1, false, plain}, {128, 256, 64, 1, 1, false, at_element},
-                        {128, 256, 64, 1, 1, true, plain},  {128, 256, 64, 1, 1, true, at_element},
-                        {128, 256, 64, 1, 2, false, plain}, {128, 256, 64, 1, 2, false, at_element},
-                        {128, 256, 64, 1, 2, true, plain},  {128, 256, 64, 1, 2, true, at_element},
-                        {128, 256, 64, 2, 1, false, plain}, {128, 256, 64, 2, 2, false, plain}};
+  // Run 49's forms (docs/BENCHMARKS.md), then run 51's: the block split into rows (256 x 128 as
+  // two 128 x 128 accumulators, the library's form with tensor loads; 384 x 128 as three), into
+  // both (256 x 256 and 256 x 128 as four), grouped workgroup orders, one or four steps a loop
+  // iteration, and both halves of A loaded first.
+  const Case cases[] = {{128, 256, 64, 1, 1, false, plain},
+                        {128, 256, 64, 1, 2, true, at_element},
+                        {256, 128, 64, 2, 1, true, at_element},
+                        {256, 128, 64, 2, 1, false, at_element},
+                        {256, 128, 64, 2, 1, true, plain},
+                        {256, 128, 64, 2, 1, false, plain},
+                        {256, 128, 64, 2, 1, true, at_element, 4},
+                        {256, 128, 64, 2, 1, false, at_element, 4},
+                        {256, 128, 64, 2, 2, true, at_element},
+                        {256, 256, 64, 2, 2, true, at_element},
+                        {256, 128, 64, 2, 1, true, at_element, 0, 4},
+                        {256, 128, 64, 2, 1, true, at_element, 0, 1},
+                        {256, 128, 64, 2, 1, true, at_element, 0, 2, true},
+                        {256, 128, 64, 2, 1, false, at_element, 0, 2, true},
+                        {384, 128, 64, 3, 1, false, at_element},
+                        {384, 128, 64, 3, 1, true, at_element},
+                        {256, 128, 64, 2, 1, true, at_element}};
   for (const Case& c : cases) {
-    char name[160];
-    std::snprintf(name, sizeof name,
-                  "workgroup scope %ux%u block as %ux%u accumulators, %u deep x2, %s out, %s",
-                  c.block_m, c.block_n, c.frags_m, c.frags_n, c.block_k, c.f16_out ? "f16" : "f32",
-                  loads_name(c.loads));
+    char name[200];
+    std::snprintf(
+        name, sizeof name,
+        "workgroup scope %ux%u block as %ux%u accumulators, %u deep x%u%s, %s out, %s%s", c.block_m,
+        c.block_n, c.frags_m, c.frags_n, c.block_k, c.steps, c.a_first ? " A first" : "",
+        c.f16_out ? "f16" : "f32", loads_name(c.loads),
+        c.group_rows ? (", groups of " + std::to_string(c.group_rows) + " rows").c_str() : "");
     if (c.loads != plain && !device.info().caps.workgroup_coop_matrix.tensor_addressing) {
       std::printf("gemm %s: the device has no tensor addressing\n", name);
       continue;
@@ -877,11 +939,15 @@ void split_gemms(Device& device) {
                                 {"FM", std::to_string(c.frags_m)},
                                 {"FN", std::to_string(c.frags_n)},
                                 {"F16_OUT", c.f16_out ? "1" : "0"},
+                                {"GROUP_ROWS", std::to_string(c.group_rows)},
+                                {"STEPS", std::to_string(c.steps)},
+                                {"A_FIRST", c.a_first ? "1" : "0"},
                                 {"GEMM_M", std::to_string(m) + "u"},
                                 {"GEMM_N", std::to_string(n) + "u"},
                                 {"GEMM_K", std::to_string(k) + "u"}},
                                3, true);
       spec.matrix_loads = c.loads;
+      if (c.group_rows) return ProductKernel{spec, {n / c.block_n * (m / c.block_m), 1, 1}};
       return ProductKernel{spec, {n / c.block_n, m / c.block_m, 1}};
     };
     check_and_time(device, name, make, true, false, c.f16_out, c.block_m, c.block_n);
@@ -1026,8 +1092,8 @@ int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string mode = argc > 1 ? argv[1] : "all";
   if (mode != "all" && mode != "rates" && mode != "gemm" && mode != "workgroup" &&
-      mode != "staged-workgroup") {
-    std::fprintf(stderr, "usage: coop_probe [rates|gemm|workgroup|staged-workgroup|all]\n");
+      mode != "staged-workgroup" && mode != "split") {
+    std::fprintf(stderr, "usage: coop_probe [rates|gemm|workgroup|split|staged-workgroup|all]\n");
     return 2;
   }
   try {
@@ -1054,6 +1120,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "all" || mode == "gemm") staged_gemms(*device);
     if (mode == "all" || mode == "workgroup") workgroup_gemms(*device);
+    if (mode == "split") split_gemms(*device);
     if (mode == "all" || mode == "staged-workgroup") staged_workgroup_gemms(*device);
   } catch (const std::exception& failure) {
     std::fprintf(stderr, "coop_probe: %s\n", failure.what());

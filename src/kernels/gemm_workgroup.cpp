@@ -67,6 +67,8 @@ void lower_half_matmul(LoweringContext& context) {
                 "' does not run in this session (fast precision and the coop GEMM's switches); "
                 "the passes that write it (workgroup GEMM, f16 storage) check this");
   }
+  // workgroup_gemm_takes_f16_product found a block.
+  const WorkgroupGemmBlock block = *workgroup_gemm_block(m, n, context.device());
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_workgroup_coopmat";
@@ -74,20 +76,21 @@ void lower_half_matmul(LoweringContext& context) {
   launch.defines = {{"GEMM_M", glsl_uint(m)},
                     {"GEMM_N", glsl_uint(n)},
                     {"GEMM_K", glsl_uint(k)},
-                    {"BLOCK_M", std::to_string(kWorkgroupGemmBlockM)},
-                    {"BLOCK_N", std::to_string(kWorkgroupGemmBlockN)},
+                    {"BLOCK_M", std::to_string(block.m)},
+                    {"BLOCK_N", std::to_string(block.n)},
                     {"BLOCK_K", std::to_string(kWorkgroupGemmBlockK)},
                     {"A_TRANSPOSED", transpose_a ? "1" : "0"},
                     {"B_TRANSPOSED", transpose_b ? "1" : "0"},
                     {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
-                    {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"}};
+                    {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
+                    {"SPLIT_ROWS", block.split_rows ? "1" : "0"}};
   launch.operands = {
       {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
   launch.f16_operands = true;
   // Workgroup scope is a KHR matrix property: the NV extension has only subgroups.
   launch.khr_cooperative_matrix = true;
-  launch.groups = tiled_grid(launch.label, n, kWorkgroupGemmBlockN, m, kWorkgroupGemmBlockM, 1,
-                             context.device());
+  launch.tensor_loads = block.split_rows;
+  launch.groups = tiled_grid(launch.label, n, block.n, m, block.m, 1, context.device());
   context.emit(std::move(launch));
 }
 
@@ -101,12 +104,19 @@ void lower_half_matmul(LoweringContext& context) {
 // run 48).
 constexpr int64_t kMinHalfHarmonicMean = 512;
 
+std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
+                                                       const DeviceTraits& device) {
+  if (device.workgroup_tensor_loads && m % 256 == 0 && n % 128 == 0)
+    return WorkgroupGemmBlock{256, 128, true};
+  if (m % 128 == 0 && n % 256 == 0) return WorkgroupGemmBlock{128, 256, false};
+  return std::nullopt;
+}
+
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
                           OperandsIn operands) {
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
-  if (m % kWorkgroupGemmBlockM != 0 || n % kWorkgroupGemmBlockN != 0 ||
-      k % kWorkgroupGemmBlockK != 0)
-    return false;
+  const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
+  if (!block || k % kWorkgroupGemmBlockK != 0) return false;
   if (const char* text = std::getenv("MEGANEURA_WORKGROUP_GEMM")) {
     if (std::strcmp(text, "0") == 0) return false;
     if (std::strcmp(text, "1") == 0) return true;
@@ -114,7 +124,7 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
                 "': expected 0 (subgroup-scope fast GEMM only) or 1 (the workgroup GEMM for "
                 "every product whose extents fit its blocks); unset it for the size rule");
   }
-  const int64_t blocks = (m / kWorkgroupGemmBlockM) * (n / kWorkgroupGemmBlockN);
+  const int64_t blocks = (m / block->m) * (n / block->n);
   if (blocks < device.compute_units) return false;
   return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);
 }

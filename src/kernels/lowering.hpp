@@ -34,8 +34,11 @@ struct DeviceTraits {
   bool coop_matrix_f16_nv = false;
   bool coop_matrix_f16_khr = false;
   // Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2) for f16 A and B and f32
-  // accumulators on 256 invocations, in blocks of 128 x 256 x 64, with f16 storage buffers.
+  // accumulators on 256 invocations, in multiples of 128 x 128 x 64, with f16 storage buffers.
   bool workgroup_coop_matrix_f16 = false;
+  // Those matrices can be loaded through tensor layouts (cooperativeMatrixTensorAddressing,
+  // Launch::tensor_loads), which the workgroup GEMM's faster block needs (workgroup_gemm_block).
+  bool workgroup_tensor_loads = false;
   // f16 storage buffers and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
   bool f16_tensors = false;
   bool fast_precision = false;
@@ -57,6 +60,9 @@ struct Launch {
   std::array<uint32_t, 3> groups{1, 1, 1};
   // The GLSL uses GL_NV_cooperative_matrix; compile it to SPV_KHR_cooperative_matrix instead.
   bool khr_cooperative_matrix = false;
+  // With khr_cooperative_matrix: its matrices are loaded through tensor layouts at the loaded
+  // element (gpu::MatrixLoads::tensor_at_element; needs DeviceTraits::workgroup_tensor_loads).
+  bool tensor_loads = false;
   // The kernel reads or writes f16 values (float16_t arrays); other kernels name the f16 operand
   // in an error instead of compiling against values they were not written for.
   bool f16_operands = false;

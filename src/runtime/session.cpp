@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 #include "ir/half.hpp"
@@ -32,7 +33,7 @@ bool has_f16_coop_shape(const gpu::DeviceCaps& caps, bool khr) {
 }
 
 // The workgroup GEMM's configuration (kernels/gemm_workgroup.hpp): f16 x f16 + f32 on 256
-// invocations, whose granularities divide its 128 x 256 x 64 blocks.
+// invocations, whose granularities divide its 128 x 128 x 64 accumulators and steps.
 bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps) {
   const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
   return workgroup.available && caps.storage_f16 &&
@@ -44,8 +45,8 @@ bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps) {
                               config.c == gpu::ScalarType::f32 &&
                               config.result == gpu::ScalarType::f32 &&
                               config.workgroup_invocations == kernels::kWorkgroupGemmInvocations &&
-                              kernels::kWorkgroupGemmBlockM % config.m_granularity == 0 &&
-                              kernels::kWorkgroupGemmBlockN % config.n_granularity == 0 &&
+                              kernels::kWorkgroupGemmAccumulatorSide % config.m_granularity == 0 &&
+                              kernels::kWorkgroupGemmAccumulatorSide % config.n_granularity == 0 &&
                               kernels::kWorkgroupGemmBlockK % config.k_granularity == 0;
                      });
 }
@@ -63,6 +64,8 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision
   traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
   traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
   traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps);
+  traits.workgroup_tensor_loads =
+      traits.workgroup_coop_matrix_f16 && info.caps.workgroup_coop_matrix.tensor_addressing;
   traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
   traits.fast_precision = precision == Precision::fast;
   return traits;
@@ -365,21 +368,24 @@ struct Session::Impl {
 
   void create_pipelines() {
     std::vector<gpu::KernelSpec> specs;
-    std::map<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>, uint32_t>
+    std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool>,
+             uint32_t>
         unique;
     std::vector<uint32_t> spec_of_launch;
     for (const plan::PlannedLaunch& planned : program.launches) {
       const kernels::Launch& launch = planned.launch;
       std::string source = kernels::buffer_declarations(program.graph, launch) + launch.body;
-      auto key = std::make_pair(source, launch.defines);
+      auto key = std::make_tuple(source, launch.defines, launch.tensor_loads);
       auto [it, inserted] = unique.try_emplace(std::move(key), static_cast<uint32_t>(specs.size()));
       if (inserted) {
         gpu::KernelSpec spec;
         spec.label = launch.label;
-        spec.source = it->first.first;
+        spec.source = std::get<0>(it->first);
         spec.defines = launch.defines;
         spec.binding_count = static_cast<uint32_t>(launch.operands.size());
         spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;
+        spec.matrix_loads =
+            launch.tensor_loads ? gpu::MatrixLoads::tensor_at_element : gpu::MatrixLoads::plain;
         specs.push_back(std::move(spec));
       }
       spec_of_launch.push_back(it->second);

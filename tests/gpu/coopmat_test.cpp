@@ -13,6 +13,7 @@
 
 #include "conv_support.hpp"
 #include "ir/half.hpp"
+#include "kernels/gemm_workgroup.hpp"
 #include "kernels/lowering.hpp"
 #include "passes/passes.hpp"
 #include "vk/gpu.hpp"
@@ -397,6 +398,86 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
       }
       EXPECT_EQ(roundings, 2);
       EXPECT_EQ(products, 1);
+    }
+  }
+}
+
+// The workgroup GEMM's two block forms, for products of f32 tensors (rounded operands, f32
+// result) and of f16 tensors (F16_RESULT: the accumulators converted to f16 before the store),
+// in every transposition. Where the device loads workgroup-scope matrices through tensor
+// layouts: a 256 x 128 block held as two 128 x 128 accumulators one above the other, each
+// multiplied by its half of A and the same B (SPLIT_ROWS), built with every load a tensor load;
+// elsewhere: one 128 x 256 accumulator with plain loads. Both store row-major.
+TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
+  constexpr uint32_t kWorkgroup = 2, kOpLoadKhr = 4457, kOpLoadTensor = 5367;
+  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  for (const bool tensor_loads : {true, false}) {
+    kernels::DeviceTraits device = coop_device();
+    device.workgroup_coop_matrix_f16 = true;
+    device.workgroup_tensor_loads = tensor_loads;
+    // 512 x 512 fits either block; 128 x 512 only the unsplit one; 256 x 128 only the split
+    // one; 384 x 384 neither.
+    const std::optional<kernels::WorkgroupGemmBlock> found =
+        kernels::workgroup_gemm_block(512, 512, device);
+    ASSERT_TRUE(found);
+    const kernels::WorkgroupGemmBlock block = *found;
+    EXPECT_EQ(block.split_rows, tensor_loads);
+    EXPECT_EQ(block.m, tensor_loads ? 256 : 128);
+    EXPECT_EQ(block.n, tensor_loads ? 128 : 256);
+    EXPECT_FALSE(kernels::workgroup_gemm_block(128, 512, device)->split_rows);
+    EXPECT_EQ(kernels::workgroup_gemm_block(256, 128, device).has_value(), tensor_loads);
+    EXPECT_FALSE(kernels::workgroup_gemm_block(384, 384, device));
+    for (const DType dtype : {DType::f16, DType::f32}) {
+      for (int flags = 0; flags < 4; ++flags) {
+        const bool ta = flags & 1, tb = flags & 2;
+        SCOPED_TRACE(std::string(tensor_loads ? "tensor loads " : "plain loads ") +
+                     std::string(dtype_name(dtype)) + " flags " + std::to_string(flags));
+        constexpr int64_t m = 512, n = 512, k = 192;
+        Graph graph;
+        const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k}, dtype);
+        const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, dtype);
+        graph.set_output("c", matmul(a, b, ta, tb).id());
+        const Graph rewritten = dtype == DType::f16 ? passes::f16_storage(graph, device)
+                                                    : passes::workgroup_gemm(graph, device);
+        const ValueId product = rewritten.output("c");
+        ASSERT_EQ(rewritten.node(product).op, "half_matmul");
+        const std::vector<kernels::Launch> launches =
+            kernels::lower_node(rewritten, product, device);
+        ASSERT_EQ(launches.size(), 1u);
+        const kernels::Launch& launch = launches[0];
+        ASSERT_EQ(launch.kernel, "gemm_workgroup_coopmat");
+        EXPECT_EQ(define_of(launch, "F16_RESULT"), dtype == DType::f16 ? "1" : "0");
+        EXPECT_EQ(define_of(launch, "SPLIT_ROWS"), tensor_loads ? "1" : "0");
+        EXPECT_EQ(launch.tensor_loads, tensor_loads);
+        EXPECT_EQ(launch.groups, (std::array<uint32_t, 3>{static_cast<uint32_t>(n / block.n),
+                                                          static_cast<uint32_t>(m / block.m), 1}));
+        gpu::KernelSpec spec = spec_of(rewritten, launch);
+        spec.khr_cooperative_matrix = true;
+        const KhrMatrixUse use =
+            khr_matrix_use(gpu::detail::nv_to_khr_cooperative_matrix(gpu::compile_glsl(spec)));
+        // A and the accumulators are 128 rows high in both forms.
+        const uint32_t columns = static_cast<uint32_t>(block.n);
+        std::set<MatrixType> types = {{16, kWorkgroup, 128, 64, 0},
+                                      {16, kWorkgroup, 64, columns, 1},
+                                      {32, kWorkgroup, 128, columns, 2}};
+        if (dtype == DType::f16) types.insert({16, kWorkgroup, 128, columns, 2});
+        EXPECT_EQ(use.types, types);
+        // Three 64-deep steps, each loading B and A whole or in two halves.
+        const size_t a_loads = tensor_loads ? 2 : 1, loads = 3 * (a_loads + 1);
+        ASSERT_EQ(use.load_layouts.size(), loads);
+        EXPECT_EQ(std::count(use.load_layouts.begin(), use.load_layouts.end(), 1u),
+                  3 * (a_loads * ta + tb));
+        EXPECT_EQ(use.store_layouts, std::vector<uint32_t>(a_loads, 0));
+        if (!tensor_loads) continue;
+        spec.matrix_loads = gpu::MatrixLoads::tensor_at_element;
+        size_t plain = 0, tensor = 0;
+        for (const auto& [opcode, operands] : instructions(gpu::compile_glsl(spec))) {
+          plain += opcode == kOpLoadKhr;
+          tensor += opcode == kOpLoadTensor;
+        }
+        EXPECT_EQ(plain, 0u);
+        EXPECT_EQ(tensor, loads);
+      }
     }
   }
 }
@@ -1202,19 +1283,23 @@ bool device_has_workgroup_coop_matrices() {
                                        });
 }
 
-// The workgroup GEMM (forced onto products below its size rule) in every transposition, K an
-// odd and an even number of its 64-deep steps, several blocks each way, on tensors of `dtype`,
+// The workgroup GEMM (forced onto products below its size rule) in every transposition and
+// both block forms, K an odd and an even number of its 64-deep steps, several blocks each way
+// (one block high at 128 rows), on tensors of `dtype`,
 // each product in `dispatches` dispatches, within `tolerance` of the reference. Without
 // validation: the layer predates the extension.
 void check_workgroup_products(DType dtype, double tolerance, size_t dispatches, uint64_t seed) {
   const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
-  for (const int64_t k : {192, 256}) {
+  // 512 rows take the 256 x 128 block split into rows where the device has tensor-layout loads,
+  // 128 rows the 128 x 256 block everywhere (kernels::workgroup_gemm_block).
+  for (const auto& [m, k] : {std::pair<int64_t, int64_t>{512, 192}, {512, 256}, {128, 192}}) {
     for (int flags = 0; flags < 4; ++flags) {
       const bool ta = flags & 1, tb = flags & 2;
-      SCOPED_TRACE("K " + std::to_string(k) + " flags " + std::to_string(flags));
+      SCOPED_TRACE("M " + std::to_string(m) + " K " + std::to_string(k) + " flags " +
+                   std::to_string(flags));
       size_t launched = 0;
       check_on_gpu(
-          {{"a", ta ? Shape{k, 384} : Shape{384, k}, dtype},
+          {{"a", ta ? Shape{k, m} : Shape{m, k}, dtype},
            {"b", tb ? Shape{512, k} : Shape{k, 512}, dtype}},
           [&](Graph& graph, std::vector<Tensor>& in) {
             graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
