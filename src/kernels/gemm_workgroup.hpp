@@ -19,7 +19,7 @@ constexpr int64_t kWorkgroupGemmAccumulatorSide = 128;
 // The block of C a workgroup computes. Where the device loads workgroup-scope matrices through
 // tensor layouts (DeviceTraits::workgroup_tensor_loads) and M is a multiple of 256: 256 x 128,
 // held as two 128 x 128 accumulators one above the other (split_rows), which ran 4096^3 in
-// 0.427-0.428 ms (f16 result) and 0.434 (f32) on the H200; otherwise one 128 x 256
+// 0.425-0.429 ms (f16 result) and 0.434-0.435 (f32) on the H200; otherwise one 128 x 256
 // accumulator with plain loads, 0.444-0.449 (docs/BENCHMARKS.md runs 48-51).
 struct WorkgroupGemmBlock {
   int64_t m = 128, n = 256;

@@ -1009,6 +1009,18 @@ TEST(Passes, WorkgroupGemmRoutes) {
   kernels::DeviceTraits subgroups_only = workgroup_capable(1);
   subgroups_only.workgroup_coop_matrix_f16 = false;
   EXPECT_FALSE(taken(1024, 1024, 64, subgroups_only));
+  // With tensor-layout loads the 256 x 128 block also takes N of an odd number of 128s (1152)
+  // where M is a multiple of 256, and its blocks count toward filling the device; M of an odd
+  // number of 128s (1152) still takes the 128 x 256 block.
+  kernels::DeviceTraits tensor_loads = workgroup_capable(1);
+  tensor_loads.workgroup_tensor_loads = true;
+  EXPECT_TRUE(taken(1024, 1152, 64, tensor_loads));
+  EXPECT_TRUE(taken(1152, 1024, 64, tensor_loads));
+  EXPECT_FALSE(taken(1152, 1152, 64, tensor_loads));
+  tensor_loads.compute_units = 36;  // 4 x 9 blocks of 256 x 128
+  EXPECT_TRUE(taken(1024, 1152, 64, tensor_loads));
+  tensor_loads.compute_units = 37;
+  EXPECT_FALSE(taken(1024, 1152, 64, tensor_loads));
   // Batched products stay on the subgroup-scope kernel.
   Graph batched;
   const Tensor a = input(batched, "a", {2, 1024, 64});
