@@ -106,9 +106,9 @@ constexpr int64_t kMinHalfHarmonicMean = 512;
 
 std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
                                                        const DeviceTraits& device) {
-  if (device.workgroup_tensor_loads && m % 256 == 0 && n % 128 == 0)
-    return WorkgroupGemmBlock{256, 128, true};
-  if (m % 128 == 0 && n % 256 == 0) return WorkgroupGemmBlock{128, 256, false};
+  if (device.workgroup_tensor_loads && m % kSplitRowsBlock.m == 0 && n % kSplitRowsBlock.n == 0)
+    return kSplitRowsBlock;
+  if (m % kWholeBlock.m == 0 && n % kWholeBlock.n == 0) return kWholeBlock;
   return std::nullopt;
 }
 

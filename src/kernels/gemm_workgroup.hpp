@@ -12,19 +12,20 @@
 namespace mg::kernels {
 
 constexpr int64_t kWorkgroupGemmBlockK = 64, kWorkgroupGemmInvocations = 256;
-// Every accumulator of either block form is a multiple of 128 x 128: the device's workgroup
-// granularity must divide 128 x 128 x 64.
-constexpr int64_t kWorkgroupGemmAccumulatorSide = 128;
 
 // The block of C a workgroup computes. Where the device loads workgroup-scope matrices through
 // tensor layouts (DeviceTraits::workgroup_tensor_loads) and M is a multiple of 256: 256 x 128,
 // held as two 128 x 128 accumulators one above the other (split_rows), which ran 4096^3 in
 // 0.425-0.429 ms (f16 result) and 0.434-0.435 (f32) on the H200; otherwise one 128 x 256
-// accumulator with plain loads, 0.444-0.449 (docs/BENCHMARKS.md runs 48-51).
+// accumulator with plain loads, 0.444-0.449 (docs/BENCHMARKS.md runs 48-51). The device's
+// workgroup granularities must divide each form's accumulator (accumulator_rows x n) and its
+// 64-deep steps.
 struct WorkgroupGemmBlock {
   int64_t m = 128, n = 256;
   bool split_rows = false;
+  constexpr int64_t accumulator_rows() const { return split_rows ? m / 2 : m; }
 };
+constexpr WorkgroupGemmBlock kWholeBlock{128, 256, false}, kSplitRowsBlock{256, 128, true};
 // The block an M x N product takes on `device`, or none where neither divides it.
 std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
                                                        const DeviceTraits& device);

@@ -34,10 +34,12 @@ struct DeviceTraits {
   bool coop_matrix_f16_nv = false;
   bool coop_matrix_f16_khr = false;
   // Workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2) for f16 A and B and f32
-  // accumulators on 256 invocations, in multiples of 128 x 128 x 64, with f16 storage buffers.
+  // accumulators on 256 invocations, in multiples of 128 x 256 x 64 (the workgroup GEMM's
+  // kWholeBlock), with f16 storage buffers.
   bool workgroup_coop_matrix_f16 = false;
-  // Those matrices can be loaded through tensor layouts (cooperativeMatrixTensorAddressing,
-  // Launch::tensor_loads), which the workgroup GEMM's faster block needs (workgroup_gemm_block).
+  // Those matrices, also in multiples of 128 x 128 x 64 (kSplitRowsBlock's accumulators), can
+  // be loaded through tensor layouts (cooperativeMatrixTensorAddressing, Launch::tensor_loads),
+  // which the workgroup GEMM's faster block needs (workgroup_gemm_block).
   bool workgroup_tensor_loads = false;
   // f16 storage buffers and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
   bool f16_tensors = false;

@@ -32,21 +32,22 @@ bool has_f16_coop_shape(const gpu::DeviceCaps& caps, bool khr) {
                                         });
 }
 
-// The workgroup GEMM's configuration (kernels/gemm_workgroup.hpp): f16 x f16 + f32 on 256
-// invocations, whose granularities divide its 128 x 128 x 64 accumulators and steps.
-bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps) {
+// Whether the device runs the workgroup GEMM's `block` form (kernels/gemm_workgroup.hpp):
+// f16 x f16 + f32 on 256 invocations, with granularities that divide the form's accumulator and
+// its 64-deep steps.
+bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGemmBlock& block) {
   const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
   return workgroup.available && caps.storage_f16 &&
          workgroup.max_workgroup_invocations >= kernels::kWorkgroupGemmInvocations &&
          std::any_of(workgroup.configs.begin(), workgroup.configs.end(),
-                     [](const gpu::WorkgroupCoopMatrixConfig& config) {
+                     [&block](const gpu::WorkgroupCoopMatrixConfig& config) {
                        return config.a == gpu::ScalarType::f16 &&
                               config.b == gpu::ScalarType::f16 &&
                               config.c == gpu::ScalarType::f32 &&
                               config.result == gpu::ScalarType::f32 &&
                               config.workgroup_invocations == kernels::kWorkgroupGemmInvocations &&
-                              kernels::kWorkgroupGemmAccumulatorSide % config.m_granularity == 0 &&
-                              kernels::kWorkgroupGemmAccumulatorSide % config.n_granularity == 0 &&
+                              block.accumulator_rows() % config.m_granularity == 0 &&
+                              block.n % config.n_granularity == 0 &&
                               kernels::kWorkgroupGemmBlockK % config.k_granularity == 0;
                      });
 }
@@ -63,9 +64,10 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision
   traits.name = info.name;
   traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
   traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
-  traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps);
-  traits.workgroup_tensor_loads =
-      traits.workgroup_coop_matrix_f16 && info.caps.workgroup_coop_matrix.tensor_addressing;
+  traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps, kernels::kWholeBlock);
+  traits.workgroup_tensor_loads = traits.workgroup_coop_matrix_f16 &&
+                                  info.caps.workgroup_coop_matrix.tensor_addressing &&
+                                  has_workgroup_f16_coop(info.caps, kernels::kSplitRowsBlock);
   traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
   traits.fast_precision = precision == Precision::fast;
   return traits;
