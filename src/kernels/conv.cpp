@@ -555,58 +555,51 @@ std::function<std::string(size_t, size_t)> named(std::string prefix) {
   return [prefix = std::move(prefix)](size_t i, size_t j) { return point_name(prefix, i, j); };
 }
 
-// `names` combined with the coefficients of `row` (zeros left out), as a GLSL expression.
-template <size_t Extent>
-std::string combination(const double (&row)[Extent], const std::array<std::string, Extent>& names) {
+// `names` combined with the coefficients of row `row` of `matrix` (zeros left out), as a GLSL
+// expression.
+std::string combination(const winograd::Matrix& matrix, int64_t row,
+                        const std::vector<std::string>& names) {
   std::string text;
-  for (size_t k = 0; k < Extent; ++k) {
-    if (row[k] == 0.0) continue;
-    const double magnitude = row[k] < 0.0 ? -row[k] : row[k];
-    text += row[k] < 0.0 ? " - " : (text.empty() ? "" : " + ");
+  for (int64_t k = 0; k < matrix.columns; ++k) {
+    const double coefficient = matrix.at(row, k);
+    if (coefficient == 0.0) continue;
+    const double magnitude = coefficient < 0.0 ? -coefficient : coefficient;
+    text += coefficient < 0.0 ? " - " : (text.empty() ? "" : " + ");
     text += (magnitude == 1.0 ? "" : glsl_float(magnitude) + " * ") + names[k];
   }
   return text.empty() ? "0.0" : text;
 }
 
-// The two-sided transform of one tile, T M T^T with T `transform` (Rows x Extent) and M the
-// Extent x Extent GLSL values named `value(a, b)`: declares e<i>_<j> for each of its Rows x Rows
+// The two-sided transform of one tile, T M T^T with T `transform` (rows x extent) and M the
+// extent x extent GLSL values named `value(a, b)`: declares e<i>_<j> for each of its rows x rows
 // points.
-template <size_t Rows, size_t Extent>
-std::string tile_transform_glsl(const double (&transform)[Rows][Extent],
+std::string tile_transform_glsl(const winograd::Matrix& transform,
                                 const std::function<std::string(size_t, size_t)>& value) {
+  const size_t rows = static_cast<size_t>(transform.rows);
+  const size_t extent = static_cast<size_t>(transform.columns);
   std::string text;
-  for (size_t i = 0; i < Rows; ++i) {
-    for (size_t b = 0; b < Extent; ++b) {
-      std::array<std::string, Extent> column;
-      for (size_t a = 0; a < Extent; ++a) column[a] = value(a, b);
-      text +=
-          "  float " + point_name("h", i, b) + " = " + combination(transform[i], column) + ";\n";
+  for (size_t i = 0; i < rows; ++i) {
+    for (size_t b = 0; b < extent; ++b) {
+      std::vector<std::string> column(extent);
+      for (size_t a = 0; a < extent; ++a) column[a] = value(a, b);
+      text += "  float " + point_name("h", i, b) + " = " +
+              combination(transform, static_cast<int64_t>(i), column) + ";\n";
     }
   }
-  for (size_t i = 0; i < Rows; ++i) {
-    std::array<std::string, Extent> row;
-    for (size_t b = 0; b < Extent; ++b) row[b] = point_name("h", i, b);
-    for (size_t j = 0; j < Rows; ++j)
-      text += "  float " + point_name("e", i, j) + " = " + combination(transform[j], row) + ";\n";
+  for (size_t i = 0; i < rows; ++i) {
+    std::vector<std::string> row(extent);
+    for (size_t b = 0; b < extent; ++b) row[b] = point_name("h", i, b);
+    for (size_t j = 0; j < rows; ++j)
+      text += "  float " + point_name("e", i, j) + " = " +
+              combination(transform, static_cast<int64_t>(j), row) + ";\n";
   }
   return text;
 }
 
-// The name of flat point `point` (i * 4 + j) of a transformed 4 x 4 tile.
-std::string tile_point(const std::string& prefix, int64_t point) {
-  return point_name(prefix, static_cast<size_t>(point / winograd::kTile),
-                    static_cast<size_t>(point % winograd::kTile));
+// The name of flat point `point` (i * side + j) of a transformed side x side tile.
+std::string tile_point(const std::string& prefix, int64_t point, int64_t side) {
+  return point_name(prefix, static_cast<size_t>(point / side), static_cast<size_t>(point % side));
 }
-
-// `matrix` transposed: G^T M G and A^T M A are the two-sided transforms by G^T and A^T.
-template <size_t Rows, size_t Columns>
-struct Transposed {
-  double at[Columns][Rows];
-  explicit Transposed(const double (&matrix)[Rows][Columns]) {
-    for (size_t r = 0; r < Rows; ++r)
-      for (size_t c = 0; c < Columns; ++c) at[c][r] = matrix[r][c];
-  }
-};
 
 // Invocation i's plane p and tile t, with the tile's (ty, tx) and image n, for `tile_count`
 // tiles of a grid `tiles` (TH, TW) an image, consecutive invocations on consecutive tiles.
@@ -617,11 +610,11 @@ std::string tile_coordinates_glsl(int64_t tile_count, const std::array<int64_t, 
 }
 
 // The body of a winograd_tiles or winograd_grad_tiles node for invocation i (below its
-// elements / 16) of a launch that reads its input as `source` and writes its result as `target`:
-// one invocation per (plane p, tile t), consecutive invocations on consecutive tiles, so that
-// the patches' reads along a row of the input and every point's store are coalesced; it reads
-// the patch (4 x 4 of the input, 2 x 2 of grad_out) once and writes its 16 transformed points,
-// each [P, T] apart.
+// elements / its points) of a launch that reads its input as `source` and writes its result as
+// `target`: one invocation per (plane p, tile t), consecutive invocations on consecutive tiles,
+// so that the patches' reads along a row of the input and every point's store are coalesced; it
+// reads the patch ((m + 2) x (m + 2) of the input, m x m of grad_out) once and writes its
+// (m + 2)^2 transformed points, each [P, T] apart.
 std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::string& source,
                                 const std::string& target) {
   const Node& node = graph.node(id);
@@ -629,12 +622,15 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
   const auto tiles = attr_pair(node.attrs, "tiles", 1);
   const auto padding = attr_pair(node.attrs, "padding", 0);
   const bool grad_out = node.op == "winograd_grad_tiles";
+  const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+  const winograd::Matrix& transform = grad_out ? f.grad : f.input;
   const int64_t tile_count = node.type.shape[2];
   const int64_t count = node.type.shape[1] * tile_count;
-  std::string body = tile_coordinates_glsl(tile_count, tiles) + "  int y0 = int(ty) * 2 - " +
-                     s(padding[0]) + ", x0 = int(tx) * 2 - " + s(padding[1]) +
-                     ";\n  uint plane = (n * " + u(v[1]) + " + p) * " + u(v[2] * v[3]) + ";\n";
-  const int64_t extent = grad_out ? winograd::kOutputs : winograd::kTile;
+  std::string body = tile_coordinates_glsl(tile_count, tiles) + "  int y0 = int(ty) * " +
+                     s(f.outputs) + " - " + s(padding[0]) + ", x0 = int(tx) * " + s(f.outputs) +
+                     " - " + s(padding[1]) + ";\n  uint plane = (n * " + u(v[1]) + " + p) * " +
+                     u(v[2] * v[3]) + ";\n";
+  const int64_t extent = transform.columns;
   for (int64_t a = 0; a < extent; ++a) {
     for (int64_t b = 0; b < extent; ++b) {
       const std::string y = "y0 + " + s(a), x = "x0 + " + s(b);
@@ -643,15 +639,16 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
               y + ") * " + s(v[3]) + " + " + x + ")] : 0.0;\n";
     }
   }
-  body += grad_out ? tile_transform_glsl(winograd::kGradTransform, named("d"))
-                   : tile_transform_glsl(winograd::kInputTransform, named("d"));
-  for (int64_t point = 0; point < winograd::kPoints; ++point)
-    body += "  " + target + "[i + " + u(point * count) + "] = " + tile_point("e", point) + ";\n";
+  body += tile_transform_glsl(transform, named("d"));
+  for (int64_t point = 0; point < f.points(); ++point)
+    body += "  " + target + "[i + " + u(point * count) + "] = " + tile_point("e", point, f.tile()) +
+            ";\n";
   return body;
 }
 
 int64_t winograd_tiles_invocations(const Graph& graph, ValueId id) {
-  return graph.type(id).elements() / winograd::kPoints;
+  const Shape& tiles = graph.type(id).shape;
+  return tiles[1] * tiles[2];
 }
 
 void lower_winograd_tiles(LoweringContext& context) {
@@ -662,7 +659,7 @@ void lower_winograd_tiles(LoweringContext& context) {
 }
 
 // winograd_weight_grad(m): one invocation per (o, c), consecutive invocations on consecutive c:
-// the 16 points (summed over the partial products first, if any) through G^T M G. A
+// the (m + 2)^2 points (summed over the partial products first, if any) through G^T M G. A
 // workgroup's 9 taps a pair go through shared memory (an odd stride: no bank conflicts), so
 // that its stores are one contiguous run instead of 9 runs strided by 9 floats, which took
 // 8.1 us for ResNet's 256-channel layer on the H200.
@@ -670,6 +667,7 @@ void lower_winograd_weight_grad(LoweringContext& context) {
   const Shape& m = context.input_type(0).shape;
   const int64_t pairs = m[m.size() - 2] * m[m.size() - 1];
   const int64_t slices = m.size() == 4 ? m[0] : 1;
+  const winograd::Variant& f = winograd::variant(context.node().attrs.get_int("outputs", 2));
   constexpr int64_t kTaps = winograd::kKernel * winograd::kKernel;
   std::string body = "layout(local_size_x = " + std::to_string(kColumnsLocalSize) +
                      ") in;\nshared float staged[" + s(kColumnsLocalSize * kTaps) +
@@ -677,14 +675,15 @@ void lower_winograd_weight_grad(LoweringContext& context) {
                      "linear_workgroup() * " +
                      u(kColumnsLocalSize) + ";\n  uint i = first + local;\n  if (i < " + u(pairs) +
                      ") {\n";
-  for (int64_t point = 0; point < winograd::kPoints; ++point)
-    body += "  float " + tile_point("m", point) + " = 0.0;\n";
+  for (int64_t point = 0; point < f.points(); ++point)
+    body += "  float " + tile_point("m", point, f.tile()) + " = 0.0;\n";
   body += "  for (uint s = 0u; s < " + u(slices) + "; ++s) {\n    uint at = s * " +
-          u(winograd::kPoints * pairs) + " + i;\n";
-  for (int64_t point = 0; point < winograd::kPoints; ++point)
-    body += "    " + tile_point("m", point) + " += products[at + " + u(point * pairs) + "];\n";
+          u(f.points() * pairs) + " + i;\n";
+  for (int64_t point = 0; point < f.points(); ++point)
+    body += "    " + tile_point("m", point, f.tile()) + " += products[at + " + u(point * pairs) +
+            "];\n";
   body += "  }\n";
-  body += tile_transform_glsl(Transposed(winograd::kFilterTransform).at, named("m"));
+  body += tile_transform_glsl(f.filter.transpose(), named("m"));
   for (int64_t tap = 0; tap < kTaps; ++tap) {
     body += "  staged[local * " + u(kTaps) + " + " + u(tap) +
             "] = " + point_name("e", tap / winograd::kKernel, tap % winograd::kKernel) + ";\n";
@@ -716,9 +715,10 @@ void lower_winograd_filter(LoweringContext& context) {
       body += "  float " + point_name("g", r, q) + " = weights[base + " + u(tap) + "];\n";
     }
   }
-  body += tile_transform_glsl(winograd::kFilterTransform, named("g"));
-  for (int64_t point = 0; point < winograd::kPoints; ++point)
-    body += "  points[i + " + u(point * pairs) + "] = " + tile_point("e", point) + ";\n";
+  constexpr const winograd::Variant& f = winograd::kF2;
+  body += tile_transform_glsl(f.filter, named("g"));
+  for (int64_t point = 0; point < f.points(); ++point)
+    body += "  points[i + " + u(point * pairs) + "] = " + tile_point("e", point, f.tile()) + ";\n";
   emit_columns_launch(context, "winograd_filter", body + "}\n", {"weights", "points"}, pairs);
 }
 
@@ -731,13 +731,15 @@ void lower_winograd_output(LoweringContext& context) {
   const int64_t tile_count = context.input_type(0).shape[2];
   const int64_t count = y[1] * tile_count;
   std::string body = columns_main(count) + tile_coordinates_glsl(tile_count, tiles);
-  for (int64_t point = 0; point < winograd::kPoints; ++point)
-    body += "  float " + tile_point("m", point) + " = products[i + " + u(point * count) + "];\n";
-  body += tile_transform_glsl(Transposed(winograd::kGradTransform).at, named("m"));
-  body += "  uint y0 = ty * " + u(winograd::kOutputs) + ", x0 = tx * " + u(winograd::kOutputs) +
+  constexpr const winograd::Variant& f = winograd::kF2;
+  for (int64_t point = 0; point < f.points(); ++point)
+    body += "  float " + tile_point("m", point, f.tile()) + " = products[i + " + u(point * count) +
+            "];\n";
+  body += tile_transform_glsl(f.grad.transpose(), named("m"));
+  body += "  uint y0 = ty * " + u(f.outputs) + ", x0 = tx * " + u(f.outputs) +
           ";\n  uint plane = (n * " + u(y[1]) + " + p) * " + u(y[2] * y[3]) + ";\n";
-  for (int64_t r = 0; r < winograd::kOutputs; ++r) {
-    for (int64_t q = 0; q < winograd::kOutputs; ++q) {
+  for (int64_t r = 0; r < f.outputs; ++r) {
+    for (int64_t q = 0; q < f.outputs; ++q) {
       body += "  if (y0 + " + u(r) + " < " + u(y[2]) + " && x0 + " + u(q) + " < " + u(y[3]) +
               ") image[plane + (y0 + " + u(r) + ") * " + u(y[3]) + " + x0 + " + u(q) +
               "] = " + point_name("e", r, q) + ";\n";

@@ -32,6 +32,12 @@ constexpr int64_t kWorkgroupsPerUnit = 1;
 // The Winograd weight gradient's product runs over the tiles of 2 x 2 outputs: with fewer than
 // this its GEMM's K is too short to pay for the transforms.
 constexpr int64_t kMinWinogradTiles = 128;
+// F(4 x 4, 3 x 3) for the strict weight gradient from this many channels a side (and
+// kMinWinogradTiles of its 4 x 4 tiles). On the H200 (docs/BENCHMARKS.md run 51) it ran U-Net's
+// 320 channels in 0.0549 against F(2 x 2)'s 0.0767 ms at 32 x 32 and 0.1809 against 0.2746 at
+// 64 x 64, ResNet's 128 at 28 x 28 in 0.0244 against 0.0255, but 256 at 14 x 14 (64 tiles of
+// 4 x 4) in 0.0397 against 0.0231: a product too short in K.
+constexpr int64_t kMinWinograd4Channels = 128;
 // The Winograd forward's and data gradient's products run over the channels, the tiles being
 // their columns: ResNet's 512 channels at 7 x 7 (64 tiles at batch 4) still ran 18 and 26 %
 // faster than the columns on the H200 (docs/BENCHMARKS.md run 47); fewer are unmeasured.
@@ -124,10 +130,27 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
   // and ahead over the 64 tiles of 512 channels at 7 x 7 (0.0422 against 0.0491), a product too
   // short in K. In fast precision, where the 16 products run on cooperative matrices and the
   // direct kernel does not, it beat the columns' f16 GEMM from 64 channels (run 47).
-  const int64_t tiles = winograd::tile_count(g.batch, g.out_height, g.out_width);
+  const int64_t tiles = winograd::kF2.tile_count(g.batch, g.out_height, g.out_width);
   const int64_t channels = std::min(g.in_channels, g.out_channels);
   if (channels < kChannelTile || tiles < kMinWinogradTiles) return false;
   return channels >= 2 * kChannelTile || !direct_weight_gradient_suits(g, device);
+}
+
+int64_t winograd_weight_gradient_outputs(const ConvGeometry& g, const DeviceTraits& device) {
+  if (const char* forced = std::getenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE")) {
+    if (switch_is(forced, "2")) return 2;
+    if (switch_is(forced, "4")) return 4;
+    throw Error(std::string("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE='") + forced +
+                "': expected 2 (F(2 x 2, 3 x 3)) or 4 (F(4 x 4, 3 x 3)); unset it for the rule");
+  }
+  // F(4 x 4)'s transforms scale a tile by up to 100 (input) and 225 (grad_out) before the
+  // products, which in fast precision read them as f16: its range and rounding would show there.
+  if (use_coop_gemm(device)) return 2;
+  const int64_t channels = std::min(g.in_channels, g.out_channels);
+  return channels >= kMinWinograd4Channels &&
+                 winograd::kF4.tile_count(g.batch, g.out_height, g.out_width) >= kMinWinogradTiles
+             ? 4
+             : 2;
 }
 
 bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
@@ -142,8 +165,9 @@ bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
   // channels at 56 x 56 0.0354 against 0.0472 ms (forward), 256 at 14 x 14 0.0293 against
   // 0.0483, U-Net's block at 64 x 64 0.2624 against 0.4899. Fewer than 64 channels are
   // unmeasured.
-  const int64_t tiles = data_gradient ? winograd::tile_count(g.batch, g.in_height, g.in_width)
-                                      : winograd::tile_count(g.batch, g.out_height, g.out_width);
+  const int64_t tiles = data_gradient
+                            ? winograd::kF2.tile_count(g.batch, g.in_height, g.in_width)
+                            : winograd::kF2.tile_count(g.batch, g.out_height, g.out_width);
   return std::min(g.in_channels, g.out_channels) >= kChannelTile &&
          tiles >= kMinWinogradConvolutionTiles;
 }

@@ -30,6 +30,13 @@ int64_t direct_weight_gradient_splits(const ConvGeometry& g, const DeviceTraits&
 // MEGANEURA_WINOGRAD_WEIGHT_GRAD=0 turns it off, =1 drops the size minimums (tests, sweeps).
 bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device);
 
+// The tile side m of the Winograd weight gradient F(m x m, 3 x 3) over geometry `g`, where it
+// runs (winograd_weight_gradient_suits): 4 for strict f32 products from 128 channels a side
+// with at least 128 tiles of 4 x 4 outputs, else 2 (always in fast precision, whose f16
+// operands would carry F(4 x 4)'s larger transformed values). MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE
+// =2/4 forces one; anything else is an error naming it.
+int64_t winograd_weight_gradient_outputs(const ConvGeometry& g, const DeviceTraits& device);
+
 // Whether conv2d over geometry `g` (or, with `data_gradient`, its conv2d_grad_input) runs as
 // Winograd F(2 x 2, 3 x 3) on `device` (ops/winograd.hpp; the im2col pass writes it): 3 x 3
 // taps, stride 1, no dilation or groups (a data gradient also padding of at most 2), a GPU,

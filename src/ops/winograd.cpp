@@ -1,6 +1,6 @@
 // Winograd's transforms (ops/winograd.hpp): winograd_tiles and winograd_grad_tiles (input
-// patches and grad_out blocks to their 16 transformed points), winograd_weight_grad (the
-// products' 4 x 4 points back to 3 x 3 taps), and for the forward and the data gradient
+// patches and grad_out blocks to their 16 or 36 transformed points), winograd_weight_grad (the
+// products' 4 x 4 or 6 x 6 points back to 3 x 3 taps), and for the forward and the data gradient
 // winograd_filter (3 x 3 taps to 4 x 4 points) and winograd_output (4 x 4 points to 2 x 2
 // outputs). The im2col pass writes them for 3 x 3 stride-1 convolutions (passes/im2col.cpp),
 // after differentiation, so they take no gradient.
@@ -11,28 +11,36 @@
 namespace mg {
 namespace {
 
-using winograd::kPoints;
-using winograd::kTile;
+using winograd::kF2;
 
-// [16, P, N * TH * TW] for the tiles of v [N, P, H, W] (attribute tiles).
+// The variant of a tile or weight-gradient node: its `outputs` attribute (2 or 4, default 2).
+const winograd::Variant& node_variant(const Graph& graph, const Node& node) {
+  const int64_t outputs = node.attrs.get_int("outputs", 2);
+  if (outputs != 2 && outputs != 4)
+    op_error(graph, node, "outputs must be 2 or 4 (the tile's side, F(2 x 2) or F(4 x 4))");
+  return winograd::variant(outputs);
+}
+
+// [P, C, N * TH * TW] for the tiles of v [N, C, H, W] (attribute tiles), P the variant's
+// points.
 TensorType tiles_type(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 1);
   expect_floating(graph, node, 0, 4);
+  const int64_t points = node_variant(graph, node).points();
   const auto tiles = pair_attr(graph, node, "tiles", 1);
   const TensorType& v = graph.type(node.inputs[0]);
-  return TensorType{v.dtype, {kPoints, v.shape[1], v.shape[0] * tiles[0] * tiles[1]}};
+  return TensorType{v.dtype, {points, v.shape[1], v.shape[0] * tiles[0] * tiles[1]}};
 }
 
 // The reference of both tile ops: point (i, j) of tile t is the sum over the extent x extent
-// patch at (2 ty - padding, 2 tx - padding) of T[i][a] T[j][b] v[.., a, b], with T (kTile x
+// patch at (m ty - padding, m tx - padding) of T[i][a] T[j][b] v[.., a, b], with T (tile x
 // extent) `transform` and 0 outside v.
-template <size_t Extent>
-HostTensor transformed_tiles(const Node& node, const HostTensor& v,
-                             const double (&transform)[kTile][Extent]) {
+HostTensor transformed_tiles(const Node& node, const HostTensor& v, int64_t outputs,
+                             const winograd::Matrix& transform) {
   HostTensor result(node.type.shape);
   const auto tiles = attr_pair(node.attrs, "tiles", 1);
   const auto padding = attr_pair(node.attrs, "padding", 0);
-  const int64_t extent = static_cast<int64_t>(Extent);
+  const int64_t side = transform.rows, extent = transform.columns;
   const int64_t planes = v.shape[1], height = v.shape[2], width = v.shape[3];
   const int64_t count = v.shape[0] * tiles[0] * tiles[1];
   for (int64_t t = 0; t < count; ++t) {
@@ -41,15 +49,15 @@ HostTensor transformed_tiles(const Node& node, const HostTensor& v,
     for (int64_t p = 0; p < planes; ++p) {
       const double* plane = v.data.data() + (n * planes + p) * height * width;
       for (int64_t a = 0; a < extent; ++a) {
-        const int64_t y = 2 * ty - padding[0] + a;
+        const int64_t y = outputs * ty - padding[0] + a;
         if (y < 0 || y >= height) continue;
         for (int64_t b = 0; b < extent; ++b) {
-          const int64_t x = 2 * tx - padding[1] + b;
+          const int64_t x = outputs * tx - padding[1] + b;
           if (x < 0 || x >= width) continue;
-          for (int64_t i = 0; i < kTile; ++i)
-            for (int64_t j = 0; j < kTile; ++j)
-              result.data[((i * kTile + j) * planes + p) * count + t] +=
-                  transform[i][a] * transform[j][b] * plane[y * width + x];
+          for (int64_t i = 0; i < side; ++i)
+            for (int64_t j = 0; j < side; ++j)
+              result.data[((i * side + j) * planes + p) * count + t] +=
+                  transform.at(i, a) * transform.at(j, b) * plane[y * width + x];
         }
       }
     }
@@ -70,8 +78,8 @@ TensorType filter_type(const Graph& graph, const Node& node) {
     op_error(graph, node, "the filter must be 3 x 3");
   const int64_t transposed = node.attrs.get_int("transposed", 0);
   if (transposed != 0 && transposed != 1) op_error(graph, node, "transposed must be 0 or 1");
-  return TensorType{w.dtype, transposed ? Shape{kPoints, w.shape[1], w.shape[0]}
-                                        : Shape{kPoints, w.shape[0], w.shape[1]}};
+  return TensorType{w.dtype, transposed ? Shape{kF2.points(), w.shape[1], w.shape[0]}
+                                        : Shape{kF2.points(), w.shape[0], w.shape[1]}};
 }
 
 // [N, P, OH, OW] for the 2 x 2 outputs of m [16, P, N * TH * TW]; the tiles must be the
@@ -82,8 +90,8 @@ TensorType output_type(const Graph& graph, const Node& node) {
   const TensorType& m = graph.type(node.inputs[0]);
   const auto tiles = pair_attr(graph, node, "tiles", 1);
   const auto size = pair_attr(graph, node, "output_size", 1);
-  if (m.shape[0] != kPoints) op_error(graph, node, "input must be [16, P, T]");
-  if (tiles[0] != winograd::tiles_along(size[0]) || tiles[1] != winograd::tiles_along(size[1]))
+  if (m.shape[0] != kF2.points()) op_error(graph, node, "input must be [16, P, T]");
+  if (tiles[0] != kF2.tiles_along(size[0]) || tiles[1] != kF2.tiles_along(size[1]))
     op_error(graph, node, "tiles must cover output_size in 2 x 2 blocks");
   if (m.shape[2] % (tiles[0] * tiles[1]) != 0)
     op_error(graph, node, "T must be a whole number of images' tiles");
@@ -93,10 +101,10 @@ TensorType output_type(const Graph& graph, const Node& node) {
 }  // namespace
 
 void register_winograd_ops(std::vector<OpDef>& registry) {
-  // winograd_tiles(x [N, C, H, W]) -> [16, C, N * TH * TW]: element [4 i + j, c, t] of tile
-  // t = (n * TH + ty) * TW + tx is point (i, j) of B^T d B for the 4 x 4 patch d of x at
-  // (2 ty - padding, 2 tx - padding), 0 outside x. attrs: tiles [2] (TH, TW), padding [2]
-  // (>= 0, default 0).
+  // winograd_tiles(x [N, C, H, W]) -> [P, C, N * TH * TW], P = (m + 2)^2: element
+  // [(m + 2) i + j, c, t] of tile t = (n * TH + ty) * TW + tx is point (i, j) of B^T d B for the
+  // (m + 2) x (m + 2) patch d of x at (m ty - padding, m tx - padding), 0 outside x. attrs:
+  // outputs (m: 2 or 4, default 2), tiles [2] (TH, TW), padding [2] (>= 0, default 0).
   registry.push_back(OpDef{
       .name = "winograd_tiles",
       .infer =
@@ -106,62 +114,70 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            return transformed_tiles(node, *in[0], winograd::kInputTransform);
+            const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+            return transformed_tiles(node, *in[0], f.outputs, f.input);
           },
       .vjp = no_gradient,
   });
 
-  // winograd_grad_tiles(dy [N, O, OH, OW]) -> [16, O, N * TH * TW]: element [4 i + j, o, t] is
-  // point (i, j) of A dY A^T for the 2 x 2 block dY of dy at (2 ty, 2 tx), 0 past its edge.
-  // attrs: tiles [2] (TH, TW); no padding (the blocks start at the grad_out's origin).
+  // winograd_grad_tiles(dy [N, O, OH, OW]) -> [P, O, N * TH * TW]: element [(m + 2) i + j, o,
+  // t] is point (i, j) of A dY A^T for the m x m block dY of dy at (m ty, m tx), 0 past its
+  // edge. attrs: outputs (m: 2 or 4, default 2), tiles [2] (TH, TW); no padding (the blocks
+  // start at the grad_out's origin).
   registry.push_back(OpDef{
       .name = "winograd_grad_tiles",
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.attrs.has("padding"))
-              op_error(graph, node, "takes no padding: its blocks start at (2 ty, 2 tx)");
+              op_error(graph, node, "takes no padding: its blocks start at (m ty, m tx)");
             return tiles_type(graph, node);
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            return transformed_tiles(node, *in[0], winograd::kGradTransform);
+            const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+            return transformed_tiles(node, *in[0], f.outputs, f.grad);
           },
       .vjp = no_gradient,
   });
 
-  // winograd_weight_grad(m [16, O, C]) -> [O, C, 3, 3]: G^T M G of each (o, c), where
-  // M[i][j] = m[4 i + j, o, c]. m may carry a leading axis of partial products, [S, 16, O, C],
-  // which it sums first (the split-K slices of the products over the tiles).
+  // winograd_weight_grad(m [P, O, C]) -> [O, C, 3, 3], P = (m + 2)^2: G^T M G of each (o, c),
+  // where M[i][j] = m[(m + 2) i + j, o, c]. m may carry a leading axis of partial products,
+  // [S, P, O, C], which it sums first (the split-K slices of the products over the tiles).
+  // attrs: outputs (m: 2 or 4, default 2).
   registry.push_back(OpDef{
       .name = "winograd_weight_grad",
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
             expect_floating(graph, node, 0);
+            const int64_t points = node_variant(graph, node).points();
             const TensorType& m = graph.type(node.inputs[0]);
             const size_t rank = m.shape.size();
-            if ((rank != 3 && rank != 4) || m.shape[rank - 3] != kPoints)
-              op_error(graph, node, "input must be [16, O, C] or [S, 16, O, C]");
+            if ((rank != 3 && rank != 4) || m.shape[rank - 3] != points)
+              op_error(graph, node,
+                       "input must be [" + std::to_string(points) + ", O, C] or [S, " +
+                           std::to_string(points) + ", O, C]");
             return TensorType{
                 m.dtype,
                 {m.shape[rank - 2], m.shape[rank - 1], winograd::kKernel, winograd::kKernel}};
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
+            const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
             HostTensor result(node.type.shape);
             const int64_t pairs = node.type.shape[0] * node.type.shape[1];
-            const int64_t slices = static_cast<int64_t>(in[0]->data.size()) / (kPoints * pairs);
+            const int64_t points = f.points();
+            const int64_t slices = static_cast<int64_t>(in[0]->data.size()) / (points * pairs);
             constexpr int64_t kTaps = winograd::kKernel * winograd::kKernel;
             for (int64_t s = 0; s < slices; ++s)
-              for (int64_t point = 0; point < kPoints; ++point)
+              for (int64_t point = 0; point < points; ++point)
                 for (int64_t pair = 0; pair < pairs; ++pair) {
-                  const double value = in[0]->data[(s * kPoints + point) * pairs + pair];
-                  const int64_t i = point / kTile, j = point % kTile;
+                  const double value = in[0]->data[(s * points + point) * pairs + pair];
+                  const int64_t i = point / f.tile(), j = point % f.tile();
                   for (int64_t r = 0; r < winograd::kKernel; ++r)
                     for (int64_t q = 0; q < winograd::kKernel; ++q)
                       result.data[pair * kTaps + r * winograd::kKernel + q] +=
-                          winograd::kFilterTransform[i][r] * winograd::kFilterTransform[j][q] *
-                          value;
+                          f.filter.at(i, r) * f.filter.at(j, q) * value;
                 }
             return result;
           },
@@ -186,17 +202,16 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
               for (int64_t c = 0; c < ins; ++c) {
                 const double* taps = w.data.data() + (o * ins + c) * kSide * kSide;
                 const int64_t pair = transposed ? c * outs + o : o * ins + c;
-                for (int64_t i = 0; i < kTile; ++i)
-                  for (int64_t j = 0; j < kTile; ++j) {
+                for (int64_t i = 0; i < kF2.tile(); ++i)
+                  for (int64_t j = 0; j < kF2.tile(); ++j) {
                     double sum = 0;
                     for (int64_t r = 0; r < kSide; ++r)
                       for (int64_t q = 0; q < kSide; ++q) {
                         const double tap = transposed ? taps[(kLast - r) * kSide + kLast - q]
                                                       : taps[r * kSide + q];
-                        sum += winograd::kFilterTransform[i][r] * winograd::kFilterTransform[j][q] *
-                               tap;
+                        sum += kF2.filter.at(i, r) * kF2.filter.at(j, q) * tap;
                       }
-                    result.data[(i * kTile + j) * outs * ins + pair] = sum;
+                    result.data[(i * kF2.tile() + j) * outs * ins + pair] = sum;
                   }
               }
             return result;
@@ -221,15 +236,15 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
               const int64_t tx = t % tiles[1], ty = t / tiles[1] % tiles[0];
               const int64_t n = t / (tiles[0] * tiles[1]);
               for (int64_t p = 0; p < planes; ++p)
-                for (int64_t r = 0; r < winograd::kOutputs; ++r)
-                  for (int64_t q = 0; q < winograd::kOutputs; ++q) {
-                    const int64_t y = winograd::kOutputs * ty + r, x = winograd::kOutputs * tx + q;
+                for (int64_t r = 0; r < kF2.outputs; ++r)
+                  for (int64_t q = 0; q < kF2.outputs; ++q) {
+                    const int64_t y = kF2.outputs * ty + r, x = kF2.outputs * tx + q;
                     if (y >= height || x >= width) continue;
                     double sum = 0;
-                    for (int64_t i = 0; i < kTile; ++i)
-                      for (int64_t j = 0; j < kTile; ++j)
-                        sum += winograd::kGradTransform[i][r] * winograd::kGradTransform[j][q] *
-                               in[0]->data[((i * kTile + j) * planes + p) * count + t];
+                    for (int64_t i = 0; i < kF2.tile(); ++i)
+                      for (int64_t j = 0; j < kF2.tile(); ++j)
+                        sum += kF2.grad.at(i, r) * kF2.grad.at(j, q) *
+                               in[0]->data[((i * kF2.tile() + j) * planes + p) * count + t];
                     result.data[((n * planes + p) * height + y) * width + x] = sum;
                   }
             }

@@ -85,14 +85,15 @@ ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t 
   return target.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
-// The grid of 2 x 2 output tiles (rows, columns) of `batch` images of `output_size`, or nothing
-// where its transformed tiles ([16, channels, T]) would pass the columns' byte limit.
-std::optional<std::vector<int64_t>> winograd_grid(int64_t batch, std::array<int64_t, 2> output_size,
+// The grid of `f`'s m x m output tiles (rows, columns) of `batch` images of `output_size`, or
+// nothing where its transformed tiles ([(m + 2)^2, channels, T]) would pass the columns' byte
+// limit.
+std::optional<std::vector<int64_t>> winograd_grid(const winograd::Variant& f, int64_t batch,
+                                                  std::array<int64_t, 2> output_size,
                                                   int64_t channels, uint64_t max_bytes) {
-  const int64_t tiles = winograd::tile_count(batch, output_size[0], output_size[1]);
-  if (column_bytes(winograd::kPoints, channels, 1, tiles) > max_bytes) return std::nullopt;
-  return std::vector<int64_t>{winograd::tiles_along(output_size[0]),
-                              winograd::tiles_along(output_size[1])};
+  const int64_t tiles = f.tile_count(batch, output_size[0], output_size[1]);
+  if (column_bytes(f.points(), channels, 1, tiles) > max_bytes) return std::nullopt;
+  return std::vector<int64_t>{f.tiles_along(output_size[0]), f.tiles_along(output_size[1])};
 }
 
 // Winograd F(2 x 2, 3 x 3) over `source` [N, P, H, W] padded by `padding` into [N, Q, OH, OW]
@@ -104,8 +105,8 @@ std::optional<ValueId> winograd_convolution(Graph& target, ValueId source, Value
                                             std::array<int64_t, 2> output_size,
                                             uint64_t max_bytes) {
   const Shape& w = target.type(weights).shape;
-  const std::optional<std::vector<int64_t>> grid =
-      winograd_grid(target.type(source).shape[0], output_size, std::max(w[0], w[1]), max_bytes);
+  const std::optional<std::vector<int64_t>> grid = winograd_grid(
+      winograd::kF2, target.type(source).shape[0], output_size, std::max(w[0], w[1]), max_bytes);
   if (!grid) return std::nullopt;
   const ValueId patches =
       target.add("winograd_tiles", {source}, {{"tiles", *grid}, {"padding", pair_of(padding)}});
@@ -195,21 +196,33 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
 }
 
 // dw = G^T [sum over tiles of U V^T] G (ops/winograd.hpp): the transformed tiles of grad_out
-// U [16, O, T] and of the input V [16, C, T], one batched product of their 16 points over the
-// T tiles of 2 x 2 outputs, and the filter transform back to 3 x 3 taps. The tiles lie along
+// U [P, O, T] and of the input V [P, C, T], one batched product of their P = (m + 2)^2 points
+// over the T tiles of m x m outputs (m from kernels::winograd_weight_gradient_outputs), and the
+// filter transform back to 3 x 3 taps. The tiles lie along
 // the product's K, so that the transforms read rows of the images and write rows of tiles; tiles
 // across, [16, T, C], made the product no faster and the transforms slower on the H200 (ResNet's
 // 128 channels at 28 x 28: 0.0104 against 0.0136 ms for both, docs/BENCHMARKS.md run 44).
 std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
-                                                const ConvGeometry& g, uint64_t max_bytes) {
-  const std::optional<std::vector<int64_t>> grid = winograd_grid(
-      g.batch, {g.out_height, g.out_width}, std::max(g.in_channels, g.out_channels), max_bytes);
+                                                const ConvGeometry& g,
+                                                const kernels::DeviceTraits& device,
+                                                uint64_t max_bytes) {
+  const int64_t outputs = kernels::winograd_weight_gradient_outputs(g, device);
+  const std::optional<std::vector<int64_t>> grid =
+      winograd_grid(winograd::variant(outputs), g.batch, {g.out_height, g.out_width},
+                    std::max(g.in_channels, g.out_channels), max_bytes);
   if (!grid) return std::nullopt;
-  const ValueId patches = target.add("winograd_tiles", {node.inputs[0]},
-                                     {{"tiles", *grid}, {"padding", pair_of(g.padding)}});
-  const ValueId grads = target.add("winograd_grad_tiles", {node.inputs[1]}, {{"tiles", *grid}});
+  // F(2 x 2) leaves `outputs` at its default, so that the input's tiles stay one value with a
+  // Winograd forward's over the same input (CSE).
+  Attrs variant;
+  if (outputs != 2) variant.set("outputs", outputs);
+  Attrs tile_attrs = variant;
+  tile_attrs.set("tiles", *grid);
+  Attrs patch_attrs = tile_attrs;
+  patch_attrs.set("padding", pair_of(g.padding));
+  const ValueId patches = target.add("winograd_tiles", {node.inputs[0]}, std::move(patch_attrs));
+  const ValueId grads = target.add("winograd_grad_tiles", {node.inputs[1]}, std::move(tile_attrs));
   const ValueId products = target.add("matmul", {grads, patches}, {{"transpose_b", int64_t{1}}});
-  return target.add("winograd_weight_grad", {products}, {});
+  return target.add("winograd_weight_grad", {products}, std::move(variant));
 }
 
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
@@ -224,7 +237,8 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
   if (kernels::winograd_weight_gradient_suits(g, device)) {
-    if (auto rewritten = winograd_weight_gradient(target, node, g, max_bytes)) return rewritten;
+    if (auto rewritten = winograd_weight_gradient(target, node, g, device, max_bytes))
+      return rewritten;
   }
   if (kernels::direct_weight_gradient_suits(g, device)) return std::nullopt;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||

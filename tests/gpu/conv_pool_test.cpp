@@ -257,12 +257,13 @@ TEST(GpuConv, DirectWeightGradient) {
 }
 
 // The Winograd weight gradient (ops/winograd.hpp) on the GPU kernels, forced on (the rule,
-// which Passes.WeightGradientRoutesAndDirectSplits checks, wants 128 tiles and channels): padding
-// 1 over an odd output height (a last row of tiles half past grad_out), padding 0 and 2 (output
-// larger than the input), and 529 tiles whose product is split over K into 3 partial products,
-// which the filter transform sums itself. Each with fusion off as well, where its two tile
-// transforms take a launch each instead of one: one dispatch more, so the pair ran; and that is
-// one more than the columns take (the gather, the product and the sum), so Winograd ran.
+// which Passes.WeightGradientRoutesAndDirectSplits checks, wants 128 tiles and channels), with
+// F(2 x 2, 3 x 3) and F(4 x 4, 3 x 3) tiles: padding 1 over an odd output height (a last row of
+// tiles partly past grad_out), padding 0 and 2 (output larger than the input), and 529 tiles
+// whose product is split over K into 3 partial products, which the filter transform sums itself.
+// Each with fusion off as well, where its two tile transforms take a launch each instead of one:
+// one dispatch more, so the pair ran; and that is one more than the columns take (the gather,
+// the product and the sum), so Winograd ran.
 TEST(GpuConv, WinogradWeightGradient) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
@@ -272,26 +273,32 @@ TEST(GpuConv, WinogradWeightGradient) {
     Conv2dOptions options;
     const char* slices;
   };
-  const std::vector<Case> cases{{{2, 5, 9, 8}, {6, 5, 3, 3}, {.padding = {1, 1}}, "1"},
-                                {{1, 3, 7, 10}, {4, 3, 3, 3}, {}, "1"},
-                                {{1, 4, 5, 6}, {3, 4, 3, 3}, {.padding = {2, 2}}, "1"},
-                                {{1, 4, 46, 46}, {4, 4, 3, 3}, {.padding = {1, 1}}, "3"}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
-    const auto [inputs, build] = weight_gradient_check(c.x, c.w, c.options);
-    const ScopedEnv slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
-    size_t paired = 0, apart = 0, columns = 0;
-    {
-      const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
-      check_on_gpu(inputs, build, 1e-5, 7, {}, &paired);
+  for (const int64_t outputs : {2, 4}) {
+    const ScopedEnv tile("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs).c_str());
+    const int64_t split_extent = 23 * outputs;  // 529 tiles
+    const std::vector<Case> cases{
+        {{2, 5, 9, 8}, {6, 5, 3, 3}, {.padding = {1, 1}}, "1"},
+        {{1, 3, 7, 10}, {4, 3, 3, 3}, {}, "1"},
+        {{1, 4, 5, 6}, {3, 4, 3, 3}, {.padding = {2, 2}}, "1"},
+        {{1, 4, split_extent, split_extent}, {4, 4, 3, 3}, {.padding = {1, 1}}, "3"}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE("F(" + std::to_string(outputs) + ") " + shape_string(c.x) + " * " +
+                   shape_string(c.w));
+      const auto [inputs, build] = weight_gradient_check(c.x, c.w, c.options);
+      const ScopedEnv slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
+      size_t paired = 0, apart = 0, columns = 0;
+      {
+        const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+        check_on_gpu(inputs, build, 1e-5, 7, {}, &paired);
+        const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+        check_on_gpu(inputs, build, 1e-5, 7, {}, &apart);
+      }
+      const ScopedEnv off("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
       const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
-      check_on_gpu(inputs, build, 1e-5, 7, {}, &apart);
+      check_on_gpu(inputs, build, 1e-5, 7, {}, &columns);
+      EXPECT_EQ(paired + 1, apart);
+      EXPECT_EQ(apart, columns + 1);
     }
-    const ScopedEnv off("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
-    const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
-    check_on_gpu(inputs, build, 1e-5, 7, {}, &columns);
-    EXPECT_EQ(paired + 1, apart);
-    EXPECT_EQ(apart, columns + 1);
   }
 }
 

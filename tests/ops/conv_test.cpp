@@ -416,6 +416,57 @@ TEST(Conv, WinogradTransformsByHand) {
   EXPECT_EQ(values.at(taps.id()).data, std::vector<double>(9, 0.25));
 }
 
+// F(4 x 4, 3 x 3)'s transforms by hand (outputs = 4): a 6 x 6 input patch d is B^T d B with
+// row 0 of B^T (4, 0, -5, 0, 1, 0), so point (0, 0) is 16 d00 - 20 d02 + 4 d04 - 20 d20 +
+// 25 d22 - 5 d24 + 4 d40 - 5 d42 + d44; a 4 x 4 grad_out block e is A e A^T with row 1 of A
+// (1, 1, 1, 1), so point (1, 1) is the block's sum, and row 3 (1, 2, 4, 8), so point (3, 1)
+// is the sum of the block's rows weighed by 1, 2, 4, 8; the filter transform of M = 1 at point (1,
+// 1) alone is the outer product of G's row 1, (-1/6, -1/6, -1/6), with itself.
+TEST(Conv, Winograd4TransformsByHand) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 1, 6, 6});
+  const Attrs four{{"outputs", int64_t{4}}};
+  Attrs one_tile = four, two_tiles = four;
+  one_tile.set("tiles", std::vector<int64_t>{1, 1});
+  two_tiles.set("tiles", std::vector<int64_t>{2, 2});
+  const Tensor patches = raw(graph, "winograd_tiles", {x.id()}, one_tile);
+  const Tensor blocks = raw(graph, "winograd_grad_tiles", {x.id()}, two_tiles);
+  const Tensor points = input(graph, "points", {36, 1, 1});
+  const Tensor taps = raw(graph, "winograd_weight_grad", {points.id()}, four);
+  EXPECT_EQ(patches.shape(), (Shape{36, 1, 1}));
+  EXPECT_EQ(blocks.shape(), (Shape{36, 1, 4}));
+  EXPECT_EQ(taps.shape(), (Shape{1, 1, 3, 3}));
+  HostTensor image({1, 1, 6, 6});
+  for (size_t i = 0; i < 36; ++i) image.data[i] = static_cast<double>((i * 7) % 11) - 3.0;
+  HostTensor unit({36, 1, 1});
+  unit.data[7] = 1.0;  // point (1, 1)
+  Environment environment;
+  environment.leaves["x"] = image;
+  environment.leaves["points"] = unit;
+  const auto values = evaluate(graph, environment);
+  const auto d = [&](int row, int column) { return image.data[row * 6 + column]; };
+  EXPECT_EQ(values.at(patches.id()).data[0], 16 * d(0, 0) - 20 * d(0, 2) + 4 * d(0, 4) -
+                                                 20 * d(2, 0) + 25 * d(2, 2) - 5 * d(2, 4) +
+                                                 4 * d(4, 0) - 5 * d(4, 2) + d(4, 4));
+  // The block at tile (0, 0): rows 0-3, columns 0-3 (the other tiles lie past the image's 6).
+  double block_sum = 0, weighted_rows = 0;
+  for (int row = 0; row < 4; ++row)
+    for (int column = 0; column < 4; ++column) {
+      block_sum += d(row, column);
+      weighted_rows += (1 << row) * d(row, column);
+    }
+  EXPECT_EQ(values.at(blocks.id()).data[7 * 4], block_sum);
+  EXPECT_EQ(values.at(blocks.id()).data[19 * 4], weighted_rows);
+  for (double tap : values.at(taps.id()).data) EXPECT_NEAR(tap, 1.0 / 36, 1e-15);
+  expect_error(
+      [&] {
+        raw(graph, "winograd_tiles", {x.id()}, {{"outputs", int64_t{3}}});
+      },
+      {"winograd_tiles", "outputs must be 2 or 4"});
+  expect_error([&] { raw(graph, "winograd_weight_grad", {points.id()}, {}); },
+               {"winograd_weight_grad", "input must be [16, O, C] or [S, 16, O, C]"});
+}
+
 // The forward's transforms by hand: a filter g is G g G^T (rows of G (1, 0, 0), (0.5, 0.5,
 // 0.5), (0.5, -0.5, 0.5), (0, 0, 1)), so point (0, 0) is g00, point (3, 3) is g22 and point
 // (1, 1) a quarter of the taps' sum; turned and transposed, [16, C, O] holds point (0, 0) of

@@ -630,11 +630,12 @@ TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
   }
 }
 
-// The Winograd weight gradient (forced on, for shapes below the rule's minimums) against the
-// convolution's own weight gradient in the f64 reference: padding 1 with odd output extents (a
-// last row and column of tiles half past grad_out), padding 0 and 2, rectangular images and
-// channel counts that differ. Then 529 tiles split over K into 3 partial products: the filter
-// transform reads the partials [3, 16, O, C] and sums them itself, with no sum left.
+// The Winograd weight gradient (forced on, for shapes below the rule's minimums), F(2 x 2, 3 x 3)
+// and F(4 x 4, 3 x 3), against the convolution's own weight gradient in the f64 reference:
+// padding 1 with odd output extents (a last row and column of tiles partly past grad_out),
+// padding 0 and 2, rectangular images and channel counts that differ. Then 529 tiles (46 x 46
+// or 92 x 92 outputs) split over K into 3 partial products: the filter transform reads the
+// partials [3, 16 or 36, O, C] and sums them itself, with no sum left.
 TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
   setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1", 1);
   struct Case {
@@ -642,34 +643,91 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
     std::vector<int64_t> padding;
   };
   uint64_t seed = 40;
-  for (const Case& c :
-       {Case{{2, 3, 9, 7}, {4, 3, 3, 3}, {1, 1}}, Case{{1, 2, 6, 9}, {3, 2, 3, 3}, {0, 0}},
-        Case{{2, 4, 5, 4}, {2, 4, 3, 3}, {2, 1}}, Case{{1, 2, 46, 46}, {3, 2, 3, 3}, {1, 1}}}) {
-    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
-    Graph graph;
-    Environment environment;
-    const auto [x, w, y, cotangent] =
-        random_conv(graph, environment, seed++, c.x, c.w, {.padding = c.padding});
-    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, cotangent.id()).at(w.id()));
-    graph = passes::eliminate_dead_code(graph);
-    const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
-    EXPECT_EQ(count_op(rewritten, "winograd_tiles"), 1u);
-    EXPECT_EQ(count_op(rewritten, "winograd_grad_tiles"), 1u);
-    EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 0u);
-    expect_same_outputs(graph, rewritten, environment);
-    if (c.x[2] < 46) continue;
-    setenv("MEGANEURA_SPLIT_K_SLICES", "3", 1);
-    const Graph split = passes::merge_leading_sums(passes::split_k(rewritten, h200_like()));
-    unsetenv("MEGANEURA_SPLIT_K_SLICES");
-    EXPECT_EQ(count_op(split, "sum"), 0u);
-    for (const Node& node : split.nodes()) {
-      if (node.op == "winograd_weight_grad") {
-        EXPECT_EQ(split.type(node.inputs[0]).shape, (Shape{3, 16, 3, 2}));
+  for (const int64_t outputs : {2, 4}) {
+    setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs).c_str(), 1);
+    const int64_t points = (outputs + 2) * (outputs + 2);
+    for (const Case& c :
+         {Case{{2, 3, 9, 7}, {4, 3, 3, 3}, {1, 1}}, Case{{1, 2, 6, 9}, {3, 2, 3, 3}, {0, 0}},
+          Case{{2, 4, 5, 4}, {2, 4, 3, 3}, {2, 1}},
+          Case{{1, 2, 23 * outputs, 23 * outputs}, {3, 2, 3, 3}, {1, 1}}}) {
+      SCOPED_TRACE("F(" + std::to_string(outputs) + ") " + shape_string(c.x) + " * " +
+                   shape_string(c.w));
+      Graph graph;
+      Environment environment;
+      const auto [x, w, y, cotangent] =
+          random_conv(graph, environment, seed++, c.x, c.w, {.padding = c.padding});
+      graph.set_output("dw", gradients(graph, y.id(), {w.id()}, cotangent.id()).at(w.id()));
+      graph = passes::eliminate_dead_code(graph);
+      const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+      EXPECT_EQ(count_op(rewritten, "winograd_tiles"), 1u);
+      EXPECT_EQ(count_op(rewritten, "winograd_grad_tiles"), 1u);
+      EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 0u);
+      for (const Node& node : rewritten.nodes()) {
+        if (node.op.starts_with("winograd_")) {
+          EXPECT_EQ(node.attrs.get_int("outputs", 2), outputs) << node.op;
+        }
       }
+      expect_same_outputs(graph, rewritten, environment);
+      if (c.x[2] < 46) continue;
+      setenv("MEGANEURA_SPLIT_K_SLICES", "3", 1);
+      const Graph split = passes::merge_leading_sums(passes::split_k(rewritten, h200_like()));
+      unsetenv("MEGANEURA_SPLIT_K_SLICES");
+      EXPECT_EQ(count_op(split, "sum"), 0u);
+      for (const Node& node : split.nodes()) {
+        if (node.op == "winograd_weight_grad") {
+          EXPECT_EQ(split.type(node.inputs[0]).shape, (Shape{3, points, 3, 2}));
+        }
+      }
+      expect_same_outputs(graph, split, environment);
     }
-    expect_same_outputs(graph, split, environment);
   }
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE");
   unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
+}
+
+// The Winograd weight gradient's tile on an H200: F(4 x 4, 3 x 3) for U-Net's 320 channels at
+// 32 x 32 and 64 x 64 (128 and 512 tiles of 4 x 4 outputs at batch 2) and ResNet's 128 at
+// 28 x 28 (196 tiles at batch 4), F(2 x 2, 3 x 3) for ResNet's 256 at 14 x 14 (64 tiles of
+// 4 x 4) and for every product in fast precision (f16 operands);
+// MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE forces either, and anything else is refused by name.
+TEST(Passes, WinogradWeightGradientTileRule) {
+  const auto outputs_of = [](const Shape& x, const kernels::DeviceTraits& device = h200_like()) {
+    Graph graph;
+    const Tensor input_x = input(graph, "x", x);
+    const Tensor w = input(graph, "w", {x[1], x[1], 3, 3});
+    const Tensor seed = input(graph, "seed", x);
+    const Tensor y = conv2d(input_x, w, std::nullopt, {.padding = {1, 1}});
+    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+    graph = passes::eliminate_dead_code(graph);
+    const Graph chosen = passes::im2col_convolutions(graph, device, uint64_t{1} << 30);
+    for (const Node& node : chosen.nodes())
+      if (node.op == "winograd_weight_grad") return node.attrs.get_int("outputs", 2);
+    ADD_FAILURE() << "no Winograd weight gradient for " << shape_string(x);
+    return int64_t{0};
+  };
+  EXPECT_EQ(outputs_of({2, 320, 32, 32}), 4);
+  EXPECT_EQ(outputs_of({2, 320, 64, 64}), 4);
+  EXPECT_EQ(outputs_of({4, 128, 28, 28}), 4);
+  EXPECT_EQ(outputs_of({4, 256, 14, 14}), 2);
+  kernels::DeviceTraits fast = h200_like();
+  fast.subgroup_size = 32;
+  fast.coop_matrix_f16_khr = true;
+  fast.fast_precision = true;
+  EXPECT_EQ(outputs_of({2, 320, 64, 64}, fast), 2);
+  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "2", 1);
+  EXPECT_EQ(outputs_of({2, 320, 32, 32}), 2);
+  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "4", 1);
+  EXPECT_EQ(outputs_of({4, 256, 14, 14}), 4);
+  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "6", 1);
+  try {
+    outputs_of({2, 320, 32, 32});
+    ADD_FAILURE() << "MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE=6 was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE='6'"),
+              std::string::npos)
+        << error.what();
+  }
+  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE");
 }
 
 // The forward's and data gradient's route on an H200 (strict and fast alike): Winograd for every
