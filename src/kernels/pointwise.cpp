@@ -81,6 +81,11 @@ const std::map<std::string_view, std::string_view>& expressions() {
 }
 
 std::string expression_for(const PointwiseStatement& statement) {
+  // The f16 storage pass's conversions (passes/f16_storage.cpp), fused: the value rounded to
+  // f16 where it is one (a DAG reads an f16 input and stores an f16 result through its
+  // buffer's type, so widening is the value itself).
+  if (statement.op == "round_to_f16") return "float(float16_t($0))";
+  if (statement.op == "widen_f16") return "$0";
   if (statement.op == "gelu") {
     return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh($0)"
                                                                        : "mg_gelu($0)";
@@ -111,7 +116,12 @@ std::string substitute(const std::string& expression, const std::vector<std::str
 }  // namespace
 
 bool is_pointwise_op(std::string_view op) {
-  return expressions().count(op) > 0 || op == "gelu" || op == "gelu_grad";
+  return expressions().count(op) > 0 || op == "gelu" || op == "gelu_grad" ||
+         is_f16_conversion_op(op);
+}
+
+bool is_f16_conversion_op(std::string_view op) {
+  return op == "round_to_f16" || op == "widen_f16";
 }
 
 std::string_view pointwise_functions_glsl() {
@@ -219,6 +229,8 @@ std::string vector_type(DType dtype) {
       return "ivec4";
     case DType::u32:
       return "uvec4";
+    case DType::f16:
+      return "f16vec4";
     default:
       return "vec4";
   }
@@ -230,6 +242,8 @@ std::string scalar_type(DType dtype) {
       return "int";
     case DType::u32:
       return "uint";
+    case DType::f16:
+      return "float16_t";
     default:
       return "float";
   }
@@ -300,6 +314,21 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     launch.operands.push_back({"extra" + std::to_string(k), dag.extra_outputs[k].value, true});
   const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
   launch.operands.push_back({"result", dag.output, true});
+  // f16 buffers, or a value rounded to f16 in registers (float16_t), need the f16 extensions.
+  launch.f16_operands =
+      std::any_of(
+          launch.operands.begin(), launch.operands.end(),
+          [&](const Operand& operand) { return graph.type(operand.value).dtype == DType::f16; }) ||
+      std::any_of(
+          dag.statements.begin(), dag.statements.end(),
+          [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
+  if (launch.f16_operands && !device.f16_tensors)
+    throw Error(launch.label +
+                " reads or writes an f16 tensor, which needs f16 storage buffers "
+                "and f16 arithmetic; '" +
+                device.name +
+                "' lacks them: keep the graph's tensors "
+                "f32 there");
 
   const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
   const bool has_broadcast = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {

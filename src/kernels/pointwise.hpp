@@ -27,10 +27,14 @@ struct PointwiseDag {
   std::vector<ValueId> inputs;
   std::vector<PointwiseStatement> statements;  // the last one is the result
   ValueId output = kNoValue;
-  std::vector<PointwiseExtraOutput> extra_outputs;  // f32
+  std::vector<PointwiseExtraOutput> extra_outputs;  // f32 (inputs and output may be f16)
 };
 
 bool is_pointwise_op(std::string_view op);
+// round_to_f16 and widen_f16: pointwise for fusion (a fused DAG converts at its loads, stores
+// and in registers), but a launch of their own runs the vectorised conversion kernel
+// (kernels/gemm_workgroup.cpp).
+bool is_f16_conversion_op(std::string_view op);
 
 // GLSL helpers (mg_erf, mg_gelu, ...) that the statements below call; once per shader.
 std::string_view pointwise_functions_glsl();

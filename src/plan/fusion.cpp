@@ -95,6 +95,14 @@ bool readers_follow(const Graph& graph, const std::vector<std::vector<ValueId>>&
   return true;
 }
 
+// Whether `dag` rounds to or widens from f16 (fused conversions of the f16 storage pass).
+bool converts_f16(const kernels::PointwiseDag& dag) {
+  return std::any_of(dag.statements.begin(), dag.statements.end(),
+                     [](const kernels::PointwiseStatement& statement) {
+                       return kernels::is_f16_conversion_op(statement.op);
+                     });
+}
+
 std::string fused_label(const Graph& graph, const kernels::PointwiseDag& dag) {
   return "fused " + std::to_string(dag.statements.size()) + " ops -> " + graph.node(dag.output).op +
          " %" + std::to_string(dag.output);
@@ -132,13 +140,20 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
+      // f16 values fuse only as round_to_f16 into their one reader (a widen_f16): the f16
+      // storage pass leaves no other pointwise op on f16 values.
       if (!kernels::is_pointwise_op(node.op) || observed[i] || consumers[i] != 1 ||
-          node.type.dtype != DType::f32) {
+          (node.type.dtype != DType::f32 && node.op != "round_to_f16")) {
         continue;
       }
       const ValueId consumer = consumer_lists[i].front();
+      // A widening of an f16 value read from memory fuses into a consumer it broadcasts into
+      // (a bias): the DAG reads that input at broadcast indices and converts it there, with
+      // nothing else computed again per element.
+      const bool broadcast_widening =
+          node.op == "widen_f16" && fused_into[node.inputs[0]] != static_cast<ValueId>(i);
       if (kernels::is_pointwise_op(graph.node(consumer).op) &&
-          graph.node(consumer).type.shape == node.type.shape) {
+          (graph.node(consumer).type.shape == node.type.shape || broadcast_widening)) {
         fused_into[i] = consumer;
       }
     }
@@ -186,6 +201,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       if (epilogue_of_root.count(root)) continue;
       kernels::MatmulEpilogue epilogue = epilogue_for(graph, root, static_cast<ValueId>(i),
                                                       fused_into, std::vector<bool>(graph.size()));
+      // The GEMMs' epilogues read and write f32 only.
+      if (converts_f16(epilogue.dag)) continue;
       if (kernels::matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
       epilogue_of_root.emplace(root, std::move(epilogue));
       in_epilogue[i] = true;
@@ -226,7 +243,8 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
         const ValueId product = epilogue->second.dag.inputs[epilogue->second.product_input];
         kernels::MatmulEpilogue moved =
             epilogue_for(graph, root, product, fused_into, written_beside);
-        if (kernels::matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
+        if (!converts_f16(moved.dag) &&
+            kernels::matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
           epilogue_of_root.erase(epilogue);
           epilogue_of_root.emplace(root, std::move(moved));
           continue;

@@ -669,12 +669,14 @@ TEST(CoopMatrixRewrite, TensorLoadsReadWhatThePlainLoadsRead) {
   }
 }
 
-// Only the kernels written for f16 values declare f16 buffers; any other kernel given one names
-// the operand and its dtype instead of compiling against values it was not written for.
+// Only the kernels written for f16 values (the conversions, the f16 GEMMs, pointwise kernels,
+// which convert at their loads and stores) declare f16 buffers; any other kernel given one (here
+// a softmax) names the operand and its dtype instead of compiling against values it was not
+// written for.
 TEST_F(CoopMatrixLowering, F16BuffersOnlyForKernelsWrittenForThem) {
   Graph graph;
   const Tensor x = input(graph, "x", {4, 4}, DType::f16);
-  const Tensor y = x + x;
+  const Tensor y = softmax(x, -1);
   graph.set_output("y", y.id());
   const std::vector<kernels::Launch> launches = kernels::lower_node(graph, y.id(), coop_device());
   ASSERT_EQ(launches.size(), 1u);

@@ -42,6 +42,48 @@ TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
   }
 }
 
+// Chains of pointwise ops on f16 tensors fuse across the f16 storage pass's conversions: each
+// op's f16 result is rounded in registers (as the reference rounds it) and the chain is one
+// launch that reads f16 and writes f16, where without fusion every op takes three (widen, op,
+// round). Elementwise over 4099 values (vectors and a scalar tail) and with a broadcast bias
+// over rows of 7 (scalar accesses), f16 and f32 outputs; add, multiply, subtract and relu of
+// f16 values are exact in f32, so the results match the reference to the last bit, and exp
+// within an f16 step.
+TEST(GpuF16, PointwiseChainsFuseAcrossConversions) {
+  const auto elementwise = [](Graph& graph, std::vector<Tensor>& in) {
+    graph.set_output("y", (relu((in[0] + in[1]) * 1.5) - in[2]).id());
+  };
+  const auto broadcast = [](Graph& graph, std::vector<Tensor>& in) {
+    const Tensor shifted = exp(in[0] + in[1]);
+    graph.set_output("y", shifted.id());
+    graph.set_output("wide", (cast(shifted, DType::f32) * 0.5).id());
+  };
+  struct Case {
+    std::vector<testing::HarnessInput> inputs;
+    std::function<void(Graph&, std::vector<Tensor>&)> build;
+    double tolerance;
+    size_t fused_dispatches;
+  };
+  const std::vector<Case> cases{
+      {{{"x", {4099}, DType::f16}, {"d", {4099}, DType::f16}, {"e", {4099}, DType::f16}},
+       elementwise,
+       1e-12,
+       1},
+      {{{"x", {6, 7}, DType::f16}, {"bias", {7}, DType::f16}}, broadcast, 2e-3, 2}};
+  uint64_t seed = 31;
+  for (const Case& c : cases) {
+    size_t fused = 0, apart = 0;
+    check_on_gpu(c.inputs, c.build, c.tolerance, seed, {}, &fused);
+    {
+      const testing::ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+      check_on_gpu(c.inputs, c.build, c.tolerance, seed, {}, &apart);
+    }
+    ++seed;
+    EXPECT_EQ(fused, c.fused_dispatches);
+    EXPECT_GT(apart, fused + 2);
+  }
+}
+
 // Conversions alone are exact: what the session uploads into an f16 input, widens, rounds and
 // reads back is the value rounded to f16 on the host, bit for bit, in tensors of 4n + 1 values.
 TEST(GpuF16, ConversionsAreExact) {
