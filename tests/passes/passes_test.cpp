@@ -595,27 +595,38 @@ TEST(Passes, WeightGradientRoutesAndDirectSplits) {
   }
 }
 
-// Fast precision, where the direct kernel does not run and the tile products go to cooperative
-// matrices: Winograd from 64 channels (ResNet's first three 3x3 stages, U-Net), the columns for
-// the 64 tiles of 512 channels at 7 x 7. With MEGANEURA_NO_COOPMAT=1 the strict routes return.
-TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
+// The weight gradient alone of a square 3 x 3 convolution (padding 1) over input shape `x`.
+Graph square_weight_gradient(const Shape& x) {
+  Graph graph;
+  const Tensor input_x = input(graph, "x", x);
+  const Tensor w = input(graph, "w", {x[1], x[1], 3, 3});
+  const Tensor seed = input(graph, "seed", x);
+  const Tensor y = conv2d(input_x, w, std::nullopt, {.padding = {1, 1}});
+  graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+  return passes::eliminate_dead_code(graph);  // the forward, which dw does not read
+}
+
+// An H200-like GPU in fast precision, with KHR cooperative matrices.
+kernels::DeviceTraits fast_h200_like() {
   kernels::DeviceTraits fast = h200_like();
   fast.subgroup_size = 32;
   fast.coop_matrix_f16_khr = true;
   fast.fast_precision = true;
+  return fast;
+}
+
+// Fast precision, where the direct kernel does not run and the tile products go to cooperative
+// matrices: Winograd from 64 channels (ResNet's first three 3x3 stages, U-Net), the columns for
+// the 64 tiles of 512 channels at 7 x 7. With MEGANEURA_NO_COOPMAT=1 the strict routes return.
+TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
+  const kernels::DeviceTraits fast = fast_h200_like();
   for (const auto& [x, winograd] : {std::pair<Shape, bool>{{4, 64, 56, 56}, true},
                                     {{4, 128, 28, 28}, true},
                                     {{4, 256, 14, 14}, true},
                                     {{4, 512, 7, 7}, false},
                                     {{2, 320, 32, 32}, true}}) {
     SCOPED_TRACE(shape_string(x));
-    Graph graph;
-    const Tensor input_x = input(graph, "x", x);
-    const Tensor w = input(graph, "w", {x[1], x[1], 3, 3});
-    const Tensor seed = input(graph, "seed", x);
-    const Tensor y = conv2d(input_x, w, std::nullopt, {.padding = {1, 1}});
-    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
-    graph = passes::eliminate_dead_code(graph);
+    const Graph graph = square_weight_gradient(x);
     const Graph chosen = passes::im2col_convolutions(graph, fast, uint64_t{1} << 30);
     EXPECT_EQ(count_op(chosen, "winograd_tiles"), winograd ? 1u : 0u);
     EXPECT_EQ(count_op(chosen, "im2col"), winograd ? 0u : 1u);
@@ -692,14 +703,8 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
 // MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE forces either, and anything else is refused by name.
 TEST(Passes, WinogradWeightGradientTileRule) {
   const auto outputs_of = [](const Shape& x, const kernels::DeviceTraits& device = h200_like()) {
-    Graph graph;
-    const Tensor input_x = input(graph, "x", x);
-    const Tensor w = input(graph, "w", {x[1], x[1], 3, 3});
-    const Tensor seed = input(graph, "seed", x);
-    const Tensor y = conv2d(input_x, w, std::nullopt, {.padding = {1, 1}});
-    graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
-    graph = passes::eliminate_dead_code(graph);
-    const Graph chosen = passes::im2col_convolutions(graph, device, uint64_t{1} << 30);
+    const Graph chosen =
+        passes::im2col_convolutions(square_weight_gradient(x), device, uint64_t{1} << 30);
     for (const Node& node : chosen.nodes())
       if (node.op == "winograd_weight_grad") return node.attrs.get_int("outputs", 2);
     ADD_FAILURE() << "no Winograd weight gradient for " << shape_string(x);
@@ -709,11 +714,7 @@ TEST(Passes, WinogradWeightGradientTileRule) {
   EXPECT_EQ(outputs_of({2, 320, 64, 64}), 4);
   EXPECT_EQ(outputs_of({4, 128, 28, 28}), 4);
   EXPECT_EQ(outputs_of({4, 256, 14, 14}), 2);
-  kernels::DeviceTraits fast = h200_like();
-  fast.subgroup_size = 32;
-  fast.coop_matrix_f16_khr = true;
-  fast.fast_precision = true;
-  EXPECT_EQ(outputs_of({2, 320, 64, 64}, fast), 2);
+  EXPECT_EQ(outputs_of({2, 320, 64, 64}, fast_h200_like()), 2);
   setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "2", 1);
   EXPECT_EQ(outputs_of({2, 320, 32, 32}), 2);
   setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "4", 1);
