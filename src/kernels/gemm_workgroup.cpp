@@ -35,10 +35,8 @@ void main() {
 void lower_f16_conversion(LoweringContext& context) {
   const bool to_f16 = context.node().type.dtype == DType::f16;
   const int64_t count = element_count(context.node().type.shape);
-  if (!context.device().f16_tensors)
-    throw Error(context.label() + " converts " + (to_f16 ? "into" : "from") +
-                " an f16 tensor, which needs f16 storage buffers and f16 arithmetic; '" +
-                context.device().name + "' lacks them: keep the graph's tensors f32 there");
+  require_f16_tensors(context.label(), to_f16 ? "converts into" : "converts from",
+                      context.device());
   Launch launch;
   launch.label = context.label();
   launch.kernel = context.node().op;

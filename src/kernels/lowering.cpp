@@ -54,6 +54,14 @@ uint linear_workgroup() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_Work
 
 }  // namespace
 
+void require_f16_tensors(const std::string& label, const std::string& does,
+                         const DeviceTraits& device) {
+  if (device.f16_tensors) return;
+  throw Error(label + " " + does +
+              " an f16 tensor, which needs f16 storage buffers and f16 arithmetic; '" +
+              device.name + "' lacks them: keep the graph's tensors f32 there");
+}
+
 std::string buffer_declarations(const Graph& graph, const Launch& launch) {
   std::string text;
   if (launch.f16_operands)

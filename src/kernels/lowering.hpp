@@ -70,6 +70,11 @@ struct Launch {
   bool f16_operands = false;
 };
 
+// Throws mg::Error unless `device` has f16 storage buffers and f16 arithmetic: `label` `does`
+// ("converts into", "reads or writes") an f16 tensor.
+void require_f16_tensors(const std::string& label, const std::string& does,
+                         const DeviceTraits& device);
+
 // The GLSL text that declares `launch`'s operands as std430 storage buffers (binding k is
 // operand k; f32 values as float[], i32 as int[], and f16 as float16_t[] after the extensions
 // that allow it where the launch has f16_operands), followed by the common prelude.

@@ -322,13 +322,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       std::any_of(
           dag.statements.begin(), dag.statements.end(),
           [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
-  if (launch.f16_operands && !device.f16_tensors)
-    throw Error(launch.label +
-                " reads or writes an f16 tensor, which needs f16 storage buffers "
-                "and f16 arithmetic; '" +
-                device.name +
-                "' lacks them: keep the graph's tensors "
-                "f32 there");
+  if (launch.f16_operands) require_f16_tensors(launch.label, "reads or writes", device);
 
   const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
   const bool has_broadcast = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {

@@ -16,6 +16,7 @@
 #include "kernels/gemm_workgroup.hpp"
 #include "kernels/lowering.hpp"
 #include "passes/passes.hpp"
+#include "plan/fusion.hpp"
 #include "vk/gpu.hpp"
 #include "vk/spirv_cooperative_matrix.hpp"
 
@@ -685,6 +686,34 @@ TEST_F(CoopMatrixLowering, F16BuffersOnlyForKernelsWrittenForThem) {
     ADD_FAILURE() << "an f16 operand was declared for " << launches[0].kernel;
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("has dtype f16"), std::string::npos) << error.what();
+  }
+}
+
+// A device without f16 storage buffers and f16 arithmetic refuses f16 tensors by name, whether
+// their conversions fuse into a pointwise kernel or run on their own (fusion off).
+TEST_F(CoopMatrixLowering, F16TensorsRefusedWithoutF16Support) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {8}, DType::f16);
+  graph.set_output("y", relu(x + x).id());
+  kernels::DeviceTraits device = coop_device();
+  device.f16_tensors = false;
+  device.name = "a GPU without f16";
+  const Graph stored = passes::f16_storage(graph, device);
+  for (const char* fusion_off : {"0", "1"}) {
+    const ScopedEnv fusion("MEGANEURA_NO_FUSION", fusion_off);
+    try {
+      plan::lower_graph(stored, device);
+      ADD_FAILURE() << "f16 tensors were lowered for a device without f16";
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("an f16 tensor, which needs f16 storage buffers and f16 arithmetic"),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find("'a GPU without f16'"), std::string::npos) << message;
+      EXPECT_NE(message.find(fusion_off[0] == '0' ? "reads or writes" : "converts from"),
+                std::string::npos)
+          << message;
+    }
   }
 }
 
