@@ -622,7 +622,7 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
   const auto tiles = attr_pair(node.attrs, "tiles", 1);
   const auto padding = attr_pair(node.attrs, "padding", 0);
   const bool grad_out = node.op == "winograd_grad_tiles";
-  const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+  const winograd::Variant& f = winograd::variant_of(node.attrs);
   const winograd::Matrix& transform = grad_out ? f.grad : f.input;
   const int64_t tile_count = node.type.shape[2];
   const int64_t count = node.type.shape[1] * tile_count;
@@ -667,7 +667,7 @@ void lower_winograd_weight_grad(LoweringContext& context) {
   const Shape& m = context.input_type(0).shape;
   const int64_t pairs = m[m.size() - 2] * m[m.size() - 1];
   const int64_t slices = m.size() == 4 ? m[0] : 1;
-  const winograd::Variant& f = winograd::variant(context.node().attrs.get_int("outputs", 2));
+  const winograd::Variant& f = winograd::variant_of(context.node().attrs);
   constexpr int64_t kTaps = winograd::kKernel * winograd::kKernel;
   std::string body = "layout(local_size_x = " + std::to_string(kColumnsLocalSize) +
                      ") in;\nshared float staged[" + s(kColumnsLocalSize * kTaps) +

@@ -15,7 +15,7 @@ using winograd::kF2;
 
 // The variant of a tile or weight-gradient node: its `outputs` attribute (2 or 4, default 2).
 const winograd::Variant& node_variant(const Graph& graph, const Node& node) {
-  const int64_t outputs = node.attrs.get_int("outputs", 2);
+  const int64_t outputs = winograd::outputs_of(node.attrs);
   if (outputs != 2 && outputs != 4)
     op_error(graph, node, "outputs must be 2 or 4 (the tile's side, F(2 x 2) or F(4 x 4))");
   return winograd::variant(outputs);
@@ -114,7 +114,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+            const winograd::Variant& f = winograd::variant_of(node.attrs);
             return transformed_tiles(node, *in[0], f.outputs, f.input);
           },
       .vjp = no_gradient,
@@ -134,7 +134,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+            const winograd::Variant& f = winograd::variant_of(node.attrs);
             return transformed_tiles(node, *in[0], f.outputs, f.grad);
           },
       .vjp = no_gradient,
@@ -163,7 +163,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
-            const winograd::Variant& f = winograd::variant(node.attrs.get_int("outputs", 2));
+            const winograd::Variant& f = winograd::variant_of(node.attrs);
             HostTensor result(node.type.shape);
             const int64_t pairs = node.type.shape[0] * node.type.shape[1];
             const int64_t points = f.points();

@@ -17,6 +17,8 @@
 // Shared by the reference (ops/winograd.cpp) and the kernels (kernels/conv.cpp).
 #include <cstdint>
 
+#include "meganeura/graph.hpp"
+
 namespace mg::winograd {
 
 constexpr int64_t kKernel = 3;
@@ -72,6 +74,16 @@ inline constexpr Variant kF4{
 // The variant of m = `outputs` (2 or 4; the ops' checks refuse others first).
 constexpr const Variant& variant(int64_t outputs) {
   return outputs == 4 ? kF4 : kF2;
+}
+
+// The attribute that carries m on winograd_tiles, winograd_grad_tiles and winograd_weight_grad
+// (absent: 2), and the variant a node's attributes name.
+inline constexpr const char* kOutputsAttribute = "outputs";
+inline int64_t outputs_of(const Attrs& attrs) {
+  return attrs.get_int(kOutputsAttribute, 2);
+}
+inline const Variant& variant_of(const Attrs& attrs) {
+  return variant(outputs_of(attrs));
 }
 
 }  // namespace mg::winograd

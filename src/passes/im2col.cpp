@@ -214,7 +214,7 @@ std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
   // F(2 x 2) leaves `outputs` at its default, so that the input's tiles stay one value with a
   // Winograd forward's over the same input (CSE).
   Attrs variant;
-  if (outputs != 2) variant.set("outputs", outputs);
+  if (outputs != 2) variant.set(winograd::kOutputsAttribute, outputs);
   Attrs tile_attrs = variant;
   tile_attrs.set("tiles", *grid);
   Attrs patch_attrs = tile_attrs;
