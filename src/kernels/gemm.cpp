@@ -127,6 +127,13 @@ constexpr int64_t kShallowSliceDepth = 8, kMinKForDeepSlices = 256;
 // compute unit: 0.2478 against 0.2623 ms on the H200 (docs/BENCHMARKS.md run 23).
 constexpr GemmTile kShortKTile{64, 64, 8, 8, 8};
 constexpr int64_t kMaxShortK = 128, kShortKTilesPerUnit = 8;
+// Where both M and N leave their last 128 x 128 tiles at most half full, half tiles still pad one
+// of them; 64 x 64 tiles with 8 x 8 a thread pad neither. U-Net's F(4 x 4) Winograd weight
+// gradient (36 products of 320 x 320 over K = 128 and 512, 900 workgroups) ran 0.0409 and 0.1378
+// ms on it with 16-deep slices against 0.0442 and 0.1570 on the half-tall tile (8-deep slices
+// 0.0433 and 0.1571; 4 x 4 a thread 0.0395 and 0.1409; 128 x 64 0.0456 and 0.1556; H200,
+// docs/BENCHMARKS.md run 52). Its two slots of 16-deep slices fit the 16 KiB every device has.
+constexpr GemmTile kQuarterTile{64, 64, 8, 8, 16};
 
 GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, int64_t entries,
                    const DeviceTraits& device) {
@@ -143,7 +150,8 @@ GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, 
 // most half full along M or N, or M is a single row of them (the convolutions as matmuls, W [64, C
 // * KH * KW] x columns, have 64 rows; U-Net's 320 channels leave the third row of tiles half empty;
 // SmolLM's lm_head at sequence 128), the half-tall (half-wide) tile keeps every row of threads
-// busy; where they would not fill the compute units, the half-tall tile does before 64 x 64 with 4
+// busy, and where they would be along both, 64 x 64 tiles (kQuarterTile); where they would not
+// fill the compute units, the half-tall tile does before 64 x 64 with 4
 // x 4 a thread is taken, as long as it fills half of them (ResNet's strided data gradient 0.134 to
 // 0.114 ms, U-Net's 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run
 // 15).
@@ -155,13 +163,19 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entri
   const int64_t large_tiles = workgroup_count(largest, m, n, entries);
   const GemmTile half_tall = half_tile(kHalfTallTile, m, n, whole_k, entries, device);
   if (whole_k <= kMaxShortK && large_tiles >= kShortKTilesPerUnit * units) return kShortKTile;
+  // The last of the 128 x 128 tiles along an extent is at most half full.
+  const auto half_full_edge = [&](int64_t extent) {
+    return extent % largest.tile_m != 0 && extent % largest.tile_m <= largest.tile_m / 2;
+  };
   if (large_tiles >= units) {
+    if (m > largest.tile_m && n > largest.tile_n && half_full_edge(m) && half_full_edge(n))
+      return kQuarterTile;
     // One row of 128 x 128 tiles over at least two waves (SmolLM's lm_head, 128 x 49152 x 576):
     // 128 x 64 tiles read the wide operand once where 64 x 128 ones read it twice, 0.2294 against
     // 0.2361 ms on the H200 (docs/BENCHMARKS.md run 26).
     if (m == largest.tile_m && large_tiles >= 2 * units)
       return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
-    if (m <= 128 || (m % 128 != 0 && m % 128 <= 64)) return half_tall;
+    if (m <= largest.tile_m || half_full_edge(m)) return half_tall;
     if (n <= 64) return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
     return largest;
   }

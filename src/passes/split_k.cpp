@@ -63,6 +63,15 @@ constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
                   kMinKPerCoarseSlice = 128, kMinKPerCoopSlice = 64;
 
+// A Winograd weight gradient's product (U [P, O, T] V [P, C, T]^T, passes/im2col.cpp) needs no
+// sum launch when split: the filter transform, which reads the product anyway, sums the partials
+// (merge_leading_sums). Where the model above keeps it whole because it already has many
+// workgroups, two slices of at least 256 tiles still ran faster on the H200: U-Net's F(4 x 4)
+// gradient at 64 x 64 (36 products of 320 x 320 over K = 512 on 900 64 x 64 workgroups) took
+// 0.1265 ms for the product on two slices against 0.1377 whole, and 0.0102 ms for the transform
+// against 0.0066 (three slices: 0.1371 and 0.0170; docs/BENCHMARKS.md run 52).
+constexpr int64_t kMinKPerWinogradSlice = 256;
+
 // The slices that are not empty when K is cut for `wanted` of them (aligned slices may cover K
 // in fewer).
 int64_t nonempty_slices(int64_t k, int64_t wanted) {
@@ -75,6 +84,7 @@ struct Product {
   int64_t m = 0, n = 0, k = 0, entries = 1;
   bool generated_loads = false;  // conv2d_grad_weight's implicit GEMM, not a matmul's buffers
   bool half_operands = false;    // a half_matmul: the cooperative-matrix GEMM runs it, any size
+  bool winograd_weight_gradient = false;  // U V^T of transformed tiles (kMinKPerWinogradSlice)
 };
 
 std::optional<Product> product_of(const Graph& graph, const Node& node,
@@ -88,11 +98,13 @@ std::optional<Product> product_of(const Graph& graph, const Node& node,
     const Shape& a_shape = graph.type(node.inputs[0]).shape;
     const Shape& out_shape = node.type.shape;
     const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
-    return Product{.m = out_shape[out_shape.size() - 2],
-                   .n = out_shape[out_shape.size() - 1],
-                   .k = a_shape[a_shape.size() - (transpose_a ? 2 : 1)],
-                   .entries = element_count(Shape(out_shape.begin(), out_shape.end() - 2)),
-                   .half_operands = half};
+    return Product{
+        .m = out_shape[out_shape.size() - 2],
+        .n = out_shape[out_shape.size() - 1],
+        .k = a_shape[a_shape.size() - (transpose_a ? 2 : 1)],
+        .entries = element_count(Shape(out_shape.begin(), out_shape.end() - 2)),
+        .half_operands = half,
+        .winograd_weight_gradient = graph.node(node.inputs[0]).op == "winograd_grad_tiles"};
   }
   if (node.op == "conv2d_grad_weight") {
     // Per group: M = O / groups, N = C / groups * KH * KW, K = N * OH * OW (kernels/conv.cpp).
@@ -206,6 +218,9 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
       best_splits = splits;
     }
   }
+  if (best_splits == 1 && product.winograd_weight_gradient &&
+      product.k >= 2 * kMinKPerWinogradSlice)
+    return nonempty_slices(product.k, 2);
   return best_splits;
 }
 

@@ -136,8 +136,10 @@ TEST(GpuArchetypes, ColumnSumsOverLeadingAxes) {
 namespace mg {
 namespace {
 
-// The GPU GEMM picks 128, 64 or 32-wide tiles by problem size; run each through the GPU kernel
-// (on Lavapipe the CPU kernel would run otherwise).
+// The GPU GEMM picks 128, 64 or 32-wide tiles by problem size, and 64 x 64 tiles with 8 x 8 a
+// thread for batches of products whose last 128 x 128 tiles would be at most half full along
+// both extents (192 x 160 here); run each through the GPU kernel (on Lavapipe the CPU kernel
+// would run otherwise).
 TEST(GpuArchetypes, GemmTileSizes) {
   setenv("MEGANEURA_NO_CPU_KERNELS", "1", 1);
   testing::check_on_gpu({{"a", {1536, 24}},
@@ -145,11 +147,14 @@ TEST(GpuArchetypes, GemmTileSizes) {
                          {"c", {40, 600}},
                          {"d", {40, 700}},
                          {"e", {100, 33}},
-                         {"f", {33, 90}}},
+                         {"f", {33, 90}},
+                         {"g", {36, 192, 72}},
+                         {"h", {36, 160, 72}}},
                         [](Graph& graph, std::vector<Tensor>& x) {
                           graph.set_output("tile128", matmul(x[0], x[1], false, true).id());
                           graph.set_output("tile64", matmul(x[2], x[3], true, false).id());
                           graph.set_output("tile32", matmul(x[4], x[5]).id());
+                          graph.set_output("quarter", matmul(x[6], x[7], false, true).id());
                         });
   unsetenv("MEGANEURA_NO_CPU_KERNELS");
 }

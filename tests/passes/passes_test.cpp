@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 
+#include "kernels/gemm_cpu.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "ops/interpreter.hpp"
@@ -300,6 +301,21 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
     EXPECT_EQ(only_split(split, "conv2d_grad_weight"), convolution.fastest)
         << "1x1 " << convolution.in_channels << "->" << convolution.out_channels;
   }
+}
+
+// gemm.comp pads neither extent of a product whose last 128 x 128 tiles are at most half full
+// along both M and N: U-Net's F(4 x 4) Winograd weight gradient, 36 products of 320 x 320, runs
+// on 64 x 64 tiles (900 workgroups) with 16-deep slices (chains of 32 and 8 over K = 512 and
+// 128). A product with one half-full edge keeps the half-tall 64 x 128 tile (5 x 4 tiles of
+// 320 x 512).
+TEST(Passes, GemmTilesPadNeitherHalfFullEdge) {
+  const kernels::SimtGemmLaunch long_k =
+      kernels::simt_gemm_launch(320, 320, 512, 512, 36, h200_like());
+  EXPECT_EQ(long_k.workgroups, 36 * 5 * 5);
+  EXPECT_EQ(long_k.chain, 512 / 16);
+  EXPECT_FALSE(long_k.four_by_four);
+  EXPECT_EQ(kernels::simt_gemm_launch(320, 320, 128, 128, 36, h200_like()).chain, 128 / 16);
+  EXPECT_EQ(kernels::simt_gemm_launch(320, 512, 512, 512, 36, h200_like()).workgroups, 36 * 5 * 4);
 }
 
 // The slice count follows the device's compute units: SmolLM's 128 x 576 x 49152 data gradient
@@ -729,6 +745,24 @@ TEST(Passes, WinogradWeightGradientTileRule) {
         << error.what();
   }
   unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE");
+}
+
+// U-Net's F(4 x 4) weight gradient at 64 x 64 (K = 512 tiles) splits its product into two
+// slices of 256 on an H200, whose partials the filter transform sums (no sum node); at 32 x 32
+// (K = 128) the product stays whole.
+TEST(Passes, WinogradWeightGradientProductSplitsInTwo) {
+  const auto transform_input = [](const Shape& x) {
+    const Graph split = passes::merge_leading_sums(passes::split_k(
+        passes::im2col_convolutions(square_weight_gradient(x), h200_like(), uint64_t{1} << 30),
+        h200_like()));
+    EXPECT_EQ(count_op(split, "sum"), 0u);
+    for (const Node& node : split.nodes())
+      if (node.op == "winograd_weight_grad") return split.type(node.inputs[0]).shape;
+    ADD_FAILURE() << "no Winograd weight gradient for " << shape_string(x);
+    return Shape{};
+  };
+  EXPECT_EQ(transform_input({2, 320, 64, 64}), (Shape{2, 36, 320, 320}));
+  EXPECT_EQ(transform_input({2, 320, 32, 32}), (Shape{36, 320, 320}));
 }
 
 // The forward's and data gradient's route on an H200 (strict and fast alike): Winograd for every
