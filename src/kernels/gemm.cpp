@@ -133,6 +133,9 @@ constexpr int64_t kMaxShortK = 128, kShortKTilesPerUnit = 8;
 // ms on it with 16-deep slices against 0.0442 and 0.1570 on the half-tall tile (8-deep slices
 // 0.0433 and 0.1571; 4 x 4 a thread 0.0395 and 0.1409; 128 x 64 0.0456 and 0.1556; H200,
 // docs/BENCHMARKS.md run 52). Its two slots of 16-deep slices fit the 16 KiB every device has.
+// Products through generated loads keep their tiles: U-Net's weight gradient on the implicit GEMM
+// (MEGANEURA_IM2COL=0, 320 x 2880 in split-K slices) took it, on gemm.comp where conv_igemm.comp
+// had run it, 0.4183 and 1.6124 ms against 0.2945 and 1.1408 (run 52 against run 50's call).
 constexpr GemmTile kQuarterTile{64, 64, 8, 8, 16};
 
 GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, int64_t entries,
@@ -156,7 +159,7 @@ GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, 
 // 0.114 ms, U-Net's 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run
 // 15).
 GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entries,
-                            const DeviceTraits& device) {
+                            bool generated_loads, const DeviceTraits& device) {
   if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
   const GemmTile& largest = kGemmTiles.front();
   const int64_t units = device.compute_units;
@@ -168,7 +171,8 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entri
     return extent % largest.tile_m != 0 && extent % largest.tile_m <= largest.tile_m / 2;
   };
   if (large_tiles >= units) {
-    if (m > largest.tile_m && n > largest.tile_n && half_full_edge(m) && half_full_edge(n))
+    if (!generated_loads && m > largest.tile_m && n > largest.tile_n && half_full_edge(m) &&
+        half_full_edge(n))
       return kQuarterTile;
     // One row of 128 x 128 tiles over at least two waves (SmolLM's lm_head, 128 x 49152 x 576):
     // 128 x 64 tiles read the wide operand once where 64 x 128 ones read it twice, 0.2294 against
@@ -244,10 +248,10 @@ int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k) {
 // k-group 0's reduction. MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where
 // the device fits it.
 GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
-                          const DeviceTraits& device) {
+                          bool generated_loads, const DeviceTraits& device) {
   constexpr int64_t kMostKGroups = 8;
   const int64_t threads_wanted = device.compute_units * 256;
-  GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, device);
+  GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, generated_loads, device);
   bool forced_k_groups = false;
   if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
     for (int64_t k_groups = 1; k_groups <= kMostKGroups && !forced_k_groups; k_groups *= 2) {
@@ -631,8 +635,8 @@ std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes, bool padd
 }  // namespace
 
 SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
-                                const DeviceTraits& device) {
-  const GemmTile tile = choose_gemm_tile(m, n, k, whole_k, entries, device);
+                                bool generated_loads, const DeviceTraits& device) {
+  const GemmTile tile = choose_gemm_tile(m, n, k, whole_k, entries, generated_loads, device);
   return {.workgroups = workgroup_count(tile, m, n, entries),
           .chain = tile.chain(k),
           .four_by_four = tile.four_by_four()};
@@ -642,8 +646,8 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   const bool split = gemm.splits > 0;
   const int64_t splits = split ? gemm.splits : 1;
   const int64_t k_slice = split ? k_slice_length(gemm.k, splits) : gemm.k;
-  GemmTile tile =
-      choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.k, gemm.batches * splits, context.device());
+  GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.k, gemm.batches * splits, false,
+                                   context.device());
   if (wide_quad_tile_suits(gemm, tile, split, context.device())) tile = kWideQuadTile;
   // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
   // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
@@ -692,7 +696,8 @@ bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
   constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
   if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
   if (forced_tile(device)) return true;
-  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.k, gemm.entries, device).tile_n == 0 &&
+  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.k, gemm.entries, true, device).tile_n ==
+             0 &&
          gemm.k >= kMinimumK;
 }
 
@@ -702,18 +707,19 @@ void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
   launch.label = context.label();
   launch.body = gemm.functions;
   launch.operands = std::move(operands);
-  emit_gemm_comp(context,
-                 GemmCompForm{.m = gemm.m,
-                              .n = gemm.n,
-                              .k = gemm.k,
-                              .k_slice = gemm.k,
-                              .batches = gemm.entries,
-                              .problems = gemm.entries,
-                              .transpose_a = gemm.a_m_contiguous,
-                              .transpose_b = gemm.b_k_contiguous,
-                              .generated_loads = true},
-                 choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.k, gemm.entries, context.device()),
-                 std::move(launch));
+  emit_gemm_comp(
+      context,
+      GemmCompForm{.m = gemm.m,
+                   .n = gemm.n,
+                   .k = gemm.k,
+                   .k_slice = gemm.k,
+                   .batches = gemm.entries,
+                   .problems = gemm.entries,
+                   .transpose_a = gemm.a_m_contiguous,
+                   .transpose_b = gemm.b_k_contiguous,
+                   .generated_loads = true},
+      choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.k, gemm.entries, true, context.device()),
+      std::move(launch));
 }
 
 void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands) {

@@ -87,9 +87,9 @@ void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
 
 // How gemm.comp runs an M x N product for `entries` problems (batch entries times split-K
 // slices) whose workgroups each sum over `k` (`whole_k` as its lowering passes it: the whole K
-// for buffer products, the slice for generated loads): the workgroups it launches, and the
-// chain of TILE_K slices each k-group of a workgroup walks. The split-K pass weighs slice counts
-// by it.
+// for buffer products, the slice for generated loads; `generated_loads` for operands read through
+// load functions, the implicit-GEMM convolutions): the workgroups it launches, and the chain of
+// TILE_K slices each k-group of a workgroup walks. The split-K pass weighs slice counts by it.
 struct SimtGemmLaunch {
   int64_t workgroups = 0;
   int64_t chain = 0;
@@ -97,7 +97,7 @@ struct SimtGemmLaunch {
 };
 
 SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
-                                const DeviceTraits& device);
+                                bool generated_loads, const DeviceTraits& device);
 
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
 // load_b(z, k, n) (and, with `vector_loads`, the vec4 load_a4 and load_b4, `k` then a multiple

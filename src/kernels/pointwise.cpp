@@ -28,6 +28,19 @@ float mg_pow(float a, float b) {
   }
   return pow(a, b);
 }
+// x rounded to the nearest f16 (ties to even), held as an f32: fused kernels round each f16
+// result in registers (round_to_f16). In integer arithmetic, because a driver may take
+// float(float16_t(x)) for x itself: NVIDIA's did on the H200, dropping every rounding of a
+// fused chain. Below f16's smallest normal (2^-14) the steps are 2^-24, where the scaling by
+// 2^24 and back is exact; above 65504 the value rounds to infinity.
+float mg_round_f16(float x) {
+  if (isnan(x)) return x;
+  if (abs(x) < 6.103515625e-05) return roundEven(x * 16777216.0) * 5.9604644775390625e-08;
+  uint bits = floatBitsToUint(x);
+  bits = (bits + 0xFFFu + ((bits >> 13) & 1u)) & 0xFFFFE000u;
+  if (abs(uintBitsToFloat(bits)) > 65504.0) bits = (bits & 0x80000000u) | 0x7F800000u;
+  return uintBitsToFloat(bits);
+}
 const float kSqrtHalf = 0.70710678118654752;
 const float kSqrt2OverPi = 0.79788456080286536;
 float mg_gelu(float x) { return 0.5 * x * (1.0 + mg_erf(x * kSqrtHalf)); }
@@ -84,7 +97,7 @@ std::string expression_for(const PointwiseStatement& statement) {
   // The f16 storage pass's conversions (passes/f16_storage.cpp), fused: the value rounded to
   // f16 where it is one (a DAG reads an f16 input and stores an f16 result through its
   // buffer's type, so widening is the value itself).
-  if (statement.op == "round_to_f16") return "float(float16_t($0))";
+  if (statement.op == "round_to_f16") return "mg_round_f16($0)";
   if (statement.op == "widen_f16") return "$0";
   if (statement.op == "gelu") {
     return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh($0)"
@@ -314,7 +327,8 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     launch.operands.push_back({"extra" + std::to_string(k), dag.extra_outputs[k].value, true});
   const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
   launch.operands.push_back({"result", dag.output, true});
-  // f16 buffers, or a value rounded to f16 in registers (float16_t), need the f16 extensions.
+  // f16 buffers need the f16 extensions; a chain that rounds to f16 only in registers is refused
+  // on a device without f16 alike, as its unfused conversions would be.
   launch.f16_operands =
       std::any_of(
           launch.operands.begin(), launch.operands.end(),

@@ -156,12 +156,12 @@ std::optional<kernels::SimtGemmLaunch> simt_launch(const Product& product, int64
   const int64_t k = splits > 1 ? k_slice_length(product.k, splits) : product.k;
   const int64_t entries = product.entries * splits;
   if (!product.generated_loads)
-    return kernels::simt_gemm_launch(product.m, product.n, k, product.k, entries, device);
+    return kernels::simt_gemm_launch(product.m, product.n, k, product.k, entries, false, device);
   // conv2d_grad_weight's implicit GEMM (kernels/conv.cpp): gemm.comp where its tiles suit.
   if (!kernels::simt_gemm_suits({.m = product.m, .n = product.n, .k = k, .entries = entries},
                                 device))
     return std::nullopt;
-  return kernels::simt_gemm_launch(product.m, product.n, k, k, entries, device);
+  return kernels::simt_gemm_launch(product.m, product.n, k, k, entries, true, device);
 }
 
 double launch_cost(const kernels::SimtGemmLaunch& launch, const Product& product,

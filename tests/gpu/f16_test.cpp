@@ -1,6 +1,7 @@
 // f16 tensors end to end (passes/f16_storage.cpp): inputs, parameters and outputs stored in f16,
 // every op computed in f32 between a widening of its f16 inputs and a rounding of its f16
 // result, against the f64 reference interpreter, which holds every f16 value in f16.
+#include <bit>
 #include <random>
 
 #include "harness.hpp"
@@ -113,6 +114,34 @@ TEST(GpuF16, ConversionsAreExact) {
     EXPECT_EQ(tripled[i], static_cast<float>(round_to_f16(held * 3))) << i;
     EXPECT_EQ(rounded[i], static_cast<float>(round_to_f16(wide_values[i]))) << i;
   }
+  EXPECT_EQ(session.validation_messages(), 0u);
+}
+
+// A rounding to f16 fused into the widening that reads it happens in registers, and there it
+// rounds as the conversions do, bit for bit: ties to even among normals (2049 and 2051 between
+// steps of 2) and subnormals (steps of 2^-24), the largest f16 (65504) and past it infinity
+// (65520 on), signed zero and f32 values f16 cannot hold. The whole chain is one dispatch.
+TEST(GpuF16, RoundingInRegistersIsExact) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {13});
+  const Tensor rounded = cast(cast(x * 2.0, DType::f16), DType::f32);
+  graph.set_output("y", (rounded * 0.5).id());
+  SessionOptions options;
+  options.validation = true;
+  Session session(graph, options);
+  constexpr float kStep = 5.9604644775390625e-08f;  // 2^-24, f16's smallest subnormal
+  const std::vector<float> given = {
+      1024.5f, 1025.5f, 32759.5f, 32760.0f, 0.75f * kStep, 0.25f * kStep, 1.25f * kStep,
+      -0.0f,   1e38f,   -0.1f,    1.0f / 3, 3.0e-5f,       -16383.75f};
+  session.set_input("x", given);
+  session.run();
+  const std::vector<float> y = session.output("y");
+  for (size_t i = 0; i < given.size(); ++i) {
+    const float expected = static_cast<float>(round_to_f16(given[i] * 2.0f)) * 0.5f;
+    EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(expected))
+        << given[i] << ": " << y[i] << " against " << expected;
+  }
+  EXPECT_EQ(session.report().dispatches, 1u);
   EXPECT_EQ(session.validation_messages(), 0u);
 }
 

@@ -307,15 +307,19 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
 // along both M and N: U-Net's F(4 x 4) Winograd weight gradient, 36 products of 320 x 320, runs
 // on 64 x 64 tiles (900 workgroups) with 16-deep slices (chains of 32 and 8 over K = 512 and
 // 128). A product with one half-full edge keeps the half-tall 64 x 128 tile (5 x 4 tiles of
-// 320 x 512).
+// 320 x 512), and so does one through generated loads (the implicit-GEMM convolutions, 5 x 3
+// tiles of 320 x 320).
 TEST(Passes, GemmTilesPadNeitherHalfFullEdge) {
   const kernels::SimtGemmLaunch long_k =
-      kernels::simt_gemm_launch(320, 320, 512, 512, 36, h200_like());
+      kernels::simt_gemm_launch(320, 320, 512, 512, 36, false, h200_like());
   EXPECT_EQ(long_k.workgroups, 36 * 5 * 5);
   EXPECT_EQ(long_k.chain, 512 / 16);
   EXPECT_FALSE(long_k.four_by_four);
-  EXPECT_EQ(kernels::simt_gemm_launch(320, 320, 128, 128, 36, h200_like()).chain, 128 / 16);
-  EXPECT_EQ(kernels::simt_gemm_launch(320, 512, 512, 512, 36, h200_like()).workgroups, 36 * 5 * 4);
+  EXPECT_EQ(kernels::simt_gemm_launch(320, 320, 128, 128, 36, false, h200_like()).chain, 128 / 16);
+  EXPECT_EQ(kernels::simt_gemm_launch(320, 512, 512, 512, 36, false, h200_like()).workgroups,
+            36 * 5 * 4);
+  EXPECT_EQ(kernels::simt_gemm_launch(320, 320, 512, 512, 36, true, h200_like()).workgroups,
+            36 * 5 * 3);
 }
 
 // The slice count follows the device's compute units: SmolLM's 128 x 576 x 49152 data gradient
