@@ -52,6 +52,12 @@ struct SessionOptions {
   // against the bound range, so there the guards only stay intact; on GPUs without robust
   // buffer access (NVIDIA here) a stray write lands in them and is caught.
   uint32_t guard_bytes = 0;
+  // Work that reads only fixed values (constants, and parameters and state that the graph never
+  // assigns: an inference graph's weights) runs once, before the first run, and again after a
+  // write(), instead of in every run: Winograd's transform of convolution weights, the rounding
+  // of weights to f16 for the fast GEMM. Its results stay in memory. false runs it every time
+  // (benchmarks that time the whole computation on parameters); MEGANEURA_SETUP=0/1 overrides.
+  bool setup = true;
 };
 
 struct BuildReport {
@@ -60,7 +66,8 @@ struct BuildReport {
   double pipeline_seconds = 0;  // part of build_seconds spent creating pipelines
   uint32_t pipelines = 0;
   uint32_t spirv_cache_hits = 0;
-  size_t dispatches = 0;
+  size_t dispatches = 0;              // every run's
+  size_t setup_dispatches = 0;        // once and after a write (SessionOptions::setup)
   size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (Precision::fast)
   // Precision::fast was asked for and the device runs cooperative matrices; small products may
   // still run strict (docs/KERNELS.md, fast precision).
@@ -104,7 +111,8 @@ class Session {
   float scalar_output(std::string_view name) const;
 
   // Parameters and state by name (blocking GPU reads and writes, after any run in flight); an
-  // f16 leaf is read exactly and written rounded to f16.
+  // f16 leaf is read exactly and written rounded to f16. A write makes the next run run the
+  // setup first (SessionOptions::setup).
   std::vector<float> read(std::string_view leaf) const;
   void write(std::string_view leaf, std::span<const float> values);
   std::vector<std::string> persistent_names() const;  // parameters then state, in graph order

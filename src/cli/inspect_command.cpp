@@ -15,7 +15,9 @@ constexpr const char* kHelp = R"(usage: meganeura inspect [options]
 Prints the graph of a built-in model and, with --plan, builds it on the device and prints the
 memory plan (logical vs physical bytes, peak, arenas) and dispatch counts before and after the
 passes; with --dispatches, every dispatch in execution order (the labels that --trace files
-and `bench kernels --profile` show, the kernel, its grid and the barriers).
+and `bench kernels --profile` show, the kernel, its grid and the barriers), the setup's first
+where there is one (dispatches over the weights alone, which run once and after a parameter is
+written, not in every run).
 
   --model cnn|mlp     which classifier (default cnn)
   --mode train|infer  training graph (gradients, optimizer) or inference graph (default train)

@@ -33,8 +33,10 @@ ValueId storage_root(const Graph& graph, const AliasMap& in_place, ValueId id) {
 }
 
 // A pointwise launch may write its result over an input of the same shape that nothing reads
-// afterwards: each invocation reads element i of that input before writing element i.
-AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& launches) {
+// afterwards: each invocation reads element i of that input before writing element i. Not over
+// a leaf or a setup result (`set_up`, by storage root), which the next run reads again.
+AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& launches,
+                         const std::vector<bool>& set_up) {
   const int64_t end = static_cast<int64_t>(launches.size());
   std::vector<int64_t> last_use(graph.size(), -1);
   for (int64_t t = 0; t < end; ++t) {
@@ -58,7 +60,7 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
     for (size_t k = 0; k + 1 < launch.operands.size(); ++k) {
       const ValueId candidate = launch.operands[k].value;
       const ValueId root = storage_root(graph, in_place, candidate);
-      if (graph.node(root).is_leaf() || last_use[candidate] != t ||
+      if (graph.node(root).is_leaf() || set_up[root] || last_use[candidate] != t ||
           !(graph.type(candidate) == graph.type(result))) {
         continue;
       }
@@ -197,6 +199,51 @@ void place_barriers_in_order(Program& program) {
   }
 }
 
+// Moves the launches that read only fixed values to program.setup (PlanOptions::setup) and
+// returns, by storage root, the values they write. Fixed are constants, parameters and state
+// that no assignment of the graph writes, and what setup launches write. A launch joins the
+// setup only if it reads something and every value it writes has no other writer (an
+// accumulation into a buffer that another launch clears must run every time).
+std::vector<bool> move_fixed_launches_to_setup(Program& program) {
+  const Graph& graph = program.graph;
+  std::vector<bool> fixed(graph.size(), false);
+  for (size_t i = 0; i < graph.size(); ++i) fixed[i] = is_persistent_leaf(graph.nodes()[i]);
+  for (const auto& [leaf, value] : graph.updates()) fixed[leaf] = false;
+  std::vector<int> writers(graph.size(), 0);
+  for (const PlannedLaunch& planned : program.launches) {
+    for (const kernels::Operand& operand : planned.launch.operands)
+      if (operand.write) ++writers[storage_root(graph, {}, operand.value)];
+  }
+  std::vector<bool> set_up(graph.size(), false);
+  std::vector<PlannedLaunch> every_run;
+  for (PlannedLaunch& planned : program.launches) {
+    bool reads = false, reads_fixed_only = true, sole_writer = true;
+    for (const kernels::Operand& operand : planned.launch.operands) {
+      const ValueId root = storage_root(graph, {}, operand.value);
+      if (operand.write) {
+        sole_writer = sole_writer && writers[root] == 1 && !graph.node(root).is_leaf();
+      } else {
+        reads = true;
+        reads_fixed_only = reads_fixed_only && fixed[root];
+      }
+    }
+    if (!reads || !reads_fixed_only || !sole_writer) {
+      every_run.push_back(std::move(planned));
+      continue;
+    }
+    for (const kernels::Operand& operand : planned.launch.operands) {
+      if (!operand.write) continue;
+      const ValueId root = storage_root(graph, {}, operand.value);
+      fixed[root] = set_up[root] = true;
+      program.setup_results.push_back(root);
+    }
+    planned.barrier_before = !program.setup.empty();
+    program.setup.push_back(std::move(planned));
+  }
+  program.launches = std::move(every_run);
+  return set_up;
+}
+
 // The latest epochs that read and wrote the bytes of each arena, as disjoint segments keyed by
 // their first byte: what decides the earliest epoch of a launch that touches them.
 class EpochsByByte {
@@ -331,22 +378,27 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   for (kernels::Launch& launch : lower_graph(graph, device, &program.dispatches_saved_by_fusion)) {
     program.launches.push_back({std::move(launch), {}, false});
   }
+  bool setup = options.setup;
+  if (const char* forced = std::getenv("MEGANEURA_SETUP")) setup = std::string(forced) != "0";
+  const std::vector<bool> set_up =
+      setup ? move_fixed_launches_to_setup(program) : std::vector<bool>(graph.size(), false);
 
   // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"
   // (host uploads), launch count is "after the last" (downloads and assignments).
   const int64_t end = static_cast<int64_t>(program.launches.size());
   const AliasMap in_place =
-      options.reuse_memory ? choose_in_place(graph, program.launches) : AliasMap{};
+      options.reuse_memory ? choose_in_place(graph, program.launches, set_up) : AliasMap{};
   std::unordered_map<ValueId, Interval> lifetimes;
   std::vector<ValueId> persistent;
   std::unordered_map<ValueId, uint64_t> logical_values;  // every stored value as if unshared
   auto touch = [&](ValueId value, int64_t when) {
     const ValueId own = storage_root(graph, {}, value);
-    if (!is_persistent_leaf(graph.node(own))) {
+    if (!is_persistent_leaf(graph.node(own)) && !set_up[own]) {
       logical_values[own] = align_up(std::max<uint64_t>(graph.type(own).bytes(), 4), 4);
     }
     const ValueId root = storage_root(graph, in_place, value);
     const Node& node = graph.node(root);
+    if (set_up[root]) return;  // placed with the persistent values below
     if (is_persistent_leaf(node)) {
       if (std::find(persistent.begin(), persistent.end(), root) == persistent.end()) {
         persistent.push_back(root);
@@ -364,6 +416,9 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     interval.first = std::min(interval.first, when);
     interval.last = std::max(interval.last, when);
   };
+  for (const PlannedLaunch& planned : program.setup) {
+    for (const kernels::Operand& operand : planned.launch.operands) touch(operand.value, -1);
+  }
   for (int64_t t = 0; t < end; ++t) {
     for (const kernels::Operand& operand : program.launches[t].launch.operands)
       touch(operand.value, t);
@@ -388,6 +443,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
             [](const Interval& a, const Interval& b) { return a.value < b.value; });
   std::sort(persistent.begin(), persistent.end());
   program.persistent = persistent;
+  persistent.insert(persistent.end(), program.setup_results.begin(), program.setup_results.end());
   place_persistent(persistent, options, program);
   place_transients(std::move(intervals), options, program);
 
@@ -398,9 +454,11 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
       program.regions[static_cast<ValueId>(i)] = it->second;
     }
   }
-  for (PlannedLaunch& planned : program.launches) {
-    for (const kernels::Operand& operand : planned.launch.operands) {
-      planned.regions.push_back(program.regions.at(operand.value));
+  for (std::vector<PlannedLaunch>* launches : {&program.setup, &program.launches}) {
+    for (PlannedLaunch& planned : *launches) {
+      for (const kernels::Operand& operand : planned.launch.operands) {
+        planned.regions.push_back(program.regions.at(operand.value));
+      }
     }
   }
   bool reorder = options.schedule_epochs;
@@ -426,8 +484,12 @@ std::string describe_memory(const Program& program) {
   text += "nodes: " + std::to_string(program.graph_nodes_before_passes) + " before passes, " +
           std::to_string(program.graph.size()) + " after\n";
   text += "dispatches: " + std::to_string(program.launches.size()) + " (" +
-          std::to_string(program.launches.size() + program.dispatches_saved_by_fusion) +
+          std::to_string(program.launches.size() + program.setup.size() +
+                         program.dispatches_saved_by_fusion) +
           " before fusion), barriers: " + std::to_string(memory.barriers) + "\n";
+  if (!program.setup.empty())
+    text += "setup dispatches: " + std::to_string(program.setup.size()) +
+            " (run once, and again after a parameter or state is written)\n";
   text += "persistent: " + mib(memory.persistent_bytes) + "\n";
   text += "transient logical: " + mib(memory.logical_transient_bytes) + "\n";
   text += "transient physical: " + mib(memory.physical_transient_bytes);
@@ -448,17 +510,22 @@ std::string describe_memory(const Program& program) {
 }
 
 std::string describe_dispatches(const Program& program) {
-  std::string text = "   #  kernel                    grid         label (* after a barrier)\n";
-  for (size_t t = 0; t < program.launches.size(); ++t) {
-    const PlannedLaunch& planned = program.launches[t];
-    const std::array<uint32_t, 3>& groups = planned.launch.groups;
-    char grid[40], line[160];
-    std::snprintf(grid, sizeof(grid), "%ux%ux%u", groups[0], groups[1], groups[2]);
-    std::snprintf(line, sizeof(line), "%4zu %c%-24s  %-11s  ", t,
-                  planned.barrier_before ? '*' : ' ', planned.launch.kernel.c_str(), grid);
-    text += line + planned.launch.label + "\n";
-  }
-  return text;
+  const auto list = [](const std::vector<PlannedLaunch>& launches) {
+    std::string text = "   #  kernel                    grid         label (* after a barrier)\n";
+    for (size_t t = 0; t < launches.size(); ++t) {
+      const PlannedLaunch& planned = launches[t];
+      const std::array<uint32_t, 3>& groups = planned.launch.groups;
+      char grid[40], line[160];
+      std::snprintf(grid, sizeof(grid), "%ux%ux%u", groups[0], groups[1], groups[2]);
+      std::snprintf(line, sizeof(line), "%4zu %c%-24s  %-11s  ", t,
+                    planned.barrier_before ? '*' : ' ', planned.launch.kernel.c_str(), grid);
+      text += line + planned.launch.label + "\n";
+    }
+    return text;
+  };
+  if (program.setup.empty()) return list(program.launches);
+  return "setup (once, and again after a parameter or state is written):\n" + list(program.setup) +
+         "every run:\n" + list(program.launches);
 }
 
 }  // namespace mg::plan

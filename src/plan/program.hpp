@@ -69,6 +69,12 @@ struct PlanOptions {
   // schedule_epochs); false keeps the lowering's order, with a barrier at each hazard.
   // MEGANEURA_SCHEDULE_EPOCHS=0/1 overrides.
   bool schedule_epochs = true;
+  // Launches that read only fixed values (constants, and parameters and state that the graph
+  // never assigns: an inference graph's weights) move to Program::setup, which runs once and
+  // again after a leaf is written, instead of every run: Winograd's filter transform of a
+  // convolution's weights, the rounding of weights to f16 for the fast GEMM. Their results are
+  // persistent. MEGANEURA_SETUP=0/1 overrides.
+  bool setup = true;
 };
 
 struct Program {
@@ -76,8 +82,12 @@ struct Program {
   std::vector<Arena> arenas;
   std::unordered_map<ValueId, Region> regions;  // every stored value (views share their root's)
   std::vector<PlannedLaunch> launches;
-  std::vector<ValueId> inputs;      // fed by the host before each run
-  std::vector<ValueId> persistent;  // parameters, state, constants
+  // Launches over fixed values only (PlanOptions::setup), in order, each after a barrier but
+  // the first: the runtime runs them before the first run and after a write to a leaf.
+  std::vector<PlannedLaunch> setup;
+  std::vector<ValueId> inputs;         // fed by the host before each run
+  std::vector<ValueId> persistent;     // parameters, state, constants
+  std::vector<ValueId> setup_results;  // what setup writes: persistent, beside `persistent`
   MemoryStats memory;
   size_t graph_nodes_before_passes = 0;
   size_t dispatches_saved_by_fusion = 0;
@@ -92,7 +102,8 @@ Program build_program(const Graph& graph, const kernels::DeviceTraits& device,
 std::string describe_memory(const Program& program);
 
 // One line per dispatch in execution order (`meganeura inspect --dispatches`): its index, label
-// (the names that profiles and traces show), kernel, grid and whether a barrier precedes it.
+// (the names that profiles and traces show), kernel, grid and whether a barrier precedes it; the
+// setup's dispatches first, under their own heading, where there are any.
 std::string describe_dispatches(const Program& program);
 
 }  // namespace mg::plan

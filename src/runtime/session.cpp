@@ -83,6 +83,7 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   options.split_k = info.kind != gpu::DeviceKind::cpu;
   options.attention_dq_gemm = info.kind != gpu::DeviceKind::cpu;
   options.im2col = info.kind != gpu::DeviceKind::cpu;
+  options.setup = session.setup;
   return options;
 }
 
@@ -207,6 +208,7 @@ struct Session::Impl {
     if (!device) return;
     for (gpu::RecordingId recording : owned_recordings) device->destroy_recording(recording);
     std::vector<gpu::PipelineId> pipelines = pipeline_of_launch;
+    pipelines.insert(pipelines.end(), pipeline_of_setup.begin(), pipeline_of_setup.end());
     std::sort(pipelines.begin(), pipelines.end());
     pipelines.erase(std::unique(pipelines.begin(), pipelines.end()), pipelines.end());
     device->destroy_pipelines(pipelines);
@@ -227,6 +229,10 @@ struct Session::Impl {
     gpu::RecordingId recording = 0;
   };
   std::array<RunSlot, 2> slots;
+  // The program's setup (plan::Program::setup), and whether it must run before the next run:
+  // at first, and after every write to a leaf.
+  gpu::RecordingId setup_recording = 0;
+  bool setup_due = false;
   size_t input_slot = 0;          // set_input writes to it, start_run submits it
   std::optional<size_t> running;  // the slot of the run in flight
   // The slot of the last finished run, whose outputs output() reads.
@@ -300,6 +306,14 @@ struct Session::Impl {
     running.reset();
   }
 
+  // Runs the setup if it is due, after any run in flight (which reads what it writes).
+  void run_setup_if_due() {
+    if (!setup_due) return;
+    finish_run();
+    device->submit(setup_recording);
+    setup_due = false;
+  }
+
   void set_input(std::string_view name, DType dtype, const void* values, size_t count) {
     InputStaging& staging = checked_input(name, dtype, count);
     std::byte* staged =
@@ -327,6 +341,28 @@ struct Session::Impl {
     }
   }
 
+  // A dispatch of `planned`, run by `pipeline`.
+  gpu::Command dispatch_of(const plan::PlannedLaunch& planned, gpu::PipelineId pipeline) const {
+    gpu::Command dispatch{gpu::Command::Kind::dispatch};
+    dispatch.dispatch.pipeline = pipeline;
+    for (const plan::Region& region : planned.regions) {
+      dispatch.dispatch.bindings.push_back(
+          {arena_buffers[region.arena], region.offset, region.bytes});
+    }
+    dispatch.dispatch.groups = planned.launch.groups;
+    dispatch.dispatch.label = planned.launch.label;
+    return dispatch;
+  }
+
+  std::vector<gpu::Command> setup_commands() const {
+    std::vector<gpu::Command> list;
+    for (size_t i = 0; i < program.setup.size(); ++i) {
+      if (program.setup[i].barrier_before) list.push_back({gpu::Command::Kind::barrier});
+      list.push_back(dispatch_of(program.setup[i], pipeline_of_setup[i]));
+    }
+    return list;
+  }
+
   std::vector<gpu::Command> commands(const RunSlot& run_slot) const {
     std::vector<gpu::Command> list;
     auto barrier = [&] { list.push_back({gpu::Command::Kind::barrier}); };
@@ -340,15 +376,7 @@ struct Session::Impl {
     for (size_t i = 0; i < program.launches.size(); ++i) {
       const plan::PlannedLaunch& planned = program.launches[i];
       if (planned.barrier_before || (time_runs && i > 0)) barrier();
-      gpu::Command dispatch{gpu::Command::Kind::dispatch};
-      dispatch.dispatch.pipeline = pipeline_of_launch[i];
-      for (const plan::Region& region : planned.regions) {
-        dispatch.dispatch.bindings.push_back(
-            {arena_buffers[region.arena], region.offset, region.bytes});
-      }
-      dispatch.dispatch.groups = planned.launch.groups;
-      dispatch.dispatch.label = planned.launch.label;
-      list.push_back(std::move(dispatch));
+      list.push_back(dispatch_of(planned, pipeline_of_launch[i]));
     }
     barrier();
     for (const auto& [leaf, value] : program.graph.updates()) {
@@ -366,16 +394,19 @@ struct Session::Impl {
     return list;
   }
 
-  std::vector<gpu::PipelineId> pipeline_of_launch;
+  std::vector<gpu::PipelineId> pipeline_of_launch, pipeline_of_setup;
 
   void create_pipelines() {
     std::vector<gpu::KernelSpec> specs;
     std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool>,
              uint32_t>
         unique;
-    std::vector<uint32_t> spec_of_launch;
-    for (const plan::PlannedLaunch& planned : program.launches) {
-      const kernels::Launch& launch = planned.launch;
+    std::vector<uint32_t> spec_of_launch;  // the setup's launches, then every run's
+    std::vector<const plan::PlannedLaunch*> launches;
+    for (const plan::PlannedLaunch& planned : program.setup) launches.push_back(&planned);
+    for (const plan::PlannedLaunch& planned : program.launches) launches.push_back(&planned);
+    for (const plan::PlannedLaunch* planned : launches) {
+      const kernels::Launch& launch = planned->launch;
       std::string source = kernels::buffer_declarations(program.graph, launch) + launch.body;
       auto key = std::make_tuple(source, launch.defines, launch.tensor_loads);
       auto [it, inserted] = unique.try_emplace(std::move(key), static_cast<uint32_t>(specs.size()));
@@ -393,7 +424,10 @@ struct Session::Impl {
       spec_of_launch.push_back(it->second);
     }
     const std::vector<gpu::PipelineId> pipelines = device->create_pipelines(specs);
-    for (uint32_t spec : spec_of_launch) pipeline_of_launch.push_back(pipelines[spec]);
+    for (size_t i = 0; i < spec_of_launch.size(); ++i) {
+      (i < program.setup.size() ? pipeline_of_setup : pipeline_of_launch)
+          .push_back(pipelines[spec_of_launch[i]]);
+    }
     const gpu::CompileStats stats = device->last_compile_stats();
     report.pipelines = stats.pipelines;
     report.spirv_cache_hits = stats.spirv_cache_hits;
@@ -471,7 +505,13 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                                                      : gpu::Timing::none);
     impl.owned_recordings.push_back(slot.recording);
   }
+  if (!impl.program.setup.empty()) {
+    impl.setup_recording = impl.device->record(impl.setup_commands(), gpu::Timing::none);
+    impl.owned_recordings.push_back(impl.setup_recording);
+    impl.setup_due = true;
+  }
   impl.report.dispatches = impl.program.launches.size();
+  impl.report.setup_dispatches = impl.program.setup.size();
   impl.report.coop_matrix_dispatches =
       static_cast<size_t>(std::count_if(impl.program.launches.begin(), impl.program.launches.end(),
                                         [](const plan::PlannedLaunch& planned) {
@@ -504,6 +544,7 @@ void Session::run() {
 
 void Session::start_run() {
   Impl& impl = *impl_;
+  impl.run_setup_if_due();
   const size_t started = impl.input_slot;
   impl.bring_inputs_up_to_date(started);
   impl.device->start(impl.slots[started].recording);
@@ -561,6 +602,7 @@ void Session::write(std::string_view leaf, std::span<const float> values) {
   impl_->finish_run();
   const gpu::BufferRange range = impl_->range_of(value);
   impl_->device->write_buffer(range.buffer, range.offset, device_bytes(type.dtype, values));
+  impl_->setup_due = !impl_->program.setup.empty();
 }
 
 std::vector<std::string> Session::persistent_names() const {

@@ -7,6 +7,7 @@
 
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
+#include "meganeura/train.hpp"
 #include "models/classifier.hpp"
 #include "plan/program.hpp"
 
@@ -277,6 +278,59 @@ TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
     ++pairs;
   }
   EXPECT_EQ(pairs, 2u);
+}
+
+// Inference on parameters: the launches that read only fixed values (Winograd's transform of
+// the convolution's weights, forced on, and a pointwise op on another parameter) move to the
+// setup, their results to a persistent arena, where no launch of every run writes them; the
+// rest stays. In training, where the parameters are assigned, nothing moves; nor with the
+// setup off, which runs the same launches every time.
+TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
+  setenv("MEGANEURA_WINOGRAD_CONV", "1", 1);
+  const auto build = [](bool training) {
+    Graph graph;
+    const Tensor x = input(graph, "x", {2, 4, 8, 8});
+    const Tensor w = parameter(graph, "w", {4, 4, 3, 3}, Init::uniform(-0.5, 0.5));
+    const Tensor scale = parameter(graph, "scale", {4, 1, 1}, Init::uniform(0.5, 1.5));
+    const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}}) * exp(scale);
+    graph.set_output("y", y.id());
+    if (training) add_training(graph, sum_all(y * y).id(), OptimizerConfig{});
+    return graph;
+  };
+  plan::PlanOptions options;
+  options.im2col = true;
+  const plan::Program program = plan::build_program(build(false), kernels::DeviceTraits{}, options);
+  std::vector<std::string> setup_ops;
+  for (const plan::PlannedLaunch& planned : program.setup) {
+    setup_ops.push_back(planned.launch.label.substr(0, planned.launch.label.find(' ')));
+    for (size_t k = 0; k < planned.launch.operands.size(); ++k) {
+      if (planned.launch.operands[k].write) {
+        EXPECT_EQ(program.arenas[planned.regions[k].arena].kind, plan::ArenaKind::persistent)
+            << planned.launch.label;
+      }
+    }
+  }
+  std::sort(setup_ops.begin(), setup_ops.end());
+  EXPECT_EQ(setup_ops, (std::vector<std::string>{"exp", "winograd_filter"}));
+  EXPECT_EQ(program.setup_results.size(), 2u);
+  for (const plan::PlannedLaunch& planned : program.launches) {
+    for (const kernels::Operand& operand : planned.launch.operands) {
+      if (!operand.write) continue;
+      EXPECT_EQ(
+          std::count(program.setup_results.begin(), program.setup_results.end(), operand.value), 0)
+          << planned.launch.label << " writes a setup result";
+    }
+  }
+
+  plan::PlanOptions every_run = options;
+  every_run.setup = false;
+  const plan::Program without =
+      plan::build_program(build(false), kernels::DeviceTraits{}, every_run);
+  EXPECT_TRUE(without.setup.empty());
+  EXPECT_EQ(without.launches.size(), program.launches.size() + program.setup.size());
+  const plan::Program training = plan::build_program(build(true), kernels::DeviceTraits{}, options);
+  unsetenv("MEGANEURA_WINOGRAD_CONV");
+  EXPECT_TRUE(training.setup.empty());
 }
 
 // dQ as a matmul (passes/attention_grad_q_gemm.cpp): without causal masking the dK launch also
