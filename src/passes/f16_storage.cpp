@@ -8,6 +8,7 @@
 #include "ir/half.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_workgroup.hpp"
+#include "kernels/pointwise.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -30,15 +31,30 @@ class F16Storage {
       return target.add_typed(std::move(node));
     if (node.op == "cast") return cast(target, node);
     if (const ValueId product = half_product(target, node); product != kNoValue) return product;
+    // A pointwise op widens its f16 inputs itself, fused into its kernel: a widening of its own
+    // for each of them. One widening shared with other readers would be a launch of its own
+    // that writes the value again in f32.
+    const bool pointwise = kernels::is_pointwise_op(node.op);
+    std::unordered_map<ValueId, ValueId> own_widening;
     std::vector<ValueId> inputs;
-    for (ValueId input : node.inputs) inputs.push_back(as_f32(target, input));
+    for (ValueId input : node.inputs) {
+      const bool in_memory =
+          target.type(input).dtype == DType::f16 && target.node(input).op != "constant";
+      if (!pointwise || !in_memory) {
+        inputs.push_back(as_f32(target, input));
+        continue;
+      }
+      auto [it, inserted] = own_widening.try_emplace(input, kNoValue);
+      if (inserted) it->second = target.add("widen_f16", {input});
+      inputs.push_back(it->second);
+    }
     const ValueId computed = target.add(node.op, std::move(inputs), node.attrs);
     return node.type.dtype == DType::f16 ? target.add("round_to_f16", {computed}) : computed;
   }
 
  private:
-  // `value` in f32: widened once however many kernels read it; an f16 constant becomes the f32
-  // constant of its (already rounded) values, which needs no launch.
+  // `value` in f32: widened once however many kernels other than pointwise ones read it; an f16
+  // constant becomes the f32 constant of its (already rounded) values, which needs no launch.
   ValueId as_f32(Graph& target, ValueId value) {
     if (target.type(value).dtype != DType::f16) return value;
     auto [it, inserted] = widened_.try_emplace(value, kNoValue);

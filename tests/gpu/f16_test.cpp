@@ -46,13 +46,18 @@ TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
 // Chains of pointwise ops on f16 tensors fuse across the f16 storage pass's conversions: each
 // op's f16 result is rounded in registers (as the reference rounds it) and the chain is one
 // launch that reads f16 and writes f16, where without fusion every op takes three (widen, op,
-// round). Elementwise over 4099 values (vectors and a scalar tail) and with a broadcast bias
-// over rows of 7 (scalar accesses), f16 and f32 outputs; add, multiply, subtract and relu of
-// f16 values are exact in f32, so the results match the reference to the last bit, and exp
-// within an f16 step.
+// round). Elementwise over 4099 values (vectors and a scalar tail), an f16 input read by two
+// chains (each widens it itself: two launches, no shared widening) and a broadcast bias over
+// rows of 7 (scalar accesses), f16 and f32 outputs; add, multiply, subtract and relu of f16
+// values are exact in f32, so the results match the reference to the last bit, and exp within
+// an f16 step.
 TEST(GpuF16, PointwiseChainsFuseAcrossConversions) {
   const auto elementwise = [](Graph& graph, std::vector<Tensor>& in) {
     graph.set_output("y", (relu((in[0] + in[1]) * 1.5) - in[2]).id());
+  };
+  const auto shared = [](Graph& graph, std::vector<Tensor>& in) {
+    graph.set_output("y", relu(in[0] + in[1]).id());
+    graph.set_output("z", (in[0] * 1.5).id());
   };
   const auto broadcast = [](Graph& graph, std::vector<Tensor>& in) {
     const Tensor shifted = exp(in[0] + in[1]);
@@ -70,6 +75,7 @@ TEST(GpuF16, PointwiseChainsFuseAcrossConversions) {
        elementwise,
        1e-12,
        1},
+      {{{"x", {4099}, DType::f16}, {"d", {4099}, DType::f16}}, shared, 1e-12, 2},
       {{{"x", {6, 7}, DType::f16}, {"bias", {7}, DType::f16}}, broadcast, 2e-3, 2}};
   uint64_t seed = 31;
   for (const Case& c : cases) {

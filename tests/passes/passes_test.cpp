@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "kernels/gemm_cpu.hpp"
+#include "kernels/pointwise.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "ops/interpreter.hpp"
@@ -1148,9 +1149,10 @@ TEST(Passes, WorkgroupGemmRoutes) {
 
 // The f16 storage pass on a graph of f16 tensors (inputs, a state, an f16 constant, casts every
 // way, ops of several families, a batched product, a view, f16 outputs and an assignment): every
-// kernel but the conversions reads and writes f32 or integers only, each f16 value a kernel reads
-// is widened once, and every output and assignment keeps its reference value exactly (the pass
-// rounds where the interpreter does).
+// kernel but the conversions reads and writes f32 or integers only, each f16 value is widened
+// once for the other kernels that read it (a cast to f32 is that widening) and once for each
+// pointwise op (a widening read by that op alone, which fuses into it), and every output and
+// assignment keeps its reference value exactly (the pass rounds where the interpreter does).
 TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
   Graph graph;
   Environment environment;
@@ -1186,10 +1188,22 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
     for (ValueId input_id : node.inputs)
       EXPECT_NE(rewritten.type(input_id).dtype, DType::f16) << node.op << " reads an f16 value";
   }
-  std::map<ValueId, int> widenings;
+  std::map<ValueId, std::vector<std::string>> readers;  // of each widening, by op
   for (const Node& node : rewritten.nodes())
-    if (node.op == "widen_f16") ++widenings[node.inputs[0]];
-  for (const auto& [value, count] : widenings) EXPECT_EQ(count, 1) << "%" << value;
+    for (ValueId input_id : node.inputs)
+      if (rewritten.node(input_id).op == "widen_f16") readers[input_id].push_back(node.op);
+  std::map<ValueId, int> shared_widenings;  // of each f16 value, read by other kernels
+  size_t own_widenings = 0;
+  for (const auto& [widening, ops] : readers) {
+    if (ops.size() == 1 && kernels::is_pointwise_op(ops.front())) {
+      ++own_widenings;
+    } else {
+      ++shared_widenings[rewritten.node(widening).inputs[0]];
+    }
+  }
+  for (const auto& [value, count] : shared_widenings) EXPECT_EQ(count, 1) << "%" << value;
+  EXPECT_GT(own_widenings, 0u);
+  EXPECT_FALSE(shared_widenings.empty());
   EXPECT_EQ(count_op(rewritten, "half_matmul"), 0u);
   EXPECT_EQ(rewritten.type(rewritten.output("hidden")).dtype, DType::f16);
 
