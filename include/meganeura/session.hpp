@@ -3,7 +3,8 @@
 // memory, creates every pipeline up front and records its command buffer (twice: one per run
 // slot, see start_run). run() then replays that fixed dispatch list: uploads of the inputs, the
 // kernels, the assignments (optimizer updates) and downloads of the outputs, in one submission.
-// Nothing is allocated or compiled inside run().
+// Work over fixed values (SessionOptions::setup) has a recording of its own, submitted before
+// the first run and the first after a write(). Nothing is allocated or compiled inside run().
 #include <cstdint>
 #include <memory>
 #include <span>
