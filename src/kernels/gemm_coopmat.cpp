@@ -31,11 +31,17 @@ struct BlockShape {
 // the fewest fragment bytes from shared memory per multiply-add; at 128 x 256 only 16-deep slices
 // fit two slots in 48 KiB. The 64 x 64 blocks' weight (1.5 at 4096^3) is raised to 1.8, which
 // also fits the smaller products of the sweep. The last fits any device's 16 KiB.
+// 128 x 192 fits 48 KiB only with A contiguous along m and B along n (a weight gradient, dY^T X):
+// SmolLM's lm_head weight gradient (49152 x 576 over K = 128) covers N in 3 columns of it instead
+// of 5 of 128 x 128, and ran 0.0809 against 0.1152 ms on f32 tensors, 0.1063 against 0.1334 on
+// f16 ones (docs/BENCHMARKS.md run 53 against run 52); weighed as 128 x 256, it takes the
+// products where its waves cost less.
 struct Candidate {
   BlockShape block;
   double weight;
 };
-constexpr std::array<Candidate, 4> kCandidates{{{{2, 4, 4, 8, 16}, 1.0},
+constexpr std::array<Candidate, 5> kCandidates{{{{2, 4, 4, 8, 16}, 1.0},
+                                                {{2, 4, 4, 6, 32}, 1.0},
                                                 {{2, 4, 4, 4, 32}, 1.08},
                                                 {{2, 2, 2, 4, 32}, 1.8},
                                                 {{2, 2, 2, 4, 16}, 2.0}}};

@@ -98,9 +98,9 @@ std::string define_of(const kernels::Launch& launch, const std::string& name) {
 }
 
 // The one cooperative-matrix launch of a @ b on coop_device().
-kernels::Launch matmul_launch(const Shape& a, const Shape& b) {
+kernels::Launch matmul_launch(const Shape& a, const Shape& b, bool transpose_a = false) {
   Graph graph;
-  graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b)).id());
+  graph.set_output("y", matmul(input(graph, "a", a), input(graph, "b", b), transpose_a).id());
   const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
   EXPECT_EQ(launches.size(), 1u);
   return launches.at(0);
@@ -1046,10 +1046,12 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
 
 // The block the waves cost model takes on an H200-like device, against the fastest shape of the
 // coop block sweep (docs/BENCHMARKS.md, run 14): 128 x 256 at 4096^3, 128 x 128 where 128 x 256
-// leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of it.
+// leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of it; 128 x 192
+// (run 53) for lm_head's weight gradient, whose A is contiguous along m, which 128 x 192 needs in
+// 48 KiB, and which it covers in fewer waves.
 TEST_F(CoopMatrixLowering, BlocksByEstimatedWaves) {
-  const auto block_of = [](const Shape& a, const Shape& b) {
-    const kernels::Launch launch = matmul_launch(a, b);
+  const auto block_of = [](const Shape& a, const Shape& b, bool transpose_a = false) {
+    const kernels::Launch launch = matmul_launch(a, b, transpose_a);
     return define_of(launch, "WARPS_M") + "," + define_of(launch, "WARPS_N") + "," +
            define_of(launch, "FRAGS_M") + "," + define_of(launch, "FRAGS_N") + "," +
            define_of(launch, "BLOCK_K") + "," + define_of(launch, "PREFETCH_SLICES");
@@ -1060,6 +1062,9 @@ TEST_F(CoopMatrixLowering, BlocksByEstimatedWaves) {
   EXPECT_EQ(block_of({128, 576}, {576, 49152}), "2u,4u,4u,4u,32u,1");
   EXPECT_EQ(block_of({128, 576}, {576, 576}), "2u,2u,2u,4u,32u,1");
   EXPECT_EQ(block_of({12544, 576}, {576, 64}), "2u,2u,2u,4u,32u,1");
+  EXPECT_EQ(block_of({128, 49152}, {128, 576}, true), "2u,4u,4u,6u,32u,1");
+  EXPECT_EQ(block_of({4096, 4096}, {4096, 4096}, true), "2u,4u,4u,8u,16u,2");
+  EXPECT_EQ(block_of({128, 576}, {128, 576}, true), "2u,2u,2u,4u,32u,1");
 }
 
 // A malformed MEGANEURA_COOP_BLOCK, or one the device cannot run, leaves the chosen block and
@@ -1155,6 +1160,13 @@ void check_matmuls(bool validation) {
     const ScopedEnv forced("MEGANEURA_COOP_BLOCK", "2,4,4,8,16,2");
     check_product({200, 1000}, {1000, 300}, false, false, 23, validation);
     check_product({256, 512}, {512, 256}, false, false, 23, validation);
+  }
+  // The 128 x 192 block (forced on small products; A must be contiguous along m): ragged edges
+  // with K not a multiple of the slice, and whole blocks with vector loads.
+  {
+    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", "2,4,4,6,32");
+    check_product({100, 200}, {100, 250}, true, false, 24, validation);
+    check_product({128, 256}, {128, 384}, true, false, 24, validation);
   }
   // Enough output blocks for the 128 x 128 shape, with ragged edges (vector loads with bounds),
   // for both operand layouts.
