@@ -8,6 +8,7 @@
 
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
+#include "kernels/pointwise.hpp"
 
 namespace mg::kernels {
 namespace {
@@ -55,6 +56,7 @@ RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axe
 }
 
 std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
+  if (node.op == "sum_to_f16") return {0};  // its leading axis, always
   std::vector<int64_t> axes = node.attrs.has("axes")
                                   ? node.attrs.get_ints("axes")
                                   : std::vector<int64_t>{node.attrs.get_int("axis")};
@@ -96,12 +98,15 @@ int64_t column_row_groups(const RowLayout& layout, const DeviceTraits& device) {
 // GPU idle (a split-K gradient of 36,864 weights is 9,216 vec4 columns), several threads share
 // a column, each adding every groups-th reduced position, and the first adds up their totals
 // from shared memory (ResNet's 44 partial 3x3 weight gradients: 5.1 to 4.4 us on the H200).
+// With f16_result the vec4 of sums is rounded to f16 and stored as one f16vec4.
 Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
-                         const std::string& finalize) {
+                         const std::string& finalize, bool f16_result) {
   const int64_t quads = layout.rows / 4;
   const int64_t groups = column_row_groups(layout, context.device());
   const int64_t columns = kGroupSize / groups;  // per workgroup
-  std::string body = vector_buffer_view("x4", 0, false) + vector_buffer_view("out4", 1, true);
+  std::string body = std::string(f16_result ? pointwise_functions_glsl() : "") +
+                     vector_buffer_view("x4", 0, false) +
+                     vector_buffer_view("out4", 1, true, f16_result ? "f16vec4" : "vec4");
   body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
   if (groups > 1)
     body +=
@@ -121,21 +126,30 @@ Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
     body +=
         "  for (uint g = 1u; g < " + glsl_uint(groups) + "; ++g) total += partial[g][column];\n";
   }
-  body += "  if (o < " + glsl_uint(quads) + ") out4[o] = " + finalize + ";\n}\n";
+  const std::string stored = f16_result ? "f16vec4(mg_round_f16(value.x), mg_round_f16(value.y), "
+                                          "mg_round_f16(value.z), mg_round_f16(value.w))"
+                                        : "value";
+  body += "  vec4 value = " + finalize + ";\n";
+  body += "  if (o < " + glsl_uint(quads) + ") out4[o] = " + stored + ";\n}\n";
   Launch launch;
   launch.label = context.label();
   launch.kernel = "reduction";
   launch.body = std::move(body);
   launch.operands = {{"x", context.node().inputs[0], false}, {"out_", context.id(), true}};
+  launch.f16_operands = f16_result;
   launch.groups =
       grid_for(static_cast<uint64_t>(quads), static_cast<uint32_t>(columns), context.device());
   return launch;
 }
 
 // Sums, or selects the maximum keeping the index of its first occurrence (max, argmax). The
-// result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax).
-void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize) {
+// result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax); with
+// f16_result (sum_to_f16) it is rounded to f16 in registers, as the reference rounds it, and
+// stored as f16.
+void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize,
+                    bool f16_result = false) {
   const Node& node = context.node();
+  if (f16_result) require_f16_tensors(context.label(), "writes", context.device());
   const Shape& in_shape = context.input_type(0).shape;
   const std::vector<int64_t> reduced_axes =
       reduced_axes_of(node, static_cast<int64_t>(in_shape.size()));
@@ -147,11 +161,12 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
                               (innermost_kept && layout.rows >= kColumnThreadsMinRows);
   const bool selecting = kind != ReductionKind::sum;
   if (!selecting && thread_per_row && layout.rows % 4 == 0 && leading_axes(reduced_axes)) {
-    context.emit(vector_column_sum(context, layout, finalize));
+    context.emit(vector_column_sum(context, layout, finalize, f16_result));
     return;
   }
 
-  std::string body = layout.index_function;
+  std::string body =
+      std::string(f16_result ? pointwise_functions_glsl() : "") + layout.index_function;
   body +=
       "bool better(float v, uint i, float best, uint best_index) {\n"
       "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
@@ -195,13 +210,15 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
         "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = "
         "partial_index[0];\n";
   }
-  body += "  out_[o] = " + finalize + ";\n}\n";
+  body += "  out_[o] = " + (f16_result ? "float16_t(mg_round_f16(" + finalize + "))" : finalize) +
+          ";\n}\n";
 
   Launch launch;
   launch.label = context.label();
   launch.kernel = "reduction";
   launch.body = std::move(body);
   launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.f16_operands = f16_result;
   launch.groups = thread_per_row
                       ? grid_for(static_cast<uint64_t>(layout.rows), kGroupSize, context.device())
                       : grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
@@ -210,6 +227,10 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
 
 void lower_sum(LoweringContext& context) {
   emit_reduction(context, ReductionKind::sum, "total");
+}
+
+void lower_sum_to_f16(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::sum, "total", true);
 }
 
 void lower_mean(LoweringContext& context) {
@@ -293,8 +314,13 @@ void lower_log_softmax(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> reduction_lowerings() {
-  return {{"sum", lower_sum},       {"mean", lower_mean},       {"max", lower_max},
-          {"argmax", lower_argmax}, {"softmax", lower_softmax}, {"log_softmax", lower_log_softmax}};
+  return {{"sum", lower_sum},
+          {"sum_to_f16", lower_sum_to_f16},
+          {"mean", lower_mean},
+          {"max", lower_max},
+          {"argmax", lower_argmax},
+          {"softmax", lower_softmax},
+          {"log_softmax", lower_log_softmax}};
 }
 
 }  // namespace mg::kernels

@@ -1,8 +1,13 @@
 // The f16 ops that passes write after differentiation, so they take no gradient: round_to_f16
-// (an f32 tensor rounded to f16, stored as f16), widen_f16 (an f16 tensor as f32, exactly) and
+// (an f32 tensor rounded to f16, stored as f16), widen_f16 (an f16 tensor as f32, exactly),
 // half_matmul (the product of two f16 matrices, accumulated in f32 and returned in f32, or in
-// f16 with f16_result). passes/workgroup_gemm.cpp and passes/f16_storage.cpp write them.
+// f16 with f16_result) and sum_to_f16 (f32 partial results summed over their leading axis and
+// rounded to f16). passes/workgroup_gemm.cpp, passes/f16_storage.cpp and passes/split_k.cpp
+// write them.
 #include "ops/half_gemm.hpp"
+
+#include <algorithm>
+
 #include "ops/op_checks.hpp"
 #include "ops/shape_rules.hpp"
 
@@ -51,7 +56,21 @@ TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   return TensorType{f16_result ? DType::f16 : DType::f32, split_k_shape(graph, node, k, {m, n})};
 }
 
+// sum_to_f16(x): x [S, d...] in f32 -> the sum over S, rounded to f16, [d...]: the f16 result
+// of a product split over K (passes/split_k.cpp), its partials summed and rounded in one launch.
+TensorType infer_sum_to_f16(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  const TensorType& x = graph.type(node.inputs[0]);
+  if (x.dtype != DType::f32) op_error(graph, node, "sums f32 partial results");
+  if (x.rank() < 2) op_error(graph, node, "sums over the leading axis of a tensor of rank >= 2");
+  return TensorType{DType::f16, Shape(x.shape.begin() + 1, x.shape.end())};
+}
+
 }  // namespace
+
+bool is_pass_written_f16_op(std::string_view op) {
+  return op == "round_to_f16" || op == "widen_f16" || op == "half_matmul" || op == "sum_to_f16";
+}
 
 void register_half_gemm_ops(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
@@ -80,6 +99,23 @@ void register_half_gemm_ops(std::vector<OpDef>& registry) {
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& inputs) {
             return op_def("matmul").reference(node, inputs);
+          },
+      .vjp = no_gradient,
+  });
+  registry.push_back(OpDef{
+      .name = "sum_to_f16",
+      .infer = infer_sum_to_f16,
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& inputs) {
+            HostTensor result(node.type.shape);
+            const size_t count = result.data.size();
+            const size_t slices = inputs[0]->data.size() / std::max<size_t>(count, 1);
+            for (size_t i = 0; i < count; ++i) {
+              double total = 0;
+              for (size_t s = 0; s < slices; ++s) total += inputs[0]->data[s * count + i];
+              result.data[i] = round_to_f16(total);
+            }
+            return result;
           },
       .vjp = no_gradient,
   });

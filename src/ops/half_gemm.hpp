@@ -2,6 +2,17 @@
 // The f16 ops that passes write (ops/half_gemm.cpp): round_to_f16, widen_f16 and half_matmul,
 // the operands and product of a matmul on workgroup-scope cooperative matrices
 // (passes/workgroup_gemm.cpp) and the conversions around f32 kernels for f16 tensors
-// (passes/f16_storage.cpp).
+// (passes/f16_storage.cpp); sum_to_f16, the rounded sum of an f16 product's split-K partial
+// results (passes/split_k.cpp).
+#include <string_view>
+
 #include "ir/half.hpp"
 #include "ops/op.hpp"
+
+namespace mg {
+
+// Whether `op` is one of those: each reads and writes its f16 values as they are, so the f16
+// storage pass leaves it as it is.
+bool is_pass_written_f16_op(std::string_view op);
+
+}  // namespace mg

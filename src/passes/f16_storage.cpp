@@ -9,6 +9,7 @@
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_workgroup.hpp"
 #include "kernels/pointwise.hpp"
+#include "ops/half_gemm.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -27,7 +28,8 @@ class F16Storage {
   explicit F16Storage(const kernels::DeviceTraits& device) : device_(device) {}
 
   ValueId rewrite(Graph& target, Node node) {
-    if (node.is_leaf() || kernels::is_view_op(node.op) || !involves_f16(target, node))
+    if (node.is_leaf() || kernels::is_view_op(node.op) || !involves_f16(target, node) ||
+        is_pass_written_f16_op(node.op))
       return target.add_typed(std::move(node));
     if (node.op == "cast") return cast(target, node);
     if (const ValueId product = half_product(target, node); product != kNoValue) return product;

@@ -257,15 +257,14 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
           splits = split_count(*product, device);
         }
         if (splits < 2) return target.add_typed(std::move(node));
-        // Partial results are f32; an f16 product is rounded once they are summed.
-        const bool f16_result = node.type.dtype == DType::f16;
+        // Partial results are f32; an f16 product's are summed and rounded in one launch.
         Attrs attrs;
         for (const auto& [name, value] : node.attrs.items())
           if (name != "f16_result") attrs.set(name, value);
         attrs.set("k_splits", splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        const ValueId sum = sum_leading_axis(target, partials);
-        return f16_result ? target.add("round_to_f16", {sum}) : sum;
+        return node.type.dtype == DType::f16 ? target.add("sum_to_f16", {partials})
+                                             : sum_leading_axis(target, partials);
       },
       remap);
 }

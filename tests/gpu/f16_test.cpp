@@ -43,6 +43,23 @@ TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
   }
 }
 
+// sum_to_f16, the rounded sum of an f16 product's split-K partial results, in one launch each:
+// 48 outputs (a vec4 a thread, f16vec4 stores) and 21 (a scalar a thread). The GPU's f32 sum can
+// round to the f16 neighbour of the reference's f64 one: one f16 step, 2^-10 relative at most.
+TEST(GpuF16, SplitSumsRoundToF16InOneLaunch) {
+  size_t dispatches = 0;
+  check_on_gpu(
+      {{"vectors", {3, 6, 8}}, {"scalars", {5, 7, 3}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        for (const Tensor& partials : in) {
+          const ValueId sum = graph.add("sum_to_f16", {partials.id()});
+          graph.set_output("sum_" + graph.node(partials.id()).name, sum);
+        }
+      },
+      1e-3, 5, {}, &dispatches);
+  EXPECT_EQ(dispatches, 2u);
+}
+
 // Chains of pointwise ops on f16 tensors fuse across the f16 storage pass's conversions: each
 // op's f16 result is rounded in registers (as the reference rounds it) and the chain is one
 // launch that reads f16 and writes f16, where without fusion every op takes three (widen, op,

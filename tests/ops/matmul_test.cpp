@@ -289,6 +289,30 @@ TEST(HalfGemm, F16ResultIsTheRoundedProduct) {
   }
 }
 
+// sum_to_f16 sums f32 partial results over their leading axis and rounds the sum (not each
+// term) to f16: 1 + 2^-11 + 2^-12 lies three quarters of the way to f16's next value above 1,
+// 0.875 and -3 are exact, 65504 + 16 rounds to infinity; misuse names the op.
+TEST(HalfGemm, SumToF16RoundsTheSumOverTheLeadingAxis) {
+  const double p = std::ldexp(1.0, -11);
+  const HostTensor partials({3, 4}, {1, 0.5, -1, 65504, p, 0.25, -1, 8, p / 2, 0.125, -1, 8});
+  const HostTensor y = evaluate_op({partials}, [](std::vector<Tensor>& v) {
+    return raw(v[0].graph(), "sum_to_f16", {v[0].id()});
+  });
+  EXPECT_EQ(y.shape, Shape({4}));
+  const std::vector<double> expected = {1 + 2 * p, 0.875, -3,
+                                        std::numeric_limits<double>::infinity()};
+  ASSERT_EQ(y.data.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(y.data[i], expected[i]) << i;
+
+  Graph graph;
+  const Tensor x = input(graph, "x", {3, 4});
+  EXPECT_EQ(raw(graph, "sum_to_f16", {x.id()}).dtype(), DType::f16);
+  const Tensor h = input(graph, "h", {3, 4}, DType::f16);
+  expect_error([&] { raw(graph, "sum_to_f16", {h.id()}); }, {"sum_to_f16", "sums f32"});
+  const Tensor line = input(graph, "line", {4});
+  expect_error([&] { raw(graph, "sum_to_f16", {line.id()}); }, {"sum_to_f16", "rank >= 2"});
+}
+
 // Every f16 bit pattern decodes to a value that encodes back to it (NaNs to the quiet NaN), and
 // values between two neighbours encode to the nearer one, ties to the even pattern.
 TEST(HalfGemm, F16BitsRoundTrip) {

@@ -1215,8 +1215,8 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
 }
 
 // Split-K takes a product of f16 matrices on the subgroup-scope GEMM apart as it takes an f32
-// one, into f32 partial products whose sum is rounded to f16 once, with the reference values of
-// the whole product; the workgroup GEMM's products stay whole.
+// one, into f32 partial products that one sum_to_f16 sums and rounds to f16 once, with the
+// reference values of the whole product; the workgroup GEMM's products stay whole.
 TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
   for (const auto& [m, n, k] : {std::tuple{128, 576, 1536}, std::tuple{4096, 4096, 4096}}) {
     Graph graph;
@@ -1238,7 +1238,9 @@ TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
     const bool on_workgroups = m == 4096;
     EXPECT_EQ(split.node(product).attrs.has("k_splits"), !on_workgroups);
     EXPECT_EQ(split.type(product).dtype, on_workgroups ? DType::f16 : DType::f32);
-    EXPECT_EQ(count_op(split, "round_to_f16"), on_workgroups ? 0u : 1u);
+    EXPECT_EQ(count_op(split, "sum_to_f16"), on_workgroups ? 0u : 1u);
+    EXPECT_EQ(count_op(split, "round_to_f16"), 0u);
+    EXPECT_EQ(count_op(split, "sum"), 0u);
     EXPECT_EQ(split.type(split.output("c")).dtype, DType::f16);
     if (on_workgroups) continue;
     for (const auto& [name, shape] : {std::pair{"a", Shape{m, k}}, std::pair{"b", Shape{k, n}}}) {
