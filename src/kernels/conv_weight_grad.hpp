@@ -32,8 +32,9 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
 
 // The tile side m of the Winograd weight gradient F(m x m, 3 x 3) over geometry `g`, where it
 // runs (winograd_weight_gradient_suits): 4 for strict f32 products from 128 channels a side
-// with at least 128 tiles of 4 x 4 outputs, else 2 (always in fast precision, whose f16
-// operands would carry F(4 x 4)'s larger transformed values). MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE
+// with at least 128 tiles of 4 x 4 outputs, else 2 (always in fast precision: with f16
+// transformed tiles F(4 x 4)'s error is 3.3e-3 of the gradient's norm, bench/
+// winograd_f16_error.py, past the fast path's bound). MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE
 // =2/4 forces one; anything else is an error naming it.
 int64_t winograd_weight_gradient_outputs(const ConvGeometry& g, const DeviceTraits& device);
 
