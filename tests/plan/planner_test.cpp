@@ -331,6 +331,7 @@ TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
   const plan::Program training = plan::build_program(build(true), kernels::DeviceTraits{}, options);
   unsetenv("MEGANEURA_WINOGRAD_CONV");
   EXPECT_TRUE(training.setup.empty());
+  unsetenv("MEGANEURA_WINOGRAD_CONV");
 }
 
 // dQ as a matmul (passes/attention_grad_q_gemm.cpp): without causal masking the dK launch also
