@@ -30,9 +30,9 @@
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
 // GENERATED_LOADS, PAD_K_ROWS, PREFETCH, A_QUADS (A, contiguous along k, enters in vec4s of 4
-// rows at one k), C_VEC4 (C is the product itself, row-major with rows of
-// a multiple of 4 floats, and the vec4 view c4 of it is bound: a thread's four adjacent outputs
-// are one store).
+// rows at one k), A_SWIZZLE (those vec4s are swizzled instead of padded), C_VEC4 (C is the
+// product itself, row-major with rows of a multiple of 4 floats, and the vec4 view c4 of it is
+// bound: a thread's four adjacent outputs are one store).
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
 // load_a / load_b with GENERATED_LOADS), and store_c(z, row, col, value), which writes one
 // element of C (and applies any fused epilogue) for workgroup z, the flat index over
@@ -49,7 +49,20 @@
 // A k row of a shared tile: TILE_M (TILE_N) floats, plus, with PAD_K_ROWS (where shared memory
 // allows), one vec4 of padding for an operand contiguous along k, whose 4 scalar stores per vec4
 // (below) then spread the K_VEC4 vec4s of a row over different banks.
-#define A_ROW_VEC4 (TILE_M_VEC4 + (TRANSPOSE_A != 0 ? 0 : PAD_K_ROWS))
+#define A_ROW_VEC4 (TILE_M_VEC4 + (TRANSPOSE_A != 0 || A_SWIZZLE != 0 ? 0 : PAD_K_ROWS))
+// With A_SWIZZLE instead, A's row quads (A_QUADS) land in k row k at vec4 column c ^ (k % 8):
+// the 8 lanes of one 128-bit store phase, at 8 consecutive k of one column, then reach 8
+// different banks without the padding, which a tile that fills shared memory has no room for.
+// Readers of the tile undo it per k; since THREADS_M is a multiple of 8, the XOR stays within a
+// thread's own group of rows.
+#if A_SWIZZLE
+#if THREADS_M % 8 != 0 || !A_QUADS
+#error "A_SWIZZLE permutes the vec4 columns of A's row quads in aligned groups of 8"
+#endif
+#define A_COLUMN(k, column) ((column) ^ ((k) % 8))
+#else
+#define A_COLUMN(k, column) (column)
+#endif
 #define B_ROW_VEC4 (TILE_N_VEC4 + (TRANSPOSE_B != 0 ? PAD_K_ROWS : 0))
 #define GROUPS_M (WORK_M / 4)
 #define GROUPS_N (WORK_N / 4)
@@ -135,7 +148,8 @@ vec4 partial(uint k_group, uint index) {
 //   every GEMM-shaped case, docs/BENCHMARKS.md run 21.) The padded k rows spread the scalar
 //   stores of a warp over the banks (at most two lanes to a bank);
 // - with A_QUADS, A (contiguous along k) is read as 4 adjacent rows at one k, four scalars whose
-//   vec4 is stored as it is, in one padded k row (gemm.cpp says where).
+//   vec4 is stored as it is, in one padded k row or at a swizzled column (A_SWIZZLE; gemm.cpp
+//   says where).
 
 // Element (m, k) of op(A) and (k, n) of op(B) for the problem at `base`: the batch entry's element
 // offset or, with GENERATED_LOADS, the workgroup z. Zero unless `inside`.
@@ -188,7 +202,7 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
 }
 
 void stash_a(uint slot, uint e, vec4 value) {
-  tile_a[slot][e % TILE_K][e / TILE_K] = value;
+  tile_a[slot][e % TILE_K][A_COLUMN(e % TILE_K, e / TILE_K)] = value;
 }
 #else
 vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
@@ -260,7 +274,7 @@ void stash_b(uint slot, uint e, vec4 value) {
   [[unroll]] for (uint kk = 0; kk < TILE_K; ++kk) {                                 \
     vec4 a_values[GROUPS_M], b_values[GROUPS_N];                                    \
     [[unroll]] for (uint g = 0; g < GROUPS; ++g) {                                  \
-      IF_GROUP_M(g) a_values[g] = tile_a[(slot)][kk][g * THREADS_M + thread_row];   \
+      IF_GROUP_M(g) a_values[g] = tile_a[(slot)][kk][g * THREADS_M + A_COLUMN(kk, thread_row)]; \
       IF_GROUP_N(g) b_values[g] = tile_b[(slot)][kk][g * THREADS_N + thread_col];   \
     }                                                                               \
     [[unroll]] for (uint g = 0; g < GROUPS_M; ++g) {                                \

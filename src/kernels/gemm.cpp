@@ -286,13 +286,15 @@ struct GemmCompForm {
 // The whole K from which a product on the 128 x 128 tile reads A in vec4s of 4 rows at one k.
 constexpr int64_t kMinKForQuadA = 1024;
 
-// The wide tile: 128 x 256 with 16 x 8 a thread (256 threads, one workgroup a compute unit),
-// for large products that read A as row quads. On the H200 (docs/BENCHMARKS.md run 46) the
-// 4096^3 product ran 2.99 ms on it against 3.21 on the 128 x 128 tile (two workgroups a unit),
-// 4.20 without the quads; of the other shapes swept with them, 128 x 256 with 8 x 16 a thread
-// ran 3.04, 256 x 128 with 16 x 8 3.09, 128 x 128 with 16 x 8 3.26. It takes products with at
-// least two of its workgroups a compute unit.
-constexpr GemmTile kWideQuadTile{128, 256, 16, 8, 8};
+// The wide tile: 128 x 256 with 8 x 16 a thread in 16-deep slices (256 threads, 247 registers:
+// one workgroup a compute unit), for large products that read A as row quads. Its two slots of
+// both tiles take all of the H200's 48 KiB, so A's quads are swizzled instead of padded
+// (gemm.comp A_SWIZZLE). On the H200 (docs/BENCHMARKS.md run 54) the 4096^3 product ran 2.92 ms
+// on it against 2.99 on the 8-deep 16 x 8 form (run 46), 3.21 on the 128 x 128 tile (two
+// workgroups a unit) and 4.20 without the quads; 16 x 8 a thread in 16-deep slices ran 2.98,
+// 256 x 128 3.04 (8 x 16) and 3.20 (16 x 8), and the 8-deep 8 x 16 form 3.04. It takes products
+// with at least two of its workgroups a compute unit.
+constexpr GemmTile kWideQuadTile{128, 256, 8, 16, 16};
 constexpr int64_t kWideQuadTilesPerUnit = 2;
 
 bool same_extents(const GemmTile& a, const GemmTile& b) {
@@ -308,11 +310,26 @@ bool same_extents(const GemmTile& a, const GemmTile& b) {
 // slower with it (and its twin for B of x @ w^T): SmolLM's by 5-28 % (lm_head 0.218 to 0.280
 // ms), ResNet's 3x3 convolutions as matmuls by 5-15 %, on shorter K or other tiles, where four
 // loads per vec4 cost more than the scattered stores saved. So it stays to that form over a
-// long whole K.
+// long whole K, and to the wide tile, which swizzles where it has no room for the padding.
 bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
-  return !form.transpose_a && !form.generated_loads && !form.split && padded &&
-         (same_extents(tile, kGemmTiles.front()) || same_extents(tile, kWideQuadTile)) &&
+  const bool quad_tile =
+      (padded && same_extents(tile, kGemmTiles.front())) || same_extents(tile, kWideQuadTile);
+  return !form.transpose_a && !form.generated_loads && !form.split && quad_tile &&
          tile.k_groups == 1 && tile.prefetch == 1 && form.k >= kMinKForQuadA;
+}
+
+// Whether A's row quads go to a swizzled tile instead of padded k rows (gemm.comp A_SWIZZLE):
+// where the padding does not fit, or where MEGANEURA_GEMM_SWIZZLE=1 asks for it (tuning sweeps
+// and the tests of a device whose shared memory fits the padding). On the H200 the 8-deep wide
+// tile with 16 x 8 a thread ran 3.12 ms swizzled against 2.99 padded (run 54).
+bool swizzled_a_quads(bool padded) {
+  const char* text = std::getenv("MEGANEURA_GEMM_SWIZZLE");
+  if (text == nullptr) return !padded;
+  if (std::strcmp(text, "0") != 0 && std::strcmp(text, "1") != 0)
+    throw Error(std::string("MEGANEURA_GEMM_SWIZZLE='") + text +
+                "': expected 1 (swizzle A's row quads) or 0 (pad them where shared memory "
+                "allows); unset it for the rule");
+  return !padded || std::strcmp(text, "1") == 0;
 }
 
 // Whether a product that `tile` (chosen by choose_gemm_tile) would run takes the wide tile
@@ -324,7 +341,6 @@ bool wide_quad_tile_suits(const BufferGemm& gemm, const GemmTile& tile, bool spl
   return same_extents(tile, largest) && tile.k_groups == 1 && tile.prefetch == 1 && !split &&
          !gemm.transpose_a && gemm.k >= kMinKForQuadA && !forced_tile(device) &&
          !tile_misfit(kWideQuadTile, device) &&
-         gemm_shared_bytes(kWideQuadTile, 1, true) <= device.max_shared_memory_bytes &&
          workgroup_count(kWideQuadTile, gemm.m, gemm.n, gemm.batches) >=
              kWideQuadTilesPerUnit * device.compute_units;
 }
@@ -336,6 +352,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
   const auto flag = [](bool value) { return std::string(value ? "1" : "0"); };
   const bool padded =
       gemm_shared_bytes(tile, tile.k_groups, true) <= context.device().max_shared_memory_bytes;
+  const bool quads = quad_a_loads(form, tile, padded);
   launch.kernel = "gemm";
   launch.body += std::string(kernel_source("gemm.comp"));
   launch.defines = {{"M", glsl_uint(form.m)},
@@ -358,7 +375,8 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"K_GROUPS", std::to_string(tile.k_groups)},
                     {"PREFETCH", std::to_string(tile.prefetch)},
                     {"PAD_K_ROWS", flag(padded)},
-                    {"A_QUADS", flag(quad_a_loads(form, tile, padded))}};
+                    {"A_QUADS", flag(quads)},
+                    {"A_SWIZZLE", flag(quads && swizzled_a_quads(padded))}};
   launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,
                              context.device());
   context.emit(std::move(launch));

@@ -57,23 +57,35 @@ TEST(GpuGemm, EveryTileConfiguration) {
   }
 }
 
-// A read as 4 adjacent rows at one k (gemm.comp's A_QUADS) on the 128 tile and the wide tile
-// (128 x 256, 16 x 8 a thread) over a whole K of at least 1024 (the split-K pass off, so the
-// product stays whole): ragged row and column tiles, K = 1030 with a short last slice, scalar
-// and vec4 rows of A (K = 1030 and 1032), a batch of two. The same products on the 64 tile read
-// A as before.
+// A read as 4 adjacent rows at one k (gemm.comp's A_QUADS) on the 128 tile, padded and swizzled
+// (A_SWIZZLE, which MEGANEURA_GEMM_SWIZZLE forces where the padding fits), and on the wide tile
+// (128 x 256, 8 x 16 a thread, 16-deep slices, always swizzled: on devices with 48 KiB of shared
+// memory; Lavapipe's 32 KiB run the rule's tile instead) over a whole K of at least 1024 (the
+// split-K pass off, so the product stays whole): ragged row and column tiles, K = 1030 with a
+// short last slice, scalar and vec4 rows of A (K = 1030 and 1032), a batch of two. The same
+// products on the 64 tile read A as before. A bad switch value is an error naming it.
 TEST(GpuGemm, QuadRowsOfA) {
   const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
-  for (const char* tile : {"128", "128,256,16,8,8", "64"}) {
-    SCOPED_TRACE(tile);
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+  const auto check_quads = [] {
     check_on_gpu({{"a", {130, 1030}}, {"b", {1030, 70}}, {"a2", {2, 67, 1032}}, {"b2", {1032, 36}}},
                  [](Graph& graph, std::vector<Tensor>& x) {
                    graph.set_output("ragged", matmul(x[0], x[1]).id());
                    graph.set_output("batched", matmul(x[2], x[3]).id());
                  });
+  };
+  for (const auto& [tile, swizzle] : {std::pair<const char*, const char*>{"128", "0"},
+                                      {"128", "1"},
+                                      {"128,256,8,16,16", "0"},
+                                      {"64", "1"}}) {
+    SCOPED_TRACE(std::string(tile) + ", swizzle " + swizzle);
+    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    const ScopedEnv swizzled("MEGANEURA_GEMM_SWIZZLE", swizzle);
+    check_quads();
   }
+  const ScopedEnv forced("MEGANEURA_GEMM_TILE", "128");
+  for (const char* bad : {"2", "yes"})
+    testing::expect_switch_rejected("MEGANEURA_GEMM_SWIZZLE", bad, check_quads);
 }
 
 // Rectangular tiles and per-thread blocks through the override's full form: taller and wider
@@ -262,8 +274,9 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
 
 // A_QUADS on an H200-sized device: only the 128 x 128 tile with 8-deep slices, one in flight and
 // padded k rows, over a whole K of at least 1024, with A contiguous along k; and where that
-// leaves at least two workgroups of the wide tile (128 x 256, 16 x 8 a thread) a compute unit,
-// the wide tile (4096 x 4096: 512 of them; 2048 x 2048: 128).
+// leaves at least two workgroups of the wide tile (128 x 256, 8 x 16 a thread, 16-deep slices) a
+// compute unit, the wide tile (4096 x 4096: 512 of them; 2048 x 2048: 128), whose quads are
+// swizzled (A_SWIZZLE) for want of room for the padding.
 TEST(GemmLowering, QuadRowsOfAOnlyForTheLargeTileOverLongK) {
   const auto quads = [](const Shape& a, const Shape& b, const kernels::DeviceTraits& device,
                         int64_t splits = 1, bool transpose_a = false) {
@@ -274,24 +287,34 @@ TEST(GemmLowering, QuadRowsOfAOnlyForTheLargeTileOverLongK) {
     std::string quads = "no gemm.comp launch", tile;
     for (const auto& [key, value] : gemm_defines(graph, y, device)) {
       if (key == "A_QUADS") quads = value;
-      if (key == "TILE_M" || key == "TILE_N" || key == "WORK_M" || key == "WORK_N")
+      if (key == "TILE_M" || key == "TILE_N" || key == "WORK_M" || key == "WORK_N" ||
+          key == "TILE_K" || key == "A_SWIZZLE")
         tile += " " + value;
     }
     return quads + tile;
   };
   const kernels::DeviceTraits h200 = h200_sized();
-  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 256 16 8");
-  EXPECT_EQ(quads({4096, 1024}, {1024, 4096}, h200), "1 128 256 16 8");
-  EXPECT_EQ(quads({2048, 1024}, {1024, 2048}, h200), "1 128 128 8 8");
-  EXPECT_EQ(quads({4096, 1016}, {1016, 4096}, h200), "0 128 128 8 8");           // K under 1024
-  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200, 4), "0 128 128 8 8");        // split-K
-  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200, 1, true), "0 128 128 8 8");  // A along m
-  EXPECT_EQ(quads({128, 4096}, {4096, 49152}, h200), "0 128 64 8 8");            // one row of tiles
-  kernels::DeviceTraits minimal;  // 16 KiB: the 128 tile without padded k rows
+  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 256 8 16 16 1");
+  EXPECT_EQ(quads({4096, 1024}, {1024, 4096}, h200), "1 128 256 8 16 16 1");
+  EXPECT_EQ(quads({2048, 1024}, {1024, 2048}, h200), "1 128 128 8 8 8 0");
+  EXPECT_EQ(quads({4096, 1016}, {1016, 4096}, h200), "0 128 128 8 8 8 0");           // K under 1024
+  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200, 4), "0 128 128 8 8 8 0");        // split-K
+  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200, 1, true), "0 128 128 8 8 8 0");  // A along m
+  EXPECT_EQ(quads({128, 4096}, {4096, 49152}, h200), "0 128 64 8 8 16 0");  // one row of tiles
+  kernels::DeviceTraits roomy = h200;  // 64 KiB: the wide tile's quads padded
+  roomy.max_shared_memory_bytes = 65536;
+  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, roomy), "1 128 256 8 16 16 0");
+  kernels::DeviceTraits minimal;  // 16 KiB: the 128 tile without padded k rows, no wide tile
   minimal.max_workgroup_invocations = 1024;
-  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, minimal), "0 128 128 8 8");
-  const ScopedEnv forced("MEGANEURA_GEMM_TILE", "128");  // a forced tile stays
-  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 128 8 8");
+  EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, minimal), "0 128 128 8 8 8 0");
+  {
+    const ScopedEnv forced("MEGANEURA_GEMM_TILE", "128");  // a forced tile stays
+    EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 128 8 8 8 0");
+    const ScopedEnv swizzled("MEGANEURA_GEMM_SWIZZLE", "1");
+    EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 128 8 8 8 1");
+  }
+  const ScopedEnv swizzled("MEGANEURA_GEMM_SWIZZLE", "1");  // only quads are swizzled
+  EXPECT_EQ(quads({4096, 1016}, {1016, 4096}, h200), "0 128 128 8 8 8 0");
 }
 
 // Loads in flight (gemm.comp PREFETCH) on an H200-sized device: up to four slices for the 4 x 4
