@@ -210,13 +210,30 @@ int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& dev
   return 0;
 }
 
+// Whether the cooperative-matrix forward keeps scores and probabilities in registers
+// (FRAGMENT_REGISTERS): where the session's probe found the fragment layout it is written for,
+// unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0 (anything but 0 or 1 is an error naming it).
+bool forward_fragment_registers(const DeviceTraits& device) {
+  if (const char* text = std::getenv("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS")) {
+    const std::string value = text;
+    if (value != "0" && value != "1")
+      throw Error("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS='" + value +
+                  "': expected 0 (scores staged through shared memory) or 1 (in registers "
+                  "where the device's fragment layout allows it); unset it for the default (1)");
+    if (value == "0") return false;
+  }
+  return device.quad_row_fragments;
+}
+
 // Shared memory of the cooperative-matrix forward (attention_forward_coopmat.comp) for key
-// blocks of bk: f16 query block or K and V tiles, f32 staging rows (scores, or the output during
-// a rescale and at the end) and f16 probabilities, 64 owned queries.
-int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk) {
+// blocks of bk: f16 query block or K and V tiles; staging through shared memory adds f32 rows
+// (scores, or the output during a rescale and at the end) and f16 probabilities; 64 owned
+// queries.
+int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk, bool in_registers) {
   const int64_t owned = 64;
   const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
   const int64_t tiles = std::max(bk * (d + dv), owned * d);
+  if (in_registers) return 2 * tiles;
   const int64_t stage = owned * (std::max(bk, dims.value_dim) + 4);
   return 2 * tiles + 4 * stage + 2 * owned * (bk + 8);
 }
@@ -225,8 +242,10 @@ int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk) {
 // 32: Whisper's forward 0.087 ms against 0.101 with 32 on the H200, run 21), else 32; 0 when
 // neither fits.
 int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
+  const bool in_registers = forward_fragment_registers(device);
   for (int64_t bk : coop_block_candidates({64, 32}))
-    if (coop_forward_shared_bytes(dims, bk) <= device.max_shared_memory_bytes) return bk;
+    if (coop_forward_shared_bytes(dims, bk, in_registers) <= device.max_shared_memory_bytes)
+      return bk;
   return 0;
 }
 
@@ -282,6 +301,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
       case Mode::lse:
         file = "attention_forward_coopmat.comp";
         launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
+        launch.defines.push_back(
+            {"FRAGMENT_REGISTERS", forward_fragment_registers(context.device()) ? "1" : "0"});
         launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
         launch.defines.push_back({"WITH_LSE", writes_lse ? "1" : "0"});
         break;

@@ -19,8 +19,15 @@
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z takes keys [z * SLICE, (z + 1) * SLICE)
 // and writes rows of DV + 1 floats, its O / l (zeros where a row sees no key of the slice) and
 // the log-sum-exp (-inf there), which attention_combine joins.
+// FRAGMENT_REGISTERS=1 keeps S and P in registers instead, on devices whose fragments keep
+// their elements as NVIDIA's do (gpu::is_quad_row_layout, probed by the session): a lane holds
+// two rows of each 16 x 8 score fragment, and the four lanes of a row reduce its maximum by
+// subgroup shuffles; the P fragment for keys 16 c .. 16 c + 15 is built from the lane's own
+// elements of score fragments 2 c and 2 c + 1; O's rows are rescaled in registers at every new
+// maximum (no lazy threshold), l is summed per lane and over the row's lanes at the end, and
+// each lane writes its own elements of O. No staging area, no subgroup barrier.
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
-// BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK). Generated: float
+// BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK), FRAGMENT_REGISTERS. Generated: float
 // mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
 #extension GL_NV_cooperative_matrix : require
@@ -66,10 +73,14 @@ layout(std430, set = 0, binding = 2) readonly buffer buffer_v4 { vec4 v4[]; };
 
 // The scaled query block first, then each key block's K and V tiles.
 shared uvec2 tiles[KV_UVEC2S > Q_UVEC2S ? KV_UVEC2S : Q_UVEC2S];
+#if !FRAGMENT_REGISTERS
 // Per subgroup: the block's scores, or the output rows during a rescale and at the end.
 shared float stage[BQ * STAGE_STRIDE];
 #if WITH_VALUE
 shared float16_t probabilities[BQ * P_STRIDE];
+#endif
+#endif
+#if WITH_VALUE
 vec4 v_next[ATTENTION_LOADS(BK, DV)];
 #endif
 vec4 k_next[ATTENTION_LOADS(BK, D)];
@@ -92,6 +103,12 @@ void main() {
   uint q0 = gl_WorkGroupID.x * BQ;
   uint q_base = bh * SQ;
   uint kv_base = (b * HKV + kv_head) * SK;
+#if FRAGMENT_REGISTERS
+  // The lane's two rows of the subgroup's 16 (upper: e = 0, 1 of a 16 x 8 fragment; lower: e = 2,
+  // 3) and its two columns of each 8 (e % 2 more than quad_col).
+  uint quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  uint i_upper = q0 + warp * ROWS + quad_row, i_lower = i_upper + 8;
+#else
   // Two lanes per query row; lane half_index owns the row's columns 2c + half_index, which
   // interleaves the pair over the banks.
   uint row = lane / 2, half_index = lane % 2;
@@ -99,6 +116,7 @@ void main() {
   uint stage_row = (warp * ROWS + row) * STAGE_STRIDE + half_index;
   uint stage_block = warp * ROWS * STAGE_STRIDE;
   uint p_row = (warp * ROWS + row) * P_STRIDE + half_index;
+#endif
 
   // Top-left causal masking: no query of this block sees a key past its last query.
   uint kv_begin = 0;
@@ -123,9 +141,16 @@ void main() {
     o[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
 #endif
 
+#if FRAGMENT_REGISTERS
+  // Per row, upper and lower: m, the running maximum (log2 units), -inf until the row sees a
+  // visible key; l, this lane's part of the sum of 2^(s - m) (its columns), the row's four lanes
+  // adding theirs at the end.
+  vec2 m = vec2(NEG_INF), l = vec2(0.0);
+#else
   // m: the row's reference maximum (log2 units), -inf until the row sees a visible key; l: the
   // sum of 2^(s - m) over the keys so far.
   float m = NEG_INF, l = 0.0;
+#endif
   for (uint k0 = kv_begin; k0 < kv_end; k0 += BK) {
     barrier();  // every subgroup is done with the previous tiles (or the query block)
     ATTENTION_STASH(tiles, 0, k_next, 1.0, BK, D, t)
@@ -135,6 +160,68 @@ void main() {
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
+#if FRAGMENT_REGISTERS
+    fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s[BK / 8];
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
+      s[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+      [[unroll]] for (uint c = 0; c < D / 16; ++c) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_transposed;
+        coopMatLoadNV(k_transposed, tiles, n * 8 * D_UVEC2S + c * 4, D_UVEC2S, true);
+        s[n] = coopMatMulAddNV(q_fragments[c], k_transposed, s[n]);
+      }
+    }
+    vec2 block_max = vec2(NEG_INF);
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 4; ++e) {
+        uint i = e < 2 ? i_upper : i_lower, j = k0 + n * 8 + quad_col + e % 2;
+        bool visible = j < SK && i < SQ && (CAUSAL == 0 || j <= i);
+        s[n][e] = visible ? s[n][e] + mask_at(b, h, i, j) * float(LOG2E) : NEG_INF;
+        block_max[e / 2] = max(block_max[e / 2], s[n][e]);
+      }
+    }
+    block_max = max(block_max, vec2(subgroupShuffleXor(block_max.x, 1),
+                                    subgroupShuffleXor(block_max.y, 1)));
+    block_max = max(block_max, vec2(subgroupShuffleXor(block_max.x, 2),
+                                    subgroupShuffleXor(block_max.y, 2)));
+    vec2 m_new = max(m, block_max);
+    // Rows with every key so far masked keep m = -inf: shift by 0 so exp2 gives 0, not NaN.
+    vec2 shift = vec2(m_new.x == NEG_INF ? 0.0 : m_new.x, m_new.y == NEG_INF ? 0.0 : m_new.y);
+    vec2 alpha = exp2(m - shift);
+    m = m_new;
+#if WITH_VALUE
+    // The rows' earlier sums and outputs move to the new maximum in registers: the lane knows
+    // the rows of its accumulator elements. P's fragment of keys 16 c .. 16 c + 15 holds the
+    // lane's elements of score fragments 2 c and 2 c + 1, upper row first: component e is
+    // element 2 (e / 4) + e % 2 of fragment 2 c + (e / 2) % 2.
+    [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+    }
+    vec2 block_sum = vec2(0.0);
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_fragments[BK / 16];
+    [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
+      [[unroll]] for (uint e = 0; e < 8; ++e) {
+        float p = exp2(s[2 * c + (e / 2) % 2][2 * (e / 4) + e % 2] - shift[e / 4]);
+        p_fragments[c][e] = float16_t(p);
+        block_sum[e / 4] += p;
+      }
+    }
+    l = l * alpha + block_sum;
+    [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+      [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_fragment;
+        coopMatLoadNV(v_fragment, tiles, V_OFFSET + c * 16 * DV_UVEC2S + n * 2, DV_UVEC2S, false);
+        o[n] = coopMatMulAddNV(p_fragments[c], v_fragment, o[n]);
+      }
+    }
+#else
+    vec2 block_sum = vec2(0.0);
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 4; ++e) block_sum[e / 2] += exp2(s[n][e] - shift[e / 2]);
+    }
+    l = l * alpha + block_sum;
+#endif
+  }
+#else
     [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
@@ -213,8 +300,39 @@ void main() {
     }
 #endif
   }
+#endif
 
+#if FRAGMENT_REGISTERS
+  // Each row's sum over its four lanes; then the lane writes its elements of the rows.
+  l += vec2(subgroupShuffleXor(l.x, 1), subgroupShuffleXor(l.y, 1));
+  l += vec2(subgroupShuffleXor(l.x, 2), subgroupShuffleXor(l.y, 2));
+  [[unroll]] for (uint half_rows = 0; half_rows < 2; ++half_rows) {
+    uint i = half_rows == 0 ? i_upper : i_lower;
+    if (i >= SQ) continue;
+    float lse_value = (m[half_rows] + log2(l[half_rows])) / float(LOG2E);
 #if WITH_VALUE
+#if SPLIT
+    uint out_row = gl_WorkGroupID.z * gl_NumWorkGroups.y * SQ + q_base + i;
+    float inverse_sum = l[half_rows] > 0.0 ? 1.0 / l[half_rows] : 0.0;
+    [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 2; ++e)
+        out_[out_row * (DV + 1) + n * 8 + quad_col + e] = o[n][2 * half_rows + e] * inverse_sum;
+    }
+    if (quad_col == 0) out_[out_row * (DV + 1) + DV] = lse_value;
+#else
+    [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 2; ++e)
+        out_[(q_base + i) * DV + n * 8 + quad_col + e] = o[n][2 * half_rows + e] / l[half_rows];
+    }
+#endif
+#if WITH_LSE
+    if (quad_col == 0) lse[q_base + i] = lse_value;
+#endif
+#else
+    if (quad_col == 0) lse[q_base + i] = lse_value;
+#endif
+  }
+#elif WITH_VALUE
 
   // The last block's scores were read before its products, so the staging area is free.
   [[unroll]] for (uint n = 0; n < DV / 8; ++n)

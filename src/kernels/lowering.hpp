@@ -41,6 +41,10 @@ struct DeviceTraits {
   // be loaded through tensor layouts (cooperativeMatrixTensorAddressing, Launch::tensor_loads),
   // which the workgroup GEMM's faster block needs (workgroup_gemm_block).
   bool workgroup_tensor_loads = false;
+  // The subgroup fragments that the fast kernels compile to (NV or KHR, coop_wants_khr) keep
+  // their elements as NVIDIA's do (gpu::is_quad_row_layout, probed on the device by the
+  // session): the attention forward then runs its softmax on the fragments in registers.
+  bool quad_row_fragments = false;
   // f16 storage buffers and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
   bool f16_tensors = false;
   bool fast_precision = false;

@@ -14,6 +14,7 @@
 #include "kernels/gemm_workgroup.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
+#include "vk/coop_fragment_layout.hpp"
 #include "vk/gpu.hpp"
 
 namespace mg {
@@ -449,7 +450,12 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                       : gpu::Device::open(options.device, options.validation);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
-  const kernels::DeviceTraits traits = traits_of(info, options.precision);
+  kernels::DeviceTraits traits = traits_of(info, options.precision);
+  if (kernels::use_coop_gemm(traits)) {
+    const std::optional<gpu::FragmentLayout> layout =
+        gpu::probe_fragment_layout(*impl.device, kernels::coop_wants_khr(traits));
+    traits.quad_row_fragments = layout && gpu::is_quad_row_layout(*layout);
+  }
   impl.report.coop_matrix_available = kernels::use_coop_gemm(traits);
   impl.program = plan::build_program(graph, traits, plan_options_of(info, options));
   const Graph& planned = impl.program.graph;

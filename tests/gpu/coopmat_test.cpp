@@ -17,6 +17,7 @@
 #include "kernels/lowering.hpp"
 #include "passes/passes.hpp"
 #include "plan/fusion.hpp"
+#include "vk/coop_fragment_layout.hpp"
 #include "vk/gpu.hpp"
 #include "vk/spirv_cooperative_matrix.hpp"
 
@@ -278,7 +279,7 @@ KhrMatrixUse khr_matrix_use(const std::vector<uint32_t>& module) {
 // f32), loads carry the layout the kernel asked for (the attention kernel reads K^T
 // column-major, everything else is row-major) and every id is below the module's bound.
 void expect_khr_module(const std::vector<uint32_t>& module, const std::string& label,
-                       int expected_column_major_loads) {
+                       int expected_column_major_loads, bool stores_matrices = true) {
   SCOPED_TRACE(label);
   constexpr uint32_t kOpExtension = 10, kOpCapability = 17, kOpTypeFloat = 22, kOpConstant = 43;
   constexpr uint32_t kOpTypeMatrixKhr = 4456, kOpLoadKhr = 4457, kOpStoreKhr = 4458;
@@ -330,7 +331,7 @@ void expect_khr_module(const std::vector<uint32_t>& module, const std::string& l
   EXPECT_TRUE(khr_extension);
   EXPECT_EQ(matrix_types, 3);
   EXPECT_GT(loads, 0);
-  EXPECT_GT(stores, 0);
+  EXPECT_EQ(stores > 0, stores_matrices);
   EXPECT_EQ(column_major_loads, expected_column_major_loads);
 }
 
@@ -350,6 +351,66 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
                              : column_major_loads.at(launch.kernel);
     expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, expected);
   }
+}
+
+// Where the session's probe found NVIDIA's fragment layout, the attention forward and the
+// log-sum-exp keep scores and probabilities in registers (FRAGMENT_REGISTERS): valid NV SPIR-V
+// and a KHR rewrite that stores no matrix (the lanes write their own elements). Elsewhere, or
+// with MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0, they stage them through shared memory; a bad
+// value is an error naming the switch.
+TEST_F(CoopMatrixLowering, AttentionForwardInRegistersWhereTheLayoutIsKnown) {
+  const Graph graph = coop_graph();
+  const auto forward_defines = [&](bool quad_rows) {
+    kernels::DeviceTraits device = coop_device();
+    device.quad_row_fragments = quad_rows;
+    std::string defines;
+    for (const kernels::Launch& launch : coop_launches(graph, device)) {
+      if (launch.kernel != "attention_forward_coopmat") continue;
+      defines += define_of(launch, "FRAGMENT_REGISTERS");
+      if (define_of(launch, "FRAGMENT_REGISTERS") != "1") continue;
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1, false);
+    }
+    return defines;
+  };
+  EXPECT_EQ(forward_defines(true), "11");  // the forward and the backward's log-sum-exp
+  EXPECT_EQ(forward_defines(false), "00");
+  {
+    const ScopedEnv off("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "0");
+    EXPECT_EQ(forward_defines(true), "00");
+  }
+  const ScopedEnv bad("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "yes");
+  try {
+    forward_defines(true);
+    ADD_FAILURE() << "a bad value was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS='yes'"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+// The layout check against fragments written out by hand: NVIDIA's (upper row's A components
+// first) passes; the PTX register order of mma.m16n8k16 (A components 2, 3 in the lower row)
+// and a layout with two lanes' accumulator rows swapped do not.
+TEST(FragmentLayout, QuadRowLayoutIsRecognised) {
+  gpu::FragmentLayout nvidia;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int row = lane / 4, col = 2 * (lane % 4);
+    for (int e = 0; e < 4; ++e)
+      nvidia.accumulator[lane][e] = {static_cast<uint8_t>(row + 8 * (e / 2)),
+                                     static_cast<uint8_t>(col + e % 2)};
+    for (int e = 0; e < 8; ++e)
+      nvidia.a[lane][e] = {static_cast<uint8_t>(row + 8 * (e / 4)),
+                           static_cast<uint8_t>(col + 8 * ((e / 2) % 2) + e % 2)};
+  }
+  EXPECT_TRUE(gpu::is_quad_row_layout(nvidia));
+  gpu::FragmentLayout ptx_order = nvidia;
+  for (auto& lane : ptx_order.a) std::swap(lane[2], lane[4]), std::swap(lane[3], lane[5]);
+  EXPECT_FALSE(gpu::is_quad_row_layout(ptx_order));
+  gpu::FragmentLayout swapped = nvidia;
+  std::swap(swapped.accumulator[0], swapped.accumulator[4]);
+  EXPECT_FALSE(gpu::is_quad_row_layout(swapped));
 }
 
 // The workgroup GEMM (forced onto small products) in every transposition, K an odd and an
@@ -1251,7 +1312,7 @@ void check_convolutions(bool validation) {
 // gradients of q, k and v (seeded with a random cotangent). f16 probabilities and dS make the
 // gradients noisier than the forward; 1e-2 is still far below a wrong kernel and within the
 // 5 % gradient gate of DESIGN.md.
-void check_attention(bool validation) {
+void check_attention_once(bool validation) {
   struct Case {
     Shape q, k, v;
     bool causal, masked;
@@ -1278,9 +1339,9 @@ void check_attention(bool validation) {
         1e-2, 14, fast(), nullptr, validation);
   }
   // Scores that climb along the keys (an additive ramp from -30 to +30 over 200 keys, about 19
-  // in log2 units per 64-key block): the forward keeps its running maximum until a block
-  // exceeds it by a margin, so this forces the rescaling of the output accumulator again and
-  // again, on top of a causal mask.
+  // in log2 units per 64-key block): the staged forward keeps its running maximum until a block
+  // exceeds it by a margin and the forward in registers rescales at every new maximum, so this
+  // forces the rescaling of the output accumulator again and again, on top of a causal mask.
   check_on_gpu(
       {{"q", {1, 2, 200, 64}}, {"k", {1, 2, 200, 64}}, {"v", {1, 2, 200, 64}}},
       [](Graph& graph, std::vector<Tensor>& x) {
@@ -1292,6 +1353,16 @@ void check_attention(bool validation) {
         graph.set_output("y", scaled_dot_product_attention(x[0], x[1], x[2], options).id());
       },
       kFastTolerance, 19, fast(), nullptr, validation);
+}
+
+// The forward's softmax in registers (where the session's probe found the fragment layout it
+// is written for: NVIDIA's) and staged through shared memory.
+void check_attention(bool validation) {
+  for (const char* registers : {"1", "0"}) {
+    SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);
+    const ScopedEnv forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
+    check_attention_once(validation);
+  }
 }
 
 TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
@@ -1492,6 +1563,24 @@ TEST_F(GpuCoopMatrix, MatmulConvolutionsAndAttentionKhr) {
   check_matmuls(false);
   check_convolutions(false);
   check_attention(false);
+}
+
+// The probe of a subgroup's fragment layout: through both extensions every element of the A and
+// accumulator fragments lies in exactly one lane's component (the probe checks that), and
+// NVIDIA's driver keeps them in the layout the attention forward's register softmax is written
+// for, which the session then turns on.
+TEST_F(GpuCoopMatrix, FragmentLayoutProbe) {
+  if (!device_has_nv_coop_matrices()) GTEST_SKIP() << "no f16 NV cooperative matrices";
+  const std::unique_ptr<gpu::Device> device = gpu::Device::open();
+  for (const bool khr : {false, true}) {
+    SCOPED_TRACE(khr ? "KHR" : "NV");
+    if (khr && !device_lists_coop_shape(true)) continue;
+    const std::optional<gpu::FragmentLayout> layout = gpu::probe_fragment_layout(*device, khr);
+    ASSERT_TRUE(layout.has_value());
+    if (device->info().name.find("NVIDIA") != std::string::npos) {
+      EXPECT_TRUE(gpu::is_quad_row_layout(*layout));
+    }
+  }
 }
 
 }  // namespace
