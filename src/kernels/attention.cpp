@@ -210,10 +210,10 @@ int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& dev
   return 0;
 }
 
-// Whether the cooperative-matrix forward keeps scores and probabilities in registers
+// Whether the cooperative-matrix forward and dQ keep scores, probabilities and dS in registers
 // (FRAGMENT_REGISTERS): where the session's probe found the fragment layout it is written for,
 // unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0 (anything but 0 or 1 is an error naming it).
-bool forward_fragment_registers(const DeviceTraits& device) {
+bool fragment_registers(const DeviceTraits& device) {
   if (const char* text = std::getenv("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS")) {
     const std::string value = text;
     if (value != "0" && value != "1")
@@ -242,7 +242,7 @@ int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk, bool in_register
 // 32: Whisper's forward 0.087 ms against 0.101 with 32 on the H200, run 21), else 32; 0 when
 // neither fits.
 int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
-  const bool in_registers = forward_fragment_registers(device);
+  const bool in_registers = fragment_registers(device);
   for (int64_t bk : coop_block_candidates({64, 32}))
     if (coop_forward_shared_bytes(dims, bk, in_registers) <= device.max_shared_memory_bytes)
       return bk;
@@ -302,7 +302,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
         file = "attention_forward_coopmat.comp";
         launch.defines.push_back({"BK", glsl_uint(coop_forward_block(dims, context.device()))});
         launch.defines.push_back(
-            {"FRAGMENT_REGISTERS", forward_fragment_registers(context.device()) ? "1" : "0"});
+            {"FRAGMENT_REGISTERS", fragment_registers(context.device()) ? "1" : "0"});
         launch.defines.push_back({"WITH_VALUE", with_value ? "1" : "0"});
         launch.defines.push_back({"WITH_LSE", writes_lse ? "1" : "0"});
         break;
@@ -310,6 +310,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
         file = "attention_grad_q_coopmat.comp";
         launch.defines.push_back(
             {"BK", glsl_uint(coop_backward_block(mode, dims, context.device()))});
+        launch.defines.push_back(
+            {"FRAGMENT_REGISTERS", fragment_registers(context.device()) ? "1" : "0"});
         break;
       case Mode::grad_k:
       case Mode::grad_v:

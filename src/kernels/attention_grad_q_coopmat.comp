@@ -12,11 +12,14 @@
 // and writes dS 4 halves at a time: 0.088 to 0.070 ms for Whisper's dQ on the H200 against
 // interleaved single columns (docs/BENCHMARKS.md, run 34; the forward and dK / dV kernels ran
 // 2-19 % slower so and keep single columns).
+// FRAGMENT_REGISTERS=1 (where the fragments keep their elements as NVIDIA's do, as for the
+// forward): S, P, dP and dS stay in registers, 16 keys at a time, and each lane writes its own
+// elements of dQ; no staging area, no subgroup barrier.
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * SLICE,
 // (z + 1) * SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, BK (32 or 64),
 // SPLITS, SLICE (a multiple of BK), OUT_BINDING and GRAD_OUT_BINDING (the bindings of
-// out_value and grad_out). Generated:
+// out_value and grad_out), FRAGMENT_REGISTERS. Generated:
 // float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
 #extension GL_NV_cooperative_matrix : require
@@ -62,9 +65,11 @@ layout(std430, set = 0, binding = GRAD_OUT_BINDING) readonly buffer buffer_grad_
 
 // The query block, then dO, then each key block's K and V tiles.
 shared uvec2 tiles[KV_UVEC2S > Q_UVEC2S ? KV_UVEC2S : Q_UVEC2S];
+#if !FRAGMENT_REGISTERS
 // Per subgroup: the block's S, then its dP, and parts of the dQ rows at the end.
 shared uvec4 stage[BQ * STAGE_VEC4S];
 shared uvec2 weights[BQ * W_UVEC2S];
+#endif
 
 // The f32 staging rows are a uvec4 array (glslang 12 stores cooperative matrices only into
 // 32-bit unsigned vectors, not float ones): vec4 `at` of them.
@@ -102,6 +107,12 @@ void main() {
   uint q0 = gl_WorkGroupID.x * BQ;
   uint q_base = bh * SQ;
   uint kv_base = (b * HKV + kv_head) * SK;
+#if FRAGMENT_REGISTERS
+  // The lane's two rows of the subgroup's 16 (upper: e = 0, 1 of a 16 x 8 fragment; lower: e = 2,
+  // 3) and its two columns of each 8 (e % 2 more than quad_col).
+  uint quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  uint i_upper = q0 + warp * ROWS + quad_row, i_lower = i_upper + 8;
+#else
   // Two lanes per query row; lane half_index owns the row's columns 8c + 4 half_index .. + 3
   // (vec4 2c + half_index), which interleaves the pair over the banks.
   uint row = lane / 2, half_index = lane % 2;
@@ -109,6 +120,7 @@ void main() {
   uint stage_row = (warp * ROWS + row) * STAGE_VEC4S + half_index;
   uint stage_block = warp * ROWS * STAGE_VEC4S;
   uint w_row = (warp * ROWS + row) * W_UVEC2S + half_index;
+#endif
 
   // Top-left causal masking: no query of this block sees a key past its last query.
   uint kv_begin = 0;
@@ -138,6 +150,22 @@ void main() {
   [[unroll]] for (uint c = 0; c < DV / 16; ++c)
     coopMatLoadNV(do_fragments[c], tiles, warp * ROWS * DV_UVEC2S + c * 4, DV_UVEC2S, false);
 
+#if FRAGMENT_REGISTERS
+  // delta = rowsum(dO * O) and the log-sum-exp (log2 units) of both rows, each of a row's four
+  // lanes summing a quarter of it.
+  vec2 delta = vec2(0.0), row_lse = vec2(0.0);
+  [[unroll]] for (uint half_rows = 0; half_rows < 2; ++half_rows) {
+    uint i = half_rows == 0 ? i_upper : i_lower;
+    if (i >= SQ) continue;
+    [[unroll]] for (uint c = 0; c < DV / 16; ++c) {
+      uint at = (q_base + i) * (DV / 4) + (lane % 4) * (DV / 16) + c;
+      delta[half_rows] += dot(grad_out4[at], out_value4[at]);
+    }
+    row_lse[half_rows] = lse[q_base + i] * float(LOG2E);
+  }
+  delta += vec2(subgroupShuffleXor(delta.x, 1), subgroupShuffleXor(delta.y, 1));
+  delta += vec2(subgroupShuffleXor(delta.x, 2), subgroupShuffleXor(delta.y, 2));
+#else
   // delta = rowsum(dO * O), each lane of the pair summing half the row.
   float delta = 0.0;
   if (i < SQ) {
@@ -148,6 +176,7 @@ void main() {
   }
   delta += subgroupShuffleXor(delta, 1);
   float row_lse = i < SQ ? lse[q_base + i] * float(LOG2E) : 0.0;
+#endif
 
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> accumulators[D / 8];
   [[unroll]] for (uint n = 0; n < D / 8; ++n)
@@ -160,6 +189,57 @@ void main() {
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
+#if FRAGMENT_REGISTERS
+    // Per 16 keys: S and dP of both 8-key halves on fragments, dS from the lane's own elements
+    // into the A fragment (component 4 (e / 2) + 2 half + e % 2 holds element e of half
+    // `half`), and its product with K into dQ.
+    [[unroll]] for (uint c = 0; c < BK / 16; ++c) {
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ds_fragment;
+      [[unroll]] for (uint half_keys = 0; half_keys < 2; ++half_keys) {
+        uint n = 2 * c + half_keys;
+        fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+        [[unroll]] for (uint d = 0; d < D / 16; ++d) {
+          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_transposed;
+          coopMatLoadNV(k_transposed, tiles, n * 8 * D_UVEC2S + d * 4, D_UVEC2S, true);
+          s = coopMatMulAddNV(q_fragments[d], k_transposed, s);
+        }
+        fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+        [[unroll]] for (uint d = 0; d < DV / 16; ++d) {
+          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> v_transposed;
+          coopMatLoadNV(v_transposed, tiles, V_OFFSET + n * 8 * DV_UVEC2S + d * 4, DV_UVEC2S,
+                        true);
+          dp = coopMatMulAddNV(do_fragments[d], v_transposed, dp);
+        }
+        [[unroll]] for (uint e = 0; e < 4; ++e) {
+          uint i = e < 2 ? i_upper : i_lower, j = k0 + n * 8 + quad_col + e % 2;
+          bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
+          float p = visible ? exp2(s[e] + mask_at(b, h, i, j) * float(LOG2E) - row_lse[e / 2])
+                            : 0.0;
+          ds_fragment[4 * (e / 2) + 2 * half_keys + e % 2] =
+              float16_t(p * (dp[e] - delta[e / 2]) * SCALE);
+        }
+      }
+      [[unroll]] for (uint n = 0; n < D / 8; ++n) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> k_fragment;
+        coopMatLoadNV(k_fragment, tiles, c * 16 * D_UVEC2S + 2 * n, D_UVEC2S, false);
+        accumulators[n] = coopMatMulAddNV(ds_fragment, k_fragment, accumulators[n]);
+      }
+    }
+  }
+
+  // Each lane writes its own elements of dQ, after the rows of the partials before this one
+  // (grid y is B * HQ).
+  uint partial_base = gl_WorkGroupID.z * gl_NumWorkGroups.y * SQ;
+  [[unroll]] for (uint half_rows = 0; half_rows < 2; ++half_rows) {
+    uint i = half_rows == 0 ? i_upper : i_lower;
+    if (i >= SQ) continue;
+    [[unroll]] for (uint n = 0; n < D / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 2; ++e)
+        grad_q[(partial_base + q_base + i) * D + n * 8 + quad_col + e] =
+            accumulators[n][2 * half_rows + e];
+    }
+  }
+#else
     [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
@@ -227,4 +307,5 @@ void main() {
     subgroupBarrier();
     ATTENTION_WRITE_PART(grad_q, partial_base + q_base, q0 + warp * ROWS, SQ, D, part)
   }
+#endif
 }

@@ -353,31 +353,35 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
-// Where the session's probe found NVIDIA's fragment layout, the attention forward and the
-// log-sum-exp keep scores and probabilities in registers (FRAGMENT_REGISTERS): valid NV SPIR-V
-// and a KHR rewrite that stores no matrix (the lanes write their own elements). Elsewhere, or
-// with MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0, they stage them through shared memory; a bad
-// value is an error naming the switch.
-TEST_F(CoopMatrixLowering, AttentionForwardInRegistersWhereTheLayoutIsKnown) {
+// Where the session's probe found NVIDIA's fragment layout, the attention forward, the
+// log-sum-exp and dQ keep scores, probabilities and dS in registers (FRAGMENT_REGISTERS): valid
+// NV SPIR-V and a KHR rewrite that stores no matrix (the lanes write their own elements).
+// Elsewhere, or with MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0, they stage them through shared
+// memory; a bad value is an error naming the switch.
+TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
   const Graph graph = coop_graph();
   const auto forward_defines = [&](bool quad_rows) {
     kernels::DeviceTraits device = coop_device();
     device.quad_row_fragments = quad_rows;
     std::string defines;
     for (const kernels::Launch& launch : coop_launches(graph, device)) {
-      if (launch.kernel != "attention_forward_coopmat") continue;
+      const bool grad_q = launch.kernel == "attention_grad_q_coopmat";
+      if (launch.kernel != "attention_forward_coopmat" && !grad_q) continue;
       defines += define_of(launch, "FRAGMENT_REGISTERS");
       if (define_of(launch, "FRAGMENT_REGISTERS") != "1") continue;
       const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
-      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1, false);
+      // K^T, and for dQ V^T too, read column-major.
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, grad_q ? 2 : 1,
+                        false);
     }
     return defines;
   };
-  EXPECT_EQ(forward_defines(true), "11");  // the forward and the backward's log-sum-exp
-  EXPECT_EQ(forward_defines(false), "00");
+  // The forward, the backward's log-sum-exp and dQ.
+  EXPECT_EQ(forward_defines(true), "111");
+  EXPECT_EQ(forward_defines(false), "000");
   {
     const ScopedEnv off("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "0");
-    EXPECT_EQ(forward_defines(true), "00");
+    EXPECT_EQ(forward_defines(true), "000");
   }
   const ScopedEnv bad("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "yes");
   try {
@@ -1355,8 +1359,8 @@ void check_attention_once(bool validation) {
       kFastTolerance, 19, fast(), nullptr, validation);
 }
 
-// The forward's softmax in registers (where the session's probe found the fragment layout it
-// is written for: NVIDIA's) and staged through shared memory.
+// The forward's and dQ's scores in registers (where the session's probe found the fragment
+// layout they are written for: NVIDIA's) and staged through shared memory.
 void check_attention(bool validation) {
   for (const char* registers : {"1", "0"}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);
