@@ -74,14 +74,6 @@ kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision
   return traits;
 }
 
-// Whether `graph` holds an attention op, the only kernels that depend on the layout of a
-// cooperative matrix's elements (the session probes it only then).
-bool has_attention(const Graph& graph) {
-  return std::any_of(graph.nodes().begin(), graph.nodes().end(), [](const Node& node) {
-    return node.op == "scaled_dot_product_attention" || node.op.starts_with("attention_");
-  });
-}
-
 plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOptions& session) {
   plan::PlanOptions options;
   options.reuse_memory = session.reuse_memory && session.guard_bytes == 0;
@@ -459,7 +451,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
   kernels::DeviceTraits traits = traits_of(info, options.precision);
-  if (kernels::use_coop_gemm(traits) && has_attention(graph)) {
+  if (kernels::use_coop_gemm(traits)) {
     const std::optional<gpu::FragmentLayout> layout =
         gpu::probe_fragment_layout(*impl.device, kernels::coop_wants_khr(traits));
     traits.quad_row_fragments = layout && gpu::is_quad_row_layout(*layout);
