@@ -43,7 +43,7 @@ struct DeviceTraits {
   bool workgroup_tensor_loads = false;
   // The subgroup fragments that the fast kernels compile to (NV or KHR, coop_wants_khr) keep
   // their elements as NVIDIA's do (gpu::is_quad_row_layout, probed on the device by the
-  // session): the attention forward then runs its softmax on the fragments in registers.
+  // session): the attention forward and dQ then keep their scores in registers.
   bool quad_row_fragments = false;
   // f16 storage buffers and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
   bool f16_tensors = false;
