@@ -214,15 +214,10 @@ int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& dev
 // (FRAGMENT_REGISTERS): where the session's probe found the fragment layout it is written for,
 // unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0 (anything but 0 or 1 is an error naming it).
 bool fragment_registers(const DeviceTraits& device) {
-  if (const char* text = std::getenv("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS")) {
-    const std::string value = text;
-    if (value != "0" && value != "1")
-      throw Error("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS='" + value +
-                  "': expected 0 (scores staged through shared memory) or 1 (in registers "
-                  "where the device's fragment layout allows it); unset it for the default (1)");
-    if (value == "0") return false;
-  }
-  return device.quad_row_fragments;
+  const std::optional<bool> forced =
+      binary_switch("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "scores staged through shared memory",
+                    "in registers where the device's fragment layout allows it", "the default (1)");
+  return forced.value_or(true) && device.quad_row_fragments;
 }
 
 // Shared memory of the cooperative-matrix forward (attention_forward_coopmat.comp) for key

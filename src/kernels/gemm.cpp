@@ -323,13 +323,10 @@ bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
 // and the tests of a device whose shared memory fits the padding). On the H200 the 8-deep wide
 // tile with 16 x 8 a thread ran 3.12 ms swizzled against 2.99 padded (run 54).
 bool swizzled_a_quads(bool padded) {
-  const char* text = std::getenv("MEGANEURA_GEMM_SWIZZLE");
-  if (text == nullptr) return !padded;
-  if (std::strcmp(text, "0") != 0 && std::strcmp(text, "1") != 0)
-    throw Error(std::string("MEGANEURA_GEMM_SWIZZLE='") + text +
-                "': expected 1 (swizzle A's row quads) or 0 (pad them where shared memory "
-                "allows); unset it for the rule");
-  return !padded || std::strcmp(text, "1") == 0;
+  const std::optional<bool> forced =
+      binary_switch("MEGANEURA_GEMM_SWIZZLE", "pad A's row quads where shared memory allows",
+                    "swizzle them", "the rule");
+  return !padded || forced.value_or(false);
 }
 
 // Whether a product that `tile` (chosen by choose_gemm_tile) would run takes the wide tile

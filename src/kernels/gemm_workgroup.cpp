@@ -3,8 +3,6 @@
 // (passes/f16_storage.cpp).
 #include "kernels/gemm_workgroup.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "kernels/gemm_coopmat.hpp"
@@ -115,13 +113,10 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
   const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
   if (!block || k % kWorkgroupGemmBlockK != 0) return false;
-  if (const char* text = std::getenv("MEGANEURA_WORKGROUP_GEMM")) {
-    if (std::strcmp(text, "0") == 0) return false;
-    if (std::strcmp(text, "1") == 0) return true;
-    throw Error(std::string("MEGANEURA_WORKGROUP_GEMM='") + text +
-                "': expected 0 (subgroup-scope fast GEMM only) or 1 (the workgroup GEMM for "
-                "every product whose extents fit its blocks); unset it for the size rule");
-  }
+  if (const std::optional<bool> forced = binary_switch(
+          "MEGANEURA_WORKGROUP_GEMM", "subgroup-scope fast GEMM only",
+          "the workgroup GEMM for every product whose extents fit its blocks", "the size rule"))
+    return *forced;
   const int64_t blocks = (m / block->m) * (n / block->n);
   if (blocks < device.compute_units) return false;
   return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -173,6 +175,16 @@ std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t
   }
   if (at != end) return std::nullopt;
   return values;
+}
+
+std::optional<bool> binary_switch(const char* name, const char* off, const char* on,
+                                  const char* unset) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  if (std::strcmp(text, "0") == 0) return false;
+  if (std::strcmp(text, "1") == 0) return true;
+  throw Error(std::string(name) + "='" + text + "': expected 0 (" + off + ") or 1 (" + on +
+              "); unset it for " + unset);
 }
 
 void warn_once(const std::string& message) {

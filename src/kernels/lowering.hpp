@@ -182,6 +182,12 @@ std::string_view kernel_source(std::string_view file_name);
 // or nothing when `text` is not exactly that.
 std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t count);
 
+// A 0/1 switch (MEGANEURA_WORKGROUP_GEMM, MEGANEURA_GEMM_SWIZZLE, ...): nothing when `name` is
+// unset; any value but 0 or 1 is an error naming the switch, what 0 and 1 do (`off`, `on`) and
+// what unsetting it gives (`unset`).
+std::optional<bool> binary_switch(const char* name, const char* off, const char* on,
+                                  const char* unset);
+
 // Prints "meganeura: <message>" to stderr once per distinct message: a sweep lowers many kernels
 // with the same ignored override.
 void warn_once(const std::string& message);
