@@ -82,7 +82,7 @@ class Graph {
  public:
   // Appends a node; the op's shape inference checks the inputs and throws mg::Error naming the
   // op and the input types when they do not fit.
-  ValueId add(std::string op, std::vector<ValueId> inputs, Attrs attrs = {});
+  ValueId add(std::string_view op, std::vector<ValueId> inputs, Attrs attrs = {});
   // Appends a node whose type is already known (used by passes that rebuild graphs).
   ValueId add_typed(Node node);
 
@@ -113,7 +113,7 @@ class Graph {
   std::string to_string() const;
 
  private:
-  ValueId add_leaf(std::string op, std::string name, TensorType type, Attrs attrs);
+  ValueId add_leaf(std::string_view op, std::string name, TensorType type, Attrs attrs);
   void check_value(ValueId id, std::string_view context) const;
 
   std::vector<Node> nodes_;

@@ -1,5 +1,6 @@
 #include <unordered_map>
 
+#include "ir/op_names.hpp"
 #include "meganeura/autodiff.hpp"
 #include "ops/op.hpp"
 
@@ -48,7 +49,7 @@ std::map<ValueId, ValueId> gradients(Graph& graph, ValueId output, const std::ve
   accumulated[output] = seed;
   auto accumulate = [&](ValueId target, ValueId grad) {
     auto [it, inserted] = accumulated.emplace(target, grad);
-    if (!inserted) it->second = graph.add("add", {it->second, grad});
+    if (!inserted) it->second = graph.add(op::add, {it->second, grad});
   };
 
   for (ValueId id = output; id >= 0; --id) {

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "ir/op_names.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/train.hpp"
@@ -82,7 +83,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   if (graph.type(loss).elements() != 1) {
     throw Error("training needs a scalar loss, got " + type_string(graph.type(loss)));
   }
-  const std::vector<ValueId> parameters = graph.leaves("parameter");
+  const std::vector<ValueId> parameters = graph.leaves(op::parameter);
   if (parameters.empty()) throw Error("training: the graph has no parameters");
   for (ValueId parameter : parameters) {
     const Node& node = graph.node(parameter);

@@ -10,6 +10,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "ir/op_names.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
@@ -175,7 +176,7 @@ std::vector<BenchCase> bench_cases(bool small) {
                      flops,
                      0});
     // A gradient op of the convolution, whose attribute `shape_key` names the shape it restores.
-    auto gradient = [&](const std::string& suffix, const char* op, const char* shape_key,
+    auto gradient = [&](const std::string& suffix, std::string_view op, const char* shape_key,
                         const Shape& restored, const Shape& first, const Shape& second) {
       cases.push_back(
           {name + suffix,
@@ -189,8 +190,8 @@ std::vector<BenchCase> bench_cases(bool small) {
            flops,
            0});
     };
-    gradient(" dX", "conv2d_grad_input", "input_shape", x, dy, w);
-    gradient(" dW", "conv2d_grad_weight", "weight_shape", w, x, dy);
+    gradient(" dX", op::conv2d_grad_input, "input_shape", x, dy, w);
+    gradient(" dW", op::conv2d_grad_weight, "weight_shape", w, x, dy);
   };
   conv("resnet conv 7x7/2 3->64 224", 3, 64, 224, 7, 2);
   conv("resnet conv 3x3 64->64 56", 64, 64, 56, 3, 1);
@@ -215,23 +216,23 @@ std::vector<BenchCase> bench_cases(bool small) {
   // forward kernel writes when the forward is in the graph) and the incoming gradient: the three
   // gradients, as PyTorch's saved forward keeps its log-sum-exp. FLOPs by the usual
   // 2.5x-forward convention.
-  cases.push_back(
-      {"whisper attention 1500x6x64 bwd",
-       {head_shape, head_shape, head_shape, head_shape, head_shape, {1, heads, tokens}},
-       [=](const std::vector<Tensor>& x) -> std::vector<Tensor> {
-         Graph& graph = x[0].graph();
-         const Attrs attrs{{"causal", int64_t{0}},
-                           {"scale", 1.0 / std::sqrt(static_cast<double>(head_dim))},
-                           {"has_mask", int64_t{0}}};
-         const std::vector<ValueId> grad_inputs{x[0].id(), x[1].id(), x[2].id(),
-                                                x[3].id(), x[4].id(), x[5].id()};
-         std::vector<Tensor> grads;
-         for (const char* op : {"attention_grad_q", "attention_grad_k", "attention_grad_v"})
-           grads.emplace_back(&graph, graph.add(op, grad_inputs, attrs));
-         return grads;
-       },
-       2.5 * attention_flops,
-       0});
+  cases.push_back({"whisper attention 1500x6x64 bwd",
+                   {head_shape, head_shape, head_shape, head_shape, head_shape, {1, heads, tokens}},
+                   [=](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                     Graph& graph = x[0].graph();
+                     const Attrs attrs{{"causal", int64_t{0}},
+                                       {"scale", 1.0 / std::sqrt(static_cast<double>(head_dim))},
+                                       {"has_mask", int64_t{0}}};
+                     const std::vector<ValueId> grad_inputs{x[0].id(), x[1].id(), x[2].id(),
+                                                            x[3].id(), x[4].id(), x[5].id()};
+                     std::vector<Tensor> grads;
+                     for (std::string_view op :
+                          {op::attention_grad_q, op::attention_grad_k, op::attention_grad_v})
+                       grads.emplace_back(&graph, graph.add(op, grad_inputs, attrs));
+                     return grads;
+                   },
+                   2.5 * attention_flops,
+                   0});
 
   // One training step's attention: the forward and, from its output, the three gradients (the
   // backward's log-sum-exp written by the forward). FLOPs: forward + backward, 3.5x forward.
@@ -277,7 +278,7 @@ std::vector<BenchCase> bench_cases(bool small) {
                        Attrs attrs = conv_attrs(1, 1);
                        attrs.set("weight_shape", Shape{channels, channels, 3, 3});
                        Graph& graph = in[0].graph();
-                       return {Tensor(&graph, graph.add("conv2d_grad_weight",
+                       return {Tensor(&graph, graph.add(op::conv2d_grad_weight,
                                                         {in[0].id(), in[1].id()}, attrs))};
                      },
                      flops,

@@ -2,16 +2,17 @@
 
 #include <unordered_set>
 
+#include "ir/op_names.hpp"
 #include "ops/op.hpp"
 
 namespace mg {
 
 bool Node::is_leaf() const {
-  return op == "input" || op == "parameter" || op == "state" || op == "constant";
+  return op == op::input || op == op::parameter || op == op::state || op == op::constant;
 }
 
 bool Node::is_uniform_constant() const {
-  return op == "constant" && !data && attrs.has("value");
+  return op == op::constant && !data && attrs.has("value");
 }
 
 Init leaf_init(const Node& leaf) {
@@ -30,11 +31,11 @@ void Graph::check_value(ValueId id, std::string_view context) const {
   }
 }
 
-ValueId Graph::add(std::string op, std::vector<ValueId> inputs, Attrs attrs) {
+ValueId Graph::add(std::string_view op, std::vector<ValueId> inputs, Attrs attrs) {
   const OpDef& def = op_def(op);
   for (ValueId input : inputs) check_value(input, op);
   Node node;
-  node.op = std::move(op);
+  node.op = op;
   node.inputs = std::move(inputs);
   node.attrs = std::move(attrs);
   node.type = def.infer(*this, node);
@@ -48,15 +49,15 @@ ValueId Graph::add_typed(Node node) {
   return static_cast<ValueId>(nodes_.size() - 1);
 }
 
-ValueId Graph::add_leaf(std::string op, std::string name, TensorType type, Attrs attrs) {
+ValueId Graph::add_leaf(std::string_view op, std::string name, TensorType type, Attrs attrs) {
   for (int64_t extent : type.shape) {
     if (extent <= 0) {
-      throw Error(op + " '" + name + "': shape " + shape_string(type.shape) +
+      throw Error(std::string(op) + " '" + name + "': shape " + shape_string(type.shape) +
                   " has a non-positive extent");
     }
   }
   if (!name.empty() && find_leaf(name) != kNoValue) {
-    throw Error(op + " '" + name + "': the graph already has a leaf of that name");
+    throw Error(std::string(op) + " '" + name + "': the graph already has a leaf of that name");
   }
   Node node;
   node.op = std::move(op);
@@ -72,7 +73,7 @@ static Attrs init_attrs(const Init& init) {
 }
 
 ValueId Graph::input(std::string name, TensorType type) {
-  return add_leaf("input", std::move(name), std::move(type), {});
+  return add_leaf(op::input, std::move(name), std::move(type), {});
 }
 
 ValueId Graph::parameter(std::string name, TensorType type, Init init) {
@@ -80,15 +81,15 @@ ValueId Graph::parameter(std::string name, TensorType type, Init init) {
     throw Error("parameter '" + name + "' has dtype " + std::string(dtype_name(type.dtype)) +
                 "; parameters must be floating point");
   }
-  return add_leaf("parameter", std::move(name), std::move(type), init_attrs(init));
+  return add_leaf(op::parameter, std::move(name), std::move(type), init_attrs(init));
 }
 
 ValueId Graph::state(std::string name, TensorType type, Init init) {
-  return add_leaf("state", std::move(name), std::move(type), init_attrs(init));
+  return add_leaf(op::state, std::move(name), std::move(type), init_attrs(init));
 }
 
 ValueId Graph::constant(double value, TensorType type) {
-  return add_leaf("constant", "", std::move(type), Attrs{{"value", value}});
+  return add_leaf(op::constant, "", std::move(type), Attrs{{"value", value}});
 }
 
 ValueId Graph::constant(std::vector<double> values, TensorType type) {
@@ -96,7 +97,7 @@ ValueId Graph::constant(std::vector<double> values, TensorType type) {
     throw Error("constant of type " + type_string(type) + " given " +
                 std::to_string(values.size()) + " values");
   }
-  const ValueId id = add_leaf("constant", "", std::move(type), {});
+  const ValueId id = add_leaf(op::constant, "", std::move(type), {});
   nodes_[id].data = std::make_shared<const std::vector<double>>(std::move(values));
   return id;
 }
@@ -116,7 +117,7 @@ void Graph::assign(ValueId target, ValueId value) {
   check_value(target, "assign");
   check_value(value, "assign");
   const Node& leaf = nodes_[target];
-  if (leaf.op != "parameter" && leaf.op != "state") {
+  if (leaf.op != op::parameter && leaf.op != op::state) {
     throw Error("assign: target %" + std::to_string(target) + " is a " + leaf.op +
                 "; only parameters and state can be updated");
   }

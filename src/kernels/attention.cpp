@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <numbers>
 
+#include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
@@ -26,7 +27,8 @@ struct Dims {
 Dims attention_dims(const Graph& graph, const Node& node) {
   const Shape& q = graph.type(node.inputs[0]).shape;
   const Shape& k = graph.type(node.inputs[1]).shape;
-  const int64_t value_dim = node.op == "attention_lse" ? q[3] : graph.type(node.inputs[2]).shape[3];
+  const int64_t value_dim =
+      node.op == op::attention_lse ? q[3] : graph.type(node.inputs[2]).shape[3];
   return {q[0], q[1], k[1], q[2], k[2], q[3], value_dim};
 }
 
@@ -487,7 +489,7 @@ void lower_rope(LoweringContext& context) {
 }  // namespace
 
 bool is_attention_companion_op(std::string_view op) {
-  return op == "attention_lse" || op == "attention_grad_v" || op == "attention_grad_scores";
+  return op == op::attention_lse || op == op::attention_grad_v || op == op::attention_grad_scores;
 }
 
 bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId companion,
@@ -495,11 +497,11 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
   const Node& c = graph.node(companion);
   const Node& producer_node = graph.node(producer);
   // A forward over key slices hands its log-sum-exp to the combine that follows it.
-  const bool combine = producer_node.op == "attention_combine";
+  const bool combine = producer_node.op == op::attention_combine;
   const Node& p = combine ? graph.node(producer_node.inputs[0]) : producer_node;
   if (companion <= producer ||
-      (p.op != "scaled_dot_product_attention" && p.op != "attention_grad_k") ||
-      (p.op == "scaled_dot_product_attention" && p.attrs.has("kv_splits") != combine))
+      (p.op != op::scaled_dot_product_attention && p.op != op::attention_grad_k) ||
+      (p.op == op::scaled_dot_product_attention && p.attrs.has("kv_splits") != combine))
     return false;
   const bool has_mask = p.attrs.get_int("has_mask", 0) != 0;
   const Dims dims = attention_dims(graph, p);
@@ -507,15 +509,15 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
       c.attrs.get_int("causal", 0) != p.attrs.get_int("causal", 0) ||
       attention_scale(c, dims) != attention_scale(p, dims))
     return false;
-  if (p.op == "scaled_dot_product_attention" && c.op == "attention_lse") {
+  if (p.op == op::scaled_dot_product_attention && c.op == op::attention_lse) {
     return c.inputs[0] == p.inputs[0] && c.inputs[1] == p.inputs[1] &&
            (!has_mask || c.inputs[2] == p.inputs[3]);
   }
-  if (p.op != "attention_grad_k" || c.inputs != p.inputs) return false;
+  if (p.op != op::attention_grad_k || c.inputs != p.inputs) return false;
   const bool coop = use_coop_attention(Mode::grad_k, dims, device);
   // The strict dK kernel has every weight of W at hand (its query slices cover W's rows).
-  if (c.op == "attention_grad_scores") return !coop;
-  if (c.op == "attention_grad_v" &&
+  if (c.op == op::attention_grad_scores) return !coop;
+  if (c.op == op::attention_grad_v &&
       c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1) &&
       (!coop || use_coop_attention(Mode::grad_kv, dims, device))) {
     // One pass over the scores for both: 1.27 -> 1.02 ms for the Whisper backward on the H200
@@ -533,10 +535,10 @@ std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId 
   const std::string& op = graph.node(producer).op;
   ValueId companion = kNoValue, scores = kNoValue;
   for (const ValueId value : companions)
-    (graph.node(value).op == "attention_grad_scores" ? scores : companion) = value;
-  if (op == "attention_combine")
+    (graph.node(value).op == op::attention_grad_scores ? scores : companion) = value;
+  if (op == op::attention_combine)
     lower_attention_combine(context, companion);
-  else if (op == "attention_grad_k")
+  else if (op == op::attention_grad_k)
     lower_attention(context, companion != kNoValue ? Mode::grad_kv : Mode::grad_k, companion,
                     scores);
   else
@@ -550,14 +552,15 @@ std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId 
 }
 
 std::vector<LoweringEntry> attention_lowerings() {
-  return {{"scaled_dot_product_attention", lower<Mode::forward>},
-          {"attention_combine", [](LoweringContext& context) { lower_attention_combine(context); }},
-          {"attention_lse", lower<Mode::lse>},
-          {"attention_grad_q", lower<Mode::grad_q>},
-          {"attention_grad_k", lower<Mode::grad_k>},
-          {"attention_grad_v", lower<Mode::grad_v>},
-          {"attention_grad_scores", lower<Mode::grad_scores>},
-          {"rope", lower_rope}};
+  return {
+      {op::scaled_dot_product_attention, lower<Mode::forward>},
+      {op::attention_combine, [](LoweringContext& context) { lower_attention_combine(context); }},
+      {op::attention_lse, lower<Mode::lse>},
+      {op::attention_grad_q, lower<Mode::grad_q>},
+      {op::attention_grad_k, lower<Mode::grad_k>},
+      {op::attention_grad_v, lower<Mode::grad_v>},
+      {op::attention_grad_scores, lower<Mode::grad_scores>},
+      {op::rope, lower_rope}};
 }
 
 }  // namespace mg::kernels

@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 
+#include "ir/op_names.hpp"
 #include "kernels/conv_weight_grad.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
@@ -621,7 +622,7 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
   const Shape& v = graph.type(node.inputs[0]).shape;
   const auto tiles = attr_pair(node.attrs, "tiles", 1);
   const auto padding = attr_pair(node.attrs, "padding", 0);
-  const bool grad_out = node.op == "winograd_grad_tiles";
+  const bool grad_out = node.op == op::winograd_grad_tiles;
   const winograd::Variant& f = winograd::variant_of(node.attrs);
   const winograd::Matrix& transform = grad_out ? f.grad : f.input;
   const int64_t tile_count = node.type.shape[2];
@@ -755,14 +756,14 @@ bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId compa
   const Node& c = graph.node(companion);
   // Every reader of the companion follows it and so the producer's launch, and so must the
   // value it reads.
-  if (p.op != "winograd_tiles" || c.op != "winograd_grad_tiles" || companion <= producer ||
+  if (p.op != op::winograd_tiles || c.op != op::winograd_grad_tiles || companion <= producer ||
       c.inputs[0] >= producer)
     return false;
   // The two operands of one weight gradient's product, so that neither lives longer than it
   // would in a launch of its own.
   for (size_t i = companion + 1; i < graph.size(); ++i) {
     const Node& reader = graph.nodes()[i];
-    if (reader.op == "matmul" && reader.inputs == std::vector<ValueId>{companion, producer})
+    if (reader.op == op::matmul && reader.inputs == std::vector<ValueId>{companion, producer})
       return true;
   }
   return false;
@@ -790,17 +791,17 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
 }
 
 std::vector<LoweringEntry> conv_lowerings() {
-  return {{"conv2d", lower_conv2d},
-          {"conv2d_grad_input", lower_conv2d_data_grad},
-          {"conv_transpose2d", lower_conv2d_data_grad},
-          {"conv2d_grad_weight", lower_conv2d_weight_grad},
-          {"im2col", lower_im2col},
-          {"col2im", lower_col2im},
-          {"winograd_tiles", lower_winograd_tiles},
-          {"winograd_grad_tiles", lower_winograd_tiles},
-          {"winograd_weight_grad", lower_winograd_weight_grad},
-          {"winograd_filter", lower_winograd_filter},
-          {"winograd_output", lower_winograd_output}};
+  return {{op::conv2d, lower_conv2d},
+          {op::conv2d_grad_input, lower_conv2d_data_grad},
+          {op::conv_transpose2d, lower_conv2d_data_grad},
+          {op::conv2d_grad_weight, lower_conv2d_weight_grad},
+          {op::im2col, lower_im2col},
+          {op::col2im, lower_col2im},
+          {op::winograd_tiles, lower_winograd_tiles},
+          {op::winograd_grad_tiles, lower_winograd_tiles},
+          {op::winograd_weight_grad, lower_winograd_weight_grad},
+          {op::winograd_filter, lower_winograd_filter},
+          {op::winograd_output, lower_winograd_output}};
 }
 
 }  // namespace mg::kernels

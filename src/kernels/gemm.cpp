@@ -10,6 +10,7 @@
 #include <span>
 #include <thread>
 
+#include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/gemm_epilogue.hpp"
@@ -432,7 +433,7 @@ bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
 
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device) {
   const Node& node = graph.node(columns);
-  if (node.op != "im2col" || node.attrs.get_ints("output_size").at(1) % 4 != 0 ||
+  if (node.op != op::im2col || node.attrs.get_ints("output_size").at(1) % 4 != 0 ||
       images_side_by_side(node.attrs))
     return false;
   const char* switched = std::getenv("MEGANEURA_PACKED_COLUMNS");
@@ -446,7 +447,7 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
   }
   if (consumer == kNoValue) return false;
   const Node& product = graph.node(consumer);
-  if (product.op != "matmul" || product.inputs[0] == columns || product.inputs[1] != columns)
+  if (product.op != op::matmul || product.inputs[0] == columns || product.inputs[1] != columns)
     return false;
   return matmul_runs_coop(matmul_shape(graph, consumer), device) || use_cpu_kernels(device);
 }
@@ -846,7 +847,7 @@ std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmu
 }
 
 std::vector<LoweringEntry> gemm_lowerings() {
-  return {{"matmul", lower_matmul}};
+  return {{op::matmul, lower_matmul}};
 }
 
 }  // namespace mg::kernels

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/index_codegen.hpp"
 
@@ -132,9 +133,9 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
 }
 
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {
-  return {{"round_to_f16", lower_f16_conversion},
-          {"widen_f16", lower_f16_conversion},
-          {"half_matmul", lower_half_matmul}};
+  return {{op::round_to_f16, lower_f16_conversion},
+          {op::widen_f16, lower_f16_conversion},
+          {op::half_matmul, lower_half_matmul}};
 }
 
 }  // namespace mg::kernels

@@ -1,6 +1,7 @@
 // The data-movement archetype: every output element reads (at most) one input element at an
 // index computed from its coordinates (transpose, slice, pad, concat, gather), plus the
 // deterministic row scatter that is gather's gradient.
+#include "ir/op_names.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
@@ -152,9 +153,12 @@ void lower_scatter_add(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> layout_lowerings() {
-  return {
-      {"transpose", lower_transpose}, {"slice", lower_slice},   {"pad", lower_pad},
-      {"concat", lower_concat},       {"gather", lower_gather}, {"scatter_add", lower_scatter_add}};
+  return {{op::transpose, lower_transpose},
+          {op::slice, lower_slice},
+          {op::pad, lower_pad},
+          {op::concat, lower_concat},
+          {op::gather, lower_gather},
+          {op::scatter_add, lower_scatter_add}};
 }
 
 }  // namespace mg::kernels

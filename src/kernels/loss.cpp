@@ -9,6 +9,7 @@
 // mean deterministic.
 #include <algorithm>
 
+#include "ir/op_names.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 
@@ -269,9 +270,9 @@ void lower_max_grad(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> loss_lowerings() {
-  return {{"cross_entropy", lower_cross_entropy},
-          {"cross_entropy_grad", lower_cross_entropy_grad},
-          {"max_grad", lower_max_grad}};
+  return {{op::cross_entropy, lower_cross_entropy},
+          {op::cross_entropy_grad, lower_cross_entropy_grad},
+          {op::max_grad, lower_max_grad}};
 }
 
 }  // namespace mg::kernels

@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "ir/op_names.hpp"
 #include "kernels/embedded_sources.hpp"
 
 namespace mg::kernels {
@@ -111,12 +112,12 @@ std::array<uint32_t, 3> tiled_grid(const std::string& label, int64_t columns, in
 }
 
 bool is_companion_op(std::string_view op) {
-  return is_attention_companion_op(op) || op == "winograd_grad_tiles";
+  return is_attention_companion_op(op) || op == op::winograd_grad_tiles;
 }
 
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device) {
-  if (graph.node(companion).op == "winograd_grad_tiles")
+  if (graph.node(companion).op == op::winograd_grad_tiles)
     return can_pair_winograd_tiles(graph, producer, companion);
   return can_write_attention_companion(graph, producer, companion, device);
 }
@@ -124,13 +125,13 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
 std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
                                           const std::vector<ValueId>& companions,
                                           const DeviceTraits& device) {
-  if (graph.node(producer).op == "winograd_tiles")
+  if (graph.node(producer).op == op::winograd_tiles)
     return lower_winograd_tiles_pair(graph, producer, companions.at(0), device);
   return lower_attention_with_companions(graph, producer, companions, device);
 }
 
 bool is_view_op(std::string_view op) {
-  return op == "reshape" || op == "stop_gradient";
+  return op == op::reshape || op == op::stop_gradient;
 }
 
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device) {

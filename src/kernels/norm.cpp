@@ -5,6 +5,7 @@
 // batch_norm groups (N * H * W elements) do not fit in shared memory.
 #include <algorithm>
 
+#include "ir/op_names.hpp"
 #include "kernels/gemm_cpu.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
@@ -261,10 +262,11 @@ void lower(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> norm_lowerings() {
-  return {{"layer_norm", lower<Kind::layer, false>}, {"layer_norm_grad", lower<Kind::layer, true>},
-          {"rms_norm", lower<Kind::rms, false>},     {"rms_norm_grad", lower<Kind::rms, true>},
-          {"group_norm", lower<Kind::group, false>}, {"group_norm_grad", lower<Kind::group, true>},
-          {"batch_norm", lower<Kind::batch, false>}, {"batch_norm_grad", lower<Kind::batch, true>}};
+  return {
+      {op::layer_norm, lower<Kind::layer, false>}, {op::layer_norm_grad, lower<Kind::layer, true>},
+      {op::rms_norm, lower<Kind::rms, false>},     {op::rms_norm_grad, lower<Kind::rms, true>},
+      {op::group_norm, lower<Kind::group, false>}, {op::group_norm_grad, lower<Kind::group, true>},
+      {op::batch_norm, lower<Kind::batch, false>}, {op::batch_norm_grad, lower<Kind::batch, true>}};
 }
 
 }  // namespace mg::kernels

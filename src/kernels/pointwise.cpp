@@ -1,5 +1,6 @@
 #include "kernels/pointwise.hpp"
 
+#include "ir/op_names.hpp"
 #include "kernels/index_codegen.hpp"
 
 #include <algorithm>
@@ -60,35 +61,35 @@ float mg_gelu_tanh_grad(float x) {
 // GLSL for each op, with $0, $1, $2 standing for the arguments.
 const std::map<std::string_view, std::string_view>& expressions() {
   static const std::map<std::string_view, std::string_view> table = {
-      {"add", "$0 + $1"},
-      {"sub", "$0 - $1"},
-      {"mul", "$0 * $1"},
-      {"div", "$0 / $1"},
-      {"pow", "mg_pow($0, $1)"},
-      {"maximum", "max($0, $1)"},
-      {"minimum", "min($0, $1)"},
-      {"equal", "float($0 == $1)"},
-      {"less", "float($0 < $1)"},
-      {"less_equal", "float($0 <= $1)"},
-      {"greater", "float($0 > $1)"},
-      {"greater_equal", "float($0 >= $1)"},
-      {"where", "($0 != 0.0) ? $1 : $2"},
-      {"neg", "-$0"},
-      {"abs", "abs($0)"},
-      {"exp", "exp($0)"},
-      {"log", "log($0)"},
-      {"sqrt", "sqrt($0)"},
-      {"rsqrt", "inversesqrt($0)"},
-      {"recip", "1.0 / $0"},
-      {"square", "$0 * $0"},
-      {"sin", "sin($0)"},
-      {"cos", "cos($0)"},
-      {"relu", "max($0, 0.0)"},
-      {"silu", "$0 * mg_sigmoid($0)"},
-      {"sigmoid", "mg_sigmoid($0)"},
-      {"tanh", "mg_tanh($0)"},
-      {"broadcast_to", "$0"},
-      {"cast", "$0"},
+      {op::add, "$0 + $1"},
+      {op::sub, "$0 - $1"},
+      {op::mul, "$0 * $1"},
+      {op::div, "$0 / $1"},
+      {op::pow, "mg_pow($0, $1)"},
+      {op::maximum, "max($0, $1)"},
+      {op::minimum, "min($0, $1)"},
+      {op::equal, "float($0 == $1)"},
+      {op::less, "float($0 < $1)"},
+      {op::less_equal, "float($0 <= $1)"},
+      {op::greater, "float($0 > $1)"},
+      {op::greater_equal, "float($0 >= $1)"},
+      {op::where, "($0 != 0.0) ? $1 : $2"},
+      {op::neg, "-$0"},
+      {op::abs, "abs($0)"},
+      {op::exp, "exp($0)"},
+      {op::log, "log($0)"},
+      {op::sqrt, "sqrt($0)"},
+      {op::rsqrt, "inversesqrt($0)"},
+      {op::recip, "1.0 / $0"},
+      {op::square, "$0 * $0"},
+      {op::sin, "sin($0)"},
+      {op::cos, "cos($0)"},
+      {op::relu, "max($0, 0.0)"},
+      {op::silu, "$0 * mg_sigmoid($0)"},
+      {op::sigmoid, "mg_sigmoid($0)"},
+      {op::tanh, "mg_tanh($0)"},
+      {op::broadcast_to, "$0"},
+      {op::cast, "$0"},
   };
   return table;
 }
@@ -97,13 +98,13 @@ std::string expression_for(const PointwiseStatement& statement) {
   // The f16 storage pass's conversions (passes/f16_storage.cpp), fused: the value rounded to
   // f16 where it is one (a DAG reads an f16 input and stores an f16 result through its
   // buffer's type, so widening is the value itself).
-  if (statement.op == "round_to_f16") return "mg_round_f16($0)";
-  if (statement.op == "widen_f16") return "$0";
-  if (statement.op == "gelu") {
+  if (statement.op == op::round_to_f16) return "mg_round_f16($0)";
+  if (statement.op == op::widen_f16) return "$0";
+  if (statement.op == op::gelu) {
     return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh($0)"
                                                                        : "mg_gelu($0)";
   }
-  if (statement.op == "gelu_grad") {
+  if (statement.op == op::gelu_grad) {
     return statement.attrs.get_string("approximate", "none") == "tanh"
                ? "mg_gelu_tanh_grad($0) * $1"
                : "mg_gelu_grad($0) * $1";
@@ -129,12 +130,12 @@ std::string substitute(const std::string& expression, const std::vector<std::str
 }  // namespace
 
 bool is_pointwise_op(std::string_view op) {
-  return expressions().count(op) > 0 || op == "gelu" || op == "gelu_grad" ||
+  return expressions().count(op) > 0 || op == op::gelu || op == op::gelu_grad ||
          is_f16_conversion_op(op);
 }
 
 bool is_f16_conversion_op(std::string_view op) {
-  return op == "round_to_f16" || op == "widen_f16";
+  return op == op::round_to_f16 || op == op::widen_f16;
 }
 
 std::string_view pointwise_functions_glsl() {
@@ -474,8 +475,8 @@ void lower_single_pointwise(LoweringContext& context) {
 std::vector<LoweringEntry> pointwise_lowerings() {
   std::vector<LoweringEntry> entries;
   for (const auto& [op, unused] : expressions()) entries.push_back({op, lower_single_pointwise});
-  entries.push_back({"gelu", lower_single_pointwise});
-  entries.push_back({"gelu_grad", lower_single_pointwise});
+  entries.push_back({op::gelu, lower_single_pointwise});
+  entries.push_back({op::gelu_grad, lower_single_pointwise});
   return entries;
 }
 

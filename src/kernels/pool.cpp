@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 
+#include "ir/op_names.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 #include "ops/pool_geometry.hpp"
@@ -263,14 +264,14 @@ void lower_upsample_bilinear_grad(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> pool_lowerings() {
-  return {{"max_pool2d", lower_max_pool},
-          {"max_pool2d_grad", lower_max_pool_grad},
-          {"avg_pool2d", lower_avg_pool},
-          {"avg_pool2d_grad", lower_avg_pool_grad},
-          {"upsample_nearest2d", lower_upsample_nearest},
-          {"upsample_nearest2d_grad", lower_upsample_nearest_grad},
-          {"upsample_bilinear2d", lower_upsample_bilinear},
-          {"upsample_bilinear2d_grad", lower_upsample_bilinear_grad}};
+  return {{op::max_pool2d, lower_max_pool},
+          {op::max_pool2d_grad, lower_max_pool_grad},
+          {op::avg_pool2d, lower_avg_pool},
+          {op::avg_pool2d_grad, lower_avg_pool_grad},
+          {op::upsample_nearest2d, lower_upsample_nearest},
+          {op::upsample_nearest2d_grad, lower_upsample_nearest_grad},
+          {op::upsample_bilinear2d, lower_upsample_bilinear},
+          {op::upsample_bilinear2d_grad, lower_upsample_bilinear_grad}};
 }
 
 }  // namespace mg::kernels

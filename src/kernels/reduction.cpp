@@ -6,6 +6,7 @@
 // once into registers when it is short enough.
 #include <algorithm>
 
+#include "ir/op_names.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 #include "kernels/pointwise.hpp"
@@ -56,7 +57,7 @@ RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axe
 }
 
 std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
-  if (node.op == "sum_to_f16") return {0};  // its leading axis, always
+  if (node.op == op::sum_to_f16) return {0};  // its leading axis, always
   std::vector<int64_t> axes = node.attrs.has("axes")
                                   ? node.attrs.get_ints("axes")
                                   : std::vector<int64_t>{node.attrs.get_int("axis")};
@@ -314,13 +315,13 @@ void lower_log_softmax(LoweringContext& context) {
 }  // namespace
 
 std::vector<LoweringEntry> reduction_lowerings() {
-  return {{"sum", lower_sum},
-          {"sum_to_f16", lower_sum_to_f16},
-          {"mean", lower_mean},
-          {"max", lower_max},
-          {"argmax", lower_argmax},
-          {"softmax", lower_softmax},
-          {"log_softmax", lower_log_softmax}};
+  return {{op::sum, lower_sum},
+          {op::sum_to_f16, lower_sum_to_f16},
+          {op::mean, lower_mean},
+          {op::max, lower_max},
+          {op::argmax, lower_argmax},
+          {op::softmax, lower_softmax},
+          {op::log_softmax, lower_log_softmax}};
 }
 
 }  // namespace mg::kernels

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/k_split.hpp"
 #include "ops/op_checks.hpp"
@@ -303,7 +304,7 @@ int64_t attention_splits(const Graph& graph, const Node& node, const char* split
 // One backward op: same inputs, one of the three gradients. With attribute `split` (kv_splits
 // for dQ, q_splits for dK and dV; only from passes/split_attention.cpp) the result is [S, ...]:
 // partial s sums only over the keys (queries) of slice s.
-void register_attention_grad(std::vector<OpDef>& registry, const char* name,
+void register_attention_grad(std::vector<OpDef>& registry, std::string_view name,
                              HostTensor AttentionReference::Gradients::*pick,
                              Shape (*result_shape)(const Graph&, const Node&), const char* split) {
   const bool over_keys = std::string_view(split) == "kv_splits";
@@ -387,7 +388,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   //   Query head h reads kv head h / (Hq / Hkv). attrs: causal (0/1, top-left aligned: key j
   //   visible to query i when j <= i), scale (default 1/sqrt(D)), has_mask (0/1).
   registry.push_back(OpDef{
-      .name = "scaled_dot_product_attention",
+      .name = op::scaled_dot_product_attention,
       .infer =
           [](const Graph& graph, const Node& node) {
             const AttentionDims dims = check_attention(graph, node, true, false);
@@ -414,11 +415,11 @@ void register_attention_ops(std::vector<OpDef>& registry) {
               lse_inputs.push_back(node.inputs[layout.mask_index()]);
               grad_inputs.push_back(node.inputs[layout.mask_index()]);
             }
-            const ValueId lse = graph.add("attention_lse", lse_inputs, node.attrs);
+            const ValueId lse = graph.add(op::attention_lse, lse_inputs, node.attrs);
             grad_inputs.insert(grad_inputs.end(), {self, grad, lse});
-            std::vector<ValueId> grads{graph.add("attention_grad_q", grad_inputs, node.attrs),
-                                       graph.add("attention_grad_k", grad_inputs, node.attrs),
-                                       graph.add("attention_grad_v", grad_inputs, node.attrs)};
+            std::vector<ValueId> grads{graph.add(op::attention_grad_q, grad_inputs, node.attrs),
+                                       graph.add(op::attention_grad_k, grad_inputs, node.attrs),
+                                       graph.add(op::attention_grad_v, grad_inputs, node.attrs)};
             if (layout.has_mask) grads.push_back(kNoValue);  // masks take no gradient
             return grads;
           },
@@ -429,7 +430,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   // attention_combine(partials [S, ..., Dv + 1]) -> [..., Dv] joins them: with M the largest
   // log-sum-exp of a row and w_s = exp(lse_s - M), out = sum_s w_s O_s / sum_s w_s.
   registry.push_back(OpDef{
-      .name = "attention_combine",
+      .name = op::attention_combine,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -473,7 +474,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   // attention_lse(q, k, mask?) -> [B, Hq, Sq]: log-sum-exp over keys of the scaled, masked
   //   scores. attrs: those of scaled_dot_product_attention.
   registry.push_back(OpDef{
-      .name = "attention_lse",
+      .name = op::attention_lse,
       .infer =
           [](const Graph& graph, const Node& node) {
             const AttentionDims dims = check_attention(graph, node, false, false);
@@ -499,21 +500,21 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   //   [B, Hq, Sq, D], k [B, Hkv, Sk, D] or v [B, Hkv, Sk, Dv] (k and v summed over the query
   //   heads of their group). attrs: those of scaled_dot_product_attention.
   register_attention_grad(
-      registry, "attention_grad_q", &AttentionReference::Gradients::q,
+      registry, op::attention_grad_q, &AttentionReference::Gradients::q,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 0); },
       "kv_splits");
   register_attention_grad(
-      registry, "attention_grad_k", &AttentionReference::Gradients::k,
+      registry, op::attention_grad_k, &AttentionReference::Gradients::k,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 1); }, "q_splits");
   register_attention_grad(
-      registry, "attention_grad_v", &AttentionReference::Gradients::v,
+      registry, op::attention_grad_v, &AttentionReference::Gradients::v,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 2); }, "q_splits");
 
   // attention_grad_scores(q, k, v, mask?, out, grad_out, lse) -> [B, Hq, Sq, Sk]: scale * dS,
   //   the scores' gradient (attention_grad_q is this times k), for the GPU's route of dQ as a
   //   matmul (passes/attention_grad_q_gemm.cpp). attrs: those of scaled_dot_product_attention.
   registry.push_back(OpDef{
-      .name = "attention_grad_scores",
+      .name = op::attention_grad_scores,
       .infer =
           [](const Graph& graph, const Node& node) {
             const AttentionDims dims = check_attention(graph, node, true, true);
@@ -532,7 +533,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   //   (position_offset + s) * theta^(-2i/D). attrs: theta, position_offset, inverse (0/1:
   //   rotate by the negative angle).
   registry.push_back(OpDef{
-      .name = "rope",
+      .name = op::rope,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -554,7 +555,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
           [](Graph& graph, ValueId self, ValueId grad) {
             Attrs attrs = graph.node(self).attrs;
             attrs.set("inverse", int64_t{attrs.get_int("inverse", 0) == 0});
-            return std::vector<ValueId>{graph.add("rope", {grad}, attrs)};
+            return std::vector<ValueId>{graph.add(op::rope, {grad}, attrs)};
           },
   });
 }
@@ -563,14 +564,14 @@ Tensor scaled_dot_product_attention(Tensor q, Tensor k, Tensor v, const Attentio
   std::vector<Tensor> inputs{q, k, v};
   if (options.mask) inputs.push_back(*options.mask);
   const double head_dim = q.rank() == 4 ? static_cast<double>(q.dim(3)) : 1.0;
-  return apply("scaled_dot_product_attention", inputs,
+  return apply(op::scaled_dot_product_attention, inputs,
                {{"causal", int64_t{options.causal}},
                 {"scale", options.scale.value_or(1.0 / std::sqrt(head_dim))},
                 {"has_mask", int64_t{options.mask.has_value()}}});
 }
 
 Tensor rope(Tensor x, double theta, int64_t position_offset) {
-  return apply("rope", {x},
+  return apply(op::rope, {x},
                {{"theta", theta}, {"position_offset", position_offset}, {"inverse", int64_t{0}}});
 }
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <limits>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/k_split.hpp"
@@ -188,8 +189,8 @@ std::vector<ValueId> data_gradient_vjp(Graph& graph, ValueId self, ValueId grad)
   const ValueId a = node.inputs[0];
   const ValueId w = node.inputs[1];
   const Attrs attrs = conv_attrs(node);
-  return {graph.add("conv2d", {grad, w}, attrs),
-          graph.add("conv2d_grad_weight", {grad, a},
+  return {graph.add(op::conv2d, {grad, w}, attrs),
+          graph.add(op::conv2d_grad_weight, {grad, a},
                     with_shape(attrs, "weight_shape", graph.type(w).shape))};
 }
 
@@ -242,7 +243,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // conv2d(x [N, C, H, W], w [O, C/groups, KH, KW]) -> [N, O, OH, OW], no bias.
   // attrs: stride [2] (default 1,1), padding [2] (0,0), dilation [2] (1,1), groups (1).
   registry.push_back(OpDef{
-      .name = "conv2d",
+      .name = op::conv2d,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_conv_operands(graph, node);
@@ -261,9 +262,9 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             const ValueId w = node.inputs[1];
             const Attrs attrs = conv_attrs(node);
             return std::vector<ValueId>{
-                graph.add("conv2d_grad_input", {grad, w},
+                graph.add(op::conv2d_grad_input, {grad, w},
                           with_shape(attrs, "input_shape", graph.type(x).shape)),
-                graph.add("conv2d_grad_weight", {x, grad},
+                graph.add(op::conv2d_grad_weight, {x, grad},
                           with_shape(attrs, "weight_shape", graph.type(w).shape))};
           },
   });
@@ -271,7 +272,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // conv2d_grad_input(grad_out [N, O, OH, OW], w [O, C/groups, KH, KW]) -> [N, C, H, W]: the
   // gradient of conv2d with respect to x. attrs: those of conv2d plus input_shape [4].
   registry.push_back(OpDef{
-      .name = "conv2d_grad_input",
+      .name = op::conv2d_grad_input,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_conv_operands(graph, node);
@@ -296,7 +297,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // k_splits = S (only from the split-K pass) for S partial gradients [S, O, C/groups, KH, KW]
   // over slices of K = N * OH * OW.
   registry.push_back(OpDef{
-      .name = "conv2d_grad_weight",
+      .name = op::conv2d_grad_weight,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_conv_operands(graph, node);
@@ -323,9 +324,9 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             const ValueId grad_out = node.inputs[1];
             const Attrs attrs = conv_attrs(node);
             return std::vector<ValueId>{
-                graph.add("conv2d_grad_input", {grad_out, grad},
+                graph.add(op::conv2d_grad_input, {grad_out, grad},
                           with_shape(attrs, "input_shape", graph.type(x).shape)),
-                graph.add("conv2d", {x, grad}, attrs)};
+                graph.add(op::conv2d, {x, grad}, attrs)};
           },
   });
 
@@ -339,7 +340,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // operand for the whole batch). Written by the im2col pass (passes/im2col.cpp); its gradient
   // is col2im.
   registry.push_back(OpDef{
-      .name = "im2col",
+      .name = op::im2col,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -383,12 +384,12 @@ void register_conv_ops(std::vector<OpDef>& registry) {
               // col2im takes one matrix per image: [rows, N, plane] -> [N, rows, plane].
               const Shape& columns = node.type.shape;
               const ValueId split =
-                  graph.add("reshape", {grad},
+                  graph.add(op::reshape, {grad},
                             {{"shape", Shape{columns[0], image[0], columns[1] / image[0]}}});
-              grad =
-                  graph.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
+              grad = graph.add(op::transpose, {split},
+                               {{"permutation", std::vector<int64_t>{1, 0, 2}}});
             }
-            return std::vector<ValueId>{graph.add("col2im", {grad}, std::move(attrs))};
+            return std::vector<ValueId>{graph.add(op::col2im, {grad}, std::move(attrs))};
           },
   });
 
@@ -397,7 +398,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // im2col plus image_size [2] (H, W). Written by the im2col pass for strided data gradients:
   // dx = col2im(W^T x grad_out) (passes/im2col.cpp); its gradient is im2col.
   registry.push_back(OpDef{
-      .name = "col2im",
+      .name = op::col2im,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -427,7 +428,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             Attrs attrs;
             for (const auto& [name, value] : graph.node(self).attrs.items())
               if (name != "image_size") attrs.set(name, value);
-            return std::vector<ValueId>{graph.add("im2col", {grad}, std::move(attrs))};
+            return std::vector<ValueId>{graph.add(op::im2col, {grad}, std::move(attrs))};
           },
   });
 
@@ -435,7 +436,7 @@ void register_conv_ops(std::vector<OpDef>& registry) {
   // OH = (H - 1) * stride - 2 * padding + dilation * (KH - 1) + output_padding + 1.
   // attrs: stride [2], padding [2], output_padding [2] (each < stride), dilation [2], groups.
   registry.push_back(OpDef{
-      .name = "conv_transpose2d",
+      .name = op::conv_transpose2d,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_conv_operands(graph, node);
@@ -453,12 +454,12 @@ void register_conv_ops(std::vector<OpDef>& registry) {
 }
 
 Tensor conv2d(Tensor x, Tensor weight, std::optional<Tensor> bias, const Conv2dOptions& options) {
-  Tensor out = apply("conv2d", {x, weight},
+  Tensor out = apply(op::conv2d, {x, weight},
                      {{"stride", options.stride},
                       {"padding", options.padding},
                       {"dilation", options.dilation},
                       {"groups", options.groups}});
-  return bias ? add_channel_bias(out, *bias, "conv2d") : out;
+  return bias ? add_channel_bias(out, *bias, op::conv2d) : out;
 }
 
 Tensor conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias, int64_t stride, int64_t padding,
@@ -481,13 +482,13 @@ Tensor conv1d(Tensor x, Tensor weight, std::optional<Tensor> bias, int64_t strid
 
 Tensor conv_transpose2d(Tensor x, Tensor weight, std::optional<Tensor> bias,
                         const ConvTranspose2dOptions& options) {
-  Tensor out = apply("conv_transpose2d", {x, weight},
+  Tensor out = apply(op::conv_transpose2d, {x, weight},
                      {{"stride", options.stride},
                       {"padding", options.padding},
                       {"output_padding", options.output_padding},
                       {"dilation", options.dilation},
                       {"groups", options.groups}});
-  return bias ? add_channel_bias(out, *bias, "conv_transpose2d") : out;
+  return bias ? add_channel_bias(out, *bias, op::conv_transpose2d) : out;
 }
 
 }  // namespace mg

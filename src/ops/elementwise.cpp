@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/shape_rules.hpp"
 
@@ -29,7 +30,7 @@ void require_floating(const Graph& graph, const Node& node, const TensorType& ty
 using BinaryGradients = std::pair<Tensor, Tensor>;  // d/da, d/db at the broadcast shape
 
 struct BinaryOp {
-  const char* name;
+  std::string_view name;
   double (*apply)(double a, double b);
   bool floating_only;
   // Gradients given the operands, the result and its gradient; null for comparisons.
@@ -44,40 +45,40 @@ BinaryGradients selection_gradients(Tensor g, Tensor a_wins, Tensor tie) {
 }
 
 const BinaryOp kBinaryOps[] = {
-    {"add", [](double a, double b) { return a + b; }, false,
+    {op::add, [](double a, double b) { return a + b; }, false,
      [](Tensor, Tensor, Tensor, Tensor g) {
        return BinaryGradients{g, g};
      }},
-    {"sub", [](double a, double b) { return a - b; }, false,
+    {op::sub, [](double a, double b) { return a - b; }, false,
      [](Tensor, Tensor, Tensor, Tensor g) {
        return BinaryGradients{g, -g};
      }},
-    {"mul", [](double a, double b) { return a * b; }, false,
+    {op::mul, [](double a, double b) { return a * b; }, false,
      [](Tensor a, Tensor b, Tensor, Tensor g) {
        return BinaryGradients{g * b, g * a};
      }},
-    {"div", [](double a, double b) { return a / b; }, false,
+    {op::div, [](double a, double b) { return a / b; }, false,
      [](Tensor, Tensor b, Tensor y, Tensor g) {
        return BinaryGradients{g / b, -(g * y / b)};
      }},
     // d/db a^b = a^b log a: defined for a > 0 (NaN elsewhere, as in PyTorch).
-    {"pow", [](double a, double b) { return std::pow(a, b); }, true,
+    {op::pow, [](double a, double b) { return std::pow(a, b); }, true,
      [](Tensor a, Tensor b, Tensor y, Tensor g) {
        return BinaryGradients{g * b * pow(a, b - 1.0), g * y * log(a)};
      }},
-    {"maximum", [](double a, double b) { return std::max(a, b); }, false,
+    {op::maximum, [](double a, double b) { return std::max(a, b); }, false,
      [](Tensor a, Tensor b, Tensor, Tensor g) {
        return selection_gradients(g, greater(a, b), equal(a, b));
      }},
-    {"minimum", [](double a, double b) { return std::min(a, b); }, false,
+    {op::minimum, [](double a, double b) { return std::min(a, b); }, false,
      [](Tensor a, Tensor b, Tensor, Tensor g) {
        return selection_gradients(g, less(a, b), equal(a, b));
      }},
-    {"equal", [](double a, double b) { return a == b ? 1.0 : 0.0; }, false, nullptr},
-    {"less", [](double a, double b) { return a < b ? 1.0 : 0.0; }, false, nullptr},
-    {"less_equal", [](double a, double b) { return a <= b ? 1.0 : 0.0; }, false, nullptr},
-    {"greater", [](double a, double b) { return a > b ? 1.0 : 0.0; }, false, nullptr},
-    {"greater_equal", [](double a, double b) { return a >= b ? 1.0 : 0.0; }, false, nullptr},
+    {op::equal, [](double a, double b) { return a == b ? 1.0 : 0.0; }, false, nullptr},
+    {op::less, [](double a, double b) { return a < b ? 1.0 : 0.0; }, false, nullptr},
+    {op::less_equal, [](double a, double b) { return a <= b ? 1.0 : 0.0; }, false, nullptr},
+    {op::greater, [](double a, double b) { return a > b ? 1.0 : 0.0; }, false, nullptr},
+    {op::greater_equal, [](double a, double b) { return a >= b ? 1.0 : 0.0; }, false, nullptr},
 };
 
 // Every binary op: inputs (a, b) of one dtype, broadcast together; no attributes. Comparisons
@@ -127,7 +128,7 @@ void register_binary(std::vector<OpDef>& registry, const BinaryOp& op) {
 // broadcast together; condition may have any dtype, the branches share theirs.
 OpDef where_op() {
   return {
-      .name = "where",
+      .name = op::where,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.inputs.size() != 3) op_error(graph, node, "takes three inputs");
@@ -172,7 +173,7 @@ OpDef where_op() {
 // ---- unary ----------------------------------------------------------------------------------
 
 struct UnaryOp {
-  const char* name;
+  std::string_view name;
   double (*apply)(double x);
   bool floating_only;
   // Gradient given the operand, the result and its gradient.
@@ -184,38 +185,38 @@ double sigmoid_of(double x) {
 }
 
 const UnaryOp kUnaryOps[] = {
-    {"neg", [](double x) { return -x; }, false, [](Tensor, Tensor, Tensor g) { return -g; }},
+    {op::neg, [](double x) { return -x; }, false, [](Tensor, Tensor, Tensor g) { return -g; }},
     // The derivative of |x| at 0 is taken as 0 (PyTorch's sign(0)).
-    {"abs", [](double x) { return std::abs(x); }, false,
+    {op::abs, [](double x) { return std::abs(x); }, false,
      [](Tensor x, Tensor, Tensor g) {
        return g * (greater(x, scalar_zero(x)) - less(x, scalar_zero(x)));
      }},
-    {"exp", [](double x) { return std::exp(x); }, true,
+    {op::exp, [](double x) { return std::exp(x); }, true,
      [](Tensor, Tensor y, Tensor g) { return g * y; }},
-    {"log", [](double x) { return std::log(x); }, true,
+    {op::log, [](double x) { return std::log(x); }, true,
      [](Tensor x, Tensor, Tensor g) { return g / x; }},
-    {"sqrt", [](double x) { return std::sqrt(x); }, true,
+    {op::sqrt, [](double x) { return std::sqrt(x); }, true,
      [](Tensor, Tensor y, Tensor g) { return g * 0.5 / y; }},
-    {"rsqrt", [](double x) { return 1.0 / std::sqrt(x); }, true,
+    {op::rsqrt, [](double x) { return 1.0 / std::sqrt(x); }, true,
      [](Tensor x, Tensor y, Tensor g) { return g * -0.5 * y / x; }},
-    {"recip", [](double x) { return 1.0 / x; }, true,
+    {op::recip, [](double x) { return 1.0 / x; }, true,
      [](Tensor, Tensor y, Tensor g) { return -(g * y * y); }},
-    {"square", [](double x) { return x * x; }, false,
+    {op::square, [](double x) { return x * x; }, false,
      [](Tensor x, Tensor, Tensor g) { return g * 2.0 * x; }},
-    {"sin", [](double x) { return std::sin(x); }, true,
+    {op::sin, [](double x) { return std::sin(x); }, true,
      [](Tensor x, Tensor, Tensor g) { return g * cos(x); }},
-    {"cos", [](double x) { return std::cos(x); }, true,
+    {op::cos, [](double x) { return std::cos(x); }, true,
      [](Tensor x, Tensor, Tensor g) { return -(g * sin(x)); }},
     // The derivative at 0 is taken as 0, as in PyTorch.
-    {"relu", [](double x) { return x > 0 ? x : 0.0; }, false,
+    {op::relu, [](double x) { return x > 0 ? x : 0.0; }, false,
      [](Tensor x, Tensor, Tensor g) { return g * greater(x, scalar_zero(x)); }},
-    {"silu", [](double x) { return x * sigmoid_of(x); }, true,
+    {op::silu, [](double x) { return x * sigmoid_of(x); }, true,
      [](Tensor x, Tensor, Tensor g) {
        const Tensor s = sigmoid(x);
        return g * s * (1.0 + x * (1.0 - s));
      }},
-    {"sigmoid", sigmoid_of, true, [](Tensor, Tensor y, Tensor g) { return g * y * (1.0 - y); }},
-    {"tanh", [](double x) { return std::tanh(x); }, true,
+    {op::sigmoid, sigmoid_of, true, [](Tensor, Tensor y, Tensor g) { return g * y * (1.0 - y); }},
+    {op::tanh, [](double x) { return std::tanh(x); }, true,
      [](Tensor, Tensor y, Tensor g) { return g * (1.0 - y * y); }},
 };
 
@@ -288,7 +289,7 @@ double gelu_derivative(double x, bool tanh_form) {
 // gelu_grad(x, g) {approximate}: g * gelu'(x); x and g of one type.
 void register_gelu(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
-      .name = "gelu",
+      .name = op::gelu,
       .infer =
           [](const Graph& graph, const Node& node) {
             gelu_uses_tanh(graph, node);
@@ -304,11 +305,12 @@ void register_gelu(std::vector<OpDef>& registry) {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
-            return std::vector<ValueId>{graph.add("gelu_grad", {node.inputs[0], grad}, node.attrs)};
+            return std::vector<ValueId>{
+                graph.add(op::gelu_grad, {node.inputs[0], grad}, node.attrs)};
           },
   });
   registry.push_back(OpDef{
-      .name = "gelu_grad",
+      .name = op::gelu_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             gelu_uses_tanh(graph, node);
@@ -347,7 +349,7 @@ DType cast_target(const Graph& graph, const Node& node) {
 // stop_gradient(x): identity that passes no gradient back.
 void register_conversions(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
-      .name = "cast",
+      .name = op::cast,
       .infer =
           [](const Graph& graph, const Node& node) {
             TensorType type = infer_unary(graph, node, false);
@@ -373,7 +375,7 @@ void register_conversions(std::vector<OpDef>& registry) {
           },
   });
   registry.push_back(OpDef{
-      .name = "stop_gradient",
+      .name = op::stop_gradient,
       .infer = [](const Graph& graph, const Node& node) { return infer_unary(graph, node, false); },
       .reference = [](const Node&, const std::vector<const HostTensor*>& in) { return *in[0]; },
   });
@@ -392,96 +394,96 @@ void register_elementwise_ops(std::vector<OpDef>& registry) {
 // ---- builders -------------------------------------------------------------------------------
 
 Tensor add(Tensor a, Tensor b) {
-  return apply("add", {a, b});
+  return apply(op::add, {a, b});
 }
 Tensor sub(Tensor a, Tensor b) {
-  return apply("sub", {a, b});
+  return apply(op::sub, {a, b});
 }
 Tensor mul(Tensor a, Tensor b) {
-  return apply("mul", {a, b});
+  return apply(op::mul, {a, b});
 }
 Tensor div(Tensor a, Tensor b) {
-  return apply("div", {a, b});
+  return apply(op::div, {a, b});
 }
 Tensor pow(Tensor a, Tensor b) {
-  return apply("pow", {a, b});
+  return apply(op::pow, {a, b});
 }
 Tensor maximum(Tensor a, Tensor b) {
-  return apply("maximum", {a, b});
+  return apply(op::maximum, {a, b});
 }
 Tensor minimum(Tensor a, Tensor b) {
-  return apply("minimum", {a, b});
+  return apply(op::minimum, {a, b});
 }
 Tensor equal(Tensor a, Tensor b) {
-  return apply("equal", {a, b});
+  return apply(op::equal, {a, b});
 }
 Tensor less(Tensor a, Tensor b) {
-  return apply("less", {a, b});
+  return apply(op::less, {a, b});
 }
 Tensor less_equal(Tensor a, Tensor b) {
-  return apply("less_equal", {a, b});
+  return apply(op::less_equal, {a, b});
 }
 Tensor greater(Tensor a, Tensor b) {
-  return apply("greater", {a, b});
+  return apply(op::greater, {a, b});
 }
 Tensor greater_equal(Tensor a, Tensor b) {
-  return apply("greater_equal", {a, b});
+  return apply(op::greater_equal, {a, b});
 }
 Tensor where(Tensor condition, Tensor if_true, Tensor if_false) {
-  return apply("where", {condition, if_true, if_false});
+  return apply(op::where, {condition, if_true, if_false});
 }
 
 Tensor neg(Tensor x) {
-  return apply("neg", {x});
+  return apply(op::neg, {x});
 }
 Tensor abs(Tensor x) {
-  return apply("abs", {x});
+  return apply(op::abs, {x});
 }
 Tensor exp(Tensor x) {
-  return apply("exp", {x});
+  return apply(op::exp, {x});
 }
 Tensor log(Tensor x) {
-  return apply("log", {x});
+  return apply(op::log, {x});
 }
 Tensor sqrt(Tensor x) {
-  return apply("sqrt", {x});
+  return apply(op::sqrt, {x});
 }
 Tensor rsqrt(Tensor x) {
-  return apply("rsqrt", {x});
+  return apply(op::rsqrt, {x});
 }
 Tensor recip(Tensor x) {
-  return apply("recip", {x});
+  return apply(op::recip, {x});
 }
 Tensor square(Tensor x) {
-  return apply("square", {x});
+  return apply(op::square, {x});
 }
 Tensor sin(Tensor x) {
-  return apply("sin", {x});
+  return apply(op::sin, {x});
 }
 Tensor cos(Tensor x) {
-  return apply("cos", {x});
+  return apply(op::cos, {x});
 }
 Tensor relu(Tensor x) {
-  return apply("relu", {x});
+  return apply(op::relu, {x});
 }
 Tensor gelu(Tensor x, GeluApproximation approximation) {
-  return apply("gelu", {x},
+  return apply(op::gelu, {x},
                {{"approximate", approximation == GeluApproximation::tanh ? "tanh" : "none"}});
 }
 Tensor silu(Tensor x) {
-  return apply("silu", {x});
+  return apply(op::silu, {x});
 }
 Tensor sigmoid(Tensor x) {
-  return apply("sigmoid", {x});
+  return apply(op::sigmoid, {x});
 }
 Tensor tanh(Tensor x) {
-  return apply("tanh", {x});
+  return apply(op::tanh, {x});
 }
 Tensor cast(Tensor x, DType dtype) {
-  return apply("cast", {x}, {{"dtype", std::string(dtype_name(dtype))}});
+  return apply(op::cast, {x}, {{"dtype", std::string(dtype_name(dtype))}});
 }
 Tensor stop_gradient(Tensor x) {
-  return apply("stop_gradient", {x});
+  return apply(op::stop_gradient, {x});
 }
 
 }  // namespace mg

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "ir/op_names.hpp"
 #include "ops/op_checks.hpp"
 #include "ops/shape_rules.hpp"
 
@@ -69,12 +70,13 @@ TensorType infer_sum_to_f16(const Graph& graph, const Node& node) {
 }  // namespace
 
 bool is_pass_written_f16_op(std::string_view op) {
-  return op == "round_to_f16" || op == "widen_f16" || op == "half_matmul" || op == "sum_to_f16";
+  return op == op::round_to_f16 || op == op::widen_f16 || op == op::half_matmul ||
+         op == op::sum_to_f16;
 }
 
 void register_half_gemm_ops(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
-      .name = "round_to_f16",
+      .name = op::round_to_f16,
       .infer = infer_round_to_f16,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& inputs) {
@@ -86,24 +88,24 @@ void register_half_gemm_ops(std::vector<OpDef>& registry) {
       .vjp = no_gradient,
   });
   registry.push_back(OpDef{
-      .name = "widen_f16",
+      .name = op::widen_f16,
       .infer = infer_widen_f16,
       .reference = [](const Node&,
                       const std::vector<const HostTensor*>& inputs) { return *inputs[0]; },
       .vjp = no_gradient,
   });
   registry.push_back(OpDef{
-      .name = "half_matmul",
+      .name = op::half_matmul,
       .infer = infer_half_matmul,
       // The product of the f16 values themselves, which is matmul's.
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& inputs) {
-            return op_def("matmul").reference(node, inputs);
+            return op_def(op::matmul).reference(node, inputs);
           },
       .vjp = no_gradient,
   });
   registry.push_back(OpDef{
-      .name = "sum_to_f16",
+      .name = op::sum_to_f16,
       .infer = infer_sum_to_f16,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& inputs) {

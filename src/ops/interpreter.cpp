@@ -3,6 +3,7 @@
 #include <random>
 
 #include "ir/half.hpp"
+#include "ir/op_names.hpp"
 #include "ops/op.hpp"
 
 namespace mg {
@@ -10,7 +11,7 @@ namespace mg {
 void initialise_leaves(const Graph& graph, Environment& environment, uint64_t seed) {
   std::mt19937_64 generator(seed);
   for (const Node& node : graph.nodes()) {
-    if ((node.op != "parameter" && node.op != "state") || environment.leaves.count(node.name)) {
+    if ((node.op != op::parameter && node.op != op::state) || environment.leaves.count(node.name)) {
       continue;
     }
     const Init init = leaf_init(node);
@@ -55,7 +56,7 @@ std::vector<HostTensor> evaluate(const Graph& graph, const Environment& environm
   std::vector<const HostTensor*> inputs;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
-    if (node.op == "input" || node.op == "parameter" || node.op == "state") {
+    if (node.op == op::input || node.op == op::parameter || node.op == op::state) {
       auto it = environment.leaves.find(node.name);
       if (it == environment.leaves.end()) {
         throw Error("no value given for " + node.op + " '" + node.name + "' of type " +

@@ -1,18 +1,19 @@
 // Leaves: input, parameter, state, constant. Their values come from outside the graph, so the
 // interpreter and the runtime bind them; only constants evaluate themselves.
+#include "ir/op_names.hpp"
 #include "ops/op.hpp"
 
 namespace mg {
 
 void register_leaf_ops(std::vector<OpDef>& registry) {
-  for (const char* name : {"input", "parameter", "state"}) {
+  for (std::string_view name : {op::input, op::parameter, op::state}) {
     registry.push_back(OpDef{
         .name = name,
         .infer = [](const Graph&, const Node& node) { return node.type; },
     });
   }
   registry.push_back(OpDef{
-      .name = "constant",
+      .name = op::constant,
       .infer = [](const Graph&, const Node& node) { return node.type; },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>&) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/shape_rules.hpp"
 
@@ -51,12 +52,12 @@ struct CrossEntropyRows {
   const double* row(int64_t n) const { return logits.data.data() + n * classes; }
 
   // The label of row n, or -1 when the row is ignored; throws for a label outside [0, C).
-  int64_t label(const std::string& op, int64_t n) const {
+  int64_t label(std::string_view op, int64_t n) const {
     const double value = labels.data[n];
     if (value == static_cast<double>(ignore_index)) return -1;
     if (!(value >= 0 && value < static_cast<double>(classes))) {
-      throw Error(op + ": label " + std::to_string(static_cast<int64_t>(value)) + " of row " +
-                  std::to_string(n) + " is outside [0, " + std::to_string(classes) +
+      throw Error(std::string(op) + ": label " + std::to_string(static_cast<int64_t>(value)) +
+                  " of row " + std::to_string(n) + " is outside [0, " + std::to_string(classes) +
                   ") and is not ignore_index " + std::to_string(ignore_index));
     }
     return static_cast<int64_t>(value);
@@ -72,7 +73,7 @@ struct CrossEntropyRows {
 
   // Rows that count in the mean; an all-ignored batch divides by 1 and so gives 0 (PyTorch
   // gives NaN, which would poison a training run over a fully padded batch).
-  double count(const std::string& op) const {
+  double count(std::string_view op) const {
     int64_t counted = 0;
     for (int64_t n = 0; n < rows(); ++n) counted += label(op, n) >= 0 ? 1 : 0;
     return static_cast<double>(std::max<int64_t>(counted, 1));
@@ -84,7 +85,7 @@ struct CrossEntropyRows {
 // (PyTorch's semantics).
 OpDef cross_entropy_op() {
   return {
-      .name = "cross_entropy",
+      .name = op::cross_entropy,
       .infer =
           [](const Graph& graph, const Node& node) {
             check_cross_entropy_inputs(graph, node, 2);
@@ -95,7 +96,7 @@ OpDef cross_entropy_op() {
             const CrossEntropyRows rows(node, *in[0], *in[1]);
             double total = 0;
             for (int64_t n = 0; n < rows.rows(); ++n) {
-              const int64_t label = rows.label("cross_entropy", n);
+              const int64_t label = rows.label(op::cross_entropy, n);
               if (label < 0) continue;
               const double lse = rows.log_sum_exp(n);
               const double* x = rows.row(n);
@@ -105,13 +106,14 @@ OpDef cross_entropy_op() {
               total +=
                   (1.0 - rows.smoothing) * (lse - x[label]) + rows.smoothing * mean_negative_log_p;
             }
-            return HostTensor({}, total / rows.count("cross_entropy"));
+            return HostTensor({}, total / rows.count(op::cross_entropy));
           },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
             return std::vector<ValueId>{
-                graph.add("cross_entropy_grad", {node.inputs[0], node.inputs[1], grad}, node.attrs),
+                graph.add(op::cross_entropy_grad, {node.inputs[0], node.inputs[1], grad},
+                          node.attrs),
                 kNoValue};
           },
   };
@@ -122,7 +124,7 @@ OpDef cross_entropy_op() {
 // target distribution is (1 - s) * onehot(label) + s / C.
 OpDef cross_entropy_grad_op() {
   return {
-      .name = "cross_entropy_grad",
+      .name = op::cross_entropy_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             check_cross_entropy_inputs(graph, node, 3);
@@ -135,11 +137,11 @@ OpDef cross_entropy_grad_op() {
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const CrossEntropyRows rows(node, *in[0], *in[1]);
-            const double scale = in[2]->data[0] / rows.count("cross_entropy_grad");
+            const double scale = in[2]->data[0] / rows.count(op::cross_entropy_grad);
             const double uniform = rows.smoothing / static_cast<double>(rows.classes);
             HostTensor out(node.type.shape);
             for (int64_t n = 0; n < rows.rows(); ++n) {
-              const int64_t label = rows.label("cross_entropy_grad", n);
+              const int64_t label = rows.label(op::cross_entropy_grad, n);
               if (label < 0) continue;
               const double lse = rows.log_sum_exp(n);
               const double* x = rows.row(n);
@@ -154,7 +156,7 @@ OpDef cross_entropy_grad_op() {
   };
 }
 
-void require_same_type(const std::string& op, Tensor a, Tensor b) {
+void require_same_type(std::string_view op, Tensor a, Tensor b) {
   if (!(a.type() == b.type())) {
     builder_error(op, {a, b}, "prediction and target must have one type");
   }
@@ -168,7 +170,7 @@ void register_loss_ops(std::vector<OpDef>& registry) {
 }
 
 Tensor cross_entropy(Tensor logits, Tensor labels, double label_smoothing, int64_t ignore_index) {
-  return apply("cross_entropy", {logits, labels},
+  return apply(op::cross_entropy, {logits, labels},
                {{"label_smoothing", label_smoothing}, {"ignore_index", ignore_index}});
 }
 

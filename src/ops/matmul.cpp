@@ -1,6 +1,7 @@
 // Matrix products with broadcast batch dimensions, and the linear layer built on them.
 #include <algorithm>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/k_split.hpp"
 #include "ops/op_checks.hpp"
@@ -106,7 +107,7 @@ std::vector<ValueId> matmul_vjp(Graph& graph, ValueId self, ValueId grad) {
 
 void register_matmul_ops(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
-      .name = "matmul",
+      .name = op::matmul,
       .infer = infer_matmul,
       .reference = reference_matmul,
       .vjp = matmul_vjp,
@@ -114,7 +115,7 @@ void register_matmul_ops(std::vector<OpDef>& registry) {
 }
 
 Tensor matmul(Tensor a, Tensor b, bool transpose_a, bool transpose_b) {
-  return apply("matmul", {a, b},
+  return apply(op::matmul, {a, b},
                {{"transpose_a", int64_t{transpose_a}}, {"transpose_b", int64_t{transpose_b}}});
 }
 

@@ -11,6 +11,7 @@
 // running_mean/running_var inputs instead of computing them.
 #include <cmath>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/op_checks.hpp"
 
@@ -19,22 +20,32 @@ namespace {
 
 enum class NormKind { layer, rms, group, batch };
 
-const char* forward_name(NormKind kind) {
+std::string_view forward_name(NormKind kind) {
   switch (kind) {
     case NormKind::layer:
-      return "layer_norm";
+      return op::layer_norm;
     case NormKind::rms:
-      return "rms_norm";
+      return op::rms_norm;
     case NormKind::group:
-      return "group_norm";
+      return op::group_norm;
     case NormKind::batch:
-      return "batch_norm";
+      return op::batch_norm;
   }
   return "";
 }
 
-std::string grad_name(NormKind kind) {
-  return std::string(forward_name(kind)) + "_grad";
+std::string_view grad_name(NormKind kind) {
+  switch (kind) {
+    case NormKind::layer:
+      return op::layer_norm_grad;
+    case NormKind::rms:
+      return op::rms_norm_grad;
+    case NormKind::group:
+      return op::group_norm_grad;
+    case NormKind::batch:
+      return op::batch_norm_grad;
+  }
+  return "";
 }
 
 // Attributes and input positions of a norm node. Forward inputs: x, weight?, bias?,
@@ -260,7 +271,7 @@ ValueId sum_to_channels(Graph& graph, NormKind kind, ValueId value) {
     if (axis != channel_axis) axes.push_back(axis);
   }
   if (axes.empty()) return value;
-  return graph.add("sum", {value}, {{"axes", axes}, {"keepdims", int64_t{0}}});
+  return graph.add(op::sum, {value}, {{"axes", axes}, {"keepdims", int64_t{0}}});
 }
 
 std::vector<ValueId> norm_vjp(NormKind kind, Graph& graph, ValueId self, ValueId grad) {
@@ -283,7 +294,7 @@ std::vector<ValueId> norm_vjp(NormKind kind, Graph& graph, ValueId self, ValueId
   if (config.has_weight) {
     const ValueId x_hat =
         graph.add(forward_name(kind), statistics_inputs, config.attrs(false, false));
-    grads[config.weight_index()] = sum_to_channels(graph, kind, graph.add("mul", {grad, x_hat}));
+    grads[config.weight_index()] = sum_to_channels(graph, kind, graph.add(op::mul, {grad, x_hat}));
   }
   if (config.has_bias) grads[config.bias_index()] = sum_to_channels(graph, kind, grad);
   return grads;
@@ -345,20 +356,20 @@ void register_norm_ops(std::vector<OpDef>& registry) {
 }
 
 Tensor layer_norm(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> bias, double eps) {
-  return apply("layer_norm", with_affine(x, weight, bias),
+  return apply(op::layer_norm, with_affine(x, weight, bias),
                {{"eps", eps},
                 {"has_weight", int64_t{weight.has_value()}},
                 {"has_bias", int64_t{bias.has_value()}}});
 }
 
 Tensor rms_norm(Tensor x, std::optional<Tensor> weight, double eps) {
-  return apply("rms_norm", with_affine(x, weight, std::nullopt),
+  return apply(op::rms_norm, with_affine(x, weight, std::nullopt),
                {{"eps", eps}, {"has_weight", int64_t{weight.has_value()}}});
 }
 
 Tensor group_norm(Tensor x, int64_t groups, std::optional<Tensor> weight,
                   std::optional<Tensor> bias, double eps) {
-  return apply("group_norm", with_affine(x, weight, bias),
+  return apply(op::group_norm, with_affine(x, weight, bias),
                {{"groups", groups},
                 {"eps", eps},
                 {"has_weight", int64_t{weight.has_value()}},
@@ -376,9 +387,9 @@ Tensor batch_norm(Tensor x, std::optional<Tensor> weight, std::optional<Tensor> 
   if (!training) {
     inputs.push_back(running_mean);
     inputs.push_back(running_var);
-    return apply("batch_norm", inputs, attrs);
+    return apply(op::batch_norm, inputs, attrs);
   }
-  const Tensor out = apply("batch_norm", inputs, attrs);
+  const Tensor out = apply(op::batch_norm, inputs, attrs);
   // Running statistics follow PyTorch: momentum weighs the new batch value, and the variance
   // stored is the unbiased one even though the normalisation used the biased one.
   std::vector<int64_t> axes{0};

@@ -14,7 +14,7 @@
 namespace mg {
 
 struct OpDef {
-  std::string name;
+  std::string_view name;  // an op::* constant (ir/op_names.hpp)
   // Result type from the node's inputs and attributes (node.type is not yet set). Throws
   // mg::Error through op_error() when the inputs do not fit.
   std::function<TensorType(const Graph& graph, const Node& node)> infer;

@@ -1,4 +1,5 @@
 // Shared pieces of the op contract: error formatting, axes, broadcasting.
+#include "ir/op_names.hpp"
 #include "meganeura/ops.hpp"
 #include "ops/op.hpp"
 
@@ -60,9 +61,9 @@ ValueId reduce_to_shape(Graph& graph, ValueId grad, const Shape& target_shape) {
   }
   ValueId reduced = grad;
   if (!axes.empty()) {
-    reduced = graph.add("sum", {grad}, {{"axes", axes}, {"keepdims", int64_t{1}}});
+    reduced = graph.add(op::sum, {grad}, {{"axes", axes}, {"keepdims", int64_t{1}}});
   }
-  return graph.add("reshape", {reduced}, {{"shape", target}});
+  return graph.add(op::reshape, {reduced}, {{"shape", target}});
 }
 
 }  // namespace mg

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/op_checks.hpp"
 #include "ops/pool_geometry.hpp"
@@ -143,7 +144,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
   // max_pool2d(x [N, C, H, W]) -> [N, C, OH, OW]; padding taps count as -inf.
   // attrs: kernel [2], stride [2] (default kernel), padding [2] (each <= kernel / 2).
   registry.push_back(OpDef{
-      .name = "max_pool2d",
+      .name = op::max_pool2d,
       .infer = infer_pooled,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
@@ -157,14 +158,14 @@ void register_pool_ops(std::vector<OpDef>& registry) {
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
             return std::vector<ValueId>{
-                graph.add("max_pool2d_grad", {node.inputs[0], grad}, pool_attrs(node))};
+                graph.add(op::max_pool2d_grad, {node.inputs[0], grad}, pool_attrs(node))};
           },
   });
 
   // max_pool2d_grad(x [N, C, H, W], grad_out [N, C, OH, OW]) -> [N, C, H, W]: each output
   // gradient goes to the first maximum of its window. attrs: those of max_pool2d.
   registry.push_back(OpDef{
-      .name = "max_pool2d_grad",
+      .name = op::max_pool2d_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 2);
@@ -189,7 +190,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
   // avg_pool2d(x [N, C, H, W]) -> [N, C, OH, OW]; padding taps count as zeros in the average
   // (divisor = kernel area). attrs: kernel [2], stride [2] (default kernel), padding [2].
   registry.push_back(OpDef{
-      .name = "avg_pool2d",
+      .name = op::avg_pool2d,
       .infer = infer_pooled,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
@@ -205,14 +206,14 @@ void register_pool_ops(std::vector<OpDef>& registry) {
             const Node node = graph.node(self);
             Attrs attrs = pool_attrs(node);
             attrs.set("input_shape", graph.type(node.inputs[0]).shape);
-            return std::vector<ValueId>{graph.add("avg_pool2d_grad", {grad}, attrs)};
+            return std::vector<ValueId>{graph.add(op::avg_pool2d_grad, {grad}, attrs)};
           },
   });
 
   // avg_pool2d_grad(grad_out [N, C, OH, OW]) -> input_shape: spreads each output gradient
   // evenly over its window. attrs: those of avg_pool2d plus input_shape [4].
   registry.push_back(OpDef{
-      .name = "avg_pool2d_grad",
+      .name = op::avg_pool2d_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -236,13 +237,13 @@ void register_pool_ops(std::vector<OpDef>& registry) {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             return std::vector<ValueId>{
-                graph.add("avg_pool2d", {grad}, pool_attrs(graph.node(self)))};
+                graph.add(op::avg_pool2d, {grad}, pool_attrs(graph.node(self)))};
           },
   });
 
   // upsample_nearest2d(x [N, C, H, W]) -> [N, C, H * scale, W * scale]. attrs: scale (>= 1).
   registry.push_back(OpDef{
-      .name = "upsample_nearest2d",
+      .name = op::upsample_nearest2d,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -269,7 +270,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
-            return std::vector<ValueId>{graph.add("upsample_nearest2d_grad", {grad},
+            return std::vector<ValueId>{graph.add(op::upsample_nearest2d_grad, {grad},
                                                   {{"scale", node.attrs.get_int("scale")}})};
           },
   });
@@ -277,7 +278,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
   // upsample_nearest2d_grad(grad_out [N, C, H * scale, W * scale]) -> [N, C, H, W]: sums each
   // scale x scale block. attrs: scale (>= 1, dividing the gradient's H and W).
   registry.push_back(OpDef{
-      .name = "upsample_nearest2d_grad",
+      .name = op::upsample_nearest2d_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -310,15 +311,15 @@ void register_pool_ops(std::vector<OpDef>& registry) {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
-            return std::vector<ValueId>{
-                graph.add("upsample_nearest2d", {grad}, {{"scale", node.attrs.get_int("scale")}})};
+            return std::vector<ValueId>{graph.add(op::upsample_nearest2d, {grad},
+                                                  {{"scale", node.attrs.get_int("scale")}})};
           },
   });
 
   // upsample_bilinear2d(x [N, C, H, W]) -> [N, C, out_height, out_width], align_corners=False
   // (PyTorch's half-pixel source index, clamped at 0). attrs: out_height, out_width (>= 1).
   registry.push_back(OpDef{
-      .name = "upsample_bilinear2d",
+      .name = op::upsample_bilinear2d,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -343,7 +344,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
             return std::vector<ValueId>{
-                graph.add("upsample_bilinear2d_grad", {grad},
+                graph.add(op::upsample_bilinear2d_grad, {grad},
                           {{"input_shape", graph.type(node.inputs[0]).shape}})};
           },
   });
@@ -351,7 +352,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
   // upsample_bilinear2d_grad(grad_out [N, C, OH, OW]) -> input_shape: the adjoint of
   // upsample_bilinear2d from input_shape to OH x OW. attrs: input_shape [4].
   registry.push_back(OpDef{
-      .name = "upsample_bilinear2d_grad",
+      .name = op::upsample_bilinear2d_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -378,7 +379,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
           [](Graph& graph, ValueId self, ValueId grad) {
             const Shape& grad_out = graph.type(graph.node(self).inputs[0]).shape;
             return std::vector<ValueId>{
-                graph.add("upsample_bilinear2d", {grad},
+                graph.add(op::upsample_bilinear2d, {grad},
                           {{"out_height", grad_out[2]}, {"out_width", grad_out[3]}})};
           },
   });
@@ -387,7 +388,7 @@ void register_pool_ops(std::vector<OpDef>& registry) {
 Tensor max_pool2d(Tensor x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
                   std::vector<int64_t> padding) {
   if (stride.empty()) stride = kernel;
-  return apply("max_pool2d", {x},
+  return apply(op::max_pool2d, {x},
                {{"kernel", std::move(kernel)},
                 {"stride", std::move(stride)},
                 {"padding", std::move(padding)}});
@@ -396,7 +397,7 @@ Tensor max_pool2d(Tensor x, std::vector<int64_t> kernel, std::vector<int64_t> st
 Tensor avg_pool2d(Tensor x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
                   std::vector<int64_t> padding) {
   if (stride.empty()) stride = kernel;
-  return apply("avg_pool2d", {x},
+  return apply(op::avg_pool2d, {x},
                {{"kernel", std::move(kernel)},
                 {"stride", std::move(stride)},
                 {"padding", std::move(padding)}});
@@ -410,11 +411,12 @@ Tensor global_avg_pool2d(Tensor x) {
 }
 
 Tensor upsample_nearest2d(Tensor x, int64_t scale) {
-  return apply("upsample_nearest2d", {x}, {{"scale", scale}});
+  return apply(op::upsample_nearest2d, {x}, {{"scale", scale}});
 }
 
 Tensor upsample_bilinear2d(Tensor x, int64_t out_height, int64_t out_width) {
-  return apply("upsample_bilinear2d", {x}, {{"out_height", out_height}, {"out_width", out_width}});
+  return apply(op::upsample_bilinear2d, {x},
+               {{"out_height", out_height}, {"out_width", out_width}});
 }
 
 }  // namespace mg

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/shape_rules.hpp"
 
@@ -98,7 +99,7 @@ Tensor spread_over_groups(Tensor grad, const Shape& shape, const std::vector<int
   return kept == shape ? grad : broadcast_to(grad, shape);
 }
 
-OpDef reduction_op(const char* name, Reduction kind) {
+OpDef reduction_op(std::string_view name, Reduction kind) {
   OpDef def{
       .name = name,
       .infer =
@@ -116,7 +117,7 @@ OpDef reduction_op(const char* name, Reduction kind) {
     const std::vector<int64_t> axes = reduced_axes(node, static_cast<int64_t>(shape.size()));
     Tensor g(&graph, grad);
     if (kind == Reduction::max) {
-      return std::vector<ValueId>{graph.add("max_grad", {node.inputs[0], grad}, node.attrs)};
+      return std::vector<ValueId>{graph.add(op::max_grad, {node.inputs[0], grad}, node.attrs)};
     }
     if (kind == Reduction::mean) {
       g = g *
@@ -131,7 +132,7 @@ OpDef reduction_op(const char* name, Reduction kind) {
 // maximal element of each group in row-major order, zeros elsewhere; so ties never count twice.
 OpDef max_grad_op() {
   return {
-      .name = "max_grad",
+      .name = op::max_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.inputs.size() != 2) op_error(graph, node, "takes inputs (x, grad)");
@@ -164,7 +165,7 @@ OpDef max_grad_op() {
 // argmax(x) {axis, keepdims: 0|1} -> i32: index of the first maximum along the axis.
 OpDef argmax_op() {
   return {
-      .name = "argmax",
+      .name = op::argmax,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.inputs.size() != 1) op_error(graph, node, "takes one input");
@@ -196,7 +197,7 @@ OpDef argmax_op() {
 }
 
 // softmax / log_softmax (x) {axis}: numerically stable (the maximum is subtracted first).
-OpDef softmax_op(const char* name, bool logarithmic) {
+OpDef softmax_op(std::string_view name, bool logarithmic) {
   OpDef def{
       .name = name,
       .infer =
@@ -247,38 +248,37 @@ OpDef softmax_op(const char* name, bool logarithmic) {
 }
 
 // Sorted non-negative axes, every axis when `axes` is empty.
-std::vector<int64_t> builder_axes(const std::string& op, Tensor x,
-                                  const std::vector<int64_t>& axes) {
+std::vector<int64_t> builder_axes(std::string_view op, Tensor x, const std::vector<int64_t>& axes) {
   std::vector<int64_t> result =
       normalize_axes(x.graph(), pending_node(op, {x}, {{"axes", axes}}), axes, x.rank());
   std::sort(result.begin(), result.end());
   return result;
 }
 
-Tensor reduce(const std::string& op, Tensor x, const std::vector<int64_t>& axes, bool keepdims) {
+Tensor reduce(std::string_view op, Tensor x, const std::vector<int64_t>& axes, bool keepdims) {
   return apply(op, {x}, {{"axes", builder_axes(op, x, axes)}, {"keepdims", int64_t{keepdims}}});
 }
 
 }  // namespace
 
 void register_reduce_ops(std::vector<OpDef>& registry) {
-  registry.push_back(reduction_op("sum", Reduction::sum));
-  registry.push_back(reduction_op("mean", Reduction::mean));
-  registry.push_back(reduction_op("max", Reduction::max));
+  registry.push_back(reduction_op(op::sum, Reduction::sum));
+  registry.push_back(reduction_op(op::mean, Reduction::mean));
+  registry.push_back(reduction_op(op::max, Reduction::max));
   registry.push_back(max_grad_op());
   registry.push_back(argmax_op());
-  registry.push_back(softmax_op("softmax", false));
-  registry.push_back(softmax_op("log_softmax", true));
+  registry.push_back(softmax_op(op::softmax, false));
+  registry.push_back(softmax_op(op::log_softmax, true));
 }
 
 Tensor sum(Tensor x, std::vector<int64_t> axes, bool keepdims) {
-  return reduce("sum", x, axes, keepdims);
+  return reduce(op::sum, x, axes, keepdims);
 }
 Tensor mean(Tensor x, std::vector<int64_t> axes, bool keepdims) {
-  return reduce("mean", x, axes, keepdims);
+  return reduce(op::mean, x, axes, keepdims);
 }
 Tensor max(Tensor x, std::vector<int64_t> axes, bool keepdims) {
-  return reduce("max", x, axes, keepdims);
+  return reduce(op::max, x, axes, keepdims);
 }
 Tensor sum_all(Tensor x) {
   return sum(x, {});
@@ -288,14 +288,14 @@ Tensor mean_all(Tensor x) {
 }
 
 Tensor argmax(Tensor x, int64_t axis, bool keepdims) {
-  return apply("argmax", {x},
-               {{"axis", builder_axis("argmax", x, axis)}, {"keepdims", int64_t{keepdims}}});
+  return apply(op::argmax, {x},
+               {{"axis", builder_axis(op::argmax, x, axis)}, {"keepdims", int64_t{keepdims}}});
 }
 Tensor softmax(Tensor x, int64_t axis) {
-  return apply("softmax", {x}, {{"axis", builder_axis("softmax", x, axis)}});
+  return apply(op::softmax, {x}, {{"axis", builder_axis(op::softmax, x, axis)}});
 }
 Tensor log_softmax(Tensor x, int64_t axis) {
-  return apply("log_softmax", {x}, {{"axis", builder_axis("log_softmax", x, axis)}});
+  return apply(op::log_softmax, {x}, {{"axis", builder_axis(op::log_softmax, x, axis)}});
 }
 
 }  // namespace mg

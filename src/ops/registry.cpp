@@ -41,7 +41,7 @@ const OpDef& op_def(std::string_view name) {
 
 std::vector<std::string> op_names() {
   std::vector<std::string> names;
-  for (const OpDef& def : registry().ops) names.push_back(def.name);
+  for (const OpDef& def : registry().ops) names.emplace_back(def.name);
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -1,5 +1,6 @@
 // Shape ops: reshape, transpose, slice, concat, broadcast_to, pad, and the row gather/scatter of
 // embeddings. Axes in nodes are non-negative when built through the builder.
+#include "ir/op_names.hpp"
 #include "ops/apply.hpp"
 #include "ops/shape_rules.hpp"
 
@@ -19,7 +20,7 @@ int64_t node_axis(const Node& node, int64_t rank) {
 // reshape(x) {shape: list, fully resolved (no -1)}: same elements, new shape.
 OpDef reshape_op() {
   return {
-      .name = "reshape",
+      .name = op::reshape,
       .infer =
           [](const Graph& graph, const Node& node) {
             const TensorType& x = single_input(graph, node);
@@ -42,7 +43,7 @@ OpDef reshape_op() {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Shape shape = graph.type(graph.node(self).inputs[0]).shape;
-            return std::vector<ValueId>{graph.add("reshape", {grad}, {{"shape", shape}})};
+            return std::vector<ValueId>{graph.add(op::reshape, {grad}, {{"shape", shape}})};
           },
   };
 }
@@ -50,7 +51,7 @@ OpDef reshape_op() {
 // transpose(x) {permutation: list}: result axis i is input axis permutation[i].
 OpDef transpose_op() {
   return {
-      .name = "transpose",
+      .name = op::transpose,
       .infer =
           [](const Graph& graph, const Node& node) {
             const TensorType& x = single_input(graph, node);
@@ -90,7 +91,8 @@ OpDef transpose_op() {
             for (int64_t i = 0; i < rank; ++i) {
               inverse[permutation[i] < 0 ? permutation[i] + rank : permutation[i]] = i;
             }
-            return std::vector<ValueId>{graph.add("transpose", {grad}, {{"permutation", inverse}})};
+            return std::vector<ValueId>{
+                graph.add(op::transpose, {grad}, {{"permutation", inverse}})};
           },
   };
 }
@@ -99,7 +101,7 @@ OpDef transpose_op() {
 // extent).
 OpDef slice_op() {
   return {
-      .name = "slice",
+      .name = op::slice,
       .infer =
           [](const Graph& graph, const Node& node) {
             TensorType type = single_input(graph, node);
@@ -141,7 +143,8 @@ OpDef slice_op() {
             std::vector<int64_t> pads(2 * shape.size(), 0);
             pads[2 * axis] = node.attrs.get_int("start");
             pads[2 * axis + 1] = shape[axis] - node.attrs.get_int("end");
-            return std::vector<ValueId>{graph.add("pad", {grad}, {{"pads", pads}, {"value", 0.0}})};
+            return std::vector<ValueId>{
+                graph.add(op::pad, {grad}, {{"pads", pads}, {"value", 0.0}})};
           },
   };
 }
@@ -149,7 +152,7 @@ OpDef slice_op() {
 // concat(x0, x1, ...) {axis}: inputs of one dtype and rank that agree off the axis.
 OpDef concat_op() {
   return {
-      .name = "concat",
+      .name = op::concat,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.inputs.empty()) op_error(graph, node, "needs at least one input");
@@ -196,8 +199,9 @@ OpDef concat_op() {
             int64_t offset = 0;
             for (ValueId part : node.inputs) {
               const int64_t extent = graph.type(part).shape[axis];
-              grads.push_back(graph.add(
-                  "slice", {grad}, {{"axis", axis}, {"start", offset}, {"end", offset + extent}}));
+              grads.push_back(
+                  graph.add(op::slice, {grad},
+                            {{"axis", axis}, {"start", offset}, {"end", offset + extent}}));
               offset += extent;
             }
             return grads;
@@ -208,7 +212,7 @@ OpDef concat_op() {
 // broadcast_to(x) {shape}: NumPy broadcast of x to exactly `shape`.
 OpDef broadcast_to_op() {
   return {
-      .name = "broadcast_to",
+      .name = op::broadcast_to,
       .infer =
           [](const Graph& graph, const Node& node) {
             const TensorType& x = single_input(graph, node);
@@ -244,7 +248,7 @@ OpDef broadcast_to_op() {
 // pad(x) {pads: [before0, after0, before1, after1, ...] (non-negative), value: double}.
 OpDef pad_op() {
   return {
-      .name = "pad",
+      .name = op::pad,
       .infer =
           [](const Graph& graph, const Node& node) {
             TensorType type = single_input(graph, node);
@@ -285,7 +289,7 @@ OpDef pad_op() {
               const int64_t before = pads[2 * axis];
               if (before == 0 && pads[2 * axis + 1] == 0) continue;
               result =
-                  graph.add("slice", {result},
+                  graph.add(op::slice, {result},
                             {{"axis", axis}, {"start", before}, {"end", before + shape[axis]}});
             }
             return std::vector<ValueId>{result};
@@ -294,12 +298,12 @@ OpDef pad_op() {
 }
 
 // The row index that `indices` holds at `position`, checked against a table of `rows` rows.
-int64_t checked_row(const std::string& op, const HostTensor& indices, int64_t position,
+int64_t checked_row(std::string_view op, const HostTensor& indices, int64_t position,
                     int64_t rows) {
   const double index = indices.data[position];
   if (!(index >= 0 && index < static_cast<double>(rows))) {
-    throw Error(op + ": index " + std::to_string(static_cast<int64_t>(index)) + " at position " +
-                std::to_string(position) +
+    throw Error(std::string(op) + ": index " + std::to_string(static_cast<int64_t>(index)) +
+                " at position " + std::to_string(position) +
                 " is out of range for a table of V = " + std::to_string(rows) + " rows");
   }
   return static_cast<int64_t>(index);
@@ -314,7 +318,7 @@ void require_table_and_indices(const Graph& graph, const Node& node, const Tenso
 // gather(table [V, D], indices i32 [S...]) -> [S..., D]: rows of the table.
 OpDef gather_op() {
   return {
-      .name = "gather",
+      .name = op::gather,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.inputs.size() != 2) op_error(graph, node, "takes inputs (table, indices)");
@@ -332,7 +336,7 @@ OpDef gather_op() {
             const int64_t width = table.shape[1];
             HostTensor out(node.type.shape);
             for (int64_t s = 0; s < indices.elements(); ++s) {
-              const int64_t row = checked_row("gather", indices, s, table.shape[0]);
+              const int64_t row = checked_row(op::gather, indices, s, table.shape[0]);
               for (int64_t d = 0; d < width; ++d) {
                 out.data[s * width + d] = table.data[row * width + d];
               }
@@ -343,7 +347,7 @@ OpDef gather_op() {
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
             const ValueId zeros = graph.constant(0.0, graph.type(node.inputs[0]));
-            return std::vector<ValueId>{graph.add("scatter_add", {zeros, node.inputs[1], grad}),
+            return std::vector<ValueId>{graph.add(op::scatter_add, {zeros, node.inputs[1], grad}),
                                         kNoValue};
           },
   };
@@ -353,7 +357,7 @@ OpDef gather_op() {
 // each update row added at its index (repeated indices accumulate).
 OpDef scatter_add_op() {
   return {
-      .name = "scatter_add",
+      .name = op::scatter_add,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.inputs.size() != 3) {
@@ -378,7 +382,7 @@ OpDef scatter_add_op() {
             const HostTensor& updates = *in[2];
             const int64_t width = out.shape[1];
             for (int64_t s = 0; s < indices.elements(); ++s) {
-              const int64_t row = checked_row("scatter_add", indices, s, out.shape[0]);
+              const int64_t row = checked_row(op::scatter_add, indices, s, out.shape[0]);
               for (int64_t d = 0; d < width; ++d) {
                 out.data[row * width + d] += updates.data[s * width + d];
               }
@@ -388,7 +392,7 @@ OpDef scatter_add_op() {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const ValueId indices = graph.node(self).inputs[1];
-            return std::vector<ValueId>{grad, kNoValue, graph.add("gather", {grad, indices})};
+            return std::vector<ValueId>{grad, kNoValue, graph.add(op::gather, {grad, indices})};
           },
   };
 }
@@ -415,7 +419,7 @@ Tensor reshape(Tensor x, Shape shape) {
     if (shape[i] == -1 && inferred_axis < 0) {
       inferred_axis = static_cast<int64_t>(i);
     } else if (shape[i] <= 0) {
-      builder_error("reshape", {x}, "extents must be positive, with at most one -1",
+      builder_error(op::reshape, {x}, "extents must be positive, with at most one -1",
                     {{"shape", shape}});
     } else {
       known *= shape[i];
@@ -423,40 +427,40 @@ Tensor reshape(Tensor x, Shape shape) {
   }
   if (inferred_axis >= 0) {
     if (x.type().elements() % known != 0) {
-      builder_error("reshape", {x},
+      builder_error(op::reshape, {x},
                     "cannot reshape " + std::to_string(x.type().elements()) + " elements into " +
                         shape_string(shape),
                     {{"shape", shape}});
     }
     shape[inferred_axis] = x.type().elements() / known;
   }
-  return apply("reshape", {x}, {{"shape", shape}});
+  return apply(op::reshape, {x}, {{"shape", shape}});
 }
 
 Tensor transpose(Tensor x, std::vector<int64_t> permutation) {
-  const Node pending = pending_node("transpose", {x}, {{"permutation", permutation}});
+  const Node pending = pending_node(op::transpose, {x}, {{"permutation", permutation}});
   if (static_cast<int64_t>(permutation.size()) == x.rank()) {
     permutation = normalize_axes(x.graph(), pending, permutation, x.rank());
   }
-  return apply("transpose", {x}, {{"permutation", permutation}});
+  return apply(op::transpose, {x}, {{"permutation", permutation}});
 }
 
 Tensor transpose(Tensor x, int64_t axis0, int64_t axis1) {
   std::vector<int64_t> permutation;
   for (int64_t axis = 0; axis < x.rank(); ++axis) permutation.push_back(axis);
-  std::swap(permutation[builder_axis("transpose", x, axis0)],
-            permutation[builder_axis("transpose", x, axis1)]);
-  return apply("transpose", {x}, {{"permutation", permutation}});
+  std::swap(permutation[builder_axis(op::transpose, x, axis0)],
+            permutation[builder_axis(op::transpose, x, axis1)]);
+  return apply(op::transpose, {x}, {{"permutation", permutation}});
 }
 
 Tensor slice(Tensor x, int64_t axis, int64_t start, int64_t end) {
-  return apply("slice", {x},
-               {{"axis", builder_axis("slice", x, axis)}, {"start", start}, {"end", end}});
+  return apply(op::slice, {x},
+               {{"axis", builder_axis(op::slice, x, axis)}, {"start", start}, {"end", end}});
 }
 
 Tensor concat(const std::vector<Tensor>& parts, int64_t axis) {
   if (parts.empty()) throw Error("concat: needs at least one input");
-  return apply("concat", parts, {{"axis", builder_axis("concat", parts.front(), axis)}});
+  return apply(op::concat, parts, {{"axis", builder_axis(op::concat, parts.front(), axis)}});
 }
 
 std::vector<Tensor> split(Tensor x, const std::vector<int64_t>& sizes, int64_t axis) {
@@ -482,7 +486,7 @@ std::vector<Tensor> split(Tensor x, const std::vector<int64_t>& sizes, int64_t a
 }
 
 Tensor broadcast_to(Tensor x, Shape shape) {
-  return apply("broadcast_to", {x}, {{"shape", std::move(shape)}});
+  return apply(op::broadcast_to, {x}, {{"shape", std::move(shape)}});
 }
 
 Tensor pad(Tensor x, const std::vector<std::pair<int64_t, int64_t>>& pads, double value) {
@@ -491,7 +495,7 @@ Tensor pad(Tensor x, const std::vector<std::pair<int64_t, int64_t>>& pads, doubl
     flat.push_back(before);
     flat.push_back(after);
   }
-  return apply("pad", {x}, {{"pads", flat}, {"value", value}});
+  return apply(op::pad, {x}, {{"pads", flat}, {"value", value}});
 }
 
 Tensor unsqueeze(Tensor x, int64_t axis) {
@@ -520,11 +524,11 @@ Tensor flatten(Tensor x, int64_t start_axis) {
 }
 
 Tensor gather(Tensor table, Tensor indices) {
-  return apply("gather", {table, indices});
+  return apply(op::gather, {table, indices});
 }
 
 Tensor scatter_add(Tensor target, Tensor indices, Tensor updates) {
-  return apply("scatter_add", {target, indices, updates});
+  return apply(op::scatter_add, {target, indices, updates});
 }
 
 }  // namespace mg

@@ -5,6 +5,7 @@
 // outputs). The im2col pass writes them for 3 x 3 stride-1 convolutions (passes/im2col.cpp),
 // after differentiation, so they take no gradient.
 #include "ops/winograd.hpp"
+#include "ir/op_names.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/op_checks.hpp"
 
@@ -106,7 +107,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // (m + 2) x (m + 2) patch d of x at (m ty - padding, m tx - padding), 0 outside x. attrs:
   // outputs (m: 2 or 4, default 2), tiles [2] (TH, TW), padding [2] (>= 0, default 0).
   registry.push_back(OpDef{
-      .name = "winograd_tiles",
+      .name = op::winograd_tiles,
       .infer =
           [](const Graph& graph, const Node& node) {
             pair_attr(graph, node, "padding", 0, {0, 0});
@@ -125,7 +126,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // edge. attrs: outputs (m: 2 or 4, default 2), tiles [2] (TH, TW); no padding (the blocks
   // start at the grad_out's origin).
   registry.push_back(OpDef{
-      .name = "winograd_grad_tiles",
+      .name = op::winograd_grad_tiles,
       .infer =
           [](const Graph& graph, const Node& node) {
             if (node.attrs.has("padding"))
@@ -145,7 +146,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // [S, P, O, C], which it sums first (the split-K slices of the products over the tiles).
   // attrs: outputs (m: 2 or 4, default 2).
   registry.push_back(OpDef{
-      .name = "winograd_weight_grad",
+      .name = op::winograd_weight_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
             expect_input_count(graph, node, 1);
@@ -189,7 +190,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // degrees: element [4 i + j, c, o] is point (i, j) of G g' G^T, g'[r][q] = w[o, c, 2 - r,
   // 2 - q] (the data gradient's filter).
   registry.push_back(OpDef{
-      .name = "winograd_filter",
+      .name = op::winograd_filter,
       .infer = filter_type,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
@@ -223,7 +224,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // (2 ty, 2 tx) of tile t = (n * TH + ty) * TW + tx are A^T M A, M[i][j] = m[4 i + j, p, t];
   // those past the edge are dropped. attrs: tiles [2] (TH, TW), output_size [2] (OH, OW).
   registry.push_back(OpDef{
-      .name = "winograd_output",
+      .name = op::winograd_output,
       .infer = output_type,
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {

@@ -7,6 +7,7 @@
 // stored and multiplied for nothing.
 #include <map>
 
+#include "ir/op_names.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -25,13 +26,13 @@ bool same_attention_attrs(const Node& a, const Node& b) {
 ValueId grad_q_from_scores(Graph& target, ValueId scores, ValueId keys) {
   const Shape w = target.type(scores).shape, k = target.type(keys).shape;
   const int64_t group = w[1] / k[1];
-  if (group == 1) return target.add("matmul", {scores, keys}, {});
+  if (group == 1) return target.add(op::matmul, {scores, keys}, {});
   const ValueId grouped =
-      target.add("reshape", {scores}, {{"shape", Shape{w[0], k[1], group, w[2], w[3]}}});
+      target.add(op::reshape, {scores}, {{"shape", Shape{w[0], k[1], group, w[2], w[3]}}});
   const ValueId broadcast =
-      target.add("reshape", {keys}, {{"shape", Shape{k[0], k[1], 1, k[2], k[3]}}});
-  const ValueId product = target.add("matmul", {grouped, broadcast}, {});
-  return target.add("reshape", {product}, {{"shape", Shape{w[0], w[1], w[2], k[3]}}});
+      target.add(op::reshape, {keys}, {{"shape", Shape{k[0], k[1], 1, k[2], k[3]}}});
+  const ValueId product = target.add(op::matmul, {grouped, broadcast}, {});
+  return target.add(op::reshape, {product}, {{"shape", Shape{w[0], w[1], w[2], k[3]}}});
 }
 
 }  // namespace
@@ -43,7 +44,7 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
   std::map<ValueId, ValueId> grad_k_of;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
-    if (node.op != "attention_grad_q" || node.attrs.has("kv_splits") ||
+    if (node.op != op::attention_grad_q || node.attrs.has("kv_splits") ||
         node.attrs.get_int("causal", 0) != 0)
       continue;
     const Shape& q = graph.type(node.inputs[0]).shape;
@@ -53,7 +54,7 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
     if (score_bytes > max_score_bytes) continue;
     for (size_t j = i + 1; j < graph.size(); ++j) {
       const Node& other = graph.nodes()[j];
-      if (other.op == "attention_grad_k" && other.inputs == node.inputs &&
+      if (other.op == op::attention_grad_k && other.inputs == node.inputs &&
           same_attention_attrs(other, node) && !other.attrs.has("q_splits")) {
         grad_k_of.emplace(static_cast<ValueId>(i), static_cast<ValueId>(j));
         break;
@@ -73,7 +74,7 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
         Node grad_k = graph.node(pair->second);
         grad_k.inputs = node.inputs;
         emitted_early.emplace(pair->second, target.add_typed(std::move(grad_k)));
-        const ValueId scores = target.add("attention_grad_scores", node.inputs, node.attrs);
+        const ValueId scores = target.add(op::attention_grad_scores, node.inputs, node.attrs);
         return grad_q_from_scores(target, scores, node.inputs[1]);
       },
       remap);

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "ir/half.hpp"
+#include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_workgroup.hpp"
 #include "kernels/pointwise.hpp"
@@ -31,7 +32,7 @@ class F16Storage {
     if (node.is_leaf() || kernels::is_view_op(node.op) || !involves_f16(target, node) ||
         is_pass_written_f16_op(node.op))
       return target.add_typed(std::move(node));
-    if (node.op == "cast") return cast(target, node);
+    if (node.op == op::cast) return cast(target, node);
     if (const ValueId product = half_product(target, node); product != kNoValue) return product;
     // A pointwise op widens its f16 inputs itself, fused into its kernel: a widening of its own
     // for each of them. One widening shared with other readers would be a launch of its own
@@ -41,17 +42,17 @@ class F16Storage {
     std::vector<ValueId> inputs;
     for (ValueId input : node.inputs) {
       const bool in_memory =
-          target.type(input).dtype == DType::f16 && target.node(input).op != "constant";
+          target.type(input).dtype == DType::f16 && target.node(input).op != op::constant;
       if (!pointwise || !in_memory) {
         inputs.push_back(as_f32(target, input));
         continue;
       }
       auto [it, inserted] = own_widening.try_emplace(input, kNoValue);
-      if (inserted) it->second = target.add("widen_f16", {input});
+      if (inserted) it->second = target.add(op::widen_f16, {input});
       inputs.push_back(it->second);
     }
     const ValueId computed = target.add(node.op, std::move(inputs), node.attrs);
-    return node.type.dtype == DType::f16 ? target.add("round_to_f16", {computed}) : computed;
+    return node.type.dtype == DType::f16 ? target.add(op::round_to_f16, {computed}) : computed;
   }
 
  private:
@@ -63,14 +64,14 @@ class F16Storage {
     if (!inserted) return it->second;
     const Node& node = target.node(value);
     const TensorType type{DType::f32, node.type.shape};
-    if (node.op == "constant" && node.is_uniform_constant()) {
+    if (node.op == op::constant && node.is_uniform_constant()) {
       it->second = target.constant(round_to_f16(node.attrs.get_float("value")), type);
-    } else if (node.op == "constant") {
+    } else if (node.op == op::constant) {
       std::vector<double> values = *node.data;
       for (double& element : values) element = round_to_f16(element);
       it->second = target.constant(std::move(values), type);
     } else {
-      it->second = target.add("widen_f16", {value});
+      it->second = target.add(op::widen_f16, {value});
     }
     return it->second;
   }
@@ -81,20 +82,20 @@ class F16Storage {
     if (from == to) return source;
     if (from == DType::f16) {
       const ValueId widened = as_f32(target, source);
-      return to == DType::f32 ? widened : target.add("cast", {widened}, node.attrs);
+      return to == DType::f32 ? widened : target.add(op::cast, {widened}, node.attrs);
     }
     const ValueId wide =
         from == DType::f32
             ? source
-            : target.add("cast", {source}, {{"dtype", std::string(dtype_name(DType::f32))}});
-    return target.add("round_to_f16", {wide});
+            : target.add(op::cast, {source}, {{"dtype", std::string(dtype_name(DType::f32))}});
+    return target.add(op::round_to_f16, {wide});
   }
 
   // A product of f16 matrices into an f16 result on cooperative matrices (the workgroup GEMM,
   // else the subgroup-scope one, which read f16 operands and store f16 results), or kNoValue
   // where the node is not such a product or the session runs no cooperative-matrix GEMM.
   ValueId half_product(Graph& target, const Node& node) {
-    if (node.op != "matmul" || node.attrs.has("k_splits") || node.type.rank() != 2 ||
+    if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
         node.type.dtype != DType::f16)
       return kNoValue;
     if (target.type(node.inputs[0]).rank() != 2 || target.type(node.inputs[1]).rank() != 2)
@@ -107,7 +108,7 @@ class F16Storage {
     if (!on_workgroups && !kernels::use_coop_gemm(device_)) return kNoValue;
     Attrs attrs = node.attrs;
     attrs.set("f16_result", int64_t{1});
-    return target.add("half_matmul", node.inputs, std::move(attrs));
+    return target.add(op::half_matmul, node.inputs, std::move(attrs));
   }
 
   const kernels::DeviceTraits& device_;

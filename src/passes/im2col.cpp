@@ -18,6 +18,7 @@
 #include <cstring>
 #include <optional>
 
+#include "ir/op_names.hpp"
 #include "kernels/conv_weight_grad.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/winograd.hpp"
@@ -67,22 +68,22 @@ ValueId columns_of(Graph& target, ValueId source, const ConvGeometry& g,
               {"dilation", pair_of(dilation)},
               {"output_size", pair_of(output_size)}};
   if (side_by_side) attrs.set("images_side_by_side", int64_t{1});
-  return target.add("im2col", {source}, std::move(attrs));
+  return target.add(op::im2col, {source}, std::move(attrs));
 }
 
 ValueId reshaped(Graph& target, ValueId value, Shape shape) {
-  return target.add("reshape", {value}, {{"shape", std::move(shape)}});
+  return target.add(op::reshape, {value}, {{"shape", std::move(shape)}});
 }
 
 // rows [R, K] x columns, per image: [N, R, plane] from columns [N, K, plane] (a batched GEMM
 // with broadcast rows), or from side-by-side columns [K, N * plane] through [R, N * plane].
 ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t batch,
                           int64_t plane) {
-  const ValueId product = target.add("matmul", {rows, columns}, {});
+  const ValueId product = target.add(op::matmul, {rows, columns}, {});
   const Node& column_node = target.node(columns);
   if (!images_side_by_side(column_node.attrs)) return product;
   const ValueId split = reshaped(target, product, {target.type(rows).shape[0], batch, plane});
-  return target.add("transpose", {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
+  return target.add(op::transpose, {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
 // The grid of `f`'s m x m output tiles (rows, columns) of `batch` images of `output_size`, or
@@ -109,11 +110,11 @@ std::optional<ValueId> winograd_convolution(Graph& target, ValueId source, Value
       winograd::kF2, target.type(source).shape[0], output_size, std::max(w[0], w[1]), max_bytes);
   if (!grid) return std::nullopt;
   const ValueId patches =
-      target.add("winograd_tiles", {source}, {{"tiles", *grid}, {"padding", pair_of(padding)}});
+      target.add(op::winograd_tiles, {source}, {{"tiles", *grid}, {"padding", pair_of(padding)}});
   const ValueId filter =
-      target.add("winograd_filter", {weights}, {{"transposed", int64_t{transposed ? 1 : 0}}});
-  const ValueId products = target.add("matmul", {filter, patches}, {});
-  return target.add("winograd_output", {products},
+      target.add(op::winograd_filter, {weights}, {{"transposed", int64_t{transposed ? 1 : 0}}});
+  const ValueId products = target.add(op::matmul, {filter, patches}, {});
+  return target.add(op::winograd_output, {products},
                     {{"tiles", *grid}, {"output_size", pair_of(output_size)}});
 }
 
@@ -150,8 +151,8 @@ ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometr
                                 {g.out_channels, g.in_channels * g.kernel_height * g.kernel_width});
   const ValueId grad_out = reshaped(target, node.inputs[0], {g.batch, g.out_channels, plane});
   const ValueId column_grads =
-      target.add("matmul", {rows, grad_out}, {{"transpose_a", int64_t{1}}});
-  return target.add("col2im", {column_grads},
+      target.add(op::matmul, {rows, grad_out}, {{"transpose_a", int64_t{1}}});
+  return target.add(op::col2im, {column_grads},
                     {{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
                      {"stride", pair_of(g.stride)},
                      {"padding", pair_of(g.padding)},
@@ -188,7 +189,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
   const ValueId columns = columns_of(
       target, node.inputs[0], g, {-g.padding[0], -g.padding[1]}, {-g.dilation[0], -g.dilation[1]},
       {1, 1}, {g.in_height, g.in_width}, columns_side_by_side(g.batch, plane));
-  const ValueId swapped = target.add("transpose", {node.inputs[1]},
+  const ValueId swapped = target.add(op::transpose, {node.inputs[1]},
                                      {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
   const ValueId rows = reshaped(target, swapped, {g.in_channels, g.out_channels * taps});
   return reshaped(target, product_per_image(target, rows, columns, g.batch, plane),
@@ -219,10 +220,11 @@ std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
   tile_attrs.set("tiles", *grid);
   Attrs patch_attrs = tile_attrs;
   patch_attrs.set("padding", pair_of(g.padding));
-  const ValueId patches = target.add("winograd_tiles", {node.inputs[0]}, std::move(patch_attrs));
-  const ValueId grads = target.add("winograd_grad_tiles", {node.inputs[1]}, std::move(tile_attrs));
-  const ValueId products = target.add("matmul", {grads, patches}, {{"transpose_b", int64_t{1}}});
-  return target.add("winograd_weight_grad", {products}, std::move(variant));
+  const ValueId patches = target.add(op::winograd_tiles, {node.inputs[0]}, std::move(patch_attrs));
+  const ValueId grads =
+      target.add(op::winograd_grad_tiles, {node.inputs[1]}, std::move(tile_attrs));
+  const ValueId products = target.add(op::matmul, {grads, patches}, {{"transpose_b", int64_t{1}}});
+  return target.add(op::winograd_weight_grad, {products}, std::move(variant));
 }
 
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
@@ -247,7 +249,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
                                      {g.out_height, g.out_width}, /*side_by_side=*/false);
   const ValueId rows = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
-  const ValueId per_image = target.add("matmul", {rows, columns}, {{"transpose_b", int64_t{1}}});
+  const ValueId per_image = target.add(op::matmul, {rows, columns}, {{"transpose_b", int64_t{1}}});
   return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
 }
 
@@ -261,11 +263,11 @@ Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& devic
       [&](Graph& target, ValueId, Node node) {
         std::optional<ValueId> rewritten;
         if (node.type.dtype == DType::f32) {
-          if (node.op == "conv2d")
+          if (node.op == op::conv2d)
             rewritten = rewrite_forward(target, node, device, max_column_bytes);
-          if (node.op == "conv2d_grad_input")
+          if (node.op == op::conv2d_grad_input)
             rewritten = rewrite_data_gradient(target, node, device, max_column_bytes);
-          if (node.op == "conv2d_grad_weight")
+          if (node.op == op::conv2d_grad_weight)
             rewritten = rewrite_weight_gradient(target, node, device, max_column_bytes);
         }
         return rewritten ? *rewritten : target.add_typed(std::move(node));

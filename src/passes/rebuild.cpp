@@ -1,4 +1,5 @@
 #include "passes/rebuild.hpp"
+#include "ir/op_names.hpp"
 
 namespace mg::passes {
 
@@ -32,7 +33,8 @@ std::vector<ValueId> compose(const std::vector<ValueId>& first,
 }
 
 ValueId sum_leading_axis(Graph& target, ValueId value) {
-  return target.add("sum", {value}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+  return target.add(op::sum, {value},
+                    {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
 }
 
 }  // namespace mg::passes

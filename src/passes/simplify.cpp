@@ -1,6 +1,7 @@
 #include <map>
 #include <tuple>
 
+#include "ir/op_names.hpp"
 #include "ops/interpreter.hpp"
 #include "ops/op.hpp"
 #include "passes/passes.hpp"
@@ -26,7 +27,7 @@ Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
   // Parameters and state stay even when unused, so checkpoints keep their layout.
   for (size_t i = 0; i < graph.size(); ++i) {
     const std::string& op = graph.nodes()[i].op;
-    if (op == "parameter" || op == "state" || op == "input") live[i] = true;
+    if (op == op::parameter || op == op::state || op == op::input) live[i] = true;
   }
   return rebuild(graph, live, copy_node, remap);
 }
@@ -38,7 +39,7 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
-        if (node.is_leaf() && node.op != "constant") return target.add_typed(std::move(node));
+        if (node.is_leaf() && node.op != op::constant) return target.add_typed(std::move(node));
         if (node.data) return target.add_typed(std::move(node));
         Key key{node.op, node.inputs, node.attrs.to_string(), type_string(node.type), node.name};
         auto it = seen.find(key);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/op_names.hpp"
 #include "ops/k_split.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -74,9 +75,9 @@ Graph split_attention(const Graph& graph, int64_t compute_units, std::vector<Val
   return rebuild(
       graph, keep,
       [compute_units](Graph& target, ValueId, Node node) {
-        const bool forward = node.op == "scaled_dot_product_attention";
-        const bool grad_q = node.op == "attention_grad_q";
-        const bool grad_kv = node.op == "attention_grad_k" || node.op == "attention_grad_v";
+        const bool forward = node.op == op::scaled_dot_product_attention;
+        const bool grad_q = node.op == op::attention_grad_q;
+        const bool grad_kv = node.op == op::attention_grad_k || node.op == op::attention_grad_v;
         const char* attribute = grad_kv ? "q_splits" : "kv_splits";
         if ((!forward && !grad_q && !grad_kv) || node.attrs.has(attribute))
           return target.add_typed(std::move(node));
@@ -92,7 +93,7 @@ Graph split_attention(const Graph& graph, int64_t compute_units, std::vector<Val
         Attrs attrs = node.attrs;
         attrs.set(attribute, splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        if (forward) return target.add("attention_combine", {partials}, {});
+        if (forward) return target.add(op::attention_combine, {partials}, {});
         return sum_leading_axis(target, partials);
       },
       remap);

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "ir/op_names.hpp"
 #include "kernels/conv_weight_grad.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
@@ -92,9 +93,9 @@ std::optional<Product> product_of(const Graph& graph, const Node& node,
   if (node.attrs.has("k_splits")) return std::nullopt;
   // A product of f16 operands splits where the subgroup-scope GEMM runs it (the workgroup GEMM
   // takes products whole).
-  const bool half = node.op == "half_matmul";
+  const bool half = node.op == op::half_matmul;
   if (half && kernels::workgroup_gemm_takes_f16_product(graph, node, device)) return std::nullopt;
-  if (node.op == "matmul" || half) {
+  if (node.op == op::matmul || half) {
     const Shape& a_shape = graph.type(node.inputs[0]).shape;
     const Shape& out_shape = node.type.shape;
     const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
@@ -104,9 +105,9 @@ std::optional<Product> product_of(const Graph& graph, const Node& node,
         .k = a_shape[a_shape.size() - (transpose_a ? 2 : 1)],
         .entries = element_count(Shape(out_shape.begin(), out_shape.end() - 2)),
         .half_operands = half,
-        .winograd_weight_gradient = graph.node(node.inputs[0]).op == "winograd_grad_tiles"};
+        .winograd_weight_gradient = graph.node(node.inputs[0]).op == op::winograd_grad_tiles};
   }
-  if (node.op == "conv2d_grad_weight") {
+  if (node.op == op::conv2d_grad_weight) {
     // Per group: M = O / groups, N = C / groups * KH * KW, K = N * OH * OW (kernels/conv.cpp).
     const Shape& grad_out = graph.type(node.inputs[1]).shape;
     const Shape& weight = node.type.shape;
@@ -228,7 +229,7 @@ int64_t split_count(const Product& product, const kernels::DeviceTraits& device)
 // own splits.
 std::optional<ConvGeometry> direct_weight_gradient(const Graph& graph, const Node& node,
                                                    const kernels::DeviceTraits& device) {
-  if (node.op != "conv2d_grad_weight" || node.attrs.has("k_splits")) return std::nullopt;
+  if (node.op != op::conv2d_grad_weight || node.attrs.has("k_splits")) return std::nullopt;
   const ConvGeometry g = conv_geometry(node.attrs, graph.type(node.inputs[0]).shape,
                                        node.attrs.get_ints("weight_shape"));
   if (!kernels::direct_weight_gradient_suits(g, device)) return std::nullopt;
@@ -263,7 +264,7 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
           if (name != "f16_result") attrs.set(name, value);
         attrs.set("k_splits", splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        return node.type.dtype == DType::f16 ? target.add("sum_to_f16", {partials})
+        return node.type.dtype == DType::f16 ? target.add(op::sum_to_f16, {partials})
                                              : sum_leading_axis(target, partials);
       },
       remap);

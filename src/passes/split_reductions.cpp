@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "ir/op_names.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -24,7 +25,7 @@ struct SplitSum {
 };
 
 std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
-  if (node.op != "sum" || node.type.dtype != DType::f32 || !node.attrs.has("axes"))
+  if (node.op != op::sum || node.type.dtype != DType::f32 || !node.attrs.has("axes"))
     return std::nullopt;
   const Shape& shape = graph.type(node.inputs[0]).shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
@@ -59,7 +60,7 @@ std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
 // The count of leading axes [0, count) that `node` sums without keeping them, or nothing when it
 // is not such a sum (an empty axes list sums every axis and counts too).
 std::optional<int64_t> leading_sum_axes(const Graph& graph, const Node& node) {
-  if (node.op != "sum" || node.attrs.get_int("keepdims", 0) != 0) return std::nullopt;
+  if (node.op != op::sum || node.attrs.get_int("keepdims", 0) != 0) return std::nullopt;
   const int64_t rank = static_cast<int64_t>(graph.type(node.inputs[0]).shape.size());
   std::vector<int64_t> axes = node.attrs.get_ints("axes", {});
   if (axes.empty()) return rank;
@@ -88,7 +89,7 @@ Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap) {
       graph, keep,
       [&](Graph& target, ValueId old_id, Node node) {
         const Node& old = graph.node(old_id);
-        if (old.op == "winograd_weight_grad") {
+        if (old.op == op::winograd_weight_grad) {
           // It sums a leading axis of partial products itself: one pass over the partials.
           const ValueId sum_id = old.inputs[0];
           const Node& sum = graph.node(sum_id);
@@ -106,7 +107,7 @@ Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap) {
         for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
         // The inner sum, now unused, goes with the dead-code pass below.
         const ValueId source = target.node(node.inputs[0]).inputs[0];
-        return target.add("sum", {source}, {{"axes", axes}, {"keepdims", int64_t{0}}});
+        return target.add(op::sum, {source}, {{"axes", axes}, {"keepdims", int64_t{0}}});
       },
       &merged_remap);
   std::vector<ValueId> dead_code_remap;
@@ -122,8 +123,8 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
       [](Graph& target, ValueId, Node node) {
         const std::optional<SplitSum> split = split_of(target, node);
         if (!split) return target.add_typed(std::move(node));
-        const ValueId inner =
-            target.add("sum", node.inputs, {{"axes", split->inner_axes}, {"keepdims", int64_t{1}}});
+        const ValueId inner = target.add(op::sum, node.inputs,
+                                         {{"axes", split->inner_axes}, {"keepdims", int64_t{1}}});
         node.inputs = {inner};
         return target.add_typed(std::move(node));
       },

@@ -3,6 +3,7 @@
 // two. The fast GEMMs round their operands to f16 anyway; here the rounding is a pass of its
 // own over each operand (0.028 ms for 4096^2 on the H200), because the workgroup kernel loads
 // its f16 operands straight from memory.
+#include "ir/op_names.hpp"
 #include "kernels/gemm_workgroup.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -15,7 +16,7 @@ Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
   return rebuild(
       graph, keep,
       [&device](Graph& target, ValueId, Node node) {
-        if (node.op != "matmul" || node.attrs.has("k_splits") || node.type.rank() != 2 ||
+        if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
             node.type.dtype != DType::f32)
           return target.add_typed(std::move(node));
         const TensorType& a = target.type(node.inputs[0]);
@@ -26,9 +27,9 @@ Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
         if (!kernels::workgroup_gemm_suits(node.type.shape[0], node.type.shape[1], k, device,
                                            kernels::OperandsIn::f32))
           return target.add_typed(std::move(node));
-        const ValueId a_half = target.add("round_to_f16", {node.inputs[0]});
-        const ValueId b_half = target.add("round_to_f16", {node.inputs[1]});
-        return target.add("half_matmul", {a_half, b_half}, node.attrs);
+        const ValueId a_half = target.add(op::round_to_f16, {node.inputs[0]});
+        const ValueId b_half = target.add(op::round_to_f16, {node.inputs[1]});
+        return target.add(op::half_matmul, {a_half, b_half}, node.attrs);
       },
       remap);
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 
+#include "ir/op_names.hpp"
 #include "kernels/gemm_epilogue.hpp"
 #include "kernels/pointwise.hpp"
 
@@ -143,7 +144,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       // f16 values fuse only as round_to_f16 into their one reader (a widen_f16): the f16
       // storage pass leaves no other pointwise op on f16 values.
       if (!kernels::is_pointwise_op(node.op) || observed[i] || consumers[i] != 1 ||
-          (node.type.dtype != DType::f32 && node.op != "round_to_f16")) {
+          (node.type.dtype != DType::f32 && node.op != op::round_to_f16)) {
         continue;
       }
       const ValueId consumer = consumer_lists[i].front();
@@ -151,7 +152,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
       // (a bias): the DAG reads that input at broadcast indices and converts it there, with
       // nothing else computed again per element.
       const bool broadcast_widening =
-          node.op == "widen_f16" && fused_into[node.inputs[0]] != static_cast<ValueId>(i);
+          node.op == op::widen_f16 && fused_into[node.inputs[0]] != static_cast<ValueId>(i);
       if (kernels::is_pointwise_op(graph.node(consumer).op) &&
           (graph.node(consumer).type.shape == node.type.shape || broadcast_widening)) {
         fused_into[i] = consumer;
@@ -190,7 +191,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   if (fusion_enabled && !switched_on("MEGANEURA_NO_EPILOGUE_FUSION")) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
-      if (node.op != "matmul" || node.attrs.has("k_splits") || observed[i] || consumers[i] != 1 ||
+      if (node.op != op::matmul || node.attrs.has("k_splits") || observed[i] || consumers[i] != 1 ||
           node.type.dtype != DType::f32) {
         continue;
       }

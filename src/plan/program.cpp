@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "passes/passes.hpp"
 #include "plan/fusion.hpp"
@@ -72,7 +73,7 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
 }
 
 bool is_persistent_leaf(const Node& node) {
-  return node.op == "parameter" || node.op == "state" || node.op == "constant";
+  return node.op == op::parameter || node.op == op::state || node.op == op::constant;
 }
 
 struct Interval {
@@ -410,7 +411,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     if (inserted) {
       interval.value = root;
       interval.bytes = align_up(std::max<uint64_t>(node.type.bytes(), 4), 4);
-      interval.first = node.op == "input" ? -1 : when;
+      interval.first = node.op == op::input ? -1 : when;
       interval.last = when;
     }
     interval.first = std::min(interval.first, when);
@@ -428,7 +429,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     touch(leaf, end);
     touch(value, end);
   }
-  for (ValueId input : graph.leaves("input")) {
+  for (ValueId input : graph.leaves(op::input)) {
     if (lifetimes.count(input)) program.inputs.push_back(input);
   }
 

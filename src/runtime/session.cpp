@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "ir/half.hpp"
+#include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_workgroup.hpp"
 #include "ops/interpreter.hpp"
@@ -282,7 +283,7 @@ struct Session::Impl {
     for (ValueId value : program.persistent) {
       const Node& node = graph.node(value);
       const HostTensor tensor =
-          node.op == "constant"
+          node.op == op::constant
               ? (node.data ? HostTensor(node.type.shape, *node.data)
                            : HostTensor(node.type.shape, node.attrs.get_float("value")))
               : initial.leaves.at(node.name);
@@ -487,7 +488,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                                gpu::BufferUse::download, "output staging");
     impl.owned_buffers.push_back(slot.download);
   }
-  for (const char* kind : {"parameter", "state"}) {
+  for (std::string_view kind : {op::parameter, op::state}) {
     for (ValueId leaf : planned.leaves(kind)) {
       if (!impl.program.regions.count(leaf)) continue;
       impl.persistent_by_name[planned.node(leaf).name] = leaf;
