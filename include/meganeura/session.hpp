@@ -7,12 +7,14 @@
 // the first run and the first after a write(). Nothing is allocated or compiled inside run().
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "meganeura/graph.hpp"
+#include "meganeura/switches.hpp"
 
 namespace mg {
 
@@ -31,9 +33,11 @@ std::string_view precision_name(Precision precision);
 // created on it when it ends. Opening a device per Session also works, but costs an instance
 // each, and NVIDIA's driver refused new instances after about 26 in one process.
 class SharedDevice;
-// `selector` and `validation` as in SessionOptions. Throws mg::Error as a Session would.
+// `selector` and `validation` as in SessionOptions; `switches` (the environment's where not
+// given) for the device's own (validation, kernel cache). Throws mg::Error as a Session would.
 std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector = "",
-                                                 bool validation = false);
+                                                 bool validation = false,
+                                                 const std::optional<Switches>& switches = {});
 
 struct SessionOptions {
   std::string device;  // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
@@ -59,6 +63,9 @@ struct SessionOptions {
   // of weights to f16 for the fast GEMM. Its results stay in memory. false runs it every time
   // (benchmarks that time the whole computation on parameters); MEGANEURA_SETUP=0/1 overrides.
   bool setup = true;
+  // The switches (docs/SWITCHES.md) this session plans and lowers with, and opens its device
+  // with; unset, the session reads them from the environment once, when it is built.
+  std::optional<Switches> switches;
 };
 
 struct BuildReport {

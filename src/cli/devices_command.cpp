@@ -95,11 +95,11 @@ void bench_compile(const std::string& device) {
   const std::filesystem::path cache = std::filesystem::temp_directory_path() /
                                       ("meganeura-bench-cache-" + std::to_string(::getpid()));
   std::filesystem::remove_all(cache);
-  ::setenv("MEGANEURA_CACHE_DIR", cache.c_str(), 1);
   const Graph graph =
       models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{});
   SessionOptions options;
   options.device = device;
+  options.switches = Switches::from_environment({{"MEGANEURA_CACHE_DIR", cache.string()}});
   for (const char* label : {"cold", "warm"}) {
     Session session(graph, options);
     const BuildReport& report = session.report();

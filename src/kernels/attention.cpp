@@ -114,18 +114,16 @@ TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringConte
   for (auto [owned, streamed] :
        {std::pair<int64_t, int64_t>{64, 32}, {64, 16}, {32, 32}, {32, 16}, {16, 16}, {16, 8}})
     candidates.push_back({owned, streamed, kThreads, lanes});
-  if (const char* forced = std::getenv("MEGANEURA_ATTENTION_BLOCKS")) {
+  if (const std::vector<int64_t>& forced = device.switches.attention_blocks; !forced.empty()) {
     const auto reject = [&] {
-      return Error(std::string("MEGANEURA_ATTENTION_BLOCKS='") + forced +
+      return Error("MEGANEURA_ATTENTION_BLOCKS='" + switch_text(forced) +
                    "': expected OWNED,STREAMED[,THREADS[,LANES]], powers of two with LANES at " +
                    "most " + std::to_string(max_lanes) + " (the subgroup), LANES <= STREAMED " +
-                   "<= 128, THREADS / LANES <= OWNED <= 128 and OWNED <= 4 * THREADS");
+                   "<= 128, THREADS / LANES <= OWNED <= 128 and OWNED <= 4 * THREADS; unset it " +
+                   "for the built-in blocks");
     };
     // Two to four fields; THREADS and LANES default to the built-in ones.
-    std::vector<int64_t> fields;
-    for (size_t count = 4; count >= 2 && fields.empty(); --count)
-      fields = parse_integers(forced, count).value_or(std::vector<int64_t>{});
-    if (fields.empty()) throw reject();
+    std::vector<int64_t> fields = forced;
     if (fields.size() < 3) fields.push_back(kThreads);
     if (fields.size() < 4) fields.push_back(lanes);
     const TiledBlocks wanted{fields[0], fields[1], fields[2], fields[3]};
@@ -191,15 +189,11 @@ int64_t coop_shared_bytes(Mode mode, const Dims& dims, int64_t streamed) {
 }
 
 // The streamed blocks the cooperative-matrix kernels try in order, `preferred` (from the
-// built-in choice) or only the one MEGANEURA_ATTENTION_COOP_BLOCK=32/64 names (tuning sweeps;
-// any other value is an error naming the variable).
-std::vector<int64_t> coop_block_candidates(std::vector<int64_t> preferred) {
-  const char* forced = std::getenv("MEGANEURA_ATTENTION_COOP_BLOCK");
-  if (forced == nullptr) return preferred;
-  if (std::string(forced) == "64" || std::string(forced) == "32") return {std::stoll(forced)};
-  throw Error("MEGANEURA_ATTENTION_COOP_BLOCK='" + std::string(forced) +
-              "': expected 32 or 64 (the cooperative-matrix attention kernels' streamed block); "
-              "unset it for the built-in choice");
+// built-in choice) or only the one MEGANEURA_ATTENTION_COOP_BLOCK=32/64 names (tuning sweeps).
+std::vector<int64_t> coop_block_candidates(std::vector<int64_t> preferred,
+                                           const DeviceTraits& device) {
+  if (const std::optional<int64_t> forced = device.switches.attention_coop_block) return {*forced};
+  return preferred;
 }
 
 // The backward's streamed block: 32, else 64; 0 when neither fits. Blocks of 64 take 44-79 more
@@ -207,19 +201,16 @@ std::vector<int64_t> coop_block_candidates(std::vector<int64_t> preferred) {
 // compute unit: Whisper's dK, dQ and dV took 0.162, 0.126 and 0.079 ms with 64 against 0.105,
 // 0.088 and 0.061 with 32 (docs/BENCHMARKS.md, run 21).
 int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  for (int64_t streamed : coop_block_candidates({32, 64}))
+  for (int64_t streamed : coop_block_candidates({32, 64}, device))
     if (coop_shared_bytes(mode, dims, streamed) <= device.max_shared_memory_bytes) return streamed;
   return 0;
 }
 
 // Whether the cooperative-matrix forward and dQ keep scores, probabilities and dS in registers
 // (FRAGMENT_REGISTERS): where the session's probe found the fragment layout it is written for,
-// unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0 (anything but 0 or 1 is an error naming it).
+// unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0.
 bool fragment_registers(const DeviceTraits& device) {
-  const std::optional<bool> forced =
-      binary_switch("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "scores staged through shared memory",
-                    "in registers where the device's fragment layout allows it", "the default (1)");
-  return forced.value_or(true) && device.quad_row_fragments;
+  return device.switches.attention_fragment_registers.value_or(true) && device.quad_row_fragments;
 }
 
 // Shared memory of the cooperative-matrix forward (attention_forward_coopmat.comp) for key
@@ -240,7 +231,7 @@ int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk, bool in_register
 // neither fits.
 int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
   const bool in_registers = fragment_registers(device);
-  for (int64_t bk : coop_block_candidates({64, 32}))
+  for (int64_t bk : coop_block_candidates({64, 32}, device))
     if (coop_forward_shared_bytes(dims, bk, in_registers) <= device.max_shared_memory_bytes)
       return bk;
   return 0;
@@ -522,8 +513,7 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
       (!coop || use_coop_attention(Mode::grad_kv, dims, device))) {
     // One pass over the scores for both: 1.27 -> 1.02 ms for the Whisper backward on the H200
     // (docs/BENCHMARKS.md run 18), 494 -> 452 ms on Lavapipe; on cooperative matrices too.
-    const char* forced = std::getenv("MEGANEURA_ATTENTION_FUSED_KV");
-    return forced == nullptr || std::string(forced) != "0";
+    return device.switches.attention_fused_kv.value_or(true);
   }
   return false;
 }

@@ -8,7 +8,7 @@
 // shape) a node runs depends only on its shapes, baked into the generated code.
 #include <algorithm>
 #include <array>
-#include <cstdlib>
+
 #include <functional>
 #include <limits>
 
@@ -52,8 +52,8 @@ TileConfig choose_tiles(int64_t m, int64_t n, const DeviceTraits& device) {
                                                        {1, 256, 1, 1},
                                                        {8, 8, 2, 2}}};
   // MEGANEURA_CONV_TILES=<index into kConfigs> forces one tile shape, so tests can cover each.
-  if (const char* forced = std::getenv("MEGANEURA_CONV_TILES")) {
-    const size_t index = static_cast<size_t>(std::atoi(forced));
+  if (const std::optional<int64_t> forced = device.switches.conv_tiles) {
+    const size_t index = static_cast<size_t>(*forced);
     if (index < kConfigs.size() &&
         kConfigs[index].threads_m * kConfigs[index].threads_n <= device.max_workgroup_invocations) {
       return kConfigs[index];
@@ -125,9 +125,9 @@ void emit_cpu_conv_gemm(LoweringContext& context, const GemmPlan& plan, int64_t 
 constexpr uint32_t kGemmRowsThreads = 128;
 constexpr int64_t kGemmRowsMaxColumns = 4, kGemmRowsMinRows = 16384;
 
-bool gemm_rows_suit(const GemmPlan& plan, int64_t entries) {
+bool gemm_rows_suit(const GemmPlan& plan, int64_t entries, const DeviceTraits& device) {
   if (plan.n > kGemmRowsMaxColumns) return false;
-  if (const char* forced = std::getenv("MEGANEURA_CONV_ROWS")) return std::string(forced) == "1";
+  if (const std::optional<bool> forced = device.switches.conv_rows) return *forced;
   return plan.m * entries >= kGemmRowsMinRows;
 }
 
@@ -142,7 +142,7 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
     emit_cpu_conv_gemm(context, plan, entries, k, functions, std::move(operands));
     return;
   }
-  if (gemm_rows_suit(plan, entries)) {
+  if (gemm_rows_suit(plan, entries, context.device())) {
     Launch launch;
     launch.label = context.label();
     launch.kernel = "gemm_rows";
@@ -169,7 +169,7 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
   // gemm.comp's square tiles where they suit the product (simt_gemm_suits); skinny products
   // (depthwise, few channels per group) stay on conv_igemm.comp, whose tiles fit their shape, as
   // does every product when MEGANEURA_CONV_TILES forces one of those tiles.
-  if (simt_gemm_suits(gemm, context.device()) && std::getenv("MEGANEURA_CONV_TILES") == nullptr) {
+  if (simt_gemm_suits(gemm, context.device()) && !context.device().switches.conv_tiles) {
     emit_simt_gemm(context, gemm, std::move(operands));
     return;
   }

@@ -1,8 +1,6 @@
 #include "kernels/conv_weight_grad.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "kernels/gemm_coopmat.hpp"
@@ -87,16 +85,12 @@ bool winograd_geometry(const ConvGeometry& g, const DeviceTraits& device) {
          g.kernel_width == winograd::kKernel;
 }
 
-bool switch_is(const char* value, const char* expected) {
-  return value != nullptr && std::strcmp(value, expected) == 0;
-}
-
 }  // namespace
 
 bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
-  const char* forced = std::getenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
-  if (switch_is(forced, "0")) return false;
-  const bool forced_on = switch_is(forced, "1");
+  const std::optional<bool> forced = device.switches.direct_weight_grad;
+  if (forced == false) return false;
+  const bool forced_on = forced == true;
   // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3
   // weight gradient: 0.0381 against 0.0383 ms on the H200) and stays, as for the other fast
   // convolutions.
@@ -120,9 +114,9 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
 }
 
 bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& device) {
-  const char* forced = std::getenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
-  if (switch_is(forced, "0") || !winograd_geometry(g, device)) return false;
-  if (switch_is(forced, "1")) return true;
+  const std::optional<bool> forced = device.switches.winograd_weight_grad;
+  if (forced == false || !winograd_geometry(g, device)) return false;
+  if (forced == true) return true;
   // On the H200 (docs/BENCHMARKS.md runs 44 and 45) it ran ResNet's 128 channels at 28 x 28 in
   // 0.0255 against the direct kernel's 0.0343 ms, 256 at 14 x 14 in 0.0231 against 0.0408, and
   // U-Net's 320 channels (columns and a GEMM) 0.0764 against 0.1363 and 0.2744 against 0.4709 ms;
@@ -137,12 +131,8 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
 }
 
 int64_t winograd_weight_gradient_outputs(const ConvGeometry& g, const DeviceTraits& device) {
-  if (const char* forced = std::getenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE")) {
-    if (switch_is(forced, "2")) return 2;
-    if (switch_is(forced, "4")) return 4;
-    throw Error(std::string("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE='") + forced +
-                "': expected 2 (F(2 x 2, 3 x 3)) or 4 (F(4 x 4, 3 x 3)); unset it for the rule");
-  }
+  if (const std::optional<int64_t> forced = device.switches.winograd_weight_grad_tile)
+    return *forced;
   // F(4 x 4)'s transforms scale a tile by up to 100 (input) and 225 (grad_out) before the
   // products, which in fast precision read them as f16: its range and rounding would show there.
   if (use_coop_gemm(device)) return 2;
@@ -155,11 +145,11 @@ int64_t winograd_weight_gradient_outputs(const ConvGeometry& g, const DeviceTrai
 
 bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
                                 const DeviceTraits& device) {
-  const char* forced = std::getenv("MEGANEURA_WINOGRAD_CONV");
-  if (switch_is(forced, "0") || !winograd_geometry(g, device)) return false;
+  const std::optional<bool> forced = device.switches.winograd_conv;
+  if (forced == false || !winograd_geometry(g, device)) return false;
   // The data gradient pads grad_out by 2 - P.
   if (data_gradient && (g.padding[0] > 2 || g.padding[1] > 2)) return false;
-  if (switch_is(forced, "1")) return true;
+  if (forced == true) return true;
   // On the H200 (docs/BENCHMARKS.md run 47) every ResNet-50 3x3 stage and U-Net's 320 channels
   // ran faster than on the columns, forward and data gradient, strict and fast: ResNet's 64
   // channels at 56 x 56 0.0354 against 0.0472 ms (forward), 256 at 14 x 14 0.0293 against

@@ -10,6 +10,7 @@
 #include <span>
 #include <thread>
 
+#include "config/integer_list.hpp"
 #include "ir/op_names.hpp"
 #include "kernels/gemm_coopmat.hpp"
 #include "kernels/gemm_cpu.hpp"
@@ -87,12 +88,12 @@ std::optional<std::string> tile_misfit(const GemmTile& tile, const DeviceTraits&
 // kGemmTiles, or tile_m,tile_n,work_m,work_n,tile_k for any that fits the device. A malformed
 // value or a tile the device cannot run is ignored with a warning.
 std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
-  const char* text = std::getenv("MEGANEURA_GEMM_TILE");
-  if (text == nullptr) return std::nullopt;
+  const std::optional<std::string>& text = device.switches.gemm_tile;
+  if (!text) return std::nullopt;
   for (const GemmTile& candidate : kGemmTiles)
-    if (std::to_string(candidate.tile_m) == text) return candidate;
-  const std::string prefix = "ignoring MEGANEURA_GEMM_TILE=" + std::string(text) + ": ";
-  const std::optional<std::vector<int64_t>> values = parse_integers(text, 5);
+    if (std::to_string(candidate.tile_m) == *text) return candidate;
+  const std::string prefix = "ignoring MEGANEURA_GEMM_TILE=" + *text + ": ";
+  const std::optional<std::vector<int64_t>> values = config::parse_integers(*text, 5);
   if (!values) {
     warn_once(prefix + "expected 128, 64, 32 or tile_m,tile_n,work_m,work_n,tile_k");
     return std::nullopt;
@@ -203,20 +204,6 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
          threads <= device.max_workgroup_invocations;
 }
 
-// MEGANEURA_GEMM_PREFETCH=P (1 to 8): every SIMT GEMM keeps the loads of the next P K slices in
-// registers (gemm.comp PREFETCH), a tuning hook; unset, the rule below decides. Anything else is
-// an error naming the variable.
-std::optional<int64_t> forced_prefetch() {
-  const char* text = std::getenv("MEGANEURA_GEMM_PREFETCH");
-  if (text == nullptr) return std::nullopt;
-  const std::optional<std::vector<int64_t>> value = parse_integers(text, 1);
-  if (!value || (*value)[0] < 1 || (*value)[0] > 8)
-    throw Error(std::string("MEGANEURA_GEMM_PREFETCH='") + text +
-                "': expected a whole number of K slices from 1 to 8; unset it for the built-in "
-                "rule");
-  return (*value)[0];
-}
-
 // The K slices whose loads a thread of `tile` keeps in flight, for a launch over K slices of
 // `k` (`whole_k` before any split). Threads of the 4 x 4 tiles walk a few slices each (SmolLM's
 // 128 x 576 x 576 product and its gradients) and hold one vec4 of each operand per slice, so up
@@ -226,8 +213,10 @@ std::optional<int64_t> forced_prefetch() {
 // 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile: 18-25 % slower with
 // two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md runs 25 and 27. No thread
 // fetches past its k-group's chain: the slices after the first are all there is to keep in flight.
-int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k) {
-  if (const std::optional<int64_t> forced = forced_prefetch()) return *forced;
+// MEGANEURA_GEMM_PREFETCH forces the depth (a tuning hook).
+int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k,
+                       const DeviceTraits& device) {
+  if (const std::optional<int64_t> forced = device.switches.gemm_prefetch) return *forced;
   const GemmTile& largest = kGemmTiles.front();
   int64_t depth = 1;
   if (tile.four_by_four()) {
@@ -254,13 +243,10 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
   const int64_t threads_wanted = device.compute_units * 256;
   GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, generated_loads, device);
   bool forced_k_groups = false;
-  if (const char* forced = std::getenv("MEGANEURA_GEMM_K_GROUPS")) {
-    for (int64_t k_groups = 1; k_groups <= kMostKGroups && !forced_k_groups; k_groups *= 2) {
-      if (std::to_string(k_groups) == forced && k_groups_fit(chosen, k_groups, device)) {
-        chosen.k_groups = k_groups;
-        forced_k_groups = true;
-      }
-    }
+  if (const std::optional<int64_t> forced = device.switches.gemm_k_groups;
+      forced && k_groups_fit(chosen, *forced, device)) {
+    chosen.k_groups = *forced;
+    forced_k_groups = true;
   }
   const int64_t threads = chosen.threads() * workgroup_count(chosen, m, n, entries);
   while (!forced_k_groups && chosen.k_groups < kMostKGroups &&
@@ -269,7 +255,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
          k_groups_fit(chosen, 2 * chosen.k_groups, device)) {
     chosen.k_groups *= 2;
   }
-  chosen.prefetch = prefetch_depth(chosen, k, whole_k);
+  chosen.prefetch = prefetch_depth(chosen, k, whole_k, device);
   return chosen;
 }
 
@@ -323,11 +309,8 @@ bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
 // where the padding does not fit, or where MEGANEURA_GEMM_SWIZZLE=1 asks for it (tuning sweeps
 // and the tests of a device whose shared memory fits the padding). On the H200 the 8-deep wide
 // tile with 16 x 8 a thread ran 3.12 ms swizzled against 2.99 padded (run 54).
-bool swizzled_a_quads(bool padded) {
-  const std::optional<bool> forced =
-      binary_switch("MEGANEURA_GEMM_SWIZZLE", "pad A's row quads where shared memory allows",
-                    "swizzle them", "the rule");
-  return !padded || forced.value_or(false);
+bool swizzled_a_quads(bool padded, const DeviceTraits& device) {
+  return !padded || device.switches.gemm_swizzle.value_or(false);
 }
 
 // Whether a product that `tile` (chosen by choose_gemm_tile) would run takes the wide tile
@@ -374,7 +357,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"PREFETCH", std::to_string(tile.prefetch)},
                     {"PAD_K_ROWS", flag(padded)},
                     {"A_QUADS", flag(quads)},
-                    {"A_SWIZZLE", flag(quads && swizzled_a_quads(padded))}};
+                    {"A_SWIZZLE", flag(quads && swizzled_a_quads(padded, context.device()))}};
   launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,
                              context.device());
   context.emit(std::move(launch));
@@ -436,8 +419,7 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
   if (node.op != op::im2col || node.attrs.get_ints("output_size").at(1) % 4 != 0 ||
       images_side_by_side(node.attrs))
     return false;
-  const char* switched = std::getenv("MEGANEURA_PACKED_COLUMNS");
-  if (switched == nullptr || std::strcmp(switched, "1") != 0) return false;
+  if (!device.switches.packed_columns) return false;
   ValueId consumer = kNoValue;
   for (size_t i = static_cast<size_t>(columns) + 1; i < graph.size(); ++i) {
     const std::vector<ValueId>& inputs = graph.nodes()[i].inputs;
@@ -700,8 +682,7 @@ bool use_cpu_kernels(const DeviceTraits& device) {
   if (device.subgroup_size != 4 && device.subgroup_size != 8 && device.subgroup_size != 16)
     return false;
   if (device.max_workgroup_invocations < device.subgroup_size) return false;
-  const char* off = std::getenv("MEGANEURA_NO_CPU_KERNELS");
-  return off == nullptr || std::strcmp(off, "1") != 0;
+  return !device.switches.no_cpu_kernels;
 }
 
 bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
@@ -780,13 +761,8 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
     }
   }
   // MEGANEURA_CPU_GEMM_BLOCK=ROWSxCOLS forces a block shape (tuning and tests).
-  if (const char* forced = std::getenv("MEGANEURA_CPU_GEMM_BLOCK")) {
-    int rows = 0, cols = 0;
-    if (std::sscanf(forced, "%dx%d", &rows, &cols) == 2 && rows > 0 && cols > 0 && rows <= 32 &&
-        cols <= 8) {
-      best = {rows, cols};
-    }
-  }
+  if (const std::optional<std::array<int64_t, 2>> forced = context.device().switches.cpu_gemm_block)
+    best = *forced;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_cpu";

@@ -1,21 +1,15 @@
 #include "kernels/gemm_coopmat.hpp"
 
 #include <array>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 
+#include "config/integer_list.hpp"
 #include "kernels/index_codegen.hpp"
 #include "kernels/lowering.hpp"
 #include "ops/k_split.hpp"
 
 namespace mg::kernels {
 namespace {
-
-bool kill_switch_set() {
-  const char* off = std::getenv("MEGANEURA_NO_COOPMAT");
-  return off != nullptr && std::strcmp(off, "0") != 0;
-}
 
 // A workgroup of warps_m x warps_n subgroups, each frags_m x frags_n accumulator fragments of
 // 16 x 8, over K slices of block_k, fetching prefetch_slices slices ahead (gemm_coopmat.comp).
@@ -99,11 +93,11 @@ int64_t prefetch_slices_for(const BlockShape& block, const GeneratedGemm& gemm) 
 // block (tuning sweeps); a malformed value or a shape the device cannot run is ignored with a
 // warning.
 std::optional<BlockShape> forced_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
-  const char* text = std::getenv("MEGANEURA_COOP_BLOCK");
-  if (text == nullptr) return std::nullopt;
-  const std::string prefix = "ignoring MEGANEURA_COOP_BLOCK=" + std::string(text) + ": ";
-  std::optional<std::vector<int64_t>> values = parse_integers(text, 5);
-  if (!values) values = parse_integers(text, 6);
+  const std::optional<std::string>& text = device.switches.coop_block;
+  if (!text) return std::nullopt;
+  const std::string prefix = "ignoring MEGANEURA_COOP_BLOCK=" + *text + ": ";
+  std::optional<std::vector<int64_t>> values = config::parse_integers(*text, 5);
+  if (!values) values = config::parse_integers(*text, 6);
   if (!values) {
     warn_once(prefix + "expected warps_m,warps_n,frags_m,frags_n,block_k[,prefetch_slices]");
     return std::nullopt;
@@ -147,24 +141,15 @@ BlockShape choose_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
 bool use_coop_gemm(const DeviceTraits& device) {
   return device.fast_precision && (device.coop_matrix_f16_nv || device.coop_matrix_f16_khr) &&
          device.subgroup_size == 32 && device.max_workgroup_invocations >= 256 &&
-         !kill_switch_set();
+         !device.switches.no_coopmat;
 }
 
 bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device) {
   // ResNet's smallest coop convolution (462M) ran 42.9 us against 58.0 on gemm.comp
   // (docs/BENCHMARKS.md run 26); the bounds' measurements are in the header.
   constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 20, kMinSplitMultiplyAddsPerUnit = 1 << 18;
-  if (const char* text = std::getenv("MEGANEURA_COOP_GEMM_MIN")) {
-    const std::optional<std::vector<int64_t>> value = parse_integers(text, 1);
-    if (!value || (*value)[0] < 0)
-      throw Error(std::string("MEGANEURA_COOP_GEMM_MIN='") + text +
-                  "': expected the multiply-adds per compute unit from which products run on "
-                  "cooperative matrices (0: every product); unset it for " +
-                  std::to_string(kMinMultiplyAddsPerUnit) + " (" +
-                  std::to_string(kMinSplitMultiplyAddsPerUnit) +
-                  " where K >= " + std::to_string(kMinKToSplit) + ")");
-    return multiply_adds >= (*value)[0] * device.compute_units;
-  }
+  if (const std::optional<int64_t> forced = device.switches.coop_gemm_min)
+    return multiply_adds >= *forced * device.compute_units;
   const int64_t per_unit =
       k >= kMinKToSplit ? kMinSplitMultiplyAddsPerUnit : kMinMultiplyAddsPerUnit;
   return multiply_adds >= per_unit * device.compute_units;
@@ -173,8 +158,7 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
 bool coop_wants_khr(const DeviceTraits& device) {
   if (!device.coop_matrix_f16_nv) return true;
   if (!device.coop_matrix_f16_khr) return false;
-  const char* choice = std::getenv("MEGANEURA_COOPMAT");
-  return choice == nullptr || std::strcmp(choice, "nv") != 0;
+  return device.switches.coopmat != Switches::CoopMatrixExtension::nv;
 }
 
 void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,

@@ -114,10 +114,7 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
   const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
   if (!block || k % kWorkgroupGemmBlockK != 0) return false;
-  if (const std::optional<bool> forced = binary_switch(
-          "MEGANEURA_WORKGROUP_GEMM", "subgroup-scope fast GEMM only",
-          "the workgroup GEMM for every product whose extents fit its blocks", "the size rule"))
-    return *forced;
+  if (const std::optional<bool> forced = device.switches.workgroup_gemm) return *forced;
   const int64_t blocks = (m / block->m) * (n / block->n);
   if (blocks < device.compute_units) return false;
   return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);

@@ -1,9 +1,6 @@
 #include "kernels/lowering.hpp"
 
 #include <algorithm>
-#include <charconv>
-#include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -159,33 +156,6 @@ std::string_view kernel_source(std::string_view file_name) {
     if (source.file_name == file_name) return source.text;
   }
   throw Error("internal: no embedded kernel named " + std::string(file_name));
-}
-
-std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t count) {
-  std::vector<int64_t> values(count);
-  const char* at = text.data();
-  const char* end = text.data() + text.size();
-  for (size_t i = 0; i < count; ++i) {
-    if (i > 0) {
-      if (at == end || *at != ',') return std::nullopt;
-      ++at;
-    }
-    const auto [next, error] = std::from_chars(at, end, values[i]);
-    if (error != std::errc{}) return std::nullopt;
-    at = next;
-  }
-  if (at != end) return std::nullopt;
-  return values;
-}
-
-std::optional<bool> binary_switch(const char* name, const char* off, const char* on,
-                                  const char* unset) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return std::nullopt;
-  if (std::strcmp(text, "0") == 0) return false;
-  if (std::strcmp(text, "1") == 0) return true;
-  throw Error(std::string(name) + "='" + text + "': expected 0 (" + off + ") or 1 (" + on +
-              "); unset it for " + unset);
 }
 
 void warn_once(const std::string& message) {

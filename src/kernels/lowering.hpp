@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "meganeura/graph.hpp"
+#include "meganeura/switches.hpp"
 
 namespace mg::kernels {
 
@@ -49,6 +50,9 @@ struct DeviceTraits {
   bool f16_tensors = false;
   bool fast_precision = false;
   std::string name = "device";
+  // The session's switches (docs/SWITCHES.md): kill switches, forced routes and tuning
+  // overrides of the choices made for this device.
+  Switches switches;
 };
 
 struct Operand {
@@ -177,16 +181,6 @@ std::vector<std::string> lowered_ops();
 
 // The embedded GLSL file `file_name` (e.g. "gemm.comp"); throws if absent.
 std::string_view kernel_source(std::string_view file_name);
-
-// Tuning overrides (MEGANEURA_GEMM_TILE, MEGANEURA_COOP_BLOCK): `count` comma-separated integers,
-// or nothing when `text` is not exactly that.
-std::optional<std::vector<int64_t>> parse_integers(std::string_view text, size_t count);
-
-// A 0/1 switch (MEGANEURA_WORKGROUP_GEMM, MEGANEURA_GEMM_SWIZZLE, ...): nothing when `name` is
-// unset; any value but 0 or 1 is an error naming the switch, what 0 and 1 do (`off`, `on`) and
-// what unsetting it gives (`unset`).
-std::optional<bool> binary_switch(const char* name, const char* off, const char* on,
-                                  const char* unset);
 
 // Prints "meganeura: <message>" to stderr once per distinct message: a sweep lowers many kernels
 // with the same ignored override.

@@ -14,8 +14,6 @@
 // and their gradients where Winograd suits (kernels/conv_weight_grad.hpp) take its transforms
 // and 16 batched products instead of columns.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 
 #include "ir/op_names.hpp"
@@ -52,9 +50,8 @@ uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t pla
 // of 0.0800; side by side everywhere made the other ResNet and U-Net convolutions up to 40 %
 // slower (docs/BENCHMARKS.md run 42). MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every batch apart,
 // =1 puts every batch of more than one image side by side (tuning sweeps).
-bool columns_side_by_side(int64_t batch, int64_t plane) {
-  if (const char* forced = std::getenv("MEGANEURA_COLUMNS_SIDE_BY_SIDE"))
-    return std::strcmp(forced, "0") != 0 && batch > 1;
+bool columns_side_by_side(int64_t batch, int64_t plane, const Switches& switches) {
+  if (const std::optional<bool> forced = switches.columns_side_by_side) return *forced && batch > 1;
   return batch > 1 && plane % 4 != 0 && batch * plane % 4 == 0;
 }
 
@@ -133,9 +130,9 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
-  const ValueId columns =
-      columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
-                 {g.out_height, g.out_width}, columns_side_by_side(g.batch, plane));
+  const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
+                                     {g.out_height, g.out_width},
+                                     columns_side_by_side(g.batch, plane, device.switches));
   const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps});
   return reshaped(target, product_per_image(target, rows, columns, g.batch, plane),
                   g.output_shape());
@@ -188,7 +185,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
   if (column_bytes(g.batch, g.out_channels, taps, plane) > max_bytes) return std::nullopt;
   const ValueId columns = columns_of(
       target, node.inputs[0], g, {-g.padding[0], -g.padding[1]}, {-g.dilation[0], -g.dilation[1]},
-      {1, 1}, {g.in_height, g.in_width}, columns_side_by_side(g.batch, plane));
+      {1, 1}, {g.in_height, g.in_width}, columns_side_by_side(g.batch, plane, device.switches));
   const ValueId swapped = target.add(op::transpose, {node.inputs[1]},
                                      {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
   const ValueId rows = reshaped(target, swapped, {g.in_channels, g.out_channels * taps});

@@ -43,9 +43,9 @@ Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
 // rows becomes one node computing partial results over slices of the keys (attribute
 // kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine
-// (forward) or a sum, planned for a device with `compute_units` compute units (see
-// split_attention.cpp). MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts.
-Graph split_attention(const Graph& graph, int64_t compute_units,
+// (forward) or a sum, planned for the compute units of `device` (see split_attention.cpp).
+// MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts.
+Graph split_attention(const Graph& graph, const kernels::DeviceTraits& device,
                       std::vector<ValueId>* remap = nullptr);
 
 // dQ as a matmul: a non-causal attention_grad_q whose attention_grad_k of the same inputs

@@ -7,7 +7,6 @@
 // forward's partial results (output and log-sum-exp per slice) are joined by
 // attention_combine, the gradients' by a sum over the slices. The partials cost S rows per
 // owned row, small next to the multiply-adds each one sums.
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -34,35 +33,17 @@ constexpr int64_t kMinRowsPerSlice = 256;
 // (key-owned) over the queries.
 enum class Kind { forward, grad_q, grad_kv };
 
-// MEGANEURA_ATTENTION_SPLITS=N (every kind) or F,Q,KV (forward, dQ, dK and dV): slices forced
-// for sweeps and tests, 1 for none; 0 where unset.
-int64_t forced_splits(Kind kind) {
-  const char* text = std::getenv("MEGANEURA_ATTENTION_SPLITS");
-  if (text == nullptr) return 0;
-  std::vector<int64_t> values;
-  bool well_formed = true;
-  for (const char* at = text; well_formed;) {
-    char* end = nullptr;
-    const long value = std::strtol(at, &end, 10);
-    well_formed = end != at && value >= 1 && value <= 1024 && (*end == '\0' || *end == ',');
-    values.push_back(value);
-    if (*end != ',') break;
-    at = end + 1;
-  }
-  if (!well_formed || (values.size() != 1 && values.size() != 3)) {
-    throw Error("MEGANEURA_ATTENTION_SPLITS='" + std::string(text) +
-                "': expected N or F,Q,KV, whole numbers of slices from 1 to 1024 (1: no split) "
-                "for every attention kernel or for the forward, dQ and dK / dV; unset it for "
-                "the built-in choice");
-  }
-  return values.size() == 1 ? values[0] : values[static_cast<size_t>(kind)];
-}
-
 // Slices for `workgroups` owned blocks that each stream `streamed` rows; 1 keeps the node whole.
-int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, int64_t compute_units) {
-  int64_t wanted = forced_splits(kind);
-  if (wanted == 0)
-    wanted = std::min(kWorkgroupsPerUnit * compute_units / workgroups, streamed / kMinRowsPerSlice);
+// MEGANEURA_ATTENTION_SPLITS=N (every kind) or F,Q,KV (forward, dQ, dK and dV) forces the
+// count (sweeps and tests).
+int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed,
+                    const kernels::DeviceTraits& device) {
+  const std::vector<int64_t>& forced = device.switches.attention_splits;
+  const int64_t wanted = forced.empty()
+                             ? std::min(kWorkgroupsPerUnit * device.compute_units / workgroups,
+                                        streamed / kMinRowsPerSlice)
+                         : forced.size() == 1 ? forced[0]
+                                              : forced[static_cast<size_t>(kind)];
   if (wanted < 2) return 1;
   // Aligned slices may cover the rows in fewer than `wanted`; count those that are not empty.
   return ceil_div(streamed, attention_slice_length(streamed, wanted));
@@ -70,11 +51,12 @@ int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, int64_t com
 
 }  // namespace
 
-Graph split_attention(const Graph& graph, int64_t compute_units, std::vector<ValueId>* remap) {
+Graph split_attention(const Graph& graph, const kernels::DeviceTraits& device,
+                      std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
-      [compute_units](Graph& target, ValueId, Node node) {
+      [&device](Graph& target, ValueId, Node node) {
         const bool forward = node.op == op::scaled_dot_product_attention;
         const bool grad_q = node.op == op::attention_grad_q;
         const bool grad_kv = node.op == op::attention_grad_k || node.op == op::attention_grad_v;
@@ -85,10 +67,9 @@ Graph split_attention(const Graph& graph, int64_t compute_units, std::vector<Val
         const Shape& k = target.type(node.inputs[1]).shape;
         const Kind kind = forward ? Kind::forward : grad_q ? Kind::grad_q : Kind::grad_kv;
         const int64_t splits =
-            grad_kv ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2],
-                                  compute_units)
-                    : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2],
-                                  compute_units);
+            grad_kv
+                ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2], device)
+                : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2], device);
         if (splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
         attrs.set(attribute, splits);

@@ -16,7 +16,6 @@
 // (4 products of 64 x 576 x 3136) runs best on 6 slices, one wave of 120 workgroups of 64 x 128,
 // not on 13 (two waves) or 8 (160 workgroups: a second wave for 28 units).
 #include <algorithm>
-#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -121,20 +120,6 @@ std::optional<Product> product_of(const Graph& graph, const Node& node,
   return std::nullopt;
 }
 
-// MEGANEURA_SPLIT_K_SLICES=N: every product the pass may split (K >= kMinKToSplit) takes N
-// slices, 1 for none (a tuning hook for sweeps); 0 where unset.
-int64_t forced_slices() {
-  const char* text = std::getenv("MEGANEURA_SPLIT_K_SLICES");
-  if (text == nullptr) return 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 1 || value > 1024)
-    throw Error("MEGANEURA_SPLIT_K_SLICES='" + std::string(text) +
-                "': expected a whole number of K slices from 1 to 1024 (1: no split); unset it "
-                "for the built-in choice");
-  return value;
-}
-
 // The slice count of the coarse rule above, `tiles_per_unit` 128 x 128 tiles a compute unit and
 // slices of at least `min_k_per_slice`.
 int64_t coarse_split_count(const Product& product, int64_t compute_units, int64_t tiles_per_unit,
@@ -188,8 +173,9 @@ bool runs_on_simt_gemm(const Product& product, const kernels::DeviceTraits& devi
 // The number of K slices, 1 when the product stays whole.
 int64_t split_count(const Product& product, const kernels::DeviceTraits& device) {
   if (product.k < kMinKToSplit) return 1;
-  if (const int64_t forced = forced_slices(); forced > 0) {
-    const int64_t wanted = std::min(forced, ceil_div(product.k, kKSliceAlignment));
+  // MEGANEURA_SPLIT_K_SLICES forces the count (a tuning hook for sweeps).
+  if (const std::optional<int64_t> forced = device.switches.split_k_slices) {
+    const int64_t wanted = std::min(*forced, ceil_div(product.k, kKSliceAlignment));
     return wanted < 2 ? 1 : nonempty_slices(product.k, wanted);
   }
   const std::optional<kernels::SimtGemmLaunch> whole =
@@ -250,9 +236,8 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
           // The count must also leave every aligned slice of K non-empty, as the node's checks
           // ask of every k_splits, though the kernel divides K into whole chunks of rows instead.
           const int64_t k = direct->batch * direct->out_height * direct->out_width;
-          const int64_t forced = forced_slices();
-          const int64_t wanted =
-              forced > 0 ? forced : kernels::direct_weight_gradient_splits(*direct, device);
+          const int64_t wanted = device.switches.split_k_slices.value_or(
+              kernels::direct_weight_gradient_splits(*direct, device));
           splits = nonempty_slices(k, wanted);
         } else if (const std::optional<Product> product = product_of(target, node, device)) {
           splits = split_count(*product, device);

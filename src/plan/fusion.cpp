@@ -1,8 +1,6 @@
 #include "plan/fusion.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 
 #include "ir/op_names.hpp"
@@ -11,11 +9,6 @@
 
 namespace mg::plan {
 namespace {
-
-bool switched_on(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value && std::strcmp(value, "0") != 0;
-}
 
 // Adds node `id` and, recursively, the producers fused into it (`fused_into` names the consumer
 // a value is computed in, kNoValue where it has a kernel of its own) to `dag`, those
@@ -137,7 +130,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
     while (is_fused(id)) id = fused_into[id];
     return id;
   };
-  const bool fusion_enabled = !switched_on("MEGANEURA_NO_FUSION");
+  const bool fusion_enabled = !device.switches.no_fusion;
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
@@ -188,7 +181,7 @@ std::vector<kernels::Launch> lower_graph(const Graph& graph, const kernels::Devi
   // one product. Split-K partial results (k_splits) take none: a chain belongs after their sum.
   std::map<ValueId, kernels::MatmulEpilogue> epilogue_of_root;
   std::vector<bool> in_epilogue(graph.size(), false);
-  if (fusion_enabled && !switched_on("MEGANEURA_NO_EPILOGUE_FUSION")) {
+  if (fusion_enabled && !device.switches.no_epilogue_fusion) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       if (node.op != op::matmul || node.attrs.has("k_splits") || observed[i] || consumers[i] != 1 ||

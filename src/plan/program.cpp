@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -349,17 +348,15 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   Program program;
   program.graph_nodes_before_passes = source.size();
   program.graph = passes::f16_storage(passes::optimize(source), device);
-  bool split_k = options.split_k;
-  if (const char* forced = std::getenv("MEGANEURA_SPLIT_K")) split_k = std::string(forced) != "0";
-  bool im2col = options.im2col;
-  if (const char* forced = std::getenv("MEGANEURA_IM2COL")) im2col = std::string(forced) != "0";
+  const Switches& switches = device.switches;
+  const bool split_k = switches.split_k.value_or(options.split_k);
+  const bool im2col = switches.im2col.value_or(options.im2col);
   // The columns are one transient value: at most a quarter of an arena, and 256 MiB.
   if (im2col)
     program.graph = passes::im2col_convolutions(
         program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
-  bool dq_gemm = options.attention_dq_gemm && !kernels::use_coop_gemm(device);
-  if (const char* forced = std::getenv("MEGANEURA_ATTENTION_DQ_GEMM"))
-    dq_gemm = std::string(forced) != "0";
+  const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
+                                                           !kernels::use_coop_gemm(device));
   // W is one transient value, bounded as the columns are.
   if (dq_gemm)
     program.graph = passes::attention_grad_q_gemm(
@@ -371,16 +368,15 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     program.graph = passes::split_reductions(
         passes::merge_leading_sums(passes::split_k(program.graph, device)));
   // The same trade for attention; forcing a slice count (sweeps, tests) applies on any device.
-  if (split_k || std::getenv("MEGANEURA_ATTENTION_SPLITS"))
-    program.graph = passes::split_attention(program.graph, device.compute_units);
+  if (split_k || !switches.attention_splits.empty())
+    program.graph = passes::split_attention(program.graph, device);
   verify(program.graph);
   const Graph& graph = program.graph;
 
   for (kernels::Launch& launch : lower_graph(graph, device, &program.dispatches_saved_by_fusion)) {
     program.launches.push_back({std::move(launch), {}, false});
   }
-  bool setup = options.setup;
-  if (const char* forced = std::getenv("MEGANEURA_SETUP")) setup = std::string(forced) != "0";
+  const bool setup = switches.setup.value_or(options.setup);
   const std::vector<bool> set_up =
       setup ? move_fixed_launches_to_setup(program) : std::vector<bool>(graph.size(), false);
 
@@ -462,11 +458,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
       }
     }
   }
-  bool reorder = options.schedule_epochs;
-  if (const char* forced = std::getenv("MEGANEURA_SCHEDULE_EPOCHS")) {
-    reorder = std::string(forced) != "0";
-  }
-  if (reorder) {
+  if (switches.schedule_epochs.value_or(options.schedule_epochs)) {
     schedule_epochs(program);
   } else {
     place_barriers_in_order(program);

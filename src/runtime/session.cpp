@@ -195,8 +195,10 @@ class SharedDevice {
   std::shared_ptr<gpu::Device> device;
 };
 
-std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector, bool validation) {
-  return std::make_shared<SharedDevice>(gpu::Device::open(selector, validation));
+std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector, bool validation,
+                                                 const std::optional<Switches>& switches) {
+  return std::make_shared<SharedDevice>(
+      gpu::Device::open(selector, validation, switches ? *switches : Switches::from_environment()));
 }
 
 struct Session::Impl {
@@ -447,11 +449,14 @@ Session::Session(const Graph& graph, const SessionOptions& options)
         "timestamps would be part of the timed run)");
   impl.profile = options.profile;
   impl.time_runs = options.time_runs;
-  impl.device = options.shared_device ? options.shared_device->device
-                                      : gpu::Device::open(options.device, options.validation);
+  const Switches switches = options.switches ? *options.switches : Switches::from_environment();
+  impl.device = options.shared_device
+                    ? options.shared_device->device
+                    : gpu::Device::open(options.device, options.validation, switches);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
   kernels::DeviceTraits traits = traits_of(info, options.precision);
+  traits.switches = switches;
   if (kernels::use_coop_gemm(traits)) {
     const std::optional<gpu::FragmentLayout> layout =
         gpu::probe_fragment_layout(*impl.device, kernels::coop_wants_khr(traits));

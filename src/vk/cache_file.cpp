@@ -25,11 +25,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == 32);
 
-const char* environment(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && value[0] != '\0' ? value : nullptr;
-}
-
 std::filesystem::path temporary_path_for(const std::filesystem::path& path) {
   static std::atomic<uint64_t> counter{0};
   uint64_t thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
@@ -49,18 +44,6 @@ uint64_t fnv1a64(std::span<const std::byte> bytes, uint64_t hash) {
 
 uint64_t fnv1a64(std::string_view text, uint64_t hash) {
   return fnv1a64(std::as_bytes(std::span(text.data(), text.size())), hash);
-}
-
-std::optional<std::filesystem::path> cache_directory() {
-  if (const char* off = environment("MEGANEURA_NO_CACHE");
-      off != nullptr && std::string(off) == "1")
-    return std::nullopt;
-  if (const char* dir = environment("MEGANEURA_CACHE_DIR")) return std::filesystem::path(dir);
-  if (const char* xdg = environment("XDG_CACHE_HOME"))
-    return std::filesystem::path(xdg) / "meganeura";
-  if (const char* home = environment("HOME"))
-    return std::filesystem::path(home) / ".cache" / "meganeura";
-  return std::nullopt;
 }
 
 std::optional<std::vector<std::byte>> read_cache_file(const std::filesystem::path& path) {

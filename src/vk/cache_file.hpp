@@ -13,10 +13,6 @@ namespace mg::gpu::detail {
 uint64_t fnv1a64(std::span<const std::byte> bytes, uint64_t hash = 0xcbf29ce484222325ull);
 uint64_t fnv1a64(std::string_view text, uint64_t hash = 0xcbf29ce484222325ull);
 
-// The cache directory, or nothing when MEGANEURA_NO_CACHE=1 or no home directory is known.
-// MEGANEURA_CACHE_DIR overrides $XDG_CACHE_HOME/meganeura and ~/.cache/meganeura.
-std::optional<std::filesystem::path> cache_directory();
-
 // A cache file is a 32-byte header (magic, format version, payload length, payload checksum)
 // and the payload. Reading returns nothing for a missing, truncated or corrupt file.
 std::optional<std::vector<std::byte>> read_cache_file(const std::filesystem::path& path);

@@ -28,9 +28,9 @@ constexpr uint64_t kStagingChunkBytes = 64ull << 20;
 
 class VulkanDevice final : public Device {
  public:
-  VulkanDevice(std::string_view selector, bool validation) {
+  VulkanDevice(std::string_view selector, bool validation, const Switches& switches) {
     try {
-      open(selector, validation);
+      open(selector, validation, switches);
     } catch (...) {
       release();
       throw;
@@ -180,12 +180,12 @@ class VulkanDevice final : public Device {
   }
 
  private:
-  void open(std::string_view selector, bool validation) {
-    instance_ = std::make_unique<Instance>(validation || validation_requested_by_environment());
+  void open(std::string_view selector, bool validation, const Switches& switches) {
+    instance_ = std::make_unique<Instance>(validation || switches.validate);
     auto devices = enumerate_physical_devices(*instance_);
     std::vector<DeviceInfo> infos;
     for (const auto& device : devices) infos.push_back(device.info);
-    physical_ = std::move(devices[choose_device(infos, selector)]);
+    physical_ = std::move(devices[choose_device(infos, selector, switches)]);
     const std::string& name = physical_.info.name;
     if (physical_.api_version < VK_API_VERSION_1_1)
       throw Error("device '" + name +
@@ -199,7 +199,7 @@ class VulkanDevice final : public Device {
     queue.queueFamilyIndex = physical_.compute_queue_family;
     queue.queueCount = 1;
     queue.pQueuePriorities = &priority;
-    const bool statistics_requested = kernel_statistics_requested();
+    const bool statistics_requested = switches.kernel_stats;
     DeviceFeatures enabled =
         features_to_enable(physical_.features, instance_->validation(), statistics_requested);
     auto create = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
@@ -246,7 +246,8 @@ class VulkanDevice final : public Device {
     if (shader_target_ >= VK_API_VERSION_1_3 && !enabled.maintenance4.maintenance4)
       shader_target_ = VK_API_VERSION_1_2;
     layouts_ = std::make_unique<PipelineLayouts>(device_);
-    pipeline_cache_ = std::make_unique<PipelineCache>(device_, physical_.info, shader_target_);
+    pipeline_cache_ = std::make_unique<PipelineCache>(device_, physical_.info, shader_target_,
+                                                      switches.cache_dir);
   }
 
   // Safe on a partly opened device: every handle may still be null.
@@ -379,8 +380,9 @@ class VulkanDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> Device::open(std::string_view selector, bool validation) {
-  return std::make_unique<VulkanDevice>(selector, validation);
+std::unique_ptr<Device> Device::open(std::string_view selector, bool validation,
+                                     const Switches& switches) {
+  return std::make_unique<VulkanDevice>(selector, validation, switches);
 }
 
 }  // namespace mg::gpu

@@ -77,11 +77,6 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
   return features;
 }
 
-bool kernel_statistics_requested() {
-  const char* value = std::getenv("MEGANEURA_KERNEL_STATS");
-  return value != nullptr && std::strcmp(value, "0") != 0;
-}
-
 DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation,
                                   bool kernel_statistics) {
   DeviceFeatures on;

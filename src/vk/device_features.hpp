@@ -68,13 +68,9 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
 
 // The subset of `supported` Meganeura turns on (no robustness features: they cost speed and
 // the planner keeps every access in bounds). `validation`: the validation layer is on;
-// `kernel_statistics`: the driver should report each kernel's statistics (see
-// kernel_statistics_requested).
+// `kernel_statistics`: the driver should report each kernel's statistics (registers, shared
+// memory, ...) for tuning kernels (Switches::kernel_stats).
 DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation,
                                   bool kernel_statistics);
-
-// MEGANEURA_KERNEL_STATS=1: print what the driver reports of every kernel it compiles
-// (registers, shared memory, ...), for tuning kernels.
-bool kernel_statistics_requested();
 
 }  // namespace mg::gpu::detail

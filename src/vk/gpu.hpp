@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "meganeura/switches.hpp"
+
 namespace mg::gpu {
 
 enum class DeviceKind { discrete, integrated, virtual_gpu, cpu, other };
@@ -95,9 +97,10 @@ struct DeviceInfo {
 std::vector<DeviceInfo> list_devices();
 
 // Picks a device: `selector` is "" (automatic: discrete > integrated > virtual > cpu), a number
-// (the index) or a case-insensitive substring of the name. An empty selector falls back to the
-// MEGANEURA_DEVICE environment variable. Throws mg::Error naming the selector and the devices.
-uint32_t choose_device(const std::vector<DeviceInfo>& devices, std::string_view selector);
+// (the index) or a case-insensitive substring of the name. An empty selector falls back to
+// switches.device (MEGANEURA_DEVICE). Throws mg::Error naming the selector and the devices.
+uint32_t choose_device(const std::vector<DeviceInfo>& devices, std::string_view selector,
+                       const Switches& switches = Switches::from_environment());
 
 // One line a device, like ggml: "0: NVIDIA H200 (discrete) | subgroup 32 | shared 48 KiB | ..."
 std::string describe_device(const DeviceInfo& info);
@@ -193,8 +196,10 @@ struct CompileStats {
 class Device {
  public:
   // Opens the chosen device (see choose_device). Validation layers are enabled when
-  // `validation` is true or MEGANEURA_VALIDATE=1; their messages are counted and printed.
-  static std::unique_ptr<Device> open(std::string_view selector = "", bool validation = false);
+  // `validation` or switches.validate (MEGANEURA_VALIDATE=1) is true; their messages are counted
+  // and printed. Kernels are cached in switches.cache_dir.
+  static std::unique_ptr<Device> open(std::string_view selector = "", bool validation = false,
+                                      const Switches& switches = Switches::from_environment());
   virtual ~Device() = default;
 
   virtual const DeviceInfo& info() const = 0;

@@ -62,11 +62,6 @@ void keep_drivers_loaded(uint32_t api_version) {
 
 }  // namespace
 
-bool validation_requested_by_environment() {
-  const char* value = std::getenv("MEGANEURA_VALIDATE");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
 Instance::Instance(bool validation) {
   if (validation && !validation_layer_installed())
     throw Error(

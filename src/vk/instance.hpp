@@ -32,7 +32,4 @@ class Instance {
   std::atomic<uint32_t> messages_{0};
 };
 
-// True when MEGANEURA_VALIDATE=1 asks for validation.
-bool validation_requested_by_environment();
-
 }  // namespace mg::gpu::detail

@@ -370,13 +370,11 @@ std::string device_list(const std::vector<DeviceInfo>& devices) {
 
 }  // namespace
 
-uint32_t choose_device(const std::vector<DeviceInfo>& devices, std::string_view selector) {
+uint32_t choose_device(const std::vector<DeviceInfo>& devices, std::string_view selector,
+                       const Switches& switches) {
   if (devices.empty()) throw Error("no Vulkan device to choose from");
-  std::string from_environment;
-  if (selector.empty()) {
-    if (const char* value = std::getenv("MEGANEURA_DEVICE")) from_environment = value;
-    selector = from_environment;
-  }
+  const bool from_switches = selector.empty() && !switches.device.empty();
+  if (selector.empty()) selector = switches.device;
   if (selector.empty()) {
     uint32_t best = 0;
     for (uint32_t i = 1; i < devices.size(); ++i)
@@ -394,7 +392,7 @@ uint32_t choose_device(const std::vector<DeviceInfo>& devices, std::string_view 
       if (lowercase(devices[i].name).find(wanted) != std::string::npos) return i;
   }
   throw Error("no Vulkan device matches \"" + std::string(selector) + "\"" +
-              (from_environment.empty() ? "" : " (from MEGANEURA_DEVICE)") +
+              (from_switches ? " (from MEGANEURA_DEVICE)" : "") +
               "; give an index or part of a name. Devices:" + device_list(devices));
 }
 

@@ -31,8 +31,10 @@ std::string blob_name(const DeviceInfo& info) {
 
 }  // namespace
 
-PipelineCache::PipelineCache(VkDevice device, const DeviceInfo& info, uint32_t api_version)
-    : device_(device), api_version_(api_version), directory_(cache_directory()) {
+PipelineCache::PipelineCache(VkDevice device, const DeviceInfo& info, uint32_t api_version,
+                             const std::string& directory)
+    : device_(device), api_version_(api_version) {
+  if (!directory.empty()) directory_ = std::filesystem::path(directory);
   std::vector<std::byte> blob;
   if (directory_) {
     blob_path_ = *directory_ / "pipelines" / blob_name(info);

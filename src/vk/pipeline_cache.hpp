@@ -16,7 +16,8 @@ namespace mg::gpu::detail {
 // effort: an unreadable or corrupt file is a miss, an unwritable directory is no cache.
 class PipelineCache {
  public:
-  PipelineCache(VkDevice device, const DeviceInfo& info, uint32_t api_version);
+  PipelineCache(VkDevice device, const DeviceInfo& info, uint32_t api_version,
+                const std::string& directory);
   ~PipelineCache();
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;

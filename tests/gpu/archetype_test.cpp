@@ -1,5 +1,3 @@
-#include <cstdlib>
-
 #include "harness.hpp"
 
 namespace mg {
@@ -99,10 +97,10 @@ TEST(GpuArchetypes, SumsAroundAKeptAxisInTwoSteps) {
   const std::vector<testing::HarnessInput> inputs{{"x", {8, 3, 20, 20}}, {"y", {5, 2, 9, 16}}};
   size_t split_dispatches = 0, whole_dispatches = 0;
   {
-    const testing::ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+    const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
     check_on_gpu(inputs, build, 1e-5, 5, {}, &split_dispatches);
   }
-  const testing::ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
+  const testing::ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
   check_on_gpu(inputs, build, 1e-5, 5, {}, &whole_dispatches);
   EXPECT_EQ(split_dispatches, whole_dispatches + 2);
 }
@@ -141,7 +139,7 @@ namespace {
 // both extents (192 x 160 here); run each through the GPU kernel (on Lavapipe the CPU kernel
 // would run otherwise).
 TEST(GpuArchetypes, GemmTileSizes) {
-  setenv("MEGANEURA_NO_CPU_KERNELS", "1", 1);
+  const testing::ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   testing::check_on_gpu({{"a", {1536, 24}},
                          {"b", {1600, 24}},
                          {"c", {40, 600}},
@@ -156,7 +154,6 @@ TEST(GpuArchetypes, GemmTileSizes) {
                           graph.set_output("tile32", matmul(x[4], x[5]).id());
                           graph.set_output("quarter", matmul(x[6], x[7], false, true).id());
                         });
-  unsetenv("MEGANEURA_NO_CPU_KERNELS");
 }
 
 }  // namespace
@@ -167,12 +164,11 @@ namespace {
 
 // The kill switch for pointwise fusion: one dispatch per elementwise op gives the same values.
 TEST(GpuArchetypes, PointwiseChainUnfused) {
-  setenv("MEGANEURA_NO_FUSION", "1", 1);
+  const testing::ScopedSwitch unfused("MEGANEURA_NO_FUSION", "1");
   testing::check_on_gpu({{"a", {3, 5, 7}}, {"b", {5, 1}}},
                         [](Graph& graph, std::vector<Tensor>& x) {
                           graph.set_output("y", (relu(x[0] * x[1] + 0.5) - exp(x[1])).id());
                         });
-  unsetenv("MEGANEURA_NO_FUSION");
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 // Convolution, pooling and resampling kernels against the f64 reference, forward and backward.
 // Gradients come from mg::gradients seeded with a random cotangent (not ones), so a backward
 // kernel that reads the wrong output gradient element cannot pass by symmetry.
-#include <cstdlib>
 
 #include "conv_support.hpp"
 #include "vk/gpu.hpp"
@@ -12,7 +11,7 @@ namespace {
 using testing::check_conv;
 using testing::check_on_gpu;
 using testing::output_with_gradients;
-using testing::ScopedEnv;
+using testing::ScopedSwitch;
 
 TEST(GpuConv, Pointwise1x1) {
   check_conv({2, 4, 7, 7}, {5, 4, 1, 1}, {});
@@ -23,7 +22,7 @@ TEST(GpuConv, Pointwise1x1) {
 // where they do not (3 x 5 plane, 6 and 10 channels), two groups, and conv_transpose2d, which is
 // the data gradient's GEMM.
 TEST(GpuConv, PointwiseAsBufferGemm) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   check_conv({2, 8, 4, 8}, {12, 8, 1, 1}, {});
   check_conv({3, 6, 3, 5}, {10, 3, 1, 1}, {.groups = 2});
   check_on_gpu({{"x", {2, 6, 3, 5}}, {"w", {6, 4, 1, 1}}, {"seed", {2, 8, 3, 5}}},
@@ -54,9 +53,9 @@ TEST(GpuConv, Rectangular5x5MixedStride) {
 // batched buffer GEMM with a broadcast weight, the weight gradient's batched product and its
 // sum).
 TEST(GpuConv, Im2colThenMatmul) {
-  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
+  const ScopedSwitch im2col("MEGANEURA_IM2COL", "1");
   for (const char* gpu_kernels : {"0", "1"}) {
-    const ScopedEnv kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
+    const ScopedSwitch kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
     check_conv({2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = {1, 1}});
     check_conv({1, 3, 11, 10}, {3, 3, 3, 2}, {.padding = {2, 1}, .dilation = {2, 3}});
     check_conv({2, 3, 13, 12}, {8, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
@@ -67,7 +66,7 @@ TEST(GpuConv, Im2colThenMatmul) {
     check_conv({4, 4, 5, 5}, {6, 4, 3, 3}, {.padding = {1, 1}});
     // A plane of 576: the weight gradient's product is split over K, and its sums over the
     // slices and the batch merge into one.
-    const ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+    const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
     check_conv({2, 3, 24, 24}, {4, 3, 3, 3}, {.padding = {1, 1}});
   }
 }
@@ -85,8 +84,8 @@ TEST(GpuConv, PackedColumns) {
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
   if (devices[gpu::choose_device(devices, "")].kind != gpu::DeviceKind::cpu)
     GTEST_SKIP() << "packed columns feed only the CPU-device GEMM in strict precision";
-  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
-  const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
+  const ScopedSwitch im2col("MEGANEURA_IM2COL", "1");
+  const ScopedSwitch packed("MEGANEURA_PACKED_COLUMNS", "1");
   const auto build = [](Conv2dOptions options) {
     return [options](Graph& graph, std::vector<Tensor>& in) {
       testing::output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
@@ -110,10 +109,10 @@ TEST(GpuConv, PackedColumns) {
 // gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and two
 // groups; then on the square-tile GEMM with 32 x 32 products per phase.
 TEST(GpuConv, StridedDataGradientPhases) {
-  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
+  const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   check_conv({2, 4, 11, 13}, {6, 2, 2, 5}, {.stride = {3, 2}, .padding = {4, 1}, .groups = 2});
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch square_tiles("MEGANEURA_GEMM_TILE", "32");
   check_conv({2, 33, 17, 16}, {40, 33, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}});
 }
 
@@ -121,9 +120,9 @@ TEST(GpuConv, StridedDataGradientPhases) {
 // kernels: the stem-like data gradient (3 input channels, stride phases), a depthwise forward
 // (one column per group) with a channel multiplier, and a dilated 2-channel data gradient.
 TEST(GpuConv, FewColumnProductsOneRowPerThread) {
-  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv rows("MEGANEURA_CONV_ROWS", "1");
+  const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch rows("MEGANEURA_CONV_ROWS", "1");
   check_conv({2, 3, 11, 10}, {5, 3, 7, 7}, {.stride = {2, 2}, .padding = {3, 3}});
   check_conv({2, 3, 7, 8}, {6, 1, 3, 3}, {.stride = {2, 1}, .padding = {1, 1}, .groups = 3});
   check_conv({1, 2, 9, 9}, {4, 2, 3, 3}, {.padding = {2, 2}, .dilation = {2, 2}});
@@ -151,13 +150,12 @@ TEST(GpuConv, SeveralTiles) {
 // Every tile shape the lowering can pick (MEGANEURA_CONV_TILES indexes its table), on a
 // problem where each GEMM spans several tiles or leaves partial ones.
 TEST(GpuConv, EveryTileShape) {
-  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
+  const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   for (int config = 0; config < 8; ++config) {
     SCOPED_TRACE("tile config " + std::to_string(config));
-    setenv("MEGANEURA_CONV_TILES", std::to_string(config).c_str(), 1);
+    const ScopedSwitch tiles("MEGANEURA_CONV_TILES", std::to_string(config));
     check_conv({1, 5, 9, 10}, {66, 5, 3, 3}, {.padding = {1, 1}});
   }
-  unsetenv("MEGANEURA_CONV_TILES");
 }
 
 // Products of at least 32 x 32 that suit its square tiles run on gemm.comp's generated-load form;
@@ -165,11 +163,11 @@ TEST(GpuConv, EveryTileShape) {
 // MEGANEURA_GEMM_TILE forces the route: forward, data and weight gradient in every tile size,
 // odd extents leaving partial tiles and K not a multiple of the slice depth.
 TEST(GpuConv, SquareTileGemmEveryTile) {
-  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   for (const char* tile : {"128", "64", "32"}) {
     SCOPED_TRACE(tile);
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch forced("MEGANEURA_GEMM_TILE", tile);
     check_conv({2, 36, 9, 7}, {40, 36, 3, 3}, {.padding = {1, 1}});
   }
 }
@@ -177,9 +175,9 @@ TEST(GpuConv, SquareTileGemmEveryTile) {
 // Two groups with mixed stride, dilation and padding, every GEMM at least 32 x 32 per group:
 // forward 48 x 34, data gradient 110 x 33, weight gradient 34 x 198.
 TEST(GpuConv, SquareTileGemmGroupsStrideDilation) {
-  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
+  const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch square_tiles("MEGANEURA_GEMM_TILE", "32");
   check_conv({1, 66, 11, 10}, {68, 33, 3, 2},
              {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}, .groups = 2});
 }
@@ -188,9 +186,9 @@ TEST(GpuConv, SquareTileGemmGroupsStrideDilation) {
 // of 304, whose partial gradients the square-tile GEMM reads through the split load functions;
 // one GEMM and one reduction dispatch instead of one GEMM.
 TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
-  const ScopedEnv implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv square_tiles("MEGANEURA_GEMM_TILE", "32");
+  const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch square_tiles("MEGANEURA_GEMM_TILE", "32");
   const auto build = [](Graph& graph, std::vector<Tensor>& in) {
     output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
                           {in[1]});
@@ -199,10 +197,10 @@ TEST(GpuConv, SquareTileGemmSplitKWeightGradient) {
       {"x", {2, 32, 17, 17}}, {"w", {32, 32, 3, 3}}, {"seed", {2, 32, 17, 17}}};
   size_t split_dispatches = 0, whole_dispatches = 0;
   {
-    const ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+    const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
     check_on_gpu(inputs, build, 1e-5, 7, {}, &split_dispatches);
   }
-  const ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
+  const ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
   check_on_gpu(inputs, build, 1e-5, 7, {}, &whole_dispatches);
   EXPECT_EQ(split_dispatches, whole_dispatches + 1);
 }
@@ -229,9 +227,9 @@ weight_gradient_check(const Shape& x, const Shape& w, const Conv2dOptions& optio
 // (im2col columns and a GEMM, or the implicit GEMM and its reduction), so the counts show which one
 // ran.
 TEST(GpuConv, DirectWeightGradient) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
-  const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch im2col("MEGANEURA_IM2COL", "1");
+  const ScopedSwitch winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
   struct Case {
     Shape x, w;
     Conv2dOptions options;
@@ -244,13 +242,13 @@ TEST(GpuConv, DirectWeightGradient) {
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
     const auto [inputs, build] = weight_gradient_check(c.x, c.w, c.options);
-    const ScopedEnv split_k("MEGANEURA_SPLIT_K", c.split);
+    const ScopedSwitch split_k("MEGANEURA_SPLIT_K", c.split);
     size_t direct_dispatches = 0, other_dispatches = 0;
     {
-      const ScopedEnv direct("MEGANEURA_DIRECT_WEIGHT_GRAD", "1");
+      const ScopedSwitch direct("MEGANEURA_DIRECT_WEIGHT_GRAD", "1");
       check_on_gpu(inputs, build, 1e-5, 7, {}, &direct_dispatches);
     }
-    const ScopedEnv off("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");
+    const ScopedSwitch off("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");
     check_on_gpu(inputs, build, 1e-5, 7, {}, &other_dispatches);
     EXPECT_LT(direct_dispatches, other_dispatches);
   }
@@ -265,16 +263,16 @@ TEST(GpuConv, DirectWeightGradient) {
 // one dispatch more, so the pair ran; and that is one more than the columns take (the gather,
 // the product and the sum), so Winograd ran.
 TEST(GpuConv, WinogradWeightGradient) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
-  const ScopedEnv direct("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch im2col("MEGANEURA_IM2COL", "1");
+  const ScopedSwitch direct("MEGANEURA_DIRECT_WEIGHT_GRAD", "0");
   struct Case {
     Shape x, w;
     Conv2dOptions options;
     const char* slices;
   };
   for (const int64_t outputs : {2, 4}) {
-    const ScopedEnv tile("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs).c_str());
+    const ScopedSwitch tile("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs).c_str());
     const int64_t split_extent = 23 * outputs;  // 529 tiles
     const std::vector<Case> cases{
         {{2, 5, 9, 8}, {6, 5, 3, 3}, {.padding = {1, 1}}, "1"},
@@ -285,16 +283,16 @@ TEST(GpuConv, WinogradWeightGradient) {
       SCOPED_TRACE("F(" + std::to_string(outputs) + ") " + shape_string(c.x) + " * " +
                    shape_string(c.w));
       const auto [inputs, build] = weight_gradient_check(c.x, c.w, c.options);
-      const ScopedEnv slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
+      const ScopedSwitch slices("MEGANEURA_SPLIT_K_SLICES", c.slices);
       size_t paired = 0, apart = 0, columns = 0;
       {
-        const ScopedEnv winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+        const ScopedSwitch winograd("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
         check_on_gpu(inputs, build, 1e-5, 7, {}, &paired);
-        const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+        const ScopedSwitch no_fusion("MEGANEURA_NO_FUSION", "1");
         check_on_gpu(inputs, build, 1e-5, 7, {}, &apart);
       }
-      const ScopedEnv off("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
-      const ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+      const ScopedSwitch off("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
+      const ScopedSwitch no_fusion("MEGANEURA_NO_FUSION", "1");
       check_on_gpu(inputs, build, 1e-5, 7, {}, &columns);
       EXPECT_EQ(paired + 1, apart);
       EXPECT_EQ(apart, columns + 1);
@@ -309,9 +307,9 @@ TEST(GpuConv, WinogradWeightGradient) {
 // transform) where the columns take two for the forward (gather, product) and three for the data
 // gradient (gather, the filter's transpose, product): three more in all, so it ran.
 TEST(GpuConv, WinogradForwardAndDataGradient) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv im2col("MEGANEURA_IM2COL", "1");
-  const ScopedEnv weight_route("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch im2col("MEGANEURA_IM2COL", "1");
+  const ScopedSwitch weight_route("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0");
   for (const auto& [x, padding] :
        {std::pair<Shape, int64_t>{{2, 5, 9, 8}, 1}, {{1, 3, 7, 10}, 0}, {{1, 4, 5, 6}, 2}}) {
     SCOPED_TRACE(shape_string(x));
@@ -325,10 +323,10 @@ TEST(GpuConv, WinogradForwardAndDataGradient) {
     };
     size_t winograd = 0, columns = 0;
     {
-      const ScopedEnv on("MEGANEURA_WINOGRAD_CONV", "1");
+      const ScopedSwitch on("MEGANEURA_WINOGRAD_CONV", "1");
       check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, build, 1e-5, 9, {}, &winograd);
     }
-    const ScopedEnv off("MEGANEURA_WINOGRAD_CONV", "0");
+    const ScopedSwitch off("MEGANEURA_WINOGRAD_CONV", "0");
     check_on_gpu({{"x", x}, {"w", w}, {"seed", y}}, build, 1e-5, 9, {}, &columns);
     EXPECT_EQ(winograd, columns + 3);
   }

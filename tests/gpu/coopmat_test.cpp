@@ -4,7 +4,6 @@
 // of bench/h200.sh) and are skipped, visibly, elsewhere (Lavapipe).
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <map>
 #include <optional>
 #include <random>
@@ -26,7 +25,7 @@ namespace {
 
 using testing::check_on_gpu;
 using testing::output_with_gradients;
-using testing::ScopedEnv;
+using testing::ScopedSwitch;
 
 // f16 operands round to 11 significant bits; for inputs in [-1, 1] and the K of these tests
 // the normalised error is a few 1e-4, far above strict f32 (1e-7) and far below a wrong
@@ -36,7 +35,8 @@ constexpr double kFastTolerance = 3e-3;
 // The kernels' tests run small products, which the fast path would leave on gemm.comp
 // (kernels::coop_gemm_suits): these suites put every product on cooperative matrices.
 class CoopMatrixLowering : public ::testing::Test {
-  ScopedEnv every_product_ = ScopedEnv("MEGANEURA_COOP_GEMM_MIN", "0");
+  ScopedSwitch every_product_ =
+      ScopedSwitch("MEGANEURA_COOP_GEMM_MIN", "0", ScopedSwitch::Check::none);
 };
 class GpuCoopMatrix : public CoopMatrixLowering {};
 
@@ -80,8 +80,9 @@ Graph coop_graph() {
   return graph;
 }
 
-std::vector<kernels::Launch> coop_launches(const Graph& graph,
-                                           const kernels::DeviceTraits& device) {
+// The cooperative-matrix launches of every node of `graph` on `device` with the test's switches.
+std::vector<kernels::Launch> coop_launches(const Graph& graph, kernels::DeviceTraits device) {
+  device = testing::switched(device);
   std::vector<kernels::Launch> found;
   for (size_t i = 0; i < graph.size(); ++i) {
     if (graph.nodes()[i].is_leaf()) continue;
@@ -137,7 +138,7 @@ TEST_F(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   without.coop_matrix_f16_nv = without.coop_matrix_f16_khr = false;
   EXPECT_TRUE(coop_launches(graph, without).empty());
 
-  const ScopedEnv kill("MEGANEURA_NO_COOPMAT", "1");
+  const ScopedSwitch kill("MEGANEURA_NO_COOPMAT", "1");
   EXPECT_TRUE(coop_launches(graph, coop_device()).empty());
 }
 
@@ -149,7 +150,7 @@ TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
   const auto kernel_of = [](const Shape& a, const Shape& b) {
     Graph graph;
     const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b));
-    return kernels::lower_node(graph, y.id(), coop_device()).at(0).kernel;
+    return kernels::lower_node(graph, y.id(), testing::switched(coop_device())).at(0).kernel;
   };
   // 132 units: over K >= 512, 128 x 576 x 576 (43M) goes and 128 x 512 x 512 (33.6M, under
   // 132 x 256K = 34.6M) stays; over K = 256, 128 x 1536 x 256 (50M) stays and 128 x 4608 x 256
@@ -160,15 +161,15 @@ TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
   EXPECT_EQ(kernel_of({128, 256}, {256, 4608}), "gemm_coopmat");
   EXPECT_EQ(kernel_of({2, 128, 576}, {576, 1536}), "gemm_coopmat");
   {
-    const ScopedEnv every("MEGANEURA_COOP_GEMM_MIN", "0");
+    const ScopedSwitch every("MEGANEURA_COOP_GEMM_MIN", "0");
     EXPECT_EQ(kernel_of({16, 16}, {16, 16}), "gemm_coopmat");
   }
   {
-    const ScopedEnv fewer("MEGANEURA_COOP_GEMM_MIN", "100000");
+    const ScopedSwitch fewer("MEGANEURA_COOP_GEMM_MIN", "100000");
     EXPECT_EQ(kernel_of({128, 512}, {512, 512}), "gemm_coopmat");
   }
   {
-    const ScopedEnv more("MEGANEURA_COOP_GEMM_MIN", "1048576");
+    const ScopedSwitch more("MEGANEURA_COOP_GEMM_MIN", "1048576");
     EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm");
   }
   for (const char* bad : {"-1", "a lot"}) {
@@ -224,7 +225,7 @@ TEST_F(CoopMatrixLowering, KhrWhereverTheDeviceHasIt) {
   expect_khr(coop_device(), true);
   expect_khr(khr_only, true);
   expect_khr(nv_only, false);
-  const ScopedEnv prefer("MEGANEURA_COOPMAT", "nv");
+  const ScopedSwitch prefer("MEGANEURA_COOPMAT", "nv");
   expect_khr(coop_device(), false);
   expect_khr(khr_only, true);
 }
@@ -380,10 +381,10 @@ TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
   EXPECT_EQ(forward_defines(true), "111");
   EXPECT_EQ(forward_defines(false), "000");
   {
-    const ScopedEnv off("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "0");
+    const ScopedSwitch off("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "0");
     EXPECT_EQ(forward_defines(true), "000");
   }
-  const ScopedEnv bad("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "yes");
+  const ScopedSwitch bad("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "yes");
   try {
     forward_defines(true);
     ADD_FAILURE() << "a bad value was accepted";
@@ -423,7 +424,7 @@ TEST(FragmentLayout, QuadRowLayoutIsRecognised) {
 // 128 x 64 and B 64 x 256 in f16 and a 128 x 256 f32 accumulator, a column-major load per
 // transposed operand and the row-major store of C.
 TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
-  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
   kernels::DeviceTraits device = coop_device();
   device.workgroup_coop_matrix_f16 = true;
   for (const int64_t k : {192, 256}) {
@@ -433,12 +434,12 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
       const Tensor a = input(graph, "a", ta ? Shape{k, 256} : Shape{256, k});
       const Tensor b = input(graph, "b", tb ? Shape{512, k} : Shape{k, 512});
       graph.set_output("y", matmul(a, b, ta, tb).id());
-      const Graph rewritten = passes::workgroup_gemm(graph, device);
+      const Graph rewritten = passes::workgroup_gemm(graph, testing::switched(device));
       int roundings = 0, products = 0;
       for (size_t i = 0; i < rewritten.size(); ++i) {
         if (rewritten.nodes()[i].is_leaf()) continue;
         for (const kernels::Launch& launch :
-             kernels::lower_node(rewritten, static_cast<ValueId>(i), device)) {
+             kernels::lower_node(rewritten, static_cast<ValueId>(i), testing::switched(device))) {
           SCOPED_TRACE(launch.label + " K " + std::to_string(k) + " flags " +
                        std::to_string(flags));
           const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(rewritten, launch));
@@ -476,7 +477,7 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
 // elsewhere: one 128 x 256 accumulator with plain loads. Both store row-major.
 TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
   constexpr uint32_t kWorkgroup = 2, kOpLoadKhr = 4457, kOpLoadTensor = 5367;
-  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
   for (const bool tensor_loads : {true, false}) {
     kernels::DeviceTraits device = coop_device();
     device.workgroup_coop_matrix_f16 = true;
@@ -503,12 +504,13 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
         const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k}, dtype);
         const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, dtype);
         graph.set_output("c", matmul(a, b, ta, tb).id());
-        const Graph rewritten = dtype == DType::f16 ? passes::f16_storage(graph, device)
-                                                    : passes::workgroup_gemm(graph, device);
+        const Graph rewritten = dtype == DType::f16
+                                    ? passes::f16_storage(graph, testing::switched(device))
+                                    : passes::workgroup_gemm(graph, testing::switched(device));
         const ValueId product = rewritten.output("c");
         ASSERT_EQ(rewritten.node(product).op, "half_matmul");
         const std::vector<kernels::Launch> launches =
-            kernels::lower_node(rewritten, product, device);
+            kernels::lower_node(rewritten, product, testing::switched(device));
         ASSERT_EQ(launches.size(), 1u);
         const kernels::Launch& launch = launches[0];
         ASSERT_EQ(launch.kernel, "gemm_workgroup_coopmat");
@@ -585,18 +587,18 @@ void main() {
 gpu::KernelSpec workgroup_gemm_spec(int64_t m, int64_t n, int64_t k, bool ta, bool tb,
                                     gpu::MatrixLoads loads,
                                     std::array<uint32_t, 3>* groups = nullptr) {
-  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
   kernels::DeviceTraits device = coop_device();
   device.workgroup_coop_matrix_f16 = true;
   Graph graph;
   const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k});
   const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n});
   graph.set_output("c", matmul(a, b, ta, tb).id());
-  const Graph rewritten = passes::workgroup_gemm(graph, device);
+  const Graph rewritten = passes::workgroup_gemm(graph, testing::switched(device));
   for (size_t i = 0; i < rewritten.size(); ++i) {
     if (rewritten.nodes()[i].is_leaf()) continue;
     for (const kernels::Launch& launch :
-         kernels::lower_node(rewritten, static_cast<ValueId>(i), device)) {
+         kernels::lower_node(rewritten, static_cast<ValueId>(i), testing::switched(device))) {
       if (launch.kernel != "gemm_workgroup_coopmat") continue;
       gpu::KernelSpec spec = spec_of(rewritten, launch);
       spec.khr_cooperative_matrix = true;
@@ -744,7 +746,8 @@ TEST_F(CoopMatrixLowering, F16BuffersOnlyForKernelsWrittenForThem) {
   const Tensor x = input(graph, "x", {4, 4}, DType::f16);
   const Tensor y = softmax(x, -1);
   graph.set_output("y", y.id());
-  const std::vector<kernels::Launch> launches = kernels::lower_node(graph, y.id(), coop_device());
+  const std::vector<kernels::Launch> launches =
+      kernels::lower_node(graph, y.id(), testing::switched(coop_device()));
   ASSERT_EQ(launches.size(), 1u);
   try {
     kernels::buffer_declarations(graph, launches[0]);
@@ -763,11 +766,11 @@ TEST_F(CoopMatrixLowering, F16TensorsRefusedWithoutF16Support) {
   kernels::DeviceTraits device = coop_device();
   device.f16_tensors = false;
   device.name = "a GPU without f16";
-  const Graph stored = passes::f16_storage(graph, device);
+  const Graph stored = passes::f16_storage(graph, testing::switched(device));
   for (const char* fusion_off : {"0", "1"}) {
-    const ScopedEnv fusion("MEGANEURA_NO_FUSION", fusion_off);
+    const ScopedSwitch fusion("MEGANEURA_NO_FUSION", fusion_off);
     try {
-      plan::lower_graph(stored, device);
+      plan::lower_graph(stored, testing::switched(device));
       ADD_FAILURE() << "f16 tensors were lowered for a device without f16";
     } catch (const Error& error) {
       const std::string message = error.what();
@@ -799,11 +802,11 @@ TEST_F(CoopMatrixLowering, HalfMatmulOnSubgroupsReadsAndWritesF16) {
       const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k}, DType::f16);
       const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, DType::f16);
       graph.set_output("c", matmul(a, b, ta, tb).id());
-      const Graph stored = passes::f16_storage(graph, coop_device());
+      const Graph stored = passes::f16_storage(graph, testing::switched(coop_device()));
       const ValueId product = stored.output("c");
       ASSERT_EQ(stored.node(product).op, "half_matmul");
       const std::vector<kernels::Launch> launches =
-          kernels::lower_node(stored, product, coop_device());
+          kernels::lower_node(stored, product, testing::switched(coop_device()));
       ASSERT_EQ(launches.size(), 1u);
       const kernels::Launch& launch = launches[0];
       EXPECT_EQ(launch.kernel, "gemm_coopmat");
@@ -838,9 +841,10 @@ ValueId node_of(const Graph& graph, const std::string& op) {
 // valid NV SPIR-V and well-formed KHR SPIR-V with `column_major_loads` column-major loads.
 kernels::Launch companion_launch(const Graph& graph, ValueId producer, ValueId companion,
                                  int column_major_loads) {
-  EXPECT_TRUE(kernels::can_write_companion(graph, producer, companion, coop_device()));
-  std::vector<kernels::Launch> launches =
-      kernels::lower_with_companions(graph, producer, {companion}, coop_device());
+  EXPECT_TRUE(
+      kernels::can_write_companion(graph, producer, companion, testing::switched(coop_device())));
+  std::vector<kernels::Launch> launches = kernels::lower_with_companions(
+      graph, producer, {companion}, testing::switched(coop_device()));
   EXPECT_EQ(launches.size(), 1u);
   const kernels::Launch& launch = launches.front();
   EXPECT_EQ(launch.operands.back().value, companion);
@@ -869,8 +873,9 @@ TEST_F(CoopMatrixLowering, KeyAndValueGradientsInOneLaunchCompile) {
   const ValueId grad_k = node_of(graph, "attention_grad_k"),
                 grad_v = node_of(graph, "attention_grad_v");
   {
-    const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
-    EXPECT_FALSE(kernels::can_write_companion(graph, grad_k, grad_v, coop_device()));
+    const testing::ScopedSwitch separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
+    EXPECT_FALSE(
+        kernels::can_write_companion(graph, grad_k, grad_v, testing::switched(coop_device())));
   }
   const kernels::Launch launch = companion_launch(graph, grad_k, grad_v, 2);
   EXPECT_EQ(launch.kernel, "attention_grad_kv_coopmat");
@@ -888,8 +893,8 @@ TEST_F(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   const Tensor v = input(graph, "v", {1, 1, 100, 16});
   output_with_gradients(graph, scaled_dot_product_attention(q, k, v, {.causal = true}),
                         input(graph, "seed", {1, 2, 70, 16}), {q, k, v});
-  const ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "2");
-  const Graph split = passes::split_attention(graph, kernels::kAssumedComputeUnits);
+  const ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "2");
+  const Graph split = passes::split_attention(graph, testing::switched(kernels::DeviceTraits{}));
   const std::vector<kernels::Launch> launches = coop_launches(split, coop_device());
   ASSERT_EQ(launches.size(), 5u);  // forward, log-sum-exp (whole), dQ, dK, dV
   for (const kernels::Launch& launch : launches) {
@@ -916,7 +921,7 @@ TEST_F(CoopMatrixLowering, AttentionBackwardBlocksCompile) {
   for (const auto& [dim, forced] :
        {std::pair<int64_t, const char*>{64, nullptr}, {64, "64"}, {128, nullptr}}) {
     SCOPED_TRACE(std::to_string(dim) + (forced ? " forced 64" : ""));
-    std::optional<ScopedEnv> block;
+    std::optional<ScopedSwitch> block;
     if (forced) block.emplace("MEGANEURA_ATTENTION_COOP_BLOCK", forced);
     Graph graph;
     const Tensor q = input(graph, "q", {1, 2, 70, dim});
@@ -983,13 +988,14 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
     const Tensor seed = input(graph, "seed", {2, 16, 16, width});
     testing::output_with_gradients(graph, conv2d(x, w, std::nullopt, {.padding = {1, 1}}), seed,
                                    {x, w});
-    const Graph columns = passes::im2col_convolutions(graph, coop_device(), uint64_t{1} << 30);
+    const Graph columns =
+        passes::im2col_convolutions(graph, testing::switched(coop_device()), uint64_t{1} << 30);
     std::vector<kernels::Launch> launches;
     for (size_t i = 0; i < columns.size(); ++i) {
       const std::string& op = columns.nodes()[i].op;
       if (op != "im2col" && op != "matmul") continue;
       for (kernels::Launch& launch :
-           kernels::lower_node(columns, static_cast<ValueId>(i), coop_device()))
+           kernels::lower_node(columns, static_cast<ValueId>(i), testing::switched(coop_device())))
         launches.push_back(std::move(launch));
     }
     return std::pair{columns, launches};
@@ -1000,7 +1006,7 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
     });
   };
   EXPECT_EQ(count(lowered(16).second, "packHalf2x16"), 0);
-  const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
+  const ScopedSwitch packed("MEGANEURA_PACKED_COLUMNS", "1");
   {
     const auto [graph, launches] = lowered(16);
     // The forward's and the weight gradient's columns; the data gradient's are packed too.
@@ -1026,13 +1032,13 @@ TEST_F(CoopMatrixLowering, WinogradTileProductsRunOnCoopMatrices) {
   const Tensor seed = input(graph, "seed", {4, 64, 56, 56});
   const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
   graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
-  const Graph rewritten = passes::im2col_convolutions(passes::eliminate_dead_code(graph),
-                                                      coop_device(), uint64_t{1} << 30);
+  const Graph rewritten = passes::im2col_convolutions(
+      passes::eliminate_dead_code(graph), testing::switched(coop_device()), uint64_t{1} << 30);
   int products = 0;
   for (size_t i = 0; i < rewritten.size(); ++i) {
     if (rewritten.nodes()[i].op != "matmul") continue;
-    for (const kernels::Launch& launch :
-         kernels::lower_node(rewritten, static_cast<ValueId>(i), coop_device())) {
+    for (const kernels::Launch& launch : kernels::lower_node(rewritten, static_cast<ValueId>(i),
+                                                             testing::switched(coop_device()))) {
       ++products;
       ASSERT_EQ(launch.kernel, "gemm_coopmat");
       const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(rewritten, launch));
@@ -1085,7 +1091,7 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
        {"2,4,4,8,16", "4,2,4,8,16", "2,4,4,4,32", "2,2,4,8,32", "2,2,4,8,16", "2,2,2,4,32",
         "2,2,2,4,16", "2,2,2,4,64", "2,4,4,8,16,2", "2,2,2,4,16,2"}) {
     SCOPED_TRACE(shape);
-    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", shape);
+    const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", shape);
     const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
     ASSERT_EQ(launches.size(), 13u);
     int vector_loads = 0, whole_blocks = 0;
@@ -1143,7 +1149,7 @@ TEST_F(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
        {"2,4,4,8", "2,4,4,8,16,3", "2,4,4,8,16,2,1", "2,x,4,8,16", "2,4,4,8,24", "2,4,4,8,32",
         "8,8,1,1,16", "0,4,4,8,16", "3,1,1,1,16", "2,4,4,8,99999999999999"}) {
     SCOPED_TRACE(shape);
-    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", shape);
+    const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", shape);
     ::testing::internal::CaptureStderr();
     const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
     const std::string warning = ::testing::internal::GetCapturedStderr();
@@ -1159,7 +1165,7 @@ bool device_has_coop_matrices() {
     Graph graph;
     Tensor a = input(graph, "a", {16, 16});
     graph.set_output("y", matmul(a, a).id());
-    SessionOptions options;
+    SessionOptions options = testing::session_options();
     options.precision = Precision::fast;
     return Session(graph, options).report().coop_matrix_dispatches > 0;
   }();
@@ -1222,14 +1228,14 @@ void check_matmuls(bool validation) {
   // here on small products: an odd number of slices with ragged edges, and whole blocks with
   // vector loads.
   {
-    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", "2,4,4,8,16,2");
+    const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", "2,4,4,8,16,2");
     check_product({200, 1000}, {1000, 300}, false, false, 23, validation);
     check_product({256, 512}, {512, 256}, false, false, 23, validation);
   }
   // The 128 x 192 block (forced on small products; A must be contiguous along m): ragged edges
   // with K not a multiple of the slice, and whole blocks with vector loads.
   {
-    const ScopedEnv forced("MEGANEURA_COOP_BLOCK", "2,4,4,6,32");
+    const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", "2,4,4,6,32");
     check_product({100, 200}, {100, 250}, true, false, 24, validation);
     check_product({128, 256}, {128, 384}, true, false, 24, validation);
   }
@@ -1283,11 +1289,11 @@ void check_convolutions_once(bool validation) {
 // output extents, and 529 tiles whose weight-gradient products are split over K into 3 partials
 // that the filter transform sums.
 void check_winograd(bool validation) {
-  const ScopedEnv weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
-  const ScopedEnv forward("MEGANEURA_WINOGRAD_CONV", "1");
+  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
   for (const auto& [x, slices] :
        {std::pair<Shape, const char*>{{2, 8, 19, 17}, "1"}, {{1, 8, 46, 46}, "3"}}) {
-    const ScopedEnv split("MEGANEURA_SPLIT_K_SLICES", slices);
+    const ScopedSwitch split("MEGANEURA_SPLIT_K_SLICES", slices);
     check_on_gpu(
         {{"x", x}, {"w", {12, 8, 3, 3}}, {"seed", {x[0], 12, x[2], x[3]}}},
         [](Graph& graph, std::vector<Tensor>& in) {
@@ -1302,12 +1308,12 @@ void check_convolutions(bool validation) {
   // The implicit GEMMs on cooperative matrices, then im2col + matmul (the default on GPUs), with
   // f32 and with packed f16 columns.
   for (const char* im2col : {"0", "1"}) {
-    const ScopedEnv route("MEGANEURA_IM2COL", im2col);
+    const ScopedSwitch route("MEGANEURA_IM2COL", im2col);
     check_convolutions_once(validation);
   }
   check_winograd(validation);
-  const ScopedEnv route("MEGANEURA_IM2COL", "1");
-  const ScopedEnv packed("MEGANEURA_PACKED_COLUMNS", "1");
+  const ScopedSwitch route("MEGANEURA_IM2COL", "1");
+  const ScopedSwitch packed("MEGANEURA_PACKED_COLUMNS", "1");
   check_convolutions_once(validation);
 }
 
@@ -1327,7 +1333,7 @@ void check_attention_once(bool validation) {
                         Case{{2, 4, 70, 32}, {2, 2, 70, 32}, {2, 2, 70, 16}, true, false},
                         Case{{1, 2, 33, 16}, {1, 2, 45, 16}, {1, 2, 45, 32}, false, true},
                         Case{{1, 2, 80, 32}, {1, 2, 150, 32}, {1, 2, 150, 16}, true, true}}) {
-    const testing::ScopedEnv splits("MEGANEURA_ATTENTION_SPLITS", c.k[2] == 150 ? "3" : "1");
+    const testing::ScopedSwitch splits("MEGANEURA_ATTENTION_SPLITS", c.k[2] == 150 ? "3" : "1");
     std::vector<testing::HarnessInput> inputs = {
         {"q", c.q}, {"k", c.k}, {"v", c.v}, {"g", {c.q[0], c.q[1], c.q[2], c.v[3]}}};
     if (c.masked) inputs.push_back({"mask", {c.q[2], c.k[2]}, DType::f32, -2.0, 2.0});
@@ -1364,7 +1370,7 @@ void check_attention_once(bool validation) {
 void check_attention(bool validation) {
   for (const char* registers : {"1", "0"}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);
-    const ScopedEnv forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
+    const ScopedSwitch forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
     check_attention_once(validation);
   }
 }
@@ -1407,7 +1413,7 @@ bool device_has_workgroup_coop_matrices() {
 // each product in `dispatches` dispatches, within `tolerance` of the reference. Without
 // validation: the layer predates the extension.
 void check_workgroup_products(DType dtype, double tolerance, size_t dispatches, uint64_t seed) {
-  const ScopedEnv forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
   // 512 rows take the 256 x 128 block split into rows where the device has tensor-layout loads,
   // 128 rows the 128 x 256 block everywhere (kernels::workgroup_gemm_block).
   for (const auto& [m, k] : {std::pair<int64_t, int64_t>{512, 192}, {512, 256}, {128, 192}}) {

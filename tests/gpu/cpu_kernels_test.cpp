@@ -3,7 +3,6 @@
 // kernels. Shapes are odd so that register blocks, k chunks and grids all end partially.
 // Every block shape the lowering can pick is forced once (MEGANEURA_CPU_GEMM_BLOCK), and a few
 // cases also run with MEGANEURA_NO_CPU_KERNELS=1, the kill switch that forces the GPU kernels.
-#include <cstdlib>
 
 #include "conv_support.hpp"
 
@@ -13,7 +12,7 @@ namespace {
 using testing::check_conv;
 using testing::check_on_gpu;
 using testing::output_with_gradients;
-using testing::ScopedEnv;
+using testing::ScopedSwitch;
 
 void check_matmuls() {
   check_on_gpu({{"a", {3, 13, 21}},
@@ -47,7 +46,7 @@ TEST(GpuCpuKernels, MatmulBatchBroadcast) {
 TEST(GpuCpuKernels, MatmulEveryBlockShape) {
   for (const char* block : {"32x8", "16x4", "8x2", "4x8", "1x2", "3x7", "5x5"}) {
     SCOPED_TRACE(block);
-    const ScopedEnv env("MEGANEURA_CPU_GEMM_BLOCK", block);
+    const ScopedSwitch forced("MEGANEURA_CPU_GEMM_BLOCK", block);
     check_on_gpu({{"a", {2, 19, 29}}, {"b", {29, 41}}}, [](Graph& graph, std::vector<Tensor>& x) {
       graph.set_output("y", matmul(x[0], x[1]).id());
       graph.set_output("t", matmul(x[1], x[0], true, true).id());
@@ -87,7 +86,7 @@ TEST(GpuCpuKernels, ConvTranspose2d) {
 
 // The kill switch: the same problems on the GPU kernels.
 TEST(GpuCpuKernels, KillSwitchRunsGpuKernels) {
-  const ScopedEnv env("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch forced("MEGANEURA_NO_CPU_KERNELS", "1");
   check_matmuls();
   check_conv({2, 5, 7, 6}, {6, 5, 3, 3}, {.stride = {2, 1}, .padding = {1, 1}});
 }

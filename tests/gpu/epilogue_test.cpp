@@ -13,18 +13,18 @@ namespace {
 
 using testing::check_on_gpu;
 using testing::HarnessInput;
-using testing::ScopedEnv;
+using testing::ScopedSwitch;
 using Build = std::function<void(Graph&, std::vector<Tensor>&)>;
 
 void check_fused(const std::vector<HarnessInput>& inputs, const Build& build, size_t saved) {
   for (const bool gpu_kernels : {false, true}) {
     SCOPED_TRACE(gpu_kernels ? "gemm.comp" : "default GEMM kernel");
-    std::optional<ScopedEnv> force_gpu_kernels;
+    std::optional<ScopedSwitch> force_gpu_kernels;
     if (gpu_kernels) force_gpu_kernels.emplace("MEGANEURA_NO_CPU_KERNELS", "1");
     size_t fused = 0, unfused = 0;
     check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
     {
-      const ScopedEnv off("MEGANEURA_NO_EPILOGUE_FUSION", "1");
+      const ScopedSwitch off("MEGANEURA_NO_EPILOGUE_FUSION", "1");
       check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
     }
     EXPECT_EQ(fused + saved, unfused);
@@ -191,11 +191,11 @@ TEST(GpuEpilogue, KillSwitches) {
   size_t fused = 0, chains_only = 0, unfused = 0;
   check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
   {
-    const ScopedEnv off("MEGANEURA_NO_EPILOGUE_FUSION", "1");
+    const ScopedSwitch off("MEGANEURA_NO_EPILOGUE_FUSION", "1");
     check_on_gpu(inputs, build, 1e-5, 7, {}, &chains_only);
   }
   {
-    const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+    const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
     check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
   }
   EXPECT_EQ(fused, 1u);

@@ -100,7 +100,7 @@ TEST(GpuF16, PointwiseChainsFuseAcrossConversions) {
     size_t fused = 0, apart = 0;
     check_on_gpu(c.inputs, c.build, c.tolerance, seed, {}, &fused);
     {
-      const testing::ScopedEnv no_fusion("MEGANEURA_NO_FUSION", "1");
+      const testing::ScopedSwitch no_fusion("MEGANEURA_NO_FUSION", "1");
       check_on_gpu(c.inputs, c.build, c.tolerance, seed, {}, &apart);
     }
     ++seed;

@@ -15,7 +15,7 @@ namespace {
 
 using testing::check_on_gpu;
 using testing::HarnessInput;
-using testing::ScopedEnv;
+using testing::ScopedSwitch;
 
 struct RandomGraph {
   std::vector<HarnessInput> inputs;
@@ -103,12 +103,12 @@ TEST(GpuFusion, RandomGraphsKeepOutputsOnBothGemmPaths) {
     const RandomGraph random = random_fusion_graph(seed);
     for (bool gpu_kernels : {false, true}) {
       SCOPED_TRACE("seed " + std::to_string(seed) + (gpu_kernels ? ", gemm.comp" : ""));
-      std::optional<ScopedEnv> force;
+      std::optional<ScopedSwitch> force;
       if (gpu_kernels) force.emplace("MEGANEURA_NO_CPU_KERNELS", "1");
       size_t fused = 0, unfused = 0;
       check_on_gpu(random.inputs, random.build, 1e-5, seed, {}, &fused);
       {
-        const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+        const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
         check_on_gpu(random.inputs, random.build, 1e-5, seed, {}, &unfused);
       }
       EXPECT_LT(fused, unfused);
@@ -134,7 +134,7 @@ TEST(GpuFusion, KeptValuesWrittenBesideTheirConsumer) {
     size_t fused = 0, unfused = 0;
     check_on_gpu(inputs, build, 1e-5, 11, {}, &fused);
     {
-      const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+      const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
       check_on_gpu(inputs, build, 1e-5, 11, {}, &unfused);
     }
     EXPECT_EQ(fused, 1u);
@@ -162,7 +162,7 @@ TEST(GpuFusion, SharedValuesWrittenBesideTheirFirstConsumer) {
     size_t fused = 0, unfused = 0;
     check_on_gpu(inputs, build, 1e-5, 12, {}, &fused);
     {
-      const ScopedEnv off("MEGANEURA_NO_FUSION", "1");
+      const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
       check_on_gpu(inputs, build, 1e-5, 12, {}, &unfused);
     }
     EXPECT_EQ(fused, sums_first ? 3u : 2u);

@@ -3,7 +3,6 @@
 // to end, against the f64 reference. On Lavapipe gemm.comp runs only with
 // MEGANEURA_NO_CPU_KERNELS=1.
 #include <array>
-#include <cstdlib>
 
 #include "conv_support.hpp"
 #include "kernels/lowering.hpp"
@@ -13,7 +12,7 @@ namespace {
 
 using testing::check_conv;
 using testing::check_on_gpu;
-using testing::ScopedEnv;
+using testing::ScopedSwitch;
 
 // The partial products of a matmul over `splits` K slices (what the split-K pass emits).
 Tensor split_matmul(Tensor a, Tensor b, bool transpose_a, bool transpose_b, int64_t splits) {
@@ -49,10 +48,10 @@ void check_gemm_layouts() {
 }
 
 TEST(GpuGemm, EveryTileConfiguration) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   for (const char* tile : {"128", "64", "32"}) {
     SCOPED_TRACE(tile);
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch forced("MEGANEURA_GEMM_TILE", tile);
     check_gemm_layouts();
   }
 }
@@ -65,8 +64,8 @@ TEST(GpuGemm, EveryTileConfiguration) {
 // short last slice, scalar and vec4 rows of A (K = 1030 and 1032), a batch of two. The same
 // products on the 64 tile read A as before. A bad switch value is an error naming it.
 TEST(GpuGemm, QuadRowsOfA) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
-  const ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
   const auto check_quads = [] {
     check_on_gpu({{"a", {130, 1030}}, {"b", {1030, 70}}, {"a2", {2, 67, 1032}}, {"b2", {1032, 36}}},
                  [](Graph& graph, std::vector<Tensor>& x) {
@@ -79,11 +78,11 @@ TEST(GpuGemm, QuadRowsOfA) {
                                       {"128,256,8,16,16", "0"},
                                       {"64", "1"}}) {
     SCOPED_TRACE(std::string(tile) + ", swizzle " + swizzle);
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
-    const ScopedEnv swizzled("MEGANEURA_GEMM_SWIZZLE", swizzle);
+    const ScopedSwitch forced("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch swizzled("MEGANEURA_GEMM_SWIZZLE", swizzle);
     check_quads();
   }
-  const ScopedEnv forced("MEGANEURA_GEMM_TILE", "128");
+  const ScopedSwitch forced("MEGANEURA_GEMM_TILE", "128");
   for (const char* bad : {"2", "yes"})
     testing::expect_switch_rejected("MEGANEURA_GEMM_SWIZZLE", bad, check_quads);
 }
@@ -94,11 +93,11 @@ TEST(GpuGemm, QuadRowsOfA) {
 // 16-deep slices, and with the 8-deep ones of short products and of a device with 16 KiB of
 // shared memory).
 TEST(GpuGemm, RectangularTiles) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   for (const char* tile : {"64,32,4,4,16", "32,64,4,4,16", "64,64,8,4,8", "64,64,8,8,8",
                            "128,64,8,8,16", "128,64,8,8,8", "64,128,8,8,16", "64,128,8,8,8"}) {
     SCOPED_TRACE(tile);
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch forced("MEGANEURA_GEMM_TILE", tile);
     check_gemm_layouts();
   }
 }
@@ -108,18 +107,18 @@ TEST(GpuGemm, RectangularTiles) {
 // 2 k-groups and the 32 tile with 4, and the convolution GEMMs through generated loads; a bad
 // value is an error naming the variable.
 TEST(GpuGemm, PrefetchDepths) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   for (const auto& [prefetch, tile, k_groups] :
        {std::tuple<const char*, const char*, const char*>{"2", "64", "2"},
         {"3", "32", "4"},
         {"3", "64,128,8,8,16", "1"}}) {
     SCOPED_TRACE(std::string(prefetch) + " slices ahead, tile " + tile);
-    const ScopedEnv forced_prefetch("MEGANEURA_GEMM_PREFETCH", prefetch);
-    const ScopedEnv forced_tile("MEGANEURA_GEMM_TILE", tile);
-    const ScopedEnv forced_k_groups("MEGANEURA_GEMM_K_GROUPS", k_groups);
+    const ScopedSwitch forced_prefetch("MEGANEURA_GEMM_PREFETCH", prefetch);
+    const ScopedSwitch forced_tile("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch forced_k_groups("MEGANEURA_GEMM_K_GROUPS", k_groups);
     check_gemm_layouts();
   }
-  const ScopedEnv forced_prefetch("MEGANEURA_GEMM_PREFETCH", "2");
+  const ScopedSwitch forced_prefetch("MEGANEURA_GEMM_PREFETCH", "2");
   check_conv({2, 36, 9, 7}, {40, 36, 3, 3}, {.padding = {1, 1}});
   for (const char* bad : {"0", "9", "two"})
     testing::expect_switch_rejected("MEGANEURA_GEMM_PREFETCH", bad, check_gemm_layouts);
@@ -131,16 +130,16 @@ TEST(GpuGemm, PrefetchDepths) {
 // (K = 324, 360 and 126). Lavapipe's 32 KiB of shared memory fit 2 k-groups of the 64 tile (whose
 // reduction also passes through tile_b) and 4 of the 32 tile.
 TEST(GpuGemm, KGroups) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const std::array<std::array<const char*, 2>, 2> configurations{{{"64", "2"}, {"32", "4"}}};
   for (const auto& [tile, k_groups] : configurations) {
     SCOPED_TRACE(std::string(tile) + " tile, " + k_groups + " k-groups");
-    const ScopedEnv forced_tile("MEGANEURA_GEMM_TILE", tile);
-    const ScopedEnv forced_k_groups("MEGANEURA_GEMM_K_GROUPS", k_groups);
+    const ScopedSwitch forced_tile("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch forced_k_groups("MEGANEURA_GEMM_K_GROUPS", k_groups);
     check_gemm_layouts();
   }
-  const ScopedEnv forced_tile("MEGANEURA_GEMM_TILE", "32");
-  const ScopedEnv forced_k_groups("MEGANEURA_GEMM_K_GROUPS", "4");
+  const ScopedSwitch forced_tile("MEGANEURA_GEMM_TILE", "32");
+  const ScopedSwitch forced_k_groups("MEGANEURA_GEMM_K_GROUPS", "4");
   size_t dispatches = 0;
   check_on_gpu(
       {{"x", {37, 70}}, {"w", {45, 70}}, {"bias", {45}}},
@@ -152,8 +151,9 @@ TEST(GpuGemm, KGroups) {
   check_conv({2, 36, 9, 7}, {40, 36, 3, 3}, {.padding = {1, 1}});
 }
 
-// The K_GROUPS of the gemm.comp launch of `y` on `device`.
-std::string k_groups_of(const Graph& graph, Tensor y, const kernels::DeviceTraits& device) {
+// The K_GROUPS of the gemm.comp launch of `y` on `device` (with the test's switches).
+std::string k_groups_of(const Graph& graph, Tensor y, kernels::DeviceTraits device) {
+  device.switches = testing::switches();
   for (const kernels::Launch& launch : kernels::lower_node(graph, y.id(), device)) {
     if (launch.kernel != "gemm") continue;
     for (const auto& [name, value] : launch.defines)
@@ -170,9 +170,10 @@ std::string matmul_k_groups(const Shape& a, const Shape& b, int64_t splits,
                      device);
 }
 
-// The defines of the gemm.comp launch of `y` on `device`.
+// The defines of the gemm.comp launch of `y` on `device` (with the test's switches).
 std::vector<std::pair<std::string, std::string>> gemm_defines(const Graph& graph, Tensor y,
-                                                              const kernels::DeviceTraits& device) {
+                                                              kernels::DeviceTraits device) {
+  device.switches = testing::switches();
   for (const kernels::Launch& launch : kernels::lower_node(graph, y.id(), device))
     if (launch.kernel == "gemm") return launch.defines;
   return {};
@@ -206,14 +207,14 @@ TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
        {"96", "64,64,4,4", "64,64,4,4,16,1", "64,x,4,4,16", "64,64,6,4,16", "32,32,4,8,16",
         "64,32,4,4,4", "128,128,4,4,8", "128,128,8,8,32", "0,64,4,4,16", "64,64,4,4,99999999999"}) {
     SCOPED_TRACE(tile);
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", tile);
+    const ScopedSwitch forced("MEGANEURA_GEMM_TILE", tile);
     ::testing::internal::CaptureStderr();
     const auto defines = gemm_defines(graph, y, device);
     const std::string warning = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(defines, chosen);
     EXPECT_NE(warning.find("ignoring MEGANEURA_GEMM_TILE=" + tile), std::string::npos) << warning;
   }
-  const ScopedEnv forced("MEGANEURA_GEMM_TILE", "64,32,4,4,16");
+  const ScopedSwitch forced("MEGANEURA_GEMM_TILE", "64,32,4,4,16");
   const auto defines = gemm_defines(graph, y, device);
   const auto define = [&](const std::string& name) {
     for (const auto& [key, value] : defines)
@@ -308,12 +309,12 @@ TEST(GemmLowering, QuadRowsOfAOnlyForTheLargeTileOverLongK) {
   minimal.max_workgroup_invocations = 1024;
   EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, minimal), "0 128 128 8 8 8 0");
   {
-    const ScopedEnv forced("MEGANEURA_GEMM_TILE", "128");  // a forced tile stays
+    const ScopedSwitch forced("MEGANEURA_GEMM_TILE", "128");  // a forced tile stays
     EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 128 8 8 8 0");
-    const ScopedEnv swizzled("MEGANEURA_GEMM_SWIZZLE", "1");
+    const ScopedSwitch swizzled("MEGANEURA_GEMM_SWIZZLE", "1");
     EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 128 8 8 8 1");
   }
-  const ScopedEnv swizzled("MEGANEURA_GEMM_SWIZZLE", "1");  // only quads are swizzled
+  const ScopedSwitch swizzled("MEGANEURA_GEMM_SWIZZLE", "1");  // only quads are swizzled
   EXPECT_EQ(quads({4096, 1016}, {1016, 4096}, h200), "0 128 128 8 8 8 0");
 }
 
@@ -339,7 +340,7 @@ TEST(GemmLowering, PrefetchDepthByTile) {
   EXPECT_EQ(prefetch_of({128, 576}, {576, 49152}), "128 64 8 1");
   EXPECT_EQ(prefetch_of({64, 512}, {512, 32768}), "64 128 8 1");
   EXPECT_EQ(prefetch_of({49152, 128}, {128, 576}), "64 64 8 1");
-  const ScopedEnv forced("MEGANEURA_GEMM_PREFETCH", "3");
+  const ScopedSwitch forced("MEGANEURA_GEMM_PREFETCH", "3");
   EXPECT_EQ(prefetch_of({128, 576}, {576, 576}, 4), "64 64 4 3");
   EXPECT_EQ(prefetch_of({4096, 512}, {512, 4096}), "128 128 8 3");
 }
@@ -409,12 +410,12 @@ TEST(GemmLowering, KGroupsForSmallOutputs) {
   EXPECT_EQ(k_groups_of(graph, conv, h200), "4");
 
   {
-    const ScopedEnv forced("MEGANEURA_GEMM_K_GROUPS", "2");
+    const ScopedSwitch forced("MEGANEURA_GEMM_K_GROUPS", "2");
     EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, h200), "2");
     EXPECT_EQ(matmul_k_groups({128, 48}, {48, 576}, 1, h200), "2");
     EXPECT_EQ(matmul_k_groups({2048, 576}, {576, 2048}, 1, h200), "1");  // 128 tile
   }
-  const ScopedEnv forced("MEGANEURA_GEMM_K_GROUPS", "8");  // 64 KiB: the choice stands
+  const ScopedSwitch forced("MEGANEURA_GEMM_K_GROUPS", "8");  // 64 KiB: the choice stands
   EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, h200), "4");
 }
 
@@ -438,16 +439,16 @@ void check_split_k() {
   };
   const std::vector<testing::HarnessInput> inputs{
       {"x", {600, 6}}, {"w", {5, 6}}, {"seed", {600, 5}}, {"at", {700, 7}}, {"b", {700, 9}}};
-  const ScopedEnv split("MEGANEURA_SPLIT_K", "1");
+  const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
   check_on_gpu(inputs, build);
 
   Graph graph;
   std::vector<Tensor> x;
   for (const testing::HarnessInput& spec : inputs) x.push_back(input(graph, spec.name, spec.shape));
   build(graph, x);
-  const size_t split_dispatches = Session(graph).report().dispatches;
-  const ScopedEnv whole("MEGANEURA_SPLIT_K", "0");
-  EXPECT_EQ(split_dispatches, Session(graph).report().dispatches + 2);
+  const size_t split_dispatches = Session(graph, testing::session_options()).report().dispatches;
+  const ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
+  EXPECT_EQ(split_dispatches, Session(graph, testing::session_options()).report().dispatches + 2);
 }
 
 TEST(GpuGemm, SplitKEndToEnd) {
@@ -455,7 +456,7 @@ TEST(GpuGemm, SplitKEndToEnd) {
 }
 
 TEST(GpuGemm, SplitKEndToEndOnGpuKernels) {
-  const ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   check_split_k();
 }
 

@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/switches.hpp"
 #include "ops/interpreter.hpp"
 
 namespace mg::testing {
@@ -33,26 +36,75 @@ inline double normalized_error(const std::vector<float>& gpu, const HostTensor& 
   return std::sqrt(difference) / std::max(std::sqrt(norm), 1e-30);
 }
 
-// Sets an environment variable for the lifetime of the object (lowering reads the switches
-// per Session).
-class ScopedEnv {
+// The switches a test sets in-process (docs/SWITCHES.md), and how many times what the test built
+// has read them (switches()).
+struct SwitchOverlay {
+  std::vector<std::pair<std::string, std::string>> values;  // innermost last
+  size_t reads = 0;
+};
+inline SwitchOverlay& switch_overlay() {
+  static SwitchOverlay overlay;
+  return overlay;
+}
+
+// The switches for what a test builds: the environment's, with those of every live ScopedSwitch
+// in place (the innermost wins). The harness passes them to every session (check_on_gpu) and
+// device traits it makes; tests that make their own pass them too.
+inline Switches switches() {
+  SwitchOverlay& overlay = switch_overlay();
+  ++overlay.reads;
+  std::map<std::string, std::string, std::less<>> values;
+  for (const auto& [name, value] : overlay.values) values[name] = value;
+  return Switches::from_environment(values);
+}
+
+// Sets a switch for what the test builds during the object's lifetime; the process environment
+// stays as it is. Fails the test if nothing read the switches meanwhile (a switch that would
+// have changed nothing), unless it is a default for a whole suite (Check::none).
+class ScopedSwitch {
  public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
+  enum class Check { read, none };
+  ScopedSwitch(const char* name, const std::string& value, Check check = Check::read)
+      : name_(name), check_(check), reads_at_start_(switch_overlay().reads) {
+    switch_overlay().values.emplace_back(name, value);
   }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedSwitch() {
+    SwitchOverlay& overlay = switch_overlay();
+    overlay.values.pop_back();
+    if (check_ == Check::read) {
+      EXPECT_GT(overlay.reads, reads_at_start_)
+          << name_ << " was set but nothing read the switches";
+    }
+  }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
 
  private:
   const char* name_;
+  Check check_;
+  size_t reads_at_start_;
 };
 
-// A malformed tuning switch: with `variable` set to `bad`, `build` must throw an mg::Error that
-// quotes the setting (VARIABLE='bad').
+// `device` (kernels::DeviceTraits) with the test's switches, as a lowering reads them.
+template <typename Traits>
+Traits switched(Traits device) {
+  device.switches = switches();
+  return device;
+}
+
+// SessionOptions with switches() in place.
+inline SessionOptions session_options() {
+  SessionOptions options;
+  options.switches = switches();
+  return options;
+}
+
+// A malformed tuning switch: with `variable` set to `bad`, `build` (which reads switches()) must
+// throw an mg::Error that quotes the setting (VARIABLE='bad'), reading the switches or lowering
+// with them.
 inline void expect_switch_rejected(const char* variable, const std::string& bad,
                                    const std::function<void()>& build) {
-  const ScopedEnv forced(variable, bad);
+  const ScopedSwitch forced(variable, bad);
   try {
     build();
     ADD_FAILURE() << variable << "=" << bad << " was accepted";
@@ -93,6 +145,7 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
   initialise_leaves(graph, environment, options.seed);
   const std::vector<HostTensor> reference = evaluate(graph, environment);
 
+  if (!options.switches) options.switches = switches();
   options.validation = validation;
   options.guard_bytes = 64;  // catches kernels writing past their outputs
   Session session(graph, options);

@@ -96,7 +96,7 @@ TEST(GpuNorm, BatchNormTrainingUpdatesRunningStatistics) {
 // up to 1024 threads, and groups whose elements come in aligned fours of one channel take vec4
 // steps; the odd plane keeps scalar steps over the same wide workgroups.
 TEST(GpuNorm, WideWorkgroupsAndVectorSteps) {
-  const testing::ScopedEnv gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  const testing::ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   check_on_gpu({{"x", {2, 8, 48, 48}, DType::f32, -1.0, 2.0},
                 {"w", {8}},
                 {"b", {8}},
@@ -244,8 +244,8 @@ TEST(GpuNormAttention, TiledBlockVariants) {
                                          {"32,16,256,8", "1"},
                                          {"64,32,128,8", "0"}}) {
     SCOPED_TRACE(std::string(blocks) + " fused dK/dV " + fused_kv);
-    const testing::ScopedEnv forced("MEGANEURA_ATTENTION_BLOCKS", blocks);
-    const testing::ScopedEnv fused("MEGANEURA_ATTENTION_FUSED_KV", fused_kv);
+    const testing::ScopedSwitch forced("MEGANEURA_ATTENTION_BLOCKS", blocks);
+    const testing::ScopedSwitch fused("MEGANEURA_ATTENTION_FUSED_KV", fused_kv);
     check_attention(1, 2, 1, 11, 40, 6, 10, true, true);
   }
 }
@@ -278,11 +278,11 @@ TEST(GpuNormAttention, TiledBlocksSwitchNamesBadValues) {
 // multiple of 4, a single query over many keys; the backward reads the log-sum-exp that the
 // combine writes.
 TEST(GpuNormAttention, KeySlices) {
-  const testing::ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "3");
+  const testing::ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "3");
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
   check_attention(2, 4, 2, 20, 200, 16, 16, false, true);
   check_attention(1, 2, 1, 1, 700, 8, 8, false);  // one query (decoding): slices of 256 keys
-  const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");  // dK, dV apart
+  const testing::ScopedSwitch separate("MEGANEURA_ATTENTION_FUSED_KV", "0");  // dK, dV apart
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
 }
 
@@ -293,18 +293,18 @@ TEST(GpuNormAttention, KeySlices) {
 // multiple of 4. Causal attention keeps its dQ kernel, but W alone
 // must still hold every pair (the launch visits the blocks that causal masking skips).
 TEST(GpuNormAttention, GradQAsMatmul) {
-  const testing::ScopedEnv dq_gemm("MEGANEURA_ATTENTION_DQ_GEMM", "1");
+  const testing::ScopedSwitch dq_gemm("MEGANEURA_ATTENTION_DQ_GEMM", "1");
   check_attention(2, 4, 2, 37, 44, 6, 10, false, true);
   {
-    const testing::ScopedEnv separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
+    const testing::ScopedSwitch separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
     check_attention(1, 2, 1, 70, 33, 16, 16, false);
   }
   {
-    const testing::ScopedEnv unfused("MEGANEURA_NO_FUSION", "1");
+    const testing::ScopedSwitch unfused("MEGANEURA_NO_FUSION", "1");
     check_attention(1, 2, 2, 9, 68, 8, 8, false, true);
   }
   {
-    const testing::ScopedEnv forced("MEGANEURA_ATTENTION_SPLITS", "3");
+    const testing::ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "3");
     check_attention(1, 2, 1, 150, 70, 8, 8, false);
   }
   check_on_gpu(

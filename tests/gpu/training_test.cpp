@@ -1,6 +1,5 @@
 // End-to-end training on the GPU against the f64 reference interpreter, and the memory planner
 // against a plan without reuse.
-#include <cstdlib>
 #include <random>
 
 #include "harness.hpp"
@@ -201,11 +200,12 @@ void check_split_weight_gradients() {
   const std::vector<testing::HarnessInput> inputs{
       {"x", {8, 4, 12, 12}}, {"w", {4, 2, 3, 3}}, {"seed", {8, 4, 10, 10}}};
   size_t split_dispatches = 0, whole_dispatches = 0;
-  setenv("MEGANEURA_SPLIT_K", "1", 1);
-  testing::check_on_gpu(inputs, build, 1e-5, 7, {}, &split_dispatches);
-  setenv("MEGANEURA_SPLIT_K", "0", 1);
+  {
+    const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+    testing::check_on_gpu(inputs, build, 1e-5, 7, {}, &split_dispatches);
+  }
+  const testing::ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
   testing::check_on_gpu(inputs, build, 1e-5, 7, {}, &whole_dispatches);
-  unsetenv("MEGANEURA_SPLIT_K");
   EXPECT_EQ(split_dispatches, whole_dispatches + 1);
 }
 
@@ -214,9 +214,8 @@ TEST(GpuTraining, SplitKWeightGradientsMatchReference) {
 }
 
 TEST(GpuTraining, SplitKWeightGradientsMatchReferenceOnGpuKernels) {
-  setenv("MEGANEURA_NO_CPU_KERNELS", "1", 1);
+  const testing::ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   check_split_weight_gradients();
-  unsetenv("MEGANEURA_NO_CPU_KERNELS");
 }
 
 }  // namespace

@@ -89,8 +89,8 @@ TEST(GpuTransformer, CnnPlannerReuseAndSchedulingGiveBitIdenticalResults) {
   const std::vector<int32_t> labels{3, 1, 4, 1};
   std::vector<std::vector<float>> results;
   for (const auto& [reuse, schedule] : {std::pair{true, true}, {false, true}, {true, false}}) {
-    const testing::ScopedEnv scheduling("MEGANEURA_SCHEDULE_EPOCHS", schedule ? "1" : "0");
-    SessionOptions options;
+    const testing::ScopedSwitch scheduling("MEGANEURA_SCHEDULE_EPOCHS", schedule ? "1" : "0");
+    SessionOptions options = testing::session_options();
     options.reuse_memory = reuse;
     options.validation = true;
     Session session(graph, options);

@@ -23,9 +23,13 @@ namespace {
 // The split rules were tuned on an H200; the slice counts below are its.
 constexpr int64_t kH200ComputeUnits = 132;
 
-// A GPU like the H200 (the limits the GEMM tiles are chosen by) with `compute_units` units.
-kernels::DeviceTraits h200_like(int64_t compute_units = kH200ComputeUnits) {
+// A GPU like the H200 (the limits the GEMM tiles are chosen by) with `compute_units` units and
+// `switches` set (docs/SWITCHES.md).
+kernels::DeviceTraits h200_like(
+    int64_t compute_units = kH200ComputeUnits,
+    const std::map<std::string, std::string, std::less<>>& switches = {}) {
   kernels::DeviceTraits device;
+  device.switches = Switches::from_environment(switches);
   device.compute_units = compute_units;
   device.max_shared_memory_bytes = 49152;
   device.max_workgroup_invocations = 1024;
@@ -200,7 +204,6 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
     EXPECT_GE(k_slice_length(k, splits), 32);
     expect_same_outputs(graph, split, environment);
   }
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // The sums of one random input over reduced axes that straddle a kept axis.
@@ -365,22 +368,21 @@ TEST(Passes, SplitKFollowsComputeUnits) {
   EXPECT_GT(matmul_slices(small, coop), 1);
 
   // MEGANEURA_SPLIT_K_SLICES forces the count on any device (1: whole); misuse names it.
-  setenv("MEGANEURA_SPLIT_K_SLICES", "13", 1);
-  EXPECT_EQ(slices(kH200ComputeUnits), 13);
-  EXPECT_EQ(slices(4), 13);
-  setenv("MEGANEURA_SPLIT_K_SLICES", "1", 1);
-  EXPECT_EQ(slices(kH200ComputeUnits), 1);
+  const auto forced_slices = [&](int64_t units, const char* count) {
+    return matmul_slices(graph, h200_like(units, {{"MEGANEURA_SPLIT_K_SLICES", count}}));
+  };
+  EXPECT_EQ(forced_slices(kH200ComputeUnits, "13"), 13);
+  EXPECT_EQ(forced_slices(4, "13"), 13);
+  EXPECT_EQ(forced_slices(kH200ComputeUnits, "1"), 1);
   for (const char* bad : {"0", "1025", "13x", ""}) {
     SCOPED_TRACE(bad);
-    setenv("MEGANEURA_SPLIT_K_SLICES", bad, 1);
     try {
-      slices(kH200ComputeUnits);
+      forced_slices(kH200ComputeUnits, bad);
       ADD_FAILURE() << "accepted";
     } catch (const Error& error) {
       EXPECT_NE(std::string(error.what()).find("MEGANEURA_SPLIT_K_SLICES='"), std::string::npos);
     }
   }
-  unsetenv("MEGANEURA_SPLIT_K_SLICES");
 }
 
 // Products that fill the GPU or have a K below 512 stay whole.
@@ -599,18 +601,19 @@ TEST(Passes, WeightGradientRoutesAndDirectSplits) {
     } else {
       expect_direct(chosen);
     }
-    setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0", 1);
-    const Graph without_winograd =
-        passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    const Graph without_winograd = passes::im2col_convolutions(
+        graph, h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}}),
+        uint64_t{1} << 30);
     if (c.direct_splits > 0) {
       expect_direct(without_winograd);
     } else {
       EXPECT_EQ(count_op(without_winograd, "im2col"), 1u);
     }
-    setenv("MEGANEURA_DIRECT_WEIGHT_GRAD", "0", 1);
-    const Graph columns = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
-    unsetenv("MEGANEURA_DIRECT_WEIGHT_GRAD");
-    unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
+    const Graph columns = passes::im2col_convolutions(
+        graph,
+        h200_like(kH200ComputeUnits,
+                  {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}, {"MEGANEURA_DIRECT_WEIGHT_GRAD", "0"}}),
+        uint64_t{1} << 30);
     EXPECT_EQ(count_op(columns, "conv2d_grad_weight"), 0u);
     EXPECT_EQ(count_op(columns, "im2col"), 1u);
   }
@@ -653,9 +656,9 @@ TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
     EXPECT_EQ(count_op(chosen, "im2col"), winograd ? 0u : 1u);
     EXPECT_EQ(count_op(chosen, "conv2d_grad_weight"), 0u);
     if (x[1] == 64) {
-      setenv("MEGANEURA_NO_COOPMAT", "1", 1);
-      const Graph strict = passes::im2col_convolutions(graph, fast, uint64_t{1} << 30);
-      unsetenv("MEGANEURA_NO_COOPMAT");
+      kernels::DeviceTraits killed = fast;
+      killed.switches.no_coopmat = true;
+      const Graph strict = passes::im2col_convolutions(graph, killed, uint64_t{1} << 30);
       EXPECT_EQ(count_op(strict, "winograd_tiles"), 0u);
       EXPECT_EQ(count_op(strict, "conv2d_grad_weight"), 1u);  // the direct kernel
     }
@@ -669,14 +672,15 @@ TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
 // or 92 x 92 outputs) split over K into 3 partial products: the filter transform reads the
 // partials [3, 16 or 36, O, C] and sums them itself, with no sum left.
 TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
-  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1", 1);
   struct Case {
     Shape x, w;
     std::vector<int64_t> padding;
   };
   uint64_t seed = 40;
   for (const int64_t outputs : {2, 4}) {
-    setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs).c_str(), 1);
+    const kernels::DeviceTraits forced = h200_like(
+        kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"},
+                            {"MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs)}});
     const int64_t points = (outputs + 2) * (outputs + 2);
     for (const Case& c :
          {Case{{2, 3, 9, 7}, {4, 3, 3, 3}, {1, 1}}, Case{{1, 2, 6, 9}, {3, 2, 3, 3}, {0, 0}},
@@ -690,7 +694,7 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
           random_conv(graph, environment, seed++, c.x, c.w, {.padding = c.padding});
       graph.set_output("dw", gradients(graph, y.id(), {w.id()}, cotangent.id()).at(w.id()));
       graph = passes::eliminate_dead_code(graph);
-      const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+      const Graph rewritten = passes::im2col_convolutions(graph, forced, uint64_t{1} << 30);
       EXPECT_EQ(count_op(rewritten, "winograd_tiles"), 1u);
       EXPECT_EQ(count_op(rewritten, "winograd_grad_tiles"), 1u);
       EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 0u);
@@ -701,9 +705,9 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
       }
       expect_same_outputs(graph, rewritten, environment);
       if (c.x[2] < 46) continue;
-      setenv("MEGANEURA_SPLIT_K_SLICES", "3", 1);
-      const Graph split = passes::merge_leading_sums(passes::split_k(rewritten, h200_like()));
-      unsetenv("MEGANEURA_SPLIT_K_SLICES");
+      kernels::DeviceTraits three_slices = forced;
+      three_slices.switches.split_k_slices = 3;
+      const Graph split = passes::merge_leading_sums(passes::split_k(rewritten, three_slices));
       EXPECT_EQ(count_op(split, "sum"), 0u);
       for (const Node& node : split.nodes()) {
         if (node.op == "winograd_weight_grad") {
@@ -713,8 +717,6 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
       expect_same_outputs(graph, split, environment);
     }
   }
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE");
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // The Winograd weight gradient's tile on an H200: F(4 x 4, 3 x 3) for U-Net's 320 channels at
@@ -736,20 +738,19 @@ TEST(Passes, WinogradWeightGradientTileRule) {
   EXPECT_EQ(outputs_of({4, 128, 28, 28}), 4);
   EXPECT_EQ(outputs_of({4, 256, 14, 14}), 2);
   EXPECT_EQ(outputs_of({2, 320, 64, 64}, fast_h200_like()), 2);
-  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "2", 1);
-  EXPECT_EQ(outputs_of({2, 320, 32, 32}), 2);
-  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "4", 1);
-  EXPECT_EQ(outputs_of({4, 256, 14, 14}), 4);
-  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "6", 1);
+  const auto forced_tile = [](const char* tile) {
+    return h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", tile}});
+  };
+  EXPECT_EQ(outputs_of({2, 320, 32, 32}, forced_tile("2")), 2);
+  EXPECT_EQ(outputs_of({4, 256, 14, 14}, forced_tile("4")), 4);
   try {
-    outputs_of({2, 320, 32, 32});
+    outputs_of({2, 320, 32, 32}, forced_tile("6"));
     ADD_FAILURE() << "MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE=6 was accepted";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE='6'"),
               std::string::npos)
         << error.what();
   }
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE");
 }
 
 // U-Net's F(4 x 4) weight gradient at 64 x 64 (K = 512 tiles) splits its product into two
@@ -802,11 +803,11 @@ TEST(Passes, WinogradConvolutionRoutes) {
     EXPECT_EQ(
         count_op(passes::im2col_convolutions(graph, cpu, uint64_t{1} << 30), "winograd_output"),
         0u);
-    setenv("MEGANEURA_WINOGRAD_CONV", "0", 1);
-    EXPECT_EQ(count_op(passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30),
+    EXPECT_EQ(count_op(passes::im2col_convolutions(
+                           graph, h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_CONV", "0"}}),
+                           uint64_t{1} << 30),
                        "winograd_output"),
               0u);
-    unsetenv("MEGANEURA_WINOGRAD_CONV");
   }
   Graph graph;
   const Tensor x = input(graph, "x", {4, 64, 28, 28});
@@ -826,8 +827,9 @@ TEST(Passes, WinogradConvolutionRoutes) {
 // padded by 2 and 0), rectangular images and channel counts that differ. The weight gradient
 // stays on its own route (Winograd off for it here).
 TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
-  setenv("MEGANEURA_WINOGRAD_CONV", "1", 1);
-  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0", 1);
+  const kernels::DeviceTraits forced =
+      h200_like(kH200ComputeUnits,
+                {{"MEGANEURA_WINOGRAD_CONV", "1"}, {"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}});
   struct Case {
     Shape x, w;
     std::vector<int64_t> padding;
@@ -844,7 +846,7 @@ TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
     graph.set_output("y", y.id());
     graph.set_output("dx", gradients(graph, y.id(), {x.id()}, cotangent.id()).at(x.id()));
     graph = passes::eliminate_dead_code(graph);
-    const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    const Graph rewritten = passes::im2col_convolutions(graph, forced, uint64_t{1} << 30);
     EXPECT_EQ(count_op(rewritten, "winograd_filter"), 2u);
     EXPECT_EQ(count_op(rewritten, "winograd_output"), 2u);
     EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input"), 0u);
@@ -857,11 +859,9 @@ TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
       random_conv(graph, environment, seed, {1, 2, 5, 5}, {2, 2, 3, 3}, {.padding = {3, 3}});
   graph.set_output("dx", gradients(graph, y.id(), {x.id()}, cotangent.id()).at(x.id()));
   graph = passes::eliminate_dead_code(graph);
-  const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+  const Graph rewritten = passes::im2col_convolutions(graph, forced, uint64_t{1} << 30);
   EXPECT_EQ(count_op(rewritten, "winograd_output"), 0u);
   expect_same_outputs(graph, rewritten, environment);
-  unsetenv("MEGANEURA_WINOGRAD_CONV");
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
@@ -919,9 +919,8 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
         {"40", 5, 3},
         {"1,5,2", 5, 2}}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_SPLITS=") + forced);
-    setenv("MEGANEURA_ATTENTION_SPLITS", forced, 1);
-    const Graph split = passes::split_attention(graph, kH200ComputeUnits);
-    unsetenv("MEGANEURA_ATTENTION_SPLITS");
+    const Graph split = passes::split_attention(
+        graph, h200_like(kH200ComputeUnits, {{"MEGANEURA_ATTENTION_SPLITS", forced}}));
     const bool forward_split = std::string(forced) != "1,5,2";
     EXPECT_EQ(count_op(split, "attention_combine"), forward_split ? 2u : 0u);
     for (const Node& node : split.nodes()) {
@@ -937,7 +936,6 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
     }
     expect_same_outputs(graph, split, environment);
   }
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
 }
 
 // dQ as a matmul of W = scale * dS: non-causal gradients of grouped heads (a masked and an
@@ -983,7 +981,7 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
     for (const auto& [leaf, grad] : gradients(graph, sum_all(y * y).id(), {q.id(), k.id(), v.id()}))
       graph.set_output("d" + std::to_string(leaf), grad);
     std::map<std::string, int64_t> found;
-    const Graph split = passes::split_attention(graph, units);
+    const Graph split = passes::split_attention(graph, h200_like(units));
     for (const Node& node : split.nodes()) {
       if (node.op.starts_with("attention_grad_") || node.op == "scaled_dot_product_attention")
         found[node.op] = node.attrs.get_int(
@@ -1002,15 +1000,10 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
   // H200's, takes 5 slices (at least 256 rows each of the 1500).
   for (const auto& [op, count] : slices(1, 1500, 16)) EXPECT_EQ(count, 1) << op;
   for (const auto& [op, count] : slices(1, 1500, 264)) EXPECT_EQ(count, 5) << op;
-  const auto kv_splits = [&](int64_t batch, int64_t length) {
-    return slices(batch, length).at("scaled_dot_product_attention");
-  };
   for (const char* bad : {"two", "0", "2,2", "2,2,x", "3,", "2,2,2,2"}) {
     SCOPED_TRACE(bad);
-    setenv("MEGANEURA_ATTENTION_SPLITS", bad, 1);
-    EXPECT_THROW(kv_splits(1, 1500), Error);
+    EXPECT_THROW(h200_like(kH200ComputeUnits, {{"MEGANEURA_ATTENTION_SPLITS", bad}}), Error);
   }
-  unsetenv("MEGANEURA_ATTENTION_SPLITS");
 }
 
 // A GPU like the H200 with workgroup-scope f16 matrices, in fast precision.
@@ -1054,7 +1047,9 @@ RandomProduct random_product(uint64_t seed, int64_t m, int64_t n, int64_t k, boo
 // others the product of the rounded operands, within K * 2^-10 of the f64 one (each operand
 // off by at most 2^-11 relative) and not equal to it.
 TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
-  setenv("MEGANEURA_WORKGROUP_GEMM", "1", 1);  // past the size rule, for a product this small
+  // Past the size rule, for a product this small.
+  kernels::DeviceTraits forced = workgroup_capable(1);
+  forced.switches.workgroup_gemm = true;
   uint64_t seed = 90;
   for (int flags = 0; flags < 4; ++flags) {
     const bool transpose_a = flags & 1, transpose_b = flags & 2;
@@ -1062,7 +1057,7 @@ TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
                  std::to_string(transpose_b));
     const int64_t m = 128, n = 256, k = 192;
     RandomProduct exact = random_product(seed++, m, n, k, transpose_a, transpose_b, true);
-    const Graph rewritten = passes::workgroup_gemm(exact.graph, workgroup_capable(1));
+    const Graph rewritten = passes::workgroup_gemm(exact.graph, forced);
     EXPECT_EQ(count_op(rewritten, "round_to_f16"), 2u);
     EXPECT_EQ(count_op(rewritten, "half_matmul"), 1u);
     EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
@@ -1070,7 +1065,7 @@ TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
 
     RandomProduct any = random_product(seed++, m, n, k, transpose_a, transpose_b, false);
     const HostTensor wanted = evaluate(any.graph, any.environment)[any.graph.output("c")];
-    const Graph rounded = passes::workgroup_gemm(any.graph, workgroup_capable(1));
+    const Graph rounded = passes::workgroup_gemm(any.graph, forced);
     const HostTensor got = evaluate(rounded, any.environment)[rounded.output("c")];
     double largest = 0;
     for (int64_t i = 0; i < wanted.elements(); ++i)
@@ -1078,7 +1073,6 @@ TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
     EXPECT_GT(largest, 0.0);
     EXPECT_LE(largest, k * std::ldexp(1.0, -10));
   }
-  unsetenv("MEGANEURA_WORKGROUP_GEMM");
 }
 
 TEST(Passes, WorkgroupGemmRoutes) {
@@ -1126,25 +1120,28 @@ TEST(Passes, WorkgroupGemmRoutes) {
   batched.set_output("c", matmul(a, b).id());
   EXPECT_EQ(count_op(passes::workgroup_gemm(batched, workgroup_capable(1)), "half_matmul"), 0u);
 
-  setenv("MEGANEURA_WORKGROUP_GEMM", "1", 1);
-  EXPECT_TRUE(taken(1024, 1024, 1024, workgroup_capable(kH200ComputeUnits)));
-  EXPECT_TRUE(taken(128, 256, 64, workgroup_capable(kH200ComputeUnits)));
-  EXPECT_FALSE(taken(96, 256, 64, workgroup_capable(1)));
-  setenv("MEGANEURA_WORKGROUP_GEMM", "0", 1);
-  EXPECT_FALSE(taken(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
-  setenv("MEGANEURA_NO_COOPMAT", "1", 1);
-  unsetenv("MEGANEURA_WORKGROUP_GEMM");
-  EXPECT_FALSE(taken(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
-  unsetenv("MEGANEURA_NO_COOPMAT");
-  setenv("MEGANEURA_WORKGROUP_GEMM", "yes", 1);
+  // A workgroup-capable device with `switches` set.
+  const auto switched = [](int64_t compute_units,
+                           const std::map<std::string, std::string, std::less<>>& switches) {
+    kernels::DeviceTraits device = workgroup_capable(compute_units);
+    device.switches = Switches::from_environment(switches);
+    return device;
+  };
+  const std::map<std::string, std::string, std::less<>> on{{"MEGANEURA_WORKGROUP_GEMM", "1"}};
+  EXPECT_TRUE(taken(1024, 1024, 1024, switched(kH200ComputeUnits, on)));
+  EXPECT_TRUE(taken(128, 256, 64, switched(kH200ComputeUnits, on)));
+  EXPECT_FALSE(taken(96, 256, 64, switched(1, on)));
+  EXPECT_FALSE(
+      taken(4096, 4096, 4096, switched(kH200ComputeUnits, {{"MEGANEURA_WORKGROUP_GEMM", "0"}})));
+  EXPECT_FALSE(
+      taken(4096, 4096, 4096, switched(kH200ComputeUnits, {{"MEGANEURA_NO_COOPMAT", "1"}})));
   try {
-    taken(1024, 1024, 64, workgroup_capable(1));
+    taken(1024, 1024, 64, switched(1, {{"MEGANEURA_WORKGROUP_GEMM", "yes"}}));
     ADD_FAILURE() << "MEGANEURA_WORKGROUP_GEMM=yes was accepted";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("MEGANEURA_WORKGROUP_GEMM='yes'"), std::string::npos)
         << error.what();
   }
-  unsetenv("MEGANEURA_WORKGROUP_GEMM");
 }
 
 // The f16 storage pass on a graph of f16 tensors (inputs, a state, an f16 constant, casts every
@@ -1286,9 +1283,9 @@ TEST(Passes, F16StorageRoutesF16Products) {
   kernels::DeviceTraits strict = workgroup_capable(1);
   strict.fast_precision = false;
   EXPECT_FALSE(on_coop(1024, 1024, 64, strict));
-  setenv("MEGANEURA_NO_COOPMAT", "1", 1);
-  EXPECT_FALSE(on_coop(4096, 4096, 4096, h200));
-  unsetenv("MEGANEURA_NO_COOPMAT");
+  kernels::DeviceTraits killed = h200;
+  killed.switches.no_coopmat = true;
+  EXPECT_FALSE(on_coop(4096, 4096, 4096, killed));
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
+
 #include <map>
 
 #include "meganeura/autodiff.hpp"
@@ -14,10 +14,19 @@
 namespace mg {
 namespace {
 
-plan::Program plan_for(const Graph& graph, bool reuse = true) {
+// A device of the default traits with switches set (docs/SWITCHES.md).
+kernels::DeviceTraits with_switches(
+    const std::map<std::string, std::string, std::less<>>& switches) {
+  kernels::DeviceTraits device;
+  device.switches = Switches::from_environment(switches);
+  return device;
+}
+
+plan::Program plan_for(const Graph& graph, bool reuse = true,
+                       const kernels::DeviceTraits& device = {}) {
   plan::PlanOptions options;
   options.reuse_memory = reuse;
-  return plan::build_program(graph, kernels::DeviceTraits{}, options);
+  return plan::build_program(graph, device, options);
 }
 
 double saving(const plan::Program& program) {
@@ -60,9 +69,8 @@ TEST(Planner, DeepMlpInferenceReusesAtLeastSeventyPercent) {
 // out of memory altogether, which shrinks the logical bytes the ratio is taken of. The ratio is
 // the planner's, measured on the program that stores them; fusing them must not cost bytes.
 TEST(Planner, DeepMlpTrainingReusesAtLeastFortyPercent) {
-  setenv("MEGANEURA_NO_EPILOGUE_FUSION", "1", 1);
-  const plan::Program stored_products = plan_for(deep_mlp(64, 12, true));
-  unsetenv("MEGANEURA_NO_EPILOGUE_FUSION");
+  const plan::Program stored_products = plan_for(
+      deep_mlp(64, 12, true), true, with_switches({{"MEGANEURA_NO_EPILOGUE_FUSION", "1"}}));
   EXPECT_GT(saving(stored_products), 0.40) << plan::describe_memory(stored_products);
   const plan::Program fused = plan_for(deep_mlp(64, 12, true));
   EXPECT_LE(fused.memory.physical_transient_bytes, stored_products.memory.physical_transient_bytes);
@@ -176,9 +184,8 @@ TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
 TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
   const plan::Program mismatched = plan_for(attention_training(false, true));
   EXPECT_EQ(launches_of(mismatched, "attention_lse"), 1u);  // the other scale's
-  setenv("MEGANEURA_NO_FUSION", "1", 1);
-  const plan::Program unfused = plan_for(attention_training(false, false));
-  unsetenv("MEGANEURA_NO_FUSION");
+  const plan::Program unfused = plan_for(attention_training(false, false), true,
+                                         with_switches({{"MEGANEURA_NO_FUSION", "1"}}));
   EXPECT_EQ(launches_of(unfused, "attention_lse"), 1u);
 }
 
@@ -187,11 +194,9 @@ TEST(Planner, AttentionLogSumExpKeepsItsLaunchWhereTheForwardCannotWriteIt) {
 // the forward writes the backward's log-sum-exp, and sums join the gradients' partials. (dQ as
 // the dQ kernel: MEGANEURA_ATTENTION_DQ_GEMM=0.)
 TEST(Planner, AttentionOverSlices) {
-  setenv("MEGANEURA_ATTENTION_SPLITS", "2", 1);
-  setenv("MEGANEURA_ATTENTION_DQ_GEMM", "0", 1);
-  const plan::Program program = plan_for(attention_training(false, false, 100));
-  unsetenv("MEGANEURA_ATTENTION_DQ_GEMM");
-  unsetenv("MEGANEURA_ATTENTION_SPLITS");
+  const plan::Program program = plan_for(
+      attention_training(false, false, 100), true,
+      with_switches({{"MEGANEURA_ATTENTION_SPLITS", "2"}, {"MEGANEURA_ATTENTION_DQ_GEMM", "0"}}));
   EXPECT_EQ(launches_of(program, "attention_lse"), 0u);
   EXPECT_EQ(launches_of(program, "attention_grad_v"), 0u);
   ASSERT_EQ(launches_of(program, "attention_combine"), 1u);
@@ -235,10 +240,10 @@ TEST(Planner, AttentionGradKWritesGradV) {
       EXPECT_EQ(fused.graph.node(result_v->value).op, "attention_grad_v");
     }
   }
-  setenv("MEGANEURA_ATTENTION_FUSED_KV", "0", 1);
+  kernels::DeviceTraits separate = cpu;
+  separate.switches = Switches::from_environment({{"MEGANEURA_ATTENTION_FUSED_KV", "0"}});
   const plan::Program split =
-      plan::build_program(attention_training(false, false), cpu, plan::PlanOptions{});
-  unsetenv("MEGANEURA_ATTENTION_FUSED_KV");
+      plan::build_program(attention_training(false, false), separate, plan::PlanOptions{});
   EXPECT_EQ(launches_of(split, "attention_grad_v"), 1u);
 }
 
@@ -246,7 +251,6 @@ TEST(Planner, AttentionGradKWritesGradV) {
 // pair of tile transforms runs in one launch, the grad_out tiles written beside the input tiles
 // that their own product multiplies them with, never another layer's.
 TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
-  setenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1", 1);
   Graph graph;
   const Tensor x = input(graph, "x", {2, 4, 8, 8});
   const Tensor w1 = input(graph, "w1", {4, 4, 3, 3});
@@ -259,8 +263,8 @@ TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
   graph.set_output("dw2", grads.at(w2.id()));
   plan::PlanOptions options;
   options.im2col = true;
-  const plan::Program program = plan::build_program(graph, kernels::DeviceTraits{}, options);
-  unsetenv("MEGANEURA_WINOGRAD_WEIGHT_GRAD");
+  const plan::Program program =
+      plan::build_program(graph, with_switches({{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"}}), options);
   EXPECT_EQ(launches_of(program, "winograd_grad_tiles"), 0u);
   size_t pairs = 0;
   for (const plan::PlannedLaunch& planned : program.launches) {
@@ -286,7 +290,7 @@ TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
 // rest stays. In training, where the parameters are assigned, nothing moves; nor with the
 // setup off, which runs the same launches every time.
 TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
-  setenv("MEGANEURA_WINOGRAD_CONV", "1", 1);
+  const kernels::DeviceTraits winograd = with_switches({{"MEGANEURA_WINOGRAD_CONV", "1"}});
   const auto build = [](bool training) {
     Graph graph;
     const Tensor x = input(graph, "x", {2, 4, 8, 8});
@@ -299,7 +303,7 @@ TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
   };
   plan::PlanOptions options;
   options.im2col = true;
-  const plan::Program program = plan::build_program(build(false), kernels::DeviceTraits{}, options);
+  const plan::Program program = plan::build_program(build(false), winograd, options);
   std::vector<std::string> setup_ops;
   for (const plan::PlannedLaunch& planned : program.setup) {
     setup_ops.push_back(planned.launch.label.substr(0, planned.launch.label.find(' ')));
@@ -324,14 +328,11 @@ TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
 
   plan::PlanOptions every_run = options;
   every_run.setup = false;
-  const plan::Program without =
-      plan::build_program(build(false), kernels::DeviceTraits{}, every_run);
+  const plan::Program without = plan::build_program(build(false), winograd, every_run);
   EXPECT_TRUE(without.setup.empty());
   EXPECT_EQ(without.launches.size(), program.launches.size() + program.setup.size());
-  const plan::Program training = plan::build_program(build(true), kernels::DeviceTraits{}, options);
-  unsetenv("MEGANEURA_WINOGRAD_CONV");
+  const plan::Program training = plan::build_program(build(true), winograd, options);
   EXPECT_TRUE(training.setup.empty());
-  unsetenv("MEGANEURA_WINOGRAD_CONV");
 }
 
 // dQ as a matmul (passes/attention_grad_q_gemm.cpp): without causal masking the dK launch also
@@ -454,16 +455,15 @@ void expect_schedule_computes_every_value(const plan::Program& program) {
 TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
   for (const bool fusion : {true, false}) {
     SCOPED_TRACE(fusion ? "fusion" : "no fusion");
-    if (!fusion) setenv("MEGANEURA_NO_FUSION", "1", 1);
+    const kernels::DeviceTraits device =
+        with_switches({{"MEGANEURA_NO_FUSION", fusion ? "0" : "1"}});
     for (const Graph& graph :
          {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
           deep_mlp(16, 6, true)}) {
       plan::PlanOptions in_order_options;
       in_order_options.schedule_epochs = false;
-      const plan::Program in_order =
-          plan::build_program(graph, kernels::DeviceTraits{}, in_order_options);
-      const plan::Program scheduled =
-          plan::build_program(graph, kernels::DeviceTraits{}, plan::PlanOptions{});
+      const plan::Program in_order = plan::build_program(graph, device, in_order_options);
+      const plan::Program scheduled = plan::build_program(graph, device, plan::PlanOptions{});
       ASSERT_EQ(scheduled.launches.size(), in_order.launches.size());
       EXPECT_EQ(scheduled.memory.physical_transient_bytes,
                 in_order.memory.physical_transient_bytes);
@@ -493,7 +493,6 @@ TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
       else
         EXPECT_LT(scheduled.memory.barriers, in_order.memory.barriers);
     }
-    unsetenv("MEGANEURA_NO_FUSION");
   }
   const Graph training =
       models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{});

@@ -80,11 +80,9 @@ TEST(DeviceSelection, AutomaticPrefersDiscreteOverCpu) {
   devices[2].name = "big gpu";
   devices[2].kind = DeviceKind::discrete;
   for (uint32_t i = 0; i < 3; ++i) devices[i].index = i;
-  unsetenv("MEGANEURA_DEVICE");
-  EXPECT_EQ(choose_device(devices, ""), 2u);
-  setenv("MEGANEURA_DEVICE", "laptop", 1);
-  EXPECT_EQ(choose_device(devices, ""), 1u);
-  unsetenv("MEGANEURA_DEVICE");
+  EXPECT_EQ(choose_device(devices, "", Switches{}), 2u);
+  EXPECT_EQ(
+      choose_device(devices, "", Switches::from_environment({{"MEGANEURA_DEVICE", "laptop"}})), 1u);
 }
 
 TEST(DeviceSelection, BadSelectorNamesItself) {

@@ -65,18 +65,19 @@ TEST_F(PipelineCacheTest, CorruptPipelineBlobStillOpens) {
   blob[blob.size() / 2] ^= 0xff;
   std::ofstream(blobs[0], std::ios::binary | std::ios::trunc) << blob;
   device_.reset();
-  device_ = Device::open("", true);
+  device_ = Device::open("", true, switches());
   EXPECT_EQ(build_once(), 1u);
 }
 
 TEST_F(PipelineCacheTest, DisabledCacheWritesNothing) {
-  setenv("MEGANEURA_NO_CACHE", "1", 1);
   device_.reset();
-  device_ = Device::open("", true);
+  device_ =
+      Device::open("", true,
+                   Switches::from_environment({{"MEGANEURA_CACHE_DIR", cache_.path().string()},
+                                               {"MEGANEURA_NO_CACHE", "1"}}));
   EXPECT_EQ(build_once(), 0u);
   EXPECT_EQ(build_once(), 0u);
   EXPECT_TRUE(files_in("spirv").empty());
-  unsetenv("MEGANEURA_NO_CACHE");
 }
 
 }  // namespace

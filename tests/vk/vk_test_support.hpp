@@ -1,8 +1,9 @@
 #pragma once
 // Shared by the device tests: every test opens Lavapipe (or whatever MEGANEURA_DEVICE names)
-// with validation on, uses a private cache directory, and fails on any validation message.
+// with validation on, uses a private cache directory (switches()), and fails on any validation
+// message.
 #include <gtest/gtest.h>
-#include <stdlib.h>
+#include <stdlib.h>  // mkdtemp
 
 #include <cstring>
 #include <filesystem>
@@ -34,15 +35,16 @@ class TemporaryDirectory {
 
 class DeviceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    setenv("MEGANEURA_CACHE_DIR", cache_.path().c_str(), 1);
-    unsetenv("MEGANEURA_NO_CACHE");
-    device_ = Device::open("", true);
-  }
+  void SetUp() override { device_ = Device::open("", true, switches()); }
   void TearDown() override {
     EXPECT_EQ(device_->validation_message_count(), 0u);
     device_.reset();
-    unsetenv("MEGANEURA_CACHE_DIR");
+  }
+
+  // The environment's switches with the kernel cache in this test's directory.
+  Switches switches() const {
+    return Switches::from_environment(
+        {{"MEGANEURA_CACHE_DIR", cache_.path().string()}, {"MEGANEURA_NO_CACHE", "0"}});
   }
 
   template <typename T>

@@ -1,0 +1,91 @@
+#pragma once
+// Switches: every MEGANEURA_* environment variable in one typed table, read in one place
+// (src/config/switches.cpp) with one parser and one error for a bad value. A Session reads them
+// once when it is built (or takes SessionOptions::switches), a device when it opens; tests set
+// them in-process. docs/SWITCHES.md lists them, and a test keeps that list and this table equal.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mg {
+
+struct Switches {
+  // Devices and the kernel cache.
+  std::string device;     // MEGANEURA_DEVICE: the device selector used where none is given
+  bool validate = false;  // MEGANEURA_VALIDATE=1: Vulkan validation layers on every device
+  // The kernel cache's folder: MEGANEURA_CACHE_DIR, else $XDG_CACHE_HOME/meganeura, else
+  // $HOME/.cache/meganeura; empty (no cache on disk) where none is set or MEGANEURA_NO_CACHE=1.
+  std::string cache_dir;
+  bool kernel_stats = false;  // MEGANEURA_KERNEL_STATS=1: the driver's per-kernel statistics
+
+  // Planning: overrides of SessionOptions and plan::PlanOptions (unset: their values).
+  std::optional<bool> split_k;            // MEGANEURA_SPLIT_K
+  std::optional<bool> im2col;             // MEGANEURA_IM2COL
+  std::optional<bool> attention_dq_gemm;  // MEGANEURA_ATTENTION_DQ_GEMM
+  std::optional<bool> setup;              // MEGANEURA_SETUP
+  std::optional<bool> schedule_epochs;    // MEGANEURA_SCHEDULE_EPOCHS
+  bool no_fusion = false;                 // MEGANEURA_NO_FUSION=1: no fusion at all
+  bool no_epilogue_fusion = false;        // MEGANEURA_NO_EPILOGUE_FUSION=1: no matmul epilogues
+  // MEGANEURA_SPLIT_K_SLICES=N: every product split-K may cut takes N slices (1: none).
+  std::optional<int64_t> split_k_slices;
+  // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV: slices of every attention node, or of the forward,
+  // dQ and dK / dV (1: none); empty where unset.
+  std::vector<int64_t> attention_splits;
+  // MEGANEURA_COLUMNS_SIDE_BY_SIDE: 1 puts every batch's convolution columns side by side, 0
+  // none; unset, the rule decides.
+  std::optional<bool> columns_side_by_side;
+
+  // Kernel choice: kill switches, forced routes and tuning overrides (docs/SWITCHES.md).
+  bool no_coopmat = false;      // MEGANEURA_NO_COOPMAT=1: fast precision runs strict kernels
+  bool no_cpu_kernels = false;  // MEGANEURA_NO_CPU_KERNELS=1: GPU kernels on CPU devices
+  bool packed_columns = false;  // MEGANEURA_PACKED_COLUMNS=1: f16-pair convolution columns
+  // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
+  enum class CoopMatrixExtension { nv, khr };
+  std::optional<CoopMatrixExtension> coopmat;
+  std::optional<int64_t> coop_gemm_min;  // MEGANEURA_COOP_GEMM_MIN: multiply-adds per unit
+  std::optional<bool> workgroup_gemm;    // MEGANEURA_WORKGROUP_GEMM
+  std::optional<bool> gemm_swizzle;      // MEGANEURA_GEMM_SWIZZLE
+  std::optional<int64_t> gemm_prefetch;  // MEGANEURA_GEMM_PREFETCH: K slices, 1 to 8
+  std::optional<int64_t> gemm_k_groups;  // MEGANEURA_GEMM_K_GROUPS: 1, 2, 4 or 8
+  // Tile overrides for sweeps, as written: the kernel that reads one ignores it, with a
+  // warning, where it is malformed or does not fit the device.
+  std::optional<std::string> gemm_tile;   // MEGANEURA_GEMM_TILE
+  std::optional<std::string> coop_block;  // MEGANEURA_COOP_BLOCK
+  // MEGANEURA_CPU_GEMM_BLOCK=ROWSxCOLS: the CPU-device GEMM's block (rows 1-32, columns 1-8).
+  std::optional<std::array<int64_t, 2>> cpu_gemm_block;
+  std::optional<int64_t> conv_tiles;       // MEGANEURA_CONV_TILES: an index into conv's tile shapes
+  std::optional<bool> conv_rows;           // MEGANEURA_CONV_ROWS
+  std::optional<bool> direct_weight_grad;  // MEGANEURA_DIRECT_WEIGHT_GRAD
+  std::optional<bool> winograd_weight_grad;          // MEGANEURA_WINOGRAD_WEIGHT_GRAD
+  std::optional<int64_t> winograd_weight_grad_tile;  // MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE: 2, 4
+  std::optional<bool> winograd_conv;                 // MEGANEURA_WINOGRAD_CONV
+  // MEGANEURA_ATTENTION_BLOCKS=OWNED,STREAMED[,THREADS[,LANES]] for the strict attention kernels
+  // (checked against the device where they are lowered); empty where unset.
+  std::vector<int64_t> attention_blocks;
+  std::optional<int64_t> attention_coop_block;       // MEGANEURA_ATTENTION_COOP_BLOCK: 32, 64
+  std::optional<bool> attention_fragment_registers;  // MEGANEURA_ATTENTION_FRAGMENT_REGISTERS
+  std::optional<bool> attention_fused_kv;            // MEGANEURA_ATTENTION_FUSED_KV
+
+  // Reads a switch's text by its name; nothing where it is unset.
+  using Lookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+  // Every switch from the process environment, with `overrides` (name -> text) in place of the
+  // variables they name: tests set switches in-process so. Throws mg::Error on one line naming
+  // the variable, its value, what it takes and what unsetting it gives.
+  static Switches from_environment(
+      const std::map<std::string, std::string, std::less<>>& overrides = {});
+  // The same from `lookup` alone (XDG_CACHE_HOME and HOME included, for the cache folder).
+  static Switches parse(const Lookup& lookup);
+  // Every switch's name, in the table's order.
+  static std::vector<std::string> names();
+};
+
+// The text a list switch was given as, "64,32" (errors that kernels raise quote it).
+std::string switch_text(const std::vector<int64_t>& values);
+
+}  // namespace mg

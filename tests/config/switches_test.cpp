@@ -1,0 +1,126 @@
+// The switch table (config/switches.cpp): docs/SWITCHES.md lists exactly its switches, each kind
+// parses its values and rejects others with the one message, and overrides replace the
+// environment's values.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "meganeura/error.hpp"
+#include "meganeura/switches.hpp"
+
+namespace mg {
+namespace {
+
+// The switches named in the first column of docs/SWITCHES.md's tables.
+std::set<std::string> documented_switches() {
+  std::ifstream file(std::string(MEGANEURA_SOURCE_DIR) + "/docs/SWITCHES.md");
+  EXPECT_TRUE(file) << "docs/SWITCHES.md is missing";
+  const std::regex row(R"(^\| `(MEGANEURA_[A-Z0-9_]+)` \|)");
+  std::set<std::string> names;
+  std::smatch match;
+  for (std::string line; std::getline(file, line);)
+    if (std::regex_search(line, match, row)) names.insert(match[1]);
+  return names;
+}
+
+TEST(Switches, DocsListExactlyTheTable) {
+  const std::vector<std::string> table = Switches::names();
+  const std::set<std::string> in_table(table.begin(), table.end());
+  EXPECT_EQ(in_table.size(), table.size()) << "a switch is read twice";
+  const std::set<std::string> documented = documented_switches();
+  for (const std::string& name : in_table)
+    EXPECT_TRUE(documented.count(name)) << name << " is read but has no row in docs/SWITCHES.md";
+  for (const std::string& name : documented)
+    EXPECT_TRUE(in_table.count(name))
+        << name << " has a row in docs/SWITCHES.md but the switch table does not read it";
+}
+
+// Parses `values` alone (no environment).
+Switches parse(const std::map<std::string, std::string, std::less<>>& values) {
+  return Switches::parse([&values](std::string_view name) -> std::optional<std::string> {
+    if (auto it = values.find(name); it != values.end()) return it->second;
+    return std::nullopt;
+  });
+}
+
+void expect_rejected(const std::string& name, const std::string& value) {
+  try {
+    parse({{name, value}});
+    ADD_FAILURE() << name << "=" << value << " was accepted";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(name + "='" + value + "': expected "), std::string::npos) << message;
+    EXPECT_NE(message.find("; unset it for "), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+TEST(Switches, UnsetGivesTheDefaults) {
+  const Switches switches = parse({});
+  EXPECT_FALSE(switches.no_fusion);
+  EXPECT_FALSE(switches.split_k.has_value());
+  EXPECT_FALSE(switches.split_k_slices.has_value());
+  EXPECT_TRUE(switches.attention_splits.empty());
+  EXPECT_FALSE(switches.gemm_tile.has_value());
+  EXPECT_EQ(switches.device, "");
+  EXPECT_EQ(switches.cache_dir, "");
+}
+
+TEST(Switches, EachKindParsesItsValues) {
+  const Switches switches = parse({{"MEGANEURA_NO_FUSION", "1"},
+                                   {"MEGANEURA_SPLIT_K", "0"},
+                                   {"MEGANEURA_SPLIT_K_SLICES", "13"},
+                                   {"MEGANEURA_ATTENTION_SPLITS", "2,3,4"},
+                                   {"MEGANEURA_GEMM_K_GROUPS", "4"},
+                                   {"MEGANEURA_COOPMAT", "nv"},
+                                   {"MEGANEURA_CPU_GEMM_BLOCK", "8x4"},
+                                   {"MEGANEURA_GEMM_TILE", "64,x"},
+                                   {"MEGANEURA_ATTENTION_BLOCKS", "48,8"},
+                                   {"MEGANEURA_DEVICE", "llvmpipe"}});
+  EXPECT_TRUE(switches.no_fusion);
+  EXPECT_EQ(switches.split_k, false);
+  EXPECT_EQ(switches.split_k_slices, 13);
+  EXPECT_EQ(switches.attention_splits, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(switches.gemm_k_groups, 4);
+  EXPECT_EQ(switches.coopmat, Switches::CoopMatrixExtension::nv);
+  EXPECT_EQ(switches.cpu_gemm_block, (std::array<int64_t, 2>{8, 4}));
+  // Tile overrides stay text: the kernel reading one warns where it is malformed.
+  EXPECT_EQ(switches.gemm_tile, "64,x");
+  // Blocks are checked against the device where they are lowered.
+  EXPECT_EQ(switch_text(switches.attention_blocks), "48,8");
+  EXPECT_EQ(switches.device, "llvmpipe");
+}
+
+TEST(Switches, BadValuesAreRejectedByOneMessage) {
+  for (const char* bad : {"2", "yes", "", "on"}) expect_rejected("MEGANEURA_NO_FUSION", bad);
+  for (const char* bad : {"0", "1025", "13x", ""}) expect_rejected("MEGANEURA_SPLIT_K_SLICES", bad);
+  for (const char* bad : {"two", "0", "2,2", "3,", "2,2,2,2"})
+    expect_rejected("MEGANEURA_ATTENTION_SPLITS", bad);
+  expect_rejected("MEGANEURA_GEMM_K_GROUPS", "3");
+  expect_rejected("MEGANEURA_COOPMAT", "both");
+  expect_rejected("MEGANEURA_CPU_GEMM_BLOCK", "64x4");
+  expect_rejected("MEGANEURA_ATTENTION_BLOCKS", "abc");
+  expect_rejected("MEGANEURA_ATTENTION_COOP_BLOCK", "48");
+  expect_rejected("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "3");
+  expect_rejected("MEGANEURA_COOP_GEMM_MIN", "-1");
+}
+
+TEST(Switches, CacheFolderFollowsItsFallbacks) {
+  EXPECT_EQ(parse({{"HOME", "/home/me"}}).cache_dir, "/home/me/.cache/meganeura");
+  EXPECT_EQ(parse({{"HOME", "/home/me"}, {"XDG_CACHE_HOME", "/xdg"}}).cache_dir, "/xdg/meganeura");
+  EXPECT_EQ(parse({{"HOME", "/home/me"}, {"MEGANEURA_CACHE_DIR", "/kernels"}}).cache_dir,
+            "/kernels");
+  EXPECT_EQ(parse({{"HOME", "/home/me"}, {"MEGANEURA_NO_CACHE", "1"}}).cache_dir, "");
+}
+
+TEST(Switches, OverridesReplaceTheEnvironment) {
+  EXPECT_TRUE(Switches::from_environment({{"MEGANEURA_NO_COOPMAT", "1"}}).no_coopmat);
+  EXPECT_FALSE(Switches::from_environment({{"MEGANEURA_NO_COOPMAT", "0"}}).no_coopmat);
+}
+
+}  // namespace
+}  // namespace mg
