@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "vk/gpu.hpp"
+#include "backends/vulkan/runtime/gpu.hpp"
 
 namespace {
 
@@ -1008,10 +1008,11 @@ void workgroup_gemms(Device& device) {
   };
   constexpr auto at_element = MatrixLoads::tensor_at_element;
   constexpr auto from_start = MatrixLoads::tensor_at_buffer_start;
-  // The library's kernel (kernels/gemm_workgroup.hpp) first, then what it was chosen over
-  // (docs/BENCHMARKS.md runs 48 and 49): one or four steps a loop iteration, other blocks and
-  // depths, B stored transposed, f32 operands converted in the kernel, the next step's operands
-  // loaded before this step's multiply-add, tensor-addressing loads and another workgroup order.
+  // The library's kernel (backends/vulkan/kernels/gemm_workgroup.hpp) first, then what it was
+  // chosen over (docs/BENCHMARKS.md runs 48 and 49): one or four steps a loop iteration, other
+  // blocks and depths, B stored transposed, f32 operands converted in the kernel, the next step's
+  // operands loaded before this step's multiply-add, tensor-addressing loads and another workgroup
+  // order.
   const Case cases[] = {{128, 256, 64, 256},
                         {128, 256, 64, 256, false, false, 1},
                         {128, 128, 64, 128},

@@ -8,13 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
+#include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "ir/op_names.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
-#include "vk/gpu.hpp"
 
 namespace mg::cli {
 namespace {

@@ -3,12 +3,12 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
-#include "kernels/lowering.hpp"
 #include "meganeura/session.hpp"
 #include "models/classifier.hpp"
-#include "vk/gpu.hpp"
 
 namespace mg::cli {
 namespace {

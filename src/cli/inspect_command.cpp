@@ -1,9 +1,9 @@
 #include <cstdio>
 
+#include "backends/vulkan/kernels/lowering.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "ir/op_names.hpp"
-#include "kernels/lowering.hpp"
 #include "meganeura/session.hpp"
 #include "models/classifier.hpp"
 #include "ops/op.hpp"
@@ -46,7 +46,7 @@ int inspect_command(const std::vector<std::string>& words) {
     for (const std::string& name : op_names()) {
       const bool leaf =
           name == op::input || name == op::parameter || name == op::state || name == op::constant;
-      const bool has_kernel = leaf || kernels::is_view_op(name) ||
+      const bool has_kernel = leaf || is_view_op(name) ||
                               std::find(lowered.begin(), lowered.end(), name) != lowered.end();
       std::printf("%-32s %s\n", name.c_str(), leaf ? "leaf" : has_kernel ? "gpu" : "no gpu kernel");
     }

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <ctime>
 
+#include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/training_run.hpp"
 #include "data/batcher.hpp"
 #include "io/jsonl.hpp"
 #include "io/plot.hpp"
-#include "vk/gpu.hpp"
 
 namespace mg::cli {
 namespace {

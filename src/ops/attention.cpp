@@ -1,8 +1,8 @@
 // Attention: scaled_dot_product_attention with grouped-query heads, causal and additive masks,
 // its flash-attention-2 style backward (attention_lse plus one op per gradient, each
 // recomputing the probabilities from the log-sum-exp, so no Sq x Sk matrix is ever stored; on
-// the GPU the forward's launch writes the log-sum-exp, see plan/fusion.cpp), and rotary
-// position embeddings (rope).
+// the GPU the forward's launch writes the log-sum-exp, see backends/vulkan/kernels/fusion.cpp), and
+// rotary position embeddings (rope).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,6 +1,7 @@
 #pragma once
 // Geometry of a 2-D convolution (NCHW), shared by the reference (src/ops/conv.cpp) and the
-// kernels (src/kernels/conv.cpp) so that both derive output sizes with the same arithmetic.
+// kernels (src/backends/vulkan/kernels/conv.cpp) so that both derive output sizes with the same
+// arithmetic.
 #include <array>
 #include <string_view>
 

@@ -1,8 +1,9 @@
 #pragma once
 // The op contract (DESIGN.md): every op family file under src/ops/ registers, per op, its shape
 // inference, its f64 reference evaluation and its vector-Jacobian product written as graph
-// construction. Lowering to kernels lives beside the kernel archetypes in src/kernels/ (one
-// table entry per op), so that this layer stays free of device concerns.
+// construction. Lowering to kernels lives beside the kernel archetypes in
+// src/backends/vulkan/kernels/ (one table entry per op), so that this layer stays free of device
+// concerns.
 #include <functional>
 #include <string>
 #include <string_view>
@@ -26,6 +27,9 @@ struct OpDef {
   // must be copied before appending (appending may move the node list).
   std::function<std::vector<ValueId>(Graph& graph, ValueId self, ValueId grad)> vjp;
 };
+
+// Ops whose result is a view of their first input's memory: no launch, shared storage.
+bool is_view_op(std::string_view op);
 
 // Throws mg::Error if `name` names no op.
 const OpDef& op_def(std::string_view name);

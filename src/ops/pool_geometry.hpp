@@ -1,6 +1,7 @@
 #pragma once
 // Geometry of a 2-D pooling window (NCHW), shared by the reference (src/ops/pool.cpp) and the
-// kernels (src/kernels/pool.cpp) so that both derive output sizes with the same arithmetic.
+// kernels (src/backends/vulkan/kernels/pool.cpp) so that both derive output sizes with the same
+// arithmetic.
 #include <array>
 
 #include "meganeura/graph.hpp"

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "ir/op_names.hpp"
 #include "ops/op.hpp"
 
 namespace mg {
@@ -37,6 +38,10 @@ const OpDef* find_op(std::string_view name) {
 const OpDef& op_def(std::string_view name) {
   if (const OpDef* def = find_op(name)) return *def;
   throw Error("unknown op '" + std::string(name) + "' (`meganeura inspect --ops` lists them)");
+}
+
+bool is_view_op(std::string_view op) {
+  return op == op::reshape || op == op::stop_gradient;
 }
 
 std::vector<std::string> op_names() {

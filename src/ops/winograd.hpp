@@ -14,7 +14,7 @@
 // tile where the direct sum takes 36. The stride-1 data gradient is the forward over grad_out
 // padded by 2 - P, with the filter turned by 180 degrees and its two axes swapped
 // (winograd_filter's `transposed`).
-// Shared by the reference (ops/winograd.cpp) and the kernels (kernels/conv.cpp).
+// Shared by the reference (ops/winograd.cpp) and the kernels (backends/vulkan/kernels/conv.cpp).
 #include <cstdint>
 
 #include "meganeura/graph.hpp"

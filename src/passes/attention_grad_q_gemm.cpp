@@ -2,9 +2,9 @@
 // (key-owned) and once more for dQ (query-owned), and the dQ pass is three products (S, dP and
 // dS K) at the attention kernels' rate. Where the key-owned launch can keep its weights
 // W = scale * dS (attention_grad_scores, written beside dK as a companion value,
-// kernels/attention.cpp) and W is small enough to store, dQ = W K is one batched matmul at the
-// GEMM kernels' rate instead. Causal attention keeps its dQ kernel: W's masked half would be
-// stored and multiplied for nothing.
+// backends/vulkan/kernels/attention.cpp) and W is small enough to store, dQ = W K is one batched
+// matmul at the GEMM kernels' rate instead. Causal attention keeps its dQ kernel: W's masked half
+// would be stored and multiplied for nothing.
 #include <map>
 
 #include "ir/op_names.hpp"

@@ -7,9 +7,6 @@
 
 #include "ir/half.hpp"
 #include "ir/op_names.hpp"
-#include "kernels/gemm_coopmat.hpp"
-#include "kernels/gemm_workgroup.hpp"
-#include "kernels/pointwise.hpp"
 #include "ops/half_gemm.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -26,10 +23,10 @@ bool involves_f16(const Graph& graph, const Node& node) {
 
 class F16Storage {
  public:
-  explicit F16Storage(const kernels::DeviceTraits& device) : device_(device) {}
+  explicit F16Storage(const target::Target& device) : device_(device) {}
 
   ValueId rewrite(Graph& target, Node node) {
-    if (node.is_leaf() || kernels::is_view_op(node.op) || !involves_f16(target, node) ||
+    if (node.is_leaf() || is_view_op(node.op) || !involves_f16(target, node) ||
         is_pass_written_f16_op(node.op))
       return target.add_typed(std::move(node));
     if (node.op == op::cast) return cast(target, node);
@@ -37,7 +34,7 @@ class F16Storage {
     // A pointwise op widens its f16 inputs itself, fused into its kernel: a widening of its own
     // for each of them. One widening shared with other readers would be a launch of its own
     // that writes the value again in f32.
-    const bool pointwise = kernels::is_pointwise_op(node.op);
+    const bool pointwise = device_.is_pointwise_op(node.op);
     std::unordered_map<ValueId, ValueId> own_widening;
     std::vector<ValueId> inputs;
     for (ValueId input : node.inputs) {
@@ -100,25 +97,24 @@ class F16Storage {
       return kNoValue;
     if (target.type(node.inputs[0]).rank() != 2 || target.type(node.inputs[1]).rank() != 2)
       return kNoValue;
-    const bool on_workgroups = kernels::workgroup_gemm_takes_f16_product(target, node, device_);
+    const bool on_workgroups = device_.workgroup_gemm_takes_f16_product(target, node);
     // The subgroup GEMM's size rule (coop_gemm_suits) sends small f32 products to gemm.comp;
     // f16 ones would pay two widenings and a rounding there, so they all stay on cooperative
     // matrices: SmolLM's 576 x 576 x 128 ran 0.0082 ms so against 0.0157 between conversions on
     // the H200 (docs/BENCHMARKS.md run 50).
-    if (!on_workgroups && !kernels::use_coop_gemm(device_)) return kNoValue;
+    if (!on_workgroups && !device_.cooperative_matrices()) return kNoValue;
     Attrs attrs = node.attrs;
     attrs.set("f16_result", int64_t{1});
     return target.add(op::half_matmul, node.inputs, std::move(attrs));
   }
 
-  const kernels::DeviceTraits& device_;
+  const target::Target& device_;
   std::unordered_map<ValueId, ValueId> widened_;
 };
 
 }  // namespace
 
-Graph f16_storage(const Graph& graph, const kernels::DeviceTraits& device,
-                  std::vector<ValueId>* remap) {
+Graph f16_storage(const Graph& graph, const target::Target& device, std::vector<ValueId>* remap) {
   F16Storage pass(device);
   return rebuild(
       graph, std::vector<bool>(graph.size(), true),

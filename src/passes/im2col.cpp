@@ -3,7 +3,7 @@
 // y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is already NCHW (or, with
 // the batch's columns side by side, one matmul and a transpose: columns_side_by_side below); a
 // strided data gradient becomes a matmul into column gradients and a col2im node. The implicit
-// GEMM (kernels/conv.cpp) works out the tap of every operand element inside its K loop; here
+// GEMM works out the tap of every operand element inside its K loop; here
 // one gather kernel does that once per element and the GEMM reads plain vec4 rows. On the H200
 // ResNet's 3x3 forward went from 0.097 to 0.062 ms and its weight gradient from 0.089 to
 // 0.063 ms (docs/BENCHMARKS.md, run 15). The columns take C * KH * KW times the input's bytes,
@@ -11,13 +11,12 @@
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
 // stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
 // gradients with fewer than kMinColumnRows rows of columns (below). 3x3 stride-1 convolutions
-// and their gradients where Winograd suits (kernels/conv_weight_grad.hpp) take its transforms
+// and their gradients where Winograd suits on the target take its transforms
 // and 16 batched products instead of columns.
 #include <algorithm>
 #include <optional>
 
 #include "ir/op_names.hpp"
-#include "kernels/conv_weight_grad.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
@@ -117,10 +116,10 @@ std::optional<ValueId> winograd_convolution(Graph& target, ValueId source, Value
 
 // y[n] = W [O, C * KH * KW] x columns(x)[n]; Winograd where it suits.
 std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
-                                       const kernels::DeviceTraits& device, uint64_t max_bytes) {
+                                       const target::Target& device, uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        target.type(node.inputs[1]).shape);
-  if (kernels::winograd_convolution_suits(g, false, device)) {
+  if (device.winograd_convolution_suits(g, false)) {
     if (auto rewritten = winograd_convolution(target, node.inputs[0], node.inputs[1], false,
                                               g.padding, {g.out_height, g.out_width}, max_bytes))
       return rewritten;
@@ -132,7 +131,7 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
     return std::nullopt;
   const ValueId columns = columns_of(target, node.inputs[0], g, g.padding, g.dilation, g.stride,
                                      {g.out_height, g.out_width},
-                                     columns_side_by_side(g.batch, plane, device.switches));
+                                     columns_side_by_side(g.batch, plane, device.switches()));
   const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps});
   return reshaped(target, product_per_image(target, rows, columns, g.batch, plane),
                   g.output_shape());
@@ -163,11 +162,10 @@ ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometr
 // w with its first two axes swapped; or, where Winograd suits, the forward of grad_out padded by
 // 2 - P with the filter turned. Strided ones go through col2im.
 std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
-                                             const kernels::DeviceTraits& device,
-                                             uint64_t max_bytes) {
+                                             const target::Target& device, uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, node.attrs.get_ints("input_shape"),
                                        target.type(node.inputs[1]).shape);
-  if (kernels::winograd_convolution_suits(g, true, device)) {
+  if (device.winograd_convolution_suits(g, true)) {
     if (auto rewritten = winograd_convolution(
             target, node.inputs[0], node.inputs[1], true,
             {winograd::kKernel - 1 - g.padding[0], winograd::kKernel - 1 - g.padding[1]},
@@ -185,7 +183,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
   if (column_bytes(g.batch, g.out_channels, taps, plane) > max_bytes) return std::nullopt;
   const ValueId columns = columns_of(
       target, node.inputs[0], g, {-g.padding[0], -g.padding[1]}, {-g.dilation[0], -g.dilation[1]},
-      {1, 1}, {g.in_height, g.in_width}, columns_side_by_side(g.batch, plane, device.switches));
+      {1, 1}, {g.in_height, g.in_width}, columns_side_by_side(g.batch, plane, device.switches()));
   const ValueId swapped = target.add(op::transpose, {node.inputs[1]},
                                      {{"permutation", std::vector<int64_t>{1, 0, 2, 3}}});
   const ValueId rows = reshaped(target, swapped, {g.in_channels, g.out_channels * taps});
@@ -195,16 +193,15 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
 
 // dw = G^T [sum over tiles of U V^T] G (ops/winograd.hpp): the transformed tiles of grad_out
 // U [P, O, T] and of the input V [P, C, T], one batched product of their P = (m + 2)^2 points
-// over the T tiles of m x m outputs (m from kernels::winograd_weight_gradient_outputs), and the
-// filter transform back to 3 x 3 taps. The tiles lie along
-// the product's K, so that the transforms read rows of the images and write rows of tiles; tiles
-// across, [16, T, C], made the product no faster and the transforms slower on the H200 (ResNet's
-// 128 channels at 28 x 28: 0.0104 against 0.0136 ms for both, docs/BENCHMARKS.md run 44).
+// over the T tiles of m x m outputs (m from target::Target::winograd_weight_gradient_outputs), and
+// the filter transform back to 3 x 3 taps. The tiles lie along the product's K, so that the
+// transforms read rows of the images and write rows of tiles; tiles across, [16, T, C], made the
+// product no faster and the transforms slower on the H200 (ResNet's 128 channels at 28 x 28: 0.0104
+// against 0.0136 ms for both, docs/BENCHMARKS.md run 44).
 std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
-                                                const ConvGeometry& g,
-                                                const kernels::DeviceTraits& device,
+                                                const ConvGeometry& g, const target::Target& device,
                                                 uint64_t max_bytes) {
-  const int64_t outputs = kernels::winograd_weight_gradient_outputs(g, device);
+  const int64_t outputs = device.winograd_weight_gradient_outputs(g);
   const std::optional<std::vector<int64_t>> grid =
       winograd_grid(winograd::variant(outputs), g.batch, {g.out_height, g.out_width},
                     std::max(g.in_channels, g.out_channels), max_bytes);
@@ -226,20 +223,19 @@ std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
 
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
 // The batched product is long in K and short in outputs, so split-K slices it.
-// Those that run as Winograd or on the direct kernel (kernels/conv_weight_grad.hpp) need no
+// Those that run as Winograd or on the direct kernel need no
 // columns.
 std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
-                                               const kernels::DeviceTraits& device,
-                                               uint64_t max_bytes) {
+                                               const target::Target& device, uint64_t max_bytes) {
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        node.attrs.get_ints("weight_shape"));
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
-  if (kernels::winograd_weight_gradient_suits(g, device)) {
+  if (device.winograd_weight_gradient_suits(g)) {
     if (auto rewritten = winograd_weight_gradient(target, node, g, device, max_bytes))
       return rewritten;
   }
-  if (kernels::direct_weight_gradient_suits(g, device)) return std::nullopt;
+  if (device.direct_weight_gradient_suits(g)) return std::nullopt;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
@@ -252,7 +248,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
 
 }  // namespace
 
-Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& device,
+Graph im2col_convolutions(const Graph& graph, const target::Target& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(

@@ -3,8 +3,8 @@
 // fills `remap` (old value -> new value, kNoValue for removed values) when given.
 #include <vector>
 
-#include "kernels/lowering.hpp"
 #include "meganeura/graph.hpp"
+#include "target/target.hpp"
 
 namespace mg::passes {
 
@@ -19,11 +19,10 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
 Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Split-K: a matmul or conv2d_grad_weight with few output tiles and a long K becomes one node
-// computing partial results over K slices (attribute k_splits) and a sum over them, planned for
-// `device`: its compute units, and the GEMM kernel and tile each product will run on (see
-// split_k.cpp), or the direct weight-gradient kernel's own rule. MEGANEURA_SPLIT_K_SLICES=N
-// forces the slice count.
-Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
+// computing partial results over K slices (attribute k_splits) and a sum over them, as many as
+// `device` says the product runs fastest on (target::Target::gemm_k_splits), or the direct
+// weight-gradient kernel's own splits. MEGANEURA_SPLIT_K_SLICES=N forces the slice count.
+Graph split_k(const Graph& graph, const target::Target& device,
               std::vector<ValueId>* remap = nullptr);
 
 // f16 storage: f16 tensors stay f16 in memory and every kernel but a few computes in f32, so
@@ -32,12 +31,13 @@ Graph split_k(const Graph& graph, const kernels::DeviceTraits& device,
 // of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
 // GEMM or the subgroup-scope one) becomes a half_matmul reading the f16 operands and writing the
 // f16 result (see f16_storage.cpp).
-Graph f16_storage(const Graph& graph, const kernels::DeviceTraits& device,
+Graph f16_storage(const Graph& graph, const target::Target& device,
                   std::vector<ValueId>* remap = nullptr);
 
-// The workgroup GEMM: a 2-D matmul that suits it on `device` (kernels/gemm_workgroup.hpp)
-// becomes round_to_f16 of both operands and a half_matmul (ops/half_gemm.hpp).
-Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
+// The workgroup GEMM: a 2-D matmul that suits it on `device` (target::Target::
+// workgroup_gemm_suits) becomes round_to_f16 of both operands and a half_matmul
+// (ops/half_gemm.hpp).
+Graph workgroup_gemm(const Graph& graph, const target::Target& device,
                      std::vector<ValueId>* remap = nullptr);
 
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
@@ -45,7 +45,7 @@ Graph workgroup_gemm(const Graph& graph, const kernels::DeviceTraits& device,
 // kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine
 // (forward) or a sum, planned for the compute units of `device` (see split_attention.cpp).
 // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts.
-Graph split_attention(const Graph& graph, const kernels::DeviceTraits& device,
+Graph split_attention(const Graph& graph, const target::Target& device,
                       std::vector<ValueId>* remap = nullptr);
 
 // dQ as a matmul: a non-causal attention_grad_q whose attention_grad_k of the same inputs
@@ -59,8 +59,8 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
 // `max_column_bytes` (see im2col.cpp); 3x3 stride-1 weight gradients that suit Winograd on
 // `device` become its two tile transforms, a batched matmul and its filter transform
-// (ops/winograd.hpp), and those that the direct kernel runs stay (kernels/conv_weight_grad.hpp).
-Graph im2col_convolutions(const Graph& graph, const kernels::DeviceTraits& device,
+// (ops/winograd.hpp), and those that the direct kernel runs on `device` stay.
+Graph im2col_convolutions(const Graph& graph, const target::Target& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
 
 // Two-step sums: a sum whose reduced axes lie on both sides of a kept axis and that has few

@@ -36,14 +36,13 @@ enum class Kind { forward, grad_q, grad_kv };
 // Slices for `workgroups` owned blocks that each stream `streamed` rows; 1 keeps the node whole.
 // MEGANEURA_ATTENTION_SPLITS=N (every kind) or F,Q,KV (forward, dQ, dK and dV) forces the
 // count (sweeps and tests).
-int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed,
-                    const kernels::DeviceTraits& device) {
-  const std::vector<int64_t>& forced = device.switches.attention_splits;
-  const int64_t wanted = forced.empty()
-                             ? std::min(kWorkgroupsPerUnit * device.compute_units / workgroups,
-                                        streamed / kMinRowsPerSlice)
-                         : forced.size() == 1 ? forced[0]
-                                              : forced[static_cast<size_t>(kind)];
+int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, const target::Target& device) {
+  const std::vector<int64_t>& forced = device.switches().attention_splits;
+  const int64_t wanted =
+      forced.empty() ? std::min(kWorkgroupsPerUnit * device.traits().compute_units / workgroups,
+                                streamed / kMinRowsPerSlice)
+      : forced.size() == 1 ? forced[0]
+                           : forced[static_cast<size_t>(kind)];
   if (wanted < 2) return 1;
   // Aligned slices may cover the rows in fewer than `wanted`; count those that are not empty.
   return ceil_div(streamed, attention_slice_length(streamed, wanted));
@@ -51,7 +50,7 @@ int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed,
 
 }  // namespace
 
-Graph split_attention(const Graph& graph, const kernels::DeviceTraits& device,
+Graph split_attention(const Graph& graph, const target::Target& device,
                       std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(

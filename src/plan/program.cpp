@@ -6,9 +6,8 @@
 #include <optional>
 
 #include "ir/op_names.hpp"
-#include "kernels/gemm_coopmat.hpp"
+#include "ops/op.hpp"
 #include "passes/passes.hpp"
-#include "plan/fusion.hpp"
 
 namespace mg::plan {
 namespace {
@@ -22,7 +21,7 @@ using AliasMap = std::unordered_map<ValueId, ValueId>;
 
 ValueId storage_root(const Graph& graph, const AliasMap& in_place, ValueId id) {
   while (true) {
-    if (kernels::is_view_op(graph.node(id).op)) {
+    if (is_view_op(graph.node(id).op)) {
       id = graph.node(id).inputs[0];
     } else if (auto it = in_place.find(id); it != in_place.end()) {
       id = it->second;
@@ -40,7 +39,7 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
   const int64_t end = static_cast<int64_t>(launches.size());
   std::vector<int64_t> last_use(graph.size(), -1);
   for (int64_t t = 0; t < end; ++t) {
-    for (const kernels::Operand& operand : launches[t].launch.operands) {
+    for (const target::Operand& operand : launches[t].launch.operands) {
       last_use[operand.value] = std::max(last_use[operand.value], t);
     }
   }
@@ -48,13 +47,13 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
   for (const auto& [leaf, value] : graph.updates()) last_use[leaf] = last_use[value] = end;
   for (size_t i = graph.size(); i-- > 0;) {  // a view keeps its source alive
     const Node& node = graph.nodes()[i];
-    if (kernels::is_view_op(node.op)) {
+    if (is_view_op(node.op)) {
       last_use[node.inputs[0]] = std::max(last_use[node.inputs[0]], last_use[i]);
     }
   }
   AliasMap in_place;
   for (int64_t t = 0; t < end; ++t) {
-    const kernels::Launch& launch = launches[t].launch;
+    const target::Launch& launch = launches[t].launch;
     if (launch.kernel != "pointwise") continue;
     const ValueId result = launch.operands.back().value;
     for (size_t k = 0; k + 1 < launch.operands.size(); ++k) {
@@ -211,14 +210,14 @@ std::vector<bool> move_fixed_launches_to_setup(Program& program) {
   for (const auto& [leaf, value] : graph.updates()) fixed[leaf] = false;
   std::vector<int> writers(graph.size(), 0);
   for (const PlannedLaunch& planned : program.launches) {
-    for (const kernels::Operand& operand : planned.launch.operands)
+    for (const target::Operand& operand : planned.launch.operands)
       if (operand.write) ++writers[storage_root(graph, {}, operand.value)];
   }
   std::vector<bool> set_up(graph.size(), false);
   std::vector<PlannedLaunch> every_run;
   for (PlannedLaunch& planned : program.launches) {
     bool reads = false, reads_fixed_only = true, sole_writer = true;
-    for (const kernels::Operand& operand : planned.launch.operands) {
+    for (const target::Operand& operand : planned.launch.operands) {
       const ValueId root = storage_root(graph, {}, operand.value);
       if (operand.write) {
         sole_writer = sole_writer && writers[root] == 1 && !graph.node(root).is_leaf();
@@ -231,7 +230,7 @@ std::vector<bool> move_fixed_launches_to_setup(Program& program) {
       every_run.push_back(std::move(planned));
       continue;
     }
-    for (const kernels::Operand& operand : planned.launch.operands) {
+    for (const target::Operand& operand : planned.launch.operands) {
       if (!operand.write) continue;
       const ValueId root = storage_root(graph, {}, operand.value);
       fixed[root] = set_up[root] = true;
@@ -343,12 +342,12 @@ void schedule_epochs(Program& program) {
 
 }  // namespace
 
-Program build_program(const Graph& source, const kernels::DeviceTraits& device,
+Program build_program(const Graph& source, const target::Target& device,
                       const PlanOptions& options) {
   Program program;
   program.graph_nodes_before_passes = source.size();
   program.graph = passes::f16_storage(passes::optimize(source), device);
-  const Switches& switches = device.switches;
+  const Switches& switches = device.switches();
   const bool split_k = switches.split_k.value_or(options.split_k);
   const bool im2col = switches.im2col.value_or(options.im2col);
   // The columns are one transient value: at most a quarter of an arena, and 256 MiB.
@@ -356,7 +355,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     program.graph = passes::im2col_convolutions(
         program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
-                                                           !kernels::use_coop_gemm(device));
+                                                           !device.cooperative_matrices());
   // W is one transient value, bounded as the columns are.
   if (dq_gemm)
     program.graph = passes::attention_grad_q_gemm(
@@ -373,7 +372,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   verify(program.graph);
   const Graph& graph = program.graph;
 
-  for (kernels::Launch& launch : lower_graph(graph, device, &program.dispatches_saved_by_fusion)) {
+  for (target::Launch& launch : device.lower(graph, &program.dispatches_saved_by_fusion)) {
     program.launches.push_back({std::move(launch), {}, false});
   }
   const bool setup = switches.setup.value_or(options.setup);
@@ -414,10 +413,10 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
     interval.last = std::max(interval.last, when);
   };
   for (const PlannedLaunch& planned : program.setup) {
-    for (const kernels::Operand& operand : planned.launch.operands) touch(operand.value, -1);
+    for (const target::Operand& operand : planned.launch.operands) touch(operand.value, -1);
   }
   for (int64_t t = 0; t < end; ++t) {
-    for (const kernels::Operand& operand : program.launches[t].launch.operands)
+    for (const target::Operand& operand : program.launches[t].launch.operands)
       touch(operand.value, t);
   }
   for (const auto& [name, id] : graph.outputs()) touch(id, end);
@@ -453,7 +452,7 @@ Program build_program(const Graph& source, const kernels::DeviceTraits& device,
   }
   for (std::vector<PlannedLaunch>* launches : {&program.setup, &program.launches}) {
     for (PlannedLaunch& planned : *launches) {
-      for (const kernels::Operand& operand : planned.launch.operands) {
+      for (const target::Operand& operand : planned.launch.operands) {
         planned.regions.push_back(program.regions.at(operand.value));
       }
     }

@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/lowering.hpp"
 #include "meganeura/graph.hpp"
+#include "target/target.hpp"
 
 namespace mg::plan {
 
@@ -28,7 +28,7 @@ struct Region {
 };
 
 struct PlannedLaunch {
-  kernels::Launch launch;
+  target::Launch launch;
   std::vector<Region> regions;  // one per operand
   bool barrier_before = false;
 };
@@ -95,8 +95,7 @@ struct Program {
 
 // Optimises, lowers and plans `graph`. Throws mg::Error when an op has no kernel or a single
 // value exceeds the arena limit.
-Program build_program(const Graph& graph, const kernels::DeviceTraits& device,
-                      const PlanOptions& options);
+Program build_program(const Graph& graph, const target::Target& device, const PlanOptions& options);
 
 // Human-readable memory plan (`meganeura inspect --plan`).
 std::string describe_memory(const Program& program);

@@ -9,71 +9,16 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "backends/vulkan/kernels/vulkan_target.hpp"
+#include "backends/vulkan/runtime/device_target.hpp"
+#include "backends/vulkan/runtime/gpu.hpp"
 #include "ir/half.hpp"
 #include "ir/op_names.hpp"
-#include "kernels/gemm_coopmat.hpp"
-#include "kernels/gemm_workgroup.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
-#include "vk/coop_fragment_layout.hpp"
-#include "vk/gpu.hpp"
 
 namespace mg {
 namespace {
-
-// The shape the fast GEMM is written for: f16 A 16 x 16, B 16 x 8, f32 accumulator.
-bool has_f16_coop_shape(const gpu::DeviceCaps& caps, bool khr) {
-  return caps.shader_f16 && std::any_of(caps.coop_matrix.begin(), caps.coop_matrix.end(),
-                                        [&](const gpu::CoopMatrixConfig& config) {
-                                          return config.khr == khr && config.m == 16 &&
-                                                 config.n == 8 && config.k == 16 &&
-                                                 config.a == gpu::ScalarType::f16 &&
-                                                 config.b == gpu::ScalarType::f16 &&
-                                                 config.c == gpu::ScalarType::f32 &&
-                                                 config.result == gpu::ScalarType::f32;
-                                        });
-}
-
-// Whether the device runs the workgroup GEMM's `block` form (kernels/gemm_workgroup.hpp):
-// f16 x f16 + f32 on 256 invocations, with granularities that divide the form's accumulator and
-// its 64-deep steps.
-bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGemmBlock& block) {
-  const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
-  return workgroup.available && caps.storage_f16 &&
-         workgroup.max_workgroup_invocations >= kernels::kWorkgroupGemmInvocations &&
-         std::any_of(workgroup.configs.begin(), workgroup.configs.end(),
-                     [&block](const gpu::WorkgroupCoopMatrixConfig& config) {
-                       return config.a == gpu::ScalarType::f16 &&
-                              config.b == gpu::ScalarType::f16 &&
-                              config.c == gpu::ScalarType::f32 &&
-                              config.result == gpu::ScalarType::f32 &&
-                              config.workgroup_invocations == kernels::kWorkgroupGemmInvocations &&
-                              block.accumulator_rows() % config.m_granularity == 0 &&
-                              block.n % config.n_granularity == 0 &&
-                              kernels::kWorkgroupGemmBlockK % config.k_granularity == 0;
-                     });
-}
-
-kernels::DeviceTraits traits_of(const gpu::DeviceInfo& info, Precision precision) {
-  kernels::DeviceTraits traits;
-  traits.subgroup_size = info.caps.subgroup_size;
-  traits.max_shared_memory_bytes = info.caps.max_shared_memory_bytes;
-  traits.max_workgroup_invocations = info.caps.max_workgroup_invocations;
-  if (info.caps.compute_units > 0) traits.compute_units = info.caps.compute_units;
-  traits.max_workgroup_count_x = info.caps.max_workgroup_count[0];
-  traits.cpu = info.kind == gpu::DeviceKind::cpu;
-  traits.max_storage_buffers = info.caps.max_storage_buffers_per_stage;
-  traits.name = info.name;
-  traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
-  traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
-  traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps, kernels::kWholeBlock);
-  traits.workgroup_tensor_loads = traits.workgroup_coop_matrix_f16 &&
-                                  info.caps.workgroup_coop_matrix.tensor_addressing &&
-                                  has_workgroup_f16_coop(info.caps, kernels::kSplitRowsBlock);
-  traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
-  traits.fast_precision = precision == Precision::fast;
-  return traits;
-}
 
 plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOptions& session) {
   plan::PlanOptions options;
@@ -410,7 +355,7 @@ struct Session::Impl {
     for (const plan::PlannedLaunch& planned : program.setup) launches.push_back(&planned);
     for (const plan::PlannedLaunch& planned : program.launches) launches.push_back(&planned);
     for (const plan::PlannedLaunch* planned : launches) {
-      const kernels::Launch& launch = planned->launch;
+      const kernels::Launch& launch = vulkan::glsl_launch(planned->launch);
       std::string source = kernels::buffer_declarations(program.graph, launch) + launch.body;
       auto key = std::make_tuple(source, launch.defines, launch.tensor_loads);
       auto [it, inserted] = unique.try_emplace(std::move(key), static_cast<uint32_t>(specs.size()));
@@ -455,15 +400,10 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                     : gpu::Device::open(options.device, options.validation, switches);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
-  kernels::DeviceTraits traits = traits_of(info, options.precision);
-  traits.switches = switches;
-  if (kernels::use_coop_gemm(traits)) {
-    const std::optional<gpu::FragmentLayout> layout =
-        gpu::probe_fragment_layout(*impl.device, kernels::coop_wants_khr(traits));
-    traits.quad_row_fragments = layout && gpu::is_quad_row_layout(*layout);
-  }
-  impl.report.coop_matrix_available = kernels::use_coop_gemm(traits);
-  impl.program = plan::build_program(graph, traits, plan_options_of(info, options));
+  const vulkan::VulkanTarget target =
+      vulkan::device_target(*impl.device, options.precision == Precision::fast, switches);
+  impl.report.coop_matrix_available = target.cooperative_matrices();
+  impl.program = plan::build_program(graph, target, plan_options_of(info, options));
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {

@@ -2,8 +2,8 @@
 // Gradients come from mg::gradients seeded with a random cotangent (not ones), so a backward
 // kernel that reads the wrong output gradient element cannot pass by symmetry.
 
+#include "backends/vulkan/runtime/gpu.hpp"
 #include "conv_support.hpp"
-#include "vk/gpu.hpp"
 
 namespace mg {
 namespace {
@@ -104,10 +104,10 @@ TEST(GpuConv, PackedColumns) {
                build({.stride = {2, 2}, .padding = {1, 1}}), 1e-5, 23);
 }
 
-// Strided data gradients run as one GEMM per stride phase (kernels/conv.cpp): stride 3 with
-// padding past the stride, a kernel narrower than the stride (phases without any tap, whose
-// gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and two
-// groups; then on the square-tile GEMM with 32 x 32 products per phase.
+// Strided data gradients run as one GEMM per stride phase (backends/vulkan/kernels/conv.cpp):
+// stride 3 with padding past the stride, a kernel narrower than the stride (phases without any tap,
+// whose gradient is zero), extents that do not divide by the stride (phases with fewer pixels) and
+// two groups; then on the square-tile GEMM with 32 x 32 products per phase.
 TEST(GpuConv, StridedDataGradientPhases) {
   const ScopedSwitch implicit("MEGANEURA_IM2COL", "0");  // the implicit-GEMM route on GPUs too
   check_conv({2, 4, 11, 13}, {6, 2, 2, 5}, {.stride = {3, 2}, .padding = {4, 1}, .groups = 2});
@@ -216,16 +216,16 @@ weight_gradient_check(const Shape& x, const Shape& w, const Conv2dOptions& optio
           }};
 }
 
-// The direct weight gradient (kernels/conv_weight_grad.hpp) on the GPU kernels, forced on (these
-// shapes are too small for the rule's occupancy minimum; Passes.DirectWeightGradient* checks
-// the rule): whole 64-channel tiles, partial channel tiles on both sides (70 output, 18 input
-// channels) and 3 x 2 taps, padding 2 (output larger than the input) with output rows of 19 in
-// chunks of 10 and 9, and a partial output tile over rows of 14. Tiles of 14 columns and wider
-// (the image of the first case, both of the last) are fetched 4 channels a load unit, the others
-// a channel at a time. All but the second split over K (each variant costs Lavapipe seconds to
-// compile). With the kernel off the same weight gradient takes more dispatches
-// (im2col columns and a GEMM, or the implicit GEMM and its reduction), so the counts show which one
-// ran.
+// The direct weight gradient (backends/vulkan/kernels/conv_weight_grad.hpp) on the GPU kernels,
+// forced on (these shapes are too small for the rule's occupancy minimum;
+// Passes.DirectWeightGradient* checks the rule): whole 64-channel tiles, partial channel tiles on
+// both sides (70 output, 18 input channels) and 3 x 2 taps, padding 2 (output larger than the
+// input) with output rows of 19 in chunks of 10 and 9, and a partial output tile over rows of 14.
+// Tiles of 14 columns and wider (the image of the first case, both of the last) are fetched 4
+// channels a load unit, the others a channel at a time. All but the second split over K (each
+// variant costs Lavapipe seconds to compile). With the kernel off the same weight gradient takes
+// more dispatches (im2col columns and a GEMM, or the implicit GEMM and its reduction), so the
+// counts show which one ran.
 TEST(GpuConv, DirectWeightGradient) {
   const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   const ScopedSwitch im2col("MEGANEURA_IM2COL", "1");

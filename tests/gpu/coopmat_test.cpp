@@ -10,15 +10,16 @@
 #include <set>
 #include <tuple>
 
+#include "backends/vulkan/kernels/fusion.hpp"
+#include "backends/vulkan/kernels/gemm_workgroup.hpp"
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "backends/vulkan/kernels/vulkan_target.hpp"
+#include "backends/vulkan/runtime/coop_fragment_layout.hpp"
+#include "backends/vulkan/runtime/gpu.hpp"
+#include "backends/vulkan/runtime/spirv_cooperative_matrix.hpp"
 #include "conv_support.hpp"
 #include "ir/half.hpp"
-#include "kernels/gemm_workgroup.hpp"
-#include "kernels/lowering.hpp"
 #include "passes/passes.hpp"
-#include "plan/fusion.hpp"
-#include "vk/coop_fragment_layout.hpp"
-#include "vk/gpu.hpp"
-#include "vk/spirv_cooperative_matrix.hpp"
 
 namespace mg {
 namespace {
@@ -40,8 +41,8 @@ class CoopMatrixLowering : public ::testing::Test {
 };
 class GpuCoopMatrix : public CoopMatrixLowering {};
 
-kernels::DeviceTraits coop_device() {
-  kernels::DeviceTraits device;
+target::DeviceTraits coop_device() {
+  target::DeviceTraits device;
   device.subgroup_size = 32;
   device.max_shared_memory_bytes = 49152;
   device.max_workgroup_invocations = 1024;
@@ -81,7 +82,7 @@ Graph coop_graph() {
 }
 
 // The cooperative-matrix launches of every node of `graph` on `device` with the test's switches.
-std::vector<kernels::Launch> coop_launches(const Graph& graph, kernels::DeviceTraits device) {
+std::vector<kernels::Launch> coop_launches(const Graph& graph, target::DeviceTraits device) {
   device = testing::switched(device);
   std::vector<kernels::Launch> found;
   for (size_t i = 0; i < graph.size(); ++i) {
@@ -130,11 +131,11 @@ TEST_F(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   // attention_lse, attention_grad_q, attention_grad_k, attention_grad_v.
   EXPECT_EQ(coop_launches(graph, coop_device()).size(), 10u);
 
-  kernels::DeviceTraits strict = coop_device();
+  target::DeviceTraits strict = coop_device();
   strict.fast_precision = false;
   EXPECT_TRUE(coop_launches(graph, strict).empty());
 
-  kernels::DeviceTraits without = coop_device();
+  target::DeviceTraits without = coop_device();
   without.coop_matrix_f16_nv = without.coop_matrix_f16_khr = false;
   EXPECT_TRUE(coop_launches(graph, without).empty());
 
@@ -213,13 +214,13 @@ TEST_F(CoopMatrixLowering, DirectStoresOnlyIntoRowMajorProducts) {
 // MEGANEURA_COOPMAT=nv asks for it on a device with both.
 TEST_F(CoopMatrixLowering, KhrWhereverTheDeviceHasIt) {
   const Graph graph = coop_graph();
-  const auto expect_khr = [&](const kernels::DeviceTraits& device, bool khr) {
+  const auto expect_khr = [&](const target::DeviceTraits& device, bool khr) {
     const std::vector<kernels::Launch> launches = coop_launches(graph, device);
     ASSERT_FALSE(launches.empty());
     for (const kernels::Launch& launch : launches)
       EXPECT_EQ(launch.khr_cooperative_matrix, khr) << launch.label;
   };
-  kernels::DeviceTraits khr_only = coop_device(), nv_only = coop_device();
+  target::DeviceTraits khr_only = coop_device(), nv_only = coop_device();
   khr_only.coop_matrix_f16_nv = false;
   nv_only.coop_matrix_f16_khr = false;
   expect_khr(coop_device(), true);
@@ -362,7 +363,7 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
 TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
   const Graph graph = coop_graph();
   const auto forward_defines = [&](bool quad_rows) {
-    kernels::DeviceTraits device = coop_device();
+    target::DeviceTraits device = coop_device();
     device.quad_row_fragments = quad_rows;
     std::string defines;
     for (const kernels::Launch& launch : coop_launches(graph, device)) {
@@ -425,7 +426,7 @@ TEST(FragmentLayout, QuadRowLayoutIsRecognised) {
 // transposed operand and the row-major store of C.
 TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
   const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
-  kernels::DeviceTraits device = coop_device();
+  target::DeviceTraits device = coop_device();
   device.workgroup_coop_matrix_f16 = true;
   for (const int64_t k : {192, 256}) {
     for (int flags = 0; flags < 4; ++flags) {
@@ -434,7 +435,8 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmCompilesToWorkgroupScopeKhr) {
       const Tensor a = input(graph, "a", ta ? Shape{k, 256} : Shape{256, k});
       const Tensor b = input(graph, "b", tb ? Shape{512, k} : Shape{k, 512});
       graph.set_output("y", matmul(a, b, ta, tb).id());
-      const Graph rewritten = passes::workgroup_gemm(graph, testing::switched(device));
+      const Graph rewritten =
+          passes::workgroup_gemm(graph, vulkan::VulkanTarget(testing::switched(device)));
       int roundings = 0, products = 0;
       for (size_t i = 0; i < rewritten.size(); ++i) {
         if (rewritten.nodes()[i].is_leaf()) continue;
@@ -479,7 +481,7 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
   constexpr uint32_t kWorkgroup = 2, kOpLoadKhr = 4457, kOpLoadTensor = 5367;
   const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
   for (const bool tensor_loads : {true, false}) {
-    kernels::DeviceTraits device = coop_device();
+    target::DeviceTraits device = coop_device();
     device.workgroup_coop_matrix_f16 = true;
     device.workgroup_tensor_loads = tensor_loads;
     // 512 x 512 fits either block; 128 x 512 only the unsplit one; 256 x 128 only the split
@@ -504,9 +506,10 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
         const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k}, dtype);
         const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, dtype);
         graph.set_output("c", matmul(a, b, ta, tb).id());
-        const Graph rewritten = dtype == DType::f16
-                                    ? passes::f16_storage(graph, testing::switched(device))
-                                    : passes::workgroup_gemm(graph, testing::switched(device));
+        const Graph rewritten =
+            dtype == DType::f16
+                ? passes::f16_storage(graph, vulkan::VulkanTarget(testing::switched(device)))
+                : passes::workgroup_gemm(graph, vulkan::VulkanTarget(testing::switched(device)));
         const ValueId product = rewritten.output("c");
         ASSERT_EQ(rewritten.node(product).op, "half_matmul");
         const std::vector<kernels::Launch> launches =
@@ -588,13 +591,14 @@ gpu::KernelSpec workgroup_gemm_spec(int64_t m, int64_t n, int64_t k, bool ta, bo
                                     gpu::MatrixLoads loads,
                                     std::array<uint32_t, 3>* groups = nullptr) {
   const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
-  kernels::DeviceTraits device = coop_device();
+  target::DeviceTraits device = coop_device();
   device.workgroup_coop_matrix_f16 = true;
   Graph graph;
   const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k});
   const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n});
   graph.set_output("c", matmul(a, b, ta, tb).id());
-  const Graph rewritten = passes::workgroup_gemm(graph, testing::switched(device));
+  const Graph rewritten =
+      passes::workgroup_gemm(graph, vulkan::VulkanTarget(testing::switched(device)));
   for (size_t i = 0; i < rewritten.size(); ++i) {
     if (rewritten.nodes()[i].is_leaf()) continue;
     for (const kernels::Launch& launch :
@@ -763,14 +767,14 @@ TEST_F(CoopMatrixLowering, F16TensorsRefusedWithoutF16Support) {
   Graph graph;
   const Tensor x = input(graph, "x", {8}, DType::f16);
   graph.set_output("y", relu(x + x).id());
-  kernels::DeviceTraits device = coop_device();
+  target::DeviceTraits device = coop_device();
   device.f16_tensors = false;
   device.name = "a GPU without f16";
-  const Graph stored = passes::f16_storage(graph, testing::switched(device));
+  const Graph stored = passes::f16_storage(graph, vulkan::VulkanTarget(testing::switched(device)));
   for (const char* fusion_off : {"0", "1"}) {
     const ScopedSwitch fusion("MEGANEURA_NO_FUSION", fusion_off);
     try {
-      plan::lower_graph(stored, testing::switched(device));
+      kernels::lower_graph(stored, testing::switched(device));
       ADD_FAILURE() << "f16 tensors were lowered for a device without f16";
     } catch (const Error& error) {
       const std::string message = error.what();
@@ -802,7 +806,8 @@ TEST_F(CoopMatrixLowering, HalfMatmulOnSubgroupsReadsAndWritesF16) {
       const Tensor a = input(graph, "a", ta ? Shape{k, m} : Shape{m, k}, DType::f16);
       const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, DType::f16);
       graph.set_output("c", matmul(a, b, ta, tb).id());
-      const Graph stored = passes::f16_storage(graph, testing::switched(coop_device()));
+      const Graph stored =
+          passes::f16_storage(graph, vulkan::VulkanTarget(testing::switched(coop_device())));
       const ValueId product = stored.output("c");
       ASSERT_EQ(stored.node(product).op, "half_matmul");
       const std::vector<kernels::Launch> launches =
@@ -894,7 +899,8 @@ TEST_F(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   output_with_gradients(graph, scaled_dot_product_attention(q, k, v, {.causal = true}),
                         input(graph, "seed", {1, 2, 70, 16}), {q, k, v});
   const ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "2");
-  const Graph split = passes::split_attention(graph, testing::switched(kernels::DeviceTraits{}));
+  const Graph split = passes::split_attention(
+      graph, vulkan::VulkanTarget(testing::switched(target::DeviceTraits{})));
   const std::vector<kernels::Launch> launches = coop_launches(split, coop_device());
   ASSERT_EQ(launches.size(), 5u);  // forward, log-sum-exp (whole), dQ, dK, dV
   for (const kernels::Launch& launch : launches) {
@@ -988,8 +994,8 @@ TEST_F(CoopMatrixLowering, PackedColumnsFeedTheFastGemm) {
     const Tensor seed = input(graph, "seed", {2, 16, 16, width});
     testing::output_with_gradients(graph, conv2d(x, w, std::nullopt, {.padding = {1, 1}}), seed,
                                    {x, w});
-    const Graph columns =
-        passes::im2col_convolutions(graph, testing::switched(coop_device()), uint64_t{1} << 30);
+    const Graph columns = passes::im2col_convolutions(
+        graph, vulkan::VulkanTarget(testing::switched(coop_device())), uint64_t{1} << 30);
     std::vector<kernels::Launch> launches;
     for (size_t i = 0; i < columns.size(); ++i) {
       const std::string& op = columns.nodes()[i].op;
@@ -1033,7 +1039,8 @@ TEST_F(CoopMatrixLowering, WinogradTileProductsRunOnCoopMatrices) {
   const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
   graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
   const Graph rewritten = passes::im2col_convolutions(
-      passes::eliminate_dead_code(graph), testing::switched(coop_device()), uint64_t{1} << 30);
+      passes::eliminate_dead_code(graph), vulkan::VulkanTarget(testing::switched(coop_device())),
+      uint64_t{1} << 30);
   int products = 0;
   for (size_t i = 0; i < rewritten.size(); ++i) {
     if (rewritten.nodes()[i].op != "matmul") continue;

@@ -1,12 +1,13 @@
-// Matmul epilogue fusion (plan/fusion.cpp, kernels/gemm_epilogue.cpp): a matmul and the
-// elementwise chain that consumes it run as one GEMM launch. Every case runs against the f64
-// reference on both GEMM kernels (on Lavapipe: gemm_cpu.comp, and gemm.comp through
-// MEGANEURA_NO_CPU_KERNELS=1), and again with MEGANEURA_NO_EPILOGUE_FUSION=1, which must give
-// the same values in exactly `saved` more dispatches.
+// Matmul epilogue fusion (backends/vulkan/kernels/fusion.cpp,
+// backends/vulkan/kernels/gemm_epilogue.cpp): a matmul and the elementwise chain that consumes it
+// run as one GEMM launch. Every case runs against the f64 reference on both GEMM kernels (on
+// Lavapipe: gemm_cpu.comp, and gemm.comp through MEGANEURA_NO_CPU_KERNELS=1), and again with
+// MEGANEURA_NO_EPILOGUE_FUSION=1, which must give the same values in exactly `saved` more
+// dispatches.
 #include <optional>
 
+#include "backends/vulkan/kernels/fusion.hpp"
 #include "harness.hpp"
-#include "plan/fusion.hpp"
 
 namespace mg {
 namespace {
@@ -154,9 +155,9 @@ TEST(GpuEpilogue, SixteenBindings) {
 }
 
 size_t launch_count(const Graph& graph, uint32_t max_storage_buffers) {
-  kernels::DeviceTraits device;
+  target::DeviceTraits device;
   device.max_storage_buffers = max_storage_buffers;
-  return plan::lower_graph(graph, device).size();
+  return kernels::lower_graph(graph, device).size();
 }
 
 // Below 16 bindings the product gets its own launch; the chain stays fused.

@@ -7,8 +7,8 @@
 #include <optional>
 #include <random>
 
+#include "backends/vulkan/kernels/fusion.hpp"
 #include "harness.hpp"
-#include "plan/fusion.hpp"
 
 namespace mg {
 namespace {
@@ -180,9 +180,9 @@ TEST(GpuFusion, KeptValuesStayWithinTheBindingLimit) {
   graph.set_output("h", h.id());
   graph.set_output("y", (tanh(h) * x).id());
   const auto launches = [&](uint32_t max_storage_buffers) {
-    kernels::DeviceTraits device;
+    target::DeviceTraits device;
     device.max_storage_buffers = max_storage_buffers;
-    return plan::lower_graph(graph, device).size();
+    return kernels::lower_graph(graph, device).size();
   };
   EXPECT_EQ(launches(5), 1u);  // x, w, b, h and y
   EXPECT_EQ(launches(4), 2u);

@@ -4,8 +4,8 @@
 // MEGANEURA_NO_CPU_KERNELS=1.
 #include <array>
 
+#include "backends/vulkan/kernels/lowering.hpp"
 #include "conv_support.hpp"
-#include "kernels/lowering.hpp"
 
 namespace mg {
 namespace {
@@ -152,7 +152,7 @@ TEST(GpuGemm, KGroups) {
 }
 
 // The K_GROUPS of the gemm.comp launch of `y` on `device` (with the test's switches).
-std::string k_groups_of(const Graph& graph, Tensor y, kernels::DeviceTraits device) {
+std::string k_groups_of(const Graph& graph, Tensor y, target::DeviceTraits device) {
   device.switches = testing::switches();
   for (const kernels::Launch& launch : kernels::lower_node(graph, y.id(), device)) {
     if (launch.kernel != "gemm") continue;
@@ -163,7 +163,7 @@ std::string k_groups_of(const Graph& graph, Tensor y, kernels::DeviceTraits devi
 }
 
 std::string matmul_k_groups(const Shape& a, const Shape& b, int64_t splits,
-                            const kernels::DeviceTraits& device) {
+                            const target::DeviceTraits& device) {
   Graph graph;
   const Tensor x = input(graph, "a", a), y = input(graph, "b", b);
   return k_groups_of(graph, splits > 1 ? split_matmul(x, y, false, false, splits) : matmul(x, y),
@@ -172,7 +172,7 @@ std::string matmul_k_groups(const Shape& a, const Shape& b, int64_t splits,
 
 // The defines of the gemm.comp launch of `y` on `device` (with the test's switches).
 std::vector<std::pair<std::string, std::string>> gemm_defines(const Graph& graph, Tensor y,
-                                                              kernels::DeviceTraits device) {
+                                                              target::DeviceTraits device) {
   device.switches = testing::switches();
   for (const kernels::Launch& launch : kernels::lower_node(graph, y.id(), device))
     if (launch.kernel == "gemm") return launch.defines;
@@ -181,15 +181,15 @@ std::vector<std::pair<std::string, std::string>> gemm_defines(const Graph& graph
 
 // The gemm.comp defines of the product a @ b (as `splits` split-K partials where splits > 1).
 std::vector<std::pair<std::string, std::string>> product_defines(
-    const Shape& a, const Shape& b, int64_t splits, const kernels::DeviceTraits& device) {
+    const Shape& a, const Shape& b, int64_t splits, const target::DeviceTraits& device) {
   Graph graph;
   const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
   const Tensor y = splits > 1 ? split_matmul(x, w, false, false, splits) : matmul(x, w);
   return gemm_defines(graph, y, device);
 }
 
-kernels::DeviceTraits h200_sized() {
-  kernels::DeviceTraits device;
+target::DeviceTraits h200_sized() {
+  target::DeviceTraits device;
   device.max_shared_memory_bytes = 49152;
   device.max_workgroup_invocations = 1024;
   return device;
@@ -198,7 +198,7 @@ kernels::DeviceTraits h200_sized() {
 // A malformed tile override, or one gemm.comp or the device cannot run, leaves the chosen tile
 // and says why on stderr.
 TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
-  kernels::DeviceTraits device;  // 16 KiB of shared memory, 256 invocations
+  target::DeviceTraits device;  // 16 KiB of shared memory, 256 invocations
   Graph graph;
   const Tensor y = matmul(input(graph, "a", {256, 64}), input(graph, "b", {64, 256}));
   const auto chosen = gemm_defines(graph, y, device);
@@ -235,10 +235,10 @@ TEST(GemmLowering, UnfitTileOverridesAreIgnored) {
 // them, unless the product's whole K is short and the launch has at least two workgroups per
 // compute unit.
 TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
-  kernels::DeviceTraits h200;
+  target::DeviceTraits h200;
   h200.max_shared_memory_bytes = 49152;
   h200.max_workgroup_invocations = 1024;
-  const auto tile_of = [](const Shape& a, const Shape& b, const kernels::DeviceTraits& device,
+  const auto tile_of = [](const Shape& a, const Shape& b, const target::DeviceTraits& device,
                           int64_t splits = 1) {
     Graph graph;
     const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
@@ -268,7 +268,7 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
   EXPECT_EQ(tile_of({1152, 128}, {128, 3136}, h200), "128 128 8");  // 225 tiles
   // Whole K decides, not the split-K slice's: ResNet's 3x3/2 convolution, 9 slices of 128.
   EXPECT_EQ(tile_of({4, 128, 1152}, {4, 1152, 784}, h200, 9), "64 128 16");
-  kernels::DeviceTraits minimal;  // 16 KiB of shared memory
+  target::DeviceTraits minimal;  // 16 KiB of shared memory
   minimal.max_workgroup_invocations = 1024;
   EXPECT_EQ(tile_of({1024, 512}, {512, 1024}, minimal), "64 128 8");
 }
@@ -279,7 +279,7 @@ TEST(GemmLowering, HalfTilesForThinOrUnfilledProducts) {
 // compute unit, the wide tile (4096 x 4096: 512 of them; 2048 x 2048: 128), whose quads are
 // swizzled (A_SWIZZLE) for want of room for the padding.
 TEST(GemmLowering, QuadRowsOfAOnlyForTheLargeTileOverLongK) {
-  const auto quads = [](const Shape& a, const Shape& b, const kernels::DeviceTraits& device,
+  const auto quads = [](const Shape& a, const Shape& b, const target::DeviceTraits& device,
                         int64_t splits = 1, bool transpose_a = false) {
     Graph graph;
     const Tensor x = input(graph, "a", a), w = input(graph, "b", b);
@@ -294,7 +294,7 @@ TEST(GemmLowering, QuadRowsOfAOnlyForTheLargeTileOverLongK) {
     }
     return quads + tile;
   };
-  const kernels::DeviceTraits h200 = h200_sized();
+  const target::DeviceTraits h200 = h200_sized();
   EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200), "1 128 256 8 16 16 1");
   EXPECT_EQ(quads({4096, 1024}, {1024, 4096}, h200), "1 128 256 8 16 16 1");
   EXPECT_EQ(quads({2048, 1024}, {1024, 2048}, h200), "1 128 128 8 8 8 0");
@@ -302,10 +302,10 @@ TEST(GemmLowering, QuadRowsOfAOnlyForTheLargeTileOverLongK) {
   EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200, 4), "0 128 128 8 8 8 0");        // split-K
   EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, h200, 1, true), "0 128 128 8 8 8 0");  // A along m
   EXPECT_EQ(quads({128, 4096}, {4096, 49152}, h200), "0 128 64 8 8 16 0");  // one row of tiles
-  kernels::DeviceTraits roomy = h200;  // 64 KiB: the wide tile's quads padded
+  target::DeviceTraits roomy = h200;  // 64 KiB: the wide tile's quads padded
   roomy.max_shared_memory_bytes = 65536;
   EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, roomy), "1 128 256 8 16 16 0");
-  kernels::DeviceTraits minimal;  // 16 KiB: the 128 tile without padded k rows, no wide tile
+  target::DeviceTraits minimal;  // 16 KiB: the 128 tile without padded k rows, no wide tile
   minimal.max_workgroup_invocations = 1024;
   EXPECT_EQ(quads({4096, 4096}, {4096, 4096}, minimal), "0 128 128 8 8 8 0");
   {
@@ -366,13 +366,13 @@ TEST(GemmLowering, VectorStoresIntoRowMajorProducts) {
 // H200's 132 half idle on 128 x 128 tiles (64 of them) fills a 16-unit GPU, and SmolLM's
 // q_proj needs no k-groups there.
 TEST(GemmLowering, RulesFollowComputeUnits) {
-  kernels::DeviceTraits small;
+  target::DeviceTraits small;
   small.max_shared_memory_bytes = 49152;
   small.max_workgroup_invocations = 1024;
   small.compute_units = 16;
-  kernels::DeviceTraits h200 = small;
+  target::DeviceTraits h200 = small;
   h200.compute_units = 132;
-  const auto tile = [](const kernels::DeviceTraits& device) {
+  const auto tile = [](const target::DeviceTraits& device) {
     Graph graph;
     const Tensor y = matmul(input(graph, "a", {1024, 512}), input(graph, "b", {512, 1024}));
     std::string text;
@@ -389,7 +389,7 @@ TEST(GemmLowering, RulesFollowComputeUnits) {
 // SmolLM-sized products with small outputs get k-groups up to what the device's shared memory
 // holds; large outputs, short K and the 128 tile keep one. The override applies where it fits.
 TEST(GemmLowering, KGroupsForSmallOutputs) {
-  kernels::DeviceTraits h200;
+  target::DeviceTraits h200;
   h200.max_shared_memory_bytes = 49152;
   h200.max_workgroup_invocations = 1024;
   // 72 workgroups of the 32 tile: 8 k-groups would take 64 KiB.
@@ -400,7 +400,7 @@ TEST(GemmLowering, KGroupsForSmallOutputs) {
   EXPECT_EQ(matmul_k_groups({128, 1536}, {1536, 576}, 6, h200), "2");
   EXPECT_EQ(matmul_k_groups({128, 48}, {48, 576}, 1, h200), "1");      // 3 slices of K
   EXPECT_EQ(matmul_k_groups({2048, 576}, {576, 2048}, 1, h200), "1");  // 128 tile
-  kernels::DeviceTraits minimal;  // 16 KiB of shared memory, 256 invocations
+  target::DeviceTraits minimal;  // 16 KiB of shared memory, 256 invocations
   EXPECT_EQ(matmul_k_groups({128, 576}, {576, 576}, 1, minimal), "2");
 
   // A convolution through generated loads: 64 x 64 x 576 on the 32 tile.

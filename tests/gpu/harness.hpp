@@ -85,7 +85,7 @@ class ScopedSwitch {
   size_t reads_at_start_;
 };
 
-// `device` (kernels::DeviceTraits) with the test's switches, as a lowering reads them.
+// `device` (target::DeviceTraits) with the test's switches, as a lowering reads them.
 template <typename Traits>
 Traits switched(Traits device) {
   device.switches = switches();

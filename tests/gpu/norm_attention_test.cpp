@@ -3,8 +3,8 @@
 // gradients are not the degenerate ones of a plain sum (a norm's x-gradient of sum(y) is zero).
 #include <limits>
 
+#include "backends/vulkan/kernels/lowering.hpp"
 #include "harness.hpp"
-#include "kernels/lowering.hpp"
 #include "meganeura/autodiff.hpp"
 
 namespace mg {
@@ -132,7 +132,7 @@ TEST(GpuNorm, WideWorkgroupsAndVectorSteps) {
 // 1024 on an H200-like GPU and 256 where the limit is 384; many groups and CPU devices keep
 // 256.
 TEST(NormLowering, WorkgroupsWithinTheDeviceLimit) {
-  const auto local_size = [](const Shape& x, int64_t groups, const kernels::DeviceTraits& device) {
+  const auto local_size = [](const Shape& x, int64_t groups, const target::DeviceTraits& device) {
     Graph graph;
     const Tensor y = group_norm(input(graph, "x", x), groups, std::nullopt, std::nullopt);
     const std::vector<kernels::Launch> launches = kernels::lower_node(graph, y.id(), device);
@@ -140,18 +140,18 @@ TEST(NormLowering, WorkgroupsWithinTheDeviceLimit) {
       if (name == "LOCAL") return value;
     return std::string("missing");
   };
-  kernels::DeviceTraits gpu;
+  target::DeviceTraits gpu;
   gpu.max_workgroup_invocations = 1024;
   EXPECT_EQ(local_size({2, 320, 64, 64}, 32, gpu), "1024u");
-  kernels::DeviceTraits mobile = gpu;
+  target::DeviceTraits mobile = gpu;
   mobile.max_workgroup_invocations = 384;
   EXPECT_EQ(local_size({2, 320, 64, 64}, 32, mobile), "256u");
   EXPECT_EQ(local_size({64, 320, 8, 8}, 32, gpu), "256u");  // 2048 groups
-  kernels::DeviceTraits smallest = gpu;
+  target::DeviceTraits smallest = gpu;
   smallest.max_workgroup_invocations = 128;  // Vulkan's minimum
   EXPECT_EQ(local_size({64, 320, 8, 8}, 32, smallest), "128u");
   EXPECT_EQ(local_size({2, 320, 64, 64}, 32, smallest), "128u");
-  kernels::DeviceTraits cpu = gpu;
+  target::DeviceTraits cpu = gpu;
   cpu.cpu = true;
   cpu.subgroup_size = 8;
   EXPECT_EQ(local_size({2, 320, 64, 64}, 32, cpu), "256u");

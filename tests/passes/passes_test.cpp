@@ -9,12 +9,14 @@
 #include <set>
 #include <tuple>
 
-#include "kernels/gemm_cpu.hpp"
-#include "kernels/pointwise.hpp"
+#include "backends/vulkan/kernels/gemm_cpu.hpp"
+#include "backends/vulkan/kernels/pointwise.hpp"
+#include "backends/vulkan/kernels/vulkan_target.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "ops/interpreter.hpp"
 #include "ops/k_split.hpp"
+#include "ops/op.hpp"
 #include "passes/passes.hpp"
 
 namespace mg {
@@ -25,10 +27,10 @@ constexpr int64_t kH200ComputeUnits = 132;
 
 // A GPU like the H200 (the limits the GEMM tiles are chosen by) with `compute_units` units and
 // `switches` set (docs/SWITCHES.md).
-kernels::DeviceTraits h200_like(
+target::DeviceTraits h200_like(
     int64_t compute_units = kH200ComputeUnits,
     const std::map<std::string, std::string, std::less<>>& switches = {}) {
-  kernels::DeviceTraits device;
+  target::DeviceTraits device;
   device.switches = Switches::from_environment(switches);
   device.compute_units = compute_units;
   device.max_shared_memory_bytes = 49152;
@@ -166,7 +168,7 @@ TEST(Passes, SplitKKeepsWeightGradients) {
   options.padding = {1, 1};
   const Tensor y = conv2d(x, w, std::nullopt, options);
   graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {w.id()}).at(w.id()));
-  const Graph split = passes::split_k(graph, h200_like());
+  const Graph split = passes::split_k(graph, vulkan::VulkanTarget(h200_like()));
   EXPECT_EQ(only_split(split, "conv2d_grad_weight"), 8);
   expect_same_outputs(graph, split, environment);
 }
@@ -198,7 +200,7 @@ TEST(Passes, SplitKKeepsProductsOnRandomGraphs) {
     const Tensor product = matmul(a, b, transpose_a, transpose_b);
     graph.set_output("y", tanh(product).id());
     graph.set_output("product", product.id());
-    const Graph split = passes::split_k(graph, h200_like());
+    const Graph split = passes::split_k(graph, vulkan::VulkanTarget(h200_like()));
     const int64_t splits = only_split(split, "matmul");
     ASSERT_GE(splits, 2) << "K = " << k;
     EXPECT_GE(k_slice_length(k, splits), 32);
@@ -253,8 +255,8 @@ TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
 }
 
 // The slice count of a product's matmul node after split_k on `device` (1: whole).
-int64_t matmul_slices(const Graph& graph, const kernels::DeviceTraits& device) {
-  const Graph split = passes::split_k(graph, device);
+int64_t matmul_slices(const Graph& graph, const target::DeviceTraits& device) {
+  const Graph split = passes::split_k(graph, vulkan::VulkanTarget(device));
   for (const Node& node : split.nodes())
     if (node.op == "matmul") return node.attrs.get_int("k_splits", 1);
   return 0;
@@ -301,7 +303,7 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
         input(graph, "weight", {convolution.out_channels, convolution.in_channels, 1, 1});
     const Tensor y = conv2d(images, weight, std::nullopt, {});
     graph.set_output("dw", gradients(graph, sum_all(y * y).id(), {weight.id()}).at(weight.id()));
-    const Graph split = passes::split_k(graph, h200_like());
+    const Graph split = passes::split_k(graph, vulkan::VulkanTarget(h200_like()));
     EXPECT_EQ(only_split(split, "conv2d_grad_weight"), convolution.fastest)
         << "1x1 " << convolution.in_channels << "->" << convolution.out_channels;
   }
@@ -343,7 +345,7 @@ TEST(Passes, SplitKFollowsComputeUnits) {
   EXPECT_GT(slices(16), slices(4));
   EXPECT_GT(slices(4), 1);
 
-  kernels::DeviceTraits coop = h200_like();
+  target::DeviceTraits coop = h200_like();
   coop.fast_precision = true;
   coop.coop_matrix_f16_nv = true;
   EXPECT_EQ(matmul_slices(graph, coop), 26);
@@ -395,7 +397,7 @@ TEST(Passes, SplitKLeavesLargeOrShortProducts) {
   graph.set_output("wide", wide.id());
   graph.set_output("short", short_k.id());
   graph.set_output("most units", most_units.id());
-  const Graph split = passes::split_k(graph, h200_like());
+  const Graph split = passes::split_k(graph, vulkan::VulkanTarget(h200_like()));
   EXPECT_EQ(split.size(), graph.size());
   for (ValueId id = 0; id < static_cast<ValueId>(split.size()); ++id)
     EXPECT_FALSE(split.node(id).attrs.has("k_splits"));
@@ -486,7 +488,8 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
         gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
     graph.set_output("dx", grads.at(x.id()));
     graph.set_output("dw", grads.at(w.id()));
-    const Graph rewritten = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    const Graph rewritten =
+        passes::im2col_convolutions(graph, vulkan::VulkanTarget(h200_like()), uint64_t{1} << 30);
     EXPECT_EQ(count_op(rewritten, "im2col"), c.im2col_nodes);
     EXPECT_EQ(count_op(rewritten, "col2im"), c.col2im_nodes);
     EXPECT_EQ(std::count_if(rewritten.nodes().begin(), rewritten.nodes().end(),
@@ -497,7 +500,7 @@ TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
               static_cast<std::ptrdiff_t>(c.side_by_side));
     expect_same_outputs(graph, rewritten, environment);
     // A byte limit below the smallest columns keeps every convolution.
-    const Graph limited = passes::im2col_convolutions(graph, h200_like(), 64);
+    const Graph limited = passes::im2col_convolutions(graph, vulkan::VulkanTarget(h200_like()), 64);
     EXPECT_EQ(count_op(limited, "im2col") + count_op(limited, "col2im"), 0u);
   }
 }
@@ -547,7 +550,8 @@ TEST(Passes, MergeLeadingSums) {
   const Tensor y = conv2d(images, weight, std::nullopt, {.padding = {1, 1}});
   conv.set_output("dw", gradients(conv, sum_all(y * y).id(), {weight.id()}).at(weight.id()));
   const Graph split = passes::eliminate_dead_code(passes::split_k(
-      passes::im2col_convolutions(conv, h200_like(), uint64_t{1} << 30), h200_like()));
+      passes::im2col_convolutions(conv, vulkan::VulkanTarget(h200_like()), uint64_t{1} << 30),
+      vulkan::VulkanTarget(h200_like())));
   ASSERT_EQ(count_op(split, "sum"), 2u);  // over the K slices, then over the batch
   const Graph one_sum = passes::merge_leading_sums(split);
   EXPECT_EQ(count_op(one_sum, "sum"), count_op(split, "sum") - 1);
@@ -585,14 +589,15 @@ TEST(Passes, WeightGradientRoutesAndDirectSplits) {
     const auto expect_direct = [&](const Graph& rewritten) {
       EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 1u);
       EXPECT_EQ(count_op(rewritten, "im2col") + count_op(rewritten, "winograd_tiles"), 0u);
-      const Graph split = passes::split_k(rewritten, h200_like());
+      const Graph split = passes::split_k(rewritten, vulkan::VulkanTarget(h200_like()));
       if (c.direct_splits > 1) {
         EXPECT_EQ(only_split(split, "conv2d_grad_weight"), c.direct_splits);
       } else {
         EXPECT_EQ(count_op(split, "sum"), 0u);
       }
     };
-    const Graph chosen = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    const Graph chosen =
+        passes::im2col_convolutions(graph, vulkan::VulkanTarget(h200_like()), uint64_t{1} << 30);
     if (c.winograd) {
       EXPECT_EQ(count_op(chosen, "winograd_tiles"), 1u);
       EXPECT_EQ(count_op(chosen, "winograd_grad_tiles"), 1u);
@@ -602,7 +607,9 @@ TEST(Passes, WeightGradientRoutesAndDirectSplits) {
       expect_direct(chosen);
     }
     const Graph without_winograd = passes::im2col_convolutions(
-        graph, h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}}),
+        graph,
+        vulkan::VulkanTarget(
+            h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}})),
         uint64_t{1} << 30);
     if (c.direct_splits > 0) {
       expect_direct(without_winograd);
@@ -611,8 +618,8 @@ TEST(Passes, WeightGradientRoutesAndDirectSplits) {
     }
     const Graph columns = passes::im2col_convolutions(
         graph,
-        h200_like(kH200ComputeUnits,
-                  {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}, {"MEGANEURA_DIRECT_WEIGHT_GRAD", "0"}}),
+        vulkan::VulkanTarget(h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"},
+                                                           {"MEGANEURA_DIRECT_WEIGHT_GRAD", "0"}})),
         uint64_t{1} << 30);
     EXPECT_EQ(count_op(columns, "conv2d_grad_weight"), 0u);
     EXPECT_EQ(count_op(columns, "im2col"), 1u);
@@ -631,8 +638,8 @@ Graph square_weight_gradient(const Shape& x) {
 }
 
 // An H200-like GPU in fast precision, with KHR cooperative matrices.
-kernels::DeviceTraits fast_h200_like() {
-  kernels::DeviceTraits fast = h200_like();
+target::DeviceTraits fast_h200_like() {
+  target::DeviceTraits fast = h200_like();
   fast.subgroup_size = 32;
   fast.coop_matrix_f16_khr = true;
   fast.fast_precision = true;
@@ -643,7 +650,7 @@ kernels::DeviceTraits fast_h200_like() {
 // matrices: Winograd from 64 channels (ResNet's first three 3x3 stages, U-Net), the columns for
 // the 64 tiles of 512 channels at 7 x 7. With MEGANEURA_NO_COOPMAT=1 the strict routes return.
 TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
-  const kernels::DeviceTraits fast = fast_h200_like();
+  const target::DeviceTraits fast = fast_h200_like();
   for (const auto& [x, winograd] : {std::pair<Shape, bool>{{4, 64, 56, 56}, true},
                                     {{4, 128, 28, 28}, true},
                                     {{4, 256, 14, 14}, true},
@@ -651,14 +658,16 @@ TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
                                     {{2, 320, 32, 32}, true}}) {
     SCOPED_TRACE(shape_string(x));
     const Graph graph = square_weight_gradient(x);
-    const Graph chosen = passes::im2col_convolutions(graph, fast, uint64_t{1} << 30);
+    const Graph chosen =
+        passes::im2col_convolutions(graph, vulkan::VulkanTarget(fast), uint64_t{1} << 30);
     EXPECT_EQ(count_op(chosen, "winograd_tiles"), winograd ? 1u : 0u);
     EXPECT_EQ(count_op(chosen, "im2col"), winograd ? 0u : 1u);
     EXPECT_EQ(count_op(chosen, "conv2d_grad_weight"), 0u);
     if (x[1] == 64) {
-      kernels::DeviceTraits killed = fast;
+      target::DeviceTraits killed = fast;
       killed.switches.no_coopmat = true;
-      const Graph strict = passes::im2col_convolutions(graph, killed, uint64_t{1} << 30);
+      const Graph strict =
+          passes::im2col_convolutions(graph, vulkan::VulkanTarget(killed), uint64_t{1} << 30);
       EXPECT_EQ(count_op(strict, "winograd_tiles"), 0u);
       EXPECT_EQ(count_op(strict, "conv2d_grad_weight"), 1u);  // the direct kernel
     }
@@ -678,7 +687,7 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
   };
   uint64_t seed = 40;
   for (const int64_t outputs : {2, 4}) {
-    const kernels::DeviceTraits forced = h200_like(
+    const target::DeviceTraits forced = h200_like(
         kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"},
                             {"MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", std::to_string(outputs)}});
     const int64_t points = (outputs + 2) * (outputs + 2);
@@ -694,7 +703,8 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
           random_conv(graph, environment, seed++, c.x, c.w, {.padding = c.padding});
       graph.set_output("dw", gradients(graph, y.id(), {w.id()}, cotangent.id()).at(w.id()));
       graph = passes::eliminate_dead_code(graph);
-      const Graph rewritten = passes::im2col_convolutions(graph, forced, uint64_t{1} << 30);
+      const Graph rewritten =
+          passes::im2col_convolutions(graph, vulkan::VulkanTarget(forced), uint64_t{1} << 30);
       EXPECT_EQ(count_op(rewritten, "winograd_tiles"), 1u);
       EXPECT_EQ(count_op(rewritten, "winograd_grad_tiles"), 1u);
       EXPECT_EQ(count_op(rewritten, "conv2d_grad_weight"), 0u);
@@ -705,9 +715,10 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
       }
       expect_same_outputs(graph, rewritten, environment);
       if (c.x[2] < 46) continue;
-      kernels::DeviceTraits three_slices = forced;
+      target::DeviceTraits three_slices = forced;
       three_slices.switches.split_k_slices = 3;
-      const Graph split = passes::merge_leading_sums(passes::split_k(rewritten, three_slices));
+      const Graph split = passes::merge_leading_sums(
+          passes::split_k(rewritten, vulkan::VulkanTarget(three_slices)));
       EXPECT_EQ(count_op(split, "sum"), 0u);
       for (const Node& node : split.nodes()) {
         if (node.op == "winograd_weight_grad") {
@@ -725,9 +736,9 @@ TEST(Passes, WinogradWeightGradientMatchesTheConvolution) {
 // 4 x 4) and for every product in fast precision (f16 operands);
 // MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE forces either, and anything else is refused by name.
 TEST(Passes, WinogradWeightGradientTileRule) {
-  const auto outputs_of = [](const Shape& x, const kernels::DeviceTraits& device = h200_like()) {
-    const Graph chosen =
-        passes::im2col_convolutions(square_weight_gradient(x), device, uint64_t{1} << 30);
+  const auto outputs_of = [](const Shape& x, const target::DeviceTraits& device = h200_like()) {
+    const Graph chosen = passes::im2col_convolutions(
+        square_weight_gradient(x), vulkan::VulkanTarget(device), uint64_t{1} << 30);
     for (const Node& node : chosen.nodes())
       if (node.op == "winograd_weight_grad") return node.attrs.get_int("outputs", 2);
     ADD_FAILURE() << "no Winograd weight gradient for " << shape_string(x);
@@ -759,8 +770,9 @@ TEST(Passes, WinogradWeightGradientTileRule) {
 TEST(Passes, WinogradWeightGradientProductSplitsInTwo) {
   const auto transform_input = [](const Shape& x) {
     const Graph split = passes::merge_leading_sums(passes::split_k(
-        passes::im2col_convolutions(square_weight_gradient(x), h200_like(), uint64_t{1} << 30),
-        h200_like()));
+        passes::im2col_convolutions(square_weight_gradient(x), vulkan::VulkanTarget(h200_like()),
+                                    uint64_t{1} << 30),
+        vulkan::VulkanTarget(h200_like())));
     EXPECT_EQ(count_op(split, "sum"), 0u);
     for (const Node& node : split.nodes())
       if (node.op == "winograd_weight_grad") return split.type(node.inputs[0]).shape;
@@ -781,7 +793,7 @@ TEST(Passes, WinogradConvolutionRoutes) {
     int64_t channels, stride, padding;
     bool winograd;
   };
-  kernels::DeviceTraits cpu = h200_like();
+  target::DeviceTraits cpu = h200_like();
   cpu.cpu = true;
   cpu.subgroup_size = 8;
   for (const Case& c :
@@ -798,13 +810,17 @@ TEST(Passes, WinogradConvolutionRoutes) {
     const Tensor seed = input(graph, "seed", y.shape());
     graph.set_output("y", y.id());
     graph.set_output("dx", gradients(graph, y.id(), {x.id()}, seed.id()).at(x.id()));
-    const Graph chosen = passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30);
+    const Graph chosen =
+        passes::im2col_convolutions(graph, vulkan::VulkanTarget(h200_like()), uint64_t{1} << 30);
     EXPECT_EQ(count_op(chosen, "winograd_output"), c.winograd ? 2u : 0u);
     EXPECT_EQ(
-        count_op(passes::im2col_convolutions(graph, cpu, uint64_t{1} << 30), "winograd_output"),
+        count_op(passes::im2col_convolutions(graph, vulkan::VulkanTarget(cpu), uint64_t{1} << 30),
+                 "winograd_output"),
         0u);
     EXPECT_EQ(count_op(passes::im2col_convolutions(
-                           graph, h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_CONV", "0"}}),
+                           graph,
+                           vulkan::VulkanTarget(
+                               h200_like(kH200ComputeUnits, {{"MEGANEURA_WINOGRAD_CONV", "0"}})),
                            uint64_t{1} << 30),
                        "winograd_output"),
               0u);
@@ -816,7 +832,8 @@ TEST(Passes, WinogradConvolutionRoutes) {
   const Tensor seed = input(graph, "seed", y.shape());
   graph.set_output("y", y.id());
   graph.set_output("dx", gradients(graph, y.id(), {x.id()}, seed.id()).at(x.id()));
-  EXPECT_EQ(count_op(passes::im2col_convolutions(graph, h200_like(), uint64_t{1} << 30),
+  EXPECT_EQ(count_op(passes::im2col_convolutions(graph, vulkan::VulkanTarget(h200_like()),
+                                                 uint64_t{1} << 30),
                      "winograd_output"),
             1u);  // the forward only
 }
@@ -827,7 +844,7 @@ TEST(Passes, WinogradConvolutionRoutes) {
 // padded by 2 and 0), rectangular images and channel counts that differ. The weight gradient
 // stays on its own route (Winograd off for it here).
 TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
-  const kernels::DeviceTraits forced =
+  const target::DeviceTraits forced =
       h200_like(kH200ComputeUnits,
                 {{"MEGANEURA_WINOGRAD_CONV", "1"}, {"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "0"}});
   struct Case {
@@ -846,7 +863,8 @@ TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
     graph.set_output("y", y.id());
     graph.set_output("dx", gradients(graph, y.id(), {x.id()}, cotangent.id()).at(x.id()));
     graph = passes::eliminate_dead_code(graph);
-    const Graph rewritten = passes::im2col_convolutions(graph, forced, uint64_t{1} << 30);
+    const Graph rewritten =
+        passes::im2col_convolutions(graph, vulkan::VulkanTarget(forced), uint64_t{1} << 30);
     EXPECT_EQ(count_op(rewritten, "winograd_filter"), 2u);
     EXPECT_EQ(count_op(rewritten, "winograd_output"), 2u);
     EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input"), 0u);
@@ -859,7 +877,8 @@ TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
       random_conv(graph, environment, seed, {1, 2, 5, 5}, {2, 2, 3, 3}, {.padding = {3, 3}});
   graph.set_output("dx", gradients(graph, y.id(), {x.id()}, cotangent.id()).at(x.id()));
   graph = passes::eliminate_dead_code(graph);
-  const Graph rewritten = passes::im2col_convolutions(graph, forced, uint64_t{1} << 30);
+  const Graph rewritten =
+      passes::im2col_convolutions(graph, vulkan::VulkanTarget(forced), uint64_t{1} << 30);
   EXPECT_EQ(count_op(rewritten, "winograd_output"), 0u);
   expect_same_outputs(graph, rewritten, environment);
 }
@@ -920,7 +939,8 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
         {"1,5,2", 5, 2}}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_SPLITS=") + forced);
     const Graph split = passes::split_attention(
-        graph, h200_like(kH200ComputeUnits, {{"MEGANEURA_ATTENTION_SPLITS", forced}}));
+        graph, vulkan::VulkanTarget(
+                   h200_like(kH200ComputeUnits, {{"MEGANEURA_ATTENTION_SPLITS", forced}})));
     const bool forward_split = std::string(forced) != "1,5,2";
     EXPECT_EQ(count_op(split, "attention_combine"), forward_split ? 2u : 0u);
     for (const Node& node : split.nodes()) {
@@ -981,7 +1001,7 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
     for (const auto& [leaf, grad] : gradients(graph, sum_all(y * y).id(), {q.id(), k.id(), v.id()}))
       graph.set_output("d" + std::to_string(leaf), grad);
     std::map<std::string, int64_t> found;
-    const Graph split = passes::split_attention(graph, h200_like(units));
+    const Graph split = passes::split_attention(graph, vulkan::VulkanTarget(h200_like(units)));
     for (const Node& node : split.nodes()) {
       if (node.op.starts_with("attention_grad_") || node.op == "scaled_dot_product_attention")
         found[node.op] = node.attrs.get_int(
@@ -1007,8 +1027,8 @@ TEST(Passes, SplitAttentionOnlyWhereQueryBlocksAreFew) {
 }
 
 // A GPU like the H200 with workgroup-scope f16 matrices, in fast precision.
-kernels::DeviceTraits workgroup_capable(int64_t compute_units) {
-  kernels::DeviceTraits device = h200_like(compute_units);
+target::DeviceTraits workgroup_capable(int64_t compute_units) {
+  target::DeviceTraits device = h200_like(compute_units);
   device.coop_matrix_f16_khr = true;
   device.workgroup_coop_matrix_f16 = true;
   device.fast_precision = true;
@@ -1048,7 +1068,7 @@ RandomProduct random_product(uint64_t seed, int64_t m, int64_t n, int64_t k, boo
 // off by at most 2^-11 relative) and not equal to it.
 TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
   // Past the size rule, for a product this small.
-  kernels::DeviceTraits forced = workgroup_capable(1);
+  target::DeviceTraits forced = workgroup_capable(1);
   forced.switches.workgroup_gemm = true;
   uint64_t seed = 90;
   for (int flags = 0; flags < 4; ++flags) {
@@ -1057,7 +1077,7 @@ TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
                  std::to_string(transpose_b));
     const int64_t m = 128, n = 256, k = 192;
     RandomProduct exact = random_product(seed++, m, n, k, transpose_a, transpose_b, true);
-    const Graph rewritten = passes::workgroup_gemm(exact.graph, forced);
+    const Graph rewritten = passes::workgroup_gemm(exact.graph, vulkan::VulkanTarget(forced));
     EXPECT_EQ(count_op(rewritten, "round_to_f16"), 2u);
     EXPECT_EQ(count_op(rewritten, "half_matmul"), 1u);
     EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
@@ -1065,7 +1085,7 @@ TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
 
     RandomProduct any = random_product(seed++, m, n, k, transpose_a, transpose_b, false);
     const HostTensor wanted = evaluate(any.graph, any.environment)[any.graph.output("c")];
-    const Graph rounded = passes::workgroup_gemm(any.graph, forced);
+    const Graph rounded = passes::workgroup_gemm(any.graph, vulkan::VulkanTarget(forced));
     const HostTensor got = evaluate(rounded, any.environment)[rounded.output("c")];
     double largest = 0;
     for (int64_t i = 0; i < wanted.elements(); ++i)
@@ -1076,12 +1096,13 @@ TEST(Passes, WorkgroupGemmTakesFittingProductsAndRoundsTheirOperands) {
 }
 
 TEST(Passes, WorkgroupGemmRoutes) {
-  const auto taken = [](int64_t m, int64_t n, int64_t k, const kernels::DeviceTraits& device) {
+  const auto taken = [](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
     Graph graph;
     const Tensor a = input(graph, "a", {m, k});
     const Tensor b = input(graph, "b", {k, n});
     graph.set_output("c", matmul(a, b).id());
-    return count_op(passes::workgroup_gemm(graph, device), "half_matmul") == 1;
+    return count_op(passes::workgroup_gemm(graph, vulkan::VulkanTarget(device)), "half_matmul") ==
+           1;
   };
   EXPECT_TRUE(taken(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
   // M N / (M + N) = 512, the least the roundings of the operands allow.
@@ -1095,16 +1116,16 @@ TEST(Passes, WorkgroupGemmRoutes) {
   // the 49152 x 576 weight; a 1024 x 1024 product has 32 blocks for 132 units.
   EXPECT_FALSE(taken(128, 49152, 576, workgroup_capable(kH200ComputeUnits)));
   EXPECT_FALSE(taken(1024, 1024, 1024, workgroup_capable(kH200ComputeUnits)));
-  kernels::DeviceTraits strict = workgroup_capable(1);
+  target::DeviceTraits strict = workgroup_capable(1);
   strict.fast_precision = false;
   EXPECT_FALSE(taken(1024, 1024, 64, strict));
-  kernels::DeviceTraits subgroups_only = workgroup_capable(1);
+  target::DeviceTraits subgroups_only = workgroup_capable(1);
   subgroups_only.workgroup_coop_matrix_f16 = false;
   EXPECT_FALSE(taken(1024, 1024, 64, subgroups_only));
   // With tensor-layout loads the 256 x 128 block also takes N of an odd number of 128s (1152)
   // where M is a multiple of 256, and its blocks count toward filling the device; M of an odd
   // number of 128s (1152) still takes the 128 x 256 block.
-  kernels::DeviceTraits tensor_loads = workgroup_capable(1);
+  target::DeviceTraits tensor_loads = workgroup_capable(1);
   tensor_loads.workgroup_tensor_loads = true;
   EXPECT_TRUE(taken(1024, 1152, 64, tensor_loads));
   EXPECT_TRUE(taken(1152, 1024, 64, tensor_loads));
@@ -1118,12 +1139,14 @@ TEST(Passes, WorkgroupGemmRoutes) {
   const Tensor a = input(batched, "a", {2, 1024, 64});
   const Tensor b = input(batched, "b", {2, 64, 1024});
   batched.set_output("c", matmul(a, b).id());
-  EXPECT_EQ(count_op(passes::workgroup_gemm(batched, workgroup_capable(1)), "half_matmul"), 0u);
+  EXPECT_EQ(count_op(passes::workgroup_gemm(batched, vulkan::VulkanTarget(workgroup_capable(1))),
+                     "half_matmul"),
+            0u);
 
   // A workgroup-capable device with `switches` set.
   const auto switched = [](int64_t compute_units,
                            const std::map<std::string, std::string, std::less<>>& switches) {
-    kernels::DeviceTraits device = workgroup_capable(compute_units);
+    target::DeviceTraits device = workgroup_capable(compute_units);
     device.switches = Switches::from_environment(switches);
     return device;
   };
@@ -1176,11 +1199,11 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
   graph.set_output("back", cast(cast(cast(x, DType::i32), DType::f16), DType::f32).id());
   graph.assign(running.id(), (running * 0.5 + sum(hidden, {0}, false)).id());
 
-  const Graph rewritten = passes::f16_storage(graph, h200_like());
+  const Graph rewritten = passes::f16_storage(graph, vulkan::VulkanTarget(h200_like()));
   verify(rewritten);
   const std::set<std::string> conversions = {"round_to_f16", "widen_f16", "half_matmul"};
   for (const Node& node : rewritten.nodes()) {
-    if (node.is_leaf() || kernels::is_view_op(node.op) || conversions.count(node.op)) continue;
+    if (node.is_leaf() || is_view_op(node.op) || conversions.count(node.op)) continue;
     EXPECT_NE(node.type.dtype, DType::f16) << node.op;
     for (ValueId input_id : node.inputs)
       EXPECT_NE(rewritten.type(input_id).dtype, DType::f16) << node.op << " reads an f16 value";
@@ -1223,9 +1246,9 @@ TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
     const Tensor a = input(graph, "a", {m, k}, DType::f16);
     const Tensor b = input(graph, "b", {k, n}, DType::f16);
     graph.set_output("c", matmul(a, b).id());
-    const Graph split =
-        passes::split_k(passes::f16_storage(graph, workgroup_capable(kH200ComputeUnits)),
-                        workgroup_capable(kH200ComputeUnits));
+    const Graph split = passes::split_k(
+        passes::f16_storage(graph, vulkan::VulkanTarget(workgroup_capable(kH200ComputeUnits))),
+        vulkan::VulkanTarget(workgroup_capable(kH200ComputeUnits)));
     const ValueId product = [&] {
       for (size_t i = 0; i < split.size(); ++i)
         if (split.nodes()[i].op == "half_matmul") return static_cast<ValueId>(i);
@@ -1254,14 +1277,14 @@ TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
 // roundings to pay for, so no other bound), else the subgroup-scope GEMM whatever their size.
 // Elsewhere (strict precision, the kill switch) they are computed in f32 between conversions.
 TEST(Passes, F16StorageRoutesF16Products) {
-  const auto rewritten = [](int64_t m, int64_t n, int64_t k, const kernels::DeviceTraits& device) {
+  const auto rewritten = [](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
     Graph graph;
     const Tensor a = input(graph, "a", {m, k}, DType::f16);
     const Tensor b = input(graph, "b", {k, n}, DType::f16);
     graph.set_output("c", matmul(a, b).id());
-    return passes::f16_storage(graph, device);
+    return passes::f16_storage(graph, vulkan::VulkanTarget(device));
   };
-  const auto on_coop = [&](int64_t m, int64_t n, int64_t k, const kernels::DeviceTraits& device) {
+  const auto on_coop = [&](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
     const Graph graph = rewritten(m, n, k, device);
     const bool direct = count_op(graph, "half_matmul") == 1;
     // Either the product reads the f16 operands and writes the f16 result itself, or two
@@ -1272,7 +1295,7 @@ TEST(Passes, F16StorageRoutesF16Products) {
     EXPECT_EQ(graph.type(graph.output("c")).dtype, DType::f16);
     return direct;
   };
-  const kernels::DeviceTraits h200 = workgroup_capable(kH200ComputeUnits);
+  const target::DeviceTraits h200 = workgroup_capable(kH200ComputeUnits);
   // 128 x 49152: 192 blocks of the workgroup GEMM, which f32 operands would not take
   // (M N / (M + N) < 512); 1024^3, SmolLM's 128 x 1536 x 576 and a product that gemm.comp would
   // run in f32 are the subgroup GEMM's.
@@ -1280,10 +1303,10 @@ TEST(Passes, F16StorageRoutesF16Products) {
   EXPECT_TRUE(on_coop(1024, 1024, 1024, h200));
   EXPECT_TRUE(on_coop(128, 1536, 576, h200));
   EXPECT_TRUE(on_coop(64, 64, 64, h200));
-  kernels::DeviceTraits strict = workgroup_capable(1);
+  target::DeviceTraits strict = workgroup_capable(1);
   strict.fast_precision = false;
   EXPECT_FALSE(on_coop(1024, 1024, 64, strict));
-  kernels::DeviceTraits killed = h200;
+  target::DeviceTraits killed = h200;
   killed.switches.no_coopmat = true;
   EXPECT_FALSE(on_coop(4096, 4096, 4096, killed));
 }

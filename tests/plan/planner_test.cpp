@@ -5,28 +5,30 @@
 
 #include <map>
 
+#include "backends/vulkan/kernels/vulkan_target.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/train.hpp"
 #include "models/classifier.hpp"
+#include "ops/op.hpp"
 #include "plan/program.hpp"
 
 namespace mg {
 namespace {
 
 // A device of the default traits with switches set (docs/SWITCHES.md).
-kernels::DeviceTraits with_switches(
+target::DeviceTraits with_switches(
     const std::map<std::string, std::string, std::less<>>& switches) {
-  kernels::DeviceTraits device;
+  target::DeviceTraits device;
   device.switches = Switches::from_environment(switches);
   return device;
 }
 
 plan::Program plan_for(const Graph& graph, bool reuse = true,
-                       const kernels::DeviceTraits& device = {}) {
+                       const target::DeviceTraits& device = {}) {
   plan::PlanOptions options;
   options.reuse_memory = reuse;
-  return plan::build_program(graph, device, options);
+  return plan::build_program(graph, vulkan::VulkanTarget(device), options);
 }
 
 double saving(const plan::Program& program) {
@@ -83,7 +85,8 @@ TEST(Planner, CnnInferenceReusesAtLeastSixtyPercent) {
   plan::PlanOptions implicit;
   implicit.im2col = false;
   const Graph classifier = models::build_classifier(models::ClassifierConfig{}, 64);
-  const plan::Program program = plan::build_program(classifier, kernels::DeviceTraits{}, implicit);
+  const plan::Program program =
+      plan::build_program(classifier, vulkan::VulkanTarget(target::DeviceTraits{}), implicit);
   EXPECT_GT(saving(program), 0.60) << plan::describe_memory(program);
   // Each im2col's columns live only until their product: the second convolution's (64 x 144 x
   // 196 floats, 6.9 MiB) set the peak.
@@ -157,7 +160,7 @@ TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
     int64_t forward_index = -1;
     ValueId lse = kNoValue;
     for (size_t t = 0; t < program.launches.size(); ++t) {
-      const kernels::Launch& launch = program.launches[t].launch;
+      const target::Launch& launch = program.launches[t].launch;
       if (!launch.label.starts_with("scaled_dot_product_attention ")) continue;
       forward_index = static_cast<int64_t>(t);
       ASSERT_EQ(launch.operands.back().name, "lse");
@@ -170,7 +173,7 @@ TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {
     ASSERT_GE(forward_index, 0);
     size_t readers = 0;
     for (size_t t = 0; t < program.launches.size(); ++t) {
-      for (const kernels::Operand& operand : program.launches[t].launch.operands) {
+      for (const target::Operand& operand : program.launches[t].launch.operands) {
         if (operand.value != lse || operand.write) continue;
         ++readers;
         EXPECT_GT(static_cast<int64_t>(t), forward_index) << program.launches[t].launch.label;
@@ -202,7 +205,7 @@ TEST(Planner, AttentionOverSlices) {
   ASSERT_EQ(launches_of(program, "attention_combine"), 1u);
   EXPECT_EQ(launches_of(program, "sum"), 3u);  // dQ, dK, dV
   for (const plan::PlannedLaunch& planned : program.launches) {
-    const kernels::Launch& launch = planned.launch;
+    const target::Launch& launch = planned.launch;
     SCOPED_TRACE(launch.label);
     if (launch.label.starts_with("scaled_dot_product_attention ") ||
         launch.label.starts_with("attention_grad_q ")) {
@@ -222,12 +225,12 @@ TEST(Planner, AttentionOverSlices) {
 
 // dK's launch writes dV too, on CPU and GPU devices alike, unless MEGANEURA_ATTENTION_FUSED_KV=0.
 TEST(Planner, AttentionGradKWritesGradV) {
-  kernels::DeviceTraits cpu;
+  target::DeviceTraits cpu;
   cpu.cpu = true;
-  for (const kernels::DeviceTraits& device : {cpu, kernels::DeviceTraits{}}) {
+  for (const target::DeviceTraits& device : {cpu, target::DeviceTraits{}}) {
     SCOPED_TRACE(device.cpu ? "cpu device" : "gpu device");
-    const plan::Program fused =
-        plan::build_program(attention_training(false, false), device, plan::PlanOptions{});
+    const plan::Program fused = plan::build_program(
+        attention_training(false, false), vulkan::VulkanTarget(device), plan::PlanOptions{});
     EXPECT_EQ(launches_of(fused, "attention_grad_v"), 0u);
     ASSERT_EQ(launches_of(fused, "attention_grad_k"), 1u);
     for (const plan::PlannedLaunch& planned : fused.launches) {
@@ -240,10 +243,10 @@ TEST(Planner, AttentionGradKWritesGradV) {
       EXPECT_EQ(fused.graph.node(result_v->value).op, "attention_grad_v");
     }
   }
-  kernels::DeviceTraits separate = cpu;
+  target::DeviceTraits separate = cpu;
   separate.switches = Switches::from_environment({{"MEGANEURA_ATTENTION_FUSED_KV", "0"}});
-  const plan::Program split =
-      plan::build_program(attention_training(false, false), separate, plan::PlanOptions{});
+  const plan::Program split = plan::build_program(
+      attention_training(false, false), vulkan::VulkanTarget(separate), plan::PlanOptions{});
   EXPECT_EQ(launches_of(split, "attention_grad_v"), 1u);
 }
 
@@ -263,14 +266,15 @@ TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
   graph.set_output("dw2", grads.at(w2.id()));
   plan::PlanOptions options;
   options.im2col = true;
-  const plan::Program program =
-      plan::build_program(graph, with_switches({{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"}}), options);
+  const plan::Program program = plan::build_program(
+      graph, vulkan::VulkanTarget(with_switches({{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"}})),
+      options);
   EXPECT_EQ(launches_of(program, "winograd_grad_tiles"), 0u);
   size_t pairs = 0;
   for (const plan::PlannedLaunch& planned : program.launches) {
     if (!planned.launch.label.starts_with("winograd_tiles ")) continue;
     ValueId tiles = kNoValue, grad_tiles = kNoValue;
-    for (const kernels::Operand& operand : planned.launch.operands) {
+    for (const target::Operand& operand : planned.launch.operands) {
       if (operand.name == "tiles") tiles = operand.value;
       if (operand.name == "grad_tiles") grad_tiles = operand.value;
     }
@@ -290,7 +294,7 @@ TEST(Planner, WinogradTilesShareALaunchWithTheirOwnPartner) {
 // rest stays. In training, where the parameters are assigned, nothing moves; nor with the
 // setup off, which runs the same launches every time.
 TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
-  const kernels::DeviceTraits winograd = with_switches({{"MEGANEURA_WINOGRAD_CONV", "1"}});
+  const target::DeviceTraits winograd = with_switches({{"MEGANEURA_WINOGRAD_CONV", "1"}});
   const auto build = [](bool training) {
     Graph graph;
     const Tensor x = input(graph, "x", {2, 4, 8, 8});
@@ -303,7 +307,8 @@ TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
   };
   plan::PlanOptions options;
   options.im2col = true;
-  const plan::Program program = plan::build_program(build(false), winograd, options);
+  const plan::Program program =
+      plan::build_program(build(false), vulkan::VulkanTarget(winograd), options);
   std::vector<std::string> setup_ops;
   for (const plan::PlannedLaunch& planned : program.setup) {
     setup_ops.push_back(planned.launch.label.substr(0, planned.launch.label.find(' ')));
@@ -318,7 +323,7 @@ TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
   EXPECT_EQ(setup_ops, (std::vector<std::string>{"exp", "winograd_filter"}));
   EXPECT_EQ(program.setup_results.size(), 2u);
   for (const plan::PlannedLaunch& planned : program.launches) {
-    for (const kernels::Operand& operand : planned.launch.operands) {
+    for (const target::Operand& operand : planned.launch.operands) {
       if (!operand.write) continue;
       EXPECT_EQ(
           std::count(program.setup_results.begin(), program.setup_results.end(), operand.value), 0)
@@ -328,10 +333,12 @@ TEST(Planner, LaunchesOverFixedValuesMoveToTheSetup) {
 
   plan::PlanOptions every_run = options;
   every_run.setup = false;
-  const plan::Program without = plan::build_program(build(false), winograd, every_run);
+  const plan::Program without =
+      plan::build_program(build(false), vulkan::VulkanTarget(winograd), every_run);
   EXPECT_TRUE(without.setup.empty());
   EXPECT_EQ(without.launches.size(), program.launches.size() + program.setup.size());
-  const plan::Program training = plan::build_program(build(true), winograd, options);
+  const plan::Program training =
+      plan::build_program(build(true), vulkan::VulkanTarget(winograd), options);
   EXPECT_TRUE(training.setup.empty());
 }
 
@@ -343,18 +350,19 @@ TEST(Planner, AttentionGradQAsMatmul) {
     plan::PlanOptions options;
     options.attention_dq_gemm = option;
     options.arena_limit = arena_limit;
-    return launches_of(plan::build_program(graph, kernels::DeviceTraits{}, options),
-                       "attention_grad_q");
+    return launches_of(
+        plan::build_program(graph, vulkan::VulkanTarget(target::DeviceTraits{}), options),
+        "attention_grad_q");
   };
   const Graph plain = attention_training(false, false, 40);
   const plan::Program program =
-      plan::build_program(plain, kernels::DeviceTraits{}, plan::PlanOptions{});
+      plan::build_program(plain, vulkan::VulkanTarget(target::DeviceTraits{}), plan::PlanOptions{});
   EXPECT_EQ(launches_of(program, "attention_grad_q"), 0u);
   EXPECT_EQ(launches_of(program, "attention_grad_scores"), 0u);
   int64_t writer = -1, reader = -1;
   for (size_t t = 0; t < program.launches.size(); ++t) {
-    const kernels::Launch& launch = program.launches[t].launch;
-    for (const kernels::Operand& operand : launch.operands) {
+    const target::Launch& launch = program.launches[t].launch;
+    for (const target::Operand& operand : launch.operands) {
       if (program.graph.node(operand.value).op != "attention_grad_scores") continue;
       if (operand.write) {
         EXPECT_TRUE(launch.label.starts_with("attention_grad_k ")) << launch.label;
@@ -391,7 +399,7 @@ bool conflict(const plan::PlannedLaunch& a, const plan::PlannedLaunch& b) {
 
 // The value whose bytes `value` reads: views share their source's.
 ValueId view_root(const Graph& graph, ValueId value) {
-  while (kernels::is_view_op(graph.node(value).op)) value = graph.node(value).inputs[0];
+  while (is_view_op(graph.node(value).op)) value = graph.node(value).inputs[0];
   return value;
 }
 
@@ -424,7 +432,7 @@ void expect_schedule_computes_every_value(const plan::Program& program) {
     for (size_t t = begin; t < end; ++t) {
       const plan::PlannedLaunch& planned = program.launches[t];
       for (size_t k = 0; k < planned.regions.size(); ++k) {
-        const kernels::Operand& operand = planned.launch.operands[k];
+        const target::Operand& operand = planned.launch.operands[k];
         if (!operand.write) {
           EXPECT_TRUE(holds(planned.regions[k], view_root(graph, operand.value)))
               << planned.launch.label << " reads %" << operand.value << " overwritten or unwritten";
@@ -455,15 +463,17 @@ void expect_schedule_computes_every_value(const plan::Program& program) {
 TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
   for (const bool fusion : {true, false}) {
     SCOPED_TRACE(fusion ? "fusion" : "no fusion");
-    const kernels::DeviceTraits device =
+    const target::DeviceTraits device =
         with_switches({{"MEGANEURA_NO_FUSION", fusion ? "0" : "1"}});
     for (const Graph& graph :
          {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
           deep_mlp(16, 6, true)}) {
       plan::PlanOptions in_order_options;
       in_order_options.schedule_epochs = false;
-      const plan::Program in_order = plan::build_program(graph, device, in_order_options);
-      const plan::Program scheduled = plan::build_program(graph, device, plan::PlanOptions{});
+      const plan::Program in_order =
+          plan::build_program(graph, vulkan::VulkanTarget(device), in_order_options);
+      const plan::Program scheduled =
+          plan::build_program(graph, vulkan::VulkanTarget(device), plan::PlanOptions{});
       ASSERT_EQ(scheduled.launches.size(), in_order.launches.size());
       EXPECT_EQ(scheduled.memory.physical_transient_bytes,
                 in_order.memory.physical_transient_bytes);
@@ -496,14 +506,14 @@ TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
   }
   const Graph training =
       models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{});
-  const plan::Program cnn =
-      plan::build_program(training, kernels::DeviceTraits{}, plan::PlanOptions{});
+  const plan::Program cnn = plan::build_program(
+      training, vulkan::VulkanTarget(target::DeviceTraits{}), plan::PlanOptions{});
   ASSERT_EQ(training.updates().size(), 3u * 8u) << "8 parameters, each with two moments";
   size_t update_barriers = 0;
   for (auto planned = cnn.launches.end() - 8; planned != cnn.launches.end(); ++planned) {
     EXPECT_EQ(planned->launch.kernel, "pointwise") << planned->launch.label;
     EXPECT_EQ(std::count_if(planned->launch.operands.begin(), planned->launch.operands.end(),
-                            [](const kernels::Operand& operand) { return operand.write; }),
+                            [](const target::Operand& operand) { return operand.write; }),
               3)
         << planned->launch.label << " writes the parameter and both moments";
     update_barriers += planned->barrier_before ? 1 : 0;
@@ -516,7 +526,7 @@ TEST(Planner, ArenasRespectTheBufferLimit) {
   options.arena_limit = 1 << 20;
   const plan::Program program = plan::build_program(
       models::build_classifier_training(models::ClassifierConfig{}, 4, OptimizerConfig{}),
-      kernels::DeviceTraits{}, options);
+      vulkan::VulkanTarget(target::DeviceTraits{}), options);
   EXPECT_GT(program.arenas.size(), 2u);
   for (const plan::Arena& arena : program.arenas) EXPECT_LE(arena.bytes, options.arena_limit);
 }
@@ -525,7 +535,7 @@ TEST(Planner, ArenasRespectTheBufferLimit) {
 size_t quad_a_launches(const plan::Program& program) {
   return static_cast<size_t>(std::count_if(
       program.launches.begin(), program.launches.end(), [](const plan::PlannedLaunch& p) {
-        const auto& defines = p.launch.defines;
+        const auto& defines = vulkan::glsl_launch(p.launch).defines;
         return p.launch.kernel == "gemm" &&
                std::find(defines.begin(), defines.end(),
                          std::pair<std::string, std::string>{"A_QUADS", "1"}) != defines.end();
@@ -547,12 +557,13 @@ void add_gradients(Graph& graph, Tensor y, const std::vector<Tensor>& leaves) {
 // A_QUADS, 3.70 to 3.20 ms there, docs/BENCHMARKS.md run 43): SmolLM's layers, ResNet-50's
 // convolutions and U-Net's block with their gradients, and Whisper's attention training step.
 TEST(Planner, OnlyTheLargeSquareProductReadsAAsRowQuads) {
-  kernels::DeviceTraits h200;
+  target::DeviceTraits h200;
   h200.compute_units = 132;
   h200.max_shared_memory_bytes = 49152;
   h200.max_workgroup_invocations = 1024;
   const auto quads = [&](const Graph& graph) {
-    return quad_a_launches(plan::build_program(graph, h200, plan::PlanOptions{}));
+    return quad_a_launches(
+        plan::build_program(graph, vulkan::VulkanTarget(h200), plan::PlanOptions{}));
   };
   {
     Graph graph;

@@ -4,8 +4,8 @@
 #include <set>
 #include <string>
 
+#include "backends/vulkan/runtime/device_features.hpp"
 #include "meganeura/error.hpp"
-#include "vk/device_features.hpp"
 #include "vk_test_support.hpp"
 
 namespace mg::gpu {
@@ -29,9 +29,9 @@ const std::set<std::string> kLibrariesAtStart = mapped_libraries();
 
 // The driver a device loads stays loaded after the device is gone: the Vulkan loader would
 // unload it with the last instance, and a driver that takes static TLS (NVIDIA's) cannot be
-// loaded again more than some tens of times in one process (vk/instance.cpp). Libraries loaded
-// since the process started (by this device, or by an earlier test's, then closed) must still
-// be mapped once this device is closed too.
+// loaded again more than some tens of times in one process (backends/vulkan/runtime/instance.cpp).
+// Libraries loaded since the process started (by this device, or by an earlier test's, then closed)
+// must still be mapped once this device is closed too.
 TEST(DeviceSelection, DriversStayLoadedBetweenDevices) {
   if (!std::ifstream("/proc/self/maps")) GTEST_SKIP() << "no /proc/self/maps on this system";
   std::set<std::string> during;

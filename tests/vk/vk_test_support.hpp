@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "vk/gpu.hpp"
+#include "backends/vulkan/runtime/gpu.hpp"
 
 namespace mg::gpu::testing {
 

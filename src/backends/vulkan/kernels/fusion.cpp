@@ -1,0 +1,320 @@
+#include "backends/vulkan/kernels/fusion.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "backends/vulkan/kernels/gemm_epilogue.hpp"
+#include "backends/vulkan/kernels/pointwise.hpp"
+#include "ir/op_names.hpp"
+#include "ops/op.hpp"
+
+namespace mg::kernels {
+namespace {
+
+// Adds node `id` and, recursively, the producers fused into it (`fused_into` names the consumer
+// a value is computed in, kNoValue where it has a kernel of its own) to `dag`, those
+// `written_beside` as its extra outputs; returns the argument index that refers to `id`'s result.
+int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fused_into,
+                 const std::vector<bool>& written_beside, PointwiseDag& dag,
+                 std::map<ValueId, int>& argument_of) {
+  if (auto it = argument_of.find(id); it != argument_of.end()) return it->second;
+  const Node& node = graph.node(id);
+  PointwiseStatement statement{node.op, node.attrs, {}};
+  for (ValueId input : node.inputs) {
+    if (fused_into[input] == id) {
+      statement.arguments.push_back(
+          append_fused(graph, input, fused_into, written_beside, dag, argument_of));
+    } else {
+      auto it = argument_of.find(input);
+      if (it == argument_of.end()) {
+        dag.inputs.push_back(input);
+        it = argument_of.emplace(input, static_cast<int>(dag.inputs.size() - 1)).first;
+      }
+      statement.arguments.push_back(it->second);
+    }
+  }
+  dag.statements.push_back(std::move(statement));
+  if (written_beside[id]) dag.extra_outputs.push_back({id, dag.statements.size() - 1});
+  const int reference = -static_cast<int>(dag.statements.size());
+  argument_of[id] = reference;
+  return reference;
+}
+
+// The pointwise DAG whose result is `root`.
+PointwiseDag dag_of(const Graph& graph, ValueId root, const std::vector<ValueId>& fused_into,
+                    const std::vector<bool>& written_beside) {
+  PointwiseDag dag;
+  dag.output = root;
+  std::map<ValueId, int> argument_of;
+  append_fused(graph, root, fused_into, written_beside, dag, argument_of);
+  return dag;
+}
+
+// Storage buffers a pointwise launch of `dag` binds: its inputs but uniform constants, its
+// extra outputs and its result.
+uint32_t pointwise_bindings(const Graph& graph, const PointwiseDag& dag) {
+  uint32_t bindings = 1 + static_cast<uint32_t>(dag.extra_outputs.size());
+  for (ValueId input : dag.inputs)
+    if (!graph.node(input).is_uniform_constant()) ++bindings;
+  return bindings;
+}
+
+// The DAG rooted at `root` with the product of matmul `product` (which feeds it, possibly through
+// fused producers) as an input, the values `written_beside` as its extra outputs.
+MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId product,
+                            const std::vector<ValueId>& fused_into,
+                            const std::vector<bool>& written_beside) {
+  MatmulEpilogue epilogue;
+  epilogue.dag = dag_of(graph, root, fused_into, written_beside);
+  epilogue.product_input = static_cast<size_t>(
+      std::find(epilogue.dag.inputs.begin(), epilogue.dag.inputs.end(), product) -
+      epilogue.dag.inputs.begin());
+  return epilogue;
+}
+
+// Whether every node that reads `value`, directly or through views, other than `first` comes
+// after `root`, the node whose launch writes it. A companion op (is_companion_op) may
+// run in its producer's launch, before its own place, so it never counts as coming after.
+bool readers_follow(const Graph& graph, const std::vector<std::vector<ValueId>>& consumer_lists,
+                    ValueId value, ValueId first, ValueId root) {
+  for (ValueId reader : consumer_lists[value]) {
+    if (reader == first) continue;
+    if (is_companion_op(graph.node(reader).op)) return false;
+    if (is_view_op(graph.node(reader).op)) {
+      if (!readers_follow(graph, consumer_lists, reader, first, root)) return false;
+    } else if (reader <= root) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether `dag` rounds to or widens from f16 (fused conversions of the f16 storage pass).
+bool converts_f16(const PointwiseDag& dag) {
+  return std::any_of(
+      dag.statements.begin(), dag.statements.end(),
+      [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
+}
+
+std::string fused_label(const Graph& graph, const PointwiseDag& dag) {
+  return "fused " + std::to_string(dag.statements.size()) + " ops -> " + graph.node(dag.output).op +
+         " %" + std::to_string(dag.output);
+}
+
+}  // namespace
+
+std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
+                                size_t* fused_away) {
+  // Uses of each value as an input (a node reading it twice counts twice), and the nodes that
+  // read it, each once, in order.
+  std::vector<int> consumers(graph.size(), 0);
+  std::vector<std::vector<ValueId>> consumer_lists(graph.size());
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const ValueId id = static_cast<ValueId>(i);
+    for (ValueId input : graph.nodes()[i].inputs) {
+      ++consumers[input];
+      if (consumer_lists[input].empty() || consumer_lists[input].back() != id)
+        consumer_lists[input].push_back(id);
+    }
+  }
+  std::vector<bool> observed(graph.size(), false);  // outputs and assignments need their bytes
+  for (const auto& [name, id] : graph.outputs()) observed[id] = true;
+  for (const auto& [leaf, value] : graph.updates()) observed[value] = true;
+
+  // The consumer whose kernel computes each value, kNoValue for a value with a kernel (or no
+  // kernel) of its own; following it from a value leads to the root of the DAG it belongs to.
+  std::vector<ValueId> fused_into(graph.size(), kNoValue);
+  const auto is_fused = [&](ValueId id) { return fused_into[id] != kNoValue; };
+  const auto dag_root = [&](ValueId id) {
+    while (is_fused(id)) id = fused_into[id];
+    return id;
+  };
+  const bool fusion_enabled = !device.switches.no_fusion;
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      // f16 values fuse only as round_to_f16 into their one reader (a widen_f16): the f16
+      // storage pass leaves no other pointwise op on f16 values.
+      if (!is_pointwise_op(node.op) || observed[i] || consumers[i] != 1 ||
+          (node.type.dtype != DType::f32 && node.op != op::round_to_f16)) {
+        continue;
+      }
+      const ValueId consumer = consumer_lists[i].front();
+      // A widening of an f16 value read from memory fuses into a consumer it broadcasts into
+      // (a bias): the DAG reads that input at broadcast indices and converts it there, with
+      // nothing else computed again per element.
+      const bool broadcast_widening =
+          node.op == op::widen_f16 && fused_into[node.inputs[0]] != static_cast<ValueId>(i);
+      if (is_pointwise_op(graph.node(consumer).op) &&
+          (graph.node(consumer).type.shape == node.type.shape || broadcast_widening)) {
+        fused_into[i] = consumer;
+      }
+    }
+  }
+
+  // A fused kernel binds every distinct input of its DAG plus its result; when a consumer would
+  // exceed the device's binding limit, its largest fused producers become kernels of their own.
+  std::vector<uint32_t> bound_inputs(graph.size(), 1);
+  const uint32_t input_limit = std::max<uint32_t>(2, device.max_storage_buffers) - 1;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    if (!is_pointwise_op(node.op)) continue;
+    uint32_t count = 0;
+    for (ValueId input : node.inputs) count += is_fused(input) ? bound_inputs[input] : 1;
+    while (count > input_limit) {
+      ValueId largest = kNoValue;
+      for (ValueId input : node.inputs) {
+        if (is_fused(input) &&
+            (largest == kNoValue || bound_inputs[input] > bound_inputs[largest])) {
+          largest = input;
+        }
+      }
+      fused_into[largest] = kNoValue;
+      count = count - bound_inputs[largest] + 1;
+    }
+    bound_inputs[i] = count;
+  }
+
+  // Matmul epilogues: a matmul's product with one pointwise consumer of its shape is handed to
+  // the DAG that consumer belongs to, which the GEMM then evaluates in its store. A DAG takes
+  // one product. Split-K partial results (k_splits) take none: a chain belongs after their sum.
+  std::map<ValueId, MatmulEpilogue> epilogue_of_root;
+  std::vector<bool> in_epilogue(graph.size(), false);
+  if (fusion_enabled && !device.switches.no_epilogue_fusion) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      if (node.op != op::matmul || node.attrs.has("k_splits") || observed[i] || consumers[i] != 1 ||
+          node.type.dtype != DType::f32) {
+        continue;
+      }
+      const Node& consumer = graph.node(consumer_lists[i].front());
+      if (!is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape)) continue;
+      const ValueId root = dag_root(consumer_lists[i].front());
+      if (epilogue_of_root.count(root)) continue;
+      MatmulEpilogue epilogue = epilogue_for(graph, root, static_cast<ValueId>(i), fused_into,
+                                             std::vector<bool>(graph.size()));
+      // The GEMMs' epilogues read and write f32 only.
+      if (converts_f16(epilogue.dag)) continue;
+      if (matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
+      epilogue_of_root.emplace(root, std::move(epilogue));
+      in_epilogue[i] = true;
+    }
+  }
+
+  // An elementwise value that the graph keeps (an output, a state update) or that several nodes
+  // read is computed inside the kernel of its first consumer, when that one is elementwise of its
+  // shape, and written there as an extra output for the rest: Adam's moments feed the
+  // parameter's update (one kernel instead of three, the moments not read back), a bias add
+  // feeds its activation and the backward. Every other reader must come after the kernel that
+  // writes it. A matmul epilogue's root joins its consumer's DAG the same way, the epilogue
+  // moving there (matmul + bias + ReLU in one GEMM that also writes the pre-activation), but a
+  // DAG that is already an epilogue takes no other; the merged kernel stays within the device's
+  // storage buffers. Values are taken from the last, so that a value's consumers have found
+  // their DAGs (and its root its place) before it.
+  std::vector<bool> written_beside(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = graph.size(); i-- > 0;) {
+      const Node& node = graph.nodes()[i];
+      const ValueId id = static_cast<ValueId>(i);
+      if (!is_pointwise_op(node.op) || node.type.dtype != DType::f32 || is_fused(id) ||
+          consumer_lists[i].empty()) {
+        continue;
+      }
+      const ValueId first = consumer_lists[i].front();
+      const Node& consumer = graph.node(first);
+      if (!is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape)) continue;
+      const ValueId root = dag_root(first);
+      if (epilogue_of_root.count(root) != 0 ||
+          !readers_follow(graph, consumer_lists, id, first, root)) {
+        continue;
+      }
+      fused_into[i] = first;
+      written_beside[i] = observed[i] || consumer_lists[i].size() > 1;
+      if (auto epilogue = epilogue_of_root.find(id); epilogue != epilogue_of_root.end()) {
+        const ValueId product = epilogue->second.dag.inputs[epilogue->second.product_input];
+        MatmulEpilogue moved = epilogue_for(graph, root, product, fused_into, written_beside);
+        if (!converts_f16(moved.dag) &&
+            matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
+          epilogue_of_root.erase(epilogue);
+          epilogue_of_root.emplace(root, std::move(moved));
+          continue;
+        }
+      } else if (pointwise_bindings(graph, dag_of(graph, root, fused_into, written_beside)) <=
+                 device.max_storage_buffers) {
+        continue;
+      }
+      fused_into[i] = kNoValue;
+      written_beside[i] = false;
+    }
+  }
+
+  // Values another launch writes beside its own result (is_companion_op): the
+  // backward's log-sum-exp from its attention forward, dV and the scores' gradient beside dK,
+  // the grad_out tiles beside the input tiles of a Winograd weight gradient.
+  std::map<ValueId, std::vector<ValueId>> companions_of;
+  std::vector<bool> written_by_producer(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const std::string& op = graph.nodes()[i].op;
+      if (!is_companion_op(op)) continue;
+      for (size_t p = 0; p < i; ++p) {
+        const ValueId producer = static_cast<ValueId>(p), companion = static_cast<ValueId>(i);
+        if (!can_write_companion(graph, producer, companion, device)) continue;
+        std::vector<ValueId>& written = companions_of[producer];
+        const bool op_taken = std::any_of(written.begin(), written.end(), [&](ValueId other) {
+          return graph.node(other).op == op;
+        });
+        if (op_taken) continue;
+        written.push_back(companion);
+        written_by_producer[i] = true;
+        break;
+      }
+    }
+  }
+
+  if (fused_away) {
+    *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
+                                [](ValueId consumer) { return consumer != kNoValue; }) +
+                  epilogue_of_root.size() +
+                  std::count(written_by_producer.begin(), written_by_producer.end(), true);
+  }
+  std::vector<Launch> launches;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    const ValueId id = static_cast<ValueId>(i);
+    if (node.is_leaf() || is_view_op(node.op) || is_fused(id) || in_epilogue[i] ||
+        written_by_producer[i]) {
+      continue;
+    }
+    if (auto it = companions_of.find(id); it != companions_of.end()) {
+      for (Launch& launch : lower_with_companions(graph, id, it->second, device))
+        launches.push_back(std::move(launch));
+      continue;
+    }
+    if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
+      const MatmulEpilogue& epilogue = it->second;
+      const ValueId product = epilogue.dag.inputs[epilogue.product_input];
+      const std::string label =
+          "matmul %" + std::to_string(product) + " + " + fused_label(graph, epilogue.dag);
+      for (Launch& launch : lower_matmul_with_epilogue(graph, product, epilogue, device, label)) {
+        launches.push_back(std::move(launch));
+      }
+      continue;
+    }
+    const bool has_fused_producer =
+        is_pointwise_op(node.op) &&
+        std::any_of(node.inputs.begin(), node.inputs.end(),
+                    [&](ValueId input) { return fused_into[input] == id; });
+    if (!has_fused_producer) {
+      for (Launch& launch : lower_node(graph, id, device)) {
+        launches.push_back(std::move(launch));
+      }
+      continue;
+    }
+    const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
+    launches.push_back(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
+  }
+  return launches;
+}
+
+}  // namespace mg::kernels

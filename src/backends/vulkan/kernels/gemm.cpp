@@ -1,0 +1,829 @@
+// Matrix products: batched GEMM with optional operand transposes and broadcast batch axes.
+// GPUs run the tiled gemm.comp; CPU devices (Lavapipe) run gemm_cpu.comp. Both are emitted here
+// for matmul and, reading through generated load functions, for the convolutions (conv.cpp).
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <thread>
+
+#include "backends/vulkan/kernels/gemm_coopmat.hpp"
+#include "backends/vulkan/kernels/gemm_cpu.hpp"
+#include "backends/vulkan/kernels/gemm_epilogue.hpp"
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "config/integer_list.hpp"
+#include "ir/op_names.hpp"
+#include "ops/conv_geometry.hpp"
+#include "ops/k_split.hpp"
+
+namespace mg::kernels {
+namespace {
+
+// gemm.comp's configurations, largest first: TILE_M x TILE_N outputs a workgroup, WORK_M x
+// WORK_N a thread, K slices of TILE_K. Every one moves a whole number of vec4s a thread per
+// slice, and its two slots of both tiles (2 * TILE_K * (TILE_M + TILE_N) floats) take at most
+// 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every tile.
+// (On the H200 at 4096^3 a 16-deep slice for the 128 tile took 155 registers, past the 128 that
+// let two workgroups share a compute unit: 4.25 against 3.79 ms. Of the rectangular tiles swept,
+// 128 x 128 with 16 x 8 per thread was fastest there, 3.64 ms, but slower on SmolLM's lm_head;
+// docs/BENCHMARKS.md.) k_groups multiplies the threads and the slots (gemm.comp K_GROUPS); it
+// is chosen per product.
+struct GemmTile {
+  int64_t tile_m, tile_n, work_m, work_n, tile_k;
+  int64_t k_groups = 1;
+  int64_t prefetch = 1;  // slices whose loads a thread keeps in flight (gemm.comp PREFETCH)
+  int64_t threads() const { return (tile_m / work_m) * (tile_n / work_n); }
+  bool four_by_four() const { return work_m * work_n <= 16; }
+  // The TILE_K slices each k-group walks over a K of `k`.
+  int64_t chain(int64_t k) const { return (k + tile_k * k_groups - 1) / (tile_k * k_groups); }
+};
+constexpr std::array<GemmTile, 3> kGemmTiles{
+    {{128, 128, 8, 8, 8}, {64, 64, 4, 4, 16}, {32, 32, 4, 4, 16}}};
+
+// Shared memory of gemm.comp's two slots of both tiles for each of `k_groups` k-groups; `padded`
+// counts the vec4 of padding that a k row of an operand contiguous along k takes (PAD_K_ROWS),
+// for both operands.
+int64_t gemm_shared_bytes(const GemmTile& tile, int64_t k_groups, bool padded) {
+  return 2 * tile.tile_k * (tile.tile_m + tile.tile_n + (padded ? 8 : 0)) *
+         static_cast<int64_t>(sizeof(float)) * k_groups;
+}
+
+int64_t workgroup_count(const GemmTile& tile, int64_t m, int64_t n, int64_t entries) {
+  return ((m + tile.tile_m - 1) / tile.tile_m) * ((n + tile.tile_n - 1) / tile.tile_n) * entries;
+}
+
+// Why gemm.comp cannot run `tile` on `device` (its #error conditions and the device's limits),
+// or nothing when it can.
+std::optional<std::string> tile_misfit(const GemmTile& tile, const DeviceTraits& device) {
+  constexpr int64_t kMostExtent = 1024;  // keeps the products below from overflowing
+  for (const int64_t extent : {tile.tile_m, tile.tile_n, tile.work_m, tile.work_n, tile.tile_k}) {
+    if (extent < 1 || extent > kMostExtent)
+      return "every extent must lie in [1, " + std::to_string(kMostExtent) + "]";
+  }
+  if (tile.work_m % 4 != 0 || tile.work_n % 4 != 0 || tile.tile_m % tile.work_m != 0 ||
+      tile.tile_n % tile.work_n != 0)
+    return "work_m and work_n must be multiples of 4 that divide tile_m and tile_n";
+  const int64_t threads = tile.threads();
+  if ((tile.tile_n / tile.work_n) % 8 != 0 || threads % 32 != 0)
+    return "warps are 4 x 8 threads: tile_n / work_n must be a multiple of 8 and the threads of "
+           "32";
+  if ((tile.tile_m * tile.tile_k) % (4 * threads) != 0 ||
+      (tile.tile_n * tile.tile_k) % (4 * threads) != 0)
+    return "every thread must move whole vec4s of both tiles' slices";
+  if (threads > device.max_workgroup_invocations)
+    return std::to_string(threads) + " invocations exceed the device's " +
+           std::to_string(device.max_workgroup_invocations);
+  const int64_t shared_bytes = gemm_shared_bytes(tile, 1, false);
+  if (shared_bytes > device.max_shared_memory_bytes)
+    return std::to_string(shared_bytes) + " bytes of shared memory exceed the device's " +
+           std::to_string(device.max_shared_memory_bytes);
+  return std::nullopt;
+}
+
+// MEGANEURA_GEMM_TILE forces a tile (tuning sweeps and tests): 128, 64 or 32 for one of
+// kGemmTiles, or tile_m,tile_n,work_m,work_n,tile_k for any that fits the device. A malformed
+// value or a tile the device cannot run is ignored with a warning.
+std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
+  const std::optional<std::string>& text = device.switches.gemm_tile;
+  if (!text) return std::nullopt;
+  for (const GemmTile& candidate : kGemmTiles)
+    if (std::to_string(candidate.tile_m) == *text) return candidate;
+  const std::string prefix = "ignoring MEGANEURA_GEMM_TILE=" + *text + ": ";
+  const std::optional<std::vector<int64_t>> values = config::parse_integers(*text, 5);
+  if (!values) {
+    warn_once(prefix + "expected 128, 64, 32 or tile_m,tile_n,work_m,work_n,tile_k");
+    return std::nullopt;
+  }
+  const GemmTile tile{(*values)[0], (*values)[1], (*values)[2], (*values)[3], (*values)[4]};
+  if (const std::optional<std::string> misfit = tile_misfit(tile, device)) {
+    warn_once(prefix + *misfit + " (" + device.name + ")");
+    return std::nullopt;
+  }
+  return tile;
+}
+
+// 64 x 128 with 8 x 8 a thread: at 4096^3 on the H200 it ran 3 % slower than 128 x 128 (128 x 64:
+// 15 %), so it takes the products where 128 x 128 tiles pad or leave compute units idle. Its K
+// slices are 16 deep, which halves the chain of slices a workgroup waits on (docs/BENCHMARKS.md
+// run 23): SmolLM's up and down projections ran 16-21 % faster than on the 64 x 64 tile, ResNet's
+// 3x3 and 1x1 convolutions 8-23 % and SmolLM's lm_head 2-5 % faster than with 8-deep slices. A
+// product with short K and workgroups to spare keeps 8-deep slices, whose first one costs less
+// before the loop overlaps the rest: the ResNet stem (K = 147, and 64 for its data gradient; 392
+// and 1176 workgroups) ran 12 % slower with 16. K is the whole product's: the 128-deep split-K
+// slices of ResNet's 3x3/2 convolution (504 workgroups) ran 29 % slower with 8. The 16-deep tile's
+// 24 KiB of shared memory need a device with more than the 16 KiB minimum; elsewhere it runs 8-deep
+// slices.
+// The half-wide tile (128 x 64) takes its slices by the same rule: dQ of Whisper's attention as
+// a matmul (6 x 1500 x 64 x 1500 over 3 split-K slices) took 0.076 ms with 16-deep ones against
+// 0.095 with 8-deep ones.
+constexpr GemmTile kHalfTallTile{64, 128, 8, 8, 16};
+constexpr GemmTile kHalfWideTile{128, 64, 8, 8, 16};
+constexpr int64_t kShallowSliceDepth = 8, kMinKForDeepSlices = 256;
+// A product over a short K with tiles to spare (SmolLM's lm_head weight gradient, 49152 x 576
+// over K = 128: 1920 tiles of 128 x 128) spends much of each workgroup's time before and after
+// its few slices; 64-thread workgroups with the same 8 x 8 a thread overlap more of them on each
+// compute unit: 0.2478 against 0.2623 ms on the H200 (docs/BENCHMARKS.md run 23).
+constexpr GemmTile kShortKTile{64, 64, 8, 8, 8};
+constexpr int64_t kMaxShortK = 128, kShortKTilesPerUnit = 8;
+// Where both M and N leave their last 128 x 128 tiles at most half full, half tiles still pad one
+// of them; 64 x 64 tiles with 8 x 8 a thread pad neither. U-Net's F(4 x 4) Winograd weight
+// gradient (36 products of 320 x 320 over K = 128 and 512, 900 workgroups) ran 0.0409 and 0.1378
+// ms on it with 16-deep slices against 0.0442 and 0.1570 on the half-tall tile (8-deep slices
+// 0.0433 and 0.1571; 4 x 4 a thread 0.0395 and 0.1409; 128 x 64 0.0456 and 0.1556; H200,
+// docs/BENCHMARKS.md run 52). Its two slots of 16-deep slices fit the 16 KiB every device has.
+// Products through generated loads keep their tiles: U-Net's weight gradient on the implicit GEMM
+// (MEGANEURA_IM2COL=0, 320 x 2880 in split-K slices) took it, on gemm.comp where conv_igemm.comp
+// had run it, 0.4183 and 1.6124 ms against 0.2945 and 1.1408 (run 52 against run 50's call).
+constexpr GemmTile kQuarterTile{64, 64, 8, 8, 16};
+
+GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, int64_t entries,
+                   const DeviceTraits& device) {
+  GemmTile tile = half;
+  const bool latency_bound = workgroup_count(tile, m, n, entries) < 2 * device.compute_units;
+  if (tile_misfit(tile, device) || (whole_k < kMinKForDeepSlices && !latency_bound))
+    tile.tile_k = kShallowSliceDepth;
+  return tile;
+}
+
+// The largest tile that still gives every compute unit work: 128 x 128 tiles for big products,
+// down to 32 x 32 for small ones, over K (per entry, before any split). `entries` counts the
+// problems of the launch (batch entries times split-K slices). Where 128 x 128 tiles would be at
+// most half full along M or N, or M is a single row of them (the convolutions as matmuls, W [64, C
+// * KH * KW] x columns, have 64 rows; U-Net's 320 channels leave the third row of tiles half empty;
+// SmolLM's lm_head at sequence 128), the half-tall (half-wide) tile keeps every row of threads
+// busy, and where they would be along both, 64 x 64 tiles (kQuarterTile); where they would not
+// fill the compute units, the half-tall tile does before 64 x 64 with 4
+// x 4 a thread is taken, as long as it fills half of them (ResNet's strided data gradient 0.134 to
+// 0.114 ms, U-Net's 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run
+// 15).
+GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entries,
+                            bool generated_loads, const DeviceTraits& device) {
+  if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
+  const GemmTile& largest = kGemmTiles.front();
+  const int64_t units = device.compute_units;
+  const int64_t large_tiles = workgroup_count(largest, m, n, entries);
+  const GemmTile half_tall = half_tile(kHalfTallTile, m, n, whole_k, entries, device);
+  if (whole_k <= kMaxShortK && large_tiles >= kShortKTilesPerUnit * units) return kShortKTile;
+  // The last of the 128 x 128 tiles along an extent is at most half full.
+  const auto half_full_edge = [&](int64_t extent) {
+    return extent % largest.tile_m != 0 && extent % largest.tile_m <= largest.tile_m / 2;
+  };
+  if (large_tiles >= units) {
+    if (!generated_loads && m > largest.tile_m && n > largest.tile_n && half_full_edge(m) &&
+        half_full_edge(n))
+      return kQuarterTile;
+    // One row of 128 x 128 tiles over at least two waves (SmolLM's lm_head, 128 x 49152 x 576):
+    // 128 x 64 tiles read the wide operand once where 64 x 128 ones read it twice, 0.2294 against
+    // 0.2361 ms on the H200 (docs/BENCHMARKS.md run 26).
+    if (m == largest.tile_m && large_tiles >= 2 * units)
+      return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
+    if (m <= largest.tile_m || half_full_edge(m)) return half_tall;
+    if (n <= 64) return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
+    return largest;
+  }
+  if (workgroup_count(half_tall, m, n, entries) >= units / 2) return half_tall;
+  for (const GemmTile& candidate : std::span(kGemmTiles).subspan(1)) {
+    if (workgroup_count(candidate, m, n, entries) >= units / 2) return candidate;
+  }
+  return kGemmTiles.back();
+}
+
+// Whether `tile` with `k_groups` k-groups runs on `device`. The k-groups' sums meet in their own
+// slots, which hold a whole tile of C only when TILE_M * TILE_N <= 2 * TILE_K * (TILE_M +
+// TILE_N) (the 64 and 32 tiles of kGemmTiles).
+bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& device) {
+  if (k_groups == 1) return true;
+  const int64_t threads = tile.threads() * k_groups;
+  const int64_t shared_bytes = gemm_shared_bytes(tile, k_groups, false);
+  return tile.tile_m * tile.tile_n <= 2 * tile.tile_k * (tile.tile_m + tile.tile_n) &&
+         shared_bytes <= device.max_shared_memory_bytes &&
+         threads <= device.max_workgroup_invocations;
+}
+
+// The K slices whose loads a thread of `tile` keeps in flight, for a launch over K slices of
+// `k` (`whole_k` before any split). Threads of the 4 x 4 tiles walk a few slices each (SmolLM's
+// 128 x 576 x 576 product and its gradients) and hold one vec4 of each operand per slice, so up
+// to four slices ahead cost them few registers and hide the fetches these short chains wait on:
+// 15.2 / 14.8 / 10.4 us to 13.5 / 13.4 / 9.2 us on the H200. The 128 x 128 tile over a K of at
+// most 128 (ResNet's 1x1 and strided data gradients, 8 and 16 slices) gains from two: 29.8 to
+// 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile: 18-25 % slower with
+// two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md runs 25 and 27. No thread
+// fetches past its k-group's chain: the slices after the first are all there is to keep in flight.
+// MEGANEURA_GEMM_PREFETCH forces the depth (a tuning hook).
+int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k,
+                       const DeviceTraits& device) {
+  if (const std::optional<int64_t> forced = device.switches.gemm_prefetch) return *forced;
+  const GemmTile& largest = kGemmTiles.front();
+  int64_t depth = 1;
+  if (tile.four_by_four()) {
+    depth = 4;
+  } else if (tile.tile_m == largest.tile_m && tile.tile_n == largest.tile_n &&
+             whole_k <= kMaxShortK) {
+    depth = 2;
+  }
+  return std::clamp<int64_t>(tile.chain(k) - 1, 1, depth);
+}
+
+// The tile of an M x N product over K (per entry; `k` the split-K slice's, `whole_k` before any
+// split) and its k-groups. Fewer workgroups than compute units, or 64-thread workgroups of the
+// 32 tile, leave the busy units with a few warps that wait on their long chain of K slices;
+// k-groups walk K in parallel, doubling until the launch has the threads of one 256-thread
+// workgroup per compute unit (128 x 576 x 576: 72 workgroups of the 32 tile, 8 k-groups where 64
+// KiB of shared memory fit them, 4 in the H200's 48 KiB). Every k-group keeps at least two slices,
+// so that fetching one still overlaps multiplying another, and there are at most 8, which bounds
+// k-group 0's reduction. MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where
+// the device fits it.
+GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
+                          bool generated_loads, const DeviceTraits& device) {
+  constexpr int64_t kMostKGroups = 8;
+  const int64_t threads_wanted = device.compute_units * 256;
+  GemmTile chosen = choose_tile_extent(m, n, whole_k, entries, generated_loads, device);
+  bool forced_k_groups = false;
+  if (const std::optional<int64_t> forced = device.switches.gemm_k_groups;
+      forced && k_groups_fit(chosen, *forced, device)) {
+    chosen.k_groups = *forced;
+    forced_k_groups = true;
+  }
+  const int64_t threads = chosen.threads() * workgroup_count(chosen, m, n, entries);
+  while (!forced_k_groups && chosen.k_groups < kMostKGroups &&
+         threads * chosen.k_groups < threads_wanted &&
+         k / (chosen.tile_k * 2 * chosen.k_groups) >= 2 &&
+         k_groups_fit(chosen, 2 * chosen.k_groups, device)) {
+    chosen.k_groups *= 2;
+  }
+  chosen.prefetch = prefetch_depth(chosen, k, whole_k, device);
+  return chosen;
+}
+
+// The extents and forms of one gemm.comp launch (see its header for each define): `problems`
+// workgroup layers (batch entries times K slices), `k_slice` the K range of each.
+struct GemmCompForm {
+  int64_t m = 0, n = 0, k = 0, k_slice = 0, batches = 1, problems = 1;
+  bool split = false, transpose_a = false, transpose_b = false;
+  bool a_vec4 = false, b_vec4 = false, generated_loads = false;
+  // C is the product itself, row-major with rows of a multiple of 4 floats, bound as the vec4
+  // view c4: four adjacent outputs of a thread are one store (no epilogue to apply).
+  bool c_vec4 = false;
+};
+
+// The whole K from which a product on the 128 x 128 tile reads A in vec4s of 4 rows at one k.
+constexpr int64_t kMinKForQuadA = 1024;
+
+// The wide tile: 128 x 256 with 8 x 16 a thread in 16-deep slices (256 threads, 247 registers:
+// one workgroup a compute unit), for large products that read A as row quads. Its two slots of
+// both tiles take all of the H200's 48 KiB, so A's quads are swizzled instead of padded
+// (gemm.comp A_SWIZZLE). On the H200 (docs/BENCHMARKS.md run 54) the 4096^3 product ran 2.92 ms
+// on it against 2.99 on the 8-deep 16 x 8 form (run 46), 3.21 on the 128 x 128 tile (two
+// workgroups a unit) and 4.20 without the quads; 16 x 8 a thread in 16-deep slices ran 2.98,
+// 256 x 128 3.04 (8 x 16) and 3.20 (16 x 8), and the 8-deep 8 x 16 form 3.04. It takes products
+// with at least two of its workgroups a compute unit.
+constexpr GemmTile kWideQuadTile{128, 256, 8, 16, 16};
+constexpr int64_t kWideQuadTilesPerUnit = 2;
+
+bool same_extents(const GemmTile& a, const GemmTile& b) {
+  return a.tile_m == b.tile_m && a.tile_n == b.tile_n && a.work_m == b.work_m &&
+         a.work_n == b.work_n && a.tile_k == b.tile_k;
+}
+
+// Whether A (contiguous along k) enters gemm.comp as 4 adjacent rows at one k, four scalar loads
+// stored as one vec4 (A_QUADS), instead of vec4s along k scattered into the k-major tile by four
+// scalar stores. On the H200 (docs/BENCHMARKS.md run 43) the 4096^3 product ran 3.70 to 3.20 ms
+// that way: the 128 x 128 tile, 8-deep slices, one slice in flight, padded k rows (unpadded ones
+// would put 8 lanes' stores on the same banks), no split. Every other product measured ran
+// slower with it (and its twin for B of x @ w^T): SmolLM's by 5-28 % (lm_head 0.218 to 0.280
+// ms), ResNet's 3x3 convolutions as matmuls by 5-15 %, on shorter K or other tiles, where four
+// loads per vec4 cost more than the scattered stores saved. So it stays to that form over a
+// long whole K, and to the wide tile, which swizzles where it has no room for the padding.
+bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
+  const bool quad_tile =
+      (padded && same_extents(tile, kGemmTiles.front())) || same_extents(tile, kWideQuadTile);
+  return !form.transpose_a && !form.generated_loads && !form.split && quad_tile &&
+         tile.k_groups == 1 && tile.prefetch == 1 && form.k >= kMinKForQuadA;
+}
+
+// Whether A's row quads go to a swizzled tile instead of padded k rows (gemm.comp A_SWIZZLE):
+// where the padding does not fit, or where MEGANEURA_GEMM_SWIZZLE=1 asks for it (tuning sweeps
+// and the tests of a device whose shared memory fits the padding). On the H200 the 8-deep wide
+// tile with 16 x 8 a thread ran 3.12 ms swizzled against 2.99 padded (run 54).
+bool swizzled_a_quads(bool padded, const DeviceTraits& device) {
+  return !padded || device.switches.gemm_swizzle.value_or(false);
+}
+
+// Whether a product that `tile` (chosen by choose_gemm_tile) would run takes the wide tile
+// instead (kWideQuadTile): the 128 x 128 tile with A read as row quads over a whole K, no tile
+// forced, and at least two wide workgroups a compute unit.
+bool wide_quad_tile_suits(const BufferGemm& gemm, const GemmTile& tile, bool split,
+                          const DeviceTraits& device) {
+  const GemmTile& largest = kGemmTiles.front();
+  return same_extents(tile, largest) && tile.k_groups == 1 && tile.prefetch == 1 && !split &&
+         !gemm.transpose_a && gemm.k >= kMinKForQuadA && !forced_tile(device) &&
+         !tile_misfit(kWideQuadTile, device) &&
+         workgroup_count(kWideQuadTile, gemm.m, gemm.n, gemm.batches) >=
+             kWideQuadTilesPerUnit * device.compute_units;
+}
+
+// Completes `launch` (label, operands and the GLSL its loads and store need) as gemm.comp in
+// `tile` and emits it.
+void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const GemmTile& tile,
+                    Launch launch) {
+  const auto flag = [](bool value) { return std::string(value ? "1" : "0"); };
+  const bool padded =
+      gemm_shared_bytes(tile, tile.k_groups, true) <= context.device().max_shared_memory_bytes;
+  const bool quads = quad_a_loads(form, tile, padded);
+  launch.kernel = "gemm";
+  launch.body += std::string(kernel_source("gemm.comp"));
+  launch.defines = {{"M", glsl_uint(form.m)},
+                    {"N", glsl_uint(form.n)},
+                    {"K", glsl_uint(form.k)},
+                    {"SPLIT_K", flag(form.split)},
+                    {"K_SLICE", glsl_uint(form.k_slice)},
+                    {"BATCHES", glsl_uint(form.batches)},
+                    {"TRANSPOSE_A", flag(form.transpose_a)},
+                    {"TRANSPOSE_B", flag(form.transpose_b)},
+                    {"A_VEC4", flag(form.a_vec4)},
+                    {"B_VEC4", flag(form.b_vec4)},
+                    {"GENERATED_LOADS", flag(form.generated_loads)},
+                    {"C_VEC4", flag(form.c_vec4)},
+                    {"TILE_M", std::to_string(tile.tile_m)},
+                    {"TILE_N", std::to_string(tile.tile_n)},
+                    {"WORK_M", std::to_string(tile.work_m)},
+                    {"WORK_N", std::to_string(tile.work_n)},
+                    {"TILE_K", std::to_string(tile.tile_k)},
+                    {"K_GROUPS", std::to_string(tile.k_groups)},
+                    {"PREFETCH", std::to_string(tile.prefetch)},
+                    {"PAD_K_ROWS", flag(padded)},
+                    {"A_QUADS", flag(quads)},
+                    {"A_SWIZZLE", flag(quads && swizzled_a_quads(padded, context.device()))}};
+  launch.groups = tiled_grid(launch.label, form.n, tile.tile_n, form.m, tile.tile_m, form.problems,
+                             context.device());
+  context.emit(std::move(launch));
+}
+
+// `uint <name>(uint batch)`: element offset of an operand's matrix for output batch `batch`,
+// with broadcast (extent 1) batch axes contributing nothing.
+std::string batch_offset_function(const std::string& name, const Shape& operand,
+                                  const Shape& batch_shape) {
+  const int64_t matrix = operand[operand.size() - 1] * operand[operand.size() - 2];
+  const size_t operand_batch_rank = operand.size() - 2;
+  const size_t offset = batch_shape.size() - operand_batch_rank;
+  std::string text = "uint " + name + "(uint batch) {\n" + coordinates_glsl(batch_shape, "batch");
+  text += "  return 0u";
+  int64_t stride = matrix;
+  for (size_t axis = operand_batch_rank; axis-- > 0;) {
+    if (operand[axis] != 1)
+      text += " + c" + std::to_string(axis + offset) + " * " + glsl_uint(stride);
+    stride *= operand[axis];
+  }
+  return text + ";\n}\n";
+}
+
+// A matmul's extents: C[m, n] over k for `batches` entries of `splits` K slices each.
+struct MatmulShape {
+  int64_t m = 0, n = 0, k = 0, splits = 1, batches = 1;
+  bool split = false, transpose_a = false, transpose_b = false;
+  Shape batch_shape;
+};
+
+MatmulShape matmul_shape(const Graph& graph, ValueId id) {
+  const Node& node = graph.node(id);
+  const Shape& a_shape = graph.type(node.inputs[0]).shape;
+  const Shape& out_shape = node.type.shape;
+  MatmulShape shape;
+  shape.transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  shape.transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
+  shape.m = out_shape[out_shape.size() - 2];
+  shape.n = out_shape[out_shape.size() - 1];
+  shape.k = shape.transpose_a ? a_shape[a_shape.size() - 2] : a_shape[a_shape.size() - 1];
+  // A split-K node (ops/k_split.hpp) computes `splits` partial products [splits, batch..., M, N]
+  // in one launch: workgroup z runs K slice z / batches of batch entry z % batches.
+  shape.split = node.attrs.has("k_splits");
+  shape.splits = node.attrs.get_int("k_splits", 1);
+  shape.batch_shape = Shape(out_shape.begin() + (shape.split ? 1 : 0), out_shape.end() - 2);
+  shape.batches = element_count(shape.batch_shape);
+  return shape;
+}
+
+bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
+  return use_coop_gemm(device) &&
+         coop_gemm_suits(shape.m * shape.n * shape.k * shape.batches, shape.k, device);
+}
+
+}  // namespace
+
+bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device) {
+  const Node& node = graph.node(columns);
+  if (node.op != op::im2col || node.attrs.get_ints("output_size").at(1) % 4 != 0 ||
+      images_side_by_side(node.attrs))
+    return false;
+  if (!device.switches.packed_columns) return false;
+  ValueId consumer = kNoValue;
+  for (size_t i = static_cast<size_t>(columns) + 1; i < graph.size(); ++i) {
+    const std::vector<ValueId>& inputs = graph.nodes()[i].inputs;
+    if (std::find(inputs.begin(), inputs.end(), columns) == inputs.end()) continue;
+    if (consumer != kNoValue) return false;
+    consumer = static_cast<ValueId>(i);
+  }
+  if (consumer == kNoValue) return false;
+  const Node& product = graph.node(consumer);
+  if (product.op != op::matmul || product.inputs[0] == columns || product.inputs[1] != columns)
+    return false;
+  return matmul_runs_coop(matmul_shape(graph, consumer), device) || use_cpu_kernels(device);
+}
+
+namespace {
+
+// Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue`.
+void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
+  const Node& node = context.node();
+  const Shape& a_shape = context.input_type(0).shape;
+  const Shape& b_shape = context.input_type(1).shape;
+  const MatmulShape shape = matmul_shape(context.graph(), context.id());
+  const auto [m, n, k, splits, batches, split, transpose_a, transpose_b, batch_shape] = shape;
+  const int64_t k_slice = split ? k_slice_length(k, splits) : k;
+
+  // f16 operands (half_matmul) are read as f16 and the result stored as f16 where it is f16;
+  // they run on cooperative matrices whatever the product's size (passes/f16_storage.cpp).
+  const bool half_operands = context.input_type(0).dtype == DType::f16;
+  const bool half_result = node.type.dtype == DType::f16;
+  const bool coop =
+      half_operands ? use_coop_gemm(context.device()) : matmul_runs_coop(shape, context.device());
+  if (half_operands && !coop)
+    throw Error(context.label() +
+                " multiplies f16 operands, which only the cooperative-matrix "
+                "GEMM reads, and this session does not run it on '" +
+                context.device().name + "'; the f16 storage pass checks this");
+  // Only where the loads below are generated: packed_columns asks the same questions.
+  const bool packed_b = packed_columns(context.graph(), node.inputs[1], context.device());
+  if (coop || use_cpu_kernels(context.device())) {
+    const std::string t =
+        transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
+    const std::string u =
+        transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
+    // An element of an operand buffer as a float.
+    const auto element = [&](const std::string& buffer, const std::string& index) {
+      const std::string read = buffer + "[" + index + "]";
+      return half_operands ? "float(" + read + ")" : read;
+    };
+    std::string functions = batch_offset_function("a_offset", a_shape, batch_shape) +
+                            batch_offset_function("b_offset", b_shape, batch_shape) +
+                            "float load_a(uint z, uint m, uint k) { return " +
+                            element("a", "a_offset(z) + " + t) + "; }\n";
+    // Packed columns hold element e in half e % 2 of word e / 2 (lower_im2col).
+    if (packed_b) {
+      functions += vector_buffer_view("b_halves", 1, false, "uint") +
+                   "float load_b(uint z, uint k, uint n) {\n  uint e = b_offset(z) + " + u +
+                   ";\n  return unpackHalf2x16(b_halves[e / 2u])[e % 2u];\n}\n";
+    } else {
+      functions += "float load_b(uint z, uint k, uint n) { return " +
+                   element("b", "b_offset(z) + " + u) + "; }\n";
+    }
+    // Four consecutive elements along each operand's contiguous extent, for the cooperative-matrix
+    // GEMM's vector loads: with every extent a multiple of 4, a vec4 (or four halves) starts
+    // 16-byte (8-byte) aligned and lies wholly inside or outside each edge.
+    // f16 operands with every extent a multiple of 8 are read 8 halves (one uvec4) at a time.
+    const bool half_units =
+        coop && half_operands && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && !packed_b;
+    const bool vector_loads = coop && !half_units && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+    // `signature` returning the four elements of `operand` (binding `binding`) from `index`, a
+    // multiple of 4: one vec4, or four halves unpacked.
+    const auto vector_load = [](const std::string& signature, const std::string& operand,
+                                uint32_t binding, bool halves, const std::string& index) {
+      const std::string view = operand + (halves ? "_halves4" : "4");
+      if (!halves)
+        return vector_buffer_view(view, binding, false) + signature + " { return " + view + "[(" +
+               index + ") / 4u]; }\n";
+      return vector_buffer_view(view, binding, false, "uvec2") + signature +
+             " {\n  uvec2 pairs = " + view + "[(" + index +
+             ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
+    };
+    if (vector_loads) {
+      functions += vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
+                               "a_offset(z) + " + t);
+      functions += vector_load("vec4 load_b4(uint z, uint k, uint n)", "b", 1,
+                               packed_b || half_operands, "b_offset(z) + " + u);
+    }
+    if (half_units) {
+      functions += vector_buffer_view("a_units", 0, false, "uvec4") +
+                   "uvec4 load_a8(uint z, uint m, uint k) { return a_units[(a_offset(z) + " + t +
+                   ") / 8u]; }\n" + vector_buffer_view("b_units", 1, false, "uvec4") +
+                   "uvec4 load_b8(uint z, uint k, uint n) { return b_units[(b_offset(z) + " + u +
+                   ") / 8u]; }\n";
+    }
+    if (split)
+      functions = split_k_functions(functions, batches, k, splits, vector_loads, half_units);
+    Launch bindings;
+    bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
+    functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
+    if (coop) {
+      const GeneratedGemm gemm{.m = m,
+                               .n = n,
+                               .k = k_slice,
+                               .entries = batches * splits,
+                               .a_m_contiguous = transpose_a,
+                               .b_k_contiguous = transpose_b,
+                               .vector_loads = vector_loads,
+                               // f16 results leave through store_c, which rounds them: an f16
+                               // fragment would have B's type, which the KHR rewrite refuses.
+                               .row_major_c = epilogue == nullptr && !half_result,
+                               .half_operands = half_operands,
+                               .half_units = half_units,
+                               .functions = std::move(functions)};
+      emit_coop_gemm(context, gemm, std::move(bindings.operands));
+    } else {
+      emit_cpu_gemm(context, CpuGemm{m, n, k_slice, batches * splits, std::move(functions)},
+                    std::move(bindings.operands));
+    }
+    return;
+  }
+  Launch launch;
+  launch.label = context.label();
+  launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
+  launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
+                batch_offset_function("b_offset", b_shape, batch_shape) +
+                matmul_store_function(context.graph(), context.id(), epilogue, launch);
+  emit_buffer_gemm(context,
+                   BufferGemm{.m = m,
+                              .n = n,
+                              .k = k,
+                              .batches = batches,
+                              .splits = split ? splits : 0,
+                              .transpose_a = transpose_a,
+                              .transpose_b = transpose_b,
+                              .row_major_c = epilogue == nullptr},
+                   std::move(launch));
+}
+
+void lower_matmul(LoweringContext& context) {
+  emit_matmul(context, nullptr);
+}
+
+}  // namespace
+
+void emit_half_matmul_on_subgroups(LoweringContext& context) {
+  emit_matmul(context, nullptr);
+}
+
+namespace {
+
+// The generated part of gemm_cpu.comp: one statement per row and 4-column part of the register
+// block; part p of row i is acc_<i>_<p>, a vector over the lane's columns 4p .. 4p + 3.
+std::string cpu_gemm_macros(int64_t rows, int64_t cols, int64_t lanes, bool padded) {
+  const int64_t parts = (cols + 3) / 4;
+  const auto width = [&](int64_t p) { return std::min<int64_t>(4, cols - 4 * p); };
+  const auto vec = [&](int64_t p) {
+    return width(p) == 1 ? std::string("float") : "vec" + std::to_string(width(p));
+  };
+  const auto acc = [](int64_t i, int64_t p) {
+    return "acc_" + std::to_string(i) + "_" + std::to_string(p);
+  };
+  static constexpr std::array<const char*, 4> kSwizzle{"x", "y", "z", "w"};
+  const auto component = [&](int64_t i, int64_t j) {
+    const int64_t p = j / 4;
+    return width(p) == 1 ? acc(i, p) : acc(i, p) + "." + kSwizzle[static_cast<size_t>(j % 4)];
+  };
+  const std::string nl = " \\\n";
+  std::string text = "#define DECLARE_ACCUMULATORS" + nl;
+  for (int64_t j = 0; j < cols; ++j) {
+    const std::string c = std::to_string(j);
+    text += "  uint col_" + c + " = min(col0 + " + glsl_uint(j * lanes) + ", GEMM_N - 1u);" + nl;
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    text += "  uint row_" + std::to_string(i) + " = min(row0 + " + glsl_uint(i) + ", GEMM_M - 1u);";
+    for (int64_t p = 0; p < parts; ++p)
+      text += " " + vec(p) + " " + acc(i, p) + " = " + vec(p) + "(0.0);";
+    text += nl;
+  }
+  text += "\n#define LOAD_CHUNK(k_lane)" + nl;
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string r = std::to_string(i);
+    text += "  float chunk_" + r + " = load_a(z, row_" + r + ", min(k_lane, GEMM_K - 1u));" + nl;
+    if (padded) text += "  chunk_" + r + " = k_lane < GEMM_K ? chunk_" + r + " : 0.0;" + nl;
+  }
+  text += "\n#define STEP(KK) {" + nl +
+          (padded ? "  uint k = min(k0 + KK, GEMM_K - 1u);" : "  uint k = k0 + KK;") + nl;
+  for (int64_t p = 0; p < parts; ++p) {
+    text += "  " + vec(p) + " b_" + std::to_string(p) + " = " + vec(p) + "(";
+    for (int64_t j = 4 * p; j < 4 * p + width(p); ++j)
+      text += std::string(j > 4 * p ? ", " : "") + "load_b(z, k, col_" + std::to_string(j) + ")";
+    text += ");" + nl;
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string r = std::to_string(i);
+    text += "  { float a_value = subgroupShuffle(chunk_" + r + ", KK);";
+    for (int64_t p = 0; p < parts; ++p)
+      text += " " + acc(i, p) + " += a_value * b_" + std::to_string(p) + ";";
+    text += " }" + nl;
+  }
+  text += "}\n#define STORE_ACCUMULATORS" + nl;
+  for (int64_t i = 0; i < rows; ++i) {
+    text += "  if (row0 + " + glsl_uint(i) + " < GEMM_M) {" + nl;
+    for (int64_t j = 0; j < cols; ++j) {
+      text += "    if (col0 + " + glsl_uint(j * lanes) + " < GEMM_N) store_c(z, row_" +
+              std::to_string(i) + ", col_" + std::to_string(j) + ", " + component(i, j) + ");" + nl;
+    }
+    text += "  }" + nl;
+  }
+  return text + "\n";
+}
+
+}  // namespace
+
+SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
+                                bool generated_loads, const DeviceTraits& device) {
+  const GemmTile tile = choose_gemm_tile(m, n, k, whole_k, entries, generated_loads, device);
+  return {.workgroups = workgroup_count(tile, m, n, entries),
+          .chain = tile.chain(k),
+          .four_by_four = tile.four_by_four()};
+}
+
+void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
+  const bool split = gemm.splits > 0;
+  const int64_t splits = split ? gemm.splits : 1;
+  const int64_t k_slice = split ? k_slice_length(gemm.k, splits) : gemm.k;
+  GemmTile tile = choose_gemm_tile(gemm.m, gemm.n, k_slice, gemm.k, gemm.batches * splits, false,
+                                   context.device());
+  if (wide_quad_tile_suits(gemm, tile, split, context.device())) tile = kWideQuadTile;
+  // vec4 loads need the operand's contiguous extent in multiples of 4: a vec4 then starts
+  // 16-byte aligned and lies wholly inside or outside, also at K slice boundaries (multiples
+  // of 16).
+  const bool a_vec4 = gemm.transpose_a ? gemm.m % 4 == 0 : gemm.k % 4 == 0;
+  const bool b_vec4 = gemm.transpose_b ? gemm.k % 4 == 0 : gemm.n % 4 == 0;
+  // Vec4 stores made every SmolLM, ResNet and U-Net product faster on the H200 but the 128 x 128
+  // tile over whole tiles, whose 127 registers fit two workgroups a compute unit: with them it
+  // takes 128 and one workgroup (GEMM 4096^3 3.70 to 3.94 ms, docs/BENCHMARKS.md run 34).
+  const bool at_register_limit = tile.tile_m == 128 && tile.tile_n == 128 && tile.work_m == 8 &&
+                                 tile.work_n == 8 && gemm.m % 128 == 0 && gemm.n % 128 == 0;
+  const bool c_vec4 = gemm.row_major_c && gemm.n % 4 == 0 && !at_register_limit;
+  launch.body = (a_vec4 ? vector_buffer_view("a4", 0, false) : "") +
+                (b_vec4 ? vector_buffer_view("b4", 1, false) : "") +
+                (c_vec4 ? vector_buffer_view("c4", 2, true) : "") + launch.body;
+  emit_gemm_comp(context,
+                 GemmCompForm{.m = gemm.m,
+                              .n = gemm.n,
+                              .k = gemm.k,
+                              .k_slice = k_slice,
+                              .batches = gemm.batches,
+                              .problems = gemm.batches * splits,
+                              .split = split,
+                              .transpose_a = gemm.transpose_a,
+                              .transpose_b = gemm.transpose_b,
+                              .a_vec4 = a_vec4,
+                              .b_vec4 = b_vec4,
+                              .c_vec4 = c_vec4},
+                 tile, std::move(launch));
+}
+
+bool use_cpu_kernels(const DeviceTraits& device) {
+  if (!device.cpu) return false;
+  if (device.subgroup_size != 4 && device.subgroup_size != 8 && device.subgroup_size != 16)
+    return false;
+  if (device.max_workgroup_invocations < device.subgroup_size) return false;
+  return !device.switches.no_cpu_kernels;
+}
+
+bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
+  // Fitted to the H200's ResNet-50 and U-Net convolutions (run 10 in docs/BENCHMARKS.md): the
+  // square tiles won where they divide N and K is deep enough for the double-buffered slices;
+  // the stem (K = 147) and 320-channel products (N = 320 on 128 tiles) ran faster on the
+  // convolution kernel's own tiles.
+  constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
+  if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
+  if (forced_tile(device)) return true;
+  return gemm.n % choose_tile_extent(gemm.m, gemm.n, gemm.k, gemm.entries, true, device).tile_n ==
+             0 &&
+         gemm.k >= kMinimumK;
+}
+
+void emit_simt_gemm(LoweringContext& context, const GeneratedGemm& gemm,
+                    std::vector<Operand> operands) {
+  Launch launch;
+  launch.label = context.label();
+  launch.body = gemm.functions;
+  launch.operands = std::move(operands);
+  emit_gemm_comp(
+      context,
+      GemmCompForm{.m = gemm.m,
+                   .n = gemm.n,
+                   .k = gemm.k,
+                   .k_slice = gemm.k,
+                   .batches = gemm.entries,
+                   .problems = gemm.entries,
+                   .transpose_a = gemm.a_m_contiguous,
+                   .transpose_b = gemm.b_k_contiguous,
+                   .generated_loads = true},
+      choose_gemm_tile(gemm.m, gemm.n, gemm.k, gemm.k, gemm.entries, true, context.device()),
+      std::move(launch));
+}
+
+void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Operand> operands) {
+  const DeviceTraits& device = context.device();
+  const int64_t lanes = device.subgroup_size;
+  // Register blocks (rows x columns per lane). Cost model, in vector multiply-adds per k step of
+  // a workgroup, fitted to llvmpipe timings of the classifier's GEMMs: ROWS * COLS
+  // multiply-adds (padding included), kLoad per buffer load (COLS of B, ROWS / LANES of A; each
+  // is a loop over the lanes) and kShuffle per broadcast A value. Workgroups run kThreads at a
+  // time (Lavapipe has one thread per CPU), so the time is the per-workgroup cost times the
+  // number of waves; small problems thus trade block efficiency for parallelism.
+  static constexpr std::array<std::array<int64_t, 2>, 14> kBlocks{{{32, 8},
+                                                                   {32, 4},
+                                                                   {16, 8},
+                                                                   {16, 4},
+                                                                   {8, 8},
+                                                                   {8, 4},
+                                                                   {16, 2},
+                                                                   {8, 2},
+                                                                   {4, 8},
+                                                                   {4, 4},
+                                                                   {4, 2},
+                                                                   {2, 4},
+                                                                   {1, 8},
+                                                                   {1, 2}}};
+  constexpr double kLoad = 29.0, kShuffle = 1.4;
+  const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::array<int64_t, 2> best = kBlocks[0];
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (const auto& block : kBlocks) {
+    const int64_t rows = block[0], cols = block[1];
+    const int64_t groups = ((gemm.m + rows - 1) / rows) *
+                           ((gemm.n + lanes * cols - 1) / (lanes * cols)) * gemm.entries;
+    const double per_group = static_cast<double>(rows * cols) +
+                             kLoad * (static_cast<double>(cols) +
+                                      static_cast<double>(rows) / static_cast<double>(lanes)) +
+                             kShuffle * static_cast<double>(rows);
+    const double cost = per_group * static_cast<double>((groups + threads - 1) / threads);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = block;
+    }
+  }
+  // MEGANEURA_CPU_GEMM_BLOCK=ROWSxCOLS forces a block shape (tuning and tests).
+  if (const std::optional<std::array<int64_t, 2>> forced = context.device().switches.cpu_gemm_block)
+    best = *forced;
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "gemm_cpu";
+  launch.body = gemm.functions + cpu_gemm_macros(best[0], best[1], lanes, gemm.k % lanes != 0) +
+                std::string(kernel_source("gemm_cpu.comp"));
+  launch.defines = {{"LANES", std::to_string(lanes)}, {"ROWS", glsl_uint(best[0])},
+                    {"COLS", glsl_uint(best[1])},     {"GEMM_M", glsl_uint(gemm.m)},
+                    {"GEMM_N", glsl_uint(gemm.n)},    {"GEMM_K", glsl_uint(gemm.k)}};
+  launch.operands = std::move(operands);
+  launch.groups =
+      tiled_grid(launch.label, gemm.n, lanes * best[1], gemm.m, best[0], gemm.entries, device);
+  context.emit(std::move(launch));
+}
+
+std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
+                              int64_t splits, bool vector_loads, bool half_units) {
+  std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
+                                  "float load_b(", "float whole_b(");
+  if (vector_loads)
+    whole = replace_all(replace_all(whole, "vec4 load_a4(", "vec4 whole_a4("), "vec4 load_b4(",
+                        "vec4 whole_b4(");
+  if (half_units)
+    whole = replace_all(replace_all(whole, "uvec4 load_a8(", "uvec4 whole_a8("), "uvec4 load_b8(",
+                        "uvec4 whole_b8(");
+  const std::string entry = "z % " + glsl_uint(entries);
+  // K slices start at multiples of 16 and `k` is a multiple of 4 wherever vec4 loads exist, so a
+  // vec4 along k lies wholly inside or wholly past `k`.
+  const auto sliced = [&](const std::string& signature, const std::string& zero,
+                          const std::string& whole_call) {
+    return signature + " {\n  uint whole_k = z / " + glsl_uint(entries) + " * " +
+           glsl_uint(k_slice_length(k, splits)) + " + k;\n  if (whole_k >= " + glsl_uint(k) +
+           ") return " + zero + ";\n  return " + whole_call + ";\n}\n";
+  };
+  std::string text =
+      whole +
+      sliced("float load_a(uint z, uint m, uint k)", "0.0", "whole_a(" + entry + ", m, whole_k)") +
+      sliced("float load_b(uint z, uint k, uint n)", "0.0", "whole_b(" + entry + ", whole_k, n)");
+  if (vector_loads)
+    text += sliced("vec4 load_a4(uint z, uint m, uint k)", "vec4(0.0)",
+                   "whole_a4(" + entry + ", m, whole_k)") +
+            sliced("vec4 load_b4(uint z, uint k, uint n)", "vec4(0.0)",
+                   "whole_b4(" + entry + ", whole_k, n)");
+  if (half_units)
+    text += sliced("uvec4 load_a8(uint z, uint m, uint k)", "uvec4(0)",
+                   "whole_a8(" + entry + ", m, whole_k)") +
+            sliced("uvec4 load_b8(uint z, uint k, uint n)", "uvec4(0)",
+                   "whole_b8(" + entry + ", whole_k, n)");
+  return text;
+}
+
+std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
+                                               const MatmulEpilogue& epilogue,
+                                               const DeviceTraits& device, std::string label) {
+  LoweringContext context(graph, matmul, device);
+  emit_matmul(context, &epilogue);
+  for (Launch& launch : context.launches()) launch.label = label;
+  return std::move(context.launches());
+}
+
+std::vector<LoweringEntry> gemm_lowerings() {
+  return {{op::matmul, lower_matmul}};
+}
+
+}  // namespace mg::kernels

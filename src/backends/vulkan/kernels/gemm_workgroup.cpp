@@ -1,0 +1,138 @@
+// Kernels of round_to_f16, widen_f16 and half_matmul: the workgroup GEMM's operands and product
+// (gemm_workgroup.hpp), and the conversions around f32 kernels for f16 tensors
+// (passes/f16_storage.cpp).
+#include "backends/vulkan/kernels/gemm_workgroup.hpp"
+
+#include <string>
+
+#include "backends/vulkan/kernels/gemm_coopmat.hpp"
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "ir/op_names.hpp"
+
+namespace mg::kernels {
+namespace {
+
+// Four values an invocation, read and written as one vector through views of both buffers (the
+// planner aligns every value to 256 bytes), the last invocation converting the 0-3 values past
+// the last whole vector one by one: 16-byte reads ran at 3.8 TB/s on the H200 where scalar
+// ones ran at 2.5. The conversion to f16 rounds to nearest even; the one from f16 is exact.
+constexpr const char* kConvertF16 = R"glsl(
+layout(std430, set = 0, binding = 0) readonly buffer x_quads { X_QUAD x4[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer y_quads { Y_QUAD y4[]; };
+layout(local_size_x = 256) in;
+void main() {
+  const uint quad = linear_workgroup() * 256u + gl_LocalInvocationID.x;
+  if (quad < COUNT / 4u) {
+    y4[quad] = Y_QUAD(x4[quad]);
+  } else if (quad == COUNT / 4u) {
+    for (uint i = quad * 4u; i < COUNT; ++i) y[i] = Y_SCALAR(x[i]);
+  }
+}
+)glsl";
+
+// round_to_f16 (f32 -> f16) and widen_f16 (f16 -> f32).
+void lower_f16_conversion(LoweringContext& context) {
+  const bool to_f16 = context.node().type.dtype == DType::f16;
+  const int64_t count = element_count(context.node().type.shape);
+  require_f16_tensors(context.label(), to_f16 ? "converts into" : "converts from",
+                      context.device());
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = context.node().op;
+  launch.body = kConvertF16;
+  launch.defines = {{"COUNT", glsl_uint(count)},
+                    {"X_QUAD", to_f16 ? "vec4" : "f16vec4"},
+                    {"Y_QUAD", to_f16 ? "f16vec4" : "vec4"},
+                    {"Y_SCALAR", to_f16 ? "float16_t" : "float"}};
+  launch.operands = {{"x", context.node().inputs[0], false}, {"y", context.id(), true}};
+  launch.f16_operands = true;
+  launch.groups = grid_for(static_cast<uint64_t>(count / 4 + 1), 256, context.device());
+  context.emit(std::move(launch));
+}
+
+void lower_half_matmul(LoweringContext& context) {
+  const Node& node = context.node();
+  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
+  const Shape& a = context.input_type(0).shape;
+  const int64_t m = a[transpose_a ? 1 : 0], n = node.type.shape.back(), k = a[transpose_a ? 0 : 1];
+  if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
+    if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
+    throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                std::to_string(k) + ") multiplies f16 operands on cooperative matrices, which '" +
+                context.device().name +
+                "' does not run in this session (fast precision and the coop GEMM's switches); "
+                "the passes that write it (workgroup GEMM, f16 storage) check this");
+  }
+  // workgroup_gemm_takes_f16_product found a block.
+  const WorkgroupGemmBlock block = *workgroup_gemm_block(m, n, context.device());
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "gemm_workgroup_coopmat";
+  launch.body = std::string(kernel_source("gemm_workgroup.comp"));
+  launch.defines = {{"GEMM_M", glsl_uint(m)},
+                    {"GEMM_N", glsl_uint(n)},
+                    {"GEMM_K", glsl_uint(k)},
+                    {"BLOCK_M", std::to_string(block.m)},
+                    {"BLOCK_N", std::to_string(block.n)},
+                    {"BLOCK_K", std::to_string(kWorkgroupGemmBlockK)},
+                    {"A_TRANSPOSED", transpose_a ? "1" : "0"},
+                    {"B_TRANSPOSED", transpose_b ? "1" : "0"},
+                    {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
+                    {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
+                    {"SPLIT_ROWS", block.split_rows ? "1" : "0"}};
+  launch.operands = {
+      {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
+  launch.f16_operands = true;
+  // Workgroup scope is a KHR matrix property: the NV extension has only subgroups.
+  launch.khr_cooperative_matrix = true;
+  launch.tensor_loads = block.split_rows;
+  launch.groups = tiled_grid(launch.label, n, block.n, m, block.m, 1, context.device());
+  context.emit(std::move(launch));
+}
+
+}  // namespace
+
+// The roundings read M K + K N values, the product does M N K multiply-adds: the product must
+// be long enough along both M and N for its speed to pay for them. On the H200 the workgroup
+// product ran at 300 TFLOP/s against the subgroup kernel's 167 and a rounding at 3.6 TB/s, which
+// breaks even where M N / (M + N) is 314; the bound, half the harmonic mean of M and N, is 512.
+// SmolLM's lm_head (128 x 49152 x 576, 128) ran 0.127 ms against 0.077 (docs/BENCHMARKS.md
+// run 48).
+constexpr int64_t kMinHalfHarmonicMean = 512;
+
+std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
+                                                       const DeviceTraits& device) {
+  if (device.workgroup_tensor_loads && m % kSplitRowsBlock.m == 0 && n % kSplitRowsBlock.n == 0)
+    return kSplitRowsBlock;
+  if (m % kWholeBlock.m == 0 && n % kWholeBlock.n == 0) return kWholeBlock;
+  return std::nullopt;
+}
+
+bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
+                          OperandsIn operands) {
+  if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
+  const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
+  if (!block || k % kWorkgroupGemmBlockK != 0) return false;
+  if (const std::optional<bool> forced = device.switches.workgroup_gemm) return *forced;
+  const int64_t blocks = (m / block->m) * (n / block->n);
+  if (blocks < device.compute_units) return false;
+  return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);
+}
+
+bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device) {
+  if (node.attrs.has("k_splits")) return false;
+  const Shape& a = graph.type(node.inputs[0]).shape;
+  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  return workgroup_gemm_suits(a[transpose_a ? 1 : 0], node.type.shape.back(),
+                              a[transpose_a ? 0 : 1], device, OperandsIn::f16);
+}
+
+std::vector<LoweringEntry> workgroup_gemm_lowerings() {
+  return {{op::round_to_f16, lower_f16_conversion},
+          {op::widen_f16, lower_f16_conversion},
+          {op::half_matmul, lower_half_matmul}};
+}
+
+}  // namespace mg::kernels

@@ -1,0 +1,55 @@
+#pragma once
+// The fast GEMM on workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2,
+// gemm_workgroup.comp): one block of C a workgroup of 256 invocations, its f16 operands loaded
+// 64 deep straight from memory, the staging through shared memory left to the driver. A matmul
+// takes it through passes/workgroup_gemm.cpp, as round_to_f16 of each operand and a half_matmul
+// (ops/half_gemm.hpp), and a product of f16 tensors through passes/f16_storage.cpp.
+#include <cstdint>
+#include <optional>
+
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "target/target.hpp"
+
+namespace mg::kernels {
+
+constexpr int64_t kWorkgroupGemmBlockK = 64, kWorkgroupGemmInvocations = 256;
+
+// The block of C a workgroup computes. Where the device loads workgroup-scope matrices through
+// tensor layouts (DeviceTraits::workgroup_tensor_loads) and M is a multiple of 256: 256 x 128,
+// held as two 128 x 128 accumulators one above the other (split_rows), which ran 4096^3 in
+// 0.425-0.429 ms (f16 result) and 0.434-0.435 (f32) on the H200; otherwise one 128 x 256
+// accumulator with plain loads, 0.444-0.449 (docs/BENCHMARKS.md runs 48-51). The device's
+// workgroup granularities must divide each form's accumulator (accumulator_rows x n) and its
+// 64-deep steps.
+struct WorkgroupGemmBlock {
+  int64_t m = 128, n = 256;
+  bool split_rows = false;
+  constexpr int64_t accumulator_rows() const { return split_rows ? m / 2 : m; }
+};
+constexpr WorkgroupGemmBlock kWholeBlock{128, 256, false}, kSplitRowsBlock{256, 128, true};
+// The block an M x N product takes on `device`, or none where neither divides it.
+std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
+                                                       const DeviceTraits& device);
+
+using target::OperandsIn;
+
+// Whether an M x N x K product (2-D, no split) runs on the workgroup GEMM on `device`: the coop
+// GEMM is on (use_coop_gemm), the device has workgroup-scope f16 matrices
+// (DeviceTraits::workgroup_coop_matrix_f16), a block fits M and N (workgroup_gemm_block), K is
+// a multiple of 64, and the blocks fill every compute unit once; for f32 operands also M N >= 512
+// (M + N), so that the product outweighs the roundings of its operands (gemm_workgroup.cpp). On the
+// H200 at 4096^3 the rounded operands and the product took 0.49-0.50 ms against the subgroup-scope
+// kernel's 0.81 (docs/BENCHMARKS.md run 48). MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the
+// size bounds (the extents must still be multiples of the block); anything else is an error naming
+// it.
+bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
+                          OperandsIn operands);
+
+// Whether the 2-D product `node` of `graph` (a matmul or half_matmul, a transposed when its
+// transpose_a says) of f16 operands runs on the workgroup GEMM on `device`: never once split
+// over K (k_splits), else by workgroup_gemm_suits for f16 operands. The f16 storage pass, split-K
+// and half_matmul's lowering ask it of the same product.
+bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device);
+
+}  // namespace mg::kernels

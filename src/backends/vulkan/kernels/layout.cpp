@@ -1,0 +1,164 @@
+// The data-movement archetype: every output element reads (at most) one input element at an
+// index computed from its coordinates (transpose, slice, pad, concat, gather), plus the
+// deterministic row scatter that is gather's gradient.
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "ir/op_names.hpp"
+
+namespace mg::kernels {
+namespace {
+
+constexpr uint32_t kLocalSize = 256;
+
+std::string main_header(int64_t count) {
+  return "layout(local_size_x = " + std::to_string(kLocalSize) +
+         ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + glsl_uint(kLocalSize) +
+         " + gl_LocalInvocationID.x;\n  if (i >= " + glsl_uint(count) + ") return;\n";
+}
+
+std::vector<std::string> coordinate_names(size_t rank, const std::string& prefix = "c") {
+  std::vector<std::string> names;
+  for (size_t axis = 0; axis < rank; ++axis) names.push_back(prefix + std::to_string(axis));
+  return names;
+}
+
+Launch element_launch(LoweringContext& context, std::string body) {
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "layout";
+  launch.body = std::move(body);
+  launch.groups =
+      grid_for(static_cast<uint64_t>(context.node().type.elements()), kLocalSize, context.device());
+  return launch;
+}
+
+void lower_transpose(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& out_shape = node.type.shape;
+  const Shape& in_shape = context.input_type(0).shape;
+  const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+  std::vector<std::string> in_coordinates(in_shape.size());
+  for (size_t k = 0; k < permutation.size(); ++k)
+    in_coordinates[permutation[k]] = "c" + std::to_string(k);
+  std::string body = main_header(node.type.elements()) + coordinates_glsl(out_shape, "i");
+  body += "  out_[i] = x[" + flat_index_glsl(in_shape, in_coordinates) + "];\n}\n";
+  Launch launch = element_launch(context, std::move(body));
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  context.emit(std::move(launch));
+}
+
+void lower_slice(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& in_shape = context.input_type(0).shape;
+  const int64_t rank = static_cast<int64_t>(in_shape.size());
+  int64_t axis = node.attrs.get_int("axis");
+  if (axis < 0) axis += rank;
+  int64_t start = node.attrs.get_int("start");
+  if (start < 0) start += in_shape[axis];
+  std::vector<std::string> in_coordinates = coordinate_names(in_shape.size());
+  in_coordinates[axis] = "(c" + std::to_string(axis) + " + " + glsl_uint(start) + ")";
+  std::string body = main_header(node.type.elements()) + coordinates_glsl(node.type.shape, "i");
+  body += "  out_[i] = x[" + flat_index_glsl(in_shape, in_coordinates) + "];\n}\n";
+  Launch launch = element_launch(context, std::move(body));
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  context.emit(std::move(launch));
+}
+
+void lower_pad(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& in_shape = context.input_type(0).shape;
+  const std::vector<int64_t>& pads = node.attrs.get_ints("pads");
+  std::string body = main_header(node.type.elements()) + coordinates_glsl(node.type.shape, "i");
+  std::string inside = "true";
+  std::vector<std::string> in_coordinates;
+  for (size_t axis = 0; axis < in_shape.size(); ++axis) {
+    const std::string shifted = "s" + std::to_string(axis);
+    body += "  int " + shifted + " = int(c" + std::to_string(axis) + ") - " +
+            std::to_string(pads[2 * axis]) + ";\n";
+    inside += " && " + shifted + " >= 0 && " + shifted + " < " + std::to_string(in_shape[axis]);
+    in_coordinates.push_back("uint(" + shifted + ")");
+  }
+  body += "  out_[i] = (" + inside + ") ? x[" + flat_index_glsl(in_shape, in_coordinates) +
+          "] : " + glsl_float(node.attrs.get_float("value", 0.0)) + ";\n}\n";
+  Launch launch = element_launch(context, std::move(body));
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  context.emit(std::move(launch));
+}
+
+void lower_concat(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& out_shape = node.type.shape;
+  int64_t axis = node.attrs.get_int("axis");
+  if (axis < 0) axis += static_cast<int64_t>(out_shape.size());
+  std::string body = main_header(node.type.elements()) + coordinates_glsl(out_shape, "i");
+  Launch launch;
+  int64_t offset = 0;
+  for (size_t k = 0; k < node.inputs.size(); ++k) {
+    const Shape& part_shape = context.input_type(k).shape;
+    const std::string name = "part" + std::to_string(k);
+    std::vector<std::string> coordinates = coordinate_names(part_shape.size());
+    coordinates[axis] = "(c" + std::to_string(axis) + " - " + glsl_uint(offset) + ")";
+    offset += part_shape[axis];
+    body += std::string(k == 0 ? "  if" : "  else if") + " (c" + std::to_string(axis) + " < " +
+            glsl_uint(offset) + ") out_[i] = " + name + "[" +
+            flat_index_glsl(part_shape, coordinates) + "];\n";
+    launch.operands.push_back({name, node.inputs[k], false});
+  }
+  body += "}\n";
+  Launch element = element_launch(context, std::move(body));
+  element.operands = std::move(launch.operands);
+  element.operands.push_back({"out_", context.id(), true});
+  context.emit(std::move(element));
+}
+
+void lower_gather(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& table_shape = context.input_type(0).shape;
+  const int64_t rows = table_shape[0];
+  const int64_t width = element_count(table_shape) / rows;
+  std::string body = main_header(node.type.elements());
+  body +=
+      "  uint position = i / " + glsl_uint(width) + ", column = i % " + glsl_uint(width) + ";\n";
+  // An out-of-range index cannot raise an error on the GPU; it reads zeros instead.
+  body += "  int row = indices[position];\n";
+  body += "  out_[i] = (row >= 0 && row < " + std::to_string(rows) + ") ? table[uint(row) * " +
+          glsl_uint(width) + " + column] : 0.0;\n}\n";
+  Launch launch = element_launch(context, std::move(body));
+  launch.operands = {{"table", node.inputs[0], false},
+                     {"indices", node.inputs[1], false},
+                     {"out_", context.id(), true}};
+  context.emit(std::move(launch));
+}
+
+void lower_scatter_add(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& target_shape = node.type.shape;
+  const int64_t width = element_count(target_shape) / target_shape[0];
+  const int64_t positions = context.input_type(1).elements();
+  // Each output element sums its own contributions in index order: deterministic, no atomics.
+  std::string body = main_header(node.type.elements());
+  body += "  int row = int(i / " + glsl_uint(width) + ");\n  uint column = i % " +
+          glsl_uint(width) + ";\n  float total = target[i];\n";
+  body += "  for (uint p = 0u; p < " + glsl_uint(positions) + "; ++p) {\n";
+  body += "    if (indices[p] == row) total += updates[p * " + glsl_uint(width) + " + column];\n";
+  body += "  }\n  out_[i] = total;\n}\n";
+  Launch launch = element_launch(context, std::move(body));
+  launch.operands = {{"target", node.inputs[0], false},
+                     {"indices", node.inputs[1], false},
+                     {"updates", node.inputs[2], false},
+                     {"out_", context.id(), true}};
+  context.emit(std::move(launch));
+}
+
+}  // namespace
+
+std::vector<LoweringEntry> layout_lowerings() {
+  return {{op::transpose, lower_transpose},
+          {op::slice, lower_slice},
+          {op::pad, lower_pad},
+          {op::concat, lower_concat},
+          {op::gather, lower_gather},
+          {op::scatter_add, lower_scatter_add}};
+}
+
+}  // namespace mg::kernels

@@ -1,0 +1,146 @@
+#pragma once
+// Lowering: each graph node becomes one or more kernel launches. A launch names the buffers it
+// binds (graph values, in binding order), the GLSL source and defines that specialise the kernel
+// to the node's shapes and the device, and its grid. Shapes are compile-time constants in the
+// generated code, so every kernel is specialised per shape.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "meganeura/graph.hpp"
+#include "target/device_traits.hpp"
+#include "target/launch.hpp"
+
+namespace mg::kernels {
+
+using target::DeviceTraits;
+using target::kAssumedComputeUnits;
+using target::Operand;
+
+struct Launch {
+  std::string label;   // "matmul %12", shown in profiles and errors
+  std::string kernel;  // archetype name, e.g. "pointwise", "gemm"
+  std::string body;    // GLSL after the generated buffer declarations
+  std::vector<std::pair<std::string, std::string>> defines;
+  std::vector<Operand> operands;
+  std::array<uint32_t, 3> groups{1, 1, 1};
+  // The GLSL uses GL_NV_cooperative_matrix; compile it to SPV_KHR_cooperative_matrix instead.
+  bool khr_cooperative_matrix = false;
+  // With khr_cooperative_matrix: its matrices are loaded through tensor layouts at the loaded
+  // element (gpu::MatrixLoads::tensor_at_element; needs DeviceTraits::workgroup_tensor_loads).
+  bool tensor_loads = false;
+  // The kernel reads or writes f16 values (float16_t arrays); other kernels name the f16 operand
+  // in an error instead of compiling against values they were not written for.
+  bool f16_operands = false;
+};
+
+// Throws mg::Error unless `device` has f16 storage buffers and f16 arithmetic: `label` `does`
+// ("converts into", "reads or writes") an f16 tensor.
+void require_f16_tensors(const std::string& label, const std::string& does,
+                         const DeviceTraits& device);
+
+// The GLSL text that declares `launch`'s operands as std430 storage buffers (binding k is
+// operand k; f32 values as float[], i32 as int[], and f16 as float16_t[] after the extensions
+// that allow it where the launch has f16_operands), followed by the common prelude.
+std::string buffer_declarations(const Graph& graph, const Launch& launch);
+
+// Grid for `count` independent work items in workgroups of `local_size`, spread over x and y
+// so that no dimension exceeds the device's limit. Kernels use linear_workgroup() (prelude).
+std::array<uint32_t, 3> grid_for(uint64_t count, uint32_t local_size, const DeviceTraits& device);
+
+// The grid of a tiled kernel: ceil(columns / tile_columns) x ceil(rows / tile_rows) x entries.
+// Throws mg::Error naming `label` when an extent exceeds the device's workgroup count limit.
+std::array<uint32_t, 3> tiled_grid(const std::string& label, int64_t columns, int64_t tile_columns,
+                                   int64_t rows, int64_t tile_rows, int64_t entries,
+                                   const DeviceTraits& device);
+
+class LoweringContext {
+ public:
+  LoweringContext(const Graph& graph, ValueId id, const DeviceTraits& device)
+      : graph_(graph), id_(id), device_(device) {}
+
+  const Graph& graph() const { return graph_; }
+  ValueId id() const { return id_; }
+  const Node& node() const { return graph_.node(id_); }
+  const TensorType& input_type(size_t k) const { return graph_.type(node().inputs.at(k)); }
+  const DeviceTraits& device() const { return device_; }
+  std::string label() const { return node().op + " %" + std::to_string(id_); }
+
+  void emit(Launch launch) { launches_.push_back(std::move(launch)); }
+  std::vector<Launch>& launches() { return launches_; }
+
+ private:
+  const Graph& graph_;
+  ValueId id_;
+  const DeviceTraits& device_;
+  std::vector<Launch> launches_;
+};
+
+using LoweringFunction = void (*)(LoweringContext& context);
+
+struct LoweringEntry {
+  std::string_view op;
+  LoweringFunction lower;
+};
+
+// One table a kernel archetype file, listing the ops that archetype runs.
+std::vector<LoweringEntry> pointwise_lowerings();
+std::vector<LoweringEntry> layout_lowerings();
+std::vector<LoweringEntry> reduction_lowerings();
+std::vector<LoweringEntry> gemm_lowerings();
+std::vector<LoweringEntry> workgroup_gemm_lowerings();
+std::vector<LoweringEntry> conv_lowerings();
+std::vector<LoweringEntry> pool_lowerings();
+std::vector<LoweringEntry> norm_lowerings();
+std::vector<LoweringEntry> attention_lowerings();
+std::vector<LoweringEntry> loss_lowerings();
+
+// Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
+std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);
+
+// Values another node's launch can write beside its own result, so that their node needs no
+// launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
+// causality (the forward, or for a forward over key slices the attention_combine after it, has
+// the log-sum-exp at hand); after the attention_grad_k of the same inputs on the strict kernel,
+// an attention_grad_v (one pass over the scores for both; MEGANEURA_ATTENTION_FUSED_KV=0 turns
+// that off) and an attention_grad_scores (the weights it computes anyway); a
+// winograd_grad_tiles after the winograd_tiles that one matmul multiplies it with, when its
+// input comes before that (one launch for both transforms of a Winograd weight gradient). A
+// companion comes after its producer in the graph, so every reader of it runs after the producer's
+// launch; a producer writes at most one companion of each op.
+bool is_companion_op(std::string_view op);
+bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
+                         const DeviceTraits& device);
+
+// The producer's launches, writing the companions as well.
+std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
+                                          const std::vector<ValueId>& companions,
+                                          const DeviceTraits& device);
+
+// The attention family's companions (attention.cpp) and the Winograd tile pair (conv.cpp),
+// which the three functions above dispatch to.
+bool is_attention_companion_op(std::string_view op);
+bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId companion,
+                                   const DeviceTraits& device);
+std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId producer,
+                                                    const std::vector<ValueId>& companions,
+                                                    const DeviceTraits& device);
+bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId companion);
+std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId producer,
+                                              ValueId companion, const DeviceTraits& device);
+
+// Every op that has a kernel (for `meganeura inspect --ops` and the coverage test).
+std::vector<std::string> lowered_ops();
+
+// The embedded GLSL file `file_name` (e.g. "gemm.comp"); throws if absent.
+std::string_view kernel_source(std::string_view file_name);
+
+// Prints "meganeura: <message>" to stderr once per distinct message: a sweep lowers many kernels
+// with the same ignored override.
+void warn_once(const std::string& message);
+
+}  // namespace mg::kernels

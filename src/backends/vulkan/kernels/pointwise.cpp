@@ -1,0 +1,483 @@
+#include "backends/vulkan/kernels/pointwise.hpp"
+
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "ir/op_names.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace mg::kernels {
+namespace {
+
+constexpr uint32_t kLocalSize = 256;
+
+// Numerics GLSL lacks or defines loosely: erf, a tanh that stays finite, pow of negative bases.
+constexpr std::string_view kPointwiseFunctions = R"glsl(
+float mg_erf(float x) {
+  // Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7, near f32 rounding.
+  float t = 1.0 / (1.0 + 0.3275911 * abs(x));
+  float y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t +
+                   0.254829592) * t * exp(-x * x);
+  return sign(x) * y;
+}
+float mg_tanh(float x) { return tanh(clamp(x, -15.0, 15.0)); }
+float mg_sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
+float mg_pow(float a, float b) {
+  if (b == round(b)) {
+    float r = pow(abs(a), b);
+    return (a < 0.0 && mod(abs(b), 2.0) == 1.0) ? -r : r;
+  }
+  return pow(a, b);
+}
+// x rounded to the nearest f16 (ties to even), held as an f32: fused kernels round each f16
+// result in registers (round_to_f16). In integer arithmetic, because a driver may take
+// float(float16_t(x)) for x itself: NVIDIA's did on the H200, dropping every rounding of a
+// fused chain. Below f16's smallest normal (2^-14) the steps are 2^-24, where the scaling by
+// 2^24 and back is exact; above 65504 the value rounds to infinity.
+float mg_round_f16(float x) {
+  if (isnan(x)) return x;
+  if (abs(x) < 6.103515625e-05) return roundEven(x * 16777216.0) * 5.9604644775390625e-08;
+  uint bits = floatBitsToUint(x);
+  bits = (bits + 0xFFFu + ((bits >> 13) & 1u)) & 0xFFFFE000u;
+  if (abs(uintBitsToFloat(bits)) > 65504.0) bits = (bits & 0x80000000u) | 0x7F800000u;
+  return uintBitsToFloat(bits);
+}
+const float kSqrtHalf = 0.70710678118654752;
+const float kSqrt2OverPi = 0.79788456080286536;
+float mg_gelu(float x) { return 0.5 * x * (1.0 + mg_erf(x * kSqrtHalf)); }
+float mg_gelu_tanh(float x) {
+  return 0.5 * x * (1.0 + mg_tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+}
+float mg_gelu_grad(float x) {
+  return 0.5 * (1.0 + mg_erf(x * kSqrtHalf)) + x * 0.39894228040143268 * exp(-0.5 * x * x);
+}
+float mg_gelu_tanh_grad(float x) {
+  float inner = kSqrt2OverPi * (x + 0.044715 * x * x * x);
+  float t = mg_tanh(inner);
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 0.134145 * x * x);
+}
+)glsl";
+
+// GLSL for each op, with $0, $1, $2 standing for the arguments.
+const std::map<std::string_view, std::string_view>& expressions() {
+  static const std::map<std::string_view, std::string_view> table = {
+      {op::add, "$0 + $1"},
+      {op::sub, "$0 - $1"},
+      {op::mul, "$0 * $1"},
+      {op::div, "$0 / $1"},
+      {op::pow, "mg_pow($0, $1)"},
+      {op::maximum, "max($0, $1)"},
+      {op::minimum, "min($0, $1)"},
+      {op::equal, "float($0 == $1)"},
+      {op::less, "float($0 < $1)"},
+      {op::less_equal, "float($0 <= $1)"},
+      {op::greater, "float($0 > $1)"},
+      {op::greater_equal, "float($0 >= $1)"},
+      {op::where, "($0 != 0.0) ? $1 : $2"},
+      {op::neg, "-$0"},
+      {op::abs, "abs($0)"},
+      {op::exp, "exp($0)"},
+      {op::log, "log($0)"},
+      {op::sqrt, "sqrt($0)"},
+      {op::rsqrt, "inversesqrt($0)"},
+      {op::recip, "1.0 / $0"},
+      {op::square, "$0 * $0"},
+      {op::sin, "sin($0)"},
+      {op::cos, "cos($0)"},
+      {op::relu, "max($0, 0.0)"},
+      {op::silu, "$0 * mg_sigmoid($0)"},
+      {op::sigmoid, "mg_sigmoid($0)"},
+      {op::tanh, "mg_tanh($0)"},
+      {op::broadcast_to, "$0"},
+      {op::cast, "$0"},
+  };
+  return table;
+}
+
+std::string expression_for(const PointwiseStatement& statement) {
+  // The f16 storage pass's conversions (passes/f16_storage.cpp), fused: the value rounded to
+  // f16 where it is one (a DAG reads an f16 input and stores an f16 result through its
+  // buffer's type, so widening is the value itself).
+  if (statement.op == op::round_to_f16) return "mg_round_f16($0)";
+  if (statement.op == op::widen_f16) return "$0";
+  if (statement.op == op::gelu) {
+    return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh($0)"
+                                                                       : "mg_gelu($0)";
+  }
+  if (statement.op == op::gelu_grad) {
+    return statement.attrs.get_string("approximate", "none") == "tanh"
+               ? "mg_gelu_tanh_grad($0) * $1"
+               : "mg_gelu_grad($0) * $1";
+  }
+  auto it = expressions().find(statement.op);
+  if (it == expressions().end())
+    throw Error("internal: no pointwise expression for " + statement.op);
+  return std::string(it->second);
+}
+
+std::string substitute(const std::string& expression, const std::vector<std::string>& arguments) {
+  std::string text;
+  for (size_t i = 0; i < expression.size(); ++i) {
+    if (expression[i] == '$' && i + 1 < expression.size()) {
+      text += "(" + arguments.at(expression[++i] - '0') + ")";
+    } else {
+      text += expression[i];
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+bool is_pointwise_op(std::string_view op) {
+  return expressions().count(op) > 0 || op == op::gelu || op == op::gelu_grad ||
+         is_f16_conversion_op(op);
+}
+
+bool is_f16_conversion_op(std::string_view op) {
+  return op == op::round_to_f16 || op == op::widen_f16;
+}
+
+std::string_view pointwise_functions_glsl() {
+  return kPointwiseFunctions;
+}
+
+std::string pointwise_statements_glsl(const PointwiseDag& dag,
+                                      const std::vector<std::string>& input_expressions) {
+  std::string text;
+  for (size_t s = 0; s < dag.statements.size(); ++s) {
+    const PointwiseStatement& statement = dag.statements[s];
+    std::vector<std::string> arguments;
+    for (int argument : statement.arguments) {
+      arguments.push_back(argument >= 0 ? input_expressions.at(argument)
+                                        : pointwise_value_glsl(-1 - argument));
+    }
+    text += "  float " + pointwise_value_glsl(s) + " = " +
+            substitute(expression_for(statement), arguments) + ";\n";
+  }
+  return text;
+}
+
+std::string pointwise_value_glsl(size_t statement) {
+  return "t" + std::to_string(statement);
+}
+
+std::string pointwise_result_glsl(const PointwiseDag& dag) {
+  return pointwise_value_glsl(dag.statements.size() - 1);
+}
+
+namespace {
+
+// Each thread computes this many consecutive elements (one vec4) when the inputs allow it, and
+// otherwise this many elements kLocalSize apart (coalesced scalar accesses).
+constexpr uint32_t kElementsPerThread = 4;
+
+// How a kernel reads one DAG input.
+enum class InputKind {
+  constant,   // a uniform constant: a literal in the source
+  full,       // the output's element count: read at the output's linear index
+  single,     // one element, broadcast everywhere
+  broadcast,  // anything else: indexed through output coordinates
+};
+
+struct InputAccess {
+  InputKind kind = InputKind::constant;
+  std::string name;  // the buffer's array ("in3"), or the literal for constants
+  DType dtype = DType::f32;
+  uint32_t binding = 0;       // operand index, for the vector view of the same buffer
+  std::vector<bool> present;  // broadcast inputs: varies along each collapsed output axis
+};
+
+// The output shape with extent-1 axes dropped and neighbouring axes merged wherever every
+// broadcast input either varies along both or along neither, so that coordinates need as few
+// divisions as possible. Fills each broadcast input's `present`.
+std::vector<int64_t> collapse_axes(const Graph& graph, const PointwiseDag& dag, const Shape& shape,
+                                   std::vector<InputAccess>& inputs) {
+  std::vector<int64_t> extents;
+  std::vector<bool> previous;  // which broadcast inputs vary along the last collapsed axis
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    if (shape[axis] == 1) continue;
+    std::vector<bool> varies;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (inputs[k].kind != InputKind::broadcast) continue;
+      const Shape& input_shape = graph.type(dag.inputs[k]).shape;
+      const size_t offset = shape.size() - input_shape.size();
+      varies.push_back(axis >= offset && input_shape[axis - offset] != 1);
+    }
+    if (!extents.empty() && varies == previous) {
+      extents.back() *= shape[axis];
+      continue;
+    }
+    extents.push_back(shape[axis]);
+    size_t b = 0;
+    for (InputAccess& input : inputs) {
+      if (input.kind == InputKind::broadcast) input.present.push_back(varies[b++]);
+    }
+    previous = std::move(varies);
+  }
+  return extents;
+}
+
+// Flat index into a broadcast input from the collapsed coordinates `prefix`0, `prefix`1, ...
+std::string broadcast_index(const InputAccess& input, const std::vector<int64_t>& extents,
+                            const std::string& prefix) {
+  std::string index;
+  int64_t stride = 1;
+  for (size_t axis = extents.size(); axis-- > 0;) {
+    if (!input.present[axis]) continue;
+    const std::string term =
+        prefix + std::to_string(axis) + (stride == 1 ? std::string() : " * " + glsl_uint(stride));
+    index = index.empty() ? term : term + " + " + index;
+    stride *= extents[axis];
+  }
+  return index.empty() ? "0u" : index;
+}
+
+std::string as_float(const std::string& load, DType dtype) {
+  return dtype == DType::f32 ? load : "float(" + load + ")";
+}
+
+std::string vector_type(DType dtype) {
+  switch (dtype) {
+    case DType::i32:
+      return "ivec4";
+    case DType::u32:
+      return "uvec4";
+    case DType::f16:
+      return "f16vec4";
+    default:
+      return "vec4";
+  }
+}
+
+std::string scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::i32:
+      return "int";
+    case DType::u32:
+      return "uint";
+    case DType::f16:
+      return "float16_t";
+    default:
+      return "float";
+  }
+}
+
+// The vector view `name`_x4 of operand `binding`.
+std::string vector_view(const std::string& name, DType dtype, uint32_t binding, bool write) {
+  return vector_buffer_view(name + "_x4", binding, write, vector_type(dtype));
+}
+
+// The statements of one element, its result stored to `store` and extra output k to
+// `extra_stores[k]`.
+std::string element_glsl(const PointwiseDag& dag, const std::vector<std::string>& input_expressions,
+                         DType output_dtype, const std::string& store,
+                         const std::vector<std::string>& extra_stores) {
+  const std::string result = pointwise_result_glsl(dag);
+  std::string text =
+      pointwise_statements_glsl(dag, input_expressions) + "  " + store + " = " +
+      (output_dtype == DType::f32 ? result : scalar_type(output_dtype) + "(" + result + ")") +
+      ";\n";
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    text += "  " + extra_stores[k] + " = " + pointwise_value_glsl(dag.extra_outputs[k].statement) +
+            ";\n";
+  return text;
+}
+
+// Extra output k's store target: `name`<k> followed by `suffix` ("[i]", ".x", ...).
+std::vector<std::string> extra_stores(const PointwiseDag& dag, const std::string& name,
+                                      const std::string& suffix) {
+  std::vector<std::string> stores;
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    stores.push_back(name + std::to_string(k) + suffix);
+  return stores;
+}
+
+}  // namespace
+
+Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
+                        std::string label) {
+  const TensorType& output_type = graph.type(dag.output);
+  const int64_t count = output_type.elements();
+  const DType output_dtype = output_type.dtype;
+
+  Launch launch;
+  launch.label = std::move(label);
+  launch.kernel = "pointwise";
+  std::vector<InputAccess> inputs(dag.inputs.size());
+  for (size_t k = 0; k < dag.inputs.size(); ++k) {
+    const Node& input_node = graph.node(dag.inputs[k]);
+    InputAccess& input = inputs[k];
+    if (input_node.is_uniform_constant()) {
+      input.name = glsl_float(input_node.attrs.get_float("value"));
+      continue;
+    }
+    const int64_t elements = input_node.type.elements();
+    input.kind = elements == count ? InputKind::full
+                 : elements == 1   ? InputKind::single
+                                   : InputKind::broadcast;
+    input.name = "in" + std::to_string(k);
+    input.dtype = input_node.type.dtype;
+    input.binding = static_cast<uint32_t>(launch.operands.size());
+    launch.operands.push_back({input.name, dag.inputs[k], false});
+  }
+  // Extra outputs bind before the result, which stays the last operand (the planner's in-place
+  // choice writes only the result over a dying input).
+  const uint32_t first_extra_binding = static_cast<uint32_t>(launch.operands.size());
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    launch.operands.push_back({"extra" + std::to_string(k), dag.extra_outputs[k].value, true});
+  const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
+  launch.operands.push_back({"result", dag.output, true});
+  // f16 buffers need the f16 extensions; a chain that rounds to f16 only in registers is refused
+  // on a device without f16 alike, as its unfused conversions would be.
+  launch.f16_operands =
+      std::any_of(
+          launch.operands.begin(), launch.operands.end(),
+          [&](const Operand& operand) { return graph.type(operand.value).dtype == DType::f16; }) ||
+      std::any_of(
+          dag.statements.begin(), dag.statements.end(),
+          [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
+  if (launch.f16_operands) require_f16_tensors(launch.label, "reads or writes", device);
+
+  const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
+  const bool has_broadcast = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {
+    return in.kind == InputKind::broadcast;
+  });
+  // Groups of four consecutive elements share every broadcast input's coordinates except along
+  // the innermost axis, so they load as one vec4 or one splatted scalar.
+  const bool vectorised =
+      count >= kElementsPerThread && (!has_broadcast || extents.back() % kElementsPerThread == 0);
+
+  std::string body = std::string(pointwise_functions_glsl());
+  const std::string local = std::to_string(kLocalSize);
+  if (vectorised) {
+    const int64_t groups = count / kElementsPerThread;
+    for (const InputAccess& input : inputs) {
+      const bool vector_load = input.kind == InputKind::full ||
+                               (input.kind == InputKind::broadcast && input.present.back());
+      if (vector_load) body += vector_view(input.name, input.dtype, input.binding, false);
+    }
+    body += vector_view("result", output_dtype, result_binding, true);
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+      body += vector_view("extra" + std::to_string(k), DType::f32,
+                          first_extra_binding + static_cast<uint32_t>(k), true);
+    }
+    body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
+    body += "  uint g = linear_workgroup() * " + local + "u + gl_LocalInvocationID.x;\n";
+    body += "  if (g < " + glsl_uint(groups) + ") {\n";
+    if (has_broadcast) body += coordinates_glsl(extents, "g * 4u");
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const InputAccess& input = inputs[k];
+      const std::string value = "  vec4 a" + std::to_string(k) + " = ";
+      if (input.kind == InputKind::full) {
+        const std::string load = input.name + "_x4[g]";
+        body += value + (input.dtype == DType::f32 ? load : "vec4(" + load + ")") + ";\n";
+      } else if (input.kind == InputKind::single) {
+        body += value + "vec4(" + input.name + "[0]);\n";
+      } else if (input.kind == InputKind::broadcast) {
+        const std::string index = broadcast_index(input, extents, "c");
+        const std::string load = input.present.back() ? input.name + "_x4[(" + index + ") / 4u]"
+                                                      : input.name + "[" + index + "]";
+        body += value + "vec4(" + load + ");\n";
+      }
+    }
+    body += "  " + vector_type(output_dtype) + " r;\n";
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+      body += "  vec4 e" + std::to_string(k) + ";\n";
+    for (const char* lane : {"x", "y", "z", "w"}) {
+      std::vector<std::string> lane_inputs;
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        lane_inputs.push_back(inputs[k].kind == InputKind::constant
+                                  ? inputs[k].name
+                                  : "a" + std::to_string(k) + "." + lane);
+      }
+      body += "  {\n" +
+              element_glsl(dag, lane_inputs, output_dtype, std::string("r.") + lane,
+                           extra_stores(dag, "e", std::string(".") + lane)) +
+              "  }\n";
+    }
+    body += "  result_x4[g] = r;\n";
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+      body += "  extra" + std::to_string(k) + "_x4[g] = e" + std::to_string(k) + ";\n";
+    body += "  }\n";
+    if (count % kElementsPerThread != 0) {
+      // The last few elements, without broadcast inputs (those imply a multiple of four).
+      std::vector<std::string> tail_inputs;
+      for (const InputAccess& input : inputs) {
+        tail_inputs.push_back(input.kind == InputKind::constant ? input.name
+                              : input.kind == InputKind::single
+                                  ? as_float(input.name + "[0]", input.dtype)
+                                  : as_float(input.name + "[i]", input.dtype));
+      }
+      body += "  if (g == " + glsl_uint(groups) + ") {\n";
+      body += "  for (uint i = " + glsl_uint(groups * kElementsPerThread) + "; i < " +
+              glsl_uint(count) + "; ++i) {\n";
+      body += element_glsl(dag, tail_inputs, output_dtype, "result[i]",
+                           extra_stores(dag, "extra", "[i]")) +
+              "  }\n  }\n";
+    }
+    body += "}\n";
+    launch.groups = grid_for(static_cast<uint64_t>(groups + (count % kElementsPerThread != 0)),
+                             kLocalSize, device);
+  } else {
+    std::vector<std::string> element_inputs;
+    for (const InputAccess& input : inputs) {
+      switch (input.kind) {
+        case InputKind::constant:
+          element_inputs.push_back(input.name);
+          break;
+        case InputKind::full:
+          element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
+          break;
+        case InputKind::single:
+          element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
+          break;
+        case InputKind::broadcast:
+          element_inputs.push_back(
+              as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
+          break;
+      }
+    }
+    body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
+    body += "  uint first = linear_workgroup() * " +
+            glsl_uint(int64_t{kLocalSize} * kElementsPerThread) + " + gl_LocalInvocationID.x;\n";
+    body += "  for (uint j = 0u; j < " + glsl_uint(kElementsPerThread) + "; ++j) {\n";
+    body += "  uint i = first + j * " + local + "u;\n";
+    body += "  if (i >= " + glsl_uint(count) + ") return;\n";
+    if (has_broadcast) body += coordinates_glsl(extents, "i");
+    body += element_glsl(dag, element_inputs, output_dtype, "result[i]",
+                         extra_stores(dag, "extra", "[i]")) +
+            "  }\n}\n";
+    launch.groups =
+        grid_for((static_cast<uint64_t>(count) + kElementsPerThread - 1) / kElementsPerThread,
+                 kLocalSize, device);
+  }
+  launch.body = std::move(body);
+  return launch;
+}
+
+namespace {
+
+void lower_single_pointwise(LoweringContext& context) {
+  const Node& node = context.node();
+  PointwiseDag dag;
+  dag.inputs = node.inputs;
+  dag.output = context.id();
+  PointwiseStatement statement{node.op, node.attrs, {}};
+  for (size_t k = 0; k < node.inputs.size(); ++k)
+    statement.arguments.push_back(static_cast<int>(k));
+  dag.statements.push_back(std::move(statement));
+  context.emit(pointwise_launch(context.graph(), dag, context.device(), context.label()));
+}
+
+}  // namespace
+
+std::vector<LoweringEntry> pointwise_lowerings() {
+  std::vector<LoweringEntry> entries;
+  for (const auto& [op, unused] : expressions()) entries.push_back({op, lower_single_pointwise});
+  entries.push_back({op::gelu, lower_single_pointwise});
+  entries.push_back({op::gelu_grad, lower_single_pointwise});
+  return entries;
+}
+
+}  // namespace mg::kernels

@@ -1,0 +1,54 @@
+#pragma once
+// The generated pointwise archetype: one thread per output element evaluates a small DAG of
+// elementwise ops over broadcast inputs. A single elementwise node is a DAG of one statement;
+// the fusion pass hands over longer chains.
+#include <string>
+#include <vector>
+
+#include "backends/vulkan/kernels/lowering.hpp"
+
+namespace mg::kernels {
+
+struct PointwiseStatement {
+  std::string op;
+  Attrs attrs;
+  // Arguments: >= 0 is an input index, < 0 is statement (-1 - index) of this DAG.
+  std::vector<int> arguments;
+};
+
+// A value of the DAG that its kernel writes besides the result: statement `statement`, which
+// has the result's shape (a value the graph keeps, fused into its consumer's kernel).
+struct PointwiseExtraOutput {
+  ValueId value = kNoValue;
+  size_t statement = 0;
+};
+
+struct PointwiseDag {
+  std::vector<ValueId> inputs;
+  std::vector<PointwiseStatement> statements;  // the last one is the result
+  ValueId output = kNoValue;
+  std::vector<PointwiseExtraOutput> extra_outputs;  // f32 (inputs and output may be f16)
+};
+
+bool is_pointwise_op(std::string_view op);
+// round_to_f16 and widen_f16: pointwise for fusion (a fused DAG converts at its loads, stores
+// and in registers), but a launch of their own runs the vectorised conversion kernel
+// (backends/vulkan/kernels/gemm_workgroup.cpp).
+bool is_f16_conversion_op(std::string_view op);
+
+// GLSL helpers (mg_erf, mg_gelu, ...) that the statements below call; once per shader.
+std::string_view pointwise_functions_glsl();
+
+// Statements `float t<s> = ...;` that evaluate `dag`, given one float-valued GLSL expression
+// per DAG input; shared by pointwise_launch and the matmul epilogue (gemm_epilogue.hpp).
+std::string pointwise_statements_glsl(const PointwiseDag& dag,
+                                      const std::vector<std::string>& input_expressions);
+// The variable that holds statement `statement`'s value after those statements.
+std::string pointwise_value_glsl(size_t statement);
+// The variable that holds the DAG's result after those statements.
+std::string pointwise_result_glsl(const PointwiseDag& dag);
+
+Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
+                        std::string label);
+
+}  // namespace mg::kernels

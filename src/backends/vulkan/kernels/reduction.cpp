@@ -1,0 +1,327 @@
+// The row-reduction archetype: each output element combines the input elements along a set of
+// reduced axes. Long rows get one workgroup with a shared-memory tree; short rows one thread, and
+// so do many rows adjacent in memory (column sums such as the sum of split-K partial results
+// over their leading axis), where consecutive threads then read consecutive words.
+// Softmax and log-softmax are three passes over one row inside one workgroup, reading the row
+// once into registers when it is short enough.
+#include <algorithm>
+
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "backends/vulkan/kernels/pointwise.hpp"
+#include "ir/op_names.hpp"
+
+namespace mg::kernels {
+namespace {
+
+constexpr uint32_t kGroupSize = 128;
+constexpr int64_t kThreadPerRowLimit = 16;
+// A column sum takes one thread per output from this many outputs on (32 workgroups): enough to
+// spread over a GPU, where a workgroup per output would read every word on its own.
+constexpr int64_t kColumnThreadsMinRows = 4096;
+// Softmax rows up to this many elements a thread (4096 at 128 threads) stay in registers.
+constexpr int64_t kSoftmaxCachedPerThread = 32;
+
+// Splits an input shape into kept and reduced axes and generates
+// `uint input_index(uint o, uint r)` mapping (output row, position in row) to a flat index.
+struct RowLayout {
+  int64_t rows = 1;
+  int64_t row_length = 1;
+  std::string index_function;
+};
+
+RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axes) {
+  RowLayout layout;
+  const std::vector<int64_t> strides = row_major_strides(shape);
+  Shape kept_shape, reduced_shape;
+  std::vector<int64_t> kept_strides, reduced_strides;
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    const bool reduced = std::find(reduced_axes.begin(), reduced_axes.end(),
+                                   static_cast<int64_t>(axis)) != reduced_axes.end();
+    (reduced ? reduced_shape : kept_shape).push_back(shape[axis]);
+    (reduced ? reduced_strides : kept_strides).push_back(strides[axis]);
+  }
+  layout.rows = element_count(kept_shape);
+  layout.row_length = element_count(reduced_shape);
+  std::string function = "uint input_index(uint o, uint r) {\n";
+  function += coordinates_glsl(kept_shape, "o", "k") + coordinates_glsl(reduced_shape, "r", "q");
+  function += "  return 0u";
+  for (size_t k = 0; k < kept_shape.size(); ++k) {
+    function += " + k" + std::to_string(k) + " * " + glsl_uint(kept_strides[k]);
+  }
+  for (size_t k = 0; k < reduced_shape.size(); ++k) {
+    function += " + q" + std::to_string(k) + " * " + glsl_uint(reduced_strides[k]);
+  }
+  layout.index_function = function + ";\n}\n";
+  return layout;
+}
+
+std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
+  if (node.op == op::sum_to_f16) return {0};  // its leading axis, always
+  std::vector<int64_t> axes = node.attrs.has("axes")
+                                  ? node.attrs.get_ints("axes")
+                                  : std::vector<int64_t>{node.attrs.get_int("axis")};
+  if (axes.empty()) {
+    for (int64_t axis = 0; axis < rank; ++axis) axes.push_back(axis);
+  }
+  for (int64_t& axis : axes) {
+    if (axis < 0) axis += rank;
+  }
+  return axes;
+}
+
+enum class ReductionKind { sum, max, argmax };
+
+// Whether `axes` are the leading axes 0, 1, ... of the shape: the rows kept are then adjacent in
+// memory, each reduced position a block of all of them.
+bool leading_axes(std::vector<int64_t> axes) {
+  std::sort(axes.begin(), axes.end());
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+// The threads that share a column of vector_column_sum: doubled up to 8 while the threads
+// give each compute unit fewer than 512 and each still adds at least 4 reduced positions.
+int64_t column_row_groups(const RowLayout& layout, const DeviceTraits& device) {
+  constexpr int64_t kMostRowGroups = 8, kThreadsPerUnit = 4 * kGroupSize;
+  const int64_t quads = layout.rows / 4;
+  int64_t groups = 1;
+  while (groups < kMostRowGroups && quads * groups < kThreadsPerUnit * device.compute_units &&
+         layout.row_length >= 4 * groups)
+    groups *= 2;
+  return groups;
+}
+
+// Sums over leading axes (the slices of split-K and split attention partial results) with a
+// multiple of 4 outputs: each thread adds four adjacent outputs as one vec4 per reduced
+// position, a quarter of the scalar path's loads. Where those threads would leave most of the
+// GPU idle (a split-K gradient of 36,864 weights is 9,216 vec4 columns), several threads share
+// a column, each adding every groups-th reduced position, and the first adds up their totals
+// from shared memory (ResNet's 44 partial 3x3 weight gradients: 5.1 to 4.4 us on the H200).
+// With f16_result the vec4 of sums is rounded to f16 and stored as one f16vec4.
+Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
+                         const std::string& finalize, bool f16_result) {
+  const int64_t quads = layout.rows / 4;
+  const int64_t groups = column_row_groups(layout, context.device());
+  const int64_t columns = kGroupSize / groups;  // per workgroup
+  std::string body = std::string(f16_result ? pointwise_functions_glsl() : "") +
+                     vector_buffer_view("x4", 0, false) +
+                     vector_buffer_view("out4", 1, true, f16_result ? "f16vec4" : "vec4");
+  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
+  if (groups > 1)
+    body +=
+        "shared vec4 partial[" + std::to_string(groups) + "][" + std::to_string(columns) + "];\n";
+  body += "void main() {\n";
+  body += "  uint column = gl_LocalInvocationID.x % " + glsl_uint(columns) +
+          ", group = gl_LocalInvocationID.x / " + glsl_uint(columns) + ";\n";
+  body += "  uint o = linear_workgroup() * " + glsl_uint(columns) + " + column;\n";
+  body += "  vec4 total = vec4(0.0);\n";
+  body += "  if (o < " + glsl_uint(quads) + ") {\n";
+  body += "    for (uint r = group; r < " + glsl_uint(layout.row_length) +
+          "; r += " + glsl_uint(groups) + ") total += x4[r * " + glsl_uint(quads) + " + o];\n";
+  body += "  }\n";
+  if (groups > 1) {
+    body += "  partial[group][column] = total;\n  barrier();\n";
+    body += "  if (group != 0u) return;\n";
+    body +=
+        "  for (uint g = 1u; g < " + glsl_uint(groups) + "; ++g) total += partial[g][column];\n";
+  }
+  const std::string stored = f16_result ? "f16vec4(mg_round_f16(value.x), mg_round_f16(value.y), "
+                                          "mg_round_f16(value.z), mg_round_f16(value.w))"
+                                        : "value";
+  body += "  vec4 value = " + finalize + ";\n";
+  body += "  if (o < " + glsl_uint(quads) + ") out4[o] = " + stored + ";\n}\n";
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "reduction";
+  launch.body = std::move(body);
+  launch.operands = {{"x", context.node().inputs[0], false}, {"out_", context.id(), true}};
+  launch.f16_operands = f16_result;
+  launch.groups =
+      grid_for(static_cast<uint64_t>(quads), static_cast<uint32_t>(columns), context.device());
+  return launch;
+}
+
+// Sums, or selects the maximum keeping the index of its first occurrence (max, argmax). The
+// result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax); with
+// f16_result (sum_to_f16) it is rounded to f16 in registers, as the reference rounds it, and
+// stored as f16.
+void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize,
+                    bool f16_result = false) {
+  const Node& node = context.node();
+  if (f16_result) require_f16_tensors(context.label(), "writes", context.device());
+  const Shape& in_shape = context.input_type(0).shape;
+  const std::vector<int64_t> reduced_axes =
+      reduced_axes_of(node, static_cast<int64_t>(in_shape.size()));
+  const RowLayout layout = row_layout(in_shape, reduced_axes);
+  const bool innermost_kept =
+      std::find(reduced_axes.begin(), reduced_axes.end(),
+                static_cast<int64_t>(in_shape.size()) - 1) == reduced_axes.end();
+  const bool thread_per_row = layout.row_length <= kThreadPerRowLimit ||
+                              (innermost_kept && layout.rows >= kColumnThreadsMinRows);
+  const bool selecting = kind != ReductionKind::sum;
+  if (!selecting && thread_per_row && layout.rows % 4 == 0 && leading_axes(reduced_axes)) {
+    context.emit(vector_column_sum(context, layout, finalize, f16_result));
+    return;
+  }
+
+  std::string body =
+      std::string(f16_result ? pointwise_functions_glsl() : "") + layout.index_function;
+  body +=
+      "bool better(float v, uint i, float best, uint best_index) {\n"
+      "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
+  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
+  body += "shared float partial_value[" + std::to_string(kGroupSize) + "];\n";
+  body += "shared uint partial_index[" + std::to_string(kGroupSize) + "];\n";
+  body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
+  body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
+  std::string loop_start;
+  if (thread_per_row) {
+    body += "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + lane;\n";
+    body += "  if (o >= " + glsl_uint(layout.rows) + ") return;\n";
+    body += "  for (uint r = 0u; r < " + glsl_uint(layout.row_length) + "; ++r) {\n";
+  } else {
+    body += "  uint o = linear_workgroup();\n";
+    body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) +
+            "; r += " + glsl_uint(kGroupSize) + ") {\n";
+  }
+  body += "    float v = x[input_index(o, r)];\n";
+  body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
+                    : "    total += v;\n";
+  body += "  }\n";
+  if (!thread_per_row) {
+    body += "  partial_value[lane] = " + std::string(selecting ? "best" : "total") +
+            ";\n  partial_index[lane] = best_index;\n  barrier();\n";
+    body += "  for (uint width = " + glsl_uint(kGroupSize / 2) +
+            "; width > 0u; width >>= 1) {\n    if (lane < width) {\n";
+    if (selecting) {
+      body +=
+          "      float v = partial_value[lane + width];\n"
+          "      uint r = partial_index[lane + width];\n"
+          "      if (r != 0xffffffffu && better(v, r, partial_value[lane], partial_index[lane])) "
+          "{\n"
+          "        partial_value[lane] = v;\n        partial_index[lane] = r;\n      }\n";
+    } else {
+      body += "      partial_value[lane] += partial_value[lane + width];\n";
+    }
+    body += "    }\n    barrier();\n  }\n";
+    body += "  if (lane != 0u) return;\n";
+    body +=
+        "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = "
+        "partial_index[0];\n";
+  }
+  body += "  out_[o] = " + (f16_result ? "float16_t(mg_round_f16(" + finalize + "))" : finalize) +
+          ";\n}\n";
+
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "reduction";
+  launch.body = std::move(body);
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.f16_operands = f16_result;
+  launch.groups = thread_per_row
+                      ? grid_for(static_cast<uint64_t>(layout.rows), kGroupSize, context.device())
+                      : grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
+  context.emit(std::move(launch));
+}
+
+void lower_sum(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::sum, "total");
+}
+
+void lower_sum_to_f16(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::sum, "total", true);
+}
+
+void lower_mean(LoweringContext& context) {
+  const int64_t count = context.input_type(0).elements() / context.node().type.elements();
+  emit_reduction(context, ReductionKind::sum, "total / " + glsl_float(static_cast<double>(count)));
+}
+
+void lower_max(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::max, "best");
+}
+
+void lower_argmax(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::argmax, "int(best_index)");
+}
+
+void emit_softmax(LoweringContext& context, bool logarithm) {
+  const Node& node = context.node();
+  const Shape& shape = node.type.shape;
+  const RowLayout layout =
+      row_layout(shape, reduced_axes_of(node, static_cast<int64_t>(shape.size())));
+  const std::string group = glsl_uint(kGroupSize);
+  const std::string length = glsl_uint(layout.row_length);
+  std::string body = "#extension GL_EXT_control_flow_attributes : enable\n" + layout.index_function;
+  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
+  body += "shared float partial[" + std::to_string(kGroupSize) + "];\n";
+  body +=
+      "float reduce_group(float value, bool take_max) {\n  uint lane = gl_LocalInvocationID.x;\n";
+  body += "  partial[lane] = value;\n  barrier();\n";
+  body += "  for (uint width = " + glsl_uint(kGroupSize / 2) + "; width > 0u; width >>= 1) {\n";
+  body +=
+      "    if (lane < width) partial[lane] = take_max ? max(partial[lane], partial[lane + width])"
+      " : partial[lane] + partial[lane + width];\n    barrier();\n  }\n";
+  body += "  float result = partial[0];\n  barrier();\n  return result;\n}\n";
+  body += "void main() {\n  uint o = linear_workgroup();\n  uint lane = gl_LocalInvocationID.x;\n";
+  body += "  float row_max = -1.0 / 0.0;\n";
+  const int64_t per_thread = (layout.row_length + kGroupSize - 1) / kGroupSize;
+  const std::string result =
+      logarithm ? "value - row_max - log(total)" : "exp(value - row_max) / total";
+  if (per_thread <= kSoftmaxCachedPerThread) {
+    // The row fits in registers: one read of global memory instead of three.
+    const std::string count = std::to_string(per_thread);
+    body += "  float row[" + count + "];\n";
+    body += "  [[unroll]] for (uint c = 0u; c < " + count + "u; ++c) {\n";
+    body += "    uint r = lane + c * " + group + ";\n";
+    body += "    row[c] = r < " + length + " ? x[input_index(o, r)] : -1.0 / 0.0;\n";
+    body += "    row_max = max(row_max, row[c]);\n  }\n";
+    body += "  row_max = reduce_group(row_max, true);\n  float total = 0.0;\n";
+    body +=
+        "  [[unroll]] for (uint c = 0u; c < " + count + "u; ++c) total += exp(row[c] - row_max);\n";
+    body += "  total = reduce_group(total, false);\n";
+    body += "  [[unroll]] for (uint c = 0u; c < " + count + "u; ++c) {\n";
+    body += "    uint r = lane + c * " + group + ";\n    float value = row[c];\n";
+    body += "    if (r < " + length + ") out_[input_index(o, r)] = " + result + ";\n  }\n}\n";
+  } else {
+    body += "  for (uint r = lane; r < " + length + "; r += " + group +
+            ") row_max = max(row_max, x[input_index(o, r)]);\n";
+    body += "  row_max = reduce_group(row_max, true);\n  float total = 0.0;\n";
+    body += "  for (uint r = lane; r < " + length + "; r += " + group +
+            ") total += exp(x[input_index(o, r)] - row_max);\n";
+    body += "  total = reduce_group(total, false);\n";
+    body += "  for (uint r = lane; r < " + length + "; r += " + group + ") {\n";
+    body += "    uint index = input_index(o, r);\n    float value = x[index];\n";
+    body += "    out_[index] = " + result + ";\n  }\n}\n";
+  }
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "softmax";
+  launch.body = std::move(body);
+  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
+  context.emit(std::move(launch));
+}
+
+void lower_softmax(LoweringContext& context) {
+  emit_softmax(context, false);
+}
+void lower_log_softmax(LoweringContext& context) {
+  emit_softmax(context, true);
+}
+
+}  // namespace
+
+std::vector<LoweringEntry> reduction_lowerings() {
+  return {{op::sum, lower_sum},
+          {op::sum_to_f16, lower_sum_to_f16},
+          {op::mean, lower_mean},
+          {op::max, lower_max},
+          {op::argmax, lower_argmax},
+          {op::softmax, lower_softmax},
+          {op::log_softmax, lower_log_softmax}};
+}
+
+}  // namespace mg::kernels

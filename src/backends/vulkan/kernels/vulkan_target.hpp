@@ -1,0 +1,44 @@
+#pragma once
+// The Vulkan backend's target (target::Target): its kernels' selection rules and its lowering,
+// for a device described by DeviceTraits (the runtime fills them from the device it opened:
+// backends/vulkan/runtime/device_target.hpp; tests describe devices they do not have).
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "target/target.hpp"
+
+namespace mg::vulkan {
+
+class VulkanTarget final : public target::Target {
+ public:
+  explicit VulkanTarget(target::DeviceTraits traits) : Target(std::move(traits)) {}
+
+  bool cooperative_matrices() const override;
+  bool is_pointwise_op(std::string_view op) const override;
+  bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k,
+                            target::OperandsIn operands) const override;
+  bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const override;
+  int64_t gemm_k_splits(const target::GemmProduct& product) const override;
+  bool direct_weight_gradient_suits(const ConvGeometry& g) const override;
+  int64_t direct_weight_gradient_splits(const ConvGeometry& g) const override;
+  bool winograd_weight_gradient_suits(const ConvGeometry& g) const override;
+  int64_t winograd_weight_gradient_outputs(const ConvGeometry& g) const override;
+  bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient) const override;
+  std::vector<target::Launch> lower(const Graph& graph,
+                                    size_t* fused_away = nullptr) const override;
+};
+
+// A launch's GLSL and compile options, behind target::Launch::code.
+struct GlslKernel final : target::KernelCode {
+  explicit GlslKernel(kernels::Launch launch) : launch(std::move(launch)) {}
+  kernels::Launch launch;
+};
+
+// The GLSL launch of a launch that VulkanTarget::lower made; throws mg::Error for any other.
+const kernels::Launch& glsl_launch(const target::Launch& launch);
+
+}  // namespace mg::vulkan

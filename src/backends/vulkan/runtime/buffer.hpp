@@ -1,0 +1,26 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "backends/vulkan/runtime/memory.hpp"
+
+namespace mg::gpu::detail {
+
+// A storage buffer with its own memory. Every buffer can be bound to a kernel and be the source
+// or destination of copies and fills.
+struct Buffer {
+  VkBuffer handle = VK_NULL_HANDLE;
+  Allocation allocation;
+  uint64_t bytes = 0;
+  BufferUse use = BufferUse::device;
+  std::string label;
+
+  bool alive() const { return handle != VK_NULL_HANDLE; }
+};
+
+Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t bytes, BufferUse use,
+                     std::string_view label);
+void destroy_buffer(VkDevice device, Buffer& buffer);
+
+}  // namespace mg::gpu::detail

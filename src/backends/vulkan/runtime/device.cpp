@@ -1,0 +1,388 @@
+// The Vulkan implementation of mg::gpu::Device. One object owns every Vulkan handle it makes;
+// it is used from one thread at a time (create_pipelines parallelizes internally).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "backends/vulkan/runtime/buffer.hpp"
+#include "backends/vulkan/runtime/command_recorder.hpp"
+#include "backends/vulkan/runtime/device_features.hpp"
+#include "backends/vulkan/runtime/instance.hpp"
+#include "backends/vulkan/runtime/physical_device.hpp"
+#include "backends/vulkan/runtime/pipeline.hpp"
+#include "backends/vulkan/runtime/pipeline_cache.hpp"
+#include "backends/vulkan/runtime/profiler/timestamps.hpp"
+#include "backends/vulkan/runtime/vk_result.hpp"
+#include "meganeura/error.hpp"
+
+namespace mg::gpu {
+namespace {
+
+using namespace detail;
+
+constexpr uint64_t kSubmitTimeoutNs = 60ull * 1000 * 1000 * 1000;
+// Blocking transfers go through staging in chunks of at most this, so uploading a large
+// checkpoint does not need a staging buffer as large as the checkpoint.
+constexpr uint64_t kStagingChunkBytes = 64ull << 20;
+
+class VulkanDevice final : public Device {
+ public:
+  VulkanDevice(std::string_view selector, bool validation, const Switches& switches) {
+    try {
+      open(selector, validation, switches);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~VulkanDevice() override { release(); }
+
+  const DeviceInfo& info() const override { return physical_.info; }
+
+  BufferId create_buffer(uint64_t bytes, BufferUse use, std::string_view label) override {
+    buffers_.push_back(detail::create_buffer(device_, physical_, bytes, use, label));
+    return static_cast<BufferId>(buffers_.size() - 1);
+  }
+
+  void destroy_buffer(BufferId id) override {
+    Buffer& target = buffer(id);
+    for (Recording& recording : recordings_)
+      if (std::binary_search(recording.buffers.begin(), recording.buffers.end(), id))
+        recording.stale_reason = "buffer '" + target.label + "' it uses was destroyed";
+    detail::destroy_buffer(device_, target);
+  }
+
+  void* mapped(BufferId id) override {
+    Buffer& target = buffer(id);
+    if (target.allocation.mapped == nullptr)
+      throw Error("buffer '" + target.label +
+                  "' is device-local and has no host pointer; create it as upload or download");
+    return target.allocation.mapped;
+  }
+
+  void write_buffer(BufferId id, uint64_t offset, std::span<const std::byte> data) override {
+    Buffer& target = checked_range(id, offset, data.size(), "write");
+    if (target.allocation.mapped != nullptr) {
+      std::memcpy(static_cast<std::byte*>(target.allocation.mapped) + offset, data.data(),
+                  data.size());
+      return;
+    }
+    for (uint64_t done = 0; done < data.size();) {
+      uint64_t bytes = std::min<uint64_t>(data.size() - done, kStagingChunkBytes);
+      ensure_staging(bytes);
+      std::memcpy(staging_.allocation.mapped, data.data() + done, bytes);
+      transfer(staging_.handle, 0, target.handle, offset + done, bytes);
+      done += bytes;
+    }
+  }
+
+  void read_buffer(BufferId id, uint64_t offset, std::span<std::byte> data) override {
+    Buffer& source = checked_range(id, offset, data.size(), "read");
+    if (source.allocation.mapped != nullptr) {
+      std::memcpy(data.data(), static_cast<const std::byte*>(source.allocation.mapped) + offset,
+                  data.size());
+      return;
+    }
+    for (uint64_t done = 0; done < data.size();) {
+      uint64_t bytes = std::min<uint64_t>(data.size() - done, kStagingChunkBytes);
+      ensure_staging(bytes);
+      transfer(source.handle, offset + done, staging_.handle, 0, bytes);
+      std::memcpy(data.data() + done, staging_.allocation.mapped, bytes);
+      done += bytes;
+    }
+  }
+
+  std::vector<PipelineId> create_pipelines(std::span<const KernelSpec> specs) override {
+    std::vector<VkPipelineLayout> layouts;
+    std::vector<PipelineLayouts::Layout> chosen;
+    for (const KernelSpec& spec : specs) {
+      check_spec(spec);
+      chosen.push_back(layouts_->get(spec.binding_count, spec.push_constant_bytes));
+      layouts.push_back(chosen.back().layout);
+    }
+    PipelineBuildOptions options{shader_target_, instance_->validation(), kernel_statistics_};
+    CompileStats stats;
+    auto handles = build_pipelines(device_, *pipeline_cache_, specs, layouts, options, stats);
+    last_stats_ = stats;
+
+    std::vector<PipelineId> ids;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ids.push_back(static_cast<PipelineId>(pipelines_.size()));
+      pipelines_.push_back({handles[i], chosen[i].layout, chosen[i].set_layout,
+                            specs[i].binding_count, specs[i].push_constant_bytes, specs[i].label});
+    }
+    return ids;
+  }
+
+  CompileStats last_compile_stats() const override { return last_stats_; }
+
+  void destroy_pipelines(std::span<const PipelineId> ids) override {
+    for (PipelineId id : ids) {
+      if (id >= pipelines_.size())
+        throw Error("pipeline id " + std::to_string(id) + " does not exist");
+      vkDestroyPipeline(device_, pipelines_[id].handle, nullptr);
+      pipelines_[id].handle = VK_NULL_HANDLE;
+    }
+  }
+
+  RecordingId record(std::span<const Command> commands, Timing timing) override {
+    auto id = static_cast<RecordingId>(recordings_.size());
+    RecorderContext context{device_, command_pool_, physical_, buffers_, pipelines_};
+    recordings_.push_back(record_commands(context, commands, timing, id));
+    return id;
+  }
+
+  void destroy_recording(RecordingId id) override {
+    Recording& target = recording(id);
+    if (target.in_flight) wait(target);
+    const std::string name = target.name;
+    detail::destroy_recording(device_, command_pool_, target);
+    target.name = name;
+    target.stale_reason = "it was destroyed";
+  }
+
+  void submit(RecordingId id) override {
+    start(id);
+    finish(id);
+  }
+
+  void start(RecordingId id) override {
+    Recording& recording = this->recording(id);
+    if (!recording.stale_reason.empty())
+      throw Error("cannot submit " + recording.name + ": " + recording.stale_reason +
+                  "; record it again");
+    // A submission still in flight (started without a wait, or one whose wait timed out) must
+    // signal its fence before the fence is reset for this one.
+    if (recording.in_flight) wait(recording);
+    check(vkResetFences(device_, 1, &recording.fence), "resetting a fence");
+    auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+    submit.commandBufferCount = 1;
+    submit.pCommandBuffers = &recording.commands;
+    check(vkQueueSubmit(queue_, 1, &submit, recording.fence), "submitting " + recording.name);
+    recording.in_flight = true;
+    recording.submitted = true;
+  }
+
+  void finish(RecordingId id) override {
+    Recording& recording = this->recording(id);
+    if (recording.in_flight) wait(recording);
+  }
+
+  std::vector<DispatchTiming> timings(RecordingId id) override {
+    finish(id);
+    return read_timings(device_, recording(id), physical_.info.caps.timestamp_period_ns,
+                        physical_.timestamp_valid_bits);
+  }
+
+  uint32_t validation_message_count() const override {
+    return instance_ ? instance_->validation_message_count() : 0;
+  }
+
+ private:
+  void open(std::string_view selector, bool validation, const Switches& switches) {
+    instance_ = std::make_unique<Instance>(validation || switches.validate);
+    auto devices = enumerate_physical_devices(*instance_);
+    std::vector<DeviceInfo> infos;
+    for (const auto& device : devices) infos.push_back(device.info);
+    physical_ = std::move(devices[choose_device(infos, selector, switches)]);
+    const std::string& name = physical_.info.name;
+    if (physical_.api_version < VK_API_VERSION_1_1)
+      throw Error("device '" + name +
+                  "' supports only Vulkan 1.0; Meganeura needs 1.1 or newer "
+                  "(update its driver)");
+    if (physical_.compute_queue_family == kNoQueueFamily)
+      throw Error("device '" + name + "' has no compute queue");
+
+    float priority = 1.0f;
+    auto queue = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+    queue.queueFamilyIndex = physical_.compute_queue_family;
+    queue.queueCount = 1;
+    queue.pQueuePriorities = &priority;
+    const bool statistics_requested = switches.kernel_stats;
+    DeviceFeatures enabled =
+        features_to_enable(physical_.features, instance_->validation(), statistics_requested);
+    auto create = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+    create.pNext = enabled.chain();
+    create.queueCreateInfoCount = 1;
+    create.pQueueCreateInfos = &queue;
+    create.enabledExtensionCount = static_cast<uint32_t>(enabled.extensions.size());
+    create.ppEnabledExtensionNames = enabled.extensions.data();
+    check(vkCreateDevice(physical_.handle, &create, nullptr, &device_),
+          "opening Vulkan device '" + name + "'");
+    vkGetDeviceQueue(device_, physical_.compute_queue_family, 0, &queue_);
+    // Kernels may use what was enabled, not all the device offers: validated runs leave the KHR
+    // cooperative matrices off (see features_to_enable).
+    std::erase_if(physical_.info.caps.coop_matrix, [&](const CoopMatrixConfig& config) {
+      return config.khr
+                 ? !(enabled.known.coop_matrix_khr && enabled.coop_matrix_khr.cooperativeMatrix)
+                 : !(enabled.known.coop_matrix_nv && enabled.coop_matrix_nv.cooperativeMatrix);
+    });
+
+    auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
+    pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;  // the transfer buffer is reused
+    pool.queueFamilyIndex = physical_.compute_queue_family;
+    check(vkCreateCommandPool(device_, &pool, nullptr, &command_pool_), "creating a command pool");
+
+    auto allocate =
+        vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+    allocate.commandPool = command_pool_;
+    allocate.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    allocate.commandBufferCount = 1;
+    check(vkAllocateCommandBuffers(device_, &allocate, &transfer_commands_),
+          "allocating a command buffer");
+    auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
+    check(vkCreateFence(device_, &fence, nullptr, &transfer_fence_), "creating a fence");
+
+    // glslang's SPIR-V 1.6 (the Vulkan 1.3 target) needs maintenance4; without it, target 1.2.
+    kernel_statistics_ =
+        enabled.known.executable_properties && enabled.executable_properties.pipelineExecutableInfo;
+    if (statistics_requested && !kernel_statistics_)
+      std::fprintf(stderr,
+                   "MEGANEURA_KERNEL_STATS: device '%s' does not report kernel statistics "
+                   "(no VK_KHR_pipeline_executable_properties)\n",
+                   name.c_str());
+    shader_target_ = physical_.api_version;
+    if (shader_target_ >= VK_API_VERSION_1_3 && !enabled.maintenance4.maintenance4)
+      shader_target_ = VK_API_VERSION_1_2;
+    layouts_ = std::make_unique<PipelineLayouts>(device_);
+    pipeline_cache_ = std::make_unique<PipelineCache>(device_, physical_.info, shader_target_,
+                                                      switches.cache_dir);
+  }
+
+  // Safe on a partly opened device: every handle may still be null.
+  void release() {
+    if (device_ != VK_NULL_HANDLE) {
+      vkDeviceWaitIdle(device_);
+      for (Recording& recording : recordings_)
+        detail::destroy_recording(device_, command_pool_, recording);
+      for (Pipeline& pipeline : pipelines_) vkDestroyPipeline(device_, pipeline.handle, nullptr);
+      layouts_.reset();
+      pipeline_cache_.reset();
+      for (Buffer& buffer : buffers_) detail::destroy_buffer(device_, buffer);
+      detail::destroy_buffer(device_, staging_);
+      vkDestroyFence(device_, transfer_fence_, nullptr);
+      vkDestroyCommandPool(device_, command_pool_, nullptr);
+      vkDestroyDevice(device_, nullptr);
+      device_ = VK_NULL_HANDLE;
+    }
+    instance_.reset();
+  }
+
+  Buffer& buffer(BufferId id) {
+    if (id >= buffers_.size() || !buffers_[id].alive())
+      throw Error("buffer id " + std::to_string(id) +
+                  " does not exist (never created or destroyed)");
+    return buffers_[id];
+  }
+
+  Buffer& checked_range(BufferId id, uint64_t offset, uint64_t bytes, const char* verb) {
+    Buffer& target = buffer(id);
+    if (offset > target.bytes || bytes > target.bytes - offset)
+      throw Error(std::string("cannot ") + verb + " " + std::to_string(bytes) +
+                  " bytes at offset " + std::to_string(offset) + " of buffer '" + target.label +
+                  "', which holds " + std::to_string(target.bytes) + " bytes");
+    return target;
+  }
+
+  Recording& recording(RecordingId id) {
+    if (id >= recordings_.size())
+      throw Error("recording id " + std::to_string(id) + " does not exist");
+    return recordings_[id];
+  }
+
+  void wait(Recording& recording) {
+    VkResult result = vkWaitForFences(device_, 1, &recording.fence, VK_TRUE, kSubmitTimeoutNs);
+    if (result == VK_TIMEOUT)
+      throw Error(recording.name +
+                  " did not finish within 60 s (a kernel may loop forever, or "
+                  "the work is too large for this device)");
+    check(result, "waiting for " + recording.name);
+    recording.in_flight = false;
+  }
+
+  void ensure_staging(uint64_t bytes) {
+    if (staging_.alive() && staging_.bytes >= bytes) return;
+    uint64_t size = std::min(std::max(bytes, 2 * staging_.bytes), kStagingChunkBytes);
+    detail::destroy_buffer(device_, staging_);
+    staging_ = detail::create_buffer(device_, physical_, std::max(size, bytes), BufferUse::download,
+                                     "staging");
+  }
+
+  // Copies between two buffers and waits, ordered after all earlier work.
+  void transfer(VkBuffer source, uint64_t source_offset, VkBuffer destination,
+                uint64_t destination_offset, uint64_t bytes) {
+    check(vkResetCommandBuffer(transfer_commands_, 0), "resetting a command buffer");
+    auto begin = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(vkBeginCommandBuffer(transfer_commands_, &begin), "beginning a command buffer");
+    record_full_barrier(transfer_commands_);
+    VkBufferCopy region{source_offset, destination_offset, bytes};
+    vkCmdCopyBuffer(transfer_commands_, source, destination, 1, &region);
+    record_full_barrier(transfer_commands_);
+    auto to_host = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    to_host.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    to_host.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vkCmdPipelineBarrier(transfer_commands_, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &to_host, 0, nullptr, 0, nullptr);
+    check(vkEndCommandBuffer(transfer_commands_), "ending a command buffer");
+
+    check(vkResetFences(device_, 1, &transfer_fence_), "resetting a fence");
+    auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+    submit.commandBufferCount = 1;
+    submit.pCommandBuffers = &transfer_commands_;
+    check(vkQueueSubmit(queue_, 1, &submit, transfer_fence_), "submitting a buffer transfer");
+    VkResult result = vkWaitForFences(device_, 1, &transfer_fence_, VK_TRUE, kSubmitTimeoutNs);
+    if (result == VK_TIMEOUT) throw Error("a buffer transfer did not finish within 60 s");
+    check(result, "waiting for a buffer transfer");
+  }
+
+  void check_spec(const KernelSpec& spec) const {
+    const auto& limits = physical_.limits;
+    if (spec.binding_count > limits.maxPerStageDescriptorStorageBuffers)
+      throw Error("kernel '" + spec.label + "' binds " + std::to_string(spec.binding_count) +
+                  " storage buffers; the device allows " +
+                  std::to_string(limits.maxPerStageDescriptorStorageBuffers));
+    if (spec.push_constant_bytes % 4 != 0 ||
+        spec.push_constant_bytes > physical_.info.caps.max_push_constants_bytes)
+      throw Error("kernel '" + spec.label + "' declares " +
+                  std::to_string(spec.push_constant_bytes) +
+                  " bytes of push constants; it must be a multiple of 4 and at most " +
+                  std::to_string(physical_.info.caps.max_push_constants_bytes));
+    if (spec.matrix_loads != MatrixLoads::plain &&
+        !(spec.khr_cooperative_matrix &&
+          physical_.info.caps.workgroup_coop_matrix.tensor_addressing))
+      throw Error("kernel '" + spec.label +
+                  "' asks for tensor-addressing loads, which need a KHR cooperative-matrix "
+                  "kernel and a device with VK_NV_cooperative_matrix2's "
+                  "cooperativeMatrixTensorAddressing; '" +
+                  physical_.info.name +
+                  "' lacks it (or it is off under validation): use plain loads");
+  }
+
+  std::unique_ptr<Instance> instance_;
+  PhysicalDevice physical_;
+  uint32_t shader_target_ = VK_API_VERSION_1_1;  // the Vulkan version kernels are compiled for
+  bool kernel_statistics_ = false;  // MEGANEURA_KERNEL_STATS, where the driver reports them
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  VkCommandPool command_pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer transfer_commands_ = VK_NULL_HANDLE;
+  VkFence transfer_fence_ = VK_NULL_HANDLE;
+  Buffer staging_;
+  std::unique_ptr<PipelineLayouts> layouts_;
+  std::unique_ptr<PipelineCache> pipeline_cache_;
+  std::vector<Buffer> buffers_;
+  std::vector<Pipeline> pipelines_;
+  std::vector<Recording> recordings_;
+  CompileStats last_stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> Device::open(std::string_view selector, bool validation,
+                                     const Switches& switches) {
+  return std::make_unique<VulkanDevice>(selector, validation, switches);
+}
+
+}  // namespace mg::gpu

@@ -1,0 +1,47 @@
+#pragma once
+// What the compiler knows of the device a program is built for: its limits and the matrix units
+// it has, and the session's switches. A backend fills it from the device it opened (the Vulkan
+// backend: backends/vulkan/runtime/device_target.cpp); tests describe devices they do not have.
+#include <cstdint>
+#include <string>
+
+#include "meganeura/switches.hpp"
+
+namespace mg::target {
+
+// The compute units that the tile, block and split rules plan their workgroups for when the
+// driver does not report the count: the count of the GPU the rules were tuned on (an H200).
+constexpr int64_t kAssumedComputeUnits = 132;
+
+struct DeviceTraits {
+  uint32_t subgroup_size = 32;
+  int64_t compute_units = kAssumedComputeUnits;
+  uint32_t max_shared_memory_bytes = 16384;
+  uint32_t max_workgroup_invocations = 256;
+  uint32_t max_workgroup_count_x = 65535;
+  uint32_t max_storage_buffers = 16;  // bound by one kernel
+  bool cpu = false;  // a CPU implementation (Lavapipe): prefer kernels without barriers
+  // Subgroup-scope matrices with f16 A (16 x 16) and B (16 x 8) and f32 accumulators (the shape
+  // the fast GEMM uses), in either of the two forms a driver may offer (Vulkan's NV and KHR
+  // cooperative matrices); fast_precision asks for them (Precision::fast).
+  bool coop_matrix_f16_nv = false;
+  bool coop_matrix_f16_khr = false;
+  // Workgroup-scope matrices for f16 A and B and f32 accumulators on 256 invocations, in
+  // multiples of 128 x 256 x 64 (the workgroup GEMM's whole block), with f16 storage.
+  bool workgroup_coop_matrix_f16 = false;
+  // Those matrices, also in multiples of 128 x 128 x 64, loaded through tensor layouts, which
+  // the workgroup GEMM's faster block needs.
+  bool workgroup_tensor_loads = false;
+  // The subgroup matrices keep their elements in the layout the fast attention kernels are
+  // written for (NVIDIA's, probed on the device): those then keep their scores in registers.
+  bool quad_row_fragments = false;
+  // f16 storage and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
+  bool f16_tensors = false;
+  bool fast_precision = false;
+  std::string name = "device";
+  // The session's switches (docs/SWITCHES.md): kill switches, forced routes and tuning
+  // overrides of the choices made for this device.
+  Switches switches;
+};
+
+}  // namespace mg::target

@@ -1,0 +1,72 @@
+#pragma once
+// The target boundary: what the compiler (passes and planning) asks about the device it builds
+// for. A backend implements Target in its own folder (src/backends/vulkan: VulkanTarget); nothing
+// above this header includes a backend. The questions are of two kinds: which kernel and tile a
+// node gets, where that decides how the graph is rewritten (split-K, Winograd, the f16 GEMMs),
+// and the lowering of a whole graph to launches.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "meganeura/graph.hpp"
+#include "ops/conv_geometry.hpp"
+#include "target/device_traits.hpp"
+#include "target/launch.hpp"
+
+namespace mg::target {
+
+// What a product's operands are before the workgroup GEMM reads them: f32 values it must round
+// to f16 first (passes/workgroup_gemm.cpp), or f16 tensors it reads as they are
+// (passes/f16_storage.cpp).
+enum class OperandsIn { f32, f16 };
+
+// A product the split-K pass may cut: C[M, N] for each of `entries` problems summed over K.
+struct GemmProduct {
+  int64_t m = 0, n = 0, k = 0, entries = 1;
+  bool generated_loads = false;  // conv2d_grad_weight's implicit GEMM, not a matmul's buffers
+  bool half_operands = false;    // a half_matmul of f16 operands
+  bool winograd_weight_gradient = false;  // U V^T of a Winograd weight gradient's tiles
+};
+
+class Target {
+ public:
+  explicit Target(DeviceTraits traits) : traits_(std::move(traits)) {}
+  virtual ~Target() = default;
+
+  const DeviceTraits& traits() const { return traits_; }
+  const Switches& switches() const { return traits_.switches; }
+
+  // Whether matrix products run on the device's matrix units (cooperative matrices): fast
+  // precision on a device that has them, unless switched off.
+  virtual bool cooperative_matrices() const = 0;
+  // Whether `op` runs in the generated elementwise kernel, where a chain of them fuses and f16
+  // inputs widen as they are read.
+  virtual bool is_pointwise_op(std::string_view op) const = 0;
+
+  // Whether an M x N x K product (2-D, whole K) runs on the workgroup-scope f16 GEMM.
+  virtual bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, OperandsIn operands) const = 0;
+  // Whether the 2-D product `node` of `graph` (a matmul or half_matmul) of f16 operands does.
+  virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
+  // The K slices `product` runs fastest on here (1: whole), for a K of at least kMinKToSplit.
+  virtual int64_t gemm_k_splits(const GemmProduct& product) const = 0;
+
+  // Convolution routes: the direct weight-gradient kernel and its K splits, Winograd's weight
+  // gradient and its tile side m of F(m x m, 3 x 3), Winograd's forward and data gradient.
+  virtual bool direct_weight_gradient_suits(const ConvGeometry& g) const = 0;
+  virtual int64_t direct_weight_gradient_splits(const ConvGeometry& g) const = 0;
+  virtual bool winograd_weight_gradient_suits(const ConvGeometry& g) const = 0;
+  virtual int64_t winograd_weight_gradient_outputs(const ConvGeometry& g) const = 0;
+  virtual bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient) const = 0;
+
+  // The launches of every non-leaf, non-view node of `graph`, in order, with the target's
+  // fusions; `fused_away` receives how many dispatches fusion saved. Throws mg::Error naming
+  // the op and the device where no kernel runs a node.
+  virtual std::vector<Launch> lower(const Graph& graph, size_t* fused_away = nullptr) const = 0;
+
+ private:
+  DeviceTraits traits_;
+};
+
+}  // namespace mg::target
