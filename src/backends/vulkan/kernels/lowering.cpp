@@ -17,8 +17,8 @@ const std::unordered_map<std::string_view, LoweringFunction>& lowering_table() {
     std::unordered_map<std::string_view, LoweringFunction> entries;
     for (const auto& family :
          {pointwise_lowerings(), layout_lowerings(), reduction_lowerings(), gemm_lowerings(),
-          workgroup_gemm_lowerings(), conv_lowerings(), pool_lowerings(), norm_lowerings(),
-          attention_lowerings(), loss_lowerings()}) {
+          workgroup_gemm_lowerings(), conv_lowerings(), columns_lowerings(), winograd_lowerings(),
+          pool_lowerings(), norm_lowerings(), attention_lowerings(), loss_lowerings()}) {
       for (const LoweringEntry& entry : family) entries.emplace(entry.op, entry.lower);
     }
     return entries;

@@ -94,6 +94,8 @@ std::vector<LoweringEntry> reduction_lowerings();
 std::vector<LoweringEntry> gemm_lowerings();
 std::vector<LoweringEntry> workgroup_gemm_lowerings();
 std::vector<LoweringEntry> conv_lowerings();
+std::vector<LoweringEntry> columns_lowerings();
+std::vector<LoweringEntry> winograd_lowerings();
 std::vector<LoweringEntry> pool_lowerings();
 std::vector<LoweringEntry> norm_lowerings();
 std::vector<LoweringEntry> attention_lowerings();
@@ -121,7 +123,7 @@ std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
                                           const std::vector<ValueId>& companions,
                                           const DeviceTraits& device);
 
-// The attention family's companions (attention.cpp) and the Winograd tile pair (conv.cpp),
+// The attention family's companions (attention.cpp) and the Winograd tile pair (conv_winograd.cpp),
 // which the three functions above dispatch to.
 bool is_attention_companion_op(std::string_view op);
 bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId companion,

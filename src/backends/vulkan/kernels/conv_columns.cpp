@@ -1,0 +1,138 @@
+// Convolution columns (passes/im2col.cpp): im2col gathers a convolution's taps into the columns
+// of a GEMM operand, col2im sums column gradients back into an image. `width` (4 where OW allows
+// and the images are apart, else 1) consecutive output columns of one row per invocation, so
+// that the tap's index arithmetic is done once per vec4 store; consecutive invocations take
+// consecutive columns, so reads along a row of x and all writes are coalesced.
+#include <array>
+#include <string>
+
+#include "backends/vulkan/kernels/conv_columns.hpp"
+#include "backends/vulkan/kernels/gemm_cpu.hpp"
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "ir/op_names.hpp"
+#include "ops/conv_geometry.hpp"
+
+namespace mg::kernels {
+
+std::string columns_main(int64_t count) {
+  return "layout(local_size_x = " + std::to_string(kColumnsLocalSize) +
+         ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + glsl_uint(kColumnsLocalSize) +
+         " + gl_LocalInvocationID.x;\n  if (i >= " + glsl_uint(count) + ") return;\n";
+}
+
+void emit_columns_launch(LoweringContext& context, const std::string& kernel, std::string body,
+                         const std::array<std::string, 2>& names, int64_t count) {
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = kernel;
+  launch.body = std::move(body);
+  launch.operands = {{names[0], context.node().inputs[0], false}, {names[1], context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
+  context.emit(std::move(launch));
+}
+
+namespace {
+
+std::string u(int64_t value) {
+  return glsl_uint(value);
+}
+std::string s(int64_t value) {
+  return std::to_string(value);
+}
+
+void lower_im2col(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& x = context.input_type(0).shape;
+  const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
+  // Side by side, an invocation's four columns could belong to two images: one column each.
+  const bool side_by_side = images_side_by_side(node.attrs);
+  const int64_t width = size[1] % 4 == 0 && !side_by_side ? 4 : 1;
+  const int64_t count = node.type.elements() / width;
+  // Packed columns (packed_columns): four elements as two words of f16 pairs, element e in half
+  // e % 2 of word e / 2.
+  const bool packed = packed_columns(context.graph(), context.id(), context.device());
+  std::string body;
+  if (packed) {
+    body +=
+        "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns_halves { uvec2 "
+        "columns_halves[]; };\n";
+  } else if (width == 4) {
+    body +=
+        "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns4 { vec4 "
+        "columns4[]; };\n";
+  }
+  body += columns_main(count);
+  const int64_t row_units = size[1] / width;
+  body += "  uint ox = i % " + u(row_units) + " * " + u(width) + ", oy = i / " + u(row_units) +
+          " % " + u(size[0]) + ";\n";
+  // tap: the column row (c * KH + kh) * KW + kw, plane: the image's channel n * C + c.
+  const int64_t taps = kernel[0] * kernel[1];
+  if (side_by_side) {
+    const int64_t columns_per_row = x[0] * size[0] * size[1];
+    body += "  uint tap = i / " + u(columns_per_row) + ", image = i % " + u(columns_per_row) +
+            " / " + u(size[0] * size[1]) + ";\n  uint plane = image * " + u(x[1]) + " + tap / " +
+            u(taps) + ";\n";
+  } else {
+    body +=
+        "  uint tap = i / " + u(row_units * size[0]) + ";\n  uint plane = tap / " + u(taps) + ";\n";
+  }
+  body += "  uint kw = tap % " + u(kernel[1]) + ", kh = tap / " + u(kernel[1]) + " % " +
+          u(kernel[0]) + ";\n";
+  body += "  int iy = int(oy) * " + s(stride[0]) + " + int(kh) * " + s(dilation[0]) + " - " +
+          s(padding[0]) + ";\n  int ix0 = int(ox) * " + s(stride[1]) + " + int(kw) * " +
+          s(dilation[1]) + " - " + s(padding[1]) + ";\n";
+  body += "  bool row_inside = iy >= 0 && iy < " + s(x[2]) + ";\n  uint row = (plane * " + u(x[2]) +
+          " + uint(iy)) * " + u(x[3]) + ";\n";
+  body += "  float values[" + std::to_string(width) + "];\n  for (int j = 0; j < " +
+          std::to_string(width) + "; ++j) {\n    int ix = ix0 + j * " + s(stride[1]) +
+          ";\n    values[j] = row_inside && ix >= 0 && ix < " + s(x[3]) +
+          " ? x[row + uint(ix)] : 0.0;\n  }\n";
+  if (packed) {
+    body +=
+        "  columns_halves[i] = uvec2(packHalf2x16(vec2(values[0], values[1])), "
+        "packHalf2x16(vec2(values[2], values[3])));\n}\n";
+  } else {
+    body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
+                       : "  columns[i] = values[0];\n}\n";
+  }
+  emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
+}
+
+// col2im(columns): one invocation per image element, summing the column elements of the taps
+// that reach it: for kernel row kh, the output row oy with oy * S - P + kh * D = y exists when
+// y + P - kh * D is a non-negative multiple of S below OH * S (likewise for columns). The loops
+// run over constant extents, so the compiler unrolls them and folds the stride tests.
+void lower_col2im(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& image = node.type.shape;
+  const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
+  const int64_t count = node.type.elements();
+  std::string body = columns_main(count);
+  body += "  uint x = i % " + u(image[3]) + ", y = i / " + u(image[3]) + " % " + u(image[2]) +
+          ";\n  uint plane = i / " + u(image[2] * image[3]) + ";\n  float sum = 0.0;\n";
+  const auto axis = [&](const std::string& name, const std::string& at, int64_t dim) {
+    const std::string shifted = "t" + name;
+    std::string text = "int " + shifted + " = int(" + at + ") + " + s(padding[dim]) + " - k" +
+                       name + " * " + s(dilation[dim]) + ";\n";
+    text += "if (" + shifted + " < 0" +
+            (stride[dim] > 1 ? " || " + shifted + " % " + s(stride[dim]) + " != 0" : "") +
+            ") continue;\n";
+    text += "uint o" + name + " = uint(" + shifted + ") / " + u(stride[dim]) + ";\nif (o" + name +
+            " >= " + u(size[dim]) + ") continue;\n";
+    return text;
+  };
+  body += "  for (int ky = 0; ky < " + s(kernel[0]) + "; ++ky) {\n" + axis("y", "y", 0) +
+          "  for (int kx = 0; kx < " + s(kernel[1]) + "; ++kx) {\n" + axis("x", "x", 1) +
+          "  sum += columns[((plane * " + u(kernel[0]) + " + uint(ky)) * " + u(kernel[1]) +
+          " + uint(kx)) * " + u(size[0] * size[1]) + " + oy * " + u(size[1]) + " + ox];\n" +
+          "  }\n  }\n  image[i] = sum;\n}\n";
+  emit_columns_launch(context, "col2im", std::move(body), {"columns", "image"}, count);
+}
+
+}  // namespace
+
+std::vector<LoweringEntry> columns_lowerings() {
+  return {{op::im2col, lower_im2col}, {op::col2im, lower_col2im}};
+}
+
+}  // namespace mg::kernels
