@@ -306,9 +306,9 @@ std::vector<BenchCase> bench_cases(bool small) {
   return cases;
 }
 
-// A GPU lowers its clocks while idle, and raises them only under sustained load: on the H200
-// the SM clock fell from 1980 to 525 MHz while a case's parameters were generated and
-// uploaded, and a 512 MiB copy then ran at half speed. So every case runs back to back for
+// A GPU lowers its clocks while idle, and raises them only under sustained load: while a case's
+// parameters are generated and uploaded its clock can drop to a fraction, and the first runs
+// after it are slow. So every case runs back to back for
 // kWarmupSeconds (at least 3 runs) before anything is timed; bench/kernels_pytorch.py does
 // the same.
 constexpr double kWarmupSeconds = 0.3;

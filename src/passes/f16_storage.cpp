@@ -99,9 +99,8 @@ class F16Storage {
       return kNoValue;
     const bool on_workgroups = device_.workgroup_gemm_takes_f16_product(target, node);
     // The subgroup GEMM's size rule (coop_gemm_suits) sends small f32 products to gemm.comp;
-    // f16 ones would pay two widenings and a rounding there, so they all stay on cooperative
-    // matrices: SmolLM's 576 x 576 x 128 ran 0.0082 ms so against 0.0157 between conversions on
-    // the H200 (docs/BENCHMARKS.md run 50).
+    // f16 ones would pay two widenings and a rounding there, more than the product itself, so
+    // they all stay on cooperative matrices.
     if (!on_workgroups && !device_.cooperative_matrices()) return kNoValue;
     Attrs attrs = node.attrs;
     attrs.set("f16_result", int64_t{1});

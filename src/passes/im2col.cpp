@@ -3,10 +3,9 @@
 // y[n] = W [O, C * KH * KW] x columns[n] [C * KH * KW, OH * OW], which is already NCHW (or, with
 // the batch's columns side by side, one matmul and a transpose: columns_side_by_side below); a
 // strided data gradient becomes a matmul into column gradients and a col2im node. The implicit
-// GEMM works out the tap of every operand element inside its K loop; here
-// one gather kernel does that once per element and the GEMM reads plain vec4 rows. On the H200
-// ResNet's 3x3 forward went from 0.097 to 0.062 ms and its weight gradient from 0.089 to
-// 0.063 ms (docs/BENCHMARKS.md, run 15). The columns take C * KH * KW times the input's bytes,
+// GEMM works out the tap of every operand element inside its K loop; here one gather kernel does
+// that once per element and the GEMM reads plain vec4 rows, which is faster on GPUs. The columns
+// take C * KH * KW times the input's bytes,
 // a transient value freed after its product; products whose columns pass the byte limit keep
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
 // stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
@@ -31,10 +30,8 @@ std::vector<int64_t> pair_of(const std::array<int64_t, 2>& pair) {
 
 // Columns with C * KH * KW rows fewer than this leave the forward's GEMM a K, and the weight
 // gradient's an N, too small to pay for the gather: the Fashion-MNIST CNN's first convolution
-// (1 channel, 3 x 3: 9 rows) took 9.0 us implicit against 5.8 + 13.2 us as im2col + matmul for
-// its forward and 25.7 against 4.0 + 31.8 us for its weight gradient on the H200, while its
-// second (16 channels: 144 rows) gained 6 and 1.4 us from the columns (docs/BENCHMARKS.md,
-// run 21).
+// (1 channel, 3 x 3: 9 rows) ran slower as im2col + matmul, while its second (16 channels: 144
+// rows) gained from the columns.
 constexpr int64_t kMinColumnRows = 16;
 
 uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t plane) {
@@ -44,10 +41,9 @@ uint64_t column_bytes(int64_t batch, int64_t channels, int64_t taps, int64_t pla
 // Whether the columns of a batch's `plane`-sized planes go side by side ([C * KH * KW,
 // N * plane], one GEMM for the batch and a transpose of its result) rather than one matrix per
 // image: where a plane is not a whole number of vec4s but the batch's planes are, so that the
-// GEMM reads and writes vec4s. On the H200 ResNet's 7 x 7 stage (3x3 512->512, batch 4: planes
-// of 49) ran its forward in 0.0490 ms instead of 0.0783 and its data gradient in 0.0600 instead
-// of 0.0800; side by side everywhere made the other ResNet and U-Net convolutions up to 40 %
-// slower (docs/BENCHMARKS.md run 42). MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every batch apart,
+// GEMM reads and writes vec4s (ResNet's 7 x 7 stage, 3x3 512->512 at batch 4: planes of 49); side
+// by side everywhere made the other ResNet and U-Net convolutions slower.
+// MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every batch apart,
 // =1 puts every batch of more than one image side by side (tuning sweeps).
 bool columns_side_by_side(int64_t batch, int64_t plane, const Switches& switches) {
   if (const std::optional<bool> forced = switches.columns_side_by_side) return *forced && batch > 1;
@@ -196,8 +192,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
 // over the T tiles of m x m outputs (m from target::Target::winograd_weight_gradient_outputs), and
 // the filter transform back to 3 x 3 taps. The tiles lie along the product's K, so that the
 // transforms read rows of the images and write rows of tiles; tiles across, [16, T, C], made the
-// product no faster and the transforms slower on the H200 (ResNet's 128 channels at 28 x 28: 0.0104
-// against 0.0136 ms for both, docs/BENCHMARKS.md run 44).
+// product no faster and the transforms slower.
 std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
                                                 const ConvGeometry& g, const target::Target& device,
                                                 uint64_t max_bytes) {

@@ -1,6 +1,6 @@
 // Split attention (flash-decoding style): an attention over few owned blocks, Whisper's encoder
 // at batch 1 (6 heads x 24 blocks of 64 queries = 144 workgroups, and as many key blocks in
-// dK / dV), leaves an H200's 132 compute units with one workgroup of 4 subgroups each, too few
+// dK / dV), leaves a GPU of 132 compute units with one workgroup of 4 subgroups each, too few
 // to hide the latency of their loads and barriers. The pass cuts the streamed rows into S
 // slices (see ops/k_split.hpp): the forward and dQ get kv_splits (key slices), dK and dV
 // q_splits (query slices); one dispatch computes every (owned block, slice) pair. The
@@ -19,10 +19,8 @@ namespace mg::passes {
 namespace {
 
 // Workgroups wanted in flight: five of the kernels' 64-row workgroups on each compute unit, as
-// many as the forward's shared memory allows on an H200. For Whisper's 144 blocks on its 132
-// units that is 4 slices: forward 0.305 -> 0.210 ms strict and 0.108 -> 0.087 ms fast, backward
-// 1.018 -> 0.779 ms strict and 0.500 -> 0.370 ms fast on the H200, where 2, 3, 6 and 8 slices
-// were slower or no faster (docs/BENCHMARKS.md, runs 19 and 20).
+// many as the forward's shared memory allows on a 48 KiB device. For Whisper's 144 blocks on 132
+// units that is 4 slices, which ran faster than 2, 3, 6 or 8, strict and fast.
 constexpr int64_t kWorkgroupsPerUnit = 5;
 constexpr int64_t kRowsPerWorkgroup = 64;
 // A slice keeps at least this many streamed rows, so that its partial result is small next to

@@ -10,7 +10,7 @@
 namespace mg::target {
 
 // The compute units that the tile, block and split rules plan their workgroups for when the
-// driver does not report the count: the count of the GPU the rules were tuned on (an H200).
+// driver does not report the count: the count of the GPU the rules were tuned on.
 constexpr int64_t kAssumedComputeUnits = 132;
 
 struct DeviceTraits {

@@ -196,10 +196,8 @@ std::vector<int64_t> coop_block_candidates(std::vector<int64_t> preferred,
   return preferred;
 }
 
-// The backward's streamed block: 32, else 64; 0 when neither fits. Blocks of 64 take 44-79 more
-// registers (202-253 an invocation on the H200, against 158-174), so fewer workgroups share a
-// compute unit: Whisper's dK, dQ and dV took 0.162, 0.126 and 0.079 ms with 64 against 0.105,
-// 0.088 and 0.061 with 32 (docs/BENCHMARKS.md, run 21).
+// The backward's streamed block: 32, else 64; 0 when neither fits. Blocks of 64 take many more
+// registers, so fewer workgroups share a compute unit and the backward runs slower.
 int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& device) {
   for (int64_t streamed : coop_block_candidates({32, 64}, device))
     if (coop_shared_bytes(mode, dims, streamed) <= device.max_shared_memory_bytes) return streamed;
@@ -227,8 +225,7 @@ int64_t coop_forward_shared_bytes(const Dims& dims, int64_t bk, bool in_register
 }
 
 // The forward's key block: 64 keys where they fit (half the barriers and statistics passes of
-// 32: Whisper's forward 0.087 ms against 0.101 with 32 on the H200, run 21), else 32; 0 when
-// neither fits.
+// 32), else 32; 0 when neither fits.
 int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
   const bool in_registers = fragment_registers(device);
   for (int64_t bk : coop_block_candidates({64, 32}, device))
@@ -330,8 +327,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
     launch.defines.push_back({"BS", glsl_uint(blocks.streamed)});
     launch.defines.push_back({"TC", glsl_uint(blocks.lanes)});
     launch.defines.push_back({"THREADS", glsl_uint(blocks.threads)});
-    // Loads grouped 4 and 8 steps ahead: 0.347 -> 0.306 ms forward, 1.51 -> 1.45 ms backward on
-    // the H200 (docs/BENCHMARKS.md); Lavapipe's compiler only takes longer over them.
+    // Loads grouped 4 and 8 steps ahead hide the fetches' latency on GPUs; Lavapipe's compiler
+    // only takes longer over them.
     const bool cpu = context.device().cpu;
     launch.defines.push_back({"U1", cpu ? "1" : "4"});
     launch.defines.push_back({"U2", cpu ? "1" : "8"});
@@ -511,8 +508,8 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
   if (c.op == op::attention_grad_v &&
       c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1) &&
       (!coop || use_coop_attention(Mode::grad_kv, dims, device))) {
-    // One pass over the scores for both: 1.27 -> 1.02 ms for the Whisper backward on the H200
-    // (docs/BENCHMARKS.md run 18), 494 -> 452 ms on Lavapipe; on cooperative matrices too.
+    // One pass over the scores for both, on cooperative matrices too: the scores are computed
+    // once instead of twice.
     return device.switches.attention_fused_kv.value_or(true);
   }
   return false;

@@ -9,9 +9,8 @@
 //   dS = P * (dP - delta) * SCALE in f16;
 //   dQ += dS K with dQ in f32 accumulator fragments (no rescaling: P uses the saved lse).
 // Each lane of a row's pair owns every other vec4 of its columns, so it reads S and dP as vec4s
-// and writes dS 4 halves at a time: 0.088 to 0.070 ms for Whisper's dQ on the H200 against
-// interleaved single columns (docs/BENCHMARKS.md, run 34; the forward and dK / dV kernels ran
-// 2-19 % slower so and keep single columns).
+// and writes dS 4 halves at a time, faster here than interleaved single columns (the forward and
+// dK / dV kernels ran slower so and keep single columns).
 // FRAGMENT_REGISTERS=1 (where the fragments keep their elements as NVIDIA's do, as for the
 // forward): S, P, dP and dS stay in registers, 16 keys at a time, and each lane writes its own
 // elements of dQ; no staging area, no subgroup barrier.

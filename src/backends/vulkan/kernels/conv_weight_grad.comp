@@ -5,19 +5,17 @@
 // from one image tile in shared memory.
 // A workgroup of 256 threads owns TILE_O output channels x TILE_C input channels and the KW taps
 // of kernel row kh = z % KH: a thread holds 4 x 4 channels of each tap, 16 * KW accumulators
-// (all 9 taps of a 3 x 3 kernel in one workgroup took 255 registers on the H200 and ran ResNet's
-// 3 x 3 weight gradient in 0.0516 ms against this form's 0.035). It walks chunks of XT adjacent
+// (all 9 taps of a 3 x 3 kernel in one workgroup take too many registers to run fast). It walks
+// chunks of XT adjacent
 // output columns of one output row (b, y): the chunk's grad_out tile [XT][TILE_O] and the XW = XT + KW - 1 image columns it meets
 // in row y + kh - PAD_H [XW][TILE_C], both channel-contiguous so that a thread reads its 4
 // channels as one vec4. Image column j of the tile meets output column j - kw at tap kw, so a
 // thread reads each grad_out vec4 and each image vec4 once and multiplies every pair among them:
 // 16 * KW * XT multiply-adds for XT + XW vec4 reads from shared memory.
 // Chunks are fetched into registers two ahead of the one being multiplied and stored into the
-// other of two shared slots after its multiplies: one barrier per chunk. (Measured on the H200
-// and not kept, docs/BENCHMARKS.md run 43: three chunks ahead, or the fetches unconditional, 1-8 %
-// slower; one to four warps that only fetch while the others multiply, 1.3-1.8x slower. Its
-// knock-out runs put the chunks' loads and shared stores at about the cost of their
-// multiply-adds.)
+// other of two shared slots after its multiplies: one barrier per chunk. (Three chunks ahead,
+// unconditional fetches and warps that only fetch while the others multiply were all slower: the
+// chunks' loads and shared stores cost about as much as their multiply-adds.)
 // Split-K: workgroup z takes chunks [s * CHUNKS / K_SPLITS, (s + 1) * CHUNKS / K_SPLITS) of
 // split s = z / KH and writes its part of the partial gradient [K_SPLITS, O, C, KH, KW]
 // (K_SPLITS = 1: the gradient itself).
@@ -63,9 +61,9 @@ vec4 accumulators[KW][4];
 // Thread t fetches units t, t + THREADS, ...: unit u is column u % XT (XW) of the GROUP channels
 // from GROUP (u / XT), loads a plane apart, so that consecutive threads read adjacent floats of a
 // channel's row and store to consecutive rows of the tile. A unit's column and channels depend
-// on t alone. (Scalar units for every tile ran ResNet's 3 x 3 weight gradients 6-8 % slower up to
-// 256 channels on the H200, where 14-column chunks give every thread a unit of 4; the 7-column
-// chunks of 512 channels leave half the threads without one and ran 7 % faster with scalars.)
+// on t alone. (Units of 4 pay where the chunks give every thread one, as 14-column chunks do up
+// to 256 channels; the 7-column chunks of 512 channels leave half the threads without one and
+// run faster with scalars.)
 void fetch(uint chunk, uint o0, uint c0, uint kh, uint t, uint set) {
   uint x0 = chunk % CHUNKS_X * XT, y = chunk / CHUNKS_X % OH, b = chunk / (CHUNKS_X * OH);
   [[unroll]] for (uint l = 0; l < GRAD_FETCHES; ++l) {
@@ -126,8 +124,8 @@ void multiply(uint slot, uint o4, uint c4) {
 
 // One chunk of the loop, with register set `set` holding it (already in shared slot `slot`) and
 // the other set the next chunk: the fetch two ahead reuses `set`, so its global latency has two
-// chunks of multiply-adds to hide behind (one chunk left a fifth of the kernel's time exposed
-// on the H200); the next chunk goes to the other slot, which every thread finished reading
+// chunks of multiply-adds to hide behind (one chunk left much of its latency exposed); the next
+// chunk goes to the other slot, which every thread finished reading
 // before the previous barrier.
 void advance(uint chunk, uint end, uint begin, uint o0, uint c0, uint kh, uint t, uint o4,
              uint c4, uint set) {

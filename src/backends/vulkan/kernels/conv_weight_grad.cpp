@@ -17,28 +17,24 @@ constexpr int64_t kChannelTile = 64;
 constexpr int64_t kThreads = 256;
 // A workgroup takes one kernel row: its thread holds 16 accumulators a column of the row.
 constexpr int64_t kMostKernelExtent = 3;
-// Output columns a chunk covers at most. On the H200 ResNet's 56-wide rows ran as fast in
-// chunks of 14 as of 28 and 19 (0.0378, 0.0383 and 0.0391 ms), of 8 slower (0.0476).
+// Output columns a chunk covers at most: wider chunks ran no faster, much narrower ones slower.
 constexpr int64_t kMostChunkColumns = 16;
 constexpr int64_t kMinChunksPerSplit = 4;
-// Workgroups planned a compute unit: on the H200 44 splits of ResNet's 3 x 3 weight gradient
-// (132 workgroups of the kernel's 147-register form) ran 0.0378 ms against 0.0451 on 33 and
-// 0.0453 on 88. With vec4 fetch units the kernel takes 119 registers, so two 256-thread
-// workgroups fit a unit, but twice the splits (and partial gradients) still ran slower: 128
-// channels at 28 x 28 0.0417 against 0.0341 ms, 64 at 56 0.0421 against 0.0346.
+// Workgroups planned a compute unit: one wave of workgroups, one a unit, ran faster than fewer
+// or more. Two 256-thread workgroups of the kernel fit a unit, but twice the splits (and partial
+// gradients) still ran slower.
 constexpr int64_t kWorkgroupsPerUnit = 1;
 // The Winograd weight gradient's product runs over the tiles of 2 x 2 outputs: with fewer than
 // this its GEMM's K is too short to pay for the transforms.
 constexpr int64_t kMinWinogradTiles = 128;
 // F(4 x 4, 3 x 3) for the strict weight gradient from this many channels a side (and
-// kMinWinogradTiles of its 4 x 4 tiles). On the H200 (docs/BENCHMARKS.md run 51) it ran U-Net's
-// 320 channels in 0.0549 against F(2 x 2)'s 0.0767 ms at 32 x 32 and 0.1809 against 0.2746 at
-// 64 x 64, ResNet's 128 at 28 x 28 in 0.0244 against 0.0255, but 256 at 14 x 14 (64 tiles of
-// 4 x 4) in 0.0397 against 0.0231: a product too short in K.
+// kMinWinogradTiles of its 4 x 4 tiles): faster than F(2 x 2) for U-Net's 320 channels and
+// ResNet's 128, slower for ResNet's 256 at 14 x 14 (64 tiles of 4 x 4), a product too short in
+// K.
 constexpr int64_t kMinWinograd4Channels = 128;
 // The Winograd forward's and data gradient's products run over the channels, the tiles being
-// their columns: ResNet's 512 channels at 7 x 7 (64 tiles at batch 4) still ran 18 and 26 %
-// faster than the columns on the H200 (docs/BENCHMARKS.md run 47); fewer are unmeasured.
+// their columns: ResNet's 512 channels at 7 x 7 (64 tiles at batch 4) still run faster than the
+// columns; fewer are unmeasured.
 constexpr int64_t kMinWinogradConvolutionTiles = 64;
 
 // Shared memory of the kernel over chunks of `columns` output columns: two slots of both tiles
@@ -91,9 +87,8 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
   const std::optional<bool> forced = device.switches.direct_weight_grad;
   if (forced == false) return false;
   const bool forced_on = forced == true;
-  // With cooperative matrices (fast precision) the columns' f16 GEMM ran as fast (ResNet's 3x3
-  // weight gradient: 0.0381 against 0.0383 ms on the H200) and stays, as for the other fast
-  // convolutions.
+  // With cooperative matrices (fast precision) the columns' f16 GEMM runs as fast and stays, as
+  // for the other fast convolutions.
   if (use_cpu_kernels(device) || use_coop_gemm(device) ||
       device.max_workgroup_invocations < kThreads)
     return false;
@@ -103,11 +98,10 @@ bool direct_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& dev
       chunk_columns(g, device) == 0)
     return false;
   if (forced_on) return true;
-  // Every ResNet stage measured on the H200 ran faster than on the columns with 96 to 192
-  // workgroups on 132 units (docs/BENCHMARKS.md run 40); a layer whose channel tiles and splits
-  // leave more than 30 % of the units idle (U-Net's 320 channels at 32 x 32, batch 2: 75
-  // workgroups walking 128 chunks each) keeps the columns' GEMM, which split-K spreads (0.1360
-  // against 0.1631 ms forced onto this kernel, run 43).
+  // Every ResNet stage runs faster than on the columns where its workgroups nearly fill the
+  // compute units; a layer whose channel tiles and splits leave more than 30 % of the units idle
+  // (U-Net's 320 channels at 32 x 32, batch 2: 75 workgroups walking 128 chunks each) keeps the
+  // columns' GEMM, which split-K spreads.
   const int64_t workgroups = workgroups_per_split(g) * direct_weight_gradient_splits(g, device);
   return g.in_channels >= kChannelTile && g.out_channels >= kChannelTile &&
          10 * workgroups >= 7 * device.compute_units;
@@ -117,13 +111,11 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
   const std::optional<bool> forced = device.switches.winograd_weight_grad;
   if (forced == false || !winograd_geometry(g, device)) return false;
   if (forced == true) return true;
-  // On the H200 (docs/BENCHMARKS.md runs 44 and 45) it ran ResNet's 128 channels at 28 x 28 in
-  // 0.0255 against the direct kernel's 0.0343 ms, 256 at 14 x 14 in 0.0231 against 0.0408, and
-  // U-Net's 320 channels (columns and a GEMM) 0.0764 against 0.1363 and 0.2744 against 0.4709 ms;
-  // the direct kernel stayed level with 64 channels (0.0348 against 0.0349 ms at 56 x 56, run 47)
-  // and ahead over the 64 tiles of 512 channels at 7 x 7 (0.0422 against 0.0491), a product too
-  // short in K. In fast precision, where the 16 products run on cooperative matrices and the
-  // direct kernel does not, it beat the columns' f16 GEMM from 64 channels (run 47).
+  // Winograd beats the direct kernel from 128 channels a side (ResNet's 128 and 256, U-Net's 320,
+  // which the columns run otherwise); the direct kernel is level with it at 64 channels and ahead
+  // over the 64 tiles of 512 channels at 7 x 7, a product too short in K. In fast precision,
+  // where the 16 products run on cooperative matrices and the direct kernel does not, it beats
+  // the columns' f16 GEMM from 64 channels.
   const int64_t tiles = winograd::kF2.tile_count(g.batch, g.out_height, g.out_width);
   const int64_t channels = std::min(g.in_channels, g.out_channels);
   if (channels < kChannelTile || tiles < kMinWinogradTiles) return false;
@@ -150,11 +142,8 @@ bool winograd_convolution_suits(const ConvGeometry& g, bool data_gradient,
   // The data gradient pads grad_out by 2 - P.
   if (data_gradient && (g.padding[0] > 2 || g.padding[1] > 2)) return false;
   if (forced == true) return true;
-  // On the H200 (docs/BENCHMARKS.md run 47) every ResNet-50 3x3 stage and U-Net's 320 channels
-  // ran faster than on the columns, forward and data gradient, strict and fast: ResNet's 64
-  // channels at 56 x 56 0.0354 against 0.0472 ms (forward), 256 at 14 x 14 0.0293 against
-  // 0.0483, U-Net's block at 64 x 64 0.2624 against 0.4899. Fewer than 64 channels are
-  // unmeasured.
+  // Every ResNet-50 3x3 stage and U-Net's 320 channels run faster so than on the columns,
+  // forward and data gradient, strict and fast. Fewer than 64 channels are unmeasured.
   const int64_t tiles = data_gradient
                             ? winograd::kF2.tile_count(g.batch, g.in_height, g.in_width)
                             : winograd::kF2.tile_count(g.batch, g.out_height, g.out_width);

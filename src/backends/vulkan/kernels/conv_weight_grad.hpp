@@ -33,9 +33,8 @@ bool winograd_weight_gradient_suits(const ConvGeometry& g, const DeviceTraits& d
 // The tile side m of the Winograd weight gradient F(m x m, 3 x 3) over geometry `g`, where it
 // runs (winograd_weight_gradient_suits): 4 for strict f32 products from 128 channels a side
 // with at least 128 tiles of 4 x 4 outputs, else 2 (always in fast precision: with f16
-// transformed tiles F(4 x 4)'s error is 3.3e-3 of the gradient's norm, bench/
-// winograd_f16_error.py, past the fast path's bound). MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE
-// =2/4 forces one; anything else is an error naming it.
+// transformed tiles F(4 x 4)'s error passes the fast path's bound, bench/winograd_f16_error.py).
+// MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE=2/4 forces one.
 int64_t winograd_weight_gradient_outputs(const ConvGeometry& g, const DeviceTraits& device);
 
 // Whether conv2d over geometry `g` (or, with `data_gradient`, its conv2d_grad_input) runs as

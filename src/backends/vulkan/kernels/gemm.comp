@@ -77,8 +77,8 @@
 #endif
 // The loops over both operands' vec4s and fragments run to the larger count, each statement
 // guarded by its own. Square tiles need no guard, and leaving it out keeps their SPIR-V the
-// interleaved loops the NVIDIA compiler scheduled best (one loop per operand instead ran
-// SmolLM's lm_head 10 % slower on the H200, docs/BENCHMARKS.md).
+// interleaved loops the NVIDIA compiler scheduled best (one loop per operand instead ran the
+// skinny products slower).
 #define LOADS (LOADS_A > LOADS_B ? LOADS_A : LOADS_B)
 #define GROUPS (GROUPS_M > GROUPS_N ? GROUPS_M : GROUPS_N)
 #if LOADS_A == LOADS_B
@@ -142,10 +142,9 @@ vec4 partial(uint k_group, uint index) {
 //   stored as it is;
 // - an operand contiguous along k reads 4 consecutive k of one row or column and scatters them
 //   down the k-major tile; consecutive threads take the K_VEC4 consecutive vec4s of a row, then
-//   the next row, so that a warp reads 32 / K_VEC4 rows, each one contiguous run. (The global
-//   loads took 21 % of the 4096^3 product and 30 % of SmolLM's lm_head on the H200, found by
-//   runs without them; a warp over 32 rows, 16 bytes of each, gave way to this for 2-8 % on
-//   every GEMM-shaped case, docs/BENCHMARKS.md run 21.) The padded k rows spread the scalar
+//   the next row, so that a warp reads 32 / K_VEC4 rows, each one contiguous run (a warp over
+//   32 rows, 16 bytes of each, ran slower on every GEMM-shaped case). The padded k rows spread
+//   the scalar
 //   stores of a warp over the banks (at most two lanes to a bank);
 // - with A_QUADS, A (contiguous along k) is read as 4 adjacent rows at one k, four scalars whose
 //   vec4 is stored as it is, in one padded k row or at a swizzled column (A_SWIZZLE; gemm.cpp

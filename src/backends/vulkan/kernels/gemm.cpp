@@ -20,11 +20,9 @@ namespace {
 // WORK_N a thread, K slices of TILE_K. Every one moves a whole number of vec4s a thread per
 // slice, and its two slots of both tiles (2 * TILE_K * (TILE_M + TILE_N) floats) take at most
 // 16 KiB of shared memory, the least a Vulkan device offers, so every device runs every tile.
-// (On the H200 at 4096^3 a 16-deep slice for the 128 tile took 155 registers, past the 128 that
-// let two workgroups share a compute unit: 4.25 against 3.79 ms. Of the rectangular tiles swept,
-// 128 x 128 with 16 x 8 per thread was fastest there, 3.64 ms, but slower on SmolLM's lm_head;
-// docs/BENCHMARKS.md.) k_groups multiplies the threads and the slots (gemm.comp K_GROUPS); it
-// is chosen per product.
+// The 128 tile keeps 8-deep slices: 16-deep ones take more registers than let two of its
+// workgroups share a compute unit. k_groups multiplies the threads and the slots (gemm.comp
+// K_GROUPS); it is chosen per product.
 struct GemmTile {
   int64_t tile_m, tile_n, work_m, work_n, tile_k;
   int64_t k_groups = 1;
@@ -99,38 +97,27 @@ std::optional<GemmTile> forced_tile(const DeviceTraits& device) {
   return tile;
 }
 
-// 64 x 128 with 8 x 8 a thread: at 4096^3 on the H200 it ran 3 % slower than 128 x 128 (128 x 64:
-// 15 %), so it takes the products where 128 x 128 tiles pad or leave compute units idle. Its K
-// slices are 16 deep, which halves the chain of slices a workgroup waits on (docs/BENCHMARKS.md
-// run 23): SmolLM's up and down projections ran 16-21 % faster than on the 64 x 64 tile, ResNet's
-// 3x3 and 1x1 convolutions 8-23 % and SmolLM's lm_head 2-5 % faster than with 8-deep slices. A
-// product with short K and workgroups to spare keeps 8-deep slices, whose first one costs less
-// before the loop overlaps the rest: the ResNet stem (K = 147, and 64 for its data gradient; 392
-// and 1176 workgroups) ran 12 % slower with 16. K is the whole product's: the 128-deep split-K
-// slices of ResNet's 3x3/2 convolution (504 workgroups) ran 29 % slower with 8. The 16-deep tile's
-// 24 KiB of shared memory need a device with more than the 16 KiB minimum; elsewhere it runs 8-deep
-// slices.
-// The half-wide tile (128 x 64) takes its slices by the same rule: dQ of Whisper's attention as
-// a matmul (6 x 1500 x 64 x 1500 over 3 split-K slices) took 0.076 ms with 16-deep ones against
-// 0.095 with 8-deep ones.
+// 64 x 128 with 8 x 8 a thread: a little slower than 128 x 128 on products that fill the GPU, so
+// it takes the products where 128 x 128 tiles pad or leave compute units idle. Its K slices are
+// 16 deep, which halves the chain of slices a workgroup waits on. A product with short K and
+// workgroups to spare keeps 8-deep slices, whose first one costs less before the loop overlaps
+// the rest (the ResNet stem). K is the whole product's, not a split-K slice's. The 16-deep
+// tile's 24 KiB of shared memory need a device with more than the 16 KiB minimum; elsewhere it
+// runs 8-deep slices. The half-wide tile (128 x 64) takes its slices by the same rule.
 constexpr GemmTile kHalfTallTile{64, 128, 8, 8, 16};
 constexpr GemmTile kHalfWideTile{128, 64, 8, 8, 16};
 constexpr int64_t kShallowSliceDepth = 8, kMinKForDeepSlices = 256;
 // A product over a short K with tiles to spare (SmolLM's lm_head weight gradient, 49152 x 576
 // over K = 128: 1920 tiles of 128 x 128) spends much of each workgroup's time before and after
 // its few slices; 64-thread workgroups with the same 8 x 8 a thread overlap more of them on each
-// compute unit: 0.2478 against 0.2623 ms on the H200 (docs/BENCHMARKS.md run 23).
+// compute unit.
 constexpr GemmTile kShortKTile{64, 64, 8, 8, 8};
 constexpr int64_t kMaxShortK = 128, kShortKTilesPerUnit = 8;
 // Where both M and N leave their last 128 x 128 tiles at most half full, half tiles still pad one
-// of them; 64 x 64 tiles with 8 x 8 a thread pad neither. U-Net's F(4 x 4) Winograd weight
-// gradient (36 products of 320 x 320 over K = 128 and 512, 900 workgroups) ran 0.0409 and 0.1378
-// ms on it with 16-deep slices against 0.0442 and 0.1570 on the half-tall tile (8-deep slices
-// 0.0433 and 0.1571; 4 x 4 a thread 0.0395 and 0.1409; 128 x 64 0.0456 and 0.1556; H200,
-// docs/BENCHMARKS.md run 52). Its two slots of 16-deep slices fit the 16 KiB every device has.
-// Products through generated loads keep their tiles: U-Net's weight gradient on the implicit GEMM
-// (MEGANEURA_IM2COL=0, 320 x 2880 in split-K slices) took it, on gemm.comp where conv_igemm.comp
-// had run it, 0.4183 and 1.6124 ms against 0.2945 and 1.1408 (run 52 against run 50's call).
+// of them; 64 x 64 tiles with 8 x 8 a thread pad neither (U-Net's 36 products of 320 x 320 in
+// its Winograd weight gradient). Its two slots of 16-deep slices fit the 16 KiB every device has.
+// Products through generated loads keep their tiles: on this one the implicit GEMM's weight
+// gradient moved from conv_igemm.comp to gemm.comp and ran slower.
 constexpr GemmTile kQuarterTile{64, 64, 8, 8, 16};
 
 GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, int64_t entries,
@@ -149,10 +136,8 @@ GemmTile half_tile(const GemmTile& half, int64_t m, int64_t n, int64_t whole_k, 
 // * KH * KW] x columns, have 64 rows; U-Net's 320 channels leave the third row of tiles half empty;
 // SmolLM's lm_head at sequence 128), the half-tall (half-wide) tile keeps every row of threads
 // busy, and where they would be along both, 64 x 64 tiles (kQuarterTile); where they would not
-// fill the compute units, the half-tall tile does before 64 x 64 with 4
-// x 4 a thread is taken, as long as it fills half of them (ResNet's strided data gradient 0.134 to
-// 0.114 ms, U-Net's 2 x 320 x 64 x 64 block 0.77 to 0.59 ms on the H200, docs/BENCHMARKS.md run
-// 15).
+// fill the compute units, the half-tall tile does before 64 x 64 with 4 x 4 a thread is taken,
+// as long as it fills half of them (its 8 x 8 a thread reuse each load more).
 GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entries,
                             bool generated_loads, const DeviceTraits& device) {
   if (const std::optional<GemmTile> forced = forced_tile(device)) return *forced;
@@ -170,8 +155,7 @@ GemmTile choose_tile_extent(int64_t m, int64_t n, int64_t whole_k, int64_t entri
         half_full_edge(n))
       return kQuarterTile;
     // One row of 128 x 128 tiles over at least two waves (SmolLM's lm_head, 128 x 49152 x 576):
-    // 128 x 64 tiles read the wide operand once where 64 x 128 ones read it twice, 0.2294 against
-    // 0.2361 ms on the H200 (docs/BENCHMARKS.md run 26).
+    // 128 x 64 tiles read the wide operand once where 64 x 128 ones read it twice.
     if (m == largest.tile_m && large_tiles >= 2 * units)
       return half_tile(kHalfWideTile, m, n, whole_k, entries, device);
     if (m <= largest.tile_m || half_full_edge(m)) return half_tall;
@@ -200,12 +184,11 @@ bool k_groups_fit(const GemmTile& tile, int64_t k_groups, const DeviceTraits& de
 // The K slices whose loads a thread of `tile` keeps in flight, for a launch over K slices of
 // `k` (`whole_k` before any split). Threads of the 4 x 4 tiles walk a few slices each (SmolLM's
 // 128 x 576 x 576 product and its gradients) and hold one vec4 of each operand per slice, so up
-// to four slices ahead cost them few registers and hide the fetches these short chains wait on:
-// 15.2 / 14.8 / 10.4 us to 13.5 / 13.4 / 9.2 us on the H200. The 128 x 128 tile over a K of at
-// most 128 (ResNet's 1x1 and strided data gradients, 8 and 16 slices) gains from two: 29.8 to
-// 28.4 and 62.0 to 59.2 us. The 8 x 8 tiles over longer K (the 64 x 128 tile: 18-25 % slower with
-// two) and the short-K tile (5 % slower) keep one; docs/BENCHMARKS.md runs 25 and 27. No thread
-// fetches past its k-group's chain: the slices after the first are all there is to keep in flight.
+// to four slices ahead cost them few registers and hide the fetches these short chains wait on.
+// The 128 x 128 tile over a K of at most 128 (ResNet's 1x1 and strided data gradients, 8 and 16
+// slices) gains from two. The 8 x 8 tiles over longer K and the short-K tile keep one: their
+// extra registers cost more than the latency hidden. No thread fetches past its k-group's
+// chain: the slices after the first are all there is to keep in flight.
 // MEGANEURA_GEMM_PREFETCH forces the depth (a tuning hook).
 int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k,
                        const DeviceTraits& device) {
@@ -226,7 +209,7 @@ int64_t prefetch_depth(const GemmTile& tile, int64_t k, int64_t whole_k,
 // 32 tile, leave the busy units with a few warps that wait on their long chain of K slices;
 // k-groups walk K in parallel, doubling until the launch has the threads of one 256-thread
 // workgroup per compute unit (128 x 576 x 576: 72 workgroups of the 32 tile, 8 k-groups where 64
-// KiB of shared memory fit them, 4 in the H200's 48 KiB). Every k-group keeps at least two slices,
+// KiB of shared memory fit them, 4 in 48 KiB). Every k-group keeps at least two slices,
 // so that fetching one still overlaps multiplying another, and there are at most 8, which bounds
 // k-group 0's reduction. MEGANEURA_GEMM_K_GROUPS=1|2|4|8 forces the count (tuning and tests) where
 // the device fits it.
@@ -266,14 +249,11 @@ struct GemmCompForm {
 // The whole K from which a product on the 128 x 128 tile reads A in vec4s of 4 rows at one k.
 constexpr int64_t kMinKForQuadA = 1024;
 
-// The wide tile: 128 x 256 with 8 x 16 a thread in 16-deep slices (256 threads, 247 registers:
-// one workgroup a compute unit), for large products that read A as row quads. Its two slots of
-// both tiles take all of the H200's 48 KiB, so A's quads are swizzled instead of padded
-// (gemm.comp A_SWIZZLE). On the H200 (docs/BENCHMARKS.md run 54) the 4096^3 product ran 2.92 ms
-// on it against 2.99 on the 8-deep 16 x 8 form (run 46), 3.21 on the 128 x 128 tile (two
-// workgroups a unit) and 4.20 without the quads; 16 x 8 a thread in 16-deep slices ran 2.98,
-// 256 x 128 3.04 (8 x 16) and 3.20 (16 x 8), and the 8-deep 8 x 16 form 3.04. It takes products
-// with at least two of its workgroups a compute unit.
+// The wide tile: 128 x 256 with 8 x 16 a thread in 16-deep slices (256 threads, one workgroup a
+// compute unit by its registers), for large products that read A as row quads: the fastest form
+// of the wide tiles and thread blocks swept. Its two slots of both
+// tiles take all of a 48 KiB device, so A's quads are swizzled instead of padded (gemm.comp
+// A_SWIZZLE). It takes products with at least two of its workgroups a compute unit.
 constexpr GemmTile kWideQuadTile{128, 256, 8, 16, 16};
 constexpr int64_t kWideQuadTilesPerUnit = 2;
 
@@ -284,13 +264,11 @@ bool same_extents(const GemmTile& a, const GemmTile& b) {
 
 // Whether A (contiguous along k) enters gemm.comp as 4 adjacent rows at one k, four scalar loads
 // stored as one vec4 (A_QUADS), instead of vec4s along k scattered into the k-major tile by four
-// scalar stores. On the H200 (docs/BENCHMARKS.md run 43) the 4096^3 product ran 3.70 to 3.20 ms
-// that way: the 128 x 128 tile, 8-deep slices, one slice in flight, padded k rows (unpadded ones
-// would put 8 lanes' stores on the same banks), no split. Every other product measured ran
-// slower with it (and its twin for B of x @ w^T): SmolLM's by 5-28 % (lm_head 0.218 to 0.280
-// ms), ResNet's 3x3 convolutions as matmuls by 5-15 %, on shorter K or other tiles, where four
-// loads per vec4 cost more than the scattered stores saved. So it stays to that form over a
-// long whole K, and to the wide tile, which swizzles where it has no room for the padding.
+// scalar stores: faster for large products on the 128 x 128 tile, 8-deep slices, one slice in
+// flight, padded k rows (unpadded ones would put 8 lanes' stores on the same banks), no split.
+// On shorter K or other tiles four loads per vec4 cost more than the scattered stores saved, so
+// it stays to that form over a long whole K, and to the wide tile, which swizzles where it has
+// no room for the padding.
 bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
   const bool quad_tile =
       (padded && same_extents(tile, kGemmTiles.front())) || same_extents(tile, kWideQuadTile);
@@ -300,8 +278,8 @@ bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
 
 // Whether A's row quads go to a swizzled tile instead of padded k rows (gemm.comp A_SWIZZLE):
 // where the padding does not fit, or where MEGANEURA_GEMM_SWIZZLE=1 asks for it (tuning sweeps
-// and the tests of a device whose shared memory fits the padding). On the H200 the 8-deep wide
-// tile with 16 x 8 a thread ran 3.12 ms swizzled against 2.99 padded (run 54).
+// and the tests of a device whose shared memory fits the padding); padding is the faster of the
+// two where it fits.
 bool swizzled_a_quads(bool padded, const DeviceTraits& device) {
   return !padded || device.switches.gemm_swizzle.value_or(false);
 }
@@ -378,9 +356,9 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   // of 16).
   const bool a_vec4 = gemm.transpose_a ? gemm.m % 4 == 0 : gemm.k % 4 == 0;
   const bool b_vec4 = gemm.transpose_b ? gemm.k % 4 == 0 : gemm.n % 4 == 0;
-  // Vec4 stores made every SmolLM, ResNet and U-Net product faster on the H200 but the 128 x 128
-  // tile over whole tiles, whose 127 registers fit two workgroups a compute unit: with them it
-  // takes 128 and one workgroup (GEMM 4096^3 3.70 to 3.94 ms, docs/BENCHMARKS.md run 34).
+  // Vec4 stores are faster everywhere but on the 128 x 128 tile over whole tiles, whose
+  // registers just fit two workgroups a compute unit: the vec4 stores' extra registers would
+  // leave it one.
   const bool at_register_limit = tile.tile_m == 128 && tile.tile_n == 128 && tile.work_m == 8 &&
                                  tile.work_n == 8 && gemm.m % 128 == 0 && gemm.n % 128 == 0;
   const bool c_vec4 = gemm.row_major_c && gemm.n % 4 == 0 && !at_register_limit;
@@ -404,10 +382,9 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
 }
 
 bool simt_gemm_suits(const GeneratedGemm& gemm, const DeviceTraits& device) {
-  // Fitted to the H200's ResNet-50 and U-Net convolutions (run 10 in docs/BENCHMARKS.md): the
-  // square tiles won where they divide N and K is deep enough for the double-buffered slices;
-  // the stem (K = 147) and 320-channel products (N = 320 on 128 tiles) ran faster on the
-  // convolution kernel's own tiles.
+  // Fitted to ResNet-50's and U-Net's convolutions: the square tiles win where they divide N and
+  // K is deep enough for the double-buffered slices; the stem (K = 147) and 320-channel products
+  // (N = 320 on 128 tiles) run faster on the convolution kernel's own tiles.
   constexpr int64_t kSmallestSquareTile = 32, kMinimumK = 256;
   if (gemm.m < kSmallestSquareTile || gemm.n < kSmallestSquareTile) return false;
   if (forced_tile(device)) return true;

@@ -21,15 +21,13 @@ struct BlockShape {
 };
 
 // Candidates from the largest, each with its relative time per output element when the GPU is
-// full, measured on the H200 (docs/BENCHMARKS.md, coop block sweep): 64 x 64 subgroup tiles read
-// the fewest fragment bytes from shared memory per multiply-add; at 128 x 256 only 16-deep slices
-// fit two slots in 48 KiB. The 64 x 64 blocks' weight (1.5 at 4096^3) is raised to 1.8, which
-// also fits the smaller products of the sweep. The last fits any device's 16 KiB.
+// full (from a sweep of block shapes): 64 x 64 subgroup tiles read the fewest fragment bytes
+// from shared memory per multiply-add; at 128 x 256 only 16-deep slices fit two slots in 48 KiB.
+// The 64 x 64 blocks' weight is raised above the largest products' so that it also fits the
+// smaller products of the sweep. The last fits any device's 16 KiB.
 // 128 x 192 fits 48 KiB only with A contiguous along m and B along n (a weight gradient, dY^T X):
 // SmolLM's lm_head weight gradient (49152 x 576 over K = 128) covers N in 3 columns of it instead
-// of 5 of 128 x 128, and ran 0.0809 against 0.1152 ms on f32 tensors, 0.1063 against 0.1334 on
-// f16 ones (docs/BENCHMARKS.md run 53 against run 52); weighed as 128 x 256, it takes the
-// products where its waves cost less.
+// of 5 of 128 x 128; weighed as 128 x 256, it takes the products where its waves cost less.
 struct Candidate {
   BlockShape block;
   double weight;
@@ -80,10 +78,9 @@ std::optional<std::string> block_misfit(const BlockShape& block, const Generated
 }
 
 // Slices fetched ahead: two where the 128 x 256 block walks a long K. Its multiplies between
-// barriers then outlast the global reads' latency, which one slice of 16 did not cover on the
-// H200 (GEMM 4096^3 0.94 -> 0.81 ms, docs/BENCHMARKS.md run 15); the extra set of 24 registers
-// an invocation still fits one workgroup per compute unit (222 registers). Smaller blocks and
-// short K ran no faster or slower with two.
+// barriers then outlast the global reads' latency, which one slice of 16 does not cover; the
+// extra set of registers still fits one workgroup per compute unit. Smaller blocks and short K
+// ran no faster or slower with two.
 int64_t prefetch_slices_for(const BlockShape& block, const GeneratedGemm& gemm) {
   constexpr int64_t kLongK = 1024;
   return block.rows() * block.cols() >= 128 * 256 && gemm.k >= kLongK ? 2 : 1;
@@ -145,8 +142,7 @@ bool use_coop_gemm(const DeviceTraits& device) {
 }
 
 bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device) {
-  // ResNet's smallest coop convolution (462M) ran 42.9 us against 58.0 on gemm.comp
-  // (docs/BENCHMARKS.md run 26); the bounds' measurements are in the header.
+  // The bounds' reasons are in the header.
   constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 20, kMinSplitMultiplyAddsPerUnit = 1 << 18;
   if (const std::optional<int64_t> forced = device.switches.coop_gemm_min)
     return multiply_adds >= *forced * device.compute_units;

@@ -12,25 +12,23 @@ namespace mg::kernels {
 
 // True when `device` runs GEMMs on cooperative matrices: fast precision was asked for, the
 // device has f16 16x16 x 16x8 fragments with f32 accumulators (NV or KHR extension) and 32-wide
-// subgroups, and MEGANEURA_NO_COOPMAT=1 (the kill switch) is not set. Read at every lowering.
+// subgroups, and MEGANEURA_NO_COOPMAT=1 (the kill switch, DeviceTraits::switches) is not set.
 bool use_coop_gemm(const DeviceTraits& device);
 
 // Whether a product of `multiply_adds` (M * N * K times the batch entries) over `k` runs on the
 // cooperative-matrix GEMM where use_coop_gemm(device) holds: from 1M multiply-adds per compute
 // unit, and from 256K where K is long enough for split-K (passes/split_k.cpp, K >= 512). Smaller
 // products run faster on gemm.comp, whose 4 x 4 tiles keep more workgroups in flight than the
-// smallest 64 x 64 coop block; split over K in slices of 64, SmolLM's 128 x 576 x 576 (43M) ran
-// 9.8 us on cooperative matrices against 11.4 on gemm.comp on the H200, 128 x 1536 x 576 13.9
-// against 16.3 and 128 x 576 x 1536 13.9 against 16.1 (docs/BENCHMARKS.md run 32).
+// smallest 64 x 64 coop block; split over K in slices of 64, SmolLM's 128 x 576 x 576 (43M)
+// already runs faster on cooperative matrices.
 // MEGANEURA_COOP_GEMM_MIN=N sets one bound for all, the multiply-adds per compute unit from which
 // products take the coop GEMM (0: all); anything else is an error naming it.
 bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device);
 
 // Whether cooperative-matrix kernels compile through SPV_KHR_cooperative_matrix: wherever the
 // device has it, unless MEGANEURA_COOPMAT=nv asks for the NV extension on a device that has both
-// (NVIDIA's). On the H200 the same kernels ran 10-15 % faster through KHR (docs/BENCHMARKS.md,
-// run 15); validated sessions leave KHR off (backends/vulkan/runtime/device_features.cpp), so they
-// use NV.
+// (NVIDIA's, where the same kernels run faster through KHR); validated sessions leave KHR off
+// (backends/vulkan/runtime/device_features.cpp), so they use NV.
 bool coop_wants_khr(const DeviceTraits& device);
 
 // A half_matmul (ops/half_gemm.hpp) on gemm_coopmat.comp (gemm.cpp): its f16 operands read as

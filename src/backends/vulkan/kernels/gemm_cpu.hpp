@@ -13,8 +13,8 @@
 namespace mg::kernels {
 
 // True when `device` is a CPU implementation whose subgroup the CPU kernels can use, unless
-// MEGANEURA_NO_CPU_KERNELS=1 forces the GPU kernels (so both paths can be tested on Lavapipe).
-// Read at every lowering, not cached, so a test can flip it between Sessions.
+// MEGANEURA_NO_CPU_KERNELS=1 (DeviceTraits::switches) forces the GPU kernels, so that both paths
+// can be tested on Lavapipe.
 bool use_cpu_kernels(const DeviceTraits& device);
 
 // Whether the convolution columns `columns` (an im2col node) are stored as packed f16 pairs, so
@@ -22,8 +22,8 @@ bool use_cpu_kernels(const DeviceTraits& device);
 // where their one consumer, a matmul taking them as B, reads them through generated load
 // functions, on cooperative matrices (which round them to f16 anyway) or on the CPU-device GEMM
 // (gemm_cpu.comp, so that Lavapipe tests both ends), and the gather writes vec4 rows (output
-// width a multiple of 4). Off by default: on the H200 it sped some fast convolutions up and
-// slowed others down (docs/BENCHMARKS.md run 37). lower_im2col and the matmul's lowering both
+// width a multiple of 4). Off by default: it sped some fast convolutions up and slowed others
+// down. lower_im2col and the matmul's lowering both
 // ask, so they agree.
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device);
 

@@ -5,11 +5,11 @@
 // stored [GEMM_K, GEMM_M], B_TRANSPOSED: b is stored [GEMM_N, GEMM_K]; both are then read as
 // column-major matrices. The extents are multiples of the block (backends/vulkan/kernels/gemm_workgroup.hpp);
 // ODD_STEPS: GEMM_K / BLOCK_K is odd, so one step follows the loop. Two steps a loop iteration
-// and every matrix local to main: on the H200 a matrix in a global variable or behind a
-// function call ran 1.5x slower (docs/BENCHMARKS.md run 48).
+// and every matrix local to main: a matrix in a global variable or behind a function call ran
+// much slower.
 // SPLIT_ROWS: the block is held as two BLOCK_M / 2 x BLOCK_N accumulators, one above the other,
 // each multiplied by its half of A and the same B; the kernel is then built with tensor-layout
-// loads (Launch::tensor_loads), without which that form ran slower (docs/BENCHMARKS.md run 51).
+// loads (Launch::tensor_loads), without which that form ran slower.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 layout(local_size_x = 256) in;

@@ -14,8 +14,8 @@ namespace {
 
 // Four values an invocation, read and written as one vector through views of both buffers (the
 // planner aligns every value to 256 bytes), the last invocation converting the 0-3 values past
-// the last whole vector one by one: 16-byte reads ran at 3.8 TB/s on the H200 where scalar
-// ones ran at 2.5. The conversion to f16 rounds to nearest even; the one from f16 is exact.
+// the last whole vector one by one: 16-byte reads run much closer to the memory's bandwidth than
+// scalar ones. The conversion to f16 rounds to nearest even; the one from f16 is exact.
 constexpr const char* kConvertF16 = R"glsl(
 layout(std430, set = 0, binding = 0) readonly buffer x_quads { X_QUAD x4[]; };
 layout(std430, set = 0, binding = 1) writeonly buffer y_quads { Y_QUAD y4[]; };
@@ -94,11 +94,10 @@ void lower_half_matmul(LoweringContext& context) {
 }  // namespace
 
 // The roundings read M K + K N values, the product does M N K multiply-adds: the product must
-// be long enough along both M and N for its speed to pay for them. On the H200 the workgroup
-// product ran at 300 TFLOP/s against the subgroup kernel's 167 and a rounding at 3.6 TB/s, which
-// breaks even where M N / (M + N) is 314; the bound, half the harmonic mean of M and N, is 512.
-// SmolLM's lm_head (128 x 49152 x 576, 128) ran 0.127 ms against 0.077 (docs/BENCHMARKS.md
-// run 48).
+// be long enough along both M and N for its speed to pay for them. With the rates of the
+// workgroup and subgroup kernels and of a rounding on the GPU the rule was tuned on, the two
+// break even where M N / (M + N) is somewhat over 300; the bound, half the harmonic mean of M and
+// N, is 512 (SmolLM's lm_head, 128 x 49152, stays below it and on the subgroup kernel).
 constexpr int64_t kMinHalfHarmonicMean = 512;
 
 std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,

@@ -16,9 +16,8 @@ constexpr int64_t kWorkgroupGemmBlockK = 64, kWorkgroupGemmInvocations = 256;
 
 // The block of C a workgroup computes. Where the device loads workgroup-scope matrices through
 // tensor layouts (DeviceTraits::workgroup_tensor_loads) and M is a multiple of 256: 256 x 128,
-// held as two 128 x 128 accumulators one above the other (split_rows), which ran 4096^3 in
-// 0.425-0.429 ms (f16 result) and 0.434-0.435 (f32) on the H200; otherwise one 128 x 256
-// accumulator with plain loads, 0.444-0.449 (docs/BENCHMARKS.md runs 48-51). The device's
+// held as two 128 x 128 accumulators one above the other (split_rows), the faster form; otherwise
+// one 128 x 256 accumulator with plain loads. The device's
 // workgroup granularities must divide each form's accumulator (accumulator_rows x n) and its
 // 64-deep steps.
 struct WorkgroupGemmBlock {
@@ -37,9 +36,9 @@ using target::OperandsIn;
 // GEMM is on (use_coop_gemm), the device has workgroup-scope f16 matrices
 // (DeviceTraits::workgroup_coop_matrix_f16), a block fits M and N (workgroup_gemm_block), K is
 // a multiple of 64, and the blocks fill every compute unit once; for f32 operands also M N >= 512
-// (M + N), so that the product outweighs the roundings of its operands (gemm_workgroup.cpp). On the
-// H200 at 4096^3 the rounded operands and the product took 0.49-0.50 ms against the subgroup-scope
-// kernel's 0.81 (docs/BENCHMARKS.md run 48). MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the
+// (M + N), so that the product outweighs the roundings of its operands (gemm_workgroup.cpp), which
+// large products then run far faster than on the subgroup-scope kernel.
+// MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the
 // size bounds (the extents must still be multiples of the block); anything else is an error naming
 // it.
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,

@@ -18,9 +18,8 @@ namespace {
 
 constexpr uint32_t kGroupSize = 256;
 // Rows of up to this many classes are reduced by one lane each: the [64, 10] classifier's loss
-// took 9.6 us on the H200 in 16-lane segments, whose shared-memory trees cost 12 barriers a
-// round of rows, and 4.1 us one lane a row (its gradient 5.9 and 4.9 us; docs/BENCHMARKS.md
-// runs 36 and 37).
+// in 16-lane segments, whose shared-memory trees cost 12 barriers a round of rows, ran at twice
+// the time of one lane a row.
 constexpr int64_t kThreadPerRowClasses = 32;
 
 // Segmented reductions shared by both cross-entropy kernels. Every lane runs the same number of

@@ -200,8 +200,8 @@ std::string access_functions(const GroupMap& map, const std::vector<Operand>& op
 
 // Threads of the workgroup that owns one group. With fewer groups than twice the compute units
 // a workgroup's threads are all that pull its group through a compute unit, so it takes up to
-// 1024 of them, about 16 elements each: U-Net's group_norm (64 groups of 40960) took 56 us on
-// 256 threads of scalar loads on the H200 (docs/BENCHMARKS.md, run 32). Many groups keep at
+// 1024 of them, about 16 elements each (U-Net's group_norm, 64 groups of 40960, was slow on 256
+// threads of scalar loads). Many groups keep at
 // most 256, and so do CPU devices running their own kernels (each workgroup one CPU thread).
 uint32_t local_size_for(int64_t count, int64_t groups, const DeviceTraits& device) {
   constexpr int64_t kElementsPerThread = 16;

@@ -31,8 +31,7 @@ float mg_pow(float a, float b) {
 }
 // x rounded to the nearest f16 (ties to even), held as an f32: fused kernels round each f16
 // result in registers (round_to_f16). In integer arithmetic, because a driver may take
-// float(float16_t(x)) for x itself: NVIDIA's did on the H200, dropping every rounding of a
-// fused chain. Below f16's smallest normal (2^-14) the steps are 2^-24, where the scaling by
+// float(float16_t(x)) for x itself: NVIDIA's does, dropping every rounding of a fused chain. Below f16's smallest normal (2^-14) the steps are 2^-24, where the scaling by
 // 2^24 and back is exact; above 65504 the value rounds to infinity.
 float mg_round_f16(float x) {
   if (isnan(x)) return x;

@@ -26,8 +26,8 @@ constexpr int64_t kMinKPerSlice = 32;
 constexpr int64_t kMostSlices = 256;
 // The launch model's fixed cost of a workgroup, in K slices of its chain (its first fetch, its
 // epilogue and the partial result it writes and the sum reads back), and the weight of a slice
-// of the 4 x 4 tiles, whose threads do more work a slice than the 8 x 8 tiles' (fitted to
-// measured sweeps, docs/BENCHMARKS.md).
+// of the 4 x 4 tiles, whose slices take longer than the 8 x 8 tiles' (both fitted to sweeps of
+// the slice counts).
 constexpr double kWorkgroupCost = 5.0, kFourByFourSliceCost = 1.25;
 // Through generated loads (conv2d_grad_weight's implicit GEMM) every element of a slice is a
 // call of the load functions, so a slice costs the same on every tile and outweighs the fixed

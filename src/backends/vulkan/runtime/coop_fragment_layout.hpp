@@ -27,11 +27,11 @@ struct FragmentLayout {
 // when the components do not cover each element once.
 std::optional<FragmentLayout> probe_fragment_layout(Device& device, bool khr);
 
-// The layout NVIDIA's driver gives both extensions (found by the probe on the H200,
-// docs/KERNELS.md): lane l holds rows l / 4 and l / 4 + 8 and the two adjacent columns 2 (l % 4), 2
-// (l % 4) + 1 of each 8-column half. Accumulator components 0, 1 lie in the upper row, 2, 3 in the
-// lower; A components 0-3 in the upper row (columns 0-7, then 8-15), 4-7 in the lower. The fast
-// attention forward's softmax in registers is written for it.
+// The layout NVIDIA's driver gives both extensions (found by the probe, docs/KERNELS.md): lane l
+// holds rows l / 4 and l / 4 + 8 and the two adjacent columns 2 (l % 4), 2 (l % 4) + 1 of each
+// 8-column half. Accumulator components 0, 1 lie in the upper row, 2, 3 in the lower; A components
+// 0-3 in the upper row (columns 0-7, then 8-15), 4-7 in the lower. The fast attention forward's
+// softmax in registers is written for it.
 bool is_quad_row_layout(const FragmentLayout& layout);
 
 }  // namespace mg::gpu

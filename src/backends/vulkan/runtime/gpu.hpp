@@ -117,9 +117,8 @@ enum class BufferUse {
 
 // How a cooperative-matrix kernel's loads reach memory: as written, or rewritten into
 // VK_NV_cooperative_matrix2 tensor-addressing loads whose two-dimensional layout starts at the
-// loaded element, or at the buffer's first element with the load's position as the slice. On the
-// H200 all three ran the workgroup GEMM equally fast (docs/BENCHMARKS.md run 49); bench/coop_probe
-// compares them on other drivers.
+// loaded element, or at the buffer's first element with the load's position as the slice.
+// bench/coop_probe compares them on a driver.
 enum class MatrixLoads { plain, tensor_at_element, tensor_at_buffer_start };
 
 // A GLSL compute kernel to instantiate: `source` is the full text without a #version line; the

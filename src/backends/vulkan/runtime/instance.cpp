@@ -43,8 +43,8 @@ VkDebugUtilsMessengerCreateInfoEXT messenger_info(void* user,
 // Keeps the Vulkan drivers loaded for the rest of the process. The loader unloads a driver with
 // the last instance and loads it again for the next, and glibc never gives back the static TLS
 // space that a driver library takes when loaded (NVIDIA's takes some): after some tens of
-// sessions in one process the driver no longer loads and vkCreateInstance reports no driver
-// (seen on the H200 after about 26). One bare instance that is never destroyed keeps every
+// sessions in one process the driver no longer loads and vkCreateInstance reports no driver.
+// One bare instance that is never destroyed keeps every
 // driver loaded once; the process's exit reclaims it.
 void keep_drivers_loaded(uint32_t api_version) {
   static std::once_flag once;
