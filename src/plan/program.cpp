@@ -152,6 +152,13 @@ void place_persistent(const std::vector<ValueId>& values, const PlanOptions& opt
   bool open = false;
   for (ValueId value : values) {
     const uint64_t bytes = std::max<uint64_t>(program.graph.type(value).bytes(), 4);
+    const Node& node = program.graph.node(value);
+    if (options.shared_leaves && (node.op == "parameter" || node.op == "state")) {
+      program.regions[value] = {static_cast<uint32_t>(program.arenas.size()), 0, bytes};
+      program.arenas.push_back({ArenaKind::shared, bytes, node.name});
+      program.memory.shared_bytes += bytes;
+      continue;
+    }
     const uint64_t footprint = bytes + options.guard_bytes;
     if (!open || align_up(program.arenas[arena].bytes, options.alignment) + footprint >
                      options.arena_limit) {
@@ -491,6 +498,8 @@ std::string describe_memory(const Program& program) {
     text += "setup dispatches: " + std::to_string(program.setup.size()) +
             " (run once, and again after a parameter or state is written)\n";
   text += "persistent: " + mib(memory.persistent_bytes) + "\n";
+  if (memory.shared_bytes > 0)
+    text += "shared with other programs: " + mib(memory.shared_bytes) + "\n";
   text += "transient logical: " + mib(memory.logical_transient_bytes) + "\n";
   text += "transient physical: " + mib(memory.physical_transient_bytes);
   if (memory.logical_transient_bytes > 0) {
@@ -502,9 +511,11 @@ std::string describe_memory(const Program& program) {
   }
   text += "\ntransient peak live: " + mib(memory.peak_live_bytes) + "\n";
   for (size_t a = 0; a < program.arenas.size(); ++a) {
+    const Arena& arena = program.arenas[a];
+    if (arena.kind == ArenaKind::shared) continue;
     text += "arena " + std::to_string(a) + ": " +
-            (program.arenas[a].kind == ArenaKind::persistent ? "persistent " : "transient  ") +
-            mib(program.arenas[a].bytes) + "\n";
+            (arena.kind == ArenaKind::persistent ? "persistent " : "transient  ") +
+            mib(arena.bytes) + "\n";
   }
   return text;
 }
