@@ -54,6 +54,21 @@ ImageFolder::ImageFolder(const std::filesystem::path& root) : root_(root) {
     throw Error("image folder " + root.string() +
                 " is not a folder; it needs one sub-folder of images per class");
   }
+  try {
+    scan();
+  } catch (const std::filesystem::filesystem_error& failure) {
+    throw Error("image folder " + root.string() + " cannot be read: " + failure.what());
+  }
+  if (samples_.empty()) {
+    throw Error("image folder " + root.string() + " has no images: it needs one sub-folder per " +
+                "class holding .jpg, .jpeg, .png, .bmp or .pgm files (found " +
+                std::to_string(classes_.size()) + " class folders)");
+  }
+}
+
+void ImageFolder::scan() {
+  const std::filesystem::path& root = root_;
+  std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(root)) {
     if (entry.is_directory() && !is_hidden(entry.path())) {
       classes_.push_back(entry.path().filename().string());
@@ -94,11 +109,6 @@ ImageFolder::ImageFolder(const std::filesystem::path& root) : root_(root) {
     std::cerr << "image folder: ignoring " << other_files
               << " files that are not .jpg, .jpeg, .png, .bmp or .pgm (such as "
               << other_example.string() << ")\n";
-  }
-  if (samples_.empty()) {
-    throw Error("image folder " + root.string() + " has no images: it needs one sub-folder per " +
-                "class holding .jpg, .jpeg, .png, .bmp or .pgm files (found " +
-                std::to_string(classes_.size()) + " class folders)");
   }
 }
 

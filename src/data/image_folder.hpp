@@ -43,6 +43,8 @@ class ImageFolder {
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
 
  private:
+  void scan();  // lists classes and samples; filesystem errors escape as filesystem_error
+
   std::filesystem::path root_;
   std::vector<std::string> classes_;
   std::vector<ImageFolderSample> samples_;
