@@ -5,7 +5,7 @@
 // Compared: inference logits (running statistics), the first training step's logits, loss and
 // every parameter's gradient (norm and values), every step's loss, and after five SGD steps with
 // momentum every running statistic and parameter. The GPU side runs through mg::Session
-// (Lavapipe in CI).
+// (Lavapipe in CI). A ResNet-50 at the benchmark's shape runs the same checks on GPUs only.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -29,11 +29,16 @@ namespace mg {
 namespace {
 
 constexpr int64_t kBatch = 4;
-// The last stage keeps 2x2 values per image, 16 per channel in a batch. With 32x32 images it
-// would normalise 4 values per channel, and five SGD steps on so few are chaotic enough that
-// PyTorch in float32 and in float64 already part ways.
-constexpr int64_t kSide = 64;
 constexpr int kSteps = 5;
+
+struct ParityCase {
+  int depth;
+  int64_t width;
+  int64_t side;  // images are side x side
+  // Relative L2 bounds: logits and losses; gradient norms; gradient values; running statistics
+  // and parameters after the steps.
+  double forward, gradient_norm, gradient, state;
+};
 
 using Tensors = std::map<std::string, std::vector<float>>;
 
@@ -112,20 +117,21 @@ class Worst {
   std::string name_;
 };
 
-TEST(ResNetParity, TinyResnet18MatchesThePyTorchTwin) {
+void expect_parity(const ParityCase& parity) {
   const std::filesystem::path directory = std::filesystem::temp_directory_path() /
                                           ("meganeura-resnet-parity-" + std::to_string(::getpid()));
   std::filesystem::create_directories(directory);
   models::ResNetConfig config;
-  config.depth = 18;
-  config.width = 8;
+  config.depth = parity.depth;
+  config.width = parity.width;
   config.num_classes = 10;
+  const int64_t side = parity.side;
   OptimizerConfig optimizer;
   optimizer.kind = OptimizerConfig::Kind::sgd;
   optimizer.learning_rate = 0.01;
   optimizer.momentum = 0.9;
 
-  Graph training = models::build_resnet(config, kBatch, kSide, kSide, true);
+  Graph training = models::build_resnet(config, kBatch, side, side, true);
   const Tensors weights = seeded_weights(training, 21);
   const Tensor labels_input = input(training, models::kResNetLabelsInput, {kBatch}, DType::i32);
   const Tensor loss =
@@ -134,7 +140,7 @@ TEST(ResNetParity, TinyResnet18MatchesThePyTorchTwin) {
   for (const auto& [parameter, gradient] : gradients.gradients) {
     training.set_output("grad." + training.node(parameter).name, gradient);
   }
-  const Graph inference = models::build_resnet(config, kBatch, kSide, kSide, false);
+  const Graph inference = models::build_resnet(config, kBatch, side, side, false);
 
   io::SafetensorsFile weights_file;
   for (const auto& [name, values] : weights) {
@@ -146,13 +152,13 @@ TEST(ResNetParity, TinyResnet18MatchesThePyTorchTwin) {
 
   std::mt19937_64 generator(5);
   std::normal_distribution<float> pixel(0.0f, 1.0f);
-  std::vector<float> images(static_cast<size_t>(kSteps * kBatch * 3 * kSide * kSide));
+  std::vector<float> images(static_cast<size_t>(kSteps * kBatch * 3 * side * side));
   std::vector<int32_t> labels(static_cast<size_t>(kSteps * kBatch));
   for (float& value : images) value = pixel(generator);
   for (int32_t& label : labels) label = static_cast<int32_t>(generator() % config.num_classes);
   io::SafetensorsFile batches;
   batches.tensors.push_back(
-      record_of("images", DType::f32, {kSteps, kBatch, 3, kSide, kSide}, images.data()));
+      record_of("images", DType::f32, {kSteps, kBatch, 3, side, side}, images.data()));
   batches.tensors.push_back(record_of("labels", DType::i32, {kSteps, kBatch}, labels.data()));
   io::write_safetensors(directory / "batches.safetensors", batches);
   const size_t image_floats = images.size() / kSteps;
@@ -227,15 +233,16 @@ TEST(ResNetParity, TinyResnet18MatchesThePyTorchTwin) {
     const std::vector<float>& actual = gpu.at(record.name);
     const double error = relative_l2(actual, expected);
     if (record.name.ends_with("logits") || record.name == "train.losses") {
-      forward.check(record.name, error, 1e-4);
+      forward.check(record.name, error, parity.forward);
     } else if (record.name.starts_with("grad.")) {
       gradient_norms.check(record.name,
-                           std::abs(norm_of(actual) - norm_of(expected)) / norm_of(expected), 1e-3);
-      gradient_values.check(record.name, error, 1e-3);
+                           std::abs(norm_of(actual) - norm_of(expected)) / norm_of(expected),
+                           parity.gradient_norm);
+      gradient_values.check(record.name, error, parity.gradient);
     } else if (record.name.ends_with("running_mean") || record.name.ends_with("running_var")) {
-      statistics.check(record.name, error, 1e-5);
+      statistics.check(record.name, error, parity.state);
     } else {
-      parameters.check(record.name, error, 1e-5);
+      parameters.check(record.name, error, parity.state);
     }
   }
   EXPECT_EQ(results.tensors.size(), gpu.size());
@@ -246,6 +253,31 @@ TEST(ResNetParity, TinyResnet18MatchesThePyTorchTwin) {
       gradient_values.summary().c_str(), statistics.summary().c_str(),
       parameters.summary().c_str());
   std::filesystem::remove_all(directory);
+}
+
+// With 64x64 images the last stage keeps 2x2 values per image, 16 per channel in the batch. With
+// 32x32 it would normalise 4 values per channel, and five SGD steps on so few are chaotic enough
+// that PyTorch in float32 and in float64 already part ways.
+TEST(ResNetParity, TinyResnet18MatchesThePyTorchTwin) {
+  expect_parity({.depth = 18,
+                 .width = 8,
+                 .side = 64,
+                 .forward = 1e-4,
+                 .gradient_norm = 1e-3,
+                 .gradient = 1e-3,
+                 .state = 1e-5});
+}
+
+// The benchmark's shape (batch 4, 224x224) at full width: minutes on Lavapipe, so CI leaves it
+// out; run it on a GPU with --gtest_also_run_disabled_tests.
+TEST(ResNetParity, DISABLED_Resnet50MatchesThePyTorchTwin) {
+  expect_parity({.depth = 50,
+                 .width = 64,
+                 .side = 224,
+                 .forward = 1e-3,
+                 .gradient_norm = 1e-3,
+                 .gradient = 1e-2,
+                 .state = 1e-4});
 }
 
 std::map<std::string, std::string> shapes_of(const nlohmann::json& names, bool skip_counts) {
