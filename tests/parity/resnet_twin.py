@@ -12,47 +12,15 @@ the JSON list of the twin's state-dict names, num_batches_tracked included).
 argv: <weights.safetensors> <batches.safetensors> <results.safetensors> <depth> <width>
       <classes> <steps> <learning rate> <momentum>
 batches.safetensors holds "images" F32 [steps, batch, 3, H, W] and "labels" I32 [steps, batch].
-No safetensors package in CI: the reader and writer below follow the format's spec (a u64
-little-endian header length, a JSON header, then the raw little-endian data).
+Files go through safetensors_lite (beside this script), since CI has no safetensors package.
 """
 import json
-import struct
 import sys
 
 import torch
 import torch.nn as nn
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I32": torch.int32, "I64": torch.int64}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as file:
-        data = file.read()
-    header_length = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + header_length])
-    base = 8 + header_length
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = entry["data_offsets"]
-        values = torch.frombuffer(bytearray(data[base + start:base + end]), dtype=DTYPES[entry["dtype"]])
-        tensors[name] = values.reshape(entry["shape"])
-    return tensors
-
-
-def write_safetensors(path, tensors, metadata):
-    header, chunks, offset = {"__metadata__": metadata}, [], 0
-    for name, tensor in tensors.items():
-        raw = tensor.detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as file:
-        file.write(struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks))
-
+import safetensors_lite
 
 def conv3x3(in_planes, out_planes, stride=1):
     return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
@@ -159,8 +127,8 @@ def main():
     depth, width, num_classes, steps = (int(value) for value in sys.argv[4:8])
     learning_rate, momentum = float(sys.argv[8]), float(sys.argv[9])
     torch.manual_seed(0)
-    weights = read_safetensors(weights_path)
-    batches = read_safetensors(batches_path)
+    weights = safetensors_lite.load(weights_path)
+    batches = safetensors_lite.load(batches_path)
     images, labels = batches["images"].double(), batches["labels"].long()
     results = {}
 
@@ -188,7 +156,8 @@ def main():
     for name, value in model.state_dict().items():
         if not name.endswith("num_batches_tracked"):
             results["final." + name] = value
-    write_safetensors(results_path, results, {"state_dict_names": json.dumps(names)})
+    safetensors_lite.save(results_path, {name: value.float() for name, value in results.items()},
+                          {"state_dict_names": json.dumps(names)})
 
 
 if __name__ == "__main__":
