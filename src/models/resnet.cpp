@@ -289,8 +289,7 @@ std::optional<std::string> torchvision_name_of_hf(std::string_view hf_name) {
   if (!stage || !layer || *stage > 3) return std::nullopt;
   const std::string block = "layer" + std::to_string(*stage + 1) + "." + std::to_string(*layer);
   if (parts.size() == 8 && parts[5] == "shortcut") {
-    return conv_layer_name(parts[6], parts[7], block + ".downsample.0",
-                           block + ".downsample.1");
+    return conv_layer_name(parts[6], parts[7], block + ".downsample.0", block + ".downsample.1");
   }
   if (parts.size() == 9 && parts[5] == "layer") {
     const std::optional<int64_t> conv = index_of(parts[6]);
