@@ -42,9 +42,11 @@ def main():
             sys.exit("resnet%d: the twin differs from torchvision at %s" % (depth, differing))
         config = transformers.ResNetConfig(embedding_size=64, num_labels=1000, **layout)
         model = transformers.ResNetForImageClassification(config)
+        hf_config = json.loads(config.to_json_string())
+        hf_config.pop("label2id", None)  # id2label's mirror; the parser reads id2label's size
         result["resnet%d" % depth] = {
             "torchvision": torchvision_shapes,
-            "hf_config": json.loads(config.to_json_string()),
+            "hf_config": hf_config,
             "hf": shapes(model),
         }
     os.makedirs(os.path.dirname(path), exist_ok=True)
