@@ -11,7 +11,7 @@
 #include "io/model_folder.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/session.hpp"
-#include "models/llama_session.hpp"
+#include "runtime/llama_runtime.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 5) {
@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
       graph.set_output("grad." + graph.node(parameter).name, grad);
     mg::SessionOptions options;
     options.precision = mg::parse_precision(argv[4]);
+    options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_llama_weights(session, folder, config);
     std::vector<int32_t> labels(ids.begin() + 1, ids.end());

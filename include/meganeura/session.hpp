@@ -65,6 +65,9 @@ struct SessionOptions {
   Precision precision = Precision::strict;
   bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
   uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
+  // false leaves parameters without defined values until written (a model folder's weights,
+  // written right after): building then takes no time proportional to the model's size.
+  bool initialise_parameters = true;
   // Testing: leave this many bytes after every value, filled with a sentinel that
   // check_guards() verifies (turns memory reuse off). Lavapipe bounds-checks every access
   // against the bound range, so there the guards only stay intact; on GPUs without robust

@@ -14,7 +14,7 @@
 #include "cli/commands.hpp"
 #include "meganeura/session.hpp"
 #include "meganeura/train.hpp"
-#include "models/llama_session.hpp"
+#include "runtime/llama_runtime.hpp"
 
 namespace mg::cli {
 namespace {
@@ -100,6 +100,8 @@ std::pair<double, double> compile_seconds(const Graph& graph, SessionOptions opt
   ::setenv("MEGANEURA_CACHE_DIR", cache.c_str(), 1);
   options.shared_device.reset();
   options.shared_tensors.reset();
+  // The build alone: random weights would take time in proportion to the model's size.
+  options.initialise_parameters = false;
   double seconds[2];
   for (double& measured : seconds) measured = Session(graph, options).report().build_seconds;
   if (previous) {

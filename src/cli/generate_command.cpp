@@ -7,7 +7,7 @@
 #include "cli/training_run.hpp"
 #include "io/model_folder.hpp"
 #include "io/tokenizer.hpp"
-#include "models/llama_session.hpp"
+#include "runtime/llama_runtime.hpp"
 
 namespace mg::cli {
 namespace {
@@ -105,6 +105,8 @@ int generate_command(const std::vector<std::string>& words) {
   SessionOptions options;
   options.shared_device = open_shared_device(arguments.text("device", ""));
   options.shared_tensors = make_shared_tensors(options.shared_device);
+  // Every parameter is written from the folder (or the checkpoint) before the first run.
+  options.initialise_parameters = false;
   options.precision = parse_precision(arguments.text("precision", "strict"));
   models::LlamaGenerator generator(config, options, cache_length);
   models::load_llama_weights(generator.decode_session(), folder, config);

@@ -17,7 +17,7 @@
 #include "io/model_folder.hpp"
 #include "io/plot.hpp"
 #include "io/tokenizer.hpp"
-#include "models/llama_session.hpp"
+#include "runtime/llama_runtime.hpp"
 
 namespace mg::cli {
 namespace {
@@ -207,6 +207,8 @@ int lm_train_command(const std::vector<std::string>& words) {
   SessionOptions options;
   options.shared_device = open_shared_device(arguments.text("device", ""));
   options.shared_tensors = make_shared_tensors(options.shared_device);
+  // Every parameter is written from the folder (or the checkpoint) before the first run.
+  options.initialise_parameters = false;
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
   Graph training_graph = models::llama_loss_graph(config, batch, seq);

@@ -332,27 +332,37 @@ struct Session::Impl {
     return it->second;
   }
 
-  void upload_persistent(const Graph& original, uint64_t seed) {
+  // Writes the initial values of this program's constants and of the parameters and state it
+  // owns or created (not those of shared tensors that another session created), a leaf at a time.
+  void upload_persistent(const Graph& original, uint64_t seed, bool initialise_parameters) {
     const Graph& graph = program.graph;
-    Environment initial;
-    initialise_leaves(original, initial, seed);
+    std::map<std::string, ValueId, std::less<>> leaves;
     for (ValueId value : program.persistent) {
       const Node& node = graph.node(value);
-      if (shared &&
-          program.arenas[program.regions.at(value).arena].kind == plan::ArenaKind::shared &&
-          std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end()) {
+      if (node.op == "constant") {
+        const HostTensor tensor = node.data
+                                      ? HostTensor(node.type.shape, *node.data)
+                                      : HostTensor(node.type.shape, node.attrs.get_float("value"));
+        write_values(value, tensor.data);
         continue;
       }
-      const HostTensor tensor =
-          node.op == "constant"
-              ? (node.data ? HostTensor(node.type.shape, *node.data)
-                           : HostTensor(node.type.shape, node.attrs.get_float("value")))
-              : initial.leaves.at(node.name);
-      const std::vector<std::byte> bytes =
-          device_bytes(node.type.dtype, std::span<const double>(tensor.data));
-      const gpu::BufferRange range = range_of(value);
-      device->write_buffer(range.buffer, range.offset, bytes);
+      const bool shared_elsewhere =
+          shared && program.arenas[program.regions.at(value).arena].kind == plan::ArenaKind::shared &&
+          std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end();
+      if (!shared_elsewhere) leaves[node.name] = value;
     }
+    visit_initial_leaves(
+        original, seed, !initialise_parameters,
+        [&](const Node& node) { return leaves.count(node.name) > 0; },
+        [&](const Node& node, std::span<const double> values) {
+          write_values(leaves.at(node.name), values);
+        });
+  }
+
+  void write_values(ValueId value, std::span<const double> values) {
+    const gpu::BufferRange range = range_of(value);
+    device->write_buffer(range.buffer, range.offset,
+                         device_bytes(program.graph.type(value).dtype, values));
   }
 
   // Timestamps of the last run, once any run in flight has finished; none before the first.
@@ -582,7 +592,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                 std::as_bytes(std::span<const uint32_t>(sentinel)));
     }
   }
-  impl.upload_persistent(graph, options.seed);
+  impl.upload_persistent(graph, options.seed, options.initialise_parameters);
   if (impl.shared) {
     for (const auto& [leaf, value] : planned.updates()) {
       if (impl.program.arenas[impl.program.regions.at(leaf).arena].kind == plan::ArenaKind::shared)

@@ -1,7 +1,7 @@
 #pragma once
-// Running a Llama model folder: its weights into (and out of) a Session's shared tensors, and
-// generation as a prefill program and a one-token decode program over one copy of the weights
-// and one KV cache.
+// The runtime side of models/llama.hpp, running a Llama model folder: its weights into (and out of)
+// a Session's shared tensors, and generation as a prefill program and a one-token decode program
+// over one copy of the weights and one KV cache.
 #include <cstdint>
 #include <functional>
 #include <map>

@@ -1,4 +1,4 @@
-#include "models/llama_session.hpp"
+#include "runtime/llama_runtime.hpp"
 
 #include <chrono>
 #include <set>
