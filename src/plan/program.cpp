@@ -53,10 +53,35 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
     }
   }
   AliasMap in_place;
+  // A leaf's new value (Graph::assign) is written over the leaf itself when a pointwise launch
+  // computes it after the last read of the old value: no transient copy of every parameter and
+  // optimizer moment lives through the run, and no copy follows it.
+  std::vector<int64_t> last_leaf_read(graph.size(), -1);
+  std::vector<int64_t> producer(graph.size(), -1);
+  for (int64_t t = 0; t < end; ++t) {
+    for (const kernels::Operand& operand : launches[t].launch.operands) {
+      const ValueId root = storage_root(graph, {}, operand.value);
+      if (operand.write) {
+        producer[operand.value] = t;
+      } else {
+        last_leaf_read[root] = std::max(last_leaf_read[root], t);
+      }
+    }
+  }
+  for (const auto& [leaf, value] : graph.updates()) {
+    const int64_t t = producer[value];
+    if (t < 0 || launches[t].launch.kernel != "pointwise" || last_leaf_read[leaf] > t ||
+        !(graph.type(leaf) == graph.type(value)) || set_up[leaf] || in_place.count(value)) {
+      continue;
+    }
+    in_place[value] = leaf;
+    last_leaf_read[leaf] = end;  // one new value a leaf
+  }
   for (int64_t t = 0; t < end; ++t) {
     const kernels::Launch& launch = launches[t].launch;
     if (launch.kernel != "pointwise") continue;
     const ValueId result = launch.operands.back().value;
+    if (in_place.count(result)) continue;
     for (size_t k = 0; k + 1 < launch.operands.size(); ++k) {
       const ValueId candidate = launch.operands[k].value;
       const ValueId root = storage_root(graph, in_place, candidate);

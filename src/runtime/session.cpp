@@ -347,7 +347,8 @@ struct Session::Impl {
         continue;
       }
       const bool shared_elsewhere =
-          shared && program.arenas[program.regions.at(value).arena].kind == plan::ArenaKind::shared &&
+          shared &&
+          program.arenas[program.regions.at(value).arena].kind == plan::ArenaKind::shared &&
           std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end();
       if (!shared_elsewhere) leaves[node.name] = value;
     }
@@ -460,6 +461,8 @@ struct Session::Impl {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange source = range_of(value);
       const gpu::BufferRange target = range_of(leaf);
+      // The planner may have had the new value written over the leaf itself.
+      if (source.buffer == target.buffer && source.offset == target.offset) continue;
       copy.copy = {source, target.buffer, target.offset};
       list.push_back(copy);
     }
