@@ -26,8 +26,8 @@ Times the study's workloads end to end with random weights at their real configu
 prints one JSON object per workload and precision (the format of bench/workloads_pytorch.py,
 which times the same cells in PyTorch; bench/compare.py --workloads joins the two) and a table:
 
-  smollm2-135m   SmolLM2-135M (LlamaForCausalLM), batch 1, seq 128: the forward to logits
-                 (inference), a training step (loss, gradients, AdamW), and greedy decode of 64
+  smollm2-135m   SmolLM2-135M (LlamaForCausalLM), batch 1, seq 128: the forward to every
+                 position's logits (inference; their argmax comes back to the host), a training step (loss, gradients, AdamW), and greedy decode of 64
                  tokens after a 128-token prefill (decode tokens/s)
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
@@ -131,7 +131,9 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
   const auto [cold, warm] = compile_seconds(training_graph, options);
 
   Session training(training_graph, options);
-  Session inference(models::llama_logits_graph(config, 1, seq), options);
+  // Both sides compute every position's logits; neither moves them to the host (PyTorch's
+  // forward leaves them on the GPU), so the program returns their argmax.
+  Session inference(models::llama_next_token_graph(config, 1, seq), options);
   const std::vector<int32_t> tokens = random_tokens(seq + 1, config.vocab_size, 1);
   const std::vector<int32_t> ids(tokens.begin(), tokens.begin() + seq);
   const std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
@@ -157,7 +159,7 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
 
   SessionOptions timed = options;
   timed.time_runs = true;
-  Session timed_inference(models::llama_logits_graph(config, 1, seq), timed);
+  Session timed_inference(models::llama_next_token_graph(config, 1, seq), timed);
   timed_inference.set_input(models::kInputIds, ids);
   Session timed_training(training_graph, timed);
   timed_training.set_input(models::kInputIds, ids);

@@ -393,6 +393,16 @@ Graph llama_logits_graph(const LlamaConfig& config, int64_t batch, int64_t seq) 
   return graph;
 }
 
+Graph llama_next_token_graph(const LlamaConfig& config, int64_t batch, int64_t seq) {
+  check_length(config, seq, "sequence length");
+  Graph graph;
+  const Weights weights = declare_weights(graph, config);
+  const Tensor ids = input(graph, kInputIds, {batch, seq}, DType::i32);
+  const Tensor h = hidden_states(graph, config, weights, ids, std::nullopt);
+  graph.set_output(kNextTokens, argmax(linear(h, weights.lm_head), -1).id());
+  return graph;
+}
+
 Graph llama_loss_graph(const LlamaConfig& config, int64_t batch, int64_t seq, bool with_logits) {
   check_length(config, seq, "sequence length");
   Graph graph;

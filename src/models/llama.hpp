@@ -74,6 +74,11 @@ inline constexpr int64_t kIgnoredLabel = -100;
 
 // input_ids [batch, seq] -> logits [batch, seq, vocab].
 Graph llama_logits_graph(const LlamaConfig& config, int64_t batch, int64_t seq);
+// input_ids [batch, seq] -> "next_tokens" i32 [batch, seq]: the most likely token after each
+// position (the logits' argmax), for scoring and verifying drafts without moving the logits to
+// the host.
+Graph llama_next_token_graph(const LlamaConfig& config, int64_t batch, int64_t seq);
+inline constexpr const char* kNextTokens = "next_tokens";
 // input_ids and labels [batch, seq] (labels[t] is the token after input_ids[t]) -> the mean
 // cross-entropy "loss" over labels that are not kIgnoredLabel, and "logits" when
 // `with_logits`. Add mg::add_training to train it.

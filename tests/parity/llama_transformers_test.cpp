@@ -77,6 +77,26 @@ TEST(LlamaTransformers, LogitsLossAndGradientNormsOfASavePretrainedFolder) {
   }
 }
 
+TEST(LlamaTransformers, NextTokensAreTheArgmaxOfTransformersLogits) {
+  const models::LlamaConfig config =
+      models::llama_config_from_json(read_json(kFolder / "config.json"), "config.json");
+  const nlohmann::json reference = read_json(kFolder / "reference.json");
+  const std::vector<int32_t> ids = reference["input_ids"].get<std::vector<int32_t>>();
+  const std::vector<double> logits = reference["logits"].get<std::vector<double>>();
+  const int64_t seq = static_cast<int64_t>(ids.size());
+  Session session(models::llama_next_token_graph(config, 1, seq));
+  write_weights(session, config);
+  session.set_input(models::kInputIds, ids);
+  session.run();
+  const std::vector<float> next = session.output(models::kNextTokens);
+  ASSERT_EQ(next.size(), ids.size());
+  for (int64_t t = 0; t < seq; ++t) {
+    const auto row = logits.begin() + t * config.vocab_size;
+    EXPECT_EQ(static_cast<int64_t>(next[t]), std::max_element(row, row + config.vocab_size) - row)
+        << "position " << t;
+  }
+}
+
 TEST(LlamaTransformers, GreedyTokensOfTransformersGenerate) {
   const models::LlamaConfig config =
       models::llama_config_from_json(read_json(kFolder / "config.json"), "config.json");
