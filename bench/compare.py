@@ -3,6 +3,9 @@ with the ratio ours / PyTorch (time ratio: below 1 means Meganeura is faster). M
 also show each side's GB/s as a percentage of its own measured copy bandwidth (the "copy" case).
 
 Usage: python3 bench/compare.py MEGANEURA.jsonl PYTORCH.jsonl [--markdown]
+       python3 bench/compare.py --workloads MEGANEURA.jsonl PYTORCH.jsonl
+The second form joins `meganeura bench workloads` and bench/workloads_pytorch.py into one
+markdown table per workload: each framework variant and precision a row.
 """
 import json
 import sys
@@ -37,8 +40,40 @@ def percent_of_copy(record, copy):
     return f"{100 * record['gbps'] / copy:.0f} %"
 
 
+def workloads_table(paths):
+    records = []
+    for path in paths:
+        for line in open(path):
+            if line.strip().startswith("{"):
+                records.append(json.loads(line))
+
+    def cell(value, digits):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for model in dict.fromkeys(r["model"] for r in records):
+        print(f"\n{model}\n")
+        print("| framework | precision | inference ms | training ms | decode tokens/s | compile s "
+              "(cold / warm) | training memory GiB |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in (r for r in records if r["model"] == model):
+            if "error" in r:
+                print(f"| {r['framework']} | {r['mode']} | error: {r['error'][:60]} | | | | |")
+                continue
+            t, memory = r["timings"], r.get("memory", {})
+            compile_s = cell(t.get("compile_s"), 2)
+            if t.get("compile_warm_s") is not None:
+                compile_s += " / " + cell(t["compile_warm_s"], 2)
+            gib = memory.get("training_device_bytes")
+            print(f"| {r['framework']} | {r['mode']} | {cell(t.get('inference_ms'), 2)} | "
+                  f"{cell(t.get('training_ms'), 2)} | {cell(t.get('decode_tokens_per_second'), 1)} | "
+                  f"{compile_s} | {cell(gib / 2**30 if gib else None, 2)} |")
+
+
 def main():
     paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--workloads" in sys.argv:
+        workloads_table(paths)
+        return
     markdown = "--markdown" in sys.argv
     ours, theirs = load(paths[0]), load(paths[1])
     ours_copy, theirs_copy = copy_rate(ours), copy_rate(theirs)

@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git clang-format
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
   glslang-dev glslang-tools spirv-tools
-  libgtest-dev zlib1g-dev nlohmann-json3-dev
+  libgtest-dev zlib1g-dev nlohmann-json3-dev libsndfile1-dev libpcre2-dev libstb-dev
   dataset-fashion-mnist
   python3 python3-numpy python3-torch
 )

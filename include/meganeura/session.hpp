@@ -39,11 +39,28 @@ std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector = "",
                                                  bool validation = false,
                                                  const std::optional<Switches>& switches = {});
 
+// Named parameters and state that several Sessions on one SharedDevice use in place: the
+// training, evaluation, prefill and decode programs of one model hold one copy of its weights,
+// and a KV cache that a prefill program writes is the one a decode program reads and appends to.
+// A tensor is created by the first Session that declares it (and initialised as that Session's
+// graph says); later Sessions declaring the same name must declare the same type. The tensors
+// live as long as this object and any Session built with it.
+class SharedTensors;
+std::shared_ptr<SharedTensors> make_shared_tensors(std::shared_ptr<SharedDevice> device);
+// Names of the tensors created so far, in the order they were created.
+std::vector<std::string> shared_tensor_names(const SharedTensors& tensors);
+
 struct SessionOptions {
   std::string device;  // "" = automatic (or MEGANEURA_DEVICE), an index or a name part
   // When set, the session runs on this device instead of opening `device` (and `validation` is
   // the shared device's).
   std::shared_ptr<SharedDevice> shared_device;
+  // When set (with shared_device, the same one), every parameter and state leaf of the graph is
+  // one of these tensors. A Session whose run updates them makes the setup of the others run
+  // again before their next run, so that nothing they derived from the old values is used.
+  // A write() or read() waits for this Session's run in flight only: finish the runs of the
+  // other Sessions first.
+  std::shared_ptr<SharedTensors> shared_tensors;
   bool validation = false;  // Vulkan validation layers (also MEGANEURA_VALIDATE=1)
   bool profile = false;     // per-dispatch GPU timestamps
   // Benchmarks: the GPU time of each run as a whole (last_run_gpu_ms), with every dispatch
@@ -52,6 +69,9 @@ struct SessionOptions {
   Precision precision = Precision::strict;
   bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
   uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
+  // false leaves parameters without defined values until written (a model folder's weights,
+  // written right after): building then takes no time proportional to the model's size.
+  bool initialise_parameters = true;
   // Testing: leave this many bytes after every value, filled with a sentinel that
   // check_guards() verifies (turns memory reuse off). Lavapipe bounds-checks every access
   // against the bound range, so there the guards only stay intact; on GPUs without robust
@@ -80,6 +100,13 @@ struct BuildReport {
   // Precision::fast was asked for and the device runs cooperative matrices; small products may
   // still run strict (docs/KERNELS.md, fast precision).
   bool coop_matrix_available = false;
+  // Device memory the program plans (plan::describe_memory): its own persistent values, the
+  // shared tensors it uses, and its transient values as if each had its own bytes (logical)
+  // and as placed with reuse (physical).
+  uint64_t persistent_bytes = 0;
+  uint64_t shared_bytes = 0;
+  uint64_t transient_logical_bytes = 0;
+  uint64_t transient_physical_bytes = 0;
   std::string memory_plan;    // plan::describe_memory
   std::string dispatch_list;  // plan::describe_dispatches: one line per dispatch
 };

@@ -453,6 +453,8 @@ Measurement measure(const BenchCase& bench, const std::string& device, int64_t r
 }  // namespace
 
 int bench_command(const std::vector<std::string>& words) {
+  if (!words.empty() && words[0] == "workloads")
+    return bench_workloads(std::vector<std::string>(words.begin() + 1, words.end()));
   const Arguments arguments("meganeura bench", words, {"filter", "runs", "rotate", "device"},
                             {"small", "no-fast", "profile", "help"});
   if (arguments.has("help") || arguments.positional().empty()) {
@@ -461,7 +463,7 @@ int bench_command(const std::vector<std::string>& words) {
   }
   if (arguments.positional()[0] != "kernels") {
     throw Error("unknown benchmark '" + arguments.positional()[0] +
-                "' (try: meganeura bench kernels)");
+                "' (try: meganeura bench kernels, or meganeura bench workloads)");
   }
   const bool small = arguments.has("small");
   const int64_t runs = arguments.integer("runs", 20);

@@ -10,6 +10,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/training_run.hpp"
+#include "cli/training_support.hpp"
 #include "data/batcher.hpp"
 #include "io/jsonl.hpp"
 #include "io/plot.hpp"
@@ -19,7 +20,9 @@ namespace {
 
 constexpr const char* kHelp = R"(usage: meganeura train [options]
 
-Trains a classifier on Fashion-MNIST on the GPU, evaluates it on the test set after each epoch,
+With --model MODEL_DIR (a Hugging Face language-model folder) it fine-tunes that model on text
+instead: see 'meganeura train --model MODEL_DIR --help'. Otherwise it trains a classifier on
+Fashion-MNIST on the GPU, evaluates it on the test set after each epoch,
 and writes into --out: checkpoint.safetensors (every --checkpoint-every steps, each epoch and at
 the end), metrics.jsonl (one JSON object per logged step and per epoch) and training.png (loss
 and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint.
@@ -53,116 +56,22 @@ and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
 )";
 
-std::atomic<bool> stop_requested{false};
-
-void request_stop(int) {
-  stop_requested = true;
-}
-
-std::string default_out_dir() {
-  const std::time_t now = std::time(nullptr);
-  char buffer[64];
-  std::strftime(buffer, sizeof(buffer), "runs/%Y%m%d-%H%M%S", std::localtime(&now));
-  return buffer;
-}
-
-// Creates the output directory, or says why it cannot be written, before the data is loaded and
-// the programs are built rather than after.
-void prepare_out_dir(const std::filesystem::path& out_dir) {
-  std::error_code error;
-  std::filesystem::create_directories(out_dir, error);
-  if (error) {
-    throw Error("cannot create the output directory " + out_dir.string() + " (" + error.message() +
-                "): pass --out with a directory you can write");
-  }
-  if (::access(out_dir.c_str(), W_OK) != 0) {
-    throw Error("the output directory " + out_dir.string() +
-                " is not writable: pass --out with a directory you can write");
-  }
-}
-
-std::string format_duration(double seconds) {
-  const int64_t total = static_cast<int64_t>(std::max(0.0, seconds));
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%lld:%02lld", static_cast<long long>(total / 60),
-                static_cast<long long>(total % 60));
-  return buffer;
-}
-
-OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps) {
-  OptimizerConfig config;
-  config.kind = parse_optimizer(arguments.text("optimizer", "adam"));
-  config.learning_rate = arguments.real("lr", 2e-3);
-  config.weight_decay = arguments.real("weight-decay", 0.0);
-  config.momentum = arguments.real("momentum", 0.9);
-  config.clip_norm = arguments.real("clip", 0.0);
-  config.warmup_steps = arguments.integer("warmup", 0);
-  config.accumulation_steps = arguments.integer("accumulate", 1);
-  if (config.accumulation_steps <= 0) throw Error("--accumulate must be positive");
-  // The schedule runs over optimizer updates, and a final incomplete group never applies.
-  config.total_steps = std::max<int64_t>(1, total_steps / config.accumulation_steps);
-  const std::string schedule = arguments.text("schedule", "constant");
-  if (schedule == "constant") {
-    config.schedule = OptimizerConfig::Schedule::constant;
-  } else if (schedule == "warmup") {
-    config.schedule = OptimizerConfig::Schedule::linear_warmup;
-  } else if (schedule == "cosine") {
-    config.schedule = OptimizerConfig::Schedule::cosine;
-  } else {
-    throw Error("unknown --schedule '" + schedule + "' (constant, warmup or cosine)");
-  }
-  if (config.learning_rate <= 0) throw Error("--lr must be positive");
-  return config;
-}
-
-nlohmann::json optimizer_json(const OptimizerConfig& config) {
-  return {{"kind", optimizer_name(config.kind)},
-          {"learning_rate", config.learning_rate},
-          {"weight_decay", config.weight_decay},
-          {"momentum", config.momentum},
-          {"clip_norm", config.clip_norm},
-          {"warmup_steps", config.warmup_steps},
-          {"total_steps", config.total_steps},
-          {"schedule", static_cast<int>(config.schedule)},
-          {"accumulation_steps", config.accumulation_steps}};
-}
-
-// One status line, redrawn in place on a terminal and printed every few seconds otherwise.
-class ProgressLine {
- public:
-  ProgressLine() : terminal_(::isatty(STDERR_FILENO) != 0) {}
-
-  void update(const std::string& text, bool force) {
-    const auto now = std::chrono::steady_clock::now();
-    const double since = std::chrono::duration<double>(now - last_).count();
-    if (!force && since < (terminal_ ? 0.2 : 5.0)) return;
-    last_ = now;
-    std::fprintf(stderr, terminal_ ? "\r\033[K%s" : "%s\n", text.c_str());
-    std::fflush(stderr);
-  }
-  void finish() {
-    if (terminal_) std::fputc('\n', stderr);
-  }
-
- private:
-  bool terminal_;
-  std::chrono::steady_clock::time_point last_{};
-};
-
-std::string bar(double fraction) {
-  const int width = 20;
-  const int filled = static_cast<int>(std::round(std::clamp(fraction, 0.0, 1.0) * width));
-  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
-}
-
-bool running_on_cpu_device(const std::string& selector) {
-  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
-  return devices[gpu::choose_device(devices, selector)].kind == gpu::DeviceKind::cpu;
-}
-
 }  // namespace
 
+// The value of --model, where given.
+std::optional<std::string> model_option(const std::vector<std::string>& words) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i] == "--model" && i + 1 < words.size()) return words[i + 1];
+    if (words[i].starts_with("--model=")) return words[i].substr(8);
+  }
+  return std::nullopt;
+}
+
 int train_command(const std::vector<std::string>& words) {
+  if (const std::optional<std::string> model = model_option(words);
+      model && (std::filesystem::is_directory(*model) || model->find('/') != std::string::npos)) {
+    return lm_train_command(words);
+  }
   const Arguments arguments("meganeura train", words,
                             {"out",        "model",    "epochs",           "limit",
                              "batch",      "lr",       "optimizer",        "weight-decay",
@@ -255,8 +164,7 @@ int train_command(const std::vector<std::string>& words) {
     io::save_checkpoint(checkpoint_path, checkpoint);
   };
 
-  std::signal(SIGINT, request_stop);
-  std::signal(SIGTERM, request_stop);
+  install_stop_handlers();
   std::vector<float> images(static_cast<size_t>(batch * train_set.image_size()));
   // The labels of the step in flight and of the one queued behind it.
   std::vector<int32_t> labels(static_cast<size_t>(batch)), next_labels(labels.size());

@@ -10,6 +10,22 @@
 
 namespace mg::data {
 
+std::vector<uint32_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<uint32_t> order(static_cast<size_t>(count));
+  std::iota(order.begin(), order.end(), 0u);
+  if (!shuffle || order.empty()) return order;
+  // Mixing the epoch into the seed gives each epoch its own order while keeping it a pure
+  // function of (seed, epoch).
+  std::mt19937_64 random(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(epoch + 1)));
+  // Fisher-Yates with a multiply-shift range reduction: std::shuffle and
+  // std::uniform_int_distribution are implementation-defined, this is not.
+  for (size_t i = order.size() - 1; i > 0; --i) {
+    const auto j = static_cast<size_t>((static_cast<unsigned __int128>(random()) * (i + 1)) >> 64);
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
 nlohmann::json BatcherState::to_json() const {
   return {{"seed", seed}, {"batch_size", batch_size}, {"epoch", epoch}, {"position", position}};
 }
@@ -55,18 +71,7 @@ bool Batcher::epoch_finished() const {
 void Batcher::start_epoch(int64_t epoch) {
   epoch_ = epoch;
   position_ = 0;
-  order_.resize(static_cast<size_t>(dataset_.count));
-  std::iota(order_.begin(), order_.end(), 0u);
-  if (!shuffle_) return;
-  // Mixing the epoch into the seed gives each epoch its own order while keeping it a pure
-  // function of (seed, epoch).
-  std::mt19937_64 random(seed_ ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(epoch + 1)));
-  // Fisher-Yates with a multiply-shift range reduction: std::shuffle and
-  // std::uniform_int_distribution are implementation-defined, this is not.
-  for (size_t i = order_.size() - 1; i > 0; --i) {
-    const auto j = static_cast<size_t>((static_cast<unsigned __int128>(random()) * (i + 1)) >> 64);
-    std::swap(order_[i], order_[j]);
-  }
+  order_ = epoch_order(dataset_.count, seed_, epoch, shuffle_);
 }
 
 int64_t Batcher::next(std::span<float> images, std::span<int32_t> labels) {

@@ -22,9 +22,13 @@ struct BatcherState {
   bool operator==(const BatcherState&) const = default;
 };
 
-// Hands out fixed-size batches of a Dataset in an order shuffled per epoch. The order of epoch e
-// depends only on (seed, e), so a restored state reproduces the rest of the run exactly and
-// results do not depend on the standard library (the shuffle uses std::mt19937_64 directly).
+// The example order of epoch `epoch` over `count` examples: a permutation that depends only on
+// (seed, epoch), so a restored run reproduces it, and that does not depend on the standard library
+// (std::mt19937_64 driven directly); the identity when `shuffle` is false.
+std::vector<uint32_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch, bool shuffle = true);
+
+// Hands out fixed-size batches of a Dataset in the order epoch_order gives each epoch, so a
+// restored state reproduces the rest of the run exactly.
 class Batcher {
  public:
   // With drop_last the final partial batch of each epoch is skipped, so every batch is full.

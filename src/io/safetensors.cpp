@@ -21,52 +21,56 @@ static_assert(std::endian::native == std::endian::little,
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-struct DTypeName {
-  DType dtype;
+// The reference reader (serde_json) refuses JSON nested deeper than this.
+constexpr int kMaxHeaderNesting = 128;
+
+struct StoredDTypeInfo {
+  StoredDType dtype;
   std::string_view name;
   size_t bytes;
+  DType held_as;  // see TensorView::dtype
+  bool exact;     // held_as has the same storage
 };
-constexpr DTypeName kDTypeNames[] = {{DType::f32, "F32", 4},
-                                     {DType::f16, "F16", 2},
-                                     {DType::bf16, "BF16", 2},
-                                     {DType::i32, "I32", 4},
-                                     {DType::u32, "U32", 4}};
+constexpr StoredDTypeInfo kStoredDTypes[] = {{StoredDType::f64, "F64", 8, DType::f32, false},
+                                             {StoredDType::f32, "F32", 4, DType::f32, true},
+                                             {StoredDType::f16, "F16", 2, DType::f16, true},
+                                             {StoredDType::bf16, "BF16", 2, DType::bf16, true},
+                                             {StoredDType::i64, "I64", 8, DType::i32, false},
+                                             {StoredDType::i32, "I32", 4, DType::i32, true},
+                                             {StoredDType::i16, "I16", 2, DType::i32, false},
+                                             {StoredDType::i8, "I8", 1, DType::i32, false},
+                                             {StoredDType::u64, "U64", 8, DType::i32, false},
+                                             {StoredDType::u32, "U32", 4, DType::u32, true},
+                                             {StoredDType::u16, "U16", 2, DType::i32, false},
+                                             {StoredDType::u8, "U8", 1, DType::i32, false},
+                                             {StoredDType::boolean, "BOOL", 1, DType::i32, false}};
 
-std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
-  for (const DTypeName& entry : kDTypeNames) {
+const StoredDTypeInfo& dtype_info(StoredDType dtype) {
+  for (const StoredDTypeInfo& entry : kStoredDTypes) {
+    if (entry.dtype == dtype) return entry;
+  }
+  throw Error("stored dtype " + std::to_string(static_cast<int>(dtype)) + " is unknown");
+}
+
+std::optional<StoredDType> stored_dtype_from_name(std::string_view name) {
+  for (const StoredDTypeInfo& entry : kStoredDTypes) {
     if (entry.name == name) return entry.dtype;
   }
   return std::nullopt;
 }
 
-std::string shape_text(const Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-// Byte size of a tensor, or nullopt if a dimension is negative or the size overflows.
-std::optional<uint64_t> tensor_bytes(const Shape& shape, DType dtype) {
-  uint64_t bytes = safetensors_dtype_bytes(dtype);
-  for (int64_t dim : shape) {
-    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
-      return std::nullopt;
-    }
+std::string stored_dtype_list(bool exact_only) {
+  std::string list;
+  for (const StoredDTypeInfo& entry : kStoredDTypes) {
+    if (exact_only && !entry.exact) continue;
+    list += (list.empty() ? "" : ", ") + std::string(entry.name);
   }
-  return bytes;
-}
-
-// nlohmann's parse messages quote the offending input, which may hold newlines; errors must stay
-// on one line.
-std::string one_line(std::string text) {
-  std::replace_if(
-      text.begin(), text.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
-  return text;
+  return list;
 }
 
 struct Entry {
   std::string name;
-  DType dtype;
+  StoredDType dtype;
   Shape shape;
   uint64_t begin;
   uint64_t end;
@@ -98,10 +102,10 @@ class HeaderParser {
       fail(" has a malformed header: " + tensor + " has no dtype string");
     }
     const std::string dtype_name = dtype_it->get<std::string>();
-    const std::optional<DType> dtype = dtype_from_safetensors_name(dtype_name);
+    const std::optional<StoredDType> dtype = stored_dtype_from_name(dtype_name);
     if (!dtype) {
       fail(": " + tensor + " has unsupported dtype '" + dtype_name +
-           "' (supported: F32, F16, BF16, I32, U32)");
+           "' (supported: " + stored_dtype_list(false) + ")");
     }
     const auto shape_it = value.find("shape");
     if (shape_it == value.end() || !shape_it->is_array()) {
@@ -127,7 +131,7 @@ class HeaderParser {
       fail(" has a malformed header: " + tensor + " has data_offsets " + offsets_it->dump() +
            " that end before they begin");
     }
-    const std::optional<uint64_t> expected = tensor_bytes(shape, *dtype);
+    const std::optional<uint64_t> expected = stored_tensor_bytes(shape, *dtype);
     if (!expected) fail(" has a malformed header: " + tensor + " has an impossibly large shape");
     if (*expected != entry.end - entry.begin) {
       fail(" has a malformed header: " + tensor + " is " + dtype_name + " " + shape_text(shape) +
@@ -168,71 +172,45 @@ class HeaderParser {
     }
   }
 
+  // A header needs three levels; far deeper nesting could exhaust the stack of a recursive JSON
+  // reader, so the limit is the reference reader's, checked before parsing.
+  void check_nesting(std::string_view text) const {
+    int depth = 0;
+    bool in_string = false;
+    bool escaped = false;
+    for (char c : text) {
+      if (in_string) {
+        if (escaped) {
+          escaped = false;
+        } else if (c == '\\') {
+          escaped = true;
+        } else if (c == '"') {
+          in_string = false;
+        }
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{' || c == '[') {
+        if (++depth > kMaxHeaderNesting) {
+          fail(" is corrupt: its JSON header nests deeper than the " +
+               std::to_string(kMaxHeaderNesting) + " levels safetensors allows");
+        }
+      } else if (c == '}' || c == ']') {
+        --depth;
+      }
+    }
+  }
+
  private:
   std::string prefix_;
 };
 
-}  // namespace
+struct ParsedFile {
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;  // in data offset order
+  const std::byte* data = nullptr;
+};
 
-const TensorRecord* SafetensorsFile::find(std::string_view name) const {
-  for (const TensorRecord& tensor : tensors) {
-    if (tensor.name == name) return &tensor;
-  }
-  return nullptr;
-}
-
-std::string_view safetensors_dtype_name(DType dtype) {
-  for (const DTypeName& entry : kDTypeNames) {
-    if (entry.dtype == dtype) return entry.name;
-  }
-  throw Error("dtype " + std::to_string(static_cast<int>(dtype)) + " has no safetensors name");
-}
-
-size_t safetensors_dtype_bytes(DType dtype) {
-  for (const DTypeName& entry : kDTypeNames) {
-    if (entry.dtype == dtype) return entry.bytes;
-  }
-  throw Error("dtype " + std::to_string(static_cast<int>(dtype)) + " has no safetensors name");
-}
-
-void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& file) {
-  const std::string prefix = "cannot write safetensors file " + path.string() + ": ";
-  nlohmann::json header = nlohmann::json::object();
-  if (!file.metadata.empty()) header[kMetadataKey] = file.metadata;
-  uint64_t offset = 0;
-  for (const TensorRecord& tensor : file.tensors) {
-    if (tensor.name.empty() || tensor.name == kMetadataKey) {
-      throw Error(prefix + "invalid tensor name '" + tensor.name + "'");
-    }
-    if (header.contains(tensor.name)) {
-      throw Error(prefix + "tensor name '" + tensor.name + "' is used twice");
-    }
-    const std::optional<uint64_t> expected = tensor_bytes(tensor.shape, tensor.dtype);
-    if (!expected || *expected != tensor.bytes.size()) {
-      throw Error(prefix + "tensor '" + tensor.name + "' has shape " + shape_text(tensor.shape) +
-                  " and dtype " + std::string(safetensors_dtype_name(tensor.dtype)) + " but " +
-                  std::to_string(tensor.bytes.size()) + " bytes");
-    }
-    header[tensor.name] = {{"dtype", safetensors_dtype_name(tensor.dtype)},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + tensor.bytes.size()}}};
-    offset += tensor.bytes.size();
-  }
-  std::string header_text = header.dump();
-  // Readers that map the file expect tensor data aligned to 8 bytes; the format pads with spaces.
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  const uint64_t header_length = header_text.size();
-
-  AtomicFileWriter writer(path);
-  writer.write(std::as_bytes(std::span(&header_length, 1)));
-  writer.write(header_text);
-  for (const TensorRecord& tensor : file.tensors) writer.write(tensor.bytes);
-  writer.commit();
-}
-
-SafetensorsFile read_safetensors(const std::filesystem::path& path, std::string_view what) {
-  const std::vector<std::byte> bytes = read_whole_file(path, what);
-  const HeaderParser parser(std::string(what) + " " + path.string());
+ParsedFile parse_file(std::span<const std::byte> bytes, const HeaderParser& parser) {
   if (bytes.size() < sizeof(uint64_t)) {
     parser.fail(" is truncated: it has " + std::to_string(bytes.size()) +
                 " bytes, fewer than the 8-byte header length");
@@ -249,32 +227,200 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path, std::string_
                 " bytes of JSON, but only " + std::to_string(after_length) +
                 " bytes follow the length field");
   }
-  const auto* header_begin = reinterpret_cast<const char*>(bytes.data()) + sizeof(uint64_t);
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data()) + sizeof(uint64_t),
+                                     header_length);
+  parser.check_nesting(header_text);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_begin, header_begin + header_length);
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& error) {
     parser.fail(" has a malformed JSON header: " + one_line(error.what()));
   }
   if (!header.is_object()) parser.fail(" has a malformed header: it is not a JSON object");
 
-  SafetensorsFile file;
-  std::vector<Entry> entries;
+  ParsedFile file;
   for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) {
       file.metadata = parser.metadata(value);
     } else {
-      entries.push_back(parser.entry(name, value));
+      file.entries.push_back(parser.entry(name, value));
     }
   }
-  const uint64_t data_bytes = after_length - header_length;
-  parser.check_layout(entries, data_bytes);
+  parser.check_layout(file.entries, after_length - header_length);
+  file.data = bytes.data() + sizeof(uint64_t) + header_length;
+  return file;
+}
 
-  const std::byte* data = bytes.data() + sizeof(uint64_t) + header_length;
-  file.tensors.reserve(entries.size());
-  for (Entry& entry : entries) {
-    file.tensors.push_back({std::move(entry.name), entry.dtype, std::move(entry.shape),
-                            std::vector<std::byte>(data + entry.begin, data + entry.end)});
+}  // namespace
+
+const TensorRecord* SafetensorsFile::find(std::string_view name) const {
+  for (const TensorRecord& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+std::string_view stored_dtype_name(StoredDType dtype) {
+  return dtype_info(dtype).name;
+}
+
+size_t stored_dtype_bytes(StoredDType dtype) {
+  return dtype_info(dtype).bytes;
+}
+
+std::optional<uint64_t> stored_tensor_bytes(const Shape& shape, StoredDType dtype) {
+  uint64_t bytes = stored_dtype_bytes(dtype);
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
+      return std::nullopt;
+    }
+  }
+  return bytes;
+}
+
+std::string one_line(std::string text) {
+  std::replace_if(
+      text.begin(), text.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  return text;
+}
+
+std::string shape_text(const Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+StoredDType stored_dtype(DType dtype) {
+  for (const StoredDTypeInfo& entry : kStoredDTypes) {
+    if (entry.exact && entry.held_as == dtype) return entry.dtype;
+  }
+  throw Error("dtype " + std::to_string(static_cast<int>(dtype)) + " has no safetensors name");
+}
+
+std::optional<DType> exact_dtype(StoredDType dtype) {
+  const StoredDTypeInfo& entry = dtype_info(dtype);
+  if (!entry.exact) return std::nullopt;
+  return entry.held_as;
+}
+
+std::string_view safetensors_dtype_name(DType dtype) {
+  return stored_dtype_name(stored_dtype(dtype));
+}
+
+size_t safetensors_dtype_bytes(DType dtype) {
+  return stored_dtype_bytes(stored_dtype(dtype));
+}
+
+MappedSafetensors MappedSafetensors::open(const std::filesystem::path& path,
+                                          std::string_view what) {
+  MappedSafetensors mapped;
+  mapped.file_ = MappedFile::open(path, what);
+  const HeaderParser parser(std::string(what) + " " + path.string());
+  ParsedFile parsed = parse_file(mapped.file_.bytes(), parser);
+  mapped.metadata_ = std::move(parsed.metadata);
+  mapped.tensors_.reserve(parsed.entries.size());
+  for (Entry& entry : parsed.entries) {
+    mapped.tensors_.push_back(
+        {std::move(entry.name), dtype_info(entry.dtype).held_as, std::move(entry.shape),
+         std::span(parsed.data + entry.begin, entry.end - entry.begin), entry.dtype});
+  }
+  return mapped;
+}
+
+const TensorView* MappedSafetensors::find(std::string_view name) const {
+  for (const TensorView& tensor : tensors_) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
+                                     const std::map<std::string, std::string>& metadata,
+                                     std::vector<TensorLayout> layouts)
+    : error_prefix_("cannot write safetensors file " + path.string() + ": "),
+      layouts_(std::move(layouts)) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  uint64_t offset = 0;
+  for (const TensorLayout& layout : layouts_) {
+    if (layout.name.empty() || layout.name == kMetadataKey) {
+      throw Error(error_prefix_ + "invalid tensor name '" + layout.name + "'");
+    }
+    if (header.contains(layout.name)) {
+      throw Error(error_prefix_ + "tensor name '" + layout.name + "' is used twice");
+    }
+    const std::optional<uint64_t> bytes =
+        stored_tensor_bytes(layout.shape, stored_dtype(layout.dtype));
+    if (!bytes) {
+      throw Error(error_prefix_ + "tensor '" + layout.name + "' has an impossible shape " +
+                  shape_text(layout.shape));
+    }
+    header[layout.name] = {{"dtype", safetensors_dtype_name(layout.dtype)},
+                           {"shape", layout.shape},
+                           {"data_offsets", {offset, offset + *bytes}}};
+    offset += *bytes;
+  }
+  std::string header_text = header.dump();
+  // Readers that map the file expect tensor data aligned to 8 bytes; the format pads with spaces.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const uint64_t header_length = header_text.size();
+
+  writer_.emplace(path);
+  writer_->write(std::as_bytes(std::span(&header_length, 1)));
+  writer_->write(header_text);
+}
+
+void SafetensorsWriter::write_next(std::span<const std::byte> bytes) {
+  if (written_ == layouts_.size()) {
+    throw Error(error_prefix_ + "more tensors written than the " + std::to_string(layouts_.size()) +
+                " declared");
+  }
+  const TensorLayout& layout = layouts_[written_];
+  const std::optional<uint64_t> expected =
+      stored_tensor_bytes(layout.shape, stored_dtype(layout.dtype));
+  if (*expected != bytes.size()) {
+    throw Error(error_prefix_ + "tensor '" + layout.name + "' has shape " +
+                shape_text(layout.shape) + " and dtype " +
+                std::string(safetensors_dtype_name(layout.dtype)) + " but " +
+                std::to_string(bytes.size()) + " bytes");
+  }
+  writer_->write(bytes);
+  ++written_;
+}
+
+void SafetensorsWriter::commit() {
+  if (written_ != layouts_.size()) {
+    throw Error(error_prefix_ + "only " + std::to_string(written_) + " of " +
+                std::to_string(layouts_.size()) + " tensors were written");
+  }
+  writer_->commit();
+}
+
+void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& file) {
+  std::vector<TensorLayout> layouts;
+  layouts.reserve(file.tensors.size());
+  for (const TensorRecord& tensor : file.tensors) {
+    layouts.push_back({tensor.name, tensor.dtype, tensor.shape});
+  }
+  SafetensorsWriter writer(path, file.metadata, std::move(layouts));
+  for (const TensorRecord& tensor : file.tensors) writer.write_next(tensor.bytes);
+  writer.commit();
+}
+
+SafetensorsFile read_safetensors(const std::filesystem::path& path, std::string_view what) {
+  const MappedSafetensors mapped = MappedSafetensors::open(path, what);
+  SafetensorsFile file;
+  file.metadata = mapped.metadata();
+  file.tensors.reserve(mapped.tensors().size());
+  for (const TensorView& tensor : mapped.tensors()) {
+    if (!exact_dtype(tensor.stored_dtype)) {
+      throw Error(std::string(what) + " " + path.string() + ": tensor '" + tensor.name +
+                  "' has unsupported dtype '" +
+                  std::string(stored_dtype_name(tensor.stored_dtype)) +
+                  "' (supported here: " + stored_dtype_list(true) + ")");
+    }
+    file.tensors.push_back({tensor.name, tensor.dtype, tensor.shape,
+                            std::vector<std::byte>(tensor.bytes.begin(), tensor.bytes.end())});
   }
   return file;
 }

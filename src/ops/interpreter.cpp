@@ -8,36 +8,63 @@
 
 namespace mg {
 
+namespace {
+
+// Draws a leaf's initial values from its Init (random kinds advance `generator`).
+void draw_initial(const Init& init, std::span<double> values, std::mt19937_64& generator) {
+  std::uniform_real_distribution<double> uniform(init.a, init.b);
+  std::normal_distribution<double> normal(init.a, init.b > 0 ? init.b : 1.0);
+  for (double& value : values) {
+    switch (init.kind) {
+      case Init::Kind::zeros:
+        value = 0;
+        break;
+      case Init::Kind::ones:
+        value = 1;
+        break;
+      case Init::Kind::fill:
+        value = init.a;
+        break;
+      case Init::Kind::uniform:
+        value = uniform(generator);
+        break;
+      case Init::Kind::normal:
+        value = normal(generator);
+        break;
+    }
+  }
+}
+
+bool is_initialised_leaf(const Node& node) {
+  return node.op == op::parameter || node.op == op::state;
+}
+
+}  // namespace
+
 void initialise_leaves(const Graph& graph, Environment& environment, uint64_t seed) {
   std::mt19937_64 generator(seed);
   for (const Node& node : graph.nodes()) {
-    if ((node.op != op::parameter && node.op != op::state) || environment.leaves.count(node.name)) {
-      continue;
-    }
-    const Init init = leaf_init(node);
+    if (!is_initialised_leaf(node) || environment.leaves.count(node.name)) continue;
     HostTensor tensor(node.type.shape);
-    std::uniform_real_distribution<double> uniform(init.a, init.b);
-    std::normal_distribution<double> normal(init.a, init.b > 0 ? init.b : 1.0);
-    for (double& value : tensor.data) {
-      switch (init.kind) {
-        case Init::Kind::zeros:
-          value = 0;
-          break;
-        case Init::Kind::ones:
-          value = 1;
-          break;
-        case Init::Kind::fill:
-          value = init.a;
-          break;
-        case Init::Kind::uniform:
-          value = uniform(generator);
-          break;
-        case Init::Kind::normal:
-          value = normal(generator);
-          break;
-      }
-    }
+    draw_initial(leaf_init(node), tensor.data, generator);
     environment.leaves.emplace(node.name, std::move(tensor));
+  }
+}
+
+void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_parameters,
+                          const std::function<bool(const Node&)>& wanted,
+                          const std::function<void(const Node&, std::span<const double>)>& visit) {
+  std::mt19937_64 generator(seed);
+  std::vector<double> values;
+  for (const Node& node : graph.nodes()) {
+    if (!is_initialised_leaf(node) || (skip_parameters && node.op == op::parameter)) continue;
+    const Init init = leaf_init(node);
+    const bool random = init.kind == Init::Kind::uniform || init.kind == Init::Kind::normal;
+    const bool visited = wanted(node);
+    if (!visited && !random) continue;
+    values.resize(static_cast<size_t>(node.type.elements()));
+    draw_initial(init, values, generator);
+    if (visited) visit(node, values);
   }
 }
 

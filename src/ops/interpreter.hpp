@@ -1,4 +1,6 @@
 #pragma once
+#include <functional>
+#include <span>
 // The reference interpreter: evaluates a graph in f64 on the CPU, node by node, with each op's
 // reference function. It is the oracle every GPU result and every gradient is tested against.
 #include <map>
@@ -19,6 +21,14 @@ struct Environment {
 // Draws initial values for every parameter/state leaf not yet in `environment`, from each
 // leaf's Init, with a seeded generator (same seed, same values).
 void initialise_leaves(const Graph& graph, Environment& environment, uint64_t seed);
+
+// The same values as initialise_leaves on an empty environment, one leaf at a time in graph order
+// (so that no more than one leaf is held): `visit` gets each parameter/state leaf that `wanted`
+// accepts. Random leaves that are not wanted are still drawn, so the others keep their values;
+// with `skip_parameters` parameters are neither drawn nor visited.
+void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_parameters,
+                          const std::function<bool(const Node&)>& wanted,
+                          const std::function<void(const Node&, std::span<const double>)>& visit);
 
 // Evaluates every node; the values of f16 nodes (leaves too) are rounded to f16. Throws mg::Error
 // when a leaf is missing or has the wrong shape.

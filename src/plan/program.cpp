@@ -52,10 +52,35 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
     }
   }
   AliasMap in_place;
+  // A leaf's new value (Graph::assign) is written over the leaf itself when a pointwise launch
+  // computes it after the last read of the old value: no transient copy of every parameter and
+  // optimizer moment lives through the run, and no copy follows it.
+  std::vector<int64_t> last_leaf_read(graph.size(), -1);
+  std::vector<int64_t> producer(graph.size(), -1);
+  for (int64_t t = 0; t < end; ++t) {
+    for (const target::Operand& operand : launches[t].launch.operands) {
+      const ValueId root = storage_root(graph, {}, operand.value);
+      if (operand.write) {
+        producer[operand.value] = t;
+      } else {
+        last_leaf_read[root] = std::max(last_leaf_read[root], t);
+      }
+    }
+  }
+  for (const auto& [leaf, value] : graph.updates()) {
+    const int64_t t = producer[value];
+    if (t < 0 || launches[t].launch.kernel != "pointwise" || last_leaf_read[leaf] > t ||
+        !(graph.type(leaf) == graph.type(value)) || set_up[leaf] || in_place.count(value)) {
+      continue;
+    }
+    in_place[value] = leaf;
+    last_leaf_read[leaf] = end;  // one new value a leaf
+  }
   for (int64_t t = 0; t < end; ++t) {
     const target::Launch& launch = launches[t].launch;
     if (launch.kernel != "pointwise") continue;
     const ValueId result = launch.operands.back().value;
+    if (in_place.count(result)) continue;
     for (size_t k = 0; k + 1 < launch.operands.size(); ++k) {
       const ValueId candidate = launch.operands[k].value;
       const ValueId root = storage_root(graph, in_place, candidate);
@@ -151,6 +176,13 @@ void place_persistent(const std::vector<ValueId>& values, const PlanOptions& opt
   bool open = false;
   for (ValueId value : values) {
     const uint64_t bytes = std::max<uint64_t>(program.graph.type(value).bytes(), 4);
+    const Node& node = program.graph.node(value);
+    if (options.shared_leaves && (node.op == op::parameter || node.op == op::state)) {
+      program.regions[value] = {static_cast<uint32_t>(program.arenas.size()), 0, bytes};
+      program.arenas.push_back({ArenaKind::shared, bytes, node.name});
+      program.memory.shared_bytes += bytes;
+      continue;
+    }
     const uint64_t footprint = bytes + options.guard_bytes;
     if (!open || align_up(program.arenas[arena].bytes, options.alignment) + footprint >
                      options.arena_limit) {
@@ -483,6 +515,8 @@ std::string describe_memory(const Program& program) {
     text += "setup dispatches: " + std::to_string(program.setup.size()) +
             " (run once, and again after a parameter or state is written)\n";
   text += "persistent: " + mib(memory.persistent_bytes) + "\n";
+  if (memory.shared_bytes > 0)
+    text += "shared with other programs: " + mib(memory.shared_bytes) + "\n";
   text += "transient logical: " + mib(memory.logical_transient_bytes) + "\n";
   text += "transient physical: " + mib(memory.physical_transient_bytes);
   if (memory.logical_transient_bytes > 0) {
@@ -494,9 +528,11 @@ std::string describe_memory(const Program& program) {
   }
   text += "\ntransient peak live: " + mib(memory.peak_live_bytes) + "\n";
   for (size_t a = 0; a < program.arenas.size(); ++a) {
+    const Arena& arena = program.arenas[a];
+    if (arena.kind == ArenaKind::shared) continue;
     text += "arena " + std::to_string(a) + ": " +
-            (program.arenas[a].kind == ArenaKind::persistent ? "persistent " : "transient  ") +
-            mib(program.arenas[a].bytes) + "\n";
+            (arena.kind == ArenaKind::persistent ? "persistent " : "transient  ") +
+            mib(arena.bytes) + "\n";
   }
   return text;
 }

@@ -14,11 +14,14 @@
 
 namespace mg::plan {
 
-enum class ArenaKind { persistent, transient };
+// `shared`: one named parameter or state leaf alone (PlanOptions::shared_leaves), whose buffer
+// the runtime takes from the tensors that several programs share instead of allocating it.
+enum class ArenaKind { persistent, transient, shared };
 
 struct Arena {
   ArenaKind kind = ArenaKind::transient;
   uint64_t bytes = 0;
+  std::string leaf;  // the leaf's name, for kind shared
 };
 
 struct Region {
@@ -34,7 +37,8 @@ struct PlannedLaunch {
 };
 
 struct MemoryStats {
-  uint64_t persistent_bytes = 0;
+  uint64_t persistent_bytes = 0;          // this program's own: constants and results of the setup
+  uint64_t shared_bytes = 0;              // parameters and state in shared arenas
   uint64_t logical_transient_bytes = 0;   // sum of every transient value's size
   uint64_t physical_transient_bytes = 0;  // sum of transient arena sizes
   uint64_t peak_live_bytes = 0;           // largest sum of simultaneously live transient values
@@ -75,6 +79,9 @@ struct PlanOptions {
   // convolution's weights, the rounding of weights to f16 for the fast GEMM. Their results are
   // persistent. MEGANEURA_SETUP=0/1 overrides.
   bool setup = true;
+  // Every parameter and state leaf gets an arena of its own (ArenaKind::shared) so that several
+  // programs can run over the same tensors: training, evaluation, prefill and decode of one model.
+  bool shared_leaves = false;
 };
 
 struct Program {

@@ -146,8 +146,43 @@ std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector, bool
       gpu::Device::open(selector, validation, switches ? *switches : Switches::from_environment()));
 }
 
+class SharedTensors {
+ public:
+  explicit SharedTensors(std::shared_ptr<SharedDevice> shared) : device(std::move(shared)) {}
+  ~SharedTensors() {
+    for (const std::string& name : order) device->device->destroy_buffer(entries.at(name).buffer);
+  }
+  SharedTensors(const SharedTensors&) = delete;
+  SharedTensors& operator=(const SharedTensors&) = delete;
+
+  struct Entry {
+    TensorType type;
+    gpu::BufferId buffer = 0;
+  };
+  std::shared_ptr<SharedDevice> device;
+  std::map<std::string, Entry, std::less<>> entries;
+  std::vector<std::string> order;
+  // Counts the changes of these tensors by runs and writes, so that a Session knows when the
+  // results of its setup (derived from tensors it never changes itself) are stale.
+  uint64_t generation = 0;
+};
+
+std::shared_ptr<SharedTensors> make_shared_tensors(std::shared_ptr<SharedDevice> device) {
+  if (!device) throw Error("make_shared_tensors needs an open device (open_shared_device)");
+  return std::make_shared<SharedTensors>(std::move(device));
+}
+
+std::vector<std::string> shared_tensor_names(const SharedTensors& tensors) {
+  return tensors.order;
+}
+
 struct Session::Impl {
   std::shared_ptr<gpu::Device> device;
+  std::shared_ptr<SharedTensors> shared;
+  // Shared tensors this session created, which it initialises; the others keep their values.
+  std::vector<ValueId> created_shared;
+  uint64_t seen_generation = 0;
+  bool updates_shared = false;
   // What this session created on the device, released when it ends: on a shared device, the
   // device outlives the session.
   std::vector<gpu::BufferId> owned_buffers;
@@ -196,6 +231,28 @@ struct Session::Impl {
     return {arena_buffers[region.arena], region.offset, region.bytes};
   }
 
+  // The buffer of shared tensor `name` (the leaf of that name in the planned graph), created
+  // here if no session declared it before.
+  gpu::BufferId shared_buffer(const std::string& name) {
+    const ValueId leaf = program.graph.find_leaf(name);
+    const TensorType& type = program.graph.type(leaf);
+    auto it = shared->entries.find(name);
+    if (it != shared->entries.end()) {
+      if (!(it->second.type == type)) {
+        throw Error("shared tensor '" + name + "' is " + type_string(it->second.type) +
+                    " but this program declares it " + type_string(type) +
+                    ": programs sharing tensors must agree on their types");
+      }
+      return it->second.buffer;
+    }
+    const gpu::BufferId buffer = device->create_buffer(std::max<uint64_t>(type.bytes(), 4),
+                                                       gpu::BufferUse::device, "shared " + name);
+    shared->entries[name] = {type, buffer};
+    shared->order.push_back(name);
+    created_shared.push_back(leaf);
+    return buffer;
+  }
+
   InputStaging& checked_input(std::string_view name, DType dtype, size_t count) {
     auto it = inputs.find(name);
     if (it == inputs.end()) {
@@ -223,22 +280,38 @@ struct Session::Impl {
     return it->second;
   }
 
-  void upload_persistent(const Graph& original, uint64_t seed) {
+  // Writes the initial values of this program's constants and of the parameters and state it
+  // owns or created (not those of shared tensors that another session created), a leaf at a time.
+  void upload_persistent(const Graph& original, uint64_t seed, bool initialise_parameters) {
     const Graph& graph = program.graph;
-    Environment initial;
-    initialise_leaves(original, initial, seed);
+    std::map<std::string, ValueId, std::less<>> leaves;
     for (ValueId value : program.persistent) {
       const Node& node = graph.node(value);
-      const HostTensor tensor =
-          node.op == op::constant
-              ? (node.data ? HostTensor(node.type.shape, *node.data)
-                           : HostTensor(node.type.shape, node.attrs.get_float("value")))
-              : initial.leaves.at(node.name);
-      const std::vector<std::byte> bytes =
-          device_bytes(node.type.dtype, std::span<const double>(tensor.data));
-      const gpu::BufferRange range = range_of(value);
-      device->write_buffer(range.buffer, range.offset, bytes);
+      if (node.op == op::constant) {
+        const HostTensor tensor = node.data
+                                      ? HostTensor(node.type.shape, *node.data)
+                                      : HostTensor(node.type.shape, node.attrs.get_float("value"));
+        write_values(value, tensor.data);
+        continue;
+      }
+      const bool shared_elsewhere =
+          shared &&
+          program.arenas[program.regions.at(value).arena].kind == plan::ArenaKind::shared &&
+          std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end();
+      if (!shared_elsewhere) leaves[node.name] = value;
     }
+    visit_initial_leaves(
+        original, seed, !initialise_parameters,
+        [&](const Node& node) { return leaves.count(node.name) > 0; },
+        [&](const Node& node, std::span<const double> values) {
+          write_values(leaves.at(node.name), values);
+        });
+  }
+
+  void write_values(ValueId value, std::span<const double> values) {
+    const gpu::BufferRange range = range_of(value);
+    device->write_buffer(range.buffer, range.offset,
+                         device_bytes(program.graph.type(value).dtype, values));
   }
 
   // Timestamps of the last run, once any run in flight has finished; none before the first.
@@ -257,6 +330,10 @@ struct Session::Impl {
 
   // Runs the setup if it is due, after any run in flight (which reads what it writes).
   void run_setup_if_due() {
+    if (shared && shared->generation != seen_generation) {
+      setup_due = setup_due || !program.setup.empty();
+      seen_generation = shared->generation;
+    }
     if (!setup_due) return;
     finish_run();
     device->submit(setup_recording);
@@ -332,6 +409,8 @@ struct Session::Impl {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange source = range_of(value);
       const gpu::BufferRange target = range_of(leaf);
+      // The planner may have had the new value written over the leaf itself.
+      if (source.buffer == target.buffer && source.offset == target.offset) continue;
       copy.copy = {source, target.buffer, target.offset};
       list.push_back(copy);
     }
@@ -394,6 +473,14 @@ Session::Session(const Graph& graph, const SessionOptions& options)
         "timestamps would be part of the timed run)");
   impl.profile = options.profile;
   impl.time_runs = options.time_runs;
+  if (options.shared_tensors && options.shared_tensors->device != options.shared_device) {
+    throw Error(
+        "SessionOptions: shared_tensors belong to another device: pass the SharedDevice they "
+        "were made for as shared_device");
+  }
+  if (options.shared_tensors && options.guard_bytes > 0)
+    throw Error("SessionOptions: guard_bytes cannot be used with shared_tensors");
+  impl.shared = options.shared_tensors;
   const Switches switches = options.switches ? *options.switches : Switches::from_environment();
   impl.device = options.shared_device
                     ? options.shared_device->device
@@ -403,11 +490,17 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   const vulkan::VulkanTarget target =
       vulkan::device_target(*impl.device, options.precision == Precision::fast, switches);
   impl.report.coop_matrix_available = target.cooperative_matrices();
-  impl.program = plan::build_program(graph, target, plan_options_of(info, options));
+  plan::PlanOptions plan_options = plan_options_of(info, options);
+  plan_options.shared_leaves = impl.shared != nullptr;
+  impl.program = plan::build_program(graph, target, plan_options);
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
     const plan::Arena& arena = impl.program.arenas[a];
+    if (arena.kind == plan::ArenaKind::shared) {
+      impl.arena_buffers.push_back(impl.shared_buffer(arena.leaf));
+      continue;
+    }
     impl.arena_buffers.push_back(impl.device->create_buffer(
         arena.bytes, gpu::BufferUse::device,
         (arena.kind == plan::ArenaKind::persistent ? "persistent arena " : "transient arena ") +
@@ -448,7 +541,16 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                 std::as_bytes(std::span<const uint32_t>(sentinel)));
     }
   }
-  impl.upload_persistent(graph, options.seed);
+  impl.upload_persistent(graph, options.seed, options.initialise_parameters);
+  if (impl.shared) {
+    for (const auto& [leaf, value] : planned.updates()) {
+      if (impl.program.arenas[impl.program.regions.at(leaf).arena].kind == plan::ArenaKind::shared)
+        impl.updates_shared = true;
+    }
+    // The tensors this session created changed what the others may have derived from them.
+    if (!impl.created_shared.empty()) ++impl.shared->generation;
+    impl.seen_generation = impl.shared->generation;
+  }
   impl.create_pipelines();
   for (Impl::RunSlot& slot : impl.slots) {
     slot.recording =
@@ -469,6 +571,10 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                         [](const plan::PlannedLaunch& planned) {
                                           return planned.launch.kernel.ends_with("coopmat");
                                         }));
+  impl.report.persistent_bytes = impl.program.memory.persistent_bytes;
+  impl.report.shared_bytes = impl.program.memory.shared_bytes;
+  impl.report.transient_logical_bytes = impl.program.memory.logical_transient_bytes;
+  impl.report.transient_physical_bytes = impl.program.memory.physical_transient_bytes;
   impl.report.memory_plan = plan::describe_memory(impl.program);
   impl.report.dispatch_list = plan::describe_dispatches(impl.program);
   impl.report.build_seconds =
@@ -500,6 +606,7 @@ void Session::start_run() {
   const size_t started = impl.input_slot;
   impl.bring_inputs_up_to_date(started);
   impl.device->start(impl.slots[started].recording);
+  if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
   // The run before it, if still in flight, finishes behind it in the queue; its slot takes the
   // next inputs.
   impl.finish_run();
@@ -555,6 +662,7 @@ void Session::write(std::string_view leaf, std::span<const float> values) {
   const gpu::BufferRange range = impl_->range_of(value);
   impl_->device->write_buffer(range.buffer, range.offset, device_bytes(type.dtype, values));
   impl_->setup_due = !impl_->program.setup.empty();
+  if (impl_->shared) impl_->seen_generation = ++impl_->shared->generation;
 }
 
 std::vector<std::string> Session::persistent_names() const {

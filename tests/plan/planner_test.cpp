@@ -115,10 +115,12 @@ TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
         if (launch.launch.operands[a].value == launch.launch.operands[b].value) continue;
         const bool overlap =
             x.arena == y.arena && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
-        // The one legal overlap: a pointwise kernel writing in place over an input of its shape.
-        const bool exact_in_place = launch.launch.kernel == "pointwise" &&
-                                    b == launch.regions.size() - 1 && x.offset == y.offset &&
-                                    x.bytes == y.bytes;
+        // The one legal overlap: a pointwise kernel writing a result in place over an input of
+        // its shape (the last operand over a transient input, or a new parameter or optimizer
+        // moment over the leaf it replaces).
+        const bool exact_in_place =
+            launch.launch.kernel == "pointwise" && launch.launch.operands[b].write &&
+            !launch.launch.operands[a].write && x.offset == y.offset && x.bytes == y.bytes;
         EXPECT_TRUE(!overlap || exact_in_place)
             << launch.launch.label << " operands " << a << " and " << b;
       }
@@ -509,15 +511,32 @@ TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
   const plan::Program cnn = plan::build_program(
       training, vulkan::VulkanTarget(target::DeviceTraits{}), plan::PlanOptions{});
   ASSERT_EQ(training.updates().size(), 3u * 8u) << "8 parameters, each with two moments";
-  size_t update_barriers = 0;
-  for (auto planned = cnn.launches.end() - 8; planned != cnn.launches.end(); ++planned) {
-    EXPECT_EQ(planned->launch.kernel, "pointwise") << planned->launch.label;
-    EXPECT_EQ(std::count_if(planned->launch.operands.begin(), planned->launch.operands.end(),
-                            [](const target::Operand& operand) { return operand.write; }),
-              3)
-        << planned->launch.label << " writes the parameter and both moments";
-    update_barriers += planned->barrier_before ? 1 : 0;
+  // Each parameter's update is one pointwise launch that writes the parameter and both moments
+  // over themselves (no copies after the run); it runs as soon as its gradient is ready, in an
+  // epoch the backward pass has anyway.
+  size_t update_launches = 0, update_barriers = 0;
+  for (const plan::PlannedLaunch& planned : cnn.launches) {
+    std::vector<size_t> written;
+    for (size_t k = 0; k < planned.launch.operands.size(); ++k)
+      if (planned.launch.operands[k].write) written.push_back(k);
+    if (written.size() != 3) continue;
+    ++update_launches;
+    EXPECT_EQ(planned.launch.kernel, "pointwise") << planned.launch.label;
+    for (size_t k : written) {
+      const ValueId value = planned.launch.operands[k].value;
+      const auto update =
+          std::find_if(cnn.graph.updates().begin(), cnn.graph.updates().end(),
+                       [&](const auto& assignment) { return assignment.second == value; });
+      ASSERT_NE(update, cnn.graph.updates().end()) << planned.launch.label;
+      const plan::Region& leaf = cnn.regions.at(update->first);
+      EXPECT_TRUE(leaf.arena == planned.regions[k].arena &&
+                  leaf.offset == planned.regions[k].offset)
+          << planned.launch.label << " writes " << cnn.graph.node(update->first).name
+          << " in place";
+    }
+    update_barriers += planned.barrier_before ? 1 : 0;
   }
+  EXPECT_EQ(update_launches, 8u);
   EXPECT_LE(update_barriers, 1u);
 }
 

@@ -1,0 +1,164 @@
+"""PyTorch side of `meganeura bench workloads`: the same workloads and cells with transformers'
+models at the same configurations (random weights), one JSON object per (workload, mode,
+framework variant) in the same format:
+
+  pytorch          eager PyTorch
+  pytorch-compile  torch.compile(mode="reduce-overhead") (CUDA graphs), its first call's time
+                   reported as compile_s
+
+Modes: strict is f32 with TF32 off (torch.backends.cuda.matmul.allow_tf32 and
+torch.backends.cudnn.allow_tf32 both False); fast is autocast to f16 on f32 weights.
+
+Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3),
+with torch.cuda.synchronize() after each, as `meganeura bench workloads` waits for each run.
+Memory: torch.cuda.max_memory_allocated over the training cell.
+
+Usage: python3 bench/workloads_pytorch.py [--filter NAME] [--runs 20] [--precision both]
+       [--no-compile]
+"""
+import argparse
+import json
+import time
+
+import torch
+
+WARMUP_SECONDS = 0.3
+
+
+def median_ms(run, runs):
+    start = time.perf_counter()
+    count = 0
+    while count < 3 or time.perf_counter() - start < WARMUP_SECONDS:
+        run()
+        torch.cuda.synchronize()
+        count += 1
+    times = []
+    for _ in range(runs):
+        begin = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - begin))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def first_call_seconds(run):
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    return time.perf_counter() - begin
+
+
+def smollm2_135m():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+                         bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).cuda().float()
+
+
+def bench_llama(name, build, mode, compiled, runs):
+    model = build()
+    seq, decode_tokens = 128, 64
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.config.vocab_size, (1, seq + 1), generator=gen).cuda()
+    ids, labels = tokens[:, :seq], tokens[:, 1:]
+    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=(mode == "fast"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def forward(input_ids):
+        with autocast:
+            return model(input_ids=input_ids).logits
+
+    def loss_of(input_ids, targets):
+        with autocast:
+            logits = model(input_ids=input_ids).logits
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+
+    forward_fn, loss_fn = forward, loss_of
+    compile_s = None
+    if compiled:
+        forward_fn = torch.compile(forward, mode="reduce-overhead")
+        loss_fn = torch.compile(loss_of, mode="reduce-overhead")
+
+    def training_step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(ids, labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    model.eval()
+    with torch.no_grad():
+        if compiled:
+            compile_s = first_call_seconds(lambda: forward_fn(ids))
+        inference_ms = median_ms(lambda: forward_fn(ids), runs)
+    model.train()
+    torch.cuda.reset_peak_memory_stats()
+    if compiled:
+        compile_s += first_call_seconds(training_step)
+    training_ms = median_ms(training_step, runs)
+    peak = torch.cuda.max_memory_allocated()
+    loss = float(loss_fn(ids, labels))
+
+    model.eval()
+    cache = {"cache_implementation": "static"} if compiled else {}
+
+    def generate(new_tokens):
+        output = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                do_sample=False, **cache)
+        torch.cuda.synchronize()
+        return output
+
+    rates = []
+    with torch.no_grad(), autocast:
+        for _ in range(2):
+            generate(decode_tokens)  # warm-up (and, compiled, the compilation)
+        # Decode alone: a one-token generation times the prefill, which is taken off.
+        for _ in range(3):
+            prefill = first_call_seconds(lambda: generate(1))
+            total = first_call_seconds(lambda: generate(decode_tokens))
+            rates.append((decode_tokens - 1) / max(total - prefill, 1e-9))
+    rates.sort()
+    return {"framework": "pytorch-compile" if compiled else "pytorch", "model": name, "mode": mode,
+            "device": torch.cuda.get_device_name(),
+            "config": {"batch": 1, "seq": seq, "decode_tokens": decode_tokens},
+            "timings": {"compile_s": compile_s, "inference_ms": inference_ms, "training_ms": training_ms,
+                        "decode_tokens_per_second": rates[len(rates) // 2]},
+            "memory": {"training_device_bytes": peak},
+            "outputs": {"loss": loss}}
+
+
+WORKLOADS = {"smollm2-135m": lambda mode, compiled, runs: bench_llama("smollm2-135m", smollm2_135m, mode, compiled, runs)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--filter", default="")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--precision", default="both", choices=["strict", "fast", "both"])
+    parser.add_argument("--no-compile", action="store_true")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    modes = ["strict", "fast"] if args.precision == "both" else [args.precision]
+    for name, run in WORKLOADS.items():
+        if args.filter not in name:
+            continue
+        for mode in modes:
+            for compiled in ([False] if args.no_compile else [False, True]):
+                try:
+                    record = run(mode, compiled, args.runs)
+                except Exception as error:  # one failing variant leaves the others' rows
+                    record = {"framework": "pytorch-compile" if compiled else "pytorch", "model": name,
+                              "mode": mode, "error": repr(error)[:300]}
+                print(json.dumps(record), flush=True)
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

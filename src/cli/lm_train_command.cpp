@@ -1,0 +1,363 @@
+// `meganeura train --model MODEL_DIR --data FILE`: fine-tunes a Llama-family model folder on
+// text with the causal-LM loss; a training and an evaluation program share one copy of the
+// weights on the GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "cli/arguments.hpp"
+#include "cli/commands.hpp"
+#include "cli/training_run.hpp"
+#include "cli/training_support.hpp"
+#include "io/checkpoint.hpp"
+#include "io/jsonl.hpp"
+#include "io/model_folder.hpp"
+#include "io/plot.hpp"
+#include "io/tokenizer.hpp"
+#include "runtime/llama_runtime.hpp"
+
+namespace mg::cli {
+namespace {
+
+constexpr const char* kHelp = R"(usage: meganeura train --model MODEL_DIR --data FILE [options]
+
+Fine-tunes a Llama-family model folder (LlamaForCausalLM as the Hugging Face Hub and
+save_pretrained write it: config.json, safetensors weights, tokenizer.json) on text with the
+causal language-modelling loss, and writes into --out: checkpoint.safetensors (weights and
+optimizer state, every --checkpoint-every steps and at the end), metrics.jsonl, training.png
+(training and validation loss) and model/, a folder in the same layout that transformers and
+'meganeura generate' open. Ctrl-C stops after the current step and saves.
+
+The data: a .jsonl file (one JSON object a line with a "text" field, each a document) or any
+other file as plain UTF-8 text (one document). Documents are tokenised, joined with the
+end-of-sequence token and cut into sequences of --seq tokens (each also predicts the token after
+it); the last --validation fraction of the sequences is held out for the validation loss.
+
+  --model MODEL_DIR     the model folder to start from (required)
+  --data FILE           the text (required)
+  --out DIR             output folder (default runs/<timestamp>)
+  --seq N               tokens a sequence (default 128)
+  --batch N             sequences a step (default 8)
+  --epochs N            passes over the training sequences (default 1)
+  --max-steps N         stop after N steps (default: all the epochs)
+  --validation X        fraction of the sequences held out (default 0.05; 0 turns it off)
+  --lr X                peak learning rate (default 5e-5)
+  --optimizer NAME      adamw, adam or sgd (default adamw)
+  --weight-decay X      (default 0.0)
+  --schedule NAME       cosine, warmup or constant (default cosine)
+  --warmup N            warmup steps (default: a tenth of the updates, at most 100)
+  --clip X              global gradient-norm clipping, 0 = off (default 1.0)
+  --accumulate N        apply the mean gradient of N batches as one update (default 1)
+  --seed N              shuffling seed (default 0)
+  --device SEL          device index or part of its name (default: best available)
+  --precision P         strict (default) or fast (f16 operands on cooperative matrices)
+  --resume CKPT         continue from a checkpoint written by this command
+  --checkpoint-every N  steps between checkpoints (default 200)
+)";
+
+struct TextData {
+  std::vector<int32_t> tokens;
+  int64_t documents = 0;
+};
+
+TextData read_text_data(const std::filesystem::path& path, const io::Tokenizer& tokenizer,
+                        std::optional<int32_t> separator) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw Error("cannot open the data file " + path.string() + ": give --data FILE");
+  TextData data;
+  const auto add = [&](const std::string& text) {
+    const std::vector<int32_t> ids = tokenizer.encode(text);
+    data.tokens.insert(data.tokens.end(), ids.begin(), ids.end());
+    if (separator) data.tokens.push_back(*separator);
+    ++data.documents;
+  };
+  if (path.extension() == ".jsonl") {
+    std::string line;
+    int64_t number = 0;
+    while (std::getline(file, line)) {
+      ++number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      if (!record.is_object() || !record.contains("text") || !record["text"].is_string()) {
+        throw Error(path.string() + " line " + std::to_string(number) +
+                    " is not a JSON object with a \"text\" string");
+      }
+      add(record["text"].get<std::string>());
+    }
+  } else {
+    add(std::string(std::istreambuf_iterator<char>(file), {}));
+  }
+  return data;
+}
+
+// Sequence order for one epoch: a permutation of the training sequences by (seed, epoch).
+std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 generator(seed * 1000003 + static_cast<uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), generator);
+  return order;
+}
+
+// Fills ids and labels of `rows` sequences starting at token offsets `starts` (labels: the next
+// tokens); rows past starts.size() are padding with ignored labels.
+void fill_batch(const std::vector<int32_t>& tokens, const std::vector<int64_t>& starts,
+                int64_t rows, int64_t seq, std::vector<int32_t>& ids,
+                std::vector<int32_t>& labels) {
+  ids.assign(rows * seq, 0);
+  labels.assign(rows * seq, static_cast<int32_t>(models::kIgnoredLabel));
+  for (size_t r = 0; r < starts.size(); ++r) {
+    for (int64_t t = 0; t < seq; ++t) {
+      ids[r * seq + t] = tokens[starts[r] + t];
+      labels[r * seq + t] = tokens[starts[r] + t + 1];
+    }
+  }
+}
+
+const char* const kCopiedFiles[] = {"tokenizer.json",
+                                    "tokenizer_config.json",
+                                    "special_tokens_map.json",
+                                    "generation_config.json",
+                                    "vocab.json",
+                                    "merges.txt"};
+
+}  // namespace
+
+int lm_train_command(const std::vector<std::string>& words) {
+  const Arguments arguments(
+      "meganeura train", words,
+      {"model",        "data",      "out",        "seq",    "batch",
+       "epochs",       "max-steps", "validation", "lr",     "optimizer",
+       "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
+       "seed",         "device",    "precision",  "resume", "checkpoint-every"},
+      {"help"});
+  if (arguments.has("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  const std::filesystem::path folder_path = arguments.text("model", "");
+  const std::optional<std::string> data_path = arguments.value("data");
+  if (!data_path) throw Error("--data FILE is required to train a language model");
+  const int64_t seq = arguments.integer("seq", 128);
+  const int64_t batch = arguments.integer("batch", 8);
+  const int64_t epochs = arguments.integer("epochs", 1);
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200);
+  const double validation = arguments.real("validation", 0.05);
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
+  if (seq <= 0 || batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
+    throw Error("--seq, --batch, --epochs and --checkpoint-every must be positive");
+  }
+  if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
+
+  // Everything the run reads is checked before anything is written.
+  const models::LlamaConfig config = models::load_llama_config(folder_path);
+  const io::ModelFolder folder = io::ModelFolder::open(folder_path);
+  models::check_llama_weights(folder, config);
+  if (seq > config.max_positions) {
+    throw Error("--seq " + std::to_string(seq) + " exceeds the model's " +
+                std::to_string(config.max_positions) + " positions");
+  }
+  const io::Tokenizer tokenizer = io::Tokenizer::load(folder_path / "tokenizer.json");
+  const std::optional<int32_t> separator =
+      config.eos_token_ids.empty() ? std::nullopt
+                                   : std::optional<int32_t>(config.eos_token_ids.front());
+  const TextData text = read_text_data(*data_path, tokenizer, separator);
+  const int64_t sequences = (static_cast<int64_t>(text.tokens.size()) - 1) / seq;
+  const int64_t held_out =
+      validation > 0 && sequences > 1
+          ? std::clamp<int64_t>(std::llround(validation * sequences), 1, sequences - 1)
+          : 0;
+  const int64_t training_sequences = sequences - held_out;
+  if (training_sequences < batch) {
+    throw Error(*data_path + " gives " + std::to_string(text.tokens.size()) + " tokens, " +
+                std::to_string(training_sequences) + " training sequences of --seq " +
+                std::to_string(seq) + ": fewer than one --batch of " + std::to_string(batch));
+  }
+  const int64_t steps_per_epoch = training_sequences / batch;
+  const int64_t total_steps =
+      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
+  if (total_steps <= 0) throw Error("--max-steps must be positive");
+  OptimizerDefaults defaults;
+  defaults.optimizer = "adamw";
+  defaults.learning_rate = 5e-5;
+  defaults.schedule = "cosine";
+  OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  if (!arguments.has("warmup"))
+    optimizer.warmup_steps = std::min<int64_t>(100, optimizer.total_steps / 10);
+  if (!arguments.has("clip")) optimizer.clip_norm = 1.0;
+  const nlohmann::json model_json = {{"kind", "llama"}, {"config", folder.config()}};
+  std::optional<io::Checkpoint> resumed;
+  if (const auto path = arguments.value("resume")) {
+    resumed = io::load_checkpoint(*path);
+    io::check_same_model(model_json, resumed->model_config, *path);
+  }
+
+  const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
+  prepare_out_dir(out_dir);
+  std::fprintf(stderr,
+               "data: %lld documents, %zu tokens: %lld training and %lld validation sequences of "
+               "%lld tokens\n",
+               static_cast<long long>(text.documents), text.tokens.size(),
+               static_cast<long long>(training_sequences), static_cast<long long>(held_out),
+               static_cast<long long>(seq));
+
+  SessionOptions options;
+  options.shared_device = open_shared_device(arguments.text("device", ""));
+  options.shared_tensors = make_shared_tensors(options.shared_device);
+  // Every parameter is written from the folder (or the checkpoint) before the first run.
+  options.initialise_parameters = false;
+  options.precision = parse_precision(arguments.text("precision", "strict"));
+  options.seed = seed;
+  Graph training_graph = models::llama_loss_graph(config, batch, seq);
+  add_training(training_graph, training_graph.output(models::kLoss), optimizer);
+  Session training(training_graph, options);
+  std::unique_ptr<Session> evaluation;
+  if (held_out > 0)
+    evaluation = std::make_unique<Session>(models::llama_loss_graph(config, batch, seq), options);
+  std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  print_precision(options.precision, training.report());
+  std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s\n",
+               training.report().build_seconds, training.report().dispatches,
+               evaluation ? " and evaluation program" : "");
+
+  int64_t step = 0;
+  if (resumed) {
+    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    step = resumed->step;
+    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+                 static_cast<long long>(step));
+  } else {
+    models::load_llama_weights(training, folder, config);
+  }
+
+  const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
+  io::JsonlWriter metrics(out_dir / "metrics.jsonl");
+  const auto save = [&] {
+    io::Checkpoint checkpoint;
+    checkpoint.model_config = model_json;
+    checkpoint.step = step;
+    checkpoint.epoch = step / steps_per_epoch;
+    checkpoint.optimizer = optimizer_json(optimizer);
+    checkpoint.extra = {{"seq", seq}, {"batch", batch}, {"seed", seed}};
+    checkpoint.tensors = session_tensors(training);
+    io::save_checkpoint(checkpoint_path, checkpoint);
+  };
+  std::vector<int32_t> ids, labels;
+  const auto validation_loss = [&]() {
+    double total = 0;
+    int64_t counted = 0;
+    for (int64_t first = training_sequences; first < sequences; first += batch) {
+      std::vector<int64_t> starts;
+      for (int64_t s = first; s < std::min(sequences, first + batch); ++s)
+        starts.push_back(s * seq);
+      fill_batch(text.tokens, starts, batch, seq, ids, labels);
+      evaluation->set_input(models::kInputIds, ids);
+      evaluation->set_input(models::kLabels, labels);
+      evaluation->run();
+      const int64_t tokens = static_cast<int64_t>(starts.size()) * seq;
+      total += evaluation->scalar_output(models::kLoss) * static_cast<double>(tokens);
+      counted += tokens;
+    }
+    return total / static_cast<double>(counted);
+  };
+
+  install_stop_handlers();
+  io::Series loss_series{"training loss", {}}, validation_series{"validation loss", {}};
+  ProgressLine progress;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first_step = step;
+  double smoothed = NAN, last_validation = NAN;
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+  while (step < total_steps && !stop_requested) {
+    const int64_t epoch = step / steps_per_epoch;
+    if (epoch != order_epoch) {
+      order = epoch_order(training_sequences, seed, epoch);
+      order_epoch = epoch;
+    }
+    const int64_t position = (step % steps_per_epoch) * batch;
+    std::vector<int64_t> starts;
+    for (int64_t r = 0; r < batch; ++r) starts.push_back(order[position + r] * seq);
+    fill_batch(text.tokens, starts, batch, seq, ids, labels);
+    training.set_input(models::kInputIds, ids);
+    training.set_input(models::kLabels, labels);
+    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+      if (training.has_input(name))
+        training.set_input(name, std::vector<float>{static_cast<float>(value)});
+    }
+    training.run();
+    ++step;
+    const double loss = training.scalar_output(models::kLoss);
+    if (!std::isfinite(loss)) {
+      progress.finish();
+      throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
+                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
+    }
+    smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
+    char line[256];
+    std::snprintf(
+        line, sizeof(line), "epoch %lld/%lld %s step %lld/%lld loss %.4f %.0f tokens/s ETA %s",
+        static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
+        bar(static_cast<double>(step) / total_steps).c_str(), static_cast<long long>(step),
+        static_cast<long long>(total_steps), smoothed, steps_per_second * batch * seq,
+        format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
+    progress.update(line, step == total_steps);
+    if (step % 10 == 0 || step == total_steps) {
+      loss_series.points.emplace_back(step, smoothed);
+      metrics.write({{"step", step},
+                     {"epoch", epoch + 1},
+                     {"loss", loss},
+                     {"smoothed_loss", smoothed},
+                     {"learning_rate",
+                      learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+                     {"tokens_per_second", steps_per_second * batch * seq}});
+    }
+    const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
+    if (evaluation && (epoch_end || step % checkpoint_every == 0)) {
+      last_validation = validation_loss();
+      validation_series.points.emplace_back(step, last_validation);
+      metrics.write({{"step", step}, {"validation_loss", last_validation}});
+      progress.finish();
+      std::fprintf(stderr, "step %lld: validation loss %.4f (perplexity %.2f)\n",
+                   static_cast<long long>(step), last_validation, std::exp(last_validation));
+    }
+    if (step % checkpoint_every == 0) save();
+  }
+  progress.finish();
+  save();
+  if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
+
+  io::SaveOptions save_options;
+  for (const char* name : kCopiedFiles) {
+    if (std::filesystem::exists(folder_path / name))
+      save_options.copy_files.push_back(folder_path / name);
+  }
+  nlohmann::json saved_config = folder.config();
+  if (saved_config.contains("torch_dtype")) saved_config["torch_dtype"] = "float32";
+  if (saved_config.contains("dtype")) saved_config["dtype"] = "float32";
+  io::save_model_folder(out_dir / "model", saved_config, models::llama_weights(training, config),
+                        save_options);
+
+  io::Chart chart;
+  chart.title = "meganeura train: " + folder_path.filename().string() + " on " +
+                std::filesystem::path(*data_path).filename().string();
+  std::vector<io::Series> series = {loss_series};
+  if (!validation_series.points.empty()) series.push_back(validation_series);
+  chart.panels.push_back({"loss", "step", "cross-entropy", series});
+  io::write_chart_png(out_dir / "training.png", chart);
+  std::printf("checkpoint: %s\nmodel: %s\nmetrics: %s\nplot: %s\n", checkpoint_path.c_str(),
+              (out_dir / "model").c_str(), (out_dir / "metrics.jsonl").c_str(),
+              (out_dir / "training.png").c_str());
+  if (!std::isnan(last_validation))
+    std::printf("validation loss: %.4f (perplexity %.2f)\n", last_validation,
+                std::exp(last_validation));
+  return stop_requested ? 130 : 0;
+}
+
+}  // namespace mg::cli

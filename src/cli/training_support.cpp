@@ -1,0 +1,122 @@
+#include "cli/training_support.hpp"
+
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+
+#include "backends/vulkan/runtime/gpu.hpp"
+
+namespace mg::cli {
+
+std::atomic<bool> stop_requested{false};
+
+namespace {
+
+void request_stop(int) {
+  stop_requested = true;
+}
+
+}  // namespace
+
+void install_stop_handlers() {
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+}
+
+std::string default_out_dir() {
+  const std::time_t now = std::time(nullptr);
+  char buffer[64];
+  std::strftime(buffer, sizeof(buffer), "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buffer;
+}
+
+void prepare_out_dir(const std::filesystem::path& out_dir) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    throw Error("cannot create the output directory " + out_dir.string() + " (" + error.message() +
+                "): pass --out with a directory you can write");
+  }
+  if (::access(out_dir.c_str(), W_OK) != 0) {
+    throw Error("the output directory " + out_dir.string() +
+                " is not writable: pass --out with a directory you can write");
+  }
+}
+
+std::string format_duration(double seconds) {
+  const int64_t total = static_cast<int64_t>(std::max(0.0, seconds));
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%lld:%02lld", static_cast<long long>(total / 60),
+                static_cast<long long>(total % 60));
+  return buffer;
+}
+
+OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps,
+                               const OptimizerDefaults& defaults) {
+  OptimizerConfig config;
+  config.kind = parse_optimizer(arguments.text("optimizer", defaults.optimizer));
+  config.learning_rate = arguments.real("lr", defaults.learning_rate);
+  config.weight_decay = arguments.real("weight-decay", defaults.weight_decay);
+  config.momentum = arguments.real("momentum", 0.9);
+  config.clip_norm = arguments.real("clip", 0.0);
+  config.warmup_steps = arguments.integer("warmup", 0);
+  config.accumulation_steps = arguments.integer("accumulate", 1);
+  if (config.accumulation_steps <= 0) throw Error("--accumulate must be positive");
+  // The schedule runs over optimizer updates, and a final incomplete group never applies.
+  config.total_steps = std::max<int64_t>(1, total_steps / config.accumulation_steps);
+  const std::string schedule = arguments.text("schedule", defaults.schedule);
+  if (schedule == "constant") {
+    config.schedule = OptimizerConfig::Schedule::constant;
+  } else if (schedule == "warmup") {
+    config.schedule = OptimizerConfig::Schedule::linear_warmup;
+  } else if (schedule == "cosine") {
+    config.schedule = OptimizerConfig::Schedule::cosine;
+  } else {
+    throw Error("unknown --schedule '" + schedule + "' (constant, warmup or cosine)");
+  }
+  if (config.learning_rate <= 0) throw Error("--lr must be positive");
+  return config;
+}
+
+nlohmann::json optimizer_json(const OptimizerConfig& config) {
+  return {{"kind", optimizer_name(config.kind)},
+          {"learning_rate", config.learning_rate},
+          {"weight_decay", config.weight_decay},
+          {"momentum", config.momentum},
+          {"clip_norm", config.clip_norm},
+          {"warmup_steps", config.warmup_steps},
+          {"total_steps", config.total_steps},
+          {"schedule", static_cast<int>(config.schedule)},
+          {"accumulation_steps", config.accumulation_steps}};
+}
+
+ProgressLine::ProgressLine() : terminal_(::isatty(STDERR_FILENO) != 0) {}
+
+void ProgressLine::update(const std::string& text, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  const double since = std::chrono::duration<double>(now - last_).count();
+  if (!force && since < (terminal_ ? 0.2 : 5.0)) return;
+  last_ = now;
+  std::fprintf(stderr, terminal_ ? "\r\033[K%s" : "%s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+void ProgressLine::finish() {
+  if (terminal_) std::fputc('\n', stderr);
+}
+
+std::string bar(double fraction) {
+  const int width = 20;
+  const int filled = static_cast<int>(std::round(std::clamp(fraction, 0.0, 1.0) * width));
+  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+}
+
+bool running_on_cpu_device(const std::string& selector) {
+  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
+  return devices[gpu::choose_device(devices, selector)].kind == gpu::DeviceKind::cpu;
+}
+
+}  // namespace mg::cli
