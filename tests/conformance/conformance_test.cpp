@@ -1,13 +1,13 @@
 // Op conformance, in the spirit of ggml's test-backend-ops: every registered op (but the leaves)
-// has a lowering on the device and a case (op_cases.cpp) that runs it there against the f64
-// reference interpreter, for each dtype its case lists. An op added to the registry without
-// either fails EveryOpHasALoweringAndACase with what is missing.
+// has a reference evaluation, a lowering on the device and a case (op_cases.cpp) that runs it
+// there against the f64 reference interpreter, for each dtype its case lists (and, in
+// gradient_test.cpp, its VJP against finite differences). An op added to the registry without
+// one of them fails EveryOpHasALoweringAndACase with what is missing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <random>
 #include <set>
 #include <string>
 
@@ -35,6 +35,9 @@ TEST(Conformance, EveryOpHasALoweringAndACase) {
   }
   for (const std::string& op : op_names()) {
     if (is_leaf_op(op)) continue;
+    EXPECT_TRUE(op_def(op).reference)
+        << "op '" << op << "' has no reference evaluation: give its OpDef a `reference` in its "
+        << "family file under src/ops/ (the f64 oracle of every test)";
     EXPECT_TRUE(is_view_op(op) || std::find(lowered.begin(), lowered.end(), op) != lowered.end())
         << "op '" << op << "' has no lowering: give it a LoweringEntry in the kernel archetype "
         << "file that runs it (src/backends/vulkan/kernels/*.cpp, listed in lowering.cpp)";
@@ -68,18 +71,7 @@ void run_case(const OpCase& c, DType dtype, uint64_t seed) {
   CaseGraph built(dtype);
   c.build(built);
   const Graph& graph = built.graph;
-  std::mt19937_64 generator(seed);
-  Environment environment;
-  for (const CaseInput& spec : built.inputs) {
-    HostTensor value(spec.shape);
-    for (double& element : value.data) {
-      const double drawn = std::uniform_real_distribution<double>(spec.low, spec.high)(generator);
-      element = spec.dtype == DType::i32 || spec.whole
-                    ? std::floor(drawn)
-                    : static_cast<double>(static_cast<float>(drawn));
-    }
-    environment.leaves[spec.name] = value;
-  }
+  const Environment environment = draw_inputs(built, seed);
   const std::vector<HostTensor> reference = evaluate(graph, environment);
 
   SessionOptions options;
@@ -95,7 +87,7 @@ void run_case(const OpCase& c, DType dtype, uint64_t seed) {
   Session session(graph, options);
   for (const CaseInput& spec : built.inputs) {
     if (!session.has_input(spec.name)) continue;
-    const std::vector<double>& data = environment.leaves[spec.name].data;
+    const std::vector<double>& data = environment.leaves.at(spec.name).data;
     if (spec.dtype == DType::i32) {
       const std::vector<int32_t> values(data.begin(), data.end());
       session.set_input(spec.name, values);

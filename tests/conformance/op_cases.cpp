@@ -1,7 +1,9 @@
 #include "op_cases.hpp"
 
 #include <array>
+#include <cmath>
 #include <map>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -40,6 +42,22 @@ Tensor CaseGraph::indices(std::string name, Shape shape, int64_t rows) {
 
 void CaseGraph::out(Tensor value) {
   graph.set_output("y", value.id());
+}
+
+Environment draw_inputs(const CaseGraph& built, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  Environment environment;
+  for (const CaseInput& spec : built.inputs) {
+    HostTensor value(spec.shape);
+    for (double& element : value.data) {
+      const double drawn = std::uniform_real_distribution<double>(spec.low, spec.high)(generator);
+      element = spec.dtype == DType::i32 || spec.whole
+                    ? std::floor(drawn)
+                    : static_cast<double>(static_cast<float>(drawn));
+    }
+    environment.leaves[spec.name] = value;
+  }
+  return environment;
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meganeura/ops.hpp"
+#include "ops/interpreter.hpp"
 
 namespace mg::conformance {
 
@@ -57,5 +58,9 @@ struct OpCase {
 
 // Every case, one or more per registered op other than the leaves.
 const std::vector<OpCase>& op_cases();
+
+// Seeded values of a case's inputs, as the device stores them (f32 values; whole numbers where
+// asked; f16 inputs are rounded by the reference and the device alike).
+Environment draw_inputs(const CaseGraph& built, uint64_t seed);
 
 }  // namespace mg::conformance
