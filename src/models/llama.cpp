@@ -146,16 +146,25 @@ Weights declare_weights(Graph& graph, const LlamaConfig& config) {
 // and sin [S, D] (already broadcastable as [1, 1, S, D]) in transformers' rotate-half form.
 struct Rotary {
   std::optional<Tensor> cos, sin;
+  // rotate_half as a product: x [..., D] times this signed permutation [D, D] gives
+  // (-x[D/2:], x[:D/2]) exactly (one term a sum), in one launch instead of slices and a concat.
+  std::optional<Tensor> half_turn;
   double theta = 0;
 };
 
 Tensor rotate(Tensor x, const Rotary& rotary) {
   if (!rotary.cos) return rope(x, rotary.theta);
-  const int64_t half = x.dim(-1) / 2;
-  const Tensor first = slice(x, -1, 0, half);
-  const Tensor second = slice(x, -1, half, 2 * half);
-  const Tensor rotated = concat({neg(second), first}, -1);
-  return x * *rotary.cos + rotated * *rotary.sin;
+  return x * *rotary.cos + matmul(x, *rotary.half_turn) * *rotary.sin;
+}
+
+Tensor half_turn_matrix(Graph& graph, int64_t dim) {
+  std::vector<double> values(dim * dim, 0.0);
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    values[(i + half) * dim + i] = -1.0;  // out[i] = -x[i + D/2]
+    values[i * dim + i + half] = 1.0;     // out[i + D/2] = x[i]
+  }
+  return Tensor(&graph, graph.constant(std::move(values), TensorType{DType::f32, {dim, dim}}));
 }
 
 // cos and sin of position * frequency for positions 0..length-1, [length, D] (each frequency
@@ -184,6 +193,7 @@ Rotary rotary_for_sequence(Graph& graph, const LlamaConfig& config, int64_t seq)
   const TensorType type{DType::f32, {seq, config.head_dim}};
   rotary.cos = Tensor(&graph, graph.constant(std::move(cos_table), type));
   rotary.sin = Tensor(&graph, graph.constant(std::move(sin_table), type));
+  rotary.half_turn = half_turn_matrix(graph, config.head_dim);
   return rotary;
 }
 
@@ -447,6 +457,7 @@ Graph llama_decode_graph(const LlamaConfig& config, int64_t cache_length) {
   Rotary rotary;
   rotary.cos = reshape(gather(cos_all, position), {1, 1, 1, config.head_dim});
   rotary.sin = reshape(gather(sin_all, position), {1, 1, 1, config.head_dim});
+  rotary.half_turn = half_turn_matrix(graph, config.head_dim);
 
   // Row r of a cache is this token's where r == position; attention sees rows 0..position.
   std::vector<double> rows(cache_length);
