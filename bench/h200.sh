@@ -32,6 +32,12 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   $bin/test_gpu > "$out/test_gpu.txt" 2>&1
   echo "test_gpu exit $?" >> "$out/test_gpu.txt"
   grep -E "tests ran|PASSED  \]|FAILED  \]|SKIPPED \]|test_gpu exit" "$out/test_gpu.txt" | tail -12
+  # Every registered op on this device against the reference (cooperative-matrix cases too).
+  if [ -x "$bin/test_conformance" ]; then
+    $bin/test_conformance > "$out/test_conformance.txt" 2>&1
+    echo "test_conformance exit $?" >> "$out/test_conformance.txt"
+    grep -E "tests ran|PASSED  \]|FAILED  \]|test_conformance exit" "$out/test_conformance.txt" | tail -6
+  fi
 fi
 if [ "${RUN_KERNELS:-1}" = 1 ]; then
   # One process per case family, so that a failing family leaves the others' rows.
