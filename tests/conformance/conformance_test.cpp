@@ -77,6 +77,13 @@ void run_case(const OpCase& c, DType dtype, uint64_t seed) {
   SessionOptions options;
   options.validation = !c.needs_cooperative_matrices;  // Debian's layer predates KHR matrices
   options.guard_bytes = 64;
+  // GPUs rewrite convolutions into im2col and a product (or Winograd's transforms): keep the
+  // op's own kernel, which is what this case checks.
+  Switches switches = Switches::from_environment();
+  switches.im2col = false;
+  switches.winograd_conv = false;
+  switches.winograd_weight_grad = false;
+  options.switches = switches;
   if (c.needs_cooperative_matrices) {
     options.precision = Precision::fast;
     const BuildReport probe = cooperative_matrix_probe(options);
