@@ -13,28 +13,15 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/cli_runner.hpp"
 #include "io/checkpoint.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status = -1;
-  std::string output;
-};
-
-Result run(const std::string& arguments) {
-  Result result;
-  const std::string command = std::string(MEGANEURA_BINARY) + " " + arguments + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  char buffer[4096];
-  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe))
-    result.output.append(buffer, read);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using cli_test::Result;
+using cli_test::run;
 
 fs::path scratch(const std::string& name) {
   const fs::path path =

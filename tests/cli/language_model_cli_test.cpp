@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_runner.hpp"
 #include "io/checkpoint.hpp"
 #include "io/model_folder.hpp"
 
@@ -18,23 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status = -1;
-  std::string output;
-};
-
-Result run(const std::string& arguments, bool with_stderr = true) {
-  Result result;
-  const std::string command =
-      std::string(MEGANEURA_BINARY) + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = ::popen(command.c_str(), "r");
-  char buffer[4096];
-  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe))
-    result.output.append(buffer, read);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using cli_test::Result;
+using cli_test::run;
 
 // A copy of the tiny transformers folder with the SmolLM2-style tokenizer beside its weights.
 fs::path model_folder(const std::string& name) {

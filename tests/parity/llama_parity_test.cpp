@@ -18,20 +18,10 @@
 #include "meganeura/session.hpp"
 #include "meganeura/train.hpp"
 #include "models/llama.hpp"
+#include "parity/run_command.hpp"
 
 namespace mg {
 namespace {
-
-std::string run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return output;
-  char buffer[4096];
-  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, read);
-  const int status = ::pclose(pipe);
-  EXPECT_EQ(status, 0) << "command failed: " << command << "\n" << output;
-  return output;
-}
 
 nlohmann::json tiny_config(bool variant) {
   nlohmann::json config = {{"model_type", "llama"},       {"vocab_size", 96},

@@ -12,20 +12,10 @@
 #include "io/safetensors.hpp"
 #include "meganeura/session.hpp"
 #include "models/classifier.hpp"
+#include "parity/run_command.hpp"
 
 namespace mg {
 namespace {
-
-std::string run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return output;
-  char buffer[4096];
-  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, read);
-  const int status = ::pclose(pipe);
-  EXPECT_EQ(status, 0) << "command failed: " << command << "\n" << output;
-  return output;
-}
 
 void expect_parity(const std::string& architecture, int64_t batch, int steps, double tolerance) {
   const std::filesystem::path directory =

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "io/model_folder.hpp"
+#include "parity/run_command.hpp"
 
 namespace mg {
 namespace {
@@ -71,16 +72,6 @@ struct Format {
 const Format kFormats[] = {{DType::f32, "f32", "torch.float32"},
                            {DType::f16, "f16", "torch.float16"},
                            {DType::bf16, "bf16", "torch.bfloat16"}};
-
-std::string run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return output;
-  char buffer[4096];
-  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, read);
-  EXPECT_EQ(::pclose(pipe), 0) << "command failed: " << command << "\n" << output;
-  return output;
-}
 
 // Saves one folder per format from seeded values spanning 2^-15 .. 2^16, runs the driver and
 // returns its report.
