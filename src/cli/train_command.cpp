@@ -19,16 +19,16 @@ namespace mg::cli {
 namespace {
 
 constexpr const char* kHelp = R"(usage: meganeura train [options]
+       meganeura train --model MODEL_DIR --data FILE [options]
 
-With --model MODEL_DIR (a Hugging Face language-model folder) it fine-tunes that model on text
-instead: see 'meganeura train --model MODEL_DIR --help'. Otherwise it trains a classifier on
-Fashion-MNIST on the GPU, evaluates it on the test set after each epoch,
-and writes into --out: checkpoint.safetensors (every --checkpoint-every steps, each epoch and at
+The second form fine-tunes a Hugging Face language-model folder on text: see 'meganeura train
+--model MODEL_DIR --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates
+it on the test set after each epoch, and writes into --out: checkpoint.safetensors (every --checkpoint-every steps, each epoch and at
 the end), metrics.jsonl (one JSON object per logged step and per epoch) and training.png (loss
 and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint.
 
   --out DIR             output folder (default runs/<timestamp>)
-  --model cnn|mlp       architecture (default cnn)
+  --model cnn|mlp       architecture (default cnn); a folder path selects the second form
   --epochs N            passes over the training set (default 3 on a GPU; 1 on a CPU device)
   --limit N             use only the first N training images (default: all on a GPU; 36000 on
                         a CPU device such as Lavapipe, where the default run takes about
