@@ -47,8 +47,6 @@ std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector = "",
 // live as long as this object and any Session built with it.
 class SharedTensors;
 std::shared_ptr<SharedTensors> make_shared_tensors(std::shared_ptr<SharedDevice> device);
-// Names of the tensors created so far, in the order they were created.
-std::vector<std::string> shared_tensor_names(const SharedTensors& tensors);
 
 struct SessionOptions {
   std::string device;  // "" = automatic (or MEGANEURA_DEVICE), an index or a name part

@@ -10,6 +10,7 @@
 
 #include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
+#include "cli/bench_timing.hpp"
 #include "cli/commands.hpp"
 #include "ir/op_names.hpp"
 #include "meganeura/autodiff.hpp"
@@ -304,28 +305,6 @@ std::vector<BenchCase> bench_cases(bool small) {
   add_twins(kFastCasePrefixes, " fast", DType::f32);
   add_twins(kF16CasePrefixes, " f16", DType::f16);
   return cases;
-}
-
-// A GPU lowers its clocks while idle, and raises them only under sustained load: while a case's
-// parameters are generated and uploaded its clock can drop to a fraction, and the first runs
-// after it are slow. So every case runs back to back for
-// kWarmupSeconds (at least 3 runs) before anything is timed; bench/kernels_pytorch.py does
-// the same.
-constexpr double kWarmupSeconds = 0.3;
-
-void warm_up(const std::function<void()>& run) {
-  const auto start = std::chrono::steady_clock::now();
-  for (int runs = 0;
-       runs < 3 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
-                       kWarmupSeconds;
-       ++runs) {
-    run();
-  }
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // Device-to-device copy bandwidth (bytes read plus written per second): a compute kernel that

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "cli/arguments.hpp"
+#include "cli/bench_timing.hpp"
 #include "cli/commands.hpp"
 #include "meganeura/session.hpp"
 #include "meganeura/train.hpp"
@@ -43,22 +44,18 @@ on transient values against giving each its own bytes.
   --device SEL    device index or part of its name (default: best available)
 )";
 
-constexpr double kWarmupSeconds = 0.3;
-
+// Wall-clock milliseconds of one run (the host's waits included), median of `runs`.
 double median_ms(const std::function<void()>& run, int64_t runs) {
-  const auto now = [] { return std::chrono::steady_clock::now(); };
-  const auto warm_start = now();
-  for (int i = 0;
-       i < 3 || std::chrono::duration<double>(now() - warm_start).count() < kWarmupSeconds; ++i)
-    run();
+  warm_up(run);
   std::vector<double> times;
   for (int64_t i = 0; i < runs; ++i) {
-    const auto start = now();
+    const auto start = std::chrono::steady_clock::now();
     run();
-    times.push_back(std::chrono::duration<double, std::milli>(now() - start).count());
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(std::move(times));
 }
 
 double gpu_ms(Session& session, int64_t runs) {
@@ -67,8 +64,7 @@ double gpu_ms(Session& session, int64_t runs) {
     session.run();
     times.push_back(session.last_run_gpu_ms());
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(std::move(times));
 }
 
 // SmolLM2-135M's config.json.
@@ -148,7 +144,6 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
     const models::Generation generation = generator.generate(ids, decode_tokens, greedy);
     rates.push_back(static_cast<double>(generation.decode_steps) / generation.decode_seconds);
   }
-  std::sort(rates.begin(), rates.end());
 
   SessionOptions timed = options;
   timed.time_runs = true;
@@ -175,7 +170,7 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
             {"inference_gpu_ms", gpu_ms(timed_inference, runs)},
             {"training_ms", training_ms},
             {"training_gpu_ms", gpu_ms(timed_training, runs)},
-            {"decode_tokens_per_second", rates[rates.size() / 2]}}},
+            {"decode_tokens_per_second", median(rates)}}},
           {"memory",
            {{"training_device_bytes", device_bytes},
             {"transient_logical_bytes", report.transient_logical_bytes},

@@ -5,13 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <numeric>
-#include <random>
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
+#include "data/batcher.hpp"
 #include "io/checkpoint.hpp"
 #include "io/jsonl.hpp"
 #include "io/model_folder.hpp"
@@ -91,15 +90,6 @@ TextData read_text_data(const std::filesystem::path& path, const io::Tokenizer& 
     add(std::string(std::istreambuf_iterator<char>(file), {}));
   }
   return data;
-}
-
-// Sequence order for one epoch: a permutation of the training sequences by (seed, epoch).
-std::vector<int64_t> epoch_order(int64_t count, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> order(count);
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 generator(seed * 1000003 + static_cast<uint64_t>(epoch));
-  std::shuffle(order.begin(), order.end(), generator);
-  return order;
 }
 
 // Fills ids and labels of `rows` sequences starting at token offsets `starts` (labels: the next
@@ -270,17 +260,17 @@ int lm_train_command(const std::vector<std::string>& words) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t first_step = step;
   double smoothed = NAN, last_validation = NAN;
-  std::vector<int64_t> order;
+  std::vector<uint32_t> order;
   int64_t order_epoch = -1;
   while (step < total_steps && !stop_requested) {
     const int64_t epoch = step / steps_per_epoch;
     if (epoch != order_epoch) {
-      order = epoch_order(training_sequences, seed, epoch);
+      order = data::epoch_order(training_sequences, seed, epoch);
       order_epoch = epoch;
     }
     const int64_t position = (step % steps_per_epoch) * batch;
     std::vector<int64_t> starts;
-    for (int64_t r = 0; r < batch; ++r) starts.push_back(order[position + r] * seq);
+    for (int64_t r = 0; r < batch; ++r) starts.push_back(int64_t{order[position + r]} * seq);
     fill_batch(text.tokens, starts, batch, seq, ids, labels);
     training.set_input(models::kInputIds, ids);
     training.set_input(models::kLabels, labels);

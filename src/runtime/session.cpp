@@ -150,7 +150,7 @@ class SharedTensors {
  public:
   explicit SharedTensors(std::shared_ptr<SharedDevice> shared) : device(std::move(shared)) {}
   ~SharedTensors() {
-    for (const std::string& name : order) device->device->destroy_buffer(entries.at(name).buffer);
+    for (const auto& [name, entry] : entries) device->device->destroy_buffer(entry.buffer);
   }
   SharedTensors(const SharedTensors&) = delete;
   SharedTensors& operator=(const SharedTensors&) = delete;
@@ -161,7 +161,6 @@ class SharedTensors {
   };
   std::shared_ptr<SharedDevice> device;
   std::map<std::string, Entry, std::less<>> entries;
-  std::vector<std::string> order;
   // Counts the changes of these tensors by runs and writes, so that a Session knows when the
   // results of its setup (derived from tensors it never changes itself) are stale.
   uint64_t generation = 0;
@@ -170,10 +169,6 @@ class SharedTensors {
 std::shared_ptr<SharedTensors> make_shared_tensors(std::shared_ptr<SharedDevice> device) {
   if (!device) throw Error("make_shared_tensors needs an open device (open_shared_device)");
   return std::make_shared<SharedTensors>(std::move(device));
-}
-
-std::vector<std::string> shared_tensor_names(const SharedTensors& tensors) {
-  return tensors.order;
 }
 
 struct Session::Impl {
@@ -248,7 +243,6 @@ struct Session::Impl {
     const gpu::BufferId buffer = device->create_buffer(std::max<uint64_t>(type.bytes(), 4),
                                                        gpu::BufferUse::device, "shared " + name);
     shared->entries[name] = {type, buffer};
-    shared->order.push_back(name);
     created_shared.push_back(leaf);
     return buffer;
   }
