@@ -1,0 +1,72 @@
+// What every workload of `meganeura bench workloads` times and reports with.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+
+#include "cli/bench_timing.hpp"
+#include "cli/bench_workloads.hpp"
+#include "meganeura/switches.hpp"
+
+namespace mg::cli {
+
+double median_ms(const std::function<void()>& run, int64_t runs) {
+  warm_up(run);
+  std::vector<double> times;
+  for (int64_t i = 0; i < runs; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  return median(std::move(times));
+}
+
+double gpu_ms(Session& session, int64_t runs) {
+  std::vector<double> times;
+  for (int64_t i = 0; i < std::max<int64_t>(runs, 3); ++i) {
+    session.run();
+    times.push_back(session.last_run_gpu_ms());
+  }
+  return median(std::move(times));
+}
+
+std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> tokens(count);
+  for (int32_t& id : tokens) id = token(generator);
+  return tokens;
+}
+
+std::pair<double, double> compile_seconds(const Graph& graph, SessionOptions options) {
+  const std::filesystem::path cache = std::filesystem::temp_directory_path() /
+                                      ("meganeura-workload-cache-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(cache);
+  options.switches = Switches::from_environment({{"MEGANEURA_CACHE_DIR", cache.string()}});
+  options.shared_device.reset();
+  options.shared_tensors.reset();
+  // The build alone: random weights would take time in proportion to the model's size.
+  options.initialise_parameters = false;
+  double seconds[2];
+  for (double& measured : seconds) measured = Session(graph, options).report().build_seconds;
+  std::filesystem::remove_all(cache);
+  return {seconds[0], seconds[1]};
+}
+
+uint64_t device_bytes(const BuildReport& report) {
+  return report.persistent_bytes + report.shared_bytes + report.transient_physical_bytes;
+}
+
+nlohmann::json planner_json(const BuildReport& report) {
+  return {{"transient_logical_bytes", report.transient_logical_bytes},
+          {"transient_physical_bytes", report.transient_physical_bytes},
+          {"planner_saving", report.transient_logical_bytes
+                                 ? 1.0 - static_cast<double>(report.transient_physical_bytes) /
+                                             static_cast<double>(report.transient_logical_bytes)
+                                 : 0.0}};
+}
+
+}  // namespace mg::cli
