@@ -5,6 +5,9 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
 
 #include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
@@ -67,10 +70,37 @@ std::optional<std::string> model_option(const std::vector<std::string>& words) {
   return std::nullopt;
 }
 
+// What a model folder holds, from its config.json: transformers' "model_type", diffusers'
+// "_class_name" or LeRobot's "type".
+std::string model_folder_kind(const std::filesystem::path& folder) {
+  const std::filesystem::path config_path = folder / "config.json";
+  std::ifstream file(config_path);
+  if (!std::filesystem::is_directory(folder) || !file) {
+    throw Error("--model " + folder.string() +
+                " is not a model folder with a config.json (or a built-in model: cnn, mlp)");
+  }
+  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
+  if (!config.is_object()) throw Error(config_path.string() + " is not a JSON object");
+  for (const char* key : {"model_type", "_class_name", "type"}) {
+    if (config.contains(key) && config[key].is_string()) return config[key].get<std::string>();
+  }
+  throw Error(config_path.string() +
+              " names no model_type, _class_name or type: it is not a model folder that "
+              "meganeura train knows");
+}
+
 int train_command(const std::vector<std::string>& words) {
   if (const std::optional<std::string> model = model_option(words);
       model && (std::filesystem::is_directory(*model) || model->find('/') != std::string::npos)) {
-    return lm_train_command(words);
+    // Each kind of model folder has its own training job.
+    const std::map<std::string, int (*)(const std::vector<std::string>&)> jobs = {
+        {"llama", lm_train_command}};
+    const std::string kind = model_folder_kind(*model);
+    if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
+    std::string known;
+    for (const auto& [name, job] : jobs) known += (known.empty() ? "" : ", ") + name;
+    throw Error(*model + "/config.json describes a '" + kind +
+                "' model, which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments("meganeura train", words,
                             {"out",        "model",    "epochs",           "limit",
