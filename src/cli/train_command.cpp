@@ -71,18 +71,19 @@ std::optional<std::string> model_option(const std::vector<std::string>& words) {
 }
 
 // What a model folder holds, from its config.json: transformers' "model_type", diffusers'
-// "_class_name" or LeRobot's "type".
-std::string model_folder_kind(const std::filesystem::path& folder) {
+// "_class_name" or LeRobot's "type"; as {key, value}.
+std::pair<std::string, std::string> model_folder_kind(const std::filesystem::path& folder) {
   const std::filesystem::path config_path = folder / "config.json";
   std::ifstream file(config_path);
   if (!std::filesystem::is_directory(folder) || !file) {
-    throw Error("--model " + folder.string() +
-                " is not a model folder with a config.json (or a built-in model: cnn, mlp)");
+    throw Error("no model folder at " + folder.string() +
+                " (--model takes a folder with a config.json, or a built-in model: cnn, mlp)");
   }
   const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
   if (!config.is_object()) throw Error(config_path.string() + " is not a JSON object");
   for (const char* key : {"model_type", "_class_name", "type"}) {
-    if (config.contains(key) && config[key].is_string()) return config[key].get<std::string>();
+    if (config.contains(key) && config[key].is_string())
+      return {key, config[key].get<std::string>()};
   }
   throw Error(config_path.string() +
               " names no model_type, _class_name or type: it is not a model folder that "
@@ -95,12 +96,12 @@ int train_command(const std::vector<std::string>& words) {
     // Each kind of model folder has its own training job.
     const std::map<std::string, int (*)(const std::vector<std::string>&)> jobs = {
         {"llama", lm_train_command}};
-    const std::string kind = model_folder_kind(*model);
+    const auto [key, kind] = model_folder_kind(*model);
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
     for (const auto& [name, job] : jobs) known += (known.empty() ? "" : ", ") + name;
-    throw Error(*model + "/config.json describes a '" + kind +
-                "' model, which meganeura train cannot train (it trains: " + known + ")");
+    throw Error(*model + "/config.json has " + key + " \"" + kind +
+                "\", which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments("meganeura train", words,
                             {"out",        "model",    "epochs",           "limit",
