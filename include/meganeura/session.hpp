@@ -87,9 +87,15 @@ struct SessionOptions {
 };
 
 struct BuildReport {
-  std::string device;           // one-line device description
-  double build_seconds = 0;     // graph to ready pipelines and recorded commands
-  double pipeline_seconds = 0;  // part of build_seconds spent creating pipelines
+  std::string device;        // one-line device description
+  double build_seconds = 0;  // graph to ready pipelines and recorded commands
+  // Parts of build_seconds: opening the device (0 on a shared one), planning (passes, fusion,
+  // kernels, memory), creating pipelines and recording the command buffers; the rest is
+  // allocation and the upload of parameters.
+  double device_seconds = 0;
+  double plan_seconds = 0;
+  double pipeline_seconds = 0;
+  double record_seconds = 0;
   uint32_t pipelines = 0;
   uint32_t spirv_cache_hits = 0;
   size_t dispatches = 0;              // every run's

@@ -38,7 +38,7 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
   optimizer.kind = OptimizerConfig::Kind::adamw;
   optimizer.learning_rate = 1e-4;
   add_training(training_graph, training_graph.output(models::kLoss), optimizer);
-  const auto [cold, warm] = compile_seconds(training_graph, options);
+  const std::pair<BuildReport, BuildReport> builds = compile_reports(training_graph, options);
 
   Session training(training_graph, options);
   // Both sides compute every position's logits; neither moves them to the host (PyTorch's
@@ -76,23 +76,36 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
   for (const auto& [input, value] : optimizer_inputs(optimizer, 0))
     timed_training.set_input(input, std::vector<float>{static_cast<float>(value)});
 
+  const std::string mode(precision_name(precision));
+  write_workload_trace(bench, name + "-" + mode + "-inference",
+                       models::llama_next_token_graph(config, 1, seq), options,
+                       [&](Session& session) { session.set_input(models::kInputIds, ids); });
+  write_workload_trace(bench, name + "-" + mode + "-training", training_graph, options,
+                       [&](Session& session) {
+                         session.set_input(models::kInputIds, ids);
+                         session.set_input(models::kLabels, labels);
+                         for (const auto& [input, value] : optimizer_inputs(optimizer, 0))
+                           session.set_input(input, std::vector<float>{static_cast<float>(value)});
+                       });
+
   const BuildReport& report = training.report();
   nlohmann::json memory = planner_json(report);
   memory["training_device_bytes"] = device_bytes(report);
   return {{"framework", "meganeura"},
           {"model", name},
-          {"mode", std::string(precision_name(precision))},
+          {"mode", mode},
           {"device", report.device},
           {"config", {{"batch", 1}, {"seq", seq}, {"decode_tokens", decode_tokens}}},
           {"timings",
-           {{"compile_s", cold},
-            {"compile_warm_s", warm},
+           {{"compile_s", builds.first.build_seconds},
+            {"compile_warm_s", builds.second.build_seconds},
             {"inference_ms", inference_ms},
             {"inference_gpu_ms", gpu_ms(timed_inference, runs)},
             {"training_ms", training_ms},
             {"training_gpu_ms", gpu_ms(timed_training, runs)},
             {"decode_tokens_per_second", median(rates)}}},
           {"memory", memory},
+          {"compile_parts", compile_parts_json(builds)},
           {"dispatches",
            {{"inference", inference.report().dispatches},
             {"training", report.dispatches},

@@ -41,7 +41,7 @@ std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint64_t seed) 
   return tokens;
 }
 
-std::pair<double, double> compile_seconds(const Graph& graph, SessionOptions options) {
+std::pair<BuildReport, BuildReport> compile_reports(const Graph& graph, SessionOptions options) {
   const std::filesystem::path cache = std::filesystem::temp_directory_path() /
                                       ("meganeura-workload-cache-" + std::to_string(::getpid()));
   std::filesystem::remove_all(cache);
@@ -50,10 +50,33 @@ std::pair<double, double> compile_seconds(const Graph& graph, SessionOptions opt
   options.shared_tensors.reset();
   // The build alone: random weights would take time in proportion to the model's size.
   options.initialise_parameters = false;
-  double seconds[2];
-  for (double& measured : seconds) measured = Session(graph, options).report().build_seconds;
+  BuildReport cold = Session(graph, options).report();
+  BuildReport warm = Session(graph, options).report();
   std::filesystem::remove_all(cache);
-  return {seconds[0], seconds[1]};
+  return {std::move(cold), std::move(warm)};
+}
+
+nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& builds) {
+  const auto parts = [](const BuildReport& report) {
+    return nlohmann::json{
+        {"total_s", report.build_seconds},   {"device_s", report.device_seconds},
+        {"plan_s", report.plan_seconds},     {"pipelines_s", report.pipeline_seconds},
+        {"record_s", report.record_seconds}, {"pipelines", report.pipelines}};
+  };
+  return {{"cold", parts(builds.first)}, {"warm", parts(builds.second)}};
+}
+
+void write_workload_trace(const WorkloadOptions& options, const std::string& name,
+                          const Graph& graph, SessionOptions session_options,
+                          const std::function<void(Session&)>& prepare) {
+  if (options.trace_dir.empty()) return;
+  std::filesystem::create_directories(options.trace_dir);
+  session_options.profile = true;
+  session_options.time_runs = false;
+  Session session(graph, session_options);
+  prepare(session);
+  for (int run = 0; run < 3; ++run) session.run();
+  session.write_trace((std::filesystem::path(options.trace_dir) / (name + ".json")).string());
 }
 
 uint64_t device_bytes(const BuildReport& report) {

@@ -17,6 +17,7 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: meganeura bench workloads [--filter NAME] [--runs N] [--precision P] [--device SEL]
+                                 [--trace DIR]
 
 Times the study's workloads end to end with random weights at their real configurations, and
 prints one JSON object per workload and precision (the format of bench/workloads_pytorch.py,
@@ -38,6 +39,8 @@ on transient values against giving each its own bytes.
   --runs N        timed runs a cell (default 20)
   --precision P   strict, fast or both (default both)
   --device SEL    device index or part of its name (default: best available)
+  --trace DIR     also write a Chrome trace (per-dispatch GPU times) of each program as
+                  DIR/<workload>-<precision>-<program>.json (bench/trace_top.py sums them up)
 )";
 
 // One line of the table: the record's timings by name.
@@ -59,7 +62,7 @@ std::string table_row(const std::string& name, Precision precision, const nlohma
 
 int bench_workloads(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura bench workloads", words,
-                            {"filter", "runs", "precision", "device"}, {"help"});
+                            {"filter", "runs", "precision", "device", "trace"}, {"help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -78,7 +81,7 @@ int bench_workloads(const std::vector<std::string>& words) {
   }
   const std::string filter = arguments.text("filter", "");
   const std::string device = arguments.text("device", "");
-  const WorkloadOptions options{device, runs};
+  const WorkloadOptions options{device, runs, arguments.text("trace", "")};
   struct Workload {
     std::string name;
     std::function<nlohmann::json(Precision, const WorkloadOptions&)> run;

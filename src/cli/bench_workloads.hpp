@@ -15,17 +15,27 @@
 namespace mg::cli {
 
 struct WorkloadOptions {
-  std::string device;  // --device
-  int64_t runs = 20;   // --runs
+  std::string device;     // --device
+  int64_t runs = 20;      // --runs
+  std::string trace_dir;  // --trace: Chrome traces (per-dispatch GPU times) of each program
 };
+
+// With options.trace_dir set, builds `graph` again with per-dispatch timestamps, runs it after
+// `prepare` set its inputs, and writes the trace as trace_dir/<name>.json.
+void write_workload_trace(const WorkloadOptions& options, const std::string& name,
+                          const Graph& graph, SessionOptions session_options,
+                          const std::function<void(Session&)>& prepare);
 
 // Wall-clock milliseconds of one run (the host's waits included), median of `runs` after the
 // warm-up of bench_timing.hpp.
 double median_ms(const std::function<void()>& run, int64_t runs);
 // GPU milliseconds of one run of a session built with time_runs, median of max(runs, 3).
 double gpu_ms(Session& session, int64_t runs);
-// The cold and warm build of `graph`, each on a device opened afresh over a new kernel cache.
-std::pair<double, double> compile_seconds(const Graph& graph, SessionOptions options);
+// The reports of a cold and a warm build of `graph`, each on a device opened afresh, the first
+// over a new kernel cache and the second over the cache the first filled.
+std::pair<BuildReport, BuildReport> compile_reports(const Graph& graph, SessionOptions options);
+// {"cold": {...}, "warm": {...}} with the parts of each build (BuildReport's *_seconds).
+nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& builds);
 std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint64_t seed);
 // The device bytes a built program holds: persistent, shared and transient (as placed).
 uint64_t device_bytes(const BuildReport& report);

@@ -82,18 +82,27 @@ struct CrossEntropyRows {
 
 // cross_entropy(logits [N, C], labels i32 [N]) -> scalar: mean over rows whose label is not
 // ignore_index of (1 - s) * (-log p[label]) + s * mean_c(-log p[c]), s = label_smoothing
-// (PyTorch's semantics).
+// (PyTorch's semantics). With the attribute per_row = 1 (passes/split_reductions.cpp writes it,
+// so that rows reduce in parallel) -> [N, 2]: each row's term and 1, or 0 and 0 for an ignored
+// row; the mean is then their column sums' ratio. That form has no gradient: it exists only
+// after autodiff.
 OpDef cross_entropy_op() {
   return {
       .name = op::cross_entropy,
       .infer =
           [](const Graph& graph, const Node& node) {
             check_cross_entropy_inputs(graph, node, 2);
-            return TensorType{graph.type(node.inputs[0]).dtype, {}};
+            const TensorType& logits = graph.type(node.inputs[0]);
+            const int64_t per_row = node.attrs.get_int("per_row", 0);
+            if (per_row != 0 && per_row != 1) op_error(graph, node, "per_row must be 0 or 1");
+            if (per_row) return TensorType{logits.dtype, {logits.shape[0], 2}};
+            return TensorType{logits.dtype, {}};
           },
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const CrossEntropyRows rows(node, *in[0], *in[1]);
+            const bool per_row = node.attrs.get_int("per_row", 0) != 0;
+            HostTensor per_row_terms(per_row ? Shape{rows.rows(), 2} : Shape{});
             double total = 0;
             for (int64_t n = 0; n < rows.rows(); ++n) {
               const int64_t label = rows.label(op::cross_entropy, n);
@@ -103,14 +112,22 @@ OpDef cross_entropy_op() {
               double mean_negative_log_p = 0;
               for (int64_t c = 0; c < rows.classes; ++c) mean_negative_log_p += lse - x[c];
               mean_negative_log_p /= static_cast<double>(rows.classes);
-              total +=
+              const double term =
                   (1.0 - rows.smoothing) * (lse - x[label]) + rows.smoothing * mean_negative_log_p;
+              total += term;
+              if (per_row) {
+                per_row_terms.data[n * 2] = term;
+                per_row_terms.data[n * 2 + 1] = 1.0;
+              }
             }
+            if (per_row) return per_row_terms;
             return HostTensor({}, total / rows.count(op::cross_entropy));
           },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
+            if (node.attrs.get_int("per_row", 0) != 0)
+              op_error(graph, node, "has no gradient in its per_row form (made after autodiff)");
             return std::vector<ValueId>{
                 graph.add(op::cross_entropy_grad, {node.inputs[0], node.inputs[1], grad},
                           node.attrs),

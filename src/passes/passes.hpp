@@ -64,7 +64,8 @@ Graph im2col_convolutions(const Graph& graph, const target::Target& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
 
 // Two-step sums: a sum whose reduced axes lie on both sides of a kept axis and that has few
-// outputs first sums the reduced axes after that kept axis (see split_reductions.cpp).
+// outputs first sums the reduced axes after that kept axis; an f32 cross_entropy over many
+// logits becomes its per_row form and a sum (see split_reductions.cpp).
 Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Nested sums over leading axes (split-K partials [S, N, ...] summed over S and then over a

@@ -5,10 +5,15 @@
 // of a large GPU, a large part of its training step. The pass sums the reduced axes after the
 // last such kept axis first (one contiguous row per output, 64 x 16 of them there), then the
 // rest: two dispatches that both spread over the GPU.
+//
+// A cross-entropy loss over many long rows (a language model's [tokens, vocabulary] logits)
+// likewise: its scalar kernel is one workgroup, which would walk every logit alone. It becomes
+// the per_row form (each row's term and count, one row a segment across the GPU) and a sum.
 #include <algorithm>
 #include <optional>
 
 #include "ir/op_names.hpp"
+#include "meganeura/ops.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -19,6 +24,26 @@ namespace {
 constexpr int64_t kManyOutputs = 1024;
 // The first step's rows must be long enough to be worth a workgroup each.
 constexpr int64_t kMinInnerRow = 128;
+// Below this many logits one workgroup computes a cross-entropy loss as fast as two launches.
+constexpr int64_t kParallelLossLogits = 65536;
+
+bool splits_cross_entropy(const Graph& graph, const Node& node) {
+  if (node.op != op::cross_entropy || node.attrs.get_int("per_row", 0) != 0 ||
+      node.type.dtype != DType::f32)
+    return false;
+  const Shape& logits = graph.type(node.inputs[0]).shape;
+  return logits[0] >= 2 && logits[0] * logits[1] >= kParallelLossLogits;
+}
+
+// The mean of the counted rows' terms: their column sums' ratio, dividing by at least 1 as the
+// scalar form does.
+ValueId per_row_cross_entropy(Graph& target, Node node) {
+  node.attrs.set("per_row", int64_t{1});
+  const Tensor terms(&target, target.add(node.op, node.inputs, node.attrs));
+  const Tensor sums = sum(terms, {0});
+  const Tensor count = maximum(slice(sums, 0, 1, 2), full(target, {1}, 1.0));
+  return reshape(slice(sums, 0, 0, 1) / count, {}).id();
+}
 
 struct SplitSum {
   std::vector<int64_t> inner_axes;  // summed first (keepdims), then every axis of the node
@@ -121,6 +146,7 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
   return rebuild(
       graph, keep,
       [](Graph& target, ValueId, Node node) {
+        if (splits_cross_entropy(target, node)) return per_row_cross_entropy(target, node);
         const std::optional<SplitSum> split = split_of(target, node);
         if (!split) return target.add_typed(std::move(node));
         const ValueId inner = target.add(op::sum, node.inputs,

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -294,12 +296,53 @@ struct Session::Impl {
           std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end();
       if (!shared_elsewhere) leaves[node.name] = value;
     }
+    fill_constant_leaves(original, leaves);
     visit_initial_leaves(
         original, seed, !initialise_parameters,
         [&](const Node& node) { return leaves.count(node.name) > 0; },
         [&](const Node& node, std::span<const double> values) {
           write_values(leaves.at(node.name), values);
         });
+  }
+
+  // Leaves that start as one value (zeros, ones, a fill: optimizer state, norms' weights) are
+  // filled on the device and taken out of `leaves`: drawing them on the host and uploading them
+  // would cost time in proportion to the model's size. Constant leaves draw nothing from the
+  // generator, so the random leaves keep their values.
+  void fill_constant_leaves(const Graph& original,
+                            std::map<std::string, ValueId, std::less<>>& leaves) {
+    std::vector<gpu::Command> fills;
+    for (const Node& node : original.nodes()) {
+      if (node.op != op::parameter && node.op != op::state) continue;
+      const auto leaf = leaves.find(node.name);
+      if (leaf == leaves.end()) continue;
+      const Init init = leaf_init(node);
+      if (init.kind != Init::Kind::zeros && init.kind != Init::Kind::ones &&
+          init.kind != Init::Kind::fill)
+        continue;
+      const double value = init.kind == Init::Kind::zeros  ? 0.0
+                           : init.kind == Init::Kind::ones ? 1.0
+                                                           : init.a;
+      const TensorType& type = program.graph.type(leaf->second);
+      std::optional<uint32_t> word;
+      if (type.dtype == DType::f32) {
+        word = std::bit_cast<uint32_t>(static_cast<float>(value));
+      } else if (type.dtype == DType::i32 && value == std::trunc(value)) {
+        word = static_cast<uint32_t>(static_cast<int32_t>(value));
+      }
+      if (!word) continue;
+      gpu::Command fill;
+      fill.kind = gpu::Command::Kind::fill;
+      fill.fill.range = range_of(leaf->second);
+      fill.fill.range.bytes = type.bytes();
+      fill.fill.word = *word;
+      fills.push_back(fill);
+      leaves.erase(leaf);
+    }
+    if (fills.empty()) return;
+    const gpu::RecordingId recording = device->record(fills, gpu::Timing::none);
+    device->submit(recording);
+    device->destroy_recording(recording);
   }
 
   void write_values(ValueId value, std::span<const double> values) {
@@ -476,9 +519,14 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     throw Error("SessionOptions: guard_bytes cannot be used with shared_tensors");
   impl.shared = options.shared_tensors;
   const Switches switches = options.switches ? *options.switches : Switches::from_environment();
+  const auto seconds_since = [](std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  };
+  auto phase = std::chrono::steady_clock::now();
   impl.device = options.shared_device
                     ? options.shared_device->device
                     : gpu::Device::open(options.device, options.validation, switches);
+  impl.report.device_seconds = options.shared_device ? 0.0 : seconds_since(phase);
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
   const vulkan::VulkanTarget target =
@@ -486,7 +534,9 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.report.coop_matrix_available = target.cooperative_matrices();
   plan::PlanOptions plan_options = plan_options_of(info, options);
   plan_options.shared_leaves = impl.shared != nullptr;
+  phase = std::chrono::steady_clock::now();
   impl.program = plan::build_program(graph, target, plan_options);
+  impl.report.plan_seconds = seconds_since(phase);
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
@@ -546,6 +596,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     impl.seen_generation = impl.shared->generation;
   }
   impl.create_pipelines();
+  phase = std::chrono::steady_clock::now();
   for (Impl::RunSlot& slot : impl.slots) {
     slot.recording =
         impl.device->record(impl.commands(slot), options.profile     ? gpu::Timing::per_dispatch
@@ -558,6 +609,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     impl.owned_recordings.push_back(impl.setup_recording);
     impl.setup_due = true;
   }
+  impl.report.record_seconds = seconds_since(phase);
   impl.report.dispatches = impl.program.launches.size();
   impl.report.setup_dispatches = impl.program.setup.size();
   impl.report.coop_matrix_dispatches =
@@ -571,8 +623,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.report.transient_physical_bytes = impl.program.memory.physical_transient_bytes;
   impl.report.memory_plan = plan::describe_memory(impl.program);
   impl.report.dispatch_list = plan::describe_dispatches(impl.program);
-  impl.report.build_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  impl.report.build_seconds = seconds_since(start);
 }
 
 Session::~Session() = default;

@@ -403,6 +403,17 @@ std::vector<OpCase> attention_and_loss_cases() {
       {op::cross_entropy, [](CaseGraph& c) {
          c.out(cross_entropy(c.in("logits", {6, 11}, -3, 3), c.indices("labels", {6}, 11), 0.1));
        }});
+  // The per_row form and its sum (passes/split_reductions.cpp), with ignored rows; the second
+  // takes the long-row workgroup.
+  for (const Shape& shape : {Shape{40, 2000}, Shape{9, 9000}}) {
+    cases.push_back({op::cross_entropy, [shape](CaseGraph& c) {
+                       // Labels in [0, 3) with ignore_index 1: about a third of the rows
+                       // are ignored.
+                       const Tensor labels = c.indices("labels", {shape[0]}, 3);
+                       c.out(cross_entropy(c.in("logits", shape, -3, 3), labels, 0.1, 1));
+                       c.graph = passes::split_reductions(c.graph);
+                     }});
+  }
   cases.push_back({op::cross_entropy_grad, [](CaseGraph& c) {
                      const Tensor logits = c.in_f32("logits", {6, 11}, -3, 3);
                      c.out(

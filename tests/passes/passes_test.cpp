@@ -254,6 +254,32 @@ TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
   }
 }
 
+// A cross-entropy over many logits becomes its per_row form and a sum with the same loss
+// (ignored rows and label smoothing included); a small one stays one node.
+TEST(Passes, SplitReductionsComputesLargeCrossEntropyPerRow) {
+  std::mt19937_64 generator(31);
+  std::uniform_real_distribution<double> uniform(-4.0, 4.0);
+  for (const Shape& shape : {Shape{64, 1500}, Shape{16, 10}}) {
+    Graph graph;
+    Environment environment;
+    HostTensor logits(shape), labels({shape[0]});
+    for (double& value : logits.data) value = uniform(generator);
+    for (size_t n = 0; n < labels.data.size(); ++n)
+      labels.data[n] = n % 5 == 2 ? -100.0 : static_cast<double>(generator() % shape[1]);
+    environment.leaves["logits"] = logits;
+    environment.leaves["labels"] = labels;
+    graph.set_output("loss", cross_entropy(input(graph, "logits", shape),
+                                           input(graph, "labels", {shape[0]}, DType::i32), 0.05)
+                                 .id());
+    const Graph split = passes::split_reductions(graph);
+    bool per_row = false;
+    for (const Node& node : split.nodes())
+      per_row = per_row || (node.op == "cross_entropy" && node.attrs.get_int("per_row", 0) == 1);
+    EXPECT_EQ(per_row, shape[1] > 10) << shape_string(shape);
+    expect_same_outputs(graph, split, environment);
+  }
+}
+
 // The slice count of a product's matmul node after split_k on `device` (1: whole).
 int64_t matmul_slices(const Graph& graph, const target::DeviceTraits& device) {
   const Graph split = passes::split_k(graph, vulkan::VulkanTarget(device));

@@ -5,8 +5,9 @@
 // row, at most the workgroup) and each segment reduces one row; up to kThreadPerRowClasses
 // classes a segment is one lane, which walks its row alone and needs no barrier to reduce it. The
 // scalar loss is computed by a single workgroup that walks every row and sums the row losses in a
-// fixed order: there is no scratch memory for per-row partial results, and a fixed order keeps the
-// mean deterministic.
+// fixed order, which keeps the mean deterministic; for many long rows the passes use the per_row
+// form instead (one row a segment across the GPU, then a sum), where that one workgroup would
+// walk all the logits alone.
 #include <algorithm>
 
 #include "backends/vulkan/kernels/index_codegen.hpp"
@@ -17,6 +18,10 @@ namespace mg::kernels {
 namespace {
 
 constexpr uint32_t kGroupSize = 256;
+// A language model's rows (tens of thousands of classes) are few next to the compute units, so
+// each gets a larger workgroup where the device allows one.
+constexpr int64_t kLongRowClasses = 8192;
+constexpr uint32_t kLongRowGroupSize = 1024;
 // Rows of up to this many classes are reduced by one lane each: the [64, 10] classifier's loss
 // in 16-lane segments, whose shared-memory trees cost 12 barriers a round of rows, ran at twice
 // the time of one lane a row.
@@ -114,6 +119,25 @@ void main() {
 }
 )glsl";
 
+// The per_row form: each row's term and whether it counts, in [N, 2].
+constexpr std::string_view kRowsMain = R"glsl(
+void main() {
+  uint n = linear_workgroup() * SEGMENTS + gl_LocalInvocationID.x / SEGMENT;
+  float lse, row_sum;
+  row_statistics(n, lse, row_sum);
+  if (n >= ROWS || segment_lane() != 0u) return;
+  float term = 0.0, count = 0.0;
+  if (counted(n)) {
+    float picked = logits[n * CLASSES + uint(labels[n])];
+    float mean_negative_log_p = lse - row_sum / float(CLASSES);
+    term = (1.0 - SMOOTHING) * (lse - picked) + SMOOTHING * mean_negative_log_p;
+    count = 1.0;
+  }
+  terms[n * 2u] = term;
+  terms[n * 2u + 1u] = count;
+}
+)glsl";
+
 constexpr std::string_view kGradMain = R"glsl(
 void main() {
   // Every workgroup counts the rows itself: no other launch could hand it the count.
@@ -135,17 +159,24 @@ void main() {
 }
 )glsl";
 
-uint32_t segment_for(int64_t classes) {
+uint32_t group_for(int64_t classes, const target::DeviceTraits& device) {
+  return classes >= kLongRowClasses && device.max_workgroup_invocations >= kLongRowGroupSize
+             ? kLongRowGroupSize
+             : kGroupSize;
+}
+
+uint32_t segment_for(int64_t classes, uint32_t group) {
   if (classes <= kThreadPerRowClasses) return 1;
   uint32_t segment = 1;
-  while (segment < kGroupSize && segment < classes) segment *= 2;
+  while (segment < group && segment < classes) segment *= 2;
   return segment;
 }
 
 std::vector<std::pair<std::string, std::string>> cross_entropy_defines(const Node& node,
-                                                                       const Shape& logits) {
-  const uint32_t segment = segment_for(logits[1]);
-  return {{"GROUP", glsl_uint(kGroupSize)},
+                                                                       const Shape& logits,
+                                                                       uint32_t group) {
+  const uint32_t segment = segment_for(logits[1], group);
+  return {{"GROUP", glsl_uint(group)},
           {"SEGMENT", glsl_uint(segment)},
           {"ROWS", glsl_uint(logits[0])},
           {"CLASSES", glsl_uint(logits[1])},
@@ -155,11 +186,25 @@ std::vector<std::pair<std::string, std::string>> cross_entropy_defines(const Nod
 
 void lower_cross_entropy(LoweringContext& context) {
   const Node& node = context.node();
+  const Shape& shape = context.input_type(0).shape;
   Launch launch;
   launch.label = context.label();
+  if (node.attrs.get_int("per_row", 0) != 0) {
+    const uint32_t group = group_for(shape[1], context.device());
+    launch.kernel = "cross_entropy_rows";
+    launch.body = std::string(kSegments) + std::string(kRowsMain);
+    launch.defines = cross_entropy_defines(node, shape, group);
+    launch.operands = {{"logits", node.inputs[0], false},
+                       {"labels", node.inputs[1], false},
+                       {"terms", context.id(), true}};
+    launch.groups = grid_for(static_cast<uint64_t>(shape[0]), group / segment_for(shape[1], group),
+                             context.device());
+    context.emit(std::move(launch));
+    return;
+  }
   launch.kernel = "cross_entropy";
   launch.body = std::string(kSegments) + std::string(kLossMain);
-  launch.defines = cross_entropy_defines(node, context.input_type(0).shape);
+  launch.defines = cross_entropy_defines(node, shape, kGroupSize);
   launch.operands = {{"logits", node.inputs[0], false},
                      {"labels", node.inputs[1], false},
                      {"loss", context.id(), true}};
@@ -173,12 +218,13 @@ void lower_cross_entropy_grad(LoweringContext& context) {
   launch.label = context.label();
   launch.kernel = "cross_entropy_grad";
   launch.body = std::string(kSegments) + std::string(kGradMain);
-  launch.defines = cross_entropy_defines(node, shape);
+  const uint32_t group = group_for(shape[1], context.device());
+  launch.defines = cross_entropy_defines(node, shape, group);
   launch.operands = {{"logits", node.inputs[0], false},
                      {"labels", node.inputs[1], false},
                      {"grad", node.inputs[2], false},
                      {"grad_logits", context.id(), true}};
-  launch.groups = grid_for(static_cast<uint64_t>(shape[0]), kGroupSize / segment_for(shape[1]),
+  launch.groups = grid_for(static_cast<uint64_t>(shape[0]), group / segment_for(shape[1], group),
                            context.device());
   context.emit(std::move(launch));
 }
