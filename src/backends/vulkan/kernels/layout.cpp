@@ -130,24 +130,37 @@ void lower_gather(LoweringContext& context) {
   context.emit(std::move(launch));
 }
 
+// Two launches: the target copied to the result, then one lane per (position, column) whose
+// position is its row's first adds that row's contributions, in position order, to the result.
+// Deterministic without atomics, and the work is the positions' rows (an embedding's gradient:
+// the tokens), not the whole table times the positions.
 void lower_scatter_add(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& target_shape = node.type.shape;
-  const int64_t width = element_count(target_shape) / target_shape[0];
+  const int64_t rows = target_shape[0];
+  const int64_t width = element_count(target_shape) / rows;
   const int64_t positions = context.input_type(1).elements();
-  // Each output element sums its own contributions in index order: deterministic, no atomics.
-  std::string body = main_header(node.type.elements());
-  body += "  int row = int(i / " + glsl_uint(width) + ");\n  uint column = i % " +
-          glsl_uint(width) + ";\n  float total = target[i];\n";
-  body += "  for (uint p = 0u; p < " + glsl_uint(positions) + "; ++p) {\n";
-  body += "    if (indices[p] == row) total += updates[p * " + glsl_uint(width) + " + column];\n";
-  body += "  }\n  out_[i] = total;\n}\n";
-  Launch launch = element_launch(context, std::move(body));
-  launch.operands = {{"target", node.inputs[0], false},
-                     {"indices", node.inputs[1], false},
-                     {"updates", node.inputs[2], false},
-                     {"out_", context.id(), true}};
-  context.emit(std::move(launch));
+  Launch copy =
+      element_launch(context, main_header(node.type.elements()) + "  out_[i] = target[i];\n}\n");
+  copy.operands = {{"target", node.inputs[0], false}, {"out_", context.id(), true}};
+  context.emit(std::move(copy));
+
+  std::string body = main_header(positions * width);
+  body += "  uint p = i / " + glsl_uint(width) + ", column = i % " + glsl_uint(width) + ";\n";
+  // An index outside the table adds nothing (the GPU cannot raise an error).
+  body +=
+      "  int row = indices[p];\n  if (row < 0 || row >= " + std::to_string(rows) + ") return;\n";
+  body += "  for (uint q = 0u; q < p; ++q) {\n    if (indices[q] == row) return;\n  }\n";
+  body += "  float total = 0.0;\n  for (uint q = p; q < " + glsl_uint(positions) + "; ++q) {\n";
+  body += "    if (indices[q] == row) total += updates[q * " + glsl_uint(width) + " + column];\n";
+  body += "  }\n  uint o = uint(row) * " + glsl_uint(width) + " + column;\n";
+  body += "  out_[o] = out_[o] + total;\n}\n";
+  Launch add = element_launch(context, std::move(body));
+  add.groups = grid_for(static_cast<uint64_t>(positions * width), kLocalSize, context.device());
+  add.operands = {{"indices", node.inputs[1], false},
+                  {"updates", node.inputs[2], false},
+                  {"out_", context.id(), true}};
+  context.emit(std::move(add));
 }
 
 }  // namespace
