@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "cli/bench_timing.hpp"
@@ -76,7 +77,9 @@ void write_workload_trace(const WorkloadOptions& options, const std::string& nam
   Session session(graph, session_options);
   prepare(session);
   for (int run = 0; run < 3; ++run) session.run();
-  session.write_trace((std::filesystem::path(options.trace_dir) / (name + ".json")).string());
+  const std::filesystem::path base = std::filesystem::path(options.trace_dir) / name;
+  session.write_trace(base.string() + ".json");
+  std::ofstream(base.string() + ".dispatches.txt") << session.report().dispatch_list;
 }
 
 uint64_t device_bytes(const BuildReport& report) {

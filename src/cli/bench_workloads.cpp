@@ -41,6 +41,7 @@ on transient values against giving each its own bytes.
   --device SEL    device index or part of its name (default: best available)
   --trace DIR     also write a Chrome trace (per-dispatch GPU times) of each program as
                   DIR/<workload>-<precision>-<program>.json (bench/trace_top.py sums them up)
+                  and its dispatch list as .dispatches.txt beside it
 )";
 
 // One line of the table: the record's timings by name.

@@ -21,7 +21,8 @@ struct WorkloadOptions {
 };
 
 // With options.trace_dir set, builds `graph` again with per-dispatch timestamps, runs it after
-// `prepare` set its inputs, and writes the trace as trace_dir/<name>.json.
+// `prepare` set its inputs, and writes the trace as trace_dir/<name>.json and the dispatch list
+// (kernels, grids, barriers) as trace_dir/<name>.dispatches.txt.
 void write_workload_trace(const WorkloadOptions& options, const std::string& name,
                           const Graph& graph, SessionOptions session_options,
                           const std::function<void(Session&)>& prepare);

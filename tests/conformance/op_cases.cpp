@@ -208,6 +208,9 @@ std::vector<OpCase> product_and_reduction_cases() {
                      c.out(gradient(c, max(x, {2}), x));
                    }});
   cases.push_back({op::argmax, [](CaseGraph& c) { c.out(argmax(c.in("x", {3, 5, 7}), 1)); }});
+  // Few long rows take the larger workgroups (a language model's next token).
+  cases.push_back({op::argmax, [](CaseGraph& c) { c.out(argmax(c.in("x", {3, 9000}), 1)); }});
+  cases.push_back({op::sum, [](CaseGraph& c) { c.out(sum(c.in("x", {2, 9000}), {1})); }});
   cases.push_back({op::softmax, [](CaseGraph& c) { c.out(softmax(c.in("x", {6, 33}, -3, 3))); }});
   cases.push_back({op::log_softmax, [](CaseGraph& c) {
                      c.out(log_softmax(c.in("x", {6, 33}, -3, 3), 0));

@@ -16,6 +16,9 @@ namespace {
 
 constexpr uint32_t kGroupSize = 128;
 constexpr int64_t kThreadPerRowLimit = 16;
+// Rows at least this long, when there are few of them, take workgroups of kLongRowGroupSize.
+constexpr int64_t kLongRow = 8192;
+constexpr uint32_t kLongRowGroupSize = 1024;
 // A column sum takes one thread per output from this many outputs on (32 workgroups): enough to
 // spread over a GPU, where a workgroup per output would read every word on its own.
 constexpr int64_t kColumnThreadsMinRows = 4096;
@@ -166,14 +169,21 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
     return;
   }
 
+  // A few long rows (a language model's logits) leave most compute units idle with a workgroup
+  // each: they get larger workgroups where the device allows.
+  const uint32_t group = !thread_per_row && layout.rows <= 4 * context.device().compute_units &&
+                                 layout.row_length >= kLongRow &&
+                                 context.device().max_workgroup_invocations >= kLongRowGroupSize
+                             ? kLongRowGroupSize
+                             : kGroupSize;
   std::string body =
       std::string(f16_result ? pointwise_functions_glsl() : "") + layout.index_function;
   body +=
       "bool better(float v, uint i, float best, uint best_index) {\n"
       "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
-  body += "layout(local_size_x = " + std::to_string(kGroupSize) + ") in;\n";
-  body += "shared float partial_value[" + std::to_string(kGroupSize) + "];\n";
-  body += "shared uint partial_index[" + std::to_string(kGroupSize) + "];\n";
+  body += "layout(local_size_x = " + std::to_string(group) + ") in;\n";
+  body += "shared float partial_value[" + std::to_string(group) + "];\n";
+  body += "shared uint partial_index[" + std::to_string(group) + "];\n";
   body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
   std::string loop_start;
@@ -184,7 +194,7 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   } else {
     body += "  uint o = linear_workgroup();\n";
     body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) +
-            "; r += " + glsl_uint(kGroupSize) + ") {\n";
+            "; r += " + glsl_uint(group) + ") {\n";
   }
   body += "    float v = x[input_index(o, r)];\n";
   body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
@@ -193,7 +203,7 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   if (!thread_per_row) {
     body += "  partial_value[lane] = " + std::string(selecting ? "best" : "total") +
             ";\n  partial_index[lane] = best_index;\n  barrier();\n";
-    body += "  for (uint width = " + glsl_uint(kGroupSize / 2) +
+    body += "  for (uint width = " + glsl_uint(group / 2) +
             "; width > 0u; width >>= 1) {\n    if (lane < width) {\n";
     if (selecting) {
       body +=
