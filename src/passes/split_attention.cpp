@@ -24,8 +24,11 @@ namespace {
 constexpr int64_t kWorkgroupsPerUnit = 5;
 constexpr int64_t kRowsPerWorkgroup = 64;
 // A slice keeps at least this many streamed rows, so that its partial result is small next to
-// its work.
+// its work; where the owned blocks would leave three quarters of the compute units idle (a
+// 128-token prompt at batch 1: 18 blocks), idle units cost more than partials, and slices may
+// be as short as kMinRowsPerSliceWhenIdle.
 constexpr int64_t kMinRowsPerSlice = 256;
+constexpr int64_t kMinRowsPerSliceWhenIdle = 64;
 
 // Which split a node takes: the forward and dQ (query-owned kernels) over the keys, dK and dV
 // (key-owned) over the queries.
@@ -36,9 +39,10 @@ enum class Kind { forward, grad_q, grad_kv };
 // count (sweeps and tests).
 int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, const target::Target& device) {
   const std::vector<int64_t>& forced = device.switches().attention_splits;
+  const int64_t units = device.traits().compute_units;
+  const int64_t min_rows = 4 * workgroups <= units ? kMinRowsPerSliceWhenIdle : kMinRowsPerSlice;
   const int64_t wanted =
-      forced.empty() ? std::min(kWorkgroupsPerUnit * device.traits().compute_units / workgroups,
-                                streamed / kMinRowsPerSlice)
+      forced.empty()       ? std::min(kWorkgroupsPerUnit * units / workgroups, streamed / min_rows)
       : forced.size() == 1 ? forced[0]
                            : forced[static_cast<size_t>(kind)];
   if (wanted < 2) return 1;

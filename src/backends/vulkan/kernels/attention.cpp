@@ -111,9 +111,15 @@ TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringConte
   const int64_t owned_len = key_owned ? dims.kv_len : dims.q_len;
   const int64_t streamed_len = key_owned ? dims.q_len : dims.kv_len;
   std::vector<TiledBlocks> candidates;
+  // Where 64-row blocks would leave three quarters of the compute units idle (short prompts at
+  // batch 1), 32-row blocks give twice the workgroups.
+  const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
+  const bool idle_units = 4 * dims.batch * heads * ((owned_len + 63) / 64) <= device.compute_units;
   for (auto [owned, streamed] :
-       {std::pair<int64_t, int64_t>{64, 32}, {64, 16}, {32, 32}, {32, 16}, {16, 16}, {16, 8}})
+       {std::pair<int64_t, int64_t>{64, 32}, {64, 16}, {32, 32}, {32, 16}, {16, 16}, {16, 8}}) {
+    if (idle_units && owned > 32) continue;
     candidates.push_back({owned, streamed, kThreads, lanes});
+  }
   if (const std::vector<int64_t>& forced = device.switches.attention_blocks; !forced.empty()) {
     const auto reject = [&] {
       return Error("MEGANEURA_ATTENTION_BLOCKS='" + switch_text(forced) +
