@@ -41,7 +41,8 @@ Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t b
 }
 
 void destroy_buffer(VkDevice device, Buffer& buffer) {
-  if (buffer.handle != VK_NULL_HANDLE) vkDestroyBuffer(device, buffer.handle, nullptr);
+  if (buffer.handle != VK_NULL_HANDLE && !buffer.external)
+    vkDestroyBuffer(device, buffer.handle, nullptr);
   free_memory(device, buffer.allocation);
   buffer.handle = VK_NULL_HANDLE;
 }

@@ -8,13 +8,15 @@
 namespace mg::gpu::detail {
 
 // A storage buffer with its own memory. Every buffer can be bound to a kernel and be the source
-// or destination of copies and fills.
+// or destination of copies and fills. An external buffer belongs to the app that embeds
+// Meganeura (docs/EMBEDDING.md): only copies use it, and it is never destroyed here.
 struct Buffer {
   VkBuffer handle = VK_NULL_HANDLE;
   Allocation allocation;
   uint64_t bytes = 0;
   BufferUse use = BufferUse::device;
   std::string label;
+  bool external = false;
 
   bool alive() const { return handle != VK_NULL_HANDLE; }
 };
