@@ -77,6 +77,13 @@ typedef struct mg_program_options {
   const char* optimizer;   /* training: "adam" (default, NULL), "adamw" or "sgd" */
   double learning_rate;    /* training; default 1e-3 */
   uint64_t seed;           /* initialisation of weights a program does not load; default 0 */
+  /* 1: the program's parameters and optimizer state are the device's shared tensors, by name,
+   * so that programs sharing them hold one copy: a training program's steps change the weights
+   * an inference program on the same device runs with, in place. The first program to declare a
+   * name creates (and initialises or loads) it; later ones must declare the same shape. Finish
+   * one program's run (mg_program_wait) before another that shares its tensors reads, writes or
+   * runs on them. Default 0: the program's own copy. */
+  int32_t share_parameters;
 } mg_program_options;
 
 /* "0.1.0" */

@@ -66,6 +66,7 @@ mg_status mg_device_open(const char* selector, mg_device** device) {
     *device = nullptr;
     auto opened = std::make_unique<mg_device>();
     opened->shared = mg::open_shared_device(selector ? selector : "");
+    opened->tensors = mg::make_shared_tensors(opened->shared);
     opened->description = mg::gpu::describe_device(mg::gpu_device(*opened->shared).info());
     *device = opened.release();
   });

@@ -13,6 +13,8 @@
 
 struct mg_device {
   std::shared_ptr<mg::SharedDevice> shared;
+  // The tensors of programs built with mg_program_options::share_parameters.
+  std::shared_ptr<mg::SharedTensors> tensors;
   std::string description;
 };
 

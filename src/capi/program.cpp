@@ -36,6 +36,8 @@ mg_program_options checked_options(const mg_program_options* given) {
     fail(MG_ERROR_INVALID_ARGUMENT, "options->kind is neither MG_PROGRAM_INFERENCE nor TRAINING");
   if (options.batch < 1 || options.sequence_length < 1)
     fail(MG_ERROR_INVALID_ARGUMENT, "options->batch and options->sequence_length must be >= 1");
+  if (options.share_parameters != 0 && options.share_parameters != 1)
+    fail(MG_ERROR_INVALID_ARGUMENT, "options->share_parameters must be 0 or 1");
   if (!(options.learning_rate > 0))
     fail(MG_ERROR_INVALID_ARGUMENT, "options->learning_rate must be > 0");
   return options;
@@ -45,6 +47,7 @@ SessionOptions session_options(const mg_device& device, const mg_program_options
                                bool initialise_parameters) {
   SessionOptions session;
   session.shared_device = device.shared;
+  if (options.share_parameters) session.shared_tensors = device.tensors;
   session.seed = options.seed;
   session.initialise_parameters = initialise_parameters;
   try {

@@ -84,6 +84,7 @@ mg_status mg_device_adopt_vulkan(const mg_vulkan_device_desc* desc, mg_device** 
     }
     auto result = std::make_unique<mg_device>();
     result->shared = mg::share_device(adopted);
+    result->tensors = mg::make_shared_tensors(result->shared);
     result->description = mg::gpu::describe_device(adopted->info()) + " | the app's device";
     *device = result.release();
   });

@@ -219,6 +219,54 @@ static void test_chunked_training(mg_device* device, const char* checkpoint) {
   CHECK_OK(mg_program_release(chunked));
 }
 
+/* An inference program sharing a training program's parameters runs on the trained weights
+ * with no copy, and a write through either is seen by the other. */
+static void test_shared_parameters(mg_device* device) {
+  mg_program_options options;
+  mg_program_options_init(&options);
+  options.kind = MG_PROGRAM_TRAINING;
+  options.batch = kBatch;
+  options.optimizer = "sgd";
+  options.learning_rate = 0.05;
+  options.seed = 5;
+  options.share_parameters = 1;
+  mg_program* training = NULL;
+  mg_program* inference = NULL;
+  mg_program* mismatched = NULL;
+  CHECK_OK(mg_program_create_classifier(device, kMlp, &options, &training));
+  options.kind = MG_PROGRAM_INFERENCE;
+  options.seed = 99; /* ignored: the tensors exist already */
+  CHECK_OK(mg_program_create_classifier(device, kMlp, &options, &inference));
+  CHECK_STATUS(mg_program_create_classifier(
+                   device, "{\"architecture\": \"mlp\", \"image_size\": 12, \"classes\": 4}",
+                   &options, &mismatched),
+               MG_ERROR_FAILED);
+  CHECK(strstr(mg_last_error(), "model.fc1.weight") != NULL);
+  options.share_parameters = 2;
+  CHECK_STATUS(mg_program_create_classifier(device, kMlp, &options, &mismatched),
+               MG_ERROR_INVALID_ARGUMENT);
+  if (training == NULL || inference == NULL) return;
+
+  float images[kBatch * kPixels];
+  set_training_batch(training, images);
+  CHECK_OK(mg_program_train_step(training, NULL));
+  CHECK_OK(mg_program_train_step(training, NULL));
+  float logits[kBatch * kClasses];
+  double expected[kBatch * kClasses];
+  CHECK_OK(mg_program_set_input(inference, "images", MG_DTYPE_F32, images, kBatch * kPixels));
+  CHECK_OK(mg_program_run(inference));
+  CHECK_OK(mg_program_get_output(inference, "logits", logits, kBatch * kClasses));
+  mlp_reference(training, images, kBatch, kPixels, kClasses, expected);
+  CHECK(relative_difference(logits, expected, kBatch * kClasses) < 1e-5);
+
+  float bias[kClasses] = {1, 2, 3, 4}, read_back[kClasses] = {0};
+  CHECK_OK(mg_program_write_parameter(inference, "model.fc3.bias", bias, kClasses));
+  CHECK_OK(mg_program_read_parameter(training, "model.fc3.bias", read_back, kClasses));
+  CHECK(memcmp(bias, read_back, sizeof bias) == 0);
+  CHECK_OK(mg_program_release(inference));
+  CHECK_OK(mg_program_release(training));
+}
+
 int main(void) {
   test_misuse_without_handles();
   mg_device* device = NULL;
@@ -234,6 +282,7 @@ int main(void) {
     test_inference(device);
     test_training(device, checkpoint);
     test_chunked_training(device, checkpoint);
+    test_shared_parameters(device);
     unlink(checkpoint);
     rmdir(folder);
     /* Programs keep the device alive: release it first, then a program still runs. */
