@@ -16,6 +16,19 @@
 extern "C" {
 #endif
 
+/* Device memory from the app, for every buffer Meganeura creates on its device. `allocate` gives
+ * requirements->size bytes of memory type `memory_type_index` (Meganeura picks it from the
+ * requirements' memoryTypeBits) at *offset, aligned to requirements->alignment, in *memory; for a
+ * host-visible type it sets *mapped to the bytes at that offset, mapped for as long as they are
+ * allocated. It returns VK_SUCCESS, or an error that fails the call that needed the memory. */
+typedef struct mg_vulkan_allocator {
+  void* user;
+  VkResult (*allocate)(void* user, const VkMemoryRequirements* requirements,
+                       uint32_t memory_type_index, VkDeviceMemory* memory, VkDeviceSize* offset,
+                       void** mapped);
+  void (*free)(void* user, VkDeviceMemory memory, VkDeviceSize offset);
+} mg_vulkan_allocator;
+
 typedef struct mg_vulkan_device_desc {
   uint32_t struct_size; /* sizeof(mg_vulkan_device_desc) */
   VkInstance instance;
@@ -33,6 +46,8 @@ typedef struct mg_vulkan_device_desc {
   uint32_t enabled_extension_count;
   const void* enabled_features;
   const VkPhysicalDeviceFeatures* enabled_core_features;
+  /* NULL: Meganeura allocates its memory with vkAllocateMemory. Copied at adoption. */
+  const mg_vulkan_allocator* allocator;
 } mg_vulkan_device_desc;
 
 /* A device on the app's handles, which stay the app's (released, Meganeura destroys only what

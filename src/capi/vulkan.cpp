@@ -76,6 +76,11 @@ mg_status mg_device_adopt_vulkan(const mg_vulkan_device_desc* desc, mg_device** 
     }
     app.enabled_features = desc->enabled_features;
     app.enabled_core_features = desc->enabled_core_features;
+    if (desc->allocator != nullptr) {
+      app.allocator.user = desc->allocator->user;
+      app.allocator.allocate = desc->allocator->allocate;
+      app.allocator.free = desc->allocator->free;
+    }
     std::shared_ptr<mg::gpu::Device> adopted;
     try {
       adopted = mg::gpu::adopt_vulkan_device(app, mg::Switches::from_environment());

@@ -1,6 +1,7 @@
 /* Meganeura on a Vulkan device this test creates as an app would: a device without timeline
  * semaphores is refused with the feature named; on one with them, a program reads its input from
- * and writes its output into the app's own buffers, and the app waits on the timeline. */
+ * and writes its output into the app's own buffers, the app waits on the timeline, and every
+ * buffer's memory comes from the app's allocator (at an offset, to check it is honoured). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,41 @@ static int create_device(App* app, int timeline) {
   if (vkCreateDevice(app->physical, &create, NULL, &app->device) != VK_SUCCESS) return 0;
   vkGetDeviceQueue(app->device, app->family, 0, &app->queue);
   return 1;
+}
+
+/* The test's allocator: one VkDeviceMemory per request, handed out at offset `alignment` of it. */
+typedef struct Allocator {
+  const App* app;
+  int live, total;
+} Allocator;
+
+static VkResult allocate_memory(void* user, const VkMemoryRequirements* requirements, uint32_t type,
+                                VkDeviceMemory* memory, VkDeviceSize* offset, void** mapped) {
+  Allocator* allocator = user;
+  VkMemoryAllocateInfo allocate = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  allocate.allocationSize = requirements->size + requirements->alignment;
+  allocate.memoryTypeIndex = type;
+  VkResult result = vkAllocateMemory(allocator->app->device, &allocate, NULL, memory);
+  if (result != VK_SUCCESS) return result;
+  *offset = requirements->alignment;
+  VkPhysicalDeviceMemoryProperties properties;
+  vkGetPhysicalDeviceMemoryProperties(allocator->app->physical, &properties);
+  if (properties.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+    void* base = NULL;
+    result = vkMapMemory(allocator->app->device, *memory, 0, VK_WHOLE_SIZE, 0, &base);
+    if (result != VK_SUCCESS) return result;
+    *mapped = (char*)base + *offset;
+  }
+  ++allocator->live;
+  ++allocator->total;
+  return VK_SUCCESS;
+}
+
+static void free_memory(void* user, VkDeviceMemory memory, VkDeviceSize offset) {
+  Allocator* allocator = user;
+  CHECK(offset > 0);
+  vkFreeMemory(allocator->app->device, memory, NULL);
+  --allocator->live;
 }
 
 static mg_vulkan_device_desc describe(const App* app) {
@@ -187,13 +223,21 @@ void test_adopted_device(void) {
     vkDestroyInstance(app.instance, NULL);
     return;
   }
+  Allocator counts = {&app, 0, 0};
+  mg_vulkan_allocator allocator = {&counts, allocate_memory, NULL};
   mg_vulkan_device_desc desc = describe(&app);
+  desc.allocator = &allocator;
   mg_device* device = NULL;
+  CHECK_STATUS(mg_device_adopt_vulkan(&desc, &device), MG_ERROR_UNSUPPORTED_DEVICE);
+  CHECK(strstr(mg_last_error(), "allocator") != NULL);
+  allocator.free = free_memory;
   CHECK_OK(mg_device_adopt_vulkan(&desc, &device));
   if (device != NULL) {
     run_on_app_buffers(&app, device);
     CHECK_OK(mg_device_release(device));
   }
+  CHECK(counts.total > 0);
+  CHECK(counts.live == 0);
   /* Meganeura left the app's device and queue alive and idle-able. */
   CHECK(vkDeviceWaitIdle(app.device) == VK_SUCCESS);
   vkDestroyDevice(app.device, NULL);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/vulkan/runtime/gpu.hpp"
+#include "backends/vulkan/runtime/memory.hpp"
 #include "backends/vulkan/runtime/vulkan_api.hpp"
 
 namespace mg::gpu {
@@ -26,6 +27,8 @@ struct AppVulkanDevice {
   // Features, single feature structs) and its pEnabledFeatures; either may be null.
   const void* enabled_features = nullptr;
   const VkPhysicalDeviceFeatures* enabled_core_features = nullptr;
+  // Device memory for every buffer comes from here when `allocate` is set.
+  detail::AppAllocator allocator;
 };
 
 // Vulkan-only access to a device, for embedding.

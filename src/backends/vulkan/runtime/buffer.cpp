@@ -6,7 +6,7 @@
 namespace mg::gpu::detail {
 
 Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t bytes, BufferUse use,
-                     std::string_view label) {
+                     std::string_view label, const AppAllocator* app) {
   if (bytes == 0) throw Error("buffer '" + std::string(label) + "' has size 0");
   uint64_t limit = physical.info.caps.max_memory_allocation_size;
   if (limit != 0 && bytes > limit)
@@ -30,8 +30,9 @@ Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t b
   try {
     VkMemoryRequirements requirements;
     vkGetBufferMemoryRequirements(device, buffer.handle, &requirements);
-    buffer.allocation = allocate_memory(device, physical, requirements, use, bytes, label);
-    check(vkBindBufferMemory(device, buffer.handle, buffer.allocation.memory, 0),
+    buffer.allocation = allocate_memory(device, physical, requirements, use, bytes, label, app);
+    check(vkBindBufferMemory(device, buffer.handle, buffer.allocation.memory,
+                             buffer.allocation.offset),
           "binding memory to buffer '" + buffer.label + "'");
   } catch (...) {
     destroy_buffer(device, buffer);

@@ -21,8 +21,9 @@ struct Buffer {
   bool alive() const { return handle != VK_NULL_HANDLE; }
 };
 
+// Memory comes from `app` when given (an app's allocator), else from vkAllocateMemory.
 Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t bytes, BufferUse use,
-                     std::string_view label);
+                     std::string_view label, const AppAllocator* app = nullptr);
 void destroy_buffer(VkDevice device, Buffer& buffer);
 
 }  // namespace mg::gpu::detail

@@ -67,7 +67,8 @@ class VulkanDevice final : public Device, public VulkanAccess {
   const DeviceInfo& info() const override { return physical_.info; }
 
   BufferId create_buffer(uint64_t bytes, BufferUse use, std::string_view label) override {
-    buffers_.push_back(detail::create_buffer(device_, physical_, bytes, use, label));
+    buffers_.push_back(
+        detail::create_buffer(device_, physical_, bytes, use, label, app_allocator()));
     return static_cast<BufferId>(buffers_.size() - 1);
   }
 
@@ -287,6 +288,8 @@ class VulkanDevice final : public Device, public VulkanAccess {
         (families[app.queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) == 0)
       missing.push_back("a queue whose family (" + std::to_string(app.queue_family) +
                         ") supports compute");
+    if ((app.allocator.allocate == nullptr) != (app.allocator.free == nullptr))
+      missing.push_back("both functions of the memory allocator (one is null)");
     if (!missing.empty())
       throw Error("the app's Vulkan device '" + name +
                   "' lacks what Meganeura needs: " + join(missing));
@@ -299,6 +302,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
         physical_.timestamp_valid_bits > 0 && physical_.limits.timestampPeriod > 0;
     device_ = app.device;
     queue_ = app.queue;
+    app_allocator_ = app.allocator;
     keep_enabled(features.enabled);
 
     auto type = vk_struct<VkSemaphoreTypeCreateInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO);
@@ -390,6 +394,10 @@ class VulkanDevice final : public Device, public VulkanAccess {
     instance_.reset();
   }
 
+  const AppAllocator* app_allocator() const {
+    return app_allocator_.allocate != nullptr ? &app_allocator_ : nullptr;
+  }
+
   void wait_for_own_submissions() {
     for (Recording& recording : recordings_)
       if (recording.in_flight && recording.fence != VK_NULL_HANDLE)
@@ -433,7 +441,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
     uint64_t size = std::min(std::max(bytes, 2 * staging_.bytes), kStagingChunkBytes);
     detail::destroy_buffer(device_, staging_);
     staging_ = detail::create_buffer(device_, physical_, std::max(size, bytes), BufferUse::download,
-                                     "staging");
+                                     "staging", app_allocator());
   }
 
   // Copies between two buffers and waits, ordered after all earlier work.
@@ -493,6 +501,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
   bool adopted_ = false;  // the app's device and queue: not destroyed here
   VkSemaphore timeline_ = VK_NULL_HANDLE;
   uint64_t timeline_value_ = 0;
+  AppAllocator app_allocator_;  // the app's device memory, when it gave an allocator
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   VkCommandPool command_pool_ = VK_NULL_HANDLE;
