@@ -67,51 +67,6 @@ std::string_view precision_name(Precision precision) {
   return precision == Precision::fast ? "fast" : "strict";
 }
 
-class SharedDevice {
- public:
-  explicit SharedDevice(std::shared_ptr<gpu::Device> opened) : device(std::move(opened)) {}
-  std::shared_ptr<gpu::Device> device;
-};
-
-std::shared_ptr<SharedDevice> share_device(std::shared_ptr<gpu::Device> device) {
-  return std::make_shared<SharedDevice>(std::move(device));
-}
-
-gpu::Device& gpu_device(const SharedDevice& shared) {
-  return *shared.device;
-}
-
-std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector, bool validation,
-                                                 const std::optional<Switches>& switches) {
-  return std::make_shared<SharedDevice>(
-      gpu::Device::open(selector, validation, switches ? *switches : Switches::from_environment()));
-}
-
-class SharedTensors {
- public:
-  explicit SharedTensors(std::shared_ptr<SharedDevice> shared) : device(std::move(shared)) {}
-  ~SharedTensors() {
-    for (const auto& [name, entry] : entries) device->device->destroy_buffer(entry.buffer);
-  }
-  SharedTensors(const SharedTensors&) = delete;
-  SharedTensors& operator=(const SharedTensors&) = delete;
-
-  struct Entry {
-    TensorType type;
-    gpu::BufferId buffer = 0;
-  };
-  std::shared_ptr<SharedDevice> device;
-  std::map<std::string, Entry, std::less<>> entries;
-  // Counts the changes of these tensors by runs and writes, so that a Session knows when the
-  // results of its setup (derived from tensors it never changes itself) are stale.
-  uint64_t generation = 0;
-};
-
-std::shared_ptr<SharedTensors> make_shared_tensors(std::shared_ptr<SharedDevice> device) {
-  if (!device) throw Error("make_shared_tensors needs an open device (open_shared_device)");
-  return std::make_shared<SharedTensors>(std::move(device));
-}
-
 struct Session::Impl {
   std::shared_ptr<gpu::Device> device;
   std::shared_ptr<SharedTensors> shared;

@@ -283,8 +283,11 @@ int main(void) {
     test_training(device, checkpoint);
     test_chunked_training(device, checkpoint);
     test_shared_parameters(device);
+    test_model_folder(device, MEGANEURA_SOURCE_DIR, folder);
     unlink(checkpoint);
-    rmdir(folder);
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf %s", folder);
+    CHECK(system(command) == 0);
     /* Programs keep the device alive: release it first, then a program still runs. */
     mg_program* program = NULL;
     CHECK_OK(mg_program_create_classifier(device, kMlp, NULL, &program));

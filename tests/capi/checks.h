@@ -41,6 +41,10 @@ void fill_random(float* values, int count, unsigned seed);
 /* max |a - b| / max(1, max |b|) */
 double relative_difference(const float* a, const double* b, int count);
 
+/* The Llama model-folder tests (model_folder.c): the fixture under `source_dir`, files written
+ * under `scratch`. */
+void test_model_folder(mg_device* device, const char* source_dir, const char* scratch);
+
 /* The adopted-device tests (vulkan_adopt.c). */
 void test_adopted_device(void);
 
