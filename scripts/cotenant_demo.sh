@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 [ -x build/examples/cotenant/cotenant ] || bash scripts/build.sh
 if [ "${FULL:-0}" = 1 ]; then
   exec build/examples/cotenant/cotenant --hz 90 --seconds 10 --size 2048 --triangles 200000 \
-    --shading 32 --model cnn --batch 256 --budget-ms 2 --chunks-per-frame "${CHUNKS_PER_FRAME:-3}"
+    --shading 32 --model cnn --batch 256 --budget-ms 2 --train-ms-per-frame "${TRAIN_MS:-7}"
 fi
 exec build/examples/cotenant/cotenant --hz 30 --seconds 3 --size 256 --triangles 2000 \
   --shading 4 --model cnn --batch 8 --budget-ms 10 --chunks-per-frame 1

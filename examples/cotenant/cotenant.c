@@ -20,6 +20,7 @@ typedef struct Settings {
   int batch;
   double budget_ms;
   int chunks_per_frame;
+  double train_ms_per_frame; /* > 0: chunks after each frame while their measured time fits */
   const char* model;
 } Settings;
 
@@ -72,7 +73,17 @@ static int run_frames(Renderer* renderer, mg_program* program, const Settings* s
     sleep_until(slot_start);
     const double submitted = now_seconds();
     if (!renderer_submit_frame(renderer, (float)(submitted - start))) return 0;
-    for (int chunk = 0; program != NULL && chunk < settings->chunks_per_frame; ++chunk) {
+    double spent_ms = 0;
+    for (int chunk = 0; program != NULL; ++chunk) {
+      if (settings->train_ms_per_frame > 0) {
+        double next_ms = 0;
+        MG_TRY(mg_program_next_chunk_ms(program, &next_ms));
+        if ((chunk > 0 && spent_ms + next_ms > settings->train_ms_per_frame) || chunk >= 1000)
+          break;
+        spent_ms += next_ms;
+      } else if (chunk >= settings->chunks_per_frame) {
+        break;
+      }
       int finished = 0;
       MG_TRY(mg_program_run_chunk(program, &finished));
       stats->steps += finished;
@@ -160,7 +171,7 @@ static int parse(int argc, char** argv, Settings* s) {
           "usage: cotenant [--hz 90] [--seconds 5] [--size 1024] [--triangles 20000] "
           "[--shading 16]\n"
           "                [--model cnn|mlp] [--batch 64] [--budget-ms 2] "
-          "[--chunks-per-frame 1]\n");
+          "[--chunks-per-frame 1 | --train-ms-per-frame MS]\n");
       return strcmp(flag, "--help") == 0 ? -1 : 0;
     }
     ++i;
@@ -182,6 +193,8 @@ static int parse(int argc, char** argv, Settings* s) {
       s->budget_ms = atof(value);
     else if (strcmp(flag, "--chunks-per-frame") == 0)
       s->chunks_per_frame = atoi(value);
+    else if (strcmp(flag, "--train-ms-per-frame") == 0)
+      s->train_ms_per_frame = atof(value);
     else {
       fprintf(stderr, "cotenant: unknown option %s (--help lists them)\n", flag);
       return 0;
@@ -235,8 +248,12 @@ static int run(const Settings* settings, Renderer* renderer) {
 
   printf("device %s, %ux%u, %u triangles, %.0f Hz (%.2f ms a frame)\n", renderer->device_name,
          settings->size, settings->size, settings->triangles, settings->hz, 1e3 / settings->hz);
-  printf("training: %s batch %d, %zu chunks a step under %.2f ms each, %d a frame\n",
-         settings->model, settings->batch, chunks, settings->budget_ms, settings->chunks_per_frame);
+  printf("training: %s batch %d, %zu chunks a step under %.2f ms each, ", settings->model,
+         settings->batch, chunks, settings->budget_ms);
+  if (settings->train_ms_per_frame > 0)
+    printf("as many a frame as fit in %.2f ms\n", settings->train_ms_per_frame);
+  else
+    printf("%d a frame\n", settings->chunks_per_frame);
   print_stats("rendering alone", &alone);
   print_stats("rendering + training", &shared);
   printf("%-22s steps/s %.2f (training with %.0f%% of it while rendering); loss %.4f -> %.4f\n",
@@ -245,19 +262,20 @@ static int run(const Settings* settings, Renderer* renderer) {
   printf(
       "{\"example\": \"cotenant\", \"device\": \"%s\", \"hz\": %.1f, \"size\": %u, "
       "\"triangles\": %u, \"model\": \"%s\", \"batch\": %d, \"budget_ms\": %.3f, "
+      "\"train_ms_per_frame\": %.3f, "
       "\"chunks_per_step\": %zu, \"alone\": {\"p50_ms\": %.4f, \"p99_ms\": %.4f, \"missed\": %d, "
       "\"frames\": %d}, \"with_training\": {\"p50_ms\": %.4f, \"p99_ms\": %.4f, \"missed\": %d, "
       "\"frames\": %d, \"steps_per_s\": %.3f}, \"standalone_steps_per_s\": %.3f, "
       "\"loss_first\": %.5f, \"loss_last\": %.5f}\n",
       renderer->device_name, settings->hz, settings->size, settings->triangles, settings->model,
-      settings->batch, settings->budget_ms, chunks, alone.p50_ms, alone.p99_ms, alone.missed,
-      alone.frames, shared.p50_ms, shared.p99_ms, shared.missed, shared.frames,
-      shared.steps / shared.seconds, standalone_rate, first_loss, last_loss);
+      settings->batch, settings->budget_ms, settings->train_ms_per_frame, chunks, alone.p50_ms,
+      alone.p99_ms, alone.missed, alone.frames, shared.p50_ms, shared.p99_ms, shared.missed,
+      shared.frames, shared.steps / shared.seconds, standalone_rate, first_loss, last_loss);
   return 1;
 }
 
 int main(int argc, char** argv) {
-  Settings settings = {90, 5, 1024, 20000, 16, 64, 2.0, 1, "cnn"};
+  Settings settings = {90, 5, 1024, 20000, 16, 64, 2.0, 1, 0, "cnn"};
   const int parsed = parse(argc, argv, &settings);
   if (parsed <= 0) return parsed < 0 ? 0 : 2;
   Renderer renderer;

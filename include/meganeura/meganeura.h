@@ -179,6 +179,10 @@ MG_API mg_status mg_program_set_chunk_budget(mg_program* program, double budget_
  * `finished` receives 1 when that chunk was the run's last: mg_program_wait then waits for it.
  * Needs mg_program_set_chunk_budget first. */
 MG_API mg_status mg_program_run_chunk(mg_program* program, int* finished);
+/* The measured GPU time in milliseconds of the chunk mg_program_run_chunk submits next (0 until
+ * the first chunked run has measured it), so that an app can submit chunks while they fit in
+ * the GPU time a frame leaves. */
+MG_API mg_status mg_program_next_chunk_ms(mg_program* program, double* milliseconds);
 
 #ifdef __cplusplus
 }

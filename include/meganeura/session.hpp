@@ -165,6 +165,9 @@ class Session {
   // device without timestamps.
   size_t set_chunk_budget(double budget_ms);
   size_t chunk_count() const;
+  // The measured GPU time of the chunk run_next_chunk submits next (0 before the measuring run):
+  // an app fills a frame's spare GPU time with chunks while they fit.
+  double next_chunk_ms() const;
   // Submits the next chunk of the current run (starting a run if none is under way) without
   // waiting for it: true when it was the run's last chunk, after which finish_run() waits for it
   // and output() reads its outputs. start_run() is refused while a chunked run is under way.

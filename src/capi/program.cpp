@@ -475,4 +475,12 @@ mg_status mg_program_run_chunk(mg_program* program, int* finished) {
   });
 }
 
+mg_status mg_program_next_chunk_ms(mg_program* program, double* milliseconds) {
+  return guarded([&] {
+    require(program, "program");
+    require(milliseconds, "milliseconds");
+    *milliseconds = program->session->next_chunk_ms();
+  });
+}
+
 }  // extern "C"

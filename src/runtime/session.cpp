@@ -122,6 +122,7 @@ struct Session::Impl {
     double budget_ms = 0;
     std::vector<double> dispatch_ms;  // one a dispatch of a run, from the profiled run
     std::vector<gpu::RecordingId> recordings;
+    std::vector<double> recording_ms;  // each recording's measured GPU time (0 until measured)
     size_t next = 0;  // the chunk run_next_chunk submits next; 0 when no chunked run is under way
     bool profiled_run_started = false;
     std::optional<gpu::RecordingId> in_flight;  // the chunk submitted last, not yet waited for
@@ -357,11 +358,13 @@ struct Session::Impl {
   void record_chunks() {
     for (gpu::RecordingId recording : chunking.recordings) drop_recording(recording);
     chunking.recordings.clear();
+    chunking.recording_ms.clear();
     if (chunking.budget_ms <= 0) return;
     const std::vector<gpu::Command> all = commands(slots[0]);
     if (chunking.dispatch_ms.empty()) {
       chunking.profiled_run_started = false;
       chunking.recordings.push_back(own_recording(all, gpu::Timing::per_dispatch));
+      chunking.recording_ms.push_back(0);
       return;
     }
     std::vector<gpu::Command> chunk;
@@ -373,6 +376,7 @@ struct Session::Impl {
         const double ms = chunking.dispatch_ms.at(dispatch++);
         if (chunk_dispatches && chunk_ms + ms > chunking.budget_ms) {
           chunking.recordings.push_back(own_recording(chunk, gpu::Timing::none));
+          chunking.recording_ms.push_back(chunk_ms);
           chunk.clear();
           chunk_ms = 0;
         }
@@ -382,6 +386,7 @@ struct Session::Impl {
       chunk.push_back(command);
     }
     chunking.recordings.push_back(own_recording(chunk, gpu::Timing::none));
+    chunking.recording_ms.push_back(chunk_ms);
   }
 
   // After the first chunked run (whole and profiled) finished: cuts the runs into chunks.
@@ -721,6 +726,12 @@ size_t Session::set_chunk_budget(double budget_ms) {
 size_t Session::chunk_count() const {
   impl_->split_measured_run();
   return impl_->chunking.recordings.size();
+}
+
+double Session::next_chunk_ms() const {
+  impl_->split_measured_run();
+  const Impl::Chunking& chunking = impl_->chunking;
+  return chunking.recording_ms.empty() ? 0 : chunking.recording_ms.at(chunking.next);
 }
 
 bool Session::run_next_chunk() {

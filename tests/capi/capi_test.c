@@ -206,6 +206,9 @@ static void test_chunked_training(mg_device* device, const char* checkpoint) {
     } while (!finished && calls < 10000);
   }
   CHECK(calls > 1); /* the second step ran in several chunks */
+  double next_ms = 0;
+  CHECK_OK(mg_program_next_chunk_ms(chunked, &next_ms));
+  CHECK(next_ms > 0);
   CHECK_OK(mg_program_get_output(chunked, "loss", &chunked_loss, 1));
   CHECK(chunked_loss == whole_loss);
   float a[256 * kPixels], b[256 * kPixels];
