@@ -32,8 +32,12 @@ using mg::capi::require;
 
 extern "C" {
 
+#define MG_STRING(x) #x
+#define MG_VERSION_TEXT(major, minor, patch) \
+  MG_STRING(major) "." MG_STRING(minor) "." MG_STRING(patch)
+
 const char* mg_version(void) {
-  return "0.1.0";
+  return MG_VERSION_TEXT(MG_VERSION_MAJOR, MG_VERSION_MINOR, MG_VERSION_PATCH);
 }
 
 const char* mg_last_error(void) {

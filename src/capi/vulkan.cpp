@@ -1,4 +1,6 @@
 // The C API on the app's own Vulkan device (include/meganeura/meganeura_vulkan.h).
+#include <cstddef>
+
 #include "backends/vulkan/runtime/adopted_device.hpp"
 #include "capi/handles.hpp"
 #include "meganeura/meganeura_vulkan.h"
@@ -59,8 +61,12 @@ mg_status mg_device_adopt_vulkan(const mg_vulkan_device_desc* desc, mg_device** 
     require(device, "device (the result pointer)");
     *device = nullptr;
     require(desc, "desc");
-    if (desc->struct_size != sizeof(mg_vulkan_device_desc))
+    // A description from an app built against an older header ends before the newer fields.
+    const uint32_t oldest = offsetof(mg_vulkan_device_desc, allocator);
+    if (desc->struct_size < oldest || desc->struct_size > sizeof(mg_vulkan_device_desc))
       fail(MG_ERROR_INVALID_ARGUMENT, "desc->struct_size must be sizeof(mg_vulkan_device_desc)");
+    const bool has_allocator =
+        desc->struct_size >= offsetof(mg_vulkan_device_desc, allocator) + sizeof(desc->allocator);
     if (desc->enabled_extension_count > 0 && desc->enabled_extensions == nullptr)
       fail(MG_ERROR_INVALID_ARGUMENT, "desc->enabled_extensions is NULL but its count is not 0");
     mg::gpu::AppVulkanDevice app;
@@ -76,7 +82,7 @@ mg_status mg_device_adopt_vulkan(const mg_vulkan_device_desc* desc, mg_device** 
     }
     app.enabled_features = desc->enabled_features;
     app.enabled_core_features = desc->enabled_core_features;
-    if (desc->allocator != nullptr) {
+    if (has_allocator && desc->allocator != nullptr) {
       app.allocator.user = desc->allocator->user;
       app.allocator.allocate = desc->allocator->allocate;
       app.allocator.free = desc->allocator->free;
