@@ -157,6 +157,28 @@ class Session {
   std::vector<std::string> persistent_names() const;  // parameters then state, in graph order
   TensorType leaf_type(std::string_view leaf) const;
 
+  // Embedding (docs/EMBEDDING.md). Every run copies input `name` on the GPU from `buffer` (a
+  // gpu buffer id of this session's device, such as an app's imported VkBuffer) at `offset`,
+  // instead of from what set_input staged; a bound output is copied into its buffer instead of
+  // to the host. Each re-records the runs.
+  void bind_input(std::string_view name, uint32_t buffer, uint64_t offset);
+  void bind_output(std::string_view name, uint32_t buffer, uint64_t offset);
+
+  // Chunked runs, for an app that gives the GPU a slice of each frame: each run is cut into
+  // chunks of at most `budget_ms` of GPU time (a dispatch longer than that is a chunk of its
+  // own), measured by the first chunked run, which runs whole with per-dispatch timestamps.
+  // Returns the number of chunks (1 until measured); 0 turns chunking off. Throws mg::Error on a
+  // device without timestamps.
+  size_t set_chunk_budget(double budget_ms);
+  size_t chunk_count() const;
+  // The measured GPU time of the chunk run_next_chunk submits next (0 before the measuring run):
+  // an app fills a frame's spare GPU time with chunks while they fit.
+  double next_chunk_ms() const;
+  // Submits the next chunk of the current run (starting a run if none is under way) without
+  // waiting for it: true when it was the run's last chunk, after which finish_run() waits for it
+  // and output() reads its outputs. start_run() is refused while a chunked run is under way.
+  bool run_next_chunk();
+
   const BuildReport& report() const;
   std::vector<DispatchProfile> profile() const;  // last run, needs options.profile
   double last_run_gpu_ms() const;  // first dispatch's start to last one's end; options.time_runs

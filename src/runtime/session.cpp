@@ -18,6 +18,8 @@
 #include "ir/op_names.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
+#include "runtime/device_values.hpp"
+#include "runtime/shared_device.hpp"
 
 namespace mg {
 namespace {
@@ -36,78 +38,6 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   return options;
 }
 
-// Writes `values` to `bytes` as the device stores a tensor of `dtype`: f32 as they are, f16
-// rounded to the nearest f16 (ties to even), i32 and u32 truncated toward zero. `bytes` holds
-// values.size() * dtype_bytes(dtype) bytes (a run slot's staging, where set_input writes without
-// allocating).
-template <typename Value>
-void store_device_values(DType dtype, std::span<const Value> values, std::byte* bytes) {
-  const size_t width = dtype_bytes(dtype);
-  const auto store = [&](size_t i, auto element) {
-    std::memcpy(bytes + i * width, &element, sizeof(element));
-  };
-  for (size_t i = 0; i < values.size(); ++i) {
-    switch (dtype) {
-      case DType::f32:
-        store(i, static_cast<float>(values[i]));
-        break;
-      case DType::f16:
-        store(i, f16_bits(static_cast<double>(values[i])));
-        break;
-      case DType::i32:
-        store(i, static_cast<int32_t>(values[i]));
-        break;
-      case DType::u32:
-        store(i, static_cast<uint32_t>(values[i]));
-        break;
-      case DType::bf16:
-        throw Error("bf16 tensors cannot be stored yet: keep the tensor f32 or f16");
-    }
-  }
-}
-
-template <typename Value>
-std::vector<std::byte> device_bytes(DType dtype, std::span<const Value> values) {
-  std::vector<std::byte> bytes(values.size() * dtype_bytes(dtype));
-  store_device_values(dtype, values, bytes.data());
-  return bytes;
-}
-
-// The values of `count` elements of `dtype` as the device stored them.
-std::vector<float> host_values(DType dtype, const std::byte* data, size_t count) {
-  std::vector<float> values(count);
-  const size_t width = dtype_bytes(dtype);
-  for (size_t i = 0; i < count; ++i) {
-    const std::byte* element = data + i * width;
-    switch (dtype) {
-      case DType::f32:
-        std::memcpy(&values[i], element, 4);
-        break;
-      case DType::f16: {
-        uint16_t bits = 0;
-        std::memcpy(&bits, element, 2);
-        values[i] = f16_value(bits);
-        break;
-      }
-      case DType::i32: {
-        int32_t integer = 0;
-        std::memcpy(&integer, element, 4);
-        values[i] = static_cast<float>(integer);
-        break;
-      }
-      case DType::u32: {
-        uint32_t integer = 0;
-        std::memcpy(&integer, element, 4);
-        values[i] = static_cast<float>(integer);
-        break;
-      }
-      case DType::bf16:
-        throw Error("bf16 tensors cannot be read yet: keep the tensor f32 or f16");
-    }
-  }
-  return values;
-}
-
 // Written into every guard: a NaN pattern no kernel produces by accident.
 constexpr uint32_t kGuardWord = 0x7fbadbad;
 
@@ -116,6 +46,9 @@ struct StagingSlot {
   ValueId value = kNoValue;
   uint64_t offset = 0;
   uint64_t bytes = 0;
+  // A buffer that runs copy the value from (an input) or into (an output) on the GPU instead of
+  // the staging (Session::bind_input).
+  std::optional<gpu::BufferRange> bound;
 };
 
 // An input's place in both run slots' staging, and the slot that alone holds its last set
@@ -134,43 +67,6 @@ Precision parse_precision(std::string_view text) {
 
 std::string_view precision_name(Precision precision) {
   return precision == Precision::fast ? "fast" : "strict";
-}
-
-class SharedDevice {
- public:
-  explicit SharedDevice(std::shared_ptr<gpu::Device> opened) : device(std::move(opened)) {}
-  std::shared_ptr<gpu::Device> device;
-};
-
-std::shared_ptr<SharedDevice> open_shared_device(std::string_view selector, bool validation,
-                                                 const std::optional<Switches>& switches) {
-  return std::make_shared<SharedDevice>(
-      gpu::Device::open(selector, validation, switches ? *switches : Switches::from_environment()));
-}
-
-class SharedTensors {
- public:
-  explicit SharedTensors(std::shared_ptr<SharedDevice> shared) : device(std::move(shared)) {}
-  ~SharedTensors() {
-    for (const auto& [name, entry] : entries) device->device->destroy_buffer(entry.buffer);
-  }
-  SharedTensors(const SharedTensors&) = delete;
-  SharedTensors& operator=(const SharedTensors&) = delete;
-
-  struct Entry {
-    TensorType type;
-    gpu::BufferId buffer = 0;
-  };
-  std::shared_ptr<SharedDevice> device;
-  std::map<std::string, Entry, std::less<>> entries;
-  // Counts the changes of these tensors by runs and writes, so that a Session knows when the
-  // results of its setup (derived from tensors it never changes itself) are stale.
-  uint64_t generation = 0;
-};
-
-std::shared_ptr<SharedTensors> make_shared_tensors(std::shared_ptr<SharedDevice> device) {
-  if (!device) throw Error("make_shared_tensors needs an open device (open_shared_device)");
-  return std::make_shared<SharedTensors>(std::move(device));
 }
 
 struct Session::Impl {
@@ -220,6 +116,20 @@ struct Session::Impl {
   std::optional<size_t> finished;
   bool profile = false;
   bool time_runs = false;  // every dispatch after a barrier, one timestamp pair (whole run)
+  gpu::Timing run_timing = gpu::Timing::none;
+  bool runs_recorded = false;
+  // Chunked runs (set_chunk_budget): run slot 0's commands cut into recordings of at most
+  // budget_ms of measured GPU time each; until measured, one profiled recording of the whole run.
+  struct Chunking {
+    double budget_ms = 0;
+    std::vector<double> dispatch_ms;  // one a dispatch of a run, from the profiled run
+    std::vector<gpu::RecordingId> recordings;
+    std::vector<double> recording_ms;  // each recording's measured GPU time (0 until measured)
+    size_t next = 0;  // the chunk run_next_chunk submits next; 0 when no chunked run is under way
+    bool profiled_run_started = false;
+    std::optional<gpu::RecordingId> in_flight;  // the chunk submitted last, not yet waited for
+    bool in_flight_ends_run = false;
+  } chunking;
   uint32_t guard_bytes = 0;
   BuildReport report;
 
@@ -359,6 +269,11 @@ struct Session::Impl {
   }
 
   void finish_run() {
+    if (chunking.in_flight) {
+      device->finish(*chunking.in_flight);
+      if (chunking.in_flight_ends_run) finished = 0;
+      chunking.in_flight.reset();
+    }
     if (!running) return;
     device->finish(slots[*running].recording);
     finished = running;
@@ -379,6 +294,8 @@ struct Session::Impl {
 
   void set_input(std::string_view name, DType dtype, const void* values, size_t count) {
     InputStaging& staging = checked_input(name, dtype, count);
+    if (staging.bound)
+      throw Error("input '" + std::string(name) + "' is bound to a buffer (bind_input)");
     std::byte* staged =
         static_cast<std::byte*>(device->mapped(slots[input_slot].upload)) + staging.offset;
     const DType stored = program.graph.type(staging.value).dtype;
@@ -432,7 +349,8 @@ struct Session::Impl {
     for (const auto& [name, slot] : inputs) {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange target = range_of(slot.value);
-      copy.copy = {{run_slot.upload, slot.offset, slot.bytes}, target.buffer, target.offset};
+      const gpu::BufferRange staged{run_slot.upload, slot.offset, slot.bytes};
+      copy.copy = {slot.bound.value_or(staged), target.buffer, target.offset};
       list.push_back(copy);
     }
     if (!inputs.empty()) barrier();
@@ -454,9 +372,85 @@ struct Session::Impl {
     for (const auto& [name, slot] : outputs) {
       gpu::Command copy{gpu::Command::Kind::copy};
       copy.copy = {range_of(slot.value), run_slot.download, slot.offset};
+      if (slot.bound) copy.copy = {range_of(slot.value), slot.bound->buffer, slot.bound->offset};
       list.push_back(copy);
     }
     return list;
+  }
+
+  gpu::RecordingId own_recording(std::span<const gpu::Command> list, gpu::Timing timing) {
+    owned_recordings.push_back(device->record(list, timing));
+    return owned_recordings.back();
+  }
+
+  void drop_recording(gpu::RecordingId recording) {
+    device->destroy_recording(recording);
+    std::erase(owned_recordings, recording);
+  }
+
+  // (Re-)records both run slots and the chunks, after the bindings changed.
+  void record_runs() {
+    for (RunSlot& slot : slots) {
+      if (runs_recorded) drop_recording(slot.recording);
+      slot.recording = own_recording(commands(slot), run_timing);
+    }
+    runs_recorded = true;
+    record_chunks();
+  }
+
+  void record_chunks() {
+    for (gpu::RecordingId recording : chunking.recordings) drop_recording(recording);
+    chunking.recordings.clear();
+    chunking.recording_ms.clear();
+    if (chunking.budget_ms <= 0) return;
+    const std::vector<gpu::Command> all = commands(slots[0]);
+    if (chunking.dispatch_ms.empty()) {
+      chunking.profiled_run_started = false;
+      chunking.recordings.push_back(own_recording(all, gpu::Timing::per_dispatch));
+      chunking.recording_ms.push_back(0);
+      return;
+    }
+    std::vector<gpu::Command> chunk;
+    double chunk_ms = 0;
+    bool chunk_dispatches = false;
+    size_t dispatch = 0;
+    for (const gpu::Command& command : all) {
+      if (command.kind == gpu::Command::Kind::dispatch) {
+        const double ms = chunking.dispatch_ms.at(dispatch++);
+        if (chunk_dispatches && chunk_ms + ms > chunking.budget_ms) {
+          chunking.recordings.push_back(own_recording(chunk, gpu::Timing::none));
+          chunking.recording_ms.push_back(chunk_ms);
+          chunk.clear();
+          chunk_ms = 0;
+        }
+        chunk_ms += ms;
+        chunk_dispatches = true;
+      }
+      chunk.push_back(command);
+    }
+    chunking.recordings.push_back(own_recording(chunk, gpu::Timing::none));
+    chunking.recording_ms.push_back(chunk_ms);
+  }
+
+  // After the first chunked run (whole and profiled) finished: cuts the runs into chunks.
+  void split_measured_run() {
+    if (!chunking.dispatch_ms.empty() || !chunking.profiled_run_started) return;
+    finish_run();
+    const std::vector<gpu::DispatchTiming> timings = device->timings(chunking.recordings.at(0));
+    if (timings.size() != program.launches.size())
+      throw Error("the profiled run reported " + std::to_string(timings.size()) +
+                  " dispatch times for " + std::to_string(program.launches.size()) +
+                  " dispatches: chunked runs need GPU timestamps (" + report.device + ")");
+    for (const gpu::DispatchTiming& timing : timings)
+      chunking.dispatch_ms.push_back(timing.duration_ms);
+    record_chunks();
+  }
+
+  void refuse_during_chunked_run(const char* what) const {
+    if (chunking.next != 0)
+      throw Error(std::string(what) + " while a chunked run is under way: submit its " +
+                  std::to_string(chunking.recordings.size() - chunking.next) +
+                  " remaining chunks first (run_next_chunk)");
   }
 
   std::vector<gpu::PipelineId> pipeline_of_launch, pipeline_of_setup;
@@ -597,13 +591,10 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   }
   impl.create_pipelines();
   phase = std::chrono::steady_clock::now();
-  for (Impl::RunSlot& slot : impl.slots) {
-    slot.recording =
-        impl.device->record(impl.commands(slot), options.profile     ? gpu::Timing::per_dispatch
-                                                 : options.time_runs ? gpu::Timing::whole
-                                                                     : gpu::Timing::none);
-    impl.owned_recordings.push_back(slot.recording);
-  }
+  impl.run_timing = options.profile     ? gpu::Timing::per_dispatch
+                    : options.time_runs ? gpu::Timing::whole
+                                        : gpu::Timing::none;
+  impl.record_runs();
   if (!impl.program.setup.empty()) {
     impl.setup_recording = impl.device->record(impl.setup_commands(), gpu::Timing::none);
     impl.owned_recordings.push_back(impl.setup_recording);
@@ -647,6 +638,7 @@ void Session::run() {
 
 void Session::start_run() {
   Impl& impl = *impl_;
+  impl.refuse_during_chunked_run("start_run");
   impl.run_setup_if_due();
   const size_t started = impl.input_slot;
   impl.bring_inputs_up_to_date(started);
@@ -666,6 +658,8 @@ void Session::finish_run() {
 std::vector<float> Session::output(std::string_view name) const {
   auto it = impl_->outputs.find(name);
   if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
+  if (it->second.bound)
+    throw Error("output '" + std::string(name) + "' is bound to a buffer (bind_output)");
   if (!impl_->finished)
     throw Error("output '" + std::string(name) + "' read before the first run finished");
   const StagingSlot& slot = it->second;
@@ -742,6 +736,76 @@ double Session::last_run_gpu_ms() const {
 void Session::write_trace(const std::string& path) const {
   if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
   gpu::write_chrome_trace(impl_->last_timings(), path);
+}
+
+void Session::bind_input(std::string_view name, uint32_t buffer, uint64_t offset) {
+  Impl& impl = *impl_;
+  impl.refuse_during_chunked_run("bind_input");
+  auto it = impl.inputs.find(name);
+  if (it == impl.inputs.end())
+    throw Error("the program has no input '" + std::string(name) + "' to bind");
+  impl.split_measured_run();
+  impl.finish_run();
+  it->second.bound = gpu::BufferRange{buffer, offset, it->second.bytes};
+  it->second.only_in.reset();
+  impl.record_runs();
+}
+
+void Session::bind_output(std::string_view name, uint32_t buffer, uint64_t offset) {
+  Impl& impl = *impl_;
+  impl.refuse_during_chunked_run("bind_output");
+  auto it = impl.outputs.find(name);
+  if (it == impl.outputs.end()) impl.program.graph.output(name);  // throws, listing outputs
+  impl.split_measured_run();
+  impl.finish_run();
+  it->second.bound = gpu::BufferRange{buffer, offset, it->second.bytes};
+  impl.record_runs();
+}
+
+size_t Session::set_chunk_budget(double budget_ms) {
+  Impl& impl = *impl_;
+  impl.refuse_during_chunked_run("set_chunk_budget");
+  if (budget_ms > 0 && !impl.device->info().caps.timestamps)
+    throw Error("chunked runs measure GPU time, and " + impl.report.device +
+                " has no timestamps on its queue");
+  impl.split_measured_run();
+  impl.chunking.budget_ms = budget_ms;
+  impl.record_chunks();
+  return impl.chunking.recordings.size();
+}
+
+size_t Session::chunk_count() const {
+  impl_->split_measured_run();
+  return impl_->chunking.recordings.size();
+}
+
+double Session::next_chunk_ms() const {
+  impl_->split_measured_run();
+  const Impl::Chunking& chunking = impl_->chunking;
+  return chunking.recording_ms.empty() ? 0 : chunking.recording_ms.at(chunking.next);
+}
+
+bool Session::run_next_chunk() {
+  Impl& impl = *impl_;
+  Impl::Chunking& chunking = impl.chunking;
+  if (chunking.recordings.empty())
+    throw Error("run_next_chunk needs a chunk budget first (set_chunk_budget)");
+  if (chunking.next == 0) {
+    impl.split_measured_run();
+    impl.finish_run();
+    impl.run_setup_if_due();
+    impl.bring_inputs_up_to_date(0);
+    impl.input_slot = 1;  // inputs set during the chunked run wait in the other slot
+    if (chunking.dispatch_ms.empty()) chunking.profiled_run_started = true;
+  }
+  const gpu::RecordingId chunk = chunking.recordings.at(chunking.next);
+  impl.device->start(chunk);
+  chunking.in_flight = chunk;
+  chunking.in_flight_ends_run = ++chunking.next == chunking.recordings.size();
+  if (!chunking.in_flight_ends_run) return false;
+  chunking.next = 0;
+  if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
+  return true;
 }
 
 uint32_t Session::validation_messages() const {

@@ -6,7 +6,7 @@
 namespace mg::gpu::detail {
 
 Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t bytes, BufferUse use,
-                     std::string_view label) {
+                     std::string_view label, const AppAllocator* app) {
   if (bytes == 0) throw Error("buffer '" + std::string(label) + "' has size 0");
   uint64_t limit = physical.info.caps.max_memory_allocation_size;
   if (limit != 0 && bytes > limit)
@@ -30,8 +30,9 @@ Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t b
   try {
     VkMemoryRequirements requirements;
     vkGetBufferMemoryRequirements(device, buffer.handle, &requirements);
-    buffer.allocation = allocate_memory(device, physical, requirements, use, bytes, label);
-    check(vkBindBufferMemory(device, buffer.handle, buffer.allocation.memory, 0),
+    buffer.allocation = allocate_memory(device, physical, requirements, use, bytes, label, app);
+    check(vkBindBufferMemory(device, buffer.handle, buffer.allocation.memory,
+                             buffer.allocation.offset),
           "binding memory to buffer '" + buffer.label + "'");
   } catch (...) {
     destroy_buffer(device, buffer);
@@ -41,7 +42,8 @@ Buffer create_buffer(VkDevice device, const PhysicalDevice& physical, uint64_t b
 }
 
 void destroy_buffer(VkDevice device, Buffer& buffer) {
-  if (buffer.handle != VK_NULL_HANDLE) vkDestroyBuffer(device, buffer.handle, nullptr);
+  if (buffer.handle != VK_NULL_HANDLE && !buffer.external)
+    vkDestroyBuffer(device, buffer.handle, nullptr);
   free_memory(device, buffer.allocation);
   buffer.handle = VK_NULL_HANDLE;
 }

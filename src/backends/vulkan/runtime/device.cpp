@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "backends/vulkan/runtime/adopted_device.hpp"
 #include "backends/vulkan/runtime/buffer.hpp"
 #include "backends/vulkan/runtime/command_recorder.hpp"
 #include "backends/vulkan/runtime/device_features.hpp"
@@ -26,11 +27,21 @@ constexpr uint64_t kSubmitTimeoutNs = 60ull * 1000 * 1000 * 1000;
 // checkpoint does not need a staging buffer as large as the checkpoint.
 constexpr uint64_t kStagingChunkBytes = 64ull << 20;
 
-class VulkanDevice final : public Device {
+class VulkanDevice final : public Device, public VulkanAccess {
  public:
   VulkanDevice(std::string_view selector, bool validation, const Switches& switches) {
     try {
       open(selector, validation, switches);
+      create_own_objects(switches);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  VulkanDevice(const AppVulkanDevice& app, const Switches& switches) {
+    try {
+      adopt(app);
+      create_own_objects(switches);
     } catch (...) {
       release();
       throw;
@@ -38,10 +49,26 @@ class VulkanDevice final : public Device {
   }
   ~VulkanDevice() override { release(); }
 
+  VkSemaphore timeline() const override { return timeline_; }
+  uint64_t timeline_value() const override { return timeline_value_; }
+
+  BufferId import_buffer(VkBuffer handle, uint64_t bytes, std::string_view label) override {
+    if (handle == VK_NULL_HANDLE)
+      throw Error("cannot import a null VkBuffer ('" + std::string(label) + "')");
+    Buffer imported;
+    imported.handle = handle;
+    imported.bytes = bytes;
+    imported.label = label;
+    imported.external = true;
+    buffers_.push_back(imported);
+    return static_cast<BufferId>(buffers_.size() - 1);
+  }
+
   const DeviceInfo& info() const override { return physical_.info; }
 
   BufferId create_buffer(uint64_t bytes, BufferUse use, std::string_view label) override {
-    buffers_.push_back(detail::create_buffer(device_, physical_, bytes, use, label));
+    buffers_.push_back(
+        detail::create_buffer(device_, physical_, bytes, use, label, app_allocator()));
     return static_cast<BufferId>(buffers_.size() - 1);
   }
 
@@ -101,7 +128,8 @@ class VulkanDevice final : public Device {
       chosen.push_back(layouts_->get(spec.binding_count, spec.push_constant_bytes));
       layouts.push_back(chosen.back().layout);
     }
-    PipelineBuildOptions options{shader_target_, instance_->validation(), kernel_statistics_};
+    PipelineBuildOptions options{shader_target_, instance_ && instance_->validation(),
+                                 kernel_statistics_};
     CompileStats stats;
     auto handles = build_pipelines(device_, *pipeline_cache_, specs, layouts, options, stats);
     last_stats_ = stats;
@@ -156,10 +184,7 @@ class VulkanDevice final : public Device {
     // signal its fence before the fence is reset for this one.
     if (recording.in_flight) wait(recording);
     check(vkResetFences(device_, 1, &recording.fence), "resetting a fence");
-    auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-    submit.commandBufferCount = 1;
-    submit.pCommandBuffers = &recording.commands;
-    check(vkQueueSubmit(queue_, 1, &submit, recording.fence), "submitting " + recording.name);
+    submit_to_queue(recording.commands, recording.fence, "submitting " + recording.name);
     recording.in_flight = true;
     recording.submitted = true;
   }
@@ -211,13 +236,111 @@ class VulkanDevice final : public Device {
     check(vkCreateDevice(physical_.handle, &create, nullptr, &device_),
           "opening Vulkan device '" + name + "'");
     vkGetDeviceQueue(device_, physical_.compute_queue_family, 0, &queue_);
-    // Kernels may use what was enabled, not all the device offers: validated runs leave the KHR
-    // cooperative matrices off (see features_to_enable).
+    keep_enabled(enabled);
+    statistics_requested_ = statistics_requested;
+  }
+
+  // Kernels may use what was enabled, not all the device offers: validated runs leave the KHR
+  // cooperative matrices off (see features_to_enable), and an app enables what it chose.
+  void keep_enabled(const DeviceFeatures& enabled) {
     std::erase_if(physical_.info.caps.coop_matrix, [&](const CoopMatrixConfig& config) {
       return config.khr
                  ? !(enabled.known.coop_matrix_khr && enabled.coop_matrix_khr.cooperativeMatrix)
                  : !(enabled.known.coop_matrix_nv && enabled.coop_matrix_nv.cooperativeMatrix);
     });
+    if (!(enabled.known.coop_matrix2_nv &&
+          enabled.coop_matrix2_nv.cooperativeMatrixWorkgroupScope &&
+          enabled.coop_matrix2_nv.cooperativeMatrixFlexibleDimensions))
+      physical_.info.caps.workgroup_coop_matrix = {};
+    kernel_statistics_ =
+        enabled.known.executable_properties && enabled.executable_properties.pipelineExecutableInfo;
+    maintenance4_ = enabled.maintenance4.maintenance4;
+  }
+
+  void adopt(const AppVulkanDevice& app) {
+    adopted_ = true;
+    std::vector<std::string> missing;
+    if (app.instance == VK_NULL_HANDLE) missing.push_back("a VkInstance");
+    if (app.physical_device == VK_NULL_HANDLE) missing.push_back("a VkPhysicalDevice");
+    if (app.device == VK_NULL_HANDLE) missing.push_back("a VkDevice");
+    if (app.queue == VK_NULL_HANDLE) missing.push_back("a VkQueue");
+    if (!missing.empty())
+      throw Error("adopting the app's Vulkan device needs " + join(missing) + " (got null)");
+    const uint32_t instance_version = std::max(app.api_version, VK_API_VERSION_1_0);
+    physical_ =
+        describe_physical_device(app.instance, instance_version, false, app.physical_device, 0);
+    const std::string& name = physical_.info.name;
+    const AppFeatures features =
+        features_enabled_by_app(physical_.api_version, app.enabled_extensions, app.enabled_features,
+                                app.enabled_core_features);
+    if (physical_.api_version < VK_API_VERSION_1_1)
+      missing.push_back("Vulkan 1.1 (the instance's apiVersion and the device's)");
+    if (!features.timeline_semaphore)
+      missing.push_back(
+          "the timelineSemaphore feature (VkPhysicalDeviceVulkan12Features or "
+          "VkPhysicalDeviceTimelineSemaphoreFeatures, with Vulkan 1.2 or "
+          "VK_KHR_timeline_semaphore)");
+    uint32_t family_count = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(app.physical_device, &family_count, nullptr);
+    std::vector<VkQueueFamilyProperties> families(family_count);
+    vkGetPhysicalDeviceQueueFamilyProperties(app.physical_device, &family_count, families.data());
+    if (app.queue_family >= family_count ||
+        (families[app.queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) == 0)
+      missing.push_back("a queue whose family (" + std::to_string(app.queue_family) +
+                        ") supports compute");
+    if ((app.allocator.allocate == nullptr) != (app.allocator.free == nullptr))
+      missing.push_back("both functions of the memory allocator (one is null)");
+    if (!missing.empty())
+      throw Error("the app's Vulkan device '" + name +
+                  "' lacks what Meganeura needs: " + join(missing));
+
+    physical_.features = features.enabled;
+    read_feature_caps(physical_);
+    physical_.compute_queue_family = app.queue_family;
+    physical_.timestamp_valid_bits = families[app.queue_family].timestampValidBits;
+    physical_.info.caps.timestamps =
+        physical_.timestamp_valid_bits > 0 && physical_.limits.timestampPeriod > 0;
+    device_ = app.device;
+    queue_ = app.queue;
+    app_allocator_ = app.allocator;
+    keep_enabled(features.enabled);
+
+    auto type = vk_struct<VkSemaphoreTypeCreateInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO);
+    type.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+    type.initialValue = 0;
+    auto semaphore = vk_struct<VkSemaphoreCreateInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO);
+    semaphore.pNext = &type;
+    check(vkCreateSemaphore(device_, &semaphore, nullptr, &timeline_),
+          "creating the timeline semaphore on the app's device");
+  }
+
+  static std::string join(const std::vector<std::string>& parts) {
+    std::string text;
+    for (size_t i = 0; i < parts.size(); ++i) text += (i ? "; " : "") + parts[i];
+    return text;
+  }
+
+  // Submits one command buffer, signalling `fence` and, on an adopted device, the timeline.
+  void submit_to_queue(VkCommandBuffer commands, VkFence fence, const std::string& what) {
+    auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+    submit.commandBufferCount = 1;
+    submit.pCommandBuffers = &commands;
+    auto timeline =
+        vk_struct<VkTimelineSemaphoreSubmitInfo>(VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO);
+    const uint64_t next_value = timeline_value_ + 1;
+    if (timeline_ != VK_NULL_HANDLE) {
+      timeline.signalSemaphoreValueCount = 1;
+      timeline.pSignalSemaphoreValues = &next_value;
+      submit.pNext = &timeline;
+      submit.signalSemaphoreCount = 1;
+      submit.pSignalSemaphores = &timeline_;
+    }
+    check(vkQueueSubmit(queue_, 1, &submit, fence), what);
+    if (timeline_ != VK_NULL_HANDLE) timeline_value_ = next_value;
+  }
+
+  void create_own_objects(const Switches& switches) {
+    const std::string& name = physical_.info.name;
 
     auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
     pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;  // the transfer buffer is reused
@@ -234,17 +357,14 @@ class VulkanDevice final : public Device {
     auto fence = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
     check(vkCreateFence(device_, &fence, nullptr, &transfer_fence_), "creating a fence");
 
-    // glslang's SPIR-V 1.6 (the Vulkan 1.3 target) needs maintenance4; without it, target 1.2.
-    kernel_statistics_ =
-        enabled.known.executable_properties && enabled.executable_properties.pipelineExecutableInfo;
-    if (statistics_requested && !kernel_statistics_)
+    if (statistics_requested_ && !kernel_statistics_)
       std::fprintf(stderr,
                    "MEGANEURA_KERNEL_STATS: device '%s' does not report kernel statistics "
                    "(no VK_KHR_pipeline_executable_properties)\n",
                    name.c_str());
+    // glslang's SPIR-V 1.6 (the Vulkan 1.3 target) needs maintenance4; without it, target 1.2.
     shader_target_ = physical_.api_version;
-    if (shader_target_ >= VK_API_VERSION_1_3 && !enabled.maintenance4.maintenance4)
-      shader_target_ = VK_API_VERSION_1_2;
+    if (shader_target_ >= VK_API_VERSION_1_3 && !maintenance4_) shader_target_ = VK_API_VERSION_1_2;
     layouts_ = std::make_unique<PipelineLayouts>(device_);
     pipeline_cache_ = std::make_unique<PipelineCache>(device_, physical_.info, shader_target_,
                                                       switches.cache_dir);
@@ -253,7 +373,11 @@ class VulkanDevice final : public Device {
   // Safe on a partly opened device: every handle may still be null.
   void release() {
     if (device_ != VK_NULL_HANDLE) {
-      vkDeviceWaitIdle(device_);
+      // The app's device may be busy with its own work, which is not ours to wait for.
+      if (adopted_)
+        wait_for_own_submissions();
+      else
+        vkDeviceWaitIdle(device_);
       for (Recording& recording : recordings_)
         detail::destroy_recording(device_, command_pool_, recording);
       for (Pipeline& pipeline : pipelines_) vkDestroyPipeline(device_, pipeline.handle, nullptr);
@@ -263,10 +387,21 @@ class VulkanDevice final : public Device {
       detail::destroy_buffer(device_, staging_);
       vkDestroyFence(device_, transfer_fence_, nullptr);
       vkDestroyCommandPool(device_, command_pool_, nullptr);
-      vkDestroyDevice(device_, nullptr);
+      vkDestroySemaphore(device_, timeline_, nullptr);
+      if (!adopted_) vkDestroyDevice(device_, nullptr);
       device_ = VK_NULL_HANDLE;
     }
     instance_.reset();
+  }
+
+  const AppAllocator* app_allocator() const {
+    return app_allocator_.allocate != nullptr ? &app_allocator_ : nullptr;
+  }
+
+  void wait_for_own_submissions() {
+    for (Recording& recording : recordings_)
+      if (recording.in_flight && recording.fence != VK_NULL_HANDLE)
+        vkWaitForFences(device_, 1, &recording.fence, VK_TRUE, kSubmitTimeoutNs);
   }
 
   Buffer& buffer(BufferId id) {
@@ -306,7 +441,7 @@ class VulkanDevice final : public Device {
     uint64_t size = std::min(std::max(bytes, 2 * staging_.bytes), kStagingChunkBytes);
     detail::destroy_buffer(device_, staging_);
     staging_ = detail::create_buffer(device_, physical_, std::max(size, bytes), BufferUse::download,
-                                     "staging");
+                                     "staging", app_allocator());
   }
 
   // Copies between two buffers and waits, ordered after all earlier work.
@@ -328,10 +463,7 @@ class VulkanDevice final : public Device {
     check(vkEndCommandBuffer(transfer_commands_), "ending a command buffer");
 
     check(vkResetFences(device_, 1, &transfer_fence_), "resetting a fence");
-    auto submit = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-    submit.commandBufferCount = 1;
-    submit.pCommandBuffers = &transfer_commands_;
-    check(vkQueueSubmit(queue_, 1, &submit, transfer_fence_), "submitting a buffer transfer");
+    submit_to_queue(transfer_commands_, transfer_fence_, "submitting a buffer transfer");
     VkResult result = vkWaitForFences(device_, 1, &transfer_fence_, VK_TRUE, kSubmitTimeoutNs);
     if (result == VK_TIMEOUT) throw Error("a buffer transfer did not finish within 60 s");
     check(result, "waiting for a buffer transfer");
@@ -364,6 +496,12 @@ class VulkanDevice final : public Device {
   PhysicalDevice physical_;
   uint32_t shader_target_ = VK_API_VERSION_1_1;  // the Vulkan version kernels are compiled for
   bool kernel_statistics_ = false;  // MEGANEURA_KERNEL_STATS, where the driver reports them
+  bool statistics_requested_ = false;
+  bool maintenance4_ = false;
+  bool adopted_ = false;  // the app's device and queue: not destroyed here
+  VkSemaphore timeline_ = VK_NULL_HANDLE;
+  uint64_t timeline_value_ = 0;
+  AppAllocator app_allocator_;  // the app's device memory, when it gave an allocator
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   VkCommandPool command_pool_ = VK_NULL_HANDLE;
@@ -379,6 +517,14 @@ class VulkanDevice final : public Device {
 };
 
 }  // namespace
+
+std::unique_ptr<Device> adopt_vulkan_device(const AppVulkanDevice& app, const Switches& switches) {
+  return std::make_unique<VulkanDevice>(app, switches);
+}
+
+VulkanAccess* vulkan_access(Device& device) {
+  return dynamic_cast<VulkanAccess*>(&device);
+}
 
 std::unique_ptr<Device> Device::open(std::string_view selector, bool validation,
                                      const Switches& switches) {

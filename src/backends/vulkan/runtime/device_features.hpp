@@ -73,4 +73,15 @@ DeviceFeatures query_features(VkPhysicalDevice device, uint32_t api_version,
 DeviceFeatures features_to_enable(const DeviceFeatures& supported, bool validation,
                                   bool kernel_statistics);
 
+// The features an app enabled on a device it created (docs/EMBEDDING.md), read from the pNext
+// chain and pEnabledFeatures it gave vkCreateDevice: a group counts as known when the device's
+// `api_version` has it in core or the app enabled its extension (`extensions`).
+struct AppFeatures {
+  DeviceFeatures enabled;
+  bool timeline_semaphore = false;
+};
+AppFeatures features_enabled_by_app(uint32_t api_version,
+                                    const std::vector<std::string>& extensions, const void* chain,
+                                    const VkPhysicalDeviceFeatures* core);
+
 }  // namespace mg::gpu::detail

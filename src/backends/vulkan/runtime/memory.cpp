@@ -47,6 +47,28 @@ std::string describe_request(uint64_t bytes, std::string_view label) {
          ") for buffer '" + std::string(label) + "'";
 }
 
+Allocation allocate_from_app(const AppAllocator& app, const VkMemoryRequirements& requirements,
+                             uint32_t type, BufferUse use, uint64_t requested_bytes,
+                             std::string_view label) {
+  Allocation allocation;
+  allocation.app = &app;
+  const VkResult result = app.allocate(app.user, &requirements, type, &allocation.memory,
+                                       &allocation.offset, &allocation.mapped);
+  if (result != VK_SUCCESS || allocation.memory == VK_NULL_HANDLE)
+    throw Error(describe_request(requested_bytes, label) + ": the app's allocator refused (" +
+                std::string(result_words(result)) + ")");
+  std::string fault;
+  if (allocation.offset % requirements.alignment != 0)
+    fault = "an offset not aligned to " + std::to_string(requirements.alignment);
+  else if (use != BufferUse::device && allocation.mapped == nullptr)
+    fault = "no mapped pointer for host-visible memory";
+  if (!fault.empty()) {
+    app.free(app.user, allocation.memory, allocation.offset);
+    throw Error(describe_request(requested_bytes, label) + ": the app's allocator gave " + fault);
+  }
+  return allocation;
+}
+
 }  // namespace
 
 std::string human_bytes(uint64_t bytes) {
@@ -64,7 +86,8 @@ std::string human_bytes(uint64_t bytes) {
 
 Allocation allocate_memory(VkDevice device, const PhysicalDevice& physical,
                            const VkMemoryRequirements& requirements, BufferUse use,
-                           uint64_t requested_bytes, std::string_view label) {
+                           uint64_t requested_bytes, std::string_view label,
+                           const AppAllocator* app) {
   uint32_t type = choose_memory_type(physical.memory, requirements.memoryTypeBits, wish_for(use));
   if (type == kNoMemoryType)
     throw Error(describe_request(requested_bytes, label) +
@@ -75,6 +98,9 @@ Allocation allocate_memory(VkDevice device, const PhysicalDevice& physical,
     throw Error(describe_request(requested_bytes, label) +
                 ": larger than the device's memory heap (" + std::to_string(heap_bytes) +
                 " bytes, " + human_bytes(heap_bytes) + ")");
+
+  if (app != nullptr)
+    return allocate_from_app(*app, requirements, type, use, requested_bytes, label);
 
   auto info = vk_struct<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
   info.allocationSize = requirements.size;
@@ -97,7 +123,10 @@ Allocation allocate_memory(VkDevice device, const PhysicalDevice& physical,
 
 void free_memory(VkDevice device, Allocation& allocation) {
   // Freeing implicitly unmaps.
-  if (allocation.memory != VK_NULL_HANDLE) vkFreeMemory(device, allocation.memory, nullptr);
+  if (allocation.memory != VK_NULL_HANDLE && allocation.app != nullptr)
+    allocation.app->free(allocation.app->user, allocation.memory, allocation.offset);
+  else if (allocation.memory != VK_NULL_HANDLE)
+    vkFreeMemory(device, allocation.memory, nullptr);
   allocation = {};
 }
 

@@ -254,6 +254,37 @@ void read_memory(VkPhysicalDevice device, PhysicalDevice& out) {
   }
 }
 
+}  // namespace
+
+PhysicalDevice describe_physical_device(VkInstance instance, uint32_t instance_api_version,
+                                        bool validation, VkPhysicalDevice handle, uint32_t index) {
+  PhysicalDevice device;
+  device.handle = handle;
+  device.info.index = index;
+  VkPhysicalDeviceProperties basic;
+  vkGetPhysicalDeviceProperties(handle, &basic);
+  device.api_version = std::min(basic.apiVersion, instance_api_version);
+  if (device.api_version < VK_API_VERSION_1_1) {
+    // Listed so that indices match the driver's order, but never chosen automatically.
+    device.info.name = basic.deviceName;
+    device.info.kind = DeviceKind::other;
+    device.info.caps.api_version = device.api_version;
+    return device;
+  }
+  auto extensions = extensions_of(handle);
+  // Debian's validation layer (1.3.239) predates VK_NV_cooperative_matrix2 and reports its
+  // structs in every query, so a validated instance does without it (as it does without the
+  // KHR cooperative matrices, device_features.cpp).
+  if (validation) std::erase(extensions, std::string(VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME));
+  device.features = query_features(handle, device.api_version, extensions);
+  read_properties(instance, handle, extensions, device);
+  read_memory(handle, device);
+  read_feature_caps(device);
+  choose_compute_queue(handle, device);
+  read_coop_matrix_configs(instance, handle, device.features, device.info.caps.coop_matrix);
+  return device;
+}
+
 void read_feature_caps(PhysicalDevice& out) {
   const DeviceFeatures& f = out.features;
   DeviceCaps& caps = out.info.caps;
@@ -263,8 +294,6 @@ void read_feature_caps(PhysicalDevice& out) {
   caps.float_atomic_add = f.known.atomic_float && f.atomic_float.shaderBufferFloat32AtomicAdd;
 }
 
-}  // namespace
-
 std::vector<PhysicalDevice> enumerate_physical_devices(const Instance& instance) {
   uint32_t count = 0;
   check(vkEnumeratePhysicalDevices(instance.handle(), &count, nullptr), "listing Vulkan devices");
@@ -273,36 +302,9 @@ std::vector<PhysicalDevice> enumerate_physical_devices(const Instance& instance)
         "listing Vulkan devices");
 
   std::vector<PhysicalDevice> devices;
-  for (uint32_t index = 0; index < count; ++index) {
-    PhysicalDevice device;
-    device.handle = handles[index];
-    device.info.index = index;
-    VkPhysicalDeviceProperties basic;
-    vkGetPhysicalDeviceProperties(handles[index], &basic);
-    device.api_version = std::min(basic.apiVersion, instance.api_version());
-    if (device.api_version < VK_API_VERSION_1_1) {
-      // Listed so that indices match the driver's order, but never chosen automatically.
-      device.info.name = basic.deviceName;
-      device.info.kind = DeviceKind::other;
-      device.info.caps.api_version = device.api_version;
-      devices.push_back(std::move(device));
-      continue;
-    }
-    auto extensions = extensions_of(handles[index]);
-    // Debian's validation layer (1.3.239) predates VK_NV_cooperative_matrix2 and reports its
-    // structs in every query, so a validated instance does without it (as it does without the
-    // KHR cooperative matrices, device_features.cpp).
-    if (instance.validation())
-      std::erase(extensions, std::string(VK_NV_COOPERATIVE_MATRIX_2_EXTENSION_NAME));
-    device.features = query_features(handles[index], device.api_version, extensions);
-    read_properties(instance.handle(), handles[index], extensions, device);
-    read_memory(handles[index], device);
-    read_feature_caps(device);
-    choose_compute_queue(handles[index], device);
-    read_coop_matrix_configs(instance.handle(), handles[index], device.features,
-                             device.info.caps.coop_matrix);
-    devices.push_back(std::move(device));
-  }
+  for (uint32_t index = 0; index < count; ++index)
+    devices.push_back(describe_physical_device(instance.handle(), instance.api_version(),
+                                               instance.validation(), handles[index], index));
   if (devices.empty())
     throw Error(
         "the Vulkan driver reports no device: install your GPU's Vulkan driver, or "

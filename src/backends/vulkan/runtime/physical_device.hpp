@@ -22,6 +22,15 @@ struct PhysicalDevice {
   DeviceFeatures features;
 };
 
+// What Meganeura reads about one physical device (`index` in the driver's enumeration order)
+// of an instance of `instance_api_version`.
+PhysicalDevice describe_physical_device(VkInstance instance, uint32_t instance_api_version,
+                                        bool validation, VkPhysicalDevice handle, uint32_t index);
+
+// Sets the caps that follow from `out.features` (f16, bf16, float atomics): after changing the
+// features to those enabled on a device the app created.
+void read_feature_caps(PhysicalDevice& out);
+
 // Every physical device of the instance, in the driver's enumeration order.
 std::vector<PhysicalDevice> enumerate_physical_devices(const Instance& instance);
 
