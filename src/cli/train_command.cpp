@@ -1,4 +1,5 @@
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
+#include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -60,68 +62,12 @@ share of every batch and the gradients are averaged across them: docs/DISTRIBUTE
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
   --resume CKPT         continue from a checkpoint written by this command
   --checkpoint-every N  steps between checkpoints (default 500)
+  --max-steps N         stop after N steps (default: all the epochs)
   --log-every N         steps between metrics.jsonl records (default 10)
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
 )";
-
-// The classifier's training program: add_training's single program in one process, or a
-// DataParallelTrainer in a distributed run (whose steps cannot be queued behind each other).
-class ClassifierTraining {
- public:
-  ClassifierTraining(const models::ClassifierConfig& model, int64_t batch,
-                     const OptimizerConfig& optimizer, const DistributedRun& run,
-                     const SessionOptions& options)
-      : optimizer_(optimizer) {
-    if (run.distributed()) {
-      const Graph forward = models::build_classifier_loss(model, run.local_batch(batch));
-      parallel_ = std::make_unique<DataParallelTrainer>(forward, forward.output("loss"), optimizer,
-                                                        run.communicator(), options);
-    } else {
-      fused_ = std::make_unique<Session>(models::build_classifier_training(model, batch, optimizer),
-                                         options);
-    }
-  }
-  bool queues_steps() const { return fused_ != nullptr; }
-  // Parameters and optimizer state.
-  Session& state() { return fused_ ? *fused_ : parallel_->state(); }
-  // The program that --trace profiles.
-  Session& traced() { return fused_ ? *fused_ : parallel_->gradient_program(); }
-  const BuildReport& report() const { return fused_ ? fused_->report() : parallel_->report(); }
-  void set_batch(std::span<const float> images, std::span<const int32_t> labels) {
-    if (fused_) {
-      fused_->set_input(models::kImagesInput, images);
-      fused_->set_input(models::kLabelsInput, labels);
-    } else {
-      parallel_->set_input(models::kImagesInput, images);
-      parallel_->set_input(models::kLabelsInput, labels);
-    }
-  }
-  // Starts step `index` (queued behind the one in flight), or in a distributed run runs it.
-  void start(int64_t index) {
-    if (!fused_) return parallel_->step(index);
-    for (const auto& [name, value] : optimizer_inputs(optimizer_, index)) {
-      if (fused_->has_input(name))
-        fused_->set_input(name, std::vector<float>{static_cast<float>(value)});
-    }
-    fused_->start_run();
-  }
-  void finish() {
-    if (fused_) fused_->finish_run();
-  }
-  // The loss of the global batch.
-  double loss() const { return fused_ ? fused_->scalar_output("loss") : parallel_->loss(); }
-  // This process's logits.
-  std::vector<float> logits() const {
-    return fused_ ? fused_->output("logits") : parallel_->output("logits");
-  }
-
- private:
-  OptimizerConfig optimizer_;
-  std::unique_ptr<Session> fused_;
-  std::unique_ptr<DataParallelTrainer> parallel_;
-};
 
 int train_classifier(const Arguments& arguments, const DistributedRun& run);
 
@@ -175,7 +121,7 @@ int train_command(const std::vector<std::string>& words) {
                              "momentum",   "schedule", "warmup",           "clip",
                              "accumulate", "seed",     "device",           "precision",
                              "data",       "resume",   "checkpoint-every", "trace",
-                             "log-every"},
+                             "log-every",  "max-steps"},
                             {"help", "distributed"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
@@ -229,7 +175,9 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
   }
   data::Batcher batcher(train_set, batch, seed, true, true, data::Shard{run.rank(), run.size()});
   const int64_t steps_per_epoch = batcher.batches_per_epoch();
-  const int64_t total_steps = steps_per_epoch * epochs;
+  const int64_t total_steps =
+      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
+  if (total_steps <= 0) throw Error("--max-steps must be positive");
   const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
 
   SessionOptions session_options;
@@ -238,7 +186,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
   session_options.seed = seed;
   session_options.precision = parse_precision(arguments.text("precision", "strict"));
   session_options.profile = arguments.has("trace");
-  ClassifierTraining training(model, batch, optimizer, run, session_options);
+  TrainingProgram training(models::build_classifier_loss(model, run.local_batch(batch)), optimizer,
+                           run, session_options);
   // Rank 0 alone evaluates (the parameters are the same on every rank).
   const int64_t eval_batch = 500;
   std::unique_ptr<Session> inference;
@@ -301,7 +250,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
   double last_test_accuracy = NAN;
   const auto start_step = [&](int64_t index, std::vector<int32_t>& step_labels) {
     batcher.next(images, step_labels);
-    training.set_batch(images, step_labels);
+    training.set_input(models::kImagesInput, images);
+    training.set_input(models::kLabelsInput, step_labels);
     training.start(index);
   };
   // Every rank stops at the same step, whichever of them was asked to.
@@ -330,7 +280,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
       throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
                   "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
     }
-    const std::vector<int64_t> predicted = predictions(training.logits(), rows, model.classes);
+    const std::vector<int64_t> predicted =
+        predictions(training.output("logits"), rows, model.classes);
     int64_t correct = 0;
     for (int64_t i = 0; i < rows; ++i) correct += predicted[i] == labels[i];
     const double accuracy = run.sum(static_cast<double>(correct)) / batch;
