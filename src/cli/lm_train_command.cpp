@@ -333,13 +333,15 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
     if (run.writes()) progress.update(line, step == total_steps);
     if (run.writes() && (step % log_every == 0 || step == total_steps)) {
       loss_series.points.emplace_back(step, smoothed);
-      metrics->write({{"step", step},
-                      {"epoch", epoch + 1},
-                      {"loss", loss},
-                      {"smoothed_loss", smoothed},
-                      {"learning_rate",
-                       learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
-                      {"tokens_per_second", steps_per_second * batch * seq}});
+      nlohmann::json record = {
+          {"step", step},
+          {"epoch", epoch + 1},
+          {"loss", loss},
+          {"smoothed_loss", smoothed},
+          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"tokens_per_second", steps_per_second * batch * seq}};
+      training.add_step_times(record);
+      metrics->write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
     if (evaluation && (epoch_end || step % checkpoint_every == 0)) {

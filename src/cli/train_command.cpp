@@ -308,13 +308,15 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
       train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
       // The schedule counts optimizer updates, `step` counts batches.
       const int64_t update = (step - 1) / optimizer.accumulation_steps;
-      metrics->write({{"step", step},
-                      {"epoch", epoch + 1},
-                      {"loss", loss},
-                      {"smoothed_loss", smoothed_loss},
-                      {"batch_accuracy", accuracy},
-                      {"learning_rate", learning_rate_at(optimizer, update)},
-                      {"images_per_second", steps_per_second * batch}});
+      nlohmann::json record = {{"step", step},
+                               {"epoch", epoch + 1},
+                               {"loss", loss},
+                               {"smoothed_loss", smoothed_loss},
+                               {"batch_accuracy", accuracy},
+                               {"learning_rate", learning_rate_at(optimizer, update)},
+                               {"images_per_second", steps_per_second * batch}};
+      training.add_step_times(record);
+      metrics->write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0;
     if (epoch_end && run.writes()) {

@@ -59,4 +59,12 @@ std::vector<float> TrainingProgram::output(std::string_view name) const {
   return fused_ ? fused_->output(name) : parallel_->output(name);
 }
 
+void TrainingProgram::add_step_times(nlohmann::json& record) const {
+  if (!parallel_) return;
+  const DataParallelTrainer::StepTimes times = parallel_->last_step_times();
+  record["gradients_ms"] = times.gradients_ms;
+  record["reduction_ms"] = times.reduction_ms;
+  record["update_ms"] = times.update_ms;
+}
+
 }  // namespace mg::cli

@@ -2,6 +2,7 @@
 // The training program of a `meganeura train` job: add_training's single program when the job
 // runs alone, a DataParallelTrainer when it is one rank of a distributed run.
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,9 @@ class TrainingProgram {
   void finish();        // waits for the step in flight
   double loss() const;  // the last finished step's loss over the global batch
   std::vector<float> output(std::string_view name) const;  // this process's share
+  // In a distributed run, where the last step's time went (DataParallelTrainer::StepTimes) as
+  // gradients_ms, reduction_ms and update_ms in `record`; nothing alone.
+  void add_step_times(nlohmann::json& record) const;
 
  private:
   OptimizerConfig optimizer_;
