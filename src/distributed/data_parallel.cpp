@@ -145,7 +145,7 @@ void DataParallelTrainer::step(int64_t step) {
   // Each bucket's sum starts as soon as it is staged, while the next ones are copied out.
   for (Bucket& bucket : impl.buckets) {
     for (const Bucket::Entry& entry : bucket.entries) {
-      const std::vector<float> gradient = impl.gradients.output(entry.name);
+      const std::span<const float> gradient = impl.gradients.f32_output(entry.name);
       std::copy(gradient.begin(), gradient.end(),
                 bucket.values.begin() + static_cast<std::ptrdiff_t>(entry.offset));
     }
