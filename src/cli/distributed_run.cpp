@@ -1,6 +1,7 @@
 #include "cli/distributed_run.hpp"
 
 #include <cstdio>
+#include <exception>
 
 namespace mg::cli {
 
@@ -38,18 +39,49 @@ double DistributedRun::sum(double value) const {
   return value;
 }
 
-int DistributedRun::run(const std::string& command, const std::function<int()>& job) const {
-  if (!communicator_ || communicator_->size() == 1) return job();
+namespace {
+
+// Prints the exception in flight as main() would, naming the rank.
+void print_error(const std::string& command, int rank, int size) {
   try {
-    return job();
+    throw;
   } catch (const Error& error) {
-    std::fprintf(stderr, "meganeura %s: rank %d of %d: error: %s\n", command.c_str(), rank(),
-                 size(), error.what());
+    std::fprintf(stderr, "meganeura %s: rank %d of %d: error: %s\n", command.c_str(), rank, size,
+                 error.what());
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "meganeura %s: rank %d of %d: internal error: %s\n", command.c_str(),
-                 rank(), size(), error.what());
+    std::fprintf(stderr, "meganeura %s: rank %d of %d: internal error: %s\n", command.c_str(), rank,
+                 size, error.what());
+  } catch (...) {
+    std::fprintf(stderr, "meganeura %s: rank %d of %d: internal error\n", command.c_str(), rank,
+                 size);
   }
   std::fflush(stderr);
+}
+
+// What the terminate handler ends: an exception that escapes while another unwinds (a
+// destructor waiting for a GPU that hangs) must end every rank too, not this one alone.
+struct RunningJob {
+  Communicator* communicator = nullptr;
+  std::string command;
+  int rank = 0, size = 1;
+};
+RunningJob running_job;
+
+}  // namespace
+
+int DistributedRun::run(const std::string& command, const std::function<int()>& job) const {
+  if (!communicator_ || communicator_->size() == 1) return job();
+  running_job = {communicator_.get(), command, rank(), size()};
+  std::set_terminate([] {
+    if (std::current_exception())
+      print_error(running_job.command, running_job.rank, running_job.size);
+    running_job.communicator->abort(1);
+  });
+  try {
+    return job();
+  } catch (...) {
+    print_error(command, rank(), size());
+  }
   communicator_->abort(1);
 }
 
