@@ -13,11 +13,12 @@
 #
 # Needs: the binary built with MPI ($MEGANEURA, default .dev/bin/meganeura, plain or gzip'd) and
 # Open MPI's mpirun. Where the machine has none, put the debs of openmpi-bin, openmpi-common,
-# libopenmpi3 and their dependencies in .dev/debs (on a Debian 12 machine: apt-get download
-# openmpi-bin openmpi-common libopenmpi3 libhwloc15 libevent-core-2.1-7
-# libevent-pthreads-2.1-7 libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2
-# libpsm-infinipath1 libmunge2 libnl-3-200 libnl-route-3-200 libevent-2.1-7); they are unpacked
-# beside the system's, not over it. SmolLM2-135M is made at its exact configuration with random
+# libopenmpi3 and those of their dependencies the machine lacks in .dev/debs (on a Debian 12
+# machine: apt-get download openmpi-bin openmpi-common libopenmpi3 libhwloc15 libnuma1
+# libpciaccess0 libxnvctrl0 libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libfabric1
+# libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libmunge2 libnl-3-200
+# libnl-route-3-200; `apt-cache depends --recurse openmpi-bin libopenmpi3` lists them all); they
+# are unpacked beside the system's, not over it. SmolLM2-135M is made at its exact configuration with random
 # weights by transformers (as bench/llama_parity_h200.py does) unless $SMOLLM2_DIR names a folder.
 # Run from the repository root:  OUT=$OUT bash bench/mpi_h200.sh
 set -u
