@@ -8,6 +8,7 @@ packages=(
   glslang-dev glslang-tools spirv-tools
   libgtest-dev zlib1g-dev nlohmann-json3-dev libsndfile1-dev libpcre2-dev libstb-dev
   dataset-fashion-mnist
+  libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch
 )
 

@@ -148,6 +148,10 @@ class Session {
   // float).
   std::vector<float> output(std::string_view name) const;
   float scalar_output(std::string_view name) const;
+  // An f32 output of the last finished run where the run left it, without a copy: valid until
+  // the next run finishes (start_run's wait, finish_run or run). Throws mg::Error for other
+  // dtypes.
+  std::span<const float> f32_output(std::string_view name) const;
 
   // Parameters and state by name (blocking GPU reads and writes, after any run in flight); an
   // f16 leaf is read exactly and written rounded to f16. A write makes the next run run the

@@ -62,4 +62,11 @@ struct TrainingGraph {
 // parameter and optimizer state (Graph::assign). Marks `loss` as output "loss".
 TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& config);
 
+// The second half of add_training on its own: clipping and the update of every parameter in
+// `gradients` (parameter -> its gradient, any value of the parameter's type: an input when the
+// gradients come from elsewhere, as in data-parallel training). Returns the gradient norm when
+// clipping is on (also output "gradient_norm"), kNoValue otherwise.
+ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gradients,
+                             const OptimizerConfig& config);
+
 }  // namespace mg

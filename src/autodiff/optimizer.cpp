@@ -73,6 +73,17 @@ std::map<std::string, double> optimizer_inputs(const OptimizerConfig& config, in
 
 namespace {
 
+void check_f32_parameters(const Graph& graph, const std::vector<ValueId>& parameters) {
+  for (ValueId parameter : parameters) {
+    const Node& node = graph.node(parameter);
+    if (node.type.dtype != DType::f32)
+      throw Error("training: parameter '" + node.name + "' is " + type_string(node.type) +
+                  "; the optimizers update f32 parameters (their small steps vanish in f16): "
+                  "declare it f32 and cast it to " +
+                  std::string(dtype_name(node.type.dtype)) + " where the graph uses it");
+  }
+}
+
 Tensor state_like(Graph& graph, const Node& parameter, const std::string& suffix) {
   return {&graph, graph.state("optimizer." + parameter.name + "." + suffix, parameter.type)};
 }
@@ -85,22 +96,35 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   }
   const std::vector<ValueId> parameters = graph.leaves(op::parameter);
   if (parameters.empty()) throw Error("training: the graph has no parameters");
-  for (ValueId parameter : parameters) {
-    const Node& node = graph.node(parameter);
-    if (node.type.dtype != DType::f32)
-      throw Error("training: parameter '" + node.name + "' is " + type_string(node.type) +
-                  "; the optimizers update f32 parameters (their small steps vanish in f16): "
-                  "declare it f32 and cast it to " +
-                  std::string(dtype_name(node.type.dtype)) + " where the graph uses it");
-  }
-
+  check_f32_parameters(graph, parameters);
   check_accumulation(config);
 
   TrainingGraph training;
   training.loss = loss;
   training.gradients = gradients(graph, loss, parameters);
   graph.set_output("loss", loss);
+  training.gradient_norm = add_optimizer_update(graph, training.gradients, config);
+  return training;
+}
 
+ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gradients,
+                             const OptimizerConfig& config) {
+  if (gradients.empty()) throw Error("optimizer update: no parameters to update");
+  check_accumulation(config);
+  // Graph order (the map's keys), so that state leaves are created in the order add_training
+  // always created them.
+  std::vector<ValueId> parameters;
+  for (const auto& [parameter, gradient] : gradients) {
+    if (graph.node(parameter).op != op::parameter)
+      throw Error("optimizer update: %" + std::to_string(parameter) + " is not a parameter");
+    if (!(graph.type(gradient) == graph.type(parameter)))
+      throw Error("optimizer update: the gradient of '" + graph.node(parameter).name + "' is " +
+                  type_string(graph.type(gradient)) + ", the parameter " +
+                  type_string(graph.type(parameter)));
+    parameters.push_back(parameter);
+  }
+  check_f32_parameters(graph, parameters);
+  ValueId gradient_norm = kNoValue;
   // With accumulation the optimizer below sees the mean gradient of the group so far, and every
   // state it writes (parameters, moments) is selected with `apply`: where() copies the old value
   // bit for bit on the micro-steps that do not apply, which a 0/1 blend would not for inf/NaN.
@@ -109,7 +133,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   std::map<ValueId, Tensor> optimizer_gradients;  // parameter -> gradient the update uses
   if (accumulate) apply = input(graph, kApplyUpdateInput, {});
   for (ValueId parameter_id : parameters) {
-    Tensor grad{&graph, training.gradients[parameter_id]};
+    Tensor grad{&graph, gradients.at(parameter_id)};
     if (accumulate) {
       const Node parameter_node = graph.node(parameter_id);
       const Tensor accumulated = state_like(graph, parameter_node, "accumulated_gradient");
@@ -141,7 +165,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
       squared_sum = squared_sum.valid() ? squared_sum + part : part;
     }
     const Tensor norm = sqrt(squared_sum);
-    training.gradient_norm = norm.id();
+    gradient_norm = norm.id();
     graph.set_output("gradient_norm", norm.id());
     clip_scale = minimum(scalar(graph, 1.0), config.clip_norm / (norm + 1e-6));
   }
@@ -181,7 +205,7 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
     }
     graph.assign(parameter_id, select(updated, parameter).id());
   }
-  return training;
+  return gradient_norm;
 }
 
 }  // namespace mg

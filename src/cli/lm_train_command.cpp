@@ -8,6 +8,8 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/distributed_run.hpp"
+#include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -28,7 +30,9 @@ save_pretrained write it: config.json, safetensors weights, tokenizer.json) on t
 causal language-modelling loss, and writes into --out: checkpoint.safetensors (weights and
 optimizer state, every --checkpoint-every steps and at the end), metrics.jsonl, training.png
 (training and validation loss) and model/, a folder in the same layout that transformers and
-'meganeura generate' open. Ctrl-C stops after the current step and saves.
+'meganeura generate' open. Ctrl-C stops after the current step and saves. Under mpirun (or with
+--distributed) each process trains on its share of every batch and the gradients are averaged
+across them: docs/DISTRIBUTED.md.
 
 The data: a .jsonl file (one JSON object a line with a "text" field, each a document) or any
 other file as plain UTF-8 text (one document). Documents are tokenised, joined with the
@@ -39,7 +43,8 @@ it); the last --validation fraction of the sequences is held out for the validat
   --data FILE           the text (required)
   --out DIR             output folder (default runs/<timestamp>)
   --seq N               tokens a sequence (default 128)
-  --batch N             sequences a step (default 8)
+  --batch N             sequences a step (default 8); in a distributed run the global batch,
+                        which the number of processes must divide
   --epochs N            passes over the training sequences (default 1)
   --max-steps N         stop after N steps (default: all the epochs)
   --validation X        fraction of the sequences held out (default 0.05; 0 turns it off)
@@ -55,6 +60,9 @@ it); the last --validation fraction of the sequences is held out for the validat
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
   --checkpoint-every N  steps between checkpoints (default 200)
+  --log-every N         steps between metrics.jsonl records (default 10)
+  --distributed         data-parallel over the processes of an MPI launcher (implied when
+                        mpirun started this one); rank 0 writes every file
 )";
 
 struct TextData {
@@ -114,6 +122,8 @@ const char* const kCopiedFiles[] = {"tokenizer.json",
                                     "vocab.json",
                                     "merges.txt"};
 
+int train_language_model(const Arguments& arguments, const DistributedRun& run);
+
 }  // namespace
 
 int lm_train_command(const std::vector<std::string>& words) {
@@ -122,12 +132,20 @@ int lm_train_command(const std::vector<std::string>& words) {
       {"model",        "data",      "out",        "seq",    "batch",
        "epochs",       "max-steps", "validation", "lr",     "optimizer",
        "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
-       "seed",         "device",    "precision",  "resume", "checkpoint-every"},
-      {"help"});
+       "seed",         "device",    "precision",  "resume", "checkpoint-every",
+       "log-every"},
+      {"help", "distributed"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  const DistributedRun run(arguments);
+  return run.run("train", [&] { return train_language_model(arguments, run); });
+}
+
+namespace {
+
+int train_language_model(const Arguments& arguments, const DistributedRun& run) {
   const std::filesystem::path folder_path = arguments.text("model", "");
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data FILE is required to train a language model");
@@ -135,11 +153,13 @@ int lm_train_command(const std::vector<std::string>& words) {
   const int64_t batch = arguments.integer("batch", 8);
   const int64_t epochs = arguments.integer("epochs", 1);
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200);
+  const int64_t log_every = arguments.integer("log-every", 10);
   const double validation = arguments.real("validation", 0.05);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
-  if (seq <= 0 || batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
-    throw Error("--seq, --batch, --epochs and --checkpoint-every must be positive");
+  if (seq <= 0 || batch <= 0 || epochs <= 0 || checkpoint_every <= 0 || log_every <= 0) {
+    throw Error("--seq, --batch, --epochs, --checkpoint-every and --log-every must be positive");
   }
+  const int64_t local_batch = run.local_batch(batch);
   if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
 
   // Everything the run reads is checked before anything is written.
@@ -186,53 +206,65 @@ int lm_train_command(const std::vector<std::string>& words) {
   }
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
-  prepare_out_dir(out_dir);
-  std::fprintf(stderr,
-               "data: %lld documents, %zu tokens: %lld training and %lld validation sequences of "
-               "%lld tokens\n",
-               static_cast<long long>(text.documents), text.tokens.size(),
-               static_cast<long long>(training_sequences), static_cast<long long>(held_out),
-               static_cast<long long>(seq));
+  if (run.writes()) prepare_out_dir(out_dir);
+  if (run.writes())
+    std::fprintf(stderr,
+                 "data: %lld documents, %zu tokens: %lld training and %lld validation sequences of "
+                 "%lld tokens\n",
+                 static_cast<long long>(text.documents), text.tokens.size(),
+                 static_cast<long long>(training_sequences), static_cast<long long>(held_out),
+                 static_cast<long long>(seq));
 
   SessionOptions options;
-  options.shared_device = open_shared_device(arguments.text("device", ""));
+  options.shared_device = open_shared_device(run.device(arguments));
   options.shared_tensors = make_shared_tensors(options.shared_device);
   // Every parameter is written from the folder (or the checkpoint) before the first run.
   options.initialise_parameters = false;
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
-  Graph training_graph = models::llama_loss_graph(config, batch, seq);
-  add_training(training_graph, training_graph.output(models::kLoss), optimizer);
-  Session training(training_graph, options);
+  TrainingProgram training(models::llama_loss_graph(config, local_batch, seq), optimizer, run,
+                           options);
+  // Rank 0 alone computes the validation loss, on the weights it shares with the training.
   std::unique_ptr<Session> evaluation;
-  if (held_out > 0)
+  if (held_out > 0 && run.writes())
     evaluation = std::make_unique<Session>(models::llama_loss_graph(config, batch, seq), options);
-  std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  print_precision(options.precision, training.report());
-  std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s\n",
-               training.report().build_seconds, training.report().dispatches,
-               evaluation ? " and evaluation program" : "");
+  if (run.distributed()) {
+    std::fprintf(stderr, "rank %d of %d: device: %s\n", run.rank(), run.size(),
+                 training.report().device.c_str());
+  } else {
+    std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  }
+  if (run.writes()) {
+    print_precision(options.precision, training.report());
+    std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s%s\n",
+                 training.report().build_seconds, training.report().dispatches,
+                 evaluation ? " and evaluation program" : "",
+                 run.distributed() ? ", data-parallel over the ranks" : "");
+  }
 
   int64_t step = 0;
   if (resumed) {
-    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    load_tensors(training.state(), *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
-    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
-                 static_cast<long long>(step));
+    if (run.writes())
+      std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+                   static_cast<long long>(step));
   } else {
-    models::load_llama_weights(training, folder, config);
+    models::load_llama_weights(training.state(), folder, config);
   }
 
   const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
-  io::JsonlWriter metrics(out_dir / "metrics.jsonl");
+  std::optional<io::JsonlWriter> metrics;
+  if (run.writes()) metrics.emplace(out_dir / "metrics.jsonl");
   const auto save = [&] {
+    if (!run.writes()) return;
     io::Checkpoint checkpoint;
     checkpoint.model_config = model_json;
     checkpoint.step = step;
     checkpoint.epoch = step / steps_per_epoch;
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"seq", seq}, {"batch", batch}, {"seed", seed}};
-    checkpoint.tensors = session_tensors(training);
+    checkpoint.tensors = session_tensors(training.state());
     io::save_checkpoint(checkpoint_path, checkpoint);
   };
   std::vector<int32_t> ids, labels;
@@ -262,25 +294,26 @@ int lm_train_command(const std::vector<std::string>& words) {
   double smoothed = NAN, last_validation = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
-  while (step < total_steps && !stop_requested) {
+  // Every rank stops at the same step, whichever of them was asked to.
+  bool stopping = run.any(stop_requested);
+  while (step < total_steps && !stopping) {
     const int64_t epoch = step / steps_per_epoch;
     if (epoch != order_epoch) {
       order = data::epoch_order(training_sequences, seed, epoch);
       order_epoch = epoch;
     }
-    const int64_t position = (step % steps_per_epoch) * batch;
+    // This rank's share of the global batch: its run of consecutive sequences in it.
+    const int64_t position = (step % steps_per_epoch) * batch + run.rank() * local_batch;
     std::vector<int64_t> starts;
-    for (int64_t r = 0; r < batch; ++r) starts.push_back(int64_t{order[position + r]} * seq);
-    fill_batch(text.tokens, starts, batch, seq, ids, labels);
+    for (int64_t r = 0; r < local_batch; ++r) starts.push_back(int64_t{order[position + r]} * seq);
+    fill_batch(text.tokens, starts, local_batch, seq, ids, labels);
     training.set_input(models::kInputIds, ids);
     training.set_input(models::kLabels, labels);
-    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
-      if (training.has_input(name))
-        training.set_input(name, std::vector<float>{static_cast<float>(value)});
-    }
-    training.run();
+    training.start(step);
+    training.finish();
     ++step;
-    const double loss = training.scalar_output(models::kLoss);
+    const double loss = training.loss();
+    stopping = run.any(stop_requested);
     if (!std::isfinite(loss)) {
       progress.finish();
       throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
@@ -297,31 +330,35 @@ int lm_train_command(const std::vector<std::string>& words) {
         bar(static_cast<double>(step) / total_steps).c_str(), static_cast<long long>(step),
         static_cast<long long>(total_steps), smoothed, steps_per_second * batch * seq,
         format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
-    progress.update(line, step == total_steps);
-    if (step % 10 == 0 || step == total_steps) {
+    if (run.writes()) progress.update(line, step == total_steps);
+    if (run.writes() && (step % log_every == 0 || step == total_steps)) {
       loss_series.points.emplace_back(step, smoothed);
-      metrics.write({{"step", step},
-                     {"epoch", epoch + 1},
-                     {"loss", loss},
-                     {"smoothed_loss", smoothed},
-                     {"learning_rate",
-                      learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
-                     {"tokens_per_second", steps_per_second * batch * seq}});
+      nlohmann::json record = {
+          {"step", step},
+          {"epoch", epoch + 1},
+          {"loss", loss},
+          {"smoothed_loss", smoothed},
+          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"tokens_per_second", steps_per_second * batch * seq}};
+      training.add_step_times(record);
+      metrics->write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
     if (evaluation && (epoch_end || step % checkpoint_every == 0)) {
       last_validation = validation_loss();
       validation_series.points.emplace_back(step, last_validation);
-      metrics.write({{"step", step}, {"validation_loss", last_validation}});
+      metrics->write({{"step", step}, {"validation_loss", last_validation}});
       progress.finish();
       std::fprintf(stderr, "step %lld: validation loss %.4f (perplexity %.2f)\n",
                    static_cast<long long>(step), last_validation, std::exp(last_validation));
     }
     if (step % checkpoint_every == 0) save();
   }
-  progress.finish();
+  stopping = stopping || stop_requested;
   save();
-  if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
+  if (!run.writes()) return stopping ? 130 : 0;
+  progress.finish();
+  if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;
   for (const char* name : kCopiedFiles) {
@@ -331,8 +368,8 @@ int lm_train_command(const std::vector<std::string>& words) {
   nlohmann::json saved_config = folder.config();
   if (saved_config.contains("torch_dtype")) saved_config["torch_dtype"] = "float32";
   if (saved_config.contains("dtype")) saved_config["dtype"] = "float32";
-  io::save_model_folder(out_dir / "model", saved_config, models::llama_weights(training, config),
-                        save_options);
+  io::save_model_folder(out_dir / "model", saved_config,
+                        models::llama_weights(training.state(), config), save_options);
 
   io::Chart chart;
   chart.title = "meganeura train: " + folder_path.filename().string() + " on " +
@@ -347,7 +384,8 @@ int lm_train_command(const std::vector<std::string>& words) {
   if (!std::isnan(last_validation))
     std::printf("validation loss: %.4f (perplexity %.2f)\n", last_validation,
                 std::exp(last_validation));
-  return stop_requested ? 130 : 0;
+  return stopping ? 130 : 0;
 }
 
+}  // namespace
 }  // namespace mg::cli

@@ -1,4 +1,5 @@
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -12,6 +13,8 @@
 #include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/distributed_run.hpp"
+#include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -28,7 +31,9 @@ The second form fine-tunes a Hugging Face language-model folder on text: see 'me
 --model MODEL_DIR --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates
 it on the test set after each epoch, and writes into --out: checkpoint.safetensors (every
 --checkpoint-every steps, each epoch and at the end), metrics.jsonl (one JSON object per logged
-step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint.
+step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops after the current
+step and saves a checkpoint. Under mpirun (or with --distributed) each process trains on its
+share of every batch and the gradients are averaged across them: docs/DISTRIBUTED.md.
 
   --out DIR             output folder (default runs/<timestamp>)
   --model cnn|mlp       architecture (default cnn); a folder path selects the second form
@@ -36,7 +41,8 @@ step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops af
   --limit N             use only the first N training images (default: all on a GPU; 36000 on
                         a CPU device such as Lavapipe, where the default run takes about
                         2.5 minutes on two cores and reaches about 85-86 % test accuracy)
-  --batch N             batch size (default 64)
+  --batch N             batch size (default 64); in a distributed run the global batch,
+                        which the number of processes must divide
   --lr X                learning rate (default 0.002)
   --optimizer NAME      adam, adamw or sgd (default adam)
   --weight-decay X      (default 0)
@@ -56,8 +62,14 @@ step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops af
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
   --resume CKPT         continue from a checkpoint written by this command
   --checkpoint-every N  steps between checkpoints (default 500)
+  --max-steps N         stop after N steps (default: all the epochs)
+  --log-every N         steps between metrics.jsonl records (default 10)
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
+  --distributed         data-parallel over the processes of an MPI launcher (implied when
+                        mpirun started this one); rank 0 writes every file
 )";
+
+int train_classifier(const Arguments& arguments, const DistributedRun& run);
 
 }  // namespace
 
@@ -108,13 +120,21 @@ int train_command(const std::vector<std::string>& words) {
                              "batch",      "lr",       "optimizer",        "weight-decay",
                              "momentum",   "schedule", "warmup",           "clip",
                              "accumulate", "seed",     "device",           "precision",
-                             "data",       "resume",   "checkpoint-every", "trace"},
-                            {"help"});
+                             "data",       "resume",   "checkpoint-every", "trace",
+                             "log-every",  "max-steps"},
+                            {"help", "distributed"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  const std::string device = arguments.text("device", "");
+  const DistributedRun run(arguments);
+  return run.run("train", [&] { return train_classifier(arguments, run); });
+}
+
+namespace {
+
+int train_classifier(const Arguments& arguments, const DistributedRun& run) {
+  const std::string device = run.device(arguments);
   const bool cpu_device = running_on_cpu_device(device);
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   const std::filesystem::path data_dir =
@@ -124,13 +144,17 @@ int train_command(const std::vector<std::string>& words) {
   const int64_t limit = arguments.integer("limit", cpu_device ? 36000 : -1);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
+  const int64_t log_every = arguments.integer("log-every", 10);
   if (batch <= 0) throw Error("--batch must be positive (images a step)");
   if (epochs <= 0) throw Error("--epochs must be positive");
   if (checkpoint_every <= 0) throw Error("--checkpoint-every must be positive (steps)");
+  if (log_every <= 0) throw Error("--log-every must be positive (steps)");
   if (arguments.has("limit") && limit <= 0) throw Error("--limit must be positive");
 
-  prepare_out_dir(out_dir);
-  require_writable_file(arguments, "trace");
+  if (run.writes()) {
+    prepare_out_dir(out_dir);
+    require_writable_file(arguments, "trace");
+  }
 
   models::ClassifierConfig model;
   model.architecture = arguments.text("model", "cnn");
@@ -149,9 +173,11 @@ int train_command(const std::vector<std::string>& words) {
     throw Error("--batch " + std::to_string(batch) + " is larger than the " +
                 std::to_string(train_set.count) + " training images");
   }
-  data::Batcher batcher(train_set, batch, seed);
+  data::Batcher batcher(train_set, batch, seed, true, true, data::Shard{run.rank(), run.size()});
   const int64_t steps_per_epoch = batcher.batches_per_epoch();
-  const int64_t total_steps = steps_per_epoch * epochs;
+  const int64_t total_steps =
+      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
+  if (total_steps <= 0) throw Error("--max-steps must be positive");
   const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
 
   SessionOptions session_options;
@@ -160,45 +186,61 @@ int train_command(const std::vector<std::string>& words) {
   session_options.seed = seed;
   session_options.precision = parse_precision(arguments.text("precision", "strict"));
   session_options.profile = arguments.has("trace");
-  Session training(models::build_classifier_training(model, batch, optimizer), session_options);
+  TrainingProgram training(models::build_classifier_loss(model, run.local_batch(batch)), optimizer,
+                           run, session_options);
+  // Rank 0 alone evaluates (the parameters are the same on every rank).
   const int64_t eval_batch = 500;
-  SessionOptions eval_options = session_options;
-  eval_options.profile = false;
-  Session inference(models::build_classifier(model, eval_batch), eval_options);
-  std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  print_precision(session_options.precision, training.report());
-  std::fprintf(stderr,
-               "built training program in %.2f s (%zu dispatches, %u pipelines) and "
-               "inference program (%zu dispatches)\n",
-               training.report().build_seconds, training.report().dispatches,
-               training.report().pipelines, inference.report().dispatches);
+  std::unique_ptr<Session> inference;
+  if (run.writes()) {
+    SessionOptions eval_options = session_options;
+    eval_options.profile = false;
+    inference =
+        std::make_unique<Session>(models::build_classifier(model, eval_batch), eval_options);
+  }
+  if (run.distributed()) {
+    std::fprintf(stderr, "rank %d of %d: device: %s\n", run.rank(), run.size(),
+                 training.report().device.c_str());
+  } else {
+    std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  }
+  if (run.writes()) {
+    print_precision(session_options.precision, training.report());
+    std::fprintf(stderr, "built training program in %.2f s (%zu dispatches, %u pipelines)%s\n",
+                 training.report().build_seconds, training.report().dispatches,
+                 training.report().pipelines,
+                 run.distributed() ? ", data-parallel over the ranks" : "");
+  }
 
   int64_t step = 0;
   if (resumed) {
-    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    load_tensors(training.state(), *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
     batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
-    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
-                 static_cast<long long>(step));
+    if (run.writes())
+      std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+                   static_cast<long long>(step));
   }
 
   const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
-  io::JsonlWriter metrics(out_dir / "metrics.jsonl");
+  std::optional<io::JsonlWriter> metrics;
+  if (run.writes()) metrics.emplace(out_dir / "metrics.jsonl");
   auto save = [&] {
+    if (!run.writes()) return;
     io::Checkpoint checkpoint;
     checkpoint.model_config = model.to_json();
     checkpoint.step = step;
     checkpoint.epoch = batcher.epoch();
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"batcher", batcher.state().to_json()}, {"batch", batch}};
-    checkpoint.tensors = session_tensors(training);
+    checkpoint.tensors = session_tensors(training.state());
     io::save_checkpoint(checkpoint_path, checkpoint);
   };
 
   install_stop_handlers();
-  std::vector<float> images(static_cast<size_t>(batch * train_set.image_size()));
+  const int64_t rows = batcher.shard_size();  // this process's examples a step
+  std::vector<float> images(static_cast<size_t>(rows * train_set.image_size()));
   // The labels of the step in flight and of the one queued behind it.
-  std::vector<int32_t> labels(static_cast<size_t>(batch)), next_labels(labels.size());
+  std::vector<int32_t> labels(static_cast<size_t>(rows)), next_labels(labels.size());
   io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
       test_accuracy_series{"test accuracy", {}};
   ProgressLine progress;
@@ -210,12 +252,10 @@ int train_command(const std::vector<std::string>& words) {
     batcher.next(images, step_labels);
     training.set_input(models::kImagesInput, images);
     training.set_input(models::kLabelsInput, step_labels);
-    for (const auto& [name, value] : optimizer_inputs(optimizer, index)) {
-      if (training.has_input(name))
-        training.set_input(name, std::vector<float>{static_cast<float>(value)});
-    }
-    training.start_run();
+    training.start(index);
   };
+  // Every rank stops at the same step, whichever of them was asked to.
+  bool stopping = run.any(stop_requested);
   // Where an evaluation (an epoch's end) or a checkpoint follows: they read the parameters after
   // the step, so no step may be queued behind it.
   const auto ends_a_stretch = [&](int64_t steps_done) {
@@ -223,27 +263,29 @@ int train_command(const std::vector<std::string>& words) {
   };
   // The next step is queued behind the one in flight (its batch prepared and its inputs set
   // while that one runs), so the GPU does not wait for the host between steps.
-  bool in_flight = step < total_steps && !stop_requested;
+  bool in_flight = step < total_steps && !stopping;
   if (in_flight) start_step(step, labels);
   while (in_flight) {
-    in_flight = step + 1 < total_steps && !stop_requested && !ends_a_stretch(step + 1);
+    in_flight = training.queues_steps() && step + 1 < total_steps && !stop_requested &&
+                !ends_a_stretch(step + 1);
     if (in_flight) {
       start_step(step + 1, next_labels);
     } else {
-      training.finish_run();
+      training.finish();
     }
     ++step;
-    const double loss = training.scalar_output("loss");
+    const double loss = training.loss();
     if (!std::isfinite(loss)) {
       progress.finish();
       throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
                   "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
     }
     const std::vector<int64_t> predicted =
-        predictions(training.output("logits"), batch, model.classes);
+        predictions(training.output("logits"), rows, model.classes);
     int64_t correct = 0;
-    for (int64_t i = 0; i < batch; ++i) correct += predicted[i] == labels[i];
-    const double accuracy = static_cast<double>(correct) / batch;
+    for (int64_t i = 0; i < rows; ++i) correct += predicted[i] == labels[i];
+    const double accuracy = run.sum(static_cast<double>(correct)) / batch;
+    stopping = run.any(stop_requested);
     smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
     smoothed_accuracy =
         std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
@@ -260,43 +302,47 @@ int train_command(const std::vector<std::string>& words) {
                   static_cast<long long>(step), static_cast<long long>(total_steps), smoothed_loss,
                   100 * smoothed_accuracy, steps_per_second * batch,
                   format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
-    progress.update(text, step == total_steps);
-    if (step % 10 == 0 || step == total_steps) {
+    if (run.writes()) progress.update(text, step == total_steps);
+    if (run.writes() && (step % log_every == 0 || step == total_steps)) {
       loss_series.points.emplace_back(step, smoothed_loss);
       train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
       // The schedule counts optimizer updates, `step` counts batches.
       const int64_t update = (step - 1) / optimizer.accumulation_steps;
-      metrics.write({{"step", step},
-                     {"epoch", epoch + 1},
-                     {"loss", loss},
-                     {"smoothed_loss", smoothed_loss},
-                     {"batch_accuracy", accuracy},
-                     {"learning_rate", learning_rate_at(optimizer, update)},
-                     {"images_per_second", steps_per_second * batch}});
+      nlohmann::json record = {{"step", step},
+                               {"epoch", epoch + 1},
+                               {"loss", loss},
+                               {"smoothed_loss", smoothed_loss},
+                               {"batch_accuracy", accuracy},
+                               {"learning_rate", learning_rate_at(optimizer, update)},
+                               {"images_per_second", steps_per_second * batch}};
+      training.add_step_times(record);
+      metrics->write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0;
-    if (epoch_end) {
-      load_tensors(inference, io::Checkpoint{.tensors = session_tensors(training)}, "training",
-                   false);
-      const Evaluation evaluation = evaluate(inference, test_set, eval_batch, model.classes);
+    if (epoch_end && run.writes()) {
+      load_tensors(*inference, io::Checkpoint{.tensors = session_tensors(training.state())},
+                   "training", false);
+      const Evaluation evaluation = evaluate(*inference, test_set, eval_batch, model.classes);
       last_test_accuracy = evaluation.accuracy();
       test_accuracy_series.points.emplace_back(step, last_test_accuracy);
-      metrics.write({{"step", step}, {"epoch", epoch + 1}, {"test_accuracy", last_test_accuracy}});
+      metrics->write({{"step", step}, {"epoch", epoch + 1}, {"test_accuracy", last_test_accuracy}});
       progress.finish();
       std::fprintf(stderr, "epoch %lld: test accuracy %.2f%%\n", static_cast<long long>(epoch + 1),
                    100 * last_test_accuracy);
     }
     if (ends_a_stretch(step)) save();
     std::swap(labels, next_labels);
-    if (!in_flight && step < total_steps && !stop_requested) {
+    if (!in_flight && step < total_steps && !stopping) {
       in_flight = true;
       start_step(step, labels);
     }
   }
-  progress.finish();
+  stopping = stopping || stop_requested;
   save();
-  if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
-  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
+  if (!run.writes()) return stopping ? 130 : 0;
+  progress.finish();
+  if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
+  if (arguments.has("trace")) training.traced().write_trace(arguments.text("trace", ""));
 
   io::Chart chart;
   chart.title = "meganeura train: " + model.architecture + " on Fashion-MNIST";
@@ -309,7 +355,8 @@ int train_command(const std::vector<std::string>& words) {
               (out_dir / "training.png").c_str());
   if (!std::isnan(last_test_accuracy))
     std::printf("test accuracy: %.2f%%\n", 100 * last_test_accuracy);
-  return stop_requested ? 130 : 0;
+  return stopping ? 130 : 0;
 }
 
+}  // namespace
 }  // namespace mg::cli

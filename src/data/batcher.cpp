@@ -42,14 +42,22 @@ BatcherState BatcherState::from_json(const nlohmann::json& json) {
 }
 
 Batcher::Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, bool shuffle,
-                 bool drop_last)
+                 bool drop_last, Shard shard)
     : dataset_(dataset),
       batch_size_(batch_size),
       seed_(seed),
       shuffle_(shuffle),
-      drop_last_(drop_last) {
+      drop_last_(drop_last),
+      shard_(shard) {
   if (batch_size <= 0)
     throw Error("batch size must be positive, got " + std::to_string(batch_size));
+  if (shard.count <= 0 || shard.index < 0 || shard.index >= shard.count)
+    throw Error("shard " + std::to_string(shard.index) + " of " + std::to_string(shard.count) +
+                " does not exist");
+  if (shard.count > 1 && (!drop_last || batch_size % shard.count != 0))
+    throw Error("a batch of " + std::to_string(batch_size) + " cannot be split into " +
+                std::to_string(shard.count) +
+                " equal shards: give a batch size they divide (and full batches only)");
   if (dataset.count <= 0) throw Error("cannot make batches from an empty dataset");
   if (drop_last && batch_size > dataset.count) {
     throw Error("batch size " + std::to_string(batch_size) + " is larger than the dataset (" +
@@ -76,24 +84,27 @@ void Batcher::start_epoch(int64_t epoch) {
 
 int64_t Batcher::next(std::span<float> images, std::span<int32_t> labels) {
   const auto image_size = static_cast<size_t>(dataset_.image_size());
-  if (images.size() < static_cast<size_t>(batch_size_) * image_size ||
-      labels.size() < static_cast<size_t>(batch_size_)) {
+  const int64_t rows = shard_size();
+  if (images.size() < static_cast<size_t>(rows) * image_size ||
+      labels.size() < static_cast<size_t>(rows)) {
     throw Error("batch buffers hold " + std::to_string(images.size()) + " pixels and " +
-                std::to_string(labels.size()) + " labels, but a batch of " +
-                std::to_string(batch_size_) + " needs " +
-                std::to_string(batch_size_ * dataset_.image_size()) + " and " +
-                std::to_string(batch_size_));
+                std::to_string(labels.size()) + " labels, but a batch of " + std::to_string(rows) +
+                " needs " + std::to_string(rows * dataset_.image_size()) + " and " +
+                std::to_string(rows));
   }
   if (epoch_finished()) start_epoch(epoch_ + 1);
+  // Shards exist only with full batches (drop_last), so only a single shard is ever short.
   const int64_t count = std::min(batch_size_, dataset_.count - position_);
-  for (int64_t i = 0; i < count; ++i) {
-    const size_t example = order_[static_cast<size_t>(position_ + i)];
+  const int64_t first = position_ + shard_.index * rows;
+  const int64_t copied = std::min(rows, count);
+  for (int64_t i = 0; i < copied; ++i) {
+    const size_t example = order_[static_cast<size_t>(first + i)];
     std::memcpy(images.data() + i * image_size, dataset_.images.data() + example * image_size,
                 image_size * sizeof(float));
     labels[i] = dataset_.labels[example];
   }
   position_ += count;
-  return count;
+  return copied;
 }
 
 void Batcher::restore(const BatcherState& state) {

@@ -81,8 +81,7 @@ Graph build_classifier(const ClassifierConfig& config, int64_t batch) {
   return graph;
 }
 
-Graph build_classifier_training(const ClassifierConfig& config, int64_t batch,
-                                const OptimizerConfig& optimizer) {
+Graph build_classifier_loss(const ClassifierConfig& config, int64_t batch) {
   Graph graph;
   const Tensor images =
       input(graph, kImagesInput, {batch, 1, config.image_size, config.image_size});
@@ -90,7 +89,14 @@ Graph build_classifier_training(const ClassifierConfig& config, int64_t batch,
   const Tensor logits = logits_of(config, images);
   const Tensor loss = cross_entropy(logits, labels);
   graph.set_output("logits", logits.id());
-  add_training(graph, loss.id(), optimizer);
+  graph.set_output("loss", loss.id());
+  return graph;
+}
+
+Graph build_classifier_training(const ClassifierConfig& config, int64_t batch,
+                                const OptimizerConfig& optimizer) {
+  Graph graph = build_classifier_loss(config, batch);
+  add_training(graph, graph.output("loss"), optimizer);
   return graph;
 }
 

@@ -25,6 +25,9 @@ inline constexpr const char* kLabelsInput = "labels";  // i32 [batch]
 // Inference graph: output "logits" [batch, classes].
 Graph build_classifier(const ClassifierConfig& config, int64_t batch);
 
+// The graph of the loss (mean cross-entropy over the batch): outputs "logits" and "loss".
+Graph build_classifier_loss(const ClassifierConfig& config, int64_t batch);
+
 // Training graph: outputs "loss" and "logits", with the optimizer update of every parameter.
 Graph build_classifier_training(const ClassifierConfig& config, int64_t batch,
                                 const OptimizerConfig& optimizer);

@@ -455,6 +455,9 @@ struct Session::Impl {
 
   std::vector<gpu::PipelineId> pipeline_of_launch, pipeline_of_setup;
 
+  // Where output `name` of the last finished run lies in its staging, and its type.
+  std::pair<const std::byte*, TensorType> downloaded(std::string_view name) const;
+
   void create_pipelines() {
     std::vector<gpu::KernelSpec> specs;
     std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool>,
@@ -655,19 +658,31 @@ void Session::finish_run() {
   impl_->finish_run();
 }
 
-std::vector<float> Session::output(std::string_view name) const {
-  auto it = impl_->outputs.find(name);
-  if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
+std::pair<const std::byte*, TensorType> Session::Impl::downloaded(std::string_view name) const {
+  auto it = outputs.find(name);
+  if (it == outputs.end()) program.graph.output(name);  // throws, listing outputs
   if (it->second.bound)
     throw Error("output '" + std::string(name) + "' is bound to a buffer (bind_output)");
-  if (!impl_->finished)
+  if (!finished)
     throw Error("output '" + std::string(name) + "' read before the first run finished");
   const StagingSlot& slot = it->second;
-  const std::byte* data = static_cast<const std::byte*>(
-                              impl_->device->mapped(impl_->slots[*impl_->finished].download)) +
-                          slot.offset;
-  const TensorType& type = impl_->program.graph.type(slot.value);
+  const std::byte* data =
+      static_cast<const std::byte*>(device->mapped(slots[*finished].download)) + slot.offset;
+  return {data, program.graph.type(slot.value)};
+}
+
+std::vector<float> Session::output(std::string_view name) const {
+  const auto [data, type] = impl_->downloaded(name);
   return host_values(type.dtype, data, static_cast<size_t>(type.elements()));
+}
+
+std::span<const float> Session::f32_output(std::string_view name) const {
+  const auto [data, type] = impl_->downloaded(name);
+  if (type.dtype != DType::f32) {
+    throw Error("output '" + std::string(name) + "' is " + type_string(type) +
+                ", not f32: read it with output()");
+  }
+  return {reinterpret_cast<const float*>(data), static_cast<size_t>(type.elements())};
 }
 
 float Session::scalar_output(std::string_view name) const {

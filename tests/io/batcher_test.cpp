@@ -117,6 +117,30 @@ TEST(Batcher, RestoredStateContinuesExactly) {
   }
 }
 
+// Three ranks' shards of each batch are disjoint and, in rank order, the batch one process takes;
+// their state is the unsharded batcher's, so a checkpoint of either resumes the other.
+TEST(Batcher, ShardsOfRanksMakeUpTheBatchOfOneProcess) {
+  const Dataset dataset = numbered_dataset(40);
+  Batcher whole(dataset, 12, 5);
+  std::vector<Batcher> shards;
+  for (int64_t rank = 0; rank < 3; ++rank)
+    shards.emplace_back(dataset, 12, 5, true, true, Shard{rank, 3});
+  Buffers all(12), part(4);
+  for (int step = 0; step < 7; ++step) {  // past an epoch's end (3 batches an epoch)
+    std::vector<int64_t> joined;
+    for (Batcher& shard : shards) {
+      EXPECT_EQ(shard.shard_size(), 4);
+      const auto indices = next_indices(shard, part.images, part.labels);
+      joined.insert(joined.end(), indices.begin(), indices.end());
+    }
+    EXPECT_EQ(joined, next_indices(whole, all.images, all.labels)) << "step " << step;
+    for (const Batcher& shard : shards) EXPECT_EQ(shard.state(), whole.state());
+  }
+  expect_error([&] { Batcher(dataset, 10, 5, true, true, Shard{0, 3}); }, {"3 equal shards"});
+  expect_error([&] { Batcher(dataset, 12, 5, true, false, Shard{0, 3}); }, {"full batches"});
+  expect_error([&] { Batcher(dataset, 12, 5, true, true, Shard{3, 3}); }, {"shard 3 of 3"});
+}
+
 TEST(Batcher, RestoreRejectsMismatchedRuns) {
   const Dataset dataset = numbered_dataset(30);
   Batcher batcher(dataset, 5, 1);

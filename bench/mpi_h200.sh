@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Data-parallel training on the H200 (docs/DISTRIBUTED.md): two MPI ranks sharing the one GPU
+# against one process on the same global batch, for SmolLM2-135M (train --model DIR) and the
+# Fashion-MNIST CNN (there is no ResNet-50 training job yet). For each workload it runs
+#   alone  meganeura train                  (add_training's single program)
+#   np1    mpirun -np 1 meganeura train     (gradient and update programs, host-staged gradients,
+#                                            a sum over one rank)
+#   np2    mpirun -np 2 meganeura train     (the same with two ranks on the one GPU)
+# and prints per run the step time, where a distributed step's time goes (gradient program,
+# staging + sum across ranks, update program, from metrics.jsonl) and the largest relative loss
+# difference from `alone`. Results go to $OUT (default /tmp/mpi-h200): one folder a run, its log,
+# and summary.md.
+#
+# Needs: the binary built with MPI ($MEGANEURA, default .dev/bin/meganeura, plain or gzip'd) and
+# Open MPI's mpirun. Where the machine has none, put the debs of openmpi-bin, openmpi-common,
+# libopenmpi3 and those of their dependencies the machine lacks in .dev/debs (on a Debian 12
+# machine: apt-get download openmpi-bin openmpi-common libopenmpi3 libhwloc15 libnuma1
+# libpciaccess0 libxnvctrl0 libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libfabric1
+# libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libmunge2 libnl-3-200
+# libnl-route-3-200; `apt-cache depends --recurse openmpi-bin libopenmpi3` lists them all); they
+# are unpacked beside the system's, not over it. SmolLM2-135M is made at its exact configuration with random
+# weights by transformers (as bench/llama_parity_h200.py does) unless $SMOLLM2_DIR names a folder.
+# Run from the repository root:  OUT=$OUT bash bench/mpi_h200.sh
+set -u
+OUT=${OUT:-/tmp/mpi-h200}
+BIN=${MEGANEURA:-.dev/bin/meganeura}
+mkdir -p "$OUT"
+if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+if [ -d .dev/debs ]; then
+  mkdir -p /tmp/mglib && for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/mglib; done
+  export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] &&
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache PYTHONUNBUFFERED=1
+[ -f "$BIN.gz" ] && gunzip -f "$BIN.gz"
+chmod +x "$BIN"
+if ! command -v mpirun > /dev/null; then
+  if [ -x /tmp/mglib/usr/bin/mpirun ]; then
+    # Open MPI finds its plugins and help files under the prefix it was unpacked to.
+    export PATH=/tmp/mglib/usr/bin:$PATH OPAL_PREFIX=/tmp/mglib/usr
+  else
+    echo "mpirun not found: install openmpi-bin or put its debs in .dev/debs (see the header)"
+    exit 1
+  fi
+fi
+MPIRUN="mpirun --oversubscribe --allow-run-as-root --bind-to none"
+
+# SmolLM2-135M and text to train it on.
+SMOLLM2=${SMOLLM2_DIR:-$OUT/smollm2-135m}
+if [ ! -f "$SMOLLM2/config.json" ]; then
+  python3 - "$SMOLLM2" tests/fixtures/tokenizer/smollm2_like/tokenizer.json <<'EOF'
+import shutil, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+folder, tokenizer = sys.argv[1:3]
+config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+                     bos_token_id=0, eos_token_id=0, initializer_range=0.041666666666666664)
+torch.manual_seed(0)
+LlamaForCausalLM(config).float().save_pretrained(folder, safe_serialization=True)
+shutil.copy(tokenizer, folder + "/tokenizer.json")
+EOF
+fi
+python3 - "$OUT/text.jsonl" <<'EOF'
+import json, random, sys
+random.seed(0)
+words = "the a dragonfly river stone light flew over under quietly seven green morning".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(6000):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(24))}) + "\n")
+EOF
+
+# run NAME LAUNCHER ARGUMENTS...: one training run into $OUT/NAME.
+run() {
+  local name=$1 launcher=$2
+  shift 2
+  rm -rf "${OUT:?}/$name"
+  echo "== $name"
+  timeout 150 $launcher "$BIN" train "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "exit $?"; tail -2 "$OUT/$name.log"
+}
+for launcher in alone np1 np2; do
+  case $launcher in
+    alone) prefix="" ;;
+    np1) prefix="$MPIRUN -np 1" ;;
+    np2) prefix="$MPIRUN -np 2" ;;
+  esac
+  run "smollm2-$launcher" "$prefix" --model "$SMOLLM2" --data "$OUT/text.jsonl" --seq 128 \
+    --batch 8 --max-steps 40 --validation 0 --lr 1e-4 --log-every 1 --checkpoint-every 100000
+  run "fashion-cnn-$launcher" "$prefix" --model cnn --batch 64 --max-steps 300 --log-every 1 \
+    --checkpoint-every 100000
+done
+
+python3 - "$OUT" <<'EOF' | tee "$OUT/summary.md"
+import json, os, sys
+out = sys.argv[1]
+print("| workload | run | step ms | gradient program ms | staging + sum ms | update program ms | max rel. loss diff vs alone |")
+print("|---|---|---|---|---|---|---|")
+for workload, rate, per_step in (("smollm2", "tokens_per_second", 8 * 128), ("fashion-cnn", "images_per_second", 64)):
+    runs = {}
+    for launcher in ("alone", "np1", "np2"):
+        path = os.path.join(out, f"{workload}-{launcher}", "metrics.jsonl")
+        if os.path.exists(path):
+            runs[launcher] = [json.loads(line) for line in open(path) if '"loss"' in line]
+    for launcher, records in runs.items():
+        if not records:
+            continue
+        step_ms = 1000.0 * per_step / records[-1][rate]
+        steady = records[5:] or records  # past the first steps (pipeline and cache warm-up)
+        mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
+        parts = ["%.2f" % mean(k) if k in steady[0] else "-" for k in ("gradients_ms", "reduction_ms", "update_ms")]
+        diff = "-"
+        if launcher != "alone" and "alone" in runs:
+            alone = {r["step"]: r["loss"] for r in runs["alone"]}
+            diff = "%.2e" % max(abs(r["loss"] - alone[r["step"]]) / abs(alone[r["step"]]) for r in records if r["step"] in alone)
+        print(f"| {workload} | {launcher} | {step_ms:.2f} | {' | '.join(parts)} | {diff} |")
+EOF

@@ -1,0 +1,88 @@
+#include "cli/distributed_run.hpp"
+
+#include <cstdio>
+#include <exception>
+
+namespace mg::cli {
+
+DistributedRun::DistributedRun(const Arguments& arguments) {
+  if (!arguments.has("distributed") && !launched_by_mpi()) return;
+  if (!mpi_available()) {
+    throw Error(
+        "this meganeura was built without MPI, so it cannot train over several processes "
+        "(--distributed or mpirun): install libopenmpi-dev and openmpi-bin (scripts/setup.sh) "
+        "and build again");
+  }
+  communicator_ = mpi_communicator();
+}
+
+std::string DistributedRun::device(const Arguments& arguments) const {
+  if (arguments.has("device") || !communicator_) return arguments.text("device", "");
+  return device_for_local_rank(communicator_->local_rank());
+}
+
+int64_t DistributedRun::local_batch(int64_t global) const {
+  if (global % size() != 0) {
+    throw Error("--batch " + std::to_string(global) + " is the global batch of " +
+                std::to_string(size()) + " ranks, which must divide it: give a multiple of " +
+                std::to_string(size()));
+  }
+  return global / size();
+}
+
+bool DistributedRun::any(bool flag) const {
+  return sum(flag ? 1.0 : 0.0) > 0;
+}
+
+double DistributedRun::sum(double value) const {
+  if (communicator_) communicator_->sum(std::span(&value, 1));
+  return value;
+}
+
+namespace {
+
+// Prints the exception in flight as main() would, naming the rank.
+void print_error(const std::string& command, int rank, int size) {
+  try {
+    throw;
+  } catch (const Error& error) {
+    std::fprintf(stderr, "meganeura %s: rank %d of %d: error: %s\n", command.c_str(), rank, size,
+                 error.what());
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "meganeura %s: rank %d of %d: internal error: %s\n", command.c_str(), rank,
+                 size, error.what());
+  } catch (...) {
+    std::fprintf(stderr, "meganeura %s: rank %d of %d: internal error\n", command.c_str(), rank,
+                 size);
+  }
+  std::fflush(stderr);
+}
+
+// What the terminate handler ends: an exception that escapes while another unwinds (a
+// destructor waiting for a GPU that hangs) must end every rank too, not this one alone.
+struct RunningJob {
+  Communicator* communicator = nullptr;
+  std::string command;
+  int rank = 0, size = 1;
+};
+RunningJob running_job;
+
+}  // namespace
+
+int DistributedRun::run(const std::string& command, const std::function<int()>& job) const {
+  if (!communicator_ || communicator_->size() == 1) return job();
+  running_job = {communicator_.get(), command, rank(), size()};
+  std::set_terminate([] {
+    if (std::current_exception())
+      print_error(running_job.command, running_job.rank, running_job.size);
+    running_job.communicator->abort(1);
+  });
+  try {
+    return job();
+  } catch (...) {
+    print_error(command, rank(), size());
+  }
+  communicator_->abort(1);
+}
+
+}  // namespace mg::cli

@@ -1,0 +1,70 @@
+#include "cli/training_program.hpp"
+
+namespace mg::cli {
+
+TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
+                                 const DistributedRun& run, const SessionOptions& options)
+    : optimizer_(optimizer) {
+  const ValueId loss = loss_graph.output("loss");
+  if (run.distributed()) {
+    parallel_ = std::make_unique<DataParallelTrainer>(loss_graph, loss, optimizer,
+                                                      run.communicator(), options);
+  } else {
+    Graph graph = loss_graph;
+    add_training(graph, loss, optimizer);
+    fused_ = std::make_unique<Session>(graph, options);
+  }
+}
+
+Session& TrainingProgram::state() {
+  return fused_ ? *fused_ : parallel_->state();
+}
+
+Session& TrainingProgram::traced() {
+  return fused_ ? *fused_ : parallel_->gradient_program();
+}
+
+const BuildReport& TrainingProgram::report() const {
+  return fused_ ? fused_->report() : parallel_->report();
+}
+
+void TrainingProgram::set_input(std::string_view name, std::span<const float> values) {
+  if (fused_) return fused_->set_input(name, values);
+  parallel_->set_input(name, values);
+}
+
+void TrainingProgram::set_input(std::string_view name, std::span<const int32_t> values) {
+  if (fused_) return fused_->set_input(name, values);
+  parallel_->set_input(name, values);
+}
+
+void TrainingProgram::start(int64_t index) {
+  if (!fused_) return parallel_->step(index);
+  for (const auto& [name, value] : optimizer_inputs(optimizer_, index)) {
+    if (fused_->has_input(name))
+      fused_->set_input(name, std::vector<float>{static_cast<float>(value)});
+  }
+  fused_->start_run();
+}
+
+void TrainingProgram::finish() {
+  if (fused_) fused_->finish_run();
+}
+
+double TrainingProgram::loss() const {
+  return fused_ ? fused_->scalar_output("loss") : parallel_->loss();
+}
+
+std::vector<float> TrainingProgram::output(std::string_view name) const {
+  return fused_ ? fused_->output(name) : parallel_->output(name);
+}
+
+void TrainingProgram::add_step_times(nlohmann::json& record) const {
+  if (!parallel_) return;
+  const DataParallelTrainer::StepTimes times = parallel_->last_step_times();
+  record["gradients_ms"] = times.gradients_ms;
+  record["reduction_ms"] = times.reduction_ms;
+  record["update_ms"] = times.update_ms;
+}
+
+}  // namespace mg::cli

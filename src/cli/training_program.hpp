@@ -1,0 +1,49 @@
+#pragma once
+// The training program of a `meganeura train` job: add_training's single program when the job
+// runs alone, a DataParallelTrainer when it is one rank of a distributed run.
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "cli/distributed_run.hpp"
+#include "meganeura/distributed.hpp"
+#include "meganeura/session.hpp"
+
+namespace mg::cli {
+
+class TrainingProgram {
+ public:
+  // `loss_graph` has output "loss" (a mean over the batch) and the inputs of this process's
+  // share of the batch.
+  TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
+                  const DistributedRun& run, const SessionOptions& options);
+
+  // Whether a step can be queued behind the one in flight (start() returns before it ends).
+  bool queues_steps() const { return fused_ != nullptr; }
+  // Parameters and optimizer state: checkpoints and weights are read and written here.
+  Session& state();
+  // The program that --trace profiles.
+  Session& traced();
+  const BuildReport& report() const;
+
+  void set_input(std::string_view name, std::span<const float> values);
+  void set_input(std::string_view name, std::span<const int32_t> values);
+  // Starts step `index` (alone: queued behind the one in flight), or in a distributed run runs
+  // it, the ranks together.
+  void start(int64_t index);
+  void finish();        // waits for the step in flight
+  double loss() const;  // the last finished step's loss over the global batch
+  std::vector<float> output(std::string_view name) const;  // this process's share
+  // In a distributed run, where the last step's time went (DataParallelTrainer::StepTimes) as
+  // gradients_ms, reduction_ms and update_ms in `record`; nothing alone.
+  void add_step_times(nlohmann::json& record) const;
+
+ private:
+  OptimizerConfig optimizer_;
+  std::unique_ptr<Session> fused_;
+  std::unique_ptr<DataParallelTrainer> parallel_;
+};
+
+}  // namespace mg::cli

@@ -1,0 +1,127 @@
+// `mpirun -np 2 meganeura train` on the Fashion-MNIST CNN: the same losses as one process on the
+// same global batch, a resume by both ranks, and a rank that fails ending the job with its error.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "cli/cli_runner.hpp"
+#include "meganeura/distributed.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using cli_test::Result;
+
+fs::path scratch(const std::string& name) {
+  const fs::path path =
+      fs::temp_directory_path() / ("meganeura-mpi-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(path);
+  fs::create_directories(path);
+  return path;
+}
+
+Result shell(const std::string& command) {
+  Result result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  while (size_t read = std::fread(buffer, 1, sizeof(buffer), pipe))
+    result.output.append(buffer, read);
+  const int status = ::pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// Two ranks on this machine's one device (Lavapipe in CI), whoever runs the test; `timeout`
+// turns a hang into a failure.
+std::string mpirun(int ranks) {
+  return "timeout 300 mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) +
+         " ";
+}
+
+// step -> loss from metrics.jsonl.
+std::map<int64_t, double> losses(const fs::path& out) {
+  std::map<int64_t, double> result;
+  std::ifstream file(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(file, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) result[record["step"].get<int64_t>()] = record["loss"];
+  }
+  return result;
+}
+
+// 40 steps of a global batch of 32 (16 a rank); every step logged; a checkpoint at step 20.
+const std::string kRun =
+    "train --model cnn --limit 3200 --batch 32 --seed 3 --log-every 1 --checkpoint-every 20 ";
+
+TEST(DistributedCli, TwoRanksTrainAsOneProcessOnTheGlobalBatchAndResume) {
+  if (!mg::mpi_available()) GTEST_SKIP() << "built without MPI (DistributedCli.WithoutMpi)";
+  const fs::path root = scratch("same");
+  const std::string binary = MEGANEURA_BINARY;
+
+  const Result single =
+      shell(binary + " " + kRun + "--max-steps 40 --out " + (root / "single").string());
+  ASSERT_EQ(single.status, 0) << single.output;
+
+  // The first 20 steps, then the last 20 resumed by both ranks from rank 0's checkpoint.
+  const Result first =
+      shell(mpirun(2) + binary + " " + kRun + "--max-steps 20 --out " + (root / "first").string());
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("rank 1 of 2: device"), std::string::npos) << first.output;
+  const Result second =
+      shell(mpirun(2) + binary + " " + kRun + "--max-steps 40 --out " + (root / "second").string() +
+            " --resume " + (root / "first" / "checkpoint.safetensors").string());
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+
+  const std::map<int64_t, double> expected = losses(root / "single");
+  std::map<int64_t, double> distributed = losses(root / "first");
+  for (const auto& [step, loss] : losses(root / "second")) distributed[step] = loss;
+  ASSERT_EQ(expected.size(), 40u);
+  ASSERT_EQ(distributed.size(), 40u);
+  for (const auto& [step, loss] : expected) {
+    EXPECT_NEAR(distributed.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  }
+  // Rank 0 alone wrote the files: one record a step, not two.
+  std::ifstream metrics(root / "first" / "metrics.jsonl");
+  EXPECT_EQ(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n'), 20);
+  fs::remove_all(root);
+}
+
+// Rank 1 cannot open its checkpoint while rank 0 goes on to its first collective: rank 1's error
+// ends the job instead of leaving rank 0 waiting.
+TEST(DistributedCli, AFailingRankEndsEveryRankWithItsError) {
+  if (!mg::mpi_available()) GTEST_SKIP() << "built without MPI (DistributedCli.WithoutMpi)";
+  const fs::path root = scratch("fail");
+  const std::string binary = MEGANEURA_BINARY;
+  const std::string arguments = kRun + "--max-steps 40 --out " + root.string();
+  const Result result = shell("timeout 300 mpirun --oversubscribe --allow-run-as-root -np 1 " +
+                              binary + " " + arguments + " : -np 1 " + binary + " " + arguments +
+                              " --resume " + (root / "missing.safetensors").string());
+  EXPECT_NE(result.status, 0) << result.output;
+  EXPECT_NE(result.status, 124) << "the job hung: " << result.output;
+  EXPECT_NE(result.output.find("rank 1 of 2: error:"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("missing.safetensors"), std::string::npos) << result.output;
+  EXPECT_FALSE(fs::exists(root / "checkpoint.safetensors"));
+  fs::remove_all(root);
+}
+
+TEST(DistributedCli, WithoutMpiDistributedSaysWhatIsMissing) {
+  if (mg::mpi_available()) GTEST_SKIP() << "built with MPI (the tests above run)";
+  const Result result = cli_test::run("train --distributed --max-steps 1");
+  EXPECT_NE(result.status, 0);
+  EXPECT_NE(result.output.find("built without MPI"), std::string::npos) << result.output;
+}
+
+}  // namespace
