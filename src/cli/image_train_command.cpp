@@ -147,11 +147,11 @@ ModelChoice choose_model(const std::string& model, const std::optional<std::stri
   if (weights) {
     choice.weights = io::ModelFolder::open(*weights);
     const models::ResNetConfig found = runtime::resnet_config_of_weights(*choice.weights);
-    if (found.depth != choice.config.depth || found.width != choice.config.width) {
+    if (found.depth != choice.config.depth) {
       throw Error(choice.weights->description() + " holds a ResNet-" + std::to_string(found.depth) +
-                  " of width " + std::to_string(found.width) + ", not a " + model +
-                  ": pass --model resnet" + std::to_string(found.depth));
+                  ", not a " + model + ": pass --model resnet" + std::to_string(found.depth));
     }
+    choice.config.width = found.width;
   }
   return choice;
 }
