@@ -193,6 +193,11 @@ int image_train_command(const std::vector<std::string>& words) {
   if (resumed) {
     model.config = models::ResNetConfig::from_json(resumed->model_config);
     model.description = "resnet" + std::to_string(model.config.depth);
+    const std::string named = arguments.text("model", model.description);
+    if (named != model.description && !std::filesystem::is_directory(named)) {
+      throw Error("checkpoint " + arguments.text("resume", "") + " holds a " + model.description +
+                  ", not a " + named + ": resume it with --model " + model.description);
+    }
   } else {
     model = choose_model(arguments.text("model", ""), arguments.value("weights"));
     if (arguments.has("width")) {
