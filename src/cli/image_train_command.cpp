@@ -54,7 +54,8 @@ CHECKPOINT IMAGE...' classifies images with it.
   --weights FILE|DIR    start from a torchvision state dict in safetensors (or a Hugging Face
                         ResNet's weights); its depth must match --model
   --classes N           classifier outputs (default: the image folder's class count)
-  --size PX             side of the square images the network sees (default 224)
+  --size PX             side of the square images the network sees (default 224; a resumed
+                        run's own)
   --width N             channels of the stem, every layer scaled alike (default 64,
                         torchvision's; a smaller one makes a quick model for a CPU device)
   --validation X        fraction held out when IMAGE_DIR has no val/ or test/ (default 0.1; 0
@@ -62,7 +63,7 @@ CHECKPOINT IMAGE...' classifies images with it.
   --out DIR             output folder (default runs/<timestamp>)
   --epochs N            passes over the training images (default 10)
   --max-steps N         stop after N steps (default: all the epochs)
-  --batch N             images a step (default 32)
+  --batch N             images a step (default 32; a resumed run's own)
   --lr X                peak learning rate (default 1e-3; 1e-4 when fine-tuning)
   --optimizer NAME      adam, adamw or sgd (default adamw)
   --weight-decay X      (default 1e-4)
@@ -174,14 +175,13 @@ int image_train_command(const std::vector<std::string>& words) {
   }
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data IMAGE_DIR is required to train a ResNet");
-  const int64_t batch = arguments.integer("batch", 32);
   const int64_t epochs = arguments.integer("epochs", 10);
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
   const double validation = arguments.real("validation", 0.1);
   const double min_crop = arguments.real("min-crop", 0.08);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
-  if (batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
-    throw Error("--batch, --epochs and --checkpoint-every must be positive");
+  if (epochs <= 0 || checkpoint_every <= 0) {
+    throw Error("--epochs and --checkpoint-every must be positive");
   }
   if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
   if (!(min_crop > 0 && min_crop <= 1)) throw Error("--min-crop must be in (0, 1]");
@@ -205,6 +205,9 @@ int image_train_command(const std::vector<std::string>& words) {
       model.config.width = arguments.integer("width", 64);
     }
   }
+  const int64_t batch =
+      arguments.integer("batch", resumed ? resumed->extra.value("batch", int64_t{32}) : 32);
+  if (batch <= 0) throw Error("--batch must be positive");
   const Splits splits = read_splits(*data_path, validation, seed);
   const std::vector<std::string>& class_names = splits.training.classes();
   const int64_t classes = arguments.integer(
