@@ -13,7 +13,7 @@ constexpr const char* kUsage = R"(usage: meganeura <command> [options]
 commands:
   train     train a classifier on Fashion-MNIST, a ResNet on an image folder, or fine-tune a
             language model folder on text; write checkpoints, metrics and a plot
-  infer     evaluate a checkpoint on the test set, or classify image files
+  infer     evaluate a checkpoint on the test set, or classify image files (a ResNet's top 5)
   generate  generate text with a Llama-family model folder (SmolLM2, TinyLlama, ...)
   fashion-folder
             write Fashion-MNIST as an image folder of PNGs (for 'train --model resnet18')

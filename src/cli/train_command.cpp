@@ -27,8 +27,8 @@ constexpr const char* kHelp = R"(usage: meganeura train [options]
 The second form fine-tunes a Hugging Face language-model folder on text: see 'meganeura train
 --model MODEL_DIR --help'. 'meganeura train --model resnet50 --data IMAGE_DIR' trains a ResNet
 on an image folder (or fine-tunes a Hugging Face ResNet folder): see 'meganeura train --model
-resnet50 --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates
-it on the test set after each epoch, and writes into --out: checkpoint.safetensors (every
+resnet50 --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates it on
+the test set after each epoch, and writes into --out: checkpoint.safetensors (every
 --checkpoint-every steps, each epoch and at the end), metrics.jsonl (one JSON object per logged
 step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint.
 

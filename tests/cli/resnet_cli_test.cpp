@@ -224,15 +224,23 @@ TEST(ResNetCli, FineTunesTorchvisionAndHuggingFaceWeightsWithANewHead) {
                         {"num_labels", 10}}
              .dump();
 
-  for (const std::string& model :
-       {std::string(" --model resnet18 --weights ") + (folder / "tv.safetensors").string(),
-        " --model " + hf.string()}) {
+  // The second run holds a quarter of the 48 images out at random.
+  for (const auto& [model, split] :
+       {std::pair{
+            std::string(" --model resnet18 --weights ") + (folder / "tv.safetensors").string(),
+            std::string(" --validation 0")},
+        std::pair{" --model " + hf.string(), std::string(" --validation 0.25")}}) {
     const fs::path out = folder / "tuned";
     fs::remove_all(out);
     const Result tuned =
-        run("train --out " + out.string() + " --data " + data.string() + model +
-            " --size 32 --batch 8 --max-steps 1 --validation 0 --optimizer sgd --lr 1e-30");
+        run("train --out " + out.string() + " --data " + data.string() + model + split +
+            " --size 32 --batch 8 --max-steps 1 --optimizer sgd --lr 1e-30");
     ASSERT_EQ(tuned.status, 0) << tuned.output;
+    EXPECT_NE(
+        tuned.output.find(split == " --validation 0" ? "48 training images, no validation"
+                                                     : "36 training images, 12 validation images"),
+        std::string::npos)
+        << tuned.output;
     EXPECT_NE(tuned.output.find("new head fc for 3 classes (the weights have 10)"),
               std::string::npos)
         << tuned.output;
