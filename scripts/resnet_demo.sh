@@ -6,7 +6,9 @@
 # The default is sized for CI on Lavapipe (a minute or two on two CPU cores): a ResNet-18 of
 # width 8 on the first 1000 images of each split. RESNET_DEMO_FULL=1 runs the full one on a GPU:
 # torchvision's ResNet-50 on all 60000 training images, evaluated on the 10000 test images,
-# which reaches at least 90 % test accuracy. MEGANEURA_DEMO_PRECISION=fast uses f16 operands.
+# which reaches at least 90 % test accuracy; where torchvision and CUDA are installed it prints
+# PyTorch's training images/s for the same network and batch beside ours
+# (bench/resnet_demo_pytorch.py). MEGANEURA_DEMO_PRECISION=fast uses f16 operands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=${MEGANEURA:-./build/meganeura}
@@ -32,5 +34,9 @@ rm -rf "$out/run"
   --precision "$precision" | tee "$out/infer.txt"
 "$binary" infer "$out/run/checkpoint.safetensors" \
   "$(find "$data/test/9-ankle-boot" -name '*.png' | sort | head -n 1)"
-echo "$(grep 'images/s' "$out/train.txt" | tail -n 1)"
+echo "meganeura $(grep 'images/s' "$out/train.txt" | tail -n 1)"
+if [ "${RESNET_DEMO_FULL:-0}" = 1 ] &&
+  python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2>/dev/null; then
+  python3 bench/resnet_demo_pytorch.py 50 64 128 "$precision"
+fi
 echo "test $(grep "^accuracy" "$out/infer.txt")"
