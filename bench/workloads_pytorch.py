@@ -1,5 +1,5 @@
 """PyTorch side of `meganeura bench workloads`: the same workloads and cells with transformers'
-models at the same configurations (random weights), one JSON object per (workload, mode,
+and torchvision's models at the same configurations (random weights), one JSON object per (workload, mode,
 framework variant) in the same format:
 
   pytorch          eager PyTorch
@@ -7,7 +7,8 @@ framework variant) in the same format:
                    reported as compile_s
 
 Modes: strict is f32 with TF32 off (torch.backends.cuda.matmul.allow_tf32 and
-torch.backends.cudnn.allow_tf32 both False); fast is autocast to f16 on f32 weights.
+torch.backends.cudnn.allow_tf32 both False); fast is autocast to f16 on f32 weights (for
+resnet-50 with a GradScaler: AMP).
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3),
 with torch.cuda.synchronize() after each, as `meganeura bench workloads` waits for each run.
@@ -133,7 +134,75 @@ def bench_llama(name, build, mode, compiled, runs):
             "outputs": {"loss": loss}}
 
 
-WORKLOADS = {"smollm2-135m": lambda mode, compiled, runs: bench_llama("smollm2-135m", smollm2_135m, mode, compiled, runs)}
+def bench_resnet50(mode, compiled, runs):
+    """torchvision's resnet50 (random weights), 224x224: inference and an SGD training step at batch 4,
+    training throughput at batch 64 and 256. fast is AMP: autocast to f16 with a GradScaler."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda().float()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    fast = mode == "fast"
+    scaler = torch.cuda.amp.GradScaler(enabled=fast)
+    gen = torch.Generator().manual_seed(1)
+
+    def batch_of(size):
+        images = torch.randn(size, 3, 224, 224, generator=gen).cuda()
+        labels = torch.randint(0, 1000, (size,), generator=gen).cuda()
+        return images, labels
+
+    def forward(images):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=fast):
+            return model(images)
+
+    def loss_of(images, labels):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=fast):
+            logits = model(images)
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
+
+    forward_fn, loss_fn = forward, loss_of
+    if compiled:
+        forward_fn = torch.compile(forward, mode="reduce-overhead")
+        loss_fn = torch.compile(loss_of, mode="reduce-overhead")
+
+    def training_step(images, labels):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(images, labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    images, labels = batch_of(4)
+    compile_s = None
+    model.eval()
+    with torch.no_grad():
+        if compiled:
+            compile_s = first_call_seconds(lambda: forward_fn(images))
+        inference_ms = median_ms(lambda: forward_fn(images), runs)
+    model.train()
+    torch.cuda.reset_peak_memory_stats()
+    if compiled:
+        compile_s += first_call_seconds(lambda: training_step(images, labels))
+    training_ms = median_ms(lambda: training_step(images, labels), runs)
+    peak = torch.cuda.max_memory_allocated()
+    loss = float(loss_fn(images, labels))
+    timings = {"compile_s": compile_s, "inference_ms": inference_ms, "training_ms": training_ms}
+    memory = {"training_device_bytes": peak}
+    for large in (64, 256):
+        large_images, large_labels = batch_of(large)
+        torch.cuda.reset_peak_memory_stats()
+        ms = median_ms(lambda: training_step(large_images, large_labels), max(3, runs // 4))
+        timings[f"training_b{large}_images_per_second"] = 1000.0 * large / ms
+        memory[f"training_b{large}_device_bytes"] = torch.cuda.max_memory_allocated()
+        del large_images, large_labels
+    return {"framework": "pytorch-compile" if compiled else "pytorch", "model": "resnet-50", "mode": mode,
+            "device": torch.cuda.get_device_name(),
+            "config": {"batch": 4, "image_size": 224, "throughput_batches": [64, 256]},
+            "timings": timings, "memory": memory, "outputs": {"loss": loss}}
+
+
+WORKLOADS = {"smollm2-135m": lambda mode, compiled, runs: bench_llama("smollm2-135m", smollm2_135m, mode, compiled, runs),
+             "resnet-50": bench_resnet50}
 
 
 def main():

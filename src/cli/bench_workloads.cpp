@@ -27,6 +27,10 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
                  position's logits (inference; their argmax comes back to the host), a
                  training step (loss, gradients, AdamW), and greedy decode of 64 tokens
                  after a 128-token prefill (decode tokens/s)
+  resnet-50      torchvision's ResNet-50, 224x224 images, 1000 classes: inference at batch 4
+                 (batch norm with running statistics), a training step at batch 4 (batch
+                 statistics, gradients, SGD with momentum), and training throughput at batch
+                 64 and 256 (training_b64_images_per_second, training_b256_...)
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
@@ -87,7 +91,8 @@ int bench_workloads(const std::vector<std::string>& words) {
     std::string name;
     std::function<nlohmann::json(Precision, const WorkloadOptions&)> run;
   };
-  const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m}};
+  const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m},
+                                           {"resnet-50", bench_resnet50}};
   std::vector<std::string> table;
   size_t selected = 0;
   for (const Workload& workload : workloads) {

@@ -3,6 +3,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/image_classification.hpp"
 #include "cli/training_run.hpp"
 #include "io/image.hpp"
 
@@ -17,11 +18,18 @@ own smaller memory plan). Without images it evaluates the Fashion-MNIST test set
 28x28 grey; like Fashion-MNIST, a light object on a dark background) it prints each image's
 class.
 
+A ResNet checkpoint (from 'meganeura train --model resnet50 --data IMAGE_DIR') prints each
+image's --top classes with their probabilities (JPEG, PNG, BMP or PGM; resized and centre-cropped
+as in validation), or with --data IMAGE_DIR and no images the accuracy over that image folder.
+
+  --top N        classes printed per image (ResNet; default 5)
+  --json         ResNet: print the results as JSON on stdout
   --batch N      images per GPU run (default 500)
   --device SEL   device index or part of its name (default: best available)
   --precision P  strict (default) or fast (f16 operands on cooperative matrices, f32
                  accumulation; devices without them run strict)
-  --data DIR     Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
+  --data DIR     Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist), or for a
+                 ResNet an image folder to evaluate
   --trace FILE   write a Chrome trace (per-dispatch GPU times) of the last batch and print its
                  GPU time; the timestamps make every dispatch wait for the one before, so
                  images/s drops while tracing
@@ -56,7 +64,8 @@ void write_trace(const Session& session, const std::string& path) {
 
 int infer_command(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura infer", words,
-                            {"batch", "device", "precision", "data", "trace"}, {"help"});
+                            {"batch", "device", "precision", "data", "trace", "top"},
+                            {"help", "json"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -67,6 +76,10 @@ int infer_command(const std::vector<std::string>& words) {
   require_writable_file(arguments, "trace");
   const std::filesystem::path checkpoint_path = arguments.positional()[0];
   const io::Checkpoint checkpoint = io::load_checkpoint(checkpoint_path);
+  if (checkpoint.model_config.is_object() &&
+      checkpoint.model_config.value("architecture", "") == "resnet") {
+    return image_infer(arguments, checkpoint, checkpoint_path);
+  }
   const models::ClassifierConfig model =
       models::ClassifierConfig::from_json(checkpoint.model_config);
   const std::vector<std::string> image_paths(arguments.positional().begin() + 1,

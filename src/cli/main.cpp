@@ -11,10 +11,12 @@ namespace {
 constexpr const char* kUsage = R"(usage: meganeura <command> [options]
 
 commands:
-  train     train a classifier on Fashion-MNIST, or fine-tune a language model folder on text;
-            write checkpoints, metrics and a plot
-  infer     evaluate a checkpoint on the test set, or classify image files
+  train     train a classifier on Fashion-MNIST, a ResNet on an image folder, or fine-tune a
+            language model folder on text; write checkpoints, metrics and a plot
+  infer     evaluate a checkpoint on the test set, or classify image files (a ResNet's top 5)
   generate  generate text with a Llama-family model folder (SmolLM2, TinyLlama, ...)
+  fashion-folder
+            write Fashion-MNIST as an image folder of PNGs (for 'train --model resnet18')
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
   bench     time kernel families with GPU timestamps ('meganeura bench kernels')
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
     if (command == "inspect") return mg::cli::inspect_command(words);
     if (command == "bench") return mg::cli::bench_command(words);
     if (command == "generate") return mg::cli::generate_command(words);
+    if (command == "fashion-folder") return mg::cli::fashion_folder_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {

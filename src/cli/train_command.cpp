@@ -28,15 +28,18 @@ constexpr const char* kHelp = R"(usage: meganeura train [options]
        meganeura train --model MODEL_DIR --data FILE [options]
 
 The second form fine-tunes a Hugging Face language-model folder on text: see 'meganeura train
---model MODEL_DIR --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates
-it on the test set after each epoch, and writes into --out: checkpoint.safetensors (every
+--model MODEL_DIR --help'. 'meganeura train --model resnet50 --data IMAGE_DIR' trains a ResNet
+on an image folder (or fine-tunes a Hugging Face ResNet folder): see 'meganeura train --model
+resnet50 --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates it on
+the test set after each epoch, and writes into --out: checkpoint.safetensors (every
 --checkpoint-every steps, each epoch and at the end), metrics.jsonl (one JSON object per logged
 step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops after the current
 step and saves a checkpoint. Under mpirun (or with --distributed) each process trains on its
 share of every batch and the gradients are averaged across them: docs/DISTRIBUTED.md.
 
   --out DIR             output folder (default runs/<timestamp>)
-  --model cnn|mlp       architecture (default cnn); a folder path selects the second form
+  --model cnn|mlp       architecture (default cnn); a folder path selects the second form,
+                        resnet18 ... resnet152 the ResNet job
   --epochs N            passes over the training set (default 3 on a GPU; 1 on a CPU device)
   --limit N             use only the first N training images (default: all on a GPU; 36000 on
                         a CPU device such as Lavapipe, where the default run takes about
@@ -89,7 +92,8 @@ std::pair<std::string, std::string> model_folder_kind(const std::filesystem::pat
   std::ifstream file(config_path);
   if (!std::filesystem::is_directory(folder) || !file) {
     throw Error("no model folder at " + folder.string() +
-                " (--model takes a folder with a config.json, or a built-in model: cnn, mlp)");
+                " (--model takes a folder with a config.json, or a built-in model: cnn, mlp, "
+                "resnet18, resnet34, resnet50, resnet101, resnet152)");
   }
   const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
   if (!config.is_object()) throw Error(config_path.string() + " is not a JSON object");
@@ -104,10 +108,14 @@ std::pair<std::string, std::string> model_folder_kind(const std::filesystem::pat
 
 int train_command(const std::vector<std::string>& words) {
   if (const std::optional<std::string> model = model_option(words);
+      model && model->starts_with("resnet") && !std::filesystem::is_directory(*model)) {
+    return image_train_command(words);
+  }
+  if (const std::optional<std::string> model = model_option(words);
       model && (std::filesystem::is_directory(*model) || model->find('/') != std::string::npos)) {
     // Each kind of model folder has its own training job.
     const std::map<std::string, int (*)(const std::vector<std::string>&)> jobs = {
-        {"llama", lm_train_command}};
+        {"llama", lm_train_command}, {"resnet", image_train_command}};
     const auto [key, kind] = model_folder_kind(*model);
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;

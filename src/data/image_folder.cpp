@@ -66,6 +66,21 @@ ImageFolder::ImageFolder(const std::filesystem::path& root) : root_(root) {
   }
 }
 
+ImageFolder ImageFolder::subset(std::span<const int64_t> indices) const {
+  if (indices.empty()) throw Error("a split of image folder " + root_.string() + " is empty");
+  ImageFolder part;
+  part.root_ = root_;
+  part.classes_ = classes_;
+  for (const int64_t index : indices) {
+    if (index < 0 || index >= size()) {
+      throw Error("example " + std::to_string(index) + " is outside image folder " +
+                  root_.string() + " (" + std::to_string(size()) + " images)");
+    }
+    part.samples_.push_back(samples_[static_cast<size_t>(index)]);
+  }
+  return part;
+}
+
 void ImageFolder::scan() {
   const std::filesystem::path& root = root_;
   std::error_code error;

@@ -42,7 +42,13 @@ class ImageFolder {
   const std::vector<ImageFolderSample>& samples() const { return samples_; }
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
 
+  // The examples at `indices` (positions in samples(), each below size()) with the same root
+  // and classes, in the order given: a training or held-out split. Throws mg::Error when
+  // `indices` is empty or out of range.
+  ImageFolder subset(std::span<const int64_t> indices) const;
+
  private:
+  ImageFolder() = default;
   void scan();  // lists classes and samples; filesystem errors escape as filesystem_error
 
   std::filesystem::path root_;

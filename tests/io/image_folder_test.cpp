@@ -78,6 +78,24 @@ TEST_F(ImageFolderTest, ScansClassesLikeTorchvisionAndSkipsBadEntries) {
   expect_error([&] { ImageFolder{path("absent")}; }, {path("absent").string(), "not a folder"});
 }
 
+TEST_F(ImageFolderTest, SubsetKeepsClassesAndPicksExamples) {
+  for (const char* file : {"root/a/1.pgm", "root/a/2.pgm", "root/b/3.pgm", "root/c/4.pgm"})
+    io::testing::write_text(make(file), "P2 1 1 255 7\n");
+  const ImageFolder folder(path("root"));
+  const std::vector<int64_t> picked = {3, 1};
+  const ImageFolder part = folder.subset(picked);
+  EXPECT_EQ(part.classes(), folder.classes());
+  EXPECT_EQ(part.root(), folder.root());
+  ASSERT_EQ(part.size(), 2);
+  EXPECT_EQ(part.samples()[0].path, folder.samples()[3].path);
+  EXPECT_EQ(part.samples()[0].label, 2);
+  EXPECT_EQ(part.samples()[1].path, folder.samples()[1].path);
+  EXPECT_EQ(part.samples()[1].label, 0);
+  const std::vector<int64_t> outside = {4};
+  expect_error([&] { folder.subset(outside); }, {"example 4 is outside", "4 images"});
+  expect_error([&] { folder.subset({}); }, {"is empty"});
+}
+
 TEST_F(ImageFolderTest, ResampleMatchesPyTorchAntialiasedBilinear) {
   if (!std::filesystem::exists(io::testing::kPython)) GTEST_SKIP() << "no Python";
   const io::Image image = random_image(23, 17, 3, 9);

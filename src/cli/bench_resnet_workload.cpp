@@ -1,0 +1,107 @@
+// The ResNet-50 workload of `meganeura bench workloads`: torchvision's resnet50 with random
+// weights on 224x224 images: inference and a training step at batch 4 (the study's cells), and
+// training throughput at batch 64 and 256.
+#include <random>
+
+#include "cli/bench_timing.hpp"
+#include "cli/bench_workloads.hpp"
+#include "meganeura/train.hpp"
+#include "models/resnet.hpp"
+
+namespace mg::cli {
+namespace {
+
+constexpr int64_t kSide = 224;
+
+std::vector<float> random_images(int64_t batch, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  std::normal_distribution<float> pixel(0.0f, 1.0f);
+  std::vector<float> images(static_cast<size_t>(batch * 3 * kSide * kSide));
+  for (float& value : images) value = pixel(generator);
+  return images;
+}
+
+// SGD with momentum, as torchvision's reference recipe, on both sides.
+OptimizerConfig sgd() {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::sgd;
+  optimizer.learning_rate = 0.01;
+  optimizer.momentum = 0.9;
+  return optimizer;
+}
+
+// A training session for `batch` images with its inputs set.
+std::unique_ptr<Session> training_session(const models::ResNetConfig& config, int64_t batch,
+                                          const SessionOptions& options) {
+  const OptimizerConfig optimizer = sgd();
+  auto session = std::make_unique<Session>(
+      models::build_resnet_training(config, batch, kSide, kSide, optimizer), options);
+  session->set_input(models::kResNetImagesInput, random_images(batch, 2));
+  const std::vector<int32_t> labels = random_tokens(batch, config.num_classes, 3);
+  session->set_input(models::kResNetLabelsInput, labels);
+  for (const auto& [input, value] : optimizer_inputs(optimizer, 0)) {
+    if (session->has_input(input))
+      session->set_input(input, std::vector<float>{static_cast<float>(value)});
+  }
+  return session;
+}
+
+}  // namespace
+
+nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench) {
+  const models::ResNetConfig config = models::resnet_config_from_name("resnet50");
+  const int64_t batch = 4;
+  SessionOptions options;
+  options.device = bench.device;
+  options.precision = precision;
+  options.shared_device = open_shared_device(bench.device);
+  const auto [cold, warm] =
+      compile_seconds(models::build_resnet_training(config, batch, kSide, kSide, sgd()), options);
+
+  Session inference(models::build_resnet(config, batch, kSide, kSide, false), options);
+  inference.set_input(models::kResNetImagesInput, random_images(batch, 1));
+  const double inference_ms = median_ms([&] { inference.run(); }, bench.runs);
+  std::unique_ptr<Session> training = training_session(config, batch, options);
+  const double training_ms = median_ms([&] { training->run(); }, bench.runs);
+  const float loss = training->scalar_output("loss");
+  const BuildReport report = training->report();
+  const size_t inference_dispatches = inference.report().dispatches;
+
+  SessionOptions timed = options;
+  timed.time_runs = true;
+  Session timed_inference(models::build_resnet(config, batch, kSide, kSide, false), timed);
+  timed_inference.set_input(models::kResNetImagesInput, random_images(batch, 1));
+  const double inference_gpu_ms = gpu_ms(timed_inference, bench.runs);
+  std::unique_ptr<Session> timed_training = training_session(config, batch, timed);
+  const double training_gpu_ms = gpu_ms(*timed_training, bench.runs);
+  timed_training.reset();
+  training.reset();
+
+  nlohmann::json timings = {{"compile_s", cold},
+                            {"compile_warm_s", warm},
+                            {"inference_ms", inference_ms},
+                            {"inference_gpu_ms", inference_gpu_ms},
+                            {"training_ms", training_ms},
+                            {"training_gpu_ms", training_gpu_ms}};
+  nlohmann::json memory = planner_json(report);
+  memory["training_device_bytes"] = device_bytes(report);
+  // Throughput: fewer runs, each a large step.
+  for (const int64_t large : {64, 256}) {
+    std::unique_ptr<Session> session = training_session(config, large, options);
+    const double ms = median_ms([&] { session->run(); }, std::max<int64_t>(3, bench.runs / 4));
+    const std::string key = "training_b" + std::to_string(large);
+    timings[key + "_images_per_second"] = 1000.0 * static_cast<double>(large) / ms;
+    memory[key + "_device_bytes"] = device_bytes(session->report());
+  }
+  return {{"framework", "meganeura"},
+          {"model", "resnet-50"},
+          {"mode", std::string(precision_name(precision))},
+          {"device", report.device},
+          {"config", {{"batch", batch}, {"image_size", kSide}, {"throughput_batches", {64, 256}}}},
+          {"timings", timings},
+          {"memory", memory},
+          {"dispatches", {{"inference", inference_dispatches}, {"training", report.dispatches}}},
+          {"outputs", {{"loss", loss}}}};
+}
+
+}  // namespace mg::cli

@@ -1,0 +1,440 @@
+// `meganeura train --model resnet18|34|50|101|152 --data IMAGE_DIR`, or `--model HF_FOLDER`
+// (a ResNetForImageClassification folder), or `--model resnetNN --weights FILE` (a torchvision
+// state dict): trains a ResNet on a torchvision-style image folder with batch statistics, and
+// evaluates it with the running statistics on a held-out split after each epoch.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "cli/arguments.hpp"
+#include "cli/commands.hpp"
+#include "cli/image_classification.hpp"
+#include "cli/training_run.hpp"
+#include "cli/training_support.hpp"
+#include "data/image_folder.hpp"
+#include "io/checkpoint.hpp"
+#include "io/jsonl.hpp"
+#include "io/model_folder.hpp"
+#include "io/plot.hpp"
+#include "runtime/resnet_runtime.hpp"
+
+namespace mg::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kHelp =
+    R"(usage: meganeura train --model resnet18|resnet34|resnet50|resnet101|resnet152
+                       --data IMAGE_DIR [options]
+       meganeura train --model HF_RESNET_DIR --data IMAGE_DIR [options]
+
+Trains a ResNet (torchvision's layout and state-dict names) on an image folder: one sub-folder
+per class holding .jpg, .jpeg, .png, .bmp or .pgm files, as torchvision's ImageFolder. When
+IMAGE_DIR holds train/ and val/ (or test/) folders, those are the training and validation sets;
+otherwise --validation of the images is held out at random. Batch norm trains with batch
+statistics and updates its running statistics; validation runs with them. Batches are decoded
+and augmented (random resized crop and horizontal flip) on background threads. Files that do not
+decode are named and replaced by the next image; empty files and empty class folders are named
+and skipped.
+
+Fine-tuning: --model HF_RESNET_DIR (a Hugging Face ResNetForImageClassification folder,
+config.json + model.safetensors) or --weights FILE_OR_DIR with a resnetNN model (a torchvision
+state dict saved as safetensors, e.g. save_file(resnet50().state_dict(), "r50.safetensors")).
+The classifier head is replaced by a new one when the class count differs.
+
+Writes into --out: checkpoint.safetensors (parameters, running statistics, optimizer state and
+class names; every --checkpoint-every steps, each epoch and at the end), metrics.jsonl and
+training.png. Ctrl-C stops after the current step and saves a checkpoint. 'meganeura infer
+CHECKPOINT IMAGE...' classifies images with it.
+
+  --model NAME|DIR      resnet18, resnet34, resnet50, resnet101, resnet152 or a Hugging Face
+                        ResNet folder (required)
+  --data IMAGE_DIR      the image folder (required)
+  --weights FILE|DIR    start from a torchvision state dict in safetensors (or a Hugging Face
+                        ResNet's weights); its depth must match --model
+  --classes N           classifier outputs (default: the image folder's class count)
+  --size PX             side of the square images the network sees (default 224; a resumed
+                        run's own)
+  --width N             channels of the stem, every layer scaled alike (default 64,
+                        torchvision's; a smaller one makes a quick model for a CPU device)
+  --validation X        fraction held out when IMAGE_DIR has no val/ or test/ (default 0.1; 0
+                        turns validation off)
+  --out DIR             output folder (default runs/<timestamp>)
+  --epochs N            passes over the training images (default 10)
+  --max-steps N         stop after N steps (default: all the epochs)
+  --batch N             images a step (default 32; a resumed run's own)
+  --lr X                peak learning rate (default 1e-3; 1e-4 when fine-tuning)
+  --optimizer NAME      adam, adamw or sgd (default adamw)
+  --weight-decay X      (default 1e-4)
+  --momentum X          SGD momentum (default 0.9)
+  --schedule NAME       cosine, warmup or constant (default cosine)
+  --warmup N            warmup updates (default: a tenth of the updates, at most 200)
+  --clip X              global gradient-norm clipping, 0 = off (default 0)
+  --accumulate N        apply the mean gradient of N batches as one update (default 1)
+  --min-crop X          smallest area fraction of the random crop (default 0.08, torchvision's)
+  --no-augment          train on the validation transform (resize and centre crop)
+  --workers N           decoding threads (default: the CPU count, at most 8)
+  --seed N              initialisation, split and shuffling seed (default 0)
+  --device SEL          device index or part of its name (default: best available)
+  --precision P         strict (default) or fast (f16 operands on cooperative matrices)
+  --resume CKPT         continue from a checkpoint written by this command
+  --checkpoint-every N  steps between checkpoints (default 500)
+  --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
+)";
+
+struct Splits {
+  data::ImageFolder training;
+  std::optional<data::ImageFolder> validation;
+};
+
+std::optional<fs::path> sub_folder(const fs::path& root, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    std::error_code error;
+    if (fs::is_directory(root / name, error)) return root / name;
+  }
+  return std::nullopt;
+}
+
+// IMAGE_DIR/train with val/ or test/ beside it, or IMAGE_DIR split at random.
+Splits read_splits(const fs::path& data_dir, double validation, uint64_t seed) {
+  const std::optional<fs::path> train_dir = sub_folder(data_dir, {"train"});
+  const std::optional<fs::path> val_dir = sub_folder(data_dir, {"val", "validation", "test"});
+  if (train_dir && val_dir) {
+    data::ImageFolder training(*train_dir);
+    data::ImageFolder held_out(*val_dir);
+    if (held_out.classes() != training.classes()) {
+      throw Error("the class folders of " + val_dir->string() + " differ from those of " +
+                  train_dir->string() + ": both need the same class sub-folders");
+    }
+    return {std::move(training), std::move(held_out)};
+  }
+  data::ImageFolder all(train_dir ? *train_dir : data_dir);
+  if (validation <= 0) return {std::move(all), std::nullopt};
+  if (all.size() < 2) {
+    throw Error("image folder " + all.root().string() + " has " + std::to_string(all.size()) +
+                " image; holding out a validation split needs two (or --validation 0)");
+  }
+  const int64_t held =
+      std::clamp<int64_t>(std::llround(validation * all.size()), 1, all.size() - 1);
+  // A fixed permutation, different from the epochs' orders.
+  const std::vector<uint32_t> order = data::epoch_order(all.size(), seed ^ 0x5eed5eedull, 0);
+  std::vector<int64_t> held_out(order.begin(), order.begin() + held);
+  std::vector<int64_t> kept(order.begin() + held, order.end());
+  std::sort(held_out.begin(), held_out.end());
+  std::sort(kept.begin(), kept.end());
+  return {all.subset(kept), all.subset(held_out)};
+}
+
+// The network to train: its configuration and, for fine-tuning, where its weights come from.
+struct ModelChoice {
+  models::ResNetConfig config;
+  std::optional<io::ModelFolder> weights;
+  std::string description;  // "resnet50", or the folder's name
+};
+
+ModelChoice choose_model(const std::string& model, const std::optional<std::string>& weights) {
+  ModelChoice choice;
+  std::error_code error;
+  if (fs::is_directory(model, error)) {
+    if (weights) throw Error("--weights goes with a resnetNN --model, not a model folder");
+    choice.weights = io::ModelFolder::open(model);
+    choice.config = models::resnet_config_from_hf(choice.weights->config());
+    choice.description = fs::path(model).filename().string();
+    return choice;
+  }
+  choice.config = models::resnet_config_from_name(model);
+  choice.description = model;
+  if (weights) {
+    choice.weights = io::ModelFolder::open(*weights);
+    const models::ResNetConfig found = runtime::resnet_config_of_weights(*choice.weights);
+    if (found.depth != choice.config.depth) {
+      throw Error(choice.weights->description() + " holds a ResNet-" + std::to_string(found.depth) +
+                  ", not a " + model + ": pass --model resnet" + std::to_string(found.depth));
+    }
+    choice.config.width = found.width;
+  }
+  return choice;
+}
+
+}  // namespace
+
+int image_train_command(const std::vector<std::string>& words) {
+  const Arguments arguments(
+      "meganeura train", words,
+      {"model",      "data",      "weights",    "classes",      "size",
+       "validation", "out",       "epochs",     "max-steps",    "batch",
+       "lr",         "optimizer", "momentum",   "weight-decay", "schedule",
+       "warmup",     "clip",      "accumulate", "min-crop",     "workers",
+       "seed",       "device",    "precision",  "resume",       "checkpoint-every",
+       "trace",      "width"},
+      {"help", "no-augment"});
+  if (arguments.has("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  const std::optional<std::string> data_path = arguments.value("data");
+  if (!data_path) throw Error("--data IMAGE_DIR is required to train a ResNet");
+  const int64_t epochs = arguments.integer("epochs", 10);
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
+  const double validation = arguments.real("validation", 0.1);
+  const double min_crop = arguments.real("min-crop", 0.08);
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
+  if (epochs <= 0 || checkpoint_every <= 0) {
+    throw Error("--epochs and --checkpoint-every must be positive");
+  }
+  if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
+  if (!(min_crop > 0 && min_crop <= 1)) throw Error("--min-crop must be in (0, 1]");
+
+  // Everything the run reads is checked before anything is written.
+  std::optional<io::Checkpoint> resumed;
+  if (const auto path = arguments.value("resume")) resumed = io::load_checkpoint(*path);
+  ModelChoice model;
+  if (resumed) {
+    model.config = models::ResNetConfig::from_json(resumed->model_config);
+    model.description = "resnet" + std::to_string(model.config.depth);
+    const std::string named = arguments.text("model", model.description);
+    if (named != model.description && !std::filesystem::is_directory(named)) {
+      throw Error("checkpoint " + arguments.text("resume", "") + " holds a " + model.description +
+                  ", not a " + named + ": resume it with --model " + model.description);
+    }
+  } else {
+    model = choose_model(arguments.text("model", ""), arguments.value("weights"));
+    if (arguments.has("width")) {
+      if (model.weights) throw Error("--width cannot change the width of pretrained weights");
+      model.config.width = arguments.integer("width", 64);
+    }
+  }
+  const int64_t batch =
+      arguments.integer("batch", resumed ? resumed->extra.value("batch", int64_t{32}) : 32);
+  if (batch <= 0) throw Error("--batch must be positive");
+  const Splits splits = read_splits(*data_path, validation, seed);
+  const std::vector<std::string>& class_names = splits.training.classes();
+  const int64_t classes = arguments.integer(
+      "classes", resumed ? model.config.num_classes : static_cast<int64_t>(class_names.size()));
+  if (classes < static_cast<int64_t>(class_names.size())) {
+    throw Error("--classes " + std::to_string(classes) + " is fewer than the " +
+                std::to_string(class_names.size()) + " class folders of " + *data_path);
+  }
+  const int64_t size =
+      arguments.integer("size", resumed ? resumed->extra.value("image_size", int64_t{224}) : 224);
+  if (resumed) {
+    const std::string path = arguments.text("resume", "");
+    if (classes != model.config.num_classes || resumed->extra.value("image_size", 0) != size ||
+        resumed->extra.value("classes", nlohmann::json()) != nlohmann::json(class_names)) {
+      throw Error("checkpoint " + path + " was trained with other classes or --size (" +
+                  resumed->extra.value("classes", nlohmann::json()).dump() +
+                  "): resume it on the same image folder");
+    }
+  }
+  model.config.num_classes = classes;
+
+  data::ImageBatcherOptions batcher_options;
+  batcher_options.batch_size = batch;
+  batcher_options.seed = seed;
+  batcher_options.workers = static_cast<int>(arguments.integer("workers", 0));
+  batcher_options.transform = data::imagenet_train_transform(size);
+  batcher_options.transform.min_area = min_crop;
+  if (arguments.has("no-augment")) batcher_options.transform = data::imagenet_eval_transform(size);
+  data::ImageFolderBatcher batcher(splits.training, batcher_options);
+  const int64_t steps_per_epoch = batcher.batches_per_epoch();
+  const int64_t total_steps =
+      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
+  if (total_steps <= 0) throw Error("--max-steps must be positive");
+  OptimizerDefaults defaults;
+  defaults.optimizer = "adamw";
+  defaults.learning_rate = model.weights ? 1e-4 : 1e-3;
+  defaults.weight_decay = 1e-4;
+  defaults.schedule = "cosine";
+  OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  if (!arguments.has("warmup"))
+    optimizer.warmup_steps = std::min<int64_t>(200, optimizer.total_steps / 10);
+
+  const fs::path out_dir = arguments.text("out", default_out_dir());
+  prepare_out_dir(out_dir);
+  require_writable_file(arguments, "trace");
+  std::fprintf(
+      stderr, "data: %lld training images, %s, %zu classes; %lld steps of %lld\n",
+      static_cast<long long>(splits.training.size()),
+      splits.validation ? (std::to_string(splits.validation->size()) + " validation images (" +
+                           splits.validation->root().string() + ")")
+                              .c_str()
+                        : "no validation",
+      class_names.size(), static_cast<long long>(total_steps), static_cast<long long>(batch));
+
+  SessionOptions options;
+  options.shared_device = open_shared_device(arguments.text("device", ""));
+  options.seed = seed;
+  options.precision = parse_precision(arguments.text("precision", "strict"));
+  options.profile = arguments.has("trace");
+  Session training(models::build_resnet_training(model.config, batch, size, size, optimizer),
+                   options);
+  std::unique_ptr<Session> inference;
+  SessionOptions eval_options = options;
+  eval_options.profile = false;
+  if (splits.validation) {
+    inference = std::make_unique<Session>(
+        models::build_resnet(model.config, batch, size, size, false), eval_options);
+  }
+  std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  print_precision(options.precision, training.report());
+  std::fprintf(stderr, "built %s training program in %.2f s (%zu dispatches)%s\n",
+               model.description.c_str(), training.report().build_seconds,
+               training.report().dispatches, inference ? " and evaluation program" : "");
+
+  int64_t step = 0;
+  if (resumed) {
+    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    step = resumed->step;
+    batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
+    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+                 static_cast<long long>(step));
+  } else if (model.weights) {
+    const runtime::ResNetWeightsReport report =
+        runtime::load_resnet_weights(training, *model.weights, model.config);
+    std::fprintf(stderr, "loaded %lld tensors from %s%s\n", static_cast<long long>(report.tensors),
+                 model.weights->description().c_str(),
+                 report.head_loaded
+                     ? ""
+                     : (": new head fc for " + std::to_string(classes) +
+                        " classes (the weights have " + std::to_string(report.file_classes) + ")")
+                           .c_str());
+  }
+
+  const fs::path checkpoint_path = out_dir / "checkpoint.safetensors";
+  io::JsonlWriter metrics(out_dir / "metrics.jsonl");
+  const auto save = [&] {
+    io::Checkpoint checkpoint;
+    checkpoint.model_config = model.config.to_json();
+    checkpoint.step = step;
+    checkpoint.epoch = batcher.epoch();
+    checkpoint.optimizer = optimizer_json(optimizer);
+    checkpoint.extra = {{"batcher", batcher.state().to_json()},
+                        {"batch", batch},
+                        {"image_size", size},
+                        {"classes", class_names},
+                        {"data", splits.training.root().string()}};
+    checkpoint.tensors = session_tensors(training);
+    io::save_checkpoint(checkpoint_path, checkpoint);
+  };
+
+  install_stop_handlers();
+  std::vector<float> images(static_cast<size_t>(batch * batcher.image_floats()));
+  // The labels of the step in flight and of the one queued behind it.
+  std::vector<int32_t> labels(static_cast<size_t>(batch)), next_labels(labels.size());
+  io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
+      validation_series{"validation accuracy", {}};
+  ProgressLine progress;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first_step = step;
+  double smoothed_loss = NAN, smoothed_accuracy = NAN, last_validation = NAN;
+  double images_per_second = 0;
+  const auto start_step = [&](int64_t index, std::vector<int32_t>& step_labels) {
+    batcher.next(images, step_labels);
+    training.set_input(models::kResNetImagesInput, images);
+    training.set_input(models::kResNetLabelsInput, step_labels);
+    for (const auto& [name, value] : optimizer_inputs(optimizer, index)) {
+      if (training.has_input(name))
+        training.set_input(name, std::vector<float>{static_cast<float>(value)});
+    }
+    training.start_run();
+  };
+  // An evaluation or a checkpoint reads the parameters after the step, so no step may be queued
+  // behind it.
+  const auto ends_a_stretch = [&](int64_t steps_done) {
+    return steps_done % steps_per_epoch == 0 || steps_done % checkpoint_every == 0 ||
+           steps_done == total_steps;
+  };
+  // The next step is queued behind the one in flight (its batch taken from the background
+  // threads and its inputs set while that one runs), so the GPU does not wait between steps.
+  bool in_flight = step < total_steps && !stop_requested;
+  if (in_flight) start_step(step, labels);
+  while (in_flight) {
+    in_flight = step + 1 < total_steps && !stop_requested && !ends_a_stretch(step + 1);
+    if (in_flight) {
+      start_step(step + 1, next_labels);
+    } else {
+      training.finish_run();
+    }
+    ++step;
+    const double loss = training.scalar_output("loss");
+    if (!std::isfinite(loss)) {
+      progress.finish();
+      throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
+                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
+    }
+    const std::vector<int64_t> predicted =
+        predictions(training.output(models::kResNetLogitsOutput), batch, classes);
+    int64_t correct = 0;
+    for (int64_t i = 0; i < batch; ++i) correct += predicted[i] == labels[i];
+    const double accuracy = static_cast<double>(correct) / batch;
+    smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
+    smoothed_accuracy =
+        std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
+    images_per_second = steps_per_second * batch;
+    const int64_t epoch = (step - 1) / steps_per_epoch;
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "epoch %lld/%lld %s step %lld/%lld loss %.4f acc %.1f%% %.0f img/s ETA %s",
+                  static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
+                  bar(static_cast<double>(step) / total_steps).c_str(),
+                  static_cast<long long>(step), static_cast<long long>(total_steps), smoothed_loss,
+                  100 * smoothed_accuracy, images_per_second,
+                  format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
+    progress.update(text, step == total_steps);
+    if (step % 10 == 0 || step == total_steps) {
+      loss_series.points.emplace_back(step, smoothed_loss);
+      train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
+      metrics.write({{"step", step},
+                     {"epoch", epoch + 1},
+                     {"loss", loss},
+                     {"smoothed_loss", smoothed_loss},
+                     {"batch_accuracy", accuracy},
+                     {"learning_rate",
+                      learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+                     {"images_per_second", images_per_second}});
+    }
+    if (inference && (step % steps_per_epoch == 0 || step == total_steps)) {
+      load_tensors(*inference, io::Checkpoint{.tensors = session_tensors(training)}, "training",
+                   false);
+      const Evaluation evaluation =
+          evaluate_image_folder(*inference, *splits.validation, batch, size, classes);
+      last_validation = evaluation.accuracy();
+      validation_series.points.emplace_back(step, last_validation);
+      metrics.write(
+          {{"step", step}, {"epoch", epoch + 1}, {"validation_accuracy", last_validation}});
+      progress.finish();
+      std::fprintf(stderr, "epoch %lld: validation accuracy %.2f%%\n",
+                   static_cast<long long>(epoch + 1), 100 * last_validation);
+    }
+    if (ends_a_stretch(step)) save();
+    std::swap(labels, next_labels);
+    if (!in_flight && step < total_steps && !stop_requested) {
+      in_flight = true;
+      start_step(step, labels);
+    }
+  }
+  progress.finish();
+  save();
+  if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
+  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
+
+  io::Chart chart;
+  chart.title =
+      "meganeura train: " + model.description + " on " + fs::path(*data_path).filename().string();
+  chart.panels.push_back({"loss", "step", "cross-entropy", {loss_series}});
+  chart.panels.push_back(
+      {"accuracy", "step", "accuracy", {train_accuracy_series, validation_series}});
+  io::write_chart_png(out_dir / "training.png", chart);
+  std::printf("checkpoint: %s\nmetrics: %s\nplot: %s\n", checkpoint_path.c_str(),
+              (out_dir / "metrics.jsonl").c_str(), (out_dir / "training.png").c_str());
+  std::printf("training: %.1f images/s\n", images_per_second);
+  if (!std::isnan(last_validation))
+    std::printf("validation accuracy: %.2f%%\n", 100 * last_validation);
+  return stop_requested ? 130 : 0;
+}
+
+}  // namespace mg::cli
