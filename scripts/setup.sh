@@ -9,6 +9,7 @@ packages=(
   libgtest-dev zlib1g-dev nlohmann-json3-dev libsndfile1-dev libpcre2-dev libstb-dev
   dataset-fashion-mnist
   python3 python3-numpy python3-torch
+  espeak-ng
 )
 
 missing=()
