@@ -10,6 +10,7 @@ packages=(
   dataset-fashion-mnist
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch
+  espeak-ng
 )
 
 missing=()

@@ -31,6 +31,11 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
                  (batch norm with running statistics), a training step at batch 4 (batch
                  statistics, gradients, SGD with momentum), and training throughput at batch
                  64 and 256 (training_b64_images_per_second, training_b256_...)
+  whisper-tiny   Whisper-tiny (WhisperForConditionalGeneration), batch 1, 80 x 3000 log-mel
+                 (30 s): the encoder alone (encoder_ms), the encoder and 4 decoder tokens to
+                 logits (inference), a training step on them (loss, gradients, AdamW), one
+                 decode step over the KV cache, and the real-time factor of transcribing 30 s
+                 (features, cross kv, greedy decoding of up to 64 tokens)
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
@@ -92,7 +97,8 @@ int bench_workloads(const std::vector<std::string>& words) {
     std::function<nlohmann::json(Precision, const WorkloadOptions&)> run;
   };
   const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m},
-                                           {"resnet-50", bench_resnet50}};
+                                           {"resnet-50", bench_resnet50},
+                                           {"whisper-tiny", bench_whisper_tiny}};
   std::vector<std::string> table;
   size_t selected = 0;
   for (const Workload& workload : workloads) {

@@ -27,11 +27,12 @@ namespace {
 constexpr const char* kHelp = R"(usage: meganeura train [options]
        meganeura train --model MODEL_DIR --data FILE [options]
 
-The second form fine-tunes a Hugging Face language-model folder on text: see 'meganeura train
---model MODEL_DIR --help'. 'meganeura train --model resnet50 --data IMAGE_DIR' trains a ResNet
-on an image folder (or fine-tunes a Hugging Face ResNet folder): see 'meganeura train --model
-resnet50 --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates it on
-the test set after each epoch, and writes into --out: checkpoint.safetensors (every
+The second form trains or fine-tunes a model folder, the job chosen by its config.json: a
+Llama-family language model on text, Whisper on speech: see 'meganeura train --model MODEL_DIR
+--help'. 'meganeura train --model resnet50 --data IMAGE_DIR' trains a ResNet on an image folder
+(or fine-tunes a Hugging Face ResNet folder): see 'meganeura train --model resnet50 --help'. The
+first trains a classifier on Fashion-MNIST on the GPU, evaluates it on the test set after each
+epoch, and writes into --out: checkpoint.safetensors (every
 --checkpoint-every steps, each epoch and at the end), metrics.jsonl (one JSON object per logged
 step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops after the current
 step and saves a checkpoint. Under mpirun (or with --distributed) each process trains on its
@@ -115,7 +116,9 @@ int train_command(const std::vector<std::string>& words) {
       model && (std::filesystem::is_directory(*model) || model->find('/') != std::string::npos)) {
     // Each kind of model folder has its own training job.
     const std::map<std::string, int (*)(const std::vector<std::string>&)> jobs = {
-        {"llama", lm_train_command}, {"resnet", image_train_command}};
+        {"llama", lm_train_command},
+        {"resnet", image_train_command},
+        {"whisper", whisper_train_command}};
     const auto [key, kind] = model_folder_kind(*model);
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
