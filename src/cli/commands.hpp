@@ -11,9 +11,11 @@ int infer_command(const std::vector<std::string>& words);
 int inspect_command(const std::vector<std::string>& words);
 int bench_command(const std::vector<std::string>& words);
 int generate_command(const std::vector<std::string>& words);
+int act_command(const std::vector<std::string>& words);
 // `meganeura train --model MODEL_DIR`: train_command hands a model folder to it.
 // `meganeura bench workloads`: bench_command hands it the words after "workloads".
 int bench_workloads(const std::vector<std::string>& words);
 int lm_train_command(const std::vector<std::string>& words);
+int smolvla_train_command(const std::vector<std::string>& words);
 
 }  // namespace mg::cli
