@@ -26,6 +26,10 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
                  position's logits (inference; their argmax comes back to the host), a
                  training step (loss, gradients, AdamW), and greedy decode of 64 tokens
                  after a 128-token prefill (decode tokens/s)
+  smolvla        SmolVLA (LeRobot's defaults over SmolVLM2-500M cut to 16 layers), one
+                 512x512 camera, 48 instruction tokens, batch 1: one action chunk (latency:
+                 the backbone once, then 10 Euler steps over a chunk of 50) and one
+                 flow-matching training step of the expert (backbone frozen, AdamW)
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
@@ -83,7 +87,8 @@ int bench_workloads(const std::vector<std::string>& words) {
     std::string name;
     std::function<nlohmann::json(Precision, const WorkloadOptions&)> run;
   };
-  const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m}};
+  const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m},
+                                           {"smolvla", bench_smolvla}};
   std::vector<std::string> table;
   size_t selected = 0;
   for (const Workload& workload : workloads) {

@@ -36,5 +36,6 @@ nlohmann::json planner_json(const BuildReport& report);
 // *_ms, GPU time as *_gpu_ms, compile_s / compile_warm_s, rates as *_per_second), memory and
 // outputs.
 nlohmann::json bench_smollm2_135m(Precision precision, const WorkloadOptions& options);
+nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& options);
 
 }  // namespace mg::cli
