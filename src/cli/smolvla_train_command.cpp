@@ -106,6 +106,40 @@ std::vector<Example> prepare_examples(const std::vector<data::RobotRecord>& reco
   return examples;
 }
 
+// LeRobot normalises state and actions with the data set's statistics; a folder without them
+// (a new policy) takes them from the data, and its output folder keeps them.
+models::FeatureStats feature_stats(const std::vector<data::RobotRecord>& records, bool actions,
+                                   int64_t width) {
+  std::vector<double> sum(width, 0.0), squares(width, 0.0);
+  int64_t count = 0;
+  for (const data::RobotRecord& record : records) {
+    const std::vector<float>& values = actions ? record.actions : record.state;
+    if (values.size() % width != 0) continue;
+    for (size_t i = 0; i < values.size(); ++i) {
+      sum[i % width] += values[i];
+      squares[i % width] += static_cast<double>(values[i]) * values[i];
+    }
+    count += static_cast<int64_t>(values.size()) / width;
+  }
+  models::FeatureStats stats;
+  for (int64_t i = 0; i < width; ++i) {
+    const double mean = sum[i] / static_cast<double>(count);
+    const double variance = std::max(0.0, squares[i] / static_cast<double>(count) - mean * mean);
+    stats.mean.push_back(static_cast<float>(mean));
+    // A constant feature keeps unit scale rather than dividing by zero.
+    stats.std.push_back(variance > 1e-12 ? static_cast<float>(std::sqrt(variance)) : 1.0f);
+  }
+  return stats;
+}
+
+void add_missing_stats(models::SmolVLAFolder& folder,
+                       const std::vector<data::RobotRecord>& records) {
+  if (folder.state_stats.empty())
+    folder.state_stats = feature_stats(records, false, folder.config.state_dim);
+  if (folder.action_stats.empty())
+    folder.action_stats = feature_stats(records, true, folder.config.action_dim);
+}
+
 // The inputs of a batch of examples (rows past `chosen` repeat the first, for the last batch).
 struct Batch {
   std::vector<float> pixels, state, actions;
@@ -163,12 +197,12 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     throw Error("--batch, --epochs and --checkpoint-every must be positive");
   if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
 
-  const models::SmolVLAFolder folder =
-      models::open_smolvla_folder(arguments.text("model", ""), true);
+  models::SmolVLAFolder folder = models::open_smolvla_folder(arguments.text("model", ""), true);
   const models::SmolVLAConfig& config = folder.config;
   const int64_t flow_steps = arguments.integer("steps", config.num_steps);
-  const std::vector<Example> examples =
-      prepare_examples(data::read_robot_episodes(*data_path), folder, *data_path);
+  const std::vector<data::RobotRecord> records = data::read_robot_episodes(*data_path);
+  add_missing_stats(folder, records);
+  const std::vector<Example> examples = prepare_examples(records, folder, *data_path);
   std::set<int64_t> episodes;
   for (const Example& example : examples) episodes.insert(example.episode);
   const int64_t held_episodes =

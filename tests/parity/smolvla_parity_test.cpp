@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -276,6 +277,85 @@ TEST(SmolVLAParity, CrossAttentionExpertBackboneVelocityGradientsAndChunk) {
 
 TEST(SmolVLAParity, SelfAttentionHalfDepthExpertBackboneVelocityGradientsAndChunk) {
   expect_parity(false);
+}
+
+}  // namespace
+}  // namespace mg
+
+namespace mg {
+namespace {
+
+// The H200 check (bench/smolvla_parity_h200.py writes the folder): SmolVLA's real backbone
+// config with transformers' random weights, against the twin run over transformers' vision tower.
+// MEGANEURA_SMOLVLA_PARITY_DIR names the folder (config.json {"policy", "vlm"},
+// weights.safetensors, inputs.safetensors, twin.safetensors); MEGANEURA_SMOLVLA_PARITY_PRECISION
+// is strict (outputs within 1e-4, gradient norms within 1e-3) or fast (1e-2, 5e-2).
+TEST(SmolVLAParity, FolderFromTransformers) {
+  const char* folder = std::getenv("MEGANEURA_SMOLVLA_PARITY_DIR");
+  if (!folder) GTEST_SKIP() << "set MEGANEURA_SMOLVLA_PARITY_DIR (bench/smolvla_parity_h200.py)";
+  const std::filesystem::path dir = folder;
+  const char* precision_text = std::getenv("MEGANEURA_SMOLVLA_PARITY_PRECISION");
+  const Precision precision = parse_precision(precision_text ? precision_text : "strict");
+  const double output_bound = precision == Precision::strict ? 1e-4 : 1e-2;
+  const double grad_bound = precision == Precision::strict ? 1e-3 : 5e-2;
+  std::ifstream config_file(dir / "config.json");
+  const nlohmann::ordered_json both = nlohmann::ordered_json::parse(config_file);
+  const nlohmann::json vlm = nlohmann::json::parse(both["vlm"].dump());
+  const models::SmolVLAConfig config =
+      models::smolvla_config_from_json(both["policy"], vlm, "parity");
+  const io::SafetensorsFile weights = io::read_safetensors(dir / "weights.safetensors", "weights");
+  const io::SafetensorsFile inputs = io::read_safetensors(dir / "inputs.safetensors", "inputs");
+  const io::SafetensorsFile twin = io::read_safetensors(dir / "twin.safetensors", "twin output");
+  const io::TensorRecord& ids_record = *inputs.find(models::kLanguageIds);
+  const int64_t batch = ids_record.shape[0], language = ids_record.shape[1];
+  std::vector<int32_t> ids(batch * language), valid_ints(batch * language);
+  std::memcpy(ids.data(), ids_record.bytes.data(), ids.size() * 4);
+  std::memcpy(valid_ints.data(), inputs.find("language_valid")->bytes.data(),
+              valid_ints.size() * 4);
+  const std::vector<bool> valid(valid_ints.begin(), valid_ints.end());
+  const models::SmolVLAMasks masks = models::smolvla_masks(config, batch, language, valid);
+  const std::vector<float> times = values_of(*inputs.find(models::kFlowTime));
+
+  models::SmolVLALossOptions loss_options;
+  loss_options.train_backbone = true;
+  Graph graph = models::smolvla_loss_graph(config, batch, language, loss_options);
+  for (const auto& [parameter, grad] :
+       gradients(graph, graph.output(models::kLoss), graph.leaves("parameter")))
+    graph.set_output("grad." + graph.node(parameter).name, grad);
+  SessionOptions options;
+  options.precision = precision;
+  options.initialise_parameters = false;
+  Session session(graph, options);
+  Session sampler(models::smolvla_chunk_graph(config, batch, language, config.num_steps), options);
+  for (Session* program : {&session, &sampler}) {
+    const std::vector<std::string> held = program->persistent_names();
+    for (const io::TensorRecord& record : weights.tensors)
+      if (std::find(held.begin(), held.end(), record.name) != held.end())
+        program->write(record.name, values_of(record));
+    program->set_input(models::kPixelValues, values_of(*inputs.find(models::kPixelValues)));
+    program->set_input(models::kLanguageIds, ids);
+    program->set_input(models::kState, values_of(*inputs.find(models::kState)));
+    program->set_input(models::kAttentionMask, masks.attention_mask);
+    program->set_input(models::kPositionIds, masks.position_ids);
+    program->set_input(models::kNoise, values_of(*inputs.find(models::kNoise)));
+  }
+  session.set_input(models::kActions, values_of(*inputs.find(models::kActions)));
+  session.set_input(models::kFlowTime, times);
+  session.set_input(models::kTimeEmbedding, models::smolvla_time_embedding(config, times));
+  session.run();
+  sampler.run();
+  EXPECT_LT(relative_l2(session.output(models::kVelocity), values_of(*twin.find("velocity"))),
+            output_bound);
+  EXPECT_LT(
+      relative_l2(sampler.output(models::kActionChunk), values_of(*twin.find("action_chunk"))),
+      output_bound);
+  for (ValueId leaf : graph.leaves("parameter")) {
+    const std::string& name = graph.node(leaf).name;
+    const double expected = l2_norm(values_of(*twin.find("grad." + name)));
+    const double actual = l2_norm(session.output("grad." + name));
+    if (expected < 1e-7) continue;  // attention keys' biases: zero but for rounding
+    EXPECT_LT(std::abs(actual - expected) / expected, grad_bound) << name;
+  }
 }
 
 }  // namespace

@@ -29,8 +29,12 @@ EXPERT = "model.vlm_with_expert.lm_expert."
 
 
 class Weights:
-    def __init__(self, tensors):
-        self.tensors = {name: value.double().requires_grad_(True) for name, value in tensors.items()}
+    """Named weights in `dtype` on `device`; those `trainable` names (all when None) require grad."""
+
+    def __init__(self, tensors, dtype=torch.float64, device="cpu", trainable=None):
+        self.tensors = {name: value.to(device=device, dtype=dtype).requires_grad_(trainable is None or trainable(name))
+                        for name, value in tensors.items()}
+        self.dtype, self.device = dtype, device
 
     def __getitem__(self, name):
         return self.tensors[name]
@@ -47,17 +51,17 @@ def rms_norm(x, weight, eps):
 def apply_rope(x, positions, max_wavelength=10_000):
     """LeRobot's apply_rope: x [B, L, H, D] at positions [B, L], angles in float32."""
     d_half = x.shape[-1] // 2
-    freq_exponents = (2.0 / x.shape[-1]) * torch.arange(d_half, dtype=torch.float32)
+    freq_exponents = (2.0 / x.shape[-1]) * torch.arange(d_half, dtype=torch.float32, device=x.device)
     timescale = max_wavelength ** freq_exponents
     radians = positions[..., None].to(torch.float32) / timescale[None, None, :]
-    radians = radians[..., None, :].double()
+    radians = radians[..., None, :].to(x.dtype)
     sin, cos = torch.sin(radians), torch.cos(radians)
     x1, x2 = x.split(d_half, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def create_sinusoidal_pos_embedding(time, dimension, min_period, max_period):
-    fraction = torch.linspace(0.0, 1.0, dimension // 2, dtype=torch.float64)
+    fraction = torch.linspace(0.0, 1.0, dimension // 2, dtype=torch.float64, device=time.device)
     period = min_period * (max_period / min_period) ** fraction
     scaling_factor = 1.0 / period * 2 * math.pi
     sin_input = scaling_factor[None, :] * time[:, None].double()
@@ -142,7 +146,7 @@ class SmolVLA:
             img_emb = img_emb * math.sqrt(img_emb.shape[-1])
             bsize, num_img_embs = img_emb.shape[:2]
             embs.append(img_emb)
-            pad_masks.append(torch.ones(bsize, num_img_embs, dtype=torch.bool))
+            pad_masks.append(torch.ones(bsize, num_img_embs, dtype=torch.bool, device=img_emb.device))
             att_masks += [0] * num_img_embs
         lang_emb = F.embedding(lang_tokens, self.w[TEXT + "embed_tokens.weight"])
         lang_emb = lang_emb * math.sqrt(lang_emb.shape[-1])
@@ -151,11 +155,11 @@ class SmolVLA:
         att_masks += [0] * lang_emb.shape[1]
         state_emb = self.w.linear(state, "model.state_proj")[:, None, :]
         embs.append(state_emb)
-        pad_masks.append(torch.ones(state_emb.shape[0], 1, dtype=torch.bool))
+        pad_masks.append(torch.ones(state_emb.shape[0], 1, dtype=torch.bool, device=state_emb.device))
         att_masks += [1]
         embs = torch.cat(embs, dim=1)
         pad_masks = torch.cat(pad_masks, dim=1)
-        att_masks = torch.tensor(att_masks, dtype=torch.bool)[None, :].expand(embs.shape[0], -1)
+        att_masks = torch.tensor(att_masks, dtype=torch.bool, device=embs.device)[None, :].expand(embs.shape[0], -1)
         return embs, pad_masks, att_masks
 
     def embed_suffix(self, noisy_actions, timestep):
@@ -163,13 +167,13 @@ class SmolVLA:
         time_emb = create_sinusoidal_pos_embedding(timestep, self.expert_hidden_size,
                                                    self.policy.get("min_period", 4e-3),
                                                    self.policy.get("max_period", 4.0))
-        time_emb = time_emb.float().double()[:, None, :].expand_as(action_emb)
+        time_emb = time_emb.float().to(action_emb.dtype)[:, None, :].expand_as(action_emb)
         action_time_emb = torch.cat([action_emb, time_emb], dim=2)
         action_time_emb = F.silu(self.w.linear(action_time_emb, "model.action_time_mlp_in"))
         action_time_emb = self.w.linear(action_time_emb, "model.action_time_mlp_out")
         bsize = action_time_emb.shape[0]
-        pad_masks = torch.ones(bsize, self.chunk_size, dtype=torch.bool)
-        att_masks = torch.ones(bsize, self.chunk_size, dtype=torch.bool)
+        pad_masks = torch.ones(bsize, self.chunk_size, dtype=torch.bool, device=action_emb.device)
+        att_masks = torch.ones(bsize, self.chunk_size, dtype=torch.bool, device=action_emb.device)
         return action_time_emb, pad_masks, att_masks
 
     # ---- SmolVLMWithExpertModel ----
@@ -198,7 +202,8 @@ class SmolVLA:
         weights = torch.matmul(query_states.transpose(1, 2), key_states.transpose(1, 2).transpose(2, 3))
         weights = weights * self.head_dim ** -0.5
         big_neg = torch.finfo(weights.dtype).min
-        weights = torch.where(attention_mask[:, None, :, :], weights, torch.tensor(big_neg, dtype=weights.dtype))
+        weights = torch.where(attention_mask[:, None, :, :], weights,
+                              torch.tensor(big_neg, dtype=weights.dtype, device=weights.device))
         probs = F.softmax(weights, dim=-1)
         out = torch.matmul(probs, value_states.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         return out.reshape(batch_size, -1, self.heads * self.head_dim)
@@ -324,9 +329,9 @@ class SmolVLA:
         prefix_position_ids = torch.cumsum(prefix_pad_masks, dim=1) - 1
         cache = {}
         self.vlm_with_expert(prefix_att_2d_masks, prefix_position_ids, [prefix_embs, None], cache)
-        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
+        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=noise.device)
         x_t = noise
-        time = torch.tensor(1.0, dtype=torch.float32)
+        time = torch.tensor(1.0, dtype=torch.float32, device=noise.device)
         while time >= -dt / 2:
             suffix_embs, suffix_pad_masks, suffix_att_masks = self.embed_suffix(x_t, time.expand(noise.shape[0]))
             bsize, suffix_len = suffix_pad_masks.shape
@@ -338,7 +343,7 @@ class SmolVLA:
             position_ids = prefix_offsets + torch.cumsum(suffix_pad_masks, dim=1) - 1
             _, suffix_out = self.vlm_with_expert(full_att_2d_masks, position_ids, [None, suffix_embs], cache)
             v_t = self.w.linear(suffix_out[:, -self.chunk_size:], "model.action_out_proj")
-            x_t = x_t + dt.double() * v_t
+            x_t = x_t + dt.to(v_t.dtype) * v_t
             time = time + dt
         return x_t
 
