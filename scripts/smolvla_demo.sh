@@ -16,7 +16,7 @@ binary="${MEGANEURA:-$here/../build/meganeura}"
 out="${SMOLVLA_DEMO_OUT:-runs/smolvla_demo}"
 size="${SMOLVLA_DEMO_SIZE:-ci}"
 case "$size" in
-  ci) data_args=(--episodes 40 --image 32 --width 64 --layers 4); train_args=(--batch 8 --epochs 6 --lr 3e-3) ;;
+  ci) data_args=(--episodes 40 --image 32 --width 64 --layers 4); train_args=(--batch 8 --epochs 10 --lr 3e-3) ;;
   full) data_args=(--episodes 2000 --image 64 --width 256 --layers 8); train_args=(--batch 32 --epochs 10 --lr 3e-4) ;;
   *) echo "SMOLVLA_DEMO_SIZE must be ci or full" >&2; exit 2 ;;
 esac
@@ -24,7 +24,7 @@ rm -rf "$out"
 mkdir -p "$out"
 python3 "$here/smolvla_demo_data.py" "$out" "${data_args[@]}"
 "$binary" train --model "$out/policy" --data "$out/data" --out "$out/run" --validation 0.15 \
-  --warmup 20 --checkpoint-every 100000 "${train_args[@]}" | tee "$out/train.txt"
+  --warmup 10 --checkpoint-every 100000 "${train_args[@]}" | tee "$out/train.txt"
 "$binary" act "$out/run/model" --image "$out/data/frames/00000_0.png" --state "$(python3 -c "
 import json; print(','.join(str(v) for v in json.loads(open('$out/data/episodes.jsonl').readline())['state']))")" \
   --instruction "move the blue dot onto the red dot" --repeat 3 > "$out/act.json"

@@ -107,7 +107,7 @@ def make_policy(out, size, width, layers, tokenizer):
         "input_features": {"observation.images.top": {"type": "VISUAL", "shape": [3, size, size]},
                            "observation.state": {"type": "STATE", "shape": [2]}},
         "output_features": {"action": {"type": "ACTION", "shape": [2]}},
-        "max_state_dim": 8, "max_action_dim": 8, "resize_imgs_with_padding": [size, size],
+        "max_state_dim": 2, "max_action_dim": 2, "resize_imgs_with_padding": [size, size],
         "num_steps": 10, "vlm_model_name": "vlm", "attention_mode": "cross_attn",
         "num_vlm_layers": layers, "num_expert_layers": -1, "self_attn_every_n_layers": 2,
         "expert_width_multiplier": 0.75, "min_period": 4e-3, "max_period": 4.0,

@@ -15,6 +15,14 @@ namespace {
 // LeRobot's apply_rope uses a fixed max_wavelength, not the text model's rope_theta.
 constexpr double kRopeWavelength = 10000.0;
 
+// The input width of one of LeRobot's projections (for its bias's initialisation).
+int64_t in_features(const SmolVLAConfig& config, const std::string& bias_name) {
+  const std::string weight = bias_name.substr(0, bias_name.size() - 4) + "weight";
+  for (const SmolVLAParameter& parameter : smolvla_parameters(config))
+    if (parameter.name == weight) return parameter.shape[1];
+  return 1;
+}
+
 class Weights {
  public:
   Weights(Graph& graph, const SmolVLAConfig& config,
@@ -26,6 +34,13 @@ class Weights {
                               name.find("post_layernorm") != std::string::npos;
       Init init = Init::normal(0.0, 0.02);
       if (name.ends_with(".bias")) init = Init::zeros();
+      if (parameter.part == SmolVLAPart::projections) {
+        // LeRobot's own projections are torch.nn.Linear with PyTorch's default initialisation.
+        const double bound =
+            1.0 / std::sqrt(static_cast<double>(name.ends_with(".bias") ? in_features(config, name)
+                                                                        : parameter.shape[1]));
+        init = Init::uniform(-bound, bound);
+      }
       if (norm || (layer_norm && name.ends_with(".weight"))) init = Init::ones();
       tensors_[name] = trainable(parameter)
                            ? mg::parameter(graph, name, parameter.shape, init)
