@@ -16,7 +16,7 @@ binary="${MEGANEURA:-$here/../build/meganeura}"
 out="${SMOLVLA_DEMO_OUT:-runs/smolvla_demo}"
 size="${SMOLVLA_DEMO_SIZE:-ci}"
 case "$size" in
-  ci) data_args=(--episodes 40 --image 32 --width 64 --layers 4); train_args=(--batch 8 --epochs 10 --lr 3e-3) ;;
+  ci) data_args=(--episodes 40 --image 32 --width 64 --layers 4); train_args=(--batch 8 --epochs 14 --lr 5e-3) ;;
   full) data_args=(--episodes 2000 --image 64 --width 256 --layers 8); train_args=(--batch 32 --epochs 10 --lr 3e-4) ;;
   *) echo "SMOLVLA_DEMO_SIZE must be ci or full" >&2; exit 2 ;;
 esac
