@@ -19,9 +19,13 @@ Usage: python3 bench/workloads_pytorch.py [--filter NAME] [--runs 20] [--precisi
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 
 WARMUP_SECONDS = 0.3
 
@@ -201,120 +205,132 @@ def bench_resnet50(mode, compiled, runs):
             "timings": timings, "memory": memory, "outputs": {"loss": loss}}
 
 
-WORKLOADS = {"smollm2-135m": lambda mode, compiled, runs: bench_llama("smollm2-135m", smollm2_135m, mode, compiled, runs),
-             "resnet-50": bench_resnet50}
-def bench_whisper_tiny(mode, compiled, runs):
-    """Whisper-tiny at its config with random weights: the encoder on 30 s (encoder_ms), the encoder
-    and 4 decoder tokens to logits (inference_ms), a training step on them with AdamW
-    (training_ms), one decode step (the time of generate's 64 new tokens less its first, a token),
-    and the real-time factor of transcribing 30 s (features by WhisperFeatureExtractor, then
-    generate with up to 64 new tokens)."""
-    import math
-    import numpy as np
-    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
-    config = WhisperConfig(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4,
-                           decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
-                           encoder_ffn_dim=1536, decoder_ffn_dim=1536, max_source_positions=1500,
-                           max_target_positions=448, decoder_start_token_id=50258,
-                           eos_token_id=50257, pad_token_id=50257, bos_token_id=50257)
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(config).cuda().float()
-    model.generation_config.update(
-        decoder_start_token_id=50258, eos_token_id=50257, pad_token_id=50257, is_multilingual=True,
-        lang_to_id={"<|en|>": 50259}, task_to_id={"transcribe": 50359, "translate": 50358},
-        no_timestamps_token_id=50363, prev_sot_token_id=50361, max_initial_timestamp_index=50,
-        max_length=448)
-    t = np.arange(480000) / 16000.0
-    audio = (0.3 * np.sin(2 * math.pi * (200 + 40 * t) * t)).astype(np.float32)
-    extractor = WhisperFeatureExtractor(feature_size=80)
-    features = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features.cuda()
-    ids = torch.tensor([[50258, 50259, 50359, 50363]]).cuda()
-    labels = torch.tensor([[50259, 50359, 50363, 50257]]).cuda()
+# SmolVLA at LeRobot's defaults over SmolVLM2-500M cut to 16 layers, as src/cli/bench_smolvla_workload.cpp.
+SMOLVLM2_500M = {
+    "scale_factor": 4,
+    "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                      "num_attention_heads": 12, "patch_size": 16, "image_size": 512, "layer_norm_eps": 1e-6,
+                      "hidden_act": "gelu_pytorch_tanh"},
+    "text_config": {"model_type": "llama", "vocab_size": 49280, "hidden_size": 960, "intermediate_size": 2560,
+                    "num_hidden_layers": 32, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64,
+                    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+                    "hidden_act": "silu"},
+}
+SMOLVLA_POLICY = {"type": "smolvla", "chunk_size": 50, "num_steps": 10, "num_vlm_layers": 16,
+                  "attention_mode": "cross_attn", "self_attn_every_n_layers": 2, "expert_width_multiplier": 0.75,
+                  "max_state_dim": 32, "max_action_dim": 32}
+
+
+def smolvla_expert_shapes(policy, text):
+    """The shapes of LeRobot's expert and projection weights (the parameters transformers lacks)."""
+    hidden, heads, kv_heads, head_dim = (text["hidden_size"], text["num_attention_heads"],
+                                         text["num_key_value_heads"], text["head_dim"])
+    width = int(hidden * policy["expert_width_multiplier"])
+    intermediate = 256 * ((int(2 * width / 3) * 4 + 255) // 256)
+    shapes = {}
+    for i in range(policy["num_vlm_layers"]):
+        p = "model.vlm_with_expert.lm_expert.layers.%d." % i
+        cross = "cross" in policy["attention_mode"] and i % policy["self_attn_every_n_layers"] != 0
+        kv_in = kv_heads * head_dim if cross else width
+        shapes.update({p + "self_attn.q_proj.weight": (heads * head_dim, width),
+                       p + "self_attn.k_proj.weight": (kv_heads * head_dim, kv_in),
+                       p + "self_attn.v_proj.weight": (kv_heads * head_dim, kv_in),
+                       p + "self_attn.o_proj.weight": (width, heads * head_dim),
+                       p + "mlp.gate_proj.weight": (intermediate, width), p + "mlp.up_proj.weight": (intermediate, width),
+                       p + "mlp.down_proj.weight": (width, intermediate),
+                       p + "input_layernorm.weight": (width,), p + "post_attention_layernorm.weight": (width,)})
+    shapes["model.vlm_with_expert.lm_expert.norm.weight"] = (width,)
+    for name, out, inp in (("state_proj", hidden, policy["max_state_dim"]), ("action_in_proj", width, policy["max_action_dim"]),
+                           ("action_out_proj", policy["max_action_dim"], width), ("action_time_mlp_in", width, 2 * width),
+                           ("action_time_mlp_out", width, width)):
+        shapes["model.%s.weight" % name] = (out, inp)
+        shapes["model.%s.bias" % name] = (out,)
+    return shapes
+
+
+def smolvla_model(policy, vlm_config, dtype=torch.float32, device="cuda", seed=0, train_backbone=False):
+    """transformers' SmolVLMForConditionalGeneration (random weights, text cut to num_vlm_layers) and the
+    twin of LeRobot's SmolVLA over its weights plus random expert weights; the twin embeds images with
+    transformers' vision tower and connector."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+    from smolvla_twin import SmolVLA, Weights
+    torch.manual_seed(seed)
+    vlm = SmolVLMForConditionalGeneration(SmolVLMConfig(**vlm_config)).to(device=device, dtype=dtype)
+    vlm.model.text_model.layers = vlm.model.text_model.layers[:policy["num_vlm_layers"]]
+    tensors = {"model.vlm_with_expert.vlm." + name: value.detach() for name, value in vlm.state_dict().items()
+               if not name.startswith("lm_head")}
+    for name, shape in smolvla_expert_shapes(policy, vlm_config["text_config"]).items():
+        tensors[name] = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape) * 0.02
+    backbone = "model.vlm_with_expert.vlm."
+    weights = Weights(tensors, dtype=dtype, device=device,
+                      trainable=lambda name: train_backbone or not name.startswith(backbone))
+    twin = SmolVLA(policy, vlm_config, weights)
+    twin.embed_image = lambda image: vlm.model.connector(vlm.model.vision_model(pixel_values=image).last_hidden_state)
+    for parameter in vlm.parameters():
+        parameter.requires_grad_(train_backbone)
+    return vlm, twin, weights
+
+
+def bench_smolvla(mode, compiled, runs):
+    policy, vlm_config = SMOLVLA_POLICY, SMOLVLM2_500M
+    vlm, twin, weights = smolvla_model(policy, vlm_config)
+    batch, language, chunk, width = 1, 48, policy["chunk_size"], policy["max_action_dim"]
+    gen = torch.Generator().manual_seed(1)
+    pixels = (torch.randn(batch, 3, 512, 512, generator=gen) * 0.5).cuda()
+    ids = torch.randint(0, vlm_config["text_config"]["vocab_size"], (batch, language), generator=gen).cuda()
+    valid = torch.ones(batch, language, dtype=torch.bool, device="cuda")
+    state = torch.randn(batch, policy["max_state_dim"], generator=gen).cuda()
+    noise = torch.randn(batch, chunk, width, generator=gen).cuda()
+    actions = torch.randn(batch, chunk, width, generator=gen).cuda()
+    time_t = torch.full((batch,), 0.6, device="cuda")
     autocast = torch.autocast("cuda", dtype=torch.float16, enabled=(mode == "fast"))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    trainable = [value for value in weights.tensors.values() if value.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95))
 
-    def encode(x):
+    def sample():
         with autocast:
-            return model.model.encoder(x).last_hidden_state
+            return twin.sample_actions([pixels], ids, valid, state, noise, policy["num_steps"])
 
-    def forward(x, decoder_ids):
+    def loss_of():
         with autocast:
-            return model(input_features=x, decoder_input_ids=decoder_ids).logits
+            return twin.forward([pixels], ids, valid, state, actions, noise, time_t)[0].float()
 
-    def loss_of(x, decoder_ids, targets):
-        with autocast:
-            logits = model(input_features=x, decoder_input_ids=decoder_ids).logits
-        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                 targets.reshape(-1))
-
-    encode_fn, forward_fn, loss_fn = encode, forward, loss_of
+    sample_fn, loss_fn = sample, loss_of
     compile_s = None
     if compiled:
-        encode_fn = torch.compile(encode, mode="reduce-overhead")
-        forward_fn = torch.compile(forward, mode="reduce-overhead")
+        sample_fn = torch.compile(sample, mode="reduce-overhead")
         loss_fn = torch.compile(loss_of, mode="reduce-overhead")
 
     def training_step():
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(features, ids, labels)
+        loss = loss_fn()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 10.0)
         optimizer.step()
         return loss
 
-    model.eval()
     with torch.no_grad():
         if compiled:
-            compile_s = first_call_seconds(lambda: forward_fn(features, ids))
-        encoder_ms = median_ms(lambda: encode_fn(features), runs)
-        inference_ms = median_ms(lambda: forward_fn(features, ids), runs)
-    model.train()
+            compile_s = first_call_seconds(sample_fn)
+        latency_ms = median_ms(sample_fn, runs)
     torch.cuda.reset_peak_memory_stats()
     if compiled:
         compile_s += first_call_seconds(training_step)
     training_ms = median_ms(training_step, runs)
     peak = torch.cuda.max_memory_allocated()
-    loss = float(loss_fn(features, ids, labels))
-
-    model.eval()
-
-    def generate(x, new_tokens):
-        output = model.generate(x, language="en", task="transcribe", return_timestamps=False,
-                                max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        torch.cuda.synchronize()
-        return output
-
-    def transcribe():
-        x = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features.cuda()
-        output = model.generate(x, language="en", task="transcribe", return_timestamps=False,
-                                max_new_tokens=64, do_sample=False)
-        torch.cuda.synchronize()
-        return output
-
-    steps, factors = [], []
-    with torch.no_grad(), autocast:
-        for _ in range(2):
-            generate(features, 64)
-            transcribe()
-        for _ in range(3):
-            first = first_call_seconds(lambda: generate(features, 1))
-            total = first_call_seconds(lambda: generate(features, 64))
-            steps.append(1000 * (total - first) / 63)
-            factors.append(first_call_seconds(transcribe) / 30.0)
-    steps.sort()
-    factors.sort()
-    return {"framework": "pytorch-compile" if compiled else "pytorch", "model": "whisper-tiny",
-            "mode": mode, "device": torch.cuda.get_device_name(),
-            "config": {"batch": 1, "mel_frames": 3000, "decoder_tokens": 4},
-            "timings": {"compile_s": compile_s, "encoder_ms": encoder_ms, "inference_ms": inference_ms,
-                        "training_ms": training_ms, "decode_step_ms": steps[1],
-                        "real_time_factor": factors[1]},
+    return {"framework": "pytorch-compile" if compiled else "pytorch", "model": "smolvla", "mode": mode,
+            "device": torch.cuda.get_device_name(),
+            "config": {"batch": batch, "language_tokens": language, "chunk_size": chunk,
+                       "flow_steps": policy["num_steps"], "vlm_layers": policy["num_vlm_layers"], "backbone": "frozen"},
+            "timings": {"compile_s": compile_s, "latency_ms": latency_ms, "training_ms": training_ms},
             "memory": {"training_device_bytes": peak},
-            "outputs": {"loss": loss}}
+            "outputs": {"loss": float(loss_fn())}}
 
 
 WORKLOADS = {"smollm2-135m": lambda mode, compiled, runs: bench_llama("smollm2-135m", smollm2_135m, mode, compiled, runs),
              "resnet-50": bench_resnet50,
-             "whisper-tiny": bench_whisper_tiny}
+             "whisper-tiny": bench_whisper_tiny,
+             "smolvla": bench_smolvla}
 
 
 def main():

@@ -36,6 +36,10 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
                  logits (inference), a training step on them (loss, gradients, AdamW), one
                  decode step over the KV cache, and the real-time factor of transcribing 30 s
                  (features, cross kv, greedy decoding of up to 64 tokens)
+  smolvla        SmolVLA (LeRobot's defaults over SmolVLM2-500M cut to 16 layers), one
+                 512x512 camera, 48 instruction tokens, batch 1: one action chunk (latency:
+                 the backbone once, then 10 Euler steps over a chunk of 50) and one
+                 flow-matching training step of the expert (backbone frozen, AdamW)
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
@@ -98,7 +102,8 @@ int bench_workloads(const std::vector<std::string>& words) {
   };
   const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m},
                                            {"resnet-50", bench_resnet50},
-                                           {"whisper-tiny", bench_whisper_tiny}};
+                                           {"whisper-tiny", bench_whisper_tiny},
+                                           {"smolvla", bench_smolvla}};
   std::vector<std::string> table;
   size_t selected = 0;
   for (const Workload& workload : workloads) {

@@ -49,5 +49,6 @@ nlohmann::json planner_json(const BuildReport& report);
 nlohmann::json bench_smollm2_135m(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_whisper_tiny(Precision precision, const WorkloadOptions& options);
+nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& options);
 
 }  // namespace mg::cli

@@ -13,6 +13,7 @@ int bench_command(const std::vector<std::string>& words);
 int generate_command(const std::vector<std::string>& words);
 int fashion_folder_command(const std::vector<std::string>& words);
 int transcribe_command(const std::vector<std::string>& words);
+int act_command(const std::vector<std::string>& words);
 // `meganeura train --model MODEL_DIR`: train_command hands a model folder to it.
 // `meganeura bench workloads`: bench_command hands it the words after "workloads".
 int bench_workloads(const std::vector<std::string>& words);
@@ -20,5 +21,6 @@ int lm_train_command(const std::vector<std::string>& words);
 // `meganeura train --model resnetNN|RESNET_DIR`: train_command hands ResNets to it.
 int image_train_command(const std::vector<std::string>& words);
 int whisper_train_command(const std::vector<std::string>& words);
+int smolvla_train_command(const std::vector<std::string>& words);
 
 }  // namespace mg::cli

@@ -18,6 +18,7 @@ commands:
   fashion-folder
             write Fashion-MNIST as an image folder of PNGs (for 'train --model resnet18')
   transcribe  speech to text with a Whisper model folder
+  act       run a SmolVLA policy folder: images, state and an instruction to an action chunk
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
   bench     time kernel families with GPU timestamps ('meganeura bench kernels')
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return mg::cli::generate_command(words);
     if (command == "fashion-folder") return mg::cli::fashion_folder_command(words);
     if (command == "transcribe") return mg::cli::transcribe_command(words);
+    if (command == "act") return mg::cli::act_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {

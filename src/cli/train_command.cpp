@@ -118,7 +118,8 @@ int train_command(const std::vector<std::string>& words) {
     const std::map<std::string, int (*)(const std::vector<std::string>&)> jobs = {
         {"llama", lm_train_command},
         {"resnet", image_train_command},
-        {"whisper", whisper_train_command}};
+        {"whisper", whisper_train_command},
+        {"smolvla", smolvla_train_command}};
     const auto [key, kind] = model_folder_kind(*model);
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
