@@ -15,6 +15,7 @@ commands:
             write checkpoints, metrics and a plot
   infer     evaluate a checkpoint on the test set, or classify image files
   generate  generate text with a Llama-family model folder (SmolLM2, TinyLlama, ...)
+  sample    denoise noise into samples with a diffusers U-Net folder (DDIM or Euler)
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
   bench     time kernel families with GPU timestamps ('meganeura bench kernels')
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
     if (command == "inspect") return mg::cli::inspect_command(words);
     if (command == "bench") return mg::cli::bench_command(words);
     if (command == "generate") return mg::cli::generate_command(words);
+    if (command == "sample") return mg::cli::sample_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {
