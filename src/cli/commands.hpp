@@ -16,5 +16,6 @@ int sample_command(const std::vector<std::string>& words);
 // `meganeura bench workloads`: bench_command hands it the words after "workloads".
 int bench_workloads(const std::vector<std::string>& words);
 int lm_train_command(const std::vector<std::string>& words);
+int unet_train_command(const std::vector<std::string>& words);
 
 }  // namespace mg::cli

@@ -95,7 +95,7 @@ int train_command(const std::vector<std::string>& words) {
       model && (std::filesystem::is_directory(*model) || model->find('/') != std::string::npos)) {
     // Each kind of model folder has its own training job.
     const std::map<std::string, int (*)(const std::vector<std::string>&)> jobs = {
-        {"llama", lm_train_command}};
+        {"llama", lm_train_command}, {"UNet2DConditionModel", unet_train_command}};
     const auto [key, kind] = model_folder_kind(*model);
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
