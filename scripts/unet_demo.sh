@@ -26,7 +26,7 @@ else
   channels='[32, 64]'; down='["DownBlock2D", "CrossAttnDownBlock2D"]'
   up='["CrossAttnUpBlock2D", "UpBlock2D"]'; layers=1; groups=8
   classifier_args=(--epochs 1 --limit 6000)
-  train_args=(--batch 4 --limit 512 --max-steps 4 --lr 1e-3 --sample-steps 3 --per-class 1)
+  train_args=(--batch 2 --limit 512 --max-steps 4 --lr 1e-3 --sample-steps 3 --per-class 1)
   sample_args=(--steps 3 --count 1)
 fi
 cat > "$out/unet-config/config.json" <<JSON

@@ -36,5 +36,8 @@ nlohmann::json planner_json(const BuildReport& report);
 // *_ms, GPU time as *_gpu_ms, compile_s / compile_warm_s, rates as *_per_second), memory and
 // outputs.
 nlohmann::json bench_smollm2_135m(Precision precision, const WorkloadOptions& options);
+nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& options);
+// Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).
+nlohmann::json stable_diffusion_15_unet_config();
 
 }  // namespace mg::cli
