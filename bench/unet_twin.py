@@ -17,6 +17,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# Stable Diffusion 1.5's unet/config.json (runwayml/stable-diffusion-v1-5).
+SD15_CONFIG = {
+    "_class_name": "UNet2DConditionModel", "act_fn": "silu", "attention_head_dim": 8,
+    "block_out_channels": [320, 640, 1280, 1280], "center_input_sample": False, "cross_attention_dim": 768,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "downsample_padding": 1, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": 4, "layers_per_block": 2,
+    "mid_block_scale_factor": 1, "norm_eps": 1e-05, "norm_num_groups": 32, "out_channels": 4, "sample_size": 64,
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+}
+
+
 def _per_block(value, blocks, default):
     if value is None:
         value = default
