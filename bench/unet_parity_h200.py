@@ -19,8 +19,9 @@ import sys
 import torch
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, here)
+# bench/ first: tests/parity/unet_twin.py is the CI driver of the same twin, not the twin.
 sys.path.insert(0, os.path.join(here, "..", "tests", "parity"))
+sys.path.insert(0, here)
 import safetensors_lite  # noqa: E402
 import unet_twin  # noqa: E402
 
