@@ -24,8 +24,8 @@ namespace {
 constexpr const char* kHelp = R"(usage: meganeura train [options]
        meganeura train --model MODEL_DIR --data FILE [options]
 
-The second form fine-tunes a Hugging Face language-model folder on text: see 'meganeura train
---model MODEL_DIR --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates
+The second form fine-tunes a Hugging Face language-model folder on text, or trains a diffusers
+UNet2DConditionModel folder on Fashion-MNIST: see 'meganeura train --model MODEL_DIR --help'. The first trains a classifier on Fashion-MNIST on the GPU, evaluates
 it on the test set after each epoch, and writes into --out: checkpoint.safetensors (every
 --checkpoint-every steps, each epoch and at the end), metrics.jsonl (one JSON object per logged
 step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops after the current step and saves a checkpoint.
