@@ -457,10 +457,12 @@ int unet_train_command(const std::vector<std::string>& words) {
       stderr, "sampled %lld images (%lld DDIM steps, guidance %.1f) in %.2f s\n",
       static_cast<long long>(sample_labels.size()), static_cast<long long>(sample_steps), guidance,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - sampling_start).count());
-  io::write_png(out_dir / "samples.png",
-                models::sample_grid(samples, static_cast<int64_t>(sample_labels.size()),
-                                    config.in_channels, size, size, per_class));
-  std::printf("samples: %s (one row per class)\n", (out_dir / "samples.png").c_str());
+  io::write_png(
+      out_dir / "samples.png",
+      models::sample_grid(samples, static_cast<int64_t>(sample_labels.size()), config.in_channels,
+                          size, size, per_class == 1 ? kClasses : per_class));
+  std::printf("samples: %s (%s)\n", (out_dir / "samples.png").c_str(),
+              per_class == 1 ? "one per class" : "one row per class");
   if (const auto classifier = arguments.value("classifier")) {
     const double share =
         labelled_share(*classifier, samples, sample_labels, config.in_channels, size, options);
