@@ -10,12 +10,6 @@
 namespace mg::models {
 namespace {
 
-std::string shape_text(const Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 class UNetBuilder {
  public:
   UNetBuilder(const UNetConfig& config, Graph& graph, Tensor context)
@@ -207,17 +201,17 @@ void check_inputs(const UNetConfig& config, Tensor sample, Tensor timestep, Tens
   const int64_t factor = config.downsampling_factor();
   if (shape.size() != 4 || shape[1] != config.in_channels || shape[2] % factor != 0 ||
       shape[3] % factor != 0) {
-    throw Error("U-Net sample " + shape_text(shape) + " does not fit: expected [B, " +
+    throw Error("U-Net sample " + shape_string(shape) + " does not fit: expected [B, " +
                 std::to_string(config.in_channels) + ", H, W] with H and W multiples of " +
                 std::to_string(factor));
   }
   if (timestep.rank() != 1 || timestep.dim(0) != shape[0]) {
-    throw Error("U-Net timestep " + shape_text(timestep.shape()) + " does not fit: expected [" +
+    throw Error("U-Net timestep " + shape_string(timestep.shape()) + " does not fit: expected [" +
                 std::to_string(shape[0]) + "]");
   }
   if (context.rank() != 3 || context.dim(0) != shape[0] ||
       context.dim(2) != config.cross_attention_dim) {
-    throw Error("U-Net encoder_hidden_states " + shape_text(context.shape()) +
+    throw Error("U-Net encoder_hidden_states " + shape_string(context.shape()) +
                 " does not fit: expected [" + std::to_string(shape[0]) + ", tokens, " +
                 std::to_string(config.cross_attention_dim) +
                 "] (the config's cross_attention_dim)");

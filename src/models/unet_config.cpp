@@ -113,10 +113,14 @@ void refuse_features(const nlohmann::json& config, const std::string& where) {
       throw Error(where + ": \"" + std::string(key) + "\" is true, which is not supported");
     }
   }
+  // A bool for every block or a list with one per block.
   if (const nlohmann::json* value = find_key(config, "only_cross_attention")) {
-    const bool on =
-        value->is_boolean() ? value->get<bool>() : value->dump().find("true") != std::string::npos;
-    if (on) throw Error(where + ": \"only_cross_attention\" is set, which is not supported");
+    const nlohmann::json values = value->is_array() ? *value : nlohmann::json::array({*value});
+    for (const nlohmann::json& item : values) {
+      if (!item.is_boolean() || item.get<bool>()) {
+        throw Error(where + ": \"only_cross_attention\" is set, which is not supported");
+      }
+    }
   }
   if (number_or(config, "resnet_out_scale_factor", 1.0, where) != 1.0) {
     throw Error(where + ": \"resnet_out_scale_factor\" other than 1 is not supported");

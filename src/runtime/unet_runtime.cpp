@@ -11,12 +11,6 @@
 namespace mg::models {
 namespace {
 
-std::string shape_text(const Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // "down_blocks.1.attentions.0" of "down_blocks.1.attentions.0.norm.weight"; the block itself
 // for names one level up ("conv_in", "time_embedding", "mid_block.resnets.0").
 std::string block_of(const std::string& name) {
@@ -56,7 +50,7 @@ void check_unet_weights(const io::ModelFolder& folder, const UNetConfig& config)
     if (!name.ends_with("attn2.to_k.weight")) continue;
     const io::TensorView* tensor = folder.find(name);
     if (tensor && tensor->shape.size() == 2 && tensor->shape[1] != shape[1]) {
-      throw Error(folder.description() + ": " + name + " is " + shape_text(tensor->shape) +
+      throw Error(folder.description() + ": " + name + " is " + shape_string(tensor->shape) +
                   ", so its cross_attention_dim is " + std::to_string(tensor->shape[1]) +
                   ", but config.json says " + std::to_string(config.cross_attention_dim));
     }
