@@ -65,7 +65,7 @@ class UNetConfig:
 
 def timestep_features(timesteps, dim, flip_sin_to_cos, shift):
     half = dim // 2
-    exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32) / (half - shift)
+    exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32, device=timesteps.device) / (half - shift)
     angles = timesteps[:, None].float() * torch.exp(exponent)[None, :]
     angles = angles.to(timesteps.dtype if timesteps.is_floating_point() else torch.float32)
     features = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
