@@ -14,6 +14,9 @@ Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up 
 with torch.cuda.synchronize() after each, as `meganeura bench workloads` waits for each run.
 Memory: torch.cuda.max_memory_allocated over the training cell.
 
+sd-unet uses bench/unet_twin.py (diffusers' UNet2DConditionModel rewritten in plain torch, the
+same structure and arithmetic) at Stable Diffusion 1.5's config, since diffusers is not installed.
+
 Usage: python3 bench/workloads_pytorch.py [--filter NAME] [--runs 20] [--precision both]
        [--no-compile]
 """
@@ -26,6 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WARMUP_SECONDS = 0.3
 
@@ -327,10 +331,93 @@ def bench_smolvla(mode, compiled, runs):
             "outputs": {"loss": float(loss_fn())}}
 
 
+def bench_sd_unet(mode, compiled, runs):
+    """Stable Diffusion 1.5's U-Net (bench/unet_twin.py, diffusers' structure): one evaluation at
+    64x64 latents, batch 2, 77 tokens of 768; a training step at batch 1 and 4; 50 DDIM steps with
+    classifier-free guidance on one latent (median of 3)."""
+    import unet_twin
+    torch.manual_seed(0)
+    model = unet_twin.UNet2DConditionModel(unet_twin.SD15_CONFIG).cuda().float()
+    side, tokens, width = 64, 77, 768
+    gen = torch.Generator().manual_seed(1)
+
+    def inputs(batch):
+        sample = torch.randn(batch, 4, side, side, generator=gen).cuda()
+        timestep = torch.tensor([999.0 - 37 * i for i in range(batch)]).cuda()
+        context = torch.randn(batch, tokens, width, generator=gen).cuda()
+        noise = torch.randn(batch, 4, side, side, generator=gen).cuda()
+        return sample, timestep, context, noise
+
+    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=(mode == "fast"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def forward(sample, timestep, context):
+        with autocast:
+            return model(sample, timestep, context)
+
+    def loss_of(sample, timestep, context, noise):
+        with autocast:
+            prediction = model(sample, timestep, context)
+        return torch.nn.functional.mse_loss(prediction.float(), noise)
+
+    forward_fn, loss_fn = forward, loss_of
+    compile_s = None
+    if compiled:
+        forward_fn = torch.compile(forward, mode="reduce-overhead")
+        loss_fn = torch.compile(loss_of, mode="reduce-overhead")
+    sample, timestep, context, _ = inputs(2)
+    model.eval()
+    with torch.no_grad():
+        if compiled:
+            compile_s = first_call_seconds(lambda: forward_fn(sample, timestep, context))
+        inference_ms = median_ms(lambda: forward_fn(sample, timestep, context), runs)
+    model.train()
+    timings = {"compile_s": compile_s, "inference_ms": inference_ms}
+    memory = {}
+    loss = None
+    for batch in (1, 4):
+        batch_inputs = inputs(batch)
+
+        def training_step():
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = loss_fn(*batch_inputs)
+            step_loss.backward()
+            optimizer.step()
+            return step_loss
+
+        suffix = "" if batch == 1 else "_b%d" % batch
+        torch.cuda.reset_peak_memory_stats()
+        if compiled and batch == 1:
+            timings["compile_s"] += first_call_seconds(training_step)
+        timings["training%s_ms" % suffix] = median_ms(training_step, runs)
+        memory["training%s_device_bytes" % suffix] = torch.cuda.max_memory_allocated()
+        if batch == 1:
+            loss = float(loss_fn(*batch_inputs))
+    model.eval()
+    alphas = unet_twin.alphas_cumprod().cuda()
+    latents = torch.randn(1, 4, side, side, generator=gen).cuda()
+    guided_context = torch.randn(2, tokens, width, generator=gen).cuda()
+
+    def model_fn(x, t):
+        doubled = torch.cat([x, x])
+        uncond, cond = forward_fn(doubled, torch.full((2,), t, device=x.device), guided_context).float().chunk(2)
+        return uncond + 7.5 * (cond - uncond)
+
+    with torch.no_grad():
+        timings["ddim50_ms"] = median_ms(lambda: unet_twin.ddim_sample(model_fn, latents, 50, alphas.float()), min(runs, 3))
+    return {"framework": "pytorch-compile" if compiled else "pytorch", "model": "sd-unet", "mode": mode,
+            "device": torch.cuda.get_device_name(),
+            "config": {"inference_batch": 2, "latent": [4, side, side], "tokens": tokens,
+                       "cross_attention_dim": width, "training_batches": [1, 4], "ddim_steps": 50,
+                       "guidance": 7.5},
+            "timings": timings, "memory": memory, "outputs": {"loss": loss}}
+
+
 WORKLOADS = {"smollm2-135m": lambda mode, compiled, runs: bench_llama("smollm2-135m", smollm2_135m, mode, compiled, runs),
              "resnet-50": bench_resnet50,
              "whisper-tiny": bench_whisper_tiny,
-             "smolvla": bench_smolvla}
+             "smolvla": bench_smolvla,
+             "sd-unet": bench_sd_unet}
 
 
 def main():

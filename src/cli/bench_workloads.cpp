@@ -40,6 +40,11 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
                  512x512 camera, 48 instruction tokens, batch 1: one action chunk (latency:
                  the backbone once, then 10 Euler steps over a chunk of 50) and one
                  flow-matching training step of the expert (backbone frozen, AdamW)
+  sd-unet        Stable Diffusion 1.5's UNet2DConditionModel (its exact config): one
+                 evaluation at 64x64 latents, batch 2, 77 text tokens of width 768
+                 (inference), a training step (noise MSE, AdamW) at batch 1 (training) and
+                 4 (training_b4), and 50 DDIM steps with classifier-free guidance on one
+                 latent (ddim50_ms: the step program replayed 50 times, median of 3)
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
@@ -103,7 +108,8 @@ int bench_workloads(const std::vector<std::string>& words) {
   const std::vector<Workload> workloads = {{"smollm2-135m", bench_smollm2_135m},
                                            {"resnet-50", bench_resnet50},
                                            {"whisper-tiny", bench_whisper_tiny},
-                                           {"smolvla", bench_smolvla}};
+                                           {"smolvla", bench_smolvla},
+                                           {"sd-unet", bench_sd_unet}};
   std::vector<std::string> table;
   size_t selected = 0;
   for (const Workload& workload : workloads) {

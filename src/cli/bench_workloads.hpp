@@ -50,5 +50,8 @@ nlohmann::json bench_smollm2_135m(Precision precision, const WorkloadOptions& op
 nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_whisper_tiny(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& options);
+nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& options);
+// Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).
+nlohmann::json stable_diffusion_15_unet_config();
 
 }  // namespace mg::cli

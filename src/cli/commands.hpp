@@ -14,6 +14,7 @@ int generate_command(const std::vector<std::string>& words);
 int fashion_folder_command(const std::vector<std::string>& words);
 int transcribe_command(const std::vector<std::string>& words);
 int act_command(const std::vector<std::string>& words);
+int sample_command(const std::vector<std::string>& words);
 // `meganeura train --model MODEL_DIR`: train_command hands a model folder to it.
 // `meganeura bench workloads`: bench_command hands it the words after "workloads".
 int bench_workloads(const std::vector<std::string>& words);
@@ -22,5 +23,6 @@ int lm_train_command(const std::vector<std::string>& words);
 int image_train_command(const std::vector<std::string>& words);
 int whisper_train_command(const std::vector<std::string>& words);
 int smolvla_train_command(const std::vector<std::string>& words);
+int unet_train_command(const std::vector<std::string>& words);
 
 }  // namespace mg::cli

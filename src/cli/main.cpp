@@ -11,14 +11,16 @@ namespace {
 constexpr const char* kUsage = R"(usage: meganeura <command> [options]
 
 commands:
-  train     train a classifier on Fashion-MNIST, a ResNet on an image folder, or fine-tune a
-            language model folder on text; write checkpoints, metrics and a plot
+  train     train a classifier on Fashion-MNIST, a ResNet on an image folder, or a model
+            folder (language model, Whisper, SmolVLA, U-Net); write checkpoints, metrics, a plot
   infer     evaluate a checkpoint on the test set, or classify image files (a ResNet's top 5)
   generate  generate text with a Llama-family model folder (SmolLM2, TinyLlama, ...)
   fashion-folder
             write Fashion-MNIST as an image folder of PNGs (for 'train --model resnet18')
-  transcribe  speech to text with a Whisper model folder
+  transcribe
+            speech to text with a Whisper model folder
   act       run a SmolVLA policy folder: images, state and an instruction to an action chunk
+  sample    denoise noise into samples with a diffusers U-Net folder (DDIM or Euler)
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
   bench     time kernel families with GPU timestamps ('meganeura bench kernels')
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
     if (command == "fashion-folder") return mg::cli::fashion_folder_command(words);
     if (command == "transcribe") return mg::cli::transcribe_command(words);
     if (command == "act") return mg::cli::act_command(words);
+    if (command == "sample") return mg::cli::sample_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {

@@ -28,9 +28,10 @@ constexpr const char* kHelp = R"(usage: meganeura train [options]
        meganeura train --model MODEL_DIR --data FILE [options]
 
 The second form trains or fine-tunes a model folder, the job chosen by its config.json: a
-Llama-family language model on text, Whisper on speech: see 'meganeura train --model MODEL_DIR
---help'. 'meganeura train --model resnet50 --data IMAGE_DIR' trains a ResNet on an image folder
-(or fine-tunes a Hugging Face ResNet folder): see 'meganeura train --model resnet50 --help'. The
+Llama-family language model on text, Whisper on speech, a SmolVLA policy on robot episodes, a
+diffusers UNet2DConditionModel on Fashion-MNIST: see 'meganeura train --model MODEL_DIR --help'.
+'meganeura train --model resnet50 --data IMAGE_DIR' trains a ResNet on an image folder (or
+fine-tunes a Hugging Face ResNet folder): see 'meganeura train --model resnet50 --help'. The
 first trains a classifier on Fashion-MNIST on the GPU, evaluates it on the test set after each
 epoch, and writes into --out: checkpoint.safetensors (every
 --checkpoint-every steps, each epoch and at the end), metrics.jsonl (one JSON object per logged
@@ -119,7 +120,8 @@ int train_command(const std::vector<std::string>& words) {
         {"llama", lm_train_command},
         {"resnet", image_train_command},
         {"whisper", whisper_train_command},
-        {"smolvla", smolvla_train_command}};
+        {"smolvla", smolvla_train_command},
+        {"UNet2DConditionModel", unet_train_command}};
     const auto [key, kind] = model_folder_kind(*model);
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
