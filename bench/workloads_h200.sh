@@ -1,20 +1,54 @@
 #!/usr/bin/env bash
-# One device call on the H200 for the workloads (docs/BENCHMARKS.md, Workloads): the SmolLM2-135M
-# parity gates against transformers, the workload benchmark against PyTorch, and the ResNet
-# tensor-name fixture. Expects, as bench/h200.sh does, the stripped binaries meganeura and
-# llama_parity in .dev/bin (plain or gzip'd), the loader debs in .gl and libpcre2-8's deb in
-# .dev/debs (unpacked beside the system's, not over it). Results go to $OUT.
+# The device calls on the H200 behind docs/BENCHMARKS.md's Workloads section, one part a call
+# (each fits the device tool's 10 minutes):
+#   PART=parity  the five workloads' parity gates against the real libraries (transformers,
+#                torchvision) or the project's twins, run side by side: bench/*_parity_h200.py
+#   PART=bench   `meganeura bench workloads` against bench/workloads_pytorch.py (eager, or
+#                eager and compiled with COMPILE=1), joined by bench/compare.py --workloads
+# Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
+# whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
+# .dev/debs (unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
+# run-time libraries in .dev/lib. Results go to $OUT.
 set -u
+part=${PART:-parity}
 for f in .gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig
 mkdir -p /tmp/mglib && for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/mglib; done
-export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu:$PWD/.dev/lib
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache PYTHONUNBUFFERED=1
-for packed in .dev/bin/*.gz; do gunzip -f "$packed"; done; chmod +x .dev/bin/*
-timeout 60 python3 tests/parity/resnet_reference_names.py > $OUT/resnet_names.txt 2>&1; tail -2 $OUT/resnet_names.txt
-cp tests/fixtures/resnet/reference_names.json $OUT/ 2>/dev/null
-timeout 150 python3 bench/llama_parity_h200.py .dev/bin tests/fixtures/tokenizer/smollm2_like/tokenizer.json /tmp/parity > $OUT/parity.txt 2>&1; tail -9 $OUT/parity.txt
-timeout 170 .dev/bin/meganeura bench workloads --runs 20 > $OUT/workloads_meganeura.jsonl 2> $OUT/workloads_meganeura.err; tail -3 $OUT/workloads_meganeura.jsonl
-timeout 170 python3 bench/workloads_pytorch.py --runs 20 > $OUT/workloads_pytorch.jsonl 2> $OUT/workloads_pytorch.err
-python3 bench/compare.py --workloads $OUT/workloads_meganeura.jsonl $OUT/workloads_pytorch.jsonl | tee $OUT/workloads_table.md
+for packed in .dev/bin/*.gz; do gunzip -f "$packed"; done
+chmod +x .dev/bin/*
+# The layout the parity scripts expect of a build folder.
+bin=/tmp/mgbuild
+mkdir -p $bin/bench $bin/tests
+for name in meganeura llama_parity; do cp .dev/bin/$name $bin/ 2>/dev/null; done
+for name in whisper_parity unet_parity; do cp .dev/bin/$name $bin/bench/ 2>/dev/null; done
+cp .dev/bin/test_parity $bin/tests/ 2>/dev/null
+
+if [ "$part" = parity ]; then
+  timeout 500 python3 bench/llama_parity_h200.py $bin tests/fixtures/tokenizer/smollm2_like/tokenizer.json \
+    /tmp/llama-parity > $OUT/parity_smollm2.txt 2>&1 &
+  timeout 500 python3 bench/whisper_parity_h200.py $bin tests/fixtures/audio/speech_16k.wav \
+    /tmp/whisper-parity > $OUT/parity_whisper.txt 2>&1 &
+  timeout 500 python3 bench/resnet_parity_h200.py $bin/tests/test_parity /tmp/resnet50-parity \
+    --precision both > $OUT/parity_resnet.txt 2>&1 &
+  timeout 500 python3 bench/unet_parity_h200.py $bin/bench /tmp/unet-parity > $OUT/parity_unet.txt 2>&1 &
+  timeout 500 python3 bench/smolvla_parity_h200.py --out /tmp/smolvla-parity --binary $bin/tests/test_parity \
+    > $OUT/parity_smolvla.txt 2>&1 &
+  wait
+  for f in $OUT/parity_*.txt; do echo "== $f"; tail -12 "$f"; done
+fi
+
+if [ "$part" = bench ]; then
+  compile=--no-compile
+  [ "${COMPILE:-0}" = 1 ] && compile=
+  timeout 280 $bin/meganeura bench workloads --runs ${RUNS:-10} ${FILTER:+--filter $FILTER} \
+    > $OUT/workloads_meganeura.jsonl 2> $OUT/workloads_meganeura.err
+  tail -12 $OUT/workloads_meganeura.jsonl | grep -v "^{"
+  timeout 280 python3 bench/workloads_pytorch.py --runs ${RUNS:-10} $compile ${FILTER:+--filter $FILTER} \
+    > $OUT/workloads_pytorch.jsonl 2> $OUT/workloads_pytorch.err
+  tail -3 $OUT/workloads_pytorch.err
+  python3 bench/compare.py --workloads $OUT/workloads_meganeura.jsonl $OUT/workloads_pytorch.jsonl \
+    | tee $OUT/workloads_table.md
+fi

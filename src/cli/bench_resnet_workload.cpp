@@ -55,8 +55,9 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench)
   options.device = bench.device;
   options.precision = precision;
   options.shared_device = open_shared_device(bench.device);
-  const auto [cold, warm] =
-      compile_seconds(models::build_resnet_training(config, batch, kSide, kSide, sgd()), options);
+  const std::pair<BuildReport, BuildReport> builds =
+      compile_reports(models::build_resnet_training(config, batch, kSide, kSide, sgd()), options);
+  const double cold = builds.first.build_seconds, warm = builds.second.build_seconds;
 
   Session inference(models::build_resnet(config, batch, kSide, kSide, false), options);
   inference.set_input(models::kResNetImagesInput, random_images(batch, 1));

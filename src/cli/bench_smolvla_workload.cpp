@@ -82,7 +82,8 @@ nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& bench) 
   optimizer.beta2 = 0.95;
   optimizer.clip_norm = 10.0;
   add_training(training_graph, training_graph.output(models::kLoss), optimizer);
-  const auto [cold, warm] = compile_seconds(training_graph, options);
+  const std::pair<BuildReport, BuildReport> builds = compile_reports(training_graph, options);
+  const double cold = builds.first.build_seconds, warm = builds.second.build_seconds;
   const Graph chunk_graph = models::smolvla_chunk_graph(config, batch, language, config.num_steps);
 
   const int64_t side = config.vision.image_size;
