@@ -209,6 +209,115 @@ def bench_resnet50(mode, compiled, runs):
             "timings": timings, "memory": memory, "outputs": {"loss": loss}}
 
 
+def bench_whisper_tiny(mode, compiled, runs):
+    """Whisper-tiny at its config with random weights: the encoder on 30 s (encoder_ms), the encoder
+    and 4 decoder tokens to logits (inference_ms), a training step on them with AdamW
+    (training_ms), one decode step (the time of generate's 64 new tokens less its first, a token),
+    and the real-time factor of transcribing 30 s (features by WhisperFeatureExtractor, then
+    generate with up to 64 new tokens)."""
+    import math
+    import numpy as np
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+    config = WhisperConfig(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4,
+                           decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
+                           encoder_ffn_dim=1536, decoder_ffn_dim=1536, max_source_positions=1500,
+                           max_target_positions=448, decoder_start_token_id=50258,
+                           eos_token_id=50257, pad_token_id=50257, bos_token_id=50257)
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(config).cuda().float()
+    model.generation_config.update(
+        decoder_start_token_id=50258, eos_token_id=50257, pad_token_id=50257, is_multilingual=True,
+        lang_to_id={"<|en|>": 50259}, task_to_id={"transcribe": 50359, "translate": 50358},
+        no_timestamps_token_id=50363, prev_sot_token_id=50361, max_initial_timestamp_index=50,
+        max_length=448)
+    t = np.arange(480000) / 16000.0
+    audio = (0.3 * np.sin(2 * math.pi * (200 + 40 * t) * t)).astype(np.float32)
+    extractor = WhisperFeatureExtractor(feature_size=80)
+    features = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features.cuda()
+    ids = torch.tensor([[50258, 50259, 50359, 50363]]).cuda()
+    labels = torch.tensor([[50259, 50359, 50363, 50257]]).cuda()
+    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=(mode == "fast"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def encode(x):
+        with autocast:
+            return model.model.encoder(x).last_hidden_state
+
+    def forward(x, decoder_ids):
+        with autocast:
+            return model(input_features=x, decoder_input_ids=decoder_ids).logits
+
+    def loss_of(x, decoder_ids, targets):
+        with autocast:
+            logits = model(input_features=x, decoder_input_ids=decoder_ids).logits
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+
+    encode_fn, forward_fn, loss_fn = encode, forward, loss_of
+    compile_s = None
+    if compiled:
+        encode_fn = torch.compile(encode, mode="reduce-overhead")
+        forward_fn = torch.compile(forward, mode="reduce-overhead")
+        loss_fn = torch.compile(loss_of, mode="reduce-overhead")
+
+    def training_step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(features, ids, labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    model.eval()
+    with torch.no_grad():
+        if compiled:
+            compile_s = first_call_seconds(lambda: forward_fn(features, ids))
+        encoder_ms = median_ms(lambda: encode_fn(features), runs)
+        inference_ms = median_ms(lambda: forward_fn(features, ids), runs)
+    model.train()
+    torch.cuda.reset_peak_memory_stats()
+    if compiled:
+        compile_s += first_call_seconds(training_step)
+    training_ms = median_ms(training_step, runs)
+    peak = torch.cuda.max_memory_allocated()
+    loss = float(loss_fn(features, ids, labels))
+
+    model.eval()
+
+    def generate(x, new_tokens):
+        output = model.generate(x, language="en", task="transcribe", return_timestamps=False,
+                                max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        torch.cuda.synchronize()
+        return output
+
+    def transcribe():
+        x = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features.cuda()
+        output = model.generate(x, language="en", task="transcribe", return_timestamps=False,
+                                max_new_tokens=64, do_sample=False)
+        torch.cuda.synchronize()
+        return output
+
+    steps, factors = [], []
+    with torch.no_grad(), autocast:
+        for _ in range(2):
+            generate(features, 64)
+            transcribe()
+        for _ in range(3):
+            first = first_call_seconds(lambda: generate(features, 1))
+            total = first_call_seconds(lambda: generate(features, 64))
+            steps.append(1000 * (total - first) / 63)
+            factors.append(first_call_seconds(transcribe) / 30.0)
+    steps.sort()
+    factors.sort()
+    return {"framework": "pytorch-compile" if compiled else "pytorch", "model": "whisper-tiny",
+            "mode": mode, "device": torch.cuda.get_device_name(),
+            "config": {"batch": 1, "mel_frames": 3000, "decoder_tokens": 4},
+            "timings": {"compile_s": compile_s, "encoder_ms": encoder_ms, "inference_ms": inference_ms,
+                        "training_ms": training_ms, "decode_step_ms": steps[1],
+                        "real_time_factor": factors[1]},
+            "memory": {"training_device_bytes": peak},
+            "outputs": {"loss": loss}}
+
+
 # SmolVLA at LeRobot's defaults over SmolVLM2-500M cut to 16 layers, as src/cli/bench_smolvla_workload.cpp.
 SMOLVLM2_500M = {
     "scale_factor": 4,
