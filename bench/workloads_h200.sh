@@ -43,10 +43,10 @@ fi
 if [ "$part" = bench ]; then
   compile=--no-compile
   [ "${COMPILE:-0}" = 1 ] && compile=
-  timeout 280 $bin/meganeura bench workloads --runs ${RUNS:-10} ${FILTER:+--filter $FILTER} \
+  timeout 250 $bin/meganeura bench workloads --runs ${RUNS:-10} ${FILTER:+--filter $FILTER} \
     > $OUT/workloads_meganeura.jsonl 2> $OUT/workloads_meganeura.err
   tail -12 $OUT/workloads_meganeura.jsonl | grep -v "^{"
-  timeout 280 python3 bench/workloads_pytorch.py --runs ${RUNS:-10} $compile ${FILTER:+--filter $FILTER} \
+  timeout 250 python3 bench/workloads_pytorch.py --runs ${RUNS:-10} $compile ${FILTER:+--filter $FILTER} \
     > $OUT/workloads_pytorch.jsonl 2> $OUT/workloads_pytorch.err
   tail -3 $OUT/workloads_pytorch.err
   python3 bench/compare.py --workloads $OUT/workloads_meganeura.jsonl $OUT/workloads_pytorch.jsonl \
