@@ -73,7 +73,8 @@ def workloads_table(paths):
             t, memory = r["timings"], r.get("memory", {})
             cells = []
             for k in keys:
-                text = cell(t.get(k), 1 if k.endswith("_per_second") else 2)
+                digits = 1 if k.endswith("_per_second") else 4 if k.endswith("_factor") else 2
+                text = cell(t.get(k), digits)
                 if k == "compile_s" and t.get("compile_warm_s") is not None:
                     text += " / " + cell(t["compile_warm_s"], 2)
                 cells.append(text)
