@@ -4,7 +4,8 @@
 #   PART=parity  the five workloads' parity gates against the real libraries (transformers,
 #                torchvision) or the project's twins, run side by side: bench/*_parity_h200.py
 #   PART=bench   `meganeura bench workloads` against bench/workloads_pytorch.py (eager, or
-#                eager and compiled with COMPILE=1), joined by bench/compare.py --workloads
+#                eager and compiled with COMPILE=1), joined by bench/compare.py --workloads;
+#                FILTER=NAME runs one workload (the five together take longer than one call)
 # Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
 # whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
 # .dev/debs (unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
