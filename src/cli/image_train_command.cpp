@@ -358,11 +358,7 @@ int image_train_command(const std::vector<std::string>& words) {
     }
     ++step;
     const double loss = training.scalar_output("loss");
-    if (!std::isfinite(loss)) {
-      progress.finish();
-      throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
-    }
+    require_finite_loss(loss, step, checkpoint_path, progress);
     const std::vector<int64_t> predicted =
         predictions(training.output(models::kResNetLogitsOutput), batch, classes);
     int64_t correct = 0;

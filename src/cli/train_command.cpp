@@ -289,11 +289,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
     }
     ++step;
     const double loss = training.loss();
-    if (!std::isfinite(loss)) {
-      progress.finish();
-      throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
-    }
+    require_finite_loss(loss, step, checkpoint_path, progress);
     const std::vector<int64_t> predicted =
         predictions(training.output("logits"), rows, model.classes);
     int64_t correct = 0;

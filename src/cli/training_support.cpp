@@ -119,4 +119,26 @@ bool running_on_cpu_device(const std::string& selector) {
   return devices[gpu::choose_device(devices, selector)].kind == gpu::DeviceKind::cpu;
 }
 
+void require_finite_loss(double loss, int64_t step, const std::filesystem::path& checkpoint,
+                         ProgressLine& progress) {
+  if (std::isfinite(loss)) return;
+  progress.finish();
+  throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
+              "; try a smaller --lr (the last checkpoint is " + checkpoint.string() + ")");
+}
+
+std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,
+                      double smoothed_loss, const std::string& rate, double steps_per_second) {
+  char line[320];
+  std::snprintf(
+      line, sizeof(line), "epoch %lld/%lld %s step %lld/%lld loss %.4f %s ETA %s",
+      static_cast<long long>(epoch), static_cast<long long>(epochs),
+      bar(static_cast<double>(step) / static_cast<double>(total_steps)).c_str(),
+      static_cast<long long>(step), static_cast<long long>(total_steps), smoothed_loss,
+      rate.c_str(),
+      format_duration(static_cast<double>(total_steps - step) / std::max(steps_per_second, 1e-9))
+          .c_str());
+  return line;
+}
+
 }  // namespace mg::cli

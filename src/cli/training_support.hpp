@@ -49,6 +49,16 @@ class ProgressLine {
 
 std::string bar(double fraction);  // [#####...............]
 
+// Every training job's stop on a loss that is NaN or infinite after `step`: closes the progress
+// line and throws the one-line error naming the last checkpoint.
+void require_finite_loss(double loss, int64_t step, const std::filesystem::path& checkpoint,
+                         ProgressLine& progress);
+
+// The progress line of a training step: "epoch E/N [bar] step S/T loss L RATE ETA m:ss", with
+// `rate` the job's throughput ("1234 tokens/s") and the ETA from `steps_per_second`.
+std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,
+                      double smoothed_loss, const std::string& rate, double steps_per_second);
+
 bool running_on_cpu_device(const std::string& selector);
 
 }  // namespace mg::cli

@@ -402,22 +402,15 @@ int unet_train_command(const std::vector<std::string>& words) {
     training.run();
     ++step;
     const double loss = training.scalar_output("loss");
-    if (!std::isfinite(loss)) {
-      progress.finish();
-      throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
-    }
+    require_finite_loss(loss, step, checkpoint_path, progress);
     smoothed = std::isnan(smoothed) ? loss : 0.98 * smoothed + 0.02 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
-    char line[256];
-    std::snprintf(
-        line, sizeof(line), "epoch %lld/%lld %s step %lld/%lld loss %.4f %.0f images/s ETA %s",
-        static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
-        bar(static_cast<double>(step) / total_steps).c_str(), static_cast<long long>(step),
-        static_cast<long long>(total_steps), smoothed, steps_per_second * batch,
-        format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
+    char rate[64];
+    std::snprintf(rate, sizeof(rate), "%.0f images/s", steps_per_second * batch);
+    const std::string line =
+        step_line(epoch + 1, epochs, step, total_steps, smoothed, rate, steps_per_second);
     progress.update(line, step == total_steps);
     if (step % 10 == 0 || step == total_steps) {
       loss_series.points.emplace_back(step, smoothed);
