@@ -217,7 +217,8 @@ def bench_whisper_tiny(mode, compiled, runs):
     generate with up to 64 new tokens)."""
     import math
     import numpy as np
-    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,
+                              WhisperForConditionalGeneration)
     config = WhisperConfig(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4,
                            decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
                            encoder_ffn_dim=1536, decoder_ffn_dim=1536, max_source_positions=1500,
@@ -225,11 +226,13 @@ def bench_whisper_tiny(mode, compiled, runs):
                            eos_token_id=50257, pad_token_id=50257, bos_token_id=50257)
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).cuda().float()
-    model.generation_config.update(
-        decoder_start_token_id=50258, eos_token_id=50257, pad_token_id=50257, is_multilingual=True,
-        lang_to_id={"<|en|>": 50259}, task_to_id={"transcribe": 50359, "translate": 50358},
-        no_timestamps_token_id=50363, prev_sot_token_id=50361, max_initial_timestamp_index=50,
-        max_length=448)
+    # A new GenerationConfig: update() keeps only attributes the default config already has,
+    # and generate(language=...) needs Whisper's lang_to_id and task_to_id.
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=50258, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257,
+        is_multilingual=True, lang_to_id={"<|en|>": 50259},
+        task_to_id={"transcribe": 50359, "translate": 50358}, no_timestamps_token_id=50363,
+        prev_sot_token_id=50361, max_initial_timestamp_index=50, max_length=448)
     t = np.arange(480000) / 16000.0
     audio = (0.3 * np.sin(2 * math.pi * (200 + 40 * t) * t)).astype(np.float32)
     extractor = WhisperFeatureExtractor(feature_size=80)
