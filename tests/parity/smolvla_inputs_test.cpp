@@ -2,6 +2,7 @@
 // are not RGB or not the encoder's size, a state of the wrong width each give one clear error;
 // resizing with padding keeps the aspect ratio and pads the left and top with -1.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,9 @@ namespace mg {
 namespace {
 
 struct PolicyFolder {
-  std::filesystem::path path = std::filesystem::temp_directory_path() / "meganeura-smolvla-inputs";
+  // One folder a process: ctest runs this suite's tests side by side.
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               ("meganeura-smolvla-inputs-" + std::to_string(::getpid()));
   explicit PolicyFolder(bool resize) {
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path / "vlm");

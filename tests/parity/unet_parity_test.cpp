@@ -3,6 +3,7 @@
 // gradient, three AdamW steps, and the DDIM and Euler samplers with classifier-free guidance,
 // all from one run of the twin on the weights Meganeura started from.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -108,8 +109,9 @@ class UNetParity : public ::testing::Test {
       (*weights_)[name] = values;
     }
 
-    const std::filesystem::path directory =
-        std::filesystem::temp_directory_path() / "meganeura-unet-parity";
+    // One folder a process: ctest runs this suite's tests side by side.
+    const std::filesystem::path directory = std::filesystem::temp_directory_path() /
+                                            ("meganeura-unet-parity-" + std::to_string(::getpid()));
     std::filesystem::remove_all(directory);
     std::filesystem::create_directories(directory);
     io::SafetensorsFile weights, inputs;
