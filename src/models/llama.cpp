@@ -6,52 +6,10 @@
 
 #include "meganeura/error.hpp"
 #include "meganeura/ops.hpp"
+#include "models/config_fields.hpp"
 
 namespace mg::models {
 namespace {
-
-const nlohmann::json* find_key(const nlohmann::json& object, const char* key) {
-  if (!object.is_object()) return nullptr;
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-int64_t required_int(const nlohmann::json& config, const char* key, const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value || !value->is_number_integer() || value->get<int64_t>() <= 0) {
-    throw Error(where + ": \"" + key + "\" must be a positive integer");
-  }
-  return value->get<int64_t>();
-}
-
-double number_or(const nlohmann::json& config, const char* key, double fallback,
-                 const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value) return fallback;
-  if (!value->is_number()) throw Error(where + ": \"" + key + "\" must be a number");
-  return value->get<double>();
-}
-
-bool bool_or(const nlohmann::json& config, const char* key, bool fallback,
-             const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value) return fallback;
-  if (!value->is_boolean()) throw Error(where + ": \"" + key + "\" must be true or false");
-  return value->get<bool>();
-}
-
-std::vector<int32_t> token_ids(const nlohmann::json& config, const char* key,
-                               const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value) return {};
-  std::vector<int32_t> ids;
-  for (const nlohmann::json& id : value->is_array() ? *value : nlohmann::json::array({*value})) {
-    if (!id.is_number_integer()) throw Error(where + ": \"" + key + "\" must hold token ids");
-    ids.push_back(id.get<int32_t>());
-  }
-  return ids;
-}
 
 // rope_scaling (the Hub's configs) or rope_parameters (transformers 5), which also holds
 // rope_theta.
@@ -318,16 +276,8 @@ LlamaConfig llama_config_from_json(const nlohmann::json& config, const std::stri
 }
 
 LlamaConfig load_llama_config(const std::filesystem::path& folder) {
-  if (!std::filesystem::is_directory(folder)) {
-    throw Error("no model folder at " + folder.string() +
-                ": give a folder holding config.json and the weights");
-  }
-  const std::filesystem::path path = folder / "config.json";
-  std::ifstream file(path);
-  if (!file) throw Error("model folder " + folder.string() + " has no config.json");
-  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
-  if (config.is_discarded()) throw Error(path.string() + " is not valid JSON");
-  return llama_config_from_json(config, path.string());
+  return llama_config_from_json(read_config_json(folder, "a folder"),
+                                (folder / "config.json").string());
 }
 
 std::vector<double> rope_inverse_frequencies(const LlamaConfig& config) {

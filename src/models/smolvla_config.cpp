@@ -5,18 +5,11 @@
 #include <numbers>
 
 #include "meganeura/error.hpp"
+#include "models/config_fields.hpp"
 #include "models/smolvla.hpp"
 
 namespace mg::models {
 namespace {
-
-template <typename Json>
-const Json* find_key(const Json& object, const char* key) {
-  if (!object.is_object()) return nullptr;
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 template <typename Json>
 int64_t int_or(const Json& config, const char* key, int64_t fallback, const std::string& where) {
@@ -37,22 +30,6 @@ int64_t positive_int(const Json& config, const char* key, std::optional<int64_t>
   if (!value->is_number_integer() || value->template get<int64_t>() <= 0)
     throw Error(where + ": \"" + key + "\" must be a positive integer");
   return value->template get<int64_t>();
-}
-
-template <typename Json>
-double number_or(const Json& config, const char* key, double fallback, const std::string& where) {
-  const Json* value = find_key(config, key);
-  if (!value) return fallback;
-  if (!value->is_number()) throw Error(where + ": \"" + key + "\" must be a number");
-  return value->template get<double>();
-}
-
-template <typename Json>
-bool bool_or(const Json& config, const char* key, bool fallback, const std::string& where) {
-  const Json* value = find_key(config, key);
-  if (!value) return fallback;
-  if (!value->is_boolean()) throw Error(where + ": \"" + key + "\" must be true or false");
-  return value->template get<bool>();
 }
 
 template <typename Json>

@@ -3,16 +3,11 @@
 #include <fstream>
 
 #include "meganeura/error.hpp"
+#include "models/config_fields.hpp"
 #include "models/unet.hpp"
 
 namespace mg::models {
 namespace {
-
-const nlohmann::json* find_key(const nlohmann::json& object, const char* key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 int64_t positive_int(const nlohmann::json& value, const std::string& where, const char* key) {
   if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
@@ -25,22 +20,6 @@ int64_t int_or(const nlohmann::json& config, const char* key, int64_t fallback,
                const std::string& where) {
   const nlohmann::json* value = find_key(config, key);
   return value ? positive_int(*value, where, key) : fallback;
-}
-
-double number_or(const nlohmann::json& config, const char* key, double fallback,
-                 const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value) return fallback;
-  if (!value->is_number()) throw Error(where + ": \"" + key + "\" must be a number");
-  return value->get<double>();
-}
-
-bool bool_or(const nlohmann::json& config, const char* key, bool fallback,
-             const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value) return fallback;
-  if (!value->is_boolean()) throw Error(where + ": \"" + key + "\" must be true or false");
-  return value->get<bool>();
 }
 
 std::string string_or(const nlohmann::json& config, const char* key, const std::string& fallback,
@@ -260,16 +239,8 @@ UNetConfig unet_config_from_json(const nlohmann::json& json, const std::string& 
 }
 
 UNetConfig load_unet_config(const std::filesystem::path& folder) {
-  const std::filesystem::path path = folder / "config.json";
-  if (!std::filesystem::is_directory(folder)) {
-    throw Error("no model folder at " + folder.string() +
-                " (give a diffusers unet folder with config.json)");
-  }
-  std::ifstream file(path);
-  if (!file) throw Error("cannot read " + path.string() + " (a diffusers unet folder has one)");
-  const nlohmann::json json = nlohmann::json::parse(file, nullptr, false);
-  if (json.is_discarded()) throw Error(path.string() + " is not valid JSON");
-  return unet_config_from_json(json, path.string());
+  return unet_config_from_json(read_config_json(folder, "a diffusers unet folder"),
+                               (folder / "config.json").string());
 }
 
 nlohmann::json unet_config_to_json(const UNetConfig& config) {

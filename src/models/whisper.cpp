@@ -7,35 +7,10 @@
 
 #include "meganeura/error.hpp"
 #include "meganeura/ops.hpp"
+#include "models/config_fields.hpp"
 
 namespace mg::models {
 namespace {
-
-const nlohmann::json* find_key(const nlohmann::json& object, const char* key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-int64_t required_int(const nlohmann::json& config, const char* key, const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value || !value->is_number_integer() || value->get<int64_t>() <= 0) {
-    throw Error(where + ": \"" + key + "\" must be a positive integer");
-  }
-  return value->get<int64_t>();
-}
-
-std::vector<int32_t> token_ids(const nlohmann::json& config, const char* key,
-                               const std::string& where) {
-  const nlohmann::json* value = find_key(config, key);
-  if (!value) return {};
-  std::vector<int32_t> ids;
-  for (const nlohmann::json& id : value->is_array() ? *value : nlohmann::json::array({*value})) {
-    if (!id.is_number_integer()) throw Error(where + ": \"" + key + "\" must hold token ids");
-    ids.push_back(id.get<int32_t>());
-  }
-  return ids;
-}
 
 int32_t token_id(const nlohmann::json& config, const char* key, int32_t fallback,
                  const std::string& where) {
@@ -291,16 +266,8 @@ WhisperConfig whisper_config_from_json(const nlohmann::json& config, const std::
 }
 
 WhisperConfig load_whisper_config(const std::filesystem::path& folder) {
-  if (!std::filesystem::is_directory(folder)) {
-    throw Error("no model folder at " + folder.string() +
-                ": give a Whisper folder holding config.json and the weights");
-  }
-  const std::filesystem::path path = folder / "config.json";
-  std::ifstream file(path);
-  if (!file) throw Error("model folder " + folder.string() + " has no config.json");
-  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
-  if (config.is_discarded()) throw Error(path.string() + " is not valid JSON");
-  return whisper_config_from_json(config, path.string());
+  return whisper_config_from_json(read_config_json(folder, "a Whisper folder"),
+                                  (folder / "config.json").string());
 }
 
 std::vector<std::pair<std::string, Shape>> whisper_parameters(const WhisperConfig& config) {
