@@ -93,20 +93,20 @@ MG_API mg_status mg_program_bind_output_buffer(mg_program* program, const char* 
  * over fixed values when it is due) into the app's `commands` instead of submitting it:
  * a primary command buffer in the recording state, outside a render pass, from a pool of the
  * adopted queue's family. The app submits it on the adopted queue with a signal of `*semaphore`
- * at `*value` (VkTimelineSemaphoreSubmitInfo), and submits the command buffers Meganeura recorded
- * into in the order they were recorded. Contract (docs/EMBEDDING.md):
+ * (the device's app timeline) at `*value` (VkTimelineSemaphoreSubmitInfo) — the value of the last
+ * record call into it when there are several — once, and submits the command buffers Meganeura
+ * recorded into in the order they were recorded. Contract (docs/EMBEDDING.md):
  * - The recorded commands start with a barrier over all the app's earlier work on the queue and
  *   end with one that makes their writes visible to all later work and to the host.
  * - They bind compute pipelines, descriptor sets and push constants of Meganeura's: the app
  *   binds its own again before its next dispatch (graphics state is untouched).
  * - What they use (Meganeura's buffers, descriptor sets, pipelines) stays valid until the program
- *   is released, rebinds a buffer or sets a new chunk budget; each of those waits for the
- *   value first. A command buffer recorded into may be submitted once.
- * - mg_program_wait, outputs, parameter reads and writes and the next runs wait for the value
- *   (a command buffer that will never be submitted must have its value signalled from the host,
- *   vkSignalSemaphore, else those calls fail after 60 s). Staging an input over one that a run
- *   recorded two runs before reads waits for that run: with host inputs, record at most two
- *   runs into one command buffer.
+ *   is released, rebinds a buffer or sets a new chunk budget, which wait for the value first.
+ * - mg_program_wait, outputs and parameter reads and writes wait for the value (a command buffer
+ *   that will never be submitted must have its value signalled from the host, vkSignalSemaphore,
+ *   else those calls fail after 60 s). Staging an input over one that a run recorded two runs
+ *   before reads waits for that run: with new host inputs each run, record at most two runs
+ *   into one command buffer.
  * Refused during a chunked run. */
 MG_API mg_status mg_program_record_run(mg_program* program, VkCommandBuffer commands,
                                        VkSemaphore* semaphore, uint64_t* value);
