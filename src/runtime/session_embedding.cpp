@@ -69,8 +69,8 @@ void Session::Impl::bind(StagingSlot& slot, bool output, const std::string& what
   std::vector<std::pair<ValueId, gpu::BufferRange>> bound;
   for (const auto& [name, input] : inputs)
     if (input.in_place) bound.emplace_back(input.value, *input.bound);
-  for (const auto& [name, output] : outputs)
-    if (output.in_place) bound.emplace_back(view_root(program.graph, output.value), *output.bound);
+  for (const auto& [name, staged] : outputs)
+    if (staged.in_place) bound.emplace_back(view_root(program.graph, staged.value), *staged.bound);
   in_place_values = in_place_values_of(program.graph, bound);
   record_runs();
 }

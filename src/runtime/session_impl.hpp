@@ -121,6 +121,16 @@ struct Session::Impl {
     return {arena_buffers[region.arena], region.offset, region.bytes};
   }
 
+  // Where the kernels leave `value`: its planned region, or the app's buffer bound in place.
+  gpu::BufferRange stored_range(ValueId value) const {
+    gpu::BufferRange range = range_of(value);
+    if (auto bound = in_place_values.find(value); bound != in_place_values.end()) {
+      range.buffer = bound->second.buffer;
+      range.offset = bound->second.offset;
+    }
+    return range;
+  }
+
   // The buffer of shared tensor `name` (the leaf of that name in the planned graph), created
   // here if no session declared it before.
   gpu::BufferId shared_buffer(const std::string& name) {
@@ -361,7 +371,7 @@ struct Session::Impl {
     barrier();
     for (const auto& [leaf, value] : program.graph.updates()) {
       gpu::Command copy{gpu::Command::Kind::copy};
-      const gpu::BufferRange source = range_of(value);
+      const gpu::BufferRange source = stored_range(value);
       const gpu::BufferRange target = range_of(leaf);
       // The planner may have had the new value written over the leaf itself.
       if (source.buffer == target.buffer && source.offset == target.offset) continue;
@@ -371,8 +381,9 @@ struct Session::Impl {
     for (const auto& [name, slot] : outputs) {
       if (slot.in_place) continue;
       gpu::Command copy{gpu::Command::Kind::copy};
-      copy.copy = {range_of(slot.value), run_slot.download, slot.offset};
-      if (slot.bound) copy.copy = {range_of(slot.value), slot.bound->buffer, slot.bound->offset};
+      copy.copy = {stored_range(slot.value), run_slot.download, slot.offset};
+      if (slot.bound)
+        copy.copy = {stored_range(slot.value), slot.bound->buffer, slot.bound->offset};
       list.push_back(copy);
     }
     return list;
