@@ -195,8 +195,15 @@ static void inference_recorded(const App* app, mg_device* device, AppCommands* c
   CHECK_STATUS(mg_program_record_run(program, commands->buffer, NULL, &value),
                MG_ERROR_INVALID_ARGUMENT);
   int finished = 0;
+  CHECK_STATUS(mg_program_record_chunk(NULL, commands->buffer, &finished, &semaphore, &value),
+               MG_ERROR_INVALID_ARGUMENT);
+  CHECK_STATUS(mg_program_record_chunk(program, commands->buffer, NULL, &semaphore, &value),
+               MG_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(mg_program_record_chunk(program, commands->buffer, &finished, &semaphore, &value),
                MG_ERROR_INVALID_STATE);
+  CHECK_STATUS(
+      mg_program_bind_input_buffer(NULL, "images", VK_NULL_HANDLE, 0, 0, 0, MG_BUFFER_IN_PLACE),
+      MG_ERROR_INVALID_ARGUMENT);
   CHECK_OK(mg_program_record_run(program, commands->buffer, &semaphore, &value));
   CHECK(semaphore != VK_NULL_HANDLE && value > 0);
   CHECK(submit_and_wait(app, commands->buffer, semaphore, value));
