@@ -7,6 +7,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "backends/vulkan/runtime/gpu.hpp"
@@ -15,6 +16,7 @@
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
+#include "io/json_limits.hpp"
 #include "io/jsonl.hpp"
 #include "io/plot.hpp"
 
@@ -79,7 +81,8 @@ std::pair<std::string, std::string> model_folder_kind(const std::filesystem::pat
     throw Error("no model folder at " + folder.string() +
                 " (--model takes a folder with a config.json, or a built-in model: cnn, mlp)");
   }
-  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const nlohmann::json config = io::parse_json(text, config_path.string());
   if (!config.is_object()) throw Error(config_path.string() + " is not a JSON object");
   for (const char* key : {"model_type", "_class_name", "type"}) {
     if (config.contains(key) && config[key].is_string())
@@ -100,7 +103,7 @@ int train_command(const std::vector<std::string>& words) {
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
     for (const auto& [name, job] : jobs) known += (known.empty() ? "" : ", ") + name;
-    throw Error(*model + "/config.json has " + key + " \"" + kind +
+    throw Error(*model + "/config.json has " + key + " \"" + io::shortened(kind) +
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments("meganeura train", words,

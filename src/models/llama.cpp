@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <numbers>
 
+#include "io/json_limits.hpp"
 #include "meganeura/error.hpp"
 #include "meganeura/ops.hpp"
 
@@ -325,8 +327,8 @@ LlamaConfig load_llama_config(const std::filesystem::path& folder) {
   const std::filesystem::path path = folder / "config.json";
   std::ifstream file(path);
   if (!file) throw Error("model folder " + folder.string() + " has no config.json");
-  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
-  if (config.is_discarded()) throw Error(path.string() + " is not valid JSON");
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const nlohmann::json config = io::parse_json(text, path.string());
   return llama_config_from_json(config, path.string());
 }
 
