@@ -54,6 +54,7 @@ it); the last --validation fraction of the sequences is held out for the validat
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
+  --overwrite           replace the run already in --out
   --checkpoint-every N  steps between checkpoints (default 200)
 )";
 
@@ -123,23 +124,21 @@ int lm_train_command(const std::vector<std::string>& words) {
        "epochs",       "max-steps", "validation", "lr",     "optimizer",
        "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
        "seed",         "device",    "precision",  "resume", "checkpoint-every"},
-      {"help"});
+      {"help", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::filesystem::path folder_path = arguments.text("model", "");
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data FILE is required to train a language model");
-  const int64_t seq = arguments.integer("seq", 128);
-  const int64_t batch = arguments.integer("batch", 8);
-  const int64_t epochs = arguments.integer("epochs", 1);
-  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200);
+  const int64_t seq = arguments.integer("seq", 128, 1, 1 << 20);
+  const int64_t batch = arguments.integer("batch", 8, 1, 1 << 20);
+  const int64_t epochs = arguments.integer("epochs", 1, 1, 1'000'000);
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200, 1, INT64_MAX);
   const double validation = arguments.real("validation", 0.05);
-  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
-  if (seq <= 0 || batch <= 0 || epochs <= 0 || checkpoint_every <= 0) {
-    throw Error("--seq, --batch, --epochs and --checkpoint-every must be positive");
-  }
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0, 0, INT64_MAX));
   if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
 
   // Everything the run reads is checked before anything is written.
@@ -168,8 +167,8 @@ int lm_train_command(const std::vector<std::string>& words) {
   }
   const int64_t steps_per_epoch = training_sequences / batch;
   const int64_t total_steps =
-      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
-  if (total_steps <= 0) throw Error("--max-steps must be positive");
+      std::min(steps_per_epoch * epochs,
+               arguments.integer("max-steps", steps_per_epoch * epochs, 1, INT64_MAX));
   OptimizerDefaults defaults;
   defaults.optimizer = "adamw";
   defaults.learning_rate = 5e-5;
@@ -187,6 +186,7 @@ int lm_train_command(const std::vector<std::string>& words) {
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   prepare_out_dir(out_dir);
+  claim_out_dir(out_dir, arguments);
   std::fprintf(stderr,
                "data: %lld documents, %zu tokens: %lld training and %lld validation sequences of "
                "%lld tokens\n",
@@ -217,6 +217,12 @@ int lm_train_command(const std::vector<std::string>& words) {
   if (resumed) {
     load_tensors(training, *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
+    if (step > total_steps) {
+      throw Error("checkpoint " + arguments.text("resume", "") + " is at step " +
+                  std::to_string(step) + ", past the " + std::to_string(total_steps) +
+                  " steps of this run: raise --epochs or --max-steps to train further");
+    }
+    drop_metrics_after(out_dir / "metrics.jsonl", step);
     std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                  static_cast<long long>(step));
   } else {

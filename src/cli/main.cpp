@@ -5,6 +5,7 @@
 
 #include "cli/commands.hpp"
 #include "meganeura/error.hpp"
+#include "meganeura/switches.hpp"
 
 namespace {
 
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
   const std::string command = words[0];
   words.erase(words.begin());
   try {
+    // Every switch is checked once here, so that a bad value is refused by every command, not
+    // only by those that open a device.
+    mg::Switches::from_environment();
     if (command == "train") return mg::cli::train_command(words);
     if (command == "infer") return mg::cli::infer_command(words);
     if (command == "devices") return mg::cli::devices_command(words);

@@ -56,10 +56,39 @@ step and per epoch) and training.png (loss and accuracy curves). Ctrl-C stops af
                         matrix products, convolutions and attention; devices without them
                         run strict)
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
-  --resume CKPT         continue from a checkpoint written by this command
+  --resume CKPT         continue from a checkpoint written by this command (the metrics
+                        logged after its step are dropped, as the run logs them again)
+  --overwrite           replace the run already in --out (without it, and without --resume,
+                        a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
 )";
+
+// Restores the batcher from a checkpoint's "extra" field, after checking that it agrees with the
+// checkpoint's step and fits this run.
+void resume_batcher(data::Batcher& batcher, const io::Checkpoint& checkpoint,
+                    const std::string& path, int64_t total_steps) {
+  if (checkpoint.step > total_steps) {
+    throw Error("checkpoint " + path + " is at step " + std::to_string(checkpoint.step) +
+                ", past the " + std::to_string(total_steps) +
+                " steps of this run: raise --epochs to train further");
+  }
+  if (!checkpoint.extra.is_object() || !checkpoint.extra.contains("batcher")) {
+    throw Error("checkpoint " + path +
+                " has no batcher state in its \"extra\" field; resume from a checkpoint that "
+                "'meganeura train' wrote for a classifier");
+  }
+  batcher.restore(data::BatcherState::from_json(checkpoint.extra["batcher"]));
+  const data::BatcherState state = batcher.state();
+  const int64_t steps_per_epoch = batcher.batches_per_epoch();
+  const int64_t batches_done = (state.position + state.batch_size - 1) / state.batch_size;
+  if (state.epoch > INT64_MAX / steps_per_epoch - 1 ||
+      state.epoch * steps_per_epoch + batches_done != checkpoint.step) {
+    throw Error("checkpoint " + path + " is inconsistent: it is at step " +
+                std::to_string(checkpoint.step) + " but its batcher is at epoch " +
+                std::to_string(state.epoch) + ", example " + std::to_string(state.position));
+  }
+}
 
 }  // namespace
 
@@ -112,27 +141,29 @@ int train_command(const std::vector<std::string>& words) {
                              "momentum",   "schedule", "warmup",           "clip",
                              "accumulate", "seed",     "device",           "precision",
                              "data",       "resume",   "checkpoint-every", "trace"},
-                            {"help"});
+                            {"help", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::string device = arguments.text("device", "");
-  const bool cpu_device = running_on_cpu_device(device);
+  // Every number is checked before anything is created, loaded or built.
+  optimizer_from(arguments, 1);
+  const bool defaults_depend_on_device = !arguments.has("epochs") || !arguments.has("limit");
+  const bool cpu_device = defaults_depend_on_device && running_on_cpu_device(device);
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   const std::filesystem::path data_dir =
       arguments.text("data", std::string(data::kFashionMnistDir));
-  const int64_t batch = arguments.integer("batch", 64);
-  const int64_t epochs = arguments.integer("epochs", cpu_device ? 1 : 3);
-  const int64_t limit = arguments.integer("limit", cpu_device ? 36000 : -1);
-  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
-  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
-  if (batch <= 0) throw Error("--batch must be positive (images a step)");
-  if (epochs <= 0) throw Error("--epochs must be positive");
-  if (checkpoint_every <= 0) throw Error("--checkpoint-every must be positive (steps)");
-  if (arguments.has("limit") && limit <= 0) throw Error("--limit must be positive");
+  const int64_t batch = arguments.integer("batch", 64, 1, 1 << 20);
+  const int64_t epochs = arguments.integer("epochs", cpu_device ? 1 : 3, 1, 1'000'000);
+  const int64_t limit = arguments.has("limit") ? arguments.integer("limit", 0, 1, INT32_MAX)
+                                               : (cpu_device ? 36000 : -1);
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0, 0, INT64_MAX));
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500, 1, INT64_MAX);
 
   prepare_out_dir(out_dir);
+  claim_out_dir(out_dir, arguments);
   require_writable_file(arguments, "trace");
 
   models::ClassifierConfig model;
@@ -156,6 +187,7 @@ int train_command(const std::vector<std::string>& words) {
   const int64_t steps_per_epoch = batcher.batches_per_epoch();
   const int64_t total_steps = steps_per_epoch * epochs;
   const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
+  if (resumed) resume_batcher(batcher, *resumed, arguments.text("resume", ""), total_steps);
 
   SessionOptions session_options;
   // One device for the training and the evaluation program.
@@ -177,21 +209,22 @@ int train_command(const std::vector<std::string>& words) {
                training.report().pipelines, inference.report().dispatches);
 
   int64_t step = 0;
+  const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
   if (resumed) {
-    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    const std::string resume_path = arguments.text("resume", "");
+    load_tensors(training, *resumed, resume_path, true);
     step = resumed->step;
-    batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
-    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+    drop_metrics_after(out_dir / "metrics.jsonl", step);
+    std::fprintf(stderr, "resumed from %s at step %lld\n", resume_path.c_str(),
                  static_cast<long long>(step));
   }
 
-  const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
   io::JsonlWriter metrics(out_dir / "metrics.jsonl");
   auto save = [&] {
     io::Checkpoint checkpoint;
     checkpoint.model_config = model.to_json();
     checkpoint.step = step;
-    checkpoint.epoch = batcher.epoch();
+    checkpoint.epoch = step / steps_per_epoch;  // epochs completed
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"batcher", batcher.state().to_json()}, {"batch", batch}};
     checkpoint.tensors = session_tensors(training);

@@ -21,6 +21,13 @@ std::string default_out_dir();  // runs/<timestamp>
 // Creates the output directory, or says why it cannot be written, before the data is loaded and
 // the programs are built rather than after.
 void prepare_out_dir(const std::filesystem::path& out_dir);
+// A folder that already holds a run (a checkpoint or metrics) is refused unless --resume
+// continues it or --overwrite replaces it; with --overwrite (and no --resume) its metrics are
+// removed so the new run's log starts empty.
+void claim_out_dir(const std::filesystem::path& out_dir, const Arguments& arguments);
+// On resume: drops the metrics lines logged past the checkpoint's step (a run killed between an
+// evaluation and its checkpoint logged them, and will log them again).
+void drop_metrics_after(const std::filesystem::path& metrics_path, int64_t step);
 std::string format_duration(double seconds);  // m:ss
 
 // --optimizer, --lr, --weight-decay, --momentum, --clip, --warmup, --accumulate and --schedule,
