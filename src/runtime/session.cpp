@@ -16,6 +16,7 @@
 #include "ir/op_names.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
+#include "runtime/index_checks.hpp"
 
 namespace mg {
 namespace {
@@ -197,6 +198,8 @@ struct Session::Impl {
   plan::Program program;
   std::vector<gpu::BufferId> arena_buffers;
   std::map<std::string, InputStaging, std::less<>> inputs;
+  // The ranges that i32 inputs feeding indices or labels must keep to.
+  std::map<std::string, std::vector<runtime::IndexRule>, std::less<>> index_rules;
   std::map<std::string, StagingSlot, std::less<>> outputs;
   std::map<std::string, ValueId, std::less<>> persistent_by_name;
   std::vector<std::string> persistent_names;
@@ -336,6 +339,12 @@ struct Session::Impl {
 
   void set_input(std::string_view name, DType dtype, const void* values, size_t count) {
     InputStaging& staging = checked_input(name, dtype, count);
+    if (dtype == DType::i32) {
+      if (const auto rules = index_rules.find(name); rules != index_rules.end()) {
+        runtime::check_indices(name, std::span(static_cast<const int32_t*>(values), count),
+                               rules->second);
+      }
+    }
     std::byte* staged =
         static_cast<std::byte*>(device->mapped(slots[input_slot].upload)) + staging.offset;
     const DType stored = program.graph.type(staging.value).dtype;
@@ -487,6 +496,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   plan::PlanOptions plan_options = plan_options_of(info, options);
   plan_options.shared_leaves = impl.shared != nullptr;
   impl.program = plan::build_program(graph, target, plan_options);
+  impl.index_rules = runtime::index_rules(graph);
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
