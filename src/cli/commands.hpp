@@ -11,6 +11,7 @@ int infer_command(const std::vector<std::string>& words);
 int inspect_command(const std::vector<std::string>& words);
 int bench_command(const std::vector<std::string>& words);
 int generate_command(const std::vector<std::string>& words);
+int runs_command(const std::vector<std::string>& words);
 // `meganeura train --model MODEL_DIR`: train_command hands a model folder to it.
 // `meganeura bench workloads`: bench_command hands it the words after "workloads".
 int bench_workloads(const std::vector<std::string>& words);

@@ -8,6 +8,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -153,7 +154,8 @@ int lm_train_command(const std::vector<std::string>& words) {
   const std::optional<int32_t> separator =
       config.eos_token_ids.empty() ? std::nullopt
                                    : std::optional<int32_t>(config.eos_token_ids.front());
-  const TextData text = read_text_data(*data_path, tokenizer, separator);
+  const TextData text = with_kind(Error::Kind::data,
+                                  [&] { return read_text_data(*data_path, tokenizer, separator); });
   const int64_t sequences = (static_cast<int64_t>(text.tokens.size()) - 1) / seq;
   const int64_t held_out =
       validation > 0 && sequences > 1
@@ -180,13 +182,23 @@ int lm_train_command(const std::vector<std::string>& words) {
   const nlohmann::json model_json = {{"kind", "llama"}, {"config", folder.config()}};
   std::optional<io::Checkpoint> resumed;
   if (const auto path = arguments.value("resume")) {
-    resumed = io::load_checkpoint(*path);
+    resumed = with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
     io::check_same_model(model_json, resumed->model_config, *path);
   }
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   prepare_out_dir(out_dir);
   claim_out_dir(out_dir, arguments);
+  start_run_record(out_dir, words,
+                   {{"job", "language_model"},
+                    {"model", folder_path.string()},
+                    {"data", *data_path},
+                    {"seq", seq},
+                    {"batch", batch},
+                    {"steps", total_steps},
+                    {"seed", seed},
+                    {"resume", arguments.text("resume", "")}},
+                   arguments.text("device", ""));
   std::fprintf(stderr,
                "data: %lld documents, %zu tokens: %lld training and %lld validation sequences of "
                "%lld tokens\n",
@@ -208,6 +220,7 @@ int lm_train_command(const std::vector<std::string>& words) {
   if (held_out > 0)
     evaluation = std::make_unique<Session>(models::llama_loss_graph(config, batch, seq), options);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
   std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s\n",
                training.report().build_seconds, training.report().dispatches,
@@ -239,7 +252,8 @@ int lm_train_command(const std::vector<std::string>& words) {
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"seq", seq}, {"batch", batch}, {"seed", seed}};
     checkpoint.tensors = session_tensors(training);
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    with_kind(Error::Kind::checkpoint, [&] { io::save_checkpoint(checkpoint_path, checkpoint); });
+    current_run().checkpoint(step, checkpoint_path);
   };
   std::vector<int32_t> ids, labels;
   const auto validation_loss = [&]() {
@@ -290,7 +304,9 @@ int lm_train_command(const std::vector<std::string>& words) {
     if (!std::isfinite(loss)) {
       progress.finish();
       throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
+                      "; the run stopped without saving it: " +
+                      last_checkpoint_text(checkpoint_path) + "; try a smaller --lr",
+                  Error::Kind::non_finite);
     }
     smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
     const double elapsed =

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "meganeura/error.hpp"
 #include "meganeura/switches.hpp"
 
@@ -19,6 +20,7 @@ commands:
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
   bench     time kernel families with GPU timestamps ('meganeura bench kernels')
+  runs      list the training runs in a folder with their status, last step and checkpoint
 
 Run 'meganeura <command> --help' for a command's options.
 Environment: MEGANEURA_DEVICE (device choice), MEGANEURA_VALIDATE=1 (Vulkan validation),
@@ -49,11 +51,12 @@ int main(int argc, char** argv) {
     if (command == "inspect") return mg::cli::inspect_command(words);
     if (command == "bench") return mg::cli::bench_command(words);
     if (command == "generate") return mg::cli::generate_command(words);
+    if (command == "runs") return mg::cli::runs_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {
     std::fprintf(stderr, "meganeura %s: error: %s\n", command.c_str(), error.what());
-    return 1;
+    return mg::cli::exit_status_of(error);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "meganeura %s: internal error: %s\n", command.c_str(), error.what());
     return 3;

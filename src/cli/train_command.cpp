@@ -13,6 +13,7 @@
 #include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -122,7 +123,7 @@ std::pair<std::string, std::string> model_folder_kind(const std::filesystem::pat
               "meganeura train knows");
 }
 
-int train_command(const std::vector<std::string>& words) {
+int train_job(const std::vector<std::string>& words) {
   if (const std::optional<std::string> model = model_option(words);
       model && (std::filesystem::is_directory(*model) || model->find('/') != std::string::npos)) {
     // Each kind of model folder has its own training job.
@@ -169,16 +170,29 @@ int train_command(const std::vector<std::string>& words) {
   models::ClassifierConfig model;
   model.architecture = arguments.text("model", "cnn");
   model = models::ClassifierConfig::from_json(model.to_json());
+  start_run_record(out_dir, words,
+                   {{"job", "classifier"},
+                    {"model", model.to_json()},
+                    {"batch", batch},
+                    {"epochs", epochs},
+                    {"limit", limit},
+                    {"seed", seed},
+                    {"checkpoint_every", checkpoint_every},
+                    {"data", data_dir.string()},
+                    {"resume", arguments.text("resume", "")}},
+                   device);
 
   std::optional<io::Checkpoint> resumed;
   if (const auto path = arguments.value("resume")) {
-    resumed = io::load_checkpoint(*path);
+    resumed = with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
     if (arguments.has("model")) io::check_same_model(model.to_json(), resumed->model_config, *path);
     model = models::ClassifierConfig::from_json(resumed->model_config);
   }
 
-  const data::Dataset train_set = data::load_fashion_mnist(data_dir, "train", limit);
-  const data::Dataset test_set = data::load_fashion_mnist(data_dir, "test");
+  const data::Dataset train_set = with_kind(
+      Error::Kind::data, [&] { return data::load_fashion_mnist(data_dir, "train", limit); });
+  const data::Dataset test_set =
+      with_kind(Error::Kind::data, [&] { return data::load_fashion_mnist(data_dir, "test"); });
   if (train_set.count < batch) {
     throw Error("--batch " + std::to_string(batch) + " is larger than the " +
                 std::to_string(train_set.count) + " training images");
@@ -187,7 +201,11 @@ int train_command(const std::vector<std::string>& words) {
   const int64_t steps_per_epoch = batcher.batches_per_epoch();
   const int64_t total_steps = steps_per_epoch * epochs;
   const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
-  if (resumed) resume_batcher(batcher, *resumed, arguments.text("resume", ""), total_steps);
+  if (resumed) {
+    with_kind(Error::Kind::checkpoint, [&] {
+      resume_batcher(batcher, *resumed, arguments.text("resume", ""), total_steps);
+    });
+  }
 
   SessionOptions session_options;
   // One device for the training and the evaluation program.
@@ -201,6 +219,7 @@ int train_command(const std::vector<std::string>& words) {
   eval_options.profile = false;
   Session inference(models::build_classifier(model, eval_batch), eval_options);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  current_run().set("device", training.report().device);
   print_precision(session_options.precision, training.report());
   std::fprintf(stderr,
                "built training program in %.2f s (%zu dispatches, %u pipelines) and "
@@ -228,7 +247,8 @@ int train_command(const std::vector<std::string>& words) {
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"batcher", batcher.state().to_json()}, {"batch", batch}};
     checkpoint.tensors = session_tensors(training);
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    with_kind(Error::Kind::checkpoint, [&] { io::save_checkpoint(checkpoint_path, checkpoint); });
+    current_run().checkpoint(step, checkpoint_path);
   };
 
   install_stop_handlers();
@@ -273,7 +293,9 @@ int train_command(const std::vector<std::string>& words) {
     if (!std::isfinite(loss)) {
       progress.finish();
       throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; try a smaller --lr (the last checkpoint is " + checkpoint_path.string() + ")");
+                      "; the run stopped without saving it: " +
+                      last_checkpoint_text(checkpoint_path) + "; try a smaller --lr",
+                  Error::Kind::non_finite);
     }
     const std::vector<int64_t> predicted =
         predictions(training.output("logits"), batch, model.classes);
@@ -346,6 +368,20 @@ int train_command(const std::vector<std::string>& words) {
   if (!std::isnan(last_test_accuracy))
     std::printf("test accuracy: %.2f%%\n", 100 * last_test_accuracy);
   return stop_requested ? 130 : 0;
+}
+
+int train_command(const std::vector<std::string>& words) {
+  try {
+    const int code = train_job(words);
+    current_run().finish(code == 130 ? RunStatus::interrupted : RunStatus::completed, "");
+    return code;
+  } catch (const Error& error) {
+    current_run().finish(status_of(error.kind()), error.what());
+    throw;
+  } catch (const std::exception& error) {
+    current_run().finish(RunStatus::failed, error.what());
+    throw;
+  }
 }
 
 }  // namespace mg::cli

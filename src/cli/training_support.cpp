@@ -11,7 +11,9 @@
 #include <fstream>
 
 #include "backends/vulkan/runtime/gpu.hpp"
+#include "cli/run_record.hpp"
 #include "io/atomic_file.hpp"
+#include "io/checkpoint.hpp"
 
 namespace mg::cli {
 
@@ -84,6 +86,24 @@ void drop_metrics_after(const std::filesystem::path& metrics_path, int64_t step)
     kept += line + "\n";
   }
   if (dropped) io::write_file_atomically(metrics_path, kept);
+}
+
+void start_run_record(const std::filesystem::path& out_dir, const std::vector<std::string>& words,
+                      const nlohmann::json& config, const std::string& device) {
+  std::vector<std::string> command = {"meganeura", "train"};
+  command.insert(command.end(), words.begin(), words.end());
+  current_run().start(out_dir, command, config, device);
+}
+
+std::string last_checkpoint_text(const std::filesystem::path& checkpoint_path) {
+  std::error_code error;
+  if (!std::filesystem::exists(checkpoint_path, error)) return "no checkpoint was saved yet";
+  try {
+    return "the last checkpoint is " + checkpoint_path.string() + " (step " +
+           std::to_string(io::load_checkpoint(checkpoint_path).step) + ")";
+  } catch (const Error&) {
+    return "the checkpoint " + checkpoint_path.string() + " cannot be read";
+  }
 }
 
 std::string format_duration(double seconds) {

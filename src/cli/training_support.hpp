@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/arguments.hpp"
+#include "meganeura/error.hpp"
 #include "meganeura/train.hpp"
 
 namespace mg::cli {
@@ -29,6 +30,25 @@ void claim_out_dir(const std::filesystem::path& out_dir, const Arguments& argume
 // evaluation and its checkpoint logged them, and will log them again).
 void drop_metrics_after(const std::filesystem::path& metrics_path, int64_t step);
 std::string format_duration(double seconds);  // m:ss
+
+// Runs `action`; an mg::Error of the default kind (input) it throws is rethrown as `kind`, so
+// that the run monitor can tell a data or checkpoint failure from bad usage.
+template <typename Action>
+auto with_kind(Error::Kind kind, Action action) {
+  try {
+    return action();
+  } catch (const Error& error) {
+    if (error.kind() != Error::Kind::input) throw;
+    throw Error(error.what(), kind);
+  }
+}
+
+// Starts this process's run record (cli/run_record.hpp) in `out_dir`: the command is
+// "meganeura train" and `words`.
+void start_run_record(const std::filesystem::path& out_dir, const std::vector<std::string>& words,
+                      const nlohmann::json& config, const std::string& device);
+// "the last checkpoint is P (step N)", or that there is none yet.
+std::string last_checkpoint_text(const std::filesystem::path& checkpoint_path);
 
 // --optimizer, --lr, --weight-decay, --momentum, --clip, --warmup, --accumulate and --schedule,
 // with the given defaults where the option is absent.

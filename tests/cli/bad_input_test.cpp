@@ -28,11 +28,12 @@ fs::path scratch(const std::string& name) {
   return path;
 }
 
-// Exit status 1 (an mg::Error), one line naming `must_mention`, and no program built.
-void expect_refused(const std::string& arguments, const std::string& must_mention) {
+// Exit status `status` (1: bad input; 74: a checkpoint that cannot be resumed), one line naming
+// `must_mention`, and no program built.
+void expect_refused(const std::string& arguments, const std::string& must_mention, int status = 1) {
   SCOPED_TRACE(arguments);
   const Result result = run(arguments);
-  EXPECT_EQ(result.status, 1) << result.output;
+  EXPECT_EQ(result.status, status) << result.output;
   const size_t error = result.output.find("error: ");
   ASSERT_NE(error, std::string::npos) << result.output;
   const std::string line = result.output.substr(error);
@@ -126,23 +127,23 @@ TEST(CliBadInput, UsedOutputFoldersAndInconsistentCheckpoints) {
   mg::io::save_checkpoint(out / "negative.safetensors", bad);
   expect_refused("train --out " + out.string() + small + " --resume " +
                      (out / "negative.safetensors").string(),
-                 "\"step\" is -5, outside 0..");
+                 "\"step\" is -5, outside 0..", 74);
   bad = saved;
   bad.step = 1;  // its batcher is at the end of the epoch
   mg::io::save_checkpoint(out / "inconsistent.safetensors", bad);
   expect_refused("train --out " + out.string() + small + " --resume " +
                      (out / "inconsistent.safetensors").string(),
-                 "is inconsistent: it is at step 1");
+                 "is inconsistent: it is at step 1", 74);
   bad = saved;
   bad.extra = nlohmann::json::object();
   mg::io::save_checkpoint(out / "no-batcher.safetensors", bad);
   expect_refused("train --out " + out.string() + small + " --resume " +
                      (out / "no-batcher.safetensors").string(),
-                 "has no batcher state");
+                 "has no batcher state", 74);
   expect_refused("train --out " + out.string() +
                      " --model mlp --limit 32 --batch 32 --epochs 1 --resume " +
                      checkpoint.string(),
-                 "past the 1 steps of this run");
+                 "past the 1 steps of this run", 74);
   fs::remove_all(out);
 }
 
