@@ -19,6 +19,7 @@
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
 #include "runtime/device_values.hpp"
+#include "runtime/index_checks.hpp"
 #include "runtime/shared_device.hpp"
 
 namespace mg {
@@ -95,6 +96,8 @@ struct Session::Impl {
   plan::Program program;
   std::vector<gpu::BufferId> arena_buffers;
   std::map<std::string, InputStaging, std::less<>> inputs;
+  // The ranges that i32 inputs feeding indices or labels must keep to.
+  std::map<std::string, std::vector<runtime::IndexRule>, std::less<>> index_rules;
   std::map<std::string, StagingSlot, std::less<>> outputs;
   std::map<std::string, ValueId, std::less<>> persistent_by_name;
   std::vector<std::string> persistent_names;
@@ -296,6 +299,12 @@ struct Session::Impl {
     InputStaging& staging = checked_input(name, dtype, count);
     if (staging.bound)
       throw Error("input '" + std::string(name) + "' is bound to a buffer (bind_input)");
+    if (dtype == DType::i32) {
+      if (const auto rules = index_rules.find(name); rules != index_rules.end()) {
+        runtime::check_indices(name, std::span(static_cast<const int32_t*>(values), count),
+                               rules->second);
+      }
+    }
     std::byte* staged =
         static_cast<std::byte*>(device->mapped(slots[input_slot].upload)) + staging.offset;
     const DType stored = program.graph.type(staging.value).dtype;
@@ -534,6 +543,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   phase = std::chrono::steady_clock::now();
   impl.program = plan::build_program(graph, target, plan_options);
   impl.report.plan_seconds = seconds_since(phase);
+  impl.index_rules = runtime::index_rules(graph);
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
