@@ -65,6 +65,8 @@ void TrainingProgram::add_step_times(nlohmann::json& record) const {
   record["gradients_ms"] = times.gradients_ms;
   record["reduction_ms"] = times.reduction_ms;
   record["update_ms"] = times.update_ms;
+  record["segments"] = times.segments;
+  record["sums_during_backward"] = times.sums_started_during_backward;
 }
 
 }  // namespace mg::cli
