@@ -7,8 +7,8 @@ TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig&
     : optimizer_(optimizer) {
   const ValueId loss = loss_graph.output("loss");
   if (run.distributed()) {
-    parallel_ = std::make_unique<DataParallelTrainer>(loss_graph, loss, optimizer,
-                                                      run.communicator(), options);
+    parallel_ = std::make_unique<DataParallelTrainer>(
+        loss_graph, loss, optimizer, run.communicator(), options, run.parallel_options());
   } else {
     Graph graph = loss_graph;
     add_training(graph, loss, optimizer);
