@@ -114,8 +114,12 @@ for workload, rate, per_step in (("smollm2", "tokens_per_second", 8 * 128), ("fa
         records = runs.get(launcher)
         if not records:
             continue
-        step_ms = 1000.0 * per_step / records[-1][rate]
         steady = records[5:] or records  # past the first steps (pipeline and cache warm-up)
+        # The rates are means since the run's start: the seconds since then at each record give
+        # the mean step time between the first steady record and the last.
+        elapsed = lambda r: r["step"] * per_step / r[rate]
+        first, last = steady[0], records[-1]
+        step_ms = 1000.0 * (elapsed(last) - elapsed(first)) / (last["step"] - first["step"]) if last["step"] > first["step"] else 1000.0 * elapsed(last) / last["step"]
         mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
         keys = ("gradients_ms", "reduction_ms", "update_ms", "segments", "sums_during_backward")
         parts = [("%.2f" % mean(k) if k.endswith("_ms") else "%g" % mean(k)) if k in steady[0] else "-" for k in keys]
