@@ -23,6 +23,10 @@ struct Switches {
   std::string cache_dir;
   bool kernel_stats = false;  // MEGANEURA_KERNEL_STATS=1: the driver's per-kernel statistics
 
+  // Data-parallel training: MEGANEURA_OVERLAP_REDUCTION=0/1 overrides
+  // DataParallelOptions::overlap (gradient sums overlapping backward).
+  std::optional<bool> overlap_reduction;
+
   // Planning: overrides of SessionOptions and plan::PlanOptions (unset: their values).
   std::optional<bool> split_k;            // MEGANEURA_SPLIT_K
   std::optional<bool> im2col;             // MEGANEURA_IM2COL

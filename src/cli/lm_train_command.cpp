@@ -65,6 +65,8 @@ it); the last --validation fraction of the sequences is held out for the validat
   --log-every N         steps between metrics.jsonl records (default 10)
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
+  --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
+                        about X MiB, each while backward computes the next (default 25)
 )";
 
 struct TextData {
@@ -136,8 +138,13 @@ int lm_train_command(const std::vector<std::string>& words) {
        "epochs",       "max-steps", "validation", "lr",     "optimizer",
        "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
        "seed",         "device",    "precision",  "resume", "checkpoint-every",
+<<<<<<< HEAD
        "log-every"},
       {"help", "distributed", "overwrite"});
+=======
+       "log-every",    "bucket-mb"},
+      {"help", "distributed"});
+>>>>>>> wip/mpioverlap
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;

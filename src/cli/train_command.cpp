@@ -78,6 +78,8 @@ share of every batch and the gradients are averaged across them: docs/DISTRIBUTE
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
+  --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
+                        about X MiB, each while backward computes the next (default 25)
 )";
 
 int train_classifier(const Arguments& arguments, const DistributedRun& run,
@@ -164,12 +166,12 @@ int train_job(const std::vector<std::string>& words) {
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments("meganeura train", words,
-                            {"out",        "model",    "epochs",           "limit",
-                             "batch",      "lr",       "optimizer",        "weight-decay",
-                             "momentum",   "schedule", "warmup",           "clip",
-                             "accumulate", "seed",     "device",           "precision",
-                             "data",       "resume",   "checkpoint-every", "trace",
-                             "log-every",  "max-steps"},
+                            {"out",        "model",     "epochs",           "limit",
+                             "batch",      "lr",        "optimizer",        "weight-decay",
+                             "momentum",   "schedule",  "warmup",           "clip",
+                             "accumulate", "seed",      "device",           "precision",
+                             "data",       "resume",    "checkpoint-every", "trace",
+                             "log-every",  "max-steps", "bucket-mb"},
                             {"help", "distributed", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);

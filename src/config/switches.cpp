@@ -135,6 +135,9 @@ Switches read_switches(Reader& read) {
   s.kernel_stats = read.flag("MEGANEURA_KERNEL_STATS", "no driver statistics",
                              "driver statistics of every kernel", "none")
                        .value_or(false);
+  s.overlap_reduction =
+      read.flag("MEGANEURA_OVERLAP_REDUCTION", "gradient sums after the whole backward pass",
+                "gradient sums during backward", "DataParallelOptions::overlap");
 
   s.split_k = read.flag("MEGANEURA_SPLIT_K", "no split-K, split sums or split attention",
                         "all three on any device", "on GPUs, off on CPU devices");

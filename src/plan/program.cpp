@@ -497,6 +497,19 @@ Program build_program(const Graph& source, const target::Target& device,
   return program;
 }
 
+std::optional<size_t> last_writer(const Program& program, ValueId value) {
+  const auto region = program.regions.find(value);
+  if (region == program.regions.end()) return std::nullopt;
+  for (size_t t = program.launches.size(); t-- > 0;) {
+    const PlannedLaunch& planned = program.launches[t];
+    for (size_t k = 0; k < planned.regions.size(); ++k) {
+      if (planned.launch.operands[k].write && ranges_overlap(planned.regions[k], region->second))
+        return t;
+    }
+  }
+  return std::nullopt;
+}
+
 std::string describe_memory(const Program& program) {
   auto mib = [](uint64_t bytes) {
     char buffer[32];

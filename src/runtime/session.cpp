@@ -20,6 +20,7 @@
 #include "plan/program.hpp"
 #include "runtime/device_values.hpp"
 #include "runtime/index_checks.hpp"
+#include "runtime/run_commands.hpp"
 #include "runtime/shared_device.hpp"
 
 namespace mg {
@@ -133,6 +134,15 @@ struct Session::Impl {
     std::optional<gpu::RecordingId> in_flight;  // the chunk submitted last, not yet waited for
     bool in_flight_ends_run = false;
   } chunking;
+  // Segmented runs (set_segments): run slot 0's commands cut after given dispatches, one
+  // recording a segment, submitted in order; the host reads a segment's outputs once it waited
+  // for it.
+  struct Segmenting {
+    std::vector<size_t> ends;  // the dispatch each segment but the last ends after
+    std::vector<gpu::RecordingId> recordings;
+    size_t submitted = 0;  // segments of the run under way submitted (0: none under way)
+    size_t waited = 0;     // the first segments of the run under way waited for
+  } segmenting;
   uint32_t guard_bytes = 0;
   BuildReport report;
 
@@ -272,6 +282,7 @@ struct Session::Impl {
   }
 
   void finish_run() {
+    finish_segmented_run();
     if (chunking.in_flight) {
       device->finish(*chunking.in_flight);
       if (chunking.in_flight_ends_run) finished = 0;
@@ -352,23 +363,35 @@ struct Session::Impl {
     return list;
   }
 
-  std::vector<gpu::Command> commands(const RunSlot& run_slot) const {
-    std::vector<gpu::Command> list;
-    auto barrier = [&] { list.push_back({gpu::Command::Kind::barrier}); };
+  // The dispatch after which output `slot` is final (RunCommands::OutputCopy::ready_after).
+  int64_t output_ready_after(const StagingSlot& slot) const {
+    const gpu::BufferRange output = range_of(slot.value);
+    for (const auto& [leaf, value] : program.graph.updates()) {
+      const gpu::BufferRange target = range_of(leaf);
+      if (target.buffer == output.buffer && target.offset < output.offset + output.bytes &&
+          output.offset < target.offset + target.bytes)
+        return static_cast<int64_t>(program.launches.size());
+    }
+    const std::optional<size_t> writer = plan::last_writer(program, slot.value);
+    return writer ? static_cast<int64_t>(*writer) : -1;
+  }
+
+  runtime::RunCommands commands(const RunSlot& run_slot) const {
+    runtime::RunCommands run;
     for (const auto& [name, slot] : inputs) {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange target = range_of(slot.value);
       const gpu::BufferRange staged{run_slot.upload, slot.offset, slot.bytes};
       copy.copy = {slot.bound.value_or(staged), target.buffer, target.offset};
-      list.push_back(copy);
+      run.input_copies.push_back(copy);
     }
-    if (!inputs.empty()) barrier();
     for (size_t i = 0; i < program.launches.size(); ++i) {
       const plan::PlannedLaunch& planned = program.launches[i];
-      if (planned.barrier_before || (time_runs && i > 0)) barrier();
-      list.push_back(dispatch_of(planned, pipeline_of_launch[i]));
+      std::vector<gpu::Command>& dispatch = run.dispatches.emplace_back();
+      if (planned.barrier_before || (time_runs && i > 0))
+        dispatch.push_back({gpu::Command::Kind::barrier});
+      dispatch.push_back(dispatch_of(planned, pipeline_of_launch[i]));
     }
-    barrier();
     for (const auto& [leaf, value] : program.graph.updates()) {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange source = range_of(value);
@@ -376,15 +399,15 @@ struct Session::Impl {
       // The planner may have had the new value written over the leaf itself.
       if (source.buffer == target.buffer && source.offset == target.offset) continue;
       copy.copy = {source, target.buffer, target.offset};
-      list.push_back(copy);
+      run.update_copies.push_back(copy);
     }
     for (const auto& [name, slot] : outputs) {
       gpu::Command copy{gpu::Command::Kind::copy};
       copy.copy = {range_of(slot.value), run_slot.download, slot.offset};
       if (slot.bound) copy.copy = {range_of(slot.value), slot.bound->buffer, slot.bound->offset};
-      list.push_back(copy);
+      run.output_copies.push_back({copy, output_ready_after(slot)});
     }
-    return list;
+    return run;
   }
 
   gpu::RecordingId own_recording(std::span<const gpu::Command> list, gpu::Timing timing) {
@@ -401,10 +424,61 @@ struct Session::Impl {
   void record_runs() {
     for (RunSlot& slot : slots) {
       if (runs_recorded) drop_recording(slot.recording);
-      slot.recording = own_recording(commands(slot), run_timing);
+      slot.recording = own_recording(runtime::whole_run(commands(slot)), run_timing);
     }
     runs_recorded = true;
     record_chunks();
+    record_segments();
+  }
+
+  void record_segments() {
+    for (gpu::RecordingId recording : segmenting.recordings) drop_recording(recording);
+    segmenting.recordings.clear();
+    if (segmenting.ends.empty()) return;
+    for (const std::vector<gpu::Command>& segment :
+         runtime::segmented_run(commands(slots[0]), segmenting.ends))
+      segmenting.recordings.push_back(own_recording(segment, gpu::Timing::none));
+  }
+
+  void submit_segment(size_t index) {
+    Segmenting& run = segmenting;
+    if (run.recordings.empty()) throw Error("submit_segment needs segments first (set_segments)");
+    if (index != run.submitted || index >= run.recordings.size())
+      throw Error("segment " + std::to_string(index) +
+                  " submitted out of order: " + std::to_string(run.submitted) + " of the run's " +
+                  std::to_string(run.recordings.size()) +
+                  " segments are submitted (segment 0 starts a run after the last one ended)");
+    if (index == 0) {
+      refuse_during_chunked_run("a segmented run");
+      finish_run();
+      run_setup_if_due();
+      bring_inputs_up_to_date(0);
+      input_slot = 1;  // inputs set during the segmented run wait in the other slot
+    }
+    device->start(run.recordings[index]);
+    ++run.submitted;
+    if (run.submitted == run.recordings.size() && updates_shared)
+      seen_generation = ++shared->generation;
+  }
+
+  void wait_segment(size_t index) {
+    Segmenting& run = segmenting;
+    if (index >= run.submitted)
+      throw Error("segment " + std::to_string(index) + " waited for before it was submitted (" +
+                  std::to_string(run.submitted) + " of the run under way are)");
+    for (; run.waited <= index; ++run.waited) device->finish(run.recordings[run.waited]);
+    if (run.waited == run.recordings.size()) {
+      finished = 0;
+      run.submitted = run.waited = 0;
+    }
+  }
+
+  // Completes a segmented run under way: submits its remaining segments and waits for them.
+  void finish_segmented_run() {
+    if (segmenting.submitted == 0) return;
+    while (segmenting.submitted < segmenting.recordings.size())
+      submit_segment(segmenting.submitted);
+    wait_segment(segmenting.recordings.size() - 1);
   }
 
   void record_chunks() {
@@ -412,7 +486,7 @@ struct Session::Impl {
     chunking.recordings.clear();
     chunking.recording_ms.clear();
     if (chunking.budget_ms <= 0) return;
-    const std::vector<gpu::Command> all = commands(slots[0]);
+    const std::vector<gpu::Command> all = runtime::whole_run(commands(slots[0]));
     if (chunking.dispatch_ms.empty()) {
       chunking.profiled_run_started = false;
       chunking.recordings.push_back(own_recording(all, gpu::Timing::per_dispatch));
@@ -453,6 +527,13 @@ struct Session::Impl {
     for (const gpu::DispatchTiming& timing : timings)
       chunking.dispatch_ms.push_back(timing.duration_ms);
     record_chunks();
+  }
+
+  void refuse_during_segmented_run(const char* what) const {
+    if (segmenting.submitted != 0)
+      throw Error(
+          std::string(what) +
+          " while a segmented run is under way: wait for its last segment first (wait_segment)");
   }
 
   void refuse_during_chunked_run(const char* what) const {
@@ -652,6 +733,7 @@ void Session::run() {
 void Session::start_run() {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("start_run");
+  impl.refuse_during_segmented_run("start_run");
   impl.run_setup_if_due();
   const size_t started = impl.input_slot;
   impl.bring_inputs_up_to_date(started);
@@ -673,11 +755,19 @@ std::pair<const std::byte*, TensorType> Session::Impl::downloaded(std::string_vi
   if (it == outputs.end()) program.graph.output(name);  // throws, listing outputs
   if (it->second.bound)
     throw Error("output '" + std::string(name) + "' is bound to a buffer (bind_output)");
-  if (!finished)
-    throw Error("output '" + std::string(name) + "' read before the first run finished");
   const StagingSlot& slot = it->second;
+  size_t slot_read = finished.value_or(0);
+  if (segmenting.submitted > 0) {
+    const size_t segment = runtime::segment_of(output_ready_after(slot), segmenting.ends);
+    if (segment >= segmenting.waited)
+      throw Error("output '" + std::string(name) + "' is final after segment " +
+                  std::to_string(segment) + " of the run under way: wait for it (wait_segment)");
+    slot_read = 0;
+  } else if (!finished) {
+    throw Error("output '" + std::string(name) + "' read before the first run finished");
+  }
   const std::byte* data =
-      static_cast<const std::byte*>(device->mapped(slots[*finished].download)) + slot.offset;
+      static_cast<const std::byte*>(device->mapped(slots[slot_read].download)) + slot.offset;
   return {data, program.graph.type(slot.value)};
 }
 
@@ -766,6 +856,7 @@ void Session::write_trace(const std::string& path) const {
 void Session::bind_input(std::string_view name, uint32_t buffer, uint64_t offset) {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("bind_input");
+  impl.refuse_during_segmented_run("bind_input");
   auto it = impl.inputs.find(name);
   if (it == impl.inputs.end())
     throw Error("the program has no input '" + std::string(name) + "' to bind");
@@ -779,6 +870,7 @@ void Session::bind_input(std::string_view name, uint32_t buffer, uint64_t offset
 void Session::bind_output(std::string_view name, uint32_t buffer, uint64_t offset) {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("bind_output");
+  impl.refuse_during_segmented_run("bind_output");
   auto it = impl.outputs.find(name);
   if (it == impl.outputs.end()) impl.program.graph.output(name);  // throws, listing outputs
   impl.split_measured_run();
@@ -790,6 +882,7 @@ void Session::bind_output(std::string_view name, uint32_t buffer, uint64_t offse
 size_t Session::set_chunk_budget(double budget_ms) {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("set_chunk_budget");
+  impl.refuse_during_segmented_run("set_chunk_budget");
   if (budget_ms > 0 && !impl.device->info().caps.timestamps)
     throw Error("chunked runs measure GPU time, and " + impl.report.device +
                 " has no timestamps on its queue");
@@ -816,6 +909,7 @@ bool Session::run_next_chunk() {
   if (chunking.recordings.empty())
     throw Error("run_next_chunk needs a chunk budget first (set_chunk_budget)");
   if (chunking.next == 0) {
+    impl.refuse_during_segmented_run("run_next_chunk");
     impl.split_measured_run();
     impl.finish_run();
     impl.run_setup_if_due();
@@ -831,6 +925,45 @@ bool Session::run_next_chunk() {
   chunking.next = 0;
   if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
   return true;
+}
+
+std::optional<size_t> Session::output_ready_after(std::string_view name) const {
+  auto it = impl_->outputs.find(name);
+  if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
+  const int64_t ready = impl_->output_ready_after(it->second);
+  if (ready < 0) return std::nullopt;
+  return static_cast<size_t>(ready);
+}
+
+size_t Session::set_segments(std::span<const size_t> segment_ends) {
+  Impl& impl = *impl_;
+  impl.refuse_during_segmented_run("set_segments");
+  impl.refuse_during_chunked_run("set_segments");
+  std::vector<size_t> ends(segment_ends.begin(), segment_ends.end());
+  if (!ends.empty() && ends.back() + 1 == impl.program.launches.size()) ends.pop_back();
+  runtime::check_segment_ends(ends, impl.program.launches.size());
+  impl.finish_run();
+  impl.segmenting.ends = std::move(ends);
+  impl.record_segments();
+  return impl.segmenting.recordings.size();
+}
+
+size_t Session::segment_count() const {
+  return impl_->segmenting.recordings.size();
+}
+
+size_t Session::output_segment(std::string_view name) const {
+  auto it = impl_->outputs.find(name);
+  if (it == impl_->outputs.end()) impl_->program.graph.output(name);  // throws, listing outputs
+  return runtime::segment_of(impl_->output_ready_after(it->second), impl_->segmenting.ends);
+}
+
+void Session::submit_segment(size_t index) {
+  impl_->submit_segment(index);
+}
+
+void Session::wait_segment(size_t index) {
+  impl_->wait_segment(index);
 }
 
 uint32_t Session::validation_messages() const {
