@@ -138,13 +138,8 @@ int lm_train_command(const std::vector<std::string>& words) {
        "epochs",       "max-steps", "validation", "lr",     "optimizer",
        "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
        "seed",         "device",    "precision",  "resume", "checkpoint-every",
-<<<<<<< HEAD
-       "log-every"},
-      {"help", "distributed", "overwrite"});
-=======
        "log-every",    "bucket-mb"},
-      {"help", "distributed"});
->>>>>>> wip/mpioverlap
+      {"help", "distributed", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
