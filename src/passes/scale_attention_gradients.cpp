@@ -15,9 +15,10 @@
 namespace mg::passes {
 namespace {
 
-// The largest |dO| after scaling. dS is at most |dP - delta| scale (P <= 1) and |dP - delta| at
-// most |dO| |v_j - o_i| sqrt(Dv), so 64 keeps it below f16's 65504 for any head whose values
-// stay within f16's own range, and typical dS well above f16's smallest normal (2^-14).
+// The largest |dO| after scaling. |dS| is at most |dP - delta| scale (P <= 1), and |dP - delta|
+// at most max |dO| sqrt(Dv) |v_j - o_i|: with scale = 1 / sqrt(D) and Dv = D, 64 |v_j - o_i|,
+// below f16's largest value (65504) unless two value rows lie over 1000 apart, while the dS
+// that matter stay far above f16's smallest normal (2^-14).
 constexpr double kGradientMaximum = 64.0;
 // A floor for max |dO|: a zero cotangent keeps a finite scale (and zero gradients).
 constexpr double kSmallestMaximum = 1e-30;
@@ -30,7 +31,7 @@ bool is_attention_gradient(const Node& node) {
 // s [B, H, 1, 1] where query and kv heads are as many (one scale per head), else [B, 1, 1, 1]
 // (the kv heads' gradients sum over their group's query heads, which must share a scale).
 ValueId gradient_scale(Graph& target, ValueId grad_out, int64_t kv_heads) {
-  const TensorType& type = target.type(grad_out);
+  const TensorType type = target.type(grad_out);  // a copy: adding nodes may move it
   const std::vector<int64_t> axes =
       type.shape[1] == kv_heads ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{1, 2, 3};
   const ValueId magnitude = target.add(op::abs, {grad_out});
