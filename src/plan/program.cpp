@@ -386,6 +386,10 @@ Program build_program(const Graph& source, const target::Target& device,
   if (im2col)
     program.graph = passes::im2col_convolutions(
         program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+  // The cooperative-matrix attention backward rounds dO and dS to f16, which the gradients of an
+  // untrained model leave below f16's range.
+  if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))
+    program.graph = passes::scale_attention_gradients(program.graph);
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
                                                            !device.cooperative_matrices());
   // W is one transient value, bounded as the columns are.
