@@ -2,14 +2,18 @@
 # Data-parallel training on the H200 (docs/DISTRIBUTED.md): two MPI ranks sharing the one GPU
 # against one process on the same global batch, for SmolLM2-135M (train --model DIR) and the
 # Fashion-MNIST CNN (there is no ResNet-50 training job yet). For each workload it runs
-#   alone  meganeura train                  (add_training's single program)
-#   np1    mpirun -np 1 meganeura train     (gradient and update programs, host-staged gradients,
-#                                            a sum over one rank)
-#   np2    mpirun -np 2 meganeura train     (the same with two ranks on the one GPU)
+#   alone           meganeura train               (add_training's single program)
+#   np1             mpirun -np 1 meganeura train  (gradient and update programs, host-staged
+#                                                  gradients, a sum over one rank; one rank never
+#                                                  cuts the gradient program into segments)
+#   np2             mpirun -np 2 meganeura train  (two ranks on the one GPU, each bucket's sum
+#                                                  started while backward runs the later segments)
+#   np2-no-overlap  the same with MEGANEURA_OVERLAP_REDUCTION=0 (every sum after backward)
 # and prints per run the step time, where a distributed step's time goes (gradient program,
-# staging + sum across ranks, update program, from metrics.jsonl) and the largest relative loss
-# difference from `alone`. Results go to $OUT (default /tmp/mpi-h200): one folder a run, its log,
-# and summary.md.
+# staging + sum across ranks after it, update program, from metrics.jsonl), the gradient
+# program's segments, the buckets whose sum started during backward and the largest relative loss
+# difference from `alone`. RUNS (default "alone np1 np2 np2-no-overlap") picks the runs.
+# Results go to $OUT (default /tmp/mpi-h200): one folder a run, its log, and summary.md.
 #
 # Needs: the binary built with MPI ($MEGANEURA, default .dev/bin/meganeura, plain or gzip'd) and
 # Open MPI's mpirun. Where the machine has none, put the debs of openmpi-bin, openmpi-common,
@@ -80,11 +84,13 @@ run() {
   timeout 150 $launcher "$BIN" train "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1
   echo "exit $?"; tail -2 "$OUT/$name.log"
 }
-for launcher in alone np1 np2; do
+for launcher in ${RUNS:-alone np1 np2 np2-no-overlap}; do
   case $launcher in
     alone) prefix="" ;;
     np1) prefix="$MPIRUN -np 1" ;;
-    np2) prefix="$MPIRUN -np 2" ;;
+    np2) prefix="$MPIRUN -np 2 -x MEGANEURA_OVERLAP_REDUCTION=1" ;;
+    np2-no-overlap) prefix="$MPIRUN -np 2 -x MEGANEURA_OVERLAP_REDUCTION=0" ;;
+    *) echo "unknown run $launcher (RUNS takes alone np1 np2 np2-no-overlap)"; exit 1 ;;
   esac
   run "smollm2-$launcher" "$prefix" --model "$SMOLLM2" --data "$OUT/text.jsonl" --seq 128 \
     --batch 8 --max-steps 40 --validation 0 --lr 1e-4 --log-every 1 --checkpoint-every 100000
@@ -95,24 +101,31 @@ done
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.md"
 import json, os, sys
 out = sys.argv[1]
-print("| workload | run | step ms | gradient program ms | staging + sum ms | update program ms | max rel. loss diff vs alone |")
-print("|---|---|---|---|---|---|---|")
+launchers = (("alone", 1, "-"), ("np1", 1, "-"), ("np2", 2, "yes"), ("np2-no-overlap", 2, "no"))
+print("| workload | run | ranks | overlap | step ms | gradient program ms | staging + sum after it ms | update program ms | segments | sums during backward | max rel. loss diff vs alone |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for workload, rate, per_step in (("smollm2", "tokens_per_second", 8 * 128), ("fashion-cnn", "images_per_second", 64)):
     runs = {}
-    for launcher in ("alone", "np1", "np2"):
+    for launcher, _, _ in launchers:
         path = os.path.join(out, f"{workload}-{launcher}", "metrics.jsonl")
         if os.path.exists(path):
             runs[launcher] = [json.loads(line) for line in open(path) if '"loss"' in line]
-    for launcher, records in runs.items():
+    for launcher, ranks, overlap in launchers:
+        records = runs.get(launcher)
         if not records:
             continue
-        step_ms = 1000.0 * per_step / records[-1][rate]
         steady = records[5:] or records  # past the first steps (pipeline and cache warm-up)
+        # The rates are means since the run's start: the seconds since then at each record give
+        # the mean step time between the first steady record and the last.
+        elapsed = lambda r: r["step"] * per_step / r[rate]
+        first, last = steady[0], records[-1]
+        step_ms = 1000.0 * (elapsed(last) - elapsed(first)) / (last["step"] - first["step"]) if last["step"] > first["step"] else 1000.0 * elapsed(last) / last["step"]
         mean = lambda key: sum(r.get(key, 0.0) for r in steady) / len(steady)
-        parts = ["%.2f" % mean(k) if k in steady[0] else "-" for k in ("gradients_ms", "reduction_ms", "update_ms")]
+        keys = ("gradients_ms", "reduction_ms", "update_ms", "segments", "sums_during_backward")
+        parts = [("%.2f" % mean(k) if k.endswith("_ms") else "%g" % mean(k)) if k in steady[0] else "-" for k in keys]
         diff = "-"
         if launcher != "alone" and "alone" in runs:
             alone = {r["step"]: r["loss"] for r in runs["alone"]}
             diff = "%.2e" % max(abs(r["loss"] - alone[r["step"]]) / abs(alone[r["step"]]) for r in records if r["step"] in alone)
-        print(f"| {workload} | {launcher} | {step_ms:.2f} | {' | '.join(parts)} | {diff} |")
+        print(f"| {workload} | {launcher} | {ranks} | {overlap} | {step_ms:.2f} | {' | '.join(parts)} | {diff} |")
 EOF

@@ -7,7 +7,9 @@ written with save_pretrained and loaded back from that folder; LeRobot's expert 
 2. The twin (float64, on the GPU) gives the expert's velocity, the flow-matching loss, every weight's
    gradient and the sampled action chunk; Meganeura's test SmolVLAParity.FolderFromTransformers then
    runs the same weights and inputs, strict (outputs rel. L2 < 1e-4, gradient norms within 1e-3) and
-   fast (1e-2, 5e-2).
+   fast (1e-2, 5e-2). Beside the fast gate, PyTorch's own f16 autocast on the twin's f32 weights
+   (bench/amp_gradients.py): its error at each parameter past the gate, and its worst (printed, not
+   gated).
 
 usage: python3 bench/smolvla_parity_h200.py [--out DIR] [--binary build/tests/test_parity] [--batch 2]
        [--precision strict|fast|both]
@@ -27,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parity"))
 
+from amp_gradients import amp_gradient_norms, print_beside, relative_errors  # noqa: E402
 from safetensors_lite import save  # noqa: E402
 from smolvla_twin import SmolVLA, Weights  # noqa: E402
 from workloads_pytorch import SMOLVLA_POLICY, SMOLVLM2_500M, smolvla_expert_shapes  # noqa: E402
@@ -98,6 +101,23 @@ def main():
                                                   cuda["state"].double(), cuda["noise"].double(),
                                                   policy["num_steps"]).float()
     save(os.path.join(args.out, "twin.safetensors"), out)
+    reference_norms = {name: float(value.double().norm()) for name, value in out.items()
+                       if name.startswith("grad.") and float(value.double().norm()) >= 1e-7}
+    # PyTorch's own f16 autocast on the twin's f32 weights, beside the fast gate (not gated).
+    try:
+        amp_weights = Weights(tensors, dtype=torch.float32, device="cuda")
+        amp_twin = SmolVLA(policy, vlm_config, amp_weights)
+        amp_norms = amp_gradient_norms(
+            amp_weights.tensors.items(),
+            lambda: amp_twin.forward([image.float() for image in images], cuda["input_ids"].long(),
+                                     lang_masks, cuda["state"], cuda["actions"], cuda["noise"],
+                                     cuda["time"])[0])
+        amp_errors = relative_errors({"grad." + name: norm for name, norm in amp_norms.items()},
+                                     reference_norms)
+        amp_errors = {name[len("grad."):]: error for name, error in amp_errors.items()}
+    except RuntimeError as error:  # the twin is written for f32/f64, not for autocast's f16
+        print("PyTorch AMP column unavailable: %s" % error)
+        amp_errors = {}
     save(os.path.join(args.out, "weights.safetensors"), tensors)
     save(os.path.join(args.out, "inputs.safetensors"), inputs)
     with open(os.path.join(args.out, "config.json"), "w") as file:
@@ -112,6 +132,10 @@ def main():
         print("meganeura vs twin, %s: %s" % (precision, "pass" if passed else "FAIL"))
         if not passed:
             print(result.stdout[-6000:] + result.stderr[-2000:])
+        if precision == "fast":
+            # The test names each parameter past the gate on a line of its own.
+            failed = [line.strip() for line in result.stdout.splitlines() if line.strip() in amp_errors]
+            print_beside(failed, amp_errors)
         ok = ok and passed
     sys.exit(0 if ok else 1)
 

@@ -4,7 +4,9 @@ save_pretrained; Meganeura loads that folder.
 
   strict: logits rel. L2 < 1e-4, every trained tensor's gradient norm within 1e-3,
           greedy tokens of 30 s of speech identical to transformers' generate;
-  fast:   logits rel. L2 < 1e-2, gradient norms within 5e-2.
+  fast:   logits rel. L2 < 1e-2, gradient norms within 5e-2; beside it, PyTorch's own f16 autocast
+          on the same weights (bench/amp_gradients.py): its worst error and its error at the five
+          parameters where ours is worst (printed, not gated).
 Then `meganeura train --model` trains the folder for a few steps on the same speech, and
 transformers opens the folder it writes: its logits must equal Meganeura's (rel. L2 < 1e-4).
 
@@ -28,6 +30,8 @@ bin_dir, speech_wav, out = sys.argv[1:4]
 os.makedirs(out, exist_ok=True)
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from amp_gradients import amp_gradient_norms, print_beside, relative_errors  # noqa: E402
 from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,  # noqa: E402
                           WhisperForConditionalGeneration)
 
@@ -119,6 +123,11 @@ result.loss.backward()
 reference_logits = result.logits.detach().double().cpu().flatten()
 reference_norms = {n: float(p.grad.double().norm()) for n, p in model.named_parameters()
                    if p.grad is not None}
+# PyTorch's own f16 autocast (SDPA's flash attention), beside the fast gate: printed, not gated.
+amp_errors = relative_errors(amp_gradient_norms(
+    model.named_parameters(),
+    lambda: model(input_features=features.cuda(), decoder_input_ids=torch.tensor([ids]).cuda(),
+                  labels=torch.tensor([labels]).cuda()).loss), reference_norms)
 results, failures = [], []
 
 
@@ -156,7 +165,9 @@ for precision, logit_bound, norm_bound in (("strict", 1e-4, 1e-3), ("fast", 1e-2
         if error >= worst:
             worst_name, worst = name, error
     record(f"gradient norms {precision} (worst parameter)", worst, norm_bound,
-           parameter=worst_name, missing=missing)
+           parameter=worst_name, missing=missing, pytorch_amp_error=amp_errors[worst_name])
+    if precision == "fast":
+        print_beside(relative_errors(ours["gradient_norms"], reference_norms), amp_errors)
 
 # Greedy tokens of 30 s of speech: transformers' generate on its features, and `meganeura
 # transcribe` on the WAV (its own resampling-free features, within 2e-5 of transformers').

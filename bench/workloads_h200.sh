@@ -1,18 +1,24 @@
-#!/usr/bin/env bash
-# The device calls on the H200 behind docs/BENCHMARKS.md's Workloads section, one part a call
-# (each fits the device tool's 10 minutes):
-#   PART=parity  the five workloads' parity gates against the real libraries (transformers,
-#                torchvision) or the project's twins, run side by side: bench/*_parity_h200.py
-#   PART=bench   `meganeura bench workloads` against bench/workloads_pytorch.py (eager, or
-#                eager and compiled with COMPILE=1), joined by bench/compare.py --workloads;
-#                FILTER=NAME runs one workload (the five together take longer than one call)
-# Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
-# whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
-# .dev/debs (unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
-# run-time libraries in .dev/lib. Results go to $OUT.
-set -u
-part=${PART:-parity}
-for f in .gl/*.deb; do dpkg -x "$f" / ; done
+#!/ usr / bin / env bash
+#The device calls on the H200 behind docs / BENCHMARKS.md's Workloads section, one part a call
+#(each fits the device tool's 10 minutes):
+#PART = parity the five workloads' parity gates against the real libraries (transformers,
+#torchvision) or the project's twins, run side by side: bench/*_parity_h200.py
+#PART = bench   `meganeura bench workloads` against bench / workloads_pytorch.py(eager, or
+#eager and compiled with COMPILE = 1), joined by bench / compare.py-- workloads;
+#FILTER = NAME runs one workload(the five together take longer than one call),
+#PRECISION = strict | fast one precision, PYTORCH = 0 skips PyTorch's side
+#PART = demo DEMO = resnet | unet | whisper | smolvla : that workload's demo script at its full size
+#(Fashion - MNIST from.dev / data for the ResNet and U - Net demos)
+#Expects the stripped binaries(plain or gzip'd) in .dev/bin: meganeura, llama_parity,
+#whisper_parity, unet_parity and test_parity; the loader debs in.gl; libpcre2 - 8's deb in
+#.dev / debs(unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
+#run - time libraries in.dev / lib.Results go to $OUT.
+set - u part = $ {
+PART:
+  -parity
+}
+for
+f in.gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig
 mkdir -p /tmp/mglib && for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/mglib; done
 export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu:$PWD/.dev/lib
@@ -45,11 +51,30 @@ if [ "$part" = bench ]; then
   compile=--no-compile
   [ "${COMPILE:-0}" = 1 ] && compile=
   timeout 250 $bin/meganeura bench workloads --runs ${RUNS:-10} ${FILTER:+--filter $FILTER} \
+    ${PRECISION:+--precision $PRECISION} \
     > $OUT/workloads_meganeura.jsonl 2> $OUT/workloads_meganeura.err
   tail -12 $OUT/workloads_meganeura.jsonl | grep -v "^{"
-  timeout 250 python3 bench/workloads_pytorch.py --runs ${RUNS:-10} $compile ${FILTER:+--filter $FILTER} \
+  [ "${PYTORCH:-1}" = 1 ] && timeout 250 python3 bench/workloads_pytorch.py --runs ${RUNS:-10} $compile ${FILTER:+--filter $FILTER} \
     > $OUT/workloads_pytorch.jsonl 2> $OUT/workloads_pytorch.err
   tail -3 $OUT/workloads_pytorch.err
-  python3 bench/compare.py --workloads $OUT/workloads_meganeura.jsonl $OUT/workloads_pytorch.jsonl \
+  python3 bench/compare.py --workloads $OUT/workloads_meganeura.jsonl \
+    $(ls $OUT/workloads_pytorch.jsonl 2>/dev/null) \
     | tee $OUT/workloads_table.md
+fi
+
+if [ "$part" = demo ]; then
+  export MEGANEURA=$bin/meganeura FASHION_MNIST=$PWD/.dev/data
+  case "${DEMO:-}" in
+    resnet) RESNET_DEMO_FULL=1 RESNET_DEMO_DIR=/tmp/resnet-demo bash scripts/resnet_demo.sh ;;
+    unet) UNET_DEMO=full UNET_DEMO_OUT=/tmp/unet-demo bash scripts/unet_demo.sh ;;
+    whisper) WHISPER_DEMO_SIZE=tiny bash scripts/whisper_demo.sh /tmp/whisper-demo ;;
+    smolvla) SMOLVLA_DEMO_SIZE=full SMOLVLA_DEMO_OUT=/tmp/smolvla-demo bash scripts/smolvla_demo.sh ;;
+    *) echo "DEMO=resnet|unet|whisper|smolvla" >&2; exit 2 ;;
+  esac > $OUT/demo_${DEMO}.txt 2>&1
+  echo "demo exit $?" >> $OUT/demo_${DEMO}.txt
+  for f in /tmp/resnet-demo/run /tmp/unet-demo/unet /tmp/whisper-demo/run /tmp/smolvla-demo/run; do
+    [ -d "$f" ] && cp "$f"/metrics.jsonl "$f"/training.png $OUT/ 2>/dev/null
+  done
+  cp /tmp/unet-demo/unet/samples.png $OUT/ 2>/dev/null
+  grep -v "^epoch" $OUT/demo_${DEMO}.txt | tail -15
 fi

@@ -31,6 +31,9 @@ class Communicator {
   virtual void start_sum(std::span<float> values) = 0;
   // Waits for every sum started since the last wait_all().
   virtual void wait_all() = 0;
+  // Lets the sums started advance without waiting for them: MPI moves a non-blocking collective
+  // on only inside MPI calls, and the trainer calls this between the gradient program's segments.
+  virtual void progress() {}
   // Sums a few values (a loss, counters, flags) over every rank and returns when done.
   virtual void sum(std::span<double> values) = 0;
   // Rank `root`'s bytes into every rank's `bytes` (of the same size everywhere).
@@ -64,6 +67,11 @@ std::string device_for_local_rank(int local_rank);
 struct DataParallelOptions {
   // Gradients are summed in buckets of about this many bytes, one collective each.
   size_t bucket_bytes = size_t{25} << 20;
+  // With more than one rank, the gradient program runs in segments (Session::set_segments), one
+  // ending where a bucket's gradients are final, and each bucket's sum starts while backward
+  // still runs the later segments. false sums every bucket after the whole gradient program.
+  // MEGANEURA_OVERLAP_REDUCTION=0/1 overrides.
+  bool overlap = true;
 };
 
 // Data-parallel training of the scalar `loss` of `graph` (a forward graph, without
@@ -74,9 +82,8 @@ struct DataParallelOptions {
 //
 // Two programs share the parameters on one device: the gradient program (the graph's outputs,
 // "loss" and the gradients) and the update program (clipping, the optimizer and its state).
-// The gradients travel between them through host memory, where the ranks sum them. A Session
-// runs its program as one submission, so the sums start when backward has finished: they do not
-// overlap with it.
+// The gradients travel between them through host memory, where the ranks sum them: each bucket
+// as soon as the dispatch that finishes its last gradient has run (DataParallelOptions::overlap).
 class DataParallelTrainer {
  public:
   // `options` as for a Session; a shared device and shared tensors are made where absent (pass
@@ -114,11 +121,28 @@ class DataParallelTrainer {
 
   // Where the last step's time went, in milliseconds of host wall time.
   struct StepTimes {
-    double gradients_ms = 0;  // the gradient program's run
-    double reduction_ms = 0;  // staging the gradients and summing them over the ranks
-    double update_ms = 0;     // the update program's run
+    // The gradient program's run (with overlap, the buckets staged and their sums started
+    // meanwhile).
+    double gradients_ms = 0;
+    // After the gradient program: staging the gradients not yet staged, waiting for the sums
+    // over the ranks and handing them to the update program.
+    double reduction_ms = 0;
+    double update_ms = 0;  // the update program's run
+    size_t segments = 1;   // submissions of the gradient program
+    // Buckets whose sum started while later segments of the gradient program were still to
+    // finish (0 without overlap).
+    size_t sums_started_during_backward = 0;
   };
   StepTimes last_step_times() const;
+
+  // The last step's order of events on this rank: the gradient program's segments submitted and
+  // finished, and the buckets' sums started (bucket 0 holds the last parameters' gradients,
+  // which backward computes first).
+  struct StepEvent {
+    enum class Kind { segment_submitted, segment_finished, sum_started } kind;
+    size_t index = 0;  // the segment's or the bucket's
+  };
+  std::vector<StepEvent> last_step_events() const;
 
  private:
   struct Impl;

@@ -210,6 +210,29 @@ class Session {
   // and output() reads its outputs. start_run() is refused while a chunked run is under way.
   bool run_next_chunk();
 
+  // Segmented runs, for work the host does on some outputs while the GPU computes the rest
+  // (data-parallel training sums each bucket of gradients across processes while backward
+  // computes the next): a run submitted in pieces, each ending after a given dispatch and
+  // copying out the outputs that are final by then. The results are those of whole runs.
+  // The dispatch (an index below report().dispatches) after which output `name` is final;
+  // nullopt where no dispatch writes it (an input or a leaf passed through).
+  std::optional<size_t> output_ready_after(std::string_view name) const;
+  // Cuts the following runs into segments that end after each of `segment_ends` (ascending,
+  // below report().dispatches) and one that ends the run; none turns segments off. Returns the
+  // number of segments. Throws mg::Error while a segmented or chunked run is under way.
+  size_t set_segments(std::span<const size_t> segment_ends);
+  size_t segment_count() const;
+  // The segment after which output `name` can be read.
+  size_t output_segment(std::string_view name) const;
+  // Submits segment `index` without waiting, in order: 0 starts a run (after the run in flight
+  // and the setup where due, as start_run), each further one runs behind the one before.
+  void submit_segment(size_t index);
+  // Waits for the segments up to `index` (submitted): the outputs of those segments can then be
+  // read with output() and f32_output(); waiting for the last ends the run, as finish_run()
+  // does. finish_run() completes a segmented run under way; start_run() and chunked runs are
+  // refused during one.
+  void wait_segment(size_t index);
+
   const BuildReport& report() const;
   std::vector<DispatchProfile> profile() const;  // last run, needs options.profile
   double last_run_gpu_ms() const;  // first dispatch's start to last one's end; options.time_runs

@@ -23,6 +23,10 @@ struct Switches {
   std::string cache_dir;
   bool kernel_stats = false;  // MEGANEURA_KERNEL_STATS=1: the driver's per-kernel statistics
 
+  // Data-parallel training: MEGANEURA_OVERLAP_REDUCTION=0/1 overrides
+  // DataParallelOptions::overlap (gradient sums overlapping backward).
+  std::optional<bool> overlap_reduction;
+
   // Planning: overrides of SessionOptions and plan::PlanOptions (unset: their values).
   std::optional<bool> split_k;            // MEGANEURA_SPLIT_K
   std::optional<bool> im2col;             // MEGANEURA_IM2COL
@@ -31,6 +35,9 @@ struct Switches {
   std::optional<bool> schedule_epochs;    // MEGANEURA_SCHEDULE_EPOCHS
   bool no_fusion = false;                 // MEGANEURA_NO_FUSION=1: no fusion at all
   bool no_epilogue_fusion = false;        // MEGANEURA_NO_EPILOGUE_FUSION=1: no matmul epilogues
+  // MEGANEURA_ATTENTION_GRAD_SCALE: attention gradients over a rescaled cotangent
+  // (passes::scale_attention_gradients); unset: where attention runs on cooperative matrices.
+  std::optional<bool> attention_grad_scale;
   // MEGANEURA_SPLIT_K_SLICES=N: every product split-K may cut takes N slices (1: none).
   std::optional<int64_t> split_k_slices;
   // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV: slices of every attention node, or of the forward,

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "meganeura/error.hpp"
@@ -14,6 +16,14 @@ Arguments::Arguments(std::string command, const std::vector<std::string>& words,
     : command_(std::move(command)) {
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& word = words[i];
+    if (word == "-h" && switches.count("help")) {
+      switches_.insert("help");
+      continue;
+    }
+    if (word.size() > 1 && word[0] == '-' && word[1] != '-') {
+      throw Error("unknown option " + word + " for '" + command_ +
+                  "' (options start with --; see '" + command_ + " --help')");
+    }
     if (word.rfind("--", 0) != 0 || word == "--") {
       positional_.push_back(word);
       continue;
@@ -72,6 +82,16 @@ int64_t Arguments::integer(const std::string& name, int64_t fallback) const {
   return parsed;
 }
 
+int64_t Arguments::integer(const std::string& name, int64_t fallback, int64_t low,
+                           int64_t high) const {
+  const int64_t parsed = integer(name, fallback);
+  if (parsed < low || parsed > high) {
+    throw Error("--" + name + " must be from " + std::to_string(low) + " to " +
+                std::to_string(high) + ", got " + std::to_string(parsed));
+  }
+  return parsed;
+}
+
 double Arguments::real(const std::string& name, double fallback) const {
   const std::optional<std::string> text = value(name);
   if (!text) return fallback;
@@ -82,10 +102,27 @@ double Arguments::real(const std::string& name, double fallback) const {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text->size() || text->empty()) {
-    throw Error("--" + name + " expects a number, got '" + *text + "'");
+  if (used != text->size() || text->empty() || !std::isfinite(parsed)) {
+    throw Error("--" + name + " expects a finite number, got '" + *text + "'");
   }
   return parsed;
+}
+
+double Arguments::real(const std::string& name, double fallback, double low, double high) const {
+  const double parsed = real(name, fallback);
+  if (parsed < low || parsed > high) {
+    char text[128];
+    std::snprintf(text, sizeof text, "--%s must be from %g to %g, got %g", name.c_str(), low, high,
+                  parsed);
+    throw Error(text);
+  }
+  return parsed;
+}
+
+void Arguments::expect_at_most_positional(size_t most) const {
+  if (positional_.size() <= most) return;
+  throw Error("unexpected argument '" + positional_[most] + "' for '" + command_ + "' (see '" +
+              command_ + " --help')");
 }
 
 void require_writable_file(const Arguments& arguments, const std::string& name) {

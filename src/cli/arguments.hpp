@@ -1,6 +1,7 @@
 #pragma once
 // A small command-line parser: "--name value" / "--name=value" options, "--switch" flags and
-// positional arguments. Unknown options are errors that name the command.
+// positional arguments. Unknown options (also single-dash ones) are errors that name the command;
+// "-h" means "--help" where the command has --help.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -20,8 +21,15 @@ class Arguments {
   std::optional<std::string> value(const std::string& name) const;
   std::string text(const std::string& name, const std::string& fallback) const;
   int64_t integer(const std::string& name, int64_t fallback) const;  // throws mg::Error
-  double real(const std::string& name, double fallback) const;       // throws mg::Error
+  // Also throws unless low <= value <= high.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t low, int64_t high) const;
+  // Finite numbers only (NaN and infinities are refused).
+  double real(const std::string& name, double fallback) const;  // throws mg::Error
+  // Also throws unless low <= value <= high.
+  double real(const std::string& name, double fallback, double low, double high) const;
   const std::vector<std::string>& positional() const { return positional_; }
+  // Throws mg::Error naming the first positional argument past `most`.
+  void expect_at_most_positional(size_t most) const;
 
  private:
   std::string command_;

@@ -15,6 +15,7 @@ int fashion_folder_command(const std::vector<std::string>& words);
 int transcribe_command(const std::vector<std::string>& words);
 int act_command(const std::vector<std::string>& words);
 int sample_command(const std::vector<std::string>& words);
+int runs_command(const std::vector<std::string>& words);
 // `meganeura train --model MODEL_DIR`: train_command hands a model folder to it.
 // `meganeura bench workloads`: bench_command hands it the words after "workloads".
 int bench_workloads(const std::vector<std::string>& words);

@@ -121,6 +121,7 @@ int devices_command(const std::vector<std::string>& words) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
   const uint32_t chosen = gpu::choose_device(devices, arguments.text("device", ""));
   for (const gpu::DeviceInfo& info : devices) {

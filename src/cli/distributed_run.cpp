@@ -6,6 +6,11 @@
 namespace mg::cli {
 
 DistributedRun::DistributedRun(const Arguments& arguments) {
+  const double bucket_mib = arguments.real("bucket-mb", 25.0);
+  if (!(bucket_mib > 0) || bucket_mib > 1 << 20)
+    throw Error("--bucket-mb " + arguments.text("bucket-mb", "") +
+                ": give the gradient buckets' size in MiB, a number above 0 (default 25)");
+  parallel_options_.bucket_bytes = static_cast<size_t>(bucket_mib * (1 << 20));
   if (!arguments.has("distributed") && !launched_by_mpi()) return;
   if (!mpi_available()) {
     throw Error(

@@ -14,13 +14,15 @@ namespace mg::cli {
 class DistributedRun {
  public:
   // Alone unless --distributed is given or an MPI launcher started the process; throws mg::Error
-  // when a distributed run is asked of a build without MPI.
+  // when a distributed run is asked of a build without MPI, or on a bad --bucket-mb.
   explicit DistributedRun(const Arguments& arguments);
 
   bool distributed() const { return communicator_ != nullptr; }
   int rank() const { return communicator_ ? communicator_->rank() : 0; }
   int size() const { return communicator_ ? communicator_->size() : 1; }
   const std::shared_ptr<Communicator>& communicator() const { return communicator_; }
+  // The trainer's options: --bucket-mb.
+  const DataParallelOptions& parallel_options() const { return parallel_options_; }
   // Rank 0 alone writes the checkpoint, metrics, plot and progress line.
   bool writes() const { return rank() == 0; }
   // --device where given, otherwise the device of this rank's local rank.
@@ -38,6 +40,7 @@ class DistributedRun {
 
  private:
   std::shared_ptr<Communicator> communicator_;
+  DataParallelOptions parallel_options_;
 };
 
 }  // namespace mg::cli

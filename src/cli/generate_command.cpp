@@ -1,10 +1,12 @@
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/training_run.hpp"
+#include "io/json_limits.hpp"
 #include "io/model_folder.hpp"
 #include "io/tokenizer.hpp"
 #include "runtime/llama_runtime.hpp"
@@ -42,11 +44,18 @@ models::SamplingOptions folder_sampling(const std::filesystem::path& folder) {
   models::SamplingOptions sampling;
   std::ifstream file(folder / "generation_config.json");
   if (!file) return sampling;
-  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
-  if (!config.is_object() || !config.value("do_sample", false)) return sampling;
-  sampling.temperature = config.value("temperature", 1.0);
-  sampling.top_k = config.value("top_k", int64_t{50});
-  sampling.top_p = config.value("top_p", 1.0);
+  const std::filesystem::path path = folder / "generation_config.json";
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const nlohmann::json config = io::parse_json(text, path.string());
+  try {
+    if (!config.is_object() || !config.value("do_sample", false)) return sampling;
+    sampling.temperature = config.value("temperature", 1.0);
+    sampling.top_k = config.value("top_k", int64_t{50});
+    sampling.top_p = config.value("top_p", 1.0);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(path.string() +
+                ": do_sample, temperature, top_k and top_p must be a boolean and numbers");
+  }
   return sampling;
 }
 

@@ -10,6 +10,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_classification.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/image_folder.hpp"
@@ -79,6 +80,8 @@ CHECKPOINT IMAGE...' classifies images with it.
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
+  --overwrite           replace the run already in --out (without it, and without --resume,
+                        a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
 )";
@@ -168,11 +171,12 @@ int image_train_command(const std::vector<std::string>& words) {
        "warmup",     "clip",      "accumulate", "min-crop",     "workers",
        "seed",       "device",    "precision",  "resume",       "checkpoint-every",
        "trace",      "width"},
-      {"help", "no-augment"});
+      {"help", "no-augment", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data IMAGE_DIR is required to train a ResNet");
   const int64_t epochs = arguments.integer("epochs", 10);
@@ -251,7 +255,11 @@ int image_train_command(const std::vector<std::string>& words) {
     optimizer.warmup_steps = std::min<int64_t>(200, optimizer.total_steps / 10);
 
   const fs::path out_dir = arguments.text("out", default_out_dir());
-  prepare_out_dir(out_dir);
+  open_run(out_dir, arguments, words,
+           {{"job", "resnet"},
+            {"model", arguments.text("model", "")},
+            {"data", arguments.text("data", "")},
+            {"resume", arguments.text("resume", "")}});
   require_writable_file(arguments, "trace");
   std::fprintf(
       stderr, "data: %lld training images, %s, %zu classes; %lld steps of %lld\n",
@@ -277,6 +285,7 @@ int image_train_command(const std::vector<std::string>& words) {
         models::build_resnet(model.config, batch, size, size, false), eval_options);
   }
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
   std::fprintf(stderr, "built %s training program in %.2f s (%zu dispatches)%s\n",
                model.description.c_str(), training.report().build_seconds,
@@ -287,6 +296,7 @@ int image_train_command(const std::vector<std::string>& words) {
     load_tensors(training, *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
     batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
+    drop_metrics_after(out_dir / "metrics.jsonl", step);
     std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                  static_cast<long long>(step));
   } else if (model.weights) {
@@ -315,7 +325,7 @@ int image_train_command(const std::vector<std::string>& words) {
                         {"classes", class_names},
                         {"data", splits.training.root().string()}};
     checkpoint.tensors = session_tensors(training);
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    save_run_checkpoint(checkpoint_path, checkpoint);
   };
 
   install_stop_handlers();

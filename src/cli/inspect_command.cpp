@@ -41,6 +41,7 @@ int inspect_command(const std::vector<std::string>& words) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   if (arguments.has("ops")) {
     const std::vector<std::string> lowered = kernels::lowered_ops();
     for (const std::string& name : op_names()) {

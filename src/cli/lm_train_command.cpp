@@ -9,6 +9,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -59,10 +60,13 @@ it); the last --validation fraction of the sequences is held out for the validat
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
+  --overwrite           replace the run already in --out
   --checkpoint-every N  steps between checkpoints (default 200)
   --log-every N         steps between metrics.jsonl records (default 10)
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
+  --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
+                        about X MiB, each while backward computes the next (default 25)
 )";
 
 struct TextData {
@@ -122,7 +126,8 @@ const char* const kCopiedFiles[] = {"tokenizer.json",
                                     "vocab.json",
                                     "merges.txt"};
 
-int train_language_model(const Arguments& arguments, const DistributedRun& run);
+int train_language_model(const Arguments& arguments, const DistributedRun& run,
+                         const std::vector<std::string>& words);
 
 }  // namespace
 
@@ -133,32 +138,31 @@ int lm_train_command(const std::vector<std::string>& words) {
        "epochs",       "max-steps", "validation", "lr",     "optimizer",
        "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
        "seed",         "device",    "precision",  "resume", "checkpoint-every",
-       "log-every"},
-      {"help", "distributed"});
+       "log-every",    "bucket-mb"},
+      {"help", "distributed", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
-  return run.run("train", [&] { return train_language_model(arguments, run); });
+  return run.run("train", [&] { return train_language_model(arguments, run, words); });
 }
 
 namespace {
 
-int train_language_model(const Arguments& arguments, const DistributedRun& run) {
+int train_language_model(const Arguments& arguments, const DistributedRun& run,
+                         const std::vector<std::string>& words) {
+  arguments.expect_at_most_positional(0);
   const std::filesystem::path folder_path = arguments.text("model", "");
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data FILE is required to train a language model");
-  const int64_t seq = arguments.integer("seq", 128);
-  const int64_t batch = arguments.integer("batch", 8);
-  const int64_t epochs = arguments.integer("epochs", 1);
-  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200);
-  const int64_t log_every = arguments.integer("log-every", 10);
+  const int64_t seq = arguments.integer("seq", 128, 1, 1 << 20);
+  const int64_t batch = arguments.integer("batch", 8, 1, 1 << 20);
+  const int64_t epochs = arguments.integer("epochs", 1, 1, 1'000'000);
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200, 1, INT64_MAX);
+  const int64_t log_every = arguments.integer("log-every", 10, 1, INT64_MAX);
   const double validation = arguments.real("validation", 0.05);
-  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
-  if (seq <= 0 || batch <= 0 || epochs <= 0 || checkpoint_every <= 0 || log_every <= 0) {
-    throw Error("--seq, --batch, --epochs, --checkpoint-every and --log-every must be positive");
-  }
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0, 0, INT64_MAX));
   const int64_t local_batch = run.local_batch(batch);
   if (!(validation >= 0 && validation < 1)) throw Error("--validation must be in [0, 1)");
 
@@ -174,7 +178,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
   const std::optional<int32_t> separator =
       config.eos_token_ids.empty() ? std::nullopt
                                    : std::optional<int32_t>(config.eos_token_ids.front());
-  const TextData text = read_text_data(*data_path, tokenizer, separator);
+  const TextData text = with_kind(Error::Kind::data,
+                                  [&] { return read_text_data(*data_path, tokenizer, separator); });
   const int64_t sequences = (static_cast<int64_t>(text.tokens.size()) - 1) / seq;
   const int64_t held_out =
       validation > 0 && sequences > 1
@@ -188,8 +193,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
   }
   const int64_t steps_per_epoch = training_sequences / batch;
   const int64_t total_steps =
-      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
-  if (total_steps <= 0) throw Error("--max-steps must be positive");
+      std::min(steps_per_epoch * epochs,
+               arguments.integer("max-steps", steps_per_epoch * epochs, 1, INT64_MAX));
   OptimizerDefaults defaults;
   defaults.optimizer = "adamw";
   defaults.learning_rate = 5e-5;
@@ -201,19 +206,31 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
   const nlohmann::json model_json = {{"kind", "llama"}, {"config", folder.config()}};
   std::optional<io::Checkpoint> resumed;
   if (const auto path = arguments.value("resume")) {
-    resumed = io::load_checkpoint(*path);
+    resumed = with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
     io::check_same_model(model_json, resumed->model_config, *path);
   }
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
-  if (run.writes()) prepare_out_dir(out_dir);
-  if (run.writes())
+  if (run.writes()) {
+    prepare_out_dir(out_dir);
+    claim_out_dir(out_dir, arguments);
+    start_run_record(out_dir, words,
+                     {{"job", "language_model"},
+                      {"model", folder_path.string()},
+                      {"data", *data_path},
+                      {"seq", seq},
+                      {"batch", batch},
+                      {"steps", total_steps},
+                      {"seed", seed},
+                      {"resume", arguments.text("resume", "")}},
+                     arguments.text("device", ""));
     std::fprintf(stderr,
                  "data: %lld documents, %zu tokens: %lld training and %lld validation sequences of "
                  "%lld tokens\n",
                  static_cast<long long>(text.documents), text.tokens.size(),
                  static_cast<long long>(training_sequences), static_cast<long long>(held_out),
                  static_cast<long long>(seq));
+  }
 
   SessionOptions options;
   options.shared_device = open_shared_device(run.device(arguments));
@@ -235,6 +252,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
     std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
   }
   if (run.writes()) {
+    current_run().set("device", training.report().device);
     print_precision(options.precision, training.report());
     std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s%s\n",
                  training.report().build_seconds, training.report().dispatches,
@@ -246,9 +264,16 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
   if (resumed) {
     load_tensors(training.state(), *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
-    if (run.writes())
+    if (step > total_steps) {
+      throw Error("checkpoint " + arguments.text("resume", "") + " is at step " +
+                  std::to_string(step) + ", past the " + std::to_string(total_steps) +
+                  " steps of this run: raise --epochs or --max-steps to train further");
+    }
+    if (run.writes()) {
+      drop_metrics_after(out_dir / "metrics.jsonl", step);
       std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                    static_cast<long long>(step));
+    }
   } else {
     models::load_llama_weights(training.state(), folder, config);
   }
@@ -265,7 +290,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run) 
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"seq", seq}, {"batch", batch}, {"seed", seed}};
     checkpoint.tensors = session_tensors(training.state());
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    save_run_checkpoint(checkpoint_path, checkpoint);
   };
   std::vector<int32_t> ids, labels;
   const auto validation_loss = [&]() {

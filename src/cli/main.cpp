@@ -4,7 +4,9 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "meganeura/error.hpp"
+#include "meganeura/switches.hpp"
 
 namespace {
 
@@ -24,6 +26,7 @@ commands:
   devices   list Vulkan devices and which one would be used
   inspect   print a model's graph, its memory plan and dispatch counts
   bench     time kernel families with GPU timestamps ('meganeura bench kernels')
+  runs      list the training runs in a folder with their status, last step and checkpoint
 
 Run 'meganeura <command> --help' for a command's options.
 Environment: MEGANEURA_DEVICE (device choice), MEGANEURA_VALIDATE=1 (Vulkan validation),
@@ -45,6 +48,9 @@ int main(int argc, char** argv) {
   const std::string command = words[0];
   words.erase(words.begin());
   try {
+    // Every switch is checked once here, so that a bad value is refused by every command, not
+    // only by those that open a device.
+    mg::Switches::from_environment();
     if (command == "train") return mg::cli::train_command(words);
     if (command == "infer") return mg::cli::infer_command(words);
     if (command == "devices") return mg::cli::devices_command(words);
@@ -55,11 +61,12 @@ int main(int argc, char** argv) {
     if (command == "transcribe") return mg::cli::transcribe_command(words);
     if (command == "act") return mg::cli::act_command(words);
     if (command == "sample") return mg::cli::sample_command(words);
+    if (command == "runs") return mg::cli::runs_command(words);
     std::fprintf(stderr, "meganeura: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const mg::Error& error) {
     std::fprintf(stderr, "meganeura %s: error: %s\n", command.c_str(), error.what());
-    return 1;
+    return mg::cli::exit_status_of(error);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "meganeura %s: internal error: %s\n", command.c_str(), error.what());
     return 3;

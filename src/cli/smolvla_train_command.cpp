@@ -10,6 +10,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -62,6 +63,8 @@ The data: DIR/episodes.jsonl, one record a line (docs/SMOLVLA.md):
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
+  --overwrite           replace the run already in --out (without it, and without --resume,
+                        a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 200)
 )";
 
@@ -181,11 +184,12 @@ int smolvla_train_command(const std::vector<std::string>& words) {
                             {"model", "data", "out", "batch", "epochs", "max-steps", "validation",
                              "steps", "lr", "optimizer", "weight-decay", "schedule", "warmup",
                              "clip", "seed", "device", "precision", "resume", "checkpoint-every"},
-                            {"help", "train-backbone"});
+                            {"help", "train-backbone", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data DIR is required to train a SmolVLA policy");
   const int64_t batch = arguments.integer("batch", 8);
@@ -247,7 +251,11 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   }
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
-  prepare_out_dir(out_dir);
+  open_run(out_dir, arguments, words,
+           {{"job", "smolvla"},
+            {"model", arguments.text("model", "")},
+            {"data", arguments.text("data", "")},
+            {"resume", arguments.text("resume", "")}});
   std::fprintf(stderr,
                "data: %zu records of %zu episodes: %zu training, %zu held out (%lld episodes); "
                "language padded to %lld tokens\n",
@@ -326,6 +334,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   add_training(training_graph, training_graph.output(models::kLoss), optimizer);
   Session training(training_graph, options);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
   std::fprintf(stderr, "built training program in %.2f s (%zu dispatches), backbone %s\n",
                training.report().build_seconds, training.report().dispatches,
@@ -334,6 +343,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   if (resumed) {
     load_tensors(training, *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
+    drop_metrics_after(out_dir / "metrics.jsonl", step);
     std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                  static_cast<long long>(step));
   } else {
@@ -349,7 +359,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"batch", batch}, {"seed", seed}, {"language", language}};
     checkpoint.tensors = session_tensors(training);
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    save_run_checkpoint(checkpoint_path, checkpoint);
   };
   ProgressLine progress;
   const auto start = std::chrono::steady_clock::now();

@@ -8,16 +8,19 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
+#include "io/json_limits.hpp"
 #include "io/jsonl.hpp"
 #include "io/plot.hpp"
 
@@ -65,16 +68,48 @@ share of every batch and the gradients are averaged across them: docs/DISTRIBUTE
                         matrix products, convolutions and attention; devices without them
                         run strict)
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
-  --resume CKPT         continue from a checkpoint written by this command
+  --resume CKPT         continue from a checkpoint written by this command (the metrics
+                        logged after its step are dropped, as the run logs them again)
+  --overwrite           replace the run already in --out (without it, and without --resume,
+                        a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
   --max-steps N         stop after N steps (default: all the epochs)
   --log-every N         steps between metrics.jsonl records (default 10)
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
+  --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
+                        about X MiB, each while backward computes the next (default 25)
 )";
 
-int train_classifier(const Arguments& arguments, const DistributedRun& run);
+int train_classifier(const Arguments& arguments, const DistributedRun& run,
+                     const std::vector<std::string>& words);
+
+// Restores the batcher from a checkpoint's "extra" field, after checking that it agrees with the
+// checkpoint's step and fits this run.
+void resume_batcher(data::Batcher& batcher, const io::Checkpoint& checkpoint,
+                    const std::string& path, int64_t total_steps) {
+  if (checkpoint.step > total_steps) {
+    throw Error("checkpoint " + path + " is at step " + std::to_string(checkpoint.step) +
+                ", past the " + std::to_string(total_steps) +
+                " steps of this run: raise --epochs to train further");
+  }
+  if (!checkpoint.extra.is_object() || !checkpoint.extra.contains("batcher")) {
+    throw Error("checkpoint " + path +
+                " has no batcher state in its \"extra\" field; resume from a checkpoint that "
+                "'meganeura train' wrote for a classifier");
+  }
+  batcher.restore(data::BatcherState::from_json(checkpoint.extra["batcher"]));
+  const data::BatcherState state = batcher.state();
+  const int64_t steps_per_epoch = batcher.batches_per_epoch();
+  const int64_t batches_done = (state.position + state.batch_size - 1) / state.batch_size;
+  if (state.epoch > INT64_MAX / steps_per_epoch - 1 ||
+      state.epoch * steps_per_epoch + batches_done != checkpoint.step) {
+    throw Error("checkpoint " + path + " is inconsistent: it is at step " +
+                std::to_string(checkpoint.step) + " but its batcher is at epoch " +
+                std::to_string(state.epoch) + ", example " + std::to_string(state.position));
+  }
+}
 
 }  // namespace
 
@@ -97,7 +132,8 @@ std::pair<std::string, std::string> model_folder_kind(const std::filesystem::pat
                 " (--model takes a folder with a config.json, or a built-in model: cnn, mlp, "
                 "resnet18, resnet34, resnet50, resnet101, resnet152)");
   }
-  const nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const nlohmann::json config = io::parse_json(text, config_path.string());
   if (!config.is_object()) throw Error(config_path.string() + " is not a JSON object");
   for (const char* key : {"model_type", "_class_name", "type"}) {
     if (config.contains(key) && config[key].is_string())
@@ -108,7 +144,7 @@ std::pair<std::string, std::string> model_folder_kind(const std::filesystem::pat
               "meganeura train knows");
 }
 
-int train_command(const std::vector<std::string>& words) {
+int train_job(const std::vector<std::string>& words) {
   if (const std::optional<std::string> model = model_option(words);
       model && model->starts_with("resnet") && !std::filesystem::is_directory(*model)) {
     return image_train_command(words);
@@ -126,63 +162,79 @@ int train_command(const std::vector<std::string>& words) {
     if (const auto job = jobs.find(kind); job != jobs.end()) return job->second(words);
     std::string known;
     for (const auto& [name, job] : jobs) known += (known.empty() ? "" : ", ") + name;
-    throw Error(*model + "/config.json has " + key + " \"" + kind +
+    throw Error(*model + "/config.json has " + key + " \"" + io::shortened(kind) +
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments("meganeura train", words,
-                            {"out",        "model",    "epochs",           "limit",
-                             "batch",      "lr",       "optimizer",        "weight-decay",
-                             "momentum",   "schedule", "warmup",           "clip",
-                             "accumulate", "seed",     "device",           "precision",
-                             "data",       "resume",   "checkpoint-every", "trace",
-                             "log-every",  "max-steps"},
-                            {"help", "distributed"});
+                            {"out",        "model",     "epochs",           "limit",
+                             "batch",      "lr",        "optimizer",        "weight-decay",
+                             "momentum",   "schedule",  "warmup",           "clip",
+                             "accumulate", "seed",      "device",           "precision",
+                             "data",       "resume",    "checkpoint-every", "trace",
+                             "log-every",  "max-steps", "bucket-mb"},
+                            {"help", "distributed", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
-  return run.run("train", [&] { return train_classifier(arguments, run); });
+  return run.run("train", [&] { return train_classifier(arguments, run, words); });
 }
 
 namespace {
 
-int train_classifier(const Arguments& arguments, const DistributedRun& run) {
+int train_classifier(const Arguments& arguments, const DistributedRun& run,
+                     const std::vector<std::string>& words) {
+  arguments.expect_at_most_positional(0);
   const std::string device = run.device(arguments);
-  const bool cpu_device = running_on_cpu_device(device);
+  // Every number is checked before anything is created, loaded or built.
+  optimizer_from(arguments, 1);
+  const bool defaults_depend_on_device = !arguments.has("epochs") || !arguments.has("limit");
+  const bool cpu_device = defaults_depend_on_device && running_on_cpu_device(device);
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   const std::filesystem::path data_dir =
       arguments.text("data", std::string(data::kFashionMnistDir));
-  const int64_t batch = arguments.integer("batch", 64);
-  const int64_t epochs = arguments.integer("epochs", cpu_device ? 1 : 3);
-  const int64_t limit = arguments.integer("limit", cpu_device ? 36000 : -1);
-  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
-  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
-  const int64_t log_every = arguments.integer("log-every", 10);
-  if (batch <= 0) throw Error("--batch must be positive (images a step)");
-  if (epochs <= 0) throw Error("--epochs must be positive");
-  if (checkpoint_every <= 0) throw Error("--checkpoint-every must be positive (steps)");
-  if (log_every <= 0) throw Error("--log-every must be positive (steps)");
-  if (arguments.has("limit") && limit <= 0) throw Error("--limit must be positive");
+  const int64_t batch = arguments.integer("batch", 64, 1, 1 << 20);
+  const int64_t epochs = arguments.integer("epochs", cpu_device ? 1 : 3, 1, 1'000'000);
+  const int64_t limit = arguments.has("limit") ? arguments.integer("limit", 0, 1, INT32_MAX)
+                                               : (cpu_device ? 36000 : -1);
+  const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0, 0, INT64_MAX));
+  const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500, 1, INT64_MAX);
+  const int64_t log_every = arguments.integer("log-every", 10, 1, INT64_MAX);
 
   if (run.writes()) {
     prepare_out_dir(out_dir);
+    claim_out_dir(out_dir, arguments);
     require_writable_file(arguments, "trace");
   }
 
   models::ClassifierConfig model;
   model.architecture = arguments.text("model", "cnn");
   model = models::ClassifierConfig::from_json(model.to_json());
+  if (run.writes())
+    start_run_record(out_dir, words,
+                     {{"job", "classifier"},
+                      {"model", model.to_json()},
+                      {"batch", batch},
+                      {"epochs", epochs},
+                      {"limit", limit},
+                      {"seed", seed},
+                      {"checkpoint_every", checkpoint_every},
+                      {"data", data_dir.string()},
+                      {"resume", arguments.text("resume", "")}},
+                     device);
 
   std::optional<io::Checkpoint> resumed;
   if (const auto path = arguments.value("resume")) {
-    resumed = io::load_checkpoint(*path);
+    resumed = with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
     if (arguments.has("model")) io::check_same_model(model.to_json(), resumed->model_config, *path);
     model = models::ClassifierConfig::from_json(resumed->model_config);
   }
 
-  const data::Dataset train_set = data::load_fashion_mnist(data_dir, "train", limit);
-  const data::Dataset test_set = data::load_fashion_mnist(data_dir, "test");
+  const data::Dataset train_set = with_kind(
+      Error::Kind::data, [&] { return data::load_fashion_mnist(data_dir, "train", limit); });
+  const data::Dataset test_set =
+      with_kind(Error::Kind::data, [&] { return data::load_fashion_mnist(data_dir, "test"); });
   if (train_set.count < batch) {
     throw Error("--batch " + std::to_string(batch) + " is larger than the " +
                 std::to_string(train_set.count) + " training images");
@@ -190,9 +242,14 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
   data::Batcher batcher(train_set, batch, seed, true, true, data::Shard{run.rank(), run.size()});
   const int64_t steps_per_epoch = batcher.batches_per_epoch();
   const int64_t total_steps =
-      std::min(steps_per_epoch * epochs, arguments.integer("max-steps", steps_per_epoch * epochs));
-  if (total_steps <= 0) throw Error("--max-steps must be positive");
+      std::min(steps_per_epoch * epochs,
+               arguments.integer("max-steps", steps_per_epoch * epochs, 1, INT64_MAX));
   const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
+  if (resumed) {
+    with_kind(Error::Kind::checkpoint, [&] {
+      resume_batcher(batcher, *resumed, arguments.text("resume", ""), total_steps);
+    });
+  }
 
   SessionOptions session_options;
   // One device for the training and the evaluation program.
@@ -218,6 +275,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
     std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
   }
   if (run.writes()) {
+    current_run().set("device", training.report().device);
     print_precision(session_options.precision, training.report());
     std::fprintf(stderr, "built training program in %.2f s (%zu dispatches, %u pipelines)%s\n",
                  training.report().build_seconds, training.report().dispatches,
@@ -226,16 +284,17 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
   }
 
   int64_t step = 0;
+  const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
   if (resumed) {
     load_tensors(training.state(), *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
-    batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
-    if (run.writes())
+    if (run.writes()) {
+      drop_metrics_after(out_dir / "metrics.jsonl", step);
       std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                    static_cast<long long>(step));
+    }
   }
 
-  const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
   std::optional<io::JsonlWriter> metrics;
   if (run.writes()) metrics.emplace(out_dir / "metrics.jsonl");
   auto save = [&] {
@@ -243,11 +302,11 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
     io::Checkpoint checkpoint;
     checkpoint.model_config = model.to_json();
     checkpoint.step = step;
-    checkpoint.epoch = batcher.epoch();
+    checkpoint.epoch = step / steps_per_epoch;  // epochs completed
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"batcher", batcher.state().to_json()}, {"batch", batch}};
     checkpoint.tensors = session_tensors(training.state());
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    save_run_checkpoint(checkpoint_path, checkpoint);
   };
 
   install_stop_handlers();
@@ -369,4 +428,19 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run) {
 }
 
 }  // namespace
+
+int train_command(const std::vector<std::string>& words) {
+  try {
+    const int code = train_job(words);
+    current_run().finish(code == 130 ? RunStatus::interrupted : RunStatus::completed, "");
+    return code;
+  } catch (const Error& error) {
+    current_run().finish(status_of(error.kind()), error.what());
+    throw;
+  } catch (const std::exception& error) {
+    current_run().finish(RunStatus::failed, error.what());
+    throw;
+  }
+}
+
 }  // namespace mg::cli

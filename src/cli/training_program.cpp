@@ -7,8 +7,8 @@ TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig&
     : optimizer_(optimizer) {
   const ValueId loss = loss_graph.output("loss");
   if (run.distributed()) {
-    parallel_ = std::make_unique<DataParallelTrainer>(loss_graph, loss, optimizer,
-                                                      run.communicator(), options);
+    parallel_ = std::make_unique<DataParallelTrainer>(
+        loss_graph, loss, optimizer, run.communicator(), options, run.parallel_options());
   } else {
     Graph graph = loss_graph;
     add_training(graph, loss, optimizer);
@@ -65,6 +65,8 @@ void TrainingProgram::add_step_times(nlohmann::json& record) const {
   record["gradients_ms"] = times.gradients_ms;
   record["reduction_ms"] = times.reduction_ms;
   record["update_ms"] = times.update_ms;
+  record["segments"] = times.segments;
+  record["sums_during_backward"] = times.sums_started_during_backward;
 }
 
 }  // namespace mg::cli

@@ -37,7 +37,8 @@ class TrainingProgram {
   double loss() const;  // the last finished step's loss over the global batch
   std::vector<float> output(std::string_view name) const;  // this process's share
   // In a distributed run, where the last step's time went (DataParallelTrainer::StepTimes) as
-  // gradients_ms, reduction_ms and update_ms in `record`; nothing alone.
+  // gradients_ms, reduction_ms, update_ms, segments and sums_during_backward in `record`;
+  // nothing alone.
   void add_step_times(nlohmann::json& record) const;
 
  private:

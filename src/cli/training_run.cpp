@@ -53,6 +53,15 @@ std::vector<int64_t> predictions(const std::vector<float>& logits, int64_t rows,
 
 Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batch,
                     int64_t classes) {
+  for (int64_t example = 0; example < dataset.count; ++example) {
+    const int32_t label = dataset.labels[static_cast<size_t>(example)];
+    if (label < 0 || label >= classes) {
+      throw Error("example " + std::to_string(example) + " of the data set has label " +
+                  std::to_string(label) + ", but the model has " + std::to_string(classes) +
+                  " classes (0.." + std::to_string(classes - 1) +
+                  "): evaluate it on data with its own classes");
+    }
+  }
   Evaluation evaluation;
   evaluation.confusion.assign(classes, std::vector<int64_t>(classes, 0));
   const int64_t image = dataset.image_size();

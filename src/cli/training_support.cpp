@@ -6,8 +6,14 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <limits>
+
+#include <fstream>
 
 #include "backends/vulkan/runtime/gpu.hpp"
+#include "cli/run_record.hpp"
+#include "io/atomic_file.hpp"
+#include "io/checkpoint.hpp"
 
 namespace mg::cli {
 
@@ -46,6 +52,72 @@ void prepare_out_dir(const std::filesystem::path& out_dir) {
   }
 }
 
+void claim_out_dir(const std::filesystem::path& out_dir, const Arguments& arguments) {
+  const std::filesystem::path checkpoint = out_dir / "checkpoint.safetensors";
+  const std::filesystem::path metrics = out_dir / "metrics.jsonl";
+  std::error_code error;
+  const bool used =
+      std::filesystem::exists(checkpoint, error) || std::filesystem::exists(metrics, error);
+  if (!used || arguments.has("resume")) return;
+  if (!arguments.has("overwrite")) {
+    throw Error("--out " + out_dir.string() + " already holds a run (" +
+                (std::filesystem::exists(checkpoint, error) ? checkpoint : metrics).string() +
+                "): pass --resume " + checkpoint.string() +
+                " to continue it, --overwrite to replace it, or another --out");
+  }
+  std::filesystem::remove(metrics, error);
+  if (error)
+    throw Error("cannot remove " + metrics.string() + " for --overwrite: " + error.message());
+}
+
+void drop_metrics_after(const std::filesystem::path& metrics_path, int64_t step) {
+  std::ifstream in(metrics_path, std::ios::binary);
+  if (!in) return;
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    // A torn last line (a kill mid-write) goes too.
+    if (!record.is_object() ||
+        (record.contains("step") && record["step"].is_number() && record["step"] > step)) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped) io::write_file_atomically(metrics_path, kept);
+}
+
+void start_run_record(const std::filesystem::path& out_dir, const std::vector<std::string>& words,
+                      const nlohmann::json& config, const std::string& device) {
+  std::vector<std::string> command = {"meganeura", "train"};
+  command.insert(command.end(), words.begin(), words.end());
+  current_run().start(out_dir, command, config, device);
+}
+
+void open_run(const std::filesystem::path& out_dir, const Arguments& arguments,
+              const std::vector<std::string>& words, const nlohmann::json& config) {
+  prepare_out_dir(out_dir);
+  claim_out_dir(out_dir, arguments);
+  start_run_record(out_dir, words, config, arguments.text("device", ""));
+}
+
+void save_run_checkpoint(const std::filesystem::path& path, const io::Checkpoint& checkpoint) {
+  with_kind(Error::Kind::checkpoint, [&] { io::save_checkpoint(path, checkpoint); });
+  current_run().checkpoint(checkpoint.step, path);
+}
+
+std::string last_checkpoint_text(const std::filesystem::path& checkpoint_path) {
+  std::error_code error;
+  if (!std::filesystem::exists(checkpoint_path, error)) return "no checkpoint was saved yet";
+  try {
+    return "the last checkpoint is " + checkpoint_path.string() + " (step " +
+           std::to_string(io::load_checkpoint(checkpoint_path).step) + ")";
+  } catch (const Error&) {
+    return "the checkpoint " + checkpoint_path.string() + " cannot be read";
+  }
+}
+
 std::string format_duration(double seconds) {
   const int64_t total = static_cast<int64_t>(std::max(0.0, seconds));
   char buffer[32];
@@ -58,13 +130,13 @@ OptimizerConfig optimizer_from(const Arguments& arguments, int64_t total_steps,
                                const OptimizerDefaults& defaults) {
   OptimizerConfig config;
   config.kind = parse_optimizer(arguments.text("optimizer", defaults.optimizer));
-  config.learning_rate = arguments.real("lr", defaults.learning_rate);
-  config.weight_decay = arguments.real("weight-decay", defaults.weight_decay);
-  config.momentum = arguments.real("momentum", 0.9);
-  config.clip_norm = arguments.real("clip", 0.0);
-  config.warmup_steps = arguments.integer("warmup", 0);
-  config.accumulation_steps = arguments.integer("accumulate", 1);
-  if (config.accumulation_steps <= 0) throw Error("--accumulate must be positive");
+  constexpr double kLargest = std::numeric_limits<double>::max();
+  config.learning_rate = arguments.real("lr", defaults.learning_rate, 0.0, kLargest);
+  config.weight_decay = arguments.real("weight-decay", defaults.weight_decay, 0.0, kLargest);
+  config.momentum = arguments.real("momentum", 0.9, 0.0, 1.0);
+  config.clip_norm = arguments.real("clip", 0.0, 0.0, kLargest);
+  config.warmup_steps = arguments.integer("warmup", 0, 0, INT64_MAX);
+  config.accumulation_steps = arguments.integer("accumulate", 1, 1, 1'000'000);
   // The schedule runs over optimizer updates, and a final incomplete group never applies.
   config.total_steps = std::max<int64_t>(1, total_steps / config.accumulation_steps);
   const std::string schedule = arguments.text("schedule", defaults.schedule);
@@ -124,7 +196,9 @@ void require_finite_loss(double loss, int64_t step, const std::filesystem::path&
   if (std::isfinite(loss)) return;
   progress.finish();
   throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-              "; try a smaller --lr (the last checkpoint is " + checkpoint.string() + ")");
+                  "; the run stopped without saving it: " + last_checkpoint_text(checkpoint) +
+                  "; try a smaller --lr",
+              Error::Kind::non_finite);
 }
 
 std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,

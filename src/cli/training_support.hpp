@@ -8,6 +8,8 @@
 #include <string>
 
 #include "cli/arguments.hpp"
+#include "io/checkpoint.hpp"
+#include "meganeura/error.hpp"
 #include "meganeura/train.hpp"
 
 namespace mg::cli {
@@ -21,7 +23,40 @@ std::string default_out_dir();  // runs/<timestamp>
 // Creates the output directory, or says why it cannot be written, before the data is loaded and
 // the programs are built rather than after.
 void prepare_out_dir(const std::filesystem::path& out_dir);
+// A folder that already holds a run (a checkpoint or metrics) is refused unless --resume
+// continues it or --overwrite replaces it; with --overwrite (and no --resume) its metrics are
+// removed so the new run's log starts empty.
+void claim_out_dir(const std::filesystem::path& out_dir, const Arguments& arguments);
+// On resume: drops the metrics lines logged past the checkpoint's step (a run killed between an
+// evaluation and its checkpoint logged them, and will log them again).
+void drop_metrics_after(const std::filesystem::path& metrics_path, int64_t step);
 std::string format_duration(double seconds);  // m:ss
+
+// Runs `action`; an mg::Error of the default kind (input) it throws is rethrown as `kind`, so
+// that the run monitor can tell a data or checkpoint failure from bad usage.
+template <typename Action>
+auto with_kind(Error::Kind kind, Action action) {
+  try {
+    return action();
+  } catch (const Error& error) {
+    if (error.kind() != Error::Kind::input) throw;
+    throw Error(error.what(), kind);
+  }
+}
+
+// Starts this process's run record (cli/run_record.hpp) in `out_dir`: the command is
+// "meganeura train" and `words`.
+void start_run_record(const std::filesystem::path& out_dir, const std::vector<std::string>& words,
+                      const nlohmann::json& config, const std::string& device);
+// A single-process job's start: prepare_out_dir, claim_out_dir, and the run record with `config`
+// and the --device option.
+void open_run(const std::filesystem::path& out_dir, const Arguments& arguments,
+              const std::vector<std::string>& words, const nlohmann::json& config);
+// Saves a checkpoint (a failure is a checkpoint error for the run monitor) and notes it in the
+// run record.
+void save_run_checkpoint(const std::filesystem::path& path, const io::Checkpoint& checkpoint);
+// "the last checkpoint is P (step N)", or that there is none yet.
+std::string last_checkpoint_text(const std::filesystem::path& checkpoint_path);
 
 // --optimizer, --lr, --weight-decay, --momentum, --clip, --warmup, --accumulate and --schedule,
 // with the given defaults where the option is absent.

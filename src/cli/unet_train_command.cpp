@@ -11,6 +11,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/batcher.hpp"
@@ -69,6 +70,8 @@ class is printed. Ctrl-C stops after the current step and saves.
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
+  --overwrite           replace the run already in --out (without it, and without --resume,
+                        a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
 )";
 
@@ -229,11 +232,12 @@ int unet_train_command(const std::vector<std::string>& words) {
        "tokens",          "uncond",    "sample-steps", "guidance",   "per-class",
        "classifier",      "seed",      "device",       "precision",  "resume",
        "checkpoint-every"},
-      {"help"});
+      {"help", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::filesystem::path folder_path = arguments.text("model", "");
   const models::UNetConfig config = models::load_unet_config(folder_path);
   if (config.in_channels != config.out_channels ||
@@ -310,13 +314,18 @@ int unet_train_command(const std::vector<std::string>& words) {
   }
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
-  prepare_out_dir(out_dir);
+  open_run(out_dir, arguments, words,
+           {{"job", "unet"},
+            {"model", arguments.text("model", "")},
+            {"data", arguments.text("data", "")},
+            {"resume", arguments.text("resume", "")}});
   SessionOptions options;
   options.shared_device = open_shared_device(arguments.text("device", ""));
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
   Session training(training_graph(config, batch, size, tokens, optimizer), options);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
   std::fprintf(
       stderr,
@@ -327,6 +336,7 @@ int unet_train_command(const std::vector<std::string>& words) {
   if (resumed) {
     load_tensors(training, *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
+    drop_metrics_after(out_dir / "metrics.jsonl", step);
     std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                  static_cast<long long>(step));
   } else {
@@ -348,7 +358,7 @@ int unet_train_command(const std::vector<std::string>& words) {
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"batch", batch}, {"seed", seed}, {"ema", ema}};
     checkpoint.tensors = session_tensors(training);
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    save_run_checkpoint(checkpoint_path, checkpoint);
   };
 
   const models::NoiseSchedule schedule = models::scaled_linear_schedule();

@@ -9,6 +9,7 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/audio.hpp"
@@ -65,6 +66,8 @@ features are computed once, before training. The last --validation fraction is h
   --device SEL          device index or part of its name (default: best available)
   --precision P         strict (default) or fast (f16 operands on cooperative matrices)
   --resume CKPT         continue from a checkpoint written by this command
+  --overwrite           replace the run already in --out (without it, and without --resume,
+                        a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 200)
 )";
 
@@ -174,11 +177,12 @@ int whisper_train_command(const std::vector<std::string>& words) {
        "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
        "seed",         "device",    "precision",  "resume", "checkpoint-every",
        "language",     "task"},
-      {"help", "decoder-only"});
+      {"help", "decoder-only", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  arguments.expect_at_most_positional(0);
   const std::filesystem::path folder_path = arguments.text("model", "");
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data DIR_OR_MANIFEST is required to train a Whisper model");
@@ -263,7 +267,11 @@ int whisper_train_command(const std::vector<std::string>& words) {
   }
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
-  prepare_out_dir(out_dir);
+  open_run(out_dir, arguments, words,
+           {{"job", "whisper"},
+            {"model", arguments.text("model", "")},
+            {"data", arguments.text("data", "")},
+            {"resume", arguments.text("resume", "")}});
   std::fprintf(stderr,
                "data: %lld clips, %.1f s of audio: %lld training and %lld validation clips, %lld "
                "decoder positions\n",
@@ -290,6 +298,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
         models::whisper_loss_graph(config, batch, tokens, !decoder_only), options);
   }
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
+  current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
   std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s; training %s\n",
                training.report().build_seconds, training.report().dispatches,
@@ -300,6 +309,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
   if (resumed) {
     load_tensors(training, *resumed, arguments.text("resume", ""), true);
     step = resumed->step;
+    drop_metrics_after(out_dir / "metrics.jsonl", step);
     std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
                  static_cast<long long>(step));
   } else {
@@ -316,7 +326,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
     checkpoint.optimizer = optimizer_json(optimizer);
     checkpoint.extra = {{"tokens", tokens}, {"batch", batch}, {"seed", seed}};
     checkpoint.tensors = session_tensors(training);
-    io::save_checkpoint(checkpoint_path, checkpoint);
+    save_run_checkpoint(checkpoint_path, checkpoint);
   };
   const int64_t feature_count = config.num_mel_bins * config.input_frames();
   Batch rows;

@@ -135,6 +135,9 @@ Switches read_switches(Reader& read) {
   s.kernel_stats = read.flag("MEGANEURA_KERNEL_STATS", "no driver statistics",
                              "driver statistics of every kernel", "none")
                        .value_or(false);
+  s.overlap_reduction =
+      read.flag("MEGANEURA_OVERLAP_REDUCTION", "gradient sums after the whole backward pass",
+                "gradient sums during backward", "DataParallelOptions::overlap");
 
   s.split_k = read.flag("MEGANEURA_SPLIT_K", "no split-K, split sums or split attention",
                         "all three on any device", "on GPUs, off on CPU devices");
@@ -143,6 +146,9 @@ Switches read_switches(Reader& read) {
   s.attention_dq_gemm = read.flag("MEGANEURA_ATTENTION_DQ_GEMM", "the dQ kernel",
                                   "dQ as a matmul of the scores' gradient",
                                   "the matmul on GPUs with the strict attention kernels");
+  s.attention_grad_scale = read.flag("MEGANEURA_ATTENTION_GRAD_SCALE", "the cotangent as it is",
+                                     "attention gradients over a cotangent scaled into f16's range",
+                                     "scaled where attention runs on cooperative matrices");
   s.setup = read.flag("MEGANEURA_SETUP", "fixed work in every run", "fixed work once",
                       "SessionOptions::setup");
   s.schedule_epochs = read.flag("MEGANEURA_SCHEDULE_EPOCHS", "the lowering's order",

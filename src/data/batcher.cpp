@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "io/json_limits.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::data {
@@ -33,7 +34,8 @@ nlohmann::json BatcherState::to_json() const {
 BatcherState BatcherState::from_json(const nlohmann::json& json) {
   const auto field = [&](const char* key) -> const nlohmann::json& {
     if (!json.is_object() || !json.contains(key) || !json[key].is_number_integer()) {
-      throw Error(std::string("batcher state ") + json.dump() + " has no integer \"" + key + "\"");
+      throw Error(std::string("batcher state ") + io::json_excerpt(json) + " has no integer \"" +
+                  key + "\"");
     }
     return json[key];
   };

@@ -16,6 +16,9 @@ constexpr uint32_t kLabelsMagic = 0x00000801;
 constexpr uint32_t kImagesMagic = 0x00000803;
 // Guards against a corrupt header asking for an absurd allocation; real files are 28x28.
 constexpr uint32_t kMaxSide = 4096;
+// gzip (deflate) expands at most 1032-fold, so a header declaring more bytes than the compressed
+// file can hold is refused before anything is allocated.
+constexpr uint64_t kMaxDeflateRatio = 1032;
 
 class GzipReader {
  public:
@@ -78,6 +81,17 @@ class GzipReader {
 
   const std::filesystem::path& path() const { return path_; }
 
+  // Throws unless the file (after the header) can hold `bytes` of `what`.
+  void expect_room_for(uint64_t bytes, std::string_view what) const {
+    std::error_code error;
+    const uint64_t stored = std::filesystem::file_size(path_, error);
+    if (!error && bytes / kMaxDeflateRatio > stored) {
+      throw Error("Fashion-MNIST file " + path_.string() + " is corrupt: its header declares " +
+                  std::to_string(bytes) + " bytes of " + std::string(what) + ", but the file has " +
+                  std::to_string(stored) + " bytes, too few to hold them");
+    }
+  }
+
  private:
   std::filesystem::path path_;
   gzFile file_ = nullptr;
@@ -120,8 +134,13 @@ Dataset load_fashion_mnist(const std::filesystem::path& dir, std::string_view sp
                 std::to_string(rows) + "x" + std::to_string(cols));
   }
 
+  if (image_count == 0) {
+    throw Error("Fashion-MNIST file " + images.path().string() + " holds no images");
+  }
   Dataset dataset;
   dataset.count = limit >= 0 ? std::min<int64_t>(limit, image_count) : image_count;
+  images.expect_room_for(static_cast<uint64_t>(dataset.count) * rows * cols, "pixels");
+  labels.expect_room_for(static_cast<uint64_t>(dataset.count), "labels");
   dataset.rows = rows;
   dataset.cols = cols;
   const size_t pixel_count = static_cast<size_t>(dataset.count) * rows * cols;

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "ir/op_names.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/distributed.hpp"
 #include "meganeura/ops.hpp"
+#include "meganeura/switches.hpp"
 
 namespace mg {
 namespace {
@@ -60,6 +62,7 @@ struct Bucket {
   };
   std::vector<Entry> entries;
   std::vector<float> values;
+  size_t segment = 0;  // the gradient program's segment after which its gradients are final
 };
 
 std::vector<Bucket> make_buckets(const Graph& forward, size_t bucket_bytes) {
@@ -101,7 +104,68 @@ struct DataParallelTrainer::Impl {
         // as the forward graph says, as add_training's single program would.
         gradients(gradient_graph(graph, loss), options),
         update(update_graph(graph, optimizer_config, communicator->size()), options),
-        buckets(make_buckets(graph, std::max<size_t>(parallel.bucket_bytes, sizeof(float)))) {}
+        buckets(make_buckets(graph, std::max<size_t>(parallel.bucket_bytes, sizeof(float)))) {
+    const Switches switches = options.switches ? *options.switches : Switches::from_environment();
+    if (switches.overlap_reduction.value_or(parallel.overlap) && communicator->size() > 1)
+      cut_gradient_program();
+  }
+
+  // One segment of the gradient program ends where a bucket's last gradient is final.
+  void cut_gradient_program() {
+    std::vector<size_t> ends;
+    for (const Bucket& bucket : buckets) {
+      std::optional<size_t> ready;
+      for (const Bucket::Entry& entry : bucket.entries) {
+        const std::optional<size_t> entry_ready = gradients.output_ready_after(entry.name);
+        if (entry_ready) ready = std::max(ready.value_or(0), *entry_ready);
+      }
+      if (ready) ends.push_back(*ready);
+    }
+    std::sort(ends.begin(), ends.end());
+    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+    gradients.set_segments(ends);
+    for (Bucket& bucket : buckets) {
+      for (const Bucket::Entry& entry : bucket.entries)
+        bucket.segment = std::max(bucket.segment, gradients.output_segment(entry.name));
+    }
+  }
+
+  void stage_and_start_sum(size_t index) {
+    Bucket& bucket = buckets[index];
+    for (const Bucket::Entry& entry : bucket.entries) {
+      const std::span<const float> gradient = gradients.f32_output(entry.name);
+      std::copy(gradient.begin(), gradient.end(),
+                bucket.values.begin() + static_cast<std::ptrdiff_t>(entry.offset));
+    }
+    communicator->start_sum(bucket.values);
+    events.push_back({StepEvent::Kind::sum_started, index});
+  }
+
+  // Runs the gradient program a segment at a time, one segment queued behind the one the host
+  // waits for so that the GPU does not idle, and starts each bucket's sum once the segments up
+  // to its own have finished. Every rank starts the sums in bucket order.
+  void run_segments_and_start_sums() {
+    const size_t segments = gradients.segment_count();
+    const auto submit = [&](size_t segment) {
+      gradients.submit_segment(segment);
+      events.push_back({StepEvent::Kind::segment_submitted, segment});
+    };
+    submit(0);
+    if (segments > 1) submit(1);
+    size_t next_bucket = 0;
+    for (size_t segment = 0; segment < segments; ++segment) {
+      communicator->progress();
+      gradients.wait_segment(segment);
+      events.push_back({StepEvent::Kind::segment_finished, segment});
+      for (; next_bucket < buckets.size() && buckets[next_bucket].segment <= segment;
+           ++next_bucket) {
+        stage_and_start_sum(next_bucket);
+        if (segment + 1 < segments) ++times.sums_started_during_backward;
+      }
+      if (segment + 2 < segments) submit(segment + 2);
+      communicator->progress();
+    }
+  }
 
   std::shared_ptr<Communicator> communicator;
   OptimizerConfig optimizer;
@@ -110,6 +174,7 @@ struct DataParallelTrainer::Impl {
   std::vector<Bucket> buckets;
   double loss = 0;
   StepTimes times;
+  std::vector<StepEvent> events;
 };
 
 DataParallelTrainer::DataParallelTrainer(const Graph& graph, ValueId loss,
@@ -137,19 +202,21 @@ bool DataParallelTrainer::has_input(std::string_view name) const {
 
 void DataParallelTrainer::step(int64_t step) {
   Impl& impl = *impl_;
+  impl.events.clear();
+  impl.times = {};
   auto start = std::chrono::steady_clock::now();
-  impl.gradients.run();
-  impl.times.gradients_ms = milliseconds_since(start);
-
-  start = std::chrono::steady_clock::now();
-  // Each bucket's sum starts as soon as it is staged, while the next ones are copied out.
-  for (Bucket& bucket : impl.buckets) {
-    for (const Bucket::Entry& entry : bucket.entries) {
-      const std::span<const float> gradient = impl.gradients.f32_output(entry.name);
-      std::copy(gradient.begin(), gradient.end(),
-                bucket.values.begin() + static_cast<std::ptrdiff_t>(entry.offset));
-    }
-    impl.communicator->start_sum(bucket.values);
+  if (impl.gradients.segment_count() > 0) {
+    impl.run_segments_and_start_sums();
+    impl.times.segments = impl.gradients.segment_count();
+    impl.times.gradients_ms = milliseconds_since(start);
+    start = std::chrono::steady_clock::now();
+  } else {
+    impl.gradients.run();
+    impl.times.gradients_ms = milliseconds_since(start);
+    start = std::chrono::steady_clock::now();
+    // Each bucket's sum starts as soon as it is staged, while the next ones are copied out.
+    for (size_t bucket = 0; bucket < impl.buckets.size(); ++bucket)
+      impl.stage_and_start_sum(bucket);
   }
   double loss = impl.gradients.scalar_output("loss");
   impl.communicator->sum(std::span(&loss, 1));
@@ -208,6 +275,10 @@ void DataParallelTrainer::broadcast_state(int root) {
 
 DataParallelTrainer::StepTimes DataParallelTrainer::last_step_times() const {
   return impl_->times;
+}
+
+std::vector<DataParallelTrainer::StepEvent> DataParallelTrainer::last_step_events() const {
+  return impl_->events;
 }
 
 }  // namespace mg

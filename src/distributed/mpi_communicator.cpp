@@ -59,6 +59,13 @@ class MpiCommunicator final : public Communicator {
     pending_.clear();
   }
 
+  void progress() override {
+    if (pending_.empty()) return;
+    int done = 0;
+    MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) pending_.clear();
+  }
+
   void sum(std::span<double> values) override {
     MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
                   MPI_COMM_WORLD);

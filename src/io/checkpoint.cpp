@@ -1,22 +1,32 @@
 #include "io/checkpoint.hpp"
 
+#include <cstdint>
+
+#include "io/json_limits.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::io {
 namespace {
 
 constexpr std::string_view kMetadataKey = "meganeura";
+// The entry holds the model configuration, optimizer settings and batcher state: a few levels.
+constexpr int kMaxMetadataNesting = 16;
 
 std::string describe(const std::filesystem::path& path) {
   return "checkpoint " + path.string();
 }
 
-int64_t integer_field(const nlohmann::json& header, std::string_view key,
-                      const std::filesystem::path& path) {
+// A non-negative integer field.
+int64_t count_field(const nlohmann::json& header, std::string_view key,
+                    const std::filesystem::path& path) {
   const auto it = header.find(key);
   if (it == header.end() || !it->is_number_integer()) {
     throw Error(describe(path) + " is corrupt: its \"meganeura\" metadata has no integer \"" +
                 std::string(key) + "\"");
+  }
+  if (it->is_number_unsigned() ? it->get<uint64_t>() > INT64_MAX : it->get<int64_t>() < 0) {
+    throw Error(describe(path) + " is corrupt: its \"" + std::string(key) + "\" is " + it->dump() +
+                ", outside 0.." + std::to_string(INT64_MAX));
   }
   return it->get<int64_t>();
 }
@@ -58,24 +68,21 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
                 " is not a Meganeura checkpoint: its safetensors metadata has no \"meganeura\" "
                 "entry (plain weights files cannot be resumed from)");
   }
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(entry->second);
-  } catch (const nlohmann::json::exception&) {
-    throw Error(describe(path) + " is corrupt: its \"meganeura\" metadata is not valid JSON");
-  }
+  const nlohmann::json header =
+      parse_json(entry->second, describe(path) + " is corrupt: its \"meganeura\" metadata",
+                 kMaxMetadataNesting);
   if (!header.is_object()) {
     throw Error(describe(path) + " is corrupt: its \"meganeura\" metadata is not a JSON object");
   }
-  const int64_t format = integer_field(header, "format", path);
+  const int64_t format = count_field(header, "format", path);
   if (format != kCheckpointFormat) {
     throw Error(describe(path) + " has format version " + std::to_string(format) +
                 ", but this build reads only version " + std::to_string(kCheckpointFormat));
   }
   Checkpoint checkpoint;
   checkpoint.model_config = optional_field(header, "model");
-  checkpoint.step = integer_field(header, "step", path);
-  checkpoint.epoch = integer_field(header, "epoch", path);
+  checkpoint.step = count_field(header, "step", path);
+  checkpoint.epoch = count_field(header, "epoch", path);
   checkpoint.optimizer = optional_field(header, "optimizer");
   checkpoint.extra = optional_field(header, "extra");
   checkpoint.tensors = std::move(file.tensors);
@@ -85,8 +92,8 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
 void check_same_model(const nlohmann::json& expected, const nlohmann::json& found,
                       const std::filesystem::path& path) {
   if (expected == found) return;
-  throw Error(describe(path) + " was saved for model " + found.dump() + " but the program is " +
-              expected.dump());
+  throw Error(describe(path) + " was saved for model " + json_excerpt(found, 200) +
+              " but the program is " + json_excerpt(expected, 200));
 }
 
 }  // namespace mg::io

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "io/atomic_file.hpp"
@@ -76,35 +77,94 @@ bool has_png_signature(const std::vector<uint8_t>& file) {
          std::equal(kPngSignature.begin(), kPngSignature.end(), file.begin());
 }
 
+// Deflate expands at most 1032-fold; a PNG whose image data cannot inflate to the pixels its
+// header declares is refused before anything that size is allocated.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+// Each 8x8 block of a JPEG's first component takes at least one bit of entropy-coded data.
+constexpr uint64_t kMinJpegPixelsPerByte = 8 * 64;
+// Decoding allocates width x height x channels bytes; larger images are refused up front.
+constexpr uint64_t kMaxPixels = uint64_t{1} << 26;
+
+struct PngHeader {
+  uint64_t idat_bytes = 0;  // the compressed image data, over all IDAT chunks
+};
+
 // stb_image does not verify chunk CRCs, so a flipped bit would decode to wrong pixels; walking
-// the chunks first turns damage and truncation into errors.
-void check_png_chunks(const std::filesystem::path& path, const std::vector<uint8_t>& file) {
+// the chunks first turns damage and truncation into errors, and gives the sizes checked before
+// decoding.
+PngHeader check_png_chunks(const std::filesystem::path& path, const std::vector<uint8_t>& file) {
   const auto fail = [&](const std::string& problem) {
     throw Error("PNG " + path.string() + " " + problem);
   };
   if (!has_png_signature(file)) fail("is not a PNG file (bad signature)");
   size_t offset = kPngSignature.size();
-  bool first = true;
+  PngHeader header;
+  std::string previous;
+  bool idat_ended = false;
   while (true) {
     if (offset + 12 > file.size()) fail("is truncated: it ends before the IEND chunk");
     const uint32_t length = read_big_endian_u32(&file[offset]);
     if (length > file.size() - offset - 12) fail("is truncated inside a chunk");
     const uint8_t* type = &file[offset + 4];
-    const std::string name(type, type + 4);
+    std::string name(type, type + 4);
+    if (!std::all_of(name.begin(), name.end(), [](char c) { return std::isalpha(c) != 0; })) {
+      name = "(unnamed)";
+    }
     if (crc32(crc32(0, type, 4), type + 4, length) != read_big_endian_u32(type + 4 + length)) {
       fail("is corrupt: chunk " + name + " fails its CRC check");
     }
-    if (first && name != "IHDR") fail("is corrupt: it does not start with IHDR");
-    first = false;
+    if (previous.empty()) {
+      if (name != "IHDR" || length != 13) fail("is corrupt: it does not start with a 13-byte IHDR");
+    } else if (name == "IHDR") {
+      fail("is corrupt: it has a second IHDR chunk");
+    } else if (name == "IDAT") {
+      if (idat_ended) fail("is corrupt: its IDAT chunks are not consecutive");
+      header.idat_bytes += length;
+    } else if (previous == "IDAT") {
+      idat_ended = true;
+    }
+    previous = name;
     offset += 12 + length;
-    if (name == "IEND") return;
+    if (name == "IEND") break;
   }
+  if (header.idat_bytes == 0) fail("is corrupt: it has no image data (IDAT)");
+  return header;
 }
 
-Image decode_with_stb(const std::filesystem::path& path, const std::vector<uint8_t>& file) {
+// Refuses sizes no real file of this length can hold, before stb allocates for them.
+void check_declared_size(const std::filesystem::path& path, const std::vector<uint8_t>& file,
+                         const std::optional<PngHeader>& png) {
   if (file.size() > static_cast<size_t>(INT_MAX)) {
     throw Error("image " + path.string() + " is larger than 2 GiB, which stb_image cannot read");
   }
+  int width = 0, height = 0, channels = 0;
+  if (!stbi_info_from_memory(file.data(), static_cast<int>(file.size()), &width, &height,
+                             &channels)) {
+    return;  // decoding says why
+  }
+  const uint64_t pixels = static_cast<uint64_t>(width) * static_cast<uint64_t>(height);
+  const std::string size = std::to_string(width) + "x" + std::to_string(height);
+  if (pixels > kMaxPixels) {
+    throw Error("image " + path.string() + " declares " + size + " pixels, more than the " +
+                std::to_string(kMaxPixels) + " Meganeura reads; it is corrupt or needs resizing");
+  }
+  if (png) {
+    if (pixels * static_cast<uint64_t>(channels) > png->idat_bytes * kMaxDeflateRatio) {
+      throw Error("PNG " + path.string() + " is corrupt: it declares " + size + " but holds only " +
+                  std::to_string(png->idat_bytes) +
+                  " bytes of compressed image data, too few for that size");
+    }
+  } else if (file.size() >= 2 && file[0] == 0xFF && file[1] == 0xD8 &&
+             pixels > file.size() * kMinJpegPixelsPerByte) {
+    throw Error("JPEG " + path.string() + " is corrupt: it declares " + size + " but has only " +
+                std::to_string(file.size()) + " bytes, too few for that size");
+  }
+}
+
+// `png` holds what check_png_chunks found where the file is a PNG.
+Image decode_with_stb(const std::filesystem::path& path, const std::vector<uint8_t>& file,
+                      const std::optional<PngHeader>& png) {
+  check_declared_size(path, file, png);
   int width = 0, height = 0, channels = 0;
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
       stbi_load_from_memory(file.data(), static_cast<int>(file.size()), &width, &height, &channels,
@@ -225,8 +285,8 @@ void append_to_bytes(void* context, void* data, int size) {
 
 Image read_png(const std::filesystem::path& path) {
   const std::vector<uint8_t> file = read_bytes(path);
-  check_png_chunks(path, file);
-  return decode_with_stb(path, file);
+  const PngHeader png = check_png_chunks(path, file);
+  return decode_with_stb(path, file, png);
 }
 
 Image read_pgm(const std::filesystem::path& path) {
@@ -238,8 +298,9 @@ Image read_image(const std::filesystem::path& path) {
   if (file.size() >= 2 && file[0] == 'P' && (file[1] == '2' || file[1] == '5')) {
     return PgmParser(path, std::move(file)).parse();
   }
-  if (has_png_signature(file)) check_png_chunks(path, file);
-  return decode_with_stb(path, file);
+  std::optional<PngHeader> png;
+  if (has_png_signature(file)) png = check_png_chunks(path, file);
+  return decode_with_stb(path, file, png);
 }
 
 std::vector<std::byte> encode_png(const Image& image) {

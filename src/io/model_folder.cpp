@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "io/atomic_file.hpp"
+#include "io/json_limits.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::io {
@@ -16,13 +17,8 @@ constexpr size_t kMaxNamesPerKind = 10;
 
 nlohmann::json read_json(const std::filesystem::path& file, std::string_view what) {
   const std::vector<std::byte> bytes = read_whole_file(file, what);
-  const auto* text = reinterpret_cast<const char*>(bytes.data());
-  try {
-    return nlohmann::json::parse(text, text + bytes.size());
-  } catch (const nlohmann::json::exception& error) {
-    throw Error(std::string(what) + " " + file.string() +
-                " is not valid JSON: " + one_line(error.what()));
-  }
+  return parse_json(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                    std::string(what) + " " + file.string());
 }
 
 // A shard name from an index must stay inside the folder.

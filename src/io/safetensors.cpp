@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "io/atomic_file.hpp"
+#include "io/json_limits.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::io {
@@ -21,8 +22,8 @@ static_assert(std::endian::native == std::endian::little,
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-// The reference reader (serde_json) refuses JSON nested deeper than this.
-constexpr int kMaxHeaderNesting = 128;
+// {"tensor": {"shape": [...]}}; metadata values are strings.
+constexpr int kMaxHeaderNesting = 3;
 
 struct StoredDTypeInfo {
   StoredDType dtype;
@@ -87,7 +88,7 @@ class HeaderParser {
     std::map<std::string, std::string> metadata;
     for (const auto& [key, text] : value.items()) {
       if (!text.is_string()) {
-        fail(" has a malformed header: metadata entry '" + key + "' is not a string");
+        fail(" has a malformed header: metadata entry '" + shortened(key) + "' is not a string");
       }
       metadata[key] = text.get<std::string>();
     }
@@ -95,7 +96,7 @@ class HeaderParser {
   }
 
   Entry entry(const std::string& name, const nlohmann::json& value) const {
-    const std::string tensor = "tensor '" + name + "'";
+    const std::string tensor = "tensor '" + shortened(name) + "'";
     if (!value.is_object()) fail(" has a malformed header: " + tensor + " is not an object");
     const auto dtype_it = value.find("dtype");
     if (dtype_it == value.end() || !dtype_it->is_string()) {
@@ -104,7 +105,7 @@ class HeaderParser {
     const std::string dtype_name = dtype_it->get<std::string>();
     const std::optional<StoredDType> dtype = stored_dtype_from_name(dtype_name);
     if (!dtype) {
-      fail(": " + tensor + " has unsupported dtype '" + dtype_name +
+      fail(": " + tensor + " has unsupported dtype '" + shortened(dtype_name) +
            "' (supported: " + stored_dtype_list(false) + ")");
     }
     const auto shape_it = value.find("shape");
@@ -114,7 +115,7 @@ class HeaderParser {
     Shape shape;
     for (const nlohmann::json& dim : *shape_it) {
       if (!dim.is_number_unsigned()) {
-        fail(" has a malformed header: " + tensor + " has a shape entry " + dim.dump() +
+        fail(" has a malformed header: " + tensor + " has a shape entry " + json_excerpt(dim) +
              " that is not a non-negative integer");
       }
       shape.push_back(dim.get<int64_t>());
@@ -151,17 +152,18 @@ class HeaderParser {
     const Entry* previous = nullptr;
     for (const Entry& entry : entries) {
       if (entry.end > data_bytes) {
-        fail(" is truncated: tensor '" + entry.name + "' ends at byte " +
+        fail(" is truncated: tensor '" + shortened(entry.name) + "' ends at byte " +
              std::to_string(entry.end) + " of the tensor data, but the file has only " +
              std::to_string(data_bytes) + " bytes of tensor data");
       }
       if (entry.begin < covered) {
-        fail(" is corrupt: tensors '" + previous->name + "' and '" + entry.name +
-             "' overlap in the tensor data");
+        fail(" is corrupt: tensors '" + shortened(previous->name) + "' and '" +
+             shortened(entry.name) + "' overlap in the tensor data");
       }
       if (entry.begin > covered) {
         fail(" is corrupt: " + std::to_string(entry.begin - covered) +
-             " bytes of tensor data before tensor '" + entry.name + "' belong to no tensor");
+             " bytes of tensor data before tensor '" + shortened(entry.name) +
+             "' belong to no tensor");
       }
       covered = entry.end;
       previous = &entry;
@@ -172,31 +174,12 @@ class HeaderParser {
     }
   }
 
-  // A header needs three levels; far deeper nesting could exhaust the stack of a recursive JSON
-  // reader, so the limit is the reference reader's, checked before parsing.
+  // A header is an object of tensor objects holding shape arrays: three levels. Deeper text
+  // is refused before parsing (io/json_limits.hpp says why).
   void check_nesting(std::string_view text) const {
-    int depth = 0;
-    bool in_string = false;
-    bool escaped = false;
-    for (char c : text) {
-      if (in_string) {
-        if (escaped) {
-          escaped = false;
-        } else if (c == '\\') {
-          escaped = true;
-        } else if (c == '"') {
-          in_string = false;
-        }
-      } else if (c == '"') {
-        in_string = true;
-      } else if (c == '{' || c == '[') {
-        if (++depth > kMaxHeaderNesting) {
-          fail(" is corrupt: its JSON header nests deeper than the " +
-               std::to_string(kMaxHeaderNesting) + " levels safetensors allows");
-        }
-      } else if (c == '}' || c == ']') {
-        --depth;
-      }
+    if (json_nesting(text, kMaxHeaderNesting) > kMaxHeaderNesting) {
+      fail(" is corrupt: its JSON header nests deeper than the " +
+           std::to_string(kMaxHeaderNesting) + " levels of a safetensors header");
     }
   }
 
@@ -234,7 +217,7 @@ ParsedFile parse_file(std::span<const std::byte> bytes, const HeaderParser& pars
   try {
     header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& error) {
-    parser.fail(" has a malformed JSON header: " + one_line(error.what()));
+    parser.fail(" has a malformed JSON header: " + shortened(std::string_view(error.what()), 160));
   }
   if (!header.is_object()) parser.fail(" has a malformed header: it is not a JSON object");
 

@@ -5,6 +5,7 @@
 #include <iterator>
 #include <unordered_set>
 
+#include "io/json_limits.hpp"
 #include "io/tokenizer_parts.hpp"
 #include "meganeura/error.hpp"
 
@@ -338,13 +339,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json) {
                 (std::filesystem::exists(tokenizer_json) ? " cannot be read" : " does not exist"));
   }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& error) {
-    throw Error("tokenizer " + tokenizer_json.string() + " is not JSON (error at byte " +
-                std::to_string(error.byte) + ")");
-  }
+  const json root = parse_json(text, "tokenizer " + tokenizer_json.string());
   if (!root.is_object()) source.fail("the file must hold a JSON object");
   if (source.find(root, "version")) {
     const std::string version = source.string(root, "version", "tokenizer");

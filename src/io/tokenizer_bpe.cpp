@@ -118,7 +118,9 @@ BpeModel::BpeModel(const json& model, const Source& source) : path_(source.path(
   const size_t prefix_bytes = continuing_subword_prefix_ ? continuing_subword_prefix_->size() : 0;
   merges_.reserve(pairs.size());
   for (size_t rank = 0; rank < pairs.size(); ++rank) {
-    const auto& [left, right] = pairs[rank];
+    // Named references, not a structured binding: clang before 16 cannot capture those.
+    const std::string& left = pairs[rank].first;
+    const std::string& right = pairs[rank].second;
     const auto id_of = [&](const std::string& token) {
       const std::optional<int32_t> id = token_id(token);
       if (!id) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "io/json_limits.hpp"
 #include "meganeura/ops.hpp"
 
 namespace mg::models {
@@ -62,13 +63,18 @@ ClassifierConfig ClassifierConfig::from_json(const nlohmann::json& json) {
     config.image_size = json.at("image_size").get<int64_t>();
     config.classes = json.at("classes").get<int64_t>();
   } catch (const nlohmann::json::exception& error) {
-    throw Error("model configuration " + json.dump() + " is not a classifier: " + error.what());
+    throw Error("model configuration " + io::json_excerpt(json) +
+                " is not a classifier: " + io::shortened(std::string_view(error.what()), 120));
   }
   if (config.architecture != "cnn" && config.architecture != "mlp") {
-    throw Error("unknown classifier architecture '" + config.architecture + "' (cnn or mlp)");
+    throw Error("unknown classifier architecture '" + io::shortened(config.architecture) +
+                "' (cnn or mlp)");
   }
-  if (config.image_size % 4 != 0 || config.image_size <= 0 || config.classes <= 1) {
-    throw Error("unsupported classifier configuration " + json.dump());
+  // The bounds keep a corrupt checkpoint from asking for an absurd program.
+  if (config.image_size % 4 != 0 || config.image_size <= 0 || config.image_size > 4096 ||
+      config.classes <= 1 || config.classes > 1'000'000) {
+    throw Error("unsupported classifier configuration " + io::json_excerpt(json) +
+                " (image_size a multiple of 4 up to 4096, classes 2 to 1000000)");
   }
   return config;
 }

@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "io/json_limits.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::models {
@@ -70,9 +72,8 @@ inline nlohmann::json read_config_json(const std::filesystem::path& folder,
   const std::filesystem::path path = folder / "config.json";
   std::ifstream file(path);
   if (!file) throw Error("model folder " + folder.string() + " has no config.json");
-  nlohmann::json config = nlohmann::json::parse(file, nullptr, false);
-  if (config.is_discarded()) throw Error(path.string() + " is not valid JSON");
-  return config;
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  return io::parse_json(text, path.string());
 }
 
 }  // namespace mg::models

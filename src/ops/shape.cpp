@@ -313,6 +313,10 @@ void require_table_and_indices(const Graph& graph, const Node& node, const Tenso
                                const TensorType& indices) {
   if (table.rank() != 2) op_error(graph, node, "the table must have rank 2 ([V, D])");
   if (indices.dtype != DType::i32) op_error(graph, node, "indices must be i32");
+  // The kernels move floating-point rows; an integer table has none.
+  if (table.dtype != DType::f32 && table.dtype != DType::f16 && table.dtype != DType::bf16) {
+    op_error(graph, node, "the table must hold f32, f16 or bf16 values");
+  }
 }
 
 // gather(table [V, D], indices i32 [S...]) -> [S..., D]: rows of the table.

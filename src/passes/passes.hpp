@@ -55,6 +55,12 @@ Graph split_attention(const Graph& graph, const target::Target& device,
 Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
                             std::vector<ValueId>* remap = nullptr);
 
+// Attention gradients in f16's range: each attention_grad_q / _k / _v reads its cotangent dO
+// times s = 64 / max |dO| (per batch and kv head) and its result is divided by s, so that the
+// f16 operands of the cooperative-matrix backward (dO, dS) neither underflow nor overflow at
+// any scale of the loss (see scale_attention_gradients.cpp).
+Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
 // `max_column_bytes` (see im2col.cpp); 3x3 stride-1 weight gradients that suit Winograd on

@@ -386,6 +386,10 @@ Program build_program(const Graph& source, const target::Target& device,
   if (im2col)
     program.graph = passes::im2col_convolutions(
         program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+  // The cooperative-matrix attention backward rounds dO and dS to f16, which the gradients of an
+  // untrained model leave below f16's range.
+  if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))
+    program.graph = passes::scale_attention_gradients(program.graph);
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
                                                            !device.cooperative_matrices());
   // W is one transient value, bounded as the columns are.
@@ -495,6 +499,19 @@ Program build_program(const Graph& source, const target::Target& device,
     place_barriers_in_order(program);
   }
   return program;
+}
+
+std::optional<size_t> last_writer(const Program& program, ValueId value) {
+  const auto region = program.regions.find(value);
+  if (region == program.regions.end()) return std::nullopt;
+  for (size_t t = program.launches.size(); t-- > 0;) {
+    const PlannedLaunch& planned = program.launches[t];
+    for (size_t k = 0; k < planned.regions.size(); ++k) {
+      if (planned.launch.operands[k].write && ranges_overlap(planned.regions[k], region->second))
+        return t;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string describe_memory(const Program& program) {

@@ -5,6 +5,7 @@
 // where a launch touches bytes that an earlier, not yet fenced launch wrote (or reads bytes it
 // will overwrite).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -103,6 +104,12 @@ struct Program {
 // Optimises, lowers and plans `graph`. Throws mg::Error when an op has no kernel or a single
 // value exceeds the arena limit.
 Program build_program(const Graph& graph, const target::Target& device, const PlanOptions& options);
+
+// The index of the last launch of program.launches that writes bytes of `value`: once it has run,
+// the value is final in memory, and a runtime may copy it out while later launches still run (an
+// output lives to the end of the run, so no later launch reuses its bytes). nullopt where no
+// launch writes them: inputs, leaves, constants and what the setup computes.
+std::optional<size_t> last_writer(const Program& program, ValueId value);
 
 // Human-readable memory plan (`meganeura inspect --plan`).
 std::string describe_memory(const Program& program);

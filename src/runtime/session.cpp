@@ -76,6 +76,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   phase = std::chrono::steady_clock::now();
   impl.program = plan::build_program(graph, target, plan_options);
   impl.report.plan_seconds = seconds_since(phase);
+  impl.index_rules = runtime::index_rules(graph);
   const Graph& planned = impl.program.graph;
 
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
@@ -184,6 +185,7 @@ void Session::run() {
 void Session::start_run() {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("start_run");
+  impl.refuse_during_segmented_run("start_run");
   impl.run_setup_if_due();
   const size_t started = impl.input_slot;
   impl.bring_inputs_up_to_date(started);
@@ -205,11 +207,19 @@ std::pair<const std::byte*, TensorType> Session::Impl::downloaded(std::string_vi
   if (it == outputs.end()) program.graph.output(name);  // throws, listing outputs
   if (it->second.bound)
     throw Error("output '" + std::string(name) + "' is bound to a buffer (bind_output)");
-  if (!finished)
-    throw Error("output '" + std::string(name) + "' read before the first run finished");
   const StagingSlot& slot = it->second;
+  size_t slot_read = finished.value_or(0);
+  if (segmenting.submitted > 0) {
+    const size_t segment = runtime::segment_of(output_ready_after(slot), segmenting.ends);
+    if (segment >= segmenting.waited)
+      throw Error("output '" + std::string(name) + "' is final after segment " +
+                  std::to_string(segment) + " of the run under way: wait for it (wait_segment)");
+    slot_read = 0;
+  } else if (!finished) {
+    throw Error("output '" + std::string(name) + "' read before the first run finished");
+  }
   const std::byte* data =
-      static_cast<const std::byte*>(device->mapped(slots[*finished].download)) + slot.offset;
+      static_cast<const std::byte*>(device->mapped(slots[slot_read].download)) + slot.offset;
   return {data, program.graph.type(slot.value)};
 }
 

@@ -60,6 +60,7 @@ void Session::Impl::check_in_place(const std::string& what, ValueId value, uint6
 void Session::Impl::bind(StagingSlot& slot, bool output, const std::string& what, uint32_t buffer,
                          uint64_t offset, Binding binding) {
   refuse_during_chunked_run("binding a buffer");
+  refuse_during_segmented_run("binding a buffer");
   const bool in_place = binding == Binding::in_place;
   if (in_place) check_in_place(what, slot.value, offset, output);
   split_measured_run();
@@ -94,7 +95,7 @@ void Session::bind_output(std::string_view name, uint32_t buffer, uint64_t offse
 
 Session::Transfers Session::run_transfers() const {
   Transfers transfers;
-  for (const gpu::Command& command : impl_->commands(impl_->slots[0])) {
+  for (const gpu::Command& command : runtime::whole_run(impl_->commands(impl_->slots[0]))) {
     if (command.kind != gpu::Command::Kind::copy || command.copy.source.bytes == 0) continue;
     ++transfers.copies;
     transfers.bytes += command.copy.source.bytes;
@@ -105,6 +106,7 @@ Session::Transfers Session::run_transfers() const {
 size_t Session::set_chunk_budget(double budget_ms) {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("set_chunk_budget");
+  impl.refuse_during_segmented_run("set_chunk_budget");
   if (budget_ms > 0 && !impl.device->info().caps.timestamps)
     throw Error("chunked runs measure GPU time, and " + impl.report.device +
                 " has no timestamps on its queue");
@@ -131,6 +133,7 @@ bool Session::run_next_chunk() {
   if (chunking.recordings.empty())
     throw Error("run_next_chunk needs a chunk budget first (set_chunk_budget)");
   if (chunking.next == 0) {
+    impl.refuse_during_segmented_run("run_next_chunk");
     impl.split_measured_run();
     impl.finish_run();
     impl.run_setup_if_due();
@@ -168,6 +171,7 @@ std::vector<gpu::Command> Session::Impl::staged_by_commands(size_t target) {
 Session::Recorded Session::record_run(void* native_commands) {
   Impl& impl = *impl_;
   impl.refuse_during_chunked_run("record_run");
+  impl.refuse_during_segmented_run("record_run");
   const size_t slot = impl.input_slot;
   // The run that used this slot's staging before (two runs ago), perhaps in a command buffer the
   // app has not submitted yet, is waited for only when inputs must be staged over what it reads.
@@ -198,6 +202,7 @@ Session::Recorded Session::record_next_chunk(void* native_commands) {
   std::vector<gpu::Command> prologue;
   std::vector<gpu::RecordingId> recordings;
   if (chunking.next == 0) {
+    impl.refuse_during_segmented_run("record_next_chunk");
     impl.split_measured_run();
     // Inputs set since the last run (in the other slot's staging) reach this slot's staging
     // through the command buffer itself, not the host: the chunks of earlier runs that read it

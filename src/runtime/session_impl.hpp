@@ -2,7 +2,7 @@
 // What a Session holds (include/meganeura/session.hpp): its planned program, memory, staging,
 // recordings and the state of runs in flight. session.cpp builds it and runs it;
 // session_embedding.cpp binds the app's buffers, cuts runs into chunks and records them into an
-// app's command buffers.
+// app's command buffers; session_segments.cpp submits runs in segments.
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -22,6 +22,8 @@
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
 #include "runtime/device_values.hpp"
+#include "runtime/index_checks.hpp"
+#include "runtime/run_commands.hpp"
 #include "runtime/shared_device.hpp"
 
 namespace mg {
@@ -75,6 +77,8 @@ struct Session::Impl {
   plan::Program program;
   std::vector<gpu::BufferId> arena_buffers;
   std::map<std::string, InputStaging, std::less<>> inputs;
+  // The ranges that i32 inputs feeding indices or labels must keep to.
+  std::map<std::string, std::vector<runtime::IndexRule>, std::less<>> index_rules;
   std::map<std::string, StagingSlot, std::less<>> outputs;
   std::map<std::string, ValueId, std::less<>> persistent_by_name;
   std::vector<std::string> persistent_names;
@@ -110,6 +114,15 @@ struct Session::Impl {
     std::optional<gpu::RecordingId> in_flight;  // the chunk submitted last, not yet waited for
     bool in_flight_ends_run = false;
   } chunking;
+  // Segmented runs (set_segments): run slot 0's commands cut after given dispatches, one
+  // recording a segment, submitted in order; the host reads a segment's outputs once it waited
+  // for it.
+  struct Segmenting {
+    std::vector<size_t> ends;  // the dispatch each segment but the last ends after
+    std::vector<gpu::RecordingId> recordings;
+    size_t submitted = 0;  // segments of the run under way submitted (0: none under way)
+    size_t waited = 0;     // the first segments of the run under way waited for
+  } segmenting;
   uint32_t guard_bytes = 0;
   BuildReport report;
   // Values that the kernels read or write in a buffer bound in place (an input or output, and
@@ -262,6 +275,7 @@ struct Session::Impl {
   }
 
   void finish_run() {
+    finish_segmented_run();
     if (chunking.in_flight) {
       device->finish(*chunking.in_flight);
       if (chunking.in_flight_ends_run) finished = 0;
@@ -295,6 +309,12 @@ struct Session::Impl {
     InputStaging& staging = checked_input(name, dtype, count);
     if (staging.bound)
       throw Error("input '" + std::string(name) + "' is bound to a buffer (bind_input)");
+    if (dtype == DType::i32) {
+      if (const auto rules = index_rules.find(name); rules != index_rules.end()) {
+        runtime::check_indices(name, std::span(static_cast<const int32_t*>(values), count),
+                               rules->second);
+      }
+    }
     // A run recorded into an app's command buffer may still read this slot's staging.
     device->finish(slots[input_slot].recording);
     std::byte* staged =
@@ -351,24 +371,37 @@ struct Session::Impl {
     return list;
   }
 
-  std::vector<gpu::Command> commands(const RunSlot& run_slot) const {
-    std::vector<gpu::Command> list;
-    auto barrier = [&] { list.push_back({gpu::Command::Kind::barrier}); };
+  // The dispatch after which output `slot` is final (RunCommands::OutputCopy::ready_after).
+  int64_t output_ready_after(const StagingSlot& slot) const {
+    const gpu::BufferRange output = stored_range(slot.value);
+    for (const auto& [leaf, value] : program.graph.updates()) {
+      const gpu::BufferRange target = range_of(leaf);
+      if (target.buffer == output.buffer && target.offset < output.offset + output.bytes &&
+          output.offset < target.offset + target.bytes)
+        return static_cast<int64_t>(program.launches.size());
+    }
+    const std::optional<size_t> writer = plan::last_writer(program, slot.value);
+    return writer ? static_cast<int64_t>(*writer) : -1;
+  }
+
+  // A run's commands in their parts; in-place inputs and outputs need no copy.
+  runtime::RunCommands commands(const RunSlot& run_slot) const {
+    runtime::RunCommands run;
     for (const auto& [name, slot] : inputs) {
       if (slot.in_place) continue;
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange target = range_of(slot.value);
       const gpu::BufferRange staged{run_slot.upload, slot.offset, slot.bytes};
       copy.copy = {slot.bound.value_or(staged), target.buffer, target.offset};
-      list.push_back(copy);
+      run.input_copies.push_back(copy);
     }
-    if (!list.empty()) barrier();
     for (size_t i = 0; i < program.launches.size(); ++i) {
       const plan::PlannedLaunch& planned = program.launches[i];
-      if (planned.barrier_before || (time_runs && i > 0)) barrier();
-      list.push_back(dispatch_of(planned, pipeline_of_launch[i]));
+      std::vector<gpu::Command>& dispatch = run.dispatches.emplace_back();
+      if (planned.barrier_before || (time_runs && i > 0))
+        dispatch.push_back({gpu::Command::Kind::barrier});
+      dispatch.push_back(dispatch_of(planned, pipeline_of_launch[i]));
     }
-    barrier();
     for (const auto& [leaf, value] : program.graph.updates()) {
       gpu::Command copy{gpu::Command::Kind::copy};
       const gpu::BufferRange source = stored_range(value);
@@ -376,7 +409,7 @@ struct Session::Impl {
       // The planner may have had the new value written over the leaf itself.
       if (source.buffer == target.buffer && source.offset == target.offset) continue;
       copy.copy = {source, target.buffer, target.offset};
-      list.push_back(copy);
+      run.update_copies.push_back(copy);
     }
     for (const auto& [name, slot] : outputs) {
       if (slot.in_place) continue;
@@ -384,9 +417,9 @@ struct Session::Impl {
       copy.copy = {stored_range(slot.value), run_slot.download, slot.offset};
       if (slot.bound)
         copy.copy = {stored_range(slot.value), slot.bound->buffer, slot.bound->offset};
-      list.push_back(copy);
+      run.output_copies.push_back({copy, output_ready_after(slot)});
     }
-    return list;
+    return run;
   }
 
   gpu::RecordingId own_recording(std::span<const gpu::Command> list, gpu::Timing timing) {
@@ -399,22 +432,31 @@ struct Session::Impl {
     std::erase(owned_recordings, recording);
   }
 
-  // (Re-)records both run slots and the chunks, after the bindings changed.
+  // (Re-)records both run slots, the chunks and the segments, after the bindings changed.
   void record_runs() {
     for (RunSlot& slot : slots) {
       if (runs_recorded) drop_recording(slot.recording);
-      slot.recording = own_recording(commands(slot), run_timing);
+      slot.recording = own_recording(runtime::whole_run(commands(slot)), run_timing);
     }
     runs_recorded = true;
     record_chunks();
+    record_segments();
   }
+
+  // Segmented runs (session_segments.cpp).
+  void record_segments();
+  void submit_segment(size_t index);
+  void wait_segment(size_t index);
+  // Completes a segmented run under way: submits its remaining segments and waits for them.
+  void finish_segmented_run();
+  void refuse_during_segmented_run(const char* what) const;
 
   void record_chunks() {
     for (gpu::RecordingId recording : chunking.recordings) drop_recording(recording);
     chunking.recordings.clear();
     chunking.recording_ms.clear();
     if (chunking.budget_ms <= 0) return;
-    const std::vector<gpu::Command> all = commands(slots[0]);
+    const std::vector<gpu::Command> all = runtime::whole_run(commands(slots[0]));
     if (chunking.dispatch_ms.empty()) {
       chunking.profiled_run_started = false;
       chunking.recordings.push_back(own_recording(all, gpu::Timing::per_dispatch));

@@ -154,9 +154,11 @@ TEST(Cli, KillDuringCheckpointingThenResume) {
   ASSERT_TRUE(fs::exists(checkpoint));
   const mg::io::Checkpoint saved = mg::io::load_checkpoint(checkpoint);
   EXPECT_GT(saved.step, 0);
+  // Enough epochs of 128 steps to pass the checkpoint's step, and no more.
+  const std::string epochs = std::to_string(saved.step / 128 + 1);
   const Result resumed =
-      run("train --out " + out.string() +
-          " --model mlp --limit 4096 --batch 32 --epochs 1 --resume " + checkpoint.string());
+      run("train --out " + out.string() + " --model mlp --limit 4096 --batch 32 --epochs " +
+          epochs + " --resume " + checkpoint.string());
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   fs::remove_all(out);
@@ -198,9 +200,9 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   expect_one_line_error("train --out " + out.string() + " --model cnn --resume " + good.string(),
                         "saved for model");
   expect_one_line_error("train --epochs many", "--epochs");
-  expect_one_line_error("train --limit 0", "--limit must be positive");
-  expect_one_line_error("train --epochs 0", "--epochs must be positive");
-  expect_one_line_error("train --checkpoint-every -1", "--checkpoint-every must be positive");
+  expect_one_line_error("train --limit 0", "--limit must be from 1 to");
+  expect_one_line_error("train --epochs 0", "--epochs must be from 1 to");
+  expect_one_line_error("train --checkpoint-every -1", "--checkpoint-every must be from 1 to");
   expect_one_line_error("inspect --batch 0", "--batch must be positive");
   // An output directory that cannot be made fails at once, before any loading or building.
   const std::string unwritable = "train --out /proc/meganeura-out --model mlp --limit 64";
@@ -208,8 +210,9 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   EXPECT_EQ(run(unwritable).output.find("built training program"), std::string::npos);
   // So does a trace file in a directory that does not exist, in training and in inference.
   const std::string missing_dir = (out / "no-such-dir").string();
-  expect_one_line_error("train --out " + out.string() + " --model mlp --limit 64 --trace " +
-                            missing_dir + "/trace.json",
+  expect_one_line_error("train --out " + out.string() +
+                            " --overwrite --model mlp --limit 64 --trace " + missing_dir +
+                            "/trace.json",
                         "there is no directory " + missing_dir);
   const Result infer_trace = run("infer " + good.string() + " --trace " + missing_dir + "/t.json");
   EXPECT_NE(infer_trace.status, 0);

@@ -61,6 +61,14 @@ std::map<int64_t, double> losses(const fs::path& out) {
   return result;
 }
 
+// The last record of metrics.jsonl.
+nlohmann::json last_record(const fs::path& out) {
+  std::ifstream file(out / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(file, line)) last = line;
+  return nlohmann::json::parse(last);
+}
+
 // 40 steps of a global batch of 32 (16 a rank); every step logged; a checkpoint at step 20.
 const std::string kRun =
     "train --model cnn --limit 3200 --batch 32 --seed 3 --log-every 1 --checkpoint-every 20 ";
@@ -74,14 +82,16 @@ TEST(DistributedCli, TwoRanksTrainAsOneProcessOnTheGlobalBatchAndResume) {
       shell(binary + " " + kRun + "--max-steps 40 --out " + (root / "single").string());
   ASSERT_EQ(single.status, 0) << single.output;
 
-  // The first 20 steps, then the last 20 resumed by both ranks from rank 0's checkpoint.
-  const Result first =
-      shell(mpirun(2) + binary + " " + kRun + "--max-steps 20 --out " + (root / "first").string());
+  // The first 20 steps with buckets of 10 KiB, each summed while backward runs on; the last 20
+  // resumed by both ranks from rank 0's checkpoint, summing after backward.
+  const Result first = shell(mpirun(2) + binary + " " + kRun +
+                             "--max-steps 20 --bucket-mb 0.01 --out " + (root / "first").string());
   ASSERT_EQ(first.status, 0) << first.output;
   EXPECT_NE(first.output.find("rank 1 of 2: device"), std::string::npos) << first.output;
   const Result second =
-      shell(mpirun(2) + binary + " " + kRun + "--max-steps 40 --out " + (root / "second").string() +
-            " --resume " + (root / "first" / "checkpoint.safetensors").string());
+      shell(mpirun(2) + "-x MEGANEURA_OVERLAP_REDUCTION=0 " + binary + " " + kRun +
+            "--max-steps 40 --bucket-mb 0.01 --out " + (root / "second").string() + " --resume " +
+            (root / "first" / "checkpoint.safetensors").string());
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
 
@@ -96,6 +106,13 @@ TEST(DistributedCli, TwoRanksTrainAsOneProcessOnTheGlobalBatchAndResume) {
   // Rank 0 alone wrote the files: one record a step, not two.
   std::ifstream metrics(root / "first" / "metrics.jsonl");
   EXPECT_EQ(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n'), 20);
+  // The first run's sums overlapped backward, the second's did not.
+  const nlohmann::json overlapped = last_record(root / "first");
+  EXPECT_GT(overlapped.value("segments", 0), 2) << overlapped.dump();
+  EXPECT_GT(overlapped.value("sums_during_backward", 0), 0) << overlapped.dump();
+  const nlohmann::json blocking = last_record(root / "second");
+  EXPECT_EQ(blocking.value("segments", 0), 1) << blocking.dump();
+  EXPECT_EQ(blocking.value("sums_during_backward", -1), 0) << blocking.dump();
   fs::remove_all(root);
 }
 

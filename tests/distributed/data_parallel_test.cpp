@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "meganeura/distributed.hpp"
@@ -118,6 +119,68 @@ TEST(DataParallel, BucketsGatherGradientsUpToTheirSize) {
   const auto communicator = std::make_shared<MirroredCommunicator>();
   EXPECT_LT(compare_with_reference(optimizer, communicator, 3), 1e-4);
   EXPECT_EQ(communicator->sums, 3);  // every gradient in one bucket of 25 MiB
+}
+
+// Overlap: the gradient program runs in segments, and each bucket's sum starts when the segment
+// that finishes its gradients has run, while the GPU still has later segments to run. The
+// parameters are those of the trainer that sums after the whole gradient program, bit for bit.
+TEST(DataParallel, SumsStartWhileBackwardStillRuns) {
+  OptimizerConfig optimizer;
+  optimizer.learning_rate = 0.01;
+  const Graph forward = models::build_classifier_loss(kModel, kBatch);
+  SessionOptions options;
+  options.validation = true;
+  options.seed = 3;
+  const auto overlapped_ranks = std::make_shared<MirroredCommunicator>();
+  const auto blocking_ranks = std::make_shared<MirroredCommunicator>();
+  DataParallelTrainer overlapped(forward, forward.output("loss"), optimizer, overlapped_ranks,
+                                 options, {.bucket_bytes = 64, .overlap = true});
+  DataParallelTrainer blocking(forward, forward.output("loss"), optimizer, blocking_ranks, options,
+                               {.bucket_bytes = 64, .overlap = false});
+  std::mt19937_64 generator(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> images(static_cast<size_t>(kBatch * 64));
+  std::vector<int32_t> labels(static_cast<size_t>(kBatch));
+  for (int step = 0; step < 3; ++step) {
+    for (float& pixel : images) pixel = normal(generator);
+    for (int32_t& label : labels) label = static_cast<int32_t>(generator() % 4);
+    for (DataParallelTrainer* trainer : {&overlapped, &blocking}) {
+      trainer->set_input(models::kImagesInput, images);
+      trainer->set_input(models::kLabelsInput, labels);
+      trainer->step(step);
+    }
+    EXPECT_EQ(overlapped.loss(), blocking.loss());
+  }
+  for (const std::string& name : overlapped.state().persistent_names())
+    EXPECT_EQ(overlapped.state().read(name), blocking.state().read(name)) << name;
+  EXPECT_EQ(overlapped_ranks->sums, blocking_ranks->sums);
+
+  const DataParallelTrainer::StepTimes times = overlapped.last_step_times();
+  ASSERT_GE(times.segments, 3u);  // one bucket a parameter, finished at different dispatches
+  EXPECT_GT(times.sums_started_during_backward, 0u);
+  EXPECT_EQ(blocking.last_step_times().segments, 1u);
+  EXPECT_EQ(blocking.last_step_times().sums_started_during_backward, 0u);
+  using Kind = DataParallelTrainer::StepEvent::Kind;
+  std::vector<size_t> finished, summed;
+  std::optional<size_t> first_sum, last_submission;
+  const std::vector<DataParallelTrainer::StepEvent> events = overlapped.last_step_events();
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].kind == Kind::segment_finished) finished.push_back(events[i].index);
+    if (events[i].kind == Kind::sum_started) {
+      summed.push_back(events[i].index);
+      if (!first_sum) first_sum = i;
+    }
+    if (events[i].kind == Kind::segment_submitted && events[i].index + 1 == times.segments)
+      last_submission = i;
+  }
+  std::vector<size_t> in_order(times.segments), buckets(6);
+  for (size_t i = 0; i < in_order.size(); ++i) in_order[i] = i;
+  for (size_t i = 0; i < buckets.size(); ++i) buckets[i] = i;
+  EXPECT_EQ(finished, in_order);
+  EXPECT_EQ(summed, buckets);  // every rank starts the sums in bucket order
+  ASSERT_TRUE(first_sum && last_submission);
+  EXPECT_LT(*first_sum, *last_submission);  // bucket 0 is summed before backward's end is queued
+  EXPECT_EQ(overlapped.state().validation_messages(), 0u);
 }
 
 TEST(DataParallel, RejectsANonScalarLossAndAMissingCommunicator) {

@@ -1388,6 +1388,26 @@ TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
   check_attention(true);
 }
 
+// Gradients of the size an untrained model's loss gives (a cotangent of 1e-6), at the shapes of
+// Whisper-tiny's encoder (1500 queries and keys, heads of 64) and of SD 1.5's self-attention
+// (1024 and 256 tokens, heads of 80 and 160), spread-out attention: dS is about 1e-10 there,
+// below f16's smallest subnormal, so without the rescaled cotangent
+// (MEGANEURA_ATTENTION_GRAD_SCALE=0) dQ and dK come out as zeros.
+TEST_F(GpuCoopMatrix, AttentionGradientsOfSmallCotangentsNv) {
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
+  for (const Shape& q : {Shape{1, 2, 1500, 64}, Shape{1, 1, 1024, 80}, Shape{1, 1, 256, 160}}) {
+    SCOPED_TRACE(shape_string(q));
+    check_on_gpu(
+        {{"q", q}, {"k", q}, {"v", q}, {"g", q, DType::f32, -1e-6, 1e-6}},
+        [](Graph& graph, std::vector<Tensor>& x) {
+          output_with_gradients(graph, scaled_dot_product_attention(x[0], x[1], x[2], {}), x[3],
+                                {x[0], x[1], x[2]});
+        },
+        1e-2, 23, fast());
+  }
+}
+
 TEST_F(GpuCoopMatrix, MatmulNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";

@@ -260,6 +260,28 @@ TEST(GpuNormAttention, LogSumExpAlone) {
       });
 }
 
+// Gradients over a rescaled cotangent (passes/scale_attention_gradients.cpp, forced: the fast
+// precision's cooperative matrices take it by default): grouped heads with a mask (one scale per
+// batch), and causal heads with a narrower value (one per head).
+TEST(GpuNormAttention, GradientsOverAScaledCotangent) {
+  const testing::ScopedSwitch scaled("MEGANEURA_ATTENTION_GRAD_SCALE", "1");
+  check_attention(2, 4, 2, 37, 45, 16, 16, false, true);
+  check_attention(2, 2, 2, 20, 30, 16, 8, true);
+  // Whisper-tiny's encoder: 1500 queries and keys, heads of 64, and a cotangent of an untrained
+  // model's size, in fast precision (here on the strict kernels; the cooperative-matrix ones in
+  // tests/gpu/coopmat_test.cpp).
+  const Shape q{1, 1, 1500, 64};
+  SessionOptions fast;
+  fast.precision = Precision::fast;
+  check_on_gpu(
+      {{"q", q}, {"k", q}, {"v", q}, {"g", q, DType::f32, -1e-6, 1e-6}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor y = scaled_dot_product_attention(x[0], x[1], x[2], {});
+        output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[3]);
+      },
+      1e-4, 7, fast);
+}
+
 // A malformed tuning switch stops the build with an error that quotes it.
 void expect_switch_rejected(const char* variable, const char* bad) {
   testing::expect_switch_rejected(variable, bad,

@@ -89,6 +89,34 @@ TEST_F(CheckpointTest, CorruptMetadata) {
   expect_error([&] { load_checkpoint(path("bad.safetensors")); }, {"no integer \"step\""});
 }
 
+TEST_F(CheckpointTest, DeeplyNestedMetadataIsRefusedBeforeParsing) {
+  SafetensorsFile file;
+  file.metadata["meganeura"] = R"({"format": 1, "step": 1, "epoch": 0, "extra": )" +
+                               std::string(30000, '[') + std::string(30000, ']') + "}";
+  write_safetensors(path("deep.safetensors"), file);
+  try {
+    load_checkpoint(path("deep.safetensors"));
+    FAIL() << "deeply nested metadata was accepted";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(path("deep.safetensors").string()), std::string::npos) << message;
+    EXPECT_NE(message.find("nests JSON deeper than 16 levels"), std::string::npos) << message;
+    EXPECT_LT(message.size(), 400u);
+  }
+}
+
+TEST_F(CheckpointTest, NegativeOrHugeStepAndEpochAreCorrupt) {
+  SafetensorsFile file;
+  for (const char* fields :
+       {R"("step": -5, "epoch": 0)", R"("step": -9223372036854775808, "epoch": 0)",
+        R"("step": 18446744073709551615, "epoch": 0)", R"("step": 1, "epoch": -1)"}) {
+    file.metadata["meganeura"] = std::string(R"({"format": 1, )") + fields + "}";
+    write_safetensors(path("range.safetensors"), file);
+    expect_error([&] { load_checkpoint(path("range.safetensors")); },
+                 {path("range.safetensors").string(), "is corrupt", "outside 0.."});
+  }
+}
+
 TEST_F(CheckpointTest, TruncatedCheckpointSaysSo) {
   save_checkpoint(path("ckpt.safetensors"), sample());
   std::filesystem::resize_file(path("ckpt.safetensors"),

@@ -133,5 +133,25 @@ TEST_F(FashionMnistErrors, CountMismatchTruncationAndBadLabels) {
   expect_error([&] { load_fashion_mnist(dir_, "test"); }, {"more data than its header declares"});
 }
 
+TEST_F(FashionMnistErrors, HeaderCountsBeyondTheFileAreRefusedBeforeAllocating) {
+  write_valid_test_split();
+  write_gz("t10k-images-idx3-ubyte.gz", header({0x803, 0xFFFFFFFF, 28, 28}));
+  write_gz("t10k-labels-idx1-ubyte.gz", header({0x801, 0xFFFFFFFF}));
+  expect_error([&] { load_fashion_mnist(dir_, "test"); },
+               {path("t10k-images-idx3-ubyte.gz").string(), "too few to hold them"});
+
+  write_gz("t10k-images-idx3-ubyte.gz", header({0x803, 1000, 4096, 4096}));
+  write_gz("t10k-labels-idx1-ubyte.gz", header({0x801, 1000}));
+  expect_error([&] { load_fashion_mnist(dir_, "test"); },
+               {"declares 16777216000 bytes of pixels", "too few to hold them"});
+}
+
+TEST_F(FashionMnistErrors, EmptySplitIsAnError) {
+  write_gz("t10k-images-idx3-ubyte.gz", header({0x803, 0, 28, 28}));
+  write_gz("t10k-labels-idx1-ubyte.gz", header({0x801, 0}));
+  expect_error([&] { load_fashion_mnist(dir_, "test"); },
+               {path("t10k-images-idx3-ubyte.gz").string(), "holds no images"});
+}
+
 }  // namespace
 }  // namespace mg::data

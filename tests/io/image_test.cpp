@@ -1,6 +1,9 @@
 #include "io/image.hpp"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <chrono>
 
 #include "scratch_dir.hpp"
 
@@ -18,6 +21,45 @@ Image random_image(int width, int height, int channels, unsigned seed) {
 }
 
 class ImageTest : public testing::ScratchDirTest {};
+
+void append_big_endian(std::vector<std::byte>& out, uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(std::byte(value >> shift));
+}
+
+// One PNG chunk with its length and CRC.
+void append_chunk(std::vector<std::byte>& out, const char* type, const std::vector<uint8_t>& data) {
+  append_big_endian(out, static_cast<uint32_t>(data.size()));
+  std::vector<uint8_t> typed(type, type + 4);
+  typed.insert(typed.end(), data.begin(), data.end());
+  for (uint8_t byte : typed) out.push_back(std::byte{byte});
+  append_big_endian(out, static_cast<uint32_t>(crc32(0, typed.data(), typed.size())));
+}
+
+std::vector<uint8_t> ihdr(uint32_t width, uint32_t height, uint8_t color_type) {
+  std::vector<uint8_t> data;
+  for (uint32_t value : {width, height}) {
+    for (int shift = 24; shift >= 0; shift -= 8)
+      data.push_back(static_cast<uint8_t>(value >> shift));
+  }
+  data.insert(data.end(), {8, color_type, 0, 0, 0});
+  return data;
+}
+
+// A PNG declaring width x height RGBA whose image data is one deflated zero row.
+std::vector<std::byte> png_declaring(uint32_t width, uint32_t height, bool second_ihdr) {
+  std::vector<uint8_t> row(1 + 4 * size_t{std::min(width, 64u)});
+  std::vector<uint8_t> packed(compressBound(static_cast<uLong>(row.size())));
+  uLongf packed_size = packed.size();
+  compress(packed.data(), &packed_size, row.data(), static_cast<uLong>(row.size()));
+  packed.resize(packed_size);
+  std::vector<std::byte> out;
+  for (int byte : {0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A}) out.push_back(std::byte(byte));
+  append_chunk(out, "IHDR", ihdr(width, height, 6));
+  append_chunk(out, "IDAT", packed);
+  if (second_ihdr) append_chunk(out, "IHDR", ihdr(width, height, 6));
+  append_chunk(out, "IEND", {});
+  return out;
+}
 
 TEST_F(ImageTest, PngRoundTripForEveryChannelCount) {
   for (int channels = 1; channels <= 4; ++channels) {
@@ -123,6 +165,41 @@ TEST_F(ImageTest, CorruptPngsAreErrorsNamingTheFile) {
   testing::write_text(path("text.png"), "hello, not an image");
   expect_error([&] { read_image(path("text.png")); }, {path("text.png").string(), "neither"});
   expect_error([&] { read_png(path("absent.png")); }, {"no image at", path("absent.png").string()});
+}
+
+TEST_F(ImageTest, PngSizesBeyondItsDataAndASecondIhdrAreRefusedBeforeDecoding) {
+  const auto started = std::chrono::steady_clock::now();
+  testing::write_bytes(path("huge.png"), png_declaring(32768, 32768, false));
+  expect_error([&] { read_image(path("huge.png")); }, {path("huge.png").string(), "too large"});
+  testing::write_bytes(path("bomb.png"), png_declaring(8000, 8000, false));
+  expect_error([&] { read_png(path("bomb.png")); },
+               {path("bomb.png").string(), "declares 8000x8000 but holds only", "too few"});
+  // Refused before anything of the declared size is allocated or inflated.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 2.0);
+
+  testing::write_bytes(path("twice.png"), png_declaring(4, 1, true));
+  expect_error([&] { read_image(path("twice.png")); }, {path("twice.png").string(), "second IHDR"});
+  testing::write_bytes(path("once.png"), png_declaring(4, 1, false));
+  EXPECT_EQ(read_image(path("once.png")).pixels, std::vector<uint8_t>(16, 0));
+}
+
+TEST_F(ImageTest, JpegDeclaringMorePixelsThanItsBytesCanHoldIsRefused) {
+  write_jpeg(path("small.jpg"), random_image(16, 16, 3, 9), 90);
+  auto bytes = testing::read_bytes(path("small.jpg"));
+  // The baseline frame header: FF C0, length, precision, then height and width.
+  size_t frame = 2;
+  while (frame + 9 < bytes.size() &&
+         !(bytes[frame] == std::byte{0xFF} && bytes[frame + 1] == std::byte{0xC0})) {
+    ++frame;
+  }
+  ASSERT_LT(frame + 9, bytes.size());
+  for (size_t at : {frame + 5, frame + 7}) {
+    bytes[at] = std::byte{0x1F};  // 8000 = 0x1F40
+    bytes[at + 1] = std::byte{0x40};
+  }
+  testing::write_bytes(path("huge.jpg"), bytes);
+  expect_error([&] { read_image(path("huge.jpg")); },
+               {path("huge.jpg").string(), "declares 8000x8000", "too few for that size"});
 }
 
 TEST_F(ImageTest, JpegRoundTripStaysCloseAndDamagedJpegsAreErrors) {

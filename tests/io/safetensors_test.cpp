@@ -282,6 +282,28 @@ TEST_F(SafetensorsTest, MalformedHeadersAreExplained) {
   expect_error([&] { read_safetensors(craft(R"({"a":{"dtype":"F32"}})", 0)); }, {file, "no shape"});
 }
 
+TEST_F(SafetensorsTest, NestingDeeperThanAHeaderIsRefusedBeforeParsing) {
+  const std::string file = path("crafted.safetensors").string();
+  expect_error([&] { read_safetensors(craft(R"({"a":{"shape":[[1]]}})", 0)); },
+               {file, "nests deeper than the 3 levels"});
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  expect_error([&] { read_safetensors(craft(R"({"a":)" + deep + "}", 0)); },
+               {file, "nests deeper"});
+}
+
+TEST_F(SafetensorsTest, ErrorLinesQuoteLongInputShortly) {
+  const std::string name(30000, 'n');
+  try {
+    read_safetensors(craft(R"({")" + name + R"(":{"dtype":"F32"}})", 0));
+    FAIL() << "a tensor without a shape was accepted";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("no shape array"), std::string::npos) << message;
+    EXPECT_NE(message.find("nnn..."), std::string::npos) << message;
+    EXPECT_LT(message.size(), 400u);
+  }
+}
+
 TEST_F(SafetensorsTest, HugeHeaderLengthIsRejectedWithoutAllocating) {
   std::vector<std::byte> bytes(16, std::byte{0});
   const uint64_t length = uint64_t{1} << 62;

@@ -348,7 +348,7 @@ TEST_F(TokenizerErrors, MissingFileAndNotJsonNameTheFile) {
   expect_error([&] { Tokenizer::load(path("absent/tokenizer.json")); },
                {path("absent/tokenizer.json").string(), "does not exist"});
   testing::write_text(path("broken.json"), "{\"model\": [1, 2,");
-  expect_error([&] { Tokenizer::load(path("broken.json")); }, {"broken.json", "is not JSON"});
+  expect_error([&] { Tokenizer::load(path("broken.json")); }, {"broken.json", "is not valid JSON"});
 }
 
 TEST_F(TokenizerErrors, UnsupportedStagesAreNamed) {

@@ -185,6 +185,9 @@ TEST(Shape, MisuseNamesOpAndShapes) {
   const Tensor float_indices = input(graph, "f", {4});
   expect_error([&] { gather(x, float_indices); }, {"gather(f32[2, 3], f32[4])", "i32"});
   const Tensor indices = input(graph, "i", {4}, DType::i32);
+  const Tensor integer_table = input(graph, "t", {2, 3}, DType::i32);
+  expect_error([&] { gather(integer_table, indices); },
+               {"gather(i32[2, 3], i32[4])", "the table must hold f32, f16 or bf16"});
   expect_error(
       [&] {
         scatter_add(x, indices, input(graph, "u", {4, 2}));

@@ -1012,6 +1012,44 @@ TEST(Passes, AttentionGradQAsMatmulKeepsOutputs) {
   EXPECT_EQ(count_op(passes::attention_grad_q_gemm(graph, 19200), "attention_grad_q"), 1u);
 }
 
+// Attention gradients over a rescaled cotangent: the same gradients on the reference, for grouped
+// heads (one scale per batch) and as many kv heads as query heads (one per head), masked and
+// causal; dK and dV of one attention read one scaled cotangent (so that their launches can still
+// be one), and a zero cotangent gives zero gradients rather than NaNs.
+TEST(Passes, ScaledAttentionGradientsKeepOutputs) {
+  for (const Shape& k : {Shape{2, 2, 30, 8}, Shape{2, 4, 30, 8}}) {
+    SCOPED_TRACE("kv heads " + std::to_string(k[1]));
+    AttentionCase attention =
+        attention_with_gradients(7, {2, 4, 20, 8}, k, {2, k[1], 30, 6}, {"masked", "causal"});
+    const Graph scaled = passes::scale_attention_gradients(attention.graph);
+    size_t cotangents = 0;
+    std::set<ValueId> grad_outs;
+    for (const Node& node : scaled.nodes()) {
+      if (node.op == "attention_grad_k" || node.op == "attention_grad_v")
+        grad_outs.insert(node.inputs[node.inputs.size() - 2]);
+      if (node.op == "max") {
+        ++cotangents;
+        EXPECT_EQ(node.type.shape, (Shape{2, k[1] == 4 ? 4 : 1, 1, 1}));
+      }
+    }
+    EXPECT_EQ(cotangents, 2u);
+    EXPECT_EQ(grad_outs.size(), 2u);
+    expect_same_outputs(attention.graph, scaled, attention.environment);
+    // Gradients of the order of an untrained model's, and none at all.
+    for (const double factor : {1e-9, 0.0}) {
+      for (double& element : attention.environment.leaves["seed"].data) element *= factor;
+      const std::vector<HostTensor> got = evaluate(scaled, attention.environment);
+      const std::vector<HostTensor> expected = evaluate(attention.graph, attention.environment);
+      for (const auto& [name, id] : attention.graph.outputs()) {
+        const HostTensor& a = expected[id];
+        const HostTensor& b = got[scaled.output(name)];
+        for (int64_t i = 0; i < a.elements(); ++i)
+          ASSERT_NEAR(a.data[i], b.data[i], 1e-12 * std::abs(a.data[i])) << name;
+      }
+    }
+  }
+}
+
 // The built-in rule: Whisper's encoder attention at batch 1 (144 blocks of 64 queries, and as
 // many of 64 keys) takes 4 slices in the forward, dQ, dK and dV; at batch 8, or over 128 keys
 // and queries, it stays whole.

@@ -1,5 +1,7 @@
 #include <fstream>
+#include <random>
 
+#include "backends/vulkan/runtime/cache_file.hpp"
 #include "vk_test_support.hpp"
 
 namespace mg::gpu {
@@ -54,6 +56,31 @@ TEST_F(PipelineCacheTest, CorruptSpirvFileIsIgnoredAndRewritten) {
 
   std::ofstream(files[0], std::ios::binary | std::ios::trunc) << "garbage";
   EXPECT_EQ(build_once(), 0u);
+  EXPECT_EQ(build_once(), 1u);
+}
+
+// A file whose checksum matches (so written as it is read) but whose SPIR-V is truncated or
+// garbage must never reach the driver, which may crash on it.
+TEST_F(PipelineCacheTest, MalformedSpirvWithAValidChecksumIsRebuilt) {
+  EXPECT_EQ(build_once(), 0u);
+  auto files = files_in("spirv");
+  ASSERT_EQ(files.size(), 1u);
+  const std::string original = contents(files[0]);
+  const auto payload = detail::read_cache_file(files[0]);
+  ASSERT_TRUE(payload);
+
+  const size_t half = payload->size() / 8 * 4;
+  ASSERT_TRUE(detail::write_cache_file(files[0], std::span(payload->data(), half)));
+  EXPECT_EQ(build_once(), 0u);
+  EXPECT_EQ(contents(files[0]), original);
+
+  std::vector<uint32_t> garbage(payload->size() / 4);
+  std::mt19937 random(11);
+  for (uint32_t& word : garbage) word = static_cast<uint32_t>(random());
+  std::memcpy(garbage.data(), payload->data(), 20);  // a valid header over random instructions
+  ASSERT_TRUE(detail::write_cache_file(files[0], std::as_bytes(std::span(garbage))));
+  EXPECT_EQ(build_once(), 0u);
+  EXPECT_EQ(contents(files[0]), original);
   EXPECT_EQ(build_once(), 1u);
 }
 

@@ -44,20 +44,28 @@ VkDebugUtilsMessengerCreateInfoEXT messenger_info(void* user,
 // the last instance and loads it again for the next, and glibc never gives back the static TLS
 // space that a driver library takes when loaded (NVIDIA's takes some): after some tens of
 // sessions in one process the driver no longer loads and vkCreateInstance reports no driver.
-// One bare instance that is never destroyed keeps every
-// driver loaded once; the process's exit reclaims it.
-void keep_drivers_loaded(uint32_t api_version) {
-  static std::once_flag once;
-  std::call_once(once, [api_version] {
+// One bare instance that is never destroyed keeps every driver loaded once; the process's exit
+// reclaims it. Where validation is asked for, a second kept instance holds the validation layer
+// loaded too, or it would be unloaded and loaded again with every device.
+void keep_drivers_loaded(uint32_t api_version, bool validation) {
+  const auto keep = [api_version](bool with_layer) {
     auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
     app.pApplicationName = "meganeura (keeps the drivers loaded)";
     app.apiVersion = api_version;
     auto create = vk_struct<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
     create.pApplicationInfo = &app;
+    const char* layers[] = {kValidationLayer};
+    if (with_layer) {
+      create.enabledLayerCount = 1;
+      create.ppEnabledLayerNames = layers;
+    }
     VkInstance kept = VK_NULL_HANDLE;
     // A failure here is reported by the instance that follows.
     vkCreateInstance(&create, nullptr, &kept);
-  });
+  };
+  static std::once_flag bare, validated;
+  std::call_once(bare, keep, false);
+  if (validation) std::call_once(validated, keep, true);
 }
 
 }  // namespace
@@ -79,7 +87,7 @@ Instance::Instance(bool validation) {
         "the Vulkan loader supports only Vulkan 1.0; Meganeura needs 1.1 or newer "
         "(update libvulkan1)");
   api_version_ = loader_version >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : loader_version;
-  keep_drivers_loaded(api_version_);
+  keep_drivers_loaded(api_version_, validation);
 
   auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
   app.pApplicationName = "meganeura";

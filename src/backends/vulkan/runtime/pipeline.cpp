@@ -10,6 +10,7 @@
 
 #include "backends/vulkan/runtime/shader_compiler.hpp"
 #include "backends/vulkan/runtime/vk_result.hpp"
+#include "meganeura/error.hpp"
 
 namespace mg::gpu::detail {
 namespace {
@@ -164,15 +165,34 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
 
   parallel_for(specs.size(), [&](size_t i) {
     try {
+      const auto compile = [&] {
+        auto compiled =
+            compile_to_spirv(specs[i], options.vulkan_api_version, options.validate_spirv);
+        cache.store_spirv(specs[i], compiled);
+        return compiled;
+      };
       auto spirv = cache.load_spirv(specs[i]);
       if (spirv) {
         cache_hits.fetch_add(1);
+        // A cached module the driver refuses is rebuilt from source once; if the rebuilt one
+        // fails too, the error is the kernel's, not the cache's.
+        try {
+          pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i],
+                                         options.print_statistics);
+        } catch (const mg::Error& error) {
+          std::fprintf(stderr,
+                       "meganeura: the driver refused kernel cache file %s (%s); rebuilding it\n",
+                       cache.describe_spirv_file(specs[i]).c_str(), error.what());
+          cache_hits.fetch_sub(1);
+          spirv = compile();
+        }
       } else {
-        spirv = compile_to_spirv(specs[i], options.vulkan_api_version, options.validate_spirv);
-        cache.store_spirv(specs[i], *spirv);
+        spirv = compile();
       }
-      pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i],
-                                     options.print_statistics);
+      if (pipelines[i] == VK_NULL_HANDLE) {
+        pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i],
+                                       options.print_statistics);
+      }
       if (options.print_statistics) {
         std::fputs(statistics_of(device, pipelines[i], specs[i].label).c_str(), stderr);
       }

@@ -11,6 +11,26 @@ namespace mg::gpu::detail {
 namespace {
 
 constexpr uint32_t kSpirvMagic = 0x07230203;
+constexpr uint32_t kOpEntryPoint = 15;
+constexpr uint32_t kOpFunctionEnd = 56;
+
+// A structural check of a module read from the cache (its checksum only proves that the file is
+// what was written): the header, every instruction's word count inside the module, an entry
+// point, and the function's end as the last instruction, which a truncated module lacks. A
+// driver handed a malformed module may crash instead of failing.
+bool well_formed_spirv(const std::vector<uint32_t>& spirv) {
+  if (spirv.size() < 5 || spirv[0] != kSpirvMagic || spirv[3] == 0) return false;
+  bool entry_point = false;
+  uint32_t last_opcode = 0;
+  for (size_t at = 5; at < spirv.size();) {
+    const uint32_t words = spirv[at] >> 16;
+    if (words == 0 || words > spirv.size() - at) return false;
+    last_opcode = spirv[at] & 0xFFFF;
+    entry_point = entry_point || last_opcode == kOpEntryPoint;
+    at += words;
+  }
+  return entry_point && last_opcode == kOpFunctionEnd;
+}
 
 std::string hex(uint64_t value) {
   char text[17];
@@ -70,12 +90,21 @@ std::filesystem::path PipelineCache::spirv_path(const KernelSpec& spec) const {
 
 std::optional<std::vector<uint32_t>> PipelineCache::load_spirv(const KernelSpec& spec) const {
   if (!directory_) return std::nullopt;
-  auto bytes = read_cache_file(spirv_path(spec));
-  if (!bytes || bytes->size() < 20 || bytes->size() % 4 != 0) return std::nullopt;
+  const std::filesystem::path path = spirv_path(spec);
+  auto bytes = read_cache_file(path);
+  if (!bytes) return std::nullopt;
   std::vector<uint32_t> spirv(bytes->size() / 4);
-  std::memcpy(spirv.data(), bytes->data(), bytes->size());
-  if (spirv[0] != kSpirvMagic) return std::nullopt;
+  std::memcpy(spirv.data(), bytes->data(), spirv.size() * 4);
+  if (bytes->size() % 4 != 0 || !well_formed_spirv(spirv)) {
+    std::fprintf(stderr, "meganeura: kernel cache file %s holds malformed SPIR-V; rebuilding it\n",
+                 path.c_str());
+    return std::nullopt;
+  }
   return spirv;
+}
+
+std::string PipelineCache::describe_spirv_file(const KernelSpec& spec) const {
+  return directory_ ? spirv_path(spec).string() : "(no kernel cache)";
 }
 
 void PipelineCache::store_spirv(const KernelSpec& spec, const std::vector<uint32_t>& spirv) const {

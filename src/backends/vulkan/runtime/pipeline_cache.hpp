@@ -27,6 +27,8 @@ class PipelineCache {
   // Thread-safe.
   std::optional<std::vector<uint32_t>> load_spirv(const KernelSpec& spec) const;
   void store_spirv(const KernelSpec& spec, const std::vector<uint32_t>& spirv) const;
+  // The cache file of `spec`'s SPIR-V, for error messages.
+  std::string describe_spirv_file(const KernelSpec& spec) const;
 
   // Writes the driver's pipeline cache when it grew since it was loaded or last saved.
   void save();

@@ -99,7 +99,8 @@ void validate_spirv(const KernelSpec& spec, const std::vector<uint32_t>& spirv, 
       });
   if (!tools.Validate(spirv))
     throw Error("kernel '" + spec.label + "' (" + describe_defines(spec) +
-                ") compiled to invalid SPIR-V:" + messages);
+                    ") compiled to invalid SPIR-V:" + messages,
+                Error::Kind::shader_compile);
 }
 
 }  // namespace
@@ -134,14 +135,16 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
   if (!shader.parse(GetDefaultResources(), 450, false, messages)) {
     std::string log = shader.getInfoLog();
     throw Error("kernel '" + spec.label + "' (" + describe_defines(spec) + ") does not compile:\n" +
-                trimmed(log) + offending_lines(log, text));
+                    trimmed(log) + offending_lines(log, text),
+                Error::Kind::shader_compile);
   }
 
   glslang::TProgram program;
   program.addShader(&shader);
   if (!program.link(messages))
     throw Error("kernel '" + spec.label + "' (" + describe_defines(spec) + ") does not link:\n" +
-                trimmed(program.getInfoLog()));
+                    trimmed(program.getInfoLog()),
+                Error::Kind::shader_compile);
 
   std::vector<uint32_t> spirv;
   spv::SpvBuildLogger logger;
@@ -149,7 +152,8 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
   glslang::GlslangToSpv(*program.getIntermediate(EShLangCompute), spirv, &logger, &options);
   if (spirv.empty())
     throw Error("kernel '" + spec.label + "' (" + describe_defines(spec) +
-                "): SPIR-V generation failed:\n" + trimmed(logger.getAllMessages()));
+                    "): SPIR-V generation failed:\n" + trimmed(logger.getAllMessages()),
+                Error::Kind::shader_compile);
   if (validate) validate_spirv(spec, spirv, target);
   // The rewrite runs after validation: Debian's SPIRV-Tools (2023.1) predates the KHR
   // extension and rejects its opcodes, so the NV form is what gets checked.

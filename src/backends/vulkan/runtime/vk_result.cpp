@@ -51,7 +51,14 @@ std::string_view result_words(VkResult result) {
 
 void check(VkResult result, std::string_view what) {
   if (result == VK_SUCCESS) return;
-  throw Error(std::string(what) + ": " + std::string(result_words(result)));
+  Error::Kind kind = Error::Kind::input;
+  if (result == VK_ERROR_OUT_OF_HOST_MEMORY || result == VK_ERROR_OUT_OF_DEVICE_MEMORY ||
+      result == VK_ERROR_OUT_OF_POOL_MEMORY) {
+    kind = Error::Kind::out_of_memory;
+  } else if (result == VK_ERROR_DEVICE_LOST) {
+    kind = Error::Kind::device_lost;
+  }
+  throw Error(std::string(what) + ": " + std::string(result_words(result)), kind);
 }
 
 }  // namespace mg::gpu::detail
