@@ -1,24 +1,21 @@
-#!/ usr / bin / env bash
-#The device calls on the H200 behind docs / BENCHMARKS.md's Workloads section, one part a call
-#(each fits the device tool's 10 minutes):
-#PART = parity the five workloads' parity gates against the real libraries (transformers,
-#torchvision) or the project's twins, run side by side: bench/*_parity_h200.py
-#PART = bench   `meganeura bench workloads` against bench / workloads_pytorch.py(eager, or
-#eager and compiled with COMPILE = 1), joined by bench / compare.py-- workloads;
-#FILTER = NAME runs one workload(the five together take longer than one call),
-#PRECISION = strict | fast one precision, PYTORCH = 0 skips PyTorch's side
-#PART = demo DEMO = resnet | unet | whisper | smolvla : that workload's demo script at its full size
-#(Fashion - MNIST from.dev / data for the ResNet and U - Net demos)
-#Expects the stripped binaries(plain or gzip'd) in .dev/bin: meganeura, llama_parity,
-#whisper_parity, unet_parity and test_parity; the loader debs in.gl; libpcre2 - 8's deb in
-#.dev / debs(unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
-#run - time libraries in.dev / lib.Results go to $OUT.
-set - u part = $ {
-PART:
-  -parity
-}
-for
-f in.gl/*.deb; do dpkg -x "$f" / ; done
+#!/usr/bin/env bash
+# The device calls on the H200 behind docs/BENCHMARKS.md's Workloads section, one part a call
+# (each fits the device tool's 10 minutes):
+#   PART=parity  the five workloads' parity gates against the real libraries (transformers,
+#                torchvision) or the project's twins, run side by side: bench/*_parity_h200.py
+#   PART=bench   `meganeura bench workloads` against bench/workloads_pytorch.py (eager, or
+#                eager and compiled with COMPILE=1), joined by bench/compare.py --workloads;
+#                FILTER=NAME runs one workload (the five together take longer than one call),
+#                PRECISION=strict|fast one precision, PYTORCH=0 skips PyTorch's side
+#   PART=demo DEMO=resnet|unet|whisper|smolvla  that workload's demo script at its full size
+#                (Fashion-MNIST from .dev/data for the ResNet and U-Net demos)
+# Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
+# whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
+# .dev/debs (unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
+# run-time libraries in .dev/lib. Results go to $OUT.
+set -u
+part=${PART:-parity}
+for f in .gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig
 mkdir -p /tmp/mglib && for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/mglib; done
 export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu:$PWD/.dev/lib
