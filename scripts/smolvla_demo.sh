@@ -4,7 +4,7 @@
 # small SmolVLA policy trained on it from random weights by flow matching, the held-out action
 # error of sampled chunks before and after training, and one chunk from `meganeura act`.
 #
-#   scripts/smolvla_demo.sh                 # CI size: a tiny model, a minute or two on Lavapipe
+#   scripts/smolvla_demo.sh                 # CI size: a tiny model (CTest's Demo.SmolVLA)
 #   SMOLVLA_DEMO_SIZE=full scripts/smolvla_demo.sh   # more data, a wider model, longer (a GPU)
 #
 # The CI size draws each target from 4 places and draws it large in a 16 px image, which a tiny

@@ -5,7 +5,8 @@ The task: a point mass (blue) on a square table and a target (red), both drawn i
 image; the state is the mass's position and the actions are the velocities of a proportional
 controller that brings it to the target over the chunk. The target is only in the image, so a
 policy must look to act well. --targets N draws each episode's target from N fixed places on a
-circle instead of anywhere on the table: a simpler task, in reach of a tiny model's short run.
+circle instead of anywhere on the table, and --target-radius draws it larger than the mass: a
+simpler task, in reach of a tiny model's short run.
 
 usage: smolvla_demo_data.py OUT_DIR [--episodes N] [--targets N] [--target-radius PIXELS]
                             [--image SIZE] [--width W] [--layers L] [--seed S]

@@ -4,7 +4,7 @@
 # sampled per class with classifier-free guidance, and judged by the Fashion-MNIST classifier of
 # 'meganeura train': the share of samples it labels as the class they were drawn for.
 #
-#   bash scripts/unet_demo.sh            # CI size: a short smoke run (Lavapipe: a minute or two)
+#   bash scripts/unet_demo.sh            # CI size: a short smoke run (CTest's Demo.UNet)
 #   UNET_DEMO=full bash scripts/unet_demo.sh   # the real run (a few minutes on an H200)
 #   FASHION_MNIST=DIR                          # the data set's folder, if not the default
 #

@@ -8,8 +8,8 @@
 #
 # Environment:
 #   WHISPER_DEMO_SIZE=ci|tiny   ci (default): a small model and data set for a CPU device
-#                               (Lavapipe, two cores: about two minutes); tiny: whisper-tiny's shape and
-#                               more speech, for a GPU
+#                               (Lavapipe; CTest runs it as Demo.Whisper); tiny: whisper-tiny's
+#                               shape and more speech, for a GPU
 #   MEGANEURA=path              the binary (default build/meganeura)
 #   MEGANEURA_DEVICE            the device, as everywhere
 set -euo pipefail
