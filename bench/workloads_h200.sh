@@ -7,7 +7,7 @@
 #                eager and compiled with COMPILE=1), joined by bench/compare.py --workloads;
 #                FILTER=NAME runs one workload (the five together take longer than one call),
 #                PRECISION=strict|fast one precision, PYTORCH=0 skips PyTorch's side
-#   PART=demo DEMO=resnet|unet|whisper|smolvla  that workload's demo script at its full size
+#   PART=demo    DEMO=resnet|unet|whisper|smolvla: that workload's demo script at its full size
 #                (Fashion-MNIST from .dev/data for the ResNet and U-Net demos)
 # Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
 # whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
@@ -15,14 +15,18 @@
 # run-time libraries in .dev/lib. Results go to $OUT.
 set -u
 part=${PART:-parity}
-for f in .gl/*.deb; do dpkg -x "$f" / ; done
-ldconfig
-mkdir -p /tmp/mglib && for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/mglib; done
+# Unpacking is done once a machine, so that a second part can run beside a first one.
+if [ ! -e /tmp/mg-unpacked ]; then
+  for f in .gl/*.deb; do dpkg -x "$f" / ; done
+  ldconfig
+  mkdir -p /tmp/mglib && for f in .dev/debs/*.deb; do dpkg -x "$f" /tmp/mglib; done
+  for packed in .dev/bin/*.gz; do gunzip -f "$packed"; done
+  chmod +x .dev/bin/*
+  touch /tmp/mg-unpacked
+fi
 export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu:$PWD/.dev/lib
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache PYTHONUNBUFFERED=1
-for packed in .dev/bin/*.gz; do gunzip -f "$packed"; done
-chmod +x .dev/bin/*
 # The layout the parity scripts expect of a build folder.
 bin=/tmp/mgbuild
 mkdir -p $bin/bench $bin/tests
@@ -31,14 +35,14 @@ for name in whisper_parity unet_parity; do cp .dev/bin/$name $bin/bench/ 2>/dev/
 cp .dev/bin/test_parity $bin/tests/ 2>/dev/null
 
 if [ "$part" = parity ]; then
-  timeout 500 python3 bench/llama_parity_h200.py $bin tests/fixtures/tokenizer/smollm2_like/tokenizer.json \
+  timeout 430 python3 bench/llama_parity_h200.py $bin tests/fixtures/tokenizer/smollm2_like/tokenizer.json \
     /tmp/llama-parity > $OUT/parity_smollm2.txt 2>&1 &
-  timeout 500 python3 bench/whisper_parity_h200.py $bin tests/fixtures/audio/speech_16k.wav \
+  timeout 430 python3 bench/whisper_parity_h200.py $bin tests/fixtures/audio/speech_16k.wav \
     /tmp/whisper-parity > $OUT/parity_whisper.txt 2>&1 &
-  timeout 500 python3 bench/resnet_parity_h200.py $bin/tests/test_parity /tmp/resnet50-parity \
+  timeout 430 python3 bench/resnet_parity_h200.py $bin/tests/test_parity /tmp/resnet50-parity \
     --precision both > $OUT/parity_resnet.txt 2>&1 &
-  timeout 500 python3 bench/unet_parity_h200.py $bin/bench /tmp/unet-parity > $OUT/parity_unet.txt 2>&1 &
-  timeout 500 python3 bench/smolvla_parity_h200.py --out /tmp/smolvla-parity --binary $bin/tests/test_parity \
+  timeout 430 python3 bench/unet_parity_h200.py $bin/bench /tmp/unet-parity > $OUT/parity_unet.txt 2>&1 &
+  timeout 430 python3 bench/smolvla_parity_h200.py --out /tmp/smolvla-parity --binary $bin/tests/test_parity \
     > $OUT/parity_smolvla.txt 2>&1 &
   wait
   for f in $OUT/parity_*.txt; do echo "== $f"; tail -12 "$f"; done
