@@ -8,8 +8,8 @@
 #
 # Environment:
 #   WHISPER_DEMO_SIZE=ci|tiny   ci (default): a small model and data set for a CPU device
-#                               (Lavapipe, two cores: about two minutes); tiny: whisper-tiny's shape and
-#                               more speech, for a GPU
+#                               (Lavapipe; CTest runs it as Demo.Whisper); tiny: whisper-tiny's
+#                               shape and more speech, for a GPU
 #   MEGANEURA=path              the binary (default build/meganeura)
 #   MEGANEURA_DEVICE            the device, as everywhere
 set -euo pipefail
@@ -30,6 +30,8 @@ esac
 train_voices="en-us en-us+m3 en-gb+f2 en-gb-scotland en-gb-x-rp+m1 en-029+f4"
 test_voices="en+m7 en-gb-x-gbclan+f1"
 
+# Clips of an earlier run in the same folder would join the sets: start them empty.
+rm -rf "$work/train" "$work/test"
 mkdir -p "$work/train" "$work/test"
 echo "whisper_demo: speech in $work ($size)"
 # The utterances: digit strings (seeded, the same for every voice) and a few phrases.
