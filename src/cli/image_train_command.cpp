@@ -319,14 +319,8 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
     inference = std::make_unique<Session>(
         models::build_resnet(model.config, batch, size, size, false), eval_options);
   }
-  if (run.distributed()) {
-    std::fprintf(stderr, "rank %d of %d: device: %s\n", run.rank(), run.size(),
-                 training.report().device.c_str());
-  } else {
-    std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  }
+  run.announce_device(training.report().device);
   if (run.writes()) {
-    current_run().set("device", training.report().device);
     print_precision(options.precision, training.report());
     std::fprintf(stderr, "built %s training program in %.2f s (%zu dispatches)%s%s\n",
                  model.description.c_str(), training.report().build_seconds,
