@@ -11,8 +11,9 @@
 #                (Fashion-MNIST from .dev/data for the ResNet and U-Net demos)
 # Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
 # whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
-# .dev/debs (unpacked beside the system's, not over it); and, for a build with MPI, the OpenMPI
-# run-time libraries in .dev/lib. Results go to $OUT.
+# .dev/debs (unpacked beside the system's, not over it); for a build with MPI, the OpenMPI
+# run-time libraries in .dev/lib; for the Whisper demo, espeak-ng packed in .dev/espeak.tar.xz
+# (the espeak-ng binary, the libraries it links and its English data). Results go to $OUT.
 set -u
 part=${PART:-parity}
 # Unpacking is done once a machine, so that a second part can run beside a first one.
@@ -64,18 +65,32 @@ if [ "$part" = bench ]; then
 fi
 
 if [ "$part" = demo ]; then
+  # The machine has no espeak-ng: use the one packed from Debian's packages (binary, libraries
+  # and English data) in .dev/espeak.tar.xz, behind a wrapper so its libraries stay its own.
+  if ! command -v espeak-ng >/dev/null && [ -e .dev/espeak.tar.xz ]; then
+    tar xJf .dev/espeak.tar.xz -C /tmp
+    mkdir -p /tmp/espeak-bin
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/espeakpack/lib ESPEAK_DATA_PATH=/tmp/espeakpack exec /tmp/espeakpack/espeak-ng "$@"\n' \
+      > /tmp/espeak-bin/espeak-ng
+    chmod +x /tmp/espeak-bin/espeak-ng
+    export PATH=/tmp/espeak-bin:$PATH
+  fi
   export MEGANEURA=$bin/meganeura FASHION_MNIST=$PWD/.dev/data
   case "${DEMO:-}" in
     resnet) RESNET_DEMO_FULL=1 RESNET_DEMO_DIR=/tmp/resnet-demo bash scripts/resnet_demo.sh ;;
     unet) UNET_DEMO=full UNET_DEMO_OUT=/tmp/unet-demo bash scripts/unet_demo.sh ;;
-    whisper) WHISPER_DEMO_SIZE=tiny bash scripts/whisper_demo.sh /tmp/whisper-demo ;;
+    whisper) PYTHON=python3 WHISPER_DEMO_SIZE=tiny bash scripts/whisper_demo.sh /tmp/whisper-demo ;;
     smolvla) SMOLVLA_DEMO_SIZE=full SMOLVLA_DEMO_OUT=/tmp/smolvla-demo bash scripts/smolvla_demo.sh ;;
     *) echo "DEMO=resnet|unet|whisper|smolvla" >&2; exit 2 ;;
   esac > $OUT/demo_${DEMO}.txt 2>&1
   echo "demo exit $?" >> $OUT/demo_${DEMO}.txt
-  for f in /tmp/resnet-demo/run /tmp/unet-demo/unet /tmp/whisper-demo/run /tmp/smolvla-demo/run; do
-    [ -d "$f" ] && cp "$f"/metrics.jsonl "$f"/training.png $OUT/ 2>/dev/null
-  done
+  # Named per demo, so that two demos can run side by side into one $OUT.
+  case "$DEMO" in
+    resnet) run=/tmp/resnet-demo/run ;; unet) run=/tmp/unet-demo/unet ;;
+    whisper) run=/tmp/whisper-demo/run ;; smolvla) run=/tmp/smolvla-demo/run ;;
+  esac
+  cp "$run"/metrics.jsonl $OUT/${DEMO}_metrics.jsonl 2>/dev/null
+  cp "$run"/training.png $OUT/${DEMO}_training.png 2>/dev/null
   cp /tmp/unet-demo/unet/samples.png $OUT/ 2>/dev/null
   grep -v "^epoch" $OUT/demo_${DEMO}.txt | tail -15
 fi

@@ -12,13 +12,14 @@
 #                               shape and more speech, for a GPU
 #   MEGANEURA=path              the binary (default build/meganeura)
 #   MEGANEURA_DEVICE            the device, as everywhere
+#   PYTHON=path                 the Python with numpy (default /usr/bin/python3)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:-$(mktemp -d /tmp/whisper-demo.XXXXXX)}"
 size="${WHISPER_DEMO_SIZE:-ci}"
 meganeura="${MEGANEURA:-$here/../build/meganeura}"
-python=/usr/bin/python3
+python="${PYTHON:-/usr/bin/python3}"
 command -v espeak-ng >/dev/null || { echo "whisper_demo: espeak-ng is not installed (scripts/setup.sh installs it)" >&2; exit 1; }
 [ -x "$meganeura" ] || { echo "whisper_demo: no binary at $meganeura: build it or set MEGANEURA" >&2; exit 1; }
 
