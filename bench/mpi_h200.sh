@@ -21,16 +21,17 @@
 # Results go to $OUT (default /tmp/mpi-h200): one folder a run, its log, and summary.md.
 #
 # Needs: the binary built with MPI ($MEGANEURA, default .dev/bin/meganeura, plain or gzip'd) and
-# Open MPI's mpirun. Where the machine has none, put the debs of openmpi-bin, openmpi-common,
-# libopenmpi3 and those of their dependencies the machine lacks in .dev/debs (on a Debian 12
-# machine: apt-get download openmpi-bin openmpi-common libopenmpi3 libhwloc15 libnuma1
-# libpciaccess0 libxnvctrl0 libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libfabric1
-# libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libmunge2 libnl-3-200
-# libnl-route-3-200; `apt-cache depends --recurse openmpi-bin libopenmpi3` lists them all); they
-# are unpacked beside the system's, not over it. SmolLM2-135M is made at its exact configuration with random
-# weights by transformers (as bench/llama_parity_h200.py does) unless $SMOLLM2_DIR names a folder.
-# Fashion-MNIST's idx files are read from $FASHION_DIR (default .dev/data). The whole script is
-# sized to finish within ten minutes. Run from the repository root:  OUT=$OUT bash bench/mpi_h200.sh
+# Open MPI's mpirun, the machine's own where it has one (the H200 image has). Where it has none,
+# put the debs of openmpi-bin, openmpi-common, libopenmpi3 and those of their dependencies the
+# machine lacks in .dev/debs (on a Debian 12 machine: apt-get download openmpi-bin openmpi-common
+# libopenmpi3 libhwloc15 libnuma1 libpciaccess0 libxnvctrl0 libevent-core-2.1-7
+# libevent-pthreads-2.1-7 libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2
+# libpsm-infinipath1 libmunge2 libnl-3-200 libnl-route-3-200; `apt-cache depends --recurse
+# openmpi-bin libopenmpi3` lists them all); they are unpacked beside the system's, not over it.
+# SmolLM2-135M is made at its exact configuration with random weights by transformers (as
+# bench/llama_parity_h200.py does) unless $SMOLLM2_DIR names a folder. Fashion-MNIST's idx files
+# are read from $FASHION_DIR (default .dev/data). The whole script is sized to finish within ten
+# minutes. Run from the repository root: OUT=$OUT bash bench/mpi_h200.sh
 set -u
 OUT=${OUT:-/tmp/mpi-h200}
 BIN=${MEGANEURA:-.dev/bin/meganeura}
@@ -45,15 +46,22 @@ fi
 export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache PYTHONUNBUFFERED=1
 [ -f "$BIN.gz" ] && gunzip -f "$BIN.gz"
 chmod +x "$BIN"
-if ! command -v mpirun > /dev/null; then
-  if [ -x /tmp/mglib/usr/bin/mpirun ]; then
-    # Open MPI finds its plugins and help files under the prefix it was unpacked to.
-    export PATH=/tmp/mglib/usr/bin:$PATH OPAL_PREFIX=/tmp/mglib/usr
-  else
-    echo "mpirun not found: install openmpi-bin or put its debs in .dev/debs (see the header)"
-    exit 1
-  fi
+if command -v mpirun > /dev/null; then
+  # The machine's own Open MPI: its mpirun, plugins and libraries together, and the binary's
+  # libmpi.so.40 from the same installation (Open MPI 4 and 5 keep that soname); one unpacked
+  # beside it would mix two versions' libraries in one process.
+  mpi_lib=$(dirname "$(dirname "$(readlink -f "$(command -v mpirun)")")")/lib
+  ldconfig -p | grep -q libmpi.so.40 || export LD_LIBRARY_PATH=$mpi_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+elif [ -e /tmp/mglib/usr/bin/mpirun.openmpi ]; then
+  # Open MPI finds its plugins and help files under the prefix it was unpacked to; the debs'
+  # /usr/bin/mpirun is an alternatives link that points outside it.
+  ln -sf mpirun.openmpi /tmp/mglib/usr/bin/mpirun
+  export PATH=/tmp/mglib/usr/bin:$PATH OPAL_PREFIX=/tmp/mglib/usr
+else
+  echo "mpirun not found: install openmpi-bin or put its debs in .dev/debs (see the header)"
+  exit 1
 fi
+echo "mpirun: $(command -v mpirun): $(mpirun --version 2>&1 | head -1)"
 MPIRUN="mpirun --oversubscribe --allow-run-as-root --bind-to none"
 
 # SmolLM2-135M and text to train it on.
@@ -111,8 +119,8 @@ for launcher in ${RUNS:-alone np1 np2 np2-no-overlap}; do
   esac
   run "smollm2-$launcher" "$prefix" --model "$SMOLLM2" --data "$OUT/text.jsonl" --seq 128 \
     --batch 8 --max-steps 40 --validation 0 --lr 1e-4 --log-every 1 --checkpoint-every 100000
-  run "fashion-cnn-$launcher" "$prefix" --model cnn --batch 64 --max-steps 300 --log-every 1 \
-    --checkpoint-every 100000
+  run "fashion-cnn-$launcher" "$prefix" --model cnn --data "${FASHION_DIR:-.dev/data}" --batch 64 \
+    --max-steps 300 --log-every 1 --checkpoint-every 100000
   run "resnet50-$launcher" "$prefix" "${RESNET[@]}" --batch 256 --max-steps "$RESNET_STEPS"
 done
 run resnet50-alone-acc2 "" "${RESNET[@]}" --batch 128 --accumulate 2 \

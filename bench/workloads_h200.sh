@@ -11,8 +11,9 @@
 #                (Fashion-MNIST from .dev/data for the ResNet and U-Net demos)
 # Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
 # whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
-# .dev/debs (unpacked beside the system's, not over it); for a build with MPI, the OpenMPI
-# run-time libraries in .dev/lib; for the Whisper demo, espeak-ng packed in .dev/espeak.tar.xz
+# .dev/debs (unpacked beside the system's, not over it); other run-time libraries the machine
+# lacks (libsndfile's) in .dev/lib; for a build with MPI on a machine without Open MPI, its
+# run-time libraries in .dev/mpi-lib; for the Whisper demo, espeak-ng packed in .dev/espeak.tar.xz
 # (the espeak-ng binary, the libraries it links and its English data). Results go to $OUT.
 set -u
 part=${PART:-parity}
@@ -26,6 +27,8 @@ if [ ! -e /tmp/mg-unpacked ]; then
   touch /tmp/mg-unpacked
 fi
 export LD_LIBRARY_PATH=/tmp/mglib/usr/lib/x86_64-linux-gnu:$PWD/.dev/lib
+# Open MPI's run-time libraries for a binary built with MPI, where the machine has none of its own.
+ldconfig -p | grep -q libmpi.so.40 || LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$PWD/.dev/mpi-lib
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export MEGANEURA_CACHE_DIR=/tmp/meganeura-cache PYTHONUNBUFFERED=1
 # The layout the parity scripts expect of a build folder.

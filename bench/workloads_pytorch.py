@@ -226,8 +226,7 @@ def bench_whisper_tiny(mode, compiled, runs):
                            eos_token_id=50257, pad_token_id=50257, bos_token_id=50257)
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).cuda().float()
-    # A new GenerationConfig: update() keeps only attributes the default config already has,
-    # and generate(language=...) needs Whisper's lang_to_id and task_to_id.
+    # Whisper's special tokens for generate (a default GenerationConfig has none).
     model.generation_config = GenerationConfig(
         decoder_start_token_id=50258, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257,
         is_multilingual=True, lang_to_id={"<|en|>": 50259},
@@ -286,16 +285,23 @@ def bench_whisper_tiny(mode, compiled, runs):
 
     model.eval()
 
+    # Greedy decoding after the prompt <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
+    # (what `meganeura transcribe` does), through the generic GenerationMixin.generate: Whisper's
+    # own generate refuses language= and task= on a generation config made here ("outdated").
+    from transformers import GenerationMixin
+
+    def greedy(x, **limits):
+        return GenerationMixin.generate(model, input_features=x, decoder_input_ids=ids,
+                                        do_sample=False, **limits)
+
     def generate(x, new_tokens):
-        output = model.generate(x, language="en", task="transcribe", return_timestamps=False,
-                                max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        output = greedy(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
         torch.cuda.synchronize()
         return output
 
     def transcribe():
         x = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features.cuda()
-        output = model.generate(x, language="en", task="transcribe", return_timestamps=False,
-                                max_new_tokens=64, do_sample=False)
+        output = greedy(x, max_new_tokens=64)
         torch.cuda.synchronize()
         return output
 

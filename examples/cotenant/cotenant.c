@@ -106,8 +106,10 @@ static int submit_training_commands(Renderer* renderer, TrainingCommands* comman
 }
 
 /* Renders `frames` frames on the fixed schedule; with `program`, runs chunks of its training
- * steps after each frame: submitted by Meganeura, or with `commands` recorded into the app's
- * command buffer, which the app submits. A frame is missed when it finishes after its slot. */
+ * steps in what is left of each frame's slot once the frame is done: submitted by Meganeura, or
+ * with `commands` recorded into the app's command buffer, which the app submits. A frame's time
+ * runs from its submission to its fence; it is missed when it finishes after its slot, which
+ * training does to it when its chunks from the slot before still hold the queue. */
 static int run_frames(Renderer* renderer, mg_program* program, TrainingCommands* commands,
                       const Settings* settings, int frames, FrameStats* stats) {
   const double period = 1.0 / settings->hz;
@@ -119,6 +121,10 @@ static int run_frames(Renderer* renderer, mg_program* program, TrainingCommands*
     sleep_until(slot_start);
     const double submitted = now_seconds();
     if (!renderer_submit_frame(renderer, (float)(submitted - start))) return 0;
+    if (!renderer_wait_frame(renderer)) return 0;
+    const double done = now_seconds();
+    times[frame] = (done - submitted) * 1e3;
+    if (done > slot_start + period) ++stats->missed;
     if (program != NULL && commands != NULL && !begin_training_commands(renderer, commands, frame))
       return 0;
     uint64_t value = 0;
@@ -144,10 +150,6 @@ static int run_frames(Renderer* renderer, mg_program* program, TrainingCommands*
     if (program != NULL && commands != NULL &&
         !submit_training_commands(renderer, commands, frame, value))
       return 0;
-    if (!renderer_wait_frame(renderer)) return 0;
-    const double done = now_seconds();
-    times[frame] = (done - submitted) * 1e3;
-    if (done > slot_start + period) ++stats->missed;
   }
   stats->seconds = now_seconds() - start;
   stats->frames = frames;
@@ -195,6 +197,14 @@ static mg_program* create_training(mg_device* device, const Settings* settings) 
     return NULL;
   }
   return program;
+}
+
+/* Each stage on stderr as it starts, with the seconds since the first: a stage that does not end
+ * (a driver that never signals a frame) is then named. */
+static void report_stage(const char* stage) {
+  static double first = -1;
+  if (first < 0) first = now_seconds();
+  fprintf(stderr, "cotenant: %s (%.1f s)\n", stage, now_seconds() - first);
 }
 
 /* Whole training steps with nothing else on the GPU, for `seconds`. */
@@ -273,6 +283,7 @@ static int parse(int argc, char** argv, Settings* s) {
 static int run(const Settings* settings, Renderer* renderer) {
   mg_vulkan_device_desc desc = renderer_device_desc(renderer);
   mg_device* device = NULL;
+  report_stage("building the training program");
   MG_TRY(mg_device_adopt_vulkan(&desc, &device));
   mg_program* program = create_training(device, settings);
   mg_device_release(device);
@@ -285,10 +296,14 @@ static int run(const Settings* settings, Renderer* renderer) {
   size_t chunks = 0;
   /* The driver finishes compiling the scene's pipeline on its first frames. */
   FrameStats warm_up;
-  int ok = run_frames(renderer, NULL, NULL, settings, 5, &warm_up) &&
-           run_frames(renderer, NULL, NULL, settings, frames, &alone) &&
-           standalone_steps_per_second(program, settings->seconds, &standalone_rate, &first_loss);
+  report_stage("warming up the renderer");
+  int ok = run_frames(renderer, NULL, NULL, settings, 5, &warm_up);
+  if (ok) report_stage("rendering alone");
+  ok = ok && run_frames(renderer, NULL, NULL, settings, frames, &alone);
+  if (ok) report_stage("training alone");
+  ok = ok && standalone_steps_per_second(program, settings->seconds, &standalone_rate, &first_loss);
   if (ok) {
+    report_stage("measuring the training step's dispatches");
     /* The first chunked run is whole and measures every dispatch; the runs after it are cut. */
     int finished = 0;
     MG_TRY(mg_program_set_chunk_budget(program, settings->budget_ms, NULL));
@@ -303,6 +318,7 @@ static int run(const Settings* settings, Renderer* renderer) {
       allocate.commandBufferCount = 2;
       ok = vkAllocateCommandBuffers(renderer->device, &allocate, commands.buffers) == VK_SUCCESS;
     }
+    if (ok) report_stage("rendering while training");
     ok = ok && run_frames(renderer, program, settings->record ? &commands : NULL, settings, frames,
                           &shared);
     /* The last recorded chunks finish before their command buffers go. */
@@ -354,6 +370,7 @@ int main(int argc, char** argv) {
   const int parsed = parse(argc, argv, &settings);
   if (parsed <= 0) return parsed < 0 ? 0 : 2;
   Renderer renderer;
+  report_stage("creating the renderer");
   int ok = renderer_create(&renderer, settings.size, settings.triangles, settings.shading) &&
            run(&settings, &renderer);
   renderer_destroy(&renderer);
