@@ -10,6 +10,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_classification.hpp"
+#include "cli/non_finite_steps.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -165,15 +166,16 @@ ModelChoice choose_model(const std::string& model, const std::optional<std::stri
 int image_train_command(const std::vector<std::string>& words) {
   const Arguments arguments(
       "meganeura train", words,
-      {"model",      "data",      "weights",    "classes",      "size",
-       "validation", "out",       "epochs",     "max-steps",    "batch",
-       "lr",         "optimizer", "momentum",   "weight-decay", "schedule",
-       "warmup",     "clip",      "accumulate", "min-crop",     "workers",
-       "seed",       "device",    "precision",  "resume",       "checkpoint-every",
-       "trace",      "width"},
+      {"model",      "data",      "weights",         "classes",      "size",
+       "validation", "out",       "epochs",          "max-steps",    "batch",
+       "lr",         "optimizer", "momentum",        "weight-decay", "schedule",
+       "warmup",     "clip",      "accumulate",      "min-crop",     "workers",
+       "seed",       "device",    "precision",       "resume",       "checkpoint-every",
+       "trace",      "width",     kOnNonFiniteOption},
       {"help", "no-augment", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -251,6 +253,8 @@ int image_train_command(const std::vector<std::string>& words) {
   defaults.weight_decay = 1e-4;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  NonFiniteSteps non_finite(arguments);
+  non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(200, optimizer.total_steps / 10);
 
@@ -368,15 +372,18 @@ int image_train_command(const std::vector<std::string>& words) {
     }
     ++step;
     const double loss = training.scalar_output("loss");
-    require_finite_loss(loss, step, checkpoint_path, progress);
+    const bool dropped = non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step,
+                                            checkpoint_path, progress);
     const std::vector<int64_t> predicted =
         predictions(training.output(models::kResNetLogitsOutput), batch, classes);
     int64_t correct = 0;
     for (int64_t i = 0; i < batch; ++i) correct += predicted[i] == labels[i];
     const double accuracy = static_cast<double>(correct) / batch;
-    smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
-    smoothed_accuracy =
-        std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    if (!dropped) {
+      smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
+      smoothed_accuracy =
+          std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    }
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
@@ -397,6 +404,7 @@ int image_train_command(const std::vector<std::string>& words) {
       metrics.write({{"step", step},
                      {"epoch", epoch + 1},
                      {"loss", loss},
+                     {"skipped_steps", non_finite.dropped_steps()},
                      {"smoothed_loss", smoothed_loss},
                      {"batch_accuracy", accuracy},
                      {"learning_rate",
