@@ -446,6 +446,14 @@ int train_command(const std::vector<std::string>& words) {
     current_run().finish(code == 130 ? RunStatus::interrupted : RunStatus::completed, "");
     return code;
   } catch (const Error& error) {
+    // A fault of the device mid-run: say what of the run is kept.
+    const std::string kept = current_run().checkpoint_text();
+    if ((error.kind() == Error::Kind::device_lost || error.kind() == Error::Kind::out_of_memory) &&
+        !kept.empty()) {
+      const Error with_checkpoint(std::string(error.what()) + "; " + kept, error.kind());
+      current_run().finish(status_of(error.kind()), with_checkpoint.what());
+      throw with_checkpoint;
+    }
     current_run().finish(status_of(error.kind()), error.what());
     throw;
   } catch (const std::exception& error) {

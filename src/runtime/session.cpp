@@ -14,6 +14,7 @@
 #include "backends/vulkan/kernels/vulkan_target.hpp"
 #include "backends/vulkan/runtime/device_target.hpp"
 #include "backends/vulkan/runtime/gpu.hpp"
+#include "backends/vulkan/runtime/memory_budget.hpp"
 #include "ir/half.hpp"
 #include "ir/op_names.hpp"
 #include "ops/interpreter.hpp"
@@ -627,6 +628,8 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.index_rules = runtime::index_rules(graph);
   const Graph& planned = impl.program.graph;
 
+  // A program that cannot fit fails here, on one line, before anything is allocated.
+  gpu::require_heap_for(info, impl.program);
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
     const plan::Arena& arena = impl.program.arenas[a];
     if (arena.kind == plan::ArenaKind::shared) {
