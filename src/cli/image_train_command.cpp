@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "cli/image_classification.hpp"
 #include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -433,6 +434,9 @@ int image_train_command(const std::vector<std::string>& words) {
   }
   progress.finish();
   save();
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
 

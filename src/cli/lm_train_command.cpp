@@ -10,6 +10,7 @@
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
 #include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
@@ -401,6 +402,9 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();
+  if (step > first_step)
+    report_training_roofline(out_dir, training.traced(), options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

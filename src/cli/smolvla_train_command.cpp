@@ -11,6 +11,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -445,6 +446,9 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   }
   progress.finish();
   save();
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (sampler) copy_weights(training, *sampler);
   evaluate_actions("trained");

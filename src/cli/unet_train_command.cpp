@@ -12,6 +12,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -471,6 +472,9 @@ int unet_train_command(const std::vector<std::string>& words) {
   std::printf("checkpoint: %s\nmodel: %s\nema: %s\nmetrics: %s\nplot: %s\n",
               checkpoint_path.c_str(), (out_dir / "model").c_str(), (out_dir / "ema").c_str(),
               (out_dir / "metrics.jsonl").c_str(), (out_dir / "training.png").c_str());
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) {
     std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
     return 130;

@@ -10,6 +10,7 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -433,6 +434,9 @@ int whisper_train_command(const std::vector<std::string>& words) {
   }
   progress.finish();
   save();
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

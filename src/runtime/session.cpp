@@ -19,6 +19,7 @@
 #include "ir/op_names.hpp"
 #include "ops/interpreter.hpp"
 #include "plan/program.hpp"
+#include "plan/roofline.hpp"
 #include "runtime/device_values.hpp"
 #include "runtime/index_checks.hpp"
 #include "runtime/run_commands.hpp"
@@ -711,6 +712,11 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.report.transient_physical_bytes = impl.program.memory.physical_transient_bytes;
   impl.report.memory_plan = plan::describe_memory(impl.program);
   impl.report.dispatch_list = plan::describe_dispatches(impl.program);
+  for (size_t i = 0; i < impl.program.launches.size(); ++i) {
+    const plan::LaunchCost cost = plan::launch_cost(impl.program, impl.program.launches[i]);
+    impl.report.dispatch_costs.push_back(
+        {impl.program.launches[i].launch.label, cost.flops, cost.bytes});
+  }
   impl.report.build_seconds = seconds_since(start);
 }
 
