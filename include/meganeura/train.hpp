@@ -28,9 +28,10 @@ struct OptimizerConfig {
   // is kept. 1 turns it off and builds exactly the graph without the feature.
   int64_t accumulation_steps = 1;
   // Non-finite steps: the update (parameters and every optimizer state) is kept only where the
-  // loss and the sum of the squared gradients are finite, and output kNonFiniteOutput says
-  // whether it was dropped. The sum is the one clipping computes (one small reduction per
-  // parameter without clipping). A skipped micro-step of an accumulation group adds nothing.
+  // loss and the gradients are finite, and output kNonFiniteOutput says whether it was dropped.
+  // The check reads the sum of squares clipping computes, or without clipping a plain sum of
+  // each gradient (one reduction a parameter). A skipped micro-step of an accumulation group
+  // adds nothing.
   bool skip_non_finite = false;
 };
 

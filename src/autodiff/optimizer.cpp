@@ -147,19 +147,25 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     optimizer_gradients[parameter_id] = grad;
   }
 
-  // Clipping and the finiteness check share one sum of squared gradients.
-  Tensor squared_sum;
-  if (config.clip_norm > 0 || config.skip_non_finite) {
-    for (ValueId parameter : parameters) {
-      const Tensor part = sum_all(square(optimizer_gradients[parameter]));
+  // Clipping needs the sum of squared gradients; the finiteness check reuses it, or without
+  // clipping takes the plain sum of each gradient (one reduction a parameter, no squares): inf
+  // and NaN survive any sum, since inf + -inf is NaN.
+  Tensor squared_sum, plain_sum;
+  for (ValueId parameter : parameters) {
+    const Tensor grad = optimizer_gradients[parameter];
+    if (config.clip_norm > 0) {
+      const Tensor part = sum_all(square(grad));
       squared_sum = squared_sum.valid() ? squared_sum + part : part;
+    } else if (config.skip_non_finite) {
+      const Tensor part = sum_all(grad);
+      plain_sum = plain_sum.valid() ? plain_sum + part : part;
     }
   }
-  // 1 where the loss and every gradient are finite: NaN and infinity fail the comparison (as an
-  // overflowing sum of squares does, whose update would be no better).
+  // 1 where the loss and every gradient are finite: NaN and infinity fail the comparison (as a
+  // sum that overflows does, whose update would be no better).
   Tensor finite;
   if (config.skip_non_finite) {
-    Tensor magnitude = squared_sum;
+    Tensor magnitude = squared_sum.valid() ? squared_sum : abs(plain_sum);
     if (loss != kNoValue) magnitude = magnitude + abs(cast(Tensor{&graph, loss}, DType::f32));
     finite = less(magnitude, scalar(graph, std::numeric_limits<float>::max()));
     graph.set_output(kNonFiniteOutput, (1.0 - finite).id());
@@ -203,18 +209,22 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       Tensor direction = grad;
       if (config.momentum > 0) {
         const Tensor buffer = state_like(graph, parameter_node, "momentum");
-        const Tensor new_buffer = buffer * config.momentum + grad;
-        graph.assign(buffer.id(), select(new_buffer, buffer).id());
+        // The update reads the kept buffer, so that one kernel writes both (fusion takes the
+        // assigned value as an extra output of the parameter's chain); where the buffer is
+        // kept, so is the parameter.
+        const Tensor new_buffer = select(buffer * config.momentum + grad, buffer);
+        graph.assign(buffer.id(), new_buffer.id());
         direction = config.nesterov ? grad + new_buffer * config.momentum : new_buffer;
       }
       updated = parameter - learning_rate * direction;
     } else {
       const Tensor m = state_like(graph, parameter_node, "m");
       const Tensor v = state_like(graph, parameter_node, "v");
-      const Tensor new_m = m * config.beta1 + grad * (1.0 - config.beta1);
-      const Tensor new_v = v * config.beta2 + square(grad) * (1.0 - config.beta2);
-      graph.assign(m.id(), select(new_m, m).id());
-      graph.assign(v.id(), select(new_v, v).id());
+      // As for SGD's buffer: the step reads the kept moments.
+      const Tensor new_m = select(m * config.beta1 + grad * (1.0 - config.beta1), m);
+      const Tensor new_v = select(v * config.beta2 + square(grad) * (1.0 - config.beta2), v);
+      graph.assign(m.id(), new_m.id());
+      graph.assign(v.id(), new_v.id());
       const Tensor step =
           (new_m * bias_correction1) / (sqrt(new_v * bias_correction2) + config.eps);
       Tensor decayed = parameter;
