@@ -4,9 +4,12 @@
 The task: a point mass (blue) on a square table and a target (red), both drawn into a camera
 image; the state is the mass's position and the actions are the velocities of a proportional
 controller that brings it to the target over the chunk. The target is only in the image, so a
-policy must look to act well.
+policy must look to act well. --targets N draws each episode's target from N fixed places on a
+circle instead of anywhere on the table, and --target-radius draws it larger than the mass: a
+simpler task, in reach of a tiny model's short run.
 
-usage: smolvla_demo_data.py OUT_DIR [--episodes N] [--image SIZE] [--width W] [--layers L] [--seed S]
+usage: smolvla_demo_data.py OUT_DIR [--episodes N] [--targets N] [--target-radius PIXELS]
+                            [--image SIZE] [--width W] [--layers L] [--seed S]
 Writes OUT_DIR/data (episodes.jsonl and frames/*.png, docs/SMOLVLA.md's format) and
 OUT_DIR/policy (LeRobot's config.json with "type": "smolvla", vlm/config.json and
 vlm/tokenizer.json; no weights, so training starts from random ones).
@@ -14,6 +17,7 @@ Needs only Python's standard library.
 """
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -38,11 +42,11 @@ def write_png(path, size, pixels):
         file.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
-def render(size, mass, target):
-    """A dark table with the target and the mass as small squares (positions in [-1, 1])."""
+def render(size, mass, target, target_radius):
+    """A dark table with the target and the mass as squares (positions in [-1, 1])."""
     pixels = [[(30, 30, 30) for _ in range(size)] for _ in range(size)]
-    radius = max(1, size // 16)
-    for (x, y), colour in ((target, (230, 40, 40)), (mass, (40, 90, 240))):
+    for (x, y), colour, radius in ((target, (230, 40, 40), target_radius),
+                                   (mass, (40, 90, 240), max(1, size // 16))):
         cx = int(round((x + 1) / 2 * (size - 1)))
         cy = int(round((1 - (y + 1) / 2) * (size - 1)))
         for row in range(max(0, cy - radius), min(size, cy + radius + 1)):
@@ -62,17 +66,25 @@ def controller_chunk(position, target):
     return actions
 
 
-def make_data(out, episodes, size, rng):
+def target_for(rng, targets):
+    """Anywhere on the table, or one of `targets` places on a circle of radius 0.6."""
+    if targets == 0:
+        return (rng.uniform(-0.8, 0.8), rng.uniform(-0.8, 0.8))
+    angle = 2 * math.pi * (rng.randrange(targets) + 0.5) / targets
+    return (0.6 * math.cos(angle), 0.6 * math.sin(angle))
+
+
+def make_data(out, episodes, targets, target_radius, size, rng):
     frames = os.path.join(out, "frames")
     os.makedirs(frames, exist_ok=True)
     with open(os.path.join(out, "episodes.jsonl"), "w") as records:
         for episode in range(episodes):
-            target = (rng.uniform(-0.8, 0.8), rng.uniform(-0.8, 0.8))
+            target = target_for(rng, targets)
             position = (rng.uniform(-0.9, 0.9), rng.uniform(-0.9, 0.9))
             instruction = INSTRUCTIONS[episode % len(INSTRUCTIONS)]
             for step in range(RECORDS_PER_EPISODE):
                 name = "frames/%05d_%d.png" % (episode, step)
-                write_png(os.path.join(out, name), size, render(size, position, target))
+                write_png(os.path.join(out, name), size, render(size, position, target, target_radius))
                 actions = controller_chunk(position, target)
                 record = {"episode": episode, "images": [name],
                           "state": [round(position[0], 6), round(position[1], 6)],
@@ -125,6 +137,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--episodes", type=int, default=120)
+    parser.add_argument("--targets", type=int, default=0)
+    parser.add_argument("--target-radius", type=int, help="in pixels (default: the mass's)")
     parser.add_argument("--image", type=int, default=32)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
@@ -134,7 +148,9 @@ def main():
                                                             "tokenizer.json"))
     arguments = parser.parse_args()
     rng = random.Random(arguments.seed)
-    make_data(os.path.join(arguments.out, "data"), arguments.episodes, arguments.image, rng)
+    target_radius = arguments.target_radius or max(1, arguments.image // 16)
+    make_data(os.path.join(arguments.out, "data"), arguments.episodes, arguments.targets, target_radius,
+              arguments.image, rng)
     make_policy(os.path.join(arguments.out, "policy"), arguments.image, arguments.width, arguments.layers,
                 arguments.tokenizer)
 

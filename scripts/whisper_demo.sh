@@ -1,30 +1,27 @@
-#!/ usr / bin / env bash
-#Speech recognition trained from scratch : espeak - ng speaks digit strings and short phrases in
-#several voices and speeds; a randomly initialised Whisper folder(scripts / make_whisper_folder.py)
-#is trained on some voices with `meganeura train`, and `meganeura transcribe` transcribes the
-#held - out voices before and after.Prints the word error rate of both; exits 1 unless it fell.
+#!/usr/bin/env bash
+# Speech recognition trained from scratch: espeak-ng speaks digit strings and short phrases in
+# several voices and speeds; a randomly initialised Whisper folder (scripts/make_whisper_folder.py)
+# is trained on some voices with `meganeura train`, and `meganeura transcribe` transcribes the
+# held-out voices before and after. Prints the word error rate of both; exits 1 unless it fell.
 #
-#scripts / whisper_demo.sh[WORK_DIR]
+#   scripts/whisper_demo.sh [WORK_DIR]
 #
-#Environment:
-#WHISPER_DEMO_SIZE = ci | tiny ci(default) : a small model and data set for a CPU device
-#(Lavapipe, two cores : about two minutes); tiny : whisper - tiny's shape and
-#more speech, for a GPU
-#MEGANEURA = path the binary(default build / meganeura)
-#MEGANEURA_DEVICE the device, as everywhere
-set - euo pipefail
+# Environment:
+#   WHISPER_DEMO_SIZE=ci|tiny   ci (default): a small model and data set for a CPU device
+#                               (Lavapipe; CTest runs it as Demo.Whisper); tiny: whisper-tiny's
+#                               shape and more speech, for a GPU
+#   MEGANEURA=path              the binary (default build/meganeura)
+#   MEGANEURA_DEVICE            the device, as everywhere
+#   PYTHON=path                 the Python with numpy (default /usr/bin/python3)
+set -euo pipefail
 
-          here = "$(cd " $(dirname "$0") " && pwd)" work =
-    "${1:-$(mktemp -d /tmp/whisper-demo.XXXXXX)}" size = "${WHISPER_DEMO_SIZE:-ci}" meganeura =
-        "${MEGANEURA:-$here/../build/meganeura}" python =
-            / usr / bin / python3 command - v espeak - ng > / dev / null || {
-  echo "whisper_demo: espeak-ng is not installed (scripts/setup.sh installs it)" > &2;
-  exit 1;
-}
-[-x "$meganeura"] || {
-  echo "whisper_demo: no binary at $meganeura: build it or set MEGANEURA" > &2;
-  exit 1;
-}
+here="$(cd "$(dirname "$0")" && pwd)"
+work="${1:-$(mktemp -d /tmp/whisper-demo.XXXXXX)}"
+size="${WHISPER_DEMO_SIZE:-ci}"
+meganeura="${MEGANEURA:-$here/../build/meganeura}"
+python="${PYTHON:-/usr/bin/python3}"
+command -v espeak-ng >/dev/null || { echo "whisper_demo: espeak-ng is not installed (scripts/setup.sh installs it)" >&2; exit 1; }
+[ -x "$meganeura" ] || { echo "whisper_demo: no binary at $meganeura: build it or set MEGANEURA" >&2; exit 1; }
 
 case "$size" in
   ci)   clips=6;  speeds="150 190";     epochs=12; batch=8;  lr=2e-3; chunk=3 ;;
@@ -34,9 +31,11 @@ esac
 train_voices="en-us en-us+m3 en-gb+f2 en-gb-scotland en-gb-x-rp+m1 en-029+f4"
 test_voices="en+m7 en-gb-x-gbclan+f1"
 
+# Clips of an earlier run in the same folder would join the sets: start them empty.
+rm -rf "$work/train" "$work/test"
 mkdir -p "$work/train" "$work/test"
 echo "whisper_demo: speech in $work ($size)"
-#The utterances : digit strings(seeded, the same for every voice) and a few phrases.
+# The utterances: digit strings (seeded, the same for every voice) and a few phrases.
 "$python" - "$work" "$clips" <<'EOF'
 import random, sys
 work, clips = sys.argv[1], int(sys.argv[2])

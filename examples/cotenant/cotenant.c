@@ -22,6 +22,7 @@ typedef struct Settings {
   int chunks_per_frame;
   double train_ms_per_frame; /* > 0: chunks after each frame while their measured time fits */
   const char* model;
+  int record; /* 1: chunks recorded into the app's own command buffers, which it submits */
 } Settings;
 
 typedef struct FrameStats {
@@ -60,10 +61,55 @@ static int compare_doubles(const void* a, const void* b) {
     }                                                                             \
   } while (0)
 
-/* Renders `frames` frames on the fixed schedule; with `program`, submits chunks of its training
- * steps after each frame. A frame is missed when it finishes after its slot ends. */
-static int run_frames(Renderer* renderer, mg_program* program, const Settings* settings, int frames,
-                      FrameStats* stats) {
+/* With --record, the app's own command buffers that Meganeura records a frame's chunks into: two,
+ * so that one is recorded while the GPU may still run the other, each reused once the app
+ * timeline shows its last submission done. */
+typedef struct TrainingCommands {
+  VkCommandBuffer buffers[2];
+  uint64_t values[2];
+  VkSemaphore semaphore;
+  VkCommandBuffer recording; /* the one of this frame, begun */
+} TrainingCommands;
+
+static int begin_training_commands(Renderer* renderer, TrainingCommands* commands, int frame) {
+  const int slot = frame % 2;
+  if (commands->values[slot] > 0) {
+    VkSemaphoreWaitInfo wait = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+    wait.semaphoreCount = 1;
+    wait.pSemaphores = &commands->semaphore;
+    wait.pValues = &commands->values[slot];
+    if (vkWaitSemaphores(renderer->device, &wait, 10ull * 1000 * 1000 * 1000) != VK_SUCCESS)
+      return 0;
+  }
+  VkCommandBufferBeginInfo begin = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  commands->recording = commands->buffers[slot];
+  return vkResetCommandBuffer(commands->recording, 0) == VK_SUCCESS &&
+         vkBeginCommandBuffer(commands->recording, &begin) == VK_SUCCESS;
+}
+
+/* Submits the frame's training command buffer, signalling the app timeline at `value`. */
+static int submit_training_commands(Renderer* renderer, TrainingCommands* commands, int frame,
+                                    uint64_t value) {
+  if (vkEndCommandBuffer(commands->recording) != VK_SUCCESS) return 0;
+  VkTimelineSemaphoreSubmitInfo timeline = {VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
+  timeline.signalSemaphoreValueCount = 1;
+  timeline.pSignalSemaphoreValues = &value;
+  VkSubmitInfo submit = {VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  submit.pNext = &timeline;
+  submit.commandBufferCount = 1;
+  submit.pCommandBuffers = &commands->recording;
+  submit.signalSemaphoreCount = 1;
+  submit.pSignalSemaphores = &commands->semaphore;
+  commands->values[frame % 2] = value;
+  return vkQueueSubmit(renderer->queue, 1, &submit, VK_NULL_HANDLE) == VK_SUCCESS;
+}
+
+/* Renders `frames` frames on the fixed schedule; with `program`, runs chunks of its training
+ * steps after each frame: submitted by Meganeura, or with `commands` recorded into the app's
+ * command buffer, which the app submits. A frame is missed when it finishes after its slot. */
+static int run_frames(Renderer* renderer, mg_program* program, TrainingCommands* commands,
+                      const Settings* settings, int frames, FrameStats* stats) {
   const double period = 1.0 / settings->hz;
   double* times = malloc(sizeof(double) * (size_t)frames);
   memset(stats, 0, sizeof *stats);
@@ -73,6 +119,9 @@ static int run_frames(Renderer* renderer, mg_program* program, const Settings* s
     sleep_until(slot_start);
     const double submitted = now_seconds();
     if (!renderer_submit_frame(renderer, (float)(submitted - start))) return 0;
+    if (program != NULL && commands != NULL && !begin_training_commands(renderer, commands, frame))
+      return 0;
+    uint64_t value = 0;
     double spent_ms = 0;
     for (int chunk = 0; program != NULL; ++chunk) {
       if (settings->train_ms_per_frame > 0) {
@@ -85,9 +134,16 @@ static int run_frames(Renderer* renderer, mg_program* program, const Settings* s
         break;
       }
       int finished = 0;
-      MG_TRY(mg_program_run_chunk(program, &finished));
+      if (commands != NULL)
+        MG_TRY(mg_program_record_chunk(program, commands->recording, &finished,
+                                       &commands->semaphore, &value));
+      else
+        MG_TRY(mg_program_run_chunk(program, &finished));
       stats->steps += finished;
     }
+    if (program != NULL && commands != NULL &&
+        !submit_training_commands(renderer, commands, frame, value))
+      return 0;
     if (!renderer_wait_frame(renderer)) return 0;
     const double done = now_seconds();
     times[frame] = (done - submitted) * 1e3;
@@ -171,7 +227,9 @@ static int parse(int argc, char** argv, Settings* s) {
           "usage: cotenant [--hz 90] [--seconds 5] [--size 1024] [--triangles 20000] "
           "[--shading 16]\n"
           "                [--model cnn|mlp] [--batch 64] [--budget-ms 2] "
-          "[--chunks-per-frame 1 | --train-ms-per-frame MS]\n");
+          "[--chunks-per-frame 1 | --train-ms-per-frame MS]\n"
+          "                [--record 0|1]   (1: chunks recorded into the app's own command "
+          "buffers)\n");
       return strcmp(flag, "--help") == 0 ? -1 : 0;
     }
     ++i;
@@ -195,6 +253,8 @@ static int parse(int argc, char** argv, Settings* s) {
       s->chunks_per_frame = atoi(value);
     else if (strcmp(flag, "--train-ms-per-frame") == 0)
       s->train_ms_per_frame = atof(value);
+    else if (strcmp(flag, "--record") == 0)
+      s->record = atoi(value);
     else {
       fprintf(stderr, "cotenant: unknown option %s (--help lists them)\n", flag);
       return 0;
@@ -225,8 +285,8 @@ static int run(const Settings* settings, Renderer* renderer) {
   size_t chunks = 0;
   /* The driver finishes compiling the scene's pipeline on its first frames. */
   FrameStats warm_up;
-  int ok = run_frames(renderer, NULL, settings, 5, &warm_up) &&
-           run_frames(renderer, NULL, settings, frames, &alone) &&
+  int ok = run_frames(renderer, NULL, NULL, settings, 5, &warm_up) &&
+           run_frames(renderer, NULL, NULL, settings, frames, &alone) &&
            standalone_steps_per_second(program, settings->seconds, &standalone_rate, &first_loss);
   if (ok) {
     /* The first chunked run is whole and measures every dispatch; the runs after it are cut. */
@@ -235,7 +295,20 @@ static int run(const Settings* settings, Renderer* renderer) {
     MG_TRY(mg_program_run_chunk(program, &finished));
     MG_TRY(mg_program_wait(program));
     MG_TRY(mg_program_set_chunk_budget(program, settings->budget_ms, &chunks));
-    ok = run_frames(renderer, program, settings, frames, &shared);
+    TrainingCommands commands = {{VK_NULL_HANDLE, VK_NULL_HANDLE}, {0, 0}, VK_NULL_HANDLE, NULL};
+    if (settings->record) {
+      VkCommandBufferAllocateInfo allocate = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+      allocate.commandPool = renderer->pool;
+      allocate.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+      allocate.commandBufferCount = 2;
+      ok = vkAllocateCommandBuffers(renderer->device, &allocate, commands.buffers) == VK_SUCCESS;
+    }
+    ok = ok && run_frames(renderer, program, settings->record ? &commands : NULL, settings, frames,
+                          &shared);
+    /* The last recorded chunks finish before their command buffers go. */
+    if (settings->record && ok) MG_TRY(mg_program_wait(program));
+    if (commands.buffers[0] != VK_NULL_HANDLE)
+      vkFreeCommandBuffers(renderer->device, renderer->pool, 2, commands.buffers);
   }
   if (ok) {
     /* Finish the step under way, so that the loss is that of a whole step. */
@@ -248,8 +321,9 @@ static int run(const Settings* settings, Renderer* renderer) {
 
   printf("device %s, %ux%u, %u triangles, %.0f Hz (%.2f ms a frame)\n", renderer->device_name,
          settings->size, settings->size, settings->triangles, settings->hz, 1e3 / settings->hz);
-  printf("training: %s batch %d, %zu chunks a step under %.2f ms each, ", settings->model,
-         settings->batch, chunks, settings->budget_ms);
+  printf("training: %s batch %d, %zu chunks a step under %.2f ms each, %s, ", settings->model,
+         settings->batch, chunks, settings->budget_ms,
+         settings->record ? "recorded into the app's command buffers" : "submitted by Meganeura");
   if (settings->train_ms_per_frame > 0)
     printf("as many a frame as fit in %.2f ms\n", settings->train_ms_per_frame);
   else
@@ -262,20 +336,21 @@ static int run(const Settings* settings, Renderer* renderer) {
   printf(
       "{\"example\": \"cotenant\", \"device\": \"%s\", \"hz\": %.1f, \"size\": %u, "
       "\"triangles\": %u, \"model\": \"%s\", \"batch\": %d, \"budget_ms\": %.3f, "
-      "\"train_ms_per_frame\": %.3f, "
+      "\"train_ms_per_frame\": %.3f, \"recorded\": %s, "
       "\"chunks_per_step\": %zu, \"alone\": {\"p50_ms\": %.4f, \"p99_ms\": %.4f, \"missed\": %d, "
       "\"frames\": %d}, \"with_training\": {\"p50_ms\": %.4f, \"p99_ms\": %.4f, \"missed\": %d, "
       "\"frames\": %d, \"steps_per_s\": %.3f}, \"standalone_steps_per_s\": %.3f, "
       "\"loss_first\": %.5f, \"loss_last\": %.5f}\n",
       renderer->device_name, settings->hz, settings->size, settings->triangles, settings->model,
-      settings->batch, settings->budget_ms, settings->train_ms_per_frame, chunks, alone.p50_ms,
-      alone.p99_ms, alone.missed, alone.frames, shared.p50_ms, shared.p99_ms, shared.missed,
-      shared.frames, shared.steps / shared.seconds, standalone_rate, first_loss, last_loss);
+      settings->batch, settings->budget_ms, settings->train_ms_per_frame,
+      settings->record ? "true" : "false", chunks, alone.p50_ms, alone.p99_ms, alone.missed,
+      alone.frames, shared.p50_ms, shared.p99_ms, shared.missed, shared.frames,
+      shared.steps / shared.seconds, standalone_rate, first_loss, last_loss);
   return 1;
 }
 
 int main(int argc, char** argv) {
-  Settings settings = {90, 5, 1024, 20000, 16, 64, 2.0, 1, 0, "cnn"};
+  Settings settings = {90, 5, 1024, 20000, 16, 64, 2.0, 1, 0, "cnn", 0};
   const int parsed = parse(argc, argv, &settings);
   if (parsed <= 0) return parsed < 0 ? 0 : 2;
   Renderer renderer;

@@ -163,6 +163,13 @@ MG_API mg_status mg_program_save(mg_program* program, const char* path);
 /* Loads a classifier checkpoint's weights (and, training, its optimizer state and step). */
 MG_API mg_status mg_program_load(mg_program* program, const char* path);
 
+/* The copies each run records and the bytes they move: inputs from host staging or from the app's
+ * buffers bound copied, outputs into them, and new values of optimizer state that the program
+ * could not write in place. 0 copies when every input and output is bound in place (app buffers,
+ * meganeura_vulkan.h) and nothing else is copied. Either pointer may be NULL. */
+MG_API mg_status mg_program_run_transfers(const mg_program* program, size_t* copies,
+                                          uint64_t* bytes);
+
 /* ---- Asynchronous and chunked runs ---- */
 
 /* Starts a run (a training step for training programs) without waiting; mg_program_wait waits

@@ -170,12 +170,39 @@ class Session {
   std::vector<std::string> persistent_names() const;  // parameters then state, in graph order
   TensorType leaf_type(std::string_view leaf) const;
 
-  // Embedding (docs/EMBEDDING.md). Every run copies input `name` on the GPU from `buffer` (a
-  // gpu buffer id of this session's device, such as an app's imported VkBuffer) at `offset`,
-  // instead of from what set_input staged; a bound output is copied into its buffer instead of
-  // to the host. Each re-records the runs.
-  void bind_input(std::string_view name, uint32_t buffer, uint64_t offset);
-  void bind_output(std::string_view name, uint32_t buffer, uint64_t offset);
+  // Embedding (docs/EMBEDDING.md). Input `name` bound to `buffer` (a gpu buffer id of this
+  // session's device, such as an app's imported VkBuffer) at `offset`: Binding::copied, every run
+  // copies it on the GPU from there instead of from what set_input staged; Binding::in_place, the
+  // kernels read it there, with no copy at all. Outputs likewise: copied into the buffer, or
+  // written there by the kernels. The buffer holds the tensor as stored (leaf or output dtype).
+  // In place, the offset must be a multiple of the device's storage-buffer offset alignment, and
+  // an output must be a value each run computes (not an input, a parameter, a value of the setup
+  // or the new value of state); else mg::Error says so. Each re-records the runs.
+  enum class Binding { copied, in_place };
+  void bind_input(std::string_view name, uint32_t buffer, uint64_t offset,
+                  Binding binding = Binding::copied);
+  void bind_output(std::string_view name, uint32_t buffer, uint64_t offset,
+                   Binding binding = Binding::copied);
+  // The copies a run records (inputs from the staging or a copied buffer, outputs into them, and
+  // new values of state that the planner could not write over the state itself) and their bytes.
+  struct Transfers {
+    size_t copies = 0;
+    uint64_t bytes = 0;
+  };
+  Transfers run_transfers() const;
+
+  // Recording into the app's own command buffer (docs/EMBEDDING.md) instead of submitting:
+  // `native_commands` is the backend's command buffer in the recording state, outside a render
+  // pass (a VkCommandBuffer), of the device's queue family. record_run records the next run (and
+  // the setup first, when it is due); record_next_chunk the next chunk of a chunked run, like
+  // run_next_chunk. The app's submission of that command buffer must signal the device's app
+  // timeline at `signal_value`; finish_run() and everything that waits for a run wait for it.
+  struct Recorded {
+    uint64_t signal_value = 0;
+    bool last_chunk = false;  // record_next_chunk: it was the run's last chunk (record_run: true)
+  };
+  Recorded record_run(void* native_commands);
+  Recorded record_next_chunk(void* native_commands);
 
   // Chunked runs, for an app that gives the GPU a slice of each frame: each run is cut into
   // chunks of at most `budget_ms` of GPU time (a dispatch longer than that is a chunk of its

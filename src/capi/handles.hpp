@@ -79,4 +79,10 @@ void require(Pointer pointer, const char* what) {
   if (pointer == nullptr) fail(MG_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
 }
 
+// MG_ERROR_INVALID_STATE naming `call` while a chunked run is under way.
+void refuse_during_chunked_run(const mg_program& program, const char* call);
+
+// Sets the optimizer's inputs for the next step of a training program.
+void prepare_step(mg_program& program);
+
 }  // namespace mg::capi

@@ -106,22 +106,6 @@ void check_count(const mg_program::Tensor& entry, size_t count) {
                                         " values) but the call passes " + std::to_string(count));
 }
 
-void refuse_during_chunked_run(const mg_program& program, const char* call) {
-  if (program.chunked_run_under_way)
-    fail(MG_ERROR_INVALID_STATE, std::string(call) +
-                                     " during a chunked run: call mg_program_run_chunk until it "
-                                     "reports the run finished");
-}
-
-// Sets the optimizer's inputs for the next step of a training program.
-void prepare_step(mg_program& program) {
-  if (program.kind != MG_PROGRAM_TRAINING) return;
-  for (const auto& [name, value] : optimizer_inputs(program.optimizer, program.steps)) {
-    const float single = static_cast<float>(value);
-    if (program.session->has_input(name)) program.session->set_input(name, std::span(&single, 1));
-  }
-}
-
 void load_classifier_checkpoint(mg_program& program, const char* path) {
   require(path, "path");
   const io::Checkpoint checkpoint = io::load_checkpoint(path);
@@ -157,6 +141,22 @@ mg_program* create_classifier(mg_device* device, const models::ClassifierConfig&
 }
 
 }  // namespace
+
+void refuse_during_chunked_run(const mg_program& program, const char* call) {
+  if (program.chunked_run_under_way)
+    fail(MG_ERROR_INVALID_STATE, std::string(call) +
+                                     " during a chunked run: call mg_program_run_chunk (or "
+                                     "_record_chunk) until it reports the run finished");
+}
+
+void prepare_step(mg_program& program) {
+  if (program.kind != MG_PROGRAM_TRAINING) return;
+  for (const auto& [name, value] : optimizer_inputs(program.optimizer, program.steps)) {
+    const float single = static_cast<float>(value);
+    if (program.session->has_input(name)) program.session->set_input(name, std::span(&single, 1));
+  }
+}
+
 }  // namespace mg::capi
 
 using namespace mg::capi;
@@ -472,6 +472,15 @@ mg_status mg_program_run_chunk(mg_program* program, int* finished) {
     program->has_outputs = true;
     if (program->kind == MG_PROGRAM_TRAINING) ++program->steps;
     *finished = 1;
+  });
+}
+
+mg_status mg_program_run_transfers(const mg_program* program, size_t* copies, uint64_t* bytes) {
+  return guarded([&] {
+    require(program, "program");
+    const mg::Session::Transfers transfers = program->session->run_transfers();
+    if (copies != nullptr) *copies = transfers.copies;
+    if (bytes != nullptr) *bytes = transfers.bytes;
   });
 }
 

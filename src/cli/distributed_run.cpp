@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <exception>
 
+#include "cli/run_record.hpp"
+
 namespace mg::cli {
 
 DistributedRun::DistributedRun(const Arguments& arguments) {
@@ -88,6 +90,15 @@ int DistributedRun::run(const std::string& command, const std::function<int()>& 
     print_error(command, rank(), size());
   }
   communicator_->abort(1);
+}
+
+void DistributedRun::announce_device(const std::string& device) const {
+  if (distributed()) {
+    std::fprintf(stderr, "rank %d of %d: device: %s\n", rank(), size(), device.c_str());
+  } else {
+    std::fprintf(stderr, "device: %s\n", device.c_str());
+  }
+  if (writes()) current_run().set("device", device);
 }
 
 }  // namespace mg::cli

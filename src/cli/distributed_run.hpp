@@ -25,6 +25,9 @@ class DistributedRun {
   const DataParallelOptions& parallel_options() const { return parallel_options_; }
   // Rank 0 alone writes the checkpoint, metrics, plot and progress line.
   bool writes() const { return rank() == 0; }
+  // Prints the device this process trains on (with its rank where distributed) and, on the
+  // writing rank, notes it in the run record.
+  void announce_device(const std::string& device) const;
   // --device where given, otherwise the device of this rank's local rank.
   std::string device(const Arguments& arguments) const;
   // This rank's share of a global batch of `global` (--batch), which the ranks must divide.

@@ -9,10 +9,12 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/distributed_run.hpp"
 #include "cli/image_classification.hpp"
 #include "cli/non_finite_steps.hpp"
 #include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
+#include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
 #include "data/image_folder.hpp"
@@ -51,6 +53,13 @@ class names; every --checkpoint-every steps, each epoch and at the end), metrics
 training.png. Ctrl-C stops after the current step and saves a checkpoint. 'meganeura infer
 CHECKPOINT IMAGE...' classifies images with it.
 
+Under mpirun (or with --distributed) each process trains on its share of every --batch (its own
+run of each batch of one shuffled order) and the gradients are averaged across them before the
+update: docs/DISTRIBUTED.md. Batch norm normalises each process's share with that share's
+statistics (as PyTorch's DistributedDataParallel without SyncBatchNorm), so a step equals one
+process's step with --batch B/N --accumulate N, not one on the whole batch; each process keeps
+its own running statistics and rank 0's are the ones validated and saved.
+
   --model NAME|DIR      resnet18, resnet34, resnet50, resnet101, resnet152 or a Hugging Face
                         ResNet folder (required)
   --data IMAGE_DIR      the image folder (required)
@@ -66,7 +75,8 @@ CHECKPOINT IMAGE...' classifies images with it.
   --out DIR             output folder (default runs/<timestamp>)
   --epochs N            passes over the training images (default 10)
   --max-steps N         stop after N steps (default: all the epochs)
-  --batch N             images a step (default 32; a resumed run's own)
+  --batch N             images a step (default 32; a resumed run's own); in a distributed run
+                        the global batch, which the number of processes must divide
   --lr X                peak learning rate (default 1e-3; 1e-4 when fine-tuning)
   --optimizer NAME      adam, adamw or sgd (default adamw)
   --weight-decay X      (default 1e-4)
@@ -85,7 +95,12 @@ CHECKPOINT IMAGE...' classifies images with it.
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
+  --log-every N         steps between metrics.jsonl records (default 10)
   --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
+  --distributed         data-parallel over the processes of an MPI launcher (implied when
+                        mpirun started this one); rank 0 writes every file
+  --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
+                        about X MiB, each while backward computes the next (default 25)
 )";
 
 struct Splits {
@@ -162,28 +177,40 @@ ModelChoice choose_model(const std::string& model, const std::optional<std::stri
   return choice;
 }
 
+int train_resnet(const Arguments& arguments, const DistributedRun& run,
+                 const std::vector<std::string>& words);
+
 }  // namespace
 
 int image_train_command(const std::vector<std::string>& words) {
   const Arguments arguments(
       "meganeura train", words,
-      {"model",      "data",      "weights",         "classes",      "size",
-       "validation", "out",       "epochs",          "max-steps",    "batch",
-       "lr",         "optimizer", "momentum",        "weight-decay", "schedule",
-       "warmup",     "clip",      "accumulate",      "min-crop",     "workers",
-       "seed",       "device",    "precision",       "resume",       "checkpoint-every",
-       "trace",      "width",     kOnNonFiniteOption},
-      {"help", "no-augment", "overwrite"});
+      {"model",      "data",      "weights",    "classes",      "size",
+       "validation", "out",       "epochs",     "max-steps",    "batch",
+       "lr",         "optimizer", "momentum",   "weight-decay", "schedule",
+       "warmup",     "clip",      "accumulate", "min-crop",     "workers",
+       "seed",       "device",    "precision",  "resume",       "checkpoint-every",
+       "trace",      "width",     "bucket-mb",  "log-every",    kOnNonFiniteOption},
+      {"help", "no-augment", "overwrite", "distributed"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
     return 0;
   }
+  const DistributedRun run(arguments);
+  return run.run("train", [&] { return train_resnet(arguments, run, words); });
+}
+
+namespace {
+
+int train_resnet(const Arguments& arguments, const DistributedRun& run,
+                 const std::vector<std::string>& words) {
   arguments.expect_at_most_positional(0);
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data IMAGE_DIR is required to train a ResNet");
   const int64_t epochs = arguments.integer("epochs", 10);
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
+  const int64_t log_every = arguments.integer("log-every", 10, 1, INT64_MAX);
   const double validation = arguments.real("validation", 0.1);
   const double min_crop = arguments.real("min-crop", 0.08);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
@@ -215,6 +242,7 @@ int image_train_command(const std::vector<std::string>& words) {
   const int64_t batch =
       arguments.integer("batch", resumed ? resumed->extra.value("batch", int64_t{32}) : 32);
   if (batch <= 0) throw Error("--batch must be positive");
+  const int64_t local_batch = run.local_batch(batch);
   const Splits splits = read_splits(*data_path, validation, seed);
   const std::vector<std::string>& class_names = splits.training.classes();
   const int64_t classes = arguments.integer(
@@ -243,6 +271,8 @@ int image_train_command(const std::vector<std::string>& words) {
   batcher_options.transform = data::imagenet_train_transform(size);
   batcher_options.transform.min_area = min_crop;
   if (arguments.has("no-augment")) batcher_options.transform = data::imagenet_eval_transform(size);
+  // Each rank decodes its own run of every batch of one order (the seed's).
+  batcher_options.shard = data::Shard{run.rank(), run.size()};
   data::ImageFolderBatcher batcher(splits.training, batcher_options);
   const int64_t steps_per_epoch = batcher.batches_per_epoch();
   const int64_t total_steps =
@@ -260,65 +290,77 @@ int image_train_command(const std::vector<std::string>& words) {
     optimizer.warmup_steps = std::min<int64_t>(200, optimizer.total_steps / 10);
 
   const fs::path out_dir = arguments.text("out", default_out_dir());
-  open_run(out_dir, arguments, words,
-           {{"job", "resnet"},
-            {"model", arguments.text("model", "")},
-            {"data", arguments.text("data", "")},
-            {"resume", arguments.text("resume", "")}});
-  require_writable_file(arguments, "trace");
-  std::fprintf(
-      stderr, "data: %lld training images, %s, %zu classes; %lld steps of %lld\n",
-      static_cast<long long>(splits.training.size()),
-      splits.validation ? (std::to_string(splits.validation->size()) + " validation images (" +
-                           splits.validation->root().string() + ")")
-                              .c_str()
-                        : "no validation",
-      class_names.size(), static_cast<long long>(total_steps), static_cast<long long>(batch));
+  if (run.writes()) {
+    open_run(out_dir, arguments, words,
+             {{"job", "resnet"},
+              {"model", arguments.text("model", "")},
+              {"data", arguments.text("data", "")},
+              {"batch", batch},
+              {"ranks", run.size()},
+              {"resume", arguments.text("resume", "")}});
+    require_writable_file(arguments, "trace");
+    std::fprintf(
+        stderr, "data: %lld training images, %s, %zu classes; %lld steps of %lld\n",
+        static_cast<long long>(splits.training.size()),
+        splits.validation ? (std::to_string(splits.validation->size()) + " validation images (" +
+                             splits.validation->root().string() + ")")
+                                .c_str()
+                          : "no validation",
+        class_names.size(), static_cast<long long>(total_steps), static_cast<long long>(batch));
+  }
 
   SessionOptions options;
-  options.shared_device = open_shared_device(arguments.text("device", ""));
+  options.shared_device = open_shared_device(run.device(arguments));
   options.seed = seed;
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.profile = arguments.has("trace");
-  Session training(models::build_resnet_training(model.config, batch, size, size, optimizer),
-                   options);
+  TrainingProgram training(models::build_resnet_loss(model.config, local_batch, size, size),
+                           optimizer, run, options);
+  // Rank 0 alone evaluates, with its running statistics (the checkpoint's).
   std::unique_ptr<Session> inference;
   SessionOptions eval_options = options;
   eval_options.profile = false;
-  if (splits.validation) {
+  if (splits.validation && run.writes()) {
     inference = std::make_unique<Session>(
         models::build_resnet(model.config, batch, size, size, false), eval_options);
   }
-  std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  current_run().set("device", training.report().device);
-  print_precision(options.precision, training.report());
-  std::fprintf(stderr, "built %s training program in %.2f s (%zu dispatches)%s\n",
-               model.description.c_str(), training.report().build_seconds,
-               training.report().dispatches, inference ? " and evaluation program" : "");
+  run.announce_device(training.report().device);
+  if (run.writes()) {
+    print_precision(options.precision, training.report());
+    std::fprintf(stderr, "built %s training program in %.2f s (%zu dispatches)%s%s\n",
+                 model.description.c_str(), training.report().build_seconds,
+                 training.report().dispatches, inference ? " and evaluation program" : "",
+                 run.distributed() ? ", data-parallel over the ranks" : "");
+  }
 
   int64_t step = 0;
   if (resumed) {
-    load_tensors(training, *resumed, arguments.text("resume", ""), true);
+    training.load(*resumed, arguments.text("resume", ""));
     step = resumed->step;
     batcher.restore(data::BatcherState::from_json(resumed->extra.at("batcher")));
-    drop_metrics_after(out_dir / "metrics.jsonl", step);
-    std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
-                 static_cast<long long>(step));
+    if (run.writes()) {
+      drop_metrics_after(out_dir / "metrics.jsonl", step);
+      std::fprintf(stderr, "resumed from %s at step %lld\n", arguments.text("resume", "").c_str(),
+                   static_cast<long long>(step));
+    }
   } else if (model.weights) {
     const runtime::ResNetWeightsReport report =
-        runtime::load_resnet_weights(training, *model.weights, model.config);
-    std::fprintf(stderr, "loaded %lld tensors from %s%s\n", static_cast<long long>(report.tensors),
-                 model.weights->description().c_str(),
-                 report.head_loaded
-                     ? ""
-                     : (": new head fc for " + std::to_string(classes) +
-                        " classes (the weights have " + std::to_string(report.file_classes) + ")")
-                           .c_str());
+        runtime::load_resnet_weights(training.model(), *model.weights, model.config);
+    if (run.writes())
+      std::fprintf(stderr, "loaded %lld tensors from %s%s\n",
+                   static_cast<long long>(report.tensors), model.weights->description().c_str(),
+                   report.head_loaded
+                       ? ""
+                       : (": new head fc for " + std::to_string(classes) +
+                          " classes (the weights have " + std::to_string(report.file_classes) + ")")
+                             .c_str());
   }
 
   const fs::path checkpoint_path = out_dir / "checkpoint.safetensors";
-  io::JsonlWriter metrics(out_dir / "metrics.jsonl");
+  std::optional<io::JsonlWriter> metrics;
+  if (run.writes()) metrics.emplace(out_dir / "metrics.jsonl");
   const auto save = [&] {
+    if (!run.writes()) return;
     io::Checkpoint checkpoint;
     checkpoint.model_config = model.config.to_json();
     checkpoint.step = step;
@@ -329,14 +371,14 @@ int image_train_command(const std::vector<std::string>& words) {
                         {"image_size", size},
                         {"classes", class_names},
                         {"data", splits.training.root().string()}};
-    checkpoint.tensors = session_tensors(training);
+    checkpoint.tensors = training.tensors();
     save_run_checkpoint(checkpoint_path, checkpoint);
   };
 
   install_stop_handlers();
-  std::vector<float> images(static_cast<size_t>(batch * batcher.image_floats()));
-  // The labels of the step in flight and of the one queued behind it.
-  std::vector<int32_t> labels(static_cast<size_t>(batch)), next_labels(labels.size());
+  std::vector<float> images(static_cast<size_t>(local_batch * batcher.image_floats()));
+  // This rank's labels of the step in flight and of the one queued behind it.
+  std::vector<int32_t> labels(static_cast<size_t>(local_batch)), next_labels(labels.size());
   io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
       validation_series{"validation accuracy", {}};
   ProgressLine progress;
@@ -348,38 +390,39 @@ int image_train_command(const std::vector<std::string>& words) {
     batcher.next(images, step_labels);
     training.set_input(models::kResNetImagesInput, images);
     training.set_input(models::kResNetLabelsInput, step_labels);
-    for (const auto& [name, value] : optimizer_inputs(optimizer, index)) {
-      if (training.has_input(name))
-        training.set_input(name, std::vector<float>{static_cast<float>(value)});
-    }
-    training.start_run();
+    training.start(index);
   };
+  // Every rank stops at the same step, whichever of them was asked to.
+  bool stopping = run.any(stop_requested);
   // An evaluation or a checkpoint reads the parameters after the step, so no step may be queued
   // behind it.
   const auto ends_a_stretch = [&](int64_t steps_done) {
     return steps_done % steps_per_epoch == 0 || steps_done % checkpoint_every == 0 ||
            steps_done == total_steps;
   };
-  // The next step is queued behind the one in flight (its batch taken from the background
-  // threads and its inputs set while that one runs), so the GPU does not wait between steps.
-  bool in_flight = step < total_steps && !stop_requested;
+  // Alone, the next step is queued behind the one in flight (its batch taken from the
+  // background threads and its inputs set while that one runs), so the GPU does not wait
+  // between steps.
+  bool in_flight = step < total_steps && !stopping;
   if (in_flight) start_step(step, labels);
   while (in_flight) {
-    in_flight = step + 1 < total_steps && !stop_requested && !ends_a_stretch(step + 1);
+    in_flight = training.queues_steps() && step + 1 < total_steps && !stop_requested &&
+                !ends_a_stretch(step + 1);
     if (in_flight) {
       start_step(step + 1, next_labels);
     } else {
-      training.finish_run();
+      training.finish();
     }
     ++step;
-    const double loss = training.scalar_output("loss");
-    const bool dropped = non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step,
-                                            checkpoint_path, progress);
+    const double loss = training.loss();
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress);
     const std::vector<int64_t> predicted =
-        predictions(training.output(models::kResNetLogitsOutput), batch, classes);
+        predictions(training.output(models::kResNetLogitsOutput), local_batch, classes);
     int64_t correct = 0;
-    for (int64_t i = 0; i < batch; ++i) correct += predicted[i] == labels[i];
-    const double accuracy = static_cast<double>(correct) / batch;
+    for (int64_t i = 0; i < local_batch; ++i) correct += predicted[i] == labels[i];
+    const double accuracy = run.sum(static_cast<double>(correct)) / batch;
+    stopping = run.any(stop_requested);
     if (!dropped) {
       smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
       smoothed_accuracy =
@@ -398,28 +441,29 @@ int image_train_command(const std::vector<std::string>& words) {
                   static_cast<long long>(step), static_cast<long long>(total_steps), smoothed_loss,
                   100 * smoothed_accuracy, images_per_second,
                   format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
-    progress.update(text, step == total_steps);
-    if (step % 10 == 0 || step == total_steps) {
+    if (run.writes()) progress.update(text, step == total_steps);
+    if (run.writes() && (step % log_every == 0 || step == total_steps)) {
       loss_series.points.emplace_back(step, smoothed_loss);
       train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
-      metrics.write({{"step", step},
-                     {"epoch", epoch + 1},
-                     {"loss", loss},
-                     {"skipped_steps", non_finite.dropped_steps()},
-                     {"smoothed_loss", smoothed_loss},
-                     {"batch_accuracy", accuracy},
-                     {"learning_rate",
-                      learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
-                     {"images_per_second", images_per_second}});
+      nlohmann::json record = {
+          {"step", step},
+          {"epoch", epoch + 1},
+          {"loss", loss},
+          {"skipped_steps", non_finite.dropped_steps()},
+          {"smoothed_loss", smoothed_loss},
+          {"batch_accuracy", accuracy},
+          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"images_per_second", images_per_second}};
+      training.add_step_times(record);
+      metrics->write(record);
     }
     if (inference && (step % steps_per_epoch == 0 || step == total_steps)) {
-      load_tensors(*inference, io::Checkpoint{.tensors = session_tensors(training)}, "training",
-                   false);
+      load_tensors(*inference, io::Checkpoint{.tensors = training.tensors()}, "training", false);
       const Evaluation evaluation =
           evaluate_image_folder(*inference, *splits.validation, batch, size, classes);
       last_validation = evaluation.accuracy();
       validation_series.points.emplace_back(step, last_validation);
-      metrics.write(
+      metrics->write(
           {{"step", step}, {"epoch", epoch + 1}, {"validation_accuracy", last_validation}});
       progress.finish();
       std::fprintf(stderr, "epoch %lld: validation accuracy %.2f%%\n",
@@ -427,18 +471,20 @@ int image_train_command(const std::vector<std::string>& words) {
     }
     if (ends_a_stretch(step)) save();
     std::swap(labels, next_labels);
-    if (!in_flight && step < total_steps && !stop_requested) {
+    if (!in_flight && step < total_steps && !stopping) {
       in_flight = true;
       start_step(step, labels);
     }
   }
-  progress.finish();
+  stopping = stopping || stop_requested;
   save();
+  if (!run.writes()) return stopping ? 130 : 0;
+  progress.finish();
   if (step > first_step)
-    report_training_roofline(out_dir, training, options,
+    report_training_roofline(out_dir, training.traced(), options,
                              seconds_since(start) / static_cast<double>(step - first_step));
-  if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
-  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
+  if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
+  if (arguments.has("trace")) training.traced().write_trace(arguments.text("trace", ""));
 
   io::Chart chart;
   chart.title =
@@ -452,7 +498,8 @@ int image_train_command(const std::vector<std::string>& words) {
   std::printf("training: %.1f images/s\n", images_per_second);
   if (!std::isnan(last_validation))
     std::printf("validation accuracy: %.2f%%\n", 100 * last_validation);
-  return stop_requested ? 130 : 0;
+  return stopping ? 130 : 0;
 }
 
+}  // namespace
 }  // namespace mg::cli

@@ -268,14 +268,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   std::unique_ptr<Session> evaluation;
   if (held_out > 0 && run.writes())
     evaluation = std::make_unique<Session>(models::llama_loss_graph(config, batch, seq), options);
-  if (run.distributed()) {
-    std::fprintf(stderr, "rank %d of %d: device: %s\n", run.rank(), run.size(),
-                 training.report().device.c_str());
-  } else {
-    std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  }
+  run.announce_device(training.report().device);
   if (run.writes()) {
-    current_run().set("device", training.report().device);
     print_precision(options.precision, training.report());
     std::fprintf(stderr, "built training program in %.2f s (%zu dispatches)%s%s\n",
                  training.report().build_seconds, training.report().dispatches,

@@ -274,14 +274,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
     inference =
         std::make_unique<Session>(models::build_classifier(model, eval_batch), eval_options);
   }
-  if (run.distributed()) {
-    std::fprintf(stderr, "rank %d of %d: device: %s\n", run.rank(), run.size(),
-                 training.report().device.c_str());
-  } else {
-    std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
-  }
+  run.announce_device(training.report().device);
   if (run.writes()) {
-    current_run().set("device", training.report().device);
     print_precision(session_options.precision, training.report());
     std::fprintf(stderr, "built training program in %.2f s (%zu dispatches, %u pipelines)%s\n",
                  training.report().build_seconds, training.report().dispatches,

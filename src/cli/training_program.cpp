@@ -1,6 +1,9 @@
 #include "cli/training_program.hpp"
 
+#include <algorithm>
 #include <cmath>
+
+#include "cli/training_run.hpp"
 
 namespace mg::cli {
 
@@ -28,6 +31,29 @@ Session& TrainingProgram::state() {
 
 Session& TrainingProgram::traced() {
   return fused_ ? *fused_ : parallel_->gradient_program();
+}
+
+Session& TrainingProgram::model() {
+  return fused_ ? *fused_ : parallel_->gradient_program();
+}
+
+std::vector<io::TensorRecord> TrainingProgram::tensors() {
+  std::vector<io::TensorRecord> records = session_tensors(state());
+  if (parallel_) {
+    // The parameters are shared by both programs; the gradient program adds the loss graph's
+    // state.
+    const std::vector<std::string> parameters = state().persistent_names();
+    for (io::TensorRecord& record : session_tensors(model())) {
+      if (std::find(parameters.begin(), parameters.end(), record.name) == parameters.end())
+        records.push_back(std::move(record));
+    }
+  }
+  return records;
+}
+
+void TrainingProgram::load(const io::Checkpoint& checkpoint, const std::filesystem::path& path) {
+  if (parallel_) load_tensors(model(), checkpoint, path, true);
+  load_tensors(state(), checkpoint, path, true);
 }
 
 const BuildReport& TrainingProgram::report() const {

@@ -1,6 +1,7 @@
 #pragma once
 // The training program of a `meganeura train` job: add_training's single program when the job
 // runs alone, a DataParallelTrainer when it is one rank of a distributed run.
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -9,6 +10,7 @@
 
 #include "cli/anomaly_finder.hpp"
 #include "cli/distributed_run.hpp"
+#include "io/checkpoint.hpp"
 #include "meganeura/distributed.hpp"
 #include "meganeura/session.hpp"
 
@@ -31,6 +33,16 @@ class TrainingProgram {
   Session& state();
   // The program that --trace profiles.
   Session& traced();
+  // The program holding every leaf of the loss graph, its parameters and its own state (batch
+  // norm's running statistics): pretrained weights are written here. In a distributed run the
+  // gradient program, whose state is this rank's (each rank updates its running statistics from
+  // its share of the batch).
+  Session& model();
+  // Every parameter and state leaf, the optimizer's and the loss graph's, as checkpoint tensors.
+  std::vector<io::TensorRecord> tensors();
+  // Writes every one of them from `checkpoint` (read from `path`); throws mg::Error naming the
+  // file and a tensor it lacks.
+  void load(const io::Checkpoint& checkpoint, const std::filesystem::path& path);
   const BuildReport& report() const;
 
   void set_input(std::string_view name, std::span<const float> values);

@@ -137,6 +137,14 @@ ImageFolderBatcher::ImageFolderBatcher(const ImageFolder& folder, ImageBatcherOp
                 " is larger than image folder " + folder.root().string() + " (" +
                 std::to_string(folder.size()) + " images), so every batch would be dropped");
   }
+  const Shard& shard = options_.shard;
+  if (shard.count <= 0 || shard.index < 0 || shard.index >= shard.count)
+    throw Error("shard " + std::to_string(shard.index) + " of " + std::to_string(shard.count) +
+                " does not exist");
+  if (shard.count > 1 && (!options_.drop_last || options_.batch_size % shard.count != 0))
+    throw Error("a batch of " + std::to_string(options_.batch_size) +
+                " images cannot be split into " + std::to_string(shard.count) +
+                " equal shards: give a batch size they divide (and full batches only)");
   const ImageTransform& transform = options_.transform;
   if (transform.size < 1 || transform.size > 4096 || transform.resize_to < 0 ||
       transform.min_area <= 0 || transform.min_area > 1 ||
@@ -245,7 +253,7 @@ void ImageFolderBatcher::work() {
 }
 
 int64_t ImageFolderBatcher::next(std::span<float> images, std::span<int32_t> labels) {
-  const auto batch = static_cast<size_t>(options_.batch_size);
+  const auto batch = static_cast<size_t>(shard_size());
   if (images.size() < batch * image_floats() || labels.size() < batch) {
     throw Error("batch buffers hold " + std::to_string(images.size()) + " floats and " +
                 std::to_string(labels.size()) + " labels, but a batch of " + std::to_string(batch) +
@@ -308,10 +316,12 @@ io::Image ImageFolderBatcher::decode(int64_t index, int64_t& decoded_index) {
 ImageFolderBatcher::Batch ImageFolderBatcher::produce(int64_t batch_index) {
   const int64_t per_epoch = batches_per_epoch();
   const int64_t epoch = batch_index / per_epoch;
-  const int64_t start = (batch_index % per_epoch) * options_.batch_size;
+  // Shards exist only with full batches (drop_last), so only a single shard is ever short.
+  const int64_t start =
+      (batch_index % per_epoch) * options_.batch_size + options_.shard.index * shard_size();
   const std::shared_ptr<const std::vector<uint32_t>> order = order_of(epoch);
   Batch batch;
-  batch.count = std::min(options_.batch_size, folder_.size() - start);
+  batch.count = std::min(shard_size(), folder_.size() - start);
   const auto floats = static_cast<size_t>(image_floats());
   batch.images.resize(static_cast<size_t>(batch.count) * floats);
   batch.labels.resize(static_cast<size_t>(batch.count));

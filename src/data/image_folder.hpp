@@ -64,14 +64,19 @@ struct ImageBatcherOptions {
   ImageTransform transform;
   int workers = 0;   // decoding threads; 0 picks the hardware's thread count, at most 8
   int prefetch = 0;  // batches prepared ahead of the consumer; 0 picks twice the workers
+  // The part of each batch this rank of a data-parallel run takes (batch_size stays the whole
+  // batch, which the shard count must divide, with drop_last).
+  Shard shard;
 };
 
 // Hands out batches of an ImageFolder, images [batch, 3, size, size] (transformed and
 // normalised) and labels [batch], prepared by background threads. The order of epoch e is
 // epoch_order(size, seed, e) (as Batcher's), and the random crop and flip of an example depend
 // only on (seed, epoch, example), so runs and restored runs repeat exactly whatever the thread
-// timing. A file that fails to decode is named on stderr once and replaced, wherever it falls,
-// by the next example in folder order that decodes; next() throws mg::Error when none does.
+// timing. With a shard, only that shard of each batch is decoded and handed out; the state
+// (epoch, position) counts whole batches, as one process's would. A file that fails to decode is
+// named on stderr once and replaced, wherever it falls, by the next example in folder order that
+// decodes; next() throws mg::Error when none does.
 class ImageFolderBatcher {
  public:
   // The folder must outlive the batcher. Throws mg::Error on a bad batch size or transform.
@@ -80,12 +85,14 @@ class ImageFolderBatcher {
   ImageFolderBatcher(const ImageFolderBatcher&) = delete;
   ImageFolderBatcher& operator=(const ImageFolderBatcher&) = delete;
 
-  // Waits for the next batch, copies it into `images` (at least batch_size * image_floats())
-  // and `labels` (at least batch_size) and returns its example count (less than batch_size only
-  // for an epoch's last batch without drop_last). Rethrows a worker's error.
+  // Waits for this shard of the next batch, copies it into `images` (at least shard_size() *
+  // image_floats()) and `labels` (at least shard_size()) and returns its example count (less
+  // than shard_size() only for an epoch's last batch without drop_last). Rethrows a worker's
+  // error.
   int64_t next(std::span<float> images, std::span<int32_t> labels);
 
   int64_t batch_size() const { return options_.batch_size; }
+  int64_t shard_size() const { return options_.batch_size / options_.shard.count; }
   int64_t image_floats() const { return 3 * options_.transform.size * options_.transform.size; }
   int64_t batches_per_epoch() const;
   int64_t epoch() const;

@@ -192,14 +192,20 @@ Graph build_resnet(const ResNetConfig& config, int64_t batch, int64_t height, in
   return graph;
 }
 
-Graph build_resnet_training(const ResNetConfig& config, int64_t batch, int64_t height,
-                            int64_t width, const OptimizerConfig& optimizer) {
+Graph build_resnet_loss(const ResNetConfig& config, int64_t batch, int64_t height, int64_t width) {
   Graph graph;
   const Tensor images = images_input(graph, config, batch, height, width);
   const Tensor labels = input(graph, kResNetLabelsInput, {batch}, DType::i32);
   const Tensor logits = logits_of(config, images, true);
   graph.set_output(kResNetLogitsOutput, logits.id());
-  add_training(graph, cross_entropy(logits, labels).id(), optimizer);
+  graph.set_output("loss", cross_entropy(logits, labels).id());
+  return graph;
+}
+
+Graph build_resnet_training(const ResNetConfig& config, int64_t batch, int64_t height,
+                            int64_t width, const OptimizerConfig& optimizer) {
+  Graph graph = build_resnet_loss(config, batch, height, width);
+  add_training(graph, graph.output("loss"), optimizer);
   return graph;
 }
 

@@ -44,8 +44,11 @@ inline constexpr const char* kResNetLogitsOutput = "logits";
 Graph build_resnet(const ResNetConfig& config, int64_t batch, int64_t height, int64_t width,
                    bool training);
 
-// build_resnet(training = true) plus input "labels", cross-entropy output "loss" and the
-// optimizer update of every parameter (add_training).
+// build_resnet(training = true) plus input "labels" [batch] and output "loss", the mean
+// cross-entropy: the forward graph a data-parallel trainer differentiates.
+Graph build_resnet_loss(const ResNetConfig& config, int64_t batch, int64_t height, int64_t width);
+
+// build_resnet_loss plus the optimizer update of every parameter (add_training).
 Graph build_resnet_training(const ResNetConfig& config, int64_t batch, int64_t height,
                             int64_t width, const OptimizerConfig& optimizer);
 

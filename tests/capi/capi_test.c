@@ -27,6 +27,8 @@ static void test_misuse_without_handles(void) {
   CHECK_STATUS(mg_program_set_input(NULL, "images", MG_DTYPE_F32, NULL, 0),
                MG_ERROR_INVALID_ARGUMENT);
   CHECK_STATUS(mg_program_options_init(NULL), MG_ERROR_INVALID_ARGUMENT);
+  size_t copies = 0;
+  CHECK_STATUS(mg_program_run_transfers(NULL, &copies, NULL), MG_ERROR_INVALID_ARGUMENT);
   mg_program* program = (mg_program*)1;
   CHECK_STATUS(mg_program_create_classifier(NULL, NULL, NULL, &program), MG_ERROR_INVALID_ARGUMENT);
   CHECK(program == NULL);

@@ -6,58 +6,9 @@
 #include <string.h>
 
 #include "checks.h"
-#include "meganeura/meganeura_vulkan.h"
+#include "vulkan_app.h"
 
 enum { kBatch = 4, kPixels = 64, kClasses = 4 };
-
-typedef struct App {
-  VkInstance instance;
-  VkPhysicalDevice physical;
-  uint32_t family;
-  VkDevice device;
-  VkQueue queue;
-  VkPhysicalDeviceVulkan12Features features12;
-  VkPhysicalDeviceFeatures2 features;
-} App;
-
-static int create_instance(App* app) {
-  VkApplicationInfo info = {VK_STRUCTURE_TYPE_APPLICATION_INFO};
-  info.pApplicationName = "meganeura capi test";
-  info.apiVersion = VK_API_VERSION_1_2;
-  VkInstanceCreateInfo create = {VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
-  create.pApplicationInfo = &info;
-  if (vkCreateInstance(&create, NULL, &app->instance) != VK_SUCCESS) return 0;
-  uint32_t count = 1;
-  VkResult listed = vkEnumeratePhysicalDevices(app->instance, &count, &app->physical);
-  if ((listed != VK_SUCCESS && listed != VK_INCOMPLETE) || count == 0) return 0;
-  VkQueueFamilyProperties families[16];
-  uint32_t family_count = 16;
-  vkGetPhysicalDeviceQueueFamilyProperties(app->physical, &family_count, families);
-  for (app->family = 0; app->family < family_count; ++app->family)
-    if (families[app->family].queueFlags & VK_QUEUE_COMPUTE_BIT) return 1;
-  return 0;
-}
-
-static int create_device(App* app, int timeline) {
-  float priority = 1;
-  VkDeviceQueueCreateInfo queue = {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-  queue.queueFamilyIndex = app->family;
-  queue.queueCount = 1;
-  queue.pQueuePriorities = &priority;
-  memset(&app->features12, 0, sizeof app->features12);
-  app->features12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
-  app->features12.timelineSemaphore = timeline ? VK_TRUE : VK_FALSE;
-  memset(&app->features, 0, sizeof app->features);
-  app->features.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-  app->features.pNext = &app->features12;
-  VkDeviceCreateInfo create = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-  create.pNext = &app->features;
-  create.queueCreateInfoCount = 1;
-  create.pQueueCreateInfos = &queue;
-  if (vkCreateDevice(app->physical, &create, NULL, &app->device) != VK_SUCCESS) return 0;
-  vkGetDeviceQueue(app->device, app->family, 0, &app->queue);
-  return 1;
-}
 
 /* The test's allocator: one VkDeviceMemory per request, handed out at offset `alignment` of it. */
 typedef struct Allocator {
@@ -108,35 +59,6 @@ static mg_vulkan_device_desc describe(const App* app) {
   return desc;
 }
 
-/* A host-visible, coherent buffer of `bytes`, mapped at *mapped. */
-static VkBuffer create_host_buffer(const App* app, VkDeviceSize bytes, VkBufferUsageFlags usage,
-                                   VkDeviceMemory* memory, void** mapped) {
-  VkBufferCreateInfo create = {VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  create.size = bytes;
-  create.usage = usage;
-  VkBuffer buffer = VK_NULL_HANDLE;
-  if (vkCreateBuffer(app->device, &create, NULL, &buffer) != VK_SUCCESS) return VK_NULL_HANDLE;
-  VkMemoryRequirements requirements;
-  vkGetBufferMemoryRequirements(app->device, buffer, &requirements);
-  VkPhysicalDeviceMemoryProperties properties;
-  vkGetPhysicalDeviceMemoryProperties(app->physical, &properties);
-  const VkMemoryPropertyFlags wanted =
-      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-  VkMemoryAllocateInfo allocate = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-  allocate.allocationSize = requirements.size;
-  for (uint32_t type = 0; type < properties.memoryTypeCount; ++type) {
-    if ((requirements.memoryTypeBits & (1u << type)) &&
-        (properties.memoryTypes[type].propertyFlags & wanted) == wanted) {
-      allocate.memoryTypeIndex = type;
-      break;
-    }
-  }
-  CHECK(vkAllocateMemory(app->device, &allocate, NULL, memory) == VK_SUCCESS);
-  CHECK(vkBindBufferMemory(app->device, buffer, *memory, 0) == VK_SUCCESS);
-  CHECK(vkMapMemory(app->device, *memory, 0, bytes, 0, mapped) == VK_SUCCESS);
-  return buffer;
-}
-
 static void test_missing_timeline(App* app) {
   if (!create_device(app, 0)) {
     CHECK(!"creating a device without timeline semaphores");
@@ -175,12 +97,24 @@ static void run_on_app_buffers(App* app, mg_device* device) {
                                              &input_memory, (void**)&input);
   VkBuffer output_buffer = create_host_buffer(app, output_bytes, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                                               &output_memory, (void**)&output);
-  CHECK_STATUS(mg_program_bind_input_buffer(program, "images", input_buffer, 4, input_bytes),
+  const VkBufferUsageFlags source = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+  CHECK_STATUS(mg_program_bind_input_buffer(program, "images", input_buffer, 4, input_bytes, source,
+                                            MG_BUFFER_COPIED),
                MG_ERROR_INVALID_ARGUMENT);
-  CHECK_STATUS(mg_program_bind_input_buffer(program, "images", VK_NULL_HANDLE, 0, input_bytes),
+  CHECK_STATUS(mg_program_bind_input_buffer(program, "images", VK_NULL_HANDLE, 0, input_bytes,
+                                            source, MG_BUFFER_COPIED),
                MG_ERROR_INVALID_ARGUMENT);
-  CHECK_OK(mg_program_bind_input_buffer(program, "images", input_buffer, 0, input_bytes));
-  CHECK_OK(mg_program_bind_output_buffer(program, "logits", output_buffer, 0, output_bytes));
+  CHECK_STATUS(mg_program_bind_input_buffer(program, "images", input_buffer, 0, input_bytes,
+                                            VK_BUFFER_USAGE_TRANSFER_DST_BIT, MG_BUFFER_COPIED),
+               MG_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(mg_last_error(), "TRANSFER_SRC") != NULL);
+  CHECK_OK(mg_program_bind_input_buffer(program, "images", input_buffer, 0, input_bytes, source,
+                                        MG_BUFFER_COPIED));
+  CHECK_OK(mg_program_bind_output_buffer(program, "logits", output_buffer, 0, output_bytes,
+                                         VK_BUFFER_USAGE_TRANSFER_DST_BIT, MG_BUFFER_COPIED));
+  size_t copies = 0;
+  CHECK_OK(mg_program_run_transfers(program, &copies, NULL));
+  CHECK(copies == 2); /* the input from the app's buffer and the output into the app's */
 
   fill_random(input, kBatch * kPixels, 5);
   memset(output, 0, output_bytes);
@@ -234,6 +168,8 @@ void test_adopted_device(void) {
   CHECK_OK(mg_device_adopt_vulkan(&desc, &device));
   if (device != NULL) {
     run_on_app_buffers(&app, device);
+    test_in_place_buffers(&app, device);
+    test_recorded_runs(&app, device);
     CHECK_OK(mg_device_release(device));
   }
   CHECK(counts.total > 0);

@@ -21,11 +21,7 @@ using cli_test::Result;
 using cli_test::run;
 
 fs::path scratch(const std::string& name) {
-  const fs::path path =
-      fs::temp_directory_path() / ("meganeura-bad-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(path);
-  fs::create_directories(path);
-  return path;
+  return cli_test::scratch_folder("bad", name);
 }
 
 // Exit status `status` (1: bad input; 74: a checkpoint that cannot be resumed), one line naming

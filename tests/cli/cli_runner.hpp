@@ -1,8 +1,10 @@
 #pragma once
 // Runs the `meganeura` binary as a user would, with its exit status and output.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace cli_test {
@@ -26,6 +28,17 @@ inline Result run(const std::string& arguments, bool with_stderr = true) {
   const int status = ::pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// An empty folder meganeura-<suite>-<name>-<pid> under the temporary directory, one a process
+// since ctest runs a suite's tests side by side.
+inline std::filesystem::path scratch_folder(const std::string& suite, const std::string& name) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("meganeura-" + suite + "-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+  return path;
 }
 
 }  // namespace cli_test

@@ -24,11 +24,7 @@ using cli_test::Result;
 using cli_test::run;
 
 fs::path scratch(const std::string& name) {
-  const fs::path path =
-      fs::temp_directory_path() / ("meganeura-cli-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(path);
-  fs::create_directories(path);
-  return path;
+  return cli_test::scratch_folder("cli", name);
 }
 
 const char* kSmallRun = " --model mlp --limit 512 --batch 32 --epochs 2 ";

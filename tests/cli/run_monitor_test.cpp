@@ -22,11 +22,7 @@ using cli_test::Result;
 using cli_test::run;
 
 fs::path scratch(const std::string& name) {
-  const fs::path path =
-      fs::temp_directory_path() / ("meganeura-runs-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(path);
-  fs::create_directories(path);
-  return path;
+  return cli_test::scratch_folder("runs", name);
 }
 
 nlohmann::json record_of(const fs::path& folder) {

@@ -1,9 +1,13 @@
 // Segmented runs (Session::set_segments): a run submitted in pieces, each copying out the
-// outputs final by its end, gives the values of the f64 reference, segment by segment.
+// outputs final by its end, gives the values of the f64 reference, segment by segment, also with
+// the input read in place from a buffer of the app's and an output copied into one.
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 
 #include "harness.hpp"
+#include "runtime/shared_device.hpp"
 
 namespace mg {
 namespace {
@@ -126,6 +130,52 @@ TEST(SegmentedRun, SegmentsCopyOutEachOutputOnceItIsFinal) {
   expect_close(session.output("b"), chain.expected(next)[1]);
   EXPECT_EQ(session.set_segments({}), 0u);
   EXPECT_EQ(session.validation_messages(), 0u);
+}
+
+TEST(SegmentedRun, InputBoundInPlaceAndOutputCopiedIntoABuffer) {
+  const Chain chain;
+  const std::shared_ptr<SharedDevice> shared = open_shared_device("", true);
+  gpu::Device& device = gpu_device(*shared);
+  const gpu::BufferId app_input =
+      device.create_buffer(kRows * kWidth * 4, gpu::BufferUse::upload, "app input");
+  const gpu::BufferId app_output =
+      device.create_buffer(kRows * kWidth * 4, gpu::BufferUse::download, "app output");
+  {
+    SessionOptions options;
+    options.shared_device = shared;
+    Session session(chain.graph, options);
+    chain.write_weights(session);
+    session.bind_input("x", app_input, 0, Session::Binding::in_place);
+    session.bind_output("c", app_output, 0);
+    const std::vector<size_t> ends = {*session.output_ready_after("a"),
+                                      *session.output_ready_after("b")};
+    ASSERT_EQ(session.set_segments(ends), 3u);
+    std::mt19937_64 generator(11);
+    const std::vector<float> x = drawn(generator, kRows * kWidth);
+    std::memcpy(device.mapped(app_input), x.data(), x.size() * 4);
+    const std::vector<std::vector<double>> expected = chain.expected(x);
+    session.submit_segment(0);
+    EXPECT_THROW(session.bind_input("x", app_input, 0), Error);
+    EXPECT_THROW(session.set_chunk_budget(1.0), Error);
+    try {
+      session.record_run(nullptr);
+      ADD_FAILURE() << "record_run during a segmented run";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("segmented run"), std::string::npos) << error.what();
+    }
+    session.wait_segment(0);
+    expect_close(session.output("a"), expected[0]);
+    session.submit_segment(1);
+    session.submit_segment(2);
+    session.wait_segment(2);
+    expect_close(session.output("b"), expected[1]);
+    EXPECT_THROW(session.output("c"), Error);  // bound to the app's buffer
+    const float* c = static_cast<const float*>(device.mapped(app_output));
+    expect_close(std::vector<float>(c, c + kRows * kWidth), expected[2]);
+    EXPECT_EQ(session.validation_messages(), 0u);
+  }
+  device.destroy_buffer(app_input);
+  device.destroy_buffer(app_output);
 }
 
 TEST(SegmentedRun, RefusesSegmentsThatDoNotAscend) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <set>
 
 #include "io/image.hpp"
@@ -342,6 +343,36 @@ TEST_F(NumberedFolderTest, RandomCropsRepeatAcrossThreadCountsAndResume) {
   expect_error([&] { resumed.restore({17, 3, 0, 4}); }, {"position 4"});
   expect_error([&] { resumed.restore({18, 3, 0, 3}); }, {"seed 18"});
   expect_error([&] { ImageFolderBatcher(folder, options(12, 1, true)); }, {"larger than"});
+}
+
+// The batchers of two ranks of a data-parallel run: each decodes its half of every batch, and
+// the halves in rank order are one process's batches, epoch after epoch, and after a restore.
+TEST_F(NumberedFolderTest, ShardsMakeUpTheBatchesOfOneProcess) {
+  ::testing::internal::CaptureStderr();
+  const ImageFolder folder(path("numbers"));
+  ::testing::internal::GetCapturedStderr();
+  ImageFolderBatcher whole(folder, options(4, 2, true));
+  std::vector<std::unique_ptr<ImageFolderBatcher>> ranks;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    ImageBatcherOptions shard = options(4, 1 + static_cast<int>(rank), true);
+    shard.shard = Shard{rank, 2};
+    ranks.push_back(std::make_unique<ImageFolderBatcher>(folder, shard));
+    EXPECT_EQ(ranks.back()->shard_size(), 2);
+  }
+  for (int b = 0; b < 6; ++b) {
+    if (b == 3) {
+      for (auto& rank : ranks) rank->restore(whole.state());
+    }
+    std::vector<int> halves = next_examples(*ranks[0]);
+    const std::vector<int> second = next_examples(*ranks[1]);
+    EXPECT_EQ(halves.size(), 2u);
+    halves.insert(halves.end(), second.begin(), second.end());
+    EXPECT_EQ(halves, next_examples(whole)) << "batch " << b;
+    EXPECT_EQ(ranks[1]->state(), whole.state());
+  }
+  ImageBatcherOptions odd = options(3, 1, true);
+  odd.shard = Shard{0, 2};
+  expect_error([&] { ImageFolderBatcher(folder, odd); }, {"batch of 3", "2 equal shards"});
 }
 
 TEST_F(NumberedFolderTest, UndecodableFilesAreNamedOnceAndReplaced) {

@@ -38,6 +38,9 @@ class VulkanAccess {
   // right after that submission; VK_NULL_HANDLE on a device Meganeura opened itself.
   virtual VkSemaphore timeline() const = 0;
   virtual uint64_t timeline_value() const = 0;
+  // The semaphore that the app's submission of a command buffer Meganeura recorded into
+  // (Device::record_into) signals, at the value record_into returned.
+  virtual VkSemaphore app_timeline() const = 0;
   // A buffer of the app for copies in and out of a program (it needs the transfer usages). It
   // stays the app's: destroy_buffer and the device's end only forget it.
   virtual BufferId import_buffer(VkBuffer buffer, uint64_t bytes, std::string_view label) = 0;

@@ -54,6 +54,12 @@ class CommandChecker {
         if (command.fill.range.offset % 4 != 0 || command.fill.range.bytes % 4 != 0)
           fail("fill offset and size must be multiples of 4 bytes");
         break;
+      case Command::Kind::update:
+        check_range({command.update.destination, command.update.offset, command.update.data.size()},
+                    "update", false);
+        if (command.update.offset % 4 != 0 || command.update.data.size() % 4 != 0)
+          fail("update offset and size must be multiples of 4 bytes");
+        break;
       case Command::Kind::barrier:
         break;
     }
@@ -218,16 +224,12 @@ void record_dispatch(const RecorderContext& context, const DispatchCommand& disp
   vkCmdDispatch(commands, dispatch.groups[0], dispatch.groups[1], dispatch.groups[2]);
 }
 
-void record_all(const RecorderContext& context, std::span<const Command> commands,
-                const std::vector<VkDescriptorSet>& sets, const Recording& recording) {
-  VkCommandBuffer cb = recording.commands;
-  auto begin = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
-  check(vkBeginCommandBuffer(cb, &begin), "beginning a command buffer");
+// The recording's timestamp reset and its commands, into `cb`.
+void record_body(const RecorderContext& context, std::span<const Command> commands,
+                 const std::vector<VkDescriptorSet>& sets, const Recording& recording,
+                 VkCommandBuffer cb) {
   if (recording.timestamps != VK_NULL_HANDLE)
     vkCmdResetQueryPool(cb, recording.timestamps, 0, timestamp_count(recording));
-  // Earlier submissions (other recordings, buffer uploads) may have written what this reads.
-  memory_barrier(cb, kWorkStages, kWorkWrites, kWorkStages, kWorkAccess);
-
   const bool per_dispatch =
       recording.timestamps != VK_NULL_HANDLE && recording.timing == Timing::per_dispatch;
   const bool whole = recording.timestamps != VK_NULL_HANDLE && recording.timing == Timing::whole;
@@ -262,11 +264,32 @@ void record_all(const RecorderContext& context, std::span<const Command> command
                         fill.range.bytes, fill.word);
         break;
       }
+      case Command::Kind::update: {
+        // vkCmdUpdateBuffer takes at most 65536 bytes a call.
+        const UpdateCommand& update = command.update;
+        for (size_t done = 0; done < update.data.size();) {
+          const size_t bytes = std::min<size_t>(update.data.size() - done, 65536);
+          vkCmdUpdateBuffer(cb, context.buffers[update.destination].handle, update.offset + done,
+                            bytes, update.data.data() + done);
+          done += bytes;
+        }
+        break;
+      }
       case Command::Kind::barrier:
         record_full_barrier(cb);
         break;
     }
   }
+}
+
+void record_all(const RecorderContext& context, std::span<const Command> commands,
+                const std::vector<VkDescriptorSet>& sets, const Recording& recording) {
+  VkCommandBuffer cb = recording.commands;
+  auto begin = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+  check(vkBeginCommandBuffer(cb, &begin), "beginning a command buffer");
+  // Earlier submissions (other recordings, buffer uploads) may have written what this reads.
+  memory_barrier(cb, kWorkStages, kWorkWrites, kWorkStages, kWorkAccess);
+  record_body(context, commands, sets, recording, cb);
   // Makes results visible to the host, which reads download buffers after the fence.
   memory_barrier(cb, kWorkStages, kWorkWrites, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
   check(vkEndCommandBuffer(cb), "ending a command buffer");
@@ -285,6 +308,9 @@ std::vector<BufferId> buffers_touched(std::span<const Command> commands) {
         break;
       case Command::Kind::fill:
         ids.push_back(command.fill.range.buffer);
+        break;
+      case Command::Kind::update:
+        ids.push_back(command.update.destination);
         break;
       case Command::Kind::barrier:
         break;
@@ -327,12 +353,43 @@ Recording record_commands(const RecorderContext& context, std::span<const Comman
   recording.buffers = buffers_touched(commands);
   try {
     create_objects(context, commands, recording);
-    record_all(context, commands, write_descriptor_sets(context, commands, recording), recording);
+    std::vector<VkDescriptorSet> sets = write_descriptor_sets(context, commands, recording);
+    record_all(context, commands, sets, recording);
+    if (context.keep_for_replay) {
+      recording.replay.assign(commands.begin(), commands.end());
+      recording.descriptor_sets = std::move(sets);
+    }
   } catch (...) {
     destroy_recording(context.device, context.command_pool, recording);
     throw;
   }
   return recording;
+}
+
+void record_into_app(const RecorderContext& context, std::span<const Command> prologue,
+                     std::span<Recording* const> recordings, VkCommandBuffer commands) {
+  CommandChecker checker(context);
+  for (size_t i = 0; i < prologue.size(); ++i) {
+    checker.check(i, prologue[i]);
+    if (prologue[i].kind == Command::Kind::dispatch)
+      throw Error("cannot record a dispatch in the prologue of the app's command buffer");
+  }
+  // The app's work before may have written what the recordings read, in any stage, or read what
+  // they overwrite.
+  memory_barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+                 kWorkStages, kWorkAccess);
+  if (!prologue.empty()) {
+    const Recording none{};
+    record_body(context, prologue, std::vector<VkDescriptorSet>(prologue.size()), none, commands);
+  }
+  for (size_t i = 0; i < recordings.size(); ++i) {
+    if (i > 0 || !prologue.empty()) record_full_barrier(commands);
+    const Recording& recording = *recordings[i];
+    record_body(context, recording.replay, recording.descriptor_sets, recording, commands);
+  }
+  memory_barrier(commands, kWorkStages, kWorkWrites,
+                 VK_PIPELINE_STAGE_ALL_COMMANDS_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                 VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT | VK_ACCESS_HOST_READ_BIT);
 }
 
 void destroy_recording(VkDevice device, VkCommandPool command_pool, Recording& recording) {

@@ -23,6 +23,12 @@ struct Recording {
   std::string stale_reason;       // set when a buffer it uses is destroyed
   bool in_flight = false;         // submitted and not yet seen finished
   bool submitted = false;
+  // On a device adopted from an app (RecorderContext::keep_for_replay): the commands and their
+  // descriptor sets, which record_into_app replays into the app's command buffers, and the value
+  // of the app timeline that the last of those command buffers signals.
+  std::vector<Command> replay;
+  std::vector<VkDescriptorSet> descriptor_sets;
+  uint64_t app_value = 0;
 };
 
 struct RecorderContext {
@@ -31,6 +37,7 @@ struct RecorderContext {
   const PhysicalDevice& physical;
   const std::vector<Buffer>& buffers;
   const std::vector<Pipeline>& pipelines;
+  bool keep_for_replay = false;
 };
 
 // Checks every command against the device limits (throwing mg::Error naming the command) and
@@ -40,6 +47,14 @@ Recording record_commands(const RecorderContext& context, std::span<const Comman
 
 // The queries of a recording's timestamp pool: two a dispatch, or two in all for Timing::whole.
 uint32_t timestamp_count(const Recording& recording);
+
+// Replays `prologue` (no dispatches) and then recordings kept for replay into `commands`, a
+// command buffer of the app in the recording state, outside a render pass: after a barrier over
+// the app's earlier work (any stage), each after a full barrier, and before a barrier that makes
+// their writes visible to the app's later work (any stage) and the host. It binds compute
+// pipelines, descriptor sets and push constants of its own.
+void record_into_app(const RecorderContext& context, std::span<const Command> prologue,
+                     std::span<Recording* const> recordings, VkCommandBuffer commands);
 
 void destroy_recording(VkDevice device, VkCommandPool command_pool, Recording& recording);
 

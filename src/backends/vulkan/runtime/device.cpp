@@ -52,6 +52,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
 
   VkSemaphore timeline() const override { return timeline_; }
   uint64_t timeline_value() const override { return timeline_value_; }
+  VkSemaphore app_timeline() const override { return app_timeline_; }
 
   BufferId import_buffer(VkBuffer handle, uint64_t bytes, std::string_view label) override {
     if (handle == VK_NULL_HANDLE)
@@ -157,14 +158,40 @@ class VulkanDevice final : public Device, public VulkanAccess {
 
   RecordingId record(std::span<const Command> commands, Timing timing) override {
     auto id = static_cast<RecordingId>(recordings_.size());
-    RecorderContext context{device_, command_pool_, physical_, buffers_, pipelines_};
+    RecorderContext context{device_, command_pool_, physical_, buffers_, pipelines_, adopted_};
     recordings_.push_back(record_commands(context, commands, timing, id));
     return id;
+  }
+
+  uint64_t record_into(std::span<const Command> prologue, std::span<const RecordingId> ids,
+                       void* native) override {
+    if (app_timeline_ == VK_NULL_HANDLE)
+      throw Error(
+          "recording into the app's command buffer needs a device adopted from the app "
+          "(mg_device_adopt_vulkan), not one Meganeura opened");
+    if (native == nullptr) throw Error("the app's command buffer is null");
+    std::vector<Recording*> targets;
+    for (RecordingId id : ids) {
+      Recording& target = recording(id);
+      if (!target.stale_reason.empty())
+        throw Error("cannot record " + target.name +
+                    " into the app's command buffer: " + target.stale_reason + "; record it again");
+      targets.push_back(&target);
+    }
+    RecorderContext context{device_, command_pool_, physical_, buffers_, pipelines_, true};
+    record_into_app(context, prologue, targets, static_cast<VkCommandBuffer>(native));
+    const uint64_t value = ++app_timeline_recorded_;
+    for (Recording* target : targets) {
+      target->app_value = value;
+      target->submitted = true;
+    }
+    return value;
   }
 
   void destroy_recording(RecordingId id) override {
     Recording& target = recording(id);
     if (target.in_flight) wait(target);
+    wait_for_app_before_release(target.app_value);
     const std::string name = target.name;
     detail::destroy_recording(device_, command_pool_, target);
     target.name = name;
@@ -193,6 +220,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
   void finish(RecordingId id) override {
     Recording& recording = this->recording(id);
     if (recording.in_flight) wait(recording);
+    if (recording.app_value > app_timeline_reached_) wait_for_app(recording);
   }
 
   std::vector<DispatchTiming> timings(RecordingId id) override {
@@ -313,6 +341,54 @@ class VulkanDevice final : public Device, public VulkanAccess {
     semaphore.pNext = &type;
     check(vkCreateSemaphore(device_, &semaphore, nullptr, &timeline_),
           "creating the timeline semaphore on the app's device");
+    check(vkCreateSemaphore(device_, &semaphore, nullptr, &app_timeline_),
+          "creating the app timeline semaphore on the app's device");
+    wait_semaphores_ =
+        reinterpret_cast<PFN_vkWaitSemaphores>(vkGetDeviceProcAddr(device_, "vkWaitSemaphores"));
+    if (wait_semaphores_ == nullptr)
+      wait_semaphores_ = reinterpret_cast<PFN_vkWaitSemaphores>(
+          vkGetDeviceProcAddr(device_, "vkWaitSemaphoresKHR"));
+    if (wait_semaphores_ == nullptr)
+      throw Error("the app's Vulkan device '" + name +
+                  "' has no vkWaitSemaphores (timeline semaphores need Vulkan 1.2 or "
+                  "VK_KHR_timeline_semaphore enabled)");
+  }
+
+  // Waits until the app's command buffer holding `recording` signalled the app timeline.
+  void wait_for_app(const Recording& recording) {
+    const VkResult result = wait_for_app_value(recording.app_value, kSubmitTimeoutNs);
+    if (result == VK_TIMEOUT)
+      throw Error(recording.name +
+                  " was recorded into the app's command buffer, which has not "
+                  "signalled the app timeline semaphore at value " +
+                  std::to_string(recording.app_value) +
+                  " within 60 s: submit it with that signal, or signal the value from the host "
+                  "(vkSignalSemaphore) when the command buffer is dropped");
+    check(result, "waiting for the app's command buffer");
+  }
+
+  VkResult wait_for_app_value(uint64_t value, uint64_t timeout_ns) {
+    if (value <= app_timeline_reached_) return VK_SUCCESS;
+    auto wait = vk_struct<VkSemaphoreWaitInfo>(VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO);
+    wait.semaphoreCount = 1;
+    wait.pSemaphores = &app_timeline_;
+    wait.pValues = &value;
+    const VkResult result = wait_semaphores_(device_, &wait, timeout_ns);
+    if (result == VK_SUCCESS) app_timeline_reached_ = value;
+    return result;
+  }
+
+  // Before freeing what an app's command buffer may still use: a release cannot throw, so an app
+  // that never submits a recorded command buffer only delays it, once, with a warning; the
+  // values recorded so far then count as reached.
+  void wait_for_app_before_release(uint64_t value) {
+    if (value <= app_timeline_reached_ || app_timeline_ == VK_NULL_HANDLE) return;
+    if (wait_for_app_value(value, kSubmitTimeoutNs) == VK_SUCCESS) return;
+    std::fprintf(stderr,
+                 "meganeura: releasing work recorded into the app's command buffer whose app "
+                 "timeline value %llu was not signalled within 60 s\n",
+                 static_cast<unsigned long long>(value));
+    app_timeline_reached_ = app_timeline_recorded_;
   }
 
   static std::string join(const std::vector<std::string>& parts) {
@@ -378,9 +454,10 @@ class VulkanDevice final : public Device, public VulkanAccess {
   void release() {
     if (device_ != VK_NULL_HANDLE) {
       // The app's device may be busy with its own work, which is not ours to wait for.
-      if (adopted_)
+      if (adopted_) {
         wait_for_own_submissions();
-      else
+        wait_for_app_before_release(app_timeline_recorded_);
+      } else
         vkDeviceWaitIdle(device_);
       for (Recording& recording : recordings_)
         detail::destroy_recording(device_, command_pool_, recording);
@@ -392,6 +469,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
       vkDestroyFence(device_, transfer_fence_, nullptr);
       vkDestroyCommandPool(device_, command_pool_, nullptr);
       vkDestroySemaphore(device_, timeline_, nullptr);
+      vkDestroySemaphore(device_, app_timeline_, nullptr);
       if (!adopted_) vkDestroyDevice(device_, nullptr);
       device_ = VK_NULL_HANDLE;
     }
@@ -505,6 +583,12 @@ class VulkanDevice final : public Device, public VulkanAccess {
   bool adopted_ = false;  // the app's device and queue: not destroyed here
   VkSemaphore timeline_ = VK_NULL_HANDLE;
   uint64_t timeline_value_ = 0;
+  // Signalled by the app's submissions of command buffers that Meganeura recorded into
+  // (record_into): the value the last recorded one signals, and the highest seen reached.
+  VkSemaphore app_timeline_ = VK_NULL_HANDLE;
+  uint64_t app_timeline_recorded_ = 0;
+  uint64_t app_timeline_reached_ = 0;
+  PFN_vkWaitSemaphores wait_semaphores_ = nullptr;
   AppAllocator app_allocator_;  // the app's device memory, when it gave an allocator
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;

@@ -2,6 +2,7 @@
 // The GPU device layer as seen from above src/backends/vulkan/runtime/: no Vulkan type crosses this
 // header, so a Metal backend can provide the same interface.
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -168,11 +169,20 @@ struct FillCommand {  // fill a range with a 32-bit pattern
   uint32_t word = 0;
 };
 
+// Bytes written into a buffer from the command buffer itself, captured when recorded (so the
+// host may change its own copy right after); offset and size multiples of 4.
+struct UpdateCommand {
+  BufferId destination = 0;
+  uint64_t offset = 0;
+  std::vector<std::byte> data;
+};
+
 struct Command {
-  enum class Kind { dispatch, copy, barrier, fill } kind = Kind::barrier;
+  enum class Kind { dispatch, copy, barrier, fill, update } kind = Kind::barrier;
   DispatchCommand dispatch;
   CopyCommand copy;
   FillCommand fill;
+  UpdateCommand update;
 };
 
 // GPU timestamps in a recording: none; a pair around every dispatch (the profile); or one pair
@@ -232,6 +242,15 @@ class Device {
   virtual void start(RecordingId recording) = 0;
   // Waits for the submission of `recording` in flight, if any.
   virtual void finish(RecordingId recording) = 0;
+  // Embedding: records `prologue` (commands without dispatches: updates, copies, fills) and then
+  // `recordings`, in order, into a command buffer of the app's (`native`: the backend's handle;
+  // on Vulkan a VkCommandBuffer in the recording state, outside a render pass) between barriers
+  // that order them after the app's work before and before its work after, in any stage and on
+  // the host. Returns the value at which the app's submission of that command
+  // buffer must signal the device's app timeline; finish() and destroy_recording() of these
+  // recordings wait for it. Throws mg::Error on a device that is not the app's.
+  virtual uint64_t record_into(std::span<const Command> prologue,
+                               std::span<const RecordingId> recordings, void* native) = 0;
   // GPU times of the last submission of a recording recorded with Timing::per_dispatch (one
   // entry a dispatch) or Timing::whole (one entry, labelled "run"); empty for Timing::none.
   virtual std::vector<DispatchTiming> timings(RecordingId recording) = 0;
