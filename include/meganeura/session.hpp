@@ -86,6 +86,14 @@ struct SessionOptions {
   std::optional<Switches> switches;
 };
 
+// What one dispatch asks of the device, from shapes (plan/roofline.hpp): its FLOPs and the bytes
+// of the values it binds.
+struct DispatchCost {
+  std::string label;
+  double flops = 0;
+  double bytes = 0;
+};
+
 struct BuildReport {
   std::string device;        // one-line device description
   double build_seconds = 0;  // graph to ready pipelines and recorded commands
@@ -111,8 +119,9 @@ struct BuildReport {
   uint64_t shared_bytes = 0;
   uint64_t transient_logical_bytes = 0;
   uint64_t transient_physical_bytes = 0;
-  std::string memory_plan;    // plan::describe_memory
-  std::string dispatch_list;  // plan::describe_dispatches: one line per dispatch
+  std::string memory_plan;                   // plan::describe_memory
+  std::string dispatch_list;                 // plan::describe_dispatches: one line per dispatch
+  std::vector<DispatchCost> dispatch_costs;  // one per dispatch of every run, in order
 };
 
 struct DispatchProfile {

@@ -22,6 +22,14 @@ struct Switches {
   // $HOME/.cache/meganeura; empty (no cache on disk) where none is set or MEGANEURA_NO_CACHE=1.
   std::string cache_dir;
   bool kernel_stats = false;  // MEGANEURA_KERNEL_STATS=1: the driver's per-kernel statistics
+  // Testing: MEGANEURA_INJECT_FAULT=alloc:N makes the Nth device memory allocation after a
+  // device opens fail as out of device memory; device_lost:N makes the Nth queue submission and
+  // every later one report VK_ERROR_DEVICE_LOST.
+  struct InjectedFault {
+    enum class Kind { allocation, device_lost } kind = Kind::allocation;
+    int64_t at = 0;  // counted from 1
+  };
+  std::optional<InjectedFault> inject_fault;
 
   // Data-parallel training: MEGANEURA_OVERLAP_REDUCTION=0/1 overrides
   // DataParallelOptions::overlap (gradient sums overlapping backward).

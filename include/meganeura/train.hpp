@@ -27,6 +27,12 @@ struct OptimizerConfig {
   // graph stays static: every run computes the update and kApplyUpdateInput selects whether it
   // is kept. 1 turns it off and builds exactly the graph without the feature.
   int64_t accumulation_steps = 1;
+  // Non-finite steps: the update (parameters and every optimizer state) is kept only where the
+  // loss and the gradients are finite, and output kNonFiniteOutput says whether it was dropped.
+  // The check reads the sum of squares clipping computes, or without clipping a plain sum of
+  // each gradient (one reduction a parameter). A skipped micro-step of an accumulation group
+  // adds nothing.
+  bool skip_non_finite = false;
 };
 
 std::string optimizer_name(OptimizerConfig::Kind kind);          // "sgd", "adam", "adamw"
@@ -43,6 +49,9 @@ inline constexpr const char* kBiasCorrection2Input = "optimizer.bias_correction2
 // Only when accumulation_steps > 1: 1 on the micro-step that applies the accumulated update,
 // 0 on the others.
 inline constexpr const char* kApplyUpdateInput = "optimizer.apply_update";
+// With skip_non_finite: 1 when this run's loss or gradients held NaN or infinity, so that its
+// update was not applied, 0 otherwise.
+inline constexpr const char* kNonFiniteOutput = "optimizer.non_finite";
 
 // Values of those inputs for run `step` (0-based) of the training graph: name -> value. `step`
 // counts graph runs, i.e. micro-steps; with accumulation_steps == N, run `step` belongs to
@@ -65,8 +74,9 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
 // The second half of add_training on its own: clipping and the update of every parameter in
 // `gradients` (parameter -> its gradient, any value of the parameter's type: an input when the
 // gradients come from elsewhere, as in data-parallel training). Returns the gradient norm when
-// clipping is on (also output "gradient_norm"), kNoValue otherwise.
+// clipping is on (also output "gradient_norm"), kNoValue otherwise. With skip_non_finite, `loss`
+// (a scalar, when given) joins the gradients in the finiteness check.
 ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gradients,
-                             const OptimizerConfig& config);
+                             const OptimizerConfig& config, ValueId loss = kNoValue);
 
 }  // namespace mg

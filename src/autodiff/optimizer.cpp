@@ -1,4 +1,5 @@
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "ir/op_names.hpp"
@@ -103,12 +104,12 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   training.loss = loss;
   training.gradients = gradients(graph, loss, parameters);
   graph.set_output("loss", loss);
-  training.gradient_norm = add_optimizer_update(graph, training.gradients, config);
+  training.gradient_norm = add_optimizer_update(graph, training.gradients, config, loss);
   return training;
 }
 
 ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gradients,
-                             const OptimizerConfig& config) {
+                             const OptimizerConfig& config, ValueId loss) {
   if (gradients.empty()) throw Error("optimizer update: no parameters to update");
   check_accumulation(config);
   // Graph order (the map's keys), so that state leaves are created in the order add_training
@@ -131,6 +132,8 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
   const bool accumulate = config.accumulation_steps > 1;
   Tensor apply;
   std::map<ValueId, Tensor> optimizer_gradients;  // parameter -> gradient the update uses
+  // Accumulation state leaves and their sums with this micro-step's gradient.
+  std::vector<std::pair<Tensor, Tensor>> accumulated_sums;
   if (accumulate) apply = input(graph, kApplyUpdateInput, {});
   for (ValueId parameter_id : parameters) {
     Tensor grad{&graph, gradients.at(parameter_id)};
@@ -138,15 +141,44 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       const Node parameter_node = graph.node(parameter_id);
       const Tensor accumulated = state_like(graph, parameter_node, "accumulated_gradient");
       const Tensor total = accumulated + grad;
-      graph.assign(accumulated.id(),
-                   where(apply, scalar(graph, 0.0, parameter_node.type.dtype), total).id());
+      accumulated_sums.emplace_back(accumulated, total);
       grad = total / static_cast<double>(config.accumulation_steps);
     }
     optimizer_gradients[parameter_id] = grad;
   }
-  // Keeps `current` unless this run applies the update.
+
+  // Clipping needs the sum of squared gradients; the finiteness check reuses it, or without
+  // clipping takes the plain sum of each gradient (one reduction a parameter, no squares): inf
+  // and NaN survive any sum, since inf + -inf is NaN.
+  Tensor squared_sum, plain_sum;
+  for (ValueId parameter : parameters) {
+    const Tensor grad = optimizer_gradients[parameter];
+    if (config.clip_norm > 0) {
+      const Tensor part = sum_all(square(grad));
+      squared_sum = squared_sum.valid() ? squared_sum + part : part;
+    } else if (config.skip_non_finite) {
+      const Tensor part = sum_all(grad);
+      plain_sum = plain_sum.valid() ? plain_sum + part : part;
+    }
+  }
+  // 1 where the loss and every gradient are finite: NaN and infinity fail the comparison (as a
+  // sum that overflows does, whose update would be no better).
+  Tensor finite;
+  if (config.skip_non_finite) {
+    Tensor magnitude = squared_sum.valid() ? squared_sum : abs(plain_sum);
+    if (loss != kNoValue) magnitude = magnitude + abs(cast(Tensor{&graph, loss}, DType::f32));
+    finite = less(magnitude, scalar(graph, std::numeric_limits<float>::max()));
+    graph.set_output(kNonFiniteOutput, (1.0 - finite).id());
+  }
+  for (const auto& [accumulated, total] : accumulated_sums) {
+    Tensor kept = where(apply, scalar(graph, 0.0, graph.type(accumulated.id()).dtype), total);
+    if (finite.valid()) kept = where(finite, kept, accumulated);
+    graph.assign(accumulated.id(), kept.id());
+  }
+  // Keeps `current` unless this run applies the update (and, checked, its values are finite).
   const auto select = [&](const Tensor& updated, const Tensor& current) {
-    return accumulate ? where(apply, updated, current) : updated;
+    Tensor kept = accumulate ? where(apply, updated, current) : updated;
+    return finite.valid() ? where(finite, kept, current) : kept;
   };
 
   const Tensor learning_rate = input(graph, kLearningRateInput, {});
@@ -158,12 +190,6 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
 
   Tensor clip_scale;
   if (config.clip_norm > 0) {
-    Tensor squared_sum;
-    for (ValueId parameter : parameters) {
-      const Tensor grad = optimizer_gradients[parameter];
-      const Tensor part = sum_all(square(grad));
-      squared_sum = squared_sum.valid() ? squared_sum + part : part;
-    }
     const Tensor norm = sqrt(squared_sum);
     gradient_norm = norm.id();
     graph.set_output("gradient_norm", norm.id());
@@ -183,18 +209,22 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       Tensor direction = grad;
       if (config.momentum > 0) {
         const Tensor buffer = state_like(graph, parameter_node, "momentum");
-        const Tensor new_buffer = buffer * config.momentum + grad;
-        graph.assign(buffer.id(), select(new_buffer, buffer).id());
+        // The update reads the kept buffer, so that one kernel writes both (fusion takes the
+        // assigned value as an extra output of the parameter's chain); where the buffer is
+        // kept, so is the parameter.
+        const Tensor new_buffer = select(buffer * config.momentum + grad, buffer);
+        graph.assign(buffer.id(), new_buffer.id());
         direction = config.nesterov ? grad + new_buffer * config.momentum : new_buffer;
       }
       updated = parameter - learning_rate * direction;
     } else {
       const Tensor m = state_like(graph, parameter_node, "m");
       const Tensor v = state_like(graph, parameter_node, "v");
-      const Tensor new_m = m * config.beta1 + grad * (1.0 - config.beta1);
-      const Tensor new_v = v * config.beta2 + square(grad) * (1.0 - config.beta2);
-      graph.assign(m.id(), select(new_m, m).id());
-      graph.assign(v.id(), select(new_v, v).id());
+      // As for SGD's buffer: the step reads the kept moments.
+      const Tensor new_m = select(m * config.beta1 + grad * (1.0 - config.beta1), m);
+      const Tensor new_v = select(v * config.beta2 + square(grad) * (1.0 - config.beta2), v);
+      graph.assign(m.id(), new_m.id());
+      graph.assign(v.id(), new_v.id());
       const Tensor step =
           (new_m * bias_correction1) / (sqrt(new_v * bias_correction2) + config.eps);
       Tensor decayed = parameter;

@@ -11,6 +11,8 @@
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
 #include "cli/image_classification.hpp"
+#include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
@@ -188,10 +190,11 @@ int image_train_command(const std::vector<std::string>& words) {
        "lr",         "optimizer", "momentum",   "weight-decay", "schedule",
        "warmup",     "clip",      "accumulate", "min-crop",     "workers",
        "seed",       "device",    "precision",  "resume",       "checkpoint-every",
-       "trace",      "width",     "bucket-mb",  "log-every"},
+       "trace",      "width",     "bucket-mb",  "log-every",    kOnNonFiniteOption},
       {"help", "no-augment", "overwrite", "distributed"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
@@ -281,6 +284,8 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   defaults.weight_decay = 1e-4;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  NonFiniteSteps non_finite(arguments);
+  non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(200, optimizer.total_steps / 10);
 
@@ -410,16 +415,19 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
     }
     ++step;
     const double loss = training.loss();
-    require_finite_loss(loss, step, checkpoint_path, progress);
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress);
     const std::vector<int64_t> predicted =
         predictions(training.output(models::kResNetLogitsOutput), local_batch, classes);
     int64_t correct = 0;
     for (int64_t i = 0; i < local_batch; ++i) correct += predicted[i] == labels[i];
     const double accuracy = run.sum(static_cast<double>(correct)) / batch;
     stopping = run.any(stop_requested);
-    smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
-    smoothed_accuracy =
-        std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    if (!dropped) {
+      smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
+      smoothed_accuracy =
+          std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    }
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
@@ -441,6 +449,7 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
           {"step", step},
           {"epoch", epoch + 1},
           {"loss", loss},
+          {"skipped_steps", non_finite.dropped_steps()},
           {"smoothed_loss", smoothed_loss},
           {"batch_accuracy", accuracy},
           {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
@@ -471,6 +480,9 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();
+  if (step > first_step)
+    report_training_roofline(out_dir, training.traced(), options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (arguments.has("trace")) training.traced().write_trace(arguments.text("trace", ""));
 

@@ -9,6 +9,8 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
+#include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
@@ -132,16 +134,35 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int lm_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments(
-      "meganeura train", words,
-      {"model",        "data",      "out",        "seq",    "batch",
-       "epochs",       "max-steps", "validation", "lr",     "optimizer",
-       "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
-       "seed",         "device",    "precision",  "resume", "checkpoint-every",
-       "log-every",    "bucket-mb"},
-      {"help", "distributed", "overwrite"});
+  const Arguments arguments("meganeura train", words,
+                            {"model",
+                             "data",
+                             "out",
+                             "seq",
+                             "batch",
+                             "epochs",
+                             "max-steps",
+                             "validation",
+                             "lr",
+                             "optimizer",
+                             "weight-decay",
+                             "schedule",
+                             "warmup",
+                             "clip",
+                             "accumulate",
+                             "seed",
+                             "device",
+                             "precision",
+                             "resume",
+                             "checkpoint-every",
+                             "log-every",
+                             "bucket-mb",
+                             kOnNonFiniteOption},
+                            {"help", "distributed", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kDetectAnomalyHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
@@ -200,6 +221,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   defaults.learning_rate = 5e-5;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  NonFiniteSteps non_finite(arguments);
+  non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(100, optimizer.total_steps / 10);
   if (!arguments.has("clip")) optimizer.clip_norm = 1.0;
@@ -240,7 +263,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
   TrainingProgram training(models::llama_loss_graph(config, local_batch, seq), optimizer, run,
-                           options);
+                           options, non_finite.detects_anomaly());
   // Rank 0 alone computes the validation loss, on the weights it shares with the training.
   std::unique_ptr<Session> evaluation;
   if (held_out > 0 && run.writes())
@@ -332,9 +355,11 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
     training.finish();
     ++step;
     const double loss = training.loss();
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress,
+                           [&] { return training.find_anomaly(step - 1); });
     stopping = run.any(stop_requested);
-    require_finite_loss(loss, step, checkpoint_path, progress);
-    smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
+    if (!dropped) smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
@@ -351,7 +376,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
           {"loss", loss},
           {"smoothed_loss", smoothed},
           {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
-          {"tokens_per_second", steps_per_second * batch * seq}};
+          {"tokens_per_second", steps_per_second * batch * seq},
+          {"skipped_steps", non_finite.dropped_steps()}};
       training.add_step_times(record);
       metrics->write(record);
     }
@@ -370,6 +396,9 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();
+  if (step > first_step)
+    report_training_roofline(out_dir, training.traced(), options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

@@ -146,6 +146,15 @@ void RunRecord::checkpoint(int64_t step, const std::filesystem::path& path) {
   write();
 }
 
+std::string RunRecord::checkpoint_text() const {
+  if (!record_.is_object() || !record_.contains("checkpoint") ||
+      !record_.at("checkpoint").is_object())
+    return "";
+  const nlohmann::json& checkpoint = record_.at("checkpoint");
+  return "the last checkpoint is " + checkpoint.at("path").get<std::string>() + " (step " +
+         std::to_string(checkpoint.at("step").get<int64_t>()) + ")";
+}
+
 void RunRecord::set(const std::string& key, const nlohmann::json& value) {
   if (!path_) return;
   record_[key] = value;

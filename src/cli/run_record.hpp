@@ -44,6 +44,8 @@ class RunRecord {
   void set(const std::string& key, const nlohmann::json& value);
   void finish(RunStatus status, const std::string& message);
   bool started() const { return path_.has_value(); }
+  // "the last checkpoint is P (step N)" for the last checkpoint noted; "" before any.
+  std::string checkpoint_text() const;
 
  private:
   void write();

@@ -10,6 +10,8 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -180,13 +182,30 @@ void set_common_inputs(Session& session, const Batch& batch) {
 }  // namespace
 
 int smolvla_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words,
-                            {"model", "data", "out", "batch", "epochs", "max-steps", "validation",
-                             "steps", "lr", "optimizer", "weight-decay", "schedule", "warmup",
-                             "clip", "seed", "device", "precision", "resume", "checkpoint-every"},
+  const Arguments arguments("meganeura train", words, {"model",
+                                                       "data",
+                                                       "out",
+                                                       "batch",
+                                                       "epochs",
+                                                       "max-steps",
+                                                       "validation",
+                                                       "steps",
+                                                       "lr",
+                                                       "optimizer",
+                                                       "weight-decay",
+                                                       "schedule",
+                                                       "warmup",
+                                                       "clip",
+                                                       "seed",
+                                                       "device",
+                                                       "precision",
+                                                       "resume",
+                                                       "checkpoint-every",
+                                                       kOnNonFiniteOption},
                             {"help", "train-backbone", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -236,6 +255,8 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   defaults.weight_decay = 1e-10;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  NonFiniteSteps non_finite(arguments);
+  non_finite.configure(optimizer);
   optimizer.beta2 = 0.95;
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(1000, optimizer.total_steps / 10);
@@ -397,8 +418,9 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     training.run();
     ++step;
     const double loss = training.scalar_output(models::kLoss);
-    require_finite_loss(loss, step, checkpoint_path, progress);
-    smoothed = std::isnan(smoothed) ? loss : 0.9 * smoothed + 0.1 * loss;
+    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
+                            progress))
+      smoothed = std::isnan(smoothed) ? loss : 0.9 * smoothed + 0.1 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
@@ -411,6 +433,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     metrics.write({{"step", step},
                    {"epoch", epoch + 1},
                    {"loss", loss},
+                   {"skipped_steps", non_finite.dropped_steps()},
                    {"smoothed_loss", smoothed},
                    {"learning_rate", learning_rate_at(optimizer, step - 1)},
                    {"records_per_second", steps_per_second * batch}});
@@ -423,6 +446,9 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   }
   progress.finish();
   save();
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (sampler) copy_weights(training, *sampler);
   evaluate_actions("trained");

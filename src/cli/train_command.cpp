@@ -15,6 +15,8 @@
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/distributed_run.hpp"
+#include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_program.hpp"
 #include "cli/training_run.hpp"
@@ -171,10 +173,12 @@ int train_job(const std::vector<std::string>& words) {
                              "momentum",   "schedule",  "warmup",           "clip",
                              "accumulate", "seed",      "device",           "precision",
                              "data",       "resume",    "checkpoint-every", "trace",
-                             "log-every",  "max-steps", "bucket-mb"},
-                            {"help", "distributed", "overwrite"});
+                             "log-every",  "max-steps", "bucket-mb",        kOnNonFiniteOption},
+                            {"help", "distributed", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kDetectAnomalyHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
@@ -189,6 +193,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   const std::string device = run.device(arguments);
   // Every number is checked before anything is created, loaded or built.
   optimizer_from(arguments, 1);
+  NonFiniteSteps non_finite(arguments);
   const bool defaults_depend_on_device = !arguments.has("epochs") || !arguments.has("limit");
   const bool cpu_device = defaults_depend_on_device && running_on_cpu_device(device);
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
@@ -244,7 +249,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   const int64_t total_steps =
       std::min(steps_per_epoch * epochs,
                arguments.integer("max-steps", steps_per_epoch * epochs, 1, INT64_MAX));
-  const OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
+  OptimizerConfig optimizer = optimizer_from(arguments, total_steps);
+  non_finite.configure(optimizer);
   if (resumed) {
     with_kind(Error::Kind::checkpoint, [&] {
       resume_batcher(batcher, *resumed, arguments.text("resume", ""), total_steps);
@@ -258,7 +264,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   session_options.precision = parse_precision(arguments.text("precision", "strict"));
   session_options.profile = arguments.has("trace");
   TrainingProgram training(models::build_classifier_loss(model, run.local_batch(batch)), optimizer,
-                           run, session_options);
+                           run, session_options, non_finite.detects_anomaly());
   // Rank 0 alone evaluates (the parameters are the same on every rank).
   const int64_t eval_batch = 500;
   std::unique_ptr<Session> inference;
@@ -342,16 +348,20 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
     }
     ++step;
     const double loss = training.loss();
-    require_finite_loss(loss, step, checkpoint_path, progress);
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress,
+                           [&] { return training.find_anomaly(step - 1); });
     const std::vector<int64_t> predicted =
         predictions(training.output("logits"), rows, model.classes);
     int64_t correct = 0;
     for (int64_t i = 0; i < rows; ++i) correct += predicted[i] == labels[i];
     const double accuracy = run.sum(static_cast<double>(correct)) / batch;
     stopping = run.any(stop_requested);
-    smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
-    smoothed_accuracy =
-        std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    if (!dropped) {
+      smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
+      smoothed_accuracy =
+          std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+    }
 
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -377,7 +387,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
                                {"smoothed_loss", smoothed_loss},
                                {"batch_accuracy", accuracy},
                                {"learning_rate", learning_rate_at(optimizer, update)},
-                               {"images_per_second", steps_per_second * batch}};
+                               {"images_per_second", steps_per_second * batch},
+                               {"skipped_steps", non_finite.dropped_steps()}};
       training.add_step_times(record);
       metrics->write(record);
     }
@@ -404,6 +415,9 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();
+  if (step > first_step)
+    report_training_roofline(out_dir, training.traced(), session_options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (arguments.has("trace")) training.traced().write_trace(arguments.text("trace", ""));
 
@@ -426,9 +440,18 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
 int train_command(const std::vector<std::string>& words) {
   try {
     const int code = train_job(words);
+    throw_if_stopped_for_non_finite();
     current_run().finish(code == 130 ? RunStatus::interrupted : RunStatus::completed, "");
     return code;
   } catch (const Error& error) {
+    // A fault of the device mid-run: say what of the run is kept.
+    const std::string kept = current_run().checkpoint_text();
+    if ((error.kind() == Error::Kind::device_lost || error.kind() == Error::Kind::out_of_memory) &&
+        !kept.empty()) {
+      const Error with_checkpoint(std::string(error.what()) + "; " + kept, error.kind());
+      current_run().finish(status_of(error.kind()), with_checkpoint.what());
+      throw with_checkpoint;
+    }
     current_run().finish(status_of(error.kind()), error.what());
     throw;
   } catch (const std::exception& error) {

@@ -1,13 +1,15 @@
 #include "cli/training_program.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "cli/training_run.hpp"
 
 namespace mg::cli {
 
 TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
-                                 const DistributedRun& run, const SessionOptions& options)
+                                 const DistributedRun& run, const SessionOptions& options,
+                                 bool detect_anomaly)
     : optimizer_(optimizer) {
   const ValueId loss = loss_graph.output("loss");
   if (run.distributed()) {
@@ -15,10 +17,13 @@ TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig&
         loss_graph, loss, optimizer, run.communicator(), options, run.parallel_options());
   } else {
     Graph graph = loss_graph;
-    add_training(graph, loss, optimizer);
+    const TrainingGraph training = add_training(graph, loss, optimizer);
     fused_ = std::make_unique<Session>(graph, options);
+    if (detect_anomaly) anomaly_ = std::make_unique<AnomalyFinder>(graph, training, options);
   }
 }
+
+TrainingProgram::~TrainingProgram() = default;
 
 Session& TrainingProgram::state() {
   return fused_ ? *fused_ : parallel_->state();
@@ -56,11 +61,13 @@ const BuildReport& TrainingProgram::report() const {
 }
 
 void TrainingProgram::set_input(std::string_view name, std::span<const float> values) {
+  if (anomaly_) anomaly_->record_input(name, values);
   if (fused_) return fused_->set_input(name, values);
   parallel_->set_input(name, values);
 }
 
 void TrainingProgram::set_input(std::string_view name, std::span<const int32_t> values) {
+  if (anomaly_) anomaly_->record_input(name, values);
   if (fused_) return fused_->set_input(name, values);
   parallel_->set_input(name, values);
 }
@@ -80,6 +87,16 @@ void TrainingProgram::finish() {
 
 double TrainingProgram::loss() const {
   return fused_ ? fused_->scalar_output("loss") : parallel_->loss();
+}
+
+double TrainingProgram::dropped_flag() const {
+  if (fused_ && optimizer_.skip_non_finite) return fused_->scalar_output(kNonFiniteOutput);
+  return NAN;
+}
+
+std::string TrainingProgram::find_anomaly(int64_t index) {
+  if (!anomaly_) return "";
+  return anomaly_->find(*fused_, optimizer_inputs(optimizer_, index));
 }
 
 std::vector<float> TrainingProgram::output(std::string_view name) const {

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/anomaly_finder.hpp"
 #include "cli/distributed_run.hpp"
 #include "io/checkpoint.hpp"
 #include "meganeura/distributed.hpp"
@@ -19,11 +20,15 @@ class TrainingProgram {
  public:
   // `loss_graph` has output "loss" (a mean over the batch) and the inputs of this process's
   // share of the batch.
+  // With `detect_anomaly` (alone only), find_anomaly() can run a step again value by value;
+  // steps are then not queued, so that the parameters are still those before the step.
   TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
-                  const DistributedRun& run, const SessionOptions& options);
+                  const DistributedRun& run, const SessionOptions& options,
+                  bool detect_anomaly = false);
+  ~TrainingProgram();
 
   // Whether a step can be queued behind the one in flight (start() returns before it ends).
-  bool queues_steps() const { return fused_ != nullptr; }
+  bool queues_steps() const { return fused_ != nullptr && !anomaly_; }
   // Parameters and optimizer state: checkpoints and weights are read and written here.
   Session& state();
   // The program that --trace profiles.
@@ -47,6 +52,12 @@ class TrainingProgram {
   void start(int64_t index);
   void finish();        // waits for the step in flight
   double loss() const;  // the last finished step's loss over the global batch
+  // The last finished step's kNonFiniteOutput: 1 when its update was dropped; NaN in a
+  // distributed run (whose update program gates itself; the loss tells the host).
+  double dropped_flag() const;
+  // With detect_anomaly: runs step `index` (the last finished) again and describes its first
+  // non-finite value (AnomalyFinder::find).
+  std::string find_anomaly(int64_t index);
   std::vector<float> output(std::string_view name) const;  // this process's share
   // In a distributed run, where the last step's time went (DataParallelTrainer::StepTimes) as
   // gradients_ms, reduction_ms, update_ms, segments and sums_during_backward in `record`;
@@ -57,6 +68,7 @@ class TrainingProgram {
   OptimizerConfig optimizer_;
   std::unique_ptr<Session> fused_;
   std::unique_ptr<DataParallelTrainer> parallel_;
+  std::unique_ptr<AnomalyFinder> anomaly_;
 };
 
 }  // namespace mg::cli

@@ -191,16 +191,6 @@ bool running_on_cpu_device(const std::string& selector) {
   return devices[gpu::choose_device(devices, selector)].kind == gpu::DeviceKind::cpu;
 }
 
-void require_finite_loss(double loss, int64_t step, const std::filesystem::path& checkpoint,
-                         ProgressLine& progress) {
-  if (std::isfinite(loss)) return;
-  progress.finish();
-  throw Error("the loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; the run stopped without saving it: " + last_checkpoint_text(checkpoint) +
-                  "; try a smaller --lr",
-              Error::Kind::non_finite);
-}
-
 std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,
                       double smoothed_loss, const std::string& rate, double steps_per_second) {
   char line[320];

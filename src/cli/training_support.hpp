@@ -84,11 +84,6 @@ class ProgressLine {
 
 std::string bar(double fraction);  // [#####...............]
 
-// Every training job's stop on a loss that is NaN or infinite after `step`: closes the progress
-// line and throws the one-line error naming the last checkpoint.
-void require_finite_loss(double loss, int64_t step, const std::filesystem::path& checkpoint,
-                         ProgressLine& progress);
-
 // The progress line of a training step: "epoch E/N [bar] step S/T loss L RATE ETA m:ss", with
 // `rate` the job's throughput ("1234 tokens/s") and the ETA from `steps_per_second`.
 std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,

@@ -11,6 +11,8 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -224,17 +226,38 @@ double labelled_share(const std::filesystem::path& path, const std::vector<float
 }  // namespace
 
 int unet_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments(
-      "meganeura train", words,
-      {"model",           "data",      "limit",        "out",        "batch",
-       "epochs",          "max-steps", "lr",           "optimizer",  "weight-decay",
-       "schedule",        "warmup",    "clip",         "accumulate", "ema",
-       "tokens",          "uncond",    "sample-steps", "guidance",   "per-class",
-       "classifier",      "seed",      "device",       "precision",  "resume",
-       "checkpoint-every"},
-      {"help", "overwrite"});
+  const Arguments arguments("meganeura train", words,
+                            {"model",
+                             "data",
+                             "limit",
+                             "out",
+                             "batch",
+                             "epochs",
+                             "max-steps",
+                             "lr",
+                             "optimizer",
+                             "weight-decay",
+                             "schedule",
+                             "warmup",
+                             "clip",
+                             "accumulate",
+                             "ema",
+                             "tokens",
+                             "uncond",
+                             "sample-steps",
+                             "guidance",
+                             "per-class",
+                             "classifier",
+                             "seed",
+                             "device",
+                             "precision",
+                             "resume",
+                             "checkpoint-every",
+                             kOnNonFiniteOption},
+                            {"help", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -302,6 +325,8 @@ int unet_train_command(const std::vector<std::string>& words) {
   defaults.weight_decay = 0.01;
   defaults.schedule = "warmup";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  NonFiniteSteps non_finite(arguments);
+  non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(500, optimizer.total_steps / 20);
   if (!arguments.has("clip")) optimizer.clip_norm = 1.0;
@@ -412,8 +437,9 @@ int unet_train_command(const std::vector<std::string>& words) {
     training.run();
     ++step;
     const double loss = training.scalar_output("loss");
-    require_finite_loss(loss, step, checkpoint_path, progress);
-    smoothed = std::isnan(smoothed) ? loss : 0.98 * smoothed + 0.02 * loss;
+    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
+                            progress))
+      smoothed = std::isnan(smoothed) ? loss : 0.98 * smoothed + 0.02 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
@@ -427,6 +453,7 @@ int unet_train_command(const std::vector<std::string>& words) {
       metrics.write({{"step", step},
                      {"epoch", epoch + 1},
                      {"loss", loss},
+                     {"skipped_steps", non_finite.dropped_steps()},
                      {"smoothed_loss", smoothed},
                      {"learning_rate", learning_rate_at(optimizer, step - 1)},
                      {"ema_decay", decay},
@@ -445,6 +472,9 @@ int unet_train_command(const std::vector<std::string>& words) {
   std::printf("checkpoint: %s\nmodel: %s\nema: %s\nmetrics: %s\nplot: %s\n",
               checkpoint_path.c_str(), (out_dir / "model").c_str(), (out_dir / "ema").c_str(),
               (out_dir / "metrics.jsonl").c_str(), (out_dir / "training.png").c_str());
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) {
     std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
     return 130;

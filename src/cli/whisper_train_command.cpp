@@ -9,6 +9,8 @@
 
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/non_finite_steps.hpp"
+#include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
 #include "cli/training_run.hpp"
 #include "cli/training_support.hpp"
@@ -170,16 +172,34 @@ const char* const kCopiedFiles[] = {"tokenizer.json",
 }  // namespace
 
 int whisper_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments(
-      "meganeura train", words,
-      {"model",        "data",      "out",        "batch",  "tokens",
-       "epochs",       "max-steps", "validation", "lr",     "optimizer",
-       "weight-decay", "schedule",  "warmup",     "clip",   "accumulate",
-       "seed",         "device",    "precision",  "resume", "checkpoint-every",
-       "language",     "task"},
-      {"help", "decoder-only", "overwrite"});
+  const Arguments arguments("meganeura train", words,
+                            {"model",
+                             "data",
+                             "out",
+                             "batch",
+                             "tokens",
+                             "epochs",
+                             "max-steps",
+                             "validation",
+                             "lr",
+                             "optimizer",
+                             "weight-decay",
+                             "schedule",
+                             "warmup",
+                             "clip",
+                             "accumulate",
+                             "seed",
+                             "device",
+                             "precision",
+                             "resume",
+                             "checkpoint-every",
+                             "language",
+                             "task",
+                             kOnNonFiniteOption},
+                            {"help", "decoder-only", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
+    std::fputs(kOnNonFiniteHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -255,6 +275,8 @@ int whisper_train_command(const std::vector<std::string>& words) {
   defaults.learning_rate = 1e-5;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
+  NonFiniteSteps non_finite(arguments);
+  non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(100, optimizer.total_steps / 10);
   if (!arguments.has("clip")) optimizer.clip_norm = 1.0;
@@ -377,8 +399,9 @@ int whisper_train_command(const std::vector<std::string>& words) {
     training.run();
     ++step;
     const double loss = training.scalar_output(wio::kLoss);
-    require_finite_loss(loss, step, checkpoint_path, progress);
-    smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
+    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
+                            progress))
+      smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
@@ -392,6 +415,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
       metrics.write({{"step", step},
                      {"epoch", epoch + 1},
                      {"loss", loss},
+                     {"skipped_steps", non_finite.dropped_steps()},
                      {"smoothed_loss", smoothed},
                      {"learning_rate",
                       learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
@@ -410,6 +434,9 @@ int whisper_train_command(const std::vector<std::string>& words) {
   }
   progress.finish();
   save();
+  if (step > first_step)
+    report_training_roofline(out_dir, training, options,
+                             seconds_since(start) / static_cast<double>(step - first_step));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

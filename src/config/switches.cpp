@@ -135,6 +135,22 @@ Switches read_switches(Reader& read) {
   s.kernel_stats = read.flag("MEGANEURA_KERNEL_STATS", "no driver statistics",
                              "driver statistics of every kernel", "none")
                        .value_or(false);
+  if (const std::optional<std::string> fault = read.text("MEGANEURA_INJECT_FAULT")) {
+    const size_t colon = fault->find(':');
+    const std::string kind = fault->substr(0, colon);
+    const auto at = colon == std::string::npos
+                        ? std::nullopt
+                        : config::parse_integers(fault->substr(colon + 1), 1);
+    if ((kind != "alloc" && kind != "device_lost") || !at || (*at)[0] < 1)
+      Reader::reject("MEGANEURA_INJECT_FAULT", *fault,
+                     "alloc:N or device_lost:N (N from 1: the allocation or queue submission "
+                     "that fails)",
+                     "no injected faults");
+    s.inject_fault =
+        Switches::InjectedFault{kind == "alloc" ? Switches::InjectedFault::Kind::allocation
+                                                : Switches::InjectedFault::Kind::device_lost,
+                                (*at)[0]};
+  }
   s.overlap_reduction =
       read.flag("MEGANEURA_OVERLAP_REDUCTION", "gradient sums after the whole backward pass",
                 "gradient sums during backward", "DataParallelOptions::overlap");

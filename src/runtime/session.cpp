@@ -3,8 +3,10 @@
 #include <chrono>
 
 #include "backends/vulkan/runtime/device_target.hpp"
+#include "backends/vulkan/runtime/memory_budget.hpp"
 #include "ir/half.hpp"
 #include "ir/op_names.hpp"
+#include "plan/roofline.hpp"
 #include "runtime/session_impl.hpp"
 
 namespace mg {
@@ -79,6 +81,8 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.index_rules = runtime::index_rules(graph);
   const Graph& planned = impl.program.graph;
 
+  // A program that cannot fit fails here, on one line, before anything is allocated.
+  gpu::require_heap_for(info, impl.program);
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
     const plan::Arena& arena = impl.program.arenas[a];
     if (arena.kind == plan::ArenaKind::shared) {
@@ -160,6 +164,11 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.report.transient_physical_bytes = impl.program.memory.physical_transient_bytes;
   impl.report.memory_plan = plan::describe_memory(impl.program);
   impl.report.dispatch_list = plan::describe_dispatches(impl.program);
+  for (size_t i = 0; i < impl.program.launches.size(); ++i) {
+    const plan::LaunchCost cost = plan::launch_cost(impl.program, impl.program.launches[i]);
+    impl.report.dispatch_costs.push_back(
+        {impl.program.launches[i].launch.label, cost.flops, cost.bytes});
+  }
   impl.report.build_seconds = seconds_since(start);
 }
 

@@ -223,6 +223,65 @@ TEST(Optimizer, NonApplyingMicroStepKeepsStateExactly) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(accumulated[i], p[i] - kMicroTargets[3][i], 1e-12);
 }
 
+// skip_non_finite: a step whose loss or gradient holds infinity or NaN keeps the parameters
+// and moments bit for bit and says so; the next finite step applies as if it never happened
+// (its update uses the moments of the last applied step and its own bias corrections).
+TEST(Optimizer, NonFiniteStepKeepsStateAndTheNextOneApplies) {
+  OptimizerConfig config;
+  config.learning_rate = 0.1;
+  config.skip_non_finite = true;
+  Quadratic problem(config);
+  const auto run = [&](int64_t index) {
+    for (const auto& [name, value] : optimizer_inputs(config, index)) {
+      if (problem.graph.find_leaf(name) != kNoValue)
+        problem.environment.leaves[name] = HostTensor({}, value);
+    }
+    return mg::step(problem.graph, problem.environment)[problem.graph.output(kNonFiniteOutput)]
+        .data[0];
+  };
+  std::vector<double> p{1.0, 2.0, -3.0}, m(3, 0.0), v(3, 0.0);
+  const auto hand_step = [&](int t) {
+    for (int i = 0; i < 3; ++i) {
+      const double g = p[i] - problem.target[i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      p[i] -= 0.1 * (m[i] / (1 - std::pow(0.9, t))) /
+              (std::sqrt(v[i] / (1 - std::pow(0.999, t))) + 1e-8);
+    }
+  };
+  EXPECT_EQ(run(0), 0.0);
+  hand_step(1);
+  const Environment before = problem.environment;
+  // An infinite target makes the loss and one gradient infinite; NaN makes both NaN.
+  for (double bad : {INFINITY, -INFINITY, NAN}) {
+    problem.environment.leaves["target"] = HostTensor({3}, {0.5, bad, 2.0});
+    EXPECT_EQ(run(1), 1.0) << bad;
+    for (const char* name : {"p", "optimizer.p.m", "optimizer.p.v"}) {
+      EXPECT_EQ(problem.environment.leaves.at(name).data, before.leaves.at(name).data) << name;
+    }
+  }
+  problem.environment.leaves["target"] = HostTensor({3}, problem.target);
+  EXPECT_EQ(run(2), 0.0);
+  hand_step(3);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(problem.environment.leaves["p"].data[i], p[i], 1e-12);
+}
+
+// With accumulation a non-finite micro-step adds nothing to the group's sum.
+TEST(Optimizer, NonFiniteMicroStepLeavesTheAccumulatorAlone) {
+  OptimizerConfig config;
+  config.kind = OptimizerConfig::Kind::sgd;
+  config.accumulation_steps = 3;
+  config.skip_non_finite = true;
+  Quadratic problem(config);
+  micro_step(problem, config, 0);
+  const Environment before = problem.environment;
+  problem.environment.leaves["target"] = HostTensor({3}, {NAN, 0.0, 0.0});
+  problem.step(config, 1);
+  for (const char* name : {"p", "optimizer.p.accumulated_gradient"}) {
+    EXPECT_EQ(problem.environment.leaves.at(name).data, before.leaves.at(name).data) << name;
+  }
+}
+
 TEST(Optimizer, AccumulationInputsCountUpdates) {
   OptimizerConfig config;
   config.learning_rate = 1.0;

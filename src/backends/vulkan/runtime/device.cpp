@@ -9,6 +9,7 @@
 #include "backends/vulkan/runtime/buffer.hpp"
 #include "backends/vulkan/runtime/command_recorder.hpp"
 #include "backends/vulkan/runtime/device_features.hpp"
+#include "backends/vulkan/runtime/fault_injection.hpp"
 #include "backends/vulkan/runtime/instance.hpp"
 #include "backends/vulkan/runtime/physical_device.hpp"
 #include "backends/vulkan/runtime/pipeline.hpp"
@@ -411,11 +412,14 @@ class VulkanDevice final : public Device, public VulkanAccess {
       submit.signalSemaphoreCount = 1;
       submit.pSignalSemaphores = &timeline_;
     }
-    check(vkQueueSubmit(queue_, 1, &submit, fence), what);
+    VkResult result = injected_submission_result();
+    if (result == VK_SUCCESS) result = vkQueueSubmit(queue_, 1, &submit, fence);
+    check(result, what);
     if (timeline_ != VK_NULL_HANDLE) timeline_value_ = next_value;
   }
 
   void create_own_objects(const Switches& switches) {
+    arm_injected_faults(switches);
     const std::string& name = physical_.info.name;
 
     auto pool = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "backends/vulkan/runtime/fault_injection.hpp"
 #include "backends/vulkan/runtime/vk_result.hpp"
 #include "meganeura/error.hpp"
 
@@ -96,8 +97,9 @@ Allocation allocate_memory(VkDevice device, const PhysicalDevice& physical,
       physical.memory.memoryHeaps[physical.memory.memoryTypes[type].heapIndex].size;
   if (requirements.size > heap_bytes)
     throw Error(describe_request(requested_bytes, label) +
-                ": larger than the device's memory heap (" + std::to_string(heap_bytes) +
-                " bytes, " + human_bytes(heap_bytes) + ")");
+                    ": larger than the device's memory heap (" + std::to_string(heap_bytes) +
+                    " bytes, " + human_bytes(heap_bytes) + ")",
+                Error::Kind::out_of_memory);
 
   if (app != nullptr)
     return allocate_from_app(*app, requirements, type, use, requested_bytes, label);
@@ -106,11 +108,15 @@ Allocation allocate_memory(VkDevice device, const PhysicalDevice& physical,
   info.allocationSize = requirements.size;
   info.memoryTypeIndex = type;
   Allocation allocation;
-  VkResult result = vkAllocateMemory(device, &info, nullptr, &allocation.memory);
+  VkResult result = injected_allocation_result();
+  if (result == VK_SUCCESS) result = vkAllocateMemory(device, &info, nullptr, &allocation.memory);
   if (result != VK_SUCCESS)
     throw Error(describe_request(requested_bytes, label) + ": " +
-                std::string(result_words(result)) + " (the heap holds " + human_bytes(heap_bytes) +
-                ")");
+                    std::string(result_words(result)) + " (the heap holds " +
+                    human_bytes(heap_bytes) + ")",
+                result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_OUT_OF_HOST_MEMORY
+                    ? Error::Kind::out_of_memory
+                    : Error::Kind::input);
   if (use != BufferUse::device) {
     result = vkMapMemory(device, allocation.memory, 0, VK_WHOLE_SIZE, 0, &allocation.mapped);
     if (result != VK_SUCCESS) {

@@ -1,0 +1,49 @@
+#pragma once
+// --detect-anomaly: re-runs a training step whose loss or gradients were not finite with every
+// value of the training graph kept and fetched, and names the first node that made NaN or
+// infinity out of finite inputs (its op, where it sits, its type), as PyTorch's anomaly mode
+// names the backward function. The step's inputs are recorded as they are set (a copy a step,
+// only in this mode) and the parameters are read from the training program, whose update the
+// non-finite step did not apply.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meganeura/graph.hpp"
+#include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
+
+namespace mg::cli {
+
+class AnomalyFinder {
+ public:
+  // `training_graph` with its optimizer update and `training` what add_training returned for
+  // it (the loss and gradients divide forward, backward and update). `options` as the training
+  // program's (device and precision).
+  AnomalyFinder(const Graph& training_graph, const TrainingGraph& training,
+                const SessionOptions& options);
+  ~AnomalyFinder();
+
+  void record_input(std::string_view name, std::span<const float> values);
+  void record_input(std::string_view name, std::span<const int32_t> values);
+
+  // Runs the recorded step (`step_inputs`: the optimizer's scalar inputs of that step) from the
+  // persistent values of `state`, and describes the first non-finite value on one line. The
+  // checking program is built on the first call.
+  std::string find(const Session& state, const std::map<std::string, double>& step_inputs);
+
+ private:
+  Graph graph_;
+  ValueId loss_;
+  ValueId last_gradient_ = 0;
+  SessionOptions options_;
+  std::map<std::string, std::vector<float>, std::less<>> float_inputs_;
+  std::map<std::string, std::vector<int32_t>, std::less<>> int_inputs_;
+  std::unique_ptr<Session> checker_;
+};
+
+}  // namespace mg::cli
