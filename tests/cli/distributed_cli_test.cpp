@@ -75,9 +75,9 @@ nlohmann::json last_record(const fs::path& out) {
   return last;
 }
 
-// 40 steps of a global batch of 32 (16 a rank); every step logged; a checkpoint at step 20.
+// 50 steps of a global batch of 32 (16 a rank); every step logged; a checkpoint at step 25.
 const std::string kRun =
-    "train --model cnn --limit 3200 --batch 32 --seed 3 --log-every 1 --checkpoint-every 20 ";
+    "train --model cnn --limit 3200 --batch 32 --seed 3 --log-every 1 --checkpoint-every 25 ";
 
 TEST(DistributedCli, TwoRanksTrainAsOneProcessOnTheGlobalBatchAndResume) {
   if (!mg::mpi_available()) GTEST_SKIP() << "built without MPI (DistributedCli.WithoutMpi)";
@@ -85,18 +85,18 @@ TEST(DistributedCli, TwoRanksTrainAsOneProcessOnTheGlobalBatchAndResume) {
   const std::string binary = MEGANEURA_BINARY;
 
   const Result single =
-      shell(binary + " " + kRun + "--max-steps 40 --out " + (root / "single").string());
+      shell(binary + " " + kRun + "--max-steps 50 --out " + (root / "single").string());
   ASSERT_EQ(single.status, 0) << single.output;
 
-  // The first 20 steps with buckets of 10 KiB, each summed while backward runs on; the last 20
+  // The first 25 steps with buckets of 10 KiB, each summed while backward runs on; the last 25
   // resumed by both ranks from rank 0's checkpoint, summing after backward.
   const Result first = shell(mpirun(2) + binary + " " + kRun +
-                             "--max-steps 20 --bucket-mb 0.01 --out " + (root / "first").string());
+                             "--max-steps 25 --bucket-mb 0.01 --out " + (root / "first").string());
   ASSERT_EQ(first.status, 0) << first.output;
   EXPECT_NE(first.output.find("rank 1 of 2: device"), std::string::npos) << first.output;
   const Result second =
       shell(mpirun(2) + "-x MEGANEURA_OVERLAP_REDUCTION=0 " + binary + " " + kRun +
-            "--max-steps 40 --bucket-mb 0.01 --out " + (root / "second").string() + " --resume " +
+            "--max-steps 50 --bucket-mb 0.01 --out " + (root / "second").string() + " --resume " +
             (root / "first" / "checkpoint.safetensors").string());
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
@@ -104,14 +104,14 @@ TEST(DistributedCli, TwoRanksTrainAsOneProcessOnTheGlobalBatchAndResume) {
   const std::map<int64_t, double> expected = losses(root / "single");
   std::map<int64_t, double> distributed = losses(root / "first");
   for (const auto& [step, loss] : losses(root / "second")) distributed[step] = loss;
-  ASSERT_EQ(expected.size(), 40u);
-  ASSERT_EQ(distributed.size(), 40u);
+  ASSERT_EQ(expected.size(), 50u);
+  ASSERT_EQ(distributed.size(), 50u);
   for (const auto& [step, loss] : expected) {
     EXPECT_NEAR(distributed.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
   }
   // Rank 0 alone wrote the files: one record a step, not two.
   std::ifstream metrics(root / "first" / "metrics.jsonl");
-  EXPECT_EQ(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n'), 20);
+  EXPECT_EQ(std::count(std::istreambuf_iterator<char>(metrics), {}, '\n'), 25);
   // The first run's sums overlapped backward, the second's did not.
   const nlohmann::json overlapped = last_record(root / "first");
   EXPECT_GT(overlapped.value("segments", 0), 2) << overlapped.dump();
