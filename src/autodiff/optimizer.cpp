@@ -100,9 +100,15 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   check_f32_parameters(graph, parameters);
   check_accumulation(config);
 
+  if (config.loss_scaling && !config.skip_non_finite)
+    throw Error(
+        "training: loss_scaling needs skip_non_finite (a step whose scaled gradients "
+        "overflow must be dropped)");
+
   TrainingGraph training;
   training.loss = loss;
-  training.gradients = gradients(graph, loss, parameters);
+  training.gradients = config.loss_scaling ? scaled_gradients(graph, loss, parameters)
+                                           : gradients(graph, loss, parameters);
   graph.set_output("loss", loss);
   training.gradient_norm = add_optimizer_update(graph, training.gradients, config, loss);
   return training;
@@ -125,6 +131,10 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     parameters.push_back(parameter);
   }
   check_f32_parameters(graph, parameters);
+  if (config.loss_scaling && !config.skip_non_finite)
+    throw Error(
+        "optimizer update: loss_scaling needs skip_non_finite (a step whose scaled "
+        "gradients overflow must be dropped)");
   ValueId gradient_norm = kNoValue;
   // With accumulation the optimizer below sees the mean gradient of the group so far, and every
   // state it writes (parameters, moments) is selected with `apply`: where() copies the old value
@@ -135,8 +145,21 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
   // Accumulation state leaves and their sums with this micro-step's gradient.
   std::vector<std::pair<Tensor, Tensor>> accumulated_sums;
   if (accumulate) apply = input(graph, kApplyUpdateInput, {});
+  // One reciprocal for every gradient, multiplied into each (where fusion folds it into the
+  // update's kernels).
+  Tensor inverse_scale;
+  if (config.loss_scaling) {
+    ValueId scale_id = graph.find_leaf(kLossScaleInput);
+    if (scale_id == kNoValue) scale_id = graph.input(kLossScaleInput, {DType::f32, {}});
+    // The seed has the loss's type; the update wants an f32 scalar.
+    Tensor scale{&graph, scale_id};
+    if (scale.type().dtype != DType::f32) scale = cast(scale, DType::f32);
+    if (scale.type().rank() > 0) scale = reshape(scale, {});
+    inverse_scale = 1.0 / scale;
+  }
   for (ValueId parameter_id : parameters) {
     Tensor grad{&graph, gradients.at(parameter_id)};
+    if (inverse_scale.valid()) grad = grad * inverse_scale;
     if (accumulate) {
       const Node parameter_node = graph.node(parameter_id);
       const Tensor accumulated = state_like(graph, parameter_node, "accumulated_gradient");
@@ -236,6 +259,14 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     graph.assign(parameter_id, select(updated, parameter).id());
   }
   return gradient_norm;
+}
+
+std::map<ValueId, ValueId> scaled_gradients(Graph& graph, ValueId loss,
+                                            const std::vector<ValueId>& wrt) {
+  if (graph.find_leaf(kLossScaleInput) != kNoValue)
+    throw Error("scaled_gradients: the graph already has input '" + std::string(kLossScaleInput) +
+                "'");
+  return gradients(graph, loss, wrt, graph.input(kLossScaleInput, graph.type(loss)));
 }
 
 }  // namespace mg
