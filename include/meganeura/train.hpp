@@ -40,9 +40,11 @@ struct OptimizerConfig {
   // starts from input kLossScaleInput instead of 1, so that cotangents below f16's smallest
   // subnormal still count, and the update multiplies each gradient by the scale's reciprocal
   // before accumulation, clipping, the finiteness check and the optimizer, which all see the
-  // true gradients. A scale too large overflows a gradient and drops the step as any non-finite
-  // one, so this needs skip_non_finite (add_training throws otherwise); LossScaler picks each
-  // step's scale. Off builds exactly the graph without the feature.
+  // true gradients (without accumulation and clipping the reciprocal joins the optimizer's own
+  // factors, which fusion keeps in the update's kernels). A scale too large overflows a
+  // gradient and drops the step as any non-finite one, so this needs skip_non_finite
+  // (add_training and add_optimizer_update throw otherwise); LossScaler picks each step's scale.
+  // Off builds exactly the graph without the feature.
   bool loss_scaling = false;
 };
 

@@ -145,8 +145,11 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
   // Accumulation state leaves and their sums with this micro-step's gradient.
   std::vector<std::pair<Tensor, Tensor>> accumulated_sums;
   if (accumulate) apply = input(graph, kApplyUpdateInput, {});
-  // One reciprocal for every gradient, multiplied into each (where fusion folds it into the
-  // update's kernels).
+  // One reciprocal of the loss scale for every gradient. With accumulation or clipping, which
+  // read every gradient before the update, each gradient is multiplied by it first; otherwise it
+  // joins the optimizer's own factors where the update reads the gradient (unscale_in_update),
+  // so that a gradient read twice by one kernel (Adam's two moments) is still read straight from
+  // backward's buffer: one product read twice would take a kernel of its own.
   Tensor inverse_scale;
   if (config.loss_scaling) {
     ValueId scale_id = graph.find_leaf(kLossScaleInput);
@@ -157,9 +160,10 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     if (scale.type().rank() > 0) scale = reshape(scale, {});
     inverse_scale = 1.0 / scale;
   }
+  const bool unscale_in_update = inverse_scale.valid() && !accumulate && !(config.clip_norm > 0);
   for (ValueId parameter_id : parameters) {
     Tensor grad{&graph, gradients.at(parameter_id)};
-    if (inverse_scale.valid()) grad = grad * inverse_scale;
+    if (inverse_scale.valid() && !unscale_in_update) grad = grad * inverse_scale;
     if (accumulate) {
       const Node parameter_node = graph.node(parameter_id);
       const Tensor accumulated = state_like(graph, parameter_node, "accumulated_gradient");
@@ -184,6 +188,8 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       plain_sum = plain_sum.valid() ? plain_sum + part : part;
     }
   }
+  // Still scaled: the total is unscaled once.
+  if (plain_sum.valid() && unscale_in_update) plain_sum = plain_sum * inverse_scale;
   // 1 where the loss and every gradient are finite: NaN and infinity fail the comparison (as a
   // sum that overflows does, whose update would be no better).
   Tensor finite;
@@ -219,16 +225,27 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     clip_scale = minimum(scalar(graph, 1.0), config.clip_norm / (norm + 1e-6));
   }
 
+  // Adam's moment factors with the reciprocal of the loss scale in them (unscale_in_update).
+  Tensor first_moment_factor, second_moment_factor;
+  if (unscale_in_update && config.kind != OptimizerConfig::Kind::sgd) {
+    first_moment_factor = (1.0 - config.beta1) * inverse_scale;
+    second_moment_factor = (1.0 - config.beta2) * square(inverse_scale);
+  }
+
   for (ValueId parameter_id : parameters) {
     const Node parameter_node = graph.node(parameter_id);
     const Tensor parameter{&graph, parameter_id};
     Tensor grad = optimizer_gradients[parameter_id];
+    bool scaled = unscale_in_update;  // whether `grad` still holds the loss scale
     if (clip_scale.valid()) grad = grad * clip_scale;
     if (config.weight_decay > 0 && config.kind != OptimizerConfig::Kind::adamw) {
+      if (scaled) grad = grad * inverse_scale;
+      scaled = false;
       grad = grad + parameter * config.weight_decay;
     }
     Tensor updated;
     if (config.kind == OptimizerConfig::Kind::sgd) {
+      if (scaled) grad = grad * inverse_scale;
       Tensor direction = grad;
       if (config.momentum > 0) {
         const Tensor buffer = state_like(graph, parameter_node, "momentum");
@@ -244,8 +261,11 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       const Tensor m = state_like(graph, parameter_node, "m");
       const Tensor v = state_like(graph, parameter_node, "v");
       // As for SGD's buffer: the step reads the kept moments.
-      const Tensor new_m = select(m * config.beta1 + grad * (1.0 - config.beta1), m);
-      const Tensor new_v = select(v * config.beta2 + square(grad) * (1.0 - config.beta2), v);
+      const Tensor m_step = scaled ? grad * first_moment_factor : grad * (1.0 - config.beta1);
+      const Tensor v_step =
+          scaled ? square(grad) * second_moment_factor : square(grad) * (1.0 - config.beta2);
+      const Tensor new_m = select(m * config.beta1 + m_step, m);
+      const Tensor new_v = select(v * config.beta2 + v_step, v);
       graph.assign(m.id(), new_m.id());
       graph.assign(v.id(), new_v.id());
       const Tensor step =

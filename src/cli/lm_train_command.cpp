@@ -163,8 +163,8 @@ int lm_train_command(const std::vector<std::string>& words) {
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
     std::fputs(kDetectAnomalyHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);

@@ -179,8 +179,8 @@ int train_job(const std::vector<std::string>& words) {
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
     std::fputs(kDetectAnomalyHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);

@@ -95,18 +95,21 @@ TEST(GpuTraining, SgdNesterovWithClippingMatchesReference) {
 }
 
 // The GPU at LossScaler's first scale trains as the reference unscaled: the reciprocal folded
-// into the update undoes the seed. SGD, whose step grows with the gradient, unlike Adam's or a
-// clipped one.
+// into the update (SGD's momentum buffer; with weight decay, a multiply before it) undoes the
+// seed. SGD, whose step grows with the gradient, unlike Adam's or a clipped one.
 TEST(GpuTraining, LossScaledSgdMatchesReference) {
   OptimizerConfig optimizer;
   optimizer.kind = OptimizerConfig::Kind::sgd;
   optimizer.learning_rate = 0.05;
   optimizer.momentum = 0.9;
-  optimizer.weight_decay = 0.01;
   optimizer.skip_non_finite = true;
   optimizer.loss_scaling = true;
-  const Graph graph = small_mlp(8, 12, 3, optimizer);
-  EXPECT_LT(train_and_compare(graph, 8, 12, 3, optimizer, 10), 1e-4);
+  for (double weight_decay : {0.0, 0.01}) {
+    optimizer.weight_decay = weight_decay;
+    optimizer.nesterov = weight_decay > 0;
+    const Graph graph = small_mlp(8, 12, 3, optimizer);
+    EXPECT_LT(train_and_compare(graph, 8, 12, 3, optimizer, 10), 1e-4) << weight_decay;
+  }
 }
 
 // A scale that takes f32 gradients past the largest f32 value drops the step with the loss
