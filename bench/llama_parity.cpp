@@ -11,7 +11,9 @@
 #include "io/model_folder.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
 #include "runtime/llama_runtime.hpp"
+#include "runtime/loss_scaled_run.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 5) {
@@ -26,12 +28,18 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> ids = nlohmann::json::parse(ids_file).get<std::vector<int32_t>>();
     const int64_t seq = static_cast<int64_t>(ids.size());
     mg::Graph graph = mg::models::llama_loss_graph(config, 1, seq, true);
-    const auto grads =
-        mg::gradients(graph, graph.output(mg::models::kLoss), graph.leaves("parameter"));
-    for (const auto& [parameter, grad] : grads)
-      graph.set_output("grad." + graph.node(parameter).name, grad);
     mg::SessionOptions options;
     options.precision = mg::parse_precision(argv[4]);
+    // Fast precision's f16 operands need the loss scaled for small gradients to survive.
+    const bool scaled = options.precision == mg::Precision::fast;
+    const mg::ValueId loss = graph.output(mg::models::kLoss);
+    const auto grads = scaled ? mg::scaled_gradients(graph, loss, graph.leaves("parameter"))
+                              : mg::gradients(graph, loss, graph.leaves("parameter"));
+    std::vector<std::string> gradient_outputs;
+    for (const auto& [parameter, grad] : grads) {
+      gradient_outputs.push_back("grad." + graph.node(parameter).name);
+      graph.set_output(gradient_outputs.back(), grad);
+    }
     options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_llama_weights(session, folder, config);
@@ -39,15 +47,20 @@ int main(int argc, char** argv) {
     labels.push_back(static_cast<int32_t>(mg::models::kIgnoredLabel));
     session.set_input(mg::models::kInputIds, ids);
     session.set_input(mg::models::kLabels, labels);
-    session.run();
+    double loss_scale = 1.0;
+    if (scaled)
+      loss_scale = mg::run_with_loss_scale(session, gradient_outputs);
+    else
+      session.run();
     nlohmann::json out = {{"logits", session.output(mg::models::kLogits)},
                           {"loss", session.scalar_output(mg::models::kLoss)},
                           {"device", session.report().device},
-                          {"coop_dispatches", session.report().coop_matrix_dispatches}};
+                          {"coop_dispatches", session.report().coop_matrix_dispatches},
+                          {"loss_scale", loss_scale}};
     for (const auto& [name, shape] : mg::models::llama_parameters(config)) {
       double squares = 0;
       for (float value : session.output("grad." + name)) squares += double(value) * value;
-      out["gradient_norms"][name] = std::sqrt(squares);
+      out["gradient_norms"][name] = std::sqrt(squares) / loss_scale;
     }
     std::ofstream(argv[3]) << out.dump();
   } catch (const std::exception& error) {

@@ -78,7 +78,8 @@ for precision, logit_bound, norm_bound in (("strict", 1e-4, 1e-3), ("fast", 1e-2
         error = abs(ours["gradient_norms"][name] - expected) / max(expected, 1e-30)
         if error >= worst:
             worst_name, worst = name, error
-    record(f"gradient norms {precision} (worst parameter)", worst, norm_bound, parameter=worst_name)
+    record(f"gradient norms {precision} (worst parameter)", worst, norm_bound, parameter=worst_name,
+           loss_scale=ours["loss_scale"])
 
 # 64 greedy tokens from a 16-token prompt given as text through the tokenizer.
 prompt = "The meganeura was a giant dragonfly of the late Carboniferous,"

@@ -14,6 +14,8 @@
 #include "io/safetensors.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
+#include "runtime/loss_scaled_run.hpp"
 #include "runtime/unet_runtime.hpp"
 
 int main(int argc, char** argv) {
@@ -37,12 +39,18 @@ int main(int argc, char** argv) {
     const auto [context_shape, context] = values(mg::models::kUNetContext);
     mg::Graph graph = mg::models::unet_loss_graph(
         config, {sample_shape[0], sample_shape[2], sample_shape[3], context_shape[1]}, true);
-    const auto grads =
-        mg::gradients(graph, graph.output(mg::models::kUNetLoss), graph.leaves("parameter"));
-    for (const auto& [parameter, grad] : grads)
-      graph.set_output("grad." + graph.node(parameter).name, grad);
     mg::SessionOptions options;
     options.precision = mg::parse_precision(argv[4]);
+    // Fast precision's f16 operands need the loss scaled for small gradients to survive.
+    const bool scaled = options.precision == mg::Precision::fast;
+    const mg::ValueId loss = graph.output(mg::models::kUNetLoss);
+    const auto grads = scaled ? mg::scaled_gradients(graph, loss, graph.leaves("parameter"))
+                              : mg::gradients(graph, loss, graph.leaves("parameter"));
+    std::vector<std::string> gradient_outputs;
+    for (const auto& [parameter, grad] : grads) {
+      gradient_outputs.push_back("grad." + graph.node(parameter).name);
+      graph.set_output(gradient_outputs.back(), grad);
+    }
     options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_unet_weights(session, folder, config);
@@ -50,15 +58,20 @@ int main(int argc, char** argv) {
     session.set_input(mg::models::kUNetTimestep, values(mg::models::kUNetTimestep).second);
     session.set_input(mg::models::kUNetContext, context);
     session.set_input(mg::models::kUNetNoise, values(mg::models::kUNetNoise).second);
-    session.run();
+    double loss_scale = 1.0;
+    if (scaled)
+      loss_scale = mg::run_with_loss_scale(session, gradient_outputs);
+    else
+      session.run();
     nlohmann::json out = {{"noise_pred", session.output(mg::models::kUNetNoisePrediction)},
                           {"loss", session.scalar_output(mg::models::kUNetLoss)},
                           {"device", session.report().device},
-                          {"coop_dispatches", session.report().coop_matrix_dispatches}};
+                          {"coop_dispatches", session.report().coop_matrix_dispatches},
+                          {"loss_scale", loss_scale}};
     for (const auto& [name, shape] : mg::models::unet_parameters(config)) {
       double squares = 0;
       for (float value : session.output("grad." + name)) squares += double(value) * value;
-      out["gradient_norms"][name] = std::sqrt(squares);
+      out["gradient_norms"][name] = std::sqrt(squares) / loss_scale;
     }
     std::ofstream(argv[3]) << out.dump();
   } catch (const std::exception& error) {

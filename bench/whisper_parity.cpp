@@ -15,6 +15,8 @@
 #include "meganeura/autodiff.hpp"
 #include "meganeura/error.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
+#include "runtime/loss_scaled_run.hpp"
 #include "runtime/whisper_runtime.hpp"
 
 namespace wio = mg::models::whisper_io;
@@ -39,27 +41,39 @@ int main(int argc, char** argv) {
     const auto labels = tokens.at("labels").get<std::vector<int32_t>>();
     const int64_t length = static_cast<int64_t>(ids.size());
     mg::Graph graph = mg::models::whisper_loss_graph(config, 1, length, true, true);
-    const auto grads = mg::gradients(graph, graph.output(wio::kLoss), graph.leaves("parameter"));
-    for (const auto& [parameter, grad] : grads)
-      graph.set_output("grad." + graph.node(parameter).name, grad);
     mg::SessionOptions options;
     options.precision = mg::parse_precision(argv[5]);
+    // Fast precision's f16 operands need the loss scaled for small gradients to survive.
+    const bool scaled = options.precision == mg::Precision::fast;
+    const mg::ValueId loss = graph.output(wio::kLoss);
+    const auto grads = scaled ? mg::scaled_gradients(graph, loss, graph.leaves("parameter"))
+                              : mg::gradients(graph, loss, graph.leaves("parameter"));
+    std::vector<std::string> gradient_outputs;
+    for (const auto& [parameter, grad] : grads) {
+      gradient_outputs.push_back("grad." + graph.node(parameter).name);
+      graph.set_output(gradient_outputs.back(), grad);
+    }
     options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_whisper_weights({&session}, folder, config);
     session.set_input(wio::kInputFeatures, features);
     session.set_input(wio::kDecoderInputIds, ids);
     session.set_input(wio::kLabels, labels);
-    session.run();
+    double loss_scale = 1.0;
+    if (scaled)
+      loss_scale = mg::run_with_loss_scale(session, gradient_outputs);
+    else
+      session.run();
     nlohmann::json out = {{"logits", session.output(wio::kLogits)},
                           {"loss", session.scalar_output(wio::kLoss)},
                           {"device", session.report().device},
-                          {"coop_dispatches", session.report().coop_matrix_dispatches}};
+                          {"coop_dispatches", session.report().coop_matrix_dispatches},
+                          {"loss_scale", loss_scale}};
     for (const auto& [name, shape] : mg::models::whisper_parameters(config)) {
       if (name == mg::models::kEncoderPositions) continue;  // not trained
       double squares = 0;
       for (float value : session.output("grad." + name)) squares += double(value) * value;
-      out["gradient_norms"][name] = std::sqrt(squares);
+      out["gradient_norms"][name] = std::sqrt(squares) / loss_scale;
     }
     std::ofstream(argv[4]) << out.dump();
   } catch (const std::exception& error) {

@@ -165,7 +165,8 @@ for precision, logit_bound, norm_bound in (("strict", 1e-4, 1e-3), ("fast", 1e-2
         if error >= worst:
             worst_name, worst = name, error
     record(f"gradient norms {precision} (worst parameter)", worst, norm_bound,
-           parameter=worst_name, missing=missing, pytorch_amp_error=amp_errors[worst_name])
+           parameter=worst_name, missing=missing, loss_scale=ours["loss_scale"],
+           pytorch_amp_error=amp_errors[worst_name])
     if precision == "fast":
         print_beside(relative_errors(ours["gradient_norms"], reference_norms), amp_errors)
 

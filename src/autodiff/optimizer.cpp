@@ -100,9 +100,15 @@ TrainingGraph add_training(Graph& graph, ValueId loss, const OptimizerConfig& co
   check_f32_parameters(graph, parameters);
   check_accumulation(config);
 
+  if (config.loss_scaling && !config.skip_non_finite)
+    throw Error(
+        "training: loss_scaling needs skip_non_finite (a step whose scaled gradients "
+        "overflow must be dropped)");
+
   TrainingGraph training;
   training.loss = loss;
-  training.gradients = gradients(graph, loss, parameters);
+  training.gradients = config.loss_scaling ? scaled_gradients(graph, loss, parameters)
+                                           : gradients(graph, loss, parameters);
   graph.set_output("loss", loss);
   training.gradient_norm = add_optimizer_update(graph, training.gradients, config, loss);
   return training;
@@ -125,6 +131,10 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     parameters.push_back(parameter);
   }
   check_f32_parameters(graph, parameters);
+  if (config.loss_scaling && !config.skip_non_finite)
+    throw Error(
+        "optimizer update: loss_scaling needs skip_non_finite (a step whose scaled "
+        "gradients overflow must be dropped)");
   ValueId gradient_norm = kNoValue;
   // With accumulation the optimizer below sees the mean gradient of the group so far, and every
   // state it writes (parameters, moments) is selected with `apply`: where() copies the old value
@@ -135,8 +145,25 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
   // Accumulation state leaves and their sums with this micro-step's gradient.
   std::vector<std::pair<Tensor, Tensor>> accumulated_sums;
   if (accumulate) apply = input(graph, kApplyUpdateInput, {});
+  // One reciprocal of the loss scale for every gradient. With accumulation or clipping, which
+  // read every gradient before the update, each gradient is multiplied by it first; otherwise it
+  // joins the optimizer's own factors where the update reads the gradient (unscale_in_update),
+  // so that a gradient read twice by one kernel (Adam's two moments) is still read straight from
+  // backward's buffer: one product read twice would take a kernel of its own.
+  Tensor inverse_scale;
+  if (config.loss_scaling) {
+    ValueId scale_id = graph.find_leaf(kLossScaleInput);
+    if (scale_id == kNoValue) scale_id = graph.input(kLossScaleInput, {DType::f32, {}});
+    // The seed has the loss's type; the update wants an f32 scalar.
+    Tensor scale{&graph, scale_id};
+    if (scale.type().dtype != DType::f32) scale = cast(scale, DType::f32);
+    if (scale.type().rank() > 0) scale = reshape(scale, {});
+    inverse_scale = 1.0 / scale;
+  }
+  const bool unscale_in_update = inverse_scale.valid() && !accumulate && !(config.clip_norm > 0);
   for (ValueId parameter_id : parameters) {
     Tensor grad{&graph, gradients.at(parameter_id)};
+    if (inverse_scale.valid() && !unscale_in_update) grad = grad * inverse_scale;
     if (accumulate) {
       const Node parameter_node = graph.node(parameter_id);
       const Tensor accumulated = state_like(graph, parameter_node, "accumulated_gradient");
@@ -161,6 +188,8 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       plain_sum = plain_sum.valid() ? plain_sum + part : part;
     }
   }
+  // Still scaled: the total is unscaled once.
+  if (plain_sum.valid() && unscale_in_update) plain_sum = plain_sum * inverse_scale;
   // 1 where the loss and every gradient are finite: NaN and infinity fail the comparison (as a
   // sum that overflows does, whose update would be no better).
   Tensor finite;
@@ -196,16 +225,27 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     clip_scale = minimum(scalar(graph, 1.0), config.clip_norm / (norm + 1e-6));
   }
 
+  // Adam's moment factors with the reciprocal of the loss scale in them (unscale_in_update).
+  Tensor first_moment_factor, second_moment_factor;
+  if (unscale_in_update && config.kind != OptimizerConfig::Kind::sgd) {
+    first_moment_factor = (1.0 - config.beta1) * inverse_scale;
+    second_moment_factor = (1.0 - config.beta2) * square(inverse_scale);
+  }
+
   for (ValueId parameter_id : parameters) {
     const Node parameter_node = graph.node(parameter_id);
     const Tensor parameter{&graph, parameter_id};
     Tensor grad = optimizer_gradients[parameter_id];
+    bool scaled = unscale_in_update;  // whether `grad` still holds the loss scale
     if (clip_scale.valid()) grad = grad * clip_scale;
     if (config.weight_decay > 0 && config.kind != OptimizerConfig::Kind::adamw) {
+      if (scaled) grad = grad * inverse_scale;
+      scaled = false;
       grad = grad + parameter * config.weight_decay;
     }
     Tensor updated;
     if (config.kind == OptimizerConfig::Kind::sgd) {
+      if (scaled) grad = grad * inverse_scale;
       Tensor direction = grad;
       if (config.momentum > 0) {
         const Tensor buffer = state_like(graph, parameter_node, "momentum");
@@ -221,8 +261,11 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
       const Tensor m = state_like(graph, parameter_node, "m");
       const Tensor v = state_like(graph, parameter_node, "v");
       // As for SGD's buffer: the step reads the kept moments.
-      const Tensor new_m = select(m * config.beta1 + grad * (1.0 - config.beta1), m);
-      const Tensor new_v = select(v * config.beta2 + square(grad) * (1.0 - config.beta2), v);
+      const Tensor m_step = scaled ? grad * first_moment_factor : grad * (1.0 - config.beta1);
+      const Tensor v_step =
+          scaled ? square(grad) * second_moment_factor : square(grad) * (1.0 - config.beta2);
+      const Tensor new_m = select(m * config.beta1 + m_step, m);
+      const Tensor new_v = select(v * config.beta2 + v_step, v);
       graph.assign(m.id(), new_m.id());
       graph.assign(v.id(), new_v.id());
       const Tensor step =
@@ -236,6 +279,14 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     graph.assign(parameter_id, select(updated, parameter).id());
   }
   return gradient_norm;
+}
+
+std::map<ValueId, ValueId> scaled_gradients(Graph& graph, ValueId loss,
+                                            const std::vector<ValueId>& wrt) {
+  if (graph.find_leaf(kLossScaleInput) != kNoValue)
+    throw Error("scaled_gradients: the graph already has input '" + std::string(kLossScaleInput) +
+                "'");
+  return gradients(graph, loss, wrt, graph.input(kLossScaleInput, graph.type(loss)));
 }
 
 }  // namespace mg

@@ -183,18 +183,43 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int image_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments(
-      "meganeura train", words,
-      {"model",      "data",      "weights",    "classes",      "size",
-       "validation", "out",       "epochs",     "max-steps",    "batch",
-       "lr",         "optimizer", "momentum",   "weight-decay", "schedule",
-       "warmup",     "clip",      "accumulate", "min-crop",     "workers",
-       "seed",       "device",    "precision",  "resume",       "checkpoint-every",
-       "trace",      "width",     "bucket-mb",  "log-every",    kOnNonFiniteOption},
-      {"help", "no-augment", "overwrite", "distributed"});
+  const Arguments arguments("meganeura train", words,
+                            {"model",
+                             "data",
+                             "weights",
+                             "classes",
+                             "size",
+                             "validation",
+                             "out",
+                             "epochs",
+                             "max-steps",
+                             "batch",
+                             "lr",
+                             "optimizer",
+                             "momentum",
+                             "weight-decay",
+                             "schedule",
+                             "warmup",
+                             "clip",
+                             "accumulate",
+                             "min-crop",
+                             "workers",
+                             "seed",
+                             "device",
+                             "precision",
+                             "resume",
+                             "checkpoint-every",
+                             "trace",
+                             "width",
+                             "bucket-mb",
+                             "log-every",
+                             kOnNonFiniteOption,
+                             kLossScaleOption},
+                            {"help", "no-augment", "overwrite", "distributed"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
@@ -284,7 +309,7 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   defaults.weight_decay = 1e-4;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
-  NonFiniteSteps non_finite(arguments);
+  NonFiniteSteps non_finite(arguments, run.distributed());
   non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(200, optimizer.total_steps / 10);
@@ -315,7 +340,7 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.profile = arguments.has("trace");
   TrainingProgram training(models::build_resnet_loss(model.config, local_batch, size, size),
-                           optimizer, run, options);
+                           optimizer, run, options, non_finite);
   // Rank 0 alone evaluates, with its running statistics (the checkpoint's).
   std::unique_ptr<Session> inference;
   SessionOptions eval_options = options;
@@ -455,6 +480,7 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
           {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
           {"images_per_second", images_per_second}};
       training.add_step_times(record);
+      non_finite.add_loss_scale(record);
       metrics->write(record);
     }
     if (inference && (step % steps_per_epoch == 0 || step == total_steps)) {

@@ -157,12 +157,14 @@ int lm_train_command(const std::vector<std::string>& words) {
                              "checkpoint-every",
                              "log-every",
                              "bucket-mb",
-                             kOnNonFiniteOption},
+                             kOnNonFiniteOption,
+                             kLossScaleOption},
                             {"help", "distributed", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
     std::fputs(kDetectAnomalyHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
@@ -221,7 +223,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   defaults.learning_rate = 5e-5;
   defaults.schedule = "cosine";
   OptimizerConfig optimizer = optimizer_from(arguments, total_steps, defaults);
-  NonFiniteSteps non_finite(arguments);
+  NonFiniteSteps non_finite(arguments, run.distributed());
   non_finite.configure(optimizer);
   if (!arguments.has("warmup"))
     optimizer.warmup_steps = std::min<int64_t>(100, optimizer.total_steps / 10);
@@ -263,7 +265,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
   TrainingProgram training(models::llama_loss_graph(config, local_batch, seq), optimizer, run,
-                           options, non_finite.detects_anomaly());
+                           options, non_finite);
   // Rank 0 alone computes the validation loss, on the weights it shares with the training.
   std::unique_ptr<Session> evaluation;
   if (held_out > 0 && run.writes())
@@ -355,9 +357,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
     training.finish();
     ++step;
     const double loss = training.loss();
-    const bool dropped =
-        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress,
-                           [&] { return training.find_anomaly(step - 1); });
+    const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
+                                            progress, [&] { return training.find_anomaly(); });
     stopping = run.any(stop_requested);
     if (!dropped) smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
     const double elapsed =
@@ -379,6 +380,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
           {"tokens_per_second", steps_per_second * batch * seq},
           {"skipped_steps", non_finite.dropped_steps()}};
       training.add_step_times(record);
+      non_finite.add_loss_scale(record);
       metrics->write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;

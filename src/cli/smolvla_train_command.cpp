@@ -182,30 +182,33 @@ void set_common_inputs(Session& session, const Batch& batch) {
 }  // namespace
 
 int smolvla_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words, {"model",
-                                                       "data",
-                                                       "out",
-                                                       "batch",
-                                                       "epochs",
-                                                       "max-steps",
-                                                       "validation",
-                                                       "steps",
-                                                       "lr",
-                                                       "optimizer",
-                                                       "weight-decay",
-                                                       "schedule",
-                                                       "warmup",
-                                                       "clip",
-                                                       "seed",
-                                                       "device",
-                                                       "precision",
-                                                       "resume",
-                                                       "checkpoint-every",
-                                                       kOnNonFiniteOption},
+  const Arguments arguments("meganeura train", words,
+                            {"model",
+                             "data",
+                             "out",
+                             "batch",
+                             "epochs",
+                             "max-steps",
+                             "validation",
+                             "steps",
+                             "lr",
+                             "optimizer",
+                             "weight-decay",
+                             "schedule",
+                             "warmup",
+                             "clip",
+                             "seed",
+                             "device",
+                             "precision",
+                             "resume",
+                             "checkpoint-every",
+                             kOnNonFiniteOption,
+                             kLossScaleOption},
                             {"help", "train-backbone", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -412,9 +415,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     training.set_input(models::kNoise, noise);
     training.set_input(models::kFlowTime, times);
     training.set_input(models::kTimeEmbedding, models::smolvla_time_embedding(config, times));
-    for (const auto& [name, value] : optimizer_inputs(optimizer, step))
-      if (training.has_input(name))
-        training.set_input(name, std::vector<float>{static_cast<float>(value)});
+    non_finite.set_step_inputs(training, optimizer, step);
     training.run();
     ++step;
     const double loss = training.scalar_output(models::kLoss);
@@ -430,13 +431,15 @@ int smolvla_train_command(const std::vector<std::string>& words) {
         step_line(epoch + 1, epochs, step, total_steps, smoothed, rate, steps_per_second);
     progress.update(line, step == total_steps);
     loss_series.points.emplace_back(step, smoothed);
-    metrics.write({{"step", step},
-                   {"epoch", epoch + 1},
-                   {"loss", loss},
-                   {"skipped_steps", non_finite.dropped_steps()},
-                   {"smoothed_loss", smoothed},
-                   {"learning_rate", learning_rate_at(optimizer, step - 1)},
-                   {"records_per_second", steps_per_second * batch}});
+    nlohmann::json record = {{"step", step},
+                             {"epoch", epoch + 1},
+                             {"loss", loss},
+                             {"skipped_steps", non_finite.dropped_steps()},
+                             {"smoothed_loss", smoothed},
+                             {"learning_rate", learning_rate_at(optimizer, step - 1)},
+                             {"records_per_second", steps_per_second * batch}};
+    non_finite.add_loss_scale(record);
+    metrics.write(record);
     if (step % checkpoint_every == 0 && step != total_steps) {
       progress.finish();
       save();

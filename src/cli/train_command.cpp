@@ -168,17 +168,19 @@ int train_job(const std::vector<std::string>& words) {
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments("meganeura train", words,
-                            {"out",        "model",     "epochs",           "limit",
-                             "batch",      "lr",        "optimizer",        "weight-decay",
-                             "momentum",   "schedule",  "warmup",           "clip",
-                             "accumulate", "seed",      "device",           "precision",
-                             "data",       "resume",    "checkpoint-every", "trace",
-                             "log-every",  "max-steps", "bucket-mb",        kOnNonFiniteOption},
+                            {"out",           "model",     "epochs",           "limit",
+                             "batch",         "lr",        "optimizer",        "weight-decay",
+                             "momentum",      "schedule",  "warmup",           "clip",
+                             "accumulate",    "seed",      "device",           "precision",
+                             "data",          "resume",    "checkpoint-every", "trace",
+                             "log-every",     "max-steps", "bucket-mb",        kOnNonFiniteOption,
+                             kLossScaleOption},
                             {"help", "distributed", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
     std::fputs(kDetectAnomalyHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   const DistributedRun run(arguments);
@@ -193,7 +195,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   const std::string device = run.device(arguments);
   // Every number is checked before anything is created, loaded or built.
   optimizer_from(arguments, 1);
-  NonFiniteSteps non_finite(arguments);
+  NonFiniteSteps non_finite(arguments, run.distributed());
   const bool defaults_depend_on_device = !arguments.has("epochs") || !arguments.has("limit");
   const bool cpu_device = defaults_depend_on_device && running_on_cpu_device(device);
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
@@ -264,7 +266,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   session_options.precision = parse_precision(arguments.text("precision", "strict"));
   session_options.profile = arguments.has("trace");
   TrainingProgram training(models::build_classifier_loss(model, run.local_batch(batch)), optimizer,
-                           run, session_options, non_finite.detects_anomaly());
+                           run, session_options, non_finite);
   // Rank 0 alone evaluates (the parameters are the same on every rank).
   const int64_t eval_batch = 500;
   std::unique_ptr<Session> inference;
@@ -348,9 +350,8 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
     }
     ++step;
     const double loss = training.loss();
-    const bool dropped =
-        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress,
-                           [&] { return training.find_anomaly(step - 1); });
+    const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
+                                            progress, [&] { return training.find_anomaly(); });
     const std::vector<int64_t> predicted =
         predictions(training.output("logits"), rows, model.classes);
     int64_t correct = 0;
@@ -390,6 +391,7 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
                                {"images_per_second", steps_per_second * batch},
                                {"skipped_steps", non_finite.dropped_steps()}};
       training.add_step_times(record);
+      non_finite.add_loss_scale(record);
       metrics->write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0;

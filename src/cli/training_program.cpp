@@ -9,8 +9,8 @@ namespace mg::cli {
 
 TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
                                  const DistributedRun& run, const SessionOptions& options,
-                                 bool detect_anomaly)
-    : optimizer_(optimizer) {
+                                 NonFiniteSteps& non_finite)
+    : optimizer_(optimizer), non_finite_(&non_finite) {
   const ValueId loss = loss_graph.output("loss");
   if (run.distributed()) {
     parallel_ = std::make_unique<DataParallelTrainer>(
@@ -19,7 +19,8 @@ TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig&
     Graph graph = loss_graph;
     const TrainingGraph training = add_training(graph, loss, optimizer);
     fused_ = std::make_unique<Session>(graph, options);
-    if (detect_anomaly) anomaly_ = std::make_unique<AnomalyFinder>(graph, training, options);
+    if (non_finite.detects_anomaly())
+      anomaly_ = std::make_unique<AnomalyFinder>(graph, training, options);
   }
 }
 
@@ -74,7 +75,8 @@ void TrainingProgram::set_input(std::string_view name, std::span<const int32_t> 
 
 void TrainingProgram::start(int64_t index) {
   if (!fused_) return parallel_->step(index);
-  for (const auto& [name, value] : optimizer_inputs(optimizer_, index)) {
+  last_inputs_ = non_finite_->step_inputs(optimizer_, index);
+  for (const auto& [name, value] : last_inputs_) {
     if (fused_->has_input(name))
       fused_->set_input(name, std::vector<float>{static_cast<float>(value)});
   }
@@ -94,9 +96,9 @@ double TrainingProgram::dropped_flag() const {
   return NAN;
 }
 
-std::string TrainingProgram::find_anomaly(int64_t index) {
+std::string TrainingProgram::find_anomaly() {
   if (!anomaly_) return "";
-  return anomaly_->find(*fused_, optimizer_inputs(optimizer_, index));
+  return anomaly_->find(*fused_, last_inputs_);
 }
 
 std::vector<float> TrainingProgram::output(std::string_view name) const {

@@ -10,6 +10,7 @@
 
 #include "cli/anomaly_finder.hpp"
 #include "cli/distributed_run.hpp"
+#include "cli/non_finite_steps.hpp"
 #include "io/checkpoint.hpp"
 #include "meganeura/distributed.hpp"
 #include "meganeura/session.hpp"
@@ -20,11 +21,12 @@ class TrainingProgram {
  public:
   // `loss_graph` has output "loss" (a mean over the batch) and the inputs of this process's
   // share of the batch.
-  // With `detect_anomaly` (alone only), find_anomaly() can run a step again value by value;
-  // steps are then not queued, so that the parameters are still those before the step.
+  // `non_finite` (which outlives the program) gives each step's inputs, the loss scale among
+  // them. With its --detect-anomaly (alone only), find_anomaly() can run a step again value by
+  // value; steps are then not queued, so that the parameters are still those before the step.
   TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
                   const DistributedRun& run, const SessionOptions& options,
-                  bool detect_anomaly = false);
+                  NonFiniteSteps& non_finite);
   ~TrainingProgram();
 
   // Whether a step can be queued behind the one in flight (start() returns before it ends).
@@ -55,9 +57,9 @@ class TrainingProgram {
   // The last finished step's kNonFiniteOutput: 1 when its update was dropped; NaN in a
   // distributed run (whose update program gates itself; the loss tells the host).
   double dropped_flag() const;
-  // With detect_anomaly: runs step `index` (the last finished) again and describes its first
-  // non-finite value (AnomalyFinder::find).
-  std::string find_anomaly(int64_t index);
+  // With detect_anomaly: runs the last finished step again, with the inputs it ran with, and
+  // describes its first non-finite value (AnomalyFinder::find).
+  std::string find_anomaly();
   std::vector<float> output(std::string_view name) const;  // this process's share
   // In a distributed run, where the last step's time went (DataParallelTrainer::StepTimes) as
   // gradients_ms, reduction_ms, update_ms, segments and sums_during_backward in `record`;
@@ -66,6 +68,8 @@ class TrainingProgram {
 
  private:
   OptimizerConfig optimizer_;
+  NonFiniteSteps* non_finite_;
+  std::map<std::string, double> last_inputs_;  // of the last step started alone
   std::unique_ptr<Session> fused_;
   std::unique_ptr<DataParallelTrainer> parallel_;
   std::unique_ptr<AnomalyFinder> anomaly_;

@@ -253,11 +253,13 @@ int unet_train_command(const std::vector<std::string>& words) {
                              "precision",
                              "resume",
                              "checkpoint-every",
-                             kOnNonFiniteOption},
+                             kOnNonFiniteOption,
+                             kLossScaleOption},
                             {"help", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -430,10 +432,7 @@ int unet_train_command(const std::vector<std::string>& words) {
     // diffusers' EMAModel warm-up: the decay grows towards --ema over the first steps.
     const double decay = std::min(ema, (1.0 + step) / (10.0 + step));
     training.set_input(kEmaDecay, std::vector<float>{static_cast<float>(decay)});
-    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
-      if (training.has_input(name))
-        training.set_input(name, std::vector<float>{static_cast<float>(value)});
-    }
+    non_finite.set_step_inputs(training, optimizer, step);
     training.run();
     ++step;
     const double loss = training.scalar_output("loss");
@@ -450,14 +449,16 @@ int unet_train_command(const std::vector<std::string>& words) {
     progress.update(line, step == total_steps);
     if (step % 10 == 0 || step == total_steps) {
       loss_series.points.emplace_back(step, smoothed);
-      metrics.write({{"step", step},
-                     {"epoch", epoch + 1},
-                     {"loss", loss},
-                     {"skipped_steps", non_finite.dropped_steps()},
-                     {"smoothed_loss", smoothed},
-                     {"learning_rate", learning_rate_at(optimizer, step - 1)},
-                     {"ema_decay", decay},
-                     {"images_per_second", steps_per_second * batch}});
+      nlohmann::json record = {{"step", step},
+                               {"epoch", epoch + 1},
+                               {"loss", loss},
+                               {"skipped_steps", non_finite.dropped_steps()},
+                               {"smoothed_loss", smoothed},
+                               {"learning_rate", learning_rate_at(optimizer, step - 1)},
+                               {"ema_decay", decay},
+                               {"images_per_second", steps_per_second * batch}};
+      non_finite.add_loss_scale(record);
+      metrics.write(record);
     }
     if (step % checkpoint_every == 0) save();
   }

@@ -195,11 +195,13 @@ int whisper_train_command(const std::vector<std::string>& words) {
                              "checkpoint-every",
                              "language",
                              "task",
-                             kOnNonFiniteOption},
+                             kOnNonFiniteOption,
+                             kLossScaleOption},
                             {"help", "decoder-only", "overwrite"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
@@ -392,10 +394,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
     }
     const int64_t position = (step % steps_per_epoch) * batch;
     set_batch(training, {order.begin() + position, order.begin() + position + batch});
-    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
-      if (training.has_input(name))
-        training.set_input(name, std::vector<float>{static_cast<float>(value)});
-    }
+    non_finite.set_step_inputs(training, optimizer, step);
     training.run();
     ++step;
     const double loss = training.scalar_output(wio::kLoss);
@@ -412,14 +411,16 @@ int whisper_train_command(const std::vector<std::string>& words) {
     progress.update(line, step == total_steps);
     if (step % 10 == 0 || step == total_steps) {
       loss_series.points.emplace_back(step, smoothed);
-      metrics.write({{"step", step},
-                     {"epoch", epoch + 1},
-                     {"loss", loss},
-                     {"skipped_steps", non_finite.dropped_steps()},
-                     {"smoothed_loss", smoothed},
-                     {"learning_rate",
-                      learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
-                     {"clips_per_second", steps_per_second * batch}});
+      nlohmann::json record = {
+          {"step", step},
+          {"epoch", epoch + 1},
+          {"loss", loss},
+          {"skipped_steps", non_finite.dropped_steps()},
+          {"smoothed_loss", smoothed},
+          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"clips_per_second", steps_per_second * batch}};
+      non_finite.add_loss_scale(record);
+      metrics.write(record);
     }
     const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
     if (evaluation && (epoch_end || step % checkpoint_every == 0)) {

@@ -182,6 +182,10 @@ DataParallelTrainer::DataParallelTrainer(const Graph& graph, ValueId loss,
                                          std::shared_ptr<Communicator> communicator,
                                          SessionOptions options, DataParallelOptions parallel) {
   if (!communicator) throw Error("DataParallelTrainer needs a communicator");
+  if (optimizer.loss_scaling)
+    throw Error(
+        "loss scaling is not supported in data-parallel training yet: turn it off "
+        "(--loss-scale off) or train on one device");
   impl_ = std::make_unique<Impl>(graph, loss, optimizer, std::move(communicator),
                                  with_shared_tensors(std::move(options)), parallel);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli/cli_runner.hpp"
 #include "io/checkpoint.hpp"
@@ -34,13 +35,20 @@ nlohmann::json read_json(const fs::path& path) {
   return nlohmann::json::parse(file);
 }
 
-nlohmann::json last_metrics_line(const fs::path& folder) {
+// Every record of a run's metrics.jsonl that reports a step (not the evaluations).
+std::vector<nlohmann::json> metrics_lines(const fs::path& folder) {
   std::ifstream file(folder / "metrics.jsonl");
-  std::string line, last;
+  std::vector<nlohmann::json> records;
+  std::string line;
   while (std::getline(file, line)) {
-    if (line.find("\"skipped_steps\"") != std::string::npos) last = line;
+    if (line.find("\"skipped_steps\"") != std::string::npos)
+      records.push_back(nlohmann::json::parse(line));
   }
-  return nlohmann::json::parse(last);
+  return records;
+}
+
+nlohmann::json last_metrics_line(const fs::path& folder) {
+  return metrics_lines(folder).back();
 }
 
 const std::string kDiverging = " --model mlp --limit 256 --batch 32 --epochs 1 --lr 1e30";
@@ -95,6 +103,48 @@ TEST(NumericalFaults, SkipGoesOnAndCountsTheSkippedSteps) {
   EXPECT_EQ(last_metrics_line(root)["skipped_steps"], 7);
   EXPECT_EQ(read_json(root / "run.json")["status"], "completed");
   EXPECT_EQ(run("train --out " + root.string() + " --overwrite --on-nonfinite maybe").status, 1);
+  fs::remove_all(root);
+}
+
+// --loss-scale: dynamic by default in fast precision (Lavapipe has no f16 cooperative matrices,
+// so the products stay f32 and 65536 never overflows), off in strict; a fixed power of two
+// trains as off does (f32 rounding commutes with it); a bad value is one line.
+TEST(NumericalFaults, LossScaleShowsInMetrics) {
+  const fs::path root = scratch("loss-scale");
+  const std::string job = " --model mlp --limit 128 --batch 32 --epochs 1 --log-every 1";
+  const Result fast = run("train --out " + (root / "fast").string() + job + " --precision fast");
+  ASSERT_EQ(fast.status, 0) << fast.output;
+  const nlohmann::json dynamic = last_metrics_line(root / "fast");
+  EXPECT_EQ(dynamic["step"], 4);
+  EXPECT_EQ(dynamic["loss_scale"], 65536.0);
+  EXPECT_EQ(dynamic["loss_scale_overflows"], 0);
+  EXPECT_EQ(dynamic["skipped_steps"], 0);
+
+  const Result strict = run("train --out " + (root / "strict").string() + job);
+  ASSERT_EQ(strict.status, 0) << strict.output;
+  const Result fixed =
+      run("train --out " + (root / "fixed").string() + job + " --loss-scale 1048576");
+  ASSERT_EQ(fixed.status, 0) << fixed.output;
+  const std::vector<nlohmann::json> unscaled = metrics_lines(root / "strict");
+  const std::vector<nlohmann::json> scaled = metrics_lines(root / "fixed");
+  ASSERT_EQ(unscaled.size(), 4u);
+  ASSERT_EQ(scaled.size(), 4u);
+  for (size_t i = 0; i < unscaled.size(); ++i) {
+    EXPECT_FALSE(unscaled[i].contains("loss_scale"));
+    EXPECT_EQ(scaled[i]["loss_scale"], 1048576.0);
+    const double loss = unscaled[i]["loss"];
+    EXPECT_NEAR(scaled[i]["loss"], loss, 1e-6 * loss) << "step " << i + 1;
+  }
+
+  for (const char* bad : {"0.5", "huge", "1e39", "dynamicx"}) {
+    const Result refused =
+        run("train --out " + (root / "bad").string() + job + " --loss-scale " + bad);
+    EXPECT_EQ(refused.status, 1) << bad;
+    EXPECT_EQ(refused.output, "meganeura train: error: bad --loss-scale '" + std::string(bad) +
+                                  "' (dynamic, off or a fixed scale from 1 to 3.4e38)\n")
+        << refused.output;
+  }
+  EXPECT_NE(run("train --help").output.find("--loss-scale S"), std::string::npos);
   fs::remove_all(root);
 }
 

@@ -191,5 +191,19 @@ TEST(DataParallel, RejectsANonScalarLossAndAMissingCommunicator) {
   EXPECT_THROW(DataParallelTrainer(forward, forward.output("loss"), {}, nullptr), Error);
 }
 
+TEST(DataParallel, RefusesLossScalingForNow) {
+  const Graph forward = models::build_classifier_loss(kModel, kBatch);
+  OptimizerConfig optimizer;
+  optimizer.skip_non_finite = optimizer.loss_scaling = true;
+  try {
+    DataParallelTrainer(forward, forward.output("loss"), optimizer, single_process_communicator());
+    ADD_FAILURE() << "loss scaling was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("loss scaling is not supported in data-parallel"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace mg

@@ -55,11 +55,16 @@ double train_and_compare(const Graph& graph, int64_t rows, int64_t features, int
     environment.leaves["x"] =
         HostTensor({rows, features}, {batch.features.begin(), batch.features.end()});
     environment.leaves["labels"] = HostTensor({rows}, {batch.labels.begin(), batch.labels.end()});
-    for (const auto& [name, value] : optimizer_inputs(optimizer, step)) {
+    std::map<std::string, double> inputs = optimizer_inputs(optimizer, step);
+    // With loss scaling the GPU runs at LossScaler's first scale, the reference unscaled.
+    if (optimizer.loss_scaling) inputs[kLossScaleInput] = 1.0;
+    for (const auto& [name, value] : inputs) {
       if (session.has_input(name))
         session.set_input(name, std::vector<float>{static_cast<float>(value)});
       environment.leaves[name] = HostTensor({}, value);
     }
+    if (optimizer.loss_scaling)
+      session.set_input(kLossScaleInput, std::vector<float>{LossScaler::kInitialScale});
     session.run();
     const std::vector<HostTensor> values = mg::step(graph, environment);
     const double reference = values[graph.output("loss")].data[0];
@@ -87,6 +92,84 @@ TEST(GpuTraining, SgdNesterovWithClippingMatchesReference) {
   optimizer.weight_decay = 0.01;
   const Graph graph = small_mlp(8, 12, 3, optimizer);
   EXPECT_LT(train_and_compare(graph, 8, 12, 3, optimizer, 20), 1e-4);
+}
+
+// The GPU at LossScaler's first scale trains as the reference unscaled: the reciprocal folded
+// into the update (SGD's momentum buffer; with weight decay, a multiply before it) undoes the
+// seed. SGD, whose step grows with the gradient, unlike Adam's or a clipped one.
+TEST(GpuTraining, LossScaledSgdMatchesReference) {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::sgd;
+  optimizer.learning_rate = 0.05;
+  optimizer.momentum = 0.9;
+  optimizer.skip_non_finite = true;
+  optimizer.loss_scaling = true;
+  for (double weight_decay : {0.0, 0.01}) {
+    optimizer.weight_decay = weight_decay;
+    optimizer.nesterov = weight_decay > 0;
+    const Graph graph = small_mlp(8, 12, 3, optimizer);
+    EXPECT_LT(train_and_compare(graph, 8, 12, 3, optimizer, 10), 1e-4) << weight_decay;
+  }
+}
+
+// A scale that takes f32 gradients past the largest f32 value drops the step with the loss
+// finite, leaving parameters and momentum bit for bit; the step run again at LossScaler's
+// first scale applies as the reference's unscaled step.
+TEST(GpuTraining, LossScaleOverflowDropsTheStep) {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::sgd;
+  optimizer.learning_rate = 0.1;
+  optimizer.momentum = 0.9;
+  OptimizerConfig scaled = optimizer;
+  scaled.skip_non_finite = true;
+  scaled.loss_scaling = true;
+  const int64_t size = 64;
+  const auto build = [&](const OptimizerConfig& config) {
+    Graph graph;
+    const Tensor p = parameter(graph, "p", {size}, Init::uniform(-1.0, 1.0));
+    const Tensor target = input(graph, "target", {size});
+    add_training(graph, sum_all(square(p - target) * 0.5).id(), config);
+    return graph;
+  };
+  const Graph graph = build(scaled), reference_graph = build(optimizer);
+  SessionOptions options;
+  options.validation = true;
+  Session session(graph, options);
+  std::mt19937_64 generator(17);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  std::vector<float> start(size), target(size);
+  for (float& value : start) value = normal(generator) / 100.0f;
+  for (float& value : target) value = normal(generator);
+  session.write("p", start);
+  session.set_input("target", target);
+  Environment environment;
+  environment.leaves["p"] = HostTensor({size}, {start.begin(), start.end()});
+  initialise_leaves(reference_graph, environment, options.seed);
+  environment.leaves["target"] = HostTensor({size}, {target.begin(), target.end()});
+  const auto run = [&](double loss_scale) {
+    std::map<std::string, double> inputs = optimizer_inputs(scaled, 0);
+    inputs[kLossScaleInput] = loss_scale;
+    for (const auto& [name, value] : inputs) {
+      if (session.has_input(name))
+        session.set_input(name, std::vector<float>{static_cast<float>(value)});
+    }
+    session.run();
+    return session.scalar_output(kNonFiniteOutput);
+  };
+  const std::vector<float> parameters = session.read("p");
+  const std::vector<float> momentum = session.read("optimizer.p.momentum");
+  EXPECT_EQ(run(1e38), 1.0);
+  EXPECT_TRUE(std::isfinite(session.scalar_output("loss")));
+  EXPECT_EQ(session.read("p"), parameters);
+  EXPECT_EQ(session.read("optimizer.p.momentum"), momentum);
+  EXPECT_EQ(run(LossScaler::kInitialScale), 0.0);
+  for (const auto& [name, value] : optimizer_inputs(optimizer, 0))
+    environment.leaves[name] = HostTensor({}, value);
+  mg::step(reference_graph, environment);
+  const std::vector<float> got = session.read("p");
+  const std::vector<double>& want = environment.leaves.at("p").data;
+  for (int64_t i = 0; i < size; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << i;
+  EXPECT_EQ(session.validation_messages(), 0u);
 }
 
 TEST(GpuTraining, PlannerReuseGivesBitIdenticalResults) {

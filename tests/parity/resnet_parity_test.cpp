@@ -30,6 +30,7 @@
 #include "io/safetensors.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
 #include "models/resnet.hpp"
 #include "runtime/resnet_runtime.hpp"
 
@@ -199,11 +200,14 @@ struct Batches {
   std::vector<int32_t> labels;  // [steps, batch]
 };
 
-OptimizerConfig parity_optimizer() {
+// In fast precision with loss scaling, as PyTorch AMP trains (GradScaler): the products' f16
+// operands would flush an untrained network's small cotangents to zero.
+OptimizerConfig parity_optimizer(Precision precision = Precision::strict) {
   OptimizerConfig optimizer;
   optimizer.kind = OptimizerConfig::Kind::sgd;
   optimizer.learning_rate = 0.01;
   optimizer.momentum = 0.9;
+  optimizer.skip_non_finite = optimizer.loss_scaling = precision == Precision::fast;
   return optimizer;
 }
 
@@ -214,6 +218,7 @@ class ParityRun {
       : parity_(parity),
         batches_(batches),
         load_weights_(std::move(load_weights)),
+        optimizer_(parity_optimizer(options.precision)),
         training_(models::build_resnet(config, kBatch, parity.side, parity.side, true)) {
     const int64_t side = parity.side;
     const Tensor labels_input = input(training_, models::kResNetLabelsInput, {kBatch}, DType::i32);
@@ -246,7 +251,9 @@ class ParityRun {
       if (step > 0) continue;
       chained_["train.logits"] = session.output(models::kResNetLogitsOutput);
       for (const std::string& name : parameters_) {
-        chained_["grad." + name] = session.output("grad." + name);
+        std::vector<float> gradient = session.output("grad." + name);
+        for (float& value : gradient) value = static_cast<float>(value / loss_scale_);
+        chained_["grad." + name] = std::move(gradient);
       }
     }
     chained_["train.losses"] = losses;
@@ -341,15 +348,35 @@ class ParityRun {
         session.set_input(name, std::vector<float>{static_cast<float>(value)});
       }
     }
-    session.run();
-    return session.scalar_output("loss");
+    if (!optimizer_.loss_scaling) {
+      session.run();
+      return session.scalar_output("loss");
+    }
+    // Each step from LossScaler's first scale, halved while the step is dropped. A dropped step
+    // keeps the parameters and momentum, but batch norm's forward has moved the running
+    // statistics: they are put back before the step runs again.
+    std::map<std::string, std::vector<float>> statistics;
+    for (const std::string& name : session.persistent_names())
+      if (is_running_statistic(name)) statistics[name] = session.read(name);
+    LossScaler scaler;
+    for (;;) {
+      loss_scale_ = scaler.start_step();
+      session.set_input(kLossScaleInput, std::vector<float>{static_cast<float>(loss_scale_)});
+      session.run();
+      const float loss = session.scalar_output("loss");
+      if (session.scalar_output(kNonFiniteOutput) == 0) return loss;
+      if (scaler.end_step(true, std::isfinite(loss)) == LossScaler::StepEnd::non_finite)
+        throw Error("step " + std::to_string(step) + " is not finite even without loss scaling");
+      for (const auto& [name, values] : statistics) session.write(name, values);
+    }
   }
 
   const ParityCase& parity_;
   const Batches& batches_;
   std::function<void(Session&)> load_weights_;
-  const OptimizerConfig optimizer_ = parity_optimizer();
+  const OptimizerConfig optimizer_;
   Graph training_;
+  double loss_scale_ = 1.0;  // of the last step run
   std::vector<std::string> parameters_;
   std::unique_ptr<Session> session_;
   Tensors chained_;
