@@ -17,6 +17,7 @@
 #include "models/llama.hpp"
 #include "plan/program.hpp"
 #include "plan/roofline.hpp"
+#include "runtime/kernel_specs.hpp"
 
 namespace mg::cli {
 namespace {
@@ -225,19 +226,13 @@ void bench_plan(const std::string& program_name) {
   constexpr int kRepeats = 5;
   double plan_seconds = 1e30, source_seconds = 1e30, report_seconds = 1e30;
   plan::Program program;
-  size_t source_bytes = 0;
+  size_t kernel_count = 0;
   for (int repeat = 0; repeat < kRepeats; ++repeat) {
     phase = now();
     program = plan::build_program(compiled.graph, target, options);
     plan_seconds = std::min(plan_seconds, seconds_since(phase));
     phase = now();
-    source_bytes = 0;
-    for (const std::vector<plan::PlannedLaunch>* launches : {&program.setup, &program.launches}) {
-      for (const plan::PlannedLaunch& planned : *launches) {
-        const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
-        source_bytes += (kernels::buffer_declarations(program.graph, launch) + launch.body).size();
-      }
-    }
+    kernel_count = runtime::program_kernels(program).specs.size();
     source_seconds = std::min(source_seconds, seconds_since(phase));
     phase = now();
     const std::string memory = plan::describe_memory(program);
@@ -246,11 +241,10 @@ void bench_plan(const std::string& program_name) {
     report_seconds = std::min(report_seconds, seconds_since(phase));
   }
   std::printf(
-      "fastest of %d: plan %.4f s, kernel sources %.4f s (%.1f MiB), reports %.4f s; %zu "
+      "fastest of %d: plan %.4f s, kernels %.4f s (%zu distinct), reports %.4f s; %zu "
       "dispatches, %zu setup, checksum %016llx\n",
-      kRepeats, plan_seconds, source_seconds, static_cast<double>(source_bytes) / (1 << 20),
-      report_seconds, program.launches.size(), program.setup.size(),
-      static_cast<unsigned long long>(program_checksum(program)));
+      kRepeats, plan_seconds, source_seconds, kernel_count, report_seconds, program.launches.size(),
+      program.setup.size(), static_cast<unsigned long long>(program_checksum(program)));
 }
 
 }  // namespace
