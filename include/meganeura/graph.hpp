@@ -101,8 +101,6 @@ class Graph {
   const Node& node(ValueId id) const;
   const TensorType& type(ValueId id) const { return node(id).type; }
   size_t size() const { return nodes_.size(); }
-  // Room for `count` nodes without moving them (passes that rebuild a graph know its size).
-  void reserve(size_t count) { nodes_.reserve(count); }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   const std::vector<std::pair<ValueId, ValueId>>& updates() const { return updates_; }
