@@ -8,9 +8,7 @@
 #include "runtime/llama_runtime.hpp"
 
 namespace mg::cli {
-namespace {
 
-// SmolLM2-135M's config.json.
 nlohmann::json smollm2_135m_config() {
   return {{"model_type", "llama"},       {"vocab_size", 49152},
           {"hidden_size", 576},          {"intermediate_size", 1536},
@@ -20,6 +18,8 @@ nlohmann::json smollm2_135m_config() {
           {"tie_word_embeddings", true}, {"hidden_act", "silu"},
           {"bos_token_id", 0},           {"eos_token_id", 0}};
 }
+
+namespace {
 
 nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config_json,
                            Precision precision, const WorkloadOptions& bench) {

@@ -51,6 +51,8 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& option
 nlohmann::json bench_whisper_tiny(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& options);
+// SmolLM2-135M's config.json (the smollm2-135m workload's model).
+nlohmann::json smollm2_135m_config();
 // Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).
 nlohmann::json stable_diffusion_15_unet_config();
 

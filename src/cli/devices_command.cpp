@@ -1,20 +1,30 @@
 #include <unistd.h>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include "backends/vulkan/kernels/lowering.hpp"
+#include "backends/vulkan/kernels/vulkan_target.hpp"
+#include "backends/vulkan/runtime/cache_file.hpp"
 #include "backends/vulkan/runtime/gpu.hpp"
 #include "cli/arguments.hpp"
+#include "cli/bench_workloads.hpp"
 #include "cli/commands.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
 #include "models/classifier.hpp"
+#include "models/llama.hpp"
+#include "plan/program.hpp"
+#include "plan/roofline.hpp"
+#include "runtime/kernel_specs.hpp"
 
 namespace mg::cli {
 namespace {
 
 constexpr const char* kHelp =
-    R"(usage: meganeura devices [--verbose] [--bench-compile] [--device SEL]
+    R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--plan-only]]
+                        [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
@@ -24,9 +34,19 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     cooperative matrices (VK_NV_cooperative_matrix2, which the fast GEMM uses
                     for large products), with their limits, granularities and whether they
                     load through tensor addressing
-  --bench-compile   build the CNN training program twice on the chosen device, first with an
+  --bench-compile   build a training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
-                    the build times
+                    the time of building its graph and the parts of each build (opening the
+                    device, planning, pipelines, recording, the rest)
+  --program NAME    the program --bench-compile builds: cnn (the Fashion-MNIST CNN, batch 64,
+                    Adam; the default) or smollm2-135m (the smollm2-135m workload's training
+                    step: sequence 128, batch 1, AdamW, weights not drawn)
+  --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
+                    (132 compute units, NV cooperative matrices, workgroup-scope ones, f16
+                    storage), make every launch's kernel source as a build does before it asks
+                    for pipelines, and the reports a build makes; print the fastest of five
+                    repeats of each part and a checksum of the dispatch list, memory plan,
+                    regions and kernel sources (equal checksums: the same program)
   --device SEL      device index or part of its name
 )";
 
@@ -91,44 +111,164 @@ void print_details(const gpu::DeviceInfo& info) {
                 config.workgroup_invocations);
 }
 
-void bench_compile(const std::string& device) {
+// The graph --bench-compile builds, and whether its builds draw random weights.
+struct CompiledProgram {
+  Graph graph;
+  bool initialise_parameters = true;
+};
+
+CompiledProgram program_to_compile(const std::string& name) {
+  if (name == "cnn")
+    return {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
+            true};
+  if (name == "smollm2-135m") {
+    const models::LlamaConfig config =
+        models::llama_config_from_json(smollm2_135m_config(), "smollm2-135m");
+    Graph graph = models::llama_loss_graph(config, 1, 128);
+    OptimizerConfig optimizer;
+    optimizer.kind = OptimizerConfig::Kind::adamw;
+    optimizer.learning_rate = 1e-4;
+    add_training(graph, graph.output(models::kLoss), optimizer);
+    // As the workload's compile figures: drawing weights takes time in proportion to the model.
+    return {std::move(graph), false};
+  }
+  throw Error("meganeura devices: unknown --program \"" + name + "\": use cnn or smollm2-135m");
+}
+
+void bench_compile(const std::string& device, const std::string& program_name) {
+  const auto graph_start = std::chrono::steady_clock::now();
+  const CompiledProgram program = program_to_compile(program_name);
+  const double graph_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - graph_start).count();
+  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes\n", program_name.c_str(),
+              graph_seconds, program.graph.size());
   const std::filesystem::path cache = std::filesystem::temp_directory_path() /
                                       ("meganeura-bench-cache-" + std::to_string(::getpid()));
   std::filesystem::remove_all(cache);
-  const Graph graph =
-      models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{});
   SessionOptions options;
   options.device = device;
   options.switches = Switches::from_environment({{"MEGANEURA_CACHE_DIR", cache.string()}});
+  options.initialise_parameters = program.initialise_parameters;
   for (const char* label : {"cold", "warm"}) {
-    Session session(graph, options);
+    Session session(program.graph, options);
     const BuildReport& report = session.report();
+    const double rest = report.build_seconds - report.device_seconds - report.plan_seconds -
+                        report.pipeline_seconds - report.record_seconds;
     std::printf(
-        "%s build: %.3f s (pipelines %.3f s, %u pipelines, %u SPIR-V cache hits, %zu "
-        "dispatches)\n",
-        label, report.build_seconds, report.pipeline_seconds, report.pipelines,
+        "%s build: %.3f s (device %.3f s, plan %.3f s, pipelines %.3f s, record %.3f s, rest "
+        "%.3f s; %u pipelines, %u SPIR-V cache hits, %zu dispatches)\n",
+        label, report.build_seconds, report.device_seconds, report.plan_seconds,
+        report.pipeline_seconds, report.record_seconds, rest, report.pipelines,
         report.spirv_cache_hits, report.dispatches);
   }
   std::filesystem::remove_all(cache);
 }
 
+// The traits device_target gives an H200 (NVIDIA's driver), its fragment layout excepted.
+target::DeviceTraits h200_traits() {
+  target::DeviceTraits traits;
+  traits.subgroup_size = 32;
+  traits.compute_units = 132;
+  traits.max_shared_memory_bytes = 49152;
+  traits.max_workgroup_invocations = 1024;
+  traits.max_workgroup_count_x = 2147483647;
+  traits.max_storage_buffers = 1048576;
+  traits.coop_matrix_f16_nv = true;
+  traits.coop_matrix_f16_khr = true;
+  traits.workgroup_coop_matrix_f16 = true;
+  traits.workgroup_tensor_loads = true;
+  traits.f16_tensors = true;
+  traits.name = "H200 (traits only)";
+  return traits;
+}
+
+// A checksum of everything a build takes from `program`: each launch's kernel source, defines,
+// grid, operands, regions and barrier, the memory plan and the dispatch list.
+uint64_t program_checksum(const plan::Program& program) {
+  using gpu::detail::fnv1a64;
+  uint64_t checksum = fnv1a64(plan::describe_memory(program));
+  checksum = fnv1a64(plan::describe_dispatches(program), checksum);
+  for (const std::vector<plan::PlannedLaunch>* launches : {&program.setup, &program.launches}) {
+    for (const plan::PlannedLaunch& planned : *launches) {
+      const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
+      checksum =
+          fnv1a64(kernels::buffer_declarations(program.graph, launch) + launch.body, checksum);
+      std::string facts = planned.barrier_before ? "barrier;" : ";";
+      for (const auto& [name, value] : launch.defines) facts += name + "=" + value + ";";
+      for (uint32_t extent : launch.groups) facts += std::to_string(extent) + ";";
+      for (size_t k = 0; k < planned.regions.size(); ++k) {
+        const target::Operand& operand = planned.launch.operands[k];
+        facts += std::to_string(operand.value) + (operand.write ? "w@" : "r@") +
+                 std::to_string(planned.regions[k].arena) + ":" +
+                 std::to_string(planned.regions[k].offset) + "+" +
+                 std::to_string(planned.regions[k].bytes) + ";";
+      }
+      checksum = fnv1a64(facts, checksum);
+    }
+  }
+  return checksum;
+}
+
+void bench_plan(const std::string& program_name) {
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  const auto seconds_since = [&](std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration<double>(now() - since).count();
+  };
+  auto phase = now();
+  const CompiledProgram compiled = program_to_compile(program_name);
+  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes\n", program_name.c_str(),
+              seconds_since(phase), compiled.graph.size());
+  const vulkan::VulkanTarget target(h200_traits());
+  plan::PlanOptions options;
+  options.alignment = 256;
+  options.arena_limit = uint64_t{1} << 32;
+  // The fastest of a few repeats: the machine's other work adds to single timings.
+  constexpr int kRepeats = 5;
+  double plan_seconds = 1e30, source_seconds = 1e30, report_seconds = 1e30;
+  plan::Program program;
+  size_t kernel_count = 0;
+  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    phase = now();
+    program = plan::build_program(compiled.graph, target, options);
+    plan_seconds = std::min(plan_seconds, seconds_since(phase));
+    phase = now();
+    kernel_count = runtime::program_kernels(program).specs.size();
+    source_seconds = std::min(source_seconds, seconds_since(phase));
+    phase = now();
+    const std::string memory = plan::describe_memory(program);
+    const std::string dispatches = plan::describe_dispatches(program);
+    const std::vector<plan::LaunchCost> costs = plan::launch_costs(program);
+    report_seconds = std::min(report_seconds, seconds_since(phase));
+  }
+  std::printf(
+      "fastest of %d: plan %.4f s, kernels %.4f s (%zu distinct), reports %.4f s; %zu "
+      "dispatches, %zu setup, checksum %016llx\n",
+      kRepeats, plan_seconds, source_seconds, kernel_count, report_seconds, program.launches.size(),
+      program.setup.size(), static_cast<unsigned long long>(program_checksum(program)));
+}
+
 }  // namespace
 
 int devices_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura devices", words, {"device"},
-                            {"bench-compile", "verbose", "help"});
+  const Arguments arguments("meganeura devices", words, {"device", "program"},
+                            {"bench-compile", "plan-only", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
+  if (arguments.has("bench-compile") && arguments.has("plan-only")) {
+    bench_plan(arguments.text("program", "cnn"));
+    return 0;
+  }
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
   const uint32_t chosen = gpu::choose_device(devices, arguments.text("device", ""));
   for (const gpu::DeviceInfo& info : devices) {
     std::printf("%s %s\n", info.index == chosen ? "*" : " ", gpu::describe_device(info).c_str());
     if (arguments.has("verbose")) print_details(info);
   }
-  if (arguments.has("bench-compile")) bench_compile(arguments.text("device", ""));
+  if (arguments.has("bench-compile"))
+    bench_compile(arguments.text("device", ""), arguments.text("program", "cnn"));
   return 0;
 }
 

@@ -1,5 +1,7 @@
-#include <map>
-#include <tuple>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
 
 #include "ir/op_names.hpp"
 #include "ops/interpreter.hpp"
@@ -33,19 +35,36 @@ Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
 }
 
 Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap) {
-  using Key = std::tuple<std::string, std::vector<ValueId>, std::string, std::string, std::string>;
-  std::map<Key, ValueId> seen;
+  // Nodes are the same expression when op, inputs, type and name are equal and their attributes
+  // print alike. Candidates are found by a hash of all but the attributes, which are printed
+  // only to tell apart the few nodes equal in all the rest.
+  const auto hash_of = [](const Node& node) {
+    size_t hash = std::hash<std::string_view>{}(node.op);
+    for (ValueId input : node.inputs) hash = hash * 1000003 + static_cast<size_t>(input);
+    hash = hash * 31 + static_cast<size_t>(node.type.dtype);
+    for (int64_t extent : node.type.shape) hash = hash * 1000003 + static_cast<size_t>(extent);
+    return hash * 31 + std::hash<std::string_view>{}(node.name);
+  };
+  std::unordered_multimap<size_t, ValueId> kept_by_hash(graph.size());
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
         if (node.is_leaf() && node.op != op::constant) return target.add_typed(std::move(node));
         if (node.data) return target.add_typed(std::move(node));
-        Key key{node.op, node.inputs, node.attrs.to_string(), type_string(node.type), node.name};
-        auto it = seen.find(key);
-        if (it != seen.end()) return it->second;
+        const size_t hash = hash_of(node);
+        const auto [first, last] = kept_by_hash.equal_range(hash);
+        std::optional<std::string> attributes;
+        for (auto it = first; it != last; ++it) {
+          const Node& kept = target.node(it->second);
+          if (kept.op != node.op || kept.inputs != node.inputs || !(kept.type == node.type) ||
+              kept.name != node.name)
+            continue;
+          if (!attributes) attributes = node.attrs.to_string();
+          if (kept.attrs.to_string() == *attributes) return it->second;
+        }
         const ValueId id = target.add_typed(std::move(node));
-        seen.emplace(std::move(key), id);
+        kept_by_hash.emplace(hash, id);
         return id;
       },
       remap);

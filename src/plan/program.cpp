@@ -115,6 +115,9 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
     uint64_t offset, bytes;
     int64_t first, last;
   };
+  const auto by_range = [](const Placed& a, const Placed& b) {
+    return std::pair(a.offset, a.offset + a.bytes) < std::pair(b.offset, b.offset + b.bytes);
+  };
   std::vector<std::vector<Placed>> arenas;
   std::vector<uint32_t> arena_index;
   for (Interval interval : intervals) {
@@ -128,20 +131,20 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
     }
     bool placed = false;
     for (size_t a = 0; a < arenas.size() && !placed; ++a) {
-      std::vector<std::pair<uint64_t, uint64_t>> busy;
+      // Lowest first fit among the values live at the same time, visited by their byte ranges
+      // in order (each arena's list is kept sorted by them).
+      uint64_t candidate = 0;
       for (const Placed& other : arenas[a]) {
         const bool overlaps_in_time =
             !options.reuse_memory || !(other.last < interval.first || interval.last < other.first);
-        if (overlaps_in_time) busy.emplace_back(other.offset, other.offset + other.bytes);
-      }
-      std::sort(busy.begin(), busy.end());
-      uint64_t candidate = 0;
-      for (const auto& [start, end] : busy) {
-        if (candidate + interval.bytes <= start) break;
-        candidate = std::max(candidate, align_up(end, options.alignment));
+        if (!overlaps_in_time) continue;
+        if (candidate + interval.bytes <= other.offset) break;
+        candidate = std::max(candidate, align_up(other.offset + other.bytes, options.alignment));
       }
       if (candidate + interval.bytes <= options.arena_limit) {
-        arenas[a].push_back({candidate, interval.bytes, interval.first, interval.last});
+        const Placed value{candidate, interval.bytes, interval.first, interval.last};
+        arenas[a].insert(std::upper_bound(arenas[a].begin(), arenas[a].end(), value, by_range),
+                         value);
         program.regions[interval.value] = {arena_index[a], candidate, value_bytes};
         placed = true;
       }
@@ -162,12 +165,17 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
   // Peak: the largest total of values live at one launch.
   int64_t launches = 0;
   for (const Interval& interval : intervals) launches = std::max(launches, interval.last + 1);
-  std::vector<uint64_t> live(static_cast<size_t>(launches) + 1, 0);
+  // Changes of the live total at each launch, summed in order (unsigned arithmetic wraps back).
+  std::vector<uint64_t> change(static_cast<size_t>(launches) + 1, 0);
   for (const Interval& interval : intervals) {
-    for (int64_t t = interval.first; t <= interval.last; ++t) live[t] += interval.bytes;
+    change[interval.first] += interval.bytes;
+    change[interval.last + 1] -= interval.bytes;
   }
-  for (uint64_t bytes : live)
-    program.memory.peak_live_bytes = std::max(program.memory.peak_live_bytes, bytes);
+  uint64_t live = 0;
+  for (uint64_t delta : change) {
+    live += delta;
+    program.memory.peak_live_bytes = std::max(program.memory.peak_live_bytes, live);
+  }
 }
 
 void place_persistent(const std::vector<ValueId>& values, const PlanOptions& options,
@@ -422,6 +430,7 @@ Program build_program(const Graph& source, const target::Target& device,
       options.reuse_memory ? choose_in_place(graph, program.launches, set_up) : AliasMap{};
   std::unordered_map<ValueId, Interval> lifetimes;
   std::vector<ValueId> persistent;
+  std::vector<bool> is_listed_persistent(graph.size(), false);
   std::unordered_map<ValueId, uint64_t> logical_values;  // every stored value as if unshared
   auto touch = [&](ValueId value, int64_t when) {
     const ValueId own = storage_root(graph, {}, value);
@@ -432,7 +441,8 @@ Program build_program(const Graph& source, const target::Target& device,
     const Node& node = graph.node(root);
     if (set_up[root]) return;  // placed with the persistent values below
     if (is_persistent_leaf(node)) {
-      if (std::find(persistent.begin(), persistent.end(), root) == persistent.end()) {
+      if (!is_listed_persistent[root]) {
+        is_listed_persistent[root] = true;
         persistent.push_back(root);
       }
       return;

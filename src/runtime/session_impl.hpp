@@ -12,7 +12,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "backends/vulkan/kernels/vulkan_target.hpp"
@@ -23,6 +22,7 @@
 #include "plan/program.hpp"
 #include "runtime/device_values.hpp"
 #include "runtime/index_checks.hpp"
+#include "runtime/kernel_specs.hpp"
 #include "runtime/run_commands.hpp"
 #include "runtime/shared_device.hpp"
 
@@ -523,33 +523,9 @@ struct Session::Impl {
   std::pair<const std::byte*, TensorType> downloaded(std::string_view name) const;
 
   void create_pipelines() {
-    std::vector<gpu::KernelSpec> specs;
-    std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool>,
-             uint32_t>
-        unique;
-    std::vector<uint32_t> spec_of_launch;  // the setup's launches, then every run's
-    std::vector<const plan::PlannedLaunch*> launches;
-    for (const plan::PlannedLaunch& planned : program.setup) launches.push_back(&planned);
-    for (const plan::PlannedLaunch& planned : program.launches) launches.push_back(&planned);
-    for (const plan::PlannedLaunch* planned : launches) {
-      const kernels::Launch& launch = vulkan::glsl_launch(planned->launch);
-      std::string source = kernels::buffer_declarations(program.graph, launch) + launch.body;
-      auto key = std::make_tuple(source, launch.defines, launch.tensor_loads);
-      auto [it, inserted] = unique.try_emplace(std::move(key), static_cast<uint32_t>(specs.size()));
-      if (inserted) {
-        gpu::KernelSpec spec;
-        spec.label = launch.label;
-        spec.source = std::get<0>(it->first);
-        spec.defines = launch.defines;
-        spec.binding_count = static_cast<uint32_t>(launch.operands.size());
-        spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;
-        spec.matrix_loads =
-            launch.tensor_loads ? gpu::MatrixLoads::tensor_at_element : gpu::MatrixLoads::plain;
-        specs.push_back(std::move(spec));
-      }
-      spec_of_launch.push_back(it->second);
-    }
-    const std::vector<gpu::PipelineId> pipelines = device->create_pipelines(specs);
+    const runtime::ProgramKernels kernels = runtime::program_kernels(program);
+    const std::vector<gpu::PipelineId> pipelines = device->create_pipelines(kernels.specs);
+    const std::vector<uint32_t>& spec_of_launch = kernels.spec_of_launch;
     for (size_t i = 0; i < spec_of_launch.size(); ++i) {
       (i < program.setup.size() ? pipeline_of_setup : pipeline_of_launch)
           .push_back(pipelines[spec_of_launch[i]]);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <numbers>
 
 #include "backends/vulkan/kernels/gemm_coopmat.hpp"
@@ -418,17 +419,13 @@ void lower(LoweringContext& context) {
   lower_attention(context, mode);
 }
 
-// One thread per rotated pair; the frequencies are computed in double on the host and baked
-// in as parts of a turn, so that the angle is accurate at any position (see below).
-void lower_rope(LoweringContext& context) {
-  const Node& node = context.node();
-  const Shape& shape = node.type.shape;
-  const int64_t dim = shape.back();
+// The GLSL table of lower_rope's angle parts for `theta` and `dim`: the same for every layer's
+// rope, so its floats are printed once a thread instead of once a layer.
+const std::string& turn_parts_table(double theta, int64_t dim) {
+  thread_local std::map<std::pair<double, int64_t>, std::string> tables;
+  std::string& heads = tables[{theta, dim}];
+  if (!heads.empty()) return heads;
   const int64_t half = dim / 2;
-  const int64_t length = shape[shape.size() - 2];
-  const int64_t pairs = node.type.elements() / 2;
-  const double theta = node.attrs.get_float("theta");
-  const bool inverse = node.attrs.get_int("inverse", 0) != 0;
   // The angle p * f (position p, frequency f) is taken in turns, modulo 1, without a rounded
   // f32 product: with t = f / 2pi and p = 4096 p1 + p0 (p0, p1 < 4096), p * t = p1 * s + p0 * t
   // where s = frac(4096 t). Each of s and t is split into a 12-bit head (k / 4096, so that head
@@ -439,7 +436,7 @@ void lower_rope(LoweringContext& context) {
     const double head = std::floor(value * 4096.0) / 4096.0;
     return std::pair<float, float>{static_cast<float>(head), static_cast<float>(value - head)};
   };
-  std::string heads = "const vec4 turn_parts[" + std::to_string(half) + "] = vec4[](";
+  heads = "const vec4 turn_parts[" + std::to_string(half) + "] = vec4[](";
   for (int64_t d = 0; d < half; ++d) {
     const double frequency =
         std::pow(theta, -2.0 * static_cast<double>(d) / static_cast<double>(dim));
@@ -451,6 +448,21 @@ void lower_rope(LoweringContext& context) {
              ", " + glsl_float(t_head) + ", " + glsl_float(t_tail) + ")";
   }
   heads += ");\n";
+  return heads;
+}
+
+// One thread per rotated pair; the frequencies are computed in double on the host and baked
+// in as parts of a turn, so that the angle is accurate at any position (turn_parts_table).
+void lower_rope(LoweringContext& context) {
+  const Node& node = context.node();
+  const Shape& shape = node.type.shape;
+  const int64_t dim = shape.back();
+  const int64_t half = dim / 2;
+  const int64_t length = shape[shape.size() - 2];
+  const int64_t pairs = node.type.elements() / 2;
+  const double theta = node.attrs.get_float("theta");
+  const bool inverse = node.attrs.get_int("inverse", 0) != 0;
+  const std::string& heads = turn_parts_table(theta, dim);
   std::string body = heads + "layout(local_size_x = 256) in;\nvoid main() {\n";
   body += "  uint index = linear_workgroup() * 256u + gl_LocalInvocationID.x;\n";
   body += "  if (index >= " + glsl_uint(pairs) + ") return;\n";

@@ -306,7 +306,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
       gemm_shared_bytes(tile, tile.k_groups, true) <= context.device().max_shared_memory_bytes;
   const bool quads = quad_a_loads(form, tile, padded);
   launch.kernel = "gemm";
-  launch.body += std::string(kernel_source("gemm.comp"));
+  launch.body += kernel_source("gemm.comp");
   launch.defines = {{"M", glsl_uint(form.m)},
                     {"N", glsl_uint(form.n)},
                     {"K", glsl_uint(form.k)},

@@ -1,0 +1,44 @@
+#include "runtime/kernel_specs.hpp"
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "backends/vulkan/kernels/vulkan_target.hpp"
+
+namespace mg::runtime {
+
+ProgramKernels program_kernels(const plan::Program& program) {
+  ProgramKernels result;
+  // Launches of one kernel: the same source, defines and matrix loads.
+  std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool>,
+           uint32_t>
+      unique;
+  std::vector<const plan::PlannedLaunch*> launches;
+  for (const plan::PlannedLaunch& planned : program.setup) launches.push_back(&planned);
+  for (const plan::PlannedLaunch& planned : program.launches) launches.push_back(&planned);
+  result.spec_of_launch.reserve(launches.size());
+  for (const plan::PlannedLaunch* planned : launches) {
+    const kernels::Launch& launch = vulkan::glsl_launch(planned->launch);
+    auto key = std::make_tuple(kernels::buffer_declarations(program.graph, launch) + launch.body,
+                               launch.defines, launch.tensor_loads);
+    const auto [it, inserted] =
+        unique.try_emplace(std::move(key), static_cast<uint32_t>(result.specs.size()));
+    if (inserted) {
+      gpu::KernelSpec spec;
+      spec.label = launch.label;
+      spec.source = std::get<0>(it->first);
+      spec.defines = launch.defines;
+      spec.binding_count = static_cast<uint32_t>(launch.operands.size());
+      spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;
+      spec.matrix_loads =
+          launch.tensor_loads ? gpu::MatrixLoads::tensor_at_element : gpu::MatrixLoads::plain;
+      result.specs.push_back(std::move(spec));
+    }
+    result.spec_of_launch.push_back(it->second);
+  }
+  return result;
+}
+
+}  // namespace mg::runtime

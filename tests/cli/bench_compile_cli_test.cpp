@@ -1,0 +1,51 @@
+// `meganeura devices --bench-compile --plan-only`: the CPU side of a build, timed without a
+// device, and the checksum that tells whether a change still builds the same program.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli_runner.hpp"
+
+namespace {
+
+using cli_test::Result;
+using cli_test::run;
+
+// The checksum printed at the end of the plan-only line.
+std::string checksum_of(const Result& result) {
+  const size_t at = result.output.find("checksum ");
+  if (at == std::string::npos) return "";
+  return result.output.substr(at + 9, 16);
+}
+
+TEST(CliBenchCompile, PlanOnlyBuildsTheSameProgramInEveryProcess) {
+  const std::string command = "devices --bench-compile --plan-only --program smollm2-135m";
+  const Result first = run(command);
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("smollm2-135m graph (forward, gradients, optimizer)"),
+            std::string::npos)
+      << first.output;
+  EXPECT_NE(first.output.find("fastest of 5: plan "), std::string::npos) << first.output;
+  // The listing of devices needs a device; the plan-only mode opens none.
+  EXPECT_EQ(first.output.find("llvmpipe"), std::string::npos) << first.output;
+  const Result second = run(command);
+  ASSERT_EQ(second.status, 0) << second.output;
+  ASSERT_EQ(checksum_of(first).size(), 16u) << first.output;
+  EXPECT_EQ(checksum_of(first), checksum_of(second)) << first.output << second.output;
+  const Result cnn = run("devices --bench-compile --plan-only");
+  ASSERT_EQ(cnn.status, 0) << cnn.output;
+  EXPECT_NE(checksum_of(cnn), checksum_of(first)) << cnn.output;
+}
+
+TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
+  const Result result = run("devices --bench-compile --plan-only --program resnet");
+  EXPECT_EQ(result.status, 1) << result.output;
+  const size_t error = result.output.find("error: ");
+  ASSERT_NE(error, std::string::npos) << result.output;
+  const std::string line = result.output.substr(error);
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
+  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn or smollm2-135m"), std::string::npos)
+      << line;
+}
+
+}  // namespace
