@@ -35,9 +35,9 @@ Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
 }
 
 Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap) {
-  // Nodes are the same expression when op, inputs, type and name are equal and their attributes
-  // print alike. Candidates are found by a hash of all but the attributes, which are printed
-  // only to tell apart the few nodes equal in all the rest.
+  // Nodes are the same expression when op, inputs, type, name and attributes are equal (the
+  // attributes compared by value: printed, two constants that differ past the sixth digit would
+  // look alike). Candidates are found by a hash of all but the attributes.
   const auto hash_of = [](const Node& node) {
     size_t hash = std::hash<std::string_view>{}(node.op);
     for (ValueId input : node.inputs) hash = hash * 1000003 + static_cast<size_t>(input);
@@ -54,14 +54,11 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
         if (node.data) return target.add_typed(std::move(node));
         const size_t hash = hash_of(node);
         const auto [first, last] = kept_by_hash.equal_range(hash);
-        std::optional<std::string> attributes;
         for (auto it = first; it != last; ++it) {
           const Node& kept = target.node(it->second);
-          if (kept.op != node.op || kept.inputs != node.inputs || !(kept.type == node.type) ||
-              kept.name != node.name)
-            continue;
-          if (!attributes) attributes = node.attrs.to_string();
-          if (kept.attrs.to_string() == *attributes) return it->second;
+          if (kept.op == node.op && kept.inputs == node.inputs && kept.type == node.type &&
+              kept.name == node.name && kept.attrs == node.attrs)
+            return it->second;
         }
         const ValueId id = target.add_typed(std::move(node));
         kept_by_hash.emplace(hash, id);

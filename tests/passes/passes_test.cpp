@@ -134,6 +134,23 @@ TEST(Passes, CseAndFoldingShrinkTheGraph) {
   expect_same_outputs(graph, optimized, environment);
 }
 
+// Constants that differ only past the sixth significant digit are different values: CSE keeps
+// both, and the result is that of the graph without the pass.
+TEST(Passes, CseKeepsConstantsThatDifferInTheSeventhDigit) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {2});
+  const Tensor y = x * 1.0000001 - x * 1.0000002;
+  graph.set_output("y", y.id());
+  const Graph optimized = passes::eliminate_common_subexpressions(graph);
+  Environment environment;
+  environment.leaves["x"] = HostTensor({2}, {1e6, -3e6});
+  EXPECT_EQ(optimized.size(), graph.size());
+  expect_same_outputs(graph, optimized, environment);
+  const HostTensor result = evaluate(optimized, environment)[optimized.output("y")];
+  EXPECT_LT(result.data[0], -0.05);
+  EXPECT_NEAR(result.data[1], -3 * result.data[0], 1e-9);
+}
+
 // The split-K node of a split graph: its k_splits, checked to be followed by the sum over them.
 int64_t only_split(const Graph& split, const std::string& op) {
   int64_t splits = 0;
