@@ -32,14 +32,8 @@ int main(int argc, char** argv) {
     options.precision = mg::parse_precision(argv[4]);
     // Fast precision's f16 operands need the loss scaled for small gradients to survive.
     const bool scaled = options.precision == mg::Precision::fast;
-    const mg::ValueId loss = graph.output(mg::models::kLoss);
-    const auto grads = scaled ? mg::scaled_gradients(graph, loss, graph.leaves("parameter"))
-                              : mg::gradients(graph, loss, graph.leaves("parameter"));
-    std::vector<std::string> gradient_outputs;
-    for (const auto& [parameter, grad] : grads) {
-      gradient_outputs.push_back("grad." + graph.node(parameter).name);
-      graph.set_output(gradient_outputs.back(), grad);
-    }
+    const std::vector<std::string> gradient_outputs =
+        mg::add_parameter_gradient_outputs(graph, graph.output(mg::models::kLoss), scaled);
     options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_llama_weights(session, folder, config);
@@ -47,11 +41,7 @@ int main(int argc, char** argv) {
     labels.push_back(static_cast<int32_t>(mg::models::kIgnoredLabel));
     session.set_input(mg::models::kInputIds, ids);
     session.set_input(mg::models::kLabels, labels);
-    double loss_scale = 1.0;
-    if (scaled)
-      loss_scale = mg::run_with_loss_scale(session, gradient_outputs);
-    else
-      session.run();
+    const double loss_scale = mg::run_gradients(session, gradient_outputs, scaled);
     nlohmann::json out = {{"logits", session.output(mg::models::kLogits)},
                           {"loss", session.scalar_output(mg::models::kLoss)},
                           {"device", session.report().device},

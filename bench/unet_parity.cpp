@@ -43,14 +43,8 @@ int main(int argc, char** argv) {
     options.precision = mg::parse_precision(argv[4]);
     // Fast precision's f16 operands need the loss scaled for small gradients to survive.
     const bool scaled = options.precision == mg::Precision::fast;
-    const mg::ValueId loss = graph.output(mg::models::kUNetLoss);
-    const auto grads = scaled ? mg::scaled_gradients(graph, loss, graph.leaves("parameter"))
-                              : mg::gradients(graph, loss, graph.leaves("parameter"));
-    std::vector<std::string> gradient_outputs;
-    for (const auto& [parameter, grad] : grads) {
-      gradient_outputs.push_back("grad." + graph.node(parameter).name);
-      graph.set_output(gradient_outputs.back(), grad);
-    }
+    const std::vector<std::string> gradient_outputs =
+        mg::add_parameter_gradient_outputs(graph, graph.output(mg::models::kUNetLoss), scaled);
     options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_unet_weights(session, folder, config);
@@ -58,11 +52,7 @@ int main(int argc, char** argv) {
     session.set_input(mg::models::kUNetTimestep, values(mg::models::kUNetTimestep).second);
     session.set_input(mg::models::kUNetContext, context);
     session.set_input(mg::models::kUNetNoise, values(mg::models::kUNetNoise).second);
-    double loss_scale = 1.0;
-    if (scaled)
-      loss_scale = mg::run_with_loss_scale(session, gradient_outputs);
-    else
-      session.run();
+    const double loss_scale = mg::run_gradients(session, gradient_outputs, scaled);
     nlohmann::json out = {{"noise_pred", session.output(mg::models::kUNetNoisePrediction)},
                           {"loss", session.scalar_output(mg::models::kUNetLoss)},
                           {"device", session.report().device},

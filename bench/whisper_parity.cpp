@@ -45,25 +45,15 @@ int main(int argc, char** argv) {
     options.precision = mg::parse_precision(argv[5]);
     // Fast precision's f16 operands need the loss scaled for small gradients to survive.
     const bool scaled = options.precision == mg::Precision::fast;
-    const mg::ValueId loss = graph.output(wio::kLoss);
-    const auto grads = scaled ? mg::scaled_gradients(graph, loss, graph.leaves("parameter"))
-                              : mg::gradients(graph, loss, graph.leaves("parameter"));
-    std::vector<std::string> gradient_outputs;
-    for (const auto& [parameter, grad] : grads) {
-      gradient_outputs.push_back("grad." + graph.node(parameter).name);
-      graph.set_output(gradient_outputs.back(), grad);
-    }
+    const std::vector<std::string> gradient_outputs =
+        mg::add_parameter_gradient_outputs(graph, graph.output(wio::kLoss), scaled);
     options.initialise_parameters = false;
     mg::Session session(graph, options);
     mg::models::load_whisper_weights({&session}, folder, config);
     session.set_input(wio::kInputFeatures, features);
     session.set_input(wio::kDecoderInputIds, ids);
     session.set_input(wio::kLabels, labels);
-    double loss_scale = 1.0;
-    if (scaled)
-      loss_scale = mg::run_with_loss_scale(session, gradient_outputs);
-    else
-      session.run();
+    const double loss_scale = mg::run_gradients(session, gradient_outputs, scaled);
     nlohmann::json out = {{"logits", session.output(wio::kLogits)},
                           {"loss", session.scalar_output(wio::kLoss)},
                           {"device", session.report().device},

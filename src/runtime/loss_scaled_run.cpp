@@ -1,7 +1,9 @@
 #include "runtime/loss_scaled_run.hpp"
 
 #include <cmath>
+#include <map>
 
+#include "meganeura/autodiff.hpp"
 #include "meganeura/error.hpp"
 #include "meganeura/train.hpp"
 
@@ -25,6 +27,25 @@ double run_with_loss_scale(Session& session, const std::vector<std::string>& gra
     if (scaler.end_step(true) == LossScaler::StepEnd::non_finite)
       throw Error("the gradients are not finite even without loss scaling");
   }
+}
+
+std::vector<std::string> add_parameter_gradient_outputs(Graph& graph, ValueId loss, bool scaled) {
+  const std::vector<ValueId> parameters = graph.leaves("parameter");
+  const std::map<ValueId, ValueId> grads =
+      scaled ? scaled_gradients(graph, loss, parameters) : gradients(graph, loss, parameters);
+  std::vector<std::string> names;
+  for (const auto& [parameter, grad] : grads) {
+    names.push_back("grad." + graph.node(parameter).name);
+    graph.set_output(names.back(), grad);
+  }
+  return names;
+}
+
+double run_gradients(Session& session, const std::vector<std::string>& gradient_outputs,
+                     bool scaled) {
+  if (scaled) return run_with_loss_scale(session, gradient_outputs);
+  session.run();
+  return 1.0;
 }
 
 }  // namespace mg

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "meganeura/graph.hpp"
 #include "meganeura/session.hpp"
 
 namespace mg {
@@ -15,5 +16,15 @@ namespace mg {
 // `gradient_outputs` is finite and returns the scale of that run. Throws mg::Error when they are
 // non-finite at scale 1, i.e. without scaling.
 double run_with_loss_scale(Session& session, const std::vector<std::string>& gradient_outputs);
+
+// A parity harness's gradients: the gradient of `loss` for every parameter of `graph` as output
+// "grad.<parameter name>", from scaled_gradients when `scaled` (fast precision), else from
+// gradients. Returns the output names, in parameter order.
+std::vector<std::string> add_parameter_gradient_outputs(Graph& graph, ValueId loss, bool scaled);
+
+// Runs `session`: with `scaled`, run_with_loss_scale over `gradient_outputs`, returning its
+// scale; otherwise once, returning 1.
+double run_gradients(Session& session, const std::vector<std::string>& gradient_outputs,
+                     bool scaled);
 
 }  // namespace mg

@@ -323,14 +323,8 @@ TEST(SmolVLAParity, FolderFromTransformers) {
   Graph graph = models::smolvla_loss_graph(config, batch, language, loss_options);
   // Fast precision's f16 operands need the loss scaled for small gradients to survive.
   const bool scaled = precision == Precision::fast;
-  const ValueId loss = graph.output(models::kLoss);
-  const std::vector<ValueId> parameters = graph.leaves("parameter");
-  std::vector<std::string> gradient_outputs;
-  for (const auto& [parameter, grad] :
-       scaled ? scaled_gradients(graph, loss, parameters) : gradients(graph, loss, parameters)) {
-    gradient_outputs.push_back("grad." + graph.node(parameter).name);
-    graph.set_output(gradient_outputs.back(), grad);
-  }
+  const std::vector<std::string> gradient_outputs =
+      add_parameter_gradient_outputs(graph, graph.output(models::kLoss), scaled);
   SessionOptions options;
   options.precision = precision;
   options.initialise_parameters = false;
@@ -351,11 +345,7 @@ TEST(SmolVLAParity, FolderFromTransformers) {
   session.set_input(models::kActions, values_of(*inputs.find(models::kActions)));
   session.set_input(models::kFlowTime, times);
   session.set_input(models::kTimeEmbedding, models::smolvla_time_embedding(config, times));
-  double loss_scale = 1.0;
-  if (scaled)
-    loss_scale = run_with_loss_scale(session, gradient_outputs);
-  else
-    session.run();
+  const double loss_scale = run_gradients(session, gradient_outputs, scaled);
   sampler.run();
   EXPECT_LT(relative_l2(session.output(models::kVelocity), values_of(*twin.find("velocity"))),
             output_bound);
