@@ -8,7 +8,9 @@
 #                FILTER=NAME runs one workload (the five together take longer than one call),
 #                PRECISION=strict|fast one precision, PYTORCH=0 skips PyTorch's side
 #   PART=demo    DEMO=resnet|unet|whisper|smolvla: that workload's demo script at its full size
-#                (Fashion-MNIST from .dev/data for the ResNet and U-Net demos)
+#                (Fashion-MNIST from .dev/data for the ResNet and U-Net demos); two demos can run
+#                side by side after a first call has unpacked (PART=none unpacks and does nothing
+#                else)
 # Expects the stripped binaries (plain or gzip'd) in .dev/bin: meganeura, llama_parity,
 # whisper_parity, unet_parity and test_parity; the loader debs in .gl; libpcre2-8's deb in
 # .dev/debs (unpacked beside the system's, not over it); other run-time libraries the machine

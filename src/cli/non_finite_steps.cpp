@@ -63,12 +63,15 @@ std::map<std::string, double> NonFiniteSteps::step_inputs(const OptimizerConfig&
   return inputs;
 }
 
-void NonFiniteSteps::set_step_inputs(Session& training, const OptimizerConfig& config,
-                                     int64_t step) {
-  for (const auto& [name, value] : step_inputs(config, step)) {
+std::map<std::string, double> NonFiniteSteps::set_step_inputs(Session& training,
+                                                              const OptimizerConfig& config,
+                                                              int64_t step) {
+  std::map<std::string, double> inputs = step_inputs(config, step);
+  for (const auto& [name, value] : inputs) {
     if (training.has_input(name))
       training.set_input(name, std::vector<float>{static_cast<float>(value)});
   }
+  return inputs;
 }
 
 void NonFiniteSteps::add_loss_scale(nlohmann::json& record) const {

@@ -70,8 +70,9 @@ class NonFiniteSteps {
   // scaling, kLossScaleInput, whose value the scaler remembers for this step until dropped()
   // reads its end. Call it once a run, in the order the runs start.
   std::map<std::string, double> step_inputs(const OptimizerConfig& config, int64_t step);
-  // Sets those of them `training` has.
-  void set_step_inputs(Session& training, const OptimizerConfig& config, int64_t step);
+  // Sets those of them `training` has; returns them all (what an anomaly re-run needs).
+  std::map<std::string, double> set_step_inputs(Session& training, const OptimizerConfig& config,
+                                                int64_t step);
 
   // After finished step `step` (counted from 1) with `loss` and `dropped_flag`, the training
   // program's kNonFiniteOutput (NaN where the program has none: the loss alone decides). Returns

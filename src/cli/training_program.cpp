@@ -75,11 +75,7 @@ void TrainingProgram::set_input(std::string_view name, std::span<const int32_t> 
 
 void TrainingProgram::start(int64_t index) {
   if (!fused_) return parallel_->step(index);
-  last_inputs_ = non_finite_->step_inputs(optimizer_, index);
-  for (const auto& [name, value] : last_inputs_) {
-    if (fused_->has_input(name))
-      fused_->set_input(name, std::vector<float>{static_cast<float>(value)});
-  }
+  last_inputs_ = non_finite_->set_step_inputs(*fused_, optimizer_, index);
   fused_->start_run();
 }
 
