@@ -46,6 +46,9 @@ struct Switches {
   // MEGANEURA_ATTENTION_GRAD_SCALE: attention gradients over a rescaled cotangent
   // (passes::scale_attention_gradients); unset: where attention runs on cooperative matrices.
   std::optional<bool> attention_grad_scale;
+  // MEGANEURA_ATTENTION_PAD_HEADS=0: attention heads keep their width (the strict kernels take
+  // heads that are not whole fragments) instead of being padded (passes::pad_attention_heads).
+  std::optional<bool> attention_pad_heads;
   // MEGANEURA_SPLIT_K_SLICES=N: every product split-K may cut takes N slices (1: none).
   std::optional<int64_t> split_k_slices;
   // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV: slices of every attention node, or of the forward,

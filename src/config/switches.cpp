@@ -165,6 +165,10 @@ Switches read_switches(Reader& read) {
   s.attention_grad_scale = read.flag("MEGANEURA_ATTENTION_GRAD_SCALE", "the cotangent as it is",
                                      "attention gradients over a cotangent scaled into f16's range",
                                      "scaled where attention runs on cooperative matrices");
+  s.attention_pad_heads =
+      read.flag("MEGANEURA_ATTENTION_PAD_HEADS", "heads of any width as they are",
+                "heads padded with zeros to whole cooperative-matrix fragments",
+                "padded where attention runs on cooperative matrices");
   s.setup = read.flag("MEGANEURA_SETUP", "fixed work in every run", "fixed work once",
                       "SessionOptions::setup");
   s.schedule_epochs = read.flag("MEGANEURA_SCHEDULE_EPOCHS", "the lowering's order",

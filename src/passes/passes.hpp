@@ -55,6 +55,14 @@ Graph split_attention(const Graph& graph, const target::Target& device,
 Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
                             std::vector<ValueId>* remap = nullptr);
 
+// Attention heads padded to whole fragments: an attention node (forward, log-sum-exp and
+// gradients) whose q, k or v rows are not a multiple of `multiple` wide reads them (and out and
+// grad_out) padded with zeros to the next multiple, keeps the scale of its own head width, and
+// its result is sliced back, so that the cooperative-matrix kernels take it
+// (target::Target::attention_head_multiple; 1 leaves the graph as it is).
+Graph pad_attention_heads(const Graph& graph, int64_t multiple,
+                          std::vector<ValueId>* remap = nullptr);
+
 // Attention gradients in f16's range: each attention_grad_q / _k / _v reads its cotangent dO
 // times s = 64 / max |dO| (per batch and kv head) and its result is divided by s, so that the
 // f16 operands of the cooperative-matrix backward (dO, dS) neither underflow nor overflow at

@@ -394,6 +394,9 @@ Program build_program(const Graph& source, const target::Target& device,
   if (im2col)
     program.graph = passes::im2col_convolutions(
         program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+  // Heads that are not whole fragments would take the strict attention kernels.
+  if (switches.attention_pad_heads.value_or(true))
+    program.graph = passes::pad_attention_heads(program.graph, device.attention_head_multiple());
   // The cooperative-matrix attention backward rounds dO and dS to f16, which the gradients of an
   // untrained model leave below f16's range.
   if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))

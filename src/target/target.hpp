@@ -52,6 +52,10 @@ class Target {
   // The K slices `product` runs fastest on here (1: whole), for a K of at least kMinKToSplit.
   virtual int64_t gemm_k_splits(const GemmProduct& product) const = 0;
 
+  // The multiple of the head widths at which attention runs its fastest kernels here (1: any
+  // width); passes::pad_attention_heads pads other heads to it.
+  virtual int64_t attention_head_multiple() const = 0;
+
   // Convolution routes: the direct weight-gradient kernel and its K splits, Winograd's weight
   // gradient and its tile side m of F(m x m, 3 x 3), Winograd's forward and data gradient.
   virtual bool direct_weight_gradient_suits(const ConvGeometry& g) const = 0;

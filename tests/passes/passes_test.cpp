@@ -1067,6 +1067,42 @@ TEST(Passes, ScaledAttentionGradientsKeepOutputs) {
   }
 }
 
+// Heads padded to whole fragments: q and k of 40 columns and v of 24 read as 48 and 32 zero-
+// padded columns, the scale of 40 kept (the causal variant's default and the masked one's
+// explicit 0.7), every result sliced back: the same outputs and gradients on the reference,
+// alone and with attention split after it; the backward reads the forward's padded result,
+// not a pad of its slice; whole fragments and a multiple of 1 leave the graph as it was.
+TEST(Passes, PadAttentionHeadsKeepsOutputs) {
+  const AttentionCase attention = attention_with_gradients(13, {2, 4, 20, 40}, {2, 2, 30, 40},
+                                                           {2, 2, 30, 24}, {"masked", "causal"});
+  const Graph padded = passes::pad_attention_heads(attention.graph, 16);
+  size_t attention_nodes = 0;
+  for (const Node& node : padded.nodes()) {
+    if (node.op == "pad") {
+      EXPECT_NE(padded.node(node.inputs[0]).op, "slice");
+    }
+    if (node.op != "scaled_dot_product_attention" && !node.op.starts_with("attention_")) continue;
+    ++attention_nodes;
+    EXPECT_EQ(padded.type(node.inputs[0]).shape.back(), 48) << node.op;
+    if (node.op != "attention_lse") {
+      EXPECT_EQ(padded.type(node.inputs[2]).shape.back(), 32) << node.op;
+    }
+    EXPECT_TRUE(node.attrs.has("scale")) << node.op;
+  }
+  EXPECT_GE(attention_nodes, 8u);
+  expect_same_outputs(attention.graph, padded, attention.environment);
+  const std::map<std::string, std::string, std::less<>> forced = {
+      {"MEGANEURA_ATTENTION_SPLITS", "2"}};
+  expect_same_outputs(
+      attention.graph,
+      passes::split_attention(padded, vulkan::VulkanTarget(h200_like(kH200ComputeUnits, forced))),
+      attention.environment);
+  EXPECT_EQ(passes::pad_attention_heads(attention.graph, 1).size(), attention.graph.size());
+  const AttentionCase whole =
+      attention_with_gradients(17, {1, 2, 9, 32}, {1, 2, 9, 32}, {1, 2, 9, 16}, {"causal"});
+  EXPECT_EQ(passes::pad_attention_heads(whole.graph, 16).size(), whole.graph.size());
+}
+
 // The built-in rule: Whisper's encoder attention at batch 1 (144 blocks of 64 queries, and as
 // many of 64 keys) takes 4 slices in the forward, dQ, dK and dV; at batch 8, or over 128 keys
 // and queries, it stays whole.

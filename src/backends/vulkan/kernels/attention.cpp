@@ -241,11 +241,14 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
   return 0;
 }
 
+// The side of the cooperative-matrix kernels' fragments, which the head widths fill.
+constexpr int64_t kCoopFragment = 16;
+
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
 // (attention_lse runs the forward kernel without values).
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (mode == Mode::grad_scores || !use_coop_gemm(device) || dims.head_dim % 16 != 0 ||
-      dims.value_dim % 16 != 0)
+  if (mode == Mode::grad_scores || !use_coop_gemm(device) || dims.head_dim % kCoopFragment != 0 ||
+      dims.value_dim % kCoopFragment != 0)
     return false;
   if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;
@@ -493,6 +496,10 @@ void lower_rope(LoweringContext& context) {
 }
 
 }  // namespace
+
+int64_t attention_head_multiple(const DeviceTraits& device) {
+  return use_coop_gemm(device) ? kCoopFragment : 1;
+}
 
 bool is_attention_companion_op(std::string_view op) {
   return op == op::attention_lse || op == op::attention_grad_v || op == op::attention_grad_scores;

@@ -99,6 +99,9 @@ std::vector<LoweringEntry> winograd_lowerings();
 std::vector<LoweringEntry> pool_lowerings();
 std::vector<LoweringEntry> norm_lowerings();
 std::vector<LoweringEntry> attention_lowerings();
+// The multiple of the head widths that the cooperative-matrix attention kernels take (their
+// fragments' side) where they run on `device`, else 1 (target::Target::attention_head_multiple).
+int64_t attention_head_multiple(const DeviceTraits& device);
 std::vector<LoweringEntry> loss_lowerings();
 
 // Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.

@@ -30,6 +30,10 @@ int64_t VulkanTarget::gemm_k_splits(const target::GemmProduct& product) const {
   return kernels::gemm_k_splits(product, traits());
 }
 
+int64_t VulkanTarget::attention_head_multiple() const {
+  return kernels::attention_head_multiple(traits());
+}
+
 bool VulkanTarget::direct_weight_gradient_suits(const ConvGeometry& g) const {
   return kernels::direct_weight_gradient_suits(g, traits());
 }

@@ -23,6 +23,7 @@ class VulkanTarget final : public target::Target {
                             target::OperandsIn operands) const override;
   bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const override;
   int64_t gemm_k_splits(const target::GemmProduct& product) const override;
+  int64_t attention_head_multiple() const override;
   bool direct_weight_gradient_suits(const ConvGeometry& g) const override;
   int64_t direct_weight_gradient_splits(const ConvGeometry& g) const override;
   bool winograd_weight_gradient_suits(const ConvGeometry& g) const override;
