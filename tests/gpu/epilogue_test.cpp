@@ -182,6 +182,35 @@ TEST(GpuEpilogue, SplitKPartialsAreNotFused) {
   EXPECT_EQ(launch_count(graph, 16), 2u);
 }
 
+// A split-K sum (a matmul's partial products over K slices summed over their leading axis)
+// whose one reader, through a reshape, is elementwise of its shape is summed in that reader's
+// kernel: the product and one fused launch, against four launches unfused, and the reference's
+// values, on the vec4 path (96 elements) and the scalar one (63). A sum whose value is also an
+// output keeps its own launch.
+TEST(GpuEpilogue, SplitKSumsJoinTheirElementwiseReader) {
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{8, 12}, {7, 9}}) {
+    SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n));
+    const std::vector<HarnessInput> inputs{{"a", {m, 40}}, {"b", {40, n}}, {"residual", {1, m, n}}};
+    for (const bool kept : {false, true}) {
+      const Build build = [m, n, kept](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor partials(
+            &graph, graph.add("matmul", {x[0].id(), x[1].id()}, {{"k_splits", int64_t{3}}}));
+        const Tensor product = reshape(sum(partials, {0}), {1, m, n});
+        if (kept) graph.set_output("product", product.id());
+        graph.set_output("y", gelu(product + x[2]).id());
+      };
+      size_t fused = 0, unfused = 0;
+      check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
+      {
+        const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+        check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
+      }
+      EXPECT_EQ(fused, kept ? 3u : 2u);
+      EXPECT_EQ(unfused, 4u);
+    }
+  }
+}
+
 // The kill switches: MEGANEURA_NO_EPILOGUE_FUSION keeps pointwise chains fused,
 // MEGANEURA_NO_FUSION turns off both.
 TEST(GpuEpilogue, KillSwitches) {

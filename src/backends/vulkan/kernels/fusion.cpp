@@ -21,6 +21,12 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
   const Node& node = graph.node(id);
   PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
+    // A sum of split partial results fused into its reader: the DAG reads the partials and
+    // sums them itself (pointwise_launch: an input with more elements than the result).
+    if (fused_into[input] == id && !is_pointwise_op(graph.node(input).op)) {
+      while (graph.node(input).op == op::reshape) input = graph.node(input).inputs[0];
+      input = graph.node(input).inputs[0];
+    }
     if (fused_into[input] == id) {
       statement.arguments.push_back(
           append_fused(graph, input, fused_into, written_beside, dag, argument_of));
@@ -87,6 +93,29 @@ bool readers_follow(const Graph& graph, const std::vector<std::vector<ValueId>>&
     }
   }
   return true;
+}
+
+// The most partial results a pointwise kernel sums in place of a split-K sum's launch.
+constexpr int64_t kMostFusedPartials = 32;
+
+// Whether `id` is a sum of f32 partial results over their leading axis (split-K's, ops/k_split.hpp)
+// that a pointwise reader can sum itself.
+bool is_partial_sum(const Graph& graph, ValueId id) {
+  const Node& node = graph.node(id);
+  if (node.op != op::sum || node.type.dtype != DType::f32 ||
+      node.attrs.get_int("keepdims", 0) != 0 ||
+      node.attrs.get_ints("axes", {}) != std::vector<int64_t>{0})
+    return false;
+  const Shape& partials = graph.type(node.inputs[0]).shape;
+  return partials.size() == node.type.shape.size() + 1 && partials[0] <= kMostFusedPartials &&
+         node.type.elements() > 0;
+}
+
+// Whether `dag` reads partial results it sums (an input with more elements than its result).
+bool sums_partials(const Graph& graph, const PointwiseDag& dag) {
+  const int64_t count = graph.type(dag.output).elements();
+  return std::any_of(dag.inputs.begin(), dag.inputs.end(),
+                     [&](ValueId input) { return graph.type(input).elements() > count; });
 }
 
 // Whether `dag` rounds to or widens from f16 (fused conversions of the f16 storage pass).
@@ -201,6 +230,29 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Split-K sums: a sum of partial results whose one reader (through reshapes) is elementwise
+  // of its shape (a residual add, an activation, the optimizer's update) is summed inside that
+  // reader's kernel, which reads the partials, instead of in a launch of its own before it. Not
+  // into a matmul's epilogue, which reads one product.
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      if (observed[i] || consumers[i] != 1 || !is_partial_sum(graph, static_cast<ValueId>(i)))
+        continue;
+      std::vector<ValueId> chain{static_cast<ValueId>(i)};  // the sum and the reshapes after it
+      ValueId consumer = consumer_lists[i].front();
+      while (graph.node(consumer).op == op::reshape && !observed[consumer] &&
+             consumers[consumer] == 1) {
+        chain.push_back(consumer);
+        consumer = consumer_lists[consumer].front();
+      }
+      const Node& reader = graph.node(consumer);
+      if (!is_pointwise_op(reader.op) || !(reader.type.shape == graph.type(chain.back()).shape) ||
+          epilogue_of_root.count(dag_root(consumer)) != 0)
+        continue;
+      for (ValueId link : chain) fused_into[link] = consumer;
+    }
+  }
+
   // An elementwise value that the graph keeps (an output, a state update) or that several nodes
   // read is computed inside the kernel of its first consumer, when that one is elementwise of its
   // shape, and written there as an extra output for the rest: Adam's moments feed the
@@ -233,7 +285,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if (auto epilogue = epilogue_of_root.find(id); epilogue != epilogue_of_root.end()) {
         const ValueId product = epilogue->second.dag.inputs[epilogue->second.product_input];
         MatmulEpilogue moved = epilogue_for(graph, root, product, fused_into, written_beside);
-        if (!converts_f16(moved.dag) &&
+        if (!converts_f16(moved.dag) && !sums_partials(graph, moved.dag) &&
             matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
           epilogue_of_root.erase(epilogue);
           epilogue_of_root.emplace(root, std::move(moved));

@@ -177,6 +177,7 @@ enum class InputKind {
   full,       // the output's element count: read at the output's linear index
   single,     // one element, broadcast everywhere
   broadcast,  // anything else: indexed through output coordinates
+  partials,   // `partials` times the output's element count: split partial results, summed
 };
 
 struct InputAccess {
@@ -185,7 +186,20 @@ struct InputAccess {
   DType dtype = DType::f32;
   uint32_t binding = 0;       // operand index, for the vector view of the same buffer
   std::vector<bool> present;  // broadcast inputs: varies along each collapsed output axis
+  int64_t partials = 0;       // partials inputs: how many
 };
+
+// The sum of a partials input's results at linear element `index` (or vec4 `index` of its
+// vector view), in the order of the partials, as the reduction it replaces adds them.
+std::string partials_sum(const InputAccess& input, const std::string& view,
+                         const std::string& index, int64_t stride) {
+  std::string sum;
+  for (int64_t s = 0; s < input.partials; ++s) {
+    if (s > 0) sum += " + ";
+    sum += view + "[" + index + (s == 0 ? "" : " + " + glsl_uint(s * stride)) + "]";
+  }
+  return "(" + sum + ")";
+}
 
 // The output shape with extent-1 axes dropped and neighbouring axes merged wherever every
 // broadcast input either varies along both or along neither, so that coordinates need as few
@@ -312,9 +326,12 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       continue;
     }
     const int64_t elements = input_node.type.elements();
-    input.kind = elements == count ? InputKind::full
-                 : elements == 1   ? InputKind::single
-                                   : InputKind::broadcast;
+    // Only a fused split-K sum gives a DAG an input larger than its result (fusion.cpp).
+    input.kind = elements == count                           ? InputKind::full
+                 : elements > count && elements % count == 0 ? InputKind::partials
+                 : elements == 1                             ? InputKind::single
+                                                             : InputKind::broadcast;
+    if (input.kind == InputKind::partials) input.partials = elements / count;
     input.name = "in" + std::to_string(k);
     input.dtype = input_node.type.dtype;
     input.binding = static_cast<uint32_t>(launch.operands.size());
@@ -344,15 +361,20 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   });
   // Groups of four consecutive elements share every broadcast input's coordinates except along
   // the innermost axis, so they load as one vec4 or one splatted scalar.
-  const bool vectorised =
-      count >= kElementsPerThread && (!has_broadcast || extents.back() % kElementsPerThread == 0);
+  const bool has_partials = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {
+    return in.kind == InputKind::partials;
+  });
+  // A partials input's vec4s line up with the result's only where the count is a multiple of 4.
+  const bool vectorised = count >= kElementsPerThread &&
+                          (!has_broadcast || extents.back() % kElementsPerThread == 0) &&
+                          (!has_partials || count % kElementsPerThread == 0);
 
   std::string body = std::string(pointwise_functions_glsl());
   const std::string local = std::to_string(kLocalSize);
   if (vectorised) {
     const int64_t groups = count / kElementsPerThread;
     for (const InputAccess& input : inputs) {
-      const bool vector_load = input.kind == InputKind::full ||
+      const bool vector_load = input.kind == InputKind::full || input.kind == InputKind::partials ||
                                (input.kind == InputKind::broadcast && input.present.back());
       if (vector_load) body += vector_view(input.name, input.dtype, input.binding, false);
     }
@@ -371,6 +393,9 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       if (input.kind == InputKind::full) {
         const std::string load = input.name + "_x4[g]";
         body += value + (input.dtype == DType::f32 ? load : "vec4(" + load + ")") + ";\n";
+      } else if (input.kind == InputKind::partials) {
+        body += value + partials_sum(input, input.name + "_x4", "g", count / kElementsPerThread) +
+                ";\n";
       } else if (input.kind == InputKind::single) {
         body += value + "vec4(" + input.name + "[0]);\n";
       } else if (input.kind == InputKind::broadcast) {
@@ -400,7 +425,8 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       body += "  extra" + std::to_string(k) + "_x4[g] = e" + std::to_string(k) + ";\n";
     body += "  }\n";
     if (count % kElementsPerThread != 0) {
-      // The last few elements, without broadcast inputs (those imply a multiple of four).
+      // The last few elements, without broadcast or partials inputs (those imply a multiple of
+      // four).
       std::vector<std::string> tail_inputs;
       for (const InputAccess& input : inputs) {
         tail_inputs.push_back(input.kind == InputKind::constant ? input.name
@@ -434,6 +460,9 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
         case InputKind::broadcast:
           element_inputs.push_back(
               as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
+          break;
+        case InputKind::partials:
+          element_inputs.push_back(partials_sum(input, input.name, "i", count));
           break;
       }
     }
