@@ -186,7 +186,7 @@ TEST(GpuEpilogue, SplitKPartialsAreNotFused) {
 // whose one reader, through a reshape, is elementwise of its shape is summed in that reader's
 // kernel: the product and one fused launch, against four launches unfused, and the reference's
 // values, on the vec4 path (96 elements) and the scalar one (63). A sum whose value is also an
-// output keeps its own launch.
+// output and is read by a later node is written beside the reader's result by that kernel.
 TEST(GpuEpilogue, SplitKSumsJoinTheirElementwiseReader) {
   for (const auto& [m, n] : {std::pair<int64_t, int64_t>{8, 12}, {7, 9}}) {
     SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n));
@@ -196,8 +196,12 @@ TEST(GpuEpilogue, SplitKSumsJoinTheirElementwiseReader) {
         const Tensor partials(
             &graph, graph.add("matmul", {x[0].id(), x[1].id()}, {{"k_splits", int64_t{3}}}));
         const Tensor product = reshape(sum(partials, {0}), {1, m, n});
-        if (kept) graph.set_output("product", product.id());
-        graph.set_output("y", gelu(product + x[2]).id());
+        const Tensor y = gelu(product + x[2]);
+        graph.set_output("y", y.id());
+        if (kept) {
+          graph.set_output("product", product.id());
+          graph.set_output("z", (sum_all(product) * y).id());
+        }
       };
       size_t fused = 0, unfused = 0;
       check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
@@ -205,8 +209,8 @@ TEST(GpuEpilogue, SplitKSumsJoinTheirElementwiseReader) {
         const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
         check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
       }
-      EXPECT_EQ(fused, kept ? 3u : 2u);
-      EXPECT_EQ(unfused, 4u);
+      EXPECT_EQ(fused, kept ? 4u : 2u);  // kept: the product, the fused sum, sum_all, mul
+      EXPECT_EQ(unfused, kept ? 6u : 4u);
     }
   }
 }

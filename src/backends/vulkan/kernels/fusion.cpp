@@ -22,10 +22,29 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
   PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
     // A sum of split partial results fused into its reader: the DAG reads the partials and
-    // sums them itself (pointwise_launch: an input with more elements than the result).
+    // sums them itself (pointwise_launch: an input with more elements than the result), and
+    // writes the sum beside its result where others read it (an identity statement).
     if (fused_into[input] == id && !is_pointwise_op(graph.node(input).op)) {
-      while (graph.node(input).op == op::reshape) input = graph.node(input).inputs[0];
-      input = graph.node(input).inputs[0];
+      ValueId sum = input;
+      while (graph.node(sum).op == op::reshape) sum = graph.node(sum).inputs[0];
+      const ValueId partials = graph.node(sum).inputs[0];
+      auto it = argument_of.find(partials);
+      if (it == argument_of.end()) {
+        dag.inputs.push_back(partials);
+        it = argument_of.emplace(partials, static_cast<int>(dag.inputs.size() - 1)).first;
+      }
+      if (!written_beside[sum]) {
+        statement.arguments.push_back(it->second);
+        continue;
+      }
+      auto kept = argument_of.find(sum);
+      if (kept == argument_of.end()) {
+        dag.statements.push_back({std::string(op::cast), {}, {it->second}});
+        dag.extra_outputs.push_back({sum, dag.statements.size() - 1});
+        kept = argument_of.emplace(sum, -static_cast<int>(dag.statements.size())).first;
+      }
+      statement.arguments.push_back(kept->second);
+      continue;
     }
     if (fused_into[input] == id) {
       statement.arguments.push_back(
@@ -230,29 +249,6 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // Split-K sums: a sum of partial results whose one reader (through reshapes) is elementwise
-  // of its shape (a residual add, an activation, the optimizer's update) is summed inside that
-  // reader's kernel, which reads the partials, instead of in a launch of its own before it. Not
-  // into a matmul's epilogue, which reads one product.
-  if (fusion_enabled) {
-    for (size_t i = 0; i < graph.size(); ++i) {
-      if (observed[i] || consumers[i] != 1 || !is_partial_sum(graph, static_cast<ValueId>(i)))
-        continue;
-      std::vector<ValueId> chain{static_cast<ValueId>(i)};  // the sum and the reshapes after it
-      ValueId consumer = consumer_lists[i].front();
-      while (graph.node(consumer).op == op::reshape && !observed[consumer] &&
-             consumers[consumer] == 1) {
-        chain.push_back(consumer);
-        consumer = consumer_lists[consumer].front();
-      }
-      const Node& reader = graph.node(consumer);
-      if (!is_pointwise_op(reader.op) || !(reader.type.shape == graph.type(chain.back()).shape) ||
-          epilogue_of_root.count(dag_root(consumer)) != 0)
-        continue;
-      for (ValueId link : chain) fused_into[link] = consumer;
-    }
-  }
-
   // An elementwise value that the graph keeps (an output, a state update) or that several nodes
   // read is computed inside the kernel of its first consumer, when that one is elementwise of its
   // shape, and written there as an extra output for the rest: Adam's moments feed the
@@ -297,6 +293,42 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       }
       fused_into[i] = kNoValue;
       written_beside[i] = false;
+    }
+  }
+
+  // Split-K sums: a sum of partial results whose first reader (through reshapes) is
+  // elementwise of its shape (a residual add, SwiGLU's product, the optimizer's update) is
+  // summed inside that reader's kernel, which reads the partials, instead of in a launch of its
+  // own before it; where the graph keeps the sum or other nodes read it too (after that kernel),
+  // the kernel writes it beside its result. Not into a matmul's epilogue, which reads one
+  // product. After the DAGs above have found their roots, which the other readers must follow.
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const ValueId sum = static_cast<ValueId>(i);
+      if (!is_partial_sum(graph, sum) || consumer_lists[i].empty()) continue;
+      std::vector<ValueId> chain{sum};  // the sum and the reshapes its first readers are
+      bool shared = observed[i] || consumers[i] != 1;
+      ValueId reader = consumer_lists[i].front();
+      while (graph.node(reader).op == op::reshape && !consumer_lists[reader].empty()) {
+        chain.push_back(reader);
+        shared = shared || observed[reader] || consumers[reader] != 1;
+        reader = consumer_lists[reader].front();
+      }
+      const Node& reader_node = graph.node(reader);
+      if (!is_pointwise_op(reader_node.op) ||
+          !(reader_node.type.shape == graph.type(chain.back()).shape))
+        continue;
+      const ValueId root = dag_root(reader);
+      if (epilogue_of_root.count(root) != 0 ||
+          (shared && !readers_follow(graph, consumer_lists, sum, reader, root)))
+        continue;
+      for (ValueId link : chain) fused_into[link] = reader;
+      written_beside[i] = shared;
+      if (pointwise_bindings(graph, dag_of(graph, root, fused_into, written_beside)) >
+          device.max_storage_buffers) {
+        for (ValueId link : chain) fused_into[link] = kNoValue;
+        written_beside[i] = false;
+      }
     }
   }
 
