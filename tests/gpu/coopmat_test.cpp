@@ -1325,7 +1325,9 @@ void check_convolutions(bool validation) {
 }
 
 // Whisper-like heads (64) with a partial last block, grouped-query heads with a causal mask
-// and a narrower value, and a random additive mask with cross attention: the forward and the
+// and a narrower value, a random additive mask with cross attention, and Stable Diffusion's
+// head width of 40 (with values of 24: both padded to whole fragments by
+// passes/pad_attention_heads.cpp): the forward and the
 // gradients of q, k and v (seeded with a random cotangent). f16 probabilities and dS make the
 // gradients noisier than the forward; 1e-2 is still far below a wrong kernel and within the
 // 5 % gradient gate of DESIGN.md.
@@ -1339,7 +1341,8 @@ void check_attention_once(bool validation) {
   for (const Case& c : {Case{{1, 2, 100, 64}, {1, 2, 100, 64}, {1, 2, 100, 64}, false, false},
                         Case{{2, 4, 70, 32}, {2, 2, 70, 32}, {2, 2, 70, 16}, true, false},
                         Case{{1, 2, 33, 16}, {1, 2, 45, 16}, {1, 2, 45, 32}, false, true},
-                        Case{{1, 2, 80, 32}, {1, 2, 150, 32}, {1, 2, 150, 16}, true, true}}) {
+                        Case{{1, 2, 80, 32}, {1, 2, 150, 32}, {1, 2, 150, 16}, true, true},
+                        Case{{2, 4, 90, 40}, {2, 2, 90, 40}, {2, 2, 90, 24}, true, false}}) {
     const testing::ScopedSwitch splits("MEGANEURA_ATTENTION_SPLITS", c.k[2] == 150 ? "3" : "1");
     std::vector<testing::HarnessInput> inputs = {
         {"q", c.q}, {"k", c.k}, {"v", c.v}, {"g", {c.q[0], c.q[1], c.q[2], c.v[3]}}};
