@@ -24,6 +24,10 @@ namespace {
 using namespace detail;
 
 constexpr uint64_t kSubmitTimeoutNs = 60ull * 1000 * 1000 * 1000;
+// A CPU device (Lavapipe) runs its work on the cores the rest of the machine shares, so a large
+// program under load may take minutes there: its own recordings and transfers wait ten times as
+// long before they count as hung.
+constexpr uint64_t kCpuDeviceTimeoutFactor = 10;
 // Blocking transfers go through staging in chunks of at most this, so uploading a large
 // checkpoint does not need a staging buffer as large as the checkpoint.
 constexpr uint64_t kStagingChunkBytes = 64ull << 20;
@@ -483,7 +487,7 @@ class VulkanDevice final : public Device, public VulkanAccess {
   void wait_for_own_submissions() {
     for (Recording& recording : recordings_)
       if (recording.in_flight && recording.fence != VK_NULL_HANDLE)
-        vkWaitForFences(device_, 1, &recording.fence, VK_TRUE, kSubmitTimeoutNs);
+        vkWaitForFences(device_, 1, &recording.fence, VK_TRUE, work_timeout_ns());
   }
 
   Buffer& buffer(BufferId id) {
@@ -508,12 +512,21 @@ class VulkanDevice final : public Device, public VulkanAccess {
     return recordings_[id];
   }
 
+  // How long the device's own work may take before it counts as hung.
+  uint64_t work_timeout_ns() const {
+    return info().kind == DeviceKind::cpu ? kSubmitTimeoutNs * kCpuDeviceTimeoutFactor
+                                          : kSubmitTimeoutNs;
+  }
+
+  std::string work_timeout_text() const {
+    return std::to_string(work_timeout_ns() / 1000000000ull) + " s";
+  }
+
   void wait(Recording& recording) {
-    VkResult result = vkWaitForFences(device_, 1, &recording.fence, VK_TRUE, kSubmitTimeoutNs);
+    VkResult result = vkWaitForFences(device_, 1, &recording.fence, VK_TRUE, work_timeout_ns());
     if (result == VK_TIMEOUT)
-      throw Error(recording.name +
-                  " did not finish within 60 s (a kernel may loop forever, or "
-                  "the work is too large for this device)");
+      throw Error(recording.name + " did not finish within " + work_timeout_text() +
+                  " (a kernel may loop forever, or the work is too large for this device)");
     check(result, "waiting for " + recording.name);
     recording.in_flight = false;
   }
@@ -546,8 +559,9 @@ class VulkanDevice final : public Device, public VulkanAccess {
 
     check(vkResetFences(device_, 1, &transfer_fence_), "resetting a fence");
     submit_to_queue(transfer_commands_, transfer_fence_, "submitting a buffer transfer");
-    VkResult result = vkWaitForFences(device_, 1, &transfer_fence_, VK_TRUE, kSubmitTimeoutNs);
-    if (result == VK_TIMEOUT) throw Error("a buffer transfer did not finish within 60 s");
+    VkResult result = vkWaitForFences(device_, 1, &transfer_fence_, VK_TRUE, work_timeout_ns());
+    if (result == VK_TIMEOUT)
+      throw Error("a buffer transfer did not finish within " + work_timeout_text());
     check(result, "waiting for a buffer transfer");
   }
 
