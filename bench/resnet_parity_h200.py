@@ -19,6 +19,12 @@ until float32 and float64 PyTorch disagree by tens of percent (docs/RESNET.md); 
           (and momentum buffers) 1e-2, running statistics 1e-5, parameters 1e-4
   fast:   1e-2, 5e-2, 2e-1, 1e-2 and 1e-2
 
+Before the fast run it prints PyTorch's own mixed precision on the same first training step
+(torch.autocast float16 with GradScaler-style loss scaling, bench/amp_gradients.py): its
+per-parameter gradient-norm errors against float64's, worst first, beside PyTorch float32's, which
+says whether an f16 implementation can meet the 5e-2 gradient-norm gate on these random weights
+at all (printed, not gated).
+
 It prints, per precision, PASS or FAIL, every chained step's loss beside float64's and PyTorch
 float32's, the worst tensor of each kind of the chained run and of every step alone (with
 PyTorch float32's error beside it), and the first failed checks; the test's whole output goes to
@@ -40,6 +46,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 import resnet_twin  # noqa: E402  (the CI twin's reference procedure, shared so both check alike)
+from amp_gradients import amp_gradient_norms, relative_errors  # noqa: E402
 
 STEPS, BATCH, SIDE = 10, 4, 224
 
@@ -57,6 +64,28 @@ def random_model():
                 module.running_mean.copy_(torch.rand(shape, generator=generator) * 0.6 - 0.3)
                 module.running_var.copy_(torch.rand(shape, generator=generator) + 0.5)
     return model
+
+
+def print_amp_errors(model, images, labels, results, count=8):
+    """PyTorch AMP's and PyTorch float32's per-parameter gradient-norm errors of the first training
+    step against float64's (results' grad.<name> and float32.grad.<name>), AMP's worst first."""
+    def norms_of(prefix):
+        return {name[len(prefix):]: float(value.double().norm()) for name, value in results.items()
+                if name.startswith(prefix)}
+    reference = norms_of("grad.")
+    float32 = relative_errors(norms_of("float32.grad."), reference)
+    amp_model = copy.deepcopy(model).cuda().train()
+    x, y = images[0].cuda(), labels[0].long().cuda()
+    amp = relative_errors(amp_gradient_norms(
+        amp_model.named_parameters(), lambda: torch.nn.functional.cross_entropy(amp_model(x), y)),
+        reference)
+    print("first step's gradient norms against float64 (bound 5e-2 fast):")
+    print("%-40s %12s %12s" % ("parameter", "pytorch amp", "float32"))
+    for name in sorted(amp, key=lambda name: -amp[name])[:count]:
+        print("%-40s %12.3g %12.3g" % (name, amp[name], float32.get(name, float("nan"))))
+    print("parameters past 5e-2: PyTorch AMP %d, float32 %d, of %d" % (
+        sum(error > 5e-2 for error in amp.values()), sum(error > 5e-2 for error in float32.values()),
+        len(amp)), flush=True)
 
 
 def main():
@@ -83,6 +112,9 @@ def main():
               metadata={"state_dict_names": json.dumps(list(state))})
     print("torchvision %s side written to %s (reference on %s, float64)" % (torchvision.__version__, args.work, device),
           flush=True)
+
+    if args.precision != "strict" and device == "cuda":
+        print_amp_errors(model, images, labels, results)
 
     failed = False
     for precision in (["strict", "fast"] if args.precision == "both" else [args.precision]):
