@@ -197,9 +197,20 @@ struct Session::Impl {
   void upload_persistent(const Graph& original, uint64_t seed, bool initialise_parameters) {
     const Graph& graph = program.graph;
     std::map<std::string, ValueId, std::less<>> leaves;
+    // Constants of one value (a scatter's zero target the size of an embedding table) are filled
+    // on the device, as constant leaves are: drawing them on the host and uploading them would
+    // cost time in proportion to their size.
+    std::vector<gpu::Command> fills;
     for (ValueId value : program.persistent) {
       const Node& node = graph.node(value);
       if (node.op == op::constant) {
+        if (!node.data) {
+          if (std::optional<gpu::Command> fill =
+                  fill_command(value, node.attrs.get_float("value"))) {
+            fills.push_back(*fill);
+            continue;
+          }
+        }
         const HostTensor tensor = node.data
                                       ? HostTensor(node.type.shape, *node.data)
                                       : HostTensor(node.type.shape, node.attrs.get_float("value"));
@@ -212,6 +223,7 @@ struct Session::Impl {
           std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end();
       if (!shared_elsewhere) leaves[node.name] = value;
     }
+    run_fills(std::move(fills));
     fill_constant_leaves(original, leaves);
     visit_initial_leaves(
         original, seed, !initialise_parameters,
@@ -239,22 +251,34 @@ struct Session::Impl {
       const double value = init.kind == Init::Kind::zeros  ? 0.0
                            : init.kind == Init::Kind::ones ? 1.0
                                                            : init.a;
-      const TensorType& type = program.graph.type(leaf->second);
-      std::optional<uint32_t> word;
-      if (type.dtype == DType::f32) {
-        word = std::bit_cast<uint32_t>(static_cast<float>(value));
-      } else if (type.dtype == DType::i32 && value == std::trunc(value)) {
-        word = static_cast<uint32_t>(static_cast<int32_t>(value));
-      }
-      if (!word) continue;
-      gpu::Command fill;
-      fill.kind = gpu::Command::Kind::fill;
-      fill.fill.range = range_of(leaf->second);
-      fill.fill.range.bytes = type.bytes();
-      fill.fill.word = *word;
-      fills.push_back(fill);
+      std::optional<gpu::Command> fill = fill_command(leaf->second, value);
+      if (!fill) continue;
+      fills.push_back(*fill);
       leaves.erase(leaf);
     }
+    run_fills(std::move(fills));
+  }
+
+  // A command that fills `value`'s bytes with `element`, where its type holds it in one 32-bit
+  // word (f32, or i32 for whole numbers); none otherwise.
+  std::optional<gpu::Command> fill_command(ValueId value, double element) {
+    const TensorType& type = program.graph.type(value);
+    std::optional<uint32_t> word;
+    if (type.dtype == DType::f32) {
+      word = std::bit_cast<uint32_t>(static_cast<float>(element));
+    } else if (type.dtype == DType::i32 && element == std::trunc(element)) {
+      word = static_cast<uint32_t>(static_cast<int32_t>(element));
+    }
+    if (!word) return std::nullopt;
+    gpu::Command fill;
+    fill.kind = gpu::Command::Kind::fill;
+    fill.fill.range = range_of(value);
+    fill.fill.range.bytes = type.bytes();
+    fill.fill.word = *word;
+    return fill;
+  }
+
+  void run_fills(std::vector<gpu::Command> fills) {
     if (fills.empty()) return;
     const gpu::RecordingId recording = device->record(fills, gpu::Timing::none);
     device->submit(recording);
