@@ -5,6 +5,7 @@
 // of P V, dQ, dK and dV are zeros that the slice drops), so each attention node reads q, k, v,
 // out and grad_out padded with zeros to the next multiple and keeps the scale of its own head
 // width; its result is sliced back.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -26,9 +27,28 @@ int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
+// Whether attention node `node` of `graph` has q, k or v rows that are not a multiple wide.
+bool needs_padding(const Graph& graph, const Node& node, int64_t multiple) {
+  if (!is_attention(node)) return false;
+  const bool with_value = node.op != op::attention_lse;
+  return graph.type(node.inputs[0]).shape.back() % multiple != 0 ||
+         (with_value && graph.type(node.inputs[2]).shape.back() % multiple != 0);
+}
+
 }  // namespace
 
 Graph pad_attention_heads(const Graph& graph, int64_t multiple, std::vector<ValueId>* remap) {
+  const bool any = multiple > 1 &&
+                   std::any_of(graph.nodes().begin(), graph.nodes().end(), [&](const Node& node) {
+                     return needs_padding(graph, node, multiple);
+                   });
+  if (!any) {
+    if (remap) {
+      remap->resize(graph.size());
+      for (size_t i = 0; i < graph.size(); ++i) (*remap)[i] = static_cast<ValueId>(i);
+    }
+    return graph;
+  }
   // Each value padded to a width, once; and the padded result behind each slice this pass made,
   // which a backward node reads as `out` instead of padding the slice again.
   std::map<std::pair<ValueId, int64_t>, ValueId> padded;
@@ -53,14 +73,12 @@ Graph pad_attention_heads(const Graph& graph, int64_t multiple, std::vector<Valu
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
-        if (multiple <= 1 || !is_attention(node)) return target.add_typed(std::move(node));
+        if (!needs_padding(target, node, multiple)) return target.add_typed(std::move(node));
         const int64_t head_dim = target.type(node.inputs[0]).shape.back();
         const bool with_value = node.op != op::attention_lse;
         const int64_t value_dim = with_value ? target.type(node.inputs[2]).shape.back() : 0;
         const int64_t padded_head = round_up(head_dim, multiple);
         const int64_t padded_value = round_up(value_dim, multiple);
-        if (padded_head == head_dim && padded_value == value_dim)
-          return target.add_typed(std::move(node));
 
         // Inputs: q, k, v, mask?, out, grad_out, lse (backward); q, k, v, mask? (forward);
         // q, k, mask? (attention_lse).

@@ -223,8 +223,12 @@ struct Session::Impl {
           std::find(created_shared.begin(), created_shared.end(), value) == created_shared.end();
       if (!shared_elsewhere) leaves[node.name] = value;
     }
-    run_fills(std::move(fills));
-    fill_constant_leaves(original, leaves);
+    fill_constant_leaves(original, leaves, fills);
+    if (!fills.empty()) {
+      const gpu::RecordingId recording = device->record(fills, gpu::Timing::none);
+      device->submit(recording);
+      device->destroy_recording(recording);
+    }
     visit_initial_leaves(
         original, seed, !initialise_parameters,
         [&](const Node& node) { return leaves.count(node.name) > 0; },
@@ -233,13 +237,13 @@ struct Session::Impl {
         });
   }
 
-  // Leaves that start as one value (zeros, ones, a fill: optimizer state, norms' weights) are
-  // filled on the device and taken out of `leaves`: drawing them on the host and uploading them
-  // would cost time in proportion to the model's size. Constant leaves draw nothing from the
-  // generator, so the random leaves keep their values.
+  // Leaves that start as one value (zeros, ones, a fill: optimizer state, norms' weights) get a
+  // fill command in `fills` and are taken out of `leaves`: drawing them on the host and
+  // uploading them would cost time in proportion to the model's size. Constant leaves draw nothing
+  // from the generator, so the random leaves keep their values.
   void fill_constant_leaves(const Graph& original,
-                            std::map<std::string, ValueId, std::less<>>& leaves) {
-    std::vector<gpu::Command> fills;
+                            std::map<std::string, ValueId, std::less<>>& leaves,
+                            std::vector<gpu::Command>& fills) {
     for (const Node& node : original.nodes()) {
       if (node.op != op::parameter && node.op != op::state) continue;
       const auto leaf = leaves.find(node.name);
@@ -256,7 +260,6 @@ struct Session::Impl {
       fills.push_back(*fill);
       leaves.erase(leaf);
     }
-    run_fills(std::move(fills));
   }
 
   // A command that fills `value`'s bytes with `element`, where its type holds it in one 32-bit
@@ -276,13 +279,6 @@ struct Session::Impl {
     fill.fill.range.bytes = type.bytes();
     fill.fill.word = *word;
     return fill;
-  }
-
-  void run_fills(std::vector<gpu::Command> fills) {
-    if (fills.empty()) return;
-    const gpu::RecordingId recording = device->record(fills, gpu::Timing::none);
-    device->submit(recording);
-    device->destroy_recording(recording);
   }
 
   void write_values(ValueId value, std::span<const double> values) {
