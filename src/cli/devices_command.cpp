@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--plan-only]]
-                        [--device SEL]
+                        [--dispatches] [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
@@ -47,6 +47,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     for pipelines, and the reports a build makes; print the fastest of five
                     repeats of each part and a checksum of the dispatch list, memory plan,
                     regions and kernel sources (equal checksums: the same program)
+  --dispatches      with --plan-only: also print the planned program's dispatch list, one
+                    line a dispatch (what `bench workloads --trace` writes beside a trace)
   --device SEL      device index or part of its name
 )";
 
@@ -209,7 +211,7 @@ uint64_t program_checksum(const plan::Program& program) {
   return checksum;
 }
 
-void bench_plan(const std::string& program_name) {
+void bench_plan(const std::string& program_name, bool print_dispatches) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   const auto seconds_since = [&](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(now() - since).count();
@@ -245,20 +247,26 @@ void bench_plan(const std::string& program_name) {
       "dispatches, %zu setup, checksum %016llx\n",
       kRepeats, plan_seconds, source_seconds, kernel_count, report_seconds, program.launches.size(),
       program.setup.size(), static_cast<unsigned long long>(program_checksum(program)));
+  if (print_dispatches) std::fputs(plan::describe_dispatches(program).c_str(), stdout);
 }
 
 }  // namespace
 
 int devices_command(const std::vector<std::string>& words) {
   const Arguments arguments("meganeura devices", words, {"device", "program"},
-                            {"bench-compile", "plan-only", "verbose", "help"});
+                            {"bench-compile", "plan-only", "dispatches", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
+  if (arguments.has("dispatches") &&
+      !(arguments.has("bench-compile") && arguments.has("plan-only")))
+    throw Error(
+        "meganeura devices: --dispatches prints a planned program's dispatch list; add "
+        "--bench-compile --plan-only");
   if (arguments.has("bench-compile") && arguments.has("plan-only")) {
-    bench_plan(arguments.text("program", "cnn"));
+    bench_plan(arguments.text("program", "cnn"), arguments.has("dispatches"));
     return 0;
   }
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();

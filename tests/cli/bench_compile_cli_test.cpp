@@ -2,6 +2,7 @@
 // device, and the checksum that tells whether a change still builds the same program.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cli_runner.hpp"
@@ -35,6 +36,28 @@ TEST(CliBenchCompile, PlanOnlyBuildsTheSameProgramInEveryProcess) {
   const Result cnn = run("devices --bench-compile --plan-only");
   ASSERT_EQ(cnn.status, 0) << cnn.output;
   EXPECT_NE(checksum_of(cnn), checksum_of(first)) << cnn.output;
+}
+
+TEST(CliBenchCompile, PlanOnlyPrintsTheDispatchListOnRequest) {
+  const Result plain = run("devices --bench-compile --plan-only");
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  const Result listed = run("devices --bench-compile --plan-only --dispatches");
+  ASSERT_EQ(listed.status, 0) << listed.output;
+  // The same program, and one more line for each of its dispatches.
+  EXPECT_EQ(checksum_of(listed), checksum_of(plain)) << listed.output;
+  const size_t at = plain.output.find(" dispatches, ");
+  ASSERT_NE(at, std::string::npos) << plain.output;
+  const size_t number = plain.output.rfind(' ', at - 1) + 1;
+  const long dispatches = std::stol(plain.output.substr(number, at - number));
+  ASSERT_GT(dispatches, 10) << plain.output;
+  const auto lines = [](const std::string& text) {
+    return static_cast<long>(std::count(text.begin(), text.end(), '\n'));
+  };
+  EXPECT_GE(lines(listed.output) - lines(plain.output), dispatches) << listed.output;
+  const Result alone = run("devices --dispatches");
+  EXPECT_EQ(alone.status, 1) << alone.output;
+  EXPECT_NE(alone.output.find("add --bench-compile --plan-only"), std::string::npos)
+      << alone.output;
 }
 
 TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
