@@ -49,6 +49,10 @@ struct Switches {
   // MEGANEURA_ATTENTION_PAD_HEADS=0: attention heads keep their width (the strict kernels take
   // heads that are not whole fragments) instead of being padded (passes::pad_attention_heads).
   std::optional<bool> attention_pad_heads;
+  // MEGANEURA_ATTENTION_HEAD_SPLITS: dK and dV of grouped-query attention over parts of each
+  // group's query heads (passes::split_attention): 1 every head apart on any device, 0 never;
+  // unset: where the launch leaves compute units idle.
+  std::optional<bool> attention_head_splits;
   // MEGANEURA_SPLIT_K_SLICES=N: every product split-K may cut takes N slices (1: none).
   std::optional<int64_t> split_k_slices;
   // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV: slices of every attention node, or of the forward,

@@ -169,6 +169,10 @@ Switches read_switches(Reader& read) {
       read.flag("MEGANEURA_ATTENTION_PAD_HEADS", "heads of any width as they are",
                 "heads padded with zeros to whole cooperative-matrix fragments",
                 "padded where attention runs on cooperative matrices");
+  s.attention_head_splits =
+      read.flag("MEGANEURA_ATTENTION_HEAD_SPLITS", "dK and dV over a group's query heads whole",
+                "dK and dV over each query head of a group apart",
+                "split where the launch leaves compute units idle");
   s.setup = read.flag("MEGANEURA_SETUP", "fixed work in every run", "fixed work once",
                       "SessionOptions::setup");
   s.schedule_epochs = read.flag("MEGANEURA_SCHEDULE_EPOCHS", "the lowering's order",

@@ -160,11 +160,15 @@ struct AttentionReference {
 
   // Calls visit(b, h, i, j, probability) for every query/key pair (within `queries` and `keys`),
   // with the probabilities of a row recomputed from its log-sum-exp.
+  // `group_heads`: only the query heads whose index within their group of grouped-query
+  // attention lies in the range (the head-split backward's partials).
   template <class Visit>
-  void for_each_probability(const HostTensor* lse, Visit visit, Range queries = {},
-                            Range keys = {}) const {
+  void for_each_probability(const HostTensor* lse, Visit visit, Range queries = {}, Range keys = {},
+                            Range group_heads = {}) const {
+    const int64_t group = dims.q_heads / dims.kv_heads;
     for (int64_t b = 0; b < dims.batch; ++b) {
       for (int64_t h = 0; h < dims.q_heads; ++h) {
+        if (h % group < group_heads.begin || h % group >= group_heads.end) continue;
         for (int64_t i = queries.begin; i < std::min(queries.end, dims.q_len); ++i) {
           const double row_lse = lse ? lse->data[row(b, h, i)] : log_sum_exp(b, h, i);
           for (int64_t j = keys.begin; j < std::min(keys.end, dims.kv_len); ++j) {
@@ -239,9 +243,10 @@ struct AttentionReference {
 
   // dS_ij = P_ij * (dO_i . v_j - D_i) with D_i = dO_i . O_i; dq_i = scale * sum_j dS_ij k_j,
   // dk_j = scale * sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i (summed over a group's q heads); the
-  // sums only over the pairs within `queries` and `keys` (the split backward's partials).
+  // sums only over the pairs within `queries` and `keys`, and the heads within `group_heads` of
+  // their group (the split backward's partials).
   Gradients backward(const HostTensor& out, const HostTensor& grad_out, const HostTensor& lse,
-                     Range queries = {}, Range keys = {}) const {
+                     Range queries = {}, Range keys = {}, Range group_heads = {}) const {
     Gradients grads{HostTensor(q->shape), HostTensor(k->shape), HostTensor(v->shape)};
     const std::vector<double> row_delta = row_deltas(out, grad_out);
     for_each_probability(
@@ -264,7 +269,7 @@ struct AttentionReference {
                 d_score * q->data[query_row * dims.head_dim + d];
           }
         },
-        queries, keys);
+        queries, keys, group_heads);
     return grads;
   }
 
@@ -301,9 +306,25 @@ int64_t attention_splits(const Graph& graph, const Node& node, const char* split
   return splits;
 }
 
+// The head_splits of a dK or dV node (ops/k_split.hpp), 1 without it; throws unless it divides
+// the query heads of a group.
+int64_t attention_head_splits(const Graph& graph, const Node& node, const AttentionDims& dims) {
+  if (!node.attrs.has("head_splits")) return 1;
+  const int64_t splits = node.attrs.get_int("head_splits");
+  const int64_t group = dims.q_heads / dims.kv_heads;
+  if (splits < 1 || group % splits != 0) {
+    op_error(graph, node,
+             "head_splits " + std::to_string(splits) + " must divide the " + std::to_string(group) +
+                 " query heads of a key/value head's group");
+  }
+  return splits;
+}
+
 // One backward op: same inputs, one of the three gradients. With attribute `split` (kv_splits
 // for dQ, q_splits for dK and dV; only from passes/split_attention.cpp) the result is [S, ...]:
-// partial s sums only over the keys (queries) of slice s.
+// partial s sums only over the keys (queries) of slice s. dK and dV may also take head_splits
+// = H: the result is [H * S, ...] and partial h * S + s sums over slice s of the queries of
+// the h-th part of each group's query heads.
 void register_attention_grad(std::vector<OpDef>& registry, std::string_view name,
                              HostTensor AttentionReference::Gradients::*pick,
                              Shape (*result_shape)(const Graph&, const Node&), const char* split) {
@@ -314,10 +335,14 @@ void register_attention_grad(std::vector<OpDef>& registry, std::string_view name
           [result_shape, split, over_keys](const Graph& graph, const Node& node) {
             const AttentionDims dims = check_attention(graph, node, true, true);
             Shape shape = result_shape(graph, node);
-            if (node.attrs.has(split)) {
-              shape.insert(shape.begin(), attention_splits(graph, node, split,
-                                                           over_keys ? dims.kv_len : dims.q_len,
-                                                           over_keys ? "keys" : "queries"));
+            if (over_keys && node.attrs.has("head_splits"))
+              op_error(graph, node, "head_splits splits dK and dV only");
+            const int64_t head_splits = attention_head_splits(graph, node, dims);
+            if (node.attrs.has(split) || head_splits > 1) {
+              shape.insert(shape.begin(),
+                           head_splits * attention_splits(graph, node, split,
+                                                          over_keys ? dims.kv_len : dims.q_len,
+                                                          over_keys ? "keys" : "queries"));
             }
             return TensorType{graph.type(node.inputs[0]).dtype, shape};
           },
@@ -325,25 +350,31 @@ void register_attention_grad(std::vector<OpDef>& registry, std::string_view name
           [pick, split, over_keys](const Node& node, const std::vector<const HostTensor*>& in) {
             const AttentionReference attention(node, in, true);
             const size_t out = attention_inputs(node, true, true).out_index();
-            if (!node.attrs.has(split))
+            const int64_t head_splits = node.attrs.get_int("head_splits", 1);
+            if (!node.attrs.has(split) && head_splits == 1)
               return std::move(attention.backward(*in[out], *in[out + 1], *in[out + 2]).*pick);
-            const int64_t splits = node.attrs.get_int(split);
+            const int64_t splits = node.attrs.get_int(split, 1);
             const int64_t length = over_keys ? attention.dims.kv_len : attention.dims.q_len;
             const int64_t slice = attention_slice_length(length, splits);
+            const int64_t heads = attention.dims.q_heads / attention.dims.kv_heads / head_splits;
             std::vector<HostTensor> partials;
-            for (int64_t s = 0; s < splits; ++s) {
-              const Range range{s * slice, (s + 1) * slice};
-              AttentionReference::Gradients grads =
-                  over_keys ? attention.backward(*in[out], *in[out + 1], *in[out + 2], {}, range)
-                            : attention.backward(*in[out], *in[out + 1], *in[out + 2], range);
-              partials.push_back(std::move(grads.*pick));
+            for (int64_t part = 0; part < head_splits; ++part) {
+              for (int64_t s = 0; s < splits; ++s) {
+                const Range range{s * slice, (s + 1) * slice};
+                const Range group_heads{part * heads, (part + 1) * heads};
+                AttentionReference::Gradients grads =
+                    over_keys ? attention.backward(*in[out], *in[out + 1], *in[out + 2], {}, range)
+                              : attention.backward(*in[out], *in[out + 1], *in[out + 2], range, {},
+                                                   group_heads);
+                partials.push_back(std::move(grads.*pick));
+              }
             }
             Shape shape = partials[0].shape;
-            shape.insert(shape.begin(), splits);
+            shape.insert(shape.begin(), static_cast<int64_t>(partials.size()));
             HostTensor stacked(shape);
-            for (int64_t s = 0; s < splits; ++s) {
-              std::copy(partials[s].data.begin(), partials[s].data.end(),
-                        stacked.data.begin() + s * partials[s].elements());
+            for (size_t p = 0; p < partials.size(); ++p) {
+              std::copy(partials[p].data.begin(), partials[p].data.end(),
+                        stacked.data.begin() + static_cast<int64_t>(p) * partials[p].elements());
             }
             return stacked;
           },

@@ -38,6 +38,8 @@ constexpr int64_t nonempty_slices(int64_t k, int64_t wanted) {
 // keys, an attention_grad_k / attention_grad_v with q_splits = S over slices of the queries:
 // slice s covers [s * L, min(length, (s + 1) * L)) with L = attention_slice_length(length, S).
 // Slice boundaries are multiples of 64, so every block of the kernels lies in one slice.
+// dK and dV may also take head_splits = H (grouped-query attention): partial h * S + s then
+// sums over slice s of the queries of the h-th of H equal parts of each group's query heads.
 constexpr int64_t kAttentionSliceAlignment = 64;
 
 constexpr int64_t attention_slice_length(int64_t length, int64_t splits) {

@@ -44,7 +44,9 @@ Graph workgroup_gemm(const Graph& graph, const target::Target& device,
 // rows becomes one node computing partial results over slices of the keys (attribute
 // kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine
 // (forward) or a sum, planned for the compute units of `device` (see split_attention.cpp).
-// MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts.
+// MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts. dK and dV of grouped-query
+// attention may also split over parts of each group's query heads (attribute head_splits);
+// MEGANEURA_ATTENTION_HEAD_SPLITS forces that.
 Graph split_attention(const Graph& graph, const target::Target& device,
                       std::vector<ValueId>* remap = nullptr);
 

@@ -7,6 +7,10 @@
 // forward's partial results (output and log-sum-exp per slice) are joined by
 // attention_combine, the gradients' by a sum over the slices. The partials cost S rows per
 // owned row, small next to the multiply-adds each one sums.
+// dK and dV of grouped-query attention also stream every query head of their group (three in
+// SmolLM2), so that even split into slices a short prompt at batch 1 leaves most compute units
+// idle: there the query heads of a group are split as well (head_splits), each part summed
+// by its own workgroups.
 #include <string>
 #include <vector>
 
@@ -50,6 +54,22 @@ int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, const targe
   return ceil_div(streamed, attention_slice_length(streamed, wanted));
 }
 
+// Parts of each group's query heads for dK and dV launched as `workgroups` owned blocks over
+// `slices` query slices: the largest divisor of the group that keeps every part's workgroups
+// within one of the kernels' 64-row workgroups a compute unit (more would queue behind each
+// other instead of filling idle units). MEGANEURA_ATTENTION_HEAD_SPLITS=1 splits every group
+// into single heads, =0 keeps it whole, as do forced slice counts where it is unset.
+int64_t head_split_count(int64_t group, int64_t workgroups, int64_t slices,
+                         const target::Target& device) {
+  const Switches& switches = device.switches();
+  if (switches.attention_head_splits) return *switches.attention_head_splits ? group : 1;
+  if (!switches.attention_splits.empty()) return 1;
+  const int64_t units = device.traits().compute_units;
+  for (int64_t parts = group; parts > 1; --parts)
+    if (group % parts == 0 && workgroups * slices * parts <= units) return parts;
+  return 1;
+}
+
 }  // namespace
 
 Graph split_attention(const Graph& graph, const target::Target& device,
@@ -71,9 +91,15 @@ Graph split_attention(const Graph& graph, const target::Target& device,
             grad_kv
                 ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2], device)
                 : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2], device);
-        if (splits < 2) return target.add_typed(std::move(node));
+        const int64_t head_splits =
+            grad_kv && !node.attrs.has("head_splits")
+                ? head_split_count(q[1] / k[1], k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup),
+                                   splits, device)
+                : 1;
+        if (splits < 2 && head_splits < 2) return target.add_typed(std::move(node));
         Attrs attrs = node.attrs;
-        attrs.set(attribute, splits);
+        if (splits > 1) attrs.set(attribute, splits);
+        if (head_splits > 1) attrs.set("head_splits", head_splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
         if (forward) return target.add(op::attention_combine, {partials}, {});
         return sum_leading_axis(target, partials);

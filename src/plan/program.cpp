@@ -413,8 +413,10 @@ Program build_program(const Graph& source, const target::Target& device,
   if (split_k)
     program.graph = passes::split_reductions(
         passes::merge_leading_sums(passes::split_k(program.graph, device)));
-  // The same trade for attention; forcing a slice count (sweeps, tests) applies on any device.
-  if (split_k || !switches.attention_splits.empty())
+  // The same trade for attention; forcing a slice count or head splits (sweeps, tests) applies
+  // on any device.
+  if (split_k || !switches.attention_splits.empty() ||
+      switches.attention_head_splits.value_or(false))
     program.graph = passes::split_attention(program.graph, device);
   verify(program.graph);
   const Graph& graph = program.graph;

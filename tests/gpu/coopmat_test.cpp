@@ -889,8 +889,9 @@ TEST_F(CoopMatrixLowering, KeyAndValueGradientsInOneLaunchCompile) {
 }
 
 // Every attention kernel over slices (passes/split_attention.cpp, forced to 2: the forward and
-// dQ over two slices of 64 keys, dK and dV over two of 64 queries; each workgroup z one slice)
-// compiles to valid NV and well-formed KHR SPIR-V.
+// dQ over two slices of 64 keys, dK and dV over two of 64 queries; each workgroup z one slice),
+// and with dK and dV over each query head of a group apart too, compiles to valid NV and
+// well-formed KHR SPIR-V.
 TEST_F(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   Graph graph;
   const Tensor q = input(graph, "q", {1, 2, 70, 32});
@@ -899,22 +900,31 @@ TEST_F(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   output_with_gradients(graph, scaled_dot_product_attention(q, k, v, {.causal = true}),
                         input(graph, "seed", {1, 2, 70, 16}), {q, k, v});
   const ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "2");
-  const Graph split = passes::split_attention(
-      graph, vulkan::VulkanTarget(testing::switched(target::DeviceTraits{})));
-  const std::vector<kernels::Launch> launches = coop_launches(split, coop_device());
-  ASSERT_EQ(launches.size(), 5u);  // forward, log-sum-exp (whole), dQ, dK, dV
-  for (const kernels::Launch& launch : launches) {
-    SCOPED_TRACE(launch.label);
-    const bool whole = launch.label.starts_with("attention_lse ");
-    EXPECT_EQ(define_of(launch, "SPLITS"), whole ? "1" : "2");
-    if (!whole) {
-      EXPECT_EQ(define_of(launch, "SLICE"), "64u");
+  // Then dK and dV over each of the group's two query heads apart as well (workgroup z: slice
+  // z % 2 of head z / 2).
+  for (const char* heads : {"0", "1"}) {
+    const ScopedSwitch head_splits("MEGANEURA_ATTENTION_HEAD_SPLITS", heads);
+    const Graph split = passes::split_attention(
+        graph, vulkan::VulkanTarget(testing::switched(target::DeviceTraits{})));
+    const std::vector<kernels::Launch> launches = coop_launches(split, coop_device());
+    ASSERT_EQ(launches.size(), 5u);  // forward, log-sum-exp (whole), dQ, dK, dV
+    for (const kernels::Launch& launch : launches) {
+      SCOPED_TRACE(launch.label + " head splits " + heads);
+      const bool whole = launch.label.starts_with("attention_lse ");
+      const bool key_owned = launch.label.starts_with("attention_grad_k ") ||
+                             launch.label.starts_with("attention_grad_v ");
+      const bool heads_apart = key_owned && std::string(heads) == "1";
+      EXPECT_EQ(define_of(launch, "SPLITS"), whole ? "1" : "2");
+      EXPECT_EQ(define_of(launch, "HEAD_SPLITS"), heads_apart ? "2u" : "1u");
+      if (!whole) {
+        EXPECT_EQ(define_of(launch, "SLICE"), "64u");
+      }
+      EXPECT_EQ(launch.groups[2], whole ? 1u : heads_apart ? 4u : 2u);
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(split, launch));  // validated
+      const bool grad_k = launch.label.starts_with("attention_grad_k ");
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                        launch.kernel == "attention_grad_q_coopmat" || grad_k ? 2 : 1);
     }
-    EXPECT_EQ(launch.groups[2], whole ? 1u : 2u);
-    const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(split, launch));  // validated
-    const bool grad_k = launch.label.starts_with("attention_grad_k ");
-    expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
-                      launch.kernel == "attention_grad_q_coopmat" || grad_k ? 2 : 1);
   }
 }
 
@@ -1336,14 +1346,17 @@ void check_attention_once(bool validation) {
     Shape q, k, v;
     bool causal, masked;
   };
-  // The last case again over three key slices (passes/split_attention.cpp, forced: the rule
+  // The fourth case again over three key slices (passes/split_attention.cpp, forced: the rule
   // leaves it whole), causal, so that the first queries see no key of the later slices.
   for (const Case& c : {Case{{1, 2, 100, 64}, {1, 2, 100, 64}, {1, 2, 100, 64}, false, false},
                         Case{{2, 4, 70, 32}, {2, 2, 70, 32}, {2, 2, 70, 16}, true, false},
                         Case{{1, 2, 33, 16}, {1, 2, 45, 16}, {1, 2, 45, 32}, false, true},
                         Case{{1, 2, 80, 32}, {1, 2, 150, 32}, {1, 2, 150, 16}, true, true},
-                        Case{{2, 4, 90, 40}, {2, 2, 90, 40}, {2, 2, 90, 24}, true, false}}) {
+                        Case{{2, 4, 90, 40}, {2, 2, 90, 40}, {2, 2, 90, 24}, true, false},
+                        Case{{1, 6, 70, 32}, {1, 2, 70, 32}, {1, 2, 70, 16}, true, false}}) {
     const testing::ScopedSwitch splits("MEGANEURA_ATTENTION_SPLITS", c.k[2] == 150 ? "3" : "1");
+    // The last case's dK and dV over each query head of its groups of 3 apart.
+    const testing::ScopedSwitch heads("MEGANEURA_ATTENTION_HEAD_SPLITS", c.q[1] == 6 ? "1" : "0");
     std::vector<testing::HarnessInput> inputs = {
         {"q", c.q}, {"k", c.k}, {"v", c.v}, {"g", {c.q[0], c.q[1], c.q[2], c.v[3]}}};
     if (c.masked) inputs.push_back({"mask", {c.q[2], c.k[2]}, DType::f32, -2.0, 2.0});

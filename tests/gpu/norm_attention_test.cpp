@@ -268,8 +268,10 @@ TEST(GpuNormAttention, GradientsOverAScaledCotangent) {
   check_attention(2, 4, 2, 37, 45, 16, 16, false, true);
   check_attention(2, 2, 2, 20, 30, 16, 8, true);
   // Whisper-tiny's encoder: 1500 queries and keys, heads of 64, and a cotangent of an untrained
-  // model's size, in fast precision (here on the strict kernels; the cooperative-matrix ones in
+  // model's size, in fast precision on the strict kernels, also on a device with cooperative
+  // matrices (the cooperative-matrix ones, with their f16 tolerance, in
   // tests/gpu/coopmat_test.cpp).
+  const testing::ScopedSwitch strict_kernels("MEGANEURA_NO_COOPMAT", "1");
   const Shape q{1, 1, 1500, 64};
   SessionOptions fast;
   fast.precision = Precision::fast;
@@ -306,6 +308,26 @@ TEST(GpuNormAttention, KeySlices) {
   check_attention(1, 2, 1, 1, 700, 8, 8, false);  // one query (decoding): slices of 256 keys
   const testing::ScopedSwitch separate("MEGANEURA_ATTENTION_FUSED_KV", "0");  // dK, dV apart
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
+}
+
+// dK and dV of grouped-query attention over each query head of a group apart
+// (MEGANEURA_ATTENTION_HEAD_SPLITS=1, which the built-in rule does on GPUs where compute units
+// would idle), alone, beside query slices, causal and masked, with dK and dV in one launch and
+// apart, and with dQ as a matmul of the W that the dK launch writes.
+TEST(GpuNormAttention, HeadSplits) {
+  const testing::ScopedSwitch heads("MEGANEURA_ATTENTION_HEAD_SPLITS", "1");
+  check_attention(1, 6, 2, 40, 40, 16, 16, true);
+  check_attention(2, 4, 2, 20, 70, 6, 10, false, true);
+  {
+    const testing::ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "3");
+    check_attention(1, 6, 2, 150, 150, 8, 8, true);
+  }
+  {
+    const testing::ScopedSwitch separate("MEGANEURA_ATTENTION_FUSED_KV", "0");
+    check_attention(1, 4, 1, 30, 30, 8, 8, false, true);
+  }
+  const testing::ScopedSwitch dq_gemm("MEGANEURA_ATTENTION_DQ_GEMM", "1");
+  check_attention(1, 6, 2, 37, 44, 6, 10, false, true);
 }
 
 // dQ as a matmul of the scores' gradient W (passes/attention_grad_q_gemm.cpp; on by default on

@@ -205,6 +205,22 @@ TEST(Attention, MisuseNamesOpAndShapes) {
   EXPECT_EQ(graph.type(combined).shape, (Shape{1, 4, 4, 6}));
   expect_error([&] { gradients(graph, sum_all(Tensor(&graph, partials)).id(), {q4.id()}); },
                {"scaled_dot_product_attention", "kv_splits", "no gradient"});
+  // dK over parts of each group's query heads (groups of 2 here): a part count that does not
+  // divide the group, or head splits of dQ, are refused; 2 parts give [2, ...] partials.
+  const Tensor out = input(graph, "out", {1, 4, 4, 6});
+  const Tensor grad_out = input(graph, "grad_out", {1, 4, 4, 6});
+  const Tensor lse = input(graph, "lse", {1, 4, 4});
+  const std::vector<ValueId> backward_inputs{q4.id(),  k.id(),        v.id(),
+                                             out.id(), grad_out.id(), lse.id()};
+  const auto with_head_splits = [](int64_t parts) {
+    return Attrs{{"causal", int64_t{0}}, {"has_mask", int64_t{0}}, {"head_splits", parts}};
+  };
+  expect_error([&] { graph.add("attention_grad_k", backward_inputs, with_head_splits(3)); },
+               {"attention_grad_k", "head_splits 3", "divide the 2 query heads"});
+  expect_error([&] { graph.add("attention_grad_q", backward_inputs, with_head_splits(2)); },
+               {"attention_grad_q", "head_splits", "dK and dV only"});
+  EXPECT_EQ(graph.type(graph.add("attention_grad_k", backward_inputs, with_head_splits(2))).shape,
+            (Shape{2, 1, 2, 5, 8}));
   expect_error(
       [&] {
         rope(input(graph, "x", {1, 1, 2, 5}));

@@ -1001,6 +1001,51 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
   }
 }
 
+// dK and dV of grouped-query attention over parts of each group's query heads, alone and with
+// query slices, against the whole ops on the reference: an additive mask and causal masking,
+// a group of 6 heads. The rule: 6 owned blocks of 64 keys (2 key/value heads, 140 keys) take as
+// many parts as fit one workgroup a compute unit: on the H200 with its 2 query slices 6 (72
+// workgroups), on 12 units 2 and on 18 units 3 (no slices: too few units).
+TEST(Passes, HeadSplitsKeepOutputs) {
+  const AttentionCase attention = attention_with_gradients(17, {1, 12, 140, 8}, {1, 2, 140, 8},
+                                                           {1, 2, 140, 6}, {"masked", "causal"});
+  for (const auto& [units, forced, head_splits, query_slices] :
+       {std::tuple<int64_t, const char*, int64_t, int64_t>{kH200ComputeUnits, nullptr, 6, 2},
+        {12, nullptr, 2, 1},
+        {18, nullptr, 3, 1},
+        {kH200ComputeUnits, "2", 1, 2}}) {
+    SCOPED_TRACE(std::to_string(units) + " units, slices " + (forced ? forced : "by rule"));
+    std::map<std::string, std::string, std::less<>> switches;
+    if (forced) switches["MEGANEURA_ATTENTION_SPLITS"] = forced;
+    const Graph split =
+        passes::split_attention(attention.graph, vulkan::VulkanTarget(h200_like(units, switches)));
+    size_t checked = 0;
+    for (const Node& node : split.nodes()) {
+      if (node.op != "attention_grad_k" && node.op != "attention_grad_v") continue;
+      EXPECT_EQ(node.attrs.get_int("head_splits", 1), head_splits) << node.op;
+      EXPECT_EQ(node.attrs.get_int("q_splits", 1), query_slices) << node.op;
+      EXPECT_EQ(node.type.shape[0], head_splits * query_slices) << node.op;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 4u);
+    expect_same_outputs(attention.graph, split, attention.environment);
+  }
+  // Forced: every head apart beside forced slices, or none.
+  for (const auto& [value, head_splits] : {std::pair<const char*, int64_t>{"1", 6}, {"0", 1}}) {
+    SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_HEAD_SPLITS=") + value);
+    const Graph split = passes::split_attention(
+        attention.graph, vulkan::VulkanTarget(h200_like(
+                             kH200ComputeUnits, {{"MEGANEURA_ATTENTION_SPLITS", "3"},
+                                                 {"MEGANEURA_ATTENTION_HEAD_SPLITS", value}})));
+    for (const Node& node : split.nodes()) {
+      if (node.op != "attention_grad_k") continue;
+      EXPECT_EQ(node.attrs.get_int("head_splits", 1), head_splits);
+      EXPECT_EQ(node.attrs.get_int("q_splits", 1), 3);
+    }
+    expect_same_outputs(attention.graph, split, attention.environment);
+  }
+}
+
 // dQ as a matmul of W = scale * dS: non-causal gradients of grouped heads (a masked and an
 // unmasked attention) give the reference's dQ through attention_grad_scores and a matmul, with
 // their attention_grad_k ahead of W; the causal one keeps attention_grad_q, and so does any

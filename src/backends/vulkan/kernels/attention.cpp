@@ -287,6 +287,10 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const int64_t slice = attention_slice_length(key_owned ? dims.q_len : dims.kv_len, splits);
   launch.defines.push_back({"SPLITS", std::to_string(splits)});  // tested by #if: no suffix
   launch.defines.push_back({"SLICE", glsl_uint(slice)});
+  // dK and dV over parts of each group's query heads (head_splits): partial z is slice
+  // z % splits of part z / splits.
+  const int64_t head_splits = key_owned ? node.attrs.get_int("head_splits", 1) : 1;
+  launch.defines.push_back({"HEAD_SPLITS", glsl_uint(head_splits)});
   std::string file;
   // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
   int64_t owned_block = 64;
@@ -392,7 +396,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const int64_t blocks = (owned_len + owned_block - 1) / owned_block;
   const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
   launch.groups = {static_cast<uint32_t>(blocks), static_cast<uint32_t>(dims.batch * heads),
-                   static_cast<uint32_t>(splits)};
+                   static_cast<uint32_t>(splits * head_splits)};
   context.emit(std::move(launch));
 }
 
@@ -454,37 +458,47 @@ const std::string& turn_parts_table(double theta, int64_t dim) {
   return heads;
 }
 
+}  // namespace
+
+std::string rope_angle_function(const Node& node, const std::string& name) {
+  const int64_t dim = node.type.shape.back();
+  const int64_t length = node.type.shape[node.type.shape.size() - 2];
+  const bool inverse = node.attrs.get_int("inverse", 0) != 0;
+  std::string text = turn_parts_table(node.attrs.get_float("theta"), dim);
+  text += "vec2 " + name + "(uint row, uint d) {\n";
+  text += "  int position = " + std::to_string(node.attrs.get_int("position_offset", 0)) +
+          " + int(row % " + glsl_uint(length) + ");\n";
+  text += "  uint p = uint(abs(position));\n";
+  text += "  float p1 = float(p >> 12), p0 = float(p & 4095u);\n";
+  text += "  vec4 parts = turn_parts[d];\n";
+  text +=
+      "  float turns = fract(p1 * parts.x) + fract(p1 * parts.y) + fract(p0 * parts.z) +\n"
+      "                p0 * parts.w;\n";
+  text += "  float angle = 6.28318530717958648 * fract(turns) * float(sign(position)) * " +
+          std::string(inverse ? "-1.0" : "1.0") + ";\n";
+  return text + "  return vec2(cos(angle), sin(angle));\n}\n";
+}
+
+namespace {
+
 // One thread per rotated pair; the frequencies are computed in double on the host and baked
 // in as parts of a turn, so that the angle is accurate at any position (turn_parts_table).
 void lower_rope(LoweringContext& context) {
   const Node& node = context.node();
-  const Shape& shape = node.type.shape;
-  const int64_t dim = shape.back();
+  const int64_t dim = node.type.shape.back();
   const int64_t half = dim / 2;
-  const int64_t length = shape[shape.size() - 2];
   const int64_t pairs = node.type.elements() / 2;
-  const double theta = node.attrs.get_float("theta");
-  const bool inverse = node.attrs.get_int("inverse", 0) != 0;
-  const std::string& heads = turn_parts_table(theta, dim);
-  std::string body = heads + "layout(local_size_x = 256) in;\nvoid main() {\n";
+  std::string body =
+      rope_angle_function(node, "rope_angle") + "layout(local_size_x = 256) in;\nvoid main() {\n";
   body += "  uint index = linear_workgroup() * 256u + gl_LocalInvocationID.x;\n";
   body += "  if (index >= " + glsl_uint(pairs) + ") return;\n";
   body += "  uint row = index / " + glsl_uint(half) + ", d = index % " + glsl_uint(half) + ";\n";
-  body += "  int position = " + std::to_string(node.attrs.get_int("position_offset", 0)) +
-          " + int(row % " + glsl_uint(length) + ");\n";
-  body += "  uint p = uint(abs(position));\n";
-  body += "  float p1 = float(p >> 12), p0 = float(p & 4095u);\n";
-  body += "  vec4 parts = turn_parts[d];\n";
-  body +=
-      "  float turns = fract(p1 * parts.x) + fract(p1 * parts.y) + fract(p0 * parts.z) +\n"
-      "                p0 * parts.w;\n";
-  body += "  float angle = 6.28318530717958648 * fract(turns) * float(sign(position)) * " +
-          std::string(inverse ? "-1.0" : "1.0") + ";\n";
-  body += "  float cosine = cos(angle), sine = sin(angle);\n";
+  body += "  vec2 rotation = rope_angle(row, d);\n";
   body += "  uint first = row * " + glsl_uint(dim) + " + d, second = first + " + glsl_uint(half) +
           ";\n";
   body += "  float a = x[first], b = x[second];\n";
-  body += "  out_[first] = a * cosine - b * sine;\n  out_[second] = b * cosine + a * sine;\n}\n";
+  body += "  out_[first] = a * rotation.x - b * rotation.y;\n";
+  body += "  out_[second] = b * rotation.x + a * rotation.y;\n}\n";
 
   Launch launch;
   launch.label = context.label();
@@ -532,6 +546,7 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
   if (c.op == op::attention_grad_scores) return !coop;
   if (c.op == op::attention_grad_v &&
       c.attrs.get_int("q_splits", 1) == p.attrs.get_int("q_splits", 1) &&
+      c.attrs.get_int("head_splits", 1) == p.attrs.get_int("head_splits", 1) &&
       (!coop || use_coop_attention(Mode::grad_kv, dims, device))) {
     // One pass over the scores for both, on cooperative matrices too: the scores are computed
     // once instead of twice.

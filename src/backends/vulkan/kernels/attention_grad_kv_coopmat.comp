@@ -13,11 +13,12 @@
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
 // With both, P^T goes into dV before dP^T is staged, and dS^T then into dK: one pass over the
 // scores for the two gradients, where separate launches computed S^T and P^T twice.
-// SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [z * SLICE,
-// (z + 1) * SLICE) of each head and writes partial result z (after the B * HKV * SK rows of
-// those before).
+// SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [s * SLICE,
+// (s + 1) * SLICE), s = z % SPLITS, of each head and writes partial result z (after the
+// B * HKV * SK rows of those before); HEAD_SPLITS > 1: only the GROUP_PART query heads of part
+// z / SPLITS of the group.
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, WITH_GRAD_V,
-// BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
+// BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), HEAD_SPLITS, GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
 // bindings of grad_out and out_value).
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
@@ -125,6 +126,8 @@ void load_qdo(uint q_base, uint q0, uint t) {
     }                                                                                            \
   }
 
+#define GROUP_PART (HQ / HKV / HEAD_SPLITS)
+
 void main() {
   uint b = gl_WorkGroupID.y / HKV, kv_head = gl_WorkGroupID.y % HKV;
   uint t = gl_LocalInvocationID.x;
@@ -144,12 +147,12 @@ void main() {
   uint q_start = CAUSAL != 0 ? (k0 / BQ) * BQ : 0u;
   uint q_end = SQ;
 #if SPLITS > 1
-  q_start = max(q_start, gl_WorkGroupID.z * SLICE);
-  q_end = min(q_end, gl_WorkGroupID.z * SLICE + SLICE);
+  q_start = max(q_start, (gl_WorkGroupID.z % SPLITS) * SLICE);
+  q_end = min(q_end, (gl_WorkGroupID.z % SPLITS) * SLICE + SLICE);
 #endif
   uint q_blocks = q_start < q_end ? (q_end - q_start + BQ - 1) / BQ : 0u;
-  uint blocks = (HQ / HKV) * q_blocks;
-  uint h_first = kv_head * (HQ / HKV);
+  uint blocks = GROUP_PART * q_blocks;
+  uint h_first = kv_head * (HQ / HKV) + (gl_WorkGroupID.z / SPLITS) * GROUP_PART;
   if (blocks > 0) load_qdo((b * HQ + h_first) * SQ, q_start, t);
 
   {

@@ -37,7 +37,7 @@
 // (modes 3 and 5), SCORES_VEC4 (W written through the vec4 view scores4, SK a multiple of 4),
 // HQ, HKV, SQ, SK, D,
 // DV, SCALE, CAUSAL, BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of
-// phase 2 whose loads are issued together), SPLITS and SLICE (a multiple of BS).
+// phase 2 whose loads are issued together), SPLITS and SLICE (a multiple of BS), HEAD_SPLITS.
 // Generated: float mask_at(b, h, i, j) (0 without a mask).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : require
@@ -81,6 +81,10 @@
 #define DV4PT ((DV4 + CT - 1) / CT)
 #define NEG_INF (-1.0 / 0.0)
 #define SPLIT (SPLITS > 1)
+// dK and dV over parts of each group's query heads (HEAD_SPLITS > 1): workgroup z takes slice
+// z % SPLITS of the queries of part z / SPLITS, GROUP_PART heads, and writes partial z.
+#define GROUP_PART (HQ / HKV / HEAD_SPLITS)
+#define KEY_PARTIALS (SPLITS * HEAD_SPLITS > 1)
 // The first row of this workgroup's partial result: slice z's rows follow those of slices
 // 0 .. z - 1 (grid y is B * heads).
 #define PARTIAL_BASE (gl_WorkGroupID.z * gl_NumWorkGroups.y * OWNED_LEN)
@@ -361,12 +365,12 @@ void main() {
 #endif
   uint s_end = SQ;
 #if SPLIT
-  s_begin = max(s_begin, gl_WorkGroupID.z * SLICE);
-  s_end = min(s_end, gl_WorkGroupID.z * SLICE + SLICE);
+  s_begin = max(s_begin, (gl_WorkGroupID.z % SPLITS) * SLICE);
+  s_end = min(s_end, (gl_WorkGroupID.z % SPLITS) * SLICE + SLICE);
 #endif
-  first_head = (gl_WorkGroupID.y % HKV) * (HQ / HKV);
+  first_head = (gl_WorkGroupID.y % HKV) * (HQ / HKV) + (gl_WorkGroupID.z / SPLITS) * GROUP_PART;
   blocks_per_head = s_begin < s_end ? (s_end - s_begin + BS - 1u) / BS : 0u;
-  block_count = (HQ / HKV) * blocks_per_head;
+  block_count = GROUP_PART * blocks_per_head;
 #else
   // No owned query sees a key past its last query.
   uint stream_end = CAUSAL != 0 ? min(SK, o0 + BO) : SK;
@@ -509,9 +513,9 @@ void main() {
 #elif MODE == 2
   WRITE_RESULT(grad_q, (SPLIT ? PARTIAL_BASE : 0u) + q_base, acc, E, E, E4, E4PT, 1.0)
 #elif ACCUMULATES
-  WRITE_RESULT(result, (SPLIT ? PARTIAL_BASE : 0u) + kv_base, acc, E, E, E4, E4PT, 1.0)
+  WRITE_RESULT(result, (KEY_PARTIALS ? PARTIAL_BASE : 0u) + kv_base, acc, E, E, E4, E4PT, 1.0)
 #endif
 #if GRAD_KV
-  WRITE_RESULT(result_v, (SPLIT ? PARTIAL_BASE : 0u) + kv_base, acc_v, DV, DV, DV4, DV4PT, 1.0)
+  WRITE_RESULT(result_v, (KEY_PARTIALS ? PARTIAL_BASE : 0u) + kv_base, acc_v, DV, DV, DV4, DV4PT, 1.0)
 #endif
 }

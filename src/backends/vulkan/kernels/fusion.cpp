@@ -356,18 +356,64 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Index chains (index_chain.cpp): a transpose or rope takes the links before it that only it
+  // reads, through reshapes, transposes, one rope and a split-K sum whose partials it then reads
+  // itself. From the last node, so that a chain's root is its last link.
+  std::map<ValueId, std::vector<ValueId>> chain_of_root;
+  std::vector<bool> in_chain(graph.size(), false);
+  if (fusion_enabled) {
+    const auto available = [&](ValueId value) {
+      return !observed[value] && consumers[value] == 1 && !is_fused(value) && !in_epilogue[value] &&
+             !written_by_producer[value] && !companions_of.count(value) && !in_chain[value];
+    };
+    for (size_t i = graph.size(); i-- > 0;) {
+      const Node& node = graph.nodes()[i];
+      if (in_chain[i] || !is_index_chain_root(node) || is_fused(static_cast<ValueId>(i))) continue;
+      std::vector<ValueId> links;
+      bool rope = node.op == op::rope;
+      ValueId value = node.inputs[0];
+      while (available(value)) {
+        const Node& link = graph.node(value);
+        if (is_partial_sum(graph, value)) {
+          links.push_back(value);
+          break;
+        }
+        if (!is_index_chain_link(link) || (link.op == op::rope && rope)) break;
+        rope = rope || link.op == op::rope;
+        links.push_back(value);
+        value = link.inputs[0];
+      }
+      // Reshapes alone save no launch.
+      if (std::none_of(links.begin(), links.end(),
+                       [&](ValueId link) { return !is_view_op(graph.node(link).op); }))
+        continue;
+      for (ValueId link : links) in_chain[link] = true;
+      std::reverse(links.begin(), links.end());
+      chain_of_root.emplace(static_cast<ValueId>(i), std::move(links));
+    }
+  }
+
   if (fused_away) {
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
                   epilogue_of_root.size() +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true);
+    for (const auto& [root, links] : chain_of_root)
+      *fused_away +=
+          static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
+            return !is_view_op(graph.node(link).op);
+          }));
   }
   std::vector<Launch> launches;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
     if (node.is_leaf() || is_view_op(node.op) || is_fused(id) || in_epilogue[i] ||
-        written_by_producer[i]) {
+        written_by_producer[i] || in_chain[i]) {
+      continue;
+    }
+    if (auto it = chain_of_root.find(id); it != chain_of_root.end()) {
+      launches.push_back(index_chain_launch(graph, id, it->second, device));
       continue;
     }
     if (auto it = companions_of.find(id); it != companions_of.end()) {

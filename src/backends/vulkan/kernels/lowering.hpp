@@ -103,6 +103,19 @@ std::vector<LoweringEntry> attention_lowerings();
 // fragments' side) where they run on `device`, else 1 (target::Target::attention_head_multiple).
 int64_t attention_head_multiple(const DeviceTraits& device);
 std::vector<LoweringEntry> loss_lowerings();
+// GLSL: lower_rope's table of angle parts and `vec2 NAME(uint row, uint d)`, the cosine and sine
+// of rope node `node`'s rotation of pair d in row `row` of its [..., S, D] shape.
+std::string rope_angle_function(const Node& node, const std::string& name);
+// Index chains (index_chain.cpp): a transpose or a rope (the root) computed in one launch with
+// the transposes, ropes, reshapes and split-K sums before it whose one reader is the next link
+// (`links`, in graph order): each element of the root is evaluated from the memory the chain
+// starts at, without launches or memory in between. Where attention's inputs are rotated and
+// moved to head-major order after their projections (and their gradients back), that is one
+// launch instead of up to three.
+bool is_index_chain_root(const Node& node);
+bool is_index_chain_link(const Node& node);
+Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
+                          const DeviceTraits& device);
 
 // Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);

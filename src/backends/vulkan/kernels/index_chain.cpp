@@ -1,0 +1,110 @@
+// Index chains (lowering.hpp): one launch for a transpose or rope and the links before it. Every
+// link becomes a GLSL function `float vN(uint i)`, its value at flat index i, written in terms
+// of the function of its input: a split-K sum adds its partial results there (in their
+// order, as the reduction it replaces), a reshape passes the index on, a transpose permutes it,
+// a rope reads the two elements of a pair. The root's launch writes vRoot(i) for every element.
+#include <set>
+
+#include "backends/vulkan/kernels/index_codegen.hpp"
+#include "backends/vulkan/kernels/lowering.hpp"
+#include "ir/op_names.hpp"
+#include "ops/op.hpp"
+
+namespace mg::kernels {
+namespace {
+
+constexpr uint32_t kLocalSize = 256;
+
+// Appends to `text` the functions of `id` and of the links it reads, inputs first; values
+// outside the chain are read from their buffers, which join `operands`. Functions are named by
+// their place in the chain (v0 reads memory), so that the same chain in every layer of a model
+// is one kernel. Returns the name of `id`'s function.
+std::string append_functions(const Graph& graph, ValueId id, const std::set<ValueId>& chain,
+                             int& functions, std::vector<Operand>& operands, std::string& text) {
+  const Node& node = graph.node(id);
+  std::string read;
+  if (chain.count(id) && node.op != op::sum)
+    read = append_functions(graph, node.inputs[0], chain, functions, operands, text);
+  const std::string name = "v" + std::to_string(functions++);
+  if (!chain.count(id)) {
+    const std::string buffer = "in" + std::to_string(operands.size());
+    operands.push_back({buffer, id, false});
+    text += "float " + name + "(uint i) {\n  return " + buffer + "[i];\n}\n";
+    return name;
+  }
+  if (node.op == op::sum) {
+    // Partial results [S, ...] read straight from their buffer.
+    const ValueId partials = node.inputs[0];
+    const int64_t count = node.type.elements();
+    const int64_t slices = graph.type(partials).elements() / count;
+    const std::string buffer = "in" + std::to_string(operands.size());
+    operands.push_back({buffer, partials, false});
+    std::string sum;
+    for (int64_t s = 0; s < slices; ++s)
+      sum += std::string(s ? " + " : "") + buffer + "[i" + (s ? " + " + glsl_uint(s * count) : "") +
+             "]";
+    text += "float " + name + "(uint i) {\n  return " + sum + ";\n}\n";
+    return name;
+  }
+  const ValueId input = node.inputs[0];
+  if (is_view_op(node.op)) {
+    text += "float " + name + "(uint i) {\n  return " + read + "(i);\n}\n";
+  } else if (node.op == op::transpose) {
+    const Shape& in_shape = graph.type(input).shape;
+    const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+    std::vector<std::string> in_coordinates(in_shape.size());
+    for (size_t k = 0; k < permutation.size(); ++k)
+      in_coordinates[permutation[k]] = "c" + std::to_string(k);
+    text += "float " + name + "(uint i) {\n" + coordinates_glsl(node.type.shape, "i") +
+            "  return " + read + "(" + flat_index_glsl(in_shape, in_coordinates) + ");\n}\n";
+  } else {  // rope: element d < D / 2 of a row is a * cos - b * sin, element d + D / 2 is
+            // b * cos + a * sin, with a, b the row's elements d and d + D / 2
+    const int64_t dim = node.type.shape.back(), half = dim / 2;
+    const std::string angle = name + "_angle";
+    text += rope_angle_function(node, angle);
+    text += "float " + name + "(uint i) {\n";
+    text += "  uint row = i / " + glsl_uint(dim) + ", d = i % " + glsl_uint(dim) + ";\n";
+    text +=
+        "  uint pair = d % " + glsl_uint(half) + ", first = row * " + glsl_uint(dim) + " + pair;\n";
+    text += "  vec2 rotation = " + angle + "(row, pair);\n";
+    text += "  float a = " + read + "(first), b = " + read + "(first + " + glsl_uint(half) + ");\n";
+    text += "  return d < " + glsl_uint(half) +
+            " ? a * rotation.x - b * rotation.y : b * rotation.x + a * rotation.y;\n}\n";
+  }
+  return name;
+}
+
+}  // namespace
+
+bool is_index_chain_root(const Node& node) {
+  return (node.op == op::transpose || node.op == op::rope) && node.type.dtype == DType::f32;
+}
+
+bool is_index_chain_link(const Node& node) {
+  return is_index_chain_root(node) || node.op == op::reshape;
+}
+
+Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
+                          const DeviceTraits& device) {
+  std::set<ValueId> chain(links.begin(), links.end());
+  chain.insert(root);
+  Launch launch;
+  std::string functions;
+  int count_of_functions = 0;
+  const std::string value_of_root =
+      append_functions(graph, root, chain, count_of_functions, launch.operands, functions);
+  // A chain holds one rope at most (index_chain links), so one table of angle parts.
+  const int64_t count = graph.node(root).type.elements();
+  launch.body = functions + "layout(local_size_x = " + std::to_string(kLocalSize) +
+                ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + glsl_uint(kLocalSize) +
+                " + gl_LocalInvocationID.x;\n  if (i >= " + glsl_uint(count) + ") return;\n" +
+                "  out_[i] = " + value_of_root + "(i);\n}\n";
+  launch.operands.push_back({"out_", root, true});
+  launch.kernel = "layout";
+  launch.label = "fused " + std::to_string(links.size() + 1) + " ops -> " + graph.node(root).op +
+                 " %" + std::to_string(root);
+  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, device);
+  return launch;
+}
+
+}  // namespace mg::kernels

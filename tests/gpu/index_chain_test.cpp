@@ -1,0 +1,91 @@
+// Index chains (backends/vulkan/kernels/index_chain.cpp): a transpose or rope computed in one
+// launch with the transposes, ropes, reshapes and split-K sums before it that only it reads.
+// Each case runs against the f64 reference and again with MEGANEURA_NO_FUSION=1, which must give
+// the same values in the stated number of launches.
+#include "harness.hpp"
+
+namespace mg {
+namespace {
+
+using testing::check_on_gpu;
+using testing::HarnessInput;
+using testing::ScopedSwitch;
+using Build = std::function<void(Graph&, std::vector<Tensor>&)>;
+
+// rope's transpose (its gradient), as autodiff adds it.
+Tensor inverse_rope(const Tensor& x, double theta) {
+  Graph& graph = x.graph();
+  return Tensor(
+      &graph,
+      graph.add("rope", {x.id()},
+                {{"theta", theta}, {"position_offset", int64_t{3}}, {"inverse", int64_t{1}}}));
+}
+
+void check_chain(const std::vector<HarnessInput>& inputs, const Build& build, size_t fused_launches,
+                 size_t unfused_launches) {
+  size_t fused = 0, unfused = 0;
+  check_on_gpu(inputs, build, 1e-5, 7, {}, &fused);
+  {
+    const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 7, {}, &unfused);
+  }
+  EXPECT_EQ(fused, fused_launches);
+  EXPECT_EQ(unfused, unfused_launches);
+}
+
+// Attention's query after its projection: split-K partials [3, S, H * D] summed, split into
+// heads, moved to head-major order and rotated (offset positions), in one launch instead of
+// three.
+TEST(GpuIndexChain, PartialSumTransposeRope) {
+  check_chain(
+      {{"partials", {3, 12, 4 * 8}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor heads = reshape(sum(x[0], {0}), {1, 12, 4, 8});
+        const Tensor y = rope(transpose(heads, {0, 2, 1, 3}), 10000.0, 5);
+        graph.set_output("y", y.id());
+      },
+      1, 3);
+}
+
+// The gradient's way back: partials summed, rotated back (inverse), moved to sequence-major
+// order; and a value that is also read elsewhere ends the chain (the transpose of `kept` reads
+// it from memory).
+TEST(GpuIndexChain, PartialSumInverseRopeTranspose) {
+  check_chain(
+      {{"partials", {2, 1, 3, 10, 6}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor rotated = inverse_rope(sum(x[0], {0}), 500.0);
+        graph.set_output("y", reshape(transpose(rotated, {0, 2, 1, 3}), {10, 18}).id());
+      },
+      1, 3);
+  check_chain(
+      {{"partials", {2, 1, 3, 10, 6}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor kept = sum(x[0], {0});
+        graph.set_output("kept", kept.id());
+        graph.set_output("y", transpose(rope(kept, 500.0, 0), {0, 2, 1, 3}).id());
+      },
+      2, 3);
+}
+
+// Transposes in a row (one permutation of another), and two ropes, which a chain never holds
+// together (one table of angles a launch): the first rope is a launch of its own.
+TEST(GpuIndexChain, TransposesAndTwoRopes) {
+  check_chain(
+      {{"x", {2, 3, 4, 6}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor once = transpose(x[0], {0, 2, 1, 3});
+        graph.set_output("y", transpose(once, {3, 1, 0, 2}).id());
+      },
+      1, 2);
+  check_chain(
+      {{"x", {1, 2, 5, 8}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor twice = rope(transpose(rope(x[0], 100.0, 1), {0, 2, 1, 3}), 9.0, 2);
+        graph.set_output("y", twice.id());
+      },
+      2, 3);
+}
+
+}  // namespace
+}  // namespace mg
