@@ -67,8 +67,10 @@ struct SessionOptions {
   Precision precision = Precision::strict;
   bool reuse_memory = true;  // false gives every value its own bytes (planner tests)
   uint64_t seed = 0;         // parameter initialisation, as initialise_leaves()
-  // false leaves parameters without defined values until written (a model folder's weights,
-  // written right after): building then takes no time proportional to the model's size.
+  // false leaves the model's weights without defined values until written (a model folder's
+  // weights, written right after): parameters, and state leaves drawn at random (frozen
+  // weights, as a frozen backbone's); building then takes no time proportional to the model's
+  // size. Leaves of one value (optimizer moments, norms' weights, caches) are filled either way.
   bool initialise_parameters = true;
   // Testing: leave this many bytes after every value, filled with a sentinel that
   // check_guards() verifies (turns memory reuse off). Lavapipe bounds-checks every access

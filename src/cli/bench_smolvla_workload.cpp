@@ -57,6 +57,31 @@ nlohmann::ordered_json smolvla_policy_config() {
   return policy;
 }
 
+}  // namespace
+
+models::SmolVLAConfig smolvla_workload_config() {
+  return models::smolvla_config_from_json(smolvla_policy_config(), smolvlm2_500m_config(),
+                                          "smolvla");
+}
+
+Graph smolvla_workload_training_graph(const models::SmolVLAConfig& config,
+                                      const OptimizerConfig& optimizer) {
+  Graph graph = models::smolvla_loss_graph(config, 1, config.tokenizer_max_length);
+  add_training(graph, graph.output(models::kLoss), optimizer);
+  return graph;
+}
+
+OptimizerConfig smolvla_workload_optimizer() {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::adamw;
+  optimizer.learning_rate = 1e-4;
+  optimizer.beta2 = 0.95;
+  optimizer.clip_norm = 10.0;
+  return optimizer;
+}
+
+namespace {
+
 std::vector<float> random_floats(size_t count, uint64_t seed, float scale) {
   std::mt19937_64 generator(seed);
   std::normal_distribution<float> normal(0.0f, scale);
@@ -68,20 +93,14 @@ std::vector<float> random_floats(size_t count, uint64_t seed, float scale) {
 }  // namespace
 
 nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& bench) {
-  const models::SmolVLAConfig config =
-      models::smolvla_config_from_json(smolvla_policy_config(), smolvlm2_500m_config(), "smolvla");
+  const models::SmolVLAConfig config = smolvla_workload_config();
   const int64_t batch = 1, language = config.tokenizer_max_length;
   SessionOptions options;
   options.precision = precision;
   options.shared_device = open_shared_device(bench.device);
 
-  Graph training_graph = models::smolvla_loss_graph(config, batch, language);
-  OptimizerConfig optimizer;
-  optimizer.kind = OptimizerConfig::Kind::adamw;
-  optimizer.learning_rate = 1e-4;
-  optimizer.beta2 = 0.95;
-  optimizer.clip_norm = 10.0;
-  add_training(training_graph, training_graph.output(models::kLoss), optimizer);
+  const OptimizerConfig optimizer = smolvla_workload_optimizer();
+  const Graph training_graph = smolvla_workload_training_graph(config, optimizer);
   const std::pair<BuildReport, BuildReport> builds = compile_reports(training_graph, options);
   const double cold = builds.first.build_seconds, warm = builds.second.build_seconds;
   const Graph chunk_graph = models::smolvla_chunk_graph(config, batch, language, config.num_steps);

@@ -11,6 +11,8 @@
 
 #include "meganeura/graph.hpp"
 #include "meganeura/session.hpp"
+#include "meganeura/train.hpp"
+#include "models/smolvla.hpp"
 
 namespace mg::cli {
 
@@ -51,6 +53,12 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& option
 nlohmann::json bench_whisper_tiny(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& options);
 nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& options);
+// The smolvla workload's model (SmolVLA's defaults over SmolVLM2-500M cut to 16 layers), its
+// optimizer (AdamW, clipping) and its training step at batch 1 (backbone frozen).
+models::SmolVLAConfig smolvla_workload_config();
+OptimizerConfig smolvla_workload_optimizer();
+Graph smolvla_workload_training_graph(const models::SmolVLAConfig& config,
+                                      const OptimizerConfig& optimizer);
 // SmolLM2-135M's config.json (the smollm2-135m workload's model).
 nlohmann::json smollm2_135m_config();
 // Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).

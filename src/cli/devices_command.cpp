@@ -39,8 +39,9 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     the time of building its graph and the parts of each build (opening the
                     device, planning, pipelines, recording, the rest)
   --program NAME    the program --bench-compile builds: cnn (the Fashion-MNIST CNN, batch 64,
-                    Adam; the default) or smollm2-135m (the smollm2-135m workload's training
-                    step: sequence 128, batch 1, AdamW, weights not drawn)
+                    Adam; the default), smollm2-135m (the smollm2-135m workload's training
+                    step: sequence 128, batch 1, AdamW, weights not drawn) or smolvla (the
+                    smolvla workload's training step: batch 1, backbone frozen, AdamW)
   --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
                     (132 compute units, NV cooperative matrices, workgroup-scope ones, f16
                     storage), make every launch's kernel source as a build does before it asks
@@ -134,7 +135,12 @@ CompiledProgram program_to_compile(const std::string& name) {
     // As the workload's compile figures: drawing weights takes time in proportion to the model.
     return {std::move(graph), false};
   }
-  throw Error("meganeura devices: unknown --program \"" + name + "\": use cnn or smollm2-135m");
+  if (name == "smolvla") {
+    const models::SmolVLAConfig config = smolvla_workload_config();
+    return {smolvla_workload_training_graph(config, smolvla_workload_optimizer()), false};
+  }
+  throw Error("meganeura devices: unknown --program \"" + name +
+              "\": use cnn, smollm2-135m or smolvla");
 }
 
 void bench_compile(const std::string& device, const std::string& program_name) {

@@ -291,6 +291,9 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   options.shared_device = open_shared_device(arguments.text("device", ""));
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
+  // The folder's weights are written right after each build: drawing them first would cost time
+  // in proportion to the model.
+  options.initialise_parameters = !folder.weights.has_value();
   models::SmolVLALossOptions loss_options;
   loss_options.train_backbone = train_backbone;
   int64_t step = 0;

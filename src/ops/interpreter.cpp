@@ -51,15 +51,16 @@ void initialise_leaves(const Graph& graph, Environment& environment, uint64_t se
   }
 }
 
-void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_parameters,
+void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_weights,
                           const std::function<bool(const Node&)>& wanted,
                           const std::function<void(const Node&, std::span<const double>)>& visit) {
   std::mt19937_64 generator(seed);
   std::vector<double> values;
   for (const Node& node : graph.nodes()) {
-    if (!is_initialised_leaf(node) || (skip_parameters && node.op == op::parameter)) continue;
+    if (!is_initialised_leaf(node) || (skip_weights && node.op == op::parameter)) continue;
     const Init init = leaf_init(node);
     const bool random = init.kind == Init::Kind::uniform || init.kind == Init::Kind::normal;
+    if (skip_weights && random) continue;
     const bool visited = wanted(node);
     if (!visited && !random) continue;
     values.resize(static_cast<size_t>(node.type.elements()));

@@ -25,8 +25,9 @@ void initialise_leaves(const Graph& graph, Environment& environment, uint64_t se
 // The same values as initialise_leaves on an empty environment, one leaf at a time in graph order
 // (so that no more than one leaf is held): `visit` gets each parameter/state leaf that `wanted`
 // accepts. Random leaves that are not wanted are still drawn, so the others keep their values;
-// with `skip_parameters` parameters are neither drawn nor visited.
-void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_parameters,
+// with `skip_weights` the model's weights, parameters and the state leaves drawn at random
+// (frozen weights), are neither drawn nor visited.
+void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_weights,
                           const std::function<bool(const Node&)>& wanted,
                           const std::function<void(const Node&, std::span<const double>)>& visit);
 

@@ -67,7 +67,7 @@ TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   ASSERT_NE(error, std::string::npos) << result.output;
   const std::string line = result.output.substr(error);
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
-  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn or smollm2-135m"), std::string::npos)
+  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m or smolvla"), std::string::npos)
       << line;
 }
 
