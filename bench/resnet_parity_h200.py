@@ -13,7 +13,11 @@ CLI's loader and, per precision, checks the chained run and then every step alon
 state before it. Each bound is max(floor, 10 x PyTorch float32's worst error of that kind in the
 same comparison; for the steps alone, the median over the steps against float32's median and
 every step against float32's largest), since ten chained steps of this network amplify rounding
-until float32 and float64 PyTorch disagree by tens of percent (docs/RESNET.md); the floors:
+until float32 and float64 PyTorch disagree by tens of percent (docs/RESNET.md); in fast
+precision a bound is also at least 2 x PyTorch AMP's error in the same comparison (the same
+chained run and steps alone under torch.autocast float16 with loss scaling, written beside as
+"amp." + name), since on these random weights AMP's own early-layer gradients miss the fast
+floors; the floors:
 
   strict: logits and losses rel. L2 < 1e-4, per-parameter gradient norms within 1e-3, gradients
           (and momentum buffers) 1e-2, running statistics 1e-5, parameters 1e-4
@@ -88,6 +92,63 @@ def print_amp_errors(model, images, labels, results, count=8):
         len(amp)), flush=True)
 
 
+def amp_sgd_step(model, optimizer, images, labels):
+    """One SGD step under torch.autocast float16 with GradScaler-style loss scaling: the loss times
+    a scale that starts at 2^16 and halves while a gradient is not finite (the batch-norm
+    statistics of a retried forward are put back first), the gradients divided by it."""
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    scale = 65536.0
+    while True:
+        optimizer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            logits = model(images)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        (loss * scale).backward()
+        gradients = [p.grad for p in model.parameters() if p.grad is not None]
+        if all(bool(torch.isfinite(g).all()) for g in gradients) or scale <= 1.0:
+            break
+        scale /= 2
+        with torch.no_grad():
+            for name, value in model.named_buffers():
+                value.copy_(buffers[name])
+    for gradient in gradients:
+        gradient.div_(scale)
+    optimizer.step()
+    return logits.float(), loss
+
+
+def amp_results(model, images, labels, learning_rate, momentum, states):
+    """PyTorch AMP's results under "amp." + the names the test compares: the chained run's
+    (first step's logits and gradients, every loss, the final state) and every step alone from
+    the float64 chain's state before it (the next state, every loss), as resnet_twin.reference
+    and one_step_results give float32's."""
+    x, y = images.cuda(), labels.long().cuda()
+    amp_model = copy.deepcopy(model).cuda().float().train()
+    optimizer = torch.optim.SGD(amp_model.parameters(), lr=learning_rate, momentum=momentum)
+    results, losses = {}, []
+    for step in range(len(images)):
+        logits, loss = amp_sgd_step(amp_model, optimizer, x[step], y[step])
+        if step == 0:
+            results["train.logits"] = logits.detach()
+            for name, parameter in amp_model.named_parameters():
+                results["grad." + name] = parameter.grad.detach().clone()
+        losses.append(loss.item())
+    results["train.losses"] = torch.tensor(losses)
+    for name, value in resnet_twin.state_of(amp_model, optimizer).items():
+        if not name.startswith("optimizer."):
+            results["final." + name] = value
+    losses = []
+    for step in range(len(images)):
+        resnet_twin.load_state(amp_model, optimizer,
+                               {name: value.float().cuda() for name, value in states[step].items()})
+        _, loss = amp_sgd_step(amp_model, optimizer, x[step], y[step])
+        losses.append(loss.item())
+        for name, value in resnet_twin.state_of(amp_model, optimizer).items():
+            results["state%d.%s" % (step + 1, name)] = value
+    results["step.losses"] = torch.tensor(losses)
+    return {"amp." + name: value.float().cpu().contiguous() for name, value in results.items()}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("binary", help="test_parity built from this tree")
@@ -106,15 +167,15 @@ def main():
     labels = torch.randint(0, 1000, (STEPS, BATCH), generator=generator, dtype=torch.int32)
     save_file({"images": images, "labels": labels}, os.path.join(args.work, "batches.safetensors"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results = resnet_twin.reference_and_float32(lambda: copy.deepcopy(model).double(), images, labels,
-                                                0.01, 0.9, device)
+    results, states = resnet_twin.reference_and_float32(lambda: copy.deepcopy(model).double(), images,
+                                                        labels, 0.01, 0.9, device, states_too=True)
+    if args.precision != "strict" and device == "cuda":
+        print_amp_errors(model, images, labels, results)
+        results.update(amp_results(model, images, labels, 0.01, 0.9, states))
     save_file(results, os.path.join(args.work, "torchvision.safetensors"),
               metadata={"state_dict_names": json.dumps(list(state))})
     print("torchvision %s side written to %s (reference on %s, float64)" % (torchvision.__version__, args.work, device),
           flush=True)
-
-    if args.precision != "strict" and device == "cuda":
-        print_amp_errors(model, images, labels, results)
 
     failed = False
     for precision in (["strict", "fast"] if args.precision == "both" else [args.precision]):

@@ -223,13 +223,14 @@ def one_step_results(make_model, images, labels, learning_rate, momentum, states
     return {name: value.float().cpu().contiguous() for name, value in results.items()}
 
 
-def reference_and_float32(make_model, images, labels, learning_rate, momentum, device):
-    """float64 results under their names, float32's under "float32." + the same names."""
+def reference_and_float32(make_model, images, labels, learning_rate, momentum, device, states_too=False):
+    """float64 results under their names, float32's under "float32." + the same names (and, with
+    `states_too`, the float64 chain's states, which the steps alone start from)."""
     results, states = reference(make_model, images, labels, learning_rate, momentum, torch.float64, device)
     float32, _ = reference(make_model, images, labels, learning_rate, momentum, torch.float32, device)
     float32.update(one_step_results(make_model, images, labels, learning_rate, momentum, states, device))
     results.update({"float32." + name: value for name, value in float32.items()})
-    return results
+    return (results, states) if states_too else results
 
 
 def main():
