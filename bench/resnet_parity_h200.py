@@ -118,35 +118,14 @@ def amp_sgd_step(model, optimizer, images, labels):
 
 
 def amp_results(model, images, labels, learning_rate, momentum, states):
-    """PyTorch AMP's results under "amp." + the names the test compares: the chained run's
-    (first step's logits and gradients, every loss, the final state) and every step alone from
-    the float64 chain's state before it (the next state, every loss), as resnet_twin.reference
-    and one_step_results give float32's."""
-    x, y = images.cuda(), labels.long().cuda()
-    amp_model = copy.deepcopy(model).cuda().float().train()
-    optimizer = torch.optim.SGD(amp_model.parameters(), lr=learning_rate, momentum=momentum)
-    results, losses = {}, []
-    for step in range(len(images)):
-        logits, loss = amp_sgd_step(amp_model, optimizer, x[step], y[step])
-        if step == 0:
-            results["train.logits"] = logits.detach()
-            for name, parameter in amp_model.named_parameters():
-                results["grad." + name] = parameter.grad.detach().clone()
-        losses.append(loss.item())
-    results["train.losses"] = torch.tensor(losses)
-    for name, value in resnet_twin.state_of(amp_model, optimizer).items():
-        if not name.startswith("optimizer."):
-            results["final." + name] = value
-    losses = []
-    for step in range(len(images)):
-        resnet_twin.load_state(amp_model, optimizer,
-                               {name: value.float().cuda() for name, value in states[step].items()})
-        _, loss = amp_sgd_step(amp_model, optimizer, x[step], y[step])
-        losses.append(loss.item())
-        for name, value in resnet_twin.state_of(amp_model, optimizer).items():
-            results["state%d.%s" % (step + 1, name)] = value
-    results["step.losses"] = torch.tensor(losses)
-    return {"amp." + name: value.float().cpu().contiguous() for name, value in results.items()}
+    """PyTorch AMP's results under "amp." + the names the test compares: the chained run's and
+    every step alone from the float64 chain's state before it, as resnet_twin gives float32's."""
+    make_model = lambda: copy.deepcopy(model).float()  # noqa: E731
+    results, _ = resnet_twin.reference(make_model, images, labels, learning_rate, momentum,
+                                       torch.float32, "cuda", step_of=amp_sgd_step)
+    results.update(resnet_twin.one_step_results(make_model, images, labels, learning_rate, momentum,
+                                                states, "cuda", step_of=amp_sgd_step))
+    return {"amp." + name: value for name, value in results.items()}
 
 
 def main():

@@ -160,7 +160,7 @@ def sgd_step(model, optimizer, images, labels):
     return logits, loss
 
 
-def reference(make_model, images, labels, learning_rate, momentum, dtype, device):
+def reference(make_model, images, labels, learning_rate, momentum, dtype, device, step_of=sgd_step):
     """The parity test's reference results in `dtype` (float64, and float32 as the yardstick of
     how far plain float32 arithmetic alone moves them):
       eval.logits               inference (running statistics) on batch 0
@@ -172,8 +172,9 @@ def reference(make_model, images, labels, learning_rate, momentum, dtype, device
       step.losses               in float32: each step's loss from the float64 chain's state
     In float32 state<k> is one step from float64's state<k-1> (rounded to float32), which is what
     the test's per-step comparison does on Meganeura's side; in float64 that is the chain itself.
-    `make_model` returns the model in float64 with the initial weights. Returns float32 tensors
-    on the CPU."""
+    `make_model` returns the model in float64 with the initial weights; `step_of` takes one
+    training step (sgd_step, or PyTorch AMP's in bench/resnet_parity_h200.py). Returns float32
+    tensors on the CPU."""
     steps = len(images)
     images, labels = images.to(device, dtype), labels.long().to(device)
     model = make_model().to(device, dtype)
@@ -188,7 +189,7 @@ def reference(make_model, images, labels, learning_rate, momentum, dtype, device
     chain_states = [state_of(model, optimizer)]
     losses = []
     for step in range(steps):
-        logits, loss = sgd_step(model, optimizer, images[step], labels[step])
+        logits, loss = step_of(model, optimizer, images[step], labels[step])
         if step == 0:
             results["train.logits"] = logits.detach()
             for name, parameter in model.named_parameters():
@@ -206,7 +207,8 @@ def reference(make_model, images, labels, learning_rate, momentum, dtype, device
     return {name: value.float().cpu().contiguous() for name, value in results.items()}, chain_states
 
 
-def one_step_results(make_model, images, labels, learning_rate, momentum, states, device):
+def one_step_results(make_model, images, labels, learning_rate, momentum, states, device,
+                     step_of=sgd_step):
     """float32 steps, each from the float64 chain's state before it (see reference)."""
     images, labels = images.to(device, torch.float32), labels.long().to(device)
     model = make_model().to(device, torch.float32)
@@ -215,7 +217,7 @@ def one_step_results(make_model, images, labels, learning_rate, momentum, states
     results, losses = {}, []
     for step in range(len(images)):
         load_state(model, optimizer, {name: value.float() for name, value in states[step].items()})
-        _, loss = sgd_step(model, optimizer, images[step], labels[step])
+        _, loss = step_of(model, optimizer, images[step], labels[step])
         losses.append(loss.item())
         for name, value in state_of(model, optimizer).items():
             results["state%d.%s" % (step + 1, name)] = value
