@@ -362,13 +362,13 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   std::map<ValueId, std::vector<ValueId>> chain_of_root;
   std::vector<bool> in_chain(graph.size(), false);
   if (fusion_enabled) {
+    // Links are transposes, ropes, reshapes and sums: never matmul epilogues or companions.
     const auto available = [&](ValueId value) {
-      return !observed[value] && consumers[value] == 1 && !is_fused(value) && !in_epilogue[value] &&
-             !written_by_producer[value] && !companions_of.count(value) && !in_chain[value];
+      return !observed[value] && consumers[value] == 1 && !is_fused(value);
     };
     for (size_t i = graph.size(); i-- > 0;) {
+      if (in_chain[i] || !is_index_chain_root(graph.nodes()[i])) continue;
       const Node& node = graph.nodes()[i];
-      if (in_chain[i] || !is_index_chain_root(node) || is_fused(static_cast<ValueId>(i))) continue;
       std::vector<ValueId> links;
       bool rope = node.op == op::rope;
       ValueId value = node.inputs[0];

@@ -7,6 +7,7 @@
 
 #include "backends/vulkan/kernels/index_codegen.hpp"
 #include "backends/vulkan/kernels/lowering.hpp"
+#include "backends/vulkan/kernels/pointwise.hpp"
 #include "ir/op_names.hpp"
 #include "ops/op.hpp"
 
@@ -39,11 +40,8 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
     const int64_t slices = graph.type(partials).elements() / count;
     const std::string buffer = "in" + std::to_string(operands.size());
     operands.push_back({buffer, partials, false});
-    std::string sum;
-    for (int64_t s = 0; s < slices; ++s)
-      sum += std::string(s ? " + " : "") + buffer + "[i" + (s ? " + " + glsl_uint(s * count) : "") +
-             "]";
-    text += "float " + name + "(uint i) {\n  return " + sum + ";\n}\n";
+    text += "float " + name + "(uint i) {\n  return " +
+            partials_sum_glsl(buffer, "i", slices, count) + ";\n}\n";
     return name;
   }
   const ValueId input = node.inputs[0];
@@ -89,11 +87,11 @@ Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<Va
   std::set<ValueId> chain(links.begin(), links.end());
   chain.insert(root);
   Launch launch;
+  // A chain holds one rope at most (lower_graph), so one table of angle parts.
   std::string functions;
   int count_of_functions = 0;
   const std::string value_of_root =
       append_functions(graph, root, chain, count_of_functions, launch.operands, functions);
-  // A chain holds one rope at most (index_chain links), so one table of angle parts.
   const int64_t count = graph.node(root).type.elements();
   launch.body = functions + "layout(local_size_x = " + std::to_string(kLocalSize) +
                 ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + glsl_uint(kLocalSize) +

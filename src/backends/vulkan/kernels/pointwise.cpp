@@ -7,6 +7,16 @@
 #include <map>
 
 namespace mg::kernels {
+std::string partials_sum_glsl(const std::string& view, const std::string& index, int64_t partials,
+                              int64_t stride) {
+  std::string sum;
+  for (int64_t s = 0; s < partials; ++s) {
+    if (s > 0) sum += " + ";
+    sum += view + "[" + index + (s == 0 ? "" : " + " + glsl_uint(s * stride)) + "]";
+  }
+  return "(" + sum + ")";
+}
+
 namespace {
 
 constexpr uint32_t kLocalSize = 256;
@@ -190,15 +200,10 @@ struct InputAccess {
 };
 
 // The sum of a partials input's results at linear element `index` (or vec4 `index` of its
-// vector view), in the order of the partials, as the reduction it replaces adds them.
+// vector view).
 std::string partials_sum(const InputAccess& input, const std::string& view,
                          const std::string& index, int64_t stride) {
-  std::string sum;
-  for (int64_t s = 0; s < input.partials; ++s) {
-    if (s > 0) sum += " + ";
-    sum += view + "[" + index + (s == 0 ? "" : " + " + glsl_uint(s * stride)) + "]";
-  }
-  return "(" + sum + ")";
+  return partials_sum_glsl(view, index, input.partials, stride);
 }
 
 // The output shape with extent-1 axes dropped and neighbouring axes merged wherever every

@@ -47,6 +47,10 @@ std::string pointwise_statements_glsl(const PointwiseDag& dag,
 std::string pointwise_value_glsl(size_t statement);
 // The variable that holds the DAG's result after those statements.
 std::string pointwise_result_glsl(const PointwiseDag& dag);
+// The sum of `partials` split partial results at element `index` of `view`, partial s at
+// `index` + s * `stride`, added in their order as the reduction it replaces adds them.
+std::string partials_sum_glsl(const std::string& view, const std::string& index, int64_t partials,
+                              int64_t stride);
 
 Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
                         std::string label);
