@@ -30,19 +30,22 @@ OptimizerConfig sgd() {
   return optimizer;
 }
 
+void set_training_inputs(Session& session, const models::ResNetConfig& config, int64_t batch) {
+  session.set_input(models::kResNetImagesInput, random_images(batch, 2));
+  const std::vector<int32_t> labels = random_tokens(batch, config.num_classes, 3);
+  session.set_input(models::kResNetLabelsInput, labels);
+  for (const auto& [input, value] : optimizer_inputs(sgd(), 0)) {
+    if (session.has_input(input))
+      session.set_input(input, std::vector<float>{static_cast<float>(value)});
+  }
+}
+
 // A training session for `batch` images with its inputs set.
 std::unique_ptr<Session> training_session(const models::ResNetConfig& config, int64_t batch,
                                           const SessionOptions& options) {
-  const OptimizerConfig optimizer = sgd();
   auto session = std::make_unique<Session>(
-      models::build_resnet_training(config, batch, kSide, kSide, optimizer), options);
-  session->set_input(models::kResNetImagesInput, random_images(batch, 2));
-  const std::vector<int32_t> labels = random_tokens(batch, config.num_classes, 3);
-  session->set_input(models::kResNetLabelsInput, labels);
-  for (const auto& [input, value] : optimizer_inputs(optimizer, 0)) {
-    if (session->has_input(input))
-      session->set_input(input, std::vector<float>{static_cast<float>(value)});
-  }
+      models::build_resnet_training(config, batch, kSide, kSide, sgd()), options);
+  set_training_inputs(*session, config, batch);
   return session;
 }
 
@@ -57,7 +60,7 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench)
   options.shared_device = open_shared_device(bench.device);
   const std::pair<BuildReport, BuildReport> builds =
       compile_reports(models::build_resnet_training(config, batch, kSide, kSide, sgd()), options);
-  const double cold = builds.first.build_seconds, warm = builds.second.build_seconds;
+  const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
 
   Session inference(models::build_resnet(config, batch, kSide, kSide, false), options);
   inference.set_input(models::kResNetImagesInput, random_images(batch, 1));
@@ -94,13 +97,21 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench)
     timings[key + "_images_per_second"] = 1000.0 * static_cast<double>(large) / ms;
     memory[key + "_device_bytes"] = device_bytes(session->report());
   }
+  const std::string mode(precision_name(precision));
+  for (const int64_t traced : {batch, int64_t{256}}) {
+    write_workload_trace(bench, "resnet-50-" + mode + "-training-b" + std::to_string(traced),
+                         models::build_resnet_training(config, traced, kSide, kSide, sgd()),
+                         options,
+                         [&](Session& session) { set_training_inputs(session, config, traced); });
+  }
   return {{"framework", "meganeura"},
           {"model", "resnet-50"},
-          {"mode", std::string(precision_name(precision))},
+          {"mode", mode},
           {"device", report.device},
           {"config", {{"batch", batch}, {"image_size", kSide}, {"throughput_batches", {64, 256}}}},
           {"timings", timings},
           {"memory", memory},
+          {"compile_parts", compile_parts_json(builds)},
           {"dispatches", {{"inference", inference_dispatches}, {"training", report.dispatches}}},
           {"outputs", {{"loss", loss}}}};
 }

@@ -155,8 +155,9 @@ Switches read_switches(Reader& read) {
       read.flag("MEGANEURA_OVERLAP_REDUCTION", "gradient sums after the whole backward pass",
                 "gradient sums during backward", "DataParallelOptions::overlap");
 
-  s.split_k = read.flag("MEGANEURA_SPLIT_K", "no split-K, split sums or split attention",
-                        "all three on any device", "on GPUs, off on CPU devices");
+  s.split_k = read.flag("MEGANEURA_SPLIT_K",
+                        "no split-K, split sums, decomposed batch norms or split attention",
+                        "all four on any device", "on GPUs, off on CPU devices");
   s.im2col = read.flag("MEGANEURA_IM2COL", "implicit-GEMM convolutions",
                        "im2col convolutions on any device", "im2col on GPUs");
   s.attention_dq_gemm = read.flag("MEGANEURA_ATTENTION_DQ_GEMM", "the dQ kernel",

@@ -79,8 +79,14 @@ Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap 
 Graph im2col_convolutions(const Graph& graph, const target::Target& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
 
-// Two-step sums: a sum whose reduced axes lie on both sides of a kept axis and that has few
-// outputs first sums the reduced axes after that kept axis; an f32 cross_entropy over many
+// Training batch norms over at least `min_channel_elements` elements a channel become means,
+// sums and pointwise ops (see decompose_batch_norm.cpp), sharing the running statistics'
+// mean and variance and the bias and weight gradients' sums.
+Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
+                           std::vector<ValueId>* remap = nullptr);
+
+// Two-step sums: a sum or mean whose reduced axes lie on both sides of a kept axis and that has
+// few outputs first reduces the reduced axes after that kept axis; an f32 cross_entropy over many
 // logits becomes its per_row form and a sum (see split_reductions.cpp).
 Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 

@@ -1,5 +1,6 @@
-// Two-step sums: a `sum` whose reduced axes lie on both sides of a kept axis (the bias and
-// batch-norm gradients of a convolution: [N, C, H, W] summed over N, H and W) has few outputs,
+// Two-step sums: a `sum` or `mean` whose reduced axes lie on both sides of a kept axis (the bias
+// and batch-norm gradients of a convolution, a batch norm's statistics: [N, C, H, W] reduced over
+// N, H and W) has few outputs,
 // each a long strided row, and the row-reduction kernel gives each output one workgroup. The
 // Fashion-MNIST CNN's 16-channel bias gradient over 64 x 28 x 28 thus runs on 16 compute units
 // of a large GPU, a large part of its training step. The pass sums the reduced axes after the
@@ -50,7 +51,8 @@ struct SplitSum {
 };
 
 std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
-  if (node.op != op::sum || node.type.dtype != DType::f32 || !node.attrs.has("axes"))
+  if ((node.op != op::sum && node.op != op::mean) || node.type.dtype != DType::f32 ||
+      !node.attrs.has("axes"))
     return std::nullopt;
   const Shape& shape = graph.type(node.inputs[0]).shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
@@ -149,7 +151,9 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
         if (splits_cross_entropy(target, node)) return per_row_cross_entropy(target, node);
         const std::optional<SplitSum> split = split_of(target, node);
         if (!split) return target.add_typed(std::move(node));
-        const ValueId inner = target.add(op::sum, node.inputs,
+        // A mean's first step is a mean too: every inner row has the same length, so the mean
+        // of their means is the whole mean.
+        const ValueId inner = target.add(node.op, node.inputs,
                                          {{"axes", split->inner_axes}, {"keepdims", int64_t{1}}});
         node.inputs = {inner};
         return target.add_typed(std::move(node));

@@ -12,6 +12,11 @@
 namespace mg::plan {
 namespace {
 
+// Training batch norms with at least this many elements a channel are decomposed
+// (passes::decompose_batch_norm): below it the norm kernel's few passes over a short channel
+// cost less than the decomposition's extra launches.
+constexpr int64_t kDecomposedBatchNormElements = 8192;
+
 uint64_t align_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
@@ -411,8 +416,8 @@ Program build_program(const Graph& source, const target::Target& device,
   program.graph = passes::workgroup_gemm(program.graph, device);
   // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
   if (split_k)
-    program.graph = passes::split_reductions(
-        passes::merge_leading_sums(passes::split_k(program.graph, device)));
+    program.graph = passes::split_reductions(passes::merge_leading_sums(passes::split_k(
+        passes::decompose_batch_norm(program.graph, kDecomposedBatchNormElements), device)));
   // The same trade for attention; forcing a slice count or head splits (sweeps, tests) applies
   // on any device.
   if (split_k || !switches.attention_splits.empty() ||

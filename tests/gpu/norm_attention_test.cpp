@@ -92,6 +92,27 @@ TEST(GpuNorm, BatchNormTrainingUpdatesRunningStatistics) {
       });
 }
 
+// Channels of 9216 elements with GPU parallelism on (split-K and its kin, forced here on the CPU
+// device): the training batch norm runs decomposed into means, sums and pointwise kernels
+// (passes::decompose_batch_norm) with its ReLU, gradients and running statistics.
+TEST(GpuNorm, DecomposedBatchNormTraining) {
+  const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+  check_on_gpu(
+      {{"x", {2, 4, 64, 72}, DType::f32, -1.0, 3.0}, {"w", {4}}, {"b", {4}}, {"g", {2, 4, 64, 72}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor running_mean(
+            &graph, graph.state("running_mean", {DType::f32, {4}}, Init::uniform(-1, 1)));
+        const Tensor running_var(
+            &graph, graph.state("running_var", {DType::f32, {4}}, Init::uniform(0.5, 2)));
+        const Tensor y = relu(batch_norm(x[0], x[1], x[2], running_mean, running_var, true));
+        graph.set_output("y", y.id());
+        output_gradients(graph, "", y, {x[0], x[1], x[2]}, x[3]);
+        for (size_t k = 0; k < graph.updates().size(); ++k) {
+          graph.set_output("update" + std::to_string(k), graph.updates()[k].second);
+        }
+      });
+}
+
 // The GPU kernels' rule (forced on CPU devices): few groups of many elements take workgroups of
 // up to 1024 threads, and groups whose elements come in aligned fours of one channel take vec4
 // steps; the odd plane keeps scalar steps over the same wide workgroups.

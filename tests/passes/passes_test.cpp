@@ -1478,3 +1478,76 @@ TEST(Passes, F16StorageRoutesF16Products) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+
+size_t count_of(const Graph& graph, std::string_view op) {
+  return static_cast<size_t>(std::count_if(graph.nodes().begin(), graph.nodes().end(),
+                                           [&](const Node& node) { return node.op == op; }));
+}
+
+// A training batch norm (weight and bias, or neither) over an input far from zero mean, its
+// running statistics and the gradients of a loss through it: the decomposed graph gives the same
+// output, gradients and running statistics, shares the statistics and the gradient sums (no
+// batch norm left, one mean a statistic, one sum each for the weight and bias gradients), and
+// leaves channels below the element bound as they are.
+TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
+  for (const bool affine : {true, false}) {
+    SCOPED_TRACE(affine ? "affine" : "plain");
+    std::mt19937_64 generator(affine ? 31 : 32);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    const Shape shape{2, 4, 12, 12};
+    Graph graph;
+    Environment environment;
+    const Tensor x = input(graph, "x", shape);
+    HostTensor x_value(shape);
+    for (int64_t i = 0; i < x_value.elements(); ++i)
+      x_value.data[static_cast<size_t>(i)] =
+          3.0 + 0.5 * static_cast<double>((i / 144) % 4) + uniform(generator);
+    environment.leaves["x"] = x_value;
+    std::optional<Tensor> weight, bias;
+    if (affine) {
+      weight = input(graph, "w", {4});
+      bias = input(graph, "b", {4});
+      environment.leaves["w"] = HostTensor({4}, {0.5, -1.5, 2.0, 1.25});
+      environment.leaves["b"] = HostTensor({4}, {0.1, 0.2, -0.3, 0.4});
+    }
+    const Tensor running_mean{&graph, graph.state("rm", {DType::f32, {4}})};
+    const Tensor running_var{&graph, graph.state("rv", {DType::f32, {4}}, Init::ones())};
+    const Tensor y = relu(batch_norm(x, weight, bias, running_mean, running_var, true, 0.1, 1e-5));
+    const Tensor seed = input(graph, "seed", shape);
+    HostTensor seed_value(shape);
+    for (double& element : seed_value.data) element = uniform(generator);
+    environment.leaves["seed"] = seed_value;
+    std::vector<ValueId> wrt{x.id()};
+    if (affine) wrt = {x.id(), weight->id(), bias->id()};
+    const std::map<ValueId, ValueId> grads = gradients(graph, sum_all(y * seed).id(), wrt);
+    graph.set_output("y", y.id());
+    graph.set_output("dx", grads.at(x.id()));
+    if (affine) {
+      graph.set_output("dw", grads.at(weight->id()));
+      graph.set_output("db", grads.at(bias->id()));
+    }
+    for (const auto& [leaf, value] : graph.updates())
+      graph.set_output("new " + graph.node(leaf).name, value);
+    initialise_leaves(graph, environment, 1);
+    const Graph optimized = passes::optimize(graph);
+
+    const Graph decomposed = passes::decompose_batch_norm(optimized, 288);
+    EXPECT_EQ(count_of(decomposed, "batch_norm") + count_of(decomposed, "batch_norm_grad"), 0u);
+    EXPECT_EQ(count_of(decomposed, "mean"), 2u);
+    EXPECT_EQ(count_of(decomposed, "sum"), 2u);
+    expect_same_outputs(graph, decomposed, environment);
+    const Graph split = passes::split_reductions(decomposed);
+    EXPECT_EQ(count_of(split, "mean"), 4u);
+    expect_same_outputs(graph, split, environment);
+
+    const Graph kept = passes::decompose_batch_norm(optimized, 289);
+    EXPECT_EQ(count_of(kept, "batch_norm_grad"), 1u);
+    EXPECT_EQ(kept.size(), optimized.size());
+  }
+}
+
+}  // namespace
+}  // namespace mg

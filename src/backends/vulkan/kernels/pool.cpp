@@ -95,20 +95,23 @@ void lower_max_pool(LoweringContext& context) {
 void lower_max_pool_grad(LoweringContext& context) {
   const Node& node = context.node();
   const PoolGeometry p = pool_geometry(node.attrs, context.input_type(0).shape);
-  // Flat input index of the first maximum of window (oh, ow) in `plane`, as max_pool2d picks it.
+  // Whether input element i (value xi) is the first maximum of window (oh, ow) in `plane`, as
+  // max_pool2d picks it: no larger value in the window and no equal one before it in row-major
+  // order, whose flat index is then smaller. Most elements are no window's maximum, and the scan
+  // stops at the first value that shows it.
   const std::string functions =
-      "uint first_argmax(uint plane, uint oh, uint ow) {\n  float best = 0.0;\n  uint at = "
-      "0xffffffffu;\n" +
+      "bool is_first_argmax(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
       window_loop(p, "oh", "ow",
                   "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
                       u(p.in_width) +
-                      " + uint(iw);\n      float value = x[index];\n      if (at == 0xffffffffu "
-                      "|| value > best) { best = value; at = index; }\n") +
-      "  return at;\n}\n";
+                      " + uint(iw);\n      float value = x[index];\n      if (value > xi || "
+                      "(value == xi && index < i)) return false;\n") +
+      "  return true;\n}\n";
   const std::string body =
-      "  float total = 0.0;\n" +
-      windows_containing(p, "      if (first_argmax(plane, oh, ow) == i) total += dy[(plane * " +
-                                u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow];\n") +
+      "  float total = 0.0;\n  float xi = x[i];\n" +
+      windows_containing(p,
+                         "      if (is_first_argmax(plane, oh, ow, i, xi)) total += dy[(plane * " +
+                             u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow];\n") +
       "  dx[i] = total;\n";
   emit_elementwise(
       context, functions, body,
