@@ -102,7 +102,7 @@ nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& bench) 
   const OptimizerConfig optimizer = smolvla_workload_optimizer();
   const Graph training_graph = smolvla_workload_training_graph(config, optimizer);
   const std::pair<BuildReport, BuildReport> builds = compile_reports(training_graph, options);
-  const double cold = builds.first.build_seconds, warm = builds.second.build_seconds;
+  const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
   const Graph chunk_graph = models::smolvla_chunk_graph(config, batch, language, config.num_steps);
 
   const int64_t side = config.vision.image_size;
@@ -168,6 +168,7 @@ nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& bench) 
             {"training_ms", training_ms},
             {"training_gpu_ms", gpu_ms(timed_training, bench.runs)}}},
           {"memory", memory},
+          {"compile_parts", compile_parts_json(builds)},
           {"dispatches", {{"chunk", sampler.report().dispatches}, {"training", report.dispatches}}},
           {"outputs", {{"loss", loss}}}};
 }

@@ -77,7 +77,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
 
   const Graph train_1 = training_graph(1);
   const std::pair<BuildReport, BuildReport> builds = compile_reports(train_1, options);
-  const double cold = builds.first.build_seconds, warm = builds.second.build_seconds;
+  const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
   Session inference(models::unet_graph(config, {2, side, side, tokens}), options);
   set_inputs(inference, 2, false);
   const double inference_ms = median_ms([&] { inference.run(); }, bench.runs);
@@ -135,6 +135,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
             {"guidance", 7.5}}},
           {"timings", timings},
           {"memory", memory},
+          {"compile_parts", compile_parts_json(builds)},
           {"dispatches", dispatches},
           {"outputs", {{"loss", loss}}}};
 }

@@ -57,6 +57,10 @@ std::pair<BuildReport, BuildReport> compile_reports(const Graph& graph, SessionO
   return {std::move(cold), std::move(warm)};
 }
 
+double compile_seconds(const BuildReport& report) {
+  return report.build_seconds - report.device_seconds;
+}
+
 nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& builds) {
   const auto parts = [](const BuildReport& report) {
     return nlohmann::json{

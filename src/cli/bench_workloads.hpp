@@ -37,6 +37,10 @@ double gpu_ms(Session& session, int64_t runs);
 // The reports of a cold and a warm build of `graph`, each on a device opened afresh, the first
 // over a new kernel cache and the second over the cache the first filled.
 std::pair<BuildReport, BuildReport> compile_reports(const Graph& graph, SessionOptions options);
+// A build's compile time: building the program on an open device, the device's opening left out
+// (a process opens one device and builds all its programs on it, and PyTorch's compile time
+// likewise starts with CUDA ready); compile_parts_json reports the opening beside it.
+double compile_seconds(const BuildReport& report);
 // {"cold": {...}, "warm": {...}} with the parts of each build (BuildReport's *_seconds).
 nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& builds);
 std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint64_t seed);

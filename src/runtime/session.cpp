@@ -63,6 +63,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   const auto seconds_since = [](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   };
+  gpu::prepare_shader_compiler();
   auto phase = std::chrono::steady_clock::now();
   impl.device = options.shared_device
                     ? options.shared_device->device

@@ -263,6 +263,13 @@ class Device {
 // the result with SPIRV-Tools. Throws mg::Error as create_pipelines does.
 std::vector<uint32_t> compile_glsl(const KernelSpec& spec);
 
+// Starts building, on a background thread and once a process, the shader compiler's built-in
+// tables for compute kernels of the newest Vulkan target, which the first kernel compiled would
+// otherwise build alone while every other compile waits. A session starts it before opening its
+// device, so that the work overlaps opening the device and planning; with every kernel cached it
+// only costs a core for a moment.
+void prepare_shader_compiler();
+
 // Writes timings as Chrome trace JSON (chrome://tracing, Perfetto).
 void write_chrome_trace(const std::vector<DispatchTiming>& timings, const std::string& path);
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -163,7 +164,15 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
   std::vector<std::exception_ptr> errors(specs.size());
   std::atomic<uint32_t> cache_hits{0};
 
-  parallel_for(specs.size(), [&](size_t i) {
+  // The longest kernels first: the build ends with its slowest compile, so that one should not
+  // start last.
+  std::vector<size_t> order(specs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return specs[a].source.size() > specs[b].source.size();
+  });
+  parallel_for(specs.size(), [&](size_t position) {
+    const size_t i = order[position];
     try {
       const auto compile = [&] {
         auto compiled =

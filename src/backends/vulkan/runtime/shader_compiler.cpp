@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "backends/vulkan/runtime/spirv_cooperative_matrix.hpp"
 #include "backends/vulkan/runtime/vulkan_api.hpp"
@@ -43,6 +44,29 @@ void initialize_glslang() {
   static std::once_flag once;
   std::call_once(once, [] { glslang::InitializeProcess(); });
 }
+
+// glslang builds its built-in symbol tables for a (version, stage, target) on the first parse,
+// under a process-wide lock; a parse of an empty kernel builds them.
+void parse_empty_kernel(uint32_t vulkan_api_version) {
+  initialize_glslang();
+  const Target target = target_for(vulkan_api_version);
+  const char* text = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n";
+  glslang::TShader shader(EShLangCompute);
+  shader.setStrings(&text, 1);
+  shader.setEnvInput(glslang::EShSourceGlsl, EShLangCompute, glslang::EShClientVulkan, 100);
+  shader.setEnvClient(glslang::EShClientVulkan, target.client);
+  shader.setEnvTarget(glslang::EShTargetSpv, target.spirv);
+  shader.parse(GetDefaultResources(), 450, false,
+               static_cast<EShMessages>(EShMsgSpvRules | EShMsgVulkanRules));
+}
+
+// Joined at exit, before glslang's own statics go.
+struct CompilerPreparation {
+  std::thread thread;
+  ~CompilerPreparation() {
+    if (thread.joinable()) thread.join();
+  }
+};
 
 bool is_identifier(const std::string& name) {
   if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
@@ -167,6 +191,14 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
 
 std::vector<uint32_t> compile_glsl(const KernelSpec& spec) {
   return detail::compile_to_spirv(spec, VK_API_VERSION_1_1, true);
+}
+
+void prepare_shader_compiler() {
+  static detail::CompilerPreparation preparation;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    preparation.thread = std::thread([] { detail::parse_empty_kernel(VK_API_VERSION_1_3); });
+  });
 }
 
 }  // namespace mg::gpu
