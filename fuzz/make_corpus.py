@@ -76,6 +76,17 @@ def main():
     write("image", "rgba.png", png(4, 4, 6, 4))
     write("image", "gray.pgm", b"P5 3 2 255\n" + bytes(range(10, 70, 10)))
     write("image", "ascii.pgm", b"P2\n# comment\n2 2\n15\n0 5 10 15\n")
+    # Inputs the one-hour runs found (docs/RELIABILITY.md): JPEGs whose Huffman table declares
+    # 768 codes, or 1020 in counts cut short by the end of the file, and a 41-byte run-length TGA
+    # declaring 2056x16392.
+    write("image", "jpeg_huffman_overflow", bytes.fromhex(
+        "ffffffffd8ffffffffffffffffffffffffffc4ffff00000000030000000000000000ffffff00000000000000"
+        "000000000000000000000000000000000040000000000000000000ffffffffffffdfffffffff"))
+    write("image", "jpeg_huffman_truncated", bytes.fromhex(
+        "ffffd8ffffffffffffffffffffffffffc4ffff1200ffffffff"))
+    write("image", "tga_declared_too_large", bytes.fromhex(
+        "ff000b0008080808 08ff080808080840 0808080800c93f7c 0100071f08d7ffff ffffffff7f00fffc5d"
+        .replace(" ", "")))
     # The idx target's first byte times four is the labels file's length: 4 labels make 12 bytes,
     # and a gzip level is picked whose output is a multiple of four bytes long.
     labels, images = idx(4, 4)

@@ -97,6 +97,9 @@ class Graph {
   // After each run, persistent leaf `target` takes the value `value` (optimizer updates,
   // running statistics). Types must match.
   void assign(ValueId target, ValueId value);
+  // Replaces the value an earlier assign gave `target` (the optimizer keeps the running
+  // statistics of a step it drops); throws mg::Error where `target` has no update.
+  void reassign(ValueId target, ValueId value);
 
   const Node& node(ValueId id) const;
   const TensorType& type(ValueId id) const { return node(id).type; }

@@ -30,8 +30,9 @@ struct OptimizerConfig {
   // graph stays static: every run computes the update and kApplyUpdateInput selects whether it
   // is kept. 1 turns it off and builds exactly the graph without the feature.
   int64_t accumulation_steps = 1;
-  // Non-finite steps: the update (parameters and every optimizer state) is kept only where the
-  // loss and the gradients are finite, and output kNonFiniteOutput says whether it was dropped.
+  // Non-finite steps: the update (parameters, every optimizer state, and the state the graph
+  // itself assigns, such as batch norm's running statistics) is kept only where the loss and the
+  // gradients are finite, and output kNonFiniteOutput says whether it was dropped.
   // The check reads the sum of squares clipping computes, or without clipping a plain sum of
   // each gradient (one reduction a parameter). A skipped micro-step of an accumulation group
   // adds nothing.

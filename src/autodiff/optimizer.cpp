@@ -198,6 +198,13 @@ ValueId add_optimizer_update(Graph& graph, const std::map<ValueId, ValueId>& gra
     if (loss != kNoValue) magnitude = magnitude + abs(cast(Tensor{&graph, loss}, DType::f32));
     finite = less(magnitude, scalar(graph, std::numeric_limits<float>::max()));
     graph.set_output(kNonFiniteOutput, (1.0 - finite).id());
+    // The graph's own state (batch norm's running statistics) keeps its value on a dropped step
+    // as well: the statistics of a step that overflowed are no better than its update, and a
+    // run stopped there checkpoints the state of the last good step.
+    const std::vector<std::pair<ValueId, ValueId>> model_updates = graph.updates();
+    for (const auto& [leaf, value] : model_updates) {
+      graph.reassign(leaf, where(finite, Tensor{&graph, value}, Tensor{&graph, leaf}).id());
+    }
   }
   for (const auto& [accumulated, total] : accumulated_sums) {
     Tensor kept = where(apply, scalar(graph, 0.0, graph.type(accumulated.id()).dtype), total);

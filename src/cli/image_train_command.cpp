@@ -183,42 +183,44 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int image_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words,
-                            {"model",
-                             "data",
-                             "weights",
-                             "classes",
-                             "size",
-                             "validation",
-                             "out",
-                             "epochs",
-                             "max-steps",
-                             "batch",
-                             "lr",
-                             "optimizer",
-                             "momentum",
-                             "weight-decay",
-                             "schedule",
-                             "warmup",
-                             "clip",
-                             "accumulate",
-                             "min-crop",
-                             "workers",
-                             "seed",
-                             "device",
-                             "precision",
-                             "resume",
-                             "checkpoint-every",
-                             "trace",
-                             "width",
-                             "bucket-mb",
-                             "log-every",
-                             kOnNonFiniteOption,
-                             kLossScaleOption},
-                            {"help", "no-augment", "overwrite", "distributed"});
+  const Arguments arguments(
+      "meganeura train", words,
+      {"model",
+       "data",
+       "weights",
+       "classes",
+       "size",
+       "validation",
+       "out",
+       "epochs",
+       "max-steps",
+       "batch",
+       "lr",
+       "optimizer",
+       "momentum",
+       "weight-decay",
+       "schedule",
+       "warmup",
+       "clip",
+       "accumulate",
+       "min-crop",
+       "workers",
+       "seed",
+       "device",
+       "precision",
+       "resume",
+       "checkpoint-every",
+       "trace",
+       "width",
+       "bucket-mb",
+       "log-every",
+       kOnNonFiniteOption,
+       kLossScaleOption},
+      {"help", "no-augment", "overwrite", "distributed", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kDetectAnomalyHelp, stdout);
     std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
@@ -440,8 +442,8 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
     }
     ++step;
     const double loss = training.loss();
-    const bool dropped =
-        non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path, progress);
+    const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
+                                            progress, [&] { return training.find_anomaly(); });
     const std::vector<int64_t> predicted =
         predictions(training.output(models::kResNetLogitsOutput), local_batch, classes);
     int64_t correct = 0;

@@ -30,7 +30,7 @@ inline constexpr const char* kOnNonFiniteOption = "on-nonfinite";
 inline constexpr const char* kDetectAnomalySwitch = "detect-anomaly";
 inline constexpr const char* kLossScaleOption = "loss-scale";
 // Their lines in each job's --help (--detect-anomaly: the jobs whose program is a
-// TrainingProgram, the classifier and language-model jobs).
+// TrainingProgram, the classifier, ResNet and language-model jobs).
 inline constexpr const char* kOnNonFiniteHelp =
     R"(  --on-nonfinite P      a step whose loss or gradients hold NaN or infinity never updates
                         the parameters; then stop (the default: the run stops after the

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "io/atomic_file.hpp"
 #include "meganeura/error.hpp"
@@ -50,7 +51,9 @@ static unsigned char* compress_with_zlib(unsigned char* data, int length, int* o
 #pragma GCC diagnostic ignored "-Wsign-compare"
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <stb/stb_image.h>
 #include <stb/stb_image_write.h>
 #pragma GCC diagnostic pop
@@ -82,6 +85,13 @@ bool has_png_signature(const std::vector<uint8_t>& file) {
 constexpr uint64_t kMaxDeflateRatio = 1032;
 // Each 8x8 block of a JPEG's first component takes at least one bit of entropy-coded data.
 constexpr uint64_t kMinJpegPixelsPerByte = 8 * 64;
+// The most pixels a byte of the other formats can stand for: an LZW code of GIF (at least 3
+// bits, at most 4096 pixels), a byte of a 1-bit BMP (stb_image reads no compressed BMP), a TGA
+// run-length packet (a count byte and at least one pixel value for up to 128 pixels) or a
+// binary PNM sample.
+constexpr uint64_t kMaxGifPixelsPerByte = 4096 * 8 / 3 + 1;
+constexpr uint64_t kMaxBmpPixelsPerByte = 8;
+constexpr uint64_t kMaxOtherPixelsPerByte = 128;
 // Decoding allocates width x height x channels bytes; larger images are refused up front.
 constexpr uint64_t kMaxPixels = uint64_t{1} << 26;
 
@@ -131,6 +141,51 @@ PngHeader check_png_chunks(const std::filesystem::path& path, const std::vector<
   return header;
 }
 
+// stb_image takes a JPEG to start at any run of 0xFF bytes followed by 0xD8 (its start marker).
+bool looks_like_jpeg(const std::vector<uint8_t>& file) {
+  size_t at = 0;
+  while (at < file.size() && file[at] == 0xFF) ++at;
+  return at >= 1 && at < file.size() && file[at] == 0xD8;
+}
+
+// stb_image (Debian's 2022 version) writes past its Huffman tables when a table declares more
+// than 256 codes; the JPEG's markers are walked as stb reads them (segments by their lengths,
+// entropy-coded data up to the next marker) and every table checked first.
+void check_jpeg_huffman_tables(const std::filesystem::path& path,
+                               const std::vector<uint8_t>& file) {
+  size_t at = 0;
+  while (at < file.size() && file[at] == 0xFF) ++at;
+  ++at;  // the start marker
+  while (at < file.size()) {
+    if (file[at] != 0xFF) {
+      ++at;  // entropy-coded data, or bytes stb would stop at
+      continue;
+    }
+    while (at < file.size() && file[at] == 0xFF) ++at;
+    if (at >= file.size()) return;
+    const uint8_t marker = file[at++];
+    // Stuffed zero, restart markers and end of image carry no segment.
+    if (marker == 0x00 || (marker >= 0xD0 && marker <= 0xD9) || marker == 0x01) continue;
+    if (at + 2 > file.size()) return;
+    const size_t length = size_t{file[at]} << 8 | file[at + 1];
+    const size_t end = std::min(file.size(), at + length);
+    if (marker == 0xC4) {
+      size_t table = at + 2;
+      while (table < end) {
+        // stb reads zeros past the end of the file: a truncated table counts what it holds.
+        size_t codes = 0;
+        for (size_t i = table + 1; i <= table + 16 && i < file.size(); ++i) codes += file[i];
+        if (codes > 256) {
+          throw Error("JPEG " + path.string() + " is corrupt: a Huffman table declares " +
+                      std::to_string(codes) + " codes (at most 256)");
+        }
+        table += 17 + codes;
+      }
+    }
+    at = std::max(at + 2, at + length);
+  }
+}
+
 // Refuses sizes no real file of this length can hold, before stb allocates for them.
 void check_declared_size(const std::filesystem::path& path, const std::vector<uint8_t>& file,
                          const std::optional<PngHeader>& png) {
@@ -154,16 +209,37 @@ void check_declared_size(const std::filesystem::path& path, const std::vector<ui
                   std::to_string(png->idat_bytes) +
                   " bytes of compressed image data, too few for that size");
     }
-  } else if (file.size() >= 2 && file[0] == 0xFF && file[1] == 0xD8 &&
-             pixels > file.size() * kMinJpegPixelsPerByte) {
-    throw Error("JPEG " + path.string() + " is corrupt: it declares " + size + " but has only " +
-                std::to_string(file.size()) + " bytes, too few for that size");
+    return;
+  }
+  const auto starts_with = [&](std::string_view magic) {
+    return file.size() >= magic.size() &&
+           std::equal(magic.begin(), magic.end(), file.begin(),
+                      [](char a, uint8_t b) { return static_cast<uint8_t>(a) == b; });
+  };
+  std::string format = "image";
+  uint64_t most_pixels = 0;
+  if (looks_like_jpeg(file)) {
+    format = "JPEG";
+    most_pixels = file.size() * kMinJpegPixelsPerByte;
+  } else if (starts_with("GIF8")) {
+    format = "GIF";
+    most_pixels = file.size() * kMaxGifPixelsPerByte;
+  } else if (starts_with("BM")) {
+    format = "BMP";
+    most_pixels = file.size() * kMaxBmpPixelsPerByte;
+  } else {
+    most_pixels = file.size() * kMaxOtherPixelsPerByte;
+  }
+  if (pixels > most_pixels) {
+    throw Error(format + " " + path.string() + " is corrupt: it declares " + size +
+                " but has only " + std::to_string(file.size()) + " bytes, too few for that size");
   }
 }
 
 // `png` holds what check_png_chunks found where the file is a PNG.
 Image decode_with_stb(const std::filesystem::path& path, const std::vector<uint8_t>& file,
                       const std::optional<PngHeader>& png) {
+  if (looks_like_jpeg(file)) check_jpeg_huffman_tables(path, file);
   check_declared_size(path, file, png);
   int width = 0, height = 0, channels = 0;
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(

@@ -131,6 +131,23 @@ void Graph::assign(ValueId target, ValueId value) {
   updates_.emplace_back(target, value);
 }
 
+void Graph::reassign(ValueId target, ValueId value) {
+  check_value(target, "reassign");
+  check_value(value, "reassign");
+  const Node& leaf = nodes_[target];
+  if (!(leaf.type == nodes_[value].type)) {
+    throw Error("reassign to '" + leaf.name + "': value type " + type_string(nodes_[value].type) +
+                " differs from " + type_string(leaf.type));
+  }
+  for (auto& [existing, assigned] : updates_) {
+    if (existing == target) {
+      assigned = value;
+      return;
+    }
+  }
+  throw Error("reassign: '" + leaf.name + "' has no update to replace");
+}
+
 const Node& Graph::node(ValueId id) const {
   check_value(id, "node");
   return nodes_[id];

@@ -182,6 +182,35 @@ std::string hugging_face_name(const std::string& name) {
 
 // Weights of a 10-class model fine-tuned on 3 classes: every tensor but the head loads (a
 // vanishing learning rate keeps them as loaded), the head is new.
+// A learning rate of 1e30 blows the weights up with the first update, so the second step's
+// forward overflows: the run stops non_finite, --detect-anomaly names the op that made the
+// first NaN or infinity, in the forward pass, with the parameter nearest to it, and the
+// checkpoint holds no running statistic of the dropped step.
+TEST(ResNetCli, DetectAnomalyNamesTheFirstOp) {
+  const fs::path folder = scratch("anomaly");
+  const Result written =
+      run("fashion-folder " + (folder / "fashion").string() + " --size 32 --limit 16");
+  ASSERT_EQ(written.status, 0) << written.output;
+  const Result found =
+      run("train --out " + (folder / "run").string() + " --data " + (folder / "fashion").string() +
+          kTiny + " --lr 1e30 --max-steps 4 --detect-anomaly");
+  EXPECT_EQ(found.status, 73) << found.output;
+  EXPECT_NE(found.output.find("the first non-finite value is %"), std::string::npos)
+      << found.output;
+  EXPECT_NE(found.output.find("(forward, near '"), std::string::npos) << found.output;
+  // The dropped step kept the running statistics too: the checkpoint's are those of step 1.
+  const mg::io::Checkpoint checkpoint =
+      mg::io::load_checkpoint(folder / "run" / "checkpoint.safetensors");
+  size_t statistics = 0;
+  for (const mg::io::TensorRecord& record : checkpoint.tensors) {
+    if (record.name.find("running_") == std::string::npos) continue;
+    ++statistics;
+    for (float value : floats_of(record)) EXPECT_TRUE(std::isfinite(value)) << record.name;
+  }
+  EXPECT_GT(statistics, 0u);
+  fs::remove_all(folder);
+}
+
 TEST(ResNetCli, FineTunesTorchvisionAndHuggingFaceWeightsWithANewHead) {
   const fs::path folder = scratch("finetune");
   const fs::path data = folder / "three";

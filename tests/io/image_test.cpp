@@ -202,6 +202,58 @@ TEST_F(ImageTest, JpegDeclaringMorePixelsThanItsBytesCanHoldIsRefused) {
                {path("huge.jpg").string(), "declares 8000x8000", "too few for that size"});
 }
 
+std::vector<std::byte> as_bytes(const std::vector<uint8_t>& values) {
+  std::vector<std::byte> bytes(values.size());
+  std::transform(values.begin(), values.end(), bytes.begin(),
+                 [](uint8_t value) { return std::byte{value}; });
+  return bytes;
+}
+
+// A 41-byte run-length TGA declaring 2056x16392 (found by fuzz_image: decoding it took seconds)
+// is refused before decoding; a TGA its bytes can hold still loads.
+TEST_F(ImageTest, TgaDeclaringMorePixelsThanItsBytesCanHoldIsRefused) {
+  const std::vector<uint8_t> huge{0xff, 0x00, 0x0b, 0x00, 0x08, 0x08, 0x08, 0x08, 0x08, 0xff, 0x08,
+                                  0x08, 0x08, 0x08, 0x08, 0x40, 0x08, 0x08, 0x08, 0x08, 0x00, 0xc9,
+                                  0x3f, 0x7c, 0x01, 0x00, 0x07, 0x1f, 0x08, 0xd7, 0xff, 0xff, 0xff,
+                                  0xff, 0xff, 0xff, 0x7f, 0x00, 0xff, 0xfc, 0x5d};
+  testing::write_bytes(path("huge.tga"), as_bytes(huge));
+  expect_error([&] { read_image(path("huge.tga")); },
+               {path("huge.tga").string(), "declares 2056x16392", "too few for that size"});
+  // Uncompressed 8-bit gray, 3 x 2, bottom-up rows as TGA stores them by default.
+  std::vector<uint8_t> small{0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 2, 0, 8, 0};
+  for (uint8_t value : {10, 20, 30, 40, 50, 60}) small.push_back(value);
+  testing::write_bytes(path("small.tga"), as_bytes(small));
+  const Image image = read_image(path("small.tga"));
+  EXPECT_EQ(image.width, 3);
+  EXPECT_EQ(image.height, 2);
+  EXPECT_EQ(image.pixels, (std::vector<uint8_t>{40, 50, 60, 10, 20, 30}));
+}
+
+// JPEGs (after fill bytes, as stb_image reads them) whose Huffman table declares more than 256
+// codes (found by fuzz_image: stb_image wrote past its tables) are refused before decoding; real
+// JPEGs pass the walk over their markers.
+TEST_F(ImageTest, JpegHuffmanTableOfMoreThan256CodesIsRefused) {
+  std::vector<uint8_t> bad{0xff, 0xff, 0xff, 0xff, 0xd8};
+  for (int i = 0; i < 13; ++i) bad.push_back(0xff);
+  for (uint8_t value : {0xc4, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0x03}) bad.push_back(value);
+  for (int i = 0; i < 8; ++i) bad.push_back(0x00);
+  for (int i = 0; i < 3; ++i) bad.push_back(0xff);
+  for (int i = 0; i < 40; ++i) bad.push_back(i == 24 ? 0x40 : 0x00);
+  testing::write_bytes(path("huffman.jpg"), as_bytes(bad));
+  expect_error([&] { read_image(path("huffman.jpg")); },
+               {path("huffman.jpg").string(), "Huffman table declares 768 codes"});
+  // The file ends inside the table's counts, which stb_image reads on as zeros.
+  std::vector<uint8_t> truncated{0xff, 0xff, 0xd8};
+  for (int i = 0; i < 13; ++i) truncated.push_back(0xff);
+  for (uint8_t value : {0xc4, 0xff, 0xff, 0x12, 0x00, 0xff, 0xff, 0xff, 0xff})
+    truncated.push_back(value);
+  testing::write_bytes(path("truncated.jpg"), as_bytes(truncated));
+  expect_error([&] { read_image(path("truncated.jpg")); },
+               {path("truncated.jpg").string(), "Huffman table declares 1020 codes"});
+  write_jpeg(path("fine.jpg"), random_image(40, 24, 3, 5), 85);
+  EXPECT_EQ(read_image(path("fine.jpg")).width, 40);
+}
+
 TEST_F(ImageTest, JpegRoundTripStaysCloseAndDamagedJpegsAreErrors) {
   // A smooth gradient survives JPEG's quantisation with small errors (noise would not). A gray
   // image comes back as three equal channels, since stb writes every JPEG in colour.
