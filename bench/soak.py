@@ -71,8 +71,9 @@ def run_record():
     return json.loads(lines[-1]) if lines else {}
 
 
-def last_logged_step():
-    step = 0
+def logged_steps():
+    """The steps of metrics.jsonl's training records, in file order."""
+    steps = []
     try:
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             for line in f:
@@ -81,10 +82,10 @@ def last_logged_step():
                 except ValueError:
                     continue
                 if "loss" in record:
-                    step = max(step, int(record["step"]))
+                    steps.append(int(record["step"]))
     except OSError:
         pass
-    return step
+    return steps
 
 
 def flat(samples):
@@ -117,26 +118,28 @@ for segment in range(args.kills + 1):
         time.sleep(2)
         host.append(resident_mib(process.pid))
         device.append(device_memory_mib())
-    last = args.kills
+    killed = segment < args.kills
     if process.poll() is not None:
         failures.append(f"segment {segment}: the run ended by itself (exit {process.returncode})")
-    elif segment < last:
+    elif killed:
         process.send_signal(signal.SIGKILL)
     else:
         process.send_signal(signal.SIGINT)
     process.wait()
     log.close()
     record = run_record()
-    reached = last_logged_step()
+    logged = logged_steps()
+    reached = max(logged, default=0)
     checkpoint_step = record.get("checkpoint", {}).get("step")
     host_flat, host_growth = flat(host)
     device_flat, device_growth = flat(device)
     result = {"segment": segment, "seconds": round(time.time() - start, 1),
               "resumed_from": resumed_from, "reached_step": reached, "status": record.get("status"),
-              "checkpoint_step": checkpoint_step, "host_mib_last": round(host[-1]) if host and host[-1] else None,
+              "checkpoint_step": checkpoint_step,
+              "host_mib_last": round(host[-1]) if host and host[-1] else None,
               "host_growth": host_growth, "device_mib_last": device[-1] if device else None,
               "device_growth": device_growth}
-    if segment < last:
+    if killed:
         lost = reached - (checkpoint_step or 0)
         result["lost_steps"] = lost
         if record.get("status") != "killed":
@@ -150,12 +153,6 @@ for segment in range(args.kills + 1):
             failures.append(f"segment {segment}: checkpoint at {checkpoint_step}, run at {reached}")
     # A resume drops the metrics logged past its checkpoint and logs those steps again: the
     # training records count 1, 2, 3, ... with no step missing or repeated.
-    logged = []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            entry = json.loads(line)
-            if "loss" in entry:
-                logged.append(int(entry["step"]))
     if logged != list(range(1, len(logged) + 1)):
         failures.append(f"segment {segment}: metrics.jsonl misses or repeats steps")
     if not host_flat:
@@ -172,8 +169,13 @@ with open(os.path.join(args.out, "soak.json"), "w") as f:
 print("| segment | seconds | resumed from | reached | status | checkpoint | lost | host MiB (growth) "
       "| device MiB (growth) |")
 print("|---|---|---|---|---|---|---|---|---|")
+
+
+def growth(value):
+    return "-" if value is None else f"{value:+.1%}"
+
+
 for s in segments:
-    growth = lambda g: "-" if g is None else f"{g:+.1%}"  # noqa: E731
     print(f"| {s['segment']} | {s['seconds']} | {s['resumed_from']} | {s['reached_step']} | "
           f"{s['status']} | {s['checkpoint_step']} | {s.get('lost_steps', '-')} | "
           f"{s['host_mib_last']} ({growth(s['host_growth'])}) | {s['device_mib_last']} "

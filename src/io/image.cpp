@@ -141,21 +141,21 @@ PngHeader check_png_chunks(const std::filesystem::path& path, const std::vector<
   return header;
 }
 
-// stb_image takes a JPEG to start at any run of 0xFF bytes followed by 0xD8 (its start marker).
-bool looks_like_jpeg(const std::vector<uint8_t>& file) {
+// Where a JPEG's start marker 0xD8 is, or none where the file is no JPEG: stb_image takes a
+// JPEG to start at any run of 0xFF bytes followed by it.
+std::optional<size_t> jpeg_start_marker(const std::vector<uint8_t>& file) {
   size_t at = 0;
   while (at < file.size() && file[at] == 0xFF) ++at;
-  return at >= 1 && at < file.size() && file[at] == 0xD8;
+  if (at >= 1 && at < file.size() && file[at] == 0xD8) return at;
+  return std::nullopt;
 }
 
 // stb_image (Debian's 2022 version) writes past its Huffman tables when a table declares more
 // than 256 codes; the JPEG's markers are walked as stb reads them (segments by their lengths,
 // entropy-coded data up to the next marker) and every table checked first.
-void check_jpeg_huffman_tables(const std::filesystem::path& path,
-                               const std::vector<uint8_t>& file) {
-  size_t at = 0;
-  while (at < file.size() && file[at] == 0xFF) ++at;
-  ++at;  // the start marker
+void check_jpeg_huffman_tables(const std::filesystem::path& path, const std::vector<uint8_t>& file,
+                               size_t start_marker) {
+  size_t at = start_marker + 1;
   while (at < file.size()) {
     if (file[at] != 0xFF) {
       ++at;  // entropy-coded data, or bytes stb would stop at
@@ -218,7 +218,7 @@ void check_declared_size(const std::filesystem::path& path, const std::vector<ui
   };
   std::string format = "image";
   uint64_t most_pixels = 0;
-  if (looks_like_jpeg(file)) {
+  if (jpeg_start_marker(file)) {
     format = "JPEG";
     most_pixels = file.size() * kMinJpegPixelsPerByte;
   } else if (starts_with("GIF8")) {
@@ -239,7 +239,8 @@ void check_declared_size(const std::filesystem::path& path, const std::vector<ui
 // `png` holds what check_png_chunks found where the file is a PNG.
 Image decode_with_stb(const std::filesystem::path& path, const std::vector<uint8_t>& file,
                       const std::optional<PngHeader>& png) {
-  if (looks_like_jpeg(file)) check_jpeg_huffman_tables(path, file);
+  if (const std::optional<size_t> start = jpeg_start_marker(file))
+    check_jpeg_huffman_tables(path, file, *start);
   check_declared_size(path, file, png);
   int width = 0, height = 0, channels = 0;
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(

@@ -66,14 +66,17 @@ struct Found {
   std::map<ValueId, ValueId> running_mean_of;  // mean node -> x
   std::map<ValueId, ValueId> running_var_of;   // variance mean node -> x
   std::map<ValueId, ValueId> bias_sum_of;      // sum(g) -> g
-  // sum(g * x_hat) -> (g, x), x_hat a batch_norm of x without weight and bias.
-  std::map<ValueId, std::pair<ValueId, ValueId>> weight_sum_of;
+  // sum(g * x_hat), x_hat a batch_norm of x without weight and bias.
+  struct WeightSum {
+    ValueId g = kNoValue, x = kNoValue;
+    double eps = 0;
+  };
+  std::map<ValueId, WeightSum> weight_sum_of;
 };
 
 Found find_shared_nodes(const Graph& graph, const std::vector<bool>& decomposed_input,
                         const std::vector<bool>& decomposed_grad) {
   Found found;
-  const auto input = [&](ValueId id, size_t k) { return graph.node(id).inputs[k]; };
   for (ValueId id = 0; id < static_cast<ValueId>(graph.size()); ++id) {
     const Node& node = graph.node(id);
     if (reduces_to_channels(graph, node, op::mean)) {
@@ -103,7 +106,8 @@ Found find_shared_nodes(const Graph& graph, const std::vector<bool>& decomposed_
       const Node& x_hat = graph.node(product.inputs[1]);
       if (x_hat.op == op::batch_norm && is_training_batch_norm(x_hat) && x_hat.inputs.size() == 1 &&
           decomposed_input[x_hat.inputs[0]])
-        found.weight_sum_of[id] = {product.inputs[0], input(product.inputs[1], 0)};
+        found.weight_sum_of[id] = {product.inputs[0], x_hat.inputs[0],
+                                   x_hat.attrs.get_float("eps")};
     }
   }
   return found;
@@ -114,27 +118,27 @@ class Decomposition {
  public:
   explicit Decomposition(Graph& target) : target_(target) {}
 
+  // The mean and biased variance of x over its non-channel axes, and 1 / sqrt(var + eps) once a
+  // batch norm asks for it (the running statistics need no eps).
   struct Statistics {
     ValueId mean = kNoValue, var = kNoValue, rstd = kNoValue;
   };
 
-  Statistics& statistics(ValueId x, double eps) {
+  Statistics& statistics(ValueId x) {
     Statistics& made = statistics_[x];
-    if (made.mean == kNoValue) made.mean = mean_of(x).id();
-    if (made.var == kNoValue) {
-      const Tensor centred = tensor(x) - reshape(tensor(made.mean), channel_shape(shape(x)));
-      made.var = mean(square(centred), axes(x)).id();
+    if (made.mean == kNoValue) {
+      made.mean = mean(tensor(x), axes(x)).id();
+      made.var = mean(square(centred(x, made)), axes(x)).id();
     }
-    if (made.rstd == kNoValue && eps >= 0) made.rstd = rsqrt(tensor(made.var) + eps).id();
     return made;
   }
-  ValueId running_mean(ValueId x) {
-    Statistics& made = statistics_[x];
-    if (made.mean == kNoValue) made.mean = mean_of(x).id();
-    return made.mean;
+  Statistics& statistics(ValueId x, double eps) {
+    Statistics& made = statistics(x);
+    if (made.rstd == kNoValue) made.rstd = rsqrt(tensor(made.var) + eps).id();
+    return made;
   }
-  // The variance is made with the mean: eps is not needed yet.
-  ValueId running_var(ValueId x) { return statistics(x, -1.0).var; }
+  ValueId running_mean(ValueId x) { return statistics(x).mean; }
+  ValueId running_var(ValueId x) { return statistics(x).var; }
 
   // (x - mean) * rstd * weight? + bias? (kNoValue: none).
   ValueId forward(ValueId x, ValueId weight, ValueId bias, double eps) {
@@ -180,7 +184,6 @@ class Decomposition {
   Tensor tensor(ValueId id) { return Tensor(&target_, id); }
   const Shape& shape(ValueId id) { return target_.type(id).shape; }
   std::vector<int64_t> axes(ValueId id) { return non_channel_axes(target_.type(id).rank()); }
-  Tensor mean_of(ValueId x) { return mean(tensor(x), axes(x)); }
   Tensor broadcast(ValueId x, Tensor channels) {
     return reshape(channels, channel_shape(shape(x)));
   }
@@ -239,9 +242,8 @@ Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
           result = parts.bias_sum(node.inputs[0]);
         } else if (auto weight = found.weight_sum_of.find(old_id);
                    weight != found.weight_sum_of.end()) {
-          const ValueId x = new_of[weight->second.second];
-          const Node& x_hat = graph.node(graph.node(graph.node(old_id).inputs[0]).inputs[1]);
-          result = parts.weight_sum(new_of[weight->second.first], x, x_hat.attrs.get_float("eps"));
+          const Found::WeightSum& sum = weight->second;
+          result = parts.weight_sum(new_of[sum.g], new_of[sum.x], sum.eps);
         } else if (is_training_batch_norm(node) && decomposed_input[graph.node(old_id).inputs[0]]) {
           const double eps = node.attrs.get_float("eps");
           const bool has_weight = node.attrs.get_int("has_weight", 0) != 0;

@@ -1,11 +1,10 @@
 // Two-step sums: a `sum` or `mean` whose reduced axes lie on both sides of a kept axis (the bias
 // and batch-norm gradients of a convolution, a batch norm's statistics: [N, C, H, W] reduced over
-// N, H and W) has few outputs,
-// each a long strided row, and the row-reduction kernel gives each output one workgroup. The
-// Fashion-MNIST CNN's 16-channel bias gradient over 64 x 28 x 28 thus runs on 16 compute units
-// of a large GPU, a large part of its training step. The pass sums the reduced axes after the
-// last such kept axis first (one contiguous row per output, 64 x 16 of them there), then the
-// rest: two dispatches that both spread over the GPU.
+// N, H and W) has few outputs, each a long strided row, and the row-reduction kernel gives each
+// output one workgroup. The Fashion-MNIST CNN's 16-channel bias gradient over 64 x 28 x 28 thus
+// runs on 16 compute units of a large GPU, a large part of its training step. The pass reduces
+// the reduced axes after the last such kept axis first (one contiguous row per output, 64 x 16 of
+// them there), then the rest: two dispatches that both spread over the GPU.
 //
 // A cross-entropy loss over many long rows (a language model's [tokens, vocabulary] logits)
 // likewise: its scalar kernel is one workgroup, which would walk every logit alone. It becomes

@@ -13,8 +13,8 @@ namespace mg::plan {
 namespace {
 
 // Training batch norms with at least this many elements a channel are decomposed
-// (passes::decompose_batch_norm): below it the norm kernel's few passes over a short channel
-// cost less than the decomposition's extra launches.
+// (passes::decompose_batch_norm), a bound chosen rather than tuned: a short channel leaves the
+// norm kernel's one workgroup little to walk, and the decomposition adds launches.
 constexpr int64_t kDecomposedBatchNormElements = 8192;
 
 uint64_t align_up(uint64_t value, uint64_t alignment) {
@@ -414,7 +414,7 @@ Program build_program(const Graph& source, const target::Target& device,
         program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Before split-K, which would otherwise split the products the workgroup GEMM takes whole.
   program.graph = passes::workgroup_gemm(program.graph, device);
-  // Both rewrites trade a dispatch for parallelism, which GPUs need and CPU devices do not.
+  // These rewrites trade dispatches for parallelism, which GPUs need and CPU devices do not.
   if (split_k)
     program.graph = passes::split_reductions(passes::merge_leading_sums(passes::split_k(
         passes::decompose_batch_norm(program.graph, kDecomposedBatchNormElements), device)));
