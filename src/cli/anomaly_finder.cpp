@@ -4,6 +4,7 @@
 #include <deque>
 #include <set>
 
+#include "cli/non_finite_steps.hpp"
 #include "ir/op_names.hpp"
 
 namespace mg::cli {
@@ -57,6 +58,23 @@ std::string nearest_parameter(const Graph& graph, ValueId id) {
   return "";
 }
 
+// The values that the training program computes: those its outputs and updates read. Others
+// (a parameter that the loss does not reach) are not in the program, nor checked.
+std::vector<bool> live_values(const Graph& graph) {
+  std::vector<bool> live(graph.size(), false);
+  std::vector<ValueId> pending;
+  for (const auto& [name, id] : graph.outputs()) pending.push_back(id);
+  for (const auto& [target, value] : graph.updates()) pending.push_back(value);
+  while (!pending.empty()) {
+    const ValueId id = pending.back();
+    pending.pop_back();
+    if (live[id]) continue;
+    live[id] = true;
+    for (ValueId input : graph.node(id).inputs) pending.push_back(input);
+  }
+  return live;
+}
+
 std::string describe_value(const Graph& graph, ValueId id) {
   const Node& node = graph.node(id);
   std::string text = "%" + std::to_string(id) + " " + node.op;
@@ -95,9 +113,10 @@ void AnomalyFinder::record_input(std::string_view name, std::span<const int32_t>
 std::string AnomalyFinder::find(const Session& state,
                                 const std::map<std::string, double>& step_inputs) {
   if (!checker_) {
+    live_ = live_values(graph_);
     Graph checked = graph_;
     for (ValueId id = 0; id < static_cast<ValueId>(graph_.size()); ++id) {
-      if (!graph_.node(id).is_leaf()) checked.set_output(output_name(id), id);
+      if (live_[id] && !graph_.node(id).is_leaf()) checked.set_output(output_name(id), id);
     }
     checker_ = std::make_unique<Session>(checked, options_);
   }
@@ -116,6 +135,7 @@ std::string AnomalyFinder::find(const Session& state,
 
   std::vector<bool> non_finite(graph_.size(), false);
   for (ValueId id = 0; id < static_cast<ValueId>(graph_.size()); ++id) {
+    if (!live_[id]) continue;
     const Node& node = graph_.node(id);
     Finiteness found;
     if (node.op == op::constant) {
@@ -154,6 +174,31 @@ std::string AnomalyFinder::find(const Session& state,
   }
   return "no value of the step is NaN or infinite when it runs again (a fault that did not "
          "repeat)";
+}
+
+RecordedInputs::RecordedInputs(Session& session, std::unique_ptr<AnomalyFinder> finder)
+    : session_(&session), finder_(std::move(finder)) {}
+
+RecordedInputs::~RecordedInputs() = default;
+
+void RecordedInputs::set(std::string_view name, std::span<const float> values) {
+  if (finder_) finder_->record_input(name, values);
+  session_->set_input(name, values);
+}
+
+void RecordedInputs::set(std::string_view name, std::span<const int32_t> values) {
+  if (finder_) finder_->record_input(name, values);
+  session_->set_input(name, values);
+}
+
+void RecordedInputs::set_step(NonFiniteSteps& non_finite, const OptimizerConfig& config,
+                              int64_t step) {
+  step_inputs_ = non_finite.set_step_inputs(*session_, config, step);
+}
+
+std::function<std::string()> RecordedInputs::anomaly() {
+  if (!finder_) return {};
+  return [this] { return finder_->find(*session_, step_inputs_); };
 }
 
 }  // namespace mg::cli

@@ -6,6 +6,7 @@
 // only in this mode) and the parameters are read from the training program, whose update the
 // non-finite step did not apply.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -18,6 +19,8 @@
 #include "meganeura/train.hpp"
 
 namespace mg::cli {
+
+class NonFiniteSteps;
 
 class AnomalyFinder {
  public:
@@ -40,10 +43,32 @@ class AnomalyFinder {
   Graph graph_;
   ValueId loss_;
   ValueId last_gradient_ = 0;
+  std::vector<bool> live_;
   SessionOptions options_;
   std::map<std::string, std::vector<float>, std::less<>> float_inputs_;
   std::map<std::string, std::vector<int32_t>, std::less<>> int_inputs_;
   std::unique_ptr<Session> checker_;
+};
+
+// For the jobs whose training program is a Session of their own (Whisper, SmolVLA, U-Net): sets
+// that Session's inputs and, with a finder (--detect-anomaly), records them and the step's
+// optimizer inputs so that the finder can run the step again.
+class RecordedInputs {
+ public:
+  explicit RecordedInputs(Session& session, std::unique_ptr<AnomalyFinder> finder = nullptr);
+  ~RecordedInputs();
+
+  void set(std::string_view name, std::span<const float> values);
+  void set(std::string_view name, std::span<const int32_t> values);
+  // NonFiniteSteps::set_step_inputs, remembered.
+  void set_step(NonFiniteSteps& non_finite, const OptimizerConfig& config, int64_t step);
+  // What NonFiniteSteps::dropped takes as `anomaly`: empty without a finder.
+  std::function<std::string()> anomaly();
+
+ private:
+  Session* session_;
+  std::unique_ptr<AnomalyFinder> finder_;
+  std::map<std::string, double> step_inputs_;
 };
 
 }  // namespace mg::cli

@@ -29,8 +29,7 @@ namespace mg::cli {
 inline constexpr const char* kOnNonFiniteOption = "on-nonfinite";
 inline constexpr const char* kDetectAnomalySwitch = "detect-anomaly";
 inline constexpr const char* kLossScaleOption = "loss-scale";
-// Their lines in each job's --help (--detect-anomaly: the jobs whose program is a
-// TrainingProgram, the classifier, ResNet and language-model jobs).
+// Their lines in each job's --help.
 inline constexpr const char* kOnNonFiniteHelp =
     R"(  --on-nonfinite P      a step whose loss or gradients hold NaN or infinity never updates
                         the parameters; then stop (the default: the run stops after the
@@ -58,7 +57,8 @@ inline constexpr const char* kLossScaleHelp =
 class NonFiniteSteps {
  public:
   // Reads --on-nonfinite, --detect-anomaly, --loss-scale and --precision (for the default loss
-  // scale; `distributed` turns that default off). Throws mg::Error on a bad value.
+  // scale; `distributed` turns that default off and refuses --detect-anomaly). Throws mg::Error
+  // on a bad value.
   explicit NonFiniteSteps(const Arguments& arguments, bool distributed = false);
 
   bool detects_anomaly() const { return detect_anomaly_; }

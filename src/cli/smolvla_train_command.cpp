@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "cli/anomaly_finder.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/non_finite_steps.hpp"
@@ -171,12 +172,12 @@ Batch make_batch(const std::vector<Example>& examples, const std::vector<size_t>
   return out;
 }
 
-void set_common_inputs(Session& session, const Batch& batch) {
-  session.set_input(models::kPixelValues, batch.pixels);
-  session.set_input(models::kLanguageIds, batch.ids);
-  session.set_input(models::kState, batch.state);
-  session.set_input(models::kAttentionMask, batch.masks.attention_mask);
-  session.set_input(models::kPositionIds, batch.masks.position_ids);
+void set_common_inputs(RecordedInputs& inputs, const Batch& batch) {
+  inputs.set(models::kPixelValues, batch.pixels);
+  inputs.set(models::kLanguageIds, batch.ids);
+  inputs.set(models::kState, batch.state);
+  inputs.set(models::kAttentionMask, batch.masks.attention_mask);
+  inputs.set(models::kPositionIds, batch.masks.position_ids);
 }
 
 }  // namespace
@@ -204,10 +205,11 @@ int smolvla_train_command(const std::vector<std::string>& words) {
                              "checkpoint-every",
                              kOnNonFiniteOption,
                              kLossScaleOption},
-                            {"help", "train-backbone", "overwrite"});
+                            {"help", "train-backbone", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kDetectAnomalyHelp, stdout);
     std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
@@ -300,9 +302,11 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   const std::filesystem::path checkpoint_path = out_dir / "checkpoint.safetensors";
   io::JsonlWriter metrics(out_dir / "metrics.jsonl");
   std::unique_ptr<Session> sampler;
+  std::unique_ptr<RecordedInputs> sampler_inputs;
   if (!held_records.empty()) {
     sampler = std::make_unique<Session>(
         models::smolvla_chunk_graph(config, batch, language, flow_steps), options);
+    sampler_inputs = std::make_unique<RecordedInputs>(*sampler);
     models::load_smolvla_weights(*sampler, folder);
   }
   // Weights from one program into another, for the names both hold.
@@ -325,8 +329,8 @@ int smolvla_train_command(const std::vector<std::string>& words) {
       const Batch inputs = make_batch(examples, chosen, batch, language, config);
       std::vector<float> noise(batch * config.chunk_size * config.max_action_dim);
       for (float& value : noise) value = normal(noise_random);
-      set_common_inputs(*sampler, inputs);
-      sampler->set_input(models::kNoise, noise);
+      set_common_inputs(*sampler_inputs, inputs);
+      sampler_inputs->set(models::kNoise, noise);
       sampler->run();
       const std::vector<float> chunks = sampler->output(models::kActionChunk);
       const size_t per_chunk = config.chunk_size * config.max_action_dim;
@@ -358,8 +362,13 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   const double untrained_error = last_error;
 
   Graph training_graph = models::smolvla_loss_graph(config, batch, language, loss_options);
-  add_training(training_graph, training_graph.output(models::kLoss), optimizer);
+  const TrainingGraph parts =
+      add_training(training_graph, training_graph.output(models::kLoss), optimizer);
   Session training(training_graph, options);
+  RecordedInputs training_inputs(
+      training, non_finite.detects_anomaly()
+                    ? std::make_unique<AnomalyFinder>(training_graph, parts, options)
+                    : nullptr);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
   current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
@@ -413,17 +422,17 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     std::vector<float> times(batch);
     for (float& time : times)
       time = static_cast<float>(std::pow(uniform(random), 1.0 / 1.5) * 0.999 + 0.001);
-    set_common_inputs(training, inputs);
-    training.set_input(models::kActions, inputs.actions);
-    training.set_input(models::kNoise, noise);
-    training.set_input(models::kFlowTime, times);
-    training.set_input(models::kTimeEmbedding, models::smolvla_time_embedding(config, times));
-    non_finite.set_step_inputs(training, optimizer, step);
+    set_common_inputs(training_inputs, inputs);
+    training_inputs.set(models::kActions, inputs.actions);
+    training_inputs.set(models::kNoise, noise);
+    training_inputs.set(models::kFlowTime, times);
+    training_inputs.set(models::kTimeEmbedding, models::smolvla_time_embedding(config, times));
+    training_inputs.set_step(non_finite, optimizer, step);
     training.run();
     ++step;
     const double loss = training.scalar_output(models::kLoss);
     if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
-                            progress))
+                            progress, training_inputs.anomaly()))
       smoothed = std::isnan(smoothed) ? loss : 0.9 * smoothed + 0.1 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "cli/anomaly_finder.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/non_finite_steps.hpp"
@@ -102,7 +103,7 @@ std::vector<float> pixel_images(const data::Dataset& dataset, int64_t size, int6
 // The training graph: the class table feeds encoder_hidden_states, the U-Net predicts the noise,
 // AdamW updates every parameter and each parameter's EMA follows its updated value.
 Graph training_graph(const models::UNetConfig& config, int64_t batch, int64_t size, int64_t tokens,
-                     const OptimizerConfig& optimizer) {
+                     const OptimizerConfig& optimizer, TrainingGraph& parts) {
   Graph graph;
   const Tensor sample = input(graph, models::kUNetSample, {batch, config.in_channels, size, size});
   const Tensor timestep = input(graph, models::kUNetTimestep, {batch});
@@ -114,7 +115,7 @@ Graph training_graph(const models::UNetConfig& config, int64_t batch, int64_t si
       reshape(gather(table, labels), {batch, tokens, config.cross_attention_dim});
   const Tensor prediction = models::unet_forward(config, sample, timestep, context);
   const Tensor noise = input(graph, models::kUNetNoise, prediction.shape());
-  add_training(graph, mse_loss(prediction, noise).id(), optimizer);
+  parts = add_training(graph, mse_loss(prediction, noise).id(), optimizer);
   const Tensor decay = input(graph, kEmaDecay, {1});
   const auto updates = graph.updates();
   for (const auto& [target, value] : updates) {
@@ -255,10 +256,11 @@ int unet_train_command(const std::vector<std::string>& words) {
                              "checkpoint-every",
                              kOnNonFiniteOption,
                              kLossScaleOption},
-                            {"help", "overwrite"});
+                            {"help", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kDetectAnomalyHelp, stdout);
     std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
@@ -350,7 +352,13 @@ int unet_train_command(const std::vector<std::string>& words) {
   options.shared_device = open_shared_device(arguments.text("device", ""));
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
-  Session training(training_graph(config, batch, size, tokens, optimizer), options);
+  TrainingGraph parts;
+  const Graph graph = training_graph(config, batch, size, tokens, optimizer, parts);
+  Session training(graph, options);
+  RecordedInputs training_inputs(training,
+                                 non_finite.detects_anomaly()
+                                     ? std::make_unique<AnomalyFinder>(graph, parts, options)
+                                     : nullptr);
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
   current_run().set("device", training.report().device);
   print_precision(options.precision, training.report());
@@ -425,19 +433,19 @@ int unet_train_command(const std::vector<std::string>& words) {
                                                     std::sqrt(1 - alpha) * epsilon);
       }
     }
-    training.set_input(models::kUNetSample, sample);
-    training.set_input(models::kUNetNoise, noise);
-    training.set_input(models::kUNetTimestep, timesteps);
-    training.set_input(kClassLabels, labels);
+    training_inputs.set(models::kUNetSample, sample);
+    training_inputs.set(models::kUNetNoise, noise);
+    training_inputs.set(models::kUNetTimestep, timesteps);
+    training_inputs.set(kClassLabels, labels);
     // diffusers' EMAModel warm-up: the decay grows towards --ema over the first steps.
     const double decay = std::min(ema, (1.0 + step) / (10.0 + step));
-    training.set_input(kEmaDecay, std::vector<float>{static_cast<float>(decay)});
-    non_finite.set_step_inputs(training, optimizer, step);
+    training_inputs.set(kEmaDecay, std::vector<float>{static_cast<float>(decay)});
+    training_inputs.set_step(non_finite, optimizer, step);
     training.run();
     ++step;
     const double loss = training.scalar_output("loss");
     if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
-                            progress))
+                            progress, training_inputs.anomaly()))
       smoothed = std::isnan(smoothed) ? loss : 0.98 * smoothed + 0.02 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "cli/anomaly_finder.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
 #include "cli/non_finite_steps.hpp"
@@ -197,10 +198,11 @@ int whisper_train_command(const std::vector<std::string>& words) {
                              "task",
                              kOnNonFiniteOption,
                              kLossScaleOption},
-                            {"help", "decoder-only", "overwrite"});
+                            {"help", "decoder-only", "overwrite", kDetectAnomalySwitch});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     std::fputs(kOnNonFiniteHelp, stdout);
+    std::fputs(kDetectAnomalyHelp, stdout);
     std::fputs(kLossScaleHelp, stdout);
     return 0;
   }
@@ -314,12 +316,19 @@ int whisper_train_command(const std::vector<std::string>& words) {
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
   Graph training_graph = models::whisper_loss_graph(config, batch, tokens, !decoder_only);
-  add_training(training_graph, training_graph.output(wio::kLoss), optimizer);
+  const TrainingGraph parts =
+      add_training(training_graph, training_graph.output(wio::kLoss), optimizer);
   Session training(training_graph, options);
+  RecordedInputs training_inputs(
+      training, non_finite.detects_anomaly()
+                    ? std::make_unique<AnomalyFinder>(training_graph, parts, options)
+                    : nullptr);
   std::unique_ptr<Session> evaluation;
+  std::unique_ptr<RecordedInputs> evaluation_inputs;
   if (held_out > 0) {
     evaluation = std::make_unique<Session>(
         models::whisper_loss_graph(config, batch, tokens, !decoder_only), options);
+    evaluation_inputs = std::make_unique<RecordedInputs>(*evaluation);
   }
   std::fprintf(stderr, "device: %s\n", training.report().device.c_str());
   current_run().set("device", training.report().device);
@@ -354,11 +363,11 @@ int whisper_train_command(const std::vector<std::string>& words) {
   };
   const int64_t feature_count = config.num_mel_bins * config.input_frames();
   Batch rows;
-  const auto set_batch = [&](Session& session, const std::vector<uint32_t>& indices) {
+  const auto set_batch = [&](RecordedInputs& inputs, const std::vector<uint32_t>& indices) {
     fill_batch(examples, indices, batch, tokens, pad, feature_count, rows);
-    session.set_input(wio::kInputFeatures, rows.features);
-    session.set_input(wio::kDecoderInputIds, rows.ids);
-    session.set_input(wio::kLabels, rows.labels);
+    inputs.set(wio::kInputFeatures, rows.features);
+    inputs.set(wio::kDecoderInputIds, rows.ids);
+    inputs.set(wio::kLabels, rows.labels);
   };
   const auto validation_loss = [&]() {
     double total = 0;
@@ -370,7 +379,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
         indices.push_back(static_cast<uint32_t>(c));
         for (int32_t label : examples[c].labels) labels += label != wio::kIgnoredLabel;
       }
-      set_batch(*evaluation, indices);
+      set_batch(*evaluation_inputs, indices);
       evaluation->run();
       total += evaluation->scalar_output(wio::kLoss) * static_cast<double>(labels);
       counted += labels;
@@ -393,13 +402,13 @@ int whisper_train_command(const std::vector<std::string>& words) {
       order_epoch = epoch;
     }
     const int64_t position = (step % steps_per_epoch) * batch;
-    set_batch(training, {order.begin() + position, order.begin() + position + batch});
-    non_finite.set_step_inputs(training, optimizer, step);
+    set_batch(training_inputs, {order.begin() + position, order.begin() + position + batch});
+    training_inputs.set_step(non_finite, optimizer, step);
     training.run();
     ++step;
     const double loss = training.scalar_output(wio::kLoss);
     if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
-                            progress))
+                            progress, training_inputs.anomaly()))
       smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -159,6 +160,69 @@ TEST(NumericalFaults, DetectAnomalyNamesTheFirstOp) {
             std::string::npos)
       << found.output;
   EXPECT_EQ(read_json(root / "run.json")["status"], "non_finite");
+  fs::remove_all(root);
+}
+
+// The jobs whose training program is a Session of their own record its inputs too: a U-Net (the
+// CI config of scripts/unet_demo.sh) and a SmolVLA policy (scripts/smolvla_demo_data.py) blown
+// up the same way name a forward op and the parameter nearest it.
+void expect_forward_anomaly(const Result& found) {
+  EXPECT_EQ(found.status, 73) << found.output;
+  EXPECT_NE(found.output.find("the first non-finite value is %"), std::string::npos)
+      << found.output;
+  EXPECT_NE(found.output.find(" (forward, near '"), std::string::npos) << found.output;
+}
+
+TEST(NumericalFaults, DetectAnomalyInTheUNetJob) {
+  const fs::path root = scratch("anomaly-unet");
+  fs::create_directories(root / "config");
+  std::ofstream(root / "config" / "config.json")
+      << nlohmann::json{{"_class_name", "UNet2DConditionModel"},
+                        {"in_channels", 1},
+                        {"out_channels", 1},
+                        {"sample_size", 32},
+                        {"block_out_channels", {32, 64}},
+                        {"down_block_types", {"DownBlock2D", "CrossAttnDownBlock2D"}},
+                        {"up_block_types", {"CrossAttnUpBlock2D", "UpBlock2D"}},
+                        {"mid_block_type", "UNetMidBlock2DCrossAttn"},
+                        {"layers_per_block", 1},
+                        {"attention_head_dim", 4},
+                        {"cross_attention_dim", 64},
+                        {"norm_num_groups", 8}};
+  const Result found =
+      run("train --model " + (root / "config").string() + " --out " + (root / "run").string() +
+          " --tokens 4 --batch 2 --limit 64 --max-steps 3 --lr 1e30 --warmup 0 "
+          "--detect-anomaly");
+  expect_forward_anomaly(found);
+  EXPECT_EQ(read_json(root / "run" / "run.json")["status"], "non_finite");
+  fs::remove_all(root);
+}
+
+TEST(NumericalFaults, DetectAnomalyInTheSmolVLAJob) {
+  const fs::path root = scratch("anomaly-smolvla");
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + std::string(MEGANEURA_SOURCE_DIR) +
+                         "/scripts/smolvla_demo_data.py " + root.string() +
+                         " --episodes 4 --image 16 --width 64 --layers 2 > /dev/null")
+                            .c_str()),
+            0);
+  const Result found = run("train --model " + (root / "policy").string() + " --data " +
+                           (root / "data").string() + " --out " + (root / "run").string() +
+                           " --batch 4 --max-steps 3 --lr 1e30 --warmup 0 --validation 0 "
+                           "--detect-anomaly");
+  expect_forward_anomaly(found);
+  EXPECT_EQ(read_json(root / "run" / "run.json")["status"], "non_finite");
+  fs::remove_all(root);
+}
+
+// The re-run is one process's: a distributed run refuses the switch before it trains.
+TEST(NumericalFaults, DetectAnomalyIsRefusedInADistributedRun) {
+  const fs::path root = scratch("anomaly-distributed");
+  const Result refused = run("train --out " + (root / "run").string() + kDiverging +
+                             " --distributed --detect-anomaly");
+  EXPECT_EQ(refused.status, 1) << refused.output;
+  EXPECT_EQ(refused.output,
+            "meganeura train: error: --detect-anomaly runs in a single process: drop "
+            "--distributed (and the MPI launcher) to find the op that made the first NaN\n");
   fs::remove_all(root);
 }
 

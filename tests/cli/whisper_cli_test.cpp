@@ -1,8 +1,8 @@
 // `meganeura train --model WHISPER_DIR` and `meganeura transcribe` as a user runs them, on a tiny
 // randomly initialised Whisper folder (scripts/make_whisper_folder.py) and speech made by
 // espeak-ng: training from a folder of clips into a folder that transcribes, resume, a manifest
-// with the decoder alone (the encoder left as it was), and one-line errors for bad audio and
-// folders.
+// with the decoder alone (the encoder left as it was), --detect-anomaly, and one-line errors for
+// bad audio and folders.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -117,6 +117,23 @@ TEST(WhisperCli, DecoderAloneFromAManifestLeavesTheEncoder) {
   }
   EXPECT_NE(mg::io::tensor_as_f32(before.at("model.decoder.layers.0.fc1.weight")),
             mg::io::tensor_as_f32(after.at("model.decoder.layers.0.fc1.weight")));
+}
+
+// A learning rate of 1e30 blows the weights up with the first update; the second step's forward
+// overflows, the run stops non_finite and --detect-anomaly names the forward op that made the
+// first NaN or infinity.
+TEST(WhisperCli, DetectAnomalyNamesTheFirstOp) {
+  Workspace work("anomaly");
+  make_speech_and_model(work);
+  const Result found =
+      run("train --model " + (work.root / "model").string() + " --data " +
+          (work.root / "clips").string() + " --out " + (work.root / "run").string() +
+          " --batch 2 --max-steps 3 --lr 1e30 --warmup 0 --validation 0 "
+          "--detect-anomaly");
+  EXPECT_EQ(found.status, 73) << found.output;
+  EXPECT_NE(found.output.find("the first non-finite value is %"), std::string::npos)
+      << found.output;
+  EXPECT_NE(found.output.find(" (forward, near '"), std::string::npos) << found.output;
 }
 
 // Each refused with one line (the error) and exit status 1.
