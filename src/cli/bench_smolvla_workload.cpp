@@ -145,6 +145,12 @@ nlohmann::json bench_smolvla(Precision precision, const WorkloadOptions& bench) 
   Session timed_training(training_graph, timed);
   feed(timed_training, true);
 
+  const std::string mode(precision_name(precision));
+  write_workload_trace(bench, "smolvla-" + mode + "-chunk", chunk_graph, options,
+                       [&](Session& session) { feed(session, false); });
+  write_workload_trace(bench, "smolvla-" + mode + "-training", training_graph, options,
+                       [&](Session& session) { feed(session, true); });
+
   const BuildReport& report = training.report();
   nlohmann::json memory = planner_json(report);
   memory["training_device_bytes"] = device_bytes(report);
