@@ -108,7 +108,7 @@ for segment in range(args.kills + 1):
                "--precision", args.precision]
     resumed_from = None
     if segment > 0:
-        resumed_from = run_record().get("checkpoint", {}).get("step")
+        resumed_from = (run_record().get("checkpoint") or {}).get("step")
         command += ["--resume", checkpoint]
     log = open(os.path.join(args.out, f"segment{segment}.log"), "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -130,7 +130,7 @@ for segment in range(args.kills + 1):
     record = run_record()
     logged = logged_steps()
     reached = max(logged, default=0)
-    checkpoint_step = record.get("checkpoint", {}).get("step")
+    checkpoint_step = (record.get("checkpoint") or {}).get("step")
     host_flat, host_growth = flat(host)
     device_flat, device_growth = flat(device)
     result = {"segment": segment, "seconds": round(time.time() - start, 1),

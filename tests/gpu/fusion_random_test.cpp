@@ -188,5 +188,53 @@ TEST(GpuFusion, KeptValuesStayWithinTheBindingLimit) {
   EXPECT_EQ(launches(4), 2u);
 }
 
+// A sum or mean whose input is a pointwise result that nothing else reads evaluates that DAG as
+// it reads each element: a channel variance over a broadcast mean, a gradient norm's full sum,
+// a product of two full inputs reduced over rows, a square seen through a reshape and a column
+// sum over the leading axis. Each output against the reference, in fewer dispatches than
+// unfused.
+void build_reductions_of_pointwise(Graph& graph, std::vector<Tensor>& x) {
+  const Tensor mean_x = mean(x[0], {0, 2, 3}, true);
+  graph.set_output("variance", mean(square(x[0] - mean_x), {0, 2, 3}).id());
+  graph.set_output("norm", sum_all(square(x[1])).id());
+  graph.set_output("weight gradient", sum(x[1] * (x[0] - mean_x), {0, 2, 3}).id());
+  graph.set_output("rows", sum(reshape(square(x[0] * 0.5), {24, 35}), {1}).id());
+  graph.set_output("columns", sum(relu(x[2]) * x[3], {0}).id());
+}
+
+const std::vector<HarnessInput> kReductionInputs = {
+    {"x", {4, 6, 5, 7}}, {"g", {4, 6, 5, 7}}, {"a", {64, 8}}, {"b", {64, 8}}};
+
+TEST(GpuFusion, ReductionsEvaluateTheirPointwiseProducer) {
+  size_t fused = 0, unfused = 0;
+  check_on_gpu(kReductionInputs, build_reductions_of_pointwise, 1e-5, 21, {}, &fused);
+  {
+    const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(kReductionInputs, build_reductions_of_pointwise, 1e-5, 21, {}, &unfused);
+  }
+  EXPECT_LT(fused, unfused);
+}
+
+// On a device with more compute units than the weight gradient's 6 rows and the column sum's 8,
+// their two full-size inputs each would be read by that few workgroups alone: those keep their
+// pointwise launches; the others, with one full-size input each, take their producer.
+TEST(GpuFusion, FewRowsTakeAProducerOfOneFullInput) {
+  Graph graph;
+  std::vector<Tensor> x;
+  for (const HarnessInput& spec : kReductionInputs)
+    x.push_back(input(graph, spec.name, spec.shape));
+  build_reductions_of_pointwise(graph, x);
+  const auto prologues = [&](int64_t compute_units) {
+    target::DeviceTraits device;
+    device.compute_units = compute_units;
+    int64_t count = 0;
+    for (const kernels::Launch& launch : kernels::lower_graph(graph, device))
+      count += launch.label.find(" of fused ") != std::string::npos;
+    return count;
+  };
+  EXPECT_EQ(prologues(4), 5);
+  EXPECT_EQ(prologues(132), 3);
+}
+
 }  // namespace
 }  // namespace mg

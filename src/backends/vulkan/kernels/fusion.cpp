@@ -332,6 +332,50 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Reduction prologues: a sum or mean whose input (through reshapes) is the root of a pointwise
+  // DAG that nothing else reads evaluates that DAG as it reads each element, so the DAG's result
+  // is neither written nor read back (a batch norm's variance, mean(square(x - mean)); the
+  // gradient norm's sum(square(g))). Where the reduction's rows are fewer than the compute
+  // units, its few workgroups would read every input of the DAG alone: then only a DAG with
+  // one input of its size, whose bytes the reduction would read anyway.
+  std::map<ValueId, PointwiseDag> prologue_of;
+  std::vector<bool> in_prologue(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      // A split-K sum that a reader sums itself, or an index chain's link, is not a launch.
+      if ((node.op != op::sum && node.op != op::mean) || node.type.dtype != DType::f32 ||
+          is_fused(static_cast<ValueId>(i)) || is_partial_sum(graph, static_cast<ValueId>(i)))
+        continue;
+      ValueId producer = node.inputs[0];
+      bool alone = true;
+      while (graph.node(producer).op == op::reshape) {
+        alone = alone && !observed[producer] && consumers[producer] == 1;
+        producer = graph.node(producer).inputs[0];
+      }
+      const Node& root = graph.node(producer);
+      if (!alone || !is_pointwise_op(root.op) || root.type.dtype != DType::f32 ||
+          observed[producer] || consumers[producer] != 1 || is_fused(producer) ||
+          epilogue_of_root.count(producer) != 0)
+        continue;
+      PointwiseDag dag = dag_of(graph, producer, fused_into, written_beside);
+      const int64_t count = root.type.elements();
+      int64_t full_inputs = 0;
+      bool f16_input = false;
+      for (ValueId input : dag.inputs) {
+        full_inputs += graph.type(input).elements() == count;
+        f16_input = f16_input || graph.type(input).dtype == DType::f16;
+      }
+      const int64_t rows = node.type.elements();
+      if (!dag.extra_outputs.empty() || sums_partials(graph, dag) || converts_f16(dag) ||
+          f16_input || pointwise_bindings(graph, dag) > device.max_storage_buffers ||
+          (rows < device.compute_units && full_inputs > 1))
+        continue;
+      in_prologue[producer] = true;
+      prologue_of.emplace(static_cast<ValueId>(i), std::move(dag));
+    }
+  }
+
   // Values another launch writes beside its own result (is_companion_op): the
   // backward's log-sum-exp from its attention forward, dV and the scores' gradient beside dK,
   // the grad_out tiles beside the input tiles of a Winograd weight gradient.
@@ -396,7 +440,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   if (fused_away) {
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
-                  epilogue_of_root.size() +
+                  epilogue_of_root.size() + prologue_of.size() +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
@@ -409,7 +453,11 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
     if (node.is_leaf() || is_view_op(node.op) || is_fused(id) || in_epilogue[i] ||
-        written_by_producer[i] || in_chain[i]) {
+        written_by_producer[i] || in_chain[i] || in_prologue[i]) {
+      continue;
+    }
+    if (auto it = prologue_of.find(id); it != prologue_of.end()) {
+      launches.push_back(reduction_with_prologue(graph, id, it->second, device));
       continue;
     }
     if (auto it = chain_of_root.find(id); it != chain_of_root.end()) {

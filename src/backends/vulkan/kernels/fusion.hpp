@@ -5,8 +5,9 @@
 // that is kept or read by several nodes can join its first consumer's kernel, which writes it as
 // an extra output for the rest.
 // Matmul epilogues: a matmul whose only consumer is elementwise of its shape runs that
-// consumer's fused chain (bias, activation, residual add) in the GEMM's store. Some values are
-// written by another node's launch beside its own result (kernels::is_companion_op): the
+// consumer's fused chain (bias, activation, residual add) in the GEMM's store. Reduction
+// prologues: a sum or mean evaluates the elementwise chain that only it reads as it reads it. Some
+// values are written by another node's launch beside its own result (kernels::is_companion_op): the
 // attention forward writes the log-sum-exp its backward needs, dK's launch can write dV, and
 // a Winograd weight gradient's input tiles launch writes its grad_out tiles.
 #include <vector>

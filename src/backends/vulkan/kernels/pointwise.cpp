@@ -489,6 +489,54 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   return launch;
 }
 
+std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseDag& dag,
+                                            const std::string& function,
+                                            std::vector<Operand>& operands) {
+  const Shape& shape = graph.type(dag.output).shape;
+  const int64_t count = graph.type(dag.output).elements();
+  std::vector<InputAccess> inputs(dag.inputs.size());
+  for (size_t k = 0; k < dag.inputs.size(); ++k) {
+    const Node& input_node = graph.node(dag.inputs[k]);
+    InputAccess& input = inputs[k];
+    if (input_node.is_uniform_constant()) {
+      input.name = glsl_float(input_node.attrs.get_float("value"));
+      continue;
+    }
+    const int64_t elements = input_node.type.elements();
+    input.kind = elements == count ? InputKind::full
+                 : elements == 1   ? InputKind::single
+                                   : InputKind::broadcast;
+    input.name = "in" + std::to_string(k);
+    input.dtype = input_node.type.dtype;
+    operands.push_back({input.name, dag.inputs[k], false});
+  }
+  const std::vector<int64_t> extents = collapse_axes(graph, dag, shape, inputs);
+  std::vector<std::string> element_inputs;
+  bool has_broadcast = false;
+  for (const InputAccess& input : inputs) {
+    switch (input.kind) {
+      case InputKind::constant:
+        element_inputs.push_back(input.name);
+        break;
+      case InputKind::single:
+        element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
+        break;
+      case InputKind::broadcast:
+        has_broadcast = true;
+        element_inputs.push_back(
+            as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
+        break;
+      default:
+        element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
+        break;
+    }
+  }
+  std::string text = "float " + function + "(uint i) {\n";
+  if (has_broadcast) text += coordinates_glsl(extents, "i");
+  text += pointwise_statements_glsl(dag, element_inputs);
+  return text + "  return " + pointwise_result_glsl(dag) + ";\n}\n";
+}
+
 namespace {
 
 void lower_single_pointwise(LoweringContext& context) {

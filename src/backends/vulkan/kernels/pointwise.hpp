@@ -55,4 +55,18 @@ std::string partials_sum_glsl(const std::string& view, const std::string& index,
 Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
                         std::string label);
 
+// `float <function>(uint i)`: the value of `dag` at element i of its result, for a kernel that
+// evaluates the DAG where it would read its result (a reduction's prologue, fusion.cpp). Reads
+// each input but uniform constants as an operand named in<k>, appended to `operands` in input
+// order. The DAG writes no extra outputs and reads no f16 values or partial results.
+std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseDag& dag,
+                                            const std::string& function,
+                                            std::vector<Operand>& operands);
+
+// The launch of reduction `id` (a sum or mean of f32 values, reduction.cpp) that evaluates
+// `prologue`, the pointwise DAG whose result it reads (directly or through reshapes), as it
+// reads each element, instead of reading that result from memory (fusion.cpp).
+Launch reduction_with_prologue(const Graph& graph, ValueId id, const PointwiseDag& prologue,
+                               const DeviceTraits& device);
+
 }  // namespace mg::kernels

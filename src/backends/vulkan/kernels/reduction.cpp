@@ -150,8 +150,11 @@ Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
 // result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax); with
 // f16_result (sum_to_f16) it is rounded to f16 in registers, as the reference rounds it, and
 // stored as f16.
+// With `prologue` (a sum or mean), each element is that pointwise DAG evaluated at the
+// element's index (pointwise_element_function_glsl), whose inputs the launch reads instead of
+// the reduction's input.
 void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize,
-                    bool f16_result = false) {
+                    bool f16_result = false, const PointwiseDag* prologue = nullptr) {
   const Node& node = context.node();
   if (f16_result) require_f16_tensors(context.label(), "writes", context.device());
   const Shape& in_shape = context.input_type(0).shape;
@@ -164,7 +167,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   const bool thread_per_row = layout.row_length <= kThreadPerRowLimit ||
                               (innermost_kept && layout.rows >= kColumnThreadsMinRows);
   const bool selecting = kind != ReductionKind::sum;
-  if (!selecting && thread_per_row && layout.rows % 4 == 0 && leading_axes(reduced_axes)) {
+  if (!selecting && !prologue && thread_per_row && layout.rows % 4 == 0 &&
+      leading_axes(reduced_axes)) {
     context.emit(vector_column_sum(context, layout, finalize, f16_result));
     return;
   }
@@ -177,7 +181,13 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
                              ? kLongRowGroupSize
                              : kGroupSize;
   std::string body =
-      std::string(f16_result ? pointwise_functions_glsl() : "") + layout.index_function;
+      std::string(f16_result || prologue ? pointwise_functions_glsl() : "") + layout.index_function;
+  std::vector<Operand> operands;
+  if (prologue)
+    body += pointwise_element_function_glsl(context.graph(), *prologue, "element", operands);
+  else
+    operands.push_back({"x", node.inputs[0], false});
+  operands.push_back({"out_", context.id(), true});
   body +=
       "bool better(float v, uint i, float best, uint best_index) {\n"
       "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
@@ -196,7 +206,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
     body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) +
             "; r += " + glsl_uint(group) + ") {\n";
   }
-  body += "    float v = x[input_index(o, r)];\n";
+  body += prologue ? "    float v = element(input_index(o, r));\n"
+                   : "    float v = x[input_index(o, r)];\n";
   body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
                     : "    total += v;\n";
   body += "  }\n";
@@ -228,7 +239,7 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   launch.label = context.label();
   launch.kernel = "reduction";
   launch.body = std::move(body);
-  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.operands = std::move(operands);
   launch.f16_operands = f16_result;
   launch.groups = thread_per_row
                       ? grid_for(static_cast<uint64_t>(layout.rows), kGroupSize, context.device())
@@ -244,9 +255,13 @@ void lower_sum_to_f16(LoweringContext& context) {
   emit_reduction(context, ReductionKind::sum, "total", true);
 }
 
-void lower_mean(LoweringContext& context) {
+std::string mean_of_total(LoweringContext& context) {
   const int64_t count = context.input_type(0).elements() / context.node().type.elements();
-  emit_reduction(context, ReductionKind::sum, "total / " + glsl_float(static_cast<double>(count)));
+  return "total / " + glsl_float(static_cast<double>(count));
+}
+
+void lower_mean(LoweringContext& context) {
+  emit_reduction(context, ReductionKind::sum, mean_of_total(context));
 }
 
 void lower_max(LoweringContext& context) {
@@ -323,6 +338,18 @@ void lower_log_softmax(LoweringContext& context) {
 }
 
 }  // namespace
+
+Launch reduction_with_prologue(const Graph& graph, ValueId id, const PointwiseDag& prologue,
+                               const DeviceTraits& device) {
+  LoweringContext context(graph, id, device);
+  emit_reduction(context, ReductionKind::sum,
+                 context.node().op == op::mean ? mean_of_total(context) : "total", false,
+                 &prologue);
+  Launch launch = std::move(context.launches().at(0));
+  launch.label += " of fused " + std::to_string(prologue.statements.size()) + " ops -> " +
+                  graph.node(prologue.output).op + " %" + std::to_string(prologue.output);
+  return launch;
+}
 
 std::vector<LoweringEntry> reduction_lowerings() {
   return {{op::sum, lower_sum},
