@@ -158,23 +158,33 @@ void register_pool_ops(std::vector<OpDef>& registry) {
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
             return std::vector<ValueId>{
-                graph.add(op::max_pool2d_grad, {node.inputs[0], grad}, pool_attrs(node))};
+                graph.add(op::max_pool2d_grad, {node.inputs[0], grad, self}, pool_attrs(node))};
           },
   });
 
-  // max_pool2d_grad(x [N, C, H, W], grad_out [N, C, OH, OW]) -> [N, C, H, W]: each output
-  // gradient goes to the first maximum of its window. attrs: those of max_pool2d.
+  // max_pool2d_grad(x [N, C, H, W], grad_out [N, C, OH, OW][, pooled]) -> [N, C, H, W]: each
+  // output gradient goes to the first maximum of its window. `pooled`, max_pool2d(x) as the
+  // forward computed it (its gradient passes it), changes nothing in the result: a kernel then
+  // compares an element with the maxima of its windows and scans a window only where they are
+  // equal. attrs: those of max_pool2d.
   registry.push_back(OpDef{
       .name = op::max_pool2d_grad,
       .infer =
           [](const Graph& graph, const Node& node) {
-            expect_input_count(graph, node, 2);
+            if (node.inputs.size() != 3) expect_input_count(graph, node, 2);
             expect_floating(graph, node, 0, 4);
             expect_floating(graph, node, 1, 4);
             expect_same_dtype(graph, node);
             const TensorType& x = graph.type(node.inputs[0]);
-            expect_grad_shape(graph, node, graph.type(node.inputs[1]).shape,
-                              checked_pool_geometry(graph, node, x.shape).output_shape());
+            const Shape pooled = checked_pool_geometry(graph, node, x.shape).output_shape();
+            expect_grad_shape(graph, node, graph.type(node.inputs[1]).shape, pooled);
+            if (node.inputs.size() == 3) {
+              expect_floating(graph, node, 2, 4);
+              if (graph.type(node.inputs[2]).shape != pooled)
+                op_error(graph, node,
+                         "pooled " + shape_string(graph.type(node.inputs[2]).shape) +
+                             " must be max_pool2d's result " + shape_string(pooled));
+            }
             return x;
           },
       .reference =

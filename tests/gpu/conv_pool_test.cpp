@@ -353,7 +353,8 @@ TEST(GpuConv, MaxPoolOverlappingPadded) {
       });
 }
 
-// relu makes many exact ties (zeros): the gradient must go to the first one of each window.
+// relu makes many exact ties (zeros): the gradient must go to the first one of each window,
+// with the windows' maxima given (`pooled`, as max_pool2d's gradient passes them) or not.
 // The backward op is added directly, since differentiating through relu would zero exactly
 // the gradients that a wrong tie-break misroutes.
 TEST(GpuConv, MaxPoolTiesGoToFirst) {
@@ -363,8 +364,12 @@ TEST(GpuConv, MaxPoolTiesGoToFirst) {
                  const Attrs attrs{{"kernel", std::vector<int64_t>{2, 3}},
                                    {"stride", std::vector<int64_t>{1, 2}},
                                    {"padding", std::vector<int64_t>{0, 1}}};
-                 graph.set_output("y", max_pool2d(x, {2, 3}, {1, 2}, {0, 1}).id());
+                 const Tensor y = max_pool2d(x, {2, 3}, {1, 2}, {0, 1});
+                 graph.set_output("y", y.id());
                  graph.set_output("dx", graph.add("max_pool2d_grad", {x.id(), in[1].id()}, attrs));
+                 graph.set_output(
+                     "dx given pooled",
+                     graph.add("max_pool2d_grad", {x.id(), in[1].id(), y.id()}, attrs));
                });
 }
 

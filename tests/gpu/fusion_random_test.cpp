@@ -190,20 +190,26 @@ TEST(GpuFusion, KeptValuesStayWithinTheBindingLimit) {
 
 // A sum or mean whose input is a pointwise result that nothing else reads evaluates that DAG as
 // it reads each element: a channel variance over a broadcast mean, a gradient norm's full sum,
-// a product of two full inputs reduced over rows, a square seen through a reshape and a column
-// sum over the leading axis. Each output against the reference, in fewer dispatches than
+// a product of two full inputs reduced over rows, a square seen through a reshape, a column sum
+// over the leading axis, and a product whose DAG also computes a value that later nodes read
+// (a batch norm's incoming gradient), which the reduction then writes beside and, over the same
+// rows, sums too (a sibling). Each output against the reference, in fewer dispatches than
 // unfused.
 void build_reductions_of_pointwise(Graph& graph, std::vector<Tensor>& x) {
   const Tensor mean_x = mean(x[0], {0, 2, 3}, true);
   graph.set_output("variance", mean(square(x[0] - mean_x), {0, 2, 3}).id());
   graph.set_output("norm", sum_all(square(x[1])).id());
   graph.set_output("weight gradient", sum(x[1] * (x[0] - mean_x), {0, 2, 3}).id());
-  graph.set_output("rows", sum(reshape(square(x[0] * 0.5), {24, 35}), {1}).id());
+  graph.set_output("rows", sum(reshape(square(x[0] * 0.5), {48, 35}), {1}).id());
   graph.set_output("columns", sum(relu(x[2]) * x[3], {0}).id());
+  const Tensor gradient = relu(x[1]) * 2.0;
+  graph.set_output("per row", sum(gradient * (x[0] - mean_x), {3}).id());
+  graph.set_output("gradient sum", sum(gradient, {3}).id());
+  graph.set_output("dx", (gradient * x[0]).id());
 }
 
 const std::vector<HarnessInput> kReductionInputs = {
-    {"x", {4, 6, 5, 7}}, {"g", {4, 6, 5, 7}}, {"a", {64, 8}}, {"b", {64, 8}}};
+    {"x", {8, 6, 5, 7}}, {"g", {8, 6, 5, 7}}, {"a", {64, 8}}, {"b", {64, 8}}};
 
 TEST(GpuFusion, ReductionsEvaluateTheirPointwiseProducer) {
   size_t fused = 0, unfused = 0;
@@ -217,23 +223,30 @@ TEST(GpuFusion, ReductionsEvaluateTheirPointwiseProducer) {
 
 // On a device with more compute units than the weight gradient's 6 rows and the column sum's 8,
 // their two full-size inputs each would be read by that few workgroups alone: those keep their
-// pointwise launches; the others, with one full-size input each, take their producer.
+// pointwise launches; the others, with one full-size input each or rows enough (the per-row
+// sum's 240, which writes the gradient beside), take their producer. With fewer compute units
+// than 6, all six do.
 TEST(GpuFusion, FewRowsTakeAProducerOfOneFullInput) {
   Graph graph;
   std::vector<Tensor> x;
   for (const HarnessInput& spec : kReductionInputs)
     x.push_back(input(graph, spec.name, spec.shape));
   build_reductions_of_pointwise(graph, x);
+  int64_t siblings = 0;
   const auto prologues = [&](int64_t compute_units) {
     target::DeviceTraits device;
     device.compute_units = compute_units;
     int64_t count = 0;
-    for (const kernels::Launch& launch : kernels::lower_graph(graph, device))
+    siblings = 0;
+    for (const kernels::Launch& launch : kernels::lower_graph(graph, device)) {
       count += launch.label.find(" of fused ") != std::string::npos;
+      siblings += launch.label.find(" + sum %") != std::string::npos;
+    }
     return count;
   };
-  EXPECT_EQ(prologues(4), 5);
-  EXPECT_EQ(prologues(132), 3);
+  EXPECT_EQ(prologues(4), 6);
+  EXPECT_EQ(prologues(132), 4);
+  EXPECT_EQ(siblings, 1);  // the gradient's per-row sum, beside the per-row product's
 }
 
 }  // namespace

@@ -196,6 +196,13 @@ TEST(Pool, MisuseNamesOpAndShapes) {
             {{"kernel", std::vector<int64_t>{2, 2}}});
       },
       {"max_pool2d_grad", "grad_out [1, 2, 3, 3]", "[1, 2, 2, 2]"});
+  expect_error(
+      [&] {
+        raw(graph, "max_pool2d_grad",
+            {x.id(), input(graph, "g2", {1, 2, 2, 2}).id(), input(graph, "p", {1, 2, 2, 3}).id()},
+            {{"kernel", std::vector<int64_t>{2, 2}}});
+      },
+      {"max_pool2d_grad", "pooled [1, 2, 2, 3]", "max_pool2d's result [1, 2, 2, 2]"});
 }
 
 }  // namespace

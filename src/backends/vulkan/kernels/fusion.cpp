@@ -335,11 +335,14 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // Reduction prologues: a sum or mean whose input (through reshapes) is the root of a pointwise
   // DAG that nothing else reads evaluates that DAG as it reads each element, so the DAG's result
   // is neither written nor read back (a batch norm's variance, mean(square(x - mean)); the
-  // gradient norm's sum(square(g))). Where the reduction's rows are fewer than the compute
-  // units, its few workgroups would read every input of the DAG alone: then only a DAG with
-  // one input of its size, whose bytes the reduction would read anyway.
-  std::map<ValueId, PointwiseDag> prologue_of;
-  std::vector<bool> in_prologue(graph.size(), false);
+  // gradient norm's sum(square(g))). The DAG's values written beside it (a batch norm's incoming
+  // gradient, which its bias gradient and dx read too) are written by the reduction, whose
+  // launch comes later than the DAG's would: their other readers must follow the reduction.
+  // Where the reduction's rows are fewer than the compute units, its few workgroups would read
+  // and write every element alone: then only a DAG with one input of its size and nothing
+  // written beside, whose bytes the reduction would read anyway.
+  std::map<ValueId, ReductionPrologue> prologue_of;
+  std::vector<bool> in_prologue(graph.size(), false), in_sibling(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
@@ -367,12 +370,51 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         f16_input = f16_input || graph.type(input).dtype == DType::f16;
       }
       const int64_t rows = node.type.elements();
-      if (!dag.extra_outputs.empty() || sums_partials(graph, dag) || converts_f16(dag) ||
-          f16_input || pointwise_bindings(graph, dag) > device.max_storage_buffers ||
-          (rows < device.compute_units && full_inputs > 1))
+      const bool few_rows = rows < device.compute_units;
+      bool extras_follow = true;
+      for (const PointwiseExtraOutput& extra : dag.extra_outputs) {
+        extras_follow = extras_follow && readers_follow(graph, consumer_lists, extra.value,
+                                                        consumer_lists[extra.value].front(),
+                                                        static_cast<ValueId>(i));
+      }
+      if (!extras_follow || sums_partials(graph, dag) || converts_f16(dag) || f16_input ||
+          pointwise_bindings(graph, dag) > device.max_storage_buffers ||
+          (few_rows && (full_inputs > 1 || !dag.extra_outputs.empty())))
         continue;
       in_prologue[producer] = true;
-      prologue_of.emplace(static_cast<ValueId>(i), std::move(dag));
+      prologue_of.emplace(static_cast<ValueId>(i), ReductionPrologue{std::move(dag)});
+    }
+    // Siblings: a later sum or mean over the same rows of a value the prologue's DAG writes
+    // beside (a batch norm's bias gradient, the sum of the gradient whose product with the
+    // normalised input the prologue sums) is computed in the same launch from the value in
+    // registers: that value is not read back, and one launch goes.
+    const auto same_rows = [&](const Node& a, const Node& b) {
+      return graph.type(a.inputs[0]).shape == graph.type(b.inputs[0]).shape &&
+             a.type.shape == b.type.shape &&
+             a.attrs.get_ints("axes", {}) == b.attrs.get_ints("axes", {}) &&
+             a.attrs.get_int("keepdims", 0) == b.attrs.get_int("keepdims", 0);
+    };
+    for (auto& [reduction, prologue] : prologue_of) {
+      for (const PointwiseExtraOutput& extra : prologue.dag.extra_outputs) {
+        std::vector<ValueId> readers = consumer_lists[extra.value];
+        for (size_t r = 0; r < readers.size() && prologue.sibling == kNoValue; ++r) {
+          const ValueId reader = readers[r];
+          const Node& node = graph.node(reader);
+          if (node.op == op::reshape) {
+            readers.insert(readers.end(), consumer_lists[reader].begin(),
+                           consumer_lists[reader].end());
+            continue;
+          }
+          if ((node.op != op::sum && node.op != op::mean) || node.type.dtype != DType::f32 ||
+              reader <= reduction || is_fused(reader) || is_partial_sum(graph, reader) ||
+              prologue_of.count(reader) != 0 || in_sibling[reader] ||
+              !same_rows(node, graph.node(reduction)))
+            continue;
+          prologue.sibling = reader;
+          prologue.sibling_statement = extra.statement;
+          in_sibling[reader] = true;
+        }
+      }
     }
   }
 
@@ -441,6 +483,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
                   epilogue_of_root.size() + prologue_of.size() +
+                  std::count(in_sibling.begin(), in_sibling.end(), true) +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
@@ -453,7 +496,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.nodes()[i];
     const ValueId id = static_cast<ValueId>(i);
     if (node.is_leaf() || is_view_op(node.op) || is_fused(id) || in_epilogue[i] ||
-        written_by_producer[i] || in_chain[i] || in_prologue[i]) {
+        written_by_producer[i] || in_chain[i] || in_prologue[i] || in_sibling[i]) {
       continue;
     }
     if (auto it = prologue_of.find(id); it != prologue_of.end()) {

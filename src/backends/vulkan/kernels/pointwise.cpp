@@ -491,7 +491,8 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
 
 std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseDag& dag,
                                             const std::string& function,
-                                            std::vector<Operand>& operands) {
+                                            std::vector<Operand>& operands,
+                                            const std::vector<size_t>& exported) {
   const Shape& shape = graph.type(dag.output).shape;
   const int64_t count = graph.type(dag.output).elements();
   std::vector<InputAccess> inputs(dag.inputs.size());
@@ -531,9 +532,18 @@ std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseD
         break;
     }
   }
-  std::string text = "float " + function + "(uint i) {\n";
+  std::string text;
+  for (size_t k = 0; k < exported.size(); ++k) text += "float exported" + std::to_string(k) + ";\n";
+  text += "float " + function + "(uint i) {\n";
   if (has_broadcast) text += coordinates_glsl(extents, "i");
   text += pointwise_statements_glsl(dag, element_inputs);
+  for (size_t k = 0; k < exported.size(); ++k)
+    text += "  exported" + std::to_string(k) + " = " + pointwise_value_glsl(exported[k]) + ";\n";
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+    const std::string name = "extra" + std::to_string(k);
+    operands.push_back({name, dag.extra_outputs[k].value, true});
+    text += "  " + name + "[i] = " + pointwise_value_glsl(dag.extra_outputs[k].statement) + ";\n";
+  }
   return text + "  return " + pointwise_result_glsl(dag) + ";\n}\n";
 }
 

@@ -56,17 +56,28 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                         std::string label);
 
 // `float <function>(uint i)`: the value of `dag` at element i of its result, for a kernel that
-// evaluates the DAG where it would read its result (a reduction's prologue, fusion.cpp). Reads
-// each input but uniform constants as an operand named in<k>, appended to `operands` in input
-// order. The DAG writes no extra outputs and reads no f16 values or partial results.
+// evaluates the DAG where it would read its result (a reduction's prologue, fusion.cpp), once
+// for each element. Reads each input but uniform constants as an operand named in<k> and writes
+// each extra output at element i as extra<k>, appended to `operands` in that order; the value of
+// statement `exported`[k] is left in the global `float exported<k>`. The DAG reads no f16 values
+// or partial results.
 std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseDag& dag,
                                             const std::string& function,
-                                            std::vector<Operand>& operands);
+                                            std::vector<Operand>& operands,
+                                            const std::vector<size_t>& exported = {});
 
-// The launch of reduction `id` (a sum or mean of f32 values, reduction.cpp) that evaluates
-// `prologue`, the pointwise DAG whose result it reads (directly or through reshapes), as it
-// reads each element, instead of reading that result from memory (fusion.cpp).
-Launch reduction_with_prologue(const Graph& graph, ValueId id, const PointwiseDag& prologue,
+// A reduction's prologue (fusion.cpp): the pointwise DAG that a sum or mean evaluates as it
+// reads each element instead of reading the DAG's result from memory, and where one exists a
+// sibling, a second sum or mean over the same rows of one of the DAG's values, which the same
+// launch computes beside the first.
+struct ReductionPrologue {
+  PointwiseDag dag;
+  ValueId sibling = kNoValue;
+  size_t sibling_statement = 0;  // the statement of `dag` whose value the sibling reduces
+};
+
+// The launch of reduction `id` (a sum or mean of f32 values, reduction.cpp) with `prologue`.
+Launch reduction_with_prologue(const Graph& graph, ValueId id, const ReductionPrologue& prologue,
                                const DeviceTraits& device);
 
 }  // namespace mg::kernels

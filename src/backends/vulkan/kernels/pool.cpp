@@ -95,27 +95,35 @@ void lower_max_pool(LoweringContext& context) {
 void lower_max_pool_grad(LoweringContext& context) {
   const Node& node = context.node();
   const PoolGeometry p = pool_geometry(node.attrs, context.input_type(0).shape);
+  const bool pooled = node.inputs.size() == 3;
+  const std::string window = "(plane * " + u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow";
   // Whether input element i (value xi) is the first maximum of window (oh, ow) in `plane`, as
   // max_pool2d picks it: no larger value in the window and no equal one before it in row-major
-  // order, whose flat index is then smaller. Most elements are no window's maximum, and the scan
-  // stops at the first value that shows it.
+  // order, whose flat index is then smaller. Most elements are no window's maximum: with the
+  // window's maximum given (`pooled`), one comparison shows it, and only an element equal to it
+  // scans the window, for an equal one before it; without, the scan stops at the first value
+  // that shows it.
+  const std::string index = "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
+                            u(p.in_width) + " + uint(iw);\n";
   const std::string functions =
       "bool is_first_argmax(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
-      window_loop(p, "oh", "ow",
-                  "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
-                      u(p.in_width) +
-                      " + uint(iw);\n      float value = x[index];\n      if (value > xi || "
-                      "(value == xi && index < i)) return false;\n") +
+      (pooled ? "  if (xi != pooled[" + window + "]) return false;\n" +
+                    window_loop(p, "oh", "ow",
+                                index + "      if (index >= i) return true;\n"
+                                        "      if (x[index] == xi) return false;\n")
+              : window_loop(p, "oh", "ow",
+                            index + "      float value = x[index];\n      if (value > xi || "
+                                    "(value == xi && index < i)) return false;\n")) +
       "  return true;\n}\n";
   const std::string body =
       "  float total = 0.0;\n  float xi = x[i];\n" +
-      windows_containing(p,
-                         "      if (is_first_argmax(plane, oh, ow, i, xi)) total += dy[(plane * " +
-                             u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow];\n") +
+      windows_containing(
+          p, "      if (is_first_argmax(plane, oh, ow, i, xi)) total += dy[" + window + "];\n") +
       "  dx[i] = total;\n";
-  emit_elementwise(
-      context, functions, body,
-      {{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}, {"dx", context.id(), true}});
+  std::vector<Operand> operands{{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}};
+  if (pooled) operands.push_back({"pooled", node.inputs[2], false});
+  operands.push_back({"dx", context.id(), true});
+  emit_elementwise(context, functions, body, std::move(operands));
 }
 
 // Padding taps count as zeros, so the divisor is always the full kernel area.

@@ -152,9 +152,11 @@ Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
 // stored as f16.
 // With `prologue` (a sum or mean), each element is that pointwise DAG evaluated at the
 // element's index (pointwise_element_function_glsl), whose inputs the launch reads instead of
-// the reduction's input.
+// the reduction's input; its sibling, if any, totals the exported value in `total1` and stores
+// `sibling_finalize` of it as out1_.
 void emit_reduction(LoweringContext& context, ReductionKind kind, const std::string& finalize,
-                    bool f16_result = false, const PointwiseDag* prologue = nullptr) {
+                    bool f16_result = false, const ReductionPrologue* prologue = nullptr,
+                    const std::string& sibling_finalize = "") {
   const Node& node = context.node();
   if (f16_result) require_f16_tensors(context.label(), "writes", context.device());
   const Shape& in_shape = context.input_type(0).shape;
@@ -182,20 +184,26 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
                              : kGroupSize;
   std::string body =
       std::string(f16_result || prologue ? pointwise_functions_glsl() : "") + layout.index_function;
+  const bool sibling = prologue && prologue->sibling != kNoValue;
   std::vector<Operand> operands;
-  if (prologue)
-    body += pointwise_element_function_glsl(context.graph(), *prologue, "element", operands);
-  else
+  if (prologue) {
+    body += pointwise_element_function_glsl(
+        context.graph(), prologue->dag, "element", operands,
+        sibling ? std::vector<size_t>{prologue->sibling_statement} : std::vector<size_t>{});
+  } else {
     operands.push_back({"x", node.inputs[0], false});
+  }
   operands.push_back({"out_", context.id(), true});
+  if (sibling) operands.push_back({"out1_", prologue->sibling, true});
   body +=
       "bool better(float v, uint i, float best, uint best_index) {\n"
       "  return best_index == 0xffffffffu || v > best || (v == best && i < best_index);\n}\n";
   body += "layout(local_size_x = " + std::to_string(group) + ") in;\n";
   body += "shared float partial_value[" + std::to_string(group) + "];\n";
   body += "shared uint partial_index[" + std::to_string(group) + "];\n";
+  if (sibling) body += "shared float partial_value1[" + std::to_string(group) + "];\n";
   body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
-  body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
+  body += "  float total = 0.0, total1 = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
   std::string loop_start;
   if (thread_per_row) {
     body += "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + lane;\n";
@@ -210,10 +218,13 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
                    : "    float v = x[input_index(o, r)];\n";
   body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
                     : "    total += v;\n";
+  if (sibling) body += "    total1 += exported0;\n";
   body += "  }\n";
   if (!thread_per_row) {
     body += "  partial_value[lane] = " + std::string(selecting ? "best" : "total") +
-            ";\n  partial_index[lane] = best_index;\n  barrier();\n";
+            ";\n  partial_index[lane] = best_index;\n";
+    if (sibling) body += "  partial_value1[lane] = total1;\n";
+    body += "  barrier();\n";
     body += "  for (uint width = " + glsl_uint(group / 2) +
             "; width > 0u; width >>= 1) {\n    if (lane < width) {\n";
     if (selecting) {
@@ -225,13 +236,16 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
           "        partial_value[lane] = v;\n        partial_index[lane] = r;\n      }\n";
     } else {
       body += "      partial_value[lane] += partial_value[lane + width];\n";
+      if (sibling) body += "      partial_value1[lane] += partial_value1[lane + width];\n";
     }
     body += "    }\n    barrier();\n  }\n";
     body += "  if (lane != 0u) return;\n";
     body +=
         "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = "
         "partial_index[0];\n";
+    if (sibling) body += "  total1 = partial_value1[0];\n";
   }
+  if (sibling) body += "  out1_[o] = " + sibling_finalize + ";\n";
   body += "  out_[o] = " + (f16_result ? "float16_t(mg_round_f16(" + finalize + "))" : finalize) +
           ";\n}\n";
 
@@ -255,9 +269,16 @@ void lower_sum_to_f16(LoweringContext& context) {
   emit_reduction(context, ReductionKind::sum, "total", true);
 }
 
+// The result of a sum or mean node `id` from its total `total` (a GLSL variable).
+std::string sum_or_mean_of(const Graph& graph, ValueId id, const std::string& total) {
+  const Node& node = graph.node(id);
+  if (node.op != op::mean) return total;
+  const int64_t count = graph.type(node.inputs[0]).elements() / node.type.elements();
+  return total + " / " + glsl_float(static_cast<double>(count));
+}
+
 std::string mean_of_total(LoweringContext& context) {
-  const int64_t count = context.input_type(0).elements() / context.node().type.elements();
-  return "total / " + glsl_float(static_cast<double>(count));
+  return sum_or_mean_of(context.graph(), context.id(), "total");
 }
 
 void lower_mean(LoweringContext& context) {
@@ -339,15 +360,18 @@ void lower_log_softmax(LoweringContext& context) {
 
 }  // namespace
 
-Launch reduction_with_prologue(const Graph& graph, ValueId id, const PointwiseDag& prologue,
+Launch reduction_with_prologue(const Graph& graph, ValueId id, const ReductionPrologue& prologue,
                                const DeviceTraits& device) {
   LoweringContext context(graph, id, device);
-  emit_reduction(context, ReductionKind::sum,
-                 context.node().op == op::mean ? mean_of_total(context) : "total", false,
-                 &prologue);
+  const bool sibling = prologue.sibling != kNoValue;
+  emit_reduction(context, ReductionKind::sum, sum_or_mean_of(graph, id, "total"), false, &prologue,
+                 sibling ? sum_or_mean_of(graph, prologue.sibling, "total1") : "");
   Launch launch = std::move(context.launches().at(0));
-  launch.label += " of fused " + std::to_string(prologue.statements.size()) + " ops -> " +
-                  graph.node(prologue.output).op + " %" + std::to_string(prologue.output);
+  launch.label += " of fused " + std::to_string(prologue.dag.statements.size()) + " ops -> " +
+                  graph.node(prologue.dag.output).op + " %" + std::to_string(prologue.dag.output);
+  if (sibling)
+    launch.label +=
+        " + " + graph.node(prologue.sibling).op + " %" + std::to_string(prologue.sibling);
   return launch;
 }
 
