@@ -165,12 +165,16 @@ TEST(NumericalFaults, DetectAnomalyNamesTheFirstOp) {
 
 // The jobs whose training program is a Session of their own record its inputs too: a U-Net (the
 // CI config of scripts/unet_demo.sh) and a SmolVLA policy (scripts/smolvla_demo_data.py) blown
-// up the same way name a forward op and the parameter nearest it.
-void expect_forward_anomaly(const Result& found) {
+// up the same way, with --detect-anomaly (`arguments`, the run going to root/run), stop
+// non_finite and name a forward op and the parameter nearest it.
+void expect_forward_anomaly(const fs::path& root, const std::string& arguments) {
+  const Result found = run("train --out " + (root / "run").string() + " " + arguments +
+                           " --max-steps 3 --lr 1e30 --warmup 0 --detect-anomaly");
   EXPECT_EQ(found.status, 73) << found.output;
   EXPECT_NE(found.output.find("the first non-finite value is %"), std::string::npos)
       << found.output;
   EXPECT_NE(found.output.find(" (forward, near '"), std::string::npos) << found.output;
+  EXPECT_EQ(read_json(root / "run" / "run.json")["status"], "non_finite");
 }
 
 TEST(NumericalFaults, DetectAnomalyInTheUNetJob) {
@@ -189,12 +193,8 @@ TEST(NumericalFaults, DetectAnomalyInTheUNetJob) {
                         {"attention_head_dim", 4},
                         {"cross_attention_dim", 64},
                         {"norm_num_groups", 8}};
-  const Result found =
-      run("train --model " + (root / "config").string() + " --out " + (root / "run").string() +
-          " --tokens 4 --batch 2 --limit 64 --max-steps 3 --lr 1e30 --warmup 0 "
-          "--detect-anomaly");
-  expect_forward_anomaly(found);
-  EXPECT_EQ(read_json(root / "run" / "run.json")["status"], "non_finite");
+  expect_forward_anomaly(
+      root, "--model " + (root / "config").string() + " --tokens 4 --batch 2 --limit 64");
   fs::remove_all(root);
 }
 
@@ -205,12 +205,8 @@ TEST(NumericalFaults, DetectAnomalyInTheSmolVLAJob) {
                          " --episodes 4 --image 16 --width 64 --layers 2 > /dev/null")
                             .c_str()),
             0);
-  const Result found = run("train --model " + (root / "policy").string() + " --data " +
-                           (root / "data").string() + " --out " + (root / "run").string() +
-                           " --batch 4 --max-steps 3 --lr 1e30 --warmup 0 --validation 0 "
-                           "--detect-anomaly");
-  expect_forward_anomaly(found);
-  EXPECT_EQ(read_json(root / "run" / "run.json")["status"], "non_finite");
+  expect_forward_anomaly(root, "--model " + (root / "policy").string() + " --data " +
+                                   (root / "data").string() + " --batch 4 --validation 0");
   fs::remove_all(root);
 }
 

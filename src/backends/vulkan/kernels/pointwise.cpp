@@ -311,17 +311,10 @@ std::vector<std::string> extra_stores(const PointwiseDag& dag, const std::string
   return stores;
 }
 
-}  // namespace
-
-Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
-                        std::string label) {
-  const TensorType& output_type = graph.type(dag.output);
-  const int64_t count = output_type.elements();
-  const DType output_dtype = output_type.dtype;
-
-  Launch launch;
-  launch.label = std::move(label);
-  launch.kernel = "pointwise";
+// How `dag` reads each input (a result of `count` elements), each but uniform constants bound as
+// the next of `operands`, named in<k>.
+std::vector<InputAccess> input_accesses(const Graph& graph, const PointwiseDag& dag, int64_t count,
+                                        std::vector<Operand>& operands) {
   std::vector<InputAccess> inputs(dag.inputs.size());
   for (size_t k = 0; k < dag.inputs.size(); ++k) {
     const Node& input_node = graph.node(dag.inputs[k]);
@@ -339,9 +332,57 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     if (input.kind == InputKind::partials) input.partials = elements / count;
     input.name = "in" + std::to_string(k);
     input.dtype = input_node.type.dtype;
-    input.binding = static_cast<uint32_t>(launch.operands.size());
-    launch.operands.push_back({input.name, dag.inputs[k], false});
+    input.binding = static_cast<uint32_t>(operands.size());
+    operands.push_back({input.name, dag.inputs[k], false});
   }
+  return inputs;
+}
+
+// Each input's value at element i (scalar loads; broadcast inputs at the collapsed coordinates
+// c0, c1, ... of `extents`).
+std::vector<std::string> scalar_inputs_glsl(const std::vector<InputAccess>& inputs,
+                                            const std::vector<int64_t>& extents, int64_t count) {
+  std::vector<std::string> element_inputs;
+  for (const InputAccess& input : inputs) {
+    switch (input.kind) {
+      case InputKind::constant:
+        element_inputs.push_back(input.name);
+        break;
+      case InputKind::full:
+        element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
+        break;
+      case InputKind::single:
+        element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
+        break;
+      case InputKind::broadcast:
+        element_inputs.push_back(
+            as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
+        break;
+      case InputKind::partials:
+        element_inputs.push_back(partials_sum(input, input.name, "i", count));
+        break;
+    }
+  }
+  return element_inputs;
+}
+
+bool any_broadcast(const std::vector<InputAccess>& inputs) {
+  return std::any_of(inputs.begin(), inputs.end(),
+                     [](const InputAccess& in) { return in.kind == InputKind::broadcast; });
+}
+
+}  // namespace
+
+Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const DeviceTraits& device,
+                        std::string label) {
+  const TensorType& output_type = graph.type(dag.output);
+  const int64_t count = output_type.elements();
+  const DType output_dtype = output_type.dtype;
+
+  Launch launch;
+  launch.label = std::move(label);
+  launch.kernel = "pointwise";
+  std::vector<InputAccess> inputs = input_accesses(graph, dag, count, launch.operands);
   // Extra outputs bind before the result, which stays the last operand (the planner's in-place
   // choice writes only the result over a dying input).
   const uint32_t first_extra_binding = static_cast<uint32_t>(launch.operands.size());
@@ -361,9 +402,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   if (launch.f16_operands) require_f16_tensors(launch.label, "reads or writes", device);
 
   const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
-  const bool has_broadcast = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {
-    return in.kind == InputKind::broadcast;
-  });
+  const bool has_broadcast = any_broadcast(inputs);
   // Groups of four consecutive elements share every broadcast input's coordinates except along
   // the innermost axis, so they load as one vec4 or one splatted scalar.
   const bool has_partials = std::any_of(inputs.begin(), inputs.end(), [](const InputAccess& in) {
@@ -450,27 +489,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     launch.groups = grid_for(static_cast<uint64_t>(groups + (count % kElementsPerThread != 0)),
                              kLocalSize, device);
   } else {
-    std::vector<std::string> element_inputs;
-    for (const InputAccess& input : inputs) {
-      switch (input.kind) {
-        case InputKind::constant:
-          element_inputs.push_back(input.name);
-          break;
-        case InputKind::full:
-          element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
-          break;
-        case InputKind::single:
-          element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
-          break;
-        case InputKind::broadcast:
-          element_inputs.push_back(
-              as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
-          break;
-        case InputKind::partials:
-          element_inputs.push_back(partials_sum(input, input.name, "i", count));
-          break;
-      }
-    }
+    const std::vector<std::string> element_inputs = scalar_inputs_glsl(inputs, extents, count);
     body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
     body += "  uint first = linear_workgroup() * " +
             glsl_uint(int64_t{kLocalSize} * kElementsPerThread) + " + gl_LocalInvocationID.x;\n";
@@ -495,47 +514,13 @@ std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseD
                                             const std::vector<size_t>& exported) {
   const Shape& shape = graph.type(dag.output).shape;
   const int64_t count = graph.type(dag.output).elements();
-  std::vector<InputAccess> inputs(dag.inputs.size());
-  for (size_t k = 0; k < dag.inputs.size(); ++k) {
-    const Node& input_node = graph.node(dag.inputs[k]);
-    InputAccess& input = inputs[k];
-    if (input_node.is_uniform_constant()) {
-      input.name = glsl_float(input_node.attrs.get_float("value"));
-      continue;
-    }
-    const int64_t elements = input_node.type.elements();
-    input.kind = elements == count ? InputKind::full
-                 : elements == 1   ? InputKind::single
-                                   : InputKind::broadcast;
-    input.name = "in" + std::to_string(k);
-    input.dtype = input_node.type.dtype;
-    operands.push_back({input.name, dag.inputs[k], false});
-  }
+  std::vector<InputAccess> inputs = input_accesses(graph, dag, count, operands);
   const std::vector<int64_t> extents = collapse_axes(graph, dag, shape, inputs);
-  std::vector<std::string> element_inputs;
-  bool has_broadcast = false;
-  for (const InputAccess& input : inputs) {
-    switch (input.kind) {
-      case InputKind::constant:
-        element_inputs.push_back(input.name);
-        break;
-      case InputKind::single:
-        element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
-        break;
-      case InputKind::broadcast:
-        has_broadcast = true;
-        element_inputs.push_back(
-            as_float(input.name + "[" + broadcast_index(input, extents, "c") + "]", input.dtype));
-        break;
-      default:
-        element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
-        break;
-    }
-  }
+  const std::vector<std::string> element_inputs = scalar_inputs_glsl(inputs, extents, count);
   std::string text;
   for (size_t k = 0; k < exported.size(); ++k) text += "float exported" + std::to_string(k) + ";\n";
   text += "float " + function + "(uint i) {\n";
-  if (has_broadcast) text += coordinates_glsl(extents, "i");
+  if (any_broadcast(inputs)) text += coordinates_glsl(extents, "i");
   text += pointwise_statements_glsl(dag, element_inputs);
   for (size_t k = 0; k < exported.size(); ++k)
     text += "  exported" + std::to_string(k) + " = " + pointwise_value_glsl(exported[k]) + ";\n";
