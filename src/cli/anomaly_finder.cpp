@@ -1,5 +1,6 @@
 #include "cli/anomaly_finder.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <set>
@@ -110,8 +111,8 @@ void AnomalyFinder::record_input(std::string_view name, std::span<const int32_t>
   int_inputs_[std::string(name)].assign(values.begin(), values.end());
 }
 
-std::string AnomalyFinder::find(const Session& state,
-                                const std::map<std::string, double>& step_inputs) {
+std::optional<std::string> AnomalyFinder::find(const PersistentReader& read,
+                                               const std::map<std::string, double>& step_inputs) {
   if (!checker_) {
     live_ = live_values(graph_);
     Graph checked = graph_;
@@ -122,7 +123,7 @@ std::string AnomalyFinder::find(const Session& state,
   }
   std::map<std::string, std::vector<float>, std::less<>> persistent;
   for (const std::string& name : checker_->persistent_names()) {
-    persistent[name] = state.read(name);
+    persistent[name] = read(name);
     checker_->write(name, persistent[name]);
   }
   for (const auto& [name, values] : float_inputs_) checker_->set_input(name, values);
@@ -172,8 +173,29 @@ std::string AnomalyFinder::find(const Session& state,
            " elements, the first " + number_text(found.first_value) + " at " +
            std::to_string(found.first);
   }
-  return "no value of the step is NaN or infinite when it runs again (a fault that did not "
-         "repeat)";
+  return std::nullopt;
+}
+
+std::string anomaly_text(const std::optional<std::string>& finding) {
+  return finding ? *finding
+                 : "no value of the step is NaN or infinite when it runs again (a fault that did "
+                   "not repeat)";
+}
+
+std::string anomaly_text_across_ranks(Communicator& communicator,
+                                      const std::optional<std::string>& finding) {
+  std::vector<double> found(static_cast<size_t>(communicator.size()), 0.0);
+  if (finding) found[static_cast<size_t>(communicator.rank())] = 1.0;
+  communicator.sum(found);
+  const auto first = std::find(found.begin(), found.end(), 1.0);
+  if (first == found.end()) return anomaly_text(std::nullopt);
+  const int root = static_cast<int>(first - found.begin());
+  std::string text = root == communicator.rank() ? *finding : std::string();
+  uint64_t length = text.size();
+  communicator.broadcast(std::as_writable_bytes(std::span<uint64_t>(&length, 1)), root);
+  text.resize(length);
+  communicator.broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
+  return "on rank " + std::to_string(root) + " (its share of the batch), " + text;
 }
 
 RecordedInputs::RecordedInputs(Session& session, std::unique_ptr<AnomalyFinder> finder)
@@ -198,7 +220,10 @@ void RecordedInputs::set_step(NonFiniteSteps& non_finite, const OptimizerConfig&
 
 std::function<std::string()> RecordedInputs::anomaly() {
   if (!finder_) return {};
-  return [this] { return finder_->find(*session_, step_inputs_); };
+  return [this] {
+    return anomaly_text(finder_->find(
+        [this](const std::string& name) { return session_->read(name); }, step_inputs_));
+  };
 }
 
 }  // namespace mg::cli

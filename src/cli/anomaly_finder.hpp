@@ -9,11 +9,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "meganeura/distributed.hpp"
 #include "meganeura/graph.hpp"
 #include "meganeura/session.hpp"
 #include "meganeura/train.hpp"
@@ -35,9 +37,12 @@ class AnomalyFinder {
   void record_input(std::string_view name, std::span<const int32_t> values);
 
   // Runs the recorded step (`step_inputs`: the optimizer's scalar inputs of that step) from the
-  // persistent values of `state`, and describes the first non-finite value on one line. The
-  // checking program is built on the first call.
-  std::string find(const Session& state, const std::map<std::string, double>& step_inputs);
+  // parameters and state that `read` gives by name, and describes the first non-finite value on
+  // one line; none where every value is finite this time. The checking program is built on the
+  // first call.
+  using PersistentReader = std::function<std::vector<float>(const std::string& name)>;
+  std::optional<std::string> find(const PersistentReader& read,
+                                  const std::map<std::string, double>& step_inputs);
 
  private:
   Graph graph_;
@@ -49,6 +54,14 @@ class AnomalyFinder {
   std::map<std::string, std::vector<int32_t>, std::less<>> int_inputs_;
   std::unique_ptr<Session> checker_;
 };
+
+// The line for NonFiniteSteps::dropped from one process's finding (AnomalyFinder::find).
+std::string anomaly_text(const std::optional<std::string>& finding);
+
+// In a distributed run, every rank with its finding on its own share of the batch: the finding
+// of the lowest rank that has one, the same line on every rank. Every rank must call it.
+std::string anomaly_text_across_ranks(Communicator& communicator,
+                                      const std::optional<std::string>& finding);
 
 // For the jobs whose training program is a Session of their own (Whisper, SmolVLA, U-Net): sets
 // that Session's inputs and, with a finder (--detect-anomaly), records them and the step's

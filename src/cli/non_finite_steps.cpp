@@ -54,12 +54,6 @@ NonFiniteSteps::NonFiniteSteps(const Arguments& arguments, bool distributed)
   if (policy != "stop" && policy != "skip")
     throw Error("unknown --on-nonfinite '" + policy + "' (stop or skip)");
   skip_ = policy == "skip";
-  // The re-run is of one process's program; the step that a distributed run drops was decided
-  // on every rank's gradients together.
-  if (detect_anomaly_ && distributed)
-    throw Error(
-        "--detect-anomaly runs in a single process: drop --distributed (and the MPI launcher) to "
-        "find the op that made the first NaN");
 }
 
 std::map<std::string, double> NonFiniteSteps::step_inputs(const OptimizerConfig& config,

@@ -57,8 +57,7 @@ inline constexpr const char* kLossScaleHelp =
 class NonFiniteSteps {
  public:
   // Reads --on-nonfinite, --detect-anomaly, --loss-scale and --precision (for the default loss
-  // scale; `distributed` turns that default off and refuses --detect-anomaly). Throws mg::Error
-  // on a bad value.
+  // scale; `distributed` turns that default off). Throws mg::Error on a bad value.
   explicit NonFiniteSteps(const Arguments& arguments, bool distributed = false);
 
   bool detects_anomaly() const { return detect_anomaly_; }

@@ -15,6 +15,13 @@ TrainingProgram::TrainingProgram(const Graph& loss_graph, const OptimizerConfig&
   if (run.distributed()) {
     parallel_ = std::make_unique<DataParallelTrainer>(
         loss_graph, loss, optimizer, run.communicator(), options, run.parallel_options());
+    // Each rank checks its own share as one process would train on it: the forward and backward
+    // are those of the distributed step, the update (of unsummed gradients) this rank's alone.
+    if (non_finite.detects_anomaly()) {
+      Graph graph = loss_graph;
+      const TrainingGraph training = add_training(graph, loss, optimizer);
+      anomaly_ = std::make_unique<AnomalyFinder>(graph, training, options);
+    }
   } else {
     Graph graph = loss_graph;
     const TrainingGraph training = add_training(graph, loss, optimizer);
@@ -74,7 +81,10 @@ void TrainingProgram::set_input(std::string_view name, std::span<const int32_t> 
 }
 
 void TrainingProgram::start(int64_t index) {
-  if (!fused_) return parallel_->step(index);
+  if (!fused_) {
+    if (anomaly_) last_inputs_ = non_finite_->step_inputs(optimizer_, index);
+    return parallel_->step(index);
+  }
   last_inputs_ = non_finite_->set_step_inputs(*fused_, optimizer_, index);
   fused_->start_run();
 }
@@ -94,7 +104,22 @@ double TrainingProgram::dropped_flag() const {
 
 std::string TrainingProgram::find_anomaly() {
   if (!anomaly_) return "";
-  return anomaly_->find(*fused_, last_inputs_);
+  if (fused_) {
+    return anomaly_text(anomaly_->find(
+        [this](const std::string& name) { return fused_->read(name); }, last_inputs_));
+  }
+  // Parameters and the optimizer's state live in the update program, the loss graph's own
+  // state (batch norm's running statistics) in the gradient program.
+  const std::vector<std::string> updated = parallel_->state().persistent_names();
+  return anomaly_text_across_ranks(
+      parallel_->communicator(),
+      anomaly_->find(
+          [&](const std::string& name) {
+            const bool in_state = std::find(updated.begin(), updated.end(), name) != updated.end();
+            return in_state ? parallel_->state().read(name)
+                            : parallel_->gradient_program().read(name);
+          },
+          last_inputs_));
 }
 
 std::vector<float> TrainingProgram::output(std::string_view name) const {

@@ -22,8 +22,9 @@ class TrainingProgram {
   // `loss_graph` has output "loss" (a mean over the batch) and the inputs of this process's
   // share of the batch.
   // `non_finite` (which outlives the program) gives each step's inputs, the loss scale among
-  // them. With its --detect-anomaly (alone only), find_anomaly() can run a step again value by
-  // value; steps are then not queued, so that the parameters are still those before the step.
+  // them. With its --detect-anomaly, find_anomaly() can run a step again value by value (in a
+  // distributed run each rank its share, the ranks' findings gathered); steps are then not
+  // queued, so that the parameters are still those before the step.
   TrainingProgram(const Graph& loss_graph, const OptimizerConfig& optimizer,
                   const DistributedRun& run, const SessionOptions& options,
                   NonFiniteSteps& non_finite);
@@ -69,7 +70,7 @@ class TrainingProgram {
  private:
   OptimizerConfig optimizer_;
   NonFiniteSteps* non_finite_;
-  std::map<std::string, double> last_inputs_;  // of the last step started alone
+  std::map<std::string, double> last_inputs_;  // of the last step, with --detect-anomaly
   std::unique_ptr<Session> fused_;
   std::unique_ptr<DataParallelTrainer> parallel_;
   std::unique_ptr<AnomalyFinder> anomaly_;

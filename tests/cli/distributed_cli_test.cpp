@@ -202,6 +202,27 @@ TEST(DistributedCli, AFailingRankEndsEveryRankWithItsError) {
   fs::remove_all(root);
 }
 
+// A learning rate of 1e30 blows the MLP's weights up with the first update, so the second step's
+// forward overflows on both ranks: the job stops non_finite, and --detect-anomaly, each rank
+// running its share of the step again, names the op that made the first NaN as the lowest rank
+// found it, the same line on both ranks.
+TEST(DistributedCli, DetectAnomalyGathersTheRanksFindings) {
+  if (!mg::mpi_available()) GTEST_SKIP() << "built without MPI (DistributedCli.WithoutMpi)";
+  const fs::path root = scratch("anomaly");
+  const Result result =
+      shell(mpirun(2) + MEGANEURA_BINARY +
+            " train --model mlp --limit 256 --batch 32 --epochs 1 --lr 1e30 --distributed "
+            "--detect-anomaly --out " +
+            root.string());
+  EXPECT_EQ(result.status, 73) << result.output;
+  const std::string finding = "on rank 0 (its share of the batch), the first non-finite value is %";
+  EXPECT_NE(result.output.find(finding), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find(" matmul f32[16, 128] (forward, near 'model.fc2.weight') of "),
+            std::string::npos)
+      << result.output;
+  fs::remove_all(root);
+}
+
 TEST(DistributedCli, WithoutMpiDistributedSaysWhatIsMissing) {
   if (mg::mpi_available()) GTEST_SKIP() << "built with MPI (the tests above run)";
   const Result result = cli_test::run("train --distributed --max-steps 1");

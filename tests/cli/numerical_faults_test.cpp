@@ -210,16 +210,4 @@ TEST(NumericalFaults, DetectAnomalyInTheSmolVLAJob) {
   fs::remove_all(root);
 }
 
-// The re-run is one process's: a distributed run refuses the switch before it trains.
-TEST(NumericalFaults, DetectAnomalyIsRefusedInADistributedRun) {
-  const fs::path root = scratch("anomaly-distributed");
-  const Result refused = run("train --out " + (root / "run").string() + kDiverging +
-                             " --distributed --detect-anomaly");
-  EXPECT_EQ(refused.status, 1) << refused.output;
-  EXPECT_EQ(refused.output,
-            "meganeura train: error: --detect-anomaly runs in a single process: drop "
-            "--distributed (and the MPI launcher) to find the op that made the first NaN\n");
-  fs::remove_all(root);
-}
-
 }  // namespace
