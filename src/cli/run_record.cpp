@@ -10,6 +10,7 @@
 
 #include "io/atomic_file.hpp"
 #include "io/json_limits.hpp"
+#include "meganeura_commit.hpp"
 
 namespace mg::cli {
 namespace {

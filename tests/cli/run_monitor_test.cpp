@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,20 @@ nlohmann::json record_of(const fs::path& folder) {
   return nlohmann::json::parse(file);
 }
 
+std::string source_head() {
+  FILE* pipe = ::popen(
+      ("git -C " + std::string(MEGANEURA_SOURCE_DIR) + " rev-parse --short=12 HEAD 2>/dev/null")
+          .c_str(),
+      "r");
+  if (!pipe) return "";
+  char buffer[64] = {};
+  const size_t read = std::fread(buffer, 1, sizeof(buffer) - 1, pipe);
+  ::pclose(pipe);
+  std::string head(buffer, read);
+  while (!head.empty() && (head.back() == '\n' || head.back() == '\r')) head.pop_back();
+  return head;
+}
+
 TEST(RunMonitor, CompletedAndFailedRunsAreRecordedWithTheirCauseAndExitStatus) {
   const fs::path root = scratch("ends");
   const Result done = run("train --out " + (root / "done").string() +
@@ -43,6 +58,8 @@ TEST(RunMonitor, CompletedAndFailedRunsAreRecordedWithTheirCauseAndExitStatus) {
   EXPECT_EQ(completed["command"][1], "train");
   EXPECT_NE(completed["device"].get<std::string>().find("llvmpipe"), std::string::npos)
       << completed.dump();
+  // The commit the binary was built from: the source tree's HEAD, empty outside a git tree.
+  EXPECT_EQ(completed["commit"], source_head()) << completed.dump();
 
   // A data folder that does not exist: a data error, exit status 65.
   const Result missing = run("train --out " + (root / "nodata").string() +
