@@ -26,6 +26,7 @@ double median_ms(const std::function<void()>& run, int64_t runs) {
 }
 
 double gpu_ms(Session& session, int64_t runs) {
+  warm_up([&] { session.run(); });
   std::vector<double> times;
   for (int64_t i = 0; i < std::max<int64_t>(runs, 3); ++i) {
     session.run();

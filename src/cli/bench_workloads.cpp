@@ -48,12 +48,13 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
 
 Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
-dispatch waiting for the one before. compile_s builds the training program with an empty kernel
-cache (cold), compile_warm_s again with the cache it filled, each on a device opened afresh
-whose opening is left out (compile_parts gives it, as device_s, with the build's other parts:
-planning, pipelines, recording). Memory: the training program's
-device memory (weights, optimizer state, transient values as placed) and the planner's saving
-on transient values against giving each its own bytes.
+dispatch waiting for the one before (the median of --runs runs after the same warm-up), so it
+exceeds the wall-clock figure where a program's independent dispatches overlap. compile_s
+builds the training program with an empty kernel cache (cold), compile_warm_s again with the
+cache it filled, each on a device opened afresh whose opening is left out (compile_parts gives
+it, as device_s, with the build's other parts: planning, pipelines, recording). Memory: the
+training program's device memory (weights, optimizer state, transient values as placed) and the
+planner's saving on transient values against giving each its own bytes.
 
   --filter NAME   only workloads whose name contains NAME
   --runs N        timed runs a cell (default 20)

@@ -32,7 +32,8 @@ void write_workload_trace(const WorkloadOptions& options, const std::string& nam
 // Wall-clock milliseconds of one run (the host's waits included), median of `runs` after the
 // warm-up of bench_timing.hpp.
 double median_ms(const std::function<void()>& run, int64_t runs);
-// GPU milliseconds of one run of a session built with time_runs, median of max(runs, 3).
+// GPU milliseconds of one run of a session built with time_runs (every dispatch waiting for the
+// one before), median of max(runs, 3) after the same warm-up.
 double gpu_ms(Session& session, int64_t runs);
 // The reports of a cold and a warm build of `graph`, each on a device opened afresh, the first
 // over a new kernel cache and the second over the cache the first filled.
