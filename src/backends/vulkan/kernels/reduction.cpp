@@ -203,7 +203,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   body += "shared uint partial_index[" + std::to_string(group) + "];\n";
   if (sibling) body += "shared float partial_value1[" + std::to_string(group) + "];\n";
   body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
-  body += "  float total = 0.0, total1 = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
+  body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
+  if (sibling) body += "  float total1 = 0.0;\n";
   std::string loop_start;
   if (thread_per_row) {
     body += "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + lane;\n";
@@ -277,12 +278,9 @@ std::string sum_or_mean_of(const Graph& graph, ValueId id, const std::string& to
   return total + " / " + glsl_float(static_cast<double>(count));
 }
 
-std::string mean_of_total(LoweringContext& context) {
-  return sum_or_mean_of(context.graph(), context.id(), "total");
-}
-
 void lower_mean(LoweringContext& context) {
-  emit_reduction(context, ReductionKind::sum, mean_of_total(context));
+  emit_reduction(context, ReductionKind::sum,
+                 sum_or_mean_of(context.graph(), context.id(), "total"));
 }
 
 void lower_max(LoweringContext& context) {
