@@ -8,7 +8,8 @@
 // take C * KH * KW times the input's bytes,
 // a transient value freed after its product; products whose columns pass the byte limit keep
 // the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
-// stride 1 and no padding (already plain GEMMs over the buffers), and forwards and weight
+// stride 1 and no padding (already plain GEMMs over the buffers in strict precision; on
+// cooperative matrices, matmuls over the images: pointwise_as_matmul), and forwards and weight
 // gradients with fewer than kMinColumnRows rows of columns (below). 3x3 stride-1 convolutions
 // and their gradients where Winograd suits on the target take its transforms
 // and 16 batched products instead of columns.
@@ -78,6 +79,14 @@ ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t 
   return target.add(op::transpose, {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
+// A 1x1 convolution with stride 1 and no padding (groups 1) where its products run on
+// cooperative matrices: its operands are the images themselves, [N, C, H * W] per image, so it
+// becomes a batched matmul over them without columns. The convolution kernels would read them
+// through generated per-element index arithmetic, which keeps the tensor cores waiting.
+bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
+  return g.is_pointwise() && g.groups == 1 && device.cooperative_matrices();
+}
+
 // The grid of `f`'s m x m output tiles (rows, columns) of `batch` images of `output_size`, or
 // nothing where its transformed tiles ([(m + 2)^2, channels, T]) would pass the columns' byte
 // limit.
@@ -122,6 +131,11 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
   }
   const int64_t taps = g.kernel_height * g.kernel_width;
   const int64_t plane = g.out_height * g.out_width;
+  if (pointwise_as_matmul(g, device)) {
+    const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels});
+    const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
+    return reshaped(target, target.add(op::matmul, {rows, images}, {}), g.output_shape());
+  }
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
@@ -169,6 +183,13 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
       return rewritten;
   }
   const int64_t taps = g.kernel_height * g.kernel_width;
+  if (pointwise_as_matmul(g, device)) {
+    const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels});
+    const ValueId grad_out =
+        reshaped(target, node.inputs[0], {g.batch, g.out_channels, g.out_height * g.out_width});
+    return reshaped(target, target.add(op::matmul, {rows, grad_out}, {{"transpose_a", int64_t{1}}}),
+                    g.input_shape());
+  }
   if (g.groups != 1 || g.is_pointwise()) return std::nullopt;
   if (g.stride != std::array<int64_t, 2>{1, 1}) {
     if (column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
@@ -229,6 +250,13 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   if (device.winograd_weight_gradient_suits(g)) {
     if (auto rewritten = winograd_weight_gradient(target, node, g, device, max_bytes))
       return rewritten;
+  }
+  if (pointwise_as_matmul(g, device)) {
+    const ValueId grad_out = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
+    const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
+    const ValueId per_image =
+        target.add(op::matmul, {grad_out, images}, {{"transpose_b", int64_t{1}}});
+    return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
   }
   if (device.direct_weight_gradient_suits(g)) return std::nullopt;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||

@@ -387,6 +387,11 @@ void schedule_epochs(Program& program) {
 
 }  // namespace
 
+uint64_t column_limit_for(uint64_t arena_limit, uint64_t device_memory) {
+  const uint64_t floor = std::min<uint64_t>(arena_limit / 4, uint64_t{256} << 20);
+  return std::max(floor, std::min(arena_limit / 2, device_memory / 64));
+}
+
 Program build_program(const Graph& source, const target::Target& device,
                       const PlanOptions& options) {
   Program program;
@@ -395,10 +400,8 @@ Program build_program(const Graph& source, const target::Target& device,
   const Switches& switches = device.switches();
   const bool split_k = switches.split_k.value_or(options.split_k);
   const bool im2col = switches.im2col.value_or(options.im2col);
-  // The columns are one transient value: at most a quarter of an arena, and 256 MiB.
   if (im2col)
-    program.graph = passes::im2col_convolutions(
-        program.graph, device, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+    program.graph = passes::im2col_convolutions(program.graph, device, options.column_limit);
   // Heads that are not whole fragments would take the strict attention kernels.
   if (switches.attention_pad_heads.value_or(true))
     program.graph = passes::pad_attention_heads(program.graph, device.attention_head_multiple());
@@ -408,7 +411,7 @@ Program build_program(const Graph& source, const target::Target& device,
     program.graph = passes::scale_attention_gradients(program.graph);
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
                                                            !device.cooperative_matrices());
-  // W is one transient value, bounded as the columns are.
+  // W is one transient value: at most a quarter of an arena, and 256 MiB.
   if (dq_gemm)
     program.graph = passes::attention_grad_q_gemm(
         program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));

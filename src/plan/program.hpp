@@ -61,6 +61,9 @@ struct PlanOptions {
   // per-element tap arithmetic sits in the inner loop; CPU devices keep the implicit GEMM.
   // MEGANEURA_IM2COL=0/1 overrides.
   bool im2col = true;
+  // The bytes of the largest convolution columns (or Winograd tiles) the im2col pass may make,
+  // one transient value: column_limit_for() of the device; a quarter of the default arena.
+  uint64_t column_limit = 32ull << 20;
   // dQ of non-causal attention as a matmul of the scores' gradient, which the dK launch writes
   // (passes/attention_grad_q_gemm.cpp): pays on GPUs, where the GEMM kernels outrun the
   // attention kernels' third product, when the attention kernels are the strict ones (the
@@ -100,6 +103,13 @@ struct Program {
   size_t graph_nodes_before_passes = 0;
   size_t dispatches_saved_by_fusion = 0;
 };
+
+// The column limit (PlanOptions::column_limit) for buffers of at most `arena_limit` bytes on a
+// device with `device_memory` bytes (0: unknown): a quarter of an arena and 256 MiB, or where the
+// device has the room, up to half an arena and a 64th of its memory. Convolutions whose columns
+// pass it keep the implicit GEMM, whose per-element tap arithmetic is the slower route on GPUs
+// (ResNet-50 at batch 256 has columns of 1.85 GB).
+uint64_t column_limit_for(uint64_t arena_limit, uint64_t device_memory);
 
 // Optimises, lowers and plans `graph`. Throws mg::Error when an op has no kernel or a single
 // value exceeds the arena limit.

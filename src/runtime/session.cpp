@@ -1,5 +1,6 @@
 #include "meganeura/session.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "backends/vulkan/runtime/device_target.hpp"
@@ -22,6 +23,10 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   options.split_k = info.kind != gpu::DeviceKind::cpu;
   options.attention_dq_gemm = info.kind != gpu::DeviceKind::cpu;
   options.im2col = info.kind != gpu::DeviceKind::cpu;
+  uint64_t device_memory = 0;
+  for (const gpu::MemoryHeap& heap : info.caps.heaps)
+    if (heap.device_local) device_memory = std::max(device_memory, heap.bytes);
+  options.column_limit = plan::column_limit_for(options.arena_limit, device_memory);
   options.setup = session.setup;
   return options;
 }

@@ -717,6 +717,55 @@ TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
   }
 }
 
+// Where products run on cooperative matrices, a 1x1 convolution with stride 1 and no padding
+// (ResNet's bottleneck ends, its largest products) is a batched matmul over the images
+// themselves: its forward, data gradient and weight gradient (whose per-image products are summed)
+// match the convolution's in the f64 reference, with no convolution and no columns left. Strict
+// precision, and the kill switch, keep the convolutions for their buffer GEMMs; with a stride of
+// 2 or padding the images are not the operand, and the columns are taken instead.
+TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
+  const target::DeviceTraits fast = fast_h200_like();
+  target::DeviceTraits killed = fast;
+  killed.switches.no_coopmat = true;
+  uint64_t seed = 90;
+  for (const auto& [x_shape, w_shape, options, rewritten] :
+       {std::tuple<Shape, Shape, Conv2dOptions, bool>{{3, 24, 7, 5}, {40, 24, 1, 1}, {}, true},
+        {{2, 64, 8, 8}, {16, 64, 1, 1}, {}, true},
+        {{2, 16, 8, 8}, {6, 16, 1, 1}, {.stride = {2, 2}}, false},
+        {{2, 16, 6, 6}, {3, 16, 1, 1}, {.padding = {1, 0}}, false}}) {
+    SCOPED_TRACE(shape_string(x_shape) + " * " + shape_string(w_shape));
+    Graph graph;
+    Environment environment;
+    const auto [x, w, y, seed_grad] =
+        random_conv(graph, environment, seed++, x_shape, w_shape, options);
+    graph.set_output("y", y.id());
+    const std::map<ValueId, ValueId> grads =
+        gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
+    graph.set_output("dx", grads.at(x.id()));
+    graph.set_output("dw", grads.at(w.id()));
+    const Graph on_fast =
+        passes::im2col_convolutions(graph, vulkan::VulkanTarget(fast), uint64_t{1} << 30);
+    const size_t convolutions = count_op(on_fast, "conv2d") +
+                                count_op(on_fast, "conv2d_grad_input") +
+                                count_op(on_fast, "conv2d_grad_weight");
+    if (rewritten) {
+      EXPECT_EQ(convolutions, 0u);
+      EXPECT_EQ(count_op(on_fast, "matmul"), 3u);
+      EXPECT_EQ(count_op(on_fast, "im2col"), 0u);
+    } else {
+      EXPECT_GT(count_op(on_fast, "im2col") + count_op(on_fast, "col2im"), 0u);
+    }
+    expect_same_outputs(graph, on_fast, environment);
+    for (const target::DeviceTraits& strict : {h200_like(), killed}) {
+      const Graph kept =
+          passes::im2col_convolutions(graph, vulkan::VulkanTarget(strict), uint64_t{1} << 30);
+      if (rewritten) {
+        EXPECT_EQ(count_op(kept, "matmul"), 0u);
+      }
+    }
+  }
+}
+
 // The Winograd weight gradient (forced on, for shapes below the rule's minimums), F(2 x 2, 3 x 3)
 // and F(4 x 4, 3 x 3), against the convolution's own weight gradient in the f64 reference:
 // padding 1 with odd output extents (a last row and column of tiles partly past grad_out),

@@ -96,6 +96,18 @@ TEST(Planner, CnnInferenceReusesAtLeastSixtyPercent) {
       << plan::describe_memory(columns);
 }
 
+// The column limit grows with the device's memory, from a quarter of an arena and 256 MiB up to
+// half an arena and a 64th of the memory, and never drops below the former.
+TEST(Planner, ColumnLimitFollowsDeviceMemory) {
+  constexpr uint64_t MiB = uint64_t{1} << 20, GiB = uint64_t{1} << 30;
+  EXPECT_EQ(plan::column_limit_for(128 * MiB, 0), 32 * MiB);
+  EXPECT_EQ(plan::column_limit_for(4 * GiB, 0), 256 * MiB);
+  EXPECT_EQ(plan::column_limit_for(4 * GiB, 8 * GiB), 256 * MiB);
+  EXPECT_EQ(plan::column_limit_for(4 * GiB, 64 * GiB), 1 * GiB);
+  EXPECT_EQ(plan::column_limit_for(4 * GiB, 140 * GiB), 2 * GiB);
+  EXPECT_EQ(plan::column_limit_for(1 * GiB, 140 * GiB), 512 * MiB);
+}
+
 TEST(Planner, NoReuseMeansPhysicalEqualsLogicalUpToAlignment) {
   const plan::Program program =
       plan_for(models::build_classifier(models::ClassifierConfig{"mlp", 28, 10}, 16), false);
