@@ -79,10 +79,12 @@ ValueId product_per_image(Graph& target, ValueId rows, ValueId columns, int64_t 
   return target.add(op::transpose, {split}, {{"permutation", std::vector<int64_t>{1, 0, 2}}});
 }
 
-// A 1x1 convolution with stride 1 and no padding (groups 1) where its products run on
-// cooperative matrices: its operands are the images themselves, [N, C, H * W] per image, so it
-// becomes a batched matmul over them without columns. The convolution kernels would read them
-// through generated per-element index arithmetic, which keeps the tensor cores waiting.
+// A 1x1 convolution with stride 1 and no padding (groups 1) has the images themselves,
+// [N, C, H * W] per image, as its GEMM operand, so it becomes a batched matmul over them without
+// columns: where its products run on cooperative matrices, which the convolution kernels would
+// feed through generated per-element index arithmetic. The strict forward and data gradient
+// already run as batched GEMMs over the buffers (kernels/conv.cpp); the weight gradient becomes
+// a matmul on every GPU (rewrite_weight_gradient).
 bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
   return g.is_pointwise() && g.groups == 1 && device.cooperative_matrices();
 }
@@ -251,7 +253,8 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
     if (auto rewritten = winograd_weight_gradient(target, node, g, device, max_bytes))
       return rewritten;
   }
-  if (pointwise_as_matmul(g, device)) {
+  // Every GPU: the convolution kernels would read both operands through generated loads.
+  if (g.is_pointwise() && g.groups == 1) {
     const ValueId grad_out = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
     const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
     const ValueId per_image =

@@ -75,9 +75,10 @@ Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap 
 // (strided data gradients: a matmul and a col2im node), where the columns take at most
 // `max_column_bytes` (see im2col.cpp); 3x3 stride-1 weight gradients that suit Winograd on
 // `device` become its two tile transforms, a batched matmul and its filter transform
-// (ops/winograd.hpp), and those that the direct kernel runs on `device` stay. Where `device`
-// runs products on cooperative matrices, 1x1 stride-1 unpadded convolutions become batched
-// matmuls over the images, without columns.
+// (ops/winograd.hpp), and those that the direct kernel runs on `device` stay. 1x1 stride-1
+// unpadded convolutions become batched matmuls over the images, without columns: their weight
+// gradients always, forwards and data gradients where `device` runs products on cooperative
+// matrices.
 Graph im2col_convolutions(const Graph& graph, const target::Target& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
 

@@ -333,7 +333,8 @@ TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
                               .id());
     EXPECT_EQ(matmul_slices(graph, h200_like()), product.fastest) << product.name;
   }
-  // ResNet-50's 1x1 weight gradients at batch 4, on the implicit GEMM through generated loads.
+  // ResNet-50's 1x1 weight gradients at batch 4 on the implicit GEMM through generated loads,
+  // where the im2col pass does not make them matmuls (MEGANEURA_IM2COL=0).
   struct MeasuredConvolution {
     int64_t in_channels, out_channels, side, fastest;
   };
@@ -485,8 +486,9 @@ RandomConv random_conv(Graph& graph, Environment& environment, uint64_t seed, co
 // (columns of grad_out with negative padding and dilation) and the strided one (col2im of the
 // column gradients), on random inputs; the forward's and the stride-1 data gradient's columns
 // side by side where a plane is not a whole number of vec4s and the batch's planes are; grouped
-// convolutions, 1x1 products over buffers, columns past the byte limit and forwards and weight
-// gradients with fewer than 16 rows of columns (C * KH * KW) stay convolutions.
+// convolutions, columns past the byte limit and forwards and weight gradients with fewer than 16
+// rows of columns (C * KH * KW) stay convolutions, and 1x1 products take no columns (their
+// forwards and data gradients run over the buffers, their weight gradients as matmuls).
 TEST(Passes, Im2colKeepsConvolutionsAndGradients) {
   struct Case {
     Shape x, w;
@@ -721,8 +723,9 @@ TEST(Passes, FastPrecisionWeightGradientsTakeWinogradFrom64Channels) {
 // (ResNet's bottleneck ends, its largest products) is a batched matmul over the images
 // themselves: its forward, data gradient and weight gradient (whose per-image products are summed)
 // match the convolution's in the f64 reference, with no convolution and no columns left. Strict
-// precision, and the kill switch, keep the convolutions for their buffer GEMMs; with a stride of
-// 2 or padding the images are not the operand, and the columns are taken instead.
+// precision, and the kill switch, keep the forward and data gradient for their buffer GEMMs and
+// make only the weight gradient a matmul; with a stride of 2 or padding the images are not the
+// operand, and the columns are taken instead.
 TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
   const target::DeviceTraits fast = fast_h200_like();
   target::DeviceTraits killed = fast;
@@ -760,7 +763,10 @@ TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
       const Graph kept =
           passes::im2col_convolutions(graph, vulkan::VulkanTarget(strict), uint64_t{1} << 30);
       if (rewritten) {
-        EXPECT_EQ(count_op(kept, "matmul"), 0u);
+        EXPECT_EQ(count_op(kept, "matmul"), 1u);
+        EXPECT_EQ(count_op(kept, "conv2d_grad_weight"), 0u);
+        EXPECT_EQ(count_op(kept, "conv2d") + count_op(kept, "conv2d_grad_input"), 2u);
+        expect_same_outputs(graph, kept, environment);
       }
     }
   }
