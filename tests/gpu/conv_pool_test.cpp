@@ -346,10 +346,17 @@ TEST(GpuConv, Transpose2dStride2OutputPadding) {
   }
 }
 
+// The gradient runs in cells of stride_h x stride_w input pixels, each loading the windows that
+// meet it: overlapping windows over extents the stride does not divide (partial cells), then
+// windows narrower than the stride (pixels that no window reads, whose gradient is zero).
 TEST(GpuConv, MaxPoolOverlappingPadded) {
   check_on_gpu(
       {{"x", {2, 3, 9, 8}}, {"seed", {2, 3, 5, 4}}}, [](Graph& graph, std::vector<Tensor>& in) {
         output_with_gradients(graph, max_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}), in[1], {in[0]});
+      });
+  check_on_gpu(
+      {{"x", {1, 2, 8, 10}}, {"seed", {1, 2, 3, 4}}}, [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, max_pool2d(in[0], {2, 2}, {3, 3}, {0, 1}), in[1], {in[0]});
       });
 }
 

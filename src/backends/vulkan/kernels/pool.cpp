@@ -1,4 +1,5 @@
-// Pooling and resampling (NCHW), one thread per result element. The backward ops are gathers:
+// Pooling and resampling (NCHW), one thread per result element (the max-pool gradient given the
+// window maxima: per cell of stride_h x stride_w elements). The backward ops are gathers:
 // each input element sums the gradients of the output pixels that read it, recomputing which
 // ones do, so every result is written once in a fixed order (deterministic, no atomics).
 #include <algorithm>
@@ -92,38 +93,117 @@ void lower_max_pool(LoweringContext& context) {
   emit_elementwise(context, "", body, {{"x", node.inputs[0], false}, {"y", context.id(), true}});
 }
 
+// Whether input element `index` (value xi) is the first maximum of window (oh, ow) in `plane`,
+// as max_pool2d picks it: no larger value in the window and no equal one before it in row-major
+// order, whose flat index is then smaller. Without the window's maximum, the scan stops at the
+// first value that shows it.
+std::string first_argmax_scan(const PoolGeometry& p) {
+  return "bool is_first_argmax(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
+         window_loop(p, "oh", "ow",
+                     "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
+                         u(p.in_width) +
+                         " + uint(iw);\n      float value = x[index];\n      if (value > xi || "
+                         "(value == xi && index < i)) return false;\n") +
+         "  return true;\n}\n";
+}
+
+// Given the window maxima (`pooled`), with the window's maximum equal to xi: whether no element
+// equal to it comes before input element i in the window's row-major order.
+std::string first_of_ties_scan(const PoolGeometry& p) {
+  return "bool first_of_ties(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
+         window_loop(p, "oh", "ow",
+                     "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
+                         u(p.in_width) +
+                         " + uint(iw);\n      if (index >= i) return true;\n      if (x[index] "
+                         "== xi) return false;\n") +
+         "  return true;\n}\n";
+}
+
+// The windows along one axis that an interval of `span` consecutive pixels can meet.
+int64_t windows_meeting(int64_t span, int64_t kernel, int64_t stride) {
+  return (span + kernel - 2) / stride + 1;
+}
+
+// max_pool2d_grad given the window maxima: one invocation per cell of stride_h x stride_w input
+// pixels. The windows that meet a cell (at most windows_meeting along each axis) are loaded once,
+// their maxima and gradients, and every pixel of the cell compares itself with those that
+// contain it; only a pixel equal to a window's maximum scans that window for an equal one before
+// it. Most pixels are no window's maximum, so this is mostly one read of x, the cell's few window
+// values and one write of dx a pixel.
+void lower_max_pool_grad_in_cells(LoweringContext& context, const PoolGeometry& p) {
+  const Node& node = context.node();
+  const int64_t sh = p.stride[0], sw = p.stride[1];
+  const int64_t cells_h = (p.in_height + sh - 1) / sh, cells_w = (p.in_width + sw - 1) / sw;
+  const int64_t count = p.batch * p.channels * cells_h * cells_w;
+  const int64_t wh = windows_meeting(sh, p.kernel[0], sh),
+                ww = windows_meeting(sw, p.kernel[1], sw);
+  std::string text = first_of_ties_scan(p);
+  text += "layout(local_size_x = " + std::to_string(kLocalSize) +
+          ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kLocalSize) +
+          " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
+  text += "  uint row0 = i / " + u(cells_w) + " % " + u(cells_h) + " * " + u(sh) + ", col0 = i % " +
+          u(cells_w) + " * " + u(sw) + ";\n  uint plane = i / " + u(cells_h * cells_w) + ";\n";
+  // The first window meeting the cell along each axis: ceil((pixel + P - K + 1) / S), from 0.
+  const auto first_window = [&](const std::string& name, const std::string& pixel, int axis) {
+    return "  int " + name + "_reach = int(" + pixel + ") + " +
+           s(p.padding[axis] - p.kernel[axis] + 1) + ";\n  uint " + name + "0 = " + name +
+           "_reach <= 0 ? 0u : uint(" + name + "_reach + " + s(p.stride[axis] - 1) + ") / " +
+           u(p.stride[axis]) + ";\n";
+  };
+  text += first_window("oh", "row0", 0) + first_window("ow", "col0", 1);
+  const std::string window = "(plane * " + u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow";
+  text += "  float maxima[" + s(wh) + "][" + s(ww) + "], grads[" + s(wh) + "][" + s(ww) + "];\n";
+  text += "  for (uint j = 0u; j < " + u(wh) + "; ++j) {\n    for (uint k = 0u; k < " + u(ww) +
+          "; ++k) {\n      uint oh = oh0 + j, ow = ow0 + k;\n      bool inside = oh < " +
+          u(p.out_height) + " && ow < " + u(p.out_width) +
+          ";\n      maxima[j][k] = inside ? pooled[" + window +
+          "] : 0.0;\n      grads[j][k] = inside ? dy[" + window + "] : 0.0;\n    }\n  }\n";
+  text += "  for (uint dr = 0u; dr < " + u(sh) +
+          "; ++dr) {\n    uint row = row0 + dr;\n    if (row >= " + u(p.in_height) +
+          ") break;\n    for (uint dc = 0u; dc < " + u(sw) +
+          "; ++dc) {\n      uint col = col0 + dc;\n      if (col >= " + u(p.in_width) +
+          ") break;\n      uint index = (plane * " + u(p.in_height) + " + row) * " + u(p.in_width) +
+          " + col;\n      float xi = x[index];\n      float total = 0.0;\n";
+  // Window oh contains the row when oh * S - P <= row <= oh * S - P + K - 1.
+  text += "      for (uint j = 0u; j < " + u(wh) + "; ++j) {\n        int top = int((oh0 + j) * " +
+          u(sh) + ") - " + s(p.padding[0]) + ";\n        if (int(row) < top || int(row) > top + " +
+          s(p.kernel[0] - 1) + " || oh0 + j >= " + u(p.out_height) +
+          ") continue;\n        for (uint k = 0u; k < " + u(ww) +
+          "; ++k) {\n          int left = int((ow0 + k) * " + u(sw) + ") - " + s(p.padding[1]) +
+          ";\n          if (int(col) < left || int(col) > left + " + s(p.kernel[1] - 1) +
+          " || ow0 + k >= " + u(p.out_width) +
+          ") continue;\n          if (xi == maxima[j][k] && first_of_ties(plane, oh0 + j, ow0 + k, "
+          "index, xi))\n"
+          "            total += grads[j][k];\n        }\n      }\n      dx[index] = total;\n    "
+          "}\n  }\n}\n";
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "pool";
+  launch.body = std::move(text);
+  launch.operands = {{"x", node.inputs[0], false},
+                     {"dy", node.inputs[1], false},
+                     {"pooled", node.inputs[2], false},
+                     {"dx", context.id(), true}};
+  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, context.device());
+  context.emit(std::move(launch));
+}
+
 void lower_max_pool_grad(LoweringContext& context) {
   const Node& node = context.node();
   const PoolGeometry p = pool_geometry(node.attrs, context.input_type(0).shape);
-  const bool pooled = node.inputs.size() == 3;
+  if (node.inputs.size() == 3) {
+    lower_max_pool_grad_in_cells(context, p);
+    return;
+  }
   const std::string window = "(plane * " + u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow";
-  // Whether input element i (value xi) is the first maximum of window (oh, ow) in `plane`, as
-  // max_pool2d picks it: no larger value in the window and no equal one before it in row-major
-  // order, whose flat index is then smaller. Most elements are no window's maximum: with the
-  // window's maximum given (`pooled`), one comparison shows it, and only an element equal to it
-  // scans the window, for an equal one before it; without, the scan stops at the first value
-  // that shows it.
-  const std::string index = "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
-                            u(p.in_width) + " + uint(iw);\n";
-  const std::string functions =
-      "bool is_first_argmax(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
-      (pooled ? "  if (xi != pooled[" + window + "]) return false;\n" +
-                    window_loop(p, "oh", "ow",
-                                index + "      if (index >= i) return true;\n"
-                                        "      if (x[index] == xi) return false;\n")
-              : window_loop(p, "oh", "ow",
-                            index + "      float value = x[index];\n      if (value > xi || "
-                                    "(value == xi && index < i)) return false;\n")) +
-      "  return true;\n}\n";
   const std::string body =
       "  float total = 0.0;\n  float xi = x[i];\n" +
       windows_containing(
           p, "      if (is_first_argmax(plane, oh, ow, i, xi)) total += dy[" + window + "];\n") +
       "  dx[i] = total;\n";
-  std::vector<Operand> operands{{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}};
-  if (pooled) operands.push_back({"pooled", node.inputs[2], false});
-  operands.push_back({"dx", context.id(), true});
-  emit_elementwise(context, functions, body, std::move(operands));
+  emit_elementwise(
+      context, first_argmax_scan(p), body,
+      {{"x", node.inputs[0], false}, {"dy", node.inputs[1], false}, {"dx", context.id(), true}});
 }
 
 // Padding taps count as zeros, so the divisor is always the full kernel area.
