@@ -93,30 +93,32 @@ void lower_max_pool(LoweringContext& context) {
   emit_elementwise(context, "", body, {{"x", node.inputs[0], false}, {"y", context.id(), true}});
 }
 
-// Whether input element `index` (value xi) is the first maximum of window (oh, ow) in `plane`,
-// as max_pool2d picks it: no larger value in the window and no equal one before it in row-major
-// order, whose flat index is then smaller. Without the window's maximum, the scan stops at the
-// first value that shows it.
-std::string first_argmax_scan(const PoolGeometry& p) {
-  return "bool is_first_argmax(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
+// GLSL bool `name`(plane, oh, ow, i, xi) walking window (oh, ow) of `plane` in row-major order,
+// with `index` the flat index of each tap, running `step` at each and returning true at the end.
+std::string window_scan(const PoolGeometry& p, const std::string& name, const std::string& step) {
+  return "bool " + name + "(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
          window_loop(p, "oh", "ow",
                      "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
-                         u(p.in_width) +
-                         " + uint(iw);\n      float value = x[index];\n      if (value > xi || "
-                         "(value == xi && index < i)) return false;\n") +
+                         u(p.in_width) + " + uint(iw);\n" + step) +
          "  return true;\n}\n";
+}
+
+// Whether input element i (value xi) is the first maximum of the window, as max_pool2d picks
+// it: no larger value in the window and no equal one before it in row-major order, whose flat
+// index is then smaller. Without the window's maximum, the scan stops at the first value that
+// shows it.
+std::string first_argmax_scan(const PoolGeometry& p) {
+  return window_scan(p, "is_first_argmax",
+                     "      float value = x[index];\n      if (value > xi || (value == xi && "
+                     "index < i)) return false;\n");
 }
 
 // Given the window maxima (`pooled`), with the window's maximum equal to xi: whether no element
 // equal to it comes before input element i in the window's row-major order.
 std::string first_of_ties_scan(const PoolGeometry& p) {
-  return "bool first_of_ties(uint plane, uint oh, uint ow, uint i, float xi) {\n" +
-         window_loop(p, "oh", "ow",
-                     "      uint index = (plane * " + u(p.in_height) + " + uint(ih)) * " +
-                         u(p.in_width) +
-                         " + uint(iw);\n      if (index >= i) return true;\n      if (x[index] "
-                         "== xi) return false;\n") +
-         "  return true;\n}\n";
+  return window_scan(p, "first_of_ties",
+                     "      if (index >= i) return true;\n      if (x[index] == xi) return "
+                     "false;\n");
 }
 
 // The windows along one axis that an interval of `span` consecutive pixels can meet.
