@@ -253,8 +253,10 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
     if (auto rewritten = winograd_weight_gradient(target, node, g, device, max_bytes))
       return rewritten;
   }
-  // Every GPU: the convolution kernels would read both operands through generated loads.
-  if (g.is_pointwise() && g.groups == 1) {
+  // Every GPU: the convolution kernels would read both operands through generated loads. The
+  // per-image products [N, O, C] are one transient value, bounded as the columns are.
+  if (g.is_pointwise() && g.groups == 1 &&
+      column_bytes(g.batch, g.out_channels, g.in_channels, 1) <= max_bytes) {
     const ValueId grad_out = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
     const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
     const ValueId per_image =

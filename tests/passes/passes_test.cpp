@@ -769,6 +769,17 @@ TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
         expect_same_outputs(graph, kept, environment);
       }
     }
+    // Per-image weight-gradient products [N, O, C] past the column limit keep the convolution's
+    // weight gradient; the forward and data gradient need no such value.
+    if (rewritten) {
+      const uint64_t products = static_cast<uint64_t>(x_shape[0] * w_shape[0] * w_shape[1]) * 4;
+      const Graph limited =
+          passes::im2col_convolutions(graph, vulkan::VulkanTarget(fast), products - 4);
+      EXPECT_EQ(count_op(limited, "conv2d_grad_weight"), 1u);
+      EXPECT_EQ(count_op(limited, "matmul"), 2u);
+      const Graph enough = passes::im2col_convolutions(graph, vulkan::VulkanTarget(fast), products);
+      EXPECT_EQ(count_op(enough, "conv2d_grad_weight"), 0u);
+    }
   }
 }
 
