@@ -7,10 +7,11 @@
 // that once per element and the GEMM reads plain vec4 rows, which is faster on GPUs. The columns
 // take C * KH * KW times the input's bytes,
 // a transient value freed after its product; products whose columns pass the byte limit keep
-// the implicit GEMM, as do grouped convolutions (one GEMM per group) and 1x1 convolutions with
-// stride 1 and no padding (already plain GEMMs over the buffers in strict precision; on
-// cooperative matrices, matmuls over the images: pointwise_as_matmul), and forwards and weight
-// gradients with fewer than kMinColumnRows rows of columns (below). 3x3 stride-1 convolutions
+// the implicit GEMM, as do grouped convolutions (one GEMM per group) and forwards and weight
+// gradients with fewer than kMinColumnRows rows of columns (below). 1x1 convolutions with stride
+// 1 and no padding take no columns: their operand is the images themselves (pointwise_as_matmul,
+// rewrite_weight_gradient), where their forwards and data gradients do not already run as plain
+// GEMMs over the buffers (strict precision). 3x3 stride-1 convolutions
 // and their gradients where Winograd suits on the target take its transforms
 // and 16 batched products instead of columns.
 #include <algorithm>

@@ -1,6 +1,5 @@
 #include "meganeura/session.hpp"
 
-#include <algorithm>
 #include <chrono>
 
 #include "backends/vulkan/runtime/device_target.hpp"
@@ -23,10 +22,8 @@ plan::PlanOptions plan_options_of(const gpu::DeviceInfo& info, const SessionOpti
   options.split_k = info.kind != gpu::DeviceKind::cpu;
   options.attention_dq_gemm = info.kind != gpu::DeviceKind::cpu;
   options.im2col = info.kind != gpu::DeviceKind::cpu;
-  uint64_t device_memory = 0;
-  for (const gpu::MemoryHeap& heap : info.caps.heaps)
-    if (heap.device_local) device_memory = std::max(device_memory, heap.bytes);
-  options.column_limit = plan::column_limit_for(options.arena_limit, device_memory);
+  options.column_limit =
+      plan::column_limit_for(options.arena_limit, gpu::largest_device_local_heap(info));
   options.setup = session.setup;
   return options;
 }

@@ -9,6 +9,9 @@
 
 namespace mg::gpu {
 
+// The bytes of the device's largest device-local memory heap, 0 where it reports none.
+uint64_t largest_device_local_heap(const DeviceInfo& info);
+
 // Throws mg::Error (out_of_memory) when the arenas `program` allocates itself (not the shared
 // ones, which exist already) exceed the device's largest device-local memory heap.
 void require_heap_for(const DeviceInfo& info, const plan::Program& program);
