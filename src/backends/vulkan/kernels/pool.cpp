@@ -23,25 +23,35 @@ std::string s(int64_t value) {
   return std::to_string(value);
 }
 
+// Emits `functions` + main() running `body` once per invocation `i` of `count`.
+void emit_invocations(LoweringContext& context, const std::string& functions,
+                      const std::string& body, int64_t count, std::vector<Operand> operands) {
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = "pool";
+  launch.body = functions + "layout(local_size_x = " + std::to_string(kLocalSize) +
+                ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kLocalSize) +
+                " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n" + body + "}\n";
+  launch.operands = std::move(operands);
+  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, context.device());
+  context.emit(std::move(launch));
+}
+
 // Emits `functions` + main() running `body` once per element of the node's result, with
 // `plane`, `row` and `col` its coordinates in [planes, rows, cols] and `i` its flat index.
 void emit_elementwise(LoweringContext& context, const std::string& functions,
                       const std::string& body, std::vector<Operand> operands) {
   const Shape& shape = context.node().type.shape;
-  const int64_t count = element_count(shape);
-  std::string text = functions + "layout(local_size_x = " + std::to_string(kLocalSize) +
-                     ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kLocalSize) +
-                     " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
-  text += "  uint col = i % " + u(shape[3]) + ";\n  uint row = (i / " + u(shape[3]) + ") % " +
-          u(shape[2]) + ";\n  uint plane = i / " + u(shape[2] * shape[3]) + ";\n";
-  text += body + "}\n";
-  Launch launch;
-  launch.label = context.label();
-  launch.kernel = "pool";
-  launch.body = std::move(text);
-  launch.operands = std::move(operands);
-  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, context.device());
-  context.emit(std::move(launch));
+  const std::string coordinates = "  uint col = i % " + u(shape[3]) + ";\n  uint row = (i / " +
+                                  u(shape[3]) + ") % " + u(shape[2]) + ";\n  uint plane = i / " +
+                                  u(shape[2] * shape[3]) + ";\n";
+  emit_invocations(context, functions, coordinates + body, element_count(shape),
+                   std::move(operands));
+}
+
+// The flat index of output window (oh, ow) of `plane`, where the caller has declared them.
+std::string window_index(const PoolGeometry& p) {
+  return "(plane * " + u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow";
 }
 
 // GLSL loop over the in-bounds taps (int ih, iw) of output window (oh, ow), row-major.
@@ -139,12 +149,9 @@ void lower_max_pool_grad_in_cells(LoweringContext& context, const PoolGeometry& 
   const int64_t count = p.batch * p.channels * cells_h * cells_w;
   const int64_t wh = windows_meeting(sh, p.kernel[0], sh),
                 ww = windows_meeting(sw, p.kernel[1], sw);
-  std::string text = first_of_ties_scan(p);
-  text += "layout(local_size_x = " + std::to_string(kLocalSize) +
-          ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + u(kLocalSize) +
-          " + gl_LocalInvocationID.x;\n  if (i >= " + u(count) + ") return;\n";
-  text += "  uint row0 = i / " + u(cells_w) + " % " + u(cells_h) + " * " + u(sh) + ", col0 = i % " +
-          u(cells_w) + " * " + u(sw) + ";\n  uint plane = i / " + u(cells_h * cells_w) + ";\n";
+  std::string text = "  uint row0 = i / " + u(cells_w) + " % " + u(cells_h) + " * " + u(sh) +
+                     ", col0 = i % " + u(cells_w) + " * " + u(sw) + ";\n  uint plane = i / " +
+                     u(cells_h * cells_w) + ";\n";
   // The first window meeting the cell along each axis: ceil((pixel + P - K + 1) / S), from 0.
   const auto first_window = [&](const std::string& name, const std::string& pixel, int axis) {
     return "  int " + name + "_reach = int(" + pixel + ") + " +
@@ -153,7 +160,7 @@ void lower_max_pool_grad_in_cells(LoweringContext& context, const PoolGeometry& 
            u(p.stride[axis]) + ";\n";
   };
   text += first_window("oh", "row0", 0) + first_window("ow", "col0", 1);
-  const std::string window = "(plane * " + u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow";
+  const std::string window = window_index(p);
   text += "  float maxima[" + s(wh) + "][" + s(ww) + "], grads[" + s(wh) + "][" + s(ww) + "];\n";
   text += "  for (uint j = 0u; j < " + u(wh) + "; ++j) {\n    for (uint k = 0u; k < " + u(ww) +
           "; ++k) {\n      uint oh = oh0 + j, ow = ow0 + k;\n      bool inside = oh < " +
@@ -177,17 +184,12 @@ void lower_max_pool_grad_in_cells(LoweringContext& context, const PoolGeometry& 
           ") continue;\n          if (xi == maxima[j][k] && first_of_ties(plane, oh0 + j, ow0 + k, "
           "index, xi))\n"
           "            total += grads[j][k];\n        }\n      }\n      dx[index] = total;\n    "
-          "}\n  }\n}\n";
-  Launch launch;
-  launch.label = context.label();
-  launch.kernel = "pool";
-  launch.body = std::move(text);
-  launch.operands = {{"x", node.inputs[0], false},
-                     {"dy", node.inputs[1], false},
-                     {"pooled", node.inputs[2], false},
-                     {"dx", context.id(), true}};
-  launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, context.device());
-  context.emit(std::move(launch));
+          "}\n  }\n";
+  emit_invocations(context, first_of_ties_scan(p), text, count,
+                   {{"x", node.inputs[0], false},
+                    {"dy", node.inputs[1], false},
+                    {"pooled", node.inputs[2], false},
+                    {"dx", context.id(), true}});
 }
 
 void lower_max_pool_grad(LoweringContext& context) {
@@ -197,7 +199,7 @@ void lower_max_pool_grad(LoweringContext& context) {
     lower_max_pool_grad_in_cells(context, p);
     return;
   }
-  const std::string window = "(plane * " + u(p.out_height) + " + oh) * " + u(p.out_width) + " + ow";
+  const std::string window = window_index(p);
   const std::string body =
       "  float total = 0.0;\n  float xi = x[i];\n" +
       windows_containing(
@@ -228,8 +230,7 @@ void lower_avg_pool_grad(LoweringContext& context) {
   const Node& node = context.node();
   const PoolGeometry p = pool_geometry(node.attrs, node.type.shape);
   const std::string body = "  float total = 0.0;\n" +
-                           windows_containing(p, "      total += dy[(plane * " + u(p.out_height) +
-                                                     " + oh) * " + u(p.out_width) + " + ow];\n") +
+                           windows_containing(p, "      total += dy[" + window_index(p) + "];\n") +
                            "  dx[i] = total * " + inverse_area(p) + ";\n";
   emit_elementwise(context, "", body, {{"dy", node.inputs[0], false}, {"dx", context.id(), true}});
 }
