@@ -51,6 +51,11 @@ std::unique_ptr<Session> training_session(const models::ResNetConfig& config, in
 
 }  // namespace
 
+Graph resnet50_workload_training_graph(int64_t batch) {
+  return models::build_resnet_training(models::resnet_config_from_name("resnet50"), batch, kSide,
+                                       kSide, sgd());
+}
+
 nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench) {
   const models::ResNetConfig config = models::resnet_config_from_name("resnet50");
   const int64_t batch = 4;
@@ -59,7 +64,7 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench)
   options.precision = precision;
   options.shared_device = open_shared_device(bench.device);
   const std::pair<BuildReport, BuildReport> builds =
-      compile_reports(models::build_resnet_training(config, batch, kSide, kSide, sgd()), options);
+      compile_reports(resnet50_workload_training_graph(batch), options);
   const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
 
   Session inference(models::build_resnet(config, batch, kSide, kSide, false), options);

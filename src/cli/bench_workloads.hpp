@@ -64,6 +64,9 @@ models::SmolVLAConfig smolvla_workload_config();
 OptimizerConfig smolvla_workload_optimizer();
 Graph smolvla_workload_training_graph(const models::SmolVLAConfig& config,
                                       const OptimizerConfig& optimizer);
+// The resnet-50 workload's training step at `batch` 224x224 images (torchvision's resnet50,
+// 1000 classes, SGD with momentum).
+Graph resnet50_workload_training_graph(int64_t batch);
 // SmolLM2-135M's config.json (the smollm2-135m workload's model).
 nlohmann::json smollm2_135m_config();
 // Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).

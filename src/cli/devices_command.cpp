@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "backends/vulkan/kernels/lowering.hpp"
 #include "backends/vulkan/kernels/vulkan_target.hpp"
@@ -23,8 +25,8 @@ namespace mg::cli {
 namespace {
 
 constexpr const char* kHelp =
-    R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--plan-only]]
-                        [--dispatches] [--device SEL]
+    R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--batch N]
+                        [--precision P] [--plan-only] [--dispatches]] [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
@@ -40,8 +42,14 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     device, planning, pipelines, recording, the rest)
   --program NAME    the program --bench-compile builds: cnn (the Fashion-MNIST CNN, batch 64,
                     Adam; the default), smollm2-135m (the smollm2-135m workload's training
-                    step: sequence 128, batch 1, AdamW, weights not drawn) or smolvla (the
-                    smolvla workload's training step: batch 1, backbone frozen, AdamW)
+                    step: sequence 128, batch 1, AdamW, weights not drawn), smolvla (the
+                    smolvla workload's training step: batch 1, backbone frozen, AdamW) or
+                    resnet-50 (the resnet-50 workload's training step: 224x224 images, SGD
+                    with momentum, weights not drawn)
+  --batch N         resnet-50's images a step (default 4, the workload's compile figure; 256
+                    is its throughput cell); the other programs have their workloads' batches
+  --precision P     strict (the default) or fast: the program's precision (fast: the
+                    cooperative-matrix kernels where the device has them)
   --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
                     (132 compute units, NV cooperative matrices, workgroup-scope ones, f16
                     storage), make every launch's kernel source as a build does before it asks
@@ -120,7 +128,11 @@ struct CompiledProgram {
   bool initialise_parameters = true;
 };
 
-CompiledProgram program_to_compile(const std::string& name) {
+CompiledProgram program_to_compile(const std::string& name, std::optional<int64_t> batch) {
+  if (batch && name != "resnet-50")
+    throw Error("meganeura devices: --batch sets the resnet-50 program's images; the " + name +
+                " program has its workload's batch");
+  if (name == "resnet-50") return {resnet50_workload_training_graph(batch.value_or(4)), false};
   if (name == "cnn")
     return {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
             true};
@@ -140,21 +152,30 @@ CompiledProgram program_to_compile(const std::string& name) {
     return {smolvla_workload_training_graph(config, smolvla_workload_optimizer()), false};
   }
   throw Error("meganeura devices: unknown --program \"" + name +
-              "\": use cnn, smollm2-135m or smolvla");
+              "\": use cnn, smollm2-135m, smolvla or resnet-50");
 }
 
-void bench_compile(const std::string& device, const std::string& program_name) {
+// What --bench-compile builds: the program, its batch where it has a choice, the precision.
+struct CompileRequest {
+  std::string program;
+  std::optional<int64_t> batch;
+  Precision precision = Precision::strict;
+};
+
+void bench_compile(const std::string& device, const CompileRequest& request) {
   const auto graph_start = std::chrono::steady_clock::now();
-  const CompiledProgram program = program_to_compile(program_name);
+  const CompiledProgram program = program_to_compile(request.program, request.batch);
   const double graph_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - graph_start).count();
-  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes\n", program_name.c_str(),
-              graph_seconds, program.graph.size());
+  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes, %s precision\n",
+              request.program.c_str(), graph_seconds, program.graph.size(),
+              std::string(precision_name(request.precision)).c_str());
   const std::filesystem::path cache = std::filesystem::temp_directory_path() /
                                       ("meganeura-bench-cache-" + std::to_string(::getpid()));
   std::filesystem::remove_all(cache);
   SessionOptions options;
   options.device = device;
+  options.precision = request.precision;
   options.switches = Switches::from_environment({{"MEGANEURA_CACHE_DIR", cache.string()}});
   options.initialise_parameters = program.initialise_parameters;
   for (const char* label : {"cold", "warm"}) {
@@ -220,16 +241,19 @@ uint64_t program_checksum(const plan::Program& program) {
   return checksum;
 }
 
-void bench_plan(const std::string& program_name, bool print_dispatches) {
+void bench_plan(const CompileRequest& request, bool print_dispatches) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   const auto seconds_since = [&](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(now() - since).count();
   };
   auto phase = now();
-  const CompiledProgram compiled = program_to_compile(program_name);
-  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes\n", program_name.c_str(),
-              seconds_since(phase), compiled.graph.size());
-  const vulkan::VulkanTarget target(h200_traits());
+  const CompiledProgram compiled = program_to_compile(request.program, request.batch);
+  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes, %s precision\n",
+              request.program.c_str(), seconds_since(phase), compiled.graph.size(),
+              std::string(precision_name(request.precision)).c_str());
+  target::DeviceTraits traits = h200_traits();
+  traits.fast_precision = request.precision == Precision::fast;
+  const vulkan::VulkanTarget target(traits);
   plan::PlanOptions options;
   options.alignment = 256;
   options.arena_limit = uint64_t{1} << 32;
@@ -263,7 +287,7 @@ void bench_plan(const std::string& program_name, bool print_dispatches) {
 }  // namespace
 
 int devices_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura devices", words, {"device", "program"},
+  const Arguments arguments("meganeura devices", words, {"device", "program", "batch", "precision"},
                             {"bench-compile", "plan-only", "dispatches", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
@@ -275,8 +299,17 @@ int devices_command(const std::vector<std::string>& words) {
     throw Error(
         "meganeura devices: --dispatches prints a planned program's dispatch list; add "
         "--bench-compile --plan-only");
+  if (!arguments.has("bench-compile") &&
+      (arguments.has("program") || arguments.has("batch") || arguments.has("precision")))
+    throw Error(
+        "meganeura devices: --program, --batch and --precision choose what --bench-compile "
+        "builds; add --bench-compile");
+  CompileRequest request;
+  request.program = arguments.text("program", "cnn");
+  if (arguments.has("batch")) request.batch = arguments.integer("batch", 4, 1, 4096);
+  request.precision = parse_precision(arguments.text("precision", "strict"));
   if (arguments.has("bench-compile") && arguments.has("plan-only")) {
-    bench_plan(arguments.text("program", "cnn"), arguments.has("dispatches"));
+    bench_plan(request, arguments.has("dispatches"));
     return 0;
   }
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
@@ -285,8 +318,7 @@ int devices_command(const std::vector<std::string>& words) {
     std::printf("%s %s\n", info.index == chosen ? "*" : " ", gpu::describe_device(info).c_str());
     if (arguments.has("verbose")) print_details(info);
   }
-  if (arguments.has("bench-compile"))
-    bench_compile(arguments.text("device", ""), arguments.text("program", "cnn"));
+  if (arguments.has("bench-compile")) bench_compile(arguments.text("device", ""), request);
   return 0;
 }
 

@@ -67,8 +67,65 @@ TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   ASSERT_NE(error, std::string::npos) << result.output;
   const std::string line = result.output.substr(error);
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
-  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m or smolvla"), std::string::npos)
+  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla or resnet-50"),
+            std::string::npos)
       << line;
+}
+
+// The error line of a refused command, or "" where it printed none.
+std::string error_line(const Result& result) {
+  const size_t error = result.output.find("error: ");
+  if (error == std::string::npos) return "";
+  return result.output.substr(error);
+}
+
+// ResNet-50's training step, planned for the H200 in each precision and at two batches: four
+// different programs; the fast one's dispatch list runs cooperative-matrix kernels, the strict
+// one's none; the graph line names the precision.
+TEST(CliBenchCompile, PlanOnlyPlansResNetInEitherPrecision) {
+  const std::string command =
+      "devices --bench-compile --plan-only --dispatches --program resnet-50";
+  const Result strict = run(command);
+  ASSERT_EQ(strict.status, 0) << strict.output;
+  EXPECT_NE(strict.output.find("resnet-50 graph (forward, gradients, optimizer)"),
+            std::string::npos)
+      << strict.output;
+  EXPECT_NE(strict.output.find("nodes, strict precision"), std::string::npos) << strict.output;
+  EXPECT_EQ(strict.output.find("coopmat"), std::string::npos) << strict.output;
+  const Result fast = run(command + " --precision fast");
+  ASSERT_EQ(fast.status, 0) << fast.output;
+  EXPECT_NE(fast.output.find("nodes, fast precision"), std::string::npos) << fast.output;
+  EXPECT_NE(fast.output.find("gemm_coopmat"), std::string::npos) << fast.output;
+  const Result large = run(command + " --precision fast --batch 256");
+  ASSERT_EQ(large.status, 0) << large.output;
+  const Result explicit_batch = run(command + " --batch 4");
+  ASSERT_EQ(explicit_batch.status, 0) << explicit_batch.output;
+  EXPECT_EQ(checksum_of(explicit_batch), checksum_of(strict)) << "batch 4 is the default";
+  for (const Result* other : {&fast, &large}) {
+    ASSERT_EQ(checksum_of(*other).size(), 16u) << other->output;
+    EXPECT_NE(checksum_of(*other), checksum_of(strict));
+  }
+  EXPECT_NE(checksum_of(large), checksum_of(fast));
+}
+
+TEST(CliBenchCompile, BatchPrecisionAndProgramMisuseIsRefusedOnOneLine) {
+  for (const auto& [command, message] :
+       {std::pair<std::string, std::string>{
+            "devices --bench-compile --plan-only --batch 8",
+            "--batch sets the resnet-50 program's images; the cnn program has its workload's "
+            "batch"},
+        {"devices --bench-compile --plan-only --program resnet-50 --precision half",
+         "unknown precision \"half\": use strict or fast"},
+        {"devices --program resnet-50", "add --bench-compile"},
+        {"devices --precision fast", "add --bench-compile"}}) {
+    SCOPED_TRACE(command);
+    const Result result = run(command);
+    EXPECT_EQ(result.status, 1) << result.output;
+    const std::string line = error_line(result);
+    ASSERT_FALSE(line.empty()) << result.output;
+    EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
+    EXPECT_NE(line.find(message), std::string::npos) << line;
+  }
 }
 
 }  // namespace
