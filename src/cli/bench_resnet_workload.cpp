@@ -58,7 +58,7 @@ Graph resnet50_workload_training_graph(int64_t batch) {
 
 nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench) {
   const models::ResNetConfig config = models::resnet_config_from_name("resnet50");
-  const int64_t batch = 4;
+  const int64_t batch = kResNet50CompileBatch;
   SessionOptions options;
   options.device = bench.device;
   options.precision = precision;

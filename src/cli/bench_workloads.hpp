@@ -65,7 +65,8 @@ OptimizerConfig smolvla_workload_optimizer();
 Graph smolvla_workload_training_graph(const models::SmolVLAConfig& config,
                                       const OptimizerConfig& optimizer);
 // The resnet-50 workload's training step at `batch` 224x224 images (torchvision's resnet50,
-// 1000 classes, SGD with momentum).
+// 1000 classes, SGD with momentum); its compile figures build it at kResNet50CompileBatch.
+constexpr int64_t kResNet50CompileBatch = 4;
 Graph resnet50_workload_training_graph(int64_t batch);
 // SmolLM2-135M's config.json (the smollm2-135m workload's model).
 nlohmann::json smollm2_135m_config();

@@ -132,7 +132,8 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
   if (batch && name != "resnet-50")
     throw Error("meganeura devices: --batch sets the resnet-50 program's images; the " + name +
                 " program has its workload's batch");
-  if (name == "resnet-50") return {resnet50_workload_training_graph(batch.value_or(4)), false};
+  if (name == "resnet-50")
+    return {resnet50_workload_training_graph(batch.value_or(kResNet50CompileBatch)), false};
   if (name == "cnn")
     return {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
             true};
@@ -306,7 +307,8 @@ int devices_command(const std::vector<std::string>& words) {
         "builds; add --bench-compile");
   CompileRequest request;
   request.program = arguments.text("program", "cnn");
-  if (arguments.has("batch")) request.batch = arguments.integer("batch", 4, 1, 4096);
+  if (arguments.has("batch"))
+    request.batch = arguments.integer("batch", kResNet50CompileBatch, 1, 4096);
   request.precision = parse_precision(arguments.text("precision", "strict"));
   if (arguments.has("bench-compile") && arguments.has("plan-only")) {
     bench_plan(request, arguments.has("dispatches"));

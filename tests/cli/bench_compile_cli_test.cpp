@@ -19,6 +19,13 @@ std::string checksum_of(const Result& result) {
   return result.output.substr(at + 9, 16);
 }
 
+// The error line of a refused command, or "" where it printed none.
+std::string error_line(const Result& result) {
+  const size_t error = result.output.find("error: ");
+  if (error == std::string::npos) return "";
+  return result.output.substr(error);
+}
+
 TEST(CliBenchCompile, PlanOnlyBuildsTheSameProgramInEveryProcess) {
   const std::string command = "devices --bench-compile --plan-only --program smollm2-135m";
   const Result first = run(command);
@@ -63,20 +70,12 @@ TEST(CliBenchCompile, PlanOnlyPrintsTheDispatchListOnRequest) {
 TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   const Result result = run("devices --bench-compile --plan-only --program resnet");
   EXPECT_EQ(result.status, 1) << result.output;
-  const size_t error = result.output.find("error: ");
-  ASSERT_NE(error, std::string::npos) << result.output;
-  const std::string line = result.output.substr(error);
+  const std::string line = error_line(result);
+  ASSERT_FALSE(line.empty()) << result.output;
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
   EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla or resnet-50"),
             std::string::npos)
       << line;
-}
-
-// The error line of a refused command, or "" where it printed none.
-std::string error_line(const Result& result) {
-  const size_t error = result.output.find("error: ");
-  if (error == std::string::npos) return "";
-  return result.output.substr(error);
 }
 
 // ResNet-50's training step, planned for the H200 in each precision and at two batches: four
