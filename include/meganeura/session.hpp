@@ -100,14 +100,21 @@ struct BuildReport {
   std::string device;        // one-line device description
   double build_seconds = 0;  // graph to ready pipelines and recorded commands
   // Parts of build_seconds: opening the device (0 on a shared one), planning (passes, fusion,
-  // kernels, memory), creating pipelines and recording the command buffers; the rest is
-  // allocation and the upload of parameters.
+  // kernels, memory), allocating buffers, creating pipelines and recording the command buffers;
+  // the rest is mostly the upload of parameters.
   double device_seconds = 0;
   double plan_seconds = 0;
   double pipeline_seconds = 0;
   double record_seconds = 0;
+  double allocation_seconds = 0;  // the program's buffers: its arenas and staging
   uint32_t pipelines = 0;
   uint32_t spirv_cache_hits = 0;
+  // Inside pipeline_seconds, summed over kernels whatever thread ran them: GLSL to SPIR-V (kernels
+  // not in the cache) and the driver's pipeline creation; the kernel whose two took longest.
+  double spirv_seconds = 0;
+  double driver_seconds = 0;
+  std::string slowest_kernel;
+  double slowest_kernel_seconds = 0;
   size_t dispatches = 0;              // every run's
   size_t setup_dispatches = 0;        // once and after a write (SessionOptions::setup)
   size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (Precision::fast)

@@ -64,10 +64,17 @@ double compile_seconds(const BuildReport& report) {
 
 nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& builds) {
   const auto parts = [](const BuildReport& report) {
-    return nlohmann::json{
-        {"total_s", report.build_seconds},   {"device_s", report.device_seconds},
-        {"plan_s", report.plan_seconds},     {"pipelines_s", report.pipeline_seconds},
-        {"record_s", report.record_seconds}, {"pipelines", report.pipelines}};
+    return nlohmann::json{{"total_s", report.build_seconds},
+                          {"device_s", report.device_seconds},
+                          {"plan_s", report.plan_seconds},
+                          {"pipelines_s", report.pipeline_seconds},
+                          {"record_s", report.record_seconds},
+                          {"allocation_s", report.allocation_seconds},
+                          {"pipelines", report.pipelines},
+                          {"spirv_s", report.spirv_seconds},
+                          {"driver_s", report.driver_seconds},
+                          {"slowest_kernel", report.slowest_kernel},
+                          {"slowest_kernel_s", report.slowest_kernel_seconds}};
   };
   return {{"cold", parts(builds.first)}, {"warm", parts(builds.second)}};
 }

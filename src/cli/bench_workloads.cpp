@@ -52,7 +52,9 @@ dispatch waiting for the one before (the median of --runs runs after the same wa
 exceeds the wall-clock figure where a program's independent dispatches overlap. compile_s
 builds the training program with an empty kernel cache (cold), compile_warm_s again with the
 cache it filled, each on a device opened afresh whose opening is left out (compile_parts gives
-it, as device_s, with the build's other parts: planning, pipelines, recording). Memory: the
+it, as device_s, with the build's other parts: planning, allocation, pipelines, recording; and
+for the pipelines, GLSL to SPIR-V and the driver's time summed over kernels, and the slowest
+kernel with its time). Memory: the
 training program's device memory (weights, optimizer state, transient values as placed) and the
 planner's saving on transient values against giving each its own bytes.
 

@@ -39,7 +39,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
   --bench-compile   build a training program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the time of building its graph and the parts of each build (opening the
-                    device, planning, pipelines, recording, the rest)
+                    device, planning, allocation, pipelines, recording, the rest), with the
+                    pipelines' SPIR-V and driver time summed over kernels and the slowest kernel
   --program NAME    the program --bench-compile builds: cnn (the Fashion-MNIST CNN, batch 64,
                     Adam; the default), smollm2-135m (the smollm2-135m workload's training
                     step: sequence 128, batch 1, AdamW, weights not drawn), smolvla (the
@@ -183,13 +184,15 @@ void bench_compile(const std::string& device, const CompileRequest& request) {
     Session session(program.graph, options);
     const BuildReport& report = session.report();
     const double rest = report.build_seconds - report.device_seconds - report.plan_seconds -
-                        report.pipeline_seconds - report.record_seconds;
+                        report.allocation_seconds - report.pipeline_seconds - report.record_seconds;
     std::printf(
-        "%s build: %.3f s (device %.3f s, plan %.3f s, pipelines %.3f s, record %.3f s, rest "
-        "%.3f s; %u pipelines, %u SPIR-V cache hits, %zu dispatches)\n",
+        "%s build: %.3f s (device %.3f s, plan %.3f s, allocation %.3f s, pipelines %.3f s, "
+        "record %.3f s, rest %.3f s; %u pipelines, %u SPIR-V cache hits, %zu dispatches)\n"
+        "  pipelines summed over kernels: SPIR-V %.3f s, driver %.3f s; slowest '%s' %.3f s\n",
         label, report.build_seconds, report.device_seconds, report.plan_seconds,
-        report.pipeline_seconds, report.record_seconds, rest, report.pipelines,
-        report.spirv_cache_hits, report.dispatches);
+        report.allocation_seconds, report.pipeline_seconds, report.record_seconds, rest,
+        report.pipelines, report.spirv_cache_hits, report.dispatches, report.spirv_seconds,
+        report.driver_seconds, report.slowest_kernel.c_str(), report.slowest_kernel_seconds);
   }
   std::filesystem::remove_all(cache);
 }

@@ -86,6 +86,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
 
   // A program that cannot fit fails here, on one line, before anything is allocated.
   gpu::require_heap_for(info, impl.program);
+  phase = std::chrono::steady_clock::now();
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
     const plan::Arena& arena = impl.program.arenas[a];
     if (arena.kind == plan::ArenaKind::shared) {
@@ -117,6 +118,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
                                                gpu::BufferUse::download, "output staging");
     impl.owned_buffers.push_back(slot.download);
   }
+  impl.report.allocation_seconds = seconds_since(phase);
   for (std::string_view kind : {op::parameter, op::state}) {
     for (ValueId leaf : planned.leaves(kind)) {
       if (!impl.program.regions.count(leaf)) continue;

@@ -554,6 +554,10 @@ struct Session::Impl {
     report.pipelines = stats.pipelines;
     report.spirv_cache_hits = stats.spirv_cache_hits;
     report.pipeline_seconds = stats.seconds;
+    report.spirv_seconds = stats.spirv_seconds;
+    report.driver_seconds = stats.driver_seconds;
+    report.slowest_kernel = stats.slowest_kernel;
+    report.slowest_kernel_seconds = stats.slowest_kernel_seconds;
   }
 };
 

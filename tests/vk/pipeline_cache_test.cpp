@@ -38,6 +38,34 @@ TEST_F(PipelineCacheTest, SecondBuildHitsSpirvCache) {
   EXPECT_EQ(files_in("pipelines").size(), 1u);
 }
 
+// The build's parts: SPIR-V time only for kernels compiled from source, driver time for every
+// pipeline, and the slowest kernel named with a time no more than its own two parts allow.
+TEST_F(PipelineCacheTest, CompileStatsSplitSpirvAndDriverTimeAndNameTheSlowestKernel) {
+  KernelSpec doubled = testing::scale_add_kernel();
+  KernelSpec tripled = testing::scale_add_kernel();
+  doubled.label = "scale_add doubled";
+  tripled.label = "scale_add tripled";
+  tripled.defines = {{"GROUP", "64"}, {"SCALE", "3.0"}};
+  const std::vector<KernelSpec> specs{doubled, tripled};
+
+  device_->create_pipelines(specs);
+  const CompileStats cold = device_->last_compile_stats();
+  EXPECT_EQ(cold.spirv_cache_hits, 0u);
+  EXPECT_GT(cold.spirv_seconds, 0.0);
+  EXPECT_GT(cold.driver_seconds, 0.0);
+  EXPECT_TRUE(cold.slowest_kernel == doubled.label || cold.slowest_kernel == tripled.label)
+      << cold.slowest_kernel;
+  EXPECT_GT(cold.slowest_kernel_seconds, 0.0);
+  EXPECT_LE(cold.slowest_kernel_seconds, cold.spirv_seconds + cold.driver_seconds);
+
+  device_->create_pipelines(specs);
+  const CompileStats warm = device_->last_compile_stats();
+  EXPECT_EQ(warm.spirv_cache_hits, 2u);
+  EXPECT_EQ(warm.spirv_seconds, 0.0);
+  EXPECT_GT(warm.driver_seconds, 0.0);
+  EXPECT_LE(warm.slowest_kernel_seconds, warm.driver_seconds);
+}
+
 TEST_F(PipelineCacheTest, CorruptSpirvFileIsIgnoredAndRewritten) {
   EXPECT_EQ(build_once(), 0u);
   auto files = files_in("spirv");

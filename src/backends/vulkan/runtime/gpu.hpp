@@ -199,7 +199,14 @@ struct DispatchTiming {
 struct CompileStats {
   uint32_t pipelines = 0;
   uint32_t spirv_cache_hits = 0;
-  double seconds = 0;
+  double seconds = 0;  // the whole build, its kernels side by side
+  // Summed over kernels, whatever thread ran them: GLSL to SPIR-V (kernels not in the cache) and
+  // the driver's pipeline creation. The kernel whose two took longest, and their time: a build
+  // on enough threads takes at least that long.
+  double spirv_seconds = 0;
+  double driver_seconds = 0;
+  std::string slowest_kernel;
+  double slowest_kernel_seconds = 0;
 };
 
 class Device {

@@ -171,14 +171,26 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return specs[a].source.size() > specs[b].source.size();
   });
+  std::vector<double> spirv_seconds(specs.size(), 0.0), driver_seconds(specs.size(), 0.0);
+  const auto seconds_since = [](std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  };
   parallel_for(specs.size(), [&](size_t position) {
     const size_t i = order[position];
     try {
       const auto compile = [&] {
+        const auto compile_start = std::chrono::steady_clock::now();
         auto compiled =
             compile_to_spirv(specs[i], options.vulkan_api_version, options.validate_spirv);
         cache.store_spirv(specs[i], compiled);
+        spirv_seconds[i] += seconds_since(compile_start);
         return compiled;
+      };
+      const auto create = [&](const std::vector<uint32_t>& spirv) {
+        const auto create_start = std::chrono::steady_clock::now();
+        pipelines[i] = create_pipeline(device, cache.handle(), specs[i], spirv, layouts[i],
+                                       options.print_statistics);
+        driver_seconds[i] += seconds_since(create_start);
       };
       auto spirv = cache.load_spirv(specs[i]);
       if (spirv) {
@@ -186,8 +198,7 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
         // A cached module the driver refuses is rebuilt from source once; if the rebuilt one
         // fails too, the error is the kernel's, not the cache's.
         try {
-          pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i],
-                                         options.print_statistics);
+          create(*spirv);
         } catch (const mg::Error& error) {
           std::fprintf(stderr,
                        "meganeura: the driver refused kernel cache file %s (%s); rebuilding it\n",
@@ -198,10 +209,7 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
       } else {
         spirv = compile();
       }
-      if (pipelines[i] == VK_NULL_HANDLE) {
-        pipelines[i] = create_pipeline(device, cache.handle(), specs[i], *spirv, layouts[i],
-                                       options.print_statistics);
-      }
+      if (pipelines[i] == VK_NULL_HANDLE) create(*spirv);
       if (options.print_statistics) {
         std::fputs(statistics_of(device, pipelines[i], specs[i].label).c_str(), stderr);
       }
@@ -218,7 +226,15 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
   cache.save();
   stats.pipelines = static_cast<uint32_t>(specs.size());
   stats.spirv_cache_hits = cache_hits.load();
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  stats.seconds = seconds_since(started);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    stats.spirv_seconds += spirv_seconds[i];
+    stats.driver_seconds += driver_seconds[i];
+    if (spirv_seconds[i] + driver_seconds[i] > stats.slowest_kernel_seconds) {
+      stats.slowest_kernel_seconds = spirv_seconds[i] + driver_seconds[i];
+      stats.slowest_kernel = specs[i].label;
+    }
+  }
   return pipelines;
 }
 
