@@ -53,7 +53,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     cooperative-matrix kernels where the device has them)
   --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
                     (132 compute units, NV cooperative matrices, workgroup-scope ones, f16
-                    storage), make every launch's kernel source as a build does before it asks
+                    storage) and the environment's MEGANEURA_* switches, as a build there
+                    would; make every launch's kernel source as a build does before it asks
                     for pipelines, and the reports a build makes; print the fastest of five
                     repeats of each part and a checksum of the dispatch list, memory plan,
                     regions and kernel sources (equal checksums: the same program)
@@ -257,6 +258,7 @@ void bench_plan(const CompileRequest& request, bool print_dispatches) {
               std::string(precision_name(request.precision)).c_str());
   target::DeviceTraits traits = h200_traits();
   traits.fast_precision = request.precision == Precision::fast;
+  traits.switches = Switches::from_environment();
   const vulkan::VulkanTarget target(traits);
   plan::PlanOptions options;
   options.alignment = 256;

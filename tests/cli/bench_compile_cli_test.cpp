@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cli_runner.hpp"
@@ -105,6 +106,24 @@ TEST(CliBenchCompile, PlanOnlyPlansResNetInEitherPrecision) {
     EXPECT_NE(checksum_of(*other), checksum_of(strict));
   }
   EXPECT_NE(checksum_of(large), checksum_of(fast));
+}
+
+// The plan follows the environment's MEGANEURA_* switches, as a build on the device does: at
+// batch 256 one of ResNet-50's fast products suits the workgroup GEMM, which its kill switch turns
+// off.
+TEST(CliBenchCompile, PlanOnlyFollowsTheEnvironmentsSwitches) {
+  const std::string command =
+      "devices --bench-compile --plan-only --dispatches --program resnet-50 --precision fast "
+      "--batch 256";
+  const Result plain = run(command);
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  EXPECT_NE(plain.output.find("gemm_workgroup_coopmat"), std::string::npos) << plain.output;
+  ::setenv("MEGANEURA_WORKGROUP_GEMM", "0", 1);
+  const Result switched = run(command);
+  ::unsetenv("MEGANEURA_WORKGROUP_GEMM");
+  ASSERT_EQ(switched.status, 0) << switched.output;
+  EXPECT_EQ(switched.output.find("gemm_workgroup_coopmat"), std::string::npos) << switched.output;
+  EXPECT_NE(checksum_of(switched), checksum_of(plain));
 }
 
 TEST(CliBenchCompile, BatchPrecisionAndProgramMisuseIsRefusedOnOneLine) {
