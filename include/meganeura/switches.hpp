@@ -58,8 +58,9 @@ struct Switches {
   // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV: slices of every attention node, or of the forward,
   // dQ and dK / dV (1: none); empty where unset.
   std::vector<int64_t> attention_splits;
-  // MEGANEURA_COLUMNS_SIDE_BY_SIDE: 1 puts every batch's convolution columns side by side, 0
-  // none; unset, the rule decides.
+  // MEGANEURA_COLUMNS_SIDE_BY_SIDE: 1 puts every batch's convolution columns side by side (and
+  // 1x1 convolutions' images, where the workgroup GEMM takes their product), 0 none; unset, the
+  // rules decide.
   std::optional<bool> columns_side_by_side;
 
   // Kernel choice: kill switches, forced routes and tuning overrides (docs/SWITCHES.md).

@@ -90,6 +90,31 @@ bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
   return g.is_pointwise() && g.groups == 1 && device.cooperative_matrices();
 }
 
+// A 1x1 convolution's product: rows [M, K] (stored [K, M] where `transpose_rows`) times images
+// [N, K, plane], per image (a batched matmul with broadcast rows) or, where the target says the
+// images side by side suit it (small planes, whose per-image products leave the subgroup GEMM's
+// blocks partly empty), as one 2-D half_matmul: the images moved to [K, N * plane] and rounded to
+// f16 in the same launch, as the workgroup GEMM reads them, and its [M, N * plane] result moved
+// back to [N, M, plane]. Fast precision rounds both operands to f16 either way.
+ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, ValueId images,
+                          const target::Target& device) {
+  const int64_t batch = target.type(images).shape[0], k = target.type(images).shape[1],
+                plane = target.type(images).shape[2];
+  const int64_t m = target.type(rows).shape[transpose_rows ? 1 : 0];
+  Attrs attrs;
+  if (transpose_rows) attrs.set("transpose_a", int64_t{1});
+  if (!device.images_side_by_side_suit(m, k, batch, plane))
+    return target.add(op::matmul, {rows, images}, std::move(attrs));
+  const std::vector<int64_t> swap_leading{1, 0, 2};
+  const ValueId across = target.add(op::transpose, {images}, {{"permutation", swap_leading}});
+  const ValueId side_by_side =
+      target.add(op::round_to_f16, {reshaped(target, across, {k, batch * plane})});
+  const ValueId product = target.add(
+      op::half_matmul, {target.add(op::round_to_f16, {rows}), side_by_side}, std::move(attrs));
+  return target.add(op::transpose, {reshaped(target, product, {m, batch, plane})},
+                    {{"permutation", swap_leading}});
+}
+
 // The grid of `f`'s m x m output tiles (rows, columns) of `batch` images of `output_size`, or
 // nothing where its transformed tiles ([(m + 2)^2, channels, T]) would pass the columns' byte
 // limit.
@@ -137,7 +162,8 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
   if (pointwise_as_matmul(g, device)) {
     const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels});
     const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
-    return reshaped(target, target.add(op::matmul, {rows, images}, {}), g.output_shape());
+    return reshaped(target, pointwise_product(target, rows, false, images, device),
+                    g.output_shape());
   }
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
@@ -190,7 +216,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
     const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels});
     const ValueId grad_out =
         reshaped(target, node.inputs[0], {g.batch, g.out_channels, g.out_height * g.out_width});
-    return reshaped(target, target.add(op::matmul, {rows, grad_out}, {{"transpose_a", int64_t{1}}}),
+    return reshaped(target, pointwise_product(target, rows, true, grad_out, device),
                     g.input_shape());
   }
   if (g.groups != 1 || g.is_pointwise()) return std::nullopt;

@@ -49,6 +49,11 @@ class Target {
   virtual bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, OperandsIn operands) const = 0;
   // Whether the 2-D product `node` of `graph` (a matmul or half_matmul) of f16 operands does.
   virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
+  // Whether `batch` per-image products [M, K] x [K, plane] run faster as one M x K x (batch
+  // plane) product over the images side by side, moved there and back (passes/im2col.cpp, 1x1
+  // convolutions).
+  virtual bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch,
+                                        int64_t plane) const = 0;
   // The K slices `product` runs fastest on here (1: whole), for a K of at least kMinKToSplit.
   virtual int64_t gemm_k_splits(const GemmProduct& product) const = 0;
 

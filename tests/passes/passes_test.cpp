@@ -783,6 +783,54 @@ TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
   }
 }
 
+// On a device with the workgroup GEMM, a 1x1 convolution over planes narrower than the subgroup
+// GEMM's widest block multiplies the batch's images side by side: its forward and data gradient
+// each become one 2-D half_matmul between transposes, the weight gradient stays a per-image
+// matmul. On values f16 holds exactly (multiples of 2^-8) the outputs equal the convolution's in
+// the f64 reference. Wider planes keep the per-image products unless
+// MEGANEURA_COLUMNS_SIDE_BY_SIDE=1, and =0 keeps every plane apart.
+target::DeviceTraits workgroup_capable(int64_t compute_units);
+
+TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
+  const target::DeviceTraits device = workgroup_capable(1);
+  uint64_t seed = 120;
+  for (const auto& [x_shape, side_by_side] :
+       {std::pair<Shape, bool>{{4, 128, 8, 8}, true}, {{2, 128, 16, 16}, false}}) {
+    SCOPED_TRACE(shape_string(x_shape));
+    Graph graph;
+    Environment environment;
+    const auto [x, w, y, seed_grad] =
+        random_conv(graph, environment, seed++, x_shape, {128, 128, 1, 1}, {});
+    for (auto& [name, value] : environment.leaves)
+      for (double& element : value.data) element = std::round(element * 256) / 256;
+    graph.set_output("y", y.id());
+    const std::map<ValueId, ValueId> grads =
+        gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
+    graph.set_output("dx", grads.at(x.id()));
+    graph.set_output("dw", grads.at(w.id()));
+    const auto rewrite = [&](const target::DeviceTraits& traits) {
+      return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
+    };
+    const Graph rewritten = rewrite(device);
+    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
+                  count_op(rewritten, "conv2d_grad_weight"),
+              0u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 2u : 0u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 1u : 3u);
+    EXPECT_EQ(count_op(rewritten, "transpose"), side_by_side ? 4u : 0u);
+    expect_same_outputs(graph, rewritten, environment);
+
+    target::DeviceTraits apart = device;
+    apart.switches.columns_side_by_side = false;
+    EXPECT_EQ(count_op(rewrite(apart), "half_matmul"), 0u);
+    target::DeviceTraits together = device;
+    together.switches.columns_side_by_side = true;
+    const Graph forced = rewrite(together);
+    EXPECT_EQ(count_op(forced, "half_matmul"), 2u);
+    expect_same_outputs(graph, forced, environment);
+  }
+}
+
 // The Winograd weight gradient (forced on, for shapes below the rule's minimums), F(2 x 2, 3 x 3)
 // and F(4 x 4, 3 x 3), against the convolution's own weight gradient in the f64 reference:
 // padding 1 with odd output extents (a last row and column of tiles partly past grad_out),

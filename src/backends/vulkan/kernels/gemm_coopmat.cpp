@@ -15,8 +15,8 @@ namespace {
 // 16 x 8, over K slices of block_k, fetching prefetch_slices slices ahead (gemm_coopmat.comp).
 struct BlockShape {
   int64_t warps_m, warps_n, frags_m, frags_n, block_k, prefetch_slices = 1;
-  int64_t rows() const { return warps_m * frags_m * 16; }
-  int64_t cols() const { return warps_n * frags_n * 8; }
+  constexpr int64_t rows() const { return warps_m * frags_m * 16; }
+  constexpr int64_t cols() const { return warps_n * frags_n * 8; }
   int64_t threads() const { return warps_m * warps_n * 32; }
 };
 
@@ -37,6 +37,7 @@ constexpr std::array<Candidate, 5> kCandidates{{{{2, 4, 4, 8, 16}, 1.0},
                                                 {{2, 4, 4, 4, 32}, 1.08},
                                                 {{2, 2, 2, 4, 32}, 1.8},
                                                 {{2, 2, 2, 4, 16}, 2.0}}};
+static_assert(kCandidates[0].block.cols() == kWidestSubgroupBlockColumns);
 
 // Shared tile bytes of one slot of an operand: `rows` rows of `row_halves` contiguous halves,
 // padded by 8 halves.

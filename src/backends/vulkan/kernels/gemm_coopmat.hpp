@@ -15,6 +15,9 @@ namespace mg::kernels {
 // subgroups, and MEGANEURA_NO_COOPMAT=1 (the kill switch, DeviceTraits::switches) is not set.
 bool use_coop_gemm(const DeviceTraits& device);
 
+// The columns of gemm_coopmat.comp's widest block (128 x 256).
+constexpr int64_t kWidestSubgroupBlockColumns = 256;
+
 // Whether a product of `multiply_adds` (M * N * K times the batch entries) over `k` runs on the
 // cooperative-matrix GEMM where use_coop_gemm(device) holds: from 1M multiply-adds per compute
 // unit, and from 256K where K is long enough for split-K (passes/split_k.cpp, K >= 512). Smaller

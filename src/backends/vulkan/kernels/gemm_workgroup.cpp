@@ -128,6 +128,14 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                               a[transpose_a ? 0 : 1], device, OperandsIn::f16);
 }
 
+bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
+                              const DeviceTraits& device) {
+  const std::optional<bool> forced = device.switches.columns_side_by_side;
+  if (batch < 2 || (forced && !*forced)) return false;
+  if (!forced && plane >= kWidestSubgroupBlockColumns) return false;
+  return workgroup_gemm_suits(m, batch * plane, k, device, OperandsIn::f16);
+}
+
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {
   return {{op::round_to_f16, lower_f16_conversion},
           {op::widen_f16, lower_f16_conversion},

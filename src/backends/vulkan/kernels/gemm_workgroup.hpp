@@ -51,4 +51,14 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 
+// Whether `batch` per-image products [M, K] x [K, plane] should run as one 2-D product over the
+// images side by side (target::Target::images_side_by_side_suit): on the workgroup GEMM (f16
+// operands, which the transpose that puts the images side by side writes), where a plane is
+// narrower than the subgroup GEMM's widest block, so that its per-image products leave that
+// kernel's blocks partly empty, while the moves there and back cost about what a wider plane's
+// per-image products lose. MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every image apart, =1 drops
+// the plane bound.
+bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
+                              const DeviceTraits& device);
+
 }  // namespace mg::kernels

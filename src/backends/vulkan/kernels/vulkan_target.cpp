@@ -26,6 +26,11 @@ bool VulkanTarget::workgroup_gemm_takes_f16_product(const Graph& graph, const No
   return kernels::workgroup_gemm_takes_f16_product(graph, node, traits());
 }
 
+bool VulkanTarget::images_side_by_side_suit(int64_t m, int64_t k, int64_t batch,
+                                            int64_t plane) const {
+  return kernels::images_side_by_side_suit(m, k, batch, plane, traits());
+}
+
 int64_t VulkanTarget::gemm_k_splits(const target::GemmProduct& product) const {
   return kernels::gemm_k_splits(product, traits());
 }
