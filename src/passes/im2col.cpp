@@ -93,9 +93,10 @@ bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
 // A 1x1 convolution's product: rows [M, K] (stored [K, M] where `transpose_rows`) times images
 // [N, K, plane], per image (a batched matmul with broadcast rows) or, where the target says the
 // images side by side suit it (small planes, whose per-image products leave the subgroup GEMM's
-// blocks partly empty), as one 2-D half_matmul: the images moved to [K, N * plane] and rounded to
-// f16 in the same launch, as the workgroup GEMM reads them, and its [M, N * plane] result moved
-// back to [N, M, plane]. Fast precision rounds both operands to f16 either way.
+// blocks partly empty), as one 2-D half_matmul: the images rounded to f16, as the workgroup GEMM
+// reads them, and moved to [K, N * plane] as f16 (half the bytes of moving them in f32), and its
+// [M, N * plane] result moved back to [N, M, plane]. Fast precision rounds both operands to f16
+// either way.
 ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, ValueId images,
                           const target::Target& device) {
   const int64_t batch = target.type(images).shape[0], k = target.type(images).shape[1],
@@ -106,9 +107,9 @@ ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, Valu
   if (!device.images_side_by_side_suit(m, k, batch, plane))
     return target.add(op::matmul, {rows, images}, std::move(attrs));
   const std::vector<int64_t> swap_leading{1, 0, 2};
-  const ValueId across = target.add(op::transpose, {images}, {{"permutation", swap_leading}});
-  const ValueId side_by_side =
-      target.add(op::round_to_f16, {reshaped(target, across, {k, batch * plane})});
+  const ValueId across = target.add(op::transpose, {target.add(op::round_to_f16, {images})},
+                                    {{"permutation", swap_leading}});
+  const ValueId side_by_side = reshaped(target, across, {k, batch * plane});
   const ValueId product = target.add(
       op::half_matmul, {target.add(op::round_to_f16, {rows}), side_by_side}, std::move(attrs));
   return target.add(op::transpose, {reshaped(target, product, {m, batch, plane})},

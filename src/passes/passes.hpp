@@ -27,7 +27,8 @@ Graph split_k(const Graph& graph, const target::Target& device,
 
 // f16 storage: f16 tensors stay f16 in memory and every kernel but a few computes in f32, so
 // each f16 input a kernel reads becomes widen_f16 of it and each f16 result round_to_f16 of the
-// f32 result (ops/half_gemm.hpp); casts between f32 and f16 become those two ops. A 2-D matmul
+// f32 result (ops/half_gemm.hpp); casts between f32 and f16 become those two ops; transposes
+// move f16 values as they are. A 2-D matmul
 // of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
 // GEMM or the subgroup-scope one) becomes a half_matmul reading the f16 operands and writing the
 // f16 result (see f16_storage.cpp).

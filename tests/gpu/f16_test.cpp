@@ -43,6 +43,21 @@ TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
   }
 }
 
+// Transposes of f16 tensors move the f16 values as they are, in one launch each with no
+// conversion: one that keeps its innermost axis (4 elements a thread where that axis is a multiple
+// of 4) and one that moves it. The values equal the reference's (a normalised error under 1e-12).
+TEST(GpuF16, TransposesMoveF16ValuesAsTheyAre) {
+  size_t dispatches = 0;
+  check_on_gpu(
+      {{"runs", {3, 5, 8}, DType::f16}, {"ragged", {4, 3, 7}, DType::f16}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("runs_moved", transpose(in[0], {1, 0, 2}).id());
+        graph.set_output("ragged_moved", transpose(in[1], {2, 0, 1}).id());
+      },
+      1e-12, 7, {}, &dispatches);
+  EXPECT_EQ(dispatches, 2u);
+}
+
 // sum_to_f16, the rounded sum of an f16 product's split-K partial results, in one launch each:
 // 48 outputs (a vec4 a thread, f16vec4 stores), 21 (a scalar a thread) and 15 over 20 partials
 // (a workgroup an output). The GPU's f32 sum can round to the f16 neighbour of the reference's
