@@ -16,6 +16,7 @@
 // and 16 batched products instead of columns.
 #include <algorithm>
 #include <optional>
+#include <unordered_map>
 
 #include "ir/op_names.hpp"
 #include "ops/conv_geometry.hpp"
@@ -90,30 +91,51 @@ bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
   return g.is_pointwise() && g.groups == 1 && device.cooperative_matrices();
 }
 
-// A 1x1 convolution's product: rows [M, K] (stored [K, M] where `transpose_rows`) times images
-// [N, K, plane], per image (a batched matmul with broadcast rows) or, where the target says the
-// images side by side suit it (small planes, whose per-image products leave the subgroup GEMM's
-// blocks partly empty), as one 2-D half_matmul: the images rounded to f16, as the workgroup GEMM
-// reads them, and moved to [K, N * plane] as f16 (half the bytes of moving them in f32), and its
-// [M, N * plane] result moved back to [N, M, plane]. Fast precision rounds both operands to f16
-// either way.
-ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, ValueId images,
-                          const target::Target& device) {
-  const int64_t batch = target.type(images).shape[0], k = target.type(images).shape[1],
-                plane = target.type(images).shape[2];
+const std::vector<int64_t> kSwapLeadingAxes{1, 0, 2};
+
+// The batch's images of a value ([N, K, plane] once reshaped) side by side, [K, N * plane] in f16:
+// rounded, as the workgroup GEMM reads its operands, then moved as f16 (half the bytes of moving
+// them in f32). Made once for every product that reads them: x for a 1x1 convolution's forward
+// and weight gradient, grad_out for its data and weight gradients.
+class SideBySideImages {
+ public:
+  ValueId of(Graph& target, ValueId source, int64_t batch, int64_t channels, int64_t plane) {
+    auto [made, inserted] = made_.try_emplace(source, kNoValue);
+    if (inserted) {
+      const ValueId images = reshaped(target, source, {batch, channels, plane});
+      const ValueId across = target.add(op::transpose, {target.add(op::round_to_f16, {images})},
+                                        {{"permutation", kSwapLeadingAxes}});
+      made->second = reshaped(target, across, {channels, batch * plane});
+    }
+    return made->second;
+  }
+
+ private:
+  std::unordered_map<ValueId, ValueId> made_;
+};
+
+// A 1x1 convolution's forward or data gradient: rows [M, K] (stored [K, M] where
+// `transpose_rows`) times the images of `source` [N, K, plane], per image (a batched matmul with
+// broadcast rows) or, where the target says the images side by side suit it (small planes, whose
+// per-image products leave the subgroup GEMM's blocks partly empty), as one 2-D half_matmul over
+// them (SideBySideImages) and its [M, N * plane] result moved back to [N, M, plane]. Fast
+// precision rounds both operands to f16 either way.
+ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, ValueId source,
+                          int64_t batch, int64_t k, int64_t plane, const target::Target& device,
+                          SideBySideImages& side_by_side) {
   const int64_t m = target.type(rows).shape[transpose_rows ? 1 : 0];
   Attrs attrs;
   if (transpose_rows) attrs.set("transpose_a", int64_t{1});
-  if (!device.images_side_by_side_suit(m, k, batch, plane))
+  if (!device.images_side_by_side_suit(m, k, batch, plane)) {
+    const ValueId images = reshaped(target, source, {batch, k, plane});
     return target.add(op::matmul, {rows, images}, std::move(attrs));
-  const std::vector<int64_t> swap_leading{1, 0, 2};
-  const ValueId across = target.add(op::transpose, {target.add(op::round_to_f16, {images})},
-                                    {{"permutation", swap_leading}});
-  const ValueId side_by_side = reshaped(target, across, {k, batch * plane});
+  }
   const ValueId product = target.add(
-      op::half_matmul, {target.add(op::round_to_f16, {rows}), side_by_side}, std::move(attrs));
+      op::half_matmul,
+      {target.add(op::round_to_f16, {rows}), side_by_side.of(target, source, batch, k, plane)},
+      std::move(attrs));
   return target.add(op::transpose, {reshaped(target, product, {m, batch, plane})},
-                    {{"permutation", swap_leading}});
+                    {{"permutation", kSwapLeadingAxes}});
 }
 
 // The grid of `f`'s m x m output tiles (rows, columns) of `batch` images of `output_size`, or
@@ -150,7 +172,8 @@ std::optional<ValueId> winograd_convolution(Graph& target, ValueId source, Value
 
 // y[n] = W [O, C * KH * KW] x columns(x)[n]; Winograd where it suits.
 std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
-                                       const target::Target& device, uint64_t max_bytes) {
+                                       const target::Target& device, uint64_t max_bytes,
+                                       SideBySideImages& side_by_side) {
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        target.type(node.inputs[1]).shape);
   if (device.winograd_convolution_suits(g, false)) {
@@ -162,8 +185,9 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
   const int64_t plane = g.out_height * g.out_width;
   if (pointwise_as_matmul(g, device)) {
     const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels});
-    const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
-    return reshaped(target, pointwise_product(target, rows, false, images, device),
+    return reshaped(target,
+                    pointwise_product(target, rows, false, node.inputs[0], g.batch, g.in_channels,
+                                      plane, device, side_by_side),
                     g.output_shape());
   }
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
@@ -202,7 +226,8 @@ ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometr
 // w with its first two axes swapped; or, where Winograd suits, the forward of grad_out padded by
 // 2 - P with the filter turned. Strided ones go through col2im.
 std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
-                                             const target::Target& device, uint64_t max_bytes) {
+                                             const target::Target& device, uint64_t max_bytes,
+                                             SideBySideImages& side_by_side) {
   const ConvGeometry g = conv_geometry(node.attrs, node.attrs.get_ints("input_shape"),
                                        target.type(node.inputs[1]).shape);
   if (device.winograd_convolution_suits(g, true)) {
@@ -215,9 +240,9 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
   const int64_t taps = g.kernel_height * g.kernel_width;
   if (pointwise_as_matmul(g, device)) {
     const ValueId rows = reshaped(target, node.inputs[1], {g.out_channels, g.in_channels});
-    const ValueId grad_out =
-        reshaped(target, node.inputs[0], {g.batch, g.out_channels, g.out_height * g.out_width});
-    return reshaped(target, pointwise_product(target, rows, true, grad_out, device),
+    return reshaped(target,
+                    pointwise_product(target, rows, true, node.inputs[0], g.batch, g.out_channels,
+                                      g.out_height * g.out_width, device, side_by_side),
                     g.input_shape());
   }
   if (g.groups != 1 || g.is_pointwise()) return std::nullopt;
@@ -270,9 +295,12 @@ std::optional<ValueId> winograd_weight_gradient(Graph& target, const Node& node,
 // dw = sum over n of grad_out[n] [O, OH * OW] x columns(x)[n]^T, then reshaped to w's shape.
 // The batched product is long in K and short in outputs, so split-K slices it.
 // Those that run as Winograd or on the direct kernel need no
-// columns.
+// columns. A 1x1 convolution whose forward and data gradient multiply the images side by side
+// (pointwise_product) takes grad_out's and x's side-by-side images as its operands, one 2-D
+// product over K = N * plane that split-K slices.
 std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
-                                               const target::Target& device, uint64_t max_bytes) {
+                                               const target::Target& device, uint64_t max_bytes,
+                                               SideBySideImages& side_by_side) {
   const ConvGeometry g = conv_geometry(node.attrs, target.type(node.inputs[0]).shape,
                                        node.attrs.get_ints("weight_shape"));
   const int64_t taps = g.kernel_height * g.kernel_width;
@@ -283,6 +311,16 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   }
   // Every GPU: the convolution kernels would read both operands through generated loads. The
   // per-image products [N, O, C] are one transient value, bounded as the columns are.
+  if (pointwise_as_matmul(g, device) &&
+      device.images_side_by_side_suit(g.out_channels, g.in_channels, g.batch, plane) &&
+      device.images_side_by_side_suit(g.in_channels, g.out_channels, g.batch, plane)) {
+    const ValueId grad_out =
+        side_by_side.of(target, node.inputs[1], g.batch, g.out_channels, plane);
+    const ValueId images = side_by_side.of(target, node.inputs[0], g.batch, g.in_channels, plane);
+    const ValueId product =
+        target.add(op::half_matmul, {grad_out, images}, {{"transpose_b", int64_t{1}}});
+    return reshaped(target, product, g.weight_shape());
+  }
   if (g.is_pointwise() && g.groups == 1 &&
       column_bytes(g.batch, g.out_channels, g.in_channels, 1) <= max_bytes) {
     const ValueId grad_out = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
@@ -307,17 +345,19 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
 Graph im2col_convolutions(const Graph& graph, const target::Target& device,
                           uint64_t max_column_bytes, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
+  SideBySideImages side_by_side;
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
         std::optional<ValueId> rewritten;
         if (node.type.dtype == DType::f32) {
           if (node.op == op::conv2d)
-            rewritten = rewrite_forward(target, node, device, max_column_bytes);
+            rewritten = rewrite_forward(target, node, device, max_column_bytes, side_by_side);
           if (node.op == op::conv2d_grad_input)
-            rewritten = rewrite_data_gradient(target, node, device, max_column_bytes);
+            rewritten = rewrite_data_gradient(target, node, device, max_column_bytes, side_by_side);
           if (node.op == op::conv2d_grad_weight)
-            rewritten = rewrite_weight_gradient(target, node, device, max_column_bytes);
+            rewritten =
+                rewrite_weight_gradient(target, node, device, max_column_bytes, side_by_side);
         }
         return rewritten ? *rewritten : target.add_typed(std::move(node));
       },

@@ -784,9 +784,10 @@ TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
 }
 
 // On a device with the workgroup GEMM, a 1x1 convolution over planes narrower than the subgroup
-// GEMM's widest block multiplies the batch's images side by side: its forward and data gradient
-// each become one 2-D half_matmul between transposes, the weight gradient stays a per-image
-// matmul. On values f16 holds exactly (multiples of 2^-8) the outputs equal the convolution's in
+// GEMM's widest block multiplies the batch's images side by side: its forward, data gradient and
+// weight gradient each become one 2-D half_matmul, over x and grad_out moved side by side once
+// each (two transposes there) and with the forward's and data gradient's results moved back (two
+// more). On values f16 holds exactly (multiples of 2^-8) the outputs equal the convolution's in
 // the f64 reference. Wider planes keep the per-image products unless
 // MEGANEURA_COLUMNS_SIDE_BY_SIDE=1, and =0 keeps every plane apart.
 target::DeviceTraits workgroup_capable(int64_t compute_units);
@@ -815,8 +816,8 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
                   count_op(rewritten, "conv2d_grad_weight"),
               0u);
-    EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 2u : 0u);
-    EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 1u : 3u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 3u : 0u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 0u : 3u);
     EXPECT_EQ(count_op(rewritten, "transpose"), side_by_side ? 4u : 0u);
     expect_same_outputs(graph, rewritten, environment);
 
@@ -826,7 +827,8 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     target::DeviceTraits together = device;
     together.switches.columns_side_by_side = true;
     const Graph forced = rewrite(together);
-    EXPECT_EQ(count_op(forced, "half_matmul"), 2u);
+    EXPECT_EQ(count_op(forced, "half_matmul"), 3u);
+    EXPECT_EQ(count_op(forced, "transpose"), 4u);
     expect_same_outputs(graph, forced, environment);
   }
 }
