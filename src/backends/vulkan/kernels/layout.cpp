@@ -22,14 +22,19 @@ std::vector<std::string> coordinate_names(size_t rank, const std::string& prefix
   return names;
 }
 
-Launch element_launch(LoweringContext& context, std::string body) {
+// A layout launch of `threads` invocations (kLocalSize a workgroup): one per element of the
+// node's result unless a kernel moves several elements a thread.
+Launch element_launch(LoweringContext& context, std::string body, int64_t threads) {
   Launch launch;
   launch.label = context.label();
   launch.kernel = "layout";
   launch.body = std::move(body);
-  launch.groups =
-      grid_for(static_cast<uint64_t>(context.node().type.elements()), kLocalSize, context.device());
+  launch.groups = grid_for(static_cast<uint64_t>(threads), kLocalSize, context.device());
   return launch;
+}
+
+Launch element_launch(LoweringContext& context, std::string body) {
+  return element_launch(context, std::move(body), context.node().type.elements());
 }
 
 // A transpose that keeps its innermost axis moves runs of that axis: where its extent is a
@@ -57,11 +62,7 @@ void lower_transpose(LoweringContext& context) {
     body += coordinates_glsl(out_shape, "i");
     body += "  out_[i] = x[" + flat_index_glsl(in_shape, in_coordinates) + "];\n}\n";
   }
-  Launch launch;
-  launch.label = context.label();
-  launch.kernel = "layout";
-  launch.body = std::move(body);
-  launch.groups = grid_for(static_cast<uint64_t>(threads), kLocalSize, context.device());
+  Launch launch = element_launch(context, std::move(body), threads);
   launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
   if (node.type.dtype == DType::f16) {
     require_f16_tensors(context.label(), "reads or writes", context.device());
