@@ -19,6 +19,7 @@
 #include "backends/vulkan/runtime/spirv_cooperative_matrix.hpp"
 #include "conv_support.hpp"
 #include "ir/half.hpp"
+#include "ir/op_names.hpp"
 #include "passes/passes.hpp"
 
 namespace mg {
@@ -356,8 +357,9 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
 }
 
 // Where the session's probe found NVIDIA's fragment layout, the attention forward, the
-// log-sum-exp and dQ keep scores, probabilities and dS in registers (FRAGMENT_REGISTERS): valid
-// NV SPIR-V and a KHR rewrite that stores no matrix (the lanes write their own elements).
+// log-sum-exp, dQ and dK with dV keep scores, probabilities and dS in registers
+// (FRAGMENT_REGISTERS): valid NV SPIR-V and a KHR rewrite that stores no matrix (the lanes write
+// their own elements).
 // Elsewhere, or with MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0, they stage them through shared
 // memory; a bad value is an error naming the switch.
 TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
@@ -365,25 +367,38 @@ TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
   const auto forward_defines = [&](bool quad_rows) {
     target::DeviceTraits device = coop_device();
     device.quad_row_fragments = quad_rows;
+    std::vector<kernels::Launch> launches = coop_launches(graph, device);
+    // dK with dV in one launch, as the lowering of the whole graph pairs them.
+    ValueId grad_k = kNoValue, grad_v = kNoValue;
+    for (size_t i = 0; i < graph.size(); ++i) {
+      if (graph.nodes()[i].op == op::attention_grad_k) grad_k = static_cast<ValueId>(i);
+      if (graph.nodes()[i].op == op::attention_grad_v) grad_v = static_cast<ValueId>(i);
+    }
+    for (kernels::Launch& launch : kernels::lower_attention_with_companions(
+             graph, grad_k, {grad_v}, testing::switched(device)))
+      launches.push_back(std::move(launch));
     std::string defines;
-    for (const kernels::Launch& launch : coop_launches(graph, device)) {
+    for (const kernels::Launch& launch : launches) {
       const bool grad_q = launch.kernel == "attention_grad_q_coopmat";
-      if (launch.kernel != "attention_forward_coopmat" && !grad_q) continue;
+      const bool grad_kv = launch.kernel == "attention_grad_kv_coopmat";
+      if (launch.kernel != "attention_forward_coopmat" && !grad_q && !grad_kv) continue;
       defines += define_of(launch, "FRAGMENT_REGISTERS");
       if (define_of(launch, "FRAGMENT_REGISTERS") != "1") continue;
       const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
-      // K^T, and for dQ V^T too, read column-major.
-      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, grad_q ? 2 : 1,
-                        false);
+      // K^T (the forward's and dQ's) or Q^T (dK's and dV's) read column-major, and for dQ V^T
+      // and for dK dO^T too.
+      const bool two_products = grad_q || (grad_kv && define_of(launch, "GRAD_K") == "1");
+      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                        two_products ? 2 : 1, false);
     }
     return defines;
   };
-  // The forward, the backward's log-sum-exp and dQ.
-  EXPECT_EQ(forward_defines(true), "111");
-  EXPECT_EQ(forward_defines(false), "000");
+  // The forward, the backward's log-sum-exp, dQ, dK, dV, and dK with dV.
+  EXPECT_EQ(forward_defines(true), "111111");
+  EXPECT_EQ(forward_defines(false), "000000");
   {
     const ScopedSwitch off("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "0");
-    EXPECT_EQ(forward_defines(true), "000");
+    EXPECT_EQ(forward_defines(true), "000000");
   }
   const ScopedSwitch bad("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", "yes");
   try {
@@ -1388,8 +1403,8 @@ void check_attention_once(bool validation) {
       kFastTolerance, 19, fast(), nullptr, validation);
 }
 
-// The forward's and dQ's scores in registers (where the session's probe found the fragment
-// layout they are written for: NVIDIA's) and staged through shared memory.
+// The forward's, dQ's and dK / dV's scores in registers (where the session's probe found the
+// fragment layout they are written for: NVIDIA's) and staged through shared memory.
 void check_attention(bool validation) {
   for (const char* registers : {"1", "0"}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);

@@ -183,7 +183,8 @@ std::string mask_function(const Graph& graph, const Node& node, const Inputs& in
 // `streamed` keys (dQ) or queries (dK / dV), mirroring their declarations (64 owned rows): f16
 // tiles (the owned block's operands, or the streamed block's two), f32 staging rows (S, then dP,
 // and parts of the result at the end; padded by 8 floats for dQ's vec4 reads, 4 otherwise), the
-// per-query lse and delta of dK / dV and the f16 weights.
+// per-query lse and delta of dK / dV and the f16 weights. Kernels that keep their scores in
+// registers (FRAGMENT_REGISTERS) declare no staging rows or weights: this bounds them.
 int64_t coop_shared_bytes(Mode mode, const Dims& dims, int64_t streamed) {
   const int64_t owned = 64;
   const int64_t d = dims.head_dim + 8, dv = dims.value_dim + 8;
@@ -211,9 +212,9 @@ int64_t coop_backward_block(Mode mode, const Dims& dims, const DeviceTraits& dev
   return 0;
 }
 
-// Whether the cooperative-matrix forward and dQ keep scores, probabilities and dS in registers
-// (FRAGMENT_REGISTERS): where the session's probe found the fragment layout it is written for,
-// unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0.
+// Whether the cooperative-matrix forward, dQ and dK / dV keep scores, probabilities and dS in
+// registers (FRAGMENT_REGISTERS): where the session's probe found the fragment layout they are
+// written for, unless MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=0.
 bool fragment_registers(const DeviceTraits& device) {
   return device.switches.attention_fragment_registers.value_or(true) && device.quad_row_fragments;
 }
@@ -320,6 +321,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
             {"BQ", glsl_uint(coop_backward_block(mode, dims, context.device()))});
         launch.defines.push_back({"GRAD_K", mode != Mode::grad_v ? "1" : "0"});
         launch.defines.push_back({"WITH_GRAD_V", mode == Mode::grad_kv ? "1" : "0"});
+        launch.defines.push_back(
+            {"FRAGMENT_REGISTERS", fragment_registers(context.device()) ? "1" : "0"});
         break;
       case Mode::grad_scores:  // use_coop_attention never picks it
         throw Error(context.label() + ": no cooperative-matrix kernel for this attention mode");

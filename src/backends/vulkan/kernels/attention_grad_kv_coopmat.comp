@@ -13,13 +13,17 @@
 //   dV += P^T dO or dK += dS^T Q, in f32 accumulator fragments.
 // With both, P^T goes into dV before dP^T is staged, and dS^T then into dK: one pass over the
 // scores for the two gradients, where separate launches computed S^T and P^T twice.
+// FRAGMENT_REGISTERS=1 (where the fragments keep their elements as NVIDIA's do, as for the
+// forward and dQ): S^T, P^T, dP^T and dS^T stay in registers, 16 queries at a time (the lane's
+// own elements of two 16 x 8 score fragments make the 16 x 16 A fragment of P^T or dS^T), and
+// each lane writes its own elements of the result; no staging area, no subgroup barrier.
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only queries [s * SLICE,
 // (s + 1) * SLICE), s = z % SPLITS, of each head and writes partial result z (after the
 // B * HKV * SK rows of those before); HEAD_SPLITS > 1: only the GROUP_PART query heads of part
 // z / SPLITS of the group.
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, WITH_GRAD_V,
-// BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), HEAD_SPLITS, GRAD_OUT_BINDING and, for dK, OUT_BINDING (the
-// bindings of grad_out and out_value).
+// BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), HEAD_SPLITS, GRAD_OUT_BINDING and, for dK,
+// OUT_BINDING (the bindings of grad_out and out_value), FRAGMENT_REGISTERS.
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
@@ -72,13 +76,15 @@ layout(std430, set = 0, binding = OUT_BINDING) readonly buffer buffer_out_value4
 
 // The key block (and for dK the value block), then each query block's Q and dO tiles.
 shared uvec2 tiles[QDO_UVEC2S > K_UVEC2S ? QDO_UVEC2S : K_UVEC2S];
-// Per subgroup: the block's S^T, then (dK) its dP^T, and parts of the result rows at the end.
-shared float stage[BK * STAGE_STRIDE];
 shared float query_lse[BQ];
 #if GRAD_K
 shared float query_delta[BQ];
 #endif
+#if !FRAGMENT_REGISTERS
+// Per subgroup: the block's S^T, then (dK) its dP^T, and parts of the result rows at the end.
+shared float stage[BK * STAGE_STRIDE];
 shared float16_t weights[BK * W_STRIDE];
+#endif
 
 vec4 q_next[ATTENTION_LOADS(BQ, D)];
 vec4 do_next[ATTENTION_LOADS(BQ, DV)];
@@ -134,6 +140,12 @@ void main() {
   uint warp = t / 32, lane = t % 32;
   uint k0 = gl_WorkGroupID.x * BK;
   uint kv_base = gl_WorkGroupID.y * SK;
+#if FRAGMENT_REGISTERS
+  // The lane's two key rows of the subgroup's 16 (upper: e = 0, 1 of a 16 x 8 fragment; lower:
+  // e = 2, 3) and its two query columns of each 8 (e % 2 more than quad_col).
+  uint quad_row = lane / 4, quad_col = 2 * (lane % 4);
+  uint j_upper = k0 + warp * ROWS + quad_row, j_lower = j_upper + 8;
+#else
   // Two lanes per key row; lane half_index owns the row's columns 2c + half_index, which
   // interleaves the pair over the banks.
   uint row = lane / 2, half_index = lane % 2;
@@ -141,6 +153,7 @@ void main() {
   uint stage_row = (warp * ROWS + row) * STAGE_STRIDE + half_index;
   uint stage_block = warp * ROWS * STAGE_STRIDE;
   uint w_row = (warp * ROWS + row) * W_STRIDE + half_index;
+#endif
 
   // Top-left causal masking: queries before k0 see none of this block's keys. The blocks of
   // every query head of the group form one sequence, so the prefetch crosses heads too.
@@ -208,6 +221,88 @@ void main() {
       load_qdo((b * HQ + h_first + next / q_blocks) * SQ, q_start + (next % q_blocks) * BQ, t);
     }
 
+#if FRAGMENT_REGISTERS
+    // Per 16 queries: S^T (and dP^T) of both 8-query halves on fragments, P^T (and dS^T) from
+    // the lane's own elements into A fragments (component 4 (e / 2) + 2 half + e % 2 holds
+    // element e of half `half`), and their products with dO (and Q) into the results.
+    [[unroll]] for (uint c = 0; c < BQ / 16; ++c) {
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p_fragment;
+#if GRAD_K
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ds_fragment;
+#endif
+      [[unroll]] for (uint half_queries = 0; half_queries < 2; ++half_queries) {
+        uint n = 2 * c + half_queries;
+        // Q^T (and dO^T) as column-major 16 x 8 blocks: element (d, i) is Q[i][d].
+        fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+        [[unroll]] for (uint d = 0; d < D / 16; ++d) {
+          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> q_transposed;
+          coopMatLoadNV(q_transposed, tiles, n * 8 * D_UVEC2S + d * 4, D_UVEC2S, true);
+          s = coopMatMulAddNV(k_fragments[d], q_transposed, s);
+        }
+#if GRAD_K
+        fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> dp = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+        [[unroll]] for (uint d = 0; d < DV / 16; ++d) {
+          fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> do_transposed;
+          coopMatLoadNV(do_transposed, tiles, DO_OFFSET + n * 8 * DV_UVEC2S + d * 4, DV_UVEC2S,
+                        true);
+          dp = coopMatMulAddNV(v_fragments[d], do_transposed, dp);
+        }
+#endif
+        // Hidden queries have P = 0 and a finite dP (zero rows past SQ), so their dS is 0.
+        [[unroll]] for (uint e = 0; e < 4; ++e) {
+          uint ii = n * 8 + quad_col + e % 2, i = q0 + ii, j = e < 2 ? j_upper : j_lower;
+          bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
+          float p = visible ? exp2(s[e] + mask_at(b, h, i, j) * float(LOG2E) - query_lse[ii])
+                            : 0.0;
+          uint component = 4 * (e / 2) + 2 * half_queries + e % 2;
+          p_fragment[component] = float16_t(p);
+#if GRAD_K
+          ds_fragment[component] = float16_t(p * (dp[e] - query_delta[ii]) * SCALE);
+#endif
+        }
+      }
+#if WITH_GRAD_V || !GRAD_K
+      [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> grad_out_fragment;
+        coopMatLoadNV(grad_out_fragment, tiles, DO_OFFSET + c * 16 * DV_UVEC2S + n * 2, DV_UVEC2S,
+                      false);
+#if WITH_GRAD_V
+        value_accumulators[n] = coopMatMulAddNV(p_fragment, grad_out_fragment, value_accumulators[n]);
+#else
+        accumulators[n] = coopMatMulAddNV(p_fragment, grad_out_fragment, accumulators[n]);
+#endif
+      }
+#endif
+#if GRAD_K
+      [[unroll]] for (uint n = 0; n < D / 8; ++n) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> q_fragment;
+        coopMatLoadNV(q_fragment, tiles, c * 16 * D_UVEC2S + n * 2, D_UVEC2S, false);
+        accumulators[n] = coopMatMulAddNV(ds_fragment, q_fragment, accumulators[n]);
+      }
+#endif
+    }
+  }
+
+  // Each lane writes its own elements of the result, after the rows of the partials before this
+  // one (grid y is B * HKV).
+  uint partial_base = gl_WorkGroupID.z * gl_NumWorkGroups.y * SK;
+  [[unroll]] for (uint half_rows = 0; half_rows < 2; ++half_rows) {
+    uint j = half_rows == 0 ? j_upper : j_lower;
+    if (j >= SK) continue;
+    [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 2; ++e)
+        result[(partial_base + kv_base + j) * RESULT_DIM + n * 8 + quad_col + e] =
+            accumulators[n][2 * half_rows + e];
+    }
+#if WITH_GRAD_V
+    [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 2; ++e)
+        result_v[(partial_base + kv_base + j) * DV + n * 8 + quad_col + e] =
+            value_accumulators[n][2 * half_rows + e];
+    }
+#endif
+  }
+#else
     [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
       // Q^T (and dO^T) as column-major 16 x 8 blocks: element (d, i) is Q[i][d].
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
@@ -298,5 +393,6 @@ void main() {
   WRITE_ROWS(accumulators, result, RESULT_DIM)
 #if WITH_GRAD_V
   WRITE_ROWS(value_accumulators, result_v, DV)
+#endif
 #endif
 }
