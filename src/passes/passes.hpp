@@ -90,8 +90,9 @@ Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
                            std::vector<ValueId>* remap = nullptr);
 
 // Two-step sums: a sum or mean whose reduced axes lie on both sides of a kept axis and that has
-// few outputs first reduces the reduced axes after that kept axis; an f32 cross_entropy over many
-// logits becomes its per_row form and a sum (see split_reductions.cpp).
+// few outputs first reduces the reduced axes after that kept axis; a max of a few long
+// contiguous rows takes the maxima of chunks of them first; an f32 cross_entropy over many logits
+// becomes its per_row form and a sum (see split_reductions.cpp).
 Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Nested sums over leading axes (split-K partials [S, N, ...] summed over S and then over a

@@ -9,6 +9,12 @@
 // A cross-entropy loss over many long rows (a language model's [tokens, vocabulary] logits)
 // likewise: its scalar kernel is one workgroup, which would walk every logit alone. It becomes
 // the per_row form (each row's term and count, one row a segment across the GPU) and a sum.
+//
+// The max of a few long contiguous rows (over trailing axes: attention's per-head max |dO|,
+// [B, H, S, D] over S and D) likewise leaves most of the GPU idle, each row read by one
+// workgroup at one compute unit's bandwidth. Viewed as [rows, chunks, chunk], each chunk's
+// maximum is taken first, then each row's. Sums of that shape stay whole: the gradient norm's
+// sum for each parameter is one, and those run side by side, filling the GPU together.
 #include <algorithm>
 #include <optional>
 
@@ -26,6 +32,12 @@ constexpr int64_t kManyOutputs = 1024;
 constexpr int64_t kMinInnerRow = 128;
 // Below this many logits one workgroup computes a cross-entropy loss as fast as two launches.
 constexpr int64_t kParallelLossLogits = 65536;
+// Contiguous rows of a max are chunked where there are at most kFewRows of them, each at least
+// kLongRow long, into the longest chunks of kLongestChunk elements or fewer that divide them
+// (at least kMinInnerRow: rows of no such divisor stay whole).
+constexpr int64_t kFewRows = 64;
+constexpr int64_t kLongRow = 16384;
+constexpr int64_t kLongestChunk = 1024;
 
 bool splits_cross_entropy(const Graph& graph, const Node& node) {
   if (node.op != op::cross_entropy || node.attrs.get_int("per_row", 0) != 0 ||
@@ -81,6 +93,58 @@ std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
   }
   if (outputs >= kManyOutputs || inner < kMinInnerRow) return std::nullopt;
   return split;
+}
+
+struct ChunkedRows {
+  int64_t rank = 0;  // of the reduction's input, whose first rank - reduced axes are kept
+  int64_t reduced = 0;
+  int64_t chunk = 0;
+};
+
+std::optional<ChunkedRows> chunked_rows_of(const Graph& graph, const Node& node) {
+  if (node.op != op::max || node.type.dtype != DType::f32) return std::nullopt;
+  const Shape& shape = graph.type(node.inputs[0]).shape;
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> axes = node.attrs.get_ints("axes", {});
+  if (axes.empty()) {
+    for (int64_t axis = 0; axis < rank; ++axis) axes.push_back(axis);
+  }
+  for (int64_t& axis : axes) {
+    if (axis < 0) axis += rank;
+  }
+  std::sort(axes.begin(), axes.end());
+  const int64_t reduced = static_cast<int64_t>(axes.size());
+  int64_t rows = 1, length = 1;
+  for (int64_t axis = 0; axis < rank; ++axis) {
+    const bool is_reduced = axis >= rank - reduced;
+    if (is_reduced && axes[static_cast<size_t>(axis - (rank - reduced))] != axis)
+      return std::nullopt;  // the reduced axes are not the trailing ones
+    (is_reduced ? length : rows) *= shape[static_cast<size_t>(axis)];
+  }
+  if (rows > kFewRows || length < kLongRow) return std::nullopt;
+  for (int64_t chunk = kLongestChunk; chunk >= kMinInnerRow; --chunk) {
+    if (length % chunk == 0) return ChunkedRows{rank, reduced, chunk};
+  }
+  return std::nullopt;
+}
+
+// `node` (chunked_rows_of gave `chunked`) as the max of each chunk, then of each row's chunk
+// maxima, reshaped to its own shape.
+ValueId reduce_chunks(Graph& target, const Node& node, const ChunkedRows& chunked) {
+  const Shape input_shape = target.type(node.inputs[0]).shape;
+  Shape chunks_shape(input_shape.begin(), input_shape.end() - chunked.reduced);
+  int64_t length = 1;
+  for (int64_t axis = chunked.rank - chunked.reduced; axis < chunked.rank; ++axis)
+    length *= input_shape[static_cast<size_t>(axis)];
+  const int64_t kept = static_cast<int64_t>(chunks_shape.size());
+  chunks_shape.push_back(length / chunked.chunk);
+  chunks_shape.push_back(chunked.chunk);
+  const ValueId chunks = reshape(Tensor(&target, node.inputs[0]), chunks_shape).id();
+  const ValueId per_chunk = target.add(
+      node.op, {chunks}, {{"axes", std::vector<int64_t>{kept + 1}}, {"keepdims", int64_t{0}}});
+  const ValueId per_row = target.add(
+      node.op, {per_chunk}, {{"axes", std::vector<int64_t>{kept}}, {"keepdims", int64_t{0}}});
+  return reshape(Tensor(&target, per_row), node.type.shape).id();
 }
 
 // The count of leading axes [0, count) that `node` sums without keeping them, or nothing when it
@@ -148,6 +212,8 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
       graph, keep,
       [](Graph& target, ValueId, Node node) {
         if (splits_cross_entropy(target, node)) return per_row_cross_entropy(target, node);
+        if (const std::optional<ChunkedRows> chunked = chunked_rows_of(target, node))
+          return reduce_chunks(target, node, *chunked);
         const std::optional<SplitSum> split = split_of(target, node);
         if (!split) return target.add_typed(std::move(node));
         // A mean's first step is a mean too: every inner row has the same length, so the mean

@@ -105,6 +105,26 @@ TEST(GpuArchetypes, SumsAroundAKeptAxisInTwoSteps) {
   EXPECT_EQ(split_dispatches, whole_dispatches + 2);
 }
 
+// The max of a few long rows (attention's per-head max |dO|) runs as chunk maxima, then each
+// row's, on GPUs (passes/split_reductions.cpp, forced here on Lavapipe with MEGANEURA_SPLIT_K=1),
+// the abs before it evaluated as the chunks are read (a prologue, as it is for the whole max):
+// the results match the reference, in two dispatches against the whole max's one.
+TEST(GpuArchetypes, MaxOfFewLongRowsInChunks) {
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("largest", max(abs(x[0]), {2, 3}, true).id());
+  };
+  const std::vector<testing::HarnessInput> inputs{{"x", {1, 3, 300, 64}, DType::f32, -2.0, 2.0}};
+  size_t split_dispatches = 0, whole_dispatches = 0;
+  {
+    const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+    check_on_gpu(inputs, build, 1e-6, 7, {}, &split_dispatches);
+  }
+  const testing::ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
+  check_on_gpu(inputs, build, 1e-6, 7, {}, &whole_dispatches);
+  EXPECT_EQ(split_dispatches, 2u);
+  EXPECT_EQ(whole_dispatches, 1u);
+}
+
 // Sums and means over leading axes (the slices of split partial results) with a multiple of 4
 // outputs read one vec4 of adjacent outputs a thread; 4099 outputs take the scalar path. With
 // few columns (planned for 132 compute units), threads share one (reduction.cpp): 2 of them

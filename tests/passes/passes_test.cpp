@@ -271,6 +271,47 @@ TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
   }
 }
 
+// The max of a few long contiguous rows becomes the maxima of chunks, then of each row's
+// (passes/split_reductions.cpp), with the same result: attention's per-head max |dO| over
+// [B, H, S, D] (S * D = 96,000, chunks of 1,000) with keepdims, one row of 73,728 (chunks of
+// 1,024) over every axis, and negative axes. A max over a kept inner axis, of 65 rows, of rows
+// shorter than 16,384 or of a length without a divisor in [128, 1024] (a prime), and a sum of
+// that shape, stay one node.
+TEST(Passes, SplitReductionsChunksFewLongRowsOfAMax) {
+  struct MaxCase {
+    Shape shape;
+    std::vector<int64_t> axes;
+    bool keepdims, chunked;
+    std::string op = "max";
+  };
+  const std::vector<MaxCase> cases{
+      {{1, 6, 1500, 64}, {2, 3}, true, true}, {{1, 9, 128, 64}, {}, false, true},
+      {{2, 3, 16384}, {-1}, false, true},     {{2, 16384, 3}, {1}, false, false},
+      {{65, 16384}, {1}, false, false},       {{4, 16000}, {1}, false, false},
+      {{2, 16411}, {1}, false, false},        {{1, 6, 1500, 64}, {2, 3}, true, false, "sum"}};
+  uint64_t seed = 40;
+  for (const MaxCase& max_case : cases) {
+    SCOPED_TRACE(max_case.op + " of " + shape_string(max_case.shape));
+    std::mt19937_64 generator(++seed);
+    std::uniform_real_distribution<double> uniform(-3.0, 1.0);
+    Graph graph;
+    Environment environment;
+    HostTensor value(max_case.shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves["x"] = value;
+    const Tensor x = input(graph, "x", max_case.shape);
+    const Tensor y = max_case.op == "max" ? max(x, max_case.axes, max_case.keepdims)
+                                          : sum(x, max_case.axes, max_case.keepdims);
+    graph.set_output("y", y.id());
+    const Graph split = passes::split_reductions(graph);
+    const auto reductions = std::count_if(split.nodes().begin(), split.nodes().end(),
+                                          [&](const Node& node) { return node.op == max_case.op; });
+    EXPECT_EQ(reductions, max_case.chunked ? 2 : 1);
+    EXPECT_EQ(split.type(split.output("y")).shape, graph.type(graph.output("y")).shape);
+    expect_same_outputs(graph, split, environment);
+  }
+}
+
 // A cross-entropy over many logits becomes its per_row form and a sum with the same loss
 // (ignored rows and label smoothing included); a small one stays one node.
 TEST(Passes, SplitReductionsComputesLargeCrossEntropyPerRow) {

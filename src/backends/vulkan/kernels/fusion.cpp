@@ -332,22 +332,23 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // Reduction prologues: a sum or mean whose input (through reshapes) is the root of a pointwise
-  // DAG that nothing else reads evaluates that DAG as it reads each element, so the DAG's result
-  // is neither written nor read back (a batch norm's variance, mean(square(x - mean)); the
-  // gradient norm's sum(square(g))). The DAG's values written beside it (a batch norm's incoming
-  // gradient, which its bias gradient and dx read too) are written by the reduction, whose
-  // launch comes later than the DAG's would: their other readers must follow the reduction.
-  // Where the reduction's rows are fewer than the compute units, its few workgroups would read
-  // and write every element alone: then only a DAG with one input of its size and nothing
-  // written beside, whose bytes the reduction would read anyway.
+  // Reduction prologues: a sum, mean or max whose input (through reshapes) is the root of a
+  // pointwise DAG that nothing else reads evaluates that DAG as it reads each element, so the
+  // DAG's result is neither written nor read back (a batch norm's variance,
+  // mean(square(x - mean)); the gradient norm's sum(square(g)); attention's max |dO|). The DAG's
+  // values written beside it (a batch norm's incoming gradient, which its bias gradient and dx read
+  // too) are written by the reduction, whose launch comes later than the DAG's would: their other
+  // readers must follow the reduction. Where the reduction's rows are fewer than the compute units,
+  // its few workgroups would read and write every element alone: then only a DAG with one input of
+  // its size and nothing written beside, whose bytes the reduction would read anyway.
   std::map<ValueId, ReductionPrologue> prologue_of;
   std::vector<bool> in_prologue(graph.size(), false), in_sibling(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       // A split-K sum that a reader sums itself, or an index chain's link, is not a launch.
-      if ((node.op != op::sum && node.op != op::mean) || node.type.dtype != DType::f32 ||
+      const bool is_max = node.op == op::max;
+      if ((node.op != op::sum && node.op != op::mean && !is_max) || node.type.dtype != DType::f32 ||
           is_fused(static_cast<ValueId>(i)) || is_partial_sum(graph, static_cast<ValueId>(i)))
         continue;
       ValueId producer = node.inputs[0];
@@ -377,7 +378,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                                         consumer_lists[extra.value].front(),
                                                         static_cast<ValueId>(i));
       }
+      // A max writes nothing beside (its siblings would be sums of other rows' values).
       if (!extras_follow || sums_partials(graph, dag) || converts_f16(dag) || f16_input ||
+          (is_max && !dag.extra_outputs.empty()) ||
           pointwise_bindings(graph, dag) > device.max_storage_buffers ||
           (few_rows && (full_inputs > 1 || !dag.extra_outputs.empty())))
         continue;

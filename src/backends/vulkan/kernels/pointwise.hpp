@@ -76,7 +76,8 @@ struct ReductionPrologue {
   size_t sibling_statement = 0;  // the statement of `dag` whose value the sibling reduces
 };
 
-// The launch of reduction `id` (a sum or mean of f32 values, reduction.cpp) with `prologue`.
+// The launch of reduction `id` (a sum, mean or max of f32 values, reduction.cpp) with
+// `prologue`.
 Launch reduction_with_prologue(const Graph& graph, ValueId id, const ReductionPrologue& prologue,
                                const DeviceTraits& device);
 

@@ -150,7 +150,7 @@ Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
 // result is `finalize` applied to `total` (sum) or to `best` / `best_index` (max, argmax); with
 // f16_result (sum_to_f16) it is rounded to f16 in registers, as the reference rounds it, and
 // stored as f16.
-// With `prologue` (a sum or mean), each element is that pointwise DAG evaluated at the
+// With `prologue` (a sum, mean or max), each element is that pointwise DAG evaluated at the
 // element's index (pointwise_element_function_glsl), whose inputs the launch reads instead of
 // the reduction's input; its sibling, if any, totals the exported value in `total1` and stores
 // `sibling_finalize` of it as out1_.
@@ -362,8 +362,11 @@ Launch reduction_with_prologue(const Graph& graph, ValueId id, const ReductionPr
                                const DeviceTraits& device) {
   LoweringContext context(graph, id, device);
   const bool sibling = prologue.sibling != kNoValue;
-  emit_reduction(context, ReductionKind::sum, sum_or_mean_of(graph, id, "total"), false, &prologue,
-                 sibling ? sum_or_mean_of(graph, prologue.sibling, "total1") : "");
+  if (graph.node(id).op == op::max)
+    emit_reduction(context, ReductionKind::max, "best", false, &prologue);
+  else
+    emit_reduction(context, ReductionKind::sum, sum_or_mean_of(graph, id, "total"), false,
+                   &prologue, sibling ? sum_or_mean_of(graph, prologue.sibling, "total1") : "");
   Launch launch = std::move(context.launches().at(0));
   launch.label += " of fused " + std::to_string(prologue.dag.statements.size()) + " ops -> " +
                   graph.node(prologue.dag.output).op + " %" + std::to_string(prologue.dag.output);
