@@ -187,13 +187,26 @@ void place_persistent(const std::vector<ValueId>& values, const PlanOptions& opt
                       Program& program) {
   uint32_t arena = 0;
   bool open = false;
+  if (options.leaf_layout) {
+    for (uint64_t bytes : options.leaf_layout->arena_bytes)
+      program.arenas.push_back({ArenaKind::persistent, bytes});
+  }
   for (ValueId value : values) {
     const uint64_t bytes = std::max<uint64_t>(program.graph.type(value).bytes(), 4);
     const Node& node = program.graph.node(value);
-    if (options.shared_leaves && (node.op == op::parameter || node.op == op::state)) {
+    const bool leaf = node.op == op::parameter || node.op == op::state;
+    if (options.shared_leaves && leaf) {
       program.regions[value] = {static_cast<uint32_t>(program.arenas.size()), 0, bytes};
       program.arenas.push_back({ArenaKind::shared, bytes, node.name});
       program.memory.shared_bytes += bytes;
+      continue;
+    }
+    if (options.leaf_layout && leaf) {
+      const auto it = options.leaf_layout->regions.find(node.name);
+      if (it == options.leaf_layout->regions.end() || it->second.bytes != bytes)
+        throw Error("internal: leaf '" + node.name + "' is not where the leaf layout puts it");
+      program.regions[value] = it->second;
+      program.memory.persistent_bytes += bytes;
       continue;
     }
     const uint64_t footprint = bytes + options.guard_bytes;
@@ -392,8 +405,26 @@ uint64_t column_limit_for(uint64_t arena_limit, uint64_t device_memory) {
   return std::max(floor, std::min(arena_limit / 2, device_memory / 64));
 }
 
+LeafLayout layout_leaves(const Graph& graph, const PlanOptions& options) {
+  LeafLayout layout;
+  for (const Node& node : graph.nodes()) {
+    if (node.op != op::parameter && node.op != op::state) continue;
+    const uint64_t bytes = std::max<uint64_t>(node.type.bytes(), 4);
+    if (layout.arena_bytes.empty() ||
+        align_up(layout.arena_bytes.back(), options.alignment) + bytes > options.arena_limit)
+      layout.arena_bytes.push_back(0);
+    const uint64_t offset = align_up(layout.arena_bytes.back(), options.alignment);
+    layout.regions[node.name] = {static_cast<uint32_t>(layout.arena_bytes.size() - 1), offset,
+                                 bytes};
+    layout.arena_bytes.back() = offset + bytes;
+  }
+  return layout;
+}
+
 Program build_program(const Graph& source, const target::Target& device,
                       const PlanOptions& options) {
+  if (options.leaf_layout && (options.shared_leaves || options.guard_bytes > 0))
+    throw Error("internal: a leaf layout with shared leaves or guard bytes");
   Program program;
   program.graph_nodes_before_passes = source.size();
   program.graph = passes::f16_storage(passes::optimize(source), device);

@@ -37,6 +37,14 @@ struct PlannedLaunch {
   bool barrier_before = false;
 };
 
+// Where a graph's parameter and state leaves go, fixed before the graph is planned so that their
+// memory can be allocated while it is (PlanOptions::leaf_layout): arenas of their own, filled in
+// the graph's order up to the arena limit. layout_leaves makes it.
+struct LeafLayout {
+  std::vector<uint64_t> arena_bytes;
+  std::unordered_map<std::string, Region> regions;  // by leaf name; arenas index arena_bytes
+};
+
 struct MemoryStats {
   uint64_t persistent_bytes = 0;          // this program's own: constants and results of the setup
   uint64_t shared_bytes = 0;              // parameters and state in shared arenas
@@ -86,6 +94,10 @@ struct PlanOptions {
   // Every parameter and state leaf gets an arena of its own (ArenaKind::shared) so that several
   // programs can run over the same tensors: training, evaluation, prefill and decode of one model.
   bool shared_leaves = false;
+  // The program's first arenas are the layout's (layout_leaves of the graph with these options),
+  // its parameter and state leaves where the layout puts them; its other persistent values
+  // follow in arenas of their own. Not with shared_leaves or guard_bytes.
+  const LeafLayout* leaf_layout = nullptr;
 };
 
 struct Program {
@@ -110,6 +122,9 @@ struct Program {
 // pass it keep the implicit GEMM, whose per-element tap arithmetic is the slower route on GPUs
 // (ResNet-50 at batch 256 has columns of 1.85 GB).
 uint64_t column_limit_for(uint64_t arena_limit, uint64_t device_memory);
+
+// The arenas of `graph`'s parameter and state leaves under `options` (PlanOptions::leaf_layout).
+LeafLayout layout_leaves(const Graph& graph, const PlanOptions& options);
 
 // Optimises, lowers and plans `graph`. Throws mg::Error when an op has no kernel or a single
 // value exceeds the arena limit.

@@ -1,6 +1,8 @@
 #include "meganeura/session.hpp"
 
 #include <chrono>
+#include <future>
+#include <optional>
 
 #include "backends/vulkan/runtime/device_target.hpp"
 #include "backends/vulkan/runtime/memory_budget.hpp"
@@ -78,19 +80,57 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.report.coop_matrix_available = target.cooperative_matrices();
   plan::PlanOptions plan_options = plan_options_of(info, options);
   plan_options.shared_leaves = impl.shared != nullptr;
+  // The parameters' and optimizer state's memory, most of a training program's, is allocated on
+  // another thread while the program is planned: the driver's time for it and planning's overlap.
+  // Where the leaves alone exceed the device's heap, nothing is allocated early, so that
+  // require_heap_for below names the whole program's needs.
+  std::optional<plan::LeafLayout> leaf_layout;
+  std::vector<gpu::BufferId> leaf_buffers;
+  // Whatever the allocation made is the session's to free, also when planning throws (the
+  // future, declared after this guard, is destroyed first: it waits for the allocation).
+  struct LeafBuffersGuard {
+    Impl& impl;
+    std::vector<gpu::BufferId>& buffers;
+    ~LeafBuffersGuard() {
+      impl.owned_buffers.insert(impl.owned_buffers.end(), buffers.begin(), buffers.end());
+    }
+  };
+  std::optional<LeafBuffersGuard> leaf_guard;
+  std::future<void> leaf_allocation;
+  if (!plan_options.shared_leaves && plan_options.guard_bytes == 0) {
+    leaf_layout = plan::layout_leaves(graph, plan_options);
+    plan_options.leaf_layout = &*leaf_layout;
+    uint64_t leaf_bytes = 0;
+    for (uint64_t bytes : leaf_layout->arena_bytes) leaf_bytes += bytes;
+    const uint64_t heap = gpu::largest_device_local_heap(info);
+    if (heap == 0 || leaf_bytes <= heap) {
+      leaf_guard.emplace(LeafBuffersGuard{impl, leaf_buffers});
+      leaf_allocation = std::async(std::launch::async, [&impl, &leaf_buffers, &leaf_layout] {
+        for (size_t a = 0; a < leaf_layout->arena_bytes.size(); ++a)
+          leaf_buffers.push_back(
+              impl.device->create_buffer(leaf_layout->arena_bytes[a], gpu::BufferUse::device,
+                                         "persistent arena " + std::to_string(a)));
+      });
+    }
+  }
   phase = std::chrono::steady_clock::now();
   impl.program = plan::build_program(graph, target, plan_options);
   impl.report.plan_seconds = seconds_since(phase);
   impl.index_rules = runtime::index_rules(graph);
   const Graph& planned = impl.program.graph;
 
-  // A program that cannot fit fails here, on one line, before anything is allocated.
-  gpu::require_heap_for(info, impl.program);
+  // A program that cannot fit fails here, on one line, before anything more is allocated.
   phase = std::chrono::steady_clock::now();
+  if (leaf_allocation.valid()) leaf_allocation.get();
+  gpu::require_heap_for(info, impl.program);
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
     const plan::Arena& arena = impl.program.arenas[a];
     if (arena.kind == plan::ArenaKind::shared) {
       impl.arena_buffers.push_back(impl.shared_buffer(arena.leaf));
+      continue;
+    }
+    if (a < leaf_buffers.size()) {
+      impl.arena_buffers.push_back(leaf_buffers[a]);  // freed through the guard's list
       continue;
     }
     impl.arena_buffers.push_back(impl.device->create_buffer(

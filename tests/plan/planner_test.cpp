@@ -562,6 +562,55 @@ TEST(Planner, ArenasRespectTheBufferLimit) {
   for (const plan::Arena& arena : program.arenas) EXPECT_LE(arena.bytes, options.arena_limit);
 }
 
+// A leaf layout (PlanOptions::leaf_layout, made before planning so that a session allocates the
+// leaves' memory while it plans) puts every parameter and state leaf of the classifier's
+// training program, Adam's moments included, where it says: its arenas come first, at the
+// layout's sizes, under the arena limit, holding nothing else; the constants follow in arenas of
+// their own; and the rest of the program is the one planned without the layout (the same
+// dispatches, the same transient memory).
+TEST(Planner, LeafLayoutPlacesTheLeavesBeforePlanning) {
+  OptimizerConfig adam;
+  adam.kind = OptimizerConfig::Kind::adam;
+  const Graph graph = models::build_classifier_training(models::ClassifierConfig{}, 4, adam);
+  plan::PlanOptions options;
+  options.arena_limit = 1 << 20;
+  const plan::Program without = plan::build_program(graph, vulkan::VulkanTarget({}), options);
+  const plan::LeafLayout layout = plan::layout_leaves(graph, options);
+  options.leaf_layout = &layout;
+  const plan::Program program = plan::build_program(graph, vulkan::VulkanTarget({}), options);
+
+  size_t leaves = 0;
+  for (const Node& node : graph.nodes()) leaves += node.op == "parameter" || node.op == "state";
+  EXPECT_EQ(layout.regions.size(), leaves);
+  EXPECT_GT(layout.arena_bytes.size(), 1u);
+  ASSERT_GE(program.arenas.size(), layout.arena_bytes.size());
+  for (size_t a = 0; a < layout.arena_bytes.size(); ++a) {
+    EXPECT_EQ(program.arenas[a].kind, plan::ArenaKind::persistent);
+    EXPECT_EQ(program.arenas[a].bytes, layout.arena_bytes[a]);
+    EXPECT_LE(program.arenas[a].bytes, options.arena_limit);
+  }
+  size_t placed = 0, constants = 0;
+  for (ValueId value : program.persistent) {
+    const Node& node = program.graph.node(value);
+    const plan::Region& region = program.regions.at(value);
+    if (node.op == "parameter" || node.op == "state") {
+      ++placed;
+      const plan::Region& wanted = layout.regions.at(node.name);
+      EXPECT_EQ(region.arena, wanted.arena) << node.name;
+      EXPECT_EQ(region.offset, wanted.offset) << node.name;
+      EXPECT_EQ(region.bytes, wanted.bytes) << node.name;
+    } else {
+      ++constants;
+      EXPECT_GE(region.arena, layout.arena_bytes.size()) << node.op;
+    }
+  }
+  EXPECT_GT(placed, 0u);
+  EXPECT_GT(constants, 0u);
+  EXPECT_EQ(plan::describe_dispatches(program), plan::describe_dispatches(without));
+  EXPECT_EQ(program.memory.physical_transient_bytes, without.memory.physical_transient_bytes);
+  EXPECT_EQ(program.memory.persistent_bytes, without.memory.persistent_bytes);
+}
+
 // The gemm.comp launches of `program` that read A as 4 rows at one k (its A_QUADS define).
 size_t quad_a_launches(const plan::Program& program) {
   return static_cast<size_t>(std::count_if(
