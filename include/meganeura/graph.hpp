@@ -122,6 +122,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<std::pair<std::string, ValueId>> outputs_;
   std::vector<std::pair<ValueId, ValueId>> updates_;
+  std::vector<bool> updated_;  // by value: a target of updates_ (assign refuses a second update)
 };
 
 // Checks SSA order, input ids, re-infers every type, unique leaf names, output and assignment

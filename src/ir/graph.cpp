@@ -125,9 +125,11 @@ void Graph::assign(ValueId target, ValueId value) {
     throw Error("assign to '" + leaf.name + "': value type " + type_string(nodes_[value].type) +
                 " differs from " + type_string(leaf.type));
   }
-  for (const auto& [existing, unused] : updates_) {
-    if (existing == target) throw Error("assign: '" + leaf.name + "' is already updated");
-  }
+  const auto index = static_cast<size_t>(target);
+  if (index < updated_.size() && updated_[index])
+    throw Error("assign: '" + leaf.name + "' is already updated");
+  if (index >= updated_.size()) updated_.resize(nodes_.size(), false);
+  updated_[index] = true;
   updates_.emplace_back(target, value);
 }
 

@@ -14,6 +14,32 @@ using testing::GradientCase;
 
 const HostTensor kMatrix({2, 3}, {1, 2, 3, 4, 5, 6});
 
+// Graph::assign: one update per parameter or state leaf, in the order given, also in a copy of
+// the graph and for a leaf added after the first updates; a second update of a leaf, an update
+// of an input and one of another type are refused naming the leaf or the value; reassign
+// replaces an update in place.
+TEST(Shape, GraphUpdatesOneAPersistentLeaf) {
+  Graph graph;
+  const ValueId first = graph.parameter("first", {DType::f32, {3}}, Init::zeros());
+  const ValueId data = graph.input("data", {DType::f32, {3}});
+  const ValueId doubled = graph.add("add", {first, first});
+  graph.assign(first, doubled);
+  const ValueId later = graph.state("later", {DType::f32, {3}}, Init::ones());
+  const ValueId sum = graph.add("add", {later, data});
+  graph.assign(later, sum);
+  EXPECT_EQ(graph.updates(),
+            (std::vector<std::pair<ValueId, ValueId>>{{first, doubled}, {later, sum}}));
+  expect_error([&] { graph.assign(first, sum); }, {"assign: 'first' is already updated"});
+  Graph copy = graph;
+  expect_error([&] { copy.assign(later, doubled); }, {"assign: 'later' is already updated"});
+  expect_error([&] { graph.assign(data, sum); }, {"is a input", "only parameters and state"});
+  const ValueId wide = graph.state("wide", {DType::f32, {4}}, Init::zeros());
+  expect_error([&] { graph.assign(wide, sum); }, {"assign to 'wide'", "differs from"});
+  graph.reassign(first, sum);
+  EXPECT_EQ(graph.updates().front(), (std::pair<ValueId, ValueId>{first, sum}));
+  EXPECT_EQ(graph.updates().size(), 2u);
+}
+
 TEST(Shape, ReshapeKeepsRowMajorOrderAndResolvesMinusOne) {
   expect_values(evaluate_unary(kMatrix,
                                [](Tensor x) {

@@ -232,6 +232,17 @@ struct SumCase {
   bool keepdims;
 };
 
+// The values of a leaf "x" of `shape`, drawn uniformly from [low, high) with `seed`.
+Environment random_x(const Shape& shape, uint64_t seed, double low, double high) {
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(low, high);
+  Environment environment;
+  HostTensor value(shape);
+  for (double& element : value.data) element = uniform(generator);
+  environment.leaves["x"] = value;
+  return environment;
+}
+
 size_t sum_count(const Graph& graph) {
   return static_cast<size_t>(std::count_if(graph.nodes().begin(), graph.nodes().end(),
                                            [](const Node& node) { return node.op == "sum"; }));
@@ -255,13 +266,8 @@ TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
        {std::pair{&split_cases, true}, std::pair{&whole_cases, false}}) {
     for (const SumCase& sum_case : *cases) {
       SCOPED_TRACE(splits ? "split" : "whole");
-      std::mt19937_64 generator(++seed);
-      std::uniform_real_distribution<double> uniform(-1.0, 1.0);
       Graph graph;
-      Environment environment;
-      HostTensor value(sum_case.shape);
-      for (double& element : value.data) element = uniform(generator);
-      environment.leaves["x"] = value;
+      const Environment environment = random_x(sum_case.shape, ++seed, -1.0, 1.0);
       const Tensor x = input(graph, "x", sum_case.shape);
       graph.set_output("y", sum(x, sum_case.axes, sum_case.keepdims).id());
       const Graph split = passes::split_reductions(graph);
@@ -292,13 +298,8 @@ TEST(Passes, SplitReductionsChunksFewLongRowsOfAMax) {
   uint64_t seed = 40;
   for (const MaxCase& max_case : cases) {
     SCOPED_TRACE(max_case.op + " of " + shape_string(max_case.shape));
-    std::mt19937_64 generator(++seed);
-    std::uniform_real_distribution<double> uniform(-3.0, 1.0);
     Graph graph;
-    Environment environment;
-    HostTensor value(max_case.shape);
-    for (double& element : value.data) element = uniform(generator);
-    environment.leaves["x"] = value;
+    const Environment environment = random_x(max_case.shape, ++seed, -3.0, 1.0);
     const Tensor x = input(graph, "x", max_case.shape);
     const Tensor y = max_case.op == "max" ? max(x, max_case.axes, max_case.keepdims)
                                           : sum(x, max_case.axes, max_case.keepdims);
