@@ -121,7 +121,14 @@ Session::Session(const Graph& graph, const SessionOptions& options)
 
   // A program that cannot fit fails here, on one line, before anything more is allocated.
   phase = std::chrono::steady_clock::now();
-  if (leaf_allocation.valid()) leaf_allocation.get();
+  if (leaf_allocation.valid()) {
+    try {
+      leaf_allocation.get();
+    } catch (const Error&) {
+      gpu::require_heap_for(info, impl.program);  // a program too large says so first
+      throw;
+    }
+  }
   gpu::require_heap_for(info, impl.program);
   for (size_t a = 0; a < impl.program.arenas.size(); ++a) {
     const plan::Arena& arena = impl.program.arenas[a];
