@@ -95,13 +95,8 @@ std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
   return split;
 }
 
-struct ChunkedRows {
-  int64_t rank = 0;  // of the reduction's input, whose first rank - reduced axes are kept
-  int64_t reduced = 0;
-  int64_t chunk = 0;
-};
-
-std::optional<ChunkedRows> chunked_rows_of(const Graph& graph, const Node& node) {
+// The max's input viewed as [kept axes..., chunks, chunk], or nothing where it is not such a max.
+std::optional<Shape> chunked_shape_of(const Graph& graph, const Node& node) {
   if (node.op != op::max || node.type.dtype != DType::f32) return std::nullopt;
   const Shape& shape = graph.type(node.inputs[0]).shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
@@ -123,23 +118,20 @@ std::optional<ChunkedRows> chunked_rows_of(const Graph& graph, const Node& node)
   }
   if (rows > kFewRows || length < kLongRow) return std::nullopt;
   for (int64_t chunk = kLongestChunk; chunk >= kMinInnerRow; --chunk) {
-    if (length % chunk == 0) return ChunkedRows{rank, reduced, chunk};
+    if (length % chunk != 0) continue;
+    Shape chunked(shape.begin(), shape.end() - reduced);
+    chunked.push_back(length / chunk);
+    chunked.push_back(chunk);
+    return chunked;
   }
   return std::nullopt;
 }
 
-// `node` (chunked_rows_of gave `chunked`) as the max of each chunk, then of each row's chunk
-// maxima, reshaped to its own shape.
-ValueId reduce_chunks(Graph& target, const Node& node, const ChunkedRows& chunked) {
-  const Shape input_shape = target.type(node.inputs[0]).shape;
-  Shape chunks_shape(input_shape.begin(), input_shape.end() - chunked.reduced);
-  int64_t length = 1;
-  for (int64_t axis = chunked.rank - chunked.reduced; axis < chunked.rank; ++axis)
-    length *= input_shape[static_cast<size_t>(axis)];
-  const int64_t kept = static_cast<int64_t>(chunks_shape.size());
-  chunks_shape.push_back(length / chunked.chunk);
-  chunks_shape.push_back(chunked.chunk);
-  const ValueId chunks = reshape(Tensor(&target, node.inputs[0]), chunks_shape).id();
+// `node` as the max of each chunk of its input viewed as `chunked_shape` (chunked_shape_of),
+// then of each row's chunk maxima, reshaped to its own shape.
+ValueId reduce_chunks(Graph& target, const Node& node, const Shape& chunked_shape) {
+  const int64_t kept = static_cast<int64_t>(chunked_shape.size()) - 2;
+  const ValueId chunks = reshape(Tensor(&target, node.inputs[0]), chunked_shape).id();
   const ValueId per_chunk = target.add(
       node.op, {chunks}, {{"axes", std::vector<int64_t>{kept + 1}}, {"keepdims", int64_t{0}}});
   const ValueId per_row = target.add(
@@ -212,7 +204,7 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
       graph, keep,
       [](Graph& target, ValueId, Node node) {
         if (splits_cross_entropy(target, node)) return per_row_cross_entropy(target, node);
-        if (const std::optional<ChunkedRows> chunked = chunked_rows_of(target, node))
+        if (const std::optional<Shape> chunked = chunked_shape_of(target, node))
           return reduce_chunks(target, node, *chunked);
         const std::optional<SplitSum> split = split_of(target, node);
         if (!split) return target.add_typed(std::move(node));

@@ -84,18 +84,11 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   // another thread while the program is planned: the driver's time for it and planning's overlap.
   // Where the leaves alone exceed the device's heap, nothing is allocated early, so that
   // require_heap_for below names the whole program's needs.
+  // Each buffer the allocation makes joins owned_buffers at once (this thread touches that list
+  // only after the allocation is done), so it is freed with the session also when planning
+  // throws: the future waits for the allocation as it is destroyed, before impl_ is.
   std::optional<plan::LeafLayout> leaf_layout;
   std::vector<gpu::BufferId> leaf_buffers;
-  // Whatever the allocation made is the session's to free, also when planning throws (the
-  // future, declared after this guard, is destroyed first: it waits for the allocation).
-  struct LeafBuffersGuard {
-    Impl& impl;
-    std::vector<gpu::BufferId>& buffers;
-    ~LeafBuffersGuard() {
-      impl.owned_buffers.insert(impl.owned_buffers.end(), buffers.begin(), buffers.end());
-    }
-  };
-  std::optional<LeafBuffersGuard> leaf_guard;
   std::future<void> leaf_allocation;
   if (!plan_options.shared_leaves && plan_options.guard_bytes == 0) {
     leaf_layout = plan::layout_leaves(graph, plan_options);
@@ -104,12 +97,13 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     for (uint64_t bytes : leaf_layout->arena_bytes) leaf_bytes += bytes;
     const uint64_t heap = gpu::largest_device_local_heap(info);
     if (heap == 0 || leaf_bytes <= heap) {
-      leaf_guard.emplace(LeafBuffersGuard{impl, leaf_buffers});
       leaf_allocation = std::async(std::launch::async, [&impl, &leaf_buffers, &leaf_layout] {
-        for (size_t a = 0; a < leaf_layout->arena_bytes.size(); ++a)
+        for (size_t a = 0; a < leaf_layout->arena_bytes.size(); ++a) {
           leaf_buffers.push_back(
               impl.device->create_buffer(leaf_layout->arena_bytes[a], gpu::BufferUse::device,
                                          "persistent arena " + std::to_string(a)));
+          impl.owned_buffers.push_back(leaf_buffers.back());
+        }
       });
     }
   }
@@ -137,7 +131,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
       continue;
     }
     if (a < leaf_buffers.size()) {
-      impl.arena_buffers.push_back(leaf_buffers[a]);  // freed through the guard's list
+      impl.arena_buffers.push_back(leaf_buffers[a]);  // already in owned_buffers
       continue;
     }
     impl.arena_buffers.push_back(impl.device->create_buffer(

@@ -1,4 +1,4 @@
-// Shape ops: hand-derived layouts, VJPs, index checks, misuse errors.
+// Shape ops: hand-derived layouts, VJPs, index checks, misuse errors; and the graph's updates.
 #include "gradient_check.hpp"
 #include "op_expectations.hpp"
 
@@ -18,7 +18,7 @@ const HostTensor kMatrix({2, 3}, {1, 2, 3, 4, 5, 6});
 // the graph and for a leaf added after the first updates; a second update of a leaf, an update
 // of an input and one of another type are refused naming the leaf or the value; reassign
 // replaces an update in place.
-TEST(Shape, GraphUpdatesOneAPersistentLeaf) {
+TEST(Graph, UpdatesOneAPersistentLeafEach) {
   Graph graph;
   const ValueId first = graph.parameter("first", {DType::f32, {3}}, Init::zeros());
   const ValueId data = graph.input("data", {DType::f32, {3}});
