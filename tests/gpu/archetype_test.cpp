@@ -1,3 +1,4 @@
+#include "backends/vulkan/kernels/lowering.hpp"
 #include "harness.hpp"
 
 namespace mg {
@@ -60,6 +61,38 @@ TEST(GpuArchetypes, ReductionsShortAndLongRows) {
     graph.set_output("softmax", softmax(x[0], 1).id());
     graph.set_output("log_softmax", log_softmax(x[0], -1).id());
   });
+}
+
+// Many short rows (batch norm's per-image planes) share a workgroup, a few lanes each: a plane of
+// 49 gets 16 lanes and one of 20 gets 8, where the rows keep four workgroups a compute unit busy
+// (their last workgroup partly past the rows); fewer such rows, or long ones, keep a workgroup
+// each. Sums, a mean of a fused square, max and argmax match the reference on either side.
+TEST(GpuArchetypes, ManyShortRowsShareAWorkgroup) {
+  const auto lanes_of = [](const Shape& shape, int64_t axis) -> std::string {
+    Graph graph;
+    const Tensor x = input(graph, "x", shape);
+    graph.set_output("s", sum(x, {axis}).id());
+    const std::vector<kernels::Launch> launches =
+        kernels::lower_node(graph, graph.output("s"), target::DeviceTraits{});
+    const size_t at = launches.at(0).body.find("row_lane = lane % ");
+    if (at == std::string::npos) return "workgroup";
+    const size_t digits = at + std::string("row_lane = lane % ").size();
+    return launches[0].body.substr(digits, launches[0].body.find('u', digits) - digits);
+  };
+  EXPECT_EQ(lanes_of({97, 89, 49}, 2), "16");
+  EXPECT_EQ(lanes_of({3400, 5, 20}, 2), "8");
+  EXPECT_EQ(lanes_of({9, 89, 49}, 2), "workgroup");
+  EXPECT_EQ(lanes_of({97, 89, 300}, 2), "workgroup");
+
+  check_on_gpu({{"x", {97, 89, 49}}, {"y", {3400, 5, 20}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 graph.set_output("sum", sum(x[0], {2}).id());
+                 graph.set_output("mean_square", mean(x[0] * x[0], {2}, true).id());
+                 graph.set_output("max", max(x[0], {2}).id());
+                 graph.set_output("argmax", argmax(x[0], 2).id());
+                 graph.set_output("short_sum", sum(x[1], {2}).id());
+                 graph.set_output("short_max_abs", max(abs(x[1]), {2}).id());
+               });
 }
 
 // Softmax keeps rows of up to 32 elements a thread (4096) in registers and streams longer

@@ -22,6 +22,10 @@ constexpr uint32_t kLongRowGroupSize = 1024;
 // A column sum takes one thread per output from this many outputs on (32 workgroups): enough to
 // spread over a GPU, where a workgroup per output would read every word on its own.
 constexpr int64_t kColumnThreadsMinRows = 4096;
+// Short rows share a workgroup: each gets the fewest lanes (a power of two) that read at most
+// this many of its elements each, while the workgroups still number several a compute unit.
+constexpr int64_t kShortRowElementsPerLane = 4;
+constexpr int64_t kShortRowGroupsPerUnit = 4;
 // Softmax rows up to this many elements a thread (4096 at 128 threads) stay in registers.
 constexpr int64_t kSoftmaxCachedPerThread = 32;
 
@@ -74,6 +78,17 @@ std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
 }
 
 enum class ReductionKind { sum, max, argmax };
+
+// The lanes of a workgroup of `group` that reduce one row: all of them for long or few rows;
+// fewer for many short ones (batch norm's per-image, per-channel planes of 49 to 784 elements),
+// whose lanes a whole workgroup would leave mostly idle behind a tree of barriers.
+int64_t lanes_per_row(const RowLayout& layout, int64_t group, const DeviceTraits& device) {
+  int64_t lanes = group;
+  while (lanes > 2 && (lanes / 2) * kShortRowElementsPerLane >= layout.row_length &&
+         layout.rows * (lanes / 2) >= group * kShortRowGroupsPerUnit * device.compute_units)
+    lanes /= 2;
+  return lanes;
+}
 
 // Whether `axes` are the leading axes 0, 1, ... of the shape: the rows kept are then adjacent in
 // memory, each reduced position a block of all of them.
@@ -202,6 +217,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   body += "shared float partial_value[" + std::to_string(group) + "];\n";
   body += "shared uint partial_index[" + std::to_string(group) + "];\n";
   if (sibling) body += "shared float partial_value1[" + std::to_string(group) + "];\n";
+  const int64_t lanes = thread_per_row ? 1 : lanes_per_row(layout, group, context.device());
+  const int64_t rows_per_group = thread_per_row ? group : group / lanes;
   body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
   if (sibling) body += "  float total1 = 0.0;\n";
@@ -210,10 +227,18 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
     body += "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + lane;\n";
     body += "  if (o >= " + glsl_uint(layout.rows) + ") return;\n";
     body += "  for (uint r = 0u; r < " + glsl_uint(layout.row_length) + "; ++r) {\n";
-  } else {
+  } else if (lanes == group) {
     body += "  uint o = linear_workgroup();\n";
     body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) +
             "; r += " + glsl_uint(group) + ") {\n";
+  } else {
+    // Every lane reaches the barriers below, those of a row past the last included.
+    body += "  uint slot = lane / " + glsl_uint(lanes) + ", row_lane = lane % " + glsl_uint(lanes) +
+            ";\n";
+    body += "  uint o = linear_workgroup() * " + glsl_uint(rows_per_group) + " + slot;\n";
+    body += "  uint row_end = o < " + glsl_uint(layout.rows) + " ? " +
+            glsl_uint(layout.row_length) + " : 0u;\n";
+    body += "  for (uint r = row_lane; r < row_end; r += " + glsl_uint(lanes) + ") {\n";
   }
   body += prologue ? "    float v = element(input_index(o, r));\n"
                    : "    float v = x[input_index(o, r)];\n";
@@ -226,8 +251,10 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
             ";\n  partial_index[lane] = best_index;\n";
     if (sibling) body += "  partial_value1[lane] = total1;\n";
     body += "  barrier();\n";
-    body += "  for (uint width = " + glsl_uint(group / 2) +
-            "; width > 0u; width >>= 1) {\n    if (lane < width) {\n";
+    // The tree runs within each row's lanes, whose slots in the shared arrays are adjacent.
+    body += "  for (uint width = " + glsl_uint(lanes / 2) +
+            "; width > 0u; width >>= 1) {\n    if (" +
+            std::string(lanes != group ? "row_lane" : "lane") + " < width) {\n";
     if (selecting) {
       body +=
           "      float v = partial_value[lane + width];\n"
@@ -240,11 +267,13 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
       if (sibling) body += "      partial_value1[lane] += partial_value1[lane + width];\n";
     }
     body += "    }\n    barrier();\n  }\n";
-    body += "  if (lane != 0u) return;\n";
+    body += lanes != group
+                ? "  if (row_lane != 0u || o >= " + glsl_uint(layout.rows) + ") return;\n"
+                : "  if (lane != 0u) return;\n";
     body +=
-        "  total = partial_value[0];\n  best = partial_value[0];\n  best_index = "
-        "partial_index[0];\n";
-    if (sibling) body += "  total1 = partial_value1[0];\n";
+        "  total = partial_value[lane];\n  best = partial_value[lane];\n  best_index = "
+        "partial_index[lane];\n";
+    if (sibling) body += "  total1 = partial_value1[lane];\n";
   }
   if (sibling) body += "  out1_[o] = " + sibling_finalize + ";\n";
   body += "  out_[o] = " + (f16_result ? "float16_t(mg_round_f16(" + finalize + "))" : finalize) +
@@ -258,7 +287,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   launch.f16_operands = f16_result;
   launch.groups = thread_per_row
                       ? grid_for(static_cast<uint64_t>(layout.rows), kGroupSize, context.device())
-                      : grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
+                      : grid_for(static_cast<uint64_t>(layout.rows),
+                                 static_cast<uint32_t>(rows_per_group), context.device());
   context.emit(std::move(launch));
 }
 
