@@ -56,8 +56,10 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     storage) and the environment's MEGANEURA_* switches, as a build there
                     would; make every launch's kernel source as a build does before it asks
                     for pipelines, and the reports a build makes; print the fastest of five
-                    repeats of each part and a checksum of the dispatch list, memory plan,
-                    regions and kernel sources (equal checksums: the same program)
+                    repeats of each part, the barriers between dispatches, the transient
+                    memory (its arenas, and the most that is live at once) and a checksum of
+                    the dispatch list, memory plan, regions and kernel sources (equal
+                    checksums: the same program)
   --dispatches      with --plan-only: also print the planned program's dispatch list, one
                     line a dispatch (what `bench workloads --trace` writes beside a trace)
   --device SEL      device index or part of its name
@@ -287,9 +289,13 @@ void bench_plan(const CompileRequest& request, bool print_dispatches) {
   }
   std::printf(
       "fastest of %d: plan %.4f s, kernels %.4f s (%zu distinct), reports %.4f s; %zu "
-      "dispatches, %zu setup, checksum %016llx\n",
+      "dispatches, %zu setup, %zu barriers, transient memory %.1f MiB (%.1f MiB live at most), "
+      "checksum %016llx\n",
       kRepeats, plan_seconds, source_seconds, kernel_count, report_seconds, program.launches.size(),
-      program.setup.size(), static_cast<unsigned long long>(program_checksum(program)));
+      program.setup.size(), static_cast<size_t>(program.memory.barriers),
+      static_cast<double>(program.memory.physical_transient_bytes) / (1 << 20),
+      static_cast<double>(program.memory.peak_live_bytes) / (1 << 20),
+      static_cast<unsigned long long>(program_checksum(program)));
   if (print_dispatches) std::fputs(plan::describe_dispatches(program).c_str(), stdout);
 }
 

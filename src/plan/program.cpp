@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -107,7 +108,7 @@ bool is_persistent_leaf(const Node& node) {
 struct Interval {
   ValueId value = kNoValue;
   uint64_t bytes = 0;
-  int64_t first = 0, last = 0;  // launch indices, inclusive
+  int64_t first = 0, last = 0;  // epochs or launch indices, inclusive
 };
 
 // Greedy by size: largest values first, each at the lowest offset of the first arena where it
@@ -167,7 +168,7 @@ void place_transients(std::vector<Interval> intervals, const PlanOptions& option
     program.arenas[arena_index[a]].bytes = align_up(std::max<uint64_t>(end, 4), options.alignment);
     program.memory.physical_transient_bytes += program.arenas[arena_index[a]].bytes;
   }
-  // Peak: the largest total of values live at one launch.
+  // Peak: the largest total of values live at one launch (one epoch, where scheduled).
   int64_t launches = 0;
   for (const Interval& interval : intervals) launches = std::max(launches, interval.last + 1);
   // Changes of the live total at each launch, summed in order (unsigned arithmetic wraps back).
@@ -301,98 +302,96 @@ std::vector<bool> move_fixed_launches_to_setup(Program& program) {
   return set_up;
 }
 
-// The latest epochs that read and wrote the bytes of each arena, as disjoint segments keyed by
-// their first byte: what decides the earliest epoch of a launch that touches them.
-class EpochsByByte {
- public:
-  // The earliest epoch in which a launch may read (or write) `region`: after every epoch that
-  // wrote it (and every one that read it).
-  uint32_t earliest(const Region& region, bool write) {
-    uint32_t epoch = 0;
-    for_each_segment(region, [&](const Segment& segment) {
-      if (segment.last_write) epoch = std::max(epoch, *segment.last_write + 1);
-      if (write && segment.last_read) epoch = std::max(epoch, *segment.last_read + 1);
-    });
-    return epoch;
-  }
-
-  void record(const Region& region, bool write, uint32_t epoch) {
-    split_at(region.arena, region.offset);
-    split_at(region.arena, region.offset + region.bytes);
-    std::map<uint64_t, Segment>& segments = arenas_[region.arena];
-    // Fill the gaps between the segments the region covers.
-    uint64_t at = region.offset;
-    for (auto it = segments.lower_bound(region.offset);
-         it != segments.end() && it->first < region.offset + region.bytes; ++it) {
-      if (it->first > at) segments.emplace(at, Segment{it->first, {}, {}});
-      at = it->second.end;
+// The epoch of each launch. A launch must follow every earlier launch (in the lowering's order)
+// that wrote a value it reads or writes, and every earlier one that read a value it writes (values
+// by storage root, so a view or an in-place result is its source); within that, the epochs are as
+// few as the longest chain of such hazards needs. Work that the lowering emitted between
+// dependent launches but that depends on neither (the optimizer's update of every parameter,
+// each of which waited on the one before; the weight gradients beside the data gradients) then
+// shares an epoch. A launch that could run in several epochs takes the earliest where it frees
+// at least the transient bytes it writes (an update that consumes a gradient), else the latest
+// (columns or a recomputed norm made just before their reader, not through the whole forward).
+// The transients are placed by these epochs afterwards, so bytes that two values share never
+// order launches that the values themselves do not.
+std::vector<int64_t> value_epochs(const Graph& graph, const AliasMap& in_place,
+                                  const std::vector<bool>& set_up,
+                                  const std::vector<PlannedLaunch>& launches) {
+  const size_t count = launches.size();
+  std::vector<std::vector<ValueId>> roots(count);
+  std::vector<int64_t> last_use(graph.size(), -1);
+  for (size_t t = 0; t < count; ++t) {
+    for (const target::Operand& operand : launches[t].launch.operands) {
+      roots[t].push_back(storage_root(graph, in_place, operand.value));
+      last_use[roots[t].back()] = static_cast<int64_t>(t);
     }
-    if (at < region.offset + region.bytes)
-      segments.emplace(at, Segment{region.offset + region.bytes, {}, {}});
-    for_each_segment(region, [&](Segment& segment) {
-      std::optional<uint32_t>& last = write ? segment.last_write : segment.last_read;
-      last = std::max(last.value_or(0), epoch);
-    });
   }
-
- private:
-  struct Segment {
-    uint64_t end = 0;
-    std::optional<uint32_t> last_read, last_write;
+  for (const auto& [name, id] : graph.outputs())
+    last_use[storage_root(graph, in_place, id)] = static_cast<int64_t>(count);
+  for (const auto& [leaf, value] : graph.updates())
+    last_use[storage_root(graph, in_place, value)] = static_cast<int64_t>(count);
+  const auto transient_bytes = [&](ValueId root) -> uint64_t {
+    if (is_persistent_leaf(graph.node(root)) || set_up[root]) return 0;
+    return graph.type(root).bytes();
   };
 
-  template <typename Visit>
-  void for_each_segment(const Region& region, Visit visit) {
-    std::map<uint64_t, Segment>& segments = arenas_[region.arena];
-    auto it = segments.upper_bound(region.offset);
-    if (it != segments.begin() && std::prev(it)->second.end > region.offset) --it;
-    for (; it != segments.end() && it->first < region.offset + region.bytes; ++it)
-      visit(it->second);
-  }
-
-  // Cuts the segment that straddles `offset`, if any, in two at it.
-  void split_at(uint32_t arena, uint64_t offset) {
-    std::map<uint64_t, Segment>& segments = arenas_[arena];
-    auto it = segments.upper_bound(offset);
-    if (it == segments.begin()) return;
-    --it;
-    if (it->first == offset || it->second.end <= offset) return;
-    Segment tail = it->second;
-    it->second.end = offset;
-    segments.emplace(offset, tail);
-  }
-
-  std::map<uint32_t, std::map<uint64_t, Segment>> arenas_;
-};
-
-// Orders the launches into epochs, which barriers separate, as few as the hazards allow: each
-// launch runs in the epoch after the latest earlier launch it has a hazard with. Work that the
-// lowering emitted between dependent launches but that depends on neither (the optimizer's update
-// of every parameter, each of which waited on the one before; the weight gradients beside the data
-// gradients) then shares an epoch. The memory plan, made for the lowering order, stays valid: any
-// two launches that touch the same bytes, one writing, keep their order with a barrier between.
-void schedule_epochs(Program& program) {
-  const size_t count = program.launches.size();
-  std::vector<uint32_t> epoch(count, 0);
-  EpochsByByte touched;
-  for (size_t i = 0; i < count; ++i) {
-    const PlannedLaunch& planned = program.launches[i];
-    for (size_t k = 0; k < planned.regions.size(); ++k) {
-      epoch[i] = std::max(epoch[i],
-                          touched.earliest(planned.regions[k], planned.launch.operands[k].write));
+  // The earliest epochs, forwards over the hazards.
+  std::vector<int64_t> last_write(graph.size(), -1), last_read(graph.size(), -1);
+  std::vector<int64_t> chosen(count, 0);
+  int64_t epochs = 0;
+  for (size_t t = 0; t < count; ++t) {
+    for (size_t k = 0; k < roots[t].size(); ++k) {
+      chosen[t] = std::max(chosen[t], last_write[roots[t][k]] + 1);
+      if (launches[t].launch.operands[k].write)
+        chosen[t] = std::max(chosen[t], last_read[roots[t][k]] + 1);
     }
-    for (size_t k = 0; k < planned.regions.size(); ++k)
-      touched.record(planned.regions[k], planned.launch.operands[k].write, epoch[i]);
+    for (size_t k = 0; k < roots[t].size(); ++k) {
+      int64_t& last =
+          launches[t].launch.operands[k].write ? last_write[roots[t][k]] : last_read[roots[t][k]];
+      last = std::max(last, chosen[t]);
+    }
+    epochs = std::max(epochs, chosen[t] + 1);
   }
+
+  // Backwards, each launch that writes more transient bytes than it frees moves to the latest
+  // epoch before the chosen epochs of the later launches that must follow it: those that write a
+  // value it touches, and those that read a value it writes. The others keep the earliest.
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> next_write(graph.size(), kNone), next_read(graph.size(), kNone);
+  for (size_t t = count; t-- > 0;) {
+    uint64_t written = 0, freed = 0;
+    int64_t latest = epochs - 1;
+    for (size_t k = 0; k < roots[t].size(); ++k) {
+      const ValueId root = roots[t][k];
+      const bool write = launches[t].launch.operands[k].write;
+      if (write)
+        written += transient_bytes(root);
+      else if (last_use[root] == static_cast<int64_t>(t))
+        freed += transient_bytes(root);
+      if (next_write[root] != kNone) latest = std::min(latest, next_write[root] - 1);
+      if (write && next_read[root] != kNone) latest = std::min(latest, next_read[root] - 1);
+    }
+    if (written > freed) chosen[t] = latest;
+    for (size_t k = 0; k < roots[t].size(); ++k) {
+      int64_t& next =
+          launches[t].launch.operands[k].write ? next_write[roots[t][k]] : next_read[roots[t][k]];
+      next = std::min(next, chosen[t]);
+    }
+  }
+  return chosen;
+}
+
+// Orders the launches by epoch (the lowering's order within one) with a barrier between epochs.
+void order_by_epochs(Program& program, const std::vector<int64_t>& epochs) {
+  const size_t count = program.launches.size();
   std::vector<size_t> order(count);
   for (size_t i = 0; i < count; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return epoch[a] < epoch[b]; });
+                   [&](size_t a, size_t b) { return epochs[a] < epochs[b]; });
   std::vector<PlannedLaunch> scheduled;
   scheduled.reserve(count);
   for (size_t k = 0; k < count; ++k) {
     scheduled.push_back(std::move(program.launches[order[k]]));
-    scheduled.back().barrier_before = k > 0 && epoch[order[k]] != epoch[order[k - 1]];
+    scheduled.back().barrier_before = k > 0 && epochs[order[k]] != epochs[order[k - 1]];
     if (scheduled.back().barrier_before) ++program.memory.barriers;
   }
   program.launches = std::move(scheduled);
@@ -467,11 +466,17 @@ Program build_program(const Graph& source, const target::Target& device,
   const std::vector<bool> set_up =
       setup ? move_fixed_launches_to_setup(program) : std::vector<bool>(graph.size(), false);
 
-  // Lifetimes of storage roots over the launch sequence; -1 is "before the first launch"
-  // (host uploads), launch count is "after the last" (downloads and assignments).
-  const int64_t end = static_cast<int64_t>(program.launches.size());
   const AliasMap in_place =
       options.reuse_memory ? choose_in_place(graph, program.launches, set_up) : AliasMap{};
+  // Lifetimes of storage roots over the epochs where launches are scheduled into them, else over
+  // the launch sequence; -1 is "before the first" (host uploads), `end` "after the last"
+  // (downloads and assignments).
+  const bool scheduled = switches.schedule_epochs.value_or(options.schedule_epochs);
+  std::vector<int64_t> epochs;
+  if (scheduled) epochs = value_epochs(graph, in_place, set_up, program.launches);
+  const int64_t end =
+      scheduled ? (epochs.empty() ? 0 : *std::max_element(epochs.begin(), epochs.end()) + 1)
+                : static_cast<int64_t>(program.launches.size());
   std::unordered_map<ValueId, Interval> lifetimes;
   std::vector<ValueId> persistent;
   std::vector<bool> is_listed_persistent(graph.size(), false);
@@ -505,9 +510,9 @@ Program build_program(const Graph& source, const target::Target& device,
   for (const PlannedLaunch& planned : program.setup) {
     for (const target::Operand& operand : planned.launch.operands) touch(operand.value, -1);
   }
-  for (int64_t t = 0; t < end; ++t) {
+  for (size_t t = 0; t < program.launches.size(); ++t) {
     for (const target::Operand& operand : program.launches[t].launch.operands)
-      touch(operand.value, t);
+      touch(operand.value, scheduled ? epochs[t] : static_cast<int64_t>(t));
   }
   for (const auto& [name, id] : graph.outputs()) touch(id, end);
   for (const auto& [leaf, value] : graph.updates()) {
@@ -547,8 +552,8 @@ Program build_program(const Graph& source, const target::Target& device,
       }
     }
   }
-  if (switches.schedule_epochs.value_or(options.schedule_epochs)) {
-    schedule_epochs(program);
+  if (scheduled) {
+    order_by_epochs(program, epochs);
   } else {
     place_barriers_in_order(program);
   }

@@ -2,8 +2,8 @@
 // A Program: the optimised graph lowered to a fixed list of kernel launches over planned
 // memory. Values live in arenas (persistent: parameters, optimizer state, constants; transient:
 // everything else, reused across values whose lifetimes do not overlap). Barriers sit only
-// where a launch touches bytes that an earlier, not yet fenced launch wrote (or reads bytes it
-// will overwrite).
+// where a launch touches bytes that an earlier, not yet fenced launch wrote (or writes bytes it
+// read).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,8 +81,9 @@ struct PlanOptions {
   // kernel wrote past its outputs). Needs reuse_memory = false, or a later value could
   // legitimately land on an earlier value's guard.
   uint64_t guard_bytes = 0;
-  // Launches reordered into as few barrier-separated epochs as their hazards allow (program.cpp,
-  // schedule_epochs); false keeps the lowering's order, with a barrier at each hazard.
+  // Launches ordered into as few barrier-separated epochs as their values allow, transients
+  // placed by epoch (program.cpp, value_epochs); false keeps the lowering's order, with
+  // lifetimes over it and a barrier at each hazard.
   // MEGANEURA_SCHEDULE_EPOCHS=0/1 overrides.
   bool schedule_epochs = true;
   // Launches that read only fixed values (constants, and parameters and state that the graph

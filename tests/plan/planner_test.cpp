@@ -25,9 +25,10 @@ target::DeviceTraits with_switches(
 }
 
 plan::Program plan_for(const Graph& graph, bool reuse = true,
-                       const target::DeviceTraits& device = {}) {
+                       const target::DeviceTraits& device = {}, bool scheduled = true) {
   plan::PlanOptions options;
   options.reuse_memory = reuse;
+  options.schedule_epochs = scheduled;
   return plan::build_program(graph, vulkan::VulkanTarget(device), options);
 }
 
@@ -69,12 +70,13 @@ TEST(Planner, DeepMlpInferenceReusesAtLeastSeventyPercent) {
 
 // Matmul epilogues keep the products before bias and activation, the shortest-lived values,
 // out of memory altogether, which shrinks the logical bytes the ratio is taken of. The ratio is
-// the planner's, measured on the program that stores them; fusing them must not cost bytes.
+// the planner's, measured on the program that stores them; in the lowering's order, fusing them
+// must not cost bytes (in epochs, whatever runs side by side is live at once, fused or not).
 TEST(Planner, DeepMlpTrainingReusesAtLeastFortyPercent) {
   const plan::Program stored_products = plan_for(
-      deep_mlp(64, 12, true), true, with_switches({{"MEGANEURA_NO_EPILOGUE_FUSION", "1"}}));
+      deep_mlp(64, 12, true), true, with_switches({{"MEGANEURA_NO_EPILOGUE_FUSION", "1"}}), false);
   EXPECT_GT(saving(stored_products), 0.40) << plan::describe_memory(stored_products);
-  const plan::Program fused = plan_for(deep_mlp(64, 12, true));
+  const plan::Program fused = plan_for(deep_mlp(64, 12, true), true, {}, false);
   EXPECT_LE(fused.memory.physical_transient_bytes, stored_products.memory.physical_transient_bytes);
   EXPECT_LT(fused.launches.size(), stored_products.launches.size());
 }
@@ -467,14 +469,14 @@ void expect_schedule_computes_every_value(const plan::Program& program) {
     EXPECT_TRUE(holds(program.regions.at(value), view_root(graph, value))) << "update %" << value;
 }
 
-// The scheduler reorders the launches into epochs that barriers separate: the same launches run
-// with the same memory plan, no two launches of one epoch conflict, every conflicting pair
-// keeps the lowering's order, and the schedule computes every value (above); with fusion and
-// without. Without fusion it needs fewer barriers than the lowering's order (Adam's dozen
-// elementwise ops of each parameter, one parameter after another in the lowering, run side by
-// side); with fusion each parameter's update is one launch that also writes both moments, and
-// the CNN's 8 updates (its last 8 launches) share at most 2 epochs.
-TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
+// The scheduler orders the launches into epochs that barriers separate and places the transients
+// by those epochs: the same launches run, no two launches of one epoch touch the same bytes with
+// one writing, and the schedule computes every value (above); with fusion and without. Without
+// fusion it needs fewer barriers than the lowering's order (Adam's dozen elementwise ops of each
+// parameter, one parameter after another in the lowering, run side by side). The values of
+// launches that run side by side are live at once (both convolutions' columns of the CNN's
+// backward): at most half as much transient memory again as in the lowering's order here.
+TEST(Planner, ScheduledEpochsSeparateEveryConflict) {
   for (const bool fusion : {true, false}) {
     SCOPED_TRACE(fusion ? "fusion" : "no fusion");
     const target::DeviceTraits device =
@@ -489,8 +491,8 @@ TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
       const plan::Program scheduled =
           plan::build_program(graph, vulkan::VulkanTarget(device), plan::PlanOptions{});
       ASSERT_EQ(scheduled.launches.size(), in_order.launches.size());
-      EXPECT_EQ(scheduled.memory.physical_transient_bytes,
-                in_order.memory.physical_transient_bytes);
+      EXPECT_LE(static_cast<double>(scheduled.memory.physical_transient_bytes),
+                1.5 * static_cast<double>(in_order.memory.physical_transient_bytes));
       std::map<std::string, size_t> lowering_index;
       for (size_t t = 0; t < in_order.launches.size(); ++t)
         lowering_index[in_order.launches[t].launch.label] = t;
@@ -506,8 +508,6 @@ TEST(Planner, ScheduledEpochsKeepEveryConflictInOrder) {
           const plan::PlannedLaunch& second = scheduled.launches[b];
           if (!conflict(first, second)) continue;
           EXPECT_LT(epoch[a], epoch[b]) << first.launch.label << " / " << second.launch.label;
-          EXPECT_LT(lowering_index[first.launch.label], lowering_index[second.launch.label])
-              << first.launch.label << " / " << second.launch.label;
         }
       }
       expect_schedule_computes_every_value(scheduled);
