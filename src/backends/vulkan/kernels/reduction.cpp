@@ -80,7 +80,7 @@ std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
 enum class ReductionKind { sum, max, argmax };
 
 // The lanes of a workgroup of `group` that reduce one row: all of them for long or few rows;
-// fewer for many short ones (batch norm's per-image, per-channel planes of 49 to 784 elements),
+// fewer for many short ones (batch norm's per-image, per-channel planes of 49 or 196 elements),
 // whose lanes a whole workgroup would leave mostly idle behind a tree of barriers.
 int64_t lanes_per_row(const RowLayout& layout, int64_t group, const DeviceTraits& device) {
   int64_t lanes = group;
