@@ -20,6 +20,7 @@
 
 #include "ir/op_names.hpp"
 #include "meganeura/ops.hpp"
+#include "ops/shape_rules.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -100,13 +101,7 @@ std::optional<Shape> chunked_shape_of(const Graph& graph, const Node& node) {
   if (node.op != op::max || node.type.dtype != DType::f32) return std::nullopt;
   const Shape& shape = graph.type(node.inputs[0]).shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
-  std::vector<int64_t> axes = node.attrs.get_ints("axes", {});
-  if (axes.empty()) {
-    for (int64_t axis = 0; axis < rank; ++axis) axes.push_back(axis);
-  }
-  for (int64_t& axis : axes) {
-    if (axis < 0) axis += rank;
-  }
+  std::vector<int64_t> axes = normalize_axes(graph, node, node.attrs.get_ints("axes", {}), rank);
   std::sort(axes.begin(), axes.end());
   const int64_t reduced = static_cast<int64_t>(axes.size());
   int64_t rows = 1, length = 1;
