@@ -101,9 +101,14 @@ class Graph {
   // statistics of a step it drops); throws mg::Error where `target` has no update.
   void reassign(ValueId target, ValueId value);
 
-  const Node& node(ValueId id) const;
+  const Node& node(ValueId id) const {
+    if (id < 0 || static_cast<size_t>(id) >= nodes_.size()) throw_foreign_value(id, "node");
+    return nodes_[id];
+  }
   const TensorType& type(ValueId id) const { return node(id).type; }
   size_t size() const { return nodes_.size(); }
+  // Room for `nodes` nodes, so that a pass rebuilding a graph does not grow it node by node.
+  void reserve(size_t nodes) { nodes_.reserve(nodes); }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   const std::vector<std::pair<ValueId, ValueId>>& updates() const { return updates_; }
@@ -117,7 +122,10 @@ class Graph {
 
  private:
   ValueId add_leaf(std::string_view op, std::string name, TensorType type, Attrs attrs);
-  void check_value(ValueId id, std::string_view context) const;
+  void check_value(ValueId id, std::string_view context) const {
+    if (id < 0 || static_cast<size_t>(id) >= nodes_.size()) throw_foreign_value(id, context);
+  }
+  [[noreturn]] void throw_foreign_value(ValueId id, std::string_view context) const;
 
   std::vector<Node> nodes_;
   std::vector<std::pair<std::string, ValueId>> outputs_;

@@ -132,12 +132,31 @@ nlohmann::json bench_whisper_tiny(Precision precision, const WorkloadOptions& be
   for (const auto& [input, value] : optimizer_inputs(optimizer, 0))
     timed_training.set_input(input, std::vector<float>{static_cast<float>(value)});
 
+  const std::string mode(precision_name(precision));
+  write_workload_trace(bench, "whisper-tiny-" + mode + "-encoder",
+                       models::whisper_encoder_graph(config, 1), options,
+                       [&](Session& session) { session.set_input(wio::kInputFeatures, features); });
+  write_workload_trace(bench, "whisper-tiny-" + mode + "-inference",
+                       models::whisper_logits_graph(config, 1, tokens), options,
+                       [&](Session& session) {
+                         session.set_input(wio::kInputFeatures, features);
+                         session.set_input(wio::kDecoderInputIds, ids);
+                       });
+  write_workload_trace(bench, "whisper-tiny-" + mode + "-training", training_graph, options,
+                       [&](Session& session) {
+                         session.set_input(wio::kInputFeatures, features);
+                         session.set_input(wio::kDecoderInputIds, ids);
+                         session.set_input(wio::kLabels, labels);
+                         for (const auto& [input, value] : optimizer_inputs(optimizer, 0))
+                           session.set_input(input, std::vector<float>{static_cast<float>(value)});
+                       });
+
   const BuildReport& report = training.report();
   nlohmann::json memory = planner_json(report);
   memory["training_device_bytes"] = device_bytes(report);
   return {{"framework", "meganeura"},
           {"model", "whisper-tiny"},
-          {"mode", std::string(precision_name(precision))},
+          {"mode", mode},
           {"device", report.device},
           {"config",
            {{"batch", 1},

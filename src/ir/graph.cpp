@@ -23,12 +23,10 @@ Init leaf_init(const Node& leaf) {
   return init;
 }
 
-void Graph::check_value(ValueId id, std::string_view context) const {
-  if (id < 0 || static_cast<size_t>(id) >= nodes_.size()) {
-    throw Error(std::string(context) + ": value %" + std::to_string(id) +
-                " does not belong to this graph (it has " + std::to_string(nodes_.size()) +
-                " values)");
-  }
+void Graph::throw_foreign_value(ValueId id, std::string_view context) const {
+  throw Error(std::string(context) + ": value %" + std::to_string(id) +
+              " does not belong to this graph (it has " + std::to_string(nodes_.size()) +
+              " values)");
 }
 
 ValueId Graph::add(std::string_view op, std::vector<ValueId> inputs, Attrs attrs) {
@@ -148,11 +146,6 @@ void Graph::reassign(ValueId target, ValueId value) {
     }
   }
   throw Error("reassign: '" + leaf.name + "' has no update to replace");
-}
-
-const Node& Graph::node(ValueId id) const {
-  check_value(id, "node");
-  return nodes_[id];
 }
 
 ValueId Graph::find_leaf(std::string_view name) const {

@@ -7,6 +7,7 @@ Graph rebuild(const Graph& source, const std::vector<bool>& keep,
               const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
               std::vector<ValueId>* remap) {
   Graph target;
+  target.reserve(source.size());
   std::vector<ValueId> mapping(source.size(), kNoValue);
   for (size_t i = 0; i < source.size(); ++i) {
     if (!keep[i]) continue;

@@ -552,6 +552,60 @@ TEST(Planner, ScheduledEpochsSeparateEveryConflict) {
   EXPECT_LE(update_barriers, 1u);
 }
 
+// A chain of products long enough that its nodes are lowered on several threads, with attention
+// at two places along it (four dimensions: [1, 1, 64, 64]).
+Graph long_product_chain(int64_t products, const std::vector<int64_t>& attention_after) {
+  Graph graph;
+  Tensor x = input(graph, "x", {1, 1, 64, 64});
+  for (int64_t i = 0; i < products; ++i) {
+    x = relu(
+        matmul(x, parameter(graph, "w" + std::to_string(i), {64, 64}, Init::normal(0.0, 0.125))));
+    if (std::find(attention_after.begin(), attention_after.end(), i) != attention_after.end())
+      x = scaled_dot_product_attention(x, x, x);
+  }
+  graph.set_output("y", x.id());
+  return graph;
+}
+
+TEST(Planner, NodesLoweredSideBySideKeepTheGraphsOrderAndItsFirstError) {
+  const Graph graph = long_product_chain(300, {100, 200});
+  const plan::Program program = plan_for(graph, true, {}, false);
+  // In the lowering's order every launch's first value follows the one before.
+  ValueId previous = kNoValue;
+  size_t attentions = 0;
+  for (const plan::PlannedLaunch& planned : program.launches) {
+    const std::string& label = planned.launch.label;
+    const size_t mark = label.find('%');
+    ASSERT_NE(mark, std::string::npos) << label;
+    const ValueId first = static_cast<ValueId>(std::stoi(label.substr(mark + 1)));
+    EXPECT_GT(first, previous) << label;
+    previous = first;
+    if (label.starts_with("scaled_dot_product_attention")) ++attentions;
+  }
+  EXPECT_EQ(attentions, 2u);
+  EXPECT_EQ(plan::describe_dispatches(plan_for(graph, true, {}, false)),
+            plan::describe_dispatches(program));
+
+  // Subgroups of two lanes leave both attentions without a kernel: the error names the first.
+  target::DeviceTraits narrow;
+  narrow.subgroup_size = 2;
+  ValueId first_attention = kNoValue;
+  for (size_t i = 0; i < program.graph.size() && first_attention == kNoValue; ++i) {
+    if (program.graph.nodes()[i].op == "scaled_dot_product_attention")
+      first_attention = static_cast<ValueId>(i);
+  }
+  ASSERT_NE(first_attention, kNoValue);
+  try {
+    plan_for(graph, true, narrow, false);
+    ADD_FAILURE() << "lowering for subgroups of two lanes succeeded";
+  } catch (const Error& error) {
+    EXPECT_TRUE(
+        std::string(error.what())
+            .starts_with("scaled_dot_product_attention %" + std::to_string(first_attention) + ":"))
+        << error.what();
+  }
+}
+
 TEST(Planner, ArenasRespectTheBufferLimit) {
   plan::PlanOptions options;
   options.arena_limit = 1 << 20;

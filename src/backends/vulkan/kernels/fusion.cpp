@@ -1,10 +1,13 @@
 #include "backends/vulkan/kernels/fusion.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <map>
+#include <thread>
 
 #include "backends/vulkan/kernels/gemm_epilogue.hpp"
 #include "backends/vulkan/kernels/pointwise.hpp"
+#include "backends/vulkan/parallel_for.hpp"
 #include "ir/op_names.hpp"
 #include "ops/op.hpp"
 
@@ -427,11 +430,17 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   std::map<ValueId, std::vector<ValueId>> companions_of;
   std::vector<bool> written_by_producer(graph.size(), false);
   if (fusion_enabled) {
+    // Only these ops hand a companion's value to their launch; the rest are not asked.
+    std::vector<ValueId> producers;
     for (size_t i = 0; i < graph.size(); ++i) {
       const std::string& op = graph.nodes()[i].op;
+      if (is_companion_producer_op(op)) {
+        producers.push_back(static_cast<ValueId>(i));
+        continue;
+      }
       if (!is_companion_op(op)) continue;
-      for (size_t p = 0; p < i; ++p) {
-        const ValueId producer = static_cast<ValueId>(p), companion = static_cast<ValueId>(i);
+      for (const ValueId producer : producers) {
+        const ValueId companion = static_cast<ValueId>(i);
         if (!can_write_companion(graph, producer, companion, device)) continue;
         std::vector<ValueId>& written = companions_of[producer];
         const bool op_taken = std::any_of(written.begin(), written.end(), [&](ValueId other) {
@@ -494,49 +503,67 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
             return !is_view_op(graph.node(link).op);
           }));
   }
-  std::vector<Launch> launches;
+  // Every decision is made above; what is left, each launch's kernel source, depends on its node
+  // alone, so the nodes are lowered side by side and their launches joined in graph order.
+  std::vector<ValueId> lowered;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
-    const ValueId id = static_cast<ValueId>(i);
-    if (node.is_leaf() || is_view_op(node.op) || is_fused(id) || in_epilogue[i] ||
-        written_by_producer[i] || in_chain[i] || in_prologue[i] || in_sibling[i]) {
+    if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
+        in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
+        in_sibling[i]) {
       continue;
     }
-    if (auto it = prologue_of.find(id); it != prologue_of.end()) {
-      launches.push_back(reduction_with_prologue(graph, id, it->second, device));
-      continue;
-    }
-    if (auto it = chain_of_root.find(id); it != chain_of_root.end()) {
-      launches.push_back(index_chain_launch(graph, id, it->second, device));
-      continue;
-    }
-    if (auto it = companions_of.find(id); it != companions_of.end()) {
-      for (Launch& launch : lower_with_companions(graph, id, it->second, device))
-        launches.push_back(std::move(launch));
-      continue;
-    }
+    lowered.push_back(static_cast<ValueId>(i));
+  }
+  const auto one = [](Launch launch) {
+    std::vector<Launch> launches;
+    launches.push_back(std::move(launch));
+    return launches;
+  };
+  const auto launches_of = [&](ValueId id) -> std::vector<Launch> {
+    const Node& node = graph.node(id);
+    if (auto it = prologue_of.find(id); it != prologue_of.end())
+      return one(reduction_with_prologue(graph, id, it->second, device));
+    if (auto it = chain_of_root.find(id); it != chain_of_root.end())
+      return one(index_chain_launch(graph, id, it->second, device));
+    if (auto it = companions_of.find(id); it != companions_of.end())
+      return lower_with_companions(graph, id, it->second, device);
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
       const MatmulEpilogue& epilogue = it->second;
       const ValueId product = epilogue.dag.inputs[epilogue.product_input];
       const std::string label =
           "matmul %" + std::to_string(product) + " + " + fused_label(graph, epilogue.dag);
-      for (Launch& launch : lower_matmul_with_epilogue(graph, product, epilogue, device, label)) {
-        launches.push_back(std::move(launch));
-      }
-      continue;
+      return lower_matmul_with_epilogue(graph, product, epilogue, device, label);
     }
     const bool has_fused_producer =
         is_pointwise_op(node.op) &&
         std::any_of(node.inputs.begin(), node.inputs.end(),
                     [&](ValueId input) { return fused_into[input] == id; });
-    if (!has_fused_producer) {
-      for (Launch& launch : lower_node(graph, id, device)) {
-        launches.push_back(std::move(launch));
-      }
-      continue;
-    }
+    if (!has_fused_producer) return lower_node(graph, id, device);
     const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
-    launches.push_back(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
+    return one(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
+  };
+  std::vector<std::vector<Launch>> launches_by_node(lowered.size());
+  std::vector<std::exception_ptr> errors(lowered.size());
+  // Enough nodes a thread that starting it pays (the Fashion-MNIST programs stay on one).
+  constexpr size_t kNodesPerWorker = 64;
+  vulkan::parallel_for(
+      lowered.size(),
+      [&](size_t k) {
+        try {
+          launches_by_node[k] = launches_of(lowered[k]);
+        } catch (...) {
+          errors[k] = std::current_exception();
+        }
+      },
+      std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
+                       lowered.size() / kNodesPerWorker + 1));
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  std::vector<Launch> launches;
+  for (std::vector<Launch>& node_launches : launches_by_node) {
+    for (Launch& launch : node_launches) launches.push_back(std::move(launch));
   }
   return launches;
 }

@@ -112,6 +112,11 @@ bool is_companion_op(std::string_view op) {
   return is_attention_companion_op(op) || op == op::winograd_grad_tiles;
 }
 
+bool is_companion_producer_op(std::string_view op) {
+  return op == op::scaled_dot_product_attention || op == op::attention_combine ||
+         op == op::attention_grad_k || op == op::winograd_tiles;
+}
+
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device) {
   if (graph.node(companion).op == op::winograd_grad_tiles)

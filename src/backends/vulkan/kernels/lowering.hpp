@@ -131,6 +131,9 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // companion comes after its producer in the graph, so every reader of it runs after the producer's
 // launch; a producer writes at most one companion of each op.
 bool is_companion_op(std::string_view op);
+// The ops that can_write_companion can accept as a producer: attention forwards, their combines,
+// dK, and Winograd input tiles.
+bool is_companion_producer_op(std::string_view op);
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device);
 

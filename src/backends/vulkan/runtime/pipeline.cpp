@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/vulkan/parallel_for.hpp"
 #include "backends/vulkan/runtime/shader_compiler.hpp"
 #include "backends/vulkan/runtime/vk_result.hpp"
 #include "meganeura/error.hpp"
@@ -102,20 +103,6 @@ VkPipeline create_pipeline(VkDevice device, VkPipelineCache cache, const KernelS
   return pipeline;
 }
 
-// Runs task(i) for i in [0, count) on up to hardware_concurrency threads.
-template <typename Task>
-void parallel_for(size_t count, Task task) {
-  size_t workers = std::min<size_t>(count, std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) task(i);
-  };
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < workers; ++t) threads.emplace_back(work);
-  work();
-  for (auto& thread : threads) thread.join();
-}
-
 }  // namespace
 
 PipelineLayouts::~PipelineLayouts() {
@@ -175,7 +162,7 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
   const auto seconds_since = [](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   };
-  parallel_for(specs.size(), [&](size_t position) {
+  mg::vulkan::parallel_for(specs.size(), [&](size_t position) {
     const size_t i = order[position];
     try {
       const auto compile = [&] {
