@@ -103,6 +103,11 @@ nlohmann::json bench_resnet50(Precision precision, const WorkloadOptions& bench)
     memory[key + "_device_bytes"] = device_bytes(session->report());
   }
   const std::string mode(precision_name(precision));
+  write_workload_trace(bench, "resnet-50-" + mode + "-inference",
+                       models::build_resnet(config, batch, kSide, kSide, false), options,
+                       [&](Session& session) {
+                         session.set_input(models::kResNetImagesInput, random_images(batch, 1));
+                       });
   for (const int64_t traced : {batch, int64_t{256}}) {
     write_workload_trace(bench, "resnet-50-" + mode + "-training-b" + std::to_string(traced),
                          models::build_resnet_training(config, traced, kSide, kSide, sgd()),

@@ -111,6 +111,13 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
     timings["training_gpu_ms"] = gpu_ms(timed_training, bench.runs);
   }
 
+  const std::string mode(precision_name(precision));
+  write_workload_trace(bench, "sd-unet-" + mode + "-inference",
+                       models::unet_graph(config, {2, side, side, tokens}), options,
+                       [&](Session& session) { set_inputs(session, 2, false); });
+  write_workload_trace(bench, "sd-unet-" + mode + "-training", train_1, options,
+                       [&](Session& session) { set_inputs(session, 1, true); });
+
   Session sampler(models::unet_sampler_graph(config, {1, side, side, tokens}, true), options);
   const models::NoiseSchedule schedule = models::scaled_linear_schedule();
   const std::vector<models::SamplerStep> steps =
@@ -123,7 +130,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
   dispatches["ddim_step"] = sampler.report().dispatches;
   return {{"framework", "meganeura"},
           {"model", "sd-unet"},
-          {"mode", std::string(precision_name(precision))},
+          {"mode", mode},
           {"device", inference.report().device},
           {"config",
            {{"inference_batch", 2},

@@ -63,8 +63,10 @@ planner's saving on transient values against giving each its own bytes.
   --precision P   strict, fast or both (default both)
   --device SEL    device index or part of its name (default: best available)
   --trace DIR     also write a Chrome trace (per-dispatch GPU times) of each program as
-                  DIR/<workload>-<precision>-<program>.json (bench/trace_top.py sums them up)
-                  and its dispatch list as .dispatches.txt beside it
+                  DIR/<workload>-<precision>-<program>.json (bench/trace_top.py sums them
+                  up) and its dispatch list as .dispatches.txt beside it; the programs:
+                  inference (SmolVLA: chunk) and training, Whisper's encoder as well,
+                  ResNet-50's training at batch 4 and 256 (training-b4, training-b256)
 )";
 
 // One line of the table: the record's timings by name.
