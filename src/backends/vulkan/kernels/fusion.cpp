@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <exception>
 #include <map>
-#include <thread>
 
 #include "backends/vulkan/kernels/gemm_epilogue.hpp"
 #include "backends/vulkan/kernels/pointwise.hpp"
@@ -556,8 +555,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           errors[k] = std::current_exception();
         }
       },
-      std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
-                       lowered.size() / kNodesPerWorker + 1));
+      lowered.size() / kNodesPerWorker + 1);
   for (const std::exception_ptr& error : errors) {
     if (error) std::rethrow_exception(error);
   }

@@ -7,7 +7,6 @@
 #include <exception>
 #include <numeric>
 #include <string>
-#include <thread>
 
 #include "backends/vulkan/parallel_for.hpp"
 #include "backends/vulkan/runtime/shader_compiler.hpp"
