@@ -24,19 +24,22 @@ struct AttentionDims {
 };
 
 // Input positions. Forward: q, k, v, mask?. attention_lse: q, k, mask?. Backward ops:
-// q, k, v, mask?, out, grad_out, lse.
+// q, k, v, mask?, out, grad_out, lse, grad_out_max?.
 struct AttentionInputs {
   bool with_value = true;
   bool has_mask = false;
   bool backward = false;
+  bool has_grad_out_max = false;
 
   size_t mask_index() const { return with_value ? 3 : 2; }
   size_t out_index() const { return mask_index() + (has_mask ? 1 : 0); }
-  size_t count() const { return out_index() + (backward ? 3 : 0); }
+  size_t grad_out_max_index() const { return out_index() + 3; }
+  size_t count() const { return out_index() + (backward ? 3 + (has_grad_out_max ? 1 : 0) : 0); }
 };
 
 AttentionInputs attention_inputs(const Node& node, bool with_value, bool backward) {
-  return {with_value, node.attrs.get_int("has_mask", 0) != 0, backward};
+  return {with_value, node.attrs.get_int("has_mask", 0) != 0, backward,
+          backward && node.attrs.get_int("has_grad_out_max", 0) != 0};
 }
 
 AttentionDims attention_dims(const Shape& q, const Shape& k, const Shape* v) {
@@ -95,6 +98,17 @@ AttentionDims check_attention(const Graph& graph, const Node& node, bool with_va
         op_error(graph, node,
                  std::string(names[i]) + " " + shape_string(actual) + " should be " +
                      shape_string(expected[i].second));
+      }
+    }
+    if (layout.has_grad_out_max) {
+      const Shape& actual = graph.type(node.inputs[layout.grad_out_max_index()]).shape;
+      if (actual != Shape{dims.batch, 1, 1, 1} &&
+          actual != Shape{dims.batch, dims.kv_heads, 1, 1}) {
+        op_error(graph, node,
+                 "grad_out_max " + shape_string(actual) + " should be " +
+                     shape_string(Shape{dims.batch, 1, 1, 1}) + " or " +
+                     shape_string(Shape{dims.batch, dims.kv_heads, 1, 1}) +
+                     " (one per batch entry, or per key/value head)");
       }
     }
   }
@@ -527,9 +541,14 @@ void register_attention_ops(std::vector<OpDef>& registry) {
           },
   });
 
-  // attention_grad_q / _k / _v(q, k, v, mask?, out, grad_out, lse) -> the gradient of q
-  //   [B, Hq, Sq, D], k [B, Hkv, Sk, D] or v [B, Hkv, Sk, Dv] (k and v summed over the query
-  //   heads of their group). attrs: those of scaled_dot_product_attention.
+  // attention_grad_q / _k / _v(q, k, v, mask?, out, grad_out, lse, grad_out_max?) -> the
+  //   gradient of q [B, Hq, Sq, D], k [B, Hkv, Sk, D] or v [B, Hkv, Sk, Dv] (k and v summed over
+  //   the query heads of their group). attrs: those of scaled_dot_product_attention, and
+  //   has_grad_out_max (0/1): grad_out_max [B, 1, 1, 1] or [B, Hkv, 1, 1] is the largest
+  //   |grad_out| of each batch entry (and key/value head's group of query heads), which kernels
+  //   that round grad_out to a narrow type use to scale it into that type's range
+  //   (passes/scale_attention_gradients.cpp). The gradients are linear in grad_out, so the
+  //   result is the same with or without it; the reference leaves it unread.
   register_attention_grad(
       registry, op::attention_grad_q, &AttentionReference::Gradients::q,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 0); },
@@ -541,9 +560,9 @@ void register_attention_ops(std::vector<OpDef>& registry) {
       registry, op::attention_grad_v, &AttentionReference::Gradients::v,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 2); }, "q_splits");
 
-  // attention_grad_scores(q, k, v, mask?, out, grad_out, lse) -> [B, Hq, Sq, Sk]: scale * dS,
-  //   the scores' gradient (attention_grad_q is this times k), for the GPU's route of dQ as a
-  //   matmul (passes/attention_grad_q_gemm.cpp). attrs: those of scaled_dot_product_attention.
+  // attention_grad_scores(q, k, v, mask?, out, grad_out, lse, grad_out_max?) -> [B, Hq, Sq, Sk]:
+  //   scale * dS, the scores' gradient (attention_grad_q is this times k), for the GPU's route of
+  //   dQ as a matmul (passes/attention_grad_q_gemm.cpp). attrs: those of the gradient ops.
   registry.push_back(OpDef{
       .name = op::attention_grad_scores,
       .infer =

@@ -66,10 +66,10 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
 Graph pad_attention_heads(const Graph& graph, int64_t multiple,
                           std::vector<ValueId>* remap = nullptr);
 
-// Attention gradients in f16's range: each attention_grad_q / _k / _v reads its cotangent dO
-// times s = 64 / max |dO| (per batch and kv head) and its result is divided by s, so that the
-// f16 operands of the cooperative-matrix backward (dO, dS) neither underflow nor overflow at
-// any scale of the loss (see scale_attention_gradients.cpp).
+// Attention gradients in f16's range: each attention_grad_q / _k / _v also reads max |dO| (per
+// batch and kv head, attribute has_grad_out_max), by which the cooperative-matrix backward
+// scales dO as it loads it and its result as it stores it, so that its f16 operands (dO, dS)
+// neither underflow nor overflow at any scale of the loss (see scale_attention_gradients.cpp).
 Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul

@@ -2,10 +2,12 @@
 // dS = P (dP - delta) scale to f16 before its products. dS is smaller than dO by P (about 1 / Sk
 // where attention is spread out) and by scale, so at the small gradients of an untrained model's
 // loss it falls below f16's smallest subnormal (2^-24) and dQ and dK come out as zeros. The
-// gradients are linear in dO, so the pass feeds each backward op dO times
-// s = kGradientMaximum / max |dO| (one s per batch and head, or per batch with grouped heads)
-// and divides its result by s: dS then lies in f16's normal range at any scale of the loss, as
-// loss scaling gives mixed-precision training, with no scale to tune or back off.
+// gradients are linear in dO, so a kernel may multiply dO by any s as it loads it and divide its
+// result by s as it stores it; the pass gives each backward op the largest |dO| that its s is
+// drawn from (one per batch and head, or per batch with grouped heads), so that dS lies in f16's
+// normal range at any scale of the loss, as loss scaling gives mixed-precision training, with no
+// scale to tune or back off. How large s makes dO is the kernels' choice
+// (backends/vulkan/kernels/attention.cpp).
 #include <map>
 
 #include "ir/op_names.hpp"
@@ -15,56 +17,42 @@
 namespace mg::passes {
 namespace {
 
-// The largest |dO| after scaling. |dS| is at most |dP - delta| scale (P <= 1), and |dP - delta|
-// at most max |dO| sqrt(Dv) |v_j - o_i|: with scale = 1 / sqrt(D) and Dv = D, 64 |v_j - o_i|,
-// below f16's largest value (65504) unless two value rows lie over 1000 apart, while the dS
-// that matter stay far above f16's smallest normal (2^-14).
-constexpr double kGradientMaximum = 64.0;
-// A floor for max |dO|: a zero cotangent keeps a finite scale (and zero gradients).
-constexpr double kSmallestMaximum = 1e-30;
-
 bool is_attention_gradient(const Node& node) {
   return node.op == op::attention_grad_q || node.op == op::attention_grad_k ||
          node.op == op::attention_grad_v;
 }
 
-// s [B, H, 1, 1] where query and kv heads are as many (one scale per head), else [B, 1, 1, 1]
-// (the kv heads' gradients sum over their group's query heads, which must share a scale).
-ValueId gradient_scale(Graph& target, ValueId grad_out, int64_t kv_heads) {
+// max |dO| as [B, H, 1, 1] where query and kv heads are as many (one per head), else
+// [B, 1, 1, 1] (the kv heads' gradients sum over their group's query heads, which must share a
+// scale).
+ValueId largest_magnitude(Graph& target, ValueId grad_out, int64_t kv_heads) {
   const TensorType type = target.type(grad_out);  // a copy: adding nodes may move it
   const std::vector<int64_t> axes =
       type.shape[1] == kv_heads ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{1, 2, 3};
   const ValueId magnitude = target.add(op::abs, {grad_out});
-  const ValueId largest =
-      target.add(op::max, {magnitude}, {{"axes", axes}, {"keepdims", int64_t{1}}});
-  const TensorType scalar{type.dtype, {}};
-  const ValueId floored =
-      target.add(op::maximum, {largest, target.constant(kSmallestMaximum, scalar)});
-  return target.add(op::div, {target.constant(kGradientMaximum, scalar), floored});
+  return target.add(op::max, {magnitude}, {{"axes", axes}, {"keepdims", int64_t{1}}});
 }
 
 }  // namespace
 
 Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap) {
-  // The scaled dO and its scale, once per (cotangent, kv heads) of the new graph.
-  std::map<std::pair<ValueId, int64_t>, std::pair<ValueId, ValueId>> scaled;
+  // max |dO| once per (cotangent, kv heads) of the new graph, so that the dK and dV of one
+  // attention keep equal inputs (and one launch).
+  std::map<std::pair<ValueId, int64_t>, ValueId> largest;
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
-        if (!is_attention_gradient(node)) return target.add_typed(std::move(node));
+        if (!is_attention_gradient(node) || node.attrs.get_int("has_grad_out_max", 0) != 0)
+          return target.add_typed(std::move(node));
         // Inputs: q, k, v, mask?, out, grad_out, lse.
-        ValueId& grad_out = node.inputs[node.inputs.size() - 2];
+        const ValueId grad_out = node.inputs[node.inputs.size() - 2];
         const int64_t kv_heads = target.type(node.inputs[1]).shape[1];
-        auto [entry, inserted] = scaled.try_emplace({grad_out, kv_heads});
-        if (inserted) {
-          const ValueId scale = gradient_scale(target, grad_out, kv_heads);
-          entry->second = {target.add(op::mul, {grad_out, scale}), scale};
-        }
-        const auto [scaled_grad_out, scale] = entry->second;
-        grad_out = scaled_grad_out;
-        const ValueId result = target.add_typed(std::move(node));
-        return target.add(op::div, {result, scale});
+        auto [entry, inserted] = largest.try_emplace({grad_out, kv_heads});
+        if (inserted) entry->second = largest_magnitude(target, grad_out, kv_heads);
+        node.inputs.push_back(entry->second);
+        node.attrs.set("has_grad_out_max", int64_t{1});
+        return target.add(node.op, node.inputs, node.attrs);
       },
       remap);
 }

@@ -411,6 +411,46 @@ TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
   }
 }
 
+// The backward given max |dO| (passes::scale_attention_gradients): dQ, dK, dV and dK with dV
+// read it (SCALED_GRAD_OUT, one per batch entry for these grouped heads) and compile to valid
+// NV SPIR-V, in registers and staged; without it they read none.
+TEST_F(CoopMatrixLowering, AttentionBackwardReadsTheLargestCotangent) {
+  for (const bool scaled : {true, false}) {
+    const Graph graph = scaled ? passes::scale_attention_gradients(coop_graph()) : coop_graph();
+    for (const bool quad_rows : {true, false}) {
+      SCOPED_TRACE(std::string(scaled ? "scaled" : "as it is") + (quad_rows ? ", registers" : ""));
+      target::DeviceTraits device = coop_device();
+      device.quad_row_fragments = quad_rows;
+      std::vector<kernels::Launch> launches = coop_launches(graph, device);
+      ValueId grad_k = kNoValue, grad_v = kNoValue;
+      for (size_t i = 0; i < graph.size(); ++i) {
+        if (graph.nodes()[i].op == op::attention_grad_k) grad_k = static_cast<ValueId>(i);
+        if (graph.nodes()[i].op == op::attention_grad_v) grad_v = static_cast<ValueId>(i);
+      }
+      for (kernels::Launch& launch : kernels::lower_attention_with_companions(
+               graph, grad_k, {grad_v}, testing::switched(device)))
+        launches.push_back(std::move(launch));
+      size_t backward = 0;
+      for (const kernels::Launch& launch : launches) {
+        if (launch.kernel != "attention_grad_q_coopmat" &&
+            launch.kernel != "attention_grad_kv_coopmat")
+          continue;
+        ++backward;
+        EXPECT_EQ(define_of(launch, "SCALED_GRAD_OUT"), scaled ? "1" : "0") << launch.label;
+        const auto reads = std::count_if(
+            launch.operands.begin(), launch.operands.end(),
+            [](const kernels::Operand& operand) { return operand.name == "grad_out_max"; });
+        EXPECT_EQ(reads, scaled ? 1 : 0) << launch.label;
+        if (scaled) {
+          EXPECT_EQ(define_of(launch, "GRAD_OUT_MAX_HEADS"), "1u") << launch.label;
+        }
+        EXPECT_FALSE(gpu::compile_glsl(spec_of(graph, launch)).empty());  // validated
+      }
+      EXPECT_EQ(backward, 4u);
+    }
+  }
+}
+
 // The layout check against fragments written out by hand: NVIDIA's (upper row's A components
 // first) passes; the PTX register order of mma.m16n8k16 (A components 2, 3 in the lower row)
 // and a layout with two lanes' accumulator rows swapped do not.
@@ -1422,20 +1462,34 @@ TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
 // Gradients of the size an untrained model's loss gives (a cotangent of 1e-6), at the shapes of
 // Whisper-tiny's encoder (1500 queries and keys, heads of 64) and of SD 1.5's self-attention
 // (1024 and 256 tokens, heads of 80 and 160), spread-out attention: dS is about 1e-10 there,
-// below f16's smallest subnormal, so without the rescaled cotangent
-// (MEGANEURA_ATTENTION_GRAD_SCALE=0) dQ and dK come out as zeros.
+// below f16's smallest subnormal, so without the kernels' rescaled cotangent
+// (MEGANEURA_ATTENTION_GRAD_SCALE=0) dQ and dK come out as zeros. Grouped heads share a scale
+// per batch entry. A zero cotangent gives zero gradients, not NaNs. Scores in registers and
+// staged through shared memory alike.
 TEST_F(GpuCoopMatrix, AttentionGradientsOfSmallCotangentsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
-  for (const Shape& q : {Shape{1, 2, 1500, 64}, Shape{1, 1, 1024, 80}, Shape{1, 1, 256, 160}}) {
-    SCOPED_TRACE(shape_string(q));
-    check_on_gpu(
-        {{"q", q}, {"k", q}, {"v", q}, {"g", q, DType::f32, -1e-6, 1e-6}},
-        [](Graph& graph, std::vector<Tensor>& x) {
-          output_with_gradients(graph, scaled_dot_product_attention(x[0], x[1], x[2], {}), x[3],
-                                {x[0], x[1], x[2]});
-        },
-        1e-2, 23, fast());
+  struct Case {
+    Shape q, kv;
+    double cotangent;
+  };
+  for (const char* registers : {"1", "0"}) {
+    const ScopedSwitch staged("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
+    for (const Case& c : {Case{{1, 2, 1500, 64}, {1, 2, 1500, 64}, 1e-6},
+                          Case{{1, 1, 1024, 80}, {1, 1, 1024, 80}, 1e-6},
+                          Case{{1, 1, 256, 160}, {1, 1, 256, 160}, 1e-6},
+                          Case{{2, 6, 300, 64}, {2, 2, 300, 64}, 1e-6},
+                          Case{{1, 2, 200, 64}, {1, 2, 200, 64}, 0.0}}) {
+      SCOPED_TRACE(shape_string(c.q) + " cotangent " + std::to_string(c.cotangent) +
+                   " MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=" + registers);
+      check_on_gpu(
+          {{"q", c.q}, {"k", c.kv}, {"v", c.kv}, {"g", c.q, DType::f32, -c.cotangent, c.cotangent}},
+          [](Graph& graph, std::vector<Tensor>& x) {
+            output_with_gradients(graph, scaled_dot_product_attention(x[0], x[1], x[2], {}), x[3],
+                                  {x[0], x[1], x[2]});
+          },
+          1e-2, 23, fast());
+    }
   }
 }
 

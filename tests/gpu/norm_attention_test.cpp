@@ -281,9 +281,9 @@ TEST(GpuNormAttention, LogSumExpAlone) {
       });
 }
 
-// Gradients over a rescaled cotangent (passes/scale_attention_gradients.cpp, forced: the fast
-// precision's cooperative matrices take it by default): grouped heads with a mask (one scale per
-// batch), and causal heads with a narrower value (one per head).
+// Gradients given max |dO| (passes/scale_attention_gradients.cpp, forced: the fast precision's
+// cooperative matrices take it by default), which the strict kernels leave unread: grouped heads
+// with a mask (one per batch), and causal heads with a narrower value (one per head).
 TEST(GpuNormAttention, GradientsOverAScaledCotangent) {
   const testing::ScopedSwitch scaled("MEGANEURA_ATTENTION_GRAD_SCALE", "1");
   check_attention(2, 4, 2, 37, 45, 16, 16, false, true);

@@ -221,6 +221,21 @@ TEST(Attention, MisuseNamesOpAndShapes) {
                {"attention_grad_q", "head_splits", "dK and dV only"});
   EXPECT_EQ(graph.type(graph.add("attention_grad_k", backward_inputs, with_head_splits(2))).shape,
             (Shape{2, 1, 2, 5, 8}));
+  // max |dO| (passes/scale_attention_gradients.cpp): one per batch entry or per kv head (2 here),
+  // not per query head.
+  const Attrs with_largest{
+      {"causal", int64_t{0}}, {"has_mask", int64_t{0}}, {"has_grad_out_max", int64_t{1}}};
+  std::vector<ValueId> with_max = backward_inputs;
+  with_max.push_back(input(graph, "grad_out_max", {1, 4, 1, 1}).id());
+  expect_error([&] { graph.add("attention_grad_q", with_max, with_largest); },
+               {"attention_grad_q", "grad_out_max [1, 4, 1, 1]", "[1, 2, 1, 1]"});
+  expect_error([&] { graph.add("attention_grad_v", backward_inputs, with_largest); },
+               {"attention_grad_v", "7 inputs"});
+  for (const Shape& largest : {Shape{1, 1, 1, 1}, Shape{1, 2, 1, 1}}) {
+    with_max.back() = input(graph, "largest " + shape_string(largest), largest).id();
+    EXPECT_EQ(graph.type(graph.add("attention_grad_k", with_max, with_largest)).shape,
+              (Shape{1, 2, 5, 8}));
+  }
   expect_error(
       [&] {
         rope(input(graph, "x", {1, 1, 2, 5}));

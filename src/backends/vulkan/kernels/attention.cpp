@@ -38,13 +38,23 @@ double attention_scale(const Node& node, const Dims& dims) {
 }
 
 // Input positions (src/ops/attention.cpp). Forward: q, k, v, mask?; attention_lse: q, k,
-// mask?; backward: q, k, v, mask?, out, grad_out, lse.
+// mask?; backward: q, k, v, mask?, out, grad_out, lse, grad_out_max?.
 struct Inputs {
   bool with_value;
   bool has_mask;
   size_t mask() const { return with_value ? 3 : 2; }
   size_t out() const { return mask() + (has_mask ? 1 : 0); }
+  size_t grad_out_max() const { return out() + 3; }
 };
+
+// The cooperative-matrix backward scales dO to a largest element of kGradientMaximum where the
+// graph gives it max |dO| (passes/scale_attention_gradients.cpp). |dS| is at most
+// |dP - delta| scale (P <= 1), and |dP - delta| at most max |dO| sqrt(Dv) |v_j - o_i|: with
+// scale = 1 / sqrt(D) and Dv = D, 64 |v_j - o_i|, below f16's largest value (65504) unless two
+// value rows lie over 1000 apart, while the dS that matter stay far above f16's smallest normal
+// (2^-14). A zero cotangent takes the floor kSmallestMaximum: a finite scale and zero gradients.
+constexpr double kGradientMaximum = 64.0;
+constexpr double kSmallestMaximum = 1e-30;
 
 // The values are attention_tiled.comp's MODE.
 // grad_kv: dK and dV of one node pair in one launch (attention_grad_k writing attention_grad_v);
@@ -268,6 +278,9 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const double scale = attention_scale(node, dims);
   const bool coop = use_coop_attention(mode, dims, context.device());
   const bool key_owned = is_key_owned(mode);
+  // The strict kernels compute in f32 throughout and leave max |dO| unread.
+  const bool scaled_grad_out = coop && mode != Mode::forward && mode != Mode::lse &&
+                               node.attrs.get_int("has_grad_out_max", 0) != 0;
 
   Launch launch;
   launch.label = context.label();
@@ -366,6 +379,15 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
     launch.operands.push_back({"grad_out", node.inputs[inputs.out() + 1], false});
     launch.operands.push_back({"lse", node.inputs[inputs.out() + 2], false});
   }
+  if (scaled_grad_out) {
+    const ValueId largest = node.inputs[inputs.grad_out_max()];
+    launch.operands.push_back({"grad_out_max", largest, false});
+    launch.defines.push_back({"GRAD_OUT_MAX_HEADS", glsl_uint(graph.type(largest).shape[1])});
+    launch.defines.push_back({"GRADIENT_MAXIMUM", glsl_float(kGradientMaximum)});
+    launch.defines.push_back({"SMALLEST_MAXIMUM", glsl_float(kSmallestMaximum)});
+  }
+  if (coop && mode != Mode::forward && mode != Mode::lse)
+    launch.defines.push_back({"SCALED_GRAD_OUT", scaled_grad_out ? "1" : "0"});
   const char* result_name = mode == Mode::forward       ? "out_"
                             : mode == Mode::lse         ? "lse"
                             : mode == Mode::grad_q      ? "grad_q"

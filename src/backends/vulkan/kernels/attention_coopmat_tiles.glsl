@@ -34,3 +34,18 @@
       tiles[(offset) + (e_ / ((width) / 4)) * ATTENTION_ROW_UVEC2S(width) + e_ % ((width) / 4)] = \
           QUARTER_HALVES(registers[r_] * (scale));                                          \
   }
+
+// The backward kernels' factor for dO (attention.cpp: SCALED_GRAD_OUT, GRAD_OUT_MAX_HEADS,
+// GRADIENT_MAXIMUM, SMALLEST_MAXIMUM): GRADIENT_MAXIMUM / max |dO| of batch entry b (and kv head
+// kv_head where grad_out_max has one per kv head), 1 without grad_out_max. The gradients are
+// linear in dO: the kernels multiply dO (and so delta) by it and divide their results by it.
+#ifdef SCALED_GRAD_OUT
+#if SCALED_GRAD_OUT
+#define GRAD_OUT_SCALE(b, kv_head)                                                             \
+  (float(GRADIENT_MAXIMUM) /                                                                   \
+   max(grad_out_max[(b)*GRAD_OUT_MAX_HEADS + (GRAD_OUT_MAX_HEADS == 1u ? 0u : (kv_head))],     \
+       float(SMALLEST_MAXIMUM)))
+#else
+#define GRAD_OUT_SCALE(b, kv_head) 1.0
+#endif
+#endif

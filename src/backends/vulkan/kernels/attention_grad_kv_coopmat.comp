@@ -21,9 +21,11 @@
 // (s + 1) * SLICE), s = z % SPLITS, of each head and writes partial result z (after the
 // B * HKV * SK rows of those before); HEAD_SPLITS > 1: only the GROUP_PART query heads of part
 // z / SPLITS of the group.
+// SCALED_GRAD_OUT: dO (and delta) times GRAD_OUT_SCALE, the results divided by it
+// (attention_coopmat_tiles.glsl).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, WITH_GRAD_V,
 // BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), HEAD_SPLITS, GRAD_OUT_BINDING and, for dK,
-// OUT_BINDING (the bindings of grad_out and out_value), FRAGMENT_REGISTERS.
+// OUT_BINDING (the bindings of grad_out and out_value), FRAGMENT_REGISTERS, SCALED_GRAD_OUT.
 // Generated: float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment
 // arrays stay in registers.
 #extension GL_NV_cooperative_matrix : require
@@ -113,8 +115,8 @@ void load_qdo(uint q_base, uint q0, uint t) {
 #endif
 }
 
-// Writes this subgroup's rows of accumulator fragments `fragments` (dim columns) to `target`
-// through its staging rows, OUT_COLUMNS(dim) columns at a time.
+// Writes this subgroup's rows of accumulator fragments `fragments` (dim columns), times
+// result_scale, to `target` through its staging rows, OUT_COLUMNS(dim) columns at a time.
 #define WRITE_ROWS(fragments, target, dim)                                                        \
   [[unroll]] for (uint part = 0; part < (dim) / OUT_COLUMNS(dim); ++part) {                      \
     subgroupBarrier(); /* every lane has written the previous part out */                        \
@@ -128,7 +130,8 @@ void load_qdo(uint q_base, uint q0, uint t) {
       if (kj < SK)                                                                               \
         target[(partial_base + kv_base + kj) * (dim) + part * OUT_COLUMNS(dim) +                 \
                e % OUT_COLUMNS(dim)] =                                                           \
-            stage[stage_block + (e / OUT_COLUMNS(dim)) * STAGE_STRIDE + e % OUT_COLUMNS(dim)];   \
+            stage[stage_block + (e / OUT_COLUMNS(dim)) * STAGE_STRIDE + e % OUT_COLUMNS(dim)] *  \
+            result_scale;                                                                        \
     }                                                                                            \
   }
 
@@ -136,6 +139,7 @@ void load_qdo(uint q_base, uint q0, uint t) {
 
 void main() {
   uint b = gl_WorkGroupID.y / HKV, kv_head = gl_WorkGroupID.y % HKV;
+  float grad_out_scale = GRAD_OUT_SCALE(b, kv_head), result_scale = 1.0 / grad_out_scale;
   uint t = gl_LocalInvocationID.x;
   uint warp = t / 32, lane = t % 32;
   uint k0 = gl_WorkGroupID.x * BK;
@@ -208,11 +212,11 @@ void main() {
 #endif
     barrier();  // every subgroup is done with the previous tiles (or the key block)
     ATTENTION_STASH(tiles, 0, q_next, 1.0, BQ, D, t)
-    ATTENTION_STASH(tiles, DO_OFFSET, do_next, 1.0, BQ, DV, t)
+    ATTENTION_STASH(tiles, DO_OFFSET, do_next, grad_out_scale, BQ, DV, t)
     if (t % TPQ == 0) {
       query_lse[t / TPQ] = lse_next;
 #if GRAD_K
-      query_delta[t / TPQ] = delta;
+      query_delta[t / TPQ] = delta * grad_out_scale;
 #endif
     }
     barrier();
@@ -292,13 +296,13 @@ void main() {
     [[unroll]] for (uint n = 0; n < RESULT_DIM / 8; ++n) {
       [[unroll]] for (uint e = 0; e < 2; ++e)
         result[(partial_base + kv_base + j) * RESULT_DIM + n * 8 + quad_col + e] =
-            accumulators[n][2 * half_rows + e];
+            accumulators[n][2 * half_rows + e] * result_scale;
     }
 #if WITH_GRAD_V
     [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
       [[unroll]] for (uint e = 0; e < 2; ++e)
         result_v[(partial_base + kv_base + j) * DV + n * 8 + quad_col + e] =
-            value_accumulators[n][2 * half_rows + e];
+            value_accumulators[n][2 * half_rows + e] * result_scale;
     }
 #endif
   }

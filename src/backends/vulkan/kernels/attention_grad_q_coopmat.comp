@@ -16,9 +16,11 @@
 // elements of dQ; no staging area, no subgroup barrier.
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * SLICE,
 // (z + 1) * SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
+// SCALED_GRAD_OUT: dO (and delta) times GRAD_OUT_SCALE, dQ divided by it
+// (attention_coopmat_tiles.glsl).
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, BK (32 or 64),
 // SPLITS, SLICE (a multiple of BK), OUT_BINDING and GRAD_OUT_BINDING (the bindings of
-// out_value and grad_out), FRAGMENT_REGISTERS. Generated:
+// out_value and grad_out), FRAGMENT_REGISTERS, SCALED_GRAD_OUT. Generated:
 // float mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
 #extension GL_NV_cooperative_matrix : require
@@ -75,13 +77,13 @@ shared uvec2 weights[BQ * W_UVEC2S];
 #define STAGED(at) uintBitsToFloat(stage[(at)])
 
 // Part `part` (OUT_COLUMNS columns) of the subgroup's ROWS result rows, staged at stage_block
-// (rows STAGE_VEC4S vec4s apart), into `result` (rows of `width` floats) at row base + row0 + r,
-// for the rows row0 + r below `limit`; consecutive lanes on consecutive vec4s.
-#define ATTENTION_WRITE_PART(result, base, row0, limit, width, part)                          \
+// (rows STAGE_VEC4S vec4s apart), times `factor`, into `result` (rows of `width` floats) at row
+// base + row0 + r, for the rows row0 + r below `limit`; consecutive lanes on consecutive vec4s.
+#define ATTENTION_WRITE_PART(result, base, row0, limit, width, part, factor)                  \
   [[unroll]] for (uint r_ = 0; r_ < ROWS * OUT_COLUMNS / 128; ++r_) {                      \
     uint e_ = lane + r_ * 32, row_ = e_ / (OUT_COLUMNS / 4), column_ = e_ % (OUT_COLUMNS / 4); \
     if ((row0) + row_ < (limit)) {                                                            \
-      vec4 value_ = STAGED(stage_block + row_ * STAGE_VEC4S + column_);                        \
+      vec4 value_ = STAGED(stage_block + row_ * STAGE_VEC4S + column_) * (factor);             \
       uint at_ = ((base) + (row0) + row_) * (width) + (part) * OUT_COLUMNS + 4 * column_;     \
       [[unroll]] for (uint c_ = 0; c_ < 4; ++c_) result[at_ + c_] = value_[c_];             \
     }                                                                                         \
@@ -101,6 +103,7 @@ void main() {
   uint bh = gl_WorkGroupID.y;
   uint b = bh / HQ, h = bh % HQ;
   uint kv_head = h / (HQ / HKV);
+  float grad_out_scale = GRAD_OUT_SCALE(b, kv_head), result_scale = 1.0 / grad_out_scale;
   uint t = gl_LocalInvocationID.x;
   uint warp = t / 32, lane = t % 32;
   uint q0 = gl_WorkGroupID.x * BQ;
@@ -142,7 +145,7 @@ void main() {
   {
     vec4 do_values[ATTENTION_LOADS(BQ, DV)];
     ATTENTION_FETCH(do_values, grad_out4, q_base, q0, SQ, BQ, DV, t)
-    ATTENTION_STASH(tiles, 0, do_values, 1.0, BQ, DV, t)
+    ATTENTION_STASH(tiles, 0, do_values, grad_out_scale, BQ, DV, t)
   }
   barrier();
   fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> do_fragments[DV / 16];
@@ -164,6 +167,7 @@ void main() {
   }
   delta += vec2(subgroupShuffleXor(delta.x, 1), subgroupShuffleXor(delta.y, 1));
   delta += vec2(subgroupShuffleXor(delta.x, 2), subgroupShuffleXor(delta.y, 2));
+  delta *= grad_out_scale;
 #else
   // delta = rowsum(dO * O), each lane of the pair summing half the row.
   float delta = 0.0;
@@ -174,6 +178,7 @@ void main() {
     }
   }
   delta += subgroupShuffleXor(delta, 1);
+  delta *= grad_out_scale;
   float row_lse = i < SQ ? lse[q_base + i] * float(LOG2E) : 0.0;
 #endif
 
@@ -235,7 +240,7 @@ void main() {
     [[unroll]] for (uint n = 0; n < D / 8; ++n) {
       [[unroll]] for (uint e = 0; e < 2; ++e)
         grad_q[(partial_base + q_base + i) * D + n * 8 + quad_col + e] =
-            accumulators[n][2 * half_rows + e];
+            accumulators[n][2 * half_rows + e] * result_scale;
     }
   }
 #else
@@ -304,7 +309,8 @@ void main() {
                      STAGE_VEC4S, false);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
-    ATTENTION_WRITE_PART(grad_q, partial_base + q_base, q0 + warp * ROWS, SQ, D, part)
+    ATTENTION_WRITE_PART(grad_q, partial_base + q_base, q0 + warp * ROWS, SQ, D, part,
+                         result_scale)
   }
 #endif
 }
