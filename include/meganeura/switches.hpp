@@ -67,6 +67,8 @@ struct Switches {
   bool no_coopmat = false;      // MEGANEURA_NO_COOPMAT=1: fast precision runs strict kernels
   bool no_cpu_kernels = false;  // MEGANEURA_NO_CPU_KERNELS=1: GPU kernels on CPU devices
   bool packed_columns = false;  // MEGANEURA_PACKED_COLUMNS=1: f16-pair convolution columns
+  // MEGANEURA_FEW_ROWS_GEMM=0: products of few rows on gemm.comp's tiles, not gemm_few_rows.comp.
+  bool few_rows_gemm = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

@@ -199,6 +199,10 @@ Switches read_switches(Reader& read) {
   s.no_cpu_kernels = read.flag("MEGANEURA_NO_CPU_KERNELS", "CPU kernels on CPU devices",
                                "GPU kernels everywhere", "CPU kernels on CPU devices")
                          .value_or(false);
+  s.few_rows_gemm = read.flag("MEGANEURA_FEW_ROWS_GEMM", "products of few rows on the tiled GEMM",
+                              "products of few rows on their own kernel",
+                              "products of few rows on their own kernel")
+                        .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

@@ -36,7 +36,8 @@ std::optional<target::GemmProduct> product_of(const Graph& graph, const Node& no
         .k = a_shape[a_shape.size() - (transpose_a ? 2 : 1)],
         .entries = element_count(Shape(out_shape.begin(), out_shape.end() - 2)),
         .half_operands = half,
-        .winograd_weight_gradient = graph.node(node.inputs[0]).op == op::winograd_grad_tiles};
+        .winograd_weight_gradient = graph.node(node.inputs[0]).op == op::winograd_grad_tiles,
+        .b_transposed = node.attrs.get_int("transpose_b", 0) != 0};
   }
   if (node.op == op::conv2d_grad_weight) {
     // Per group: M = O / groups, N = C / groups * KH * KW, K = N * OH * OW.

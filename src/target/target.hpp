@@ -28,6 +28,7 @@ struct GemmProduct {
   bool generated_loads = false;  // conv2d_grad_weight's implicit GEMM, not a matmul's buffers
   bool half_operands = false;    // a half_matmul of f16 operands
   bool winograd_weight_gradient = false;  // U V^T of a Winograd weight gradient's tiles
+  bool b_transposed = false;              // a matmul's B stored [N, K] (transpose_b)
 };
 
 class Target {

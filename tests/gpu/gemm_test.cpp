@@ -1,10 +1,11 @@
 // The SIMT GEMM (gemm.comp) in every tile configuration and with K sliced over k-groups,
-// split-K partial products (k_splits) on the GPU and CPU-device kernels, and the split-K pass end
-// to end, against the f64 reference. On Lavapipe gemm.comp runs only with
-// MEGANEURA_NO_CPU_KERNELS=1.
+// split-K partial products (k_splits) on the GPU and CPU-device kernels, the split-K pass end
+// to end, and products of few rows (gemm_few_rows.comp), against the f64 reference. On Lavapipe
+// gemm.comp runs only with MEGANEURA_NO_CPU_KERNELS=1.
 #include <array>
 
 #include "backends/vulkan/kernels/lowering.hpp"
+#include "backends/vulkan/kernels/split_k_rule.hpp"
 #include "conv_support.hpp"
 
 namespace mg {
@@ -458,6 +459,61 @@ TEST(GpuGemm, SplitKEndToEnd) {
 TEST(GpuGemm, SplitKEndToEndOnGpuKernels) {
   const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
   check_split_k();
+}
+
+// Products of few rows against B stored [N, K] (gemm_few_rows.comp, y = x W^T of a decode step)
+// on the GPU kernels: one row, four and eight; vec4 rows (K = 576, 40) and scalar ones (K = 33,
+// and A stored [K, M]); columns that leave the last workgroup partly empty (37, 130); broadcast
+// batches on both sides; a bias and a ReLU in the product's epilogue; and its gradients (B
+// stored [K, N], or many rows) on gemm.comp beside it.
+TEST(GpuGemm, FewRowsAgainstRowsOfB) {
+  const ScopedSwitch gpu_kernels("MEGANEURA_NO_CPU_KERNELS", "1");
+  check_on_gpu({{"x1", {1, 576}},
+                {"w1", {130, 576}},
+                {"x4", {2, 1, 4, 40}},
+                {"w4", {1, 3, 37, 40}},
+                {"xt8", {33, 8}},
+                {"w8", {37, 33}},
+                {"bias", {130}},
+                {"seed", {1, 130}}},
+               [](Graph& graph, std::vector<Tensor>& x) {
+                 const Tensor logits = relu(matmul(x[0], x[1], false, true) + x[6]);
+                 testing::output_with_gradients(graph, logits, x[7], {x[0], x[1]});
+                 graph.set_output("batched", matmul(x[2], x[3], false, true).id());
+                 graph.set_output("a_transposed_scalar", matmul(x[4], x[5], true, true).id());
+               });
+}
+
+// Which products take gemm_few_rows.comp: at most 8 rows against B stored [N, K] with K of at
+// least 32, whole; not 9 rows, B stored [K, N], K of 31, MEGANEURA_FEW_ROWS_GEMM=0 or a forced
+// gemm.comp tile. The split-K rule leaves them whole (a long K that it splits on gemm.comp).
+TEST(GemmLowering, FewRowsProductsTakeTheirOwnKernel) {
+  const target::DeviceTraits device = h200_sized();
+  const auto kernel_of = [&](const Shape& a, const Shape& b, bool transpose_b) {
+    Graph graph;
+    const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b), false, transpose_b);
+    target::DeviceTraits switched = device;
+    switched.switches = testing::switches();
+    return kernels::lower_node(graph, y.id(), switched).at(0).kernel;
+  };
+  EXPECT_EQ(kernel_of({4, 384}, {51865, 384}, true), "gemm_few_rows");
+  EXPECT_EQ(kernel_of({1, 32}, {100, 32}, true), "gemm_few_rows");
+  EXPECT_EQ(kernel_of({8, 576}, {576, 576}, true), "gemm_few_rows");
+  EXPECT_EQ(kernel_of({9, 576}, {576, 576}, true), "gemm");
+  EXPECT_EQ(kernel_of({4, 576}, {576, 576}, false), "gemm");
+  EXPECT_EQ(kernel_of({4, 31}, {576, 31}, true), "gemm");
+  const target::GemmProduct long_k{.m = 1, .n = 576, .k = 4096, .b_transposed = true};
+  target::DeviceTraits switched = device;
+  switched.switches = testing::switches();
+  EXPECT_EQ(kernels::gemm_k_splits(long_k, switched), 1);
+  {
+    const ScopedSwitch off("MEGANEURA_FEW_ROWS_GEMM", "0");
+    EXPECT_EQ(kernel_of({4, 384}, {51865, 384}, true), "gemm");
+    switched.switches = testing::switches();
+    EXPECT_GT(kernels::gemm_k_splits(long_k, switched), 1);
+  }
+  const ScopedSwitch tile("MEGANEURA_GEMM_TILE", "64");
+  EXPECT_EQ(kernel_of({4, 384}, {51865, 384}, true), "gemm");
 }
 
 }  // namespace

@@ -344,7 +344,43 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
           .four_by_four = tile.four_by_four()};
 }
 
+namespace {
+
+// gemm_few_rows.comp: threads a column, columns a workgroup, and the most rows it takes.
+constexpr int64_t kFewRowsLanes = 32, kFewRowsColumns = 8, kMostFewRows = 8;
+
+}  // namespace
+
+bool few_rows_gemm_suits(int64_t m, int64_t k, bool b_transposed, const DeviceTraits& device) {
+  return device.switches.few_rows_gemm && b_transposed && m <= kMostFewRows && k >= kFewRowsLanes &&
+         device.max_workgroup_invocations >= kFewRowsLanes * kFewRowsColumns &&
+         !forced_tile(device);
+}
+
+namespace {
+
+void emit_few_rows_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
+  // vec4 reads of both operands along K: rows of a multiple of 4 floats start 16-byte aligned.
+  const bool vec4 = gemm.k % 4 == 0 && !gemm.transpose_a;
+  launch.kernel = "gemm_few_rows";
+  launch.body = (vec4 ? vector_buffer_view("a4", 0, false) + vector_buffer_view("b4", 1, false)
+                      : std::string()) +
+                launch.body + std::string(kernel_source("gemm_few_rows.comp"));
+  launch.defines = {{"GEMM_M", glsl_uint(gemm.m)},
+                    {"GEMM_N", glsl_uint(gemm.n)},
+                    {"GEMM_K", glsl_uint(gemm.k)},
+                    {"A_TRANSPOSED", gemm.transpose_a ? "1" : "0"},
+                    {"VEC4", vec4 ? "1" : "0"}};
+  launch.groups =
+      tiled_grid(launch.label, gemm.n, kFewRowsColumns, 1, 1, gemm.batches, context.device());
+  context.emit(std::move(launch));
+}
+
+}  // namespace
+
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
+  if (gemm.splits == 0 && few_rows_gemm_suits(gemm.m, gemm.k, gemm.transpose_b, context.device()))
+    return emit_few_rows_gemm(context, gemm, std::move(launch));
   const bool split = gemm.splits > 0;
   const int64_t splits = split ? gemm.splits : 1;
   const int64_t k_slice = split ? k_slice_length(gemm.k, splits) : gemm.k;

@@ -77,6 +77,12 @@ struct BufferGemm {
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch);
 
+// Whether a whole (unsplit) buffer product of m rows over k, B stored [N, K] where
+// b_transposed, runs on gemm_few_rows.comp instead of gemm.comp: at most 8 rows against B's rows
+// (a decode step's or a short decoder's y = x W^T), at least 32 along K, unless
+// MEGANEURA_FEW_ROWS_GEMM=0 or MEGANEURA_GEMM_TILE forces gemm.comp's tiles.
+bool few_rows_gemm_suits(int64_t m, int64_t k, bool b_transposed, const DeviceTraits& device);
+
 // Whether gemm.comp's tiles suit a convolution GEMM (else conv_igemm.comp runs it);
 // MEGANEURA_GEMM_TILE, when it forces a tile (an ignored override does not), also forces this
 // route for every product of at least 32 x 32.

@@ -97,8 +97,13 @@ bool runs_on_simt_gemm(const target::GemmProduct& product, const DeviceTraits& d
 }  // namespace
 
 int64_t gemm_k_splits(const target::GemmProduct& product, const DeviceTraits& device) {
-  const std::optional<SimtGemmLaunch> whole =
-      runs_on_simt_gemm(product, device) ? simt_launch(product, 1, device) : std::nullopt;
+  const bool simt = runs_on_simt_gemm(product, device);
+  // A product of few rows takes no slices: its own kernel reads B once, 32 lanes a column,
+  // with no partial sums to add.
+  if (simt && !product.generated_loads &&
+      few_rows_gemm_suits(product.m, product.k, product.b_transposed, device))
+    return 1;
+  const std::optional<SimtGemmLaunch> whole = simt ? simt_launch(product, 1, device) : std::nullopt;
   if (!whole) {
     if (!use_coop_gemm(device))
       return coarse_split_count(product, device.compute_units, kTilesPerUnit, kMinKPerCoarseSlice);
