@@ -356,6 +356,22 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
+// coop_launches, and the launch of the graph's last attention_grad_k with its attention_grad_v
+// (dK with dV in one launch, as the lowering of the whole graph pairs them).
+std::vector<kernels::Launch> coop_launches_with_grad_kv(const Graph& graph,
+                                                        const target::DeviceTraits& device) {
+  std::vector<kernels::Launch> launches = coop_launches(graph, device);
+  ValueId grad_k = kNoValue, grad_v = kNoValue;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    if (graph.nodes()[i].op == op::attention_grad_k) grad_k = static_cast<ValueId>(i);
+    if (graph.nodes()[i].op == op::attention_grad_v) grad_v = static_cast<ValueId>(i);
+  }
+  for (kernels::Launch& launch :
+       kernels::lower_attention_with_companions(graph, grad_k, {grad_v}, testing::switched(device)))
+    launches.push_back(std::move(launch));
+  return launches;
+}
+
 // Where the session's probe found NVIDIA's fragment layout, the attention forward, the
 // log-sum-exp, dQ and dK with dV keep scores, probabilities and dS in registers
 // (FRAGMENT_REGISTERS): valid NV SPIR-V and a KHR rewrite that stores no matrix (the lanes write
@@ -367,16 +383,7 @@ TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
   const auto forward_defines = [&](bool quad_rows) {
     target::DeviceTraits device = coop_device();
     device.quad_row_fragments = quad_rows;
-    std::vector<kernels::Launch> launches = coop_launches(graph, device);
-    // dK with dV in one launch, as the lowering of the whole graph pairs them.
-    ValueId grad_k = kNoValue, grad_v = kNoValue;
-    for (size_t i = 0; i < graph.size(); ++i) {
-      if (graph.nodes()[i].op == op::attention_grad_k) grad_k = static_cast<ValueId>(i);
-      if (graph.nodes()[i].op == op::attention_grad_v) grad_v = static_cast<ValueId>(i);
-    }
-    for (kernels::Launch& launch : kernels::lower_attention_with_companions(
-             graph, grad_k, {grad_v}, testing::switched(device)))
-      launches.push_back(std::move(launch));
+    const std::vector<kernels::Launch> launches = coop_launches_with_grad_kv(graph, device);
     std::string defines;
     for (const kernels::Launch& launch : launches) {
       const bool grad_q = launch.kernel == "attention_grad_q_coopmat";
@@ -421,15 +428,7 @@ TEST_F(CoopMatrixLowering, AttentionBackwardReadsTheLargestCotangent) {
       SCOPED_TRACE(std::string(scaled ? "scaled" : "as it is") + (quad_rows ? ", registers" : ""));
       target::DeviceTraits device = coop_device();
       device.quad_row_fragments = quad_rows;
-      std::vector<kernels::Launch> launches = coop_launches(graph, device);
-      ValueId grad_k = kNoValue, grad_v = kNoValue;
-      for (size_t i = 0; i < graph.size(); ++i) {
-        if (graph.nodes()[i].op == op::attention_grad_k) grad_k = static_cast<ValueId>(i);
-        if (graph.nodes()[i].op == op::attention_grad_v) grad_v = static_cast<ValueId>(i);
-      }
-      for (kernels::Launch& launch : kernels::lower_attention_with_companions(
-               graph, grad_k, {grad_v}, testing::switched(device)))
-        launches.push_back(std::move(launch));
+      const std::vector<kernels::Launch> launches = coop_launches_with_grad_kv(graph, device);
       size_t backward = 0;
       for (const kernels::Launch& launch : launches) {
         if (launch.kernel != "attention_grad_q_coopmat" &&
