@@ -486,7 +486,8 @@ TEST(GpuGemm, FewRowsAgainstRowsOfB) {
 
 // Which products take gemm_few_rows.comp: at most 8 rows against B stored [N, K] with K of at
 // least 32, whole; not 9 rows, B stored [K, N], K of 31, MEGANEURA_FEW_ROWS_GEMM=0 or a forced
-// gemm.comp tile. The split-K rule leaves them whole (a long K that it splits on gemm.comp).
+// gemm.comp tile. The split-K rule leaves them whole up to a K of 4096 (which it splits on
+// gemm.comp), and slices longer ones.
 TEST(GemmLowering, FewRowsProductsTakeTheirOwnKernel) {
   const target::DeviceTraits device = h200_sized();
   const auto kernel_of = [&](const Shape& a, const Shape& b, bool transpose_b) {
@@ -506,6 +507,8 @@ TEST(GemmLowering, FewRowsProductsTakeTheirOwnKernel) {
   target::DeviceTraits switched = device;
   switched.switches = testing::switches();
   EXPECT_EQ(kernels::gemm_k_splits(long_k, switched), 1);
+  EXPECT_GT(kernels::gemm_k_splits({.m = 1, .n = 576, .k = 4100, .b_transposed = true}, switched),
+            1);
   {
     const ScopedSwitch off("MEGANEURA_FEW_ROWS_GEMM", "0");
     EXPECT_EQ(kernel_of({4, 384}, {51865, 384}, true), "gemm");

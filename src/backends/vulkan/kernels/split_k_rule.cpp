@@ -98,9 +98,12 @@ bool runs_on_simt_gemm(const target::GemmProduct& product, const DeviceTraits& d
 
 int64_t gemm_k_splits(const target::GemmProduct& product, const DeviceTraits& device) {
   const bool simt = runs_on_simt_gemm(product, device);
-  // A product of few rows takes no slices: its own kernel reads B once, 32 lanes a column,
-  // with no partial sums to add.
-  if (simt && !product.generated_loads &&
+  // A product of few rows over a K of at most kMostFewRowsWholeK takes no slices: its own
+  // kernel reads B once, 32 lanes a column, each lane at most a few dozen vec4s of a row, with no
+  // partial sums to add. Longer rows are sliced, as the lanes of few columns would walk them
+  // alone.
+  constexpr int64_t kMostFewRowsWholeK = 4096;
+  if (simt && !product.generated_loads && product.k <= kMostFewRowsWholeK &&
       few_rows_gemm_suits(product.m, product.k, product.b_transposed, device))
     return 1;
   const std::optional<SimtGemmLaunch> whole = simt ? simt_launch(product, 1, device) : std::nullopt;
