@@ -278,9 +278,9 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const double scale = attention_scale(node, dims);
   const bool coop = use_coop_attention(mode, dims, context.device());
   const bool key_owned = is_key_owned(mode);
+  const bool backward = mode != Mode::forward && mode != Mode::lse;
   // The strict kernels compute in f32 throughout and leave max |dO| unread.
-  const bool scaled_grad_out = coop && mode != Mode::forward && mode != Mode::lse &&
-                               node.attrs.get_int("has_grad_out_max", 0) != 0;
+  const bool scaled_grad_out = coop && backward && node.attrs.get_int("has_grad_out_max", 0) != 0;
 
   Launch launch;
   launch.label = context.label();
@@ -386,8 +386,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
     launch.defines.push_back({"GRADIENT_MAXIMUM", glsl_float(kGradientMaximum)});
     launch.defines.push_back({"SMALLEST_MAXIMUM", glsl_float(kSmallestMaximum)});
   }
-  if (coop && mode != Mode::forward && mode != Mode::lse)
-    launch.defines.push_back({"SCALED_GRAD_OUT", scaled_grad_out ? "1" : "0"});
+  if (coop && backward) launch.defines.push_back({"SCALED_GRAD_OUT", scaled_grad_out ? "1" : "0"});
   const char* result_name = mode == Mode::forward       ? "out_"
                             : mode == Mode::lse         ? "lse"
                             : mode == Mode::grad_q      ? "grad_q"

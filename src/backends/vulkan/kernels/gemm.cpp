@@ -334,30 +334,8 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
   context.emit(std::move(launch));
 }
 
-}  // namespace
-
-SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
-                                bool generated_loads, const DeviceTraits& device) {
-  const GemmTile tile = choose_gemm_tile(m, n, k, whole_k, entries, generated_loads, device);
-  return {.workgroups = workgroup_count(tile, m, n, entries),
-          .chain = tile.chain(k),
-          .four_by_four = tile.four_by_four()};
-}
-
-namespace {
-
 // gemm_few_rows.comp: threads a column, columns a workgroup, and the most rows it takes.
 constexpr int64_t kFewRowsLanes = 32, kFewRowsColumns = 8, kMostFewRows = 8;
-
-}  // namespace
-
-bool few_rows_gemm_suits(int64_t m, int64_t k, bool b_transposed, const DeviceTraits& device) {
-  return device.switches.few_rows_gemm && b_transposed && m <= kMostFewRows && k >= kFewRowsLanes &&
-         device.max_workgroup_invocations >= kFewRowsLanes * kFewRowsColumns &&
-         !forced_tile(device);
-}
-
-namespace {
 
 void emit_few_rows_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
   // vec4 reads of both operands along K: rows of a multiple of 4 floats start 16-byte aligned.
@@ -366,7 +344,9 @@ void emit_few_rows_gemm(LoweringContext& context, const BufferGemm& gemm, Launch
   launch.body = (vec4 ? vector_buffer_view("a4", 0, false) + vector_buffer_view("b4", 1, false)
                       : std::string()) +
                 launch.body + std::string(kernel_source("gemm_few_rows.comp"));
-  launch.defines = {{"GEMM_M", glsl_uint(gemm.m)},
+  launch.defines = {{"LANES", std::to_string(kFewRowsLanes)},
+                    {"COLUMNS", std::to_string(kFewRowsColumns)},
+                    {"GEMM_M", glsl_uint(gemm.m)},
                     {"GEMM_N", glsl_uint(gemm.n)},
                     {"GEMM_K", glsl_uint(gemm.k)},
                     {"A_TRANSPOSED", gemm.transpose_a ? "1" : "0"},
@@ -377,6 +357,20 @@ void emit_few_rows_gemm(LoweringContext& context, const BufferGemm& gemm, Launch
 }
 
 }  // namespace
+
+bool few_rows_gemm_suits(int64_t m, int64_t k, bool b_transposed, const DeviceTraits& device) {
+  return device.switches.few_rows_gemm && b_transposed && m <= kMostFewRows && k >= kFewRowsLanes &&
+         device.max_workgroup_invocations >= kFewRowsLanes * kFewRowsColumns &&
+         !forced_tile(device);
+}
+
+SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k, int64_t entries,
+                                bool generated_loads, const DeviceTraits& device) {
+  const GemmTile tile = choose_gemm_tile(m, n, k, whole_k, entries, generated_loads, device);
+  return {.workgroups = workgroup_count(tile, m, n, entries),
+          .chain = tile.chain(k),
+          .four_by_four = tile.four_by_four()};
+}
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
   if (gemm.splits == 0 && few_rows_gemm_suits(gemm.m, gemm.k, gemm.transpose_b, context.device()))

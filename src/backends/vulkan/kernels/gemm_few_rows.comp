@@ -5,13 +5,11 @@
 // reading consecutive vec4s (or floats) of B's row n, so B is read once and coalesced, with the
 // GEMM_M rows' sums in registers; A, a few rows, comes from the caches. The lanes' sums meet in
 // shared memory, and one thread a row and column adds them and calls store_c.
-// Defines: GEMM_M, GEMM_N, GEMM_K, A_TRANSPOSED (a stored [K, M]), VEC4 (K a multiple of 4 and a
-// stored [M, K]: the a4 and b4 views). Generated: uint a_offset(uint z), uint b_offset(uint z),
-// void store_c(uint z, uint m, uint n, float value).
+// Defines: LANES, COLUMNS (gemm.cpp), GEMM_M, GEMM_N, GEMM_K, A_TRANSPOSED (a stored [K, M]), VEC4
+// (K a multiple of 4 and a stored [M, K]: the a4 and b4 views). Generated: uint a_offset(uint z),
+// uint b_offset(uint z), void store_c(uint z, uint m, uint n, float value).
 #extension GL_EXT_control_flow_attributes : enable
 
-#define LANES 32
-#define COLUMNS 8
 layout(local_size_x = LANES * COLUMNS) in;
 
 // Row m's sums of column c's lanes: LANES floats at (m COLUMNS + c) LANES.
