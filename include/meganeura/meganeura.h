@@ -73,7 +73,7 @@ typedef struct mg_program_options {
   mg_program_kind kind;    /* default MG_PROGRAM_INFERENCE */
   int64_t batch;           /* examples per run; default 1 */
   int64_t sequence_length; /* language models: tokens per example; default 16 */
-  const char* precision;   /* "strict" (default, NULL) or "fast" */
+  const char* precision;   /* "strict" (default, NULL), "fast" or "bf16" */
   const char* optimizer;   /* training: "adam" (default, NULL), "adamw" or "sgd" */
   double learning_rate;    /* training; default 1e-3 */
   uint64_t seed;           /* initialisation of weights a program does not load; default 0 */

@@ -23,8 +23,10 @@ enum class Precision {
   strict,  // f32 operands and f32 arithmetic everywhere
   fast,    // f16 operands into cooperative matrices (tensor cores), f32 accumulation, f32 storage;
            // devices without cooperative matrices, or MEGANEURA_NO_COOPMAT=1, run strict
+  bf16,    // as fast with bfloat16 operands (f32's range, 8 significant bits): no loss scaling
+           // needed; devices without bfloat16 cooperative matrices run strict
 };
-// "strict" or "fast"; throws mg::Error naming the text otherwise.
+// "strict", "fast" or "bf16"; throws mg::Error naming the text otherwise.
 Precision parse_precision(std::string_view text);
 std::string_view precision_name(Precision precision);
 
@@ -120,9 +122,10 @@ struct BuildReport {
   double slowest_kernel_seconds = 0;
   size_t dispatches = 0;              // every run's
   size_t setup_dispatches = 0;        // once and after a write (SessionOptions::setup)
-  size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (Precision::fast)
-  // Precision::fast was asked for and the device runs cooperative matrices; small products may
-  // still run strict (docs/KERNELS.md, fast precision).
+  size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (fast or bf16)
+  // Precision::fast (or bf16) was asked for and the device runs cooperative matrices (of
+  // bfloat16 operands for bf16); small products may still run strict (docs/KERNELS.md, fast
+  // precision).
   bool coop_matrix_available = false;
   // Device memory the program plans (plan::describe_memory): its own persistent values, the
   // shared tensors it uses, and its transient values as if each had its own bytes (logical)

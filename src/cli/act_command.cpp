@@ -32,7 +32,8 @@ chunk and the settings; a line with the latency goes to stderr.
   --repeat N           run N chunks (new noise each) and report each latency (default 1)
   --seed N             noise seed (default 0)
   --device SEL         device index or part of its name (default: best available)
-  --precision P        strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P        strict (default), fast (f16 operands on cooperative matrices)
+                       or bf16 (bfloat16 operands there)
 )";
 
 std::vector<float> parse_state(const std::string& text) {

@@ -60,7 +60,7 @@ planner's saving on transient values against giving each its own bytes.
 
   --filter NAME   only workloads whose name contains NAME
   --runs N        timed runs a cell (default 20)
-  --precision P   strict, fast or both (default both)
+  --precision P   strict, fast, bf16 or both (strict and fast; the default)
   --device SEL    device index or part of its name (default: best available)
   --trace DIR     also write a Chrome trace (per-dispatch GPU times) of each program as
                   DIR/<workload>-<precision>-<program>.json (bench/trace_top.py sums them

@@ -49,11 +49,11 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     with momentum, weights not drawn)
   --batch N         resnet-50's images a step (default 4, the workload's compile figure; 256
                     is its throughput cell); the other programs have their workloads' batches
-  --precision P     strict (the default) or fast: the program's precision (fast: the
-                    cooperative-matrix kernels where the device has them)
+  --precision P     strict (the default), fast or bf16: the program's precision (fast and
+                    bf16: the cooperative-matrix kernels where the device has them)
   --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
-                    (132 compute units, NV cooperative matrices, workgroup-scope ones, f16
-                    storage) and the environment's MEGANEURA_* switches, as a build there
+                    (132 compute units, NV and KHR cooperative matrices, bfloat16 ones,
+                    workgroup-scope ones, f16 storage) and the environment's MEGANEURA_* switches, as a build there
                     would; make every launch's kernel source as a build does before it asks
                     for pipelines, and the reports a build makes; print the fastest of five
                     repeats of each part, the barriers between dispatches, the transient
@@ -214,6 +214,7 @@ target::DeviceTraits h200_traits() {
   traits.max_storage_buffers = 1048576;
   traits.coop_matrix_f16_nv = true;
   traits.coop_matrix_f16_khr = true;
+  traits.coop_matrix_bf16_khr = true;
   traits.workgroup_coop_matrix_f16 = true;
   traits.workgroup_tensor_loads = true;
   traits.f16_tensors = true;
@@ -259,7 +260,8 @@ void bench_plan(const CompileRequest& request, bool print_dispatches) {
               request.program.c_str(), seconds_since(phase), compiled.graph.size(),
               std::string(precision_name(request.precision)).c_str());
   target::DeviceTraits traits = h200_traits();
-  traits.fast_precision = request.precision == Precision::fast;
+  traits.fast_precision = request.precision != Precision::strict;
+  traits.bf16_operands = request.precision == Precision::bf16;
   traits.switches = Switches::from_environment();
   const vulkan::VulkanTarget target(traits);
   plan::PlanOptions options;

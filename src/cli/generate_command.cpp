@@ -36,7 +36,8 @@ come; the prefill and decode speeds are printed at the end (on stderr).
   --json              print one JSON object instead of streaming text: the prompt's token ids,
                       the generated token ids, the text and the speeds
   --device SEL        device index or part of its name (default: best available)
-  --precision P       strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P       strict (default), fast (f16 operands on cooperative matrices)
+                      or bf16 (bfloat16 operands there)
 )";
 
 // The sampling settings of generation_config.json, where it asks to sample.

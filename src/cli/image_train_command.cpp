@@ -90,7 +90,8 @@ its own running statistics and rank 0's are the ones validated and saved.
   --workers N           decoding threads (default: the CPU count, at most 8)
   --seed N              initialisation, split and shuffling seed (default 0)
   --device SEL          device index or part of its name (default: best available)
-  --precision P         strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P         strict (default), fast (f16 operands on cooperative matrices)
+                        or bf16 (bfloat16 operands there)
   --resume CKPT         continue from a checkpoint written by this command
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)

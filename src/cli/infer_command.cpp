@@ -26,8 +26,8 @@ as in validation), or with --data IMAGE_DIR and no images the accuracy over that
   --json         ResNet: print the results as JSON on stdout
   --batch N      images per GPU run (default 500)
   --device SEL   device index or part of its name (default: best available)
-  --precision P  strict (default) or fast (f16 operands on cooperative matrices, f32
-                 accumulation; devices without them run strict)
+  --precision P  strict (default), fast (f16 operands on cooperative matrices, f32
+                 accumulation; devices without them run strict) or bf16 (bfloat16 operands)
   --data DIR     Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist), or for a
                  ResNet an image folder to evaluate
   --trace FILE   write a Chrome trace (per-dispatch GPU times) of the last batch and print its

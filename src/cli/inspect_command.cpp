@@ -33,7 +33,7 @@ written, not in every run).
   --graph             print every node of the graph
   --ops               list every op and whether it has a GPU kernel
   --device SEL        device index or part of its name
-  --precision P       strict (default) or fast: the program --plan builds
+  --precision P       strict (default), fast or bf16: the program --plan builds
   --roofline          build, run and profile the program, and print each dispatch's FLOPs and
                       bytes (from shapes), its time, its floor at the device's peaks (measured
                       once per device and cached beside the kernel cache) and the share of the
@@ -148,7 +148,7 @@ int inspect_command(const std::vector<std::string>& words) {
     std::printf("device: %s\n", session.report().device.c_str());
     if (arguments.has("plan")) std::fputs(session.report().memory_plan.c_str(), stdout);
     if (arguments.has("dispatches")) std::fputs(session.report().dispatch_list.c_str(), stdout);
-    if (options.precision == Precision::fast) {
+    if (options.precision != Precision::strict) {
       std::printf("dispatches on cooperative matrices: %zu of %zu\n",
                   session.report().coop_matrix_dispatches, session.report().dispatches);
     }

@@ -21,7 +21,8 @@ std::string value_text(double value) {
                              : std::to_string(value);
 }
 
-// --loss-scale: dynamic, off or a fixed scale; unset, dynamic in fast precision alone.
+// --loss-scale: dynamic, off or a fixed scale; unset, dynamic in fast precision alone (bf16
+// keeps f32's range).
 std::optional<LossScaler> loss_scaler(const Arguments& arguments, bool distributed) {
   const bool fast = parse_precision(arguments.text("precision", "strict")) == Precision::fast;
   const std::string text =

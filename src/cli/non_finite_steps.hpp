@@ -50,7 +50,8 @@ inline constexpr const char* kLossScaleHelp =
                         which has no loss scaling yet) starts at 65536, halves it on a step
                         whose scaled gradients overflow (that step's update is dropped and
                         counted as loss_scale_overflows, not skipped_steps) and doubles it
-                        after 2000 applied steps; off is the default with strict precision.
+                        after 2000 applied steps; off is the default with strict and bf16
+                        precision (bfloat16 keeps f32's range).
                         metrics.jsonl holds loss_scale and loss_scale_overflows
 )";
 

@@ -41,7 +41,8 @@ either, the context is zeros and guidance is off.
   --tokens T          context length without --context or classes (default 77)
   --size H            sample height and width (default: the config's sample_size)
   --device SEL        device index or part of its name (default: best available)
-  --precision P       strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P       strict (default), fast (f16 operands on cooperative matrices)
+                      or bf16 (bfloat16 operands there)
 )";
 
 struct Conditioning {

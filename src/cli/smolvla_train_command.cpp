@@ -64,7 +64,8 @@ The data: DIR/episodes.jsonl, one record a line (docs/SMOLVLA.md):
   --clip X              global gradient-norm clipping, 0 = off (default 10)
   --seed N              shuffling, noise and time seed (default 0)
   --device SEL          device index or part of its name (default: best available)
-  --precision P         strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P         strict (default), fast (f16 operands on cooperative matrices)
+                        or bf16 (bfloat16 operands there)
   --resume CKPT         continue from a checkpoint written by this command
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)

@@ -65,10 +65,11 @@ share of every batch and the gradients are averaged across them: docs/DISTRIBUTE
                         count batches; --warmup and the schedule count updates
   --seed N              initialisation and shuffling seed (default 0)
   --device SEL          device index or part of its name (default: best available)
-  --precision P         strict (f32 everywhere, the default) or fast (f16 operands on
+  --precision P         strict (f32 everywhere, the default), fast (f16 operands on
                         cooperative matrices / tensor cores with f32 accumulation, for the
                         matrix products, convolutions and attention; devices without them
-                        run strict)
+                        run strict) or bf16 (bfloat16 operands there: f32's range, so no
+                        loss scaling; devices without bfloat16 matrices run strict)
   --data DIR            Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
   --resume CKPT         continue from a checkpoint written by this command (the metrics
                         logged after its step are dropped, as the run logs them again)

@@ -100,19 +100,23 @@ Evaluation evaluate(Session& session, const data::Dataset& dataset, int64_t batc
 }
 
 void print_precision(Precision requested, const BuildReport& report) {
+  const std::string name(precision_name(requested));
   if (requested == Precision::strict) {
     std::fprintf(stderr, "precision: strict (f32)\n");
   } else if (report.coop_matrix_dispatches > 0) {
-    std::fprintf(stderr, "precision: fast (%zu of %zu dispatches on cooperative matrices)\n",
-                 report.coop_matrix_dispatches, report.dispatches);
+    std::fprintf(stderr, "precision: %s (%zu of %zu dispatches on cooperative matrices)\n",
+                 name.c_str(), report.coop_matrix_dispatches, report.dispatches);
   } else if (report.coop_matrix_available) {
     std::fprintf(stderr,
-                 "precision: strict (fast was asked for, but every product is small enough to run "
-                 "faster strict; MEGANEURA_COOP_GEMM_MIN=0 puts them on cooperative matrices)\n");
+                 "precision: strict (%s was asked for, but every product is small enough to run "
+                 "faster strict; MEGANEURA_COOP_GEMM_MIN=0 puts them on cooperative matrices)\n",
+                 name.c_str());
   } else {
     std::fprintf(stderr,
-                 "precision: strict (fast was asked for, but the device has no f16 cooperative "
-                 "matrices or MEGANEURA_NO_COOPMAT is set)\n");
+                 "precision: strict (%s was asked for, but the device has no %s cooperative "
+                 "matrices%s or MEGANEURA_NO_COOPMAT is set)\n",
+                 name.c_str(), requested == Precision::bf16 ? "bfloat16" : "f16",
+                 requested == Precision::bf16 ? " (VK_KHR_shader_bfloat16)" : "");
   }
 }
 

@@ -35,7 +35,8 @@ the real-time factor (processing time over audio time) goes to stderr.
   --json            print one JSON object a file: file, text, tokens, audio_seconds, seconds,
                     real_time_factor
   --device SEL      device index or part of its name (default: best available)
-  --precision P     strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P     strict (default), fast (f16 operands on cooperative matrices)
+                    or bf16 (bfloat16 operands there)
 )";
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

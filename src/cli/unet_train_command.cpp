@@ -71,7 +71,8 @@ class is printed. Ctrl-C stops after the current step and saves.
   --classifier CKPT     label the samples with this Fashion-MNIST classifier
   --seed N              initialisation, shuffling and noise seed (default 0)
   --device SEL          device index or part of its name (default: best available)
-  --precision P         strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P         strict (default), fast (f16 operands on cooperative matrices)
+                        or bf16 (bfloat16 operands there)
   --resume CKPT         continue from a checkpoint written by this command
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)

@@ -67,7 +67,8 @@ features are computed once, before training. The last --validation fraction is h
   --accumulate N        apply the mean gradient of N batches as one update (default 1)
   --seed N              shuffling seed (default 0)
   --device SEL          device index or part of its name (default: best available)
-  --precision P         strict (default) or fast (f16 operands on cooperative matrices)
+  --precision P         strict (default), fast (f16 operands on cooperative matrices)
+                        or bf16 (bfloat16 operands there)
   --resume CKPT         continue from a checkpoint written by this command
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "ir/half.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::io {
@@ -16,16 +17,6 @@ constexpr double kLargestExactInteger = 16777216.0;
 
 float bf16_to_f32(uint16_t bits) {
   return std::bit_cast<float>(uint32_t{bits} << 16);
-}
-
-uint16_t f32_to_bf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  // Truncating a NaN could leave an all-zero fraction, which would read as infinity.
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  // Adding just under half of the dropped range, plus the kept lowest bit, rounds to nearest with
-  // ties to even; a carry into the exponent is the correct next value (infinity past the top).
-  const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 float f16_to_f32(uint16_t bits) {
@@ -155,7 +146,7 @@ std::vector<std::byte> f32_to_bytes(std::span<const float> values, DType dtype) 
   } else if (dtype == DType::f16 || dtype == DType::bf16) {
     bytes.resize(values.size() * sizeof(uint16_t));
     for (size_t i = 0; i < values.size(); ++i) {
-      const uint16_t half = dtype == DType::f16 ? f32_to_f16(values[i]) : f32_to_bf16(values[i]);
+      const uint16_t half = dtype == DType::f16 ? f32_to_f16(values[i]) : bf16_bits(values[i]);
       std::memcpy(bytes.data() + i * sizeof(uint16_t), &half, sizeof(uint16_t));
     }
   } else {

@@ -1,7 +1,9 @@
 #pragma once
 // IEEE 754 binary16 (f16) on the host: the rounding every f16 value of a graph goes through (the
 // reference interpreter rounds f16-typed results, the runtime rounds what it uploads into f16
-// tensors) and the bit patterns the device stores.
+// tensors) and the bit patterns the device stores; and bfloat16's bit patterns (weight files,
+// kernels rewritten for bfloat16 operands).
+#include <bit>
 #include <cstdint>
 
 namespace mg {
@@ -15,5 +17,18 @@ uint16_t f16_bits(double value);
 
 // The value an f16 bit pattern holds.
 float f16_value(uint16_t bits);
+
+// The bfloat16 bit pattern of `value`: rounded to nearest, ties to even (infinity past the
+// largest finite bfloat16); a NaN stays a quiet NaN. Inline, for layers that do not link the IR
+// (weight files).
+inline uint16_t bf16_bits(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  // Truncating a NaN could leave an all-zero fraction, which would read as infinity.
+  if (value != value) return static_cast<uint16_t>((bits >> 16) | 0x0040);
+  // Adding just under half of the dropped range, plus the kept lowest bit, rounds to nearest with
+  // ties to even; a carry into the exponent is the correct next value (infinity past the top).
+  const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
 
 }  // namespace mg

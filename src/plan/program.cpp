@@ -435,8 +435,8 @@ Program build_program(const Graph& source, const target::Target& device,
   // Heads that are not whole fragments would take the strict attention kernels.
   if (switches.attention_pad_heads.value_or(true))
     program.graph = passes::pad_attention_heads(program.graph, device.attention_head_multiple());
-  // The cooperative-matrix attention backward rounds dO and dS to f16, which the gradients of an
-  // untrained model leave below f16's range.
+  // The cooperative-matrix attention backward rounds dO and dS to f16 (also in bf16 precision),
+  // which the gradients of an untrained model leave below f16's range.
   if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))
     program.graph = passes::scale_attention_gradients(program.graph);
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&

@@ -11,8 +11,8 @@ namespace mg::runtime {
 
 ProgramKernels program_kernels(const plan::Program& program) {
   ProgramKernels result;
-  // Launches of one kernel: the same source, defines and matrix loads.
-  std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool>,
+  // Launches of one kernel: the same source, defines, matrix loads and operand type.
+  std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool, bool>,
            uint32_t>
       unique;
   std::vector<const plan::PlannedLaunch*> launches;
@@ -22,7 +22,7 @@ ProgramKernels program_kernels(const plan::Program& program) {
   for (const plan::PlannedLaunch* planned : launches) {
     const kernels::Launch& launch = vulkan::glsl_launch(planned->launch);
     auto key = std::make_tuple(kernels::buffer_declarations(program.graph, launch) + launch.body,
-                               launch.defines, launch.tensor_loads);
+                               launch.defines, launch.tensor_loads, launch.bf16_operands);
     const auto [it, inserted] =
         unique.try_emplace(std::move(key), static_cast<uint32_t>(result.specs.size()));
     if (inserted) {
@@ -34,6 +34,7 @@ ProgramKernels program_kernels(const plan::Program& program) {
       spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;
       spec.matrix_loads =
           launch.tensor_loads ? gpu::MatrixLoads::tensor_at_element : gpu::MatrixLoads::plain;
+      spec.bf16_operands = launch.bf16_operands;
       result.specs.push_back(std::move(spec));
     }
     result.spec_of_launch.push_back(it->second);

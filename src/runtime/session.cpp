@@ -38,11 +38,19 @@ constexpr uint32_t kGuardWord = 0x7fbadbad;
 Precision parse_precision(std::string_view text) {
   if (text == "strict") return Precision::strict;
   if (text == "fast") return Precision::fast;
-  throw Error("unknown precision \"" + std::string(text) + "\": use strict or fast");
+  if (text == "bf16") return Precision::bf16;
+  throw Error("unknown precision \"" + std::string(text) + "\": use strict, fast or bf16");
 }
 
 std::string_view precision_name(Precision precision) {
-  return precision == Precision::fast ? "fast" : "strict";
+  switch (precision) {
+    case Precision::fast:
+      return "fast";
+    case Precision::bf16:
+      return "bf16";
+    default:
+      return "strict";
+  }
 }
 
 Session::Session(const Graph& graph, const SessionOptions& options)
@@ -76,7 +84,8 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   const gpu::DeviceInfo& info = impl.device->info();
   impl.report.device = gpu::describe_device(info);
   const vulkan::VulkanTarget target =
-      vulkan::device_target(*impl.device, options.precision == Precision::fast, switches);
+      vulkan::device_target(*impl.device, options.precision != Precision::strict,
+                            options.precision == Precision::bf16, switches);
   impl.report.coop_matrix_available = target.cooperative_matrices();
   plan::PlanOptions plan_options = plan_options_of(info, options);
   plan_options.shared_leaves = impl.shared != nullptr;

@@ -38,6 +38,12 @@ struct DeviceTraits {
   // f16 storage and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
   bool f16_tensors = false;
   bool fast_precision = false;
+  // bfloat16 A (16 x 16) and B (16 x 16, the shape devices offer for them) with f32
+  // accumulators through the KHR extension (VK_KHR_shader_bfloat16's cooperative matrices);
+  // bf16_operands asks for them (with fast_precision: Precision::bf16), and the GEMMs then run on
+  // cooperative matrices only where the device has them (attention keeps f16 operands).
+  bool coop_matrix_bf16_khr = false;
+  bool bf16_operands = false;
   std::string name = "device";
   // The session's switches (docs/SWITCHES.md): kill switches, forced routes and tuning
   // overrides of the choices made for this device.

@@ -133,7 +133,7 @@ TEST(CliBenchCompile, BatchPrecisionAndProgramMisuseIsRefusedOnOneLine) {
             "--batch sets the resnet-50 program's images; the cnn program has its workload's "
             "batch"},
         {"devices --bench-compile --plan-only --program resnet-50 --precision half",
-         "unknown precision \"half\": use strict or fast"},
+         "unknown precision \"half\": use strict, fast or bf16"},
         {"devices --program resnet-50", "add --bench-compile"},
         {"devices --precision fast", "add --bench-compile"}}) {
     SCOPED_TRACE(command);

@@ -224,6 +224,13 @@ TEST(Cli, BadCheckpointsGiveOneLineErrors) {
   EXPECT_TRUE(fast.output.find("precision: strict (fast was asked for") != std::string::npos ||
               fast.output.find("precision: fast (") != std::string::npos)
       << fast.output;
+  // bf16 likewise, naming the bfloat16 matrices a device lacks.
+  const Result bf16 = run("infer " + good.string() + " --precision bf16");
+  EXPECT_EQ(bf16.status, 0) << bf16.output;
+  EXPECT_TRUE(bf16.output.find("precision: strict (bf16 was asked for, but the device has no "
+                               "bfloat16 cooperative matrices") != std::string::npos ||
+              bf16.output.find("precision: bf16 (") != std::string::npos)
+      << bf16.output;
   fs::remove_all(out);
 }
 

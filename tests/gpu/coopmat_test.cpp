@@ -16,11 +16,13 @@
 #include "backends/vulkan/kernels/vulkan_target.hpp"
 #include "backends/vulkan/runtime/coop_fragment_layout.hpp"
 #include "backends/vulkan/runtime/gpu.hpp"
+#include "backends/vulkan/runtime/spirv_bfloat16.hpp"
 #include "backends/vulkan/runtime/spirv_cooperative_matrix.hpp"
 #include "conv_support.hpp"
 #include "ir/half.hpp"
 #include "ir/op_names.hpp"
 #include "passes/passes.hpp"
+#include "plan/program.hpp"
 
 namespace mg {
 namespace {
@@ -33,6 +35,10 @@ using testing::ScopedSwitch;
 // the normalised error is a few 1e-4, far above strict f32 (1e-7) and far below a wrong
 // kernel (order 1).
 constexpr double kFastTolerance = 3e-3;
+// bfloat16 operands keep 8 significant bits, rounding eight times as coarsely as f16: a few
+// 1e-3 here, still far below a wrong kernel. (Attention keeps its f16 kernels in bf16 precision,
+// and with them fast's bounds.)
+constexpr double kBf16Tolerance = 2e-2;
 
 // The kernels' tests run small products, which the fast path would leave on gemm.comp
 // (kernels::coop_gemm_suits): these suites put every product on cooperative matrices.
@@ -356,6 +362,123 @@ TEST_F(CoopMatrixLowering, KernelsCompileToValidNvAndWellFormedKhrSpirv) {
   }
 }
 
+// coop_device() asked for bfloat16 operands, which it has (Precision::bf16).
+target::DeviceTraits bf16_device() {
+  target::DeviceTraits device = coop_device();
+  device.coop_matrix_bf16_khr = true;
+  device.bf16_operands = true;
+  return device;
+}
+
+// A module rewritten for bfloat16 operands, checked against SPV_KHR_bfloat16's encoding (Debian's
+// validator predates it): its one 16-bit float carries the BFloat16KHR encoding (0), the
+// capabilities BFloat16TypeKHR (5116) and BFloat16CooperativeMatrixKHR (5118) and the extension
+// are declared, the KHR matrices of 16-bit elements are bfloat16 ones, and no arithmetic or
+// extended instruction yields a bfloat16 value.
+void expect_bf16_module(const std::vector<uint32_t>& module, const std::string& label) {
+  SCOPED_TRACE(label);
+  constexpr uint32_t kOpExtension = 10, kOpExtInst = 12, kOpCapability = 17, kOpTypeFloat = 22,
+                     kOpTypeVector = 23, kOpTypeMatrixKhr = 4456;
+  constexpr uint32_t kOpFNegate = 127, kOpFAdd = 129, kOpFSub = 131, kOpFMul = 133, kOpFDiv = 136,
+                     kOpVectorTimesScalar = 142, kOpDot = 148;
+  std::set<uint32_t> capabilities, bf16_types;
+  bool extension = false;
+  int sixteen_bit_floats = 0, bf16_matrices = 0;
+  for (const auto& [opcode, operands] : instructions(module)) {
+    if (opcode == kOpCapability) capabilities.insert(operands[0]);
+    if (opcode == kOpExtension)
+      extension |=
+          std::string(reinterpret_cast<const char*>(operands.data())) == "SPV_KHR_bfloat16";
+    if (opcode == kOpTypeFloat && operands[1] == 16) {
+      ++sixteen_bit_floats;
+      ASSERT_EQ(operands.size(), 3u) << "a 16-bit float without an encoding";
+      EXPECT_EQ(operands[2], 0u) << "BFloat16KHR";
+      bf16_types.insert(operands[0]);
+    }
+    if (opcode == kOpTypeVector && bf16_types.count(operands[1])) bf16_types.insert(operands[0]);
+    if (opcode == kOpTypeMatrixKhr && bf16_types.count(operands[1])) ++bf16_matrices;
+    for (uint32_t arithmetic :
+         {kOpExtInst, kOpFNegate, kOpFAdd, kOpFSub, kOpFMul, kOpFDiv, kOpVectorTimesScalar, kOpDot})
+      EXPECT_FALSE(opcode == arithmetic && bf16_types.count(operands[0]))
+          << "opcode " << opcode << " yields bfloat16";
+  }
+  EXPECT_EQ(sixteen_bit_floats, 1);
+  EXPECT_GE(bf16_matrices, 2) << "A and B";
+  EXPECT_TRUE(capabilities.count(5116) && capabilities.count(5118) && capabilities.count(6022));
+  EXPECT_TRUE(extension);
+}
+
+// Precision::bf16 runs the fast path's GEMMs (matmuls, convolutions) on cooperative matrices
+// through KHR with bfloat16 operands on 16 x 16 fragments, each compiling to a well-formed
+// bfloat16 module, and attention on its f16 kernels (written for 16 x 8 B fragments, which
+// devices offer for f16 alone); fast precision keeps f16 operands, and a device without bfloat16
+// matrices (or with the kill switch) runs strict.
+TEST_F(CoopMatrixLowering, Bf16PrecisionCompilesTheGemmsForBfloat16Operands) {
+  const Graph graph = coop_graph();
+  const std::vector<kernels::Launch> launches = coop_launches(graph, bf16_device());
+  ASSERT_EQ(launches.size(), 10u);
+  int gemms = 0;
+  for (const kernels::Launch& launch : launches) {
+    SCOPED_TRACE(launch.label);
+    EXPECT_TRUE(launch.khr_cooperative_matrix);
+    const bool gemm = launch.kernel == "gemm_coopmat";
+    gemms += gemm;
+    EXPECT_EQ(launch.bf16_operands, gemm);
+    EXPECT_EQ(define_of(launch, "BFLOAT16_FRAGMENTS"), gemm ? "1" : "missing");
+    gpu::KernelSpec spec = spec_of(graph, launch);
+    spec.khr_cooperative_matrix = true;
+    spec.bf16_operands = launch.bf16_operands;
+    const std::vector<uint32_t> module = gpu::compile_glsl(spec);
+    if (gemm) expect_bf16_module(module, launch.label);
+  }
+  EXPECT_EQ(gemms, 5);  // two matmuls, the convolution and both its gradients
+  for (const kernels::Launch& launch : coop_launches(graph, coop_device())) {
+    EXPECT_FALSE(launch.bf16_operands) << launch.label;
+    if (launch.kernel == "gemm_coopmat") EXPECT_EQ(define_of(launch, "BFLOAT16_FRAGMENTS"), "0");
+  }
+
+  target::DeviceTraits without = bf16_device();
+  without.coop_matrix_bf16_khr = false;
+  EXPECT_TRUE(coop_launches(graph, without).empty());
+  const ScopedSwitch kill("MEGANEURA_NO_COOPMAT", "1");
+  EXPECT_TRUE(coop_launches(graph, bf16_device()).empty());
+}
+
+// bfloat16 keeps f32's range, so a bf16 program rounds no f32 operand to f16 for the workgroup
+// GEMM (no half_matmul of them), where a fast program does; products of f16 tensors keep their
+// f16 kernels, and attention's gradients stay scaled (its kernels round dO and dS to f16).
+TEST_F(CoopMatrixLowering, Bf16ProgramsRoundNoF32OperandToF16) {
+  Graph graph = coop_graph();
+  graph.set_output("wide product",
+                   matmul(input(graph, "wa", {2048, 64}), input(graph, "wb", {64, 4096})).id());
+  Tensor half_a = cast(input(graph, "ha", {96, 64}), DType::f16);
+  Tensor half_b = cast(input(graph, "hb", {64, 80}), DType::f16);
+  graph.set_output("half product", matmul(half_a, half_b).id());
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fast");
+    target::DeviceTraits device = bf16 ? bf16_device() : coop_device();
+    device.workgroup_coop_matrix_f16 = true;
+    const plan::Program program = plan::build_program(
+        graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
+    int scaled = 0, half_products = 0;
+    for (const Node& node : program.graph.nodes()) {
+      scaled += node.attrs.get_int("has_grad_out_max", 0) != 0;
+      half_products += node.op == op::half_matmul;
+    }
+    EXPECT_GT(scaled, 0);
+    EXPECT_EQ(half_products, bf16 ? 1 : 2);
+    int f16_operand_launches = 0, bf16_launches = 0;
+    for (const plan::PlannedLaunch& planned : program.launches) {
+      const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
+      f16_operand_launches += launch.f16_operands && launch.kernel.ends_with("coopmat");
+      bf16_launches += launch.bf16_operands;
+      if (launch.bf16_operands) EXPECT_FALSE(launch.f16_operands) << launch.label;
+    }
+    EXPECT_GT(f16_operand_launches, 0);
+    EXPECT_EQ(bf16_launches > 0, bf16);
+  }
+}
+
 // coop_launches, and the launch of the graph's last attention_grad_k with its attention_grad_v
 // (dK with dV in one launch, as the lowering of the whole graph pairs them).
 std::vector<kernels::Launch> coop_launches_with_grad_kv(const Graph& graph,
@@ -637,6 +760,100 @@ void main() {
                             {16, kSubgroup, 16, 16, 0},
                             {16, kSubgroup, 16, 8, 1},
                             {32, kSubgroup, 16, 8, 2}}));
+}
+
+// A kernel's f16 constants become the bfloat16 of their value, rounded to nearest with ties to
+// even: 1.5 (f16 0x3E00) exactly 0x3FC0, 0.0999755859375 (0x2E66, f32 0x3DCCC000) up to 0x3DCD,
+// and -0.3330078125 (0xB554, f32 0xBEAA8000, a tie) to the even 0xBEAA.
+TEST(CoopMatrixRewrite, Bf16ConstantsKeepTheirValue) {
+  gpu::KernelSpec spec;
+  spec.label = "bfloat16 constants";
+  spec.binding_count = 1;
+  spec.khr_cooperative_matrix = true;
+  spec.bf16_operands = true;
+  spec.source = R"(
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) buffer Data { float data[]; };
+shared float16_t tile[256];
+void main() {
+  tile[gl_LocalInvocationID.x] = float16_t(1.5);
+  tile[gl_LocalInvocationID.x + 32] = float16_t(0.0999755859375);
+  tile[gl_LocalInvocationID.x + 64] = float16_t(data[gl_LocalInvocationID.x]);
+  barrier();
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+  coopMatLoadNV(a, tile, 0, 16, false);
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> b =
+      fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>(float16_t(-0.3330078125));
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+  acc = coopMatMulAddNV(a, b, acc);
+  coopMatStoreNV(acc, data, 0, 8, false);
+}
+)";
+  const std::vector<uint32_t> module = gpu::compile_glsl(spec);
+  expect_bf16_module(module, spec.label);
+  constexpr uint32_t kOpTypeFloat = 22, kOpConstant = 43;
+  std::set<uint32_t> half_types, constants;
+  for (const auto& [opcode, operands] : instructions(module)) {
+    if (opcode == kOpTypeFloat && operands[1] == 16) half_types.insert(operands[0]);
+    if (opcode == kOpConstant && half_types.count(operands[0])) constants.insert(operands[2]);
+  }
+  EXPECT_EQ(constants, (std::set<uint32_t>{0x3FC0, 0x3DCD, 0xBEAA}));
+}
+
+// What bfloat16 operands cannot be: f16 arithmetic (SPV_KHR_bfloat16 allows none) and f16
+// tensors in memory, which would be misread; each refused by name rather than miscompiled.
+TEST(CoopMatrixRewrite, Bf16RefusesF16ArithmeticAndF16Memory) {
+  // `body` starts main(); the f16 buffer is declared only where `f16_buffer`.
+  const auto refusal = [](const std::string& body, bool f16_buffer = false) {
+    gpu::KernelSpec spec;
+    spec.label = "refused";
+    spec.binding_count = f16_buffer ? 2 : 1;
+    spec.khr_cooperative_matrix = true;
+    spec.bf16_operands = true;
+    spec.source =
+        R"(
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) buffer Data { float data[]; };
+)" +
+        std::string(f16_buffer
+                        ? "layout(set = 0, binding = 1) buffer Halves { float16_t halves[]; };\n"
+                        : "") +
+        R"(shared float16_t tile[256];
+void main() {
+)" + body +
+        R"(
+  barrier();
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+  coopMatLoadNV(a, tile, 0, 16, false);
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> b;
+  coopMatLoadNV(b, tile, 0, 8, false);
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+  acc = coopMatMulAddNV(a, b, acc);
+  coopMatStoreNV(acc, data, 0, 8, false);
+}
+)";
+    try {
+      gpu::compile_glsl(spec);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal("tile[gl_LocalInvocationID.x] = float16_t(data[0]) * float16_t(data[1]);")
+                .find("computes with f16 values"),
+            std::string::npos);
+  EXPECT_NE(refusal("tile[gl_LocalInvocationID.x] = halves[gl_LocalInvocationID.x];", true)
+                .find("f16 memory"),
+            std::string::npos);
+  EXPECT_EQ(refusal("tile[gl_LocalInvocationID.x] = float16_t(data[gl_LocalInvocationID.x]);"),
+            "accepted");
 }
 
 // The workgroup GEMM's launch for C [m, n] = A B (A stored transposed where `ta`, B where `tb`),
@@ -1267,56 +1484,73 @@ SessionOptions fast() {
   return options;
 }
 
-// a (transposed when ta) times b (when tb) in fast precision against the reference; `seed`
-// draws the inputs.
+// How the on-device checks below run: the precision, validated or not (validated sessions leave
+// KHR off, so they run NV), and the normalised error allowed to products, convolutions and the
+// attention forward, and to attention's gradients (whose probabilities and dS are rounded too).
+struct Numerics {
+  Precision precision = Precision::fast;
+  bool validation = true;
+  double tolerance = kFastTolerance;
+  double attention_gradient_tolerance = 1e-2;
+
+  SessionOptions options() const {
+    SessionOptions options;
+    options.precision = precision;
+    return options;
+  }
+};
+const Numerics kKhr{.validation = false};
+
+// a (transposed when ta) times b (when tb) in `numerics`' precision against the reference;
+// `seed` draws the inputs.
 void check_product(const Shape& a, const Shape& b, bool ta, bool tb, uint64_t seed,
-                   bool validation) {
+                   const Numerics& numerics) {
   check_on_gpu(
       {{"a", a}, {"b", b}},
       [&](Graph& graph, std::vector<Tensor>& in) {
         graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
       },
-      kFastTolerance, seed, fast(), nullptr, validation);
+      numerics.tolerance, seed, numerics.options(), nullptr, numerics.validation);
 }
 
-void check_matmuls(bool validation) {
+void check_matmuls(const Numerics& numerics) {
   // Batch broadcast with transposes, partial 64 x 64 blocks, K not a multiple of the slice.
-  check_product({3, 1, 70, 37}, {4, 45, 70}, true, true, 11, validation);
+  check_product({3, 1, 70, 37}, {4, 45, 70}, true, true, 11, numerics);
   // Whole blocks: the vector loads, for each operand layout (64 x 64 blocks here).
-  check_product({256, 96}, {96, 192}, false, false, 15, validation);
-  check_product({96, 256}, {192, 96}, true, true, 15, validation);
+  check_product({256, 96}, {96, 192}, false, false, 15, numerics);
+  check_product({96, 256}, {192, 96}, true, true, 15, numerics);
   // Whole 128 x 128 blocks with vector loads.
-  check_product({1536, 64}, {64, 1408}, false, false, 16, validation);
+  check_product({1536, 64}, {64, 1408}, false, false, 16, numerics);
   // A long K over a small output: split-K partials (one GEMM over the slices, then a sum), with
   // vector loads over partial blocks, for both operand layouts.
-  check_product({64, 4096}, {4096, 48}, false, false, 17, validation);
-  check_product({4096, 64}, {48, 4096}, true, true, 18, validation);
+  check_product({64, 4096}, {4096, 48}, false, false, 17, numerics);
+  check_product({4096, 64}, {48, 4096}, true, true, 18, numerics);
   // Enough output blocks for the 128 x 256 shape: whole ones with both operands read as
   // column-major fragments, and ragged ones with K not a multiple of the slice.
-  check_product({64, 1920}, {2304, 64}, true, true, 21, validation);
-  check_product({1800, 40}, {40, 2200}, false, false, 22, validation);
+  check_product({64, 1920}, {2304, 64}, true, true, 21, numerics);
+  check_product({1800, 40}, {40, 2200}, false, false, 22, numerics);
   // Two slices fetched ahead (the rule's choice for 128 x 256 blocks over a long K), forced
   // here on small products: an odd number of slices with ragged edges, and whole blocks with
   // vector loads.
   {
     const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", "2,4,4,8,16,2");
-    check_product({200, 1000}, {1000, 300}, false, false, 23, validation);
-    check_product({256, 512}, {512, 256}, false, false, 23, validation);
+    check_product({200, 1000}, {1000, 300}, false, false, 23, numerics);
+    check_product({256, 512}, {512, 256}, false, false, 23, numerics);
   }
   // The 128 x 192 block (forced on small products; A must be contiguous along m): ragged edges
   // with K not a multiple of the slice, and whole blocks with vector loads.
   {
     const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", "2,4,4,6,32");
-    check_product({100, 200}, {100, 250}, true, false, 24, validation);
-    check_product({128, 256}, {128, 384}, true, false, 24, validation);
+    check_product({100, 200}, {100, 250}, true, false, 24, numerics);
+    check_product({128, 256}, {128, 384}, true, false, 24, numerics);
   }
   // Enough output blocks for the 128 x 128 shape, with ragged edges (vector loads with bounds),
   // for both operand layouts.
-  check_product({1540, 40}, {40, 1500}, false, false, 12, validation);
-  check_product({40, 1540}, {1500, 40}, true, true, 13, validation);
+  check_product({1540, 40}, {40, 1500}, false, false, 12, numerics);
+  check_product({40, 1540}, {1500, 40}, true, true, 13, numerics);
 }
 
-void check_convolutions_once(bool validation) {
+void check_convolutions_once(const Numerics& numerics) {
   // A weight gradient long enough in N * OH * OW to be split over K; with 8 channels (multiples
   // of 4) the im2col forward, data and weight gradient products read vector loads over partial
   // blocks (20 output channels), the weight gradient's over K slices, with 6 scalars.
@@ -1327,7 +1561,7 @@ void check_convolutions_once(bool validation) {
           output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}),
                                 in[2], {in[0], in[1]});
         },
-        kFastTolerance, seed, fast(), nullptr, validation);
+        numerics.tolerance, seed, numerics.options(), nullptr, numerics.validation);
   }
   for (const Conv2dOptions& options :
        {Conv2dOptions{.padding = {1, 1}}, Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}},
@@ -1342,7 +1576,7 @@ void check_convolutions_once(bool validation) {
           output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
                                 {in[0], in[1]});
         },
-        kFastTolerance, 13, fast(), nullptr, validation);
+        numerics.tolerance, 13, numerics.options(), nullptr, numerics.validation);
   }
   // Planes of 25, four of them 100 floats: with im2col the forward's and the data gradient's
   // columns lie side by side (the 7 x 7 case above puts only its forward's there).
@@ -1352,14 +1586,14 @@ void check_convolutions_once(bool validation) {
         output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
                               {in[0], in[1]});
       },
-      kFastTolerance, 14, fast(), nullptr, validation);
+      numerics.tolerance, 14, numerics.options(), nullptr, numerics.validation);
 }
 
 // Winograd convolutions with their 16 tile products on cooperative matrices (forced: these
 // shapes are below the rules' minimums): the forward with both gradients, padding 1 over odd
 // output extents, and 529 tiles whose weight-gradient products are split over K into 3 partials
 // that the filter transform sums.
-void check_winograd(bool validation) {
+void check_winograd(const Numerics& numerics) {
   const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
   const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
   for (const auto& [x, slices] :
@@ -1371,21 +1605,21 @@ void check_winograd(bool validation) {
           output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}),
                                 in[2], {in[0], in[1]});
         },
-        kFastTolerance, 24, fast(), nullptr, validation);
+        numerics.tolerance, 24, numerics.options(), nullptr, numerics.validation);
   }
 }
 
-void check_convolutions(bool validation) {
+void check_convolutions(const Numerics& numerics) {
   // The implicit GEMMs on cooperative matrices, then im2col + matmul (the default on GPUs), with
   // f32 and with packed f16 columns.
   for (const char* im2col : {"0", "1"}) {
     const ScopedSwitch route("MEGANEURA_IM2COL", im2col);
-    check_convolutions_once(validation);
+    check_convolutions_once(numerics);
   }
-  check_winograd(validation);
+  check_winograd(numerics);
   const ScopedSwitch route("MEGANEURA_IM2COL", "1");
   const ScopedSwitch packed("MEGANEURA_PACKED_COLUMNS", "1");
-  check_convolutions_once(validation);
+  check_convolutions_once(numerics);
 }
 
 // Whisper-like heads (64) with a partial last block, grouped-query heads with a causal mask
@@ -1395,7 +1629,7 @@ void check_convolutions(bool validation) {
 // gradients of q, k and v (seeded with a random cotangent). f16 probabilities and dS make the
 // gradients noisier than the forward; 1e-2 is still far below a wrong kernel and within the
 // 5 % gradient gate of DESIGN.md.
-void check_attention_once(bool validation) {
+void check_attention_once(const Numerics& numerics) {
   struct Case {
     Shape q, k, v;
     bool causal, masked;
@@ -1423,7 +1657,8 @@ void check_attention_once(bool validation) {
           output_with_gradients(graph, scaled_dot_product_attention(x[0], x[1], x[2], options),
                                 x[3], {x[0], x[1], x[2]});
         },
-        1e-2, 14, fast(), nullptr, validation);
+        numerics.attention_gradient_tolerance, 14, numerics.options(), nullptr,
+        numerics.validation);
   }
   // Scores that climb along the keys (an additive ramp from -30 to +30 over 200 keys, about 19
   // in log2 units per 64-key block): the staged forward keeps its running maximum until a block
@@ -1439,23 +1674,23 @@ void check_attention_once(bool validation) {
         options.mask = Tensor(&graph, graph.constant(ramp, {DType::f32, {200, 200}}));
         graph.set_output("y", scaled_dot_product_attention(x[0], x[1], x[2], options).id());
       },
-      kFastTolerance, 19, fast(), nullptr, validation);
+      numerics.tolerance, 19, numerics.options(), nullptr, numerics.validation);
 }
 
 // The forward's, dQ's and dK / dV's scores in registers (where the session's probe found the
 // fragment layout they are written for: NVIDIA's) and staged through shared memory.
-void check_attention(bool validation) {
+void check_attention(const Numerics& numerics) {
   for (const char* registers : {"1", "0"}) {
     SCOPED_TRACE(std::string("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);
     const ScopedSwitch forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
-    check_attention_once(validation);
+    check_attention_once(numerics);
   }
 }
 
 TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
-  check_attention(true);
+  check_attention(Numerics{});
 }
 
 // Gradients of the size an untrained model's loss gives (a cotangent of 1e-6), at the shapes of
@@ -1495,13 +1730,13 @@ TEST_F(GpuCoopMatrix, AttentionGradientsOfSmallCotangentsNv) {
 TEST_F(GpuCoopMatrix, MatmulNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
-  check_matmuls(true);
+  check_matmuls(Numerics{});
 }
 
 TEST_F(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
-  check_convolutions(true);
+  check_convolutions(Numerics{});
 }
 
 // Workgroup-scope f16 matrices on 256 invocations (VK_NV_cooperative_matrix2), which the
@@ -1681,9 +1916,63 @@ TEST_F(GpuCoopMatrix, TensorAddressingLoadsRefusedWhereMissing) {
 TEST_F(GpuCoopMatrix, MatmulConvolutionsAndAttentionKhr) {
   if (!device_lists_coop_shape(true))
     GTEST_SKIP() << "the device has no f16 KHR cooperative matrices";
-  check_matmuls(false);
-  check_convolutions(false);
-  check_attention(false);
+  check_matmuls(kKhr);
+  check_convolutions(kKhr);
+  check_attention(kKhr);
+}
+
+// Where the device runs bfloat16 cooperative matrices (Precision::bf16 puts a product there;
+// the suite's switches put every product on them).
+bool device_has_bf16_coop_matrices() {
+  static const bool available = [] {
+    Graph graph;
+    Tensor a = input(graph, "a", {16, 16});
+    graph.set_output("y", matmul(a, a).id());
+    SessionOptions options = testing::session_options();
+    options.precision = Precision::bf16;
+    return Session(graph, options).report().coop_matrix_dispatches > 0;
+  }();
+  return available;
+}
+
+const Numerics kBf16{
+    .precision = Precision::bf16, .validation = false, .tolerance = kBf16Tolerance};
+
+// Every fast kernel again with bfloat16 operands (the KHR rewrite, then SPV_KHR_bfloat16), against
+// the f64 reference.
+TEST_F(GpuCoopMatrix, MatmulConvolutionsAndAttentionBf16) {
+  if (!device_has_bf16_coop_matrices())
+    GTEST_SKIP() << "the device has no bfloat16 KHR cooperative matrices";
+  check_matmuls(kBf16);
+  check_convolutions(kBf16);
+  check_attention(kBf16);
+}
+
+// bfloat16's range without any loss scaling: a product of values of about 1e-6 (products of
+// 1e-12, below f16's smallest subnormal, where f16 operands would give zeros), and attention's
+// gradients of a cotangent of 1e-6 at Whisper's and SD 1.5's shapes (on f16 operands, scaled by
+// passes::scale_attention_gradients as in fast precision).
+TEST_F(GpuCoopMatrix, SmallValuesNeedNoScalingBf16) {
+  if (!device_has_bf16_coop_matrices())
+    GTEST_SKIP() << "the device has no bfloat16 KHR cooperative matrices";
+  check_on_gpu(
+      {{"a", {300, 200}, DType::f32, -1e-6, 1e-6}, {"b", {200, 260}, DType::f32, -1e-6, 1e-6}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1]).id());
+      },
+      kBf16Tolerance, 31, kBf16.options(), nullptr, false);
+  for (const auto& [q, kv] : {std::pair<Shape, Shape>{{1, 2, 1500, 64}, {1, 2, 1500, 64}},
+                              {{1, 1, 1024, 80}, {1, 1, 1024, 80}},
+                              {{2, 6, 300, 64}, {2, 2, 300, 64}}}) {
+    SCOPED_TRACE(shape_string(q));
+    check_on_gpu(
+        {{"q", q}, {"k", kv}, {"v", kv}, {"g", q, DType::f32, -1e-6, 1e-6}},
+        [](Graph& graph, std::vector<Tensor>& x) {
+          output_with_gradients(graph, scaled_dot_product_attention(x[0], x[1], x[2], {}), x[3],
+                                {x[0], x[1], x[2]});
+        },
+        kBf16.attention_gradient_tolerance, 32, kBf16.options(), nullptr, false);
+  }
 }
 
 // The probe of a subgroup's fragment layout: through both extensions every element of the A and

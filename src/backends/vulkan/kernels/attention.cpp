@@ -256,10 +256,12 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
 constexpr int64_t kCoopFragment = 16;
 
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
-// (attention_lse runs the forward kernel without values).
+// (attention_lse runs the forward kernel without values). Their operands are f16 also in bf16
+// precision: they are written for 16 x 8 B fragments, which devices offer for f16 alone.
 bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device) {
-  if (mode == Mode::grad_scores || !use_coop_gemm(device) || dims.head_dim % kCoopFragment != 0 ||
-      dims.value_dim % kCoopFragment != 0)
+  const bool f16_fragments = device.coop_matrix_f16_nv || device.coop_matrix_f16_khr;
+  if (mode == Mode::grad_scores || !use_coop_gemm(device) || !f16_fragments ||
+      dims.head_dim % kCoopFragment != 0 || dims.value_dim % kCoopFragment != 0)
     return false;
   if (mode == Mode::forward || mode == Mode::lse) return coop_forward_block(dims, device) != 0;
   return coop_backward_block(mode, dims, device) != 0;

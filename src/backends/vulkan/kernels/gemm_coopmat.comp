@@ -3,7 +3,8 @@
 // gl_WorkGroupID.z. Operands are read as f32 through the generated load functions (or as f16,
 // HALF_UNITS), rounded to f16 into shared memory and multiplied on 16 x 8 x 16 fragments with f32 accumulators.
 // A workgroup of WARPS_M x WARPS_N subgroups (32 invocations each) computes a BLOCK_M x BLOCK_N
-// block of C; each subgroup a FRAGS_M x FRAGS_N grid of 16 x 8 accumulator fragments. K advances
+// block of C; each subgroup a FRAGS_M x FRAGS_N grid of 16 x 8 (BFLOAT16_FRAGMENTS: 16 x 16)
+// accumulator fragments. K advances
 // in slices of BLOCK_K through two shared slots: while the subgroups multiply the slice in one
 // slot, every invocation holds its part of the next PREFETCH_SLICES (1 or 2) slices in
 // registers, and stores the next one into the other slot after its multiplies, so one barrier
@@ -24,14 +25,18 @@
 // need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c holds C row-major, entry after
 // entry), HALF_UNITS (the operands are f16 in memory and every extent a multiple of 8: each unit
 // of 8 halves is read as one uvec4 through load_a8 / load_b8 and stored as it is, without the
-// f32 round trip). The lowering (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
+// f32 round trip), BFLOAT16_FRAGMENTS (below). The lowering (gemm_coopmat.cpp) makes each tile's
+// units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), with VECTOR_LOADS
 // vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n), and with
 // HALF_UNITS uvec4 load_a8(uint z, uint m, uint k), uvec4 load_b8(uint z, uint k, uint n).
 // Loops over fragments are unrolled so that fragment arrays stay in registers.
 // A (16 x 16) and B (16 x 8) fragments have different shapes on purpose: the SPIR-V rewrite to
-// SPV_KHR_cooperative_matrix infers each matrix type's use from its role.
+// SPV_KHR_cooperative_matrix infers each matrix type's use from its role. BFLOAT16_FRAGMENTS
+// (bfloat16 operands, which devices offer as 16 x 16 x 16 only: spirv_bfloat16.cpp) makes B and
+// the accumulators 16 columns wide; their column count is then a specialization constant of
+// value 16, a different id from A's 16, so that the types of A and B still differ.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -39,8 +44,14 @@
 #extension GL_EXT_control_flow_attributes : require
 
 #define FRAG_M 16
-#define FRAG_N 8
 #define FRAG_K 16
+#if BFLOAT16_FRAGMENTS
+#define FRAG_N 16
+layout(constant_id = 0) const uint FRAGMENT_COLUMNS = 16;
+#else
+#define FRAG_N 8
+#define FRAGMENT_COLUMNS FRAG_N
+#endif
 #define BLOCK_M (WARPS_M * FRAGS_M * FRAG_M)
 #define BLOCK_N (WARPS_N * FRAGS_N * FRAG_N)
 #define THREADS (WARPS_M * WARPS_N * 32)
@@ -85,7 +96,7 @@ uvec4 b_next[PREFETCH_SLICES][B_UNITS];
 vec4 a_next[PREFETCH_SLICES][2 * A_UNITS];
 vec4 b_next[PREFETCH_SLICES][2 * B_UNITS];
 #endif
-fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N> accumulators[FRAGS_M][FRAGS_N];
+fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAGMENT_COLUMNS> accumulators[FRAGS_M][FRAGS_N];
 
 // Steps of one element along each operand's contiguous index, as (m, k) and (k, n).
 #define A_ALONG uvec2(A_M_CONTIGUOUS, 1 - A_M_CONTIGUOUS)
@@ -253,7 +264,7 @@ void multiply_slice(uint slot, uint warp_row, uint warp_col) {
     // One B fragment at a time: it meets every A fragment at once, and fewer registers stay
     // live next to the accumulators and the prefetched slices.
     [[unroll]] for (uint j = 0; j < FRAGS_N; ++j) {
-      fcoopmatNV<16, gl_ScopeSubgroup, FRAG_K, FRAG_N> b_fragment;
+      fcoopmatNV<16, gl_ScopeSubgroup, FRAG_K, FRAGMENT_COLUMNS> b_fragment;
       coopMatLoadNV(b_fragment, tile_b,
                     slot * B_SLOT + b_offset_in_slot(kk, warp_col + j * FRAG_N), B_STRIDE,
                     B_K_CONTIGUOUS != 0);
@@ -292,7 +303,7 @@ void main() {
 
   [[unroll]] for (uint i = 0; i < FRAGS_M; ++i)
     [[unroll]] for (uint j = 0; j < FRAGS_N; ++j)
-      accumulators[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAG_N>(0.0);
+      accumulators[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAGMENT_COLUMNS>(0.0);
 
   fetch_slice(z, row0, col0, 0, thread, 0);
   store_slice(0, thread, 0);

@@ -13,6 +13,7 @@ namespace {
 
 // A workgroup of warps_m x warps_n subgroups, each frags_m x frags_n accumulator fragments of
 // 16 x 8, over K slices of block_k, fetching prefetch_slices slices ahead (gemm_coopmat.comp).
+// With bfloat16 operands the fragments are 16 x 16, frags_n / 2 of them: the same block.
 struct BlockShape {
   int64_t warps_m, warps_n, frags_m, frags_n, block_k, prefetch_slices = 1;
   constexpr int64_t rows() const { return warps_m * frags_m * 16; }
@@ -39,6 +40,12 @@ constexpr std::array<Candidate, 5> kCandidates{{{{2, 4, 4, 8, 16}, 1.0},
                                                 {{2, 2, 2, 4, 16}, 2.0}}};
 static_assert(kCandidates[0].block.cols() == kWidestSubgroupBlockColumns);
 
+// The columns of the kernel's B and accumulator fragments: 16 for bfloat16 operands, whose
+// devices offer the 16 x 16 x 16 shape only, else 8.
+int64_t fragment_columns(const GeneratedGemm& gemm, const DeviceTraits& device) {
+  return device.bf16_operands && !gemm.half_operands ? 16 : 8;
+}
+
 // Shared tile bytes of one slot of an operand: `rows` rows of `row_halves` contiguous halves,
 // padded by 8 halves.
 int64_t tile_bytes(int64_t rows, int64_t row_halves) {
@@ -58,6 +65,9 @@ std::optional<std::string> block_misfit(const BlockShape& block, const Generated
       return "every extent must lie in [1, " + std::to_string(kMostExtent) + "]";
   }
   if (block.block_k % 16 != 0) return "block_k must be a multiple of 16";
+  const int64_t columns = fragment_columns(gemm, device);
+  if (block.frags_n * 8 % columns != 0)
+    return "frags_n must be even for the 16-column fragments of bfloat16 operands";
   if (block.prefetch_slices != 1 && block.prefetch_slices != 2)
     return "prefetch_slices must be 1 or 2";
   if (block.threads() > device.max_workgroup_invocations)
@@ -70,7 +80,7 @@ std::optional<std::string> block_misfit(const BlockShape& block, const Generated
                                               : tile_bytes(block.rows(), block.block_k);
   const int64_t b_bytes = gemm.b_k_contiguous ? tile_bytes(block.cols(), block.block_k)
                                               : tile_bytes(block.block_k, block.cols());
-  const int64_t staging_bytes = block.warps_m * block.warps_n * 16 * 8 * 4;
+  const int64_t staging_bytes = block.warps_m * block.warps_n * 16 * columns * 4;
   const int64_t shared_bytes = 2 * (a_bytes + b_bytes) + staging_bytes;
   if (shared_bytes > device.max_shared_memory_bytes)
     return std::to_string(shared_bytes) + " bytes of shared memory exceed the device's " +
@@ -137,9 +147,11 @@ BlockShape choose_block(const GeneratedGemm& gemm, const DeviceTraits& device) {
 }  // namespace
 
 bool use_coop_gemm(const DeviceTraits& device) {
-  return device.fast_precision && (device.coop_matrix_f16_nv || device.coop_matrix_f16_khr) &&
-         device.subgroup_size == 32 && device.max_workgroup_invocations >= 256 &&
-         !device.switches.no_coopmat;
+  const bool has_shape = device.bf16_operands
+                             ? device.coop_matrix_bf16_khr
+                             : device.coop_matrix_f16_nv || device.coop_matrix_f16_khr;
+  return device.fast_precision && has_shape && device.subgroup_size == 32 &&
+         device.max_workgroup_invocations >= 256 && !device.switches.no_coopmat;
 }
 
 bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device) {
@@ -153,7 +165,7 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
 }
 
 bool coop_wants_khr(const DeviceTraits& device) {
-  if (!device.coop_matrix_f16_nv) return true;
+  if (device.bf16_operands || !device.coop_matrix_f16_nv) return true;
   if (!device.coop_matrix_f16_khr) return false;
   return device.switches.coopmat != Switches::CoopMatrixExtension::nv;
 }
@@ -163,6 +175,7 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
   const BlockShape block = choose_block(gemm, context.device());
   const bool whole_blocks =
       gemm.m % block.rows() == 0 && gemm.n % block.cols() == 0 && gemm.k % block.block_k == 0;
+  const int64_t columns = fragment_columns(gemm, context.device());
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_coopmat";
@@ -173,7 +186,7 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"WARPS_M", glsl_uint(block.warps_m)},
                     {"WARPS_N", glsl_uint(block.warps_n)},
                     {"FRAGS_M", glsl_uint(block.frags_m)},
-                    {"FRAGS_N", glsl_uint(block.frags_n)},
+                    {"FRAGS_N", glsl_uint(block.frags_n * 8 / columns)},
                     {"BLOCK_K", glsl_uint(block.block_k)},
                     {"PREFETCH_SLICES", std::to_string(block.prefetch_slices)},
                     {"A_M_CONTIGUOUS", gemm.a_m_contiguous ? "1" : "0"},
@@ -181,10 +194,13 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"VECTOR_LOADS", gemm.vector_loads ? "1" : "0"},
                     {"HALF_UNITS", gemm.half_units ? "1" : "0"},
                     {"WHOLE_BLOCKS", whole_blocks ? "1" : "0"},
-                    {"DIRECT_STORE", gemm.row_major_c && gemm.n % 4 == 0 ? "1" : "0"}};
+                    {"DIRECT_STORE", gemm.row_major_c && gemm.n % 4 == 0 ? "1" : "0"},
+                    {"BFLOAT16_FRAGMENTS", columns == 16 ? "1" : "0"}};
   launch.operands = std::move(operands);
   launch.f16_operands = gemm.half_operands;
   launch.khr_cooperative_matrix = coop_wants_khr(context.device());
+  // Products of f16 tensors read or write f16 memory: their operands stay f16.
+  launch.bf16_operands = columns == 16;
   launch.groups = tiled_grid(launch.label, gemm.n, block.cols(), gemm.m, block.rows(), gemm.entries,
                              context.device());
   context.emit(std::move(launch));

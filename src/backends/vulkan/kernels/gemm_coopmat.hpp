@@ -11,8 +11,9 @@
 namespace mg::kernels {
 
 // True when `device` runs GEMMs on cooperative matrices: fast precision was asked for, the
-// device has f16 16x16 x 16x8 fragments with f32 accumulators (NV or KHR extension) and 32-wide
-// subgroups, and MEGANEURA_NO_COOPMAT=1 (the kill switch, DeviceTraits::switches) is not set.
+// device has 16x16 x 16x8 fragments of the operand type asked for (f16 through the NV or KHR
+// extension; bfloat16 through KHR) with f32 accumulators and 32-wide subgroups, and
+// MEGANEURA_NO_COOPMAT=1 (the kill switch, DeviceTraits::switches) is not set.
 bool use_coop_gemm(const DeviceTraits& device);
 
 // The columns of gemm_coopmat.comp's widest block (128 x 256).
@@ -31,7 +32,8 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
 // Whether cooperative-matrix kernels compile through SPV_KHR_cooperative_matrix: wherever the
 // device has it, unless MEGANEURA_COOPMAT=nv asks for the NV extension on a device that has both
 // (NVIDIA's, where the same kernels run faster through KHR); validated sessions leave KHR off
-// (backends/vulkan/runtime/device_features.cpp), so they use NV.
+// (backends/vulkan/runtime/device_features.cpp), so they use NV. bfloat16 operands exist only
+// through KHR.
 bool coop_wants_khr(const DeviceTraits& device);
 
 // A half_matmul (ops/half_gemm.hpp) on gemm_coopmat.comp (gemm.cpp): its f16 operands read as

@@ -22,9 +22,9 @@ bool use_cpu_kernels(const DeviceTraits& device);
 // where their one consumer, a matmul taking them as B, reads them through generated load
 // functions, on cooperative matrices (which round them to f16 anyway) or on the CPU-device GEMM
 // (gemm_cpu.comp, so that Lavapipe tests both ends), and the gather writes vec4 rows (output
-// width a multiple of 4). Off by default: it sped some fast convolutions up and slowed others
-// down. lower_im2col and the matmul's lowering both
-// ask, so they agree.
+// width a multiple of 4); never for bfloat16 operands (DeviceTraits::bf16_operands). Off by
+// default: it sped some fast convolutions up and slowed others down. lower_im2col and the matmul's
+// lowering both ask, so they agree.
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device);
 
 // C[m, n] = sum_k A[m, k] B[k, n] for each of `entries` independent problems (grid z).

@@ -111,6 +111,8 @@ std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
                           OperandsIn operands) {
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
+  // Its operands are f16 in memory: rounding f32 ones there would lose bfloat16's range.
+  if (device.bf16_operands && operands != OperandsIn::f16) return false;
   const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
   if (!block || k % kWorkgroupGemmBlockK != 0) return false;
   if (const std::optional<bool> forced = device.switches.workgroup_gemm) return *forced;

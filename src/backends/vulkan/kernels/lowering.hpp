@@ -33,6 +33,9 @@ struct Launch {
   // With khr_cooperative_matrix: its matrices are loaded through tensor layouts at the loaded
   // element (gpu::MatrixLoads::tensor_at_element; needs DeviceTraits::workgroup_tensor_loads).
   bool tensor_loads = false;
+  // With khr_cooperative_matrix: its f16 type, which only its matrices' operands use, compiles
+  // to bfloat16 (gpu::KernelSpec::bf16_operands; DeviceTraits::bf16_operands).
+  bool bf16_operands = false;
   // The kernel reads or writes f16 values (float16_t arrays); other kernels name the f16 operand
   // in an error instead of compiling against values they were not written for.
   bool f16_operands = false;

@@ -74,7 +74,8 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
   if (node.op != op::im2col || node.attrs.get_ints("output_size").at(1) % 4 != 0 ||
       images_side_by_side(node.attrs))
     return false;
-  if (!device.switches.packed_columns) return false;
+  // Packed pairs are f16 in memory, which a GEMM of bfloat16 operands would misread.
+  if (!device.switches.packed_columns || device.bf16_operands) return false;
   ValueId consumer = kNoValue;
   for (size_t i = static_cast<size_t>(columns) + 1; i < graph.size(); ++i) {
     const std::vector<ValueId>& inputs = graph.nodes()[i].inputs;

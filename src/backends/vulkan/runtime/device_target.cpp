@@ -10,17 +10,16 @@
 namespace mg::vulkan {
 namespace {
 
-// The shape the fast GEMM is written for: f16 A 16 x 16, B 16 x 8, f32 accumulator.
-bool has_f16_coop_shape(const gpu::DeviceCaps& caps, bool khr) {
-  return caps.shader_f16 && std::any_of(caps.coop_matrix.begin(), caps.coop_matrix.end(),
-                                        [&](const gpu::CoopMatrixConfig& config) {
-                                          return config.khr == khr && config.m == 16 &&
-                                                 config.n == 8 && config.k == 16 &&
-                                                 config.a == gpu::ScalarType::f16 &&
-                                                 config.b == gpu::ScalarType::f16 &&
-                                                 config.c == gpu::ScalarType::f32 &&
-                                                 config.result == gpu::ScalarType::f32;
-                                        });
+// A shape the fast GEMM is written for: `operands` A 16 x 16, B 16 x `columns`, f32
+// accumulator.
+bool has_coop_shape(const gpu::DeviceCaps& caps, bool khr, gpu::ScalarType operands,
+                    uint32_t columns) {
+  return std::any_of(
+      caps.coop_matrix.begin(), caps.coop_matrix.end(), [&](const gpu::CoopMatrixConfig& config) {
+        return config.khr == khr && config.m == 16 && config.n == columns && config.k == 16 &&
+               config.a == operands && config.b == operands && config.c == gpu::ScalarType::f32 &&
+               config.result == gpu::ScalarType::f32;
+      });
 }
 
 // Whether the device runs the workgroup GEMM's `block` form (kernels/gemm_workgroup.hpp):
@@ -45,7 +44,8 @@ bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps, const kernels::Workgrou
 
 }  // namespace
 
-target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precision) {
+target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precision,
+                                   bool bf16_operands) {
   target::DeviceTraits traits;
   traits.subgroup_size = info.caps.subgroup_size;
   traits.max_shared_memory_bytes = info.caps.max_shared_memory_bytes;
@@ -55,19 +55,26 @@ target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precis
   traits.cpu = info.kind == gpu::DeviceKind::cpu;
   traits.max_storage_buffers = info.caps.max_storage_buffers_per_stage;
   traits.name = info.name;
-  traits.coop_matrix_f16_nv = has_f16_coop_shape(info.caps, false);
-  traits.coop_matrix_f16_khr = has_f16_coop_shape(info.caps, true);
+  traits.coop_matrix_f16_nv =
+      info.caps.shader_f16 && has_coop_shape(info.caps, false, gpu::ScalarType::f16, 8);
+  traits.coop_matrix_f16_khr =
+      info.caps.shader_f16 && has_coop_shape(info.caps, true, gpu::ScalarType::f16, 8);
+  // The kernels' f16 conversions become bfloat16 ones; the f16 type itself must still compile.
+  traits.coop_matrix_bf16_khr = info.caps.shader_f16 && info.caps.coop_matrix_bf16 &&
+                                has_coop_shape(info.caps, true, gpu::ScalarType::bf16, 16);
   traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps, kernels::kWholeBlock);
   traits.workgroup_tensor_loads = traits.workgroup_coop_matrix_f16 &&
                                   info.caps.workgroup_coop_matrix.tensor_addressing &&
                                   has_workgroup_f16_coop(info.caps, kernels::kSplitRowsBlock);
   traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
   traits.fast_precision = fast_precision;
+  traits.bf16_operands = bf16_operands;
   return traits;
 }
 
-VulkanTarget device_target(gpu::Device& device, bool fast_precision, const Switches& switches) {
-  target::DeviceTraits traits = device_traits(device.info(), fast_precision);
+VulkanTarget device_target(gpu::Device& device, bool fast_precision, bool bf16_operands,
+                           const Switches& switches) {
+  target::DeviceTraits traits = device_traits(device.info(), fast_precision, bf16_operands);
   traits.switches = switches;
   if (kernels::use_coop_gemm(traits)) {
     const std::optional<gpu::FragmentLayout> layout =

@@ -8,11 +8,13 @@
 namespace mg::vulkan {
 
 // The traits of a device from its capabilities (without the probe), in fast precision where
-// `fast_precision`.
-target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precision);
+// `fast_precision`, with bfloat16 operands where also `bf16_operands`.
+target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precision,
+                                   bool bf16_operands);
 
 // The target of `device` with `switches`: its traits, and where the fast kernels run, whether
 // their fragments keep the layout the attention kernels are written for (probed on the device).
-VulkanTarget device_target(gpu::Device& device, bool fast_precision, const Switches& switches);
+VulkanTarget device_target(gpu::Device& device, bool fast_precision, bool bf16_operands,
+                           const Switches& switches);
 
 }  // namespace mg::vulkan

@@ -74,6 +74,7 @@ struct DeviceCaps {
   uint32_t max_storage_buffers_per_stage = 0;
   bool shader_f16 = false, storage_f16 = false;
   bool shader_bf16 = false;
+  bool coop_matrix_bf16 = false;  // bfloat16 cooperative matrices (shaderBFloat16CooperativeMatrix)
   bool float_atomic_add = false;
   bool timestamps = false;
   double timestamp_period_ns = 0;
@@ -137,6 +138,9 @@ struct KernelSpec {
   // With khr_cooperative_matrix: how the matrices are loaded (needs
   // WorkgroupCoopMatrixCaps::tensor_addressing unless plain).
   MatrixLoads matrix_loads = MatrixLoads::plain;
+  // With khr_cooperative_matrix: the kernel's f16 type, only its matrices' operands, becomes
+  // bfloat16 (SPV_KHR_bfloat16; Precision::bf16).
+  bool bf16_operands = false;
 };
 
 // A buffer range bound to one storage-buffer binding.

@@ -291,6 +291,7 @@ void read_feature_caps(PhysicalDevice& out) {
   caps.shader_f16 = f.known.float16_int8 && f.float16_int8.shaderFloat16;
   caps.storage_f16 = f.storage16.storageBuffer16BitAccess;
   caps.shader_bf16 = f.known.bf16 && f.bf16.shaderBFloat16Type;
+  caps.coop_matrix_bf16 = caps.shader_bf16 && f.bf16.shaderBFloat16CooperativeMatrix;
   caps.float_atomic_add = f.known.atomic_float && f.atomic_float.shaderBufferFloat32AtomicAdd;
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backends/vulkan/runtime/spirv_bfloat16.hpp"
 #include "backends/vulkan/runtime/spirv_cooperative_matrix.hpp"
 #include "backends/vulkan/runtime/vulkan_api.hpp"
 #include "meganeura/error.hpp"
@@ -183,6 +184,7 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
   // extension and rejects its opcodes, so the NV form is what gets checked.
   if (!spec.khr_cooperative_matrix) return spirv;
   spirv = nv_to_khr_cooperative_matrix(spirv);
+  if (spec.bf16_operands) spirv = f16_operands_to_bf16(spirv);
   if (spec.matrix_loads == MatrixLoads::plain) return spirv;
   return khr_loads_to_tensor_loads(spirv, spec.matrix_loads);
 }

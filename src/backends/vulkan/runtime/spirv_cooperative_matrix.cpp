@@ -1,21 +1,25 @@
 #include "backends/vulkan/runtime/spirv_cooperative_matrix.hpp"
 
-#define SPV_ENABLE_UTILITY_CODE
-#include <glslang/SPIRV/spirv.hpp>
-
 #include <algorithm>
 #include <array>
-#include <cstring>
-#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "backends/vulkan/runtime/spirv_words.hpp"
 #include "meganeura/error.hpp"
 
 namespace mg::gpu::detail {
 namespace {
+
+using spirv::append_extension;
+using spirv::append_instruction;
+using spirv::for_each_instruction;
+using spirv::Instruction;
+using spirv::kBoundWord;
+using spirv::kHeaderWords;
+using spirv::literal_string;
 
 // SPV_KHR_cooperative_matrix enumerants (newer than the SPIR-V headers Debian 12 ships).
 constexpr uint32_t kCapabilityCooperativeMatrixKhr = 6022;
@@ -26,43 +30,6 @@ constexpr uint32_t kOpCooperativeMatrixMulAddKhr = 4459;
 constexpr uint32_t kOpCooperativeMatrixLengthKhr = 4460;
 enum Use : uint32_t { kMatrixA = 0, kMatrixB = 1, kAccumulator = 2 };
 constexpr uint32_t kRowMajor = 0, kColumnMajor = 1;
-constexpr size_t kHeaderWords = 5;
-constexpr size_t kBoundWord = 3;
-
-struct Instruction {
-  uint32_t opcode;
-  std::span<const uint32_t> operands;  // the words after the opcode word
-};
-
-template <typename Visit>
-void for_each_instruction(std::span<const uint32_t> module, Visit visit) {
-  for (size_t at = kHeaderWords; at < module.size();) {
-    const uint32_t words = module[at] >> 16;
-    if (words == 0 || at + words > module.size())
-      throw Error("internal: malformed SPIR-V at word " + std::to_string(at));
-    visit(Instruction{module[at] & 0xffffu, module.subspan(at + 1, words - 1)});
-    at += words;
-  }
-}
-
-std::string_view literal_string(std::span<const uint32_t> words) {
-  const char* text = reinterpret_cast<const char*>(words.data());
-  return std::string_view(text, strnlen(text, words.size() * 4));
-}
-
-void append_instruction(std::vector<uint32_t>& out, uint32_t opcode,
-                        std::initializer_list<uint32_t> operands,
-                        std::span<const uint32_t> tail = {}) {
-  out.push_back(static_cast<uint32_t>((1 + operands.size() + tail.size()) << 16) | opcode);
-  out.insert(out.end(), operands);
-  out.insert(out.end(), tail.begin(), tail.end());
-}
-
-void append_extension(std::vector<uint32_t>& out, std::string_view name) {
-  std::vector<uint32_t> words((name.size() + 4) / 4, 0);
-  std::memcpy(words.data(), name.data(), name.size());
-  append_instruction(out, spv::OpExtension, {}, words);
-}
 
 // What the rewrite needs to know before emitting: the role of every matrix type, the values of
 // the boolean constants (the NV column-major operands) and an existing 32-bit unsigned type.
