@@ -199,8 +199,7 @@ class Decomposition {
 
 }  // namespace
 
-Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
-                           std::vector<ValueId>* remap) {
+Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements, std::vector<ValueId>* remap) {
   // The inputs x and gradients g of the training batch norms that are decomposed.
   std::vector<bool> decomposed_input(graph.size(), false), decomposed_grad(graph.size(), false);
   bool any = false;
@@ -214,20 +213,14 @@ Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
     if (node.op == op::batch_norm_grad) decomposed_grad[node.inputs.back()] = true;
     any = true;
   }
-  if (!any) {
-    if (remap) {
-      remap->resize(graph.size());
-      for (size_t i = 0; i < graph.size(); ++i) (*remap)[i] = static_cast<ValueId>(i);
-    }
-    return graph;
-  }
+  if (!any) return unchanged(std::move(graph), remap);
   const Found found = find_shared_nodes(graph, decomposed_input, decomposed_grad);
 
   std::vector<ValueId> new_of(graph.size(), kNoValue);
   std::optional<Decomposition> decomposition;
   std::vector<bool> keep(graph.size(), true);
   std::vector<ValueId> rebuilt_remap;
-  const Graph rebuilt = rebuild(
+  Graph rebuilt = rebuild(
       graph, keep,
       [&](Graph& target, ValueId old_id, Node node) {
         if (!decomposition) decomposition.emplace(target);
@@ -268,7 +261,7 @@ Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
   // The old nodes around the replaced ones (the running variance's difference and square, the
   // weight gradient's product) are left without readers.
   std::vector<ValueId> dead_code_remap;
-  Graph result = eliminate_dead_code(rebuilt, &dead_code_remap);
+  Graph result = eliminate_dead_code(std::move(rebuilt), &dead_code_remap);
   if (remap) *remap = compose(rebuilt_remap, dead_code_remap);
   return result;
 }

@@ -4,6 +4,7 @@
 // f16); a transpose moves f16 values as they are. A 2-D matmul of f16 operands into an f16 result
 // that runs on cooperative matrices multiplies the f16 values directly (half_matmul with
 // f16_result), as PyTorch's f16 GEMM does.
+#include <algorithm>
 #include <unordered_map>
 
 #include "ir/half.hpp"
@@ -115,7 +116,10 @@ class F16Storage {
 
 }  // namespace
 
-Graph f16_storage(const Graph& graph, const target::Target& device, std::vector<ValueId>* remap) {
+Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
+  if (std::none_of(graph.nodes().begin(), graph.nodes().end(),
+                   [](const Node& node) { return node.type.dtype == DType::f16; }))
+    return unchanged(std::move(graph), remap);
   F16Storage pass(device);
   return rebuild(
       graph, std::vector<bool>(graph.size(), true),

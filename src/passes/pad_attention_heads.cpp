@@ -37,18 +37,12 @@ bool needs_padding(const Graph& graph, const Node& node, int64_t multiple) {
 
 }  // namespace
 
-Graph pad_attention_heads(const Graph& graph, int64_t multiple, std::vector<ValueId>* remap) {
+Graph pad_attention_heads(Graph graph, int64_t multiple, std::vector<ValueId>* remap) {
   const bool any = multiple > 1 &&
                    std::any_of(graph.nodes().begin(), graph.nodes().end(), [&](const Node& node) {
                      return needs_padding(graph, node, multiple);
                    });
-  if (!any) {
-    if (remap) {
-      remap->resize(graph.size());
-      for (size_t i = 0; i < graph.size(); ++i) (*remap)[i] = static_cast<ValueId>(i);
-    }
-    return graph;
-  }
+  if (!any) return unchanged(std::move(graph), remap);
   // Each value padded to a width, once; and the padded result behind each slice this pass made,
   // which a backward node reads as `out` instead of padding the slice again.
   std::map<std::pair<ValueId, int64_t>, ValueId> padded;

@@ -1,6 +1,7 @@
 #pragma once
 // Graph rewrites that keep every output and assignment unchanged. Each returns a new graph and
-// fills `remap` (old value -> new value, kNoValue for removed values) when given.
+// fills `remap` (old value -> new value, kNoValue for removed values) when given. Those that take
+// their graph by value return it as it is where they have nothing to rewrite: move it in.
 #include <vector>
 
 #include "meganeura/graph.hpp"
@@ -9,7 +10,7 @@
 namespace mg::passes {
 
 // Drops nodes that no output or assignment depends on.
-Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+Graph eliminate_dead_code(Graph graph, std::vector<ValueId>* remap = nullptr);
 
 // Merges nodes with the same op, inputs and attributes (and equal constants).
 Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
@@ -32,13 +33,12 @@ Graph split_k(const Graph& graph, const target::Target& device,
 // of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
 // GEMM or the subgroup-scope one) becomes a half_matmul reading the f16 operands and writing the
 // f16 result (see f16_storage.cpp).
-Graph f16_storage(const Graph& graph, const target::Target& device,
-                  std::vector<ValueId>* remap = nullptr);
+Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId>* remap = nullptr);
 
 // The workgroup GEMM: a 2-D matmul that suits it on `device` (target::Target::
 // workgroup_gemm_suits) becomes round_to_f16 of both operands and a half_matmul
 // (ops/half_gemm.hpp).
-Graph workgroup_gemm(const Graph& graph, const target::Target& device,
+Graph workgroup_gemm(Graph graph, const target::Target& device,
                      std::vector<ValueId>* remap = nullptr);
 
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
@@ -63,8 +63,7 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
 // grad_out) padded with zeros to the next multiple, keeps the scale of its own head width, and
 // its result is sliced back, so that the cooperative-matrix kernels take it
 // (target::Target::attention_head_multiple; 1 leaves the graph as it is).
-Graph pad_attention_heads(const Graph& graph, int64_t multiple,
-                          std::vector<ValueId>* remap = nullptr);
+Graph pad_attention_heads(Graph graph, int64_t multiple, std::vector<ValueId>* remap = nullptr);
 
 // Attention gradients in f16's range: each attention_grad_q / _k / _v also reads max |dO| (per
 // batch and kv head, attribute has_grad_out_max), by which the cooperative-matrix backward
@@ -86,7 +85,7 @@ Graph im2col_convolutions(const Graph& graph, const target::Target& device,
 // Training batch norms over at least `min_channel_elements` elements a channel become means,
 // sums and pointwise ops (see decompose_batch_norm.cpp), sharing the running statistics'
 // mean and variance and the bias and weight gradients' sums.
-Graph decompose_batch_norm(const Graph& graph, int64_t min_channel_elements,
+Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements,
                            std::vector<ValueId>* remap = nullptr);
 
 // Two-step sums: a sum or mean whose reduced axes lie on both sides of a kept axis and that has
@@ -99,7 +98,7 @@ Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr
 // batch N, as the im2col pass's weight gradients are) become one sum over all those axes: one
 // dispatch and one read of the partials instead of two. A winograd_weight_grad reading such a
 // sum over one leading axis reads the partials instead and sums them itself.
-Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+Graph merge_leading_sums(Graph graph, std::vector<ValueId>* remap = nullptr);
 
 // The default pipeline: fold, CSE, DCE. Returns the composed remap too.
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap = nullptr);

@@ -24,6 +24,14 @@ Graph rebuild(const Graph& source, const std::vector<bool>& keep,
   return target;
 }
 
+Graph unchanged(Graph graph, std::vector<ValueId>* remap) {
+  if (remap) {
+    remap->resize(graph.size());
+    for (size_t i = 0; i < graph.size(); ++i) (*remap)[i] = static_cast<ValueId>(i);
+  }
+  return graph;
+}
+
 std::vector<ValueId> compose(const std::vector<ValueId>& first,
                              const std::vector<ValueId>& second) {
   std::vector<ValueId> result(first.size(), kNoValue);

@@ -14,6 +14,10 @@ Graph rebuild(const Graph& source, const std::vector<bool>& keep,
               const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
               std::vector<ValueId>* remap);
 
+// `graph` as it is, for a pass with nothing to rewrite: `remap` (when given) the identity.
+// Passes take their graph by value, so that a caller who moves it in pays for no copy.
+Graph unchanged(Graph graph, std::vector<ValueId>* remap);
+
 // A sum over the leading axis of `value` (split partial results, a batch of per-image
 // products), appended to `target`.
 ValueId sum_leading_axis(Graph& target, ValueId value);

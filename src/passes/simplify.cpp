@@ -18,7 +18,7 @@ ValueId copy_node(Graph& target, ValueId, Node node) {
 
 }  // namespace
 
-Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
+Graph eliminate_dead_code(Graph graph, std::vector<ValueId>* remap) {
   std::vector<bool> live(graph.size(), false);
   for (const auto& [name, id] : graph.outputs()) live[id] = true;
   for (const auto& [leaf, value] : graph.updates()) live[leaf] = live[value] = true;
@@ -31,6 +31,8 @@ Graph eliminate_dead_code(const Graph& graph, std::vector<ValueId>* remap) {
     const std::string& op = graph.nodes()[i].op;
     if (op == op::parameter || op == op::state || op == op::input) live[i] = true;
   }
+  if (std::all_of(live.begin(), live.end(), [](bool kept) { return kept; }))
+    return unchanged(std::move(graph), remap);
   return rebuild(graph, live, copy_node, remap);
 }
 
@@ -99,7 +101,7 @@ Graph optimize(const Graph& graph, std::vector<ValueId>* remap) {
   std::vector<ValueId> fold_map, cse_map, dce_map;
   Graph folded = fold_constants(graph, &fold_map);
   Graph merged = eliminate_common_subexpressions(folded, &cse_map);
-  Graph result = eliminate_dead_code(merged, &dce_map);
+  Graph result = eliminate_dead_code(std::move(merged), &dce_map);
   if (remap) *remap = compose(compose(fold_map, cse_map), dce_map);
   return result;
 }

@@ -153,34 +153,48 @@ std::optional<int64_t> leading_sum_axes(const Graph& graph, const Node& node) {
 
 }  // namespace
 
-Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap) {
+Graph merge_leading_sums(Graph graph, std::vector<ValueId>* remap) {
   std::vector<int64_t> uses(graph.size(), 0);
   for (const Node& node : graph.nodes()) {
     for (ValueId input : node.inputs) ++uses[input];
   }
   for (const auto& [name, id] : graph.outputs()) ++uses[id];
   for (const auto& [leaf, value] : graph.updates()) ++uses[value];
+  // A Winograd filter transform that sums its partial products itself, taking them from the sum
+  // it reads.
+  const auto absorbs_its_sum = [&](const Node& old) {
+    if (old.op != op::winograd_weight_grad) return false;
+    const ValueId sum_id = old.inputs[0];
+    const Node& sum = graph.node(sum_id);
+    return leading_sum_axes(graph, sum) == 1 && uses[sum_id] == 1 &&
+           graph.type(sum.inputs[0]).shape.size() == 4;
+  };
+  // The leading axes that an f32 sum of leading axes and the one such sum it reads alone sum
+  // together, or nothing.
+  const auto merged_axes = [&](const Node& old) -> std::optional<int64_t> {
+    const std::optional<int64_t> outer = leading_sum_axes(graph, old);
+    if (!outer || old.type.dtype != DType::f32) return std::nullopt;
+    const ValueId inner_id = old.inputs[0];
+    const std::optional<int64_t> inner = leading_sum_axes(graph, graph.node(inner_id));
+    if (!inner || uses[inner_id] != 1) return std::nullopt;
+    return *inner + *outer;
+  };
+  if (std::none_of(graph.nodes().begin(), graph.nodes().end(),
+                   [&](const Node& node) { return absorbs_its_sum(node) || merged_axes(node); }))
+    return unchanged(std::move(graph), remap);
   std::vector<bool> keep(graph.size(), true);
   std::vector<ValueId> merged_remap;
-  const Graph merged = rebuild(
+  Graph merged = rebuild(
       graph, keep,
       [&](Graph& target, ValueId old_id, Node node) {
         const Node& old = graph.node(old_id);
-        if (old.op == op::winograd_weight_grad) {
-          // It sums a leading axis of partial products itself: one pass over the partials.
-          const ValueId sum_id = old.inputs[0];
-          const Node& sum = graph.node(sum_id);
-          if (leading_sum_axes(graph, sum) == 1 && uses[sum_id] == 1 &&
-              graph.type(sum.inputs[0]).shape.size() == 4)
-            node.inputs = {target.node(node.inputs[0]).inputs[0]};
+        if (absorbs_its_sum(old)) {
+          node.inputs = {target.node(node.inputs[0]).inputs[0]};
           return target.add_typed(std::move(node));
         }
-        const std::optional<int64_t> outer = leading_sum_axes(graph, old);
-        if (!outer || node.type.dtype != DType::f32) return target.add_typed(std::move(node));
-        const ValueId inner_id = old.inputs[0];
-        const std::optional<int64_t> inner = leading_sum_axes(graph, graph.node(inner_id));
-        if (!inner || uses[inner_id] != 1) return target.add_typed(std::move(node));
-        std::vector<int64_t> axes(static_cast<size_t>(*inner + *outer));
+        const std::optional<int64_t> count = merged_axes(old);
+        if (!count) return target.add_typed(std::move(node));
+        std::vector<int64_t> axes(static_cast<size_t>(*count));
         for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
         // The inner sum, now unused, goes with the dead-code pass below.
         const ValueId source = target.node(node.inputs[0]).inputs[0];
@@ -188,7 +202,7 @@ Graph merge_leading_sums(const Graph& graph, std::vector<ValueId>* remap) {
       },
       &merged_remap);
   std::vector<ValueId> dead_code_remap;
-  Graph result = eliminate_dead_code(merged, &dead_code_remap);
+  Graph result = eliminate_dead_code(std::move(merged), &dead_code_remap);
   if (remap) *remap = compose(merged_remap, dead_code_remap);
   return result;
 }

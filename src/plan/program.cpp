@@ -434,7 +434,8 @@ Program build_program(const Graph& source, const target::Target& device,
     program.graph = passes::im2col_convolutions(program.graph, device, options.column_limit);
   // Heads that are not whole fragments would take the strict attention kernels.
   if (switches.attention_pad_heads.value_or(true))
-    program.graph = passes::pad_attention_heads(program.graph, device.attention_head_multiple());
+    program.graph =
+        passes::pad_attention_heads(std::move(program.graph), device.attention_head_multiple());
   // The cooperative-matrix attention backward rounds dO and dS to f16 (also in bf16 precision),
   // which the gradients of an untrained model leave below f16's range.
   if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))
@@ -446,11 +447,12 @@ Program build_program(const Graph& source, const target::Target& device,
     program.graph = passes::attention_grad_q_gemm(
         program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Before split-K, which would otherwise split the products the workgroup GEMM takes whole.
-  program.graph = passes::workgroup_gemm(program.graph, device);
+  program.graph = passes::workgroup_gemm(std::move(program.graph), device);
   // These rewrites trade dispatches for parallelism, which GPUs need and CPU devices do not.
   if (split_k)
     program.graph = passes::split_reductions(passes::merge_leading_sums(passes::split_k(
-        passes::decompose_batch_norm(program.graph, kDecomposedBatchNormElements), device)));
+        passes::decompose_batch_norm(std::move(program.graph), kDecomposedBatchNormElements),
+        device)));
   // The same trade for attention; forcing a slice count or head splits (sweeps, tests) applies
   // on any device.
   if (split_k || !switches.attention_splits.empty() ||

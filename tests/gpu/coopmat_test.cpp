@@ -434,7 +434,9 @@ TEST_F(CoopMatrixLowering, Bf16PrecisionCompilesTheGemmsForBfloat16Operands) {
   EXPECT_EQ(gemms, 5);  // two matmuls, the convolution and both its gradients
   for (const kernels::Launch& launch : coop_launches(graph, coop_device())) {
     EXPECT_FALSE(launch.bf16_operands) << launch.label;
-    if (launch.kernel == "gemm_coopmat") EXPECT_EQ(define_of(launch, "BFLOAT16_FRAGMENTS"), "0");
+    if (launch.kernel == "gemm_coopmat") {
+      EXPECT_EQ(define_of(launch, "BFLOAT16_FRAGMENTS"), "0");
+    }
   }
 
   target::DeviceTraits without = bf16_device();
@@ -472,7 +474,9 @@ TEST_F(CoopMatrixLowering, Bf16ProgramsRoundNoF32OperandToF16) {
       const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
       f16_operand_launches += launch.f16_operands && launch.kernel.ends_with("coopmat");
       bf16_launches += launch.bf16_operands;
-      if (launch.bf16_operands) EXPECT_FALSE(launch.f16_operands) << launch.label;
+      if (launch.bf16_operands) {
+        EXPECT_FALSE(launch.f16_operands) << launch.label;
+      }
     }
     EXPECT_GT(f16_operand_launches, 0);
     EXPECT_EQ(bf16_launches > 0, bf16);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -119,6 +120,42 @@ TEST(Passes, EachPassAloneKeepsOutputs) {
   expect_same_outputs(graph, passes::fold_constants(graph), environment);
   expect_same_outputs(graph, passes::eliminate_common_subexpressions(graph), environment);
   expect_same_outputs(graph, passes::eliminate_dead_code(graph), environment);
+}
+
+// A pass with nothing to rewrite returns the graph as it is, node for node, with the identity
+// remap (its caller moves the graph in and pays for no copy): dead-code elimination of a graph
+// without dead nodes, f16 storage without f16 values, the workgroup GEMM on a strict device,
+// batch-norm decomposition without batch norms, merged sums without sums of sums and head
+// padding without attention. Given something to rewrite, each still rewrites.
+TEST(Passes, PassesWithNothingToRewriteReturnTheGraphAsItIs) {
+  Environment environment;
+  const Graph graph = passes::optimize(random_graph(7, environment));
+  const vulkan::VulkanTarget strict(h200_like());
+  const std::vector<std::pair<std::string, std::function<Graph(std::vector<ValueId>*)>>> passes = {
+      {"dead code", [&](auto* remap) { return passes::eliminate_dead_code(graph, remap); }},
+      {"f16 storage", [&](auto* remap) { return passes::f16_storage(graph, strict, remap); }},
+      {"workgroup GEMM", [&](auto* remap) { return passes::workgroup_gemm(graph, strict, remap); }},
+      {"batch norm", [&](auto* remap) { return passes::decompose_batch_norm(graph, 1, remap); }},
+      {"leading sums", [&](auto* remap) { return passes::merge_leading_sums(graph, remap); }},
+      {"head padding", [&](auto* remap) { return passes::pad_attention_heads(graph, 16, remap); }}};
+  for (const auto& [name, pass] : passes) {
+    SCOPED_TRACE(name);
+    std::vector<ValueId> remap;
+    const Graph result = pass(&remap);
+    EXPECT_EQ(result.to_string(), graph.to_string());
+    ASSERT_EQ(remap.size(), graph.size());
+    for (size_t i = 0; i < remap.size(); ++i) EXPECT_EQ(remap[i], static_cast<ValueId>(i));
+  }
+  Graph with_dead = graph;
+  sigmoid(Tensor(&with_dead, with_dead.outputs().begin()->second));  // read by nothing
+  EXPECT_EQ(passes::eliminate_dead_code(with_dead).size(), graph.size());
+  Graph summed;
+  const Tensor x = input(summed, "x", {2, 3, 4});
+  summed.set_output("y", sum(sum(x, {0}), {0}).id());
+  EXPECT_EQ(passes::merge_leading_sums(summed).size(), summed.size() - 1);
+  Graph half;
+  half.set_output("y", cast(input(half, "x", {4}), DType::f16).id());
+  EXPECT_NE(passes::f16_storage(half, strict).to_string(), half.to_string());
 }
 
 TEST(Passes, CseAndFoldingShrinkTheGraph) {
