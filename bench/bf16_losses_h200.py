@@ -70,17 +70,13 @@ def record(workload, precision, losses, reference):
 
 
 # SmolLM2-135M.
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+from smollm2_folder import write_smollm2_folder  # noqa: E402
+
 folder = os.path.join(out, "smollm2-135m")
-config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-                     bos_token_id=0, eos_token_id=0, initializer_range=0.041666666666666664)
-torch.manual_seed(0)
-LlamaForCausalLM(config).float().save_pretrained(folder, safe_serialization=True)
-shutil.copy(tokenizer_json, os.path.join(folder, "tokenizer.json"))
+write_smollm2_folder(folder, tokenizer_json)
 corpus = os.path.join(out, "corpus.txt")
 with gzip.open("tests/fixtures/tokenizer/corpus.txt.gz", "rb") as source, open(corpus, "wb") as f:
     f.write(source.read())

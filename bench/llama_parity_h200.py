@@ -14,7 +14,6 @@ Prints one JSON line per check and a table; exits 1 if a gate fails.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -24,18 +23,12 @@ bin_dir, tokenizer_json, out = sys.argv[1:4]
 os.makedirs(out, exist_ok=True)
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+from smollm2_folder import write_smollm2_folder  # noqa: E402
 
 folder = os.path.join(out, "smollm2-135m")
-config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-                     bos_token_id=0, eos_token_id=0, initializer_range=0.041666666666666664)
-torch.manual_seed(0)
-model = LlamaForCausalLM(config).float()
-model.save_pretrained(folder, safe_serialization=True)
-shutil.copy(tokenizer_json, os.path.join(folder, "tokenizer.json"))
-model = model.cuda()
+model = write_smollm2_folder(folder, tokenizer_json).cuda()
 
 generator = torch.Generator().manual_seed(1)
 ids = torch.randint(0, 49152, (1, 128), generator=generator)

@@ -67,18 +67,7 @@ MPIRUN="mpirun --oversubscribe --allow-run-as-root --bind-to none"
 # SmolLM2-135M and text to train it on.
 SMOLLM2=${SMOLLM2_DIR:-$OUT/smollm2-135m}
 if [ ! -f "$SMOLLM2/config.json" ]; then
-  python3 - "$SMOLLM2" tests/fixtures/tokenizer/smollm2_like/tokenizer.json <<'EOF'
-import shutil, sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-folder, tokenizer = sys.argv[1:3]
-config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-                     bos_token_id=0, eos_token_id=0, initializer_range=0.041666666666666664)
-torch.manual_seed(0)
-LlamaForCausalLM(config).float().save_pretrained(folder, safe_serialization=True)
-shutil.copy(tokenizer, folder + "/tokenizer.json")
-EOF
+  python3 bench/smollm2_folder.py "$SMOLLM2" tests/fixtures/tokenizer/smollm2_like/tokenizer.json
 fi
 python3 - "$OUT/text.jsonl" <<'EOF'
 import json, random, sys

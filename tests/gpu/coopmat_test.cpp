@@ -734,6 +734,17 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
   }
 }
 
+// The opening of the hand-written kernels below: NV matrices of f16 operands, a subgroup of
+// invocations, the f32 buffer `data` (and f16 storage, which some declare).
+constexpr const char* kTestKernelOpening = R"(
+#extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) buffer Data { float data[]; };
+)";
+
 // KHR converts only between matrices of one use, so the rewrite gives a matrix converted into
 // an operand that operand's use: here an f32 16 x 16 matrix loaded and converted to f16 before
 // it multiplies as A (as bench/coop_probe's f32-operand workgroup GEMM does).
@@ -741,12 +752,7 @@ TEST(CoopMatrixRewrite, UsesCarryThroughConversions) {
   gpu::KernelSpec spec;
   spec.label = "converted A";
   spec.binding_count = 1;
-  spec.source = R"(
-#extension GL_NV_cooperative_matrix : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_memory_scope_semantics : require
-layout(local_size_x = 32) in;
-layout(set = 0, binding = 0) buffer Data { float data[]; };
+  spec.source = std::string(kTestKernelOpening) + R"(
 void main() {
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> a_wide;
   coopMatLoadNV(a_wide, data, 0, 16, false);
@@ -775,12 +781,7 @@ TEST(CoopMatrixRewrite, Bf16ConstantsKeepTheirValue) {
   spec.binding_count = 1;
   spec.khr_cooperative_matrix = true;
   spec.bf16_operands = true;
-  spec.source = R"(
-#extension GL_NV_cooperative_matrix : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_memory_scope_semantics : require
-layout(local_size_x = 32) in;
-layout(set = 0, binding = 0) buffer Data { float data[]; };
+  spec.source = std::string(kTestKernelOpening) + R"(
 shared float16_t tile[256];
 void main() {
   tile[gl_LocalInvocationID.x] = float16_t(1.5);
@@ -818,18 +819,11 @@ TEST(CoopMatrixRewrite, Bf16RefusesF16ArithmeticAndF16Memory) {
     spec.khr_cooperative_matrix = true;
     spec.bf16_operands = true;
     spec.source =
+        std::string(kTestKernelOpening) +
+        (f16_buffer ? "layout(set = 0, binding = 1) buffer Halves { float16_t halves[]; };\n"
+                    : "") +
         R"(
-#extension GL_NV_cooperative_matrix : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_EXT_shader_16bit_storage : require
-layout(local_size_x = 32) in;
-layout(set = 0, binding = 0) buffer Data { float data[]; };
-)" +
-        std::string(f16_buffer
-                        ? "layout(set = 0, binding = 1) buffer Halves { float16_t halves[]; };\n"
-                        : "") +
-        R"(shared float16_t tile[256];
+shared float16_t tile[256];
 void main() {
 )" + body +
         R"(
@@ -1451,16 +1445,20 @@ TEST_F(CoopMatrixLowering, UnfitBlockOverridesAreIgnored) {
   }
 }
 
+// Whether the automatically chosen device puts a product on cooperative matrices in `precision`
+// (the suite's switches put every product there).
+bool runs_coop_matrices(Precision precision) {
+  Graph graph;
+  Tensor a = input(graph, "a", {16, 16});
+  graph.set_output("y", matmul(a, a).id());
+  SessionOptions options = testing::session_options();
+  options.precision = precision;
+  return Session(graph, options).report().coop_matrix_dispatches > 0;
+}
+
 // The on-device checks: skipped where the device has no f16 cooperative matrices.
 bool device_has_coop_matrices() {
-  static const bool available = [] {
-    Graph graph;
-    Tensor a = input(graph, "a", {16, 16});
-    graph.set_output("y", matmul(a, a).id());
-    SessionOptions options = testing::session_options();
-    options.precision = Precision::fast;
-    return Session(graph, options).report().coop_matrix_dispatches > 0;
-  }();
+  static const bool available = runs_coop_matrices(Precision::fast);
   return available;
 }
 
@@ -1925,17 +1923,9 @@ TEST_F(GpuCoopMatrix, MatmulConvolutionsAndAttentionKhr) {
   check_attention(kKhr);
 }
 
-// Where the device runs bfloat16 cooperative matrices (Precision::bf16 puts a product there;
-// the suite's switches put every product on them).
+// Where the device runs bfloat16 cooperative matrices.
 bool device_has_bf16_coop_matrices() {
-  static const bool available = [] {
-    Graph graph;
-    Tensor a = input(graph, "a", {16, 16});
-    graph.set_output("y", matmul(a, a).id());
-    SessionOptions options = testing::session_options();
-    options.precision = Precision::bf16;
-    return Session(graph, options).report().coop_matrix_dispatches > 0;
-  }();
+  static const bool available = runs_coop_matrices(Precision::bf16);
   return available;
 }
 

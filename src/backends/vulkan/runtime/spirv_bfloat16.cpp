@@ -14,21 +14,12 @@
 namespace mg::gpu::detail {
 namespace {
 
-using spirv::append_extension;
-using spirv::append_instruction;
-using spirv::for_each_instruction;
-using spirv::Instruction;
-using spirv::kHeaderWords;
+using namespace spirv;
 
-// SPV_KHR_bfloat16 and SPV_KHR_cooperative_matrix enumerants (newer than Debian's headers).
+// SPV_KHR_bfloat16 enumerants (newer than Debian's headers).
 constexpr uint32_t kCapabilityBFloat16TypeKhr = 5116;
 constexpr uint32_t kCapabilityBFloat16CooperativeMatrixKhr = 5118;
 constexpr uint32_t kFpEncodingBFloat16Khr = 0;
-constexpr uint32_t kOpTypeCooperativeMatrixKhr = 4456;
-constexpr uint32_t kOpCooperativeMatrixLoadKhr = 4457;
-constexpr uint32_t kOpCooperativeMatrixStoreKhr = 4458;
-constexpr uint32_t kOpCooperativeMatrixMulAddKhr = 4459;
-constexpr uint32_t kOpCooperativeMatrixLengthKhr = 4460;
 
 // The instructions SPV_KHR_bfloat16 lets touch bfloat16 values (its validation rules): constant
 // creation, memory, function, conversion and composite instructions, the matrix operations,

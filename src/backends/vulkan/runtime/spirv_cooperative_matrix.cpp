@@ -13,21 +13,8 @@
 namespace mg::gpu::detail {
 namespace {
 
-using spirv::append_extension;
-using spirv::append_instruction;
-using spirv::for_each_instruction;
-using spirv::Instruction;
-using spirv::kBoundWord;
-using spirv::kHeaderWords;
-using spirv::literal_string;
+using namespace spirv;
 
-// SPV_KHR_cooperative_matrix enumerants (newer than the SPIR-V headers Debian 12 ships).
-constexpr uint32_t kCapabilityCooperativeMatrixKhr = 6022;
-constexpr uint32_t kOpTypeCooperativeMatrixKhr = 4456;
-constexpr uint32_t kOpCooperativeMatrixLoadKhr = 4457;
-constexpr uint32_t kOpCooperativeMatrixStoreKhr = 4458;
-constexpr uint32_t kOpCooperativeMatrixMulAddKhr = 4459;
-constexpr uint32_t kOpCooperativeMatrixLengthKhr = 4460;
 enum Use : uint32_t { kMatrixA = 0, kMatrixB = 1, kAccumulator = 2 };
 constexpr uint32_t kRowMajor = 0, kColumnMajor = 1;
 

@@ -19,6 +19,14 @@ namespace mg::gpu::detail::spirv {
 constexpr size_t kHeaderWords = 5;
 constexpr size_t kBoundWord = 3;
 
+// SPV_KHR_cooperative_matrix enumerants (newer than the SPIR-V headers Debian 12 ships).
+constexpr uint32_t kCapabilityCooperativeMatrixKhr = 6022;
+constexpr uint32_t kOpTypeCooperativeMatrixKhr = 4456;
+constexpr uint32_t kOpCooperativeMatrixLoadKhr = 4457;
+constexpr uint32_t kOpCooperativeMatrixStoreKhr = 4458;
+constexpr uint32_t kOpCooperativeMatrixMulAddKhr = 4459;
+constexpr uint32_t kOpCooperativeMatrixLengthKhr = 4460;
+
 struct Instruction {
   uint32_t opcode;
   std::span<const uint32_t> operands;  // the words after the opcode word
