@@ -120,6 +120,14 @@ struct BuildReport {
   double driver_seconds = 0;
   std::string slowest_kernel;
   double slowest_kernel_seconds = 0;
+  // The (at most 8) kernels whose builds took longest, longest first: when each started, in
+  // seconds after the pipelines' build began, and its GLSL-to-SPIR-V and driver seconds. A cold
+  // build lasts at least its first's start plus both its parts.
+  struct KernelBuildTime {
+    std::string kernel;
+    double start_seconds = 0, spirv_seconds = 0, driver_seconds = 0;
+  };
+  std::vector<KernelBuildTime> slowest_kernels;
   size_t dispatches = 0;              // every run's
   size_t setup_dispatches = 0;        // once and after a write (SessionOptions::setup)
   size_t coop_matrix_dispatches = 0;  // kernels on cooperative matrices (fast or bf16)

@@ -62,6 +62,20 @@ double compile_seconds(const BuildReport& report) {
   return report.build_seconds - report.device_seconds;
 }
 
+namespace {
+
+nlohmann::json slowest_kernels_json(const BuildReport& report) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const BuildReport::KernelBuildTime& kernel : report.slowest_kernels)
+    list.push_back({{"kernel", kernel.kernel},
+                    {"start_s", kernel.start_seconds},
+                    {"spirv_s", kernel.spirv_seconds},
+                    {"driver_s", kernel.driver_seconds}});
+  return list;
+}
+
+}  // namespace
+
 nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& builds) {
   const auto parts = [](const BuildReport& report) {
     return nlohmann::json{{"total_s", report.build_seconds},
@@ -74,7 +88,8 @@ nlohmann::json compile_parts_json(const std::pair<BuildReport, BuildReport>& bui
                           {"spirv_s", report.spirv_seconds},
                           {"driver_s", report.driver_seconds},
                           {"slowest_kernel", report.slowest_kernel},
-                          {"slowest_kernel_s", report.slowest_kernel_seconds}};
+                          {"slowest_kernel_s", report.slowest_kernel_seconds},
+                          {"slowest_kernels", slowest_kernels_json(report)}};
   };
   return {{"cold", parts(builds.first)}, {"warm", parts(builds.second)}};
 }

@@ -40,7 +40,9 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the time of building its graph and the parts of each build (opening the
                     device, planning, allocation, pipelines, recording, the rest), with the
-                    pipelines' SPIR-V and driver time summed over kernels and the slowest kernel
+                    pipelines' SPIR-V and driver time summed over kernels and the slowest kernel;
+                    for the cold build also the 8 longest kernel builds, each with when it
+                    started
   --program NAME    the program --bench-compile builds: cnn (the Fashion-MNIST CNN, batch 64,
                     Adam; the default), smollm2-135m (the smollm2-135m workload's training
                     step: sequence 128, batch 1, AdamW, weights not drawn), smolvla (the
@@ -196,6 +198,11 @@ void bench_compile(const std::string& device, const CompileRequest& request) {
         report.allocation_seconds, report.pipeline_seconds, report.record_seconds, rest,
         report.pipelines, report.spirv_cache_hits, report.dispatches, report.spirv_seconds,
         report.driver_seconds, report.slowest_kernel.c_str(), report.slowest_kernel_seconds);
+    if (std::string(label) == "warm") continue;
+    std::printf("  longest kernel builds (started at, SPIR-V, driver):\n");
+    for (const BuildReport::KernelBuildTime& kernel : report.slowest_kernels)
+      std::printf("    %.3f s  %.3f s  %.3f s  %s\n", kernel.start_seconds, kernel.spirv_seconds,
+                  kernel.driver_seconds, kernel.kernel.c_str());
   }
   std::filesystem::remove_all(cache);
 }

@@ -558,6 +558,9 @@ struct Session::Impl {
     report.driver_seconds = stats.driver_seconds;
     report.slowest_kernel = stats.slowest_kernel;
     report.slowest_kernel_seconds = stats.slowest_kernel_seconds;
+    for (const gpu::CompileStats::KernelTime& kernel : stats.slowest_kernels)
+      report.slowest_kernels.push_back(
+          {kernel.label, kernel.start_seconds, kernel.spirv_seconds, kernel.driver_seconds});
   }
 };
 

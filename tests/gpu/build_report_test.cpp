@@ -2,6 +2,7 @@
 // pipelines' time went (docs/RUNTIME.md, `meganeura devices --bench-compile`).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -41,6 +42,20 @@ TEST(BuildReport, PartsAddUpAndTheSlowestKernelIsOneOfTheProgram) {
     EXPECT_NE(report.dispatch_list.find(report.slowest_kernel), std::string::npos)
         << report.slowest_kernel << " is not among\n"
         << report.dispatch_list;
+    // The longest builds, longest first, the first the slowest kernel, each one of the program's.
+    ASSERT_FALSE(report.slowest_kernels.empty());
+    EXPECT_LE(report.slowest_kernels.size(), std::min<size_t>(8, report.pipelines));
+    EXPECT_EQ(report.slowest_kernels[0].kernel, report.slowest_kernel);
+    for (size_t i = 0; i < report.slowest_kernels.size(); ++i) {
+      const BuildReport::KernelBuildTime& kernel = report.slowest_kernels[i];
+      EXPECT_NE(report.dispatch_list.find(kernel.kernel), std::string::npos) << kernel.kernel;
+      EXPECT_LE(kernel.start_seconds, report.pipeline_seconds) << kernel.kernel;
+      if (i > 0) {
+        const BuildReport::KernelBuildTime& before = report.slowest_kernels[i - 1];
+        EXPECT_GE(before.spirv_seconds + before.driver_seconds,
+                  kernel.spirv_seconds + kernel.driver_seconds);
+      }
+    }
   }
   std::filesystem::remove_all(cache);
 }

@@ -39,7 +39,8 @@ TEST_F(PipelineCacheTest, SecondBuildHitsSpirvCache) {
 }
 
 // The build's parts: SPIR-V time only for kernels compiled from source, driver time for every
-// pipeline, and the slowest kernel named with a time no more than its own two parts allow.
+// pipeline, and the slowest kernel named with a time no more than its own two parts allow; both
+// kernels listed, longest first, each with its own parts, started within the build.
 TEST_F(PipelineCacheTest, CompileStatsSplitSpirvAndDriverTimeAndNameTheSlowestKernel) {
   KernelSpec doubled = testing::scale_add_kernel();
   KernelSpec tripled = testing::scale_add_kernel();
@@ -57,6 +58,25 @@ TEST_F(PipelineCacheTest, CompileStatsSplitSpirvAndDriverTimeAndNameTheSlowestKe
       << cold.slowest_kernel;
   EXPECT_GT(cold.slowest_kernel_seconds, 0.0);
   EXPECT_LE(cold.slowest_kernel_seconds, cold.spirv_seconds + cold.driver_seconds);
+  ASSERT_EQ(cold.slowest_kernels.size(), 2u);
+  EXPECT_EQ(cold.slowest_kernels[0].label, cold.slowest_kernel);
+  EXPECT_NE(cold.slowest_kernels[1].label, cold.slowest_kernel);
+  double spirv = 0, driver = 0;
+  for (const CompileStats::KernelTime& kernel : cold.slowest_kernels) {
+    EXPECT_GT(kernel.spirv_seconds, 0.0) << kernel.label;
+    EXPECT_GT(kernel.driver_seconds, 0.0) << kernel.label;
+    EXPECT_GE(kernel.start_seconds, 0.0) << kernel.label;
+    EXPECT_LE(kernel.start_seconds + kernel.spirv_seconds + kernel.driver_seconds, cold.seconds)
+        << kernel.label;
+    spirv += kernel.spirv_seconds;
+    driver += kernel.driver_seconds;
+  }
+  EXPECT_DOUBLE_EQ(cold.slowest_kernels[0].spirv_seconds + cold.slowest_kernels[0].driver_seconds,
+                   cold.slowest_kernel_seconds);
+  EXPECT_GE(cold.slowest_kernel_seconds,
+            cold.slowest_kernels[1].spirv_seconds + cold.slowest_kernels[1].driver_seconds);
+  EXPECT_DOUBLE_EQ(spirv, cold.spirv_seconds);
+  EXPECT_DOUBLE_EQ(driver, cold.driver_seconds);
 
   device_->create_pipelines(specs);
   const CompileStats warm = device_->last_compile_stats();

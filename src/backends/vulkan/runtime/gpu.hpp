@@ -211,6 +211,14 @@ struct CompileStats {
   double driver_seconds = 0;
   std::string slowest_kernel;
   double slowest_kernel_seconds = 0;
+  // The kCompileTimesListed kernels whose builds took longest, longest first: when each started
+  // (seconds after the build began), and its two parts.
+  struct KernelTime {
+    std::string label;
+    double start_seconds = 0, spirv_seconds = 0, driver_seconds = 0;
+  };
+  static constexpr size_t kCompileTimesListed = 8;
+  std::vector<KernelTime> slowest_kernels;
 };
 
 class Device {

@@ -157,12 +157,14 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return specs[a].source.size() > specs[b].source.size();
   });
-  std::vector<double> spirv_seconds(specs.size(), 0.0), driver_seconds(specs.size(), 0.0);
+  std::vector<double> spirv_seconds(specs.size(), 0.0), driver_seconds(specs.size(), 0.0),
+      start_seconds(specs.size(), 0.0);
   const auto seconds_since = [](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
   };
   mg::vulkan::parallel_for(specs.size(), [&](size_t position) {
     const size_t i = order[position];
+    start_seconds[i] = seconds_since(started);
     try {
       const auto compile = [&] {
         const auto compile_start = std::chrono::steady_clock::now();
@@ -216,10 +218,19 @@ std::vector<VkPipeline> build_pipelines(VkDevice device, PipelineCache& cache,
   for (size_t i = 0; i < specs.size(); ++i) {
     stats.spirv_seconds += spirv_seconds[i];
     stats.driver_seconds += driver_seconds[i];
-    if (spirv_seconds[i] + driver_seconds[i] > stats.slowest_kernel_seconds) {
-      stats.slowest_kernel_seconds = spirv_seconds[i] + driver_seconds[i];
-      stats.slowest_kernel = specs[i].label;
-    }
+  }
+  const auto build_seconds = [&](size_t i) { return spirv_seconds[i] + driver_seconds[i]; };
+  std::vector<size_t> longest(specs.size());
+  std::iota(longest.begin(), longest.end(), size_t{0});
+  std::stable_sort(longest.begin(), longest.end(),
+                   [&](size_t a, size_t b) { return build_seconds(a) > build_seconds(b); });
+  longest.resize(std::min(longest.size(), CompileStats::kCompileTimesListed));
+  for (size_t i : longest)
+    stats.slowest_kernels.push_back(
+        {specs[i].label, start_seconds[i], spirv_seconds[i], driver_seconds[i]});
+  if (!longest.empty()) {
+    stats.slowest_kernel = specs[longest[0]].label;
+    stats.slowest_kernel_seconds = build_seconds(longest[0]);
   }
   return pipelines;
 }
