@@ -198,7 +198,7 @@ void bench_compile(const std::string& device, const CompileRequest& request) {
         report.allocation_seconds, report.pipeline_seconds, report.record_seconds, rest,
         report.pipelines, report.spirv_cache_hits, report.dispatches, report.spirv_seconds,
         report.driver_seconds, report.slowest_kernel.c_str(), report.slowest_kernel_seconds);
-    if (std::string(label) == "warm") continue;
+    if (std::string_view(label) != "cold") continue;
     std::printf("  longest kernel builds (started at, SPIR-V, driver):\n");
     for (const BuildReport::KernelBuildTime& kernel : report.slowest_kernels)
       std::printf("    %.3f s  %.3f s  %.3f s  %s\n", kernel.start_seconds, kernel.spirv_seconds,

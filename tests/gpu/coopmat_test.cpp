@@ -36,8 +36,8 @@ using testing::ScopedSwitch;
 // kernel (order 1).
 constexpr double kFastTolerance = 3e-3;
 // bfloat16 operands keep 8 significant bits, rounding eight times as coarsely as f16: a few
-// 1e-3 here, still far below a wrong kernel. (Attention keeps its f16 kernels in bf16 precision,
-// and with them fast's bounds.)
+// 1e-3 here, still far below a wrong kernel. (Attention keeps its f16 kernels in bf16 precision:
+// its gradients keep fast's bound, its climbing-scores forward takes this one.)
 constexpr double kBf16Tolerance = 2e-2;
 
 // The kernels' tests run small products, which the fast path would leave on gemm.comp

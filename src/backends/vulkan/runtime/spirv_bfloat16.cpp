@@ -1,7 +1,6 @@
 #include "backends/vulkan/runtime/spirv_bfloat16.hpp"
 
 #include <algorithm>
-#include <array>
 #include <map>
 #include <optional>
 #include <set>
