@@ -10,7 +10,7 @@ Modes: strict is f32 with TF32 off (torch.backends.cuda.matmul.allow_tf32 and
 torch.backends.cudnn.allow_tf32 both False); fast is autocast to f16 on f32 weights (for
 resnet-50 with a GradScaler: AMP).
 
-Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3),
+Each figure is the median wall-clock time of --runs runs after 1 s of warm-up (at least 3),
 with torch.cuda.synchronize() after each, as `meganeura bench workloads` waits for each run.
 Memory: torch.cuda.max_memory_allocated over the training cell.
 
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WARMUP_SECONDS = 0.3
+WARMUP_SECONDS = 1.0  # as kWarmupSeconds in src/cli/bench_timing.hpp, which says why
 
 
 def median_ms(run, runs):

@@ -35,7 +35,7 @@ GPU's L2 cache), and one run computes the case once on every copy, so no run rea
 the previous one left in the cache. Every dispatch of a run waits for the one before (as kernels
 in one CUDA stream do), and a run's time, from the first dispatch's start to the last one's end
 (GPU timestamps), is divided by the number of copies. The case's time is the median of --runs
-runs after 0.3 s of warm-up runs (at least 3), which bring the GPU's clocks back up after the
+runs after 1 s of warm-up runs (at least 3), which bring the GPU's clocks back up after the
 idle time of building the case.
 
 Cases named "... fast" run the same problem with --precision fast (f16 operands on cooperative

@@ -46,7 +46,7 @@ which times the same cells in PyTorch; bench/compare.py --workloads joins the tw
                  4 (training_b4), and 50 DDIM steps with classifier-free guidance on one
                  latent (ddim50_ms: the step program replayed 50 times, median of 3)
 
-Each figure is the median wall-clock time of --runs runs after 0.3 s of warm-up (at least 3
+Each figure is the median wall-clock time of --runs runs after 1 s of warm-up (at least 3
 runs), the host's upload and download included; *_gpu_ms is the GPU time of one run with every
 dispatch waiting for the one before (the median of --runs runs after the same warm-up), so it
 exceeds the wall-clock figure where a program's independent dispatches overlap. compile_s

@@ -18,6 +18,9 @@ namespace mg::kernels {
 namespace {
 
 constexpr int64_t kThreads = 128;
+// The longest stream (keys for the forward and dQ, queries for dK / dV) that the strict kernels
+// take in 16-row blocks where the compute units would otherwise idle (choose_tiled_blocks).
+constexpr int64_t kShortStream = 256;
 
 struct Dims {
   int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim, value_dim;
@@ -123,12 +126,17 @@ TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringConte
   const int64_t streamed_len = key_owned ? dims.q_len : dims.kv_len;
   std::vector<TiledBlocks> candidates;
   // Where 64-row blocks would leave three quarters of the compute units idle (short prompts at
-  // batch 1), 32-row blocks give twice the workgroups.
+  // batch 1), 32-row blocks give twice the workgroups. Where such a node's stream is short as
+  // well, 16-row streamed blocks run as fast as 32-row ones, and the driver compiles their
+  // kernels (the unrolled products of a block) in markedly less time: that is the longest
+  // kernel build of a short-sequence training program, a cold build's critical path.
   const int64_t heads = key_owned ? dims.kv_heads : dims.q_heads;
   const bool idle_units = 4 * dims.batch * heads * ((owned_len + 63) / 64) <= device.compute_units;
+  const bool short_stream = streamed_len <= kShortStream;
   for (auto [owned, streamed] :
        {std::pair<int64_t, int64_t>{64, 32}, {64, 16}, {32, 32}, {32, 16}, {16, 16}, {16, 8}}) {
     if (idle_units && owned > 32) continue;
+    if (idle_units && short_stream && streamed > 16) continue;
     candidates.push_back({owned, streamed, kThreads, lanes});
   }
   if (const std::vector<int64_t>& forced = device.switches.attention_blocks; !forced.empty()) {
