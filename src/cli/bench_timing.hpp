@@ -10,10 +10,9 @@ namespace mg::cli {
 // A GPU lowers its clocks while idle, and raises them only under sustained load: while a case's
 // parameters are generated and uploaded its clock can drop to a fraction, and the first runs
 // after it are slow. The H200 raises its clock in steps over a few tenths of a second of load,
-// at times past a third of a second, which a shorter warm-up left inside some timed runs (a
-// process's inference median then read several times its usual figure). So every case runs
-// back to back for kWarmupSeconds (at least 3 runs) before anything is timed;
-// bench/kernels_pytorch.py and bench/workloads_pytorch.py do the same.
+// so the warm-up lasts well past that: every case runs back to back for kWarmupSeconds (at
+// least 3 runs) before anything is timed; bench/kernels_pytorch.py and
+// bench/workloads_pytorch.py do the same.
 inline constexpr double kWarmupSeconds = 1.0;
 
 inline void warm_up(const std::function<void()>& run) {
