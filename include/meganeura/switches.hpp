@@ -43,6 +43,7 @@ struct Switches {
   std::optional<bool> schedule_epochs;    // MEGANEURA_SCHEDULE_EPOCHS
   bool no_fusion = false;                 // MEGANEURA_NO_FUSION=1: no fusion at all
   bool no_epilogue_fusion = false;        // MEGANEURA_NO_EPILOGUE_FUSION=1: no matmul epilogues
+  bool no_norm_fusion = false;  // MEGANEURA_NO_NORM_FUSION=1: no normalisation prologues/epilogues
   // MEGANEURA_ATTENTION_GRAD_SCALE: attention gradients over a rescaled cotangent
   // (passes::scale_attention_gradients); unset: where attention runs on cooperative matrices.
   std::optional<bool> attention_grad_scale;

@@ -182,6 +182,10 @@ Switches read_switches(Reader& read) {
   s.no_epilogue_fusion = read.flag("MEGANEURA_NO_EPILOGUE_FUSION", "matmul epilogues",
                                    "no matmul epilogues", "matmul epilogues")
                              .value_or(false);
+  s.no_norm_fusion =
+      read.flag("MEGANEURA_NO_NORM_FUSION", "normalisation prologues and epilogues",
+                "no normalisation prologues or epilogues", "normalisation prologues and epilogues")
+          .value_or(false);
   s.split_k_slices = read.integer("MEGANEURA_SPLIT_K_SLICES", 1, 1024,
                                   "a whole number of K slices from 1 to 1024 (1: no split)",
                                   "the built-in choice");

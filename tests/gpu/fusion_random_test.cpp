@@ -9,6 +9,7 @@
 
 #include "backends/vulkan/kernels/fusion.hpp"
 #include "harness.hpp"
+#include "meganeura/autodiff.hpp"
 
 namespace mg {
 namespace {
@@ -247,6 +248,97 @@ TEST(GpuFusion, FewRowsTakeAProducerOfOneFullInput) {
   EXPECT_EQ(prologues(4), 6);
   EXPECT_EQ(prologues(132), 4);
   EXPECT_EQ(siblings, 1);  // the gradient's per-row sum, beside the per-row product's
+}
+
+// The lines of `list` (BuildReport::dispatch_list) that contain every one of `parts`.
+size_t lines_with(const std::string& list, const std::vector<std::string>& parts) {
+  size_t count = 0, start = 0;
+  while (start < list.size()) {
+    size_t end = list.find('\n', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string line = list.substr(start, end - start);
+    count += std::all_of(parts.begin(), parts.end(), [&](const std::string& part) {
+      return line.find(part) != std::string::npos;
+    });
+    start = end + 1;
+  }
+  return count;
+}
+
+// A pre-norm residual block and its gradients: h = a b + r (the product split over K, which
+// needs a K of 512, its
+// partials summed by the residual add), n = norm(h), y = tanh(n) r + h, which reads h again
+// after the norm. The norm evaluates h's DAG as it reads it and writes h beside; its gradient
+// evaluates its incoming gradient's DAG (through tanh) and the residual gradient's add as it
+// stores dh: one launch each, against the reference, for rms_norm and layer_norm, and apart
+// with MEGANEURA_NO_NORM_FUSION=1.
+TEST(GpuFusion, NormsEvaluateTheirInputsAndResultsReaders) {
+  const std::vector<HarnessInput> inputs{{"a", {6, 512}}, {"b", {512, 24}}, {"r", {6, 24}},
+                                         {"w", {24}},     {"bias", {24}},   {"dy", {6, 24}}};
+  const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+  const ScopedSwitch slices("MEGANEURA_SPLIT_K_SLICES", "3");
+  for (const bool rms : {true, false}) {
+    SCOPED_TRACE(rms ? "rms_norm" : "layer_norm");
+    const auto build = [rms](Graph& graph, std::vector<Tensor>& x) {
+      const Tensor h = matmul(x[0], x[1]) + x[2];
+      const Tensor n = rms ? rms_norm(h, x[3]) : layer_norm(h, x[3], x[4]);
+      const Tensor y = tanh(n) * x[2] + h;
+      graph.set_output("y", y.id());
+      for (const auto& [leaf, gradient] :
+           gradients(graph, y.id(), {x[0].id(), x[1].id(), x[3].id()}, x[5].id()))
+        graph.set_output("d" + std::to_string(leaf), gradient);
+    };
+    const std::string norm = rms ? "rms_norm" : "layer_norm";
+    size_t fused = 0, unfused = 0;
+    std::string list;
+    check_on_gpu(inputs, build, 1e-5, 23, {}, &fused, true, &list);
+    EXPECT_EQ(lines_with(list, {norm + " %", " of fused 1 ops -> add"}), 1u) << list;
+    EXPECT_EQ(lines_with(list, {norm + "_grad %", " of fused ", " + fused 1 ops -> add"}), 1u)
+        << list;
+    {
+      const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+      check_on_gpu(inputs, build, 1e-5, 23, {}, &unfused);
+    }
+    EXPECT_LT(fused, unfused);
+    // The kill switch: the DAGs take launches of their own, the values stay the same.
+    size_t apart = 0;
+    const ScopedSwitch off("MEGANEURA_NO_NORM_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 23, {}, &apart, true, &list);
+    EXPECT_EQ(lines_with(list, {norm, " fused "}), 0u) << list;
+    EXPECT_GT(apart, fused);
+  }
+}
+
+// SwiGLU and its gradients: y = (silu(g) u) d with g = a wg, u = a wu. The incoming gradient of
+// the product, dh = dy dᵀ (split over K), feeds du = dh silu(g), which only products read, and
+// dg, whose DAG reads sigmoid(g) twice: du is computed in dg's kernel and written beside it
+// (a sibling), sigmoid(g) once inside it, and dh's partials summed there, one launch for all
+// of them.
+TEST(GpuFusion, SiblingDagsShareOneLaunch) {
+  const std::vector<HarnessInput> inputs{
+      {"a", {6, 20}}, {"wg", {20, 24}}, {"wu", {20, 24}}, {"wd", {24, 512}}, {"dy", {6, 512}}};
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    const Tensor h = silu(matmul(x[0], x[1])) * matmul(x[0], x[2]);
+    const Tensor y = matmul(h, x[3]);
+    graph.set_output("y", y.id());
+    for (const auto& [leaf, gradient] :
+         gradients(graph, y.id(), {x[0].id(), x[1].id(), x[2].id(), x[3].id()}, x[4].id()))
+      graph.set_output("d" + std::to_string(leaf), gradient);
+  };
+  const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+  const ScopedSwitch slices("MEGANEURA_SPLIT_K_SLICES", "3");
+  size_t fused = 0, unfused = 0;
+  std::string list;
+  check_on_gpu(inputs, build, 1e-5, 29, {}, &fused, true, &list);
+  // The forward's silu(g) u and the backward's one DAG.
+  EXPECT_EQ(lines_with(list, {"pointwise"}), 2u) << list;
+  EXPECT_EQ(lines_with(list, {"sigmoid %"}), 0u) << list;
+  EXPECT_EQ(lines_with(list, {"sum %"}), 0u) << list;
+  {
+    const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 29, {}, &unfused);
+  }
+  EXPECT_LT(fused, unfused);
 }
 
 }  // namespace

@@ -117,12 +117,14 @@ inline void expect_switch_rejected(const char* variable, const std::string& bad,
 
 // Runs `build` (which returns the named outputs it sets on the graph) on the GPU and on the
 // reference, checking each output. Returns the worst error; `dispatches` receives the
-// session's kernel dispatch count. Validation stays on unless a test needs an extension
-// Debian's validation layer predates (KHR cooperative matrices).
+// session's kernel dispatch count and `dispatch_list` its dispatches, one line each
+// (BuildReport::dispatch_list). Validation stays on unless a test needs an extension Debian's
+// validation layer predates (KHR cooperative matrices).
 inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
                            const std::function<void(Graph&, std::vector<Tensor>&)>& build,
                            double tolerance = 1e-5, uint64_t seed = 7, SessionOptions options = {},
-                           size_t* dispatches = nullptr, bool validation = true) {
+                           size_t* dispatches = nullptr, bool validation = true,
+                           std::string* dispatch_list = nullptr) {
   std::mt19937_64 generator(seed);
   Graph graph;
   std::vector<Tensor> tensors;
@@ -162,6 +164,7 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
   }
   session.run();
   if (dispatches) *dispatches = session.report().dispatches;
+  if (dispatch_list) *dispatch_list = session.report().dispatch_list;
   double worst = 0;
   for (const auto& [name, id] : graph.outputs()) {
     const double error = normalized_error(session.output(name), reference[id]);

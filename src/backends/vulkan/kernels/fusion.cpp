@@ -5,6 +5,7 @@
 #include <map>
 
 #include "backends/vulkan/kernels/gemm_epilogue.hpp"
+#include "backends/vulkan/kernels/norm.hpp"
 #include "backends/vulkan/kernels/pointwise.hpp"
 #include "backends/vulkan/parallel_for.hpp"
 #include "ir/op_names.hpp"
@@ -13,9 +14,21 @@
 namespace mg::kernels {
 namespace {
 
-// Adds node `id` and, recursively, the producers fused into it (`fused_into` names the consumer
-// a value is computed in, kNoValue where it has a kernel of its own) to `dag`, those
-// `written_beside` as its extra outputs; returns the argument index that refers to `id`'s result.
+// The root of the DAG that `value` is computed in: following `fused_into`, which names the
+// node a value is computed in (kNoValue where it has a kernel of its own).
+ValueId root_of(const std::vector<ValueId>& fused_into, ValueId value) {
+  while (fused_into[value] != kNoValue) value = fused_into[value];
+  return value;
+}
+
+// Whether `value` is computed in the DAG whose result is `root` (the root itself included).
+bool in_dag(const std::vector<ValueId>& fused_into, ValueId value, ValueId root) {
+  return value == root || (fused_into[value] != kNoValue && root_of(fused_into, value) == root);
+}
+
+// Adds node `id` and, recursively, the producers computed in the same DAG to `dag` (each once,
+// however many of its nodes read it), those `written_beside` as its extra outputs; returns the
+// argument index that refers to `id`'s result.
 int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fused_into,
                  const std::vector<bool>& written_beside, PointwiseDag& dag,
                  std::map<ValueId, int>& argument_of) {
@@ -23,10 +36,11 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
   const Node& node = graph.node(id);
   PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
+    const bool fused = fused_into[input] != kNoValue && in_dag(fused_into, input, dag.output);
     // A sum of split partial results fused into its reader: the DAG reads the partials and
     // sums them itself (pointwise_launch: an input with more elements than the result), and
     // writes the sum beside its result where others read it (an identity statement).
-    if (fused_into[input] == id && !is_pointwise_op(graph.node(input).op)) {
+    if (fused && !is_pointwise_op(graph.node(input).op)) {
       ValueId sum = input;
       while (graph.node(sum).op == op::reshape) sum = graph.node(sum).inputs[0];
       const ValueId partials = graph.node(sum).inputs[0];
@@ -48,7 +62,7 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
       statement.arguments.push_back(kept->second);
       continue;
     }
-    if (fused_into[input] == id) {
+    if (fused) {
       statement.arguments.push_back(
           append_fused(graph, input, fused_into, written_beside, dag, argument_of));
     } else {
@@ -67,12 +81,22 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
   return reference;
 }
 
-// The pointwise DAG whose result is `root`.
+// Sibling DAGs computed in a later DAG's kernel, by the later one's root (lower_graph).
+using Siblings = std::map<ValueId, std::vector<ValueId>>;
+
+// The pointwise DAG whose result is `root`, with the siblings it computes beside it.
 PointwiseDag dag_of(const Graph& graph, ValueId root, const std::vector<ValueId>& fused_into,
-                    const std::vector<bool>& written_beside) {
+                    const std::vector<bool>& written_beside, const Siblings* siblings = nullptr) {
   PointwiseDag dag;
   dag.output = root;
   std::map<ValueId, int> argument_of;
+  if (siblings) {
+    if (auto it = siblings->find(root); it != siblings->end()) {
+      for (ValueId sibling : it->second)
+        append_fused(graph, sibling, fused_into, written_beside, dag, argument_of);
+    }
+  }
+  // Last, as the last statement is the result.
   append_fused(graph, root, fused_into, written_beside, dag, argument_of);
   return dag;
 }
@@ -100,20 +124,42 @@ MatmulEpilogue epilogue_for(const Graph& graph, ValueId root, ValueId product,
 }
 
 // Whether every node that reads `value`, directly or through views, other than `first` comes
-// after `root`, the node whose launch writes it. A companion op (is_companion_op) may
-// run in its producer's launch, before its own place, so it never counts as coming after.
+// after `root`, the node whose launch writes it, or is computed in the DAG whose result is `dag`
+// (`root` unless given; with `fused_into`, views in that DAG being the links of a fused split-K
+// sum). A companion op (is_companion_op) may run in its producer's launch, before its own
+// place, so it never counts as coming after.
 bool readers_follow(const Graph& graph, const std::vector<std::vector<ValueId>>& consumer_lists,
-                    ValueId value, ValueId first, ValueId root) {
+                    ValueId value, ValueId first, ValueId root,
+                    const std::vector<ValueId>* fused_into = nullptr, ValueId dag = kNoValue) {
+  const ValueId members = dag == kNoValue ? root : dag;
   for (ValueId reader : consumer_lists[value]) {
     if (reader == first) continue;
     if (is_companion_op(graph.node(reader).op)) return false;
     if (is_view_op(graph.node(reader).op)) {
-      if (!readers_follow(graph, consumer_lists, reader, first, root)) return false;
-    } else if (reader <= root) {
+      if (!readers_follow(graph, consumer_lists, reader, first, root, fused_into, dag))
+        return false;
+    } else if (reader <= root && !(fused_into && in_dag(*fused_into, reader, members))) {
       return false;
     }
   }
   return true;
+}
+
+// Whether a node outside the DAG whose result is `root` reads `value`, directly or through
+// views that are not links of that DAG, or the graph keeps such a view.
+bool read_outside(const Graph& graph, const std::vector<std::vector<ValueId>>& consumer_lists,
+                  const std::vector<ValueId>& fused_into, const std::vector<bool>& observed,
+                  ValueId value, ValueId root) {
+  for (ValueId reader : consumer_lists[value]) {
+    if (is_view_op(graph.node(reader).op)) {
+      if (observed[reader] ||
+          read_outside(graph, consumer_lists, fused_into, observed, reader, root))
+        return true;
+    } else if (!in_dag(fused_into, reader, root)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // The most partial results a pointwise kernel sums in place of a split-K sum's launch.
@@ -169,7 +215,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   }
   std::vector<bool> observed(graph.size(), false);  // outputs and assignments need their bytes
   for (const auto& [name, id] : graph.outputs()) observed[id] = true;
-  for (const auto& [leaf, value] : graph.updates()) observed[value] = true;
+  // A leaf's new value is written over the leaf only by a pointwise launch (the planner's
+  // choose_in_place), so an epilogue does not move into a DAG that computes one (below).
+  std::vector<bool> updates(graph.size(), false);
+  for (const auto& [leaf, value] : graph.updates()) observed[value] = updates[value] = true;
 
   // The consumer whose kernel computes each value, kNoValue for a value with a kernel (or no
   // kernel) of its own; following it from a value leads to the root of the DAG it belongs to.
@@ -275,15 +324,20 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if (!is_pointwise_op(consumer.op) || !(consumer.type.shape == node.type.shape)) continue;
       const ValueId root = dag_root(first);
       if (epilogue_of_root.count(root) != 0 ||
-          !readers_follow(graph, consumer_lists, id, first, root)) {
+          !readers_follow(graph, consumer_lists, id, first, root, &fused_into)) {
         continue;
       }
       fused_into[i] = first;
-      written_beside[i] = observed[i] || consumer_lists[i].size() > 1;
+      written_beside[i] =
+          observed[i] || read_outside(graph, consumer_lists, fused_into, observed, id, root);
       if (auto epilogue = epilogue_of_root.find(id); epilogue != epilogue_of_root.end()) {
         const ValueId product = epilogue->second.dag.inputs[epilogue->second.product_input];
         MatmulEpilogue moved = epilogue_for(graph, root, product, fused_into, written_beside);
-        if (!converts_f16(moved.dag) && !sums_partials(graph, moved.dag) &&
+        const bool computes_update =
+            updates[root] ||
+            std::any_of(moved.dag.extra_outputs.begin(), moved.dag.extra_outputs.end(),
+                        [&](const PointwiseExtraOutput& extra) { return updates[extra.value]; });
+        if (!converts_f16(moved.dag) && !sums_partials(graph, moved.dag) && !computes_update &&
             matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
           epilogue_of_root.erase(epilogue);
           epilogue_of_root.emplace(root, std::move(moved));
@@ -297,6 +351,61 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       written_beside[i] = false;
     }
   }
+
+  // Siblings: a pointwise DAG whose result no elementwise node of its shape reads (the SwiGLU
+  // backward's gradient of the up projection, which only products read) is computed in the
+  // kernel of the next DAG of its shape that reads one of its inputs (the gate's gradient, from
+  // the same incoming gradient), and written there beside that DAG's result: one launch instead
+  // of two, and the shared input, a split-K sum, then has all its readers in one kernel (below).
+  // Its readers must follow the later DAG, and that DAG must not read it.
+  Siblings siblings_of;
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      const ValueId id = static_cast<ValueId>(i);
+      if (!is_pointwise_op(node.op) || node.type.dtype != DType::f32 || is_fused(id) ||
+          consumer_lists[i].empty() || epilogue_of_root.count(id) != 0 ||
+          siblings_of.count(id) != 0)
+        continue;
+      const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
+      if (converts_f16(dag)) continue;
+      ValueId later = kNoValue;
+      for (ValueId input : dag.inputs) {
+        for (ValueId reader : consumer_lists[input]) {
+          if (!is_pointwise_op(graph.node(reader).op)) continue;
+          const ValueId root = dag_root(reader);
+          if (root > id && graph.type(root).shape == node.type.shape &&
+              graph.type(root).dtype == DType::f32 && epilogue_of_root.count(root) == 0 &&
+              (later == kNoValue || root < later))
+            later = root;
+        }
+      }
+      if (later == kNoValue) continue;
+      const PointwiseDag later_dag = dag_of(graph, later, fused_into, written_beside, &siblings_of);
+      const bool reads_it =
+          std::any_of(later_dag.inputs.begin(), later_dag.inputs.end(),
+                      [&](ValueId input) { return in_dag(fused_into, input, id); });
+      if (reads_it || converts_f16(later_dag)) continue;
+      fused_into[i] = later;
+      const bool written = written_beside[i];
+      written_beside[i] = true;
+      siblings_of[later].push_back(id);
+      bool follow = readers_follow(graph, consumer_lists, id, kNoValue, later, &fused_into);
+      for (const PointwiseExtraOutput& extra : dag.extra_outputs)
+        follow = follow &&
+                 readers_follow(graph, consumer_lists, extra.value, kNoValue, later, &fused_into);
+      if (follow && pointwise_bindings(graph, dag_of(graph, later, fused_into, written_beside,
+                                                     &siblings_of)) <= device.max_storage_buffers)
+        continue;
+      fused_into[i] = kNoValue;
+      written_beside[i] = written;
+      siblings_of[later].pop_back();
+      if (siblings_of[later].empty()) siblings_of.erase(later);
+    }
+  }
+  const auto dag_at = [&](ValueId root) {
+    return dag_of(graph, root, fused_into, written_beside, &siblings_of);
+  };
 
   // Split-K sums: a sum of partial results whose first reader (through reshapes) is
   // elementwise of its shape (a residual add, SwiGLU's product, the optimizer's update) is
@@ -322,15 +431,85 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         continue;
       const ValueId root = dag_root(reader);
       if (epilogue_of_root.count(root) != 0 ||
-          (shared && !readers_follow(graph, consumer_lists, sum, reader, root)))
+          (shared && !readers_follow(graph, consumer_lists, sum, reader, root, &fused_into)))
         continue;
       for (ValueId link : chain) fused_into[link] = reader;
-      written_beside[i] = shared;
-      if (pointwise_bindings(graph, dag_of(graph, root, fused_into, written_beside)) >
-          device.max_storage_buffers) {
+      written_beside[i] =
+          observed[i] || read_outside(graph, consumer_lists, fused_into, observed, sum, root);
+      if (pointwise_bindings(graph, dag_at(root)) > device.max_storage_buffers) {
         for (ValueId link : chain) fused_into[link] = kNoValue;
         written_beside[i] = false;
       }
+    }
+  }
+
+  // Normalisation prologues and epilogues (norm.hpp): a norm whose input (x, or a gradient's
+  // grad_out) is the root of a pointwise DAG of f32 values, and the norm its first reader,
+  // evaluates that DAG wherever it reads the input and writes its result where others read it
+  // too (they must follow the norm, whose launch comes later than the DAG's would): a residual add
+  // with the split-K sum before it, the gradient of a norm's output summed from q, k and v. A
+  // norm whose result only a pointwise node of its shape reads evaluates that node's DAG as it
+  // stores each element (the residual gradient added to a norm's input gradient); every other
+  // input of that DAG must be computed before the norm's launch, which comes earlier than the
+  // DAG's would (not by it: the prologue's result is no such input). Neither DAG takes a launch,
+  // nor a barrier before it.
+  std::map<ValueId, NormFusion> norm_fusion_of;
+  std::vector<bool> in_norm_fusion(graph.size(), false);
+  if (fusion_enabled && !device.switches.no_norm_fusion) {
+    const auto plain_dag = [&](const PointwiseDag& dag) {
+      return !converts_f16(dag) &&
+             std::all_of(dag.inputs.begin(), dag.inputs.end(),
+                         [&](ValueId input) { return graph.type(input).dtype == DType::f32; });
+    };
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      const ValueId id = static_cast<ValueId>(i);
+      if (!is_norm_op(node.op) || node.type.dtype != DType::f32) continue;
+      NormFusion fusion;
+      const ValueId input = node.inputs[norm_prologue_input(node)];
+      const Node& input_node = graph.node(input);
+      if (is_pointwise_op(input_node.op) && input_node.type.dtype == DType::f32 &&
+          !is_fused(input) && !in_norm_fusion[input] && epilogue_of_root.count(input) == 0 &&
+          consumer_lists[input].front() == id &&
+          readers_follow(graph, consumer_lists, input, id, id)) {
+        PointwiseDag dag = dag_at(input);
+        if (dag.extra_outputs.empty() && plain_dag(dag)) {
+          fusion.prologue_written = observed[input] || consumer_lists[input].size() > 1;
+          fusion.prologue = std::move(dag);
+        }
+      }
+      if (!observed[i] && consumers[i] == 1) {
+        const ValueId reader = consumer_lists[i].front();
+        const ValueId root = dag_root(reader);
+        const Node& reader_node = graph.node(reader);
+        // A DAG that only a reduction reads is that reduction's prologue (below), which writes
+        // nothing: a normalised input's product with the gradient, summed for the weight's.
+        const auto reduced = [&] {
+          if (observed[root] || consumers[root] != 1) return false;
+          const std::string& op = graph.node(consumer_lists[root].front()).op;
+          return op == op::sum || op == op::mean || op == op::max;
+        };
+        if (is_pointwise_op(reader_node.op) && reader_node.type.shape == node.type.shape &&
+            graph.type(root).dtype == DType::f32 && epilogue_of_root.count(root) == 0 &&
+            !in_norm_fusion[root] && !reduced()) {
+          PointwiseDag dag = dag_at(root);
+          // Not the prologue's result, which the same launch computes.
+          const bool inputs_ready =
+              std::all_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId dag_input) {
+                return dag_input <= id && !(fusion.prologue && dag_input == input);
+              });
+          if (inputs_ready && plain_dag(dag)) {
+            fusion.epilogue_input = static_cast<size_t>(
+                std::find(dag.inputs.begin(), dag.inputs.end(), id) - dag.inputs.begin());
+            fusion.epilogue = std::move(dag);
+          }
+        }
+      }
+      if (!fusion.prologue && !fusion.epilogue) continue;
+      if (norm_fusion_bindings(graph, id, fusion) > device.max_storage_buffers) continue;
+      if (fusion.prologue) in_norm_fusion[input] = true;
+      if (fusion.epilogue) in_norm_fusion[fusion.epilogue->output] = true;
+      norm_fusion_of.emplace(id, std::move(fusion));
     }
   }
 
@@ -362,9 +541,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const Node& root = graph.node(producer);
       if (!alone || !is_pointwise_op(root.op) || root.type.dtype != DType::f32 ||
           observed[producer] || consumers[producer] != 1 || is_fused(producer) ||
-          epilogue_of_root.count(producer) != 0)
+          epilogue_of_root.count(producer) != 0 || in_norm_fusion[producer])
         continue;
-      PointwiseDag dag = dag_of(graph, producer, fused_into, written_beside);
+      PointwiseDag dag = dag_at(producer);
       const int64_t count = root.type.elements();
       int64_t full_inputs = 0;
       bool f16_input = false;
@@ -376,9 +555,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const bool few_rows = rows < device.compute_units;
       bool extras_follow = true;
       for (const PointwiseExtraOutput& extra : dag.extra_outputs) {
-        extras_follow = extras_follow && readers_follow(graph, consumer_lists, extra.value,
-                                                        consumer_lists[extra.value].front(),
-                                                        static_cast<ValueId>(i));
+        extras_follow =
+            extras_follow && readers_follow(graph, consumer_lists, extra.value, kNoValue,
+                                            static_cast<ValueId>(i), &fused_into, producer);
       }
       // A max writes nothing beside (its siblings would be sums of other rows' values).
       if (!extras_follow || sums_partials(graph, dag) || converts_f16(dag) || f16_input ||
@@ -494,6 +673,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
                   epilogue_of_root.size() + prologue_of.size() +
+                  std::count(in_norm_fusion.begin(), in_norm_fusion.end(), true) +
                   std::count(in_sibling.begin(), in_sibling.end(), true) +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true);
     for (const auto& [root, links] : chain_of_root)
@@ -509,7 +689,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.nodes()[i];
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
-        in_sibling[i]) {
+        in_sibling[i] || in_norm_fusion[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));
@@ -523,6 +703,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.node(id);
     if (auto it = prologue_of.find(id); it != prologue_of.end())
       return one(reduction_with_prologue(graph, id, it->second, device));
+    if (auto it = norm_fusion_of.find(id); it != norm_fusion_of.end())
+      return one(norm_with_fusion(graph, id, it->second, device));
     if (auto it = chain_of_root.find(id); it != chain_of_root.end())
       return one(index_chain_launch(graph, id, it->second, device));
     if (auto it = companions_of.find(id); it != companions_of.end())
@@ -536,10 +718,11 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
     const bool has_fused_producer =
         is_pointwise_op(node.op) &&
-        std::any_of(node.inputs.begin(), node.inputs.end(),
-                    [&](ValueId input) { return fused_into[input] == id; });
+        (siblings_of.count(id) != 0 ||
+         std::any_of(node.inputs.begin(), node.inputs.end(),
+                     [&](ValueId input) { return fused_into[input] == id; }));
     if (!has_fused_producer) return lower_node(graph, id, device);
-    const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
+    const PointwiseDag dag = dag_at(id);
     return one(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
   };
   std::vector<std::vector<Launch>> launches_by_node(lowered.size());

@@ -18,8 +18,9 @@ namespace mg::kernels {
 
 // Launches for every non-leaf, non-view node in order; fused producers emit nothing (the
 // lowering of VulkanTarget::lower). MEGANEURA_NO_FUSION=1 turns all fusion off (companions
-// included), MEGANEURA_NO_EPILOGUE_FUSION=1 only the epilogues. `fused_away` receives how many
-// dispatches fusion saved.
+// included), MEGANEURA_NO_EPILOGUE_FUSION=1 only the matmul epilogues, MEGANEURA_NO_NORM_FUSION=1
+// only the normalisations' prologues and epilogues. `fused_away` receives how many dispatches
+// fusion saved.
 std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                 size_t* fused_away = nullptr);
 

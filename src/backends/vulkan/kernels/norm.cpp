@@ -3,6 +3,8 @@
 // group, so its statistics come from deterministic shared-memory trees and no atomics. The
 // group's elements are re-read from global memory on each pass rather than cached, because
 // batch_norm groups (N * H * W elements) do not fit in shared memory.
+#include "backends/vulkan/kernels/norm.hpp"
+
 #include <algorithm>
 
 #include "backends/vulkan/kernels/gemm_cpu.hpp"
@@ -18,7 +20,11 @@ enum class Kind { layer, rms, group, batch };
 // Two passes (mean, then squared deviations) as the reference does: one-pass E[x^2] - E[x]^2
 // loses the 1e-5 budget on rows with a large mean. A thread walks STEPS steps of its group,
 // each a VALUE: one element, or with VEC4 four consecutive elements of one channel (or of
-// consecutive channels for layer_norm and rms_norm), read and written as one vec4.
+// consecutive channels for layer_norm and rms_norm), read and written as one vec4. With
+// CACHED_STEPS (the most steps a thread walks, where a fused prologue computes x or grad_out:
+// CACHE_X, CACHE_GRAD_OUT) the loops have that constant trip count, so that the compiler unrolls
+// them, and the thread evaluates the prologue once a step, keeping its values in registers for
+// the later passes.
 constexpr std::string_view kNormKernel = R"glsl(
 layout(local_size_x = LOCAL) in;
 shared float partial_a[LOCAL];
@@ -32,6 +38,25 @@ float total_of(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 #define VALUE float
 #define STEPS COUNT
 float total_of(float v) { return v; }
+#endif
+
+#if CACHED_STEPS > 0
+#define FOR_STEPS                                    \
+  for (uint k = 0u; k < uint(CACHED_STEPS); ++k) {   \
+    uint s = lane + k * LOCAL;                       \
+    if (s >= STEPS) break;
+#else
+#define FOR_STEPS for (uint s = lane, k = 0u; s < STEPS; s += LOCAL, ++k) {
+#endif
+#if CACHE_X
+#define X_AT(g, s, k) x_cache[k]
+#else
+#define X_AT(g, s, k) load_x(g, s)
+#endif
+#if CACHE_GRAD_OUT
+#define GRAD_OUT_AT(g, s, k) grad_out_cache[k]
+#else
+#define GRAD_OUT_AT(g, s, k) load_grad_out(g, s)
 #endif
 
 // Sums a and b over the workgroup; every invocation gets both totals.
@@ -55,6 +80,14 @@ void reduce_pair(inout float a, inout float b) {
 void main() {
   uint g = linear_workgroup();
   uint lane = gl_LocalInvocationID.x;
+#if CACHE_X
+  VALUE x_cache[CACHED_STEPS];
+  FOR_STEPS x_cache[k] = load_x(g, s); }
+#endif
+#if CACHE_GRAD_OUT
+  VALUE grad_out_cache[CACHED_STEPS];
+  FOR_STEPS grad_out_cache[k] = load_grad_out(g, s); }
+#endif
   float mean = 0.0;
   float rstd;
 #if RUNNING
@@ -63,14 +96,14 @@ void main() {
 #else
 #if CENTRED
   VALUE sums = VALUE(0.0);
-  for (uint s = lane; s < STEPS; s += LOCAL) sums += load_x(g, s);
+  FOR_STEPS sums += X_AT(g, s, k); }
   float total = total_of(sums), unused = 0.0;
   reduce_pair(total, unused);
   mean = total / float(COUNT);
 #endif
   VALUE square_sums = VALUE(0.0);
-  for (uint s = lane; s < STEPS; s += LOCAL) {
-    VALUE d = load_x(g, s) - mean;
+  FOR_STEPS
+    VALUE d = X_AT(g, s, k) - mean;
     square_sums += d * d;
   }
   float squares = total_of(square_sums), unused2 = 0.0;
@@ -79,8 +112,12 @@ void main() {
 #endif
 
 #if FORWARD
-  for (uint s = lane; s < STEPS; s += LOCAL) {
-    VALUE value = (load_x(g, s) - mean) * rstd;
+  FOR_STEPS
+    VALUE x_value = X_AT(g, s, k);
+#if STORE_X
+    store_x(g, s, x_value);
+#endif
+    VALUE value = (x_value - mean) * rstd;
 #if HAS_WEIGHT
     value *= load_weight(g, s);
 #endif
@@ -94,20 +131,23 @@ void main() {
   float grad_sum = 0.0, grad_dot = 0.0;
 #if !RUNNING
   VALUE grad_sums = VALUE(0.0), grad_dots = VALUE(0.0);
-  for (uint s = lane; s < STEPS; s += LOCAL) {
-    VALUE gw = load_grad_out(g, s);
+  FOR_STEPS
+    VALUE gw = GRAD_OUT_AT(g, s, k);
 #if HAS_WEIGHT
     gw *= load_weight(g, s);
 #endif
     grad_sums += gw;
-    grad_dots += gw * ((load_x(g, s) - mean) * rstd);
+    grad_dots += gw * ((X_AT(g, s, k) - mean) * rstd);
   }
   grad_sum = total_of(grad_sums);
   grad_dot = total_of(grad_dots);
   reduce_pair(grad_sum, grad_dot);
 #endif
-  for (uint s = lane; s < STEPS; s += LOCAL) {
-    VALUE value = load_grad_out(g, s);
+  FOR_STEPS
+    VALUE value = GRAD_OUT_AT(g, s, k);
+#if STORE_GRAD_OUT
+    store_grad_out(g, s, value);
+#endif
 #if HAS_WEIGHT
     value *= load_weight(g, s);
 #endif
@@ -115,7 +155,7 @@ void main() {
 #if CENTRED
     value -= grad_sum / float(COUNT);
 #endif
-    value -= (load_x(g, s) - mean) * rstd * (grad_dot / float(COUNT));
+    value -= (X_AT(g, s, k) - mean) * rstd * (grad_dot / float(COUNT));
 #endif
     store_out(g, s, value * rstd);
   }
@@ -172,30 +212,56 @@ GroupMap group_map(Kind kind, const Shape& x, int64_t norm_groups) {
 }
 
 // load_<name>(g, s) for an operand read per element, or per channel (weight, bias), and
-// store_out(g, s, value), over steps of one element or, with vec4, of four.
-std::string access_functions(const GroupMap& map, const std::vector<Operand>& operands) {
+// store_<name>(g, s, value) for one written (out_ as store_out), over steps of one element or, with
+// vec4, of four; operand k is binding `first_binding` + k.
+std::string access_functions(const GroupMap& map, const std::vector<Operand>& operands,
+                             size_t first_binding) {
   std::string text;
   const std::string value = map.vec4 ? "vec4" : "float";
   const std::string element = map.vec4 ? "4u * s" : "s";
-  for (size_t binding = 0; binding < operands.size(); ++binding) {
-    const std::string& name = operands[binding].name;
+  for (size_t k = 0; k < operands.size(); ++k) {
+    const std::string& name = operands[k].name;
     if (name == "running_mean" || name == "running_var") continue;
     const bool per_channel = name == "weight" || name == "bias";
     const bool view = map.vec4 && (!per_channel || map.channel_per_element);
-    if (view) text += vector_buffer_view(name + "_x4", binding, operands[binding].write);
+    const uint32_t binding = static_cast<uint32_t>(first_binding + k);
+    if (view) text += vector_buffer_view(name + "_x4", binding, operands[k].write);
     const std::string at =
         per_channel ? "channel_of(g, " + element + ")" : "element_index(g, " + element + ")";
     const std::string array = view ? name + "_x4" : name;
     const std::string index = view ? at + " / 4u" : at;
-    if (operands[binding].write) {
-      text += "void store_out(uint g, uint s, " + value + " value) { " + array + "[" + index +
-              "] = value; }\n";
+    if (operands[k].write) {
+      // The result is out_, as out is a GLSL keyword.
+      const std::string stem = name.back() == '_' ? name.substr(0, name.size() - 1) : name;
+      text += "void store_" + stem + "(uint g, uint s, " + value + " value) { " + array + "[" +
+              index + "] = value; }\n";
     } else {
       text += value + " load_" + name + "(uint g, uint s) { return " + value + "(" + array + "[" +
               index + "]); }\n";
     }
   }
   return text;
+}
+
+// `function`(g, s) as the value of `element`(i) at the step's element or four elements.
+std::string element_step_function(const GroupMap& map, const std::string& function,
+                                  const std::string& element) {
+  if (!map.vec4)
+    return "float " + function + "(uint g, uint s) { return " + element +
+           "(element_index(g, s)); }\n";
+  return "vec4 " + function +
+         "(uint g, uint s) {\n  uint i = element_index(g, 4u * s);\n  return vec4(" + element +
+         "(i), " + element + "(i + 1u), " + element + "(i + 2u), " + element + "(i + 3u));\n}\n";
+}
+
+// store_out(g, s, value) through `store`(i, value), one element at a time.
+std::string epilogue_step_function(const GroupMap& map, const std::string& store) {
+  if (!map.vec4)
+    return "void store_out(uint g, uint s, float value) { " + store +
+           "(element_index(g, s), value); }\n";
+  return "void store_out(uint g, uint s, vec4 value) {\n  uint i = element_index(g, 4u * s);\n  " +
+         store + "(i, value.x);\n  " + store + "(i + 1u, value.y);\n  " + store +
+         "(i + 2u, value.z);\n  " + store + "(i + 3u, value.w);\n}\n";
 }
 
 // Threads of the workgroup that owns one group. With fewer groups than twice the compute units
@@ -216,7 +282,8 @@ uint32_t local_size_for(int64_t count, int64_t groups, const DeviceTraits& devic
   return size;
 }
 
-void lower_norm(LoweringContext& context, Kind kind, bool backward) {
+void lower_norm(LoweringContext& context, Kind kind, bool backward,
+                const NormFusion* fusion = nullptr) {
   const Node& node = context.node();
   const Shape& x_shape = context.input_type(0).shape;
   const bool has_weight = node.attrs.get_int("has_weight", 0) != 0;
@@ -224,34 +291,87 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward) {
   const bool running = kind == Kind::batch && node.attrs.get_int("training", 1) == 0;
   const GroupMap map = group_map(kind, x_shape, node.attrs.get_int("groups", 1));
   const uint32_t local = local_size_for(map.count, map.groups, context.device());
+  const bool prologue = fusion && fusion->prologue, epilogue = fusion && fusion->epilogue;
+  const std::string prologue_name = backward ? "grad_out" : "x";
+  // A prologue's values stay in registers between the passes where a thread walks few steps.
+  constexpr int64_t kMostCachedSteps = 8;
+  const int64_t steps_a_thread = ((map.vec4 ? map.count / 4 : map.count) + local - 1) / local;
+  const bool cached = prologue && steps_a_thread <= kMostCachedSteps;
 
   Launch launch;
   launch.label = context.label();
   launch.kernel = "norm";
-  launch.defines = {{"LOCAL", glsl_uint(local)},
-                    {"COUNT", glsl_uint(map.count)},
-                    {"EPS", glsl_float(node.attrs.get_float("eps"))},
-                    {"FORWARD", backward ? "0" : "1"},
-                    {"CENTRED", kind == Kind::rms ? "0" : "1"},
-                    {"RUNNING", running ? "1" : "0"},
-                    {"HAS_WEIGHT", has_weight ? "1" : "0"},
-                    {"HAS_BIAS", has_bias ? "1" : "0"},
-                    {"VEC4", map.vec4 ? "1" : "0"}};
+  launch.defines = {
+      {"LOCAL", glsl_uint(local)},
+      {"COUNT", glsl_uint(map.count)},
+      {"EPS", glsl_float(node.attrs.get_float("eps"))},
+      {"FORWARD", backward ? "0" : "1"},
+      {"CENTRED", kind == Kind::rms ? "0" : "1"},
+      {"RUNNING", running ? "1" : "0"},
+      {"HAS_WEIGHT", has_weight ? "1" : "0"},
+      {"HAS_BIAS", has_bias ? "1" : "0"},
+      {"VEC4", map.vec4 ? "1" : "0"},
+      {"STORE_X", prologue && !backward && fusion->prologue_written ? "1" : "0"},
+      {"STORE_GRAD_OUT", prologue && backward && fusion->prologue_written ? "1" : "0"},
+      {"CACHE_X", cached && !backward ? "1" : "0"},
+      {"CACHE_GRAD_OUT", cached && backward ? "1" : "0"},
+      {"CACHED_STEPS", std::to_string(cached ? steps_a_thread : 0)}};
   // Input order (src/ops/norm.cpp): x, weight?, bias? (forward only), running_mean?,
-  // running_var?, grad_out (backward only).
+  // running_var?, grad_out (backward only). An input that the prologue computes is not read;
+  // with an epilogue the result is not written.
+  std::vector<Operand> own;
   size_t next = 0;
-  launch.operands.push_back({"x", node.inputs[next++], false});
-  if (has_weight) launch.operands.push_back({"weight", node.inputs[next++], false});
-  if (has_bias) launch.operands.push_back({"bias", node.inputs[next++], false});
+  const auto read = [&](const std::string& name) {
+    const ValueId value = node.inputs[next++];
+    if (!(prologue && name == prologue_name)) own.push_back({name, value, false});
+  };
+  read("x");
+  if (has_weight) read("weight");
+  if (has_bias) read("bias");
   if (running) {
-    launch.operands.push_back({"running_mean", node.inputs[next++], false});
-    launch.operands.push_back({"running_var", node.inputs[next++], false});
+    read("running_mean");
+    read("running_var");
   }
-  if (backward) launch.operands.push_back({"grad_out", node.inputs[next++], false});
-  launch.operands.push_back({"out_", context.id(), true});
-  launch.body = map.functions + access_functions(map, launch.operands) + std::string(kNormKernel);
+  if (backward) read("grad_out");
+  if (prologue && fusion->prologue_written)
+    own.push_back({prologue_name, fusion->prologue->output, true});
+  if (!epilogue) own.push_back({"out_", context.id(), true});
+  launch.operands = own;
+  std::string functions = map.functions + access_functions(map, own, 0);
+  if (prologue || epilogue) functions += std::string(pointwise_functions_glsl());
+  if (prologue) {
+    functions +=
+        pointwise_element_function_glsl(context.graph(), *fusion->prologue, "prologue_element",
+                                        launch.operands, {}, "prologue_") +
+        element_step_function(map, "load_" + prologue_name, "prologue_element");
+    launch.label += " of fused " + std::to_string(fusion->prologue->statements.size()) +
+                    " ops -> " + context.graph().node(fusion->prologue->output).op + " %" +
+                    std::to_string(fusion->prologue->output);
+  }
+  if (epilogue) {
+    functions +=
+        pointwise_store_function_glsl(context.graph(), *fusion->epilogue, fusion->epilogue_input,
+                                      "epilogue_store", launch.operands, "epilogue_") +
+        epilogue_step_function(map, "epilogue_store");
+    launch.label += " + fused " + std::to_string(fusion->epilogue->statements.size()) + " ops -> " +
+                    context.graph().node(fusion->epilogue->output).op + " %" +
+                    std::to_string(fusion->epilogue->output);
+  }
+  launch.body = functions + std::string(kNormKernel);
   launch.groups = grid_for(static_cast<uint64_t>(map.groups), 1, context.device());
   context.emit(std::move(launch));
+}
+
+Kind kind_of(std::string_view op) {
+  if (op == op::layer_norm || op == op::layer_norm_grad) return Kind::layer;
+  if (op == op::rms_norm || op == op::rms_norm_grad) return Kind::rms;
+  if (op == op::group_norm || op == op::group_norm_grad) return Kind::group;
+  return Kind::batch;
+}
+
+bool is_gradient(std::string_view op) {
+  return op == op::layer_norm_grad || op == op::rms_norm_grad || op == op::group_norm_grad ||
+         op == op::batch_norm_grad;
 }
 
 template <Kind kind, bool backward>
@@ -260,6 +380,36 @@ void lower(LoweringContext& context) {
 }
 
 }  // namespace
+
+bool is_norm_op(std::string_view op) {
+  return op == op::layer_norm || op == op::rms_norm || op == op::group_norm ||
+         op == op::batch_norm || is_gradient(op);
+}
+
+size_t norm_prologue_input(const Node& node) {
+  return is_gradient(node.op) ? node.inputs.size() - 1 : 0;
+}
+
+uint32_t norm_fusion_bindings(const Graph& graph, ValueId id, const NormFusion& fusion) {
+  const Node& node = graph.node(id);
+  uint32_t bindings = static_cast<uint32_t>(node.inputs.size());  // its own inputs
+  const auto bound_inputs = [&](const PointwiseDag& dag) {
+    uint32_t count = 0;
+    for (ValueId input : dag.inputs)
+      count += graph.node(input).is_uniform_constant() || input == id ? 0 : 1;
+    return count + static_cast<uint32_t>(dag.extra_outputs.size());
+  };
+  if (fusion.prologue)
+    bindings += bound_inputs(*fusion.prologue) - 1 + (fusion.prologue_written ? 1 : 0);
+  return bindings + (fusion.epilogue ? bound_inputs(*fusion.epilogue) : 0) + 1;
+}
+
+Launch norm_with_fusion(const Graph& graph, ValueId id, const NormFusion& fusion,
+                        const DeviceTraits& device) {
+  LoweringContext context(graph, id, device);
+  lower_norm(context, kind_of(graph.node(id).op), is_gradient(graph.node(id).op), &fusion);
+  return std::move(context.launches().at(0));
+}
 
 std::vector<LoweringEntry> norm_lowerings() {
   return {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 namespace mg::kernels {
 std::string partials_sum_glsl(const std::string& view, const std::string& index, int64_t partials,
@@ -312,13 +313,20 @@ std::vector<std::string> extra_stores(const PointwiseDag& dag, const std::string
 }
 
 // How `dag` reads each input (a result of `count` elements), each but uniform constants bound as
-// the next of `operands`, named in<k>.
+// the next of `operands`, named `prefix`in<k>. Input `given`, where there is one, is not read:
+// the GLSL variable `value` holds it.
 std::vector<InputAccess> input_accesses(const Graph& graph, const PointwiseDag& dag, int64_t count,
-                                        std::vector<Operand>& operands) {
+                                        std::vector<Operand>& operands,
+                                        const std::string& prefix = "",
+                                        std::optional<size_t> given = std::nullopt) {
   std::vector<InputAccess> inputs(dag.inputs.size());
   for (size_t k = 0; k < dag.inputs.size(); ++k) {
     const Node& input_node = graph.node(dag.inputs[k]);
     InputAccess& input = inputs[k];
+    if (given == k) {
+      input.name = "value";
+      continue;
+    }
     if (input_node.is_uniform_constant()) {
       input.name = glsl_float(input_node.attrs.get_float("value"));
       continue;
@@ -330,7 +338,7 @@ std::vector<InputAccess> input_accesses(const Graph& graph, const PointwiseDag& 
                  : elements == 1                             ? InputKind::single
                                                              : InputKind::broadcast;
     if (input.kind == InputKind::partials) input.partials = elements / count;
-    input.name = "in" + std::to_string(k);
+    input.name = prefix + "in" + std::to_string(k);
     input.dtype = input_node.type.dtype;
     input.binding = static_cast<uint32_t>(operands.size());
     operands.push_back({input.name, dag.inputs[k], false});
@@ -511,10 +519,11 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
 std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseDag& dag,
                                             const std::string& function,
                                             std::vector<Operand>& operands,
-                                            const std::vector<size_t>& exported) {
+                                            const std::vector<size_t>& exported,
+                                            const std::string& prefix) {
   const Shape& shape = graph.type(dag.output).shape;
   const int64_t count = graph.type(dag.output).elements();
-  std::vector<InputAccess> inputs = input_accesses(graph, dag, count, operands);
+  std::vector<InputAccess> inputs = input_accesses(graph, dag, count, operands, prefix);
   const std::vector<int64_t> extents = collapse_axes(graph, dag, shape, inputs);
   const std::vector<std::string> element_inputs = scalar_inputs_glsl(inputs, extents, count);
   std::string text;
@@ -525,11 +534,33 @@ std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseD
   for (size_t k = 0; k < exported.size(); ++k)
     text += "  exported" + std::to_string(k) + " = " + pointwise_value_glsl(exported[k]) + ";\n";
   for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
-    const std::string name = "extra" + std::to_string(k);
+    const std::string name = prefix + "extra" + std::to_string(k);
     operands.push_back({name, dag.extra_outputs[k].value, true});
     text += "  " + name + "[i] = " + pointwise_value_glsl(dag.extra_outputs[k].statement) + ";\n";
   }
   return text + "  return " + pointwise_result_glsl(dag) + ";\n}\n";
+}
+
+std::string pointwise_store_function_glsl(const Graph& graph, const PointwiseDag& dag, size_t given,
+                                          const std::string& function,
+                                          std::vector<Operand>& operands,
+                                          const std::string& prefix) {
+  const Shape& shape = graph.type(dag.output).shape;
+  const int64_t count = graph.type(dag.output).elements();
+  std::vector<InputAccess> inputs = input_accesses(graph, dag, count, operands, prefix, given);
+  const std::vector<int64_t> extents = collapse_axes(graph, dag, shape, inputs);
+  const std::vector<std::string> element_inputs = scalar_inputs_glsl(inputs, extents, count);
+  const std::string result = prefix + "result";
+  operands.push_back({result, dag.output, true});
+  std::vector<std::string> stores;
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+    const std::string name = prefix + "extra" + std::to_string(k);
+    operands.push_back({name, dag.extra_outputs[k].value, true});
+    stores.push_back(name + "[i]");
+  }
+  std::string text = "void " + function + "(uint i, float value) {\n";
+  if (any_broadcast(inputs)) text += coordinates_glsl(extents, "i");
+  return text + element_glsl(dag, element_inputs, DType::f32, result + "[i]", stores) + "}\n";
 }
 
 namespace {

@@ -59,12 +59,24 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
 // evaluates the DAG where it would read its result (a reduction's prologue, fusion.cpp), once
 // for each element. Reads each input but uniform constants as an operand named in<k> and writes
 // each extra output at element i as extra<k>, appended to `operands` in that order; the value of
-// statement `exported`[k] is left in the global `float exported<k>`. The DAG reads no f16 values
-// or partial results.
+// statement `exported`[k] is left in the global `float exported<k>`. Operand names start with
+// `prefix`, so that one kernel can evaluate two DAGs. The DAG reads no f16 values.
 std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseDag& dag,
                                             const std::string& function,
                                             std::vector<Operand>& operands,
-                                            const std::vector<size_t>& exported = {});
+                                            const std::vector<size_t>& exported = {},
+                                            const std::string& prefix = "");
+
+// `void <function>(uint i, float value)`: evaluates `dag` at element i of its result with input
+// `given` taken as `value`, for a kernel that computes that input and evaluates its pointwise
+// reader as it stores each element (a normalisation's epilogue, norm.cpp). Reads the other inputs
+// but uniform constants as operands named `prefix`in<k>, then writes the result as
+// `prefix`result and each extra output as `prefix`extra<k>, appended to `operands` in that order.
+// The DAG reads no f16 values and its result is f32.
+std::string pointwise_store_function_glsl(const Graph& graph, const PointwiseDag& dag, size_t given,
+                                          const std::string& function,
+                                          std::vector<Operand>& operands,
+                                          const std::string& prefix);
 
 // A reduction's prologue (fusion.cpp): the pointwise DAG that a sum or mean evaluates as it
 // reads each element instead of reading the DAG's result from memory, and where one exists a
