@@ -309,6 +309,41 @@ TEST(GpuFusion, NormsEvaluateTheirInputsAndResultsReaders) {
   }
 }
 
+// The same block, x = a + r, n = norm(x), y = tanh(n) r + x and its gradients, on the kernel's
+// other paths: rows of 21 (scalar steps), group norm over planes of 35 (scalar) and of 16 (vec4
+// steps of one channel), and a row of 40,000, whose threads walk more steps than the prologue's
+// register cache holds, so the prologue is evaluated again in each pass.
+TEST(GpuFusion, NormsEvaluateTheirNeighboursOnEveryPath) {
+  struct Case {
+    std::string name;
+    Shape x, weight;
+    std::function<Tensor(Tensor, Tensor)> norm;
+  };
+  const std::vector<Case> cases{
+      {"rms_norm", {3, 21}, {21}, [](Tensor x, Tensor w) { return rms_norm(x, w); }},
+      {"layer_norm", {3, 21}, {21}, [](Tensor x, Tensor w) { return layer_norm(x, w, w); }},
+      {"group_norm", {2, 6, 5, 7}, {6}, [](Tensor x, Tensor w) { return group_norm(x, 3, w, w); }},
+      {"group_norm", {2, 6, 4, 4}, {6}, [](Tensor x, Tensor w) { return group_norm(x, 3, w, w); }},
+      {"layer_norm", {2, 40000}, {40000}, [](Tensor x, Tensor w) { return layer_norm(x, w, {}); }}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + " " + shape_string(c.x));
+    const std::vector<HarnessInput> inputs{{"a", c.x}, {"r", c.x}, {"w", c.weight}, {"dy", c.x}};
+    const auto build = [&c](Graph& graph, std::vector<Tensor>& x) {
+      const Tensor h = x[0] + x[1];
+      const Tensor y = tanh(c.norm(h, x[2])) * x[1] + h;
+      graph.set_output("y", y.id());
+      for (const auto& [leaf, gradient] :
+           gradients(graph, y.id(), {x[0].id(), x[2].id()}, x[3].id()))
+        graph.set_output("d" + std::to_string(leaf), gradient);
+    };
+    std::string list;
+    check_on_gpu(inputs, build, 1e-5, 31, {}, nullptr, true, &list);
+    EXPECT_EQ(lines_with(list, {c.name + " %", " of fused 1 ops -> add"}), 1u) << list;
+    EXPECT_EQ(lines_with(list, {c.name + "_grad %", " of fused ", " + fused 1 ops -> add"}), 1u)
+        << list;
+  }
+}
+
 // SwiGLU and its gradients: y = (silu(g) u) d with g = a wg, u = a wu. The incoming gradient of
 // the product, dh = dy dᵀ (split over K), feeds du = dh silu(g), which only products read, and
 // dg, whose DAG reads sigmoid(g) twice: du is computed in dg's kernel and written beside it
