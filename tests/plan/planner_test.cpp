@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "backends/vulkan/kernels/fusion.hpp"
 #include "backends/vulkan/kernels/vulkan_target.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
@@ -264,6 +265,57 @@ TEST(Planner, AttentionGradKWritesGradV) {
   const plan::Program split = plan::build_program(
       attention_training(false, false), vulkan::VulkanTarget(separate), plan::PlanOptions{});
   EXPECT_EQ(launches_of(split, "attention_grad_v"), 1u);
+}
+
+// The strict attention kernels' blocks (docs/KERNELS.md, Attention) on an H200-sized device, each
+// node whole (the lowering alone, before the passes that split attention): where 64-row owned
+// blocks would leave three quarters of the compute units idle, the owned rows are 32, and where the
+// stream is at most 256 rows as well, the streamed rows are 16 (SmolLM2-135M's attention at
+// sequence 128: 9 query heads over 3 key/value heads; 1,024 queries over 128 keys, whose forward
+// streams the short side); a long stream keeps 32-row streamed blocks (that case's dK and dV), and
+// enough owned blocks (Whisper-tiny's encoder) keep the largest blocks that fit: 64 x 32 for the
+// forward, 32 x 32 for dK with dV.
+TEST(Planner, StrictAttentionBlocksFollowTheIdleUnitsAndTheStream) {
+  target::DeviceTraits device;
+  device.compute_units = 132;
+  device.max_shared_memory_bytes = 49152;
+  device.max_workgroup_invocations = 1024;
+  struct Case {
+    int64_t heads, kv_heads, q_len, kv_len;
+    int64_t forward_owned, forward_streamed, kv_owned, kv_streamed;
+  };
+  for (const Case& c : {Case{9, 3, 128, 128, 32, 16, 32, 16}, Case{2, 2, 1024, 128, 32, 16, 32, 32},
+                        Case{6, 6, 1500, 1500, 64, 32, 32, 32}}) {
+    SCOPED_TRACE(std::to_string(c.heads) + " heads over " + std::to_string(c.kv_heads) + ", " +
+                 std::to_string(c.q_len) + " queries, " + std::to_string(c.kv_len) + " keys");
+    Graph graph;
+    const Tensor q = input(graph, "q", {1, c.heads, c.q_len, 64});
+    const Tensor k = input(graph, "k", {1, c.kv_heads, c.kv_len, 64});
+    const Tensor v = input(graph, "v", {1, c.kv_heads, c.kv_len, 64});
+    const Tensor seed = input(graph, "seed", {1, c.heads, c.q_len, 64});
+    const Tensor y = scaled_dot_product_attention(q, k, v);
+    graph.set_output("y", y.id());
+    for (const auto& [leaf, grad] : gradients(graph, y.id(), {q.id(), k.id(), v.id()}, seed.id()))
+      graph.set_output("grad" + std::to_string(leaf), grad);
+    const std::vector<kernels::Launch> launches = kernels::lower_graph(graph, device);
+    const auto blocks = [&](const std::string& op) {
+      std::pair<std::string, std::string> found;
+      for (const kernels::Launch& launch : launches) {
+        if (!launch.label.starts_with(op + " ")) continue;
+        for (const auto& [name, value] : launch.defines) {
+          if (name == "BO") found.first = value;
+          if (name == "BS") found.second = value;
+        }
+      }
+      return found;
+    };
+    const auto expected = [](int64_t owned, int64_t streamed) {
+      return std::pair{std::to_string(owned) + "u", std::to_string(streamed) + "u"};
+    };
+    EXPECT_EQ(blocks("scaled_dot_product_attention"),
+              expected(c.forward_owned, c.forward_streamed));
+    EXPECT_EQ(blocks("attention_grad_k"), expected(c.kv_owned, c.kv_streamed));
+  }
 }
 
 // The Winograd weight gradients (forced on) of two convolutions over the same tile grid: each
