@@ -391,8 +391,9 @@ size_t norm_prologue_input(const Node& node) {
 }
 
 uint32_t norm_fusion_bindings(const Graph& graph, ValueId id, const NormFusion& fusion) {
-  const Node& node = graph.node(id);
-  uint32_t bindings = static_cast<uint32_t>(node.inputs.size());  // its own inputs
+  // Its own inputs but the one a prologue computes, and its result or the epilogue's.
+  uint32_t bindings =
+      static_cast<uint32_t>(graph.node(id).inputs.size()) - (fusion.prologue ? 1 : 0) + 1;
   const auto bound_inputs = [&](const PointwiseDag& dag) {
     uint32_t count = 0;
     for (ValueId input : dag.inputs)
@@ -400,8 +401,8 @@ uint32_t norm_fusion_bindings(const Graph& graph, ValueId id, const NormFusion& 
     return count + static_cast<uint32_t>(dag.extra_outputs.size());
   };
   if (fusion.prologue)
-    bindings += bound_inputs(*fusion.prologue) - 1 + (fusion.prologue_written ? 1 : 0);
-  return bindings + (fusion.epilogue ? bound_inputs(*fusion.epilogue) : 0) + 1;
+    bindings += bound_inputs(*fusion.prologue) + (fusion.prologue_written ? 1 : 0);
+  return bindings + (fusion.epilogue ? bound_inputs(*fusion.epilogue) : 0);
 }
 
 Launch norm_with_fusion(const Graph& graph, ValueId id, const NormFusion& fusion,
