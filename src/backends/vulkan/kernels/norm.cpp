@@ -2,7 +2,8 @@
 // Every element belongs to one statistics group (see src/ops/norm.cpp); one workgroup owns one
 // group, so its statistics come from deterministic shared-memory trees and no atomics. The
 // group's elements are re-read from global memory on each pass rather than cached, because
-// batch_norm groups (N * H * W elements) do not fit in shared memory.
+// batch_norm groups (N * H * W elements) do not fit in shared memory; only a fused prologue's
+// values stay in registers, where a thread walks few steps (CACHED_STEPS below).
 #include "backends/vulkan/kernels/norm.hpp"
 
 #include <algorithm>
@@ -213,24 +214,22 @@ GroupMap group_map(Kind kind, const Shape& x, int64_t norm_groups) {
 
 // load_<name>(g, s) for an operand read per element, or per channel (weight, bias), and
 // store_<name>(g, s, value) for one written (out_ as store_out), over steps of one element or, with
-// vec4, of four; operand k is binding `first_binding` + k.
-std::string access_functions(const GroupMap& map, const std::vector<Operand>& operands,
-                             size_t first_binding) {
+// vec4, of four; operand k is binding k.
+std::string access_functions(const GroupMap& map, const std::vector<Operand>& operands) {
   std::string text;
   const std::string value = map.vec4 ? "vec4" : "float";
   const std::string element = map.vec4 ? "4u * s" : "s";
-  for (size_t k = 0; k < operands.size(); ++k) {
-    const std::string& name = operands[k].name;
+  for (size_t binding = 0; binding < operands.size(); ++binding) {
+    const std::string& name = operands[binding].name;
     if (name == "running_mean" || name == "running_var") continue;
     const bool per_channel = name == "weight" || name == "bias";
     const bool view = map.vec4 && (!per_channel || map.channel_per_element);
-    const uint32_t binding = static_cast<uint32_t>(first_binding + k);
-    if (view) text += vector_buffer_view(name + "_x4", binding, operands[k].write);
+    if (view) text += vector_buffer_view(name + "_x4", binding, operands[binding].write);
     const std::string at =
         per_channel ? "channel_of(g, " + element + ")" : "element_index(g, " + element + ")";
     const std::string array = view ? name + "_x4" : name;
     const std::string index = view ? at + " / 4u" : at;
-    if (operands[k].write) {
+    if (operands[binding].write) {
       // The result is out_, as out is a GLSL keyword.
       const std::string stem = name.back() == '_' ? name.substr(0, name.size() - 1) : name;
       text += "void store_" + stem + "(uint g, uint s, " + value + " value) { " + array + "[" +
@@ -318,12 +317,11 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward,
       {"CACHED_STEPS", std::to_string(cached ? steps_a_thread : 0)}};
   // Input order (src/ops/norm.cpp): x, weight?, bias? (forward only), running_mean?,
   // running_var?, grad_out (backward only). An input that the prologue computes is not read;
-  // with an epilogue the result is not written.
-  std::vector<Operand> own;
+  // with an epilogue the result is not written. The fused DAGs' operands follow the norm's own.
   size_t next = 0;
   const auto read = [&](const std::string& name) {
     const ValueId value = node.inputs[next++];
-    if (!(prologue && name == prologue_name)) own.push_back({name, value, false});
+    if (!(prologue && name == prologue_name)) launch.operands.push_back({name, value, false});
   };
   read("x");
   if (has_weight) read("weight");
@@ -334,10 +332,9 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward,
   }
   if (backward) read("grad_out");
   if (prologue && fusion->prologue_written)
-    own.push_back({prologue_name, fusion->prologue->output, true});
-  if (!epilogue) own.push_back({"out_", context.id(), true});
-  launch.operands = own;
-  std::string functions = map.functions + access_functions(map, own, 0);
+    launch.operands.push_back({prologue_name, fusion->prologue->output, true});
+  if (!epilogue) launch.operands.push_back({"out_", context.id(), true});
+  std::string functions = map.functions + access_functions(map, launch.operands);
   if (prologue || epilogue) functions += std::string(pointwise_functions_glsl());
   if (prologue) {
     functions +=

@@ -552,15 +552,14 @@ std::string pointwise_store_function_glsl(const Graph& graph, const PointwiseDag
   const std::vector<std::string> element_inputs = scalar_inputs_glsl(inputs, extents, count);
   const std::string result = prefix + "result";
   operands.push_back({result, dag.output, true});
-  std::vector<std::string> stores;
-  for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
-    const std::string name = prefix + "extra" + std::to_string(k);
-    operands.push_back({name, dag.extra_outputs[k].value, true});
-    stores.push_back(name + "[i]");
-  }
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
+    operands.push_back({prefix + "extra" + std::to_string(k), dag.extra_outputs[k].value, true});
   std::string text = "void " + function + "(uint i, float value) {\n";
   if (any_broadcast(inputs)) text += coordinates_glsl(extents, "i");
-  return text + element_glsl(dag, element_inputs, DType::f32, result + "[i]", stores) + "}\n";
+  return text +
+         element_glsl(dag, element_inputs, DType::f32, result + "[i]",
+                      extra_stores(dag, prefix + "extra", "[i]")) +
+         "}\n";
 }
 
 namespace {
