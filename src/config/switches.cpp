@@ -253,6 +253,8 @@ Switches read_switches(Reader& read) {
                                             "2 (F(2 x 2, 3 x 3)) or 4 (F(4 x 4, 3 x 3))", kRule);
   s.winograd_conv = read.flag("MEGANEURA_WINOGRAD_CONV", "never Winograd",
                               "Winograd without its size minimums", kRule);
+  s.winograd_f16 = read.flag("MEGANEURA_WINOGRAD_F16", "Winograd's points in f32",
+                             "Winograd's points in f16 where its products round to f16", kRule);
   s.attention_blocks = read.integers("MEGANEURA_ATTENTION_BLOCKS", {4, 3, 2}, INT64_MIN, INT64_MAX,
                                      "OWNED,STREAMED[,THREADS[,LANES]]", "the built-in blocks");
   s.attention_coop_block = read.one_of(

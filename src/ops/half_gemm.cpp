@@ -33,28 +33,36 @@ TensorType infer_widen_f16(const Graph& graph, const Node& node) {
   return TensorType{DType::f32, x.shape};
 }
 
-// half_matmul(a, b) {transpose_a, transpose_b, f16_result, k_splits}: a [M, K] and b [K, N] in
-// f16 (each stored transposed where its flag says) -> [M, N] in f32, or rounded to f16 with
-// f16_result; with k_splits = S (only from the split-K pass) the f32 partial results [S, M, N]
-// as matmul's (ops/k_split.hpp).
+// half_matmul(a, b) {transpose_a, transpose_b, f16_result, k_splits}: a [..., M, K] and
+// b [..., K, N] in f16 (each stored transposed where its flag says; leading batch axes broadcast
+// as matmul's) -> [..., M, N] in f32, or rounded to f16 with f16_result; with k_splits = S (only
+// from the split-K pass) the f32 partial results [S, ..., M, N] as matmul's (ops/k_split.hpp).
 TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 2);
   const TensorType& a = graph.type(node.inputs[0]);
   const TensorType& b = graph.type(node.inputs[1]);
   if (a.dtype != DType::f16 || b.dtype != DType::f16)
     op_error(graph, node, "multiplies f16 operands (round_to_f16 gives them)");
-  if (a.rank() != 2 || b.rank() != 2) op_error(graph, node, "multiplies matrices (rank 2)");
+  if (a.rank() < 2 || b.rank() < 2) op_error(graph, node, "operands need rank >= 2");
   const bool transpose_a = flag_attr(graph, node, "transpose_a");
   const bool transpose_b = flag_attr(graph, node, "transpose_b");
-  const int64_t m = a.shape[transpose_a ? 1 : 0], k = a.shape[transpose_a ? 0 : 1];
-  const int64_t k_b = b.shape[transpose_b ? 1 : 0], n = b.shape[transpose_b ? 0 : 1];
+  const size_t a_rows = a.rank() - 2, b_rows = b.rank() - 2;
+  const int64_t m = a.shape[a_rows + (transpose_a ? 1 : 0)];
+  const int64_t k = a.shape[a_rows + (transpose_a ? 0 : 1)];
+  const int64_t k_b = b.shape[b_rows + (transpose_b ? 1 : 0)];
+  const int64_t n = b.shape[b_rows + (transpose_b ? 0 : 1)];
   if (k != k_b)
     op_error(graph, node,
              "inner dimensions differ (" + std::to_string(k) + " vs " + std::to_string(k_b) + ")");
   const bool f16_result = flag_attr(graph, node, "f16_result");
   if (f16_result && node.attrs.has("k_splits"))
     op_error(graph, node, "partial results (k_splits) are f32; f16_result rounds whole products");
-  return TensorType{f16_result ? DType::f16 : DType::f32, split_k_shape(graph, node, k, {m, n})};
+  Shape shape = broadcast_or_error(graph, node, Shape(a.shape.begin(), a.shape.end() - 2),
+                                   Shape(b.shape.begin(), b.shape.end() - 2));
+  shape.push_back(m);
+  shape.push_back(n);
+  return TensorType{f16_result ? DType::f16 : DType::f32,
+                    split_k_shape(graph, node, k, std::move(shape))};
 }
 
 // sum_to_f16(x): x [S, d...] in f32 -> the sum over S, rounded to f16, [d...]: the f16 result

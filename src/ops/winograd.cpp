@@ -5,6 +5,10 @@
 // outputs). The im2col pass writes them for 3 x 3 stride-1 convolutions (passes/im2col.cpp),
 // after differentiation, so they take no gradient.
 #include "ops/winograd.hpp"
+
+#include <utility>
+
+#include "ir/half.hpp"
 #include "ir/op_names.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/op_checks.hpp"
@@ -22,6 +26,21 @@ const winograd::Variant& node_variant(const Graph& graph, const Node& node) {
   return winograd::variant(outputs);
 }
 
+// The dtype of a transform's points: f16 with f16_result (of f32 values), else its input's.
+DType result_dtype(const Graph& graph, const Node& node, DType input) {
+  const int64_t f16 = node.attrs.get_int(winograd::kF16ResultAttribute, 0);
+  if (f16 != 0 && f16 != 1) op_error(graph, node, "f16_result must be 0 or 1");
+  if (f16 == 1 && input != DType::f32) op_error(graph, node, "f16_result rounds f32 values");
+  return f16 == 1 ? DType::f16 : input;
+}
+
+// The reference's points as the node stores them: rounded to f16 with f16_result.
+HostTensor stored(const Node& node, HostTensor points) {
+  if (winograd::f16_result(node.attrs))
+    for (double& value : points.data) value = round_to_f16(value);
+  return points;
+}
+
 // [P, C, N * TH * TW] for the tiles of v [N, C, H, W] (attribute tiles), P the variant's
 // points.
 TensorType tiles_type(const Graph& graph, const Node& node) {
@@ -30,7 +49,8 @@ TensorType tiles_type(const Graph& graph, const Node& node) {
   const int64_t points = node_variant(graph, node).points();
   const auto tiles = pair_attr(graph, node, "tiles", 1);
   const TensorType& v = graph.type(node.inputs[0]);
-  return TensorType{v.dtype, {points, v.shape[1], v.shape[0] * tiles[0] * tiles[1]}};
+  return TensorType{result_dtype(graph, node, v.dtype),
+                    {points, v.shape[1], v.shape[0] * tiles[0] * tiles[1]}};
 }
 
 // The reference of both tile ops: point (i, j) of tile t is the sum over the extent x extent
@@ -79,8 +99,9 @@ TensorType filter_type(const Graph& graph, const Node& node) {
     op_error(graph, node, "the filter must be 3 x 3");
   const int64_t transposed = node.attrs.get_int("transposed", 0);
   if (transposed != 0 && transposed != 1) op_error(graph, node, "transposed must be 0 or 1");
-  return TensorType{w.dtype, transposed ? Shape{kF2.points(), w.shape[1], w.shape[0]}
-                                        : Shape{kF2.points(), w.shape[0], w.shape[1]}};
+  return TensorType{result_dtype(graph, node, w.dtype),
+                    transposed ? Shape{kF2.points(), w.shape[1], w.shape[0]}
+                               : Shape{kF2.points(), w.shape[0], w.shape[1]}};
 }
 
 // [N, P, OH, OW] for the 2 x 2 outputs of m [16, P, N * TH * TW]; the tiles must be the
@@ -105,7 +126,8 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // winograd_tiles(x [N, C, H, W]) -> [P, C, N * TH * TW], P = (m + 2)^2: element
   // [(m + 2) i + j, c, t] of tile t = (n * TH + ty) * TW + tx is point (i, j) of B^T d B for the
   // (m + 2) x (m + 2) patch d of x at (m ty - padding, m tx - padding), 0 outside x. attrs:
-  // outputs (m: 2 or 4, default 2), tiles [2] (TH, TW), padding [2] (>= 0, default 0).
+  // outputs (m: 2 or 4, default 2), tiles [2] (TH, TW), padding [2] (>= 0, default 0),
+  // f16_result (1: the points rounded to f16 and stored as f16; default 0).
   registry.push_back(OpDef{
       .name = op::winograd_tiles,
       .infer =
@@ -116,15 +138,15 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const winograd::Variant& f = winograd::variant_of(node.attrs);
-            return transformed_tiles(node, *in[0], f.outputs, f.input);
+            return stored(node, transformed_tiles(node, *in[0], f.outputs, f.input));
           },
       .vjp = no_gradient,
   });
 
   // winograd_grad_tiles(dy [N, O, OH, OW]) -> [P, O, N * TH * TW]: element [(m + 2) i + j, o,
   // t] is point (i, j) of A dY A^T for the m x m block dY of dy at (m ty, m tx), 0 past its
-  // edge. attrs: outputs (m: 2 or 4, default 2), tiles [2] (TH, TW); no padding (the blocks
-  // start at the grad_out's origin).
+  // edge. attrs: outputs (m: 2 or 4, default 2), tiles [2] (TH, TW), f16_result (as
+  // winograd_tiles'); no padding (the blocks start at the grad_out's origin).
   registry.push_back(OpDef{
       .name = op::winograd_grad_tiles,
       .infer =
@@ -136,7 +158,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             const winograd::Variant& f = winograd::variant_of(node.attrs);
-            return transformed_tiles(node, *in[0], f.outputs, f.grad);
+            return stored(node, transformed_tiles(node, *in[0], f.outputs, f.grad));
           },
       .vjp = no_gradient,
   });
@@ -188,7 +210,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // winograd_filter(w [O, C, 3, 3]) -> [16, O, C]: element [4 i + j, o, c] is point (i, j) of
   // G g G^T for g = w[o, c]. With transposed = 1, [16, C, O] of the filter turned by 180
   // degrees: element [4 i + j, c, o] is point (i, j) of G g' G^T, g'[r][q] = w[o, c, 2 - r,
-  // 2 - q] (the data gradient's filter).
+  // 2 - q] (the data gradient's filter). With f16_result = 1 the points are rounded to f16.
   registry.push_back(OpDef{
       .name = op::winograd_filter,
       .infer = filter_type,
@@ -215,7 +237,7 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
                     result.data[(i * kF2.tile() + j) * outs * ins + pair] = sum;
                   }
               }
-            return result;
+            return stored(node, std::move(result));
           },
       .vjp = no_gradient,
   });

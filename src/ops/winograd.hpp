@@ -86,4 +86,12 @@ inline const Variant& variant_of(const Attrs& attrs) {
   return variant(outputs_of(attrs));
 }
 
+// The attribute with which winograd_tiles, winograd_grad_tiles and winograd_filter store their
+// transformed points rounded to f16 (1; absent or 0: in their input's dtype): the operands of a
+// half_matmul in fast precision (passes/workgroup_gemm.cpp).
+inline constexpr const char* kF16ResultAttribute = "f16_result";
+inline bool f16_result(const Attrs& attrs) {
+  return attrs.get_int(kF16ResultAttribute, 0) != 0;
+}
+
 }  // namespace mg::winograd

@@ -1,10 +1,12 @@
 // The workgroup GEMM pass (passes.hpp): a 2-D matmul that suits the workgroup GEMM on the
 // target becomes round_to_f16 of each operand and a half_matmul of the two. The fast GEMMs round
 // their operands to f16 anyway; here the rounding is a launch of its own over each operand,
-// because the workgroup kernel loads its f16 operands straight from memory.
+// because the workgroup kernel loads its f16 operands straight from memory. Winograd's products
+// need no such launch: their operands' transforms store f16 points themselves.
 #include <algorithm>
 
 #include "ir/op_names.hpp"
+#include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -26,16 +28,84 @@ bool takes_workgroup_gemm(const Graph& graph, const Node& node, const target::Ta
                                      target::OperandsIn::f32);
 }
 
+bool is_winograd_points(const Node& node) {
+  return (node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles ||
+          node.op == op::winograd_filter) &&
+         node.type.dtype == DType::f32;
+}
+
+// Whether Winograd's points are stored as f16 on `device`: where its products round their
+// operands to f16 (cooperative matrices with f16 operands), so that the points' rounding
+// changes no product, and the products then read half the bytes (on the workgroup GEMM where
+// a block suits them). MEGANEURA_WINOGRAD_F16=0 keeps them f32.
+bool winograd_points_in_f16(const target::Target& device) {
+  return device.cooperative_matrices() && device.traits().f16_tensors &&
+         !device.traits().bf16_operands && device.switches().winograd_f16.value_or(true);
+}
+
+// The nodes of `graph` that the f16 points rewrite: the matmuls of two Winograd transforms, and
+// the transforms that only such matmuls read (in every graph the im2col pass writes, all of them).
+std::vector<bool> f16_winograd_nodes(const Graph& graph) {
+  const size_t size = graph.size();
+  std::vector<std::vector<ValueId>> readers(size);
+  for (size_t i = 0; i < size; ++i)
+    for (ValueId input : graph.nodes()[i].inputs) readers[input].push_back(static_cast<ValueId>(i));
+  // A program's results and updates keep their dtype.
+  std::vector<bool> kept(size, false);
+  for (const auto& [name, value] : graph.outputs()) kept[value] = true;
+  for (const auto& [leaf, value] : graph.updates()) kept[value] = true;
+  std::vector<bool> chosen(size, false);
+  for (size_t i = 0; i < size; ++i) {
+    const Node& node = graph.nodes()[i];
+    if (is_winograd_points(node))
+      chosen[i] = !readers[i].empty() && !kept[i];
+    else if (node.op == op::matmul && !node.attrs.has("k_splits"))
+      chosen[i] = std::all_of(node.inputs.begin(), node.inputs.end(),
+                              [&](ValueId input) { return is_winograd_points(graph.node(input)); });
+  }
+  // A product keeps f16 operands only if both are; a transform stores f16 only if every reader
+  // is such a product. Dropping one may drop others, until nothing changes.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < size; ++i) {
+      if (!chosen[i]) continue;
+      const Node& node = graph.nodes()[i];
+      const bool keeps =
+          is_winograd_points(node)
+              ? std::all_of(readers[i].begin(), readers[i].end(),
+                            [&](ValueId reader) { return static_cast<bool>(chosen[reader]); })
+              : std::all_of(node.inputs.begin(), node.inputs.end(),
+                            [&](ValueId input) { return static_cast<bool>(chosen[input]); });
+      if (!keeps) {
+        chosen[i] = false;
+        changed = true;
+      }
+    }
+  }
+  return chosen;
+}
+
 }  // namespace
 
 Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
-  if (std::none_of(graph.nodes().begin(), graph.nodes().end(),
+  std::vector<bool> f16_winograd =
+      winograd_points_in_f16(device) ? f16_winograd_nodes(graph) : std::vector<bool>();
+  const bool any_winograd =
+      std::find(f16_winograd.begin(), f16_winograd.end(), true) != f16_winograd.end();
+  if (!any_winograd &&
+      std::none_of(graph.nodes().begin(), graph.nodes().end(),
                    [&](const Node& node) { return takes_workgroup_gemm(graph, node, device); }))
     return unchanged(std::move(graph), remap);
+  f16_winograd.resize(graph.size(), false);
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
-      [&device](Graph& target, ValueId, Node node) {
+      [&device, &f16_winograd](Graph& target, ValueId old_id, Node node) {
+        if (f16_winograd[old_id]) {
+          if (node.op == op::matmul) return target.add(op::half_matmul, node.inputs, node.attrs);
+          node.attrs.set(winograd::kF16ResultAttribute, int64_t{1});
+          return target.add(node.op, node.inputs, node.attrs);
+        }
         if (!takes_workgroup_gemm(target, node, device)) return target.add_typed(std::move(node));
         const ValueId a_half = target.add(op::round_to_f16, {node.inputs[0]});
         const ValueId b_half = target.add(op::round_to_f16, {node.inputs[1]});

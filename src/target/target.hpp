@@ -48,7 +48,8 @@ class Target {
 
   // Whether an M x N x K product (2-D, whole K) runs on the workgroup-scope f16 GEMM.
   virtual bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, OperandsIn operands) const = 0;
-  // Whether the 2-D product `node` of `graph` (a matmul or half_matmul) of f16 operands does.
+  // Whether the product `node` of `graph` (a matmul or half_matmul, 2-D or batched) of f16
+  // operands does.
   virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
   // Whether `batch` per-image products [M, K] x [K, plane] run faster as one M x K x (batch
   // plane) product over the images side by side, moved there and back (passes/im2col.cpp, 1x1

@@ -1338,6 +1338,59 @@ TEST_F(CoopMatrixLowering, WinogradTileProductsRunOnCoopMatrices) {
   EXPECT_EQ(tile_transforms, 1u);
 }
 
+// Winograd's f16 points in fast precision (256 channels at 16 x 16, batch 8): the transforms
+// that write them (x's tiles, grad_out's blocks, the filter) and both batched products on the
+// workgroup GEMM, one workgroup z a point, compile to valid SPIR-V with workgroup-scope
+// matrices: the forward's A the point's 256 x 256 filter and B its 256 x 512 tiles, the weight
+// gradient's A grad_out's 256 x 512 blocks and B x's tiles read transposed (each operand a whole
+// matrix on from the last point's); no launch rounds an operand.
+TEST_F(CoopMatrixLowering, WinogradF16PointsCompile) {
+  target::DeviceTraits device = coop_device();
+  device.workgroup_coop_matrix_f16 = true;
+  device.compute_units = 1;
+  Graph graph;
+  const Tensor x = input(graph, "x", {8, 256, 16, 16});
+  const Tensor w = input(graph, "w", {256, 256, 3, 3});
+  const Tensor seed = input(graph, "seed", {8, 256, 16, 16});
+  const Tensor y = conv2d(x, w, std::nullopt, {.padding = {1, 1}});
+  graph.set_output("y", y.id());
+  graph.set_output("dw", gradients(graph, y.id(), {w.id()}, seed.id()).at(w.id()));
+  const vulkan::VulkanTarget target(testing::switched(device));
+  const Graph rewritten = passes::workgroup_gemm(
+      passes::im2col_convolutions(passes::eliminate_dead_code(graph), target, uint64_t{1} << 30),
+      target);
+  std::map<std::string, int> kernels_seen;
+  std::set<std::array<std::string, 4>> strides;  // A, B, C, B transposed
+  for (size_t i = 0; i < rewritten.size(); ++i) {
+    if (rewritten.nodes()[i].is_leaf()) continue;
+    for (const kernels::Launch& launch :
+         kernels::lower_node(rewritten, static_cast<ValueId>(i), testing::switched(device))) {
+      SCOPED_TRACE(launch.label);
+      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(rewritten, launch));
+      ++kernels_seen[launch.kernel];
+      if (launch.kernel.rfind("winograd_", 0) == 0 && launch.kernel != "winograd_output" &&
+          launch.kernel != "winograd_weight_grad") {
+        EXPECT_TRUE(launch.f16_operands);
+      }
+      if (launch.kernel != "gemm_workgroup_coopmat") continue;
+      EXPECT_EQ(launch.groups[2], 16u);
+      strides.insert({define_of(launch, "A_BATCH_STRIDE"), define_of(launch, "B_BATCH_STRIDE"),
+                      define_of(launch, "C_BATCH_STRIDE"), define_of(launch, "B_TRANSPOSED")});
+      const KhrMatrixUse use = khr_matrix_use(gpu::detail::nv_to_khr_cooperative_matrix(nv));
+      constexpr uint32_t kWorkgroup = 2;  // scope
+      EXPECT_EQ(use.types, (std::set<MatrixType>{{16, kWorkgroup, 128, 64, 0},
+                                                 {16, kWorkgroup, 64, 256, 1},
+                                                 {32, kWorkgroup, 128, 256, 2}}));
+    }
+  }
+  EXPECT_EQ(strides, (std::set<std::array<std::string, 4>>{{"65536u", "131072u", "131072u", "0"},
+                                                           {"131072u", "131072u", "65536u", "1"}}));
+  EXPECT_EQ(kernels_seen["winograd_tiles"], 2);  // the forward's and the weight gradient's
+  EXPECT_EQ(kernels_seen["winograd_grad_tiles"], 1);
+  EXPECT_EQ(kernels_seen["winograd_filter"], 1);
+  EXPECT_EQ(kernels_seen["round_to_f16"], 0);
+}
+
 // Every GEMM form (scalar loads over ragged edges with A or B read column-major, vector loads for
 // each operand layout, the three convolution GEMMs, split-K partials) in the shapes that the
 // lowering picks and the ones worth sweeping with MEGANEURA_COOP_BLOCK compiles to valid NV
@@ -1797,6 +1850,43 @@ TEST_F(GpuCoopMatrix, WorkgroupGemmOfF16Tensors) {
   if (!device_has_workgroup_coop_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
   check_workgroup_products(DType::f16, 1e-3, 1, 60);
+}
+
+// Winograd in fast precision stores its transformed points as f16 (MEGANEURA_WINOGRAD_F16), and
+// its batched point products read them as they are: the forward's (256 output channels, the
+// 256 x 128 block split into rows where the device has tensor-layout loads) and the data
+// gradient's (128 input channels, the 128 x 256 block) on the workgroup GEMM, forced below its
+// size rule, one workgroup z a point; no operand rounded by a launch of its own. The output and
+// both gradients within the fast tolerance of the f64 reference, which rounds nothing.
+TEST_F(GpuCoopMatrix, WinogradPointsInF16OnTheBatchedWorkgroupGemm) {
+  if (!device_has_workgroup_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
+  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  std::string dispatch_list;
+  check_on_gpu(
+      {{"x", {2, 128, 32, 32}}, {"w", {256, 128, 3, 3}}, {"seed", {2, 256, 32, 32}}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
+                              {in[0], in[1]});
+      },
+      kFastTolerance, 81, fast(), nullptr, false, &dispatch_list);
+  size_t workgroup_products = 0, point_transforms = 0, roundings = 0;
+  for (size_t start = 0; start < dispatch_list.size();) {
+    size_t end = dispatch_list.find('\n', start);
+    if (end == std::string::npos) end = dispatch_list.size();
+    const std::string line = dispatch_list.substr(start, end - start);
+    workgroup_products += line.find("gemm_workgroup_coopmat") != std::string::npos &&
+                          line.find("half_matmul") != std::string::npos;
+    point_transforms += line.find("winograd_tiles") != std::string::npos ||
+                        line.find("winograd_filter") != std::string::npos;
+    roundings += line.find("round_to_f16") != std::string::npos;
+    start = end + 1;
+  }
+  EXPECT_GE(workgroup_products, 2u) << dispatch_list;
+  EXPECT_GE(point_transforms, 3u) << dispatch_list;
+  EXPECT_EQ(roundings, 0u) << dispatch_list;
 }
 
 // Products of f16 tensors into f16 results that the workgroup GEMM does not take (below its

@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <array>
 #include <random>
+#include <tuple>
 
 #include "gradient_check.hpp"
+#include "ir/half.hpp"
 #include "op_expectations.hpp"
 
 namespace mg {
@@ -504,6 +506,55 @@ TEST(Conv, WinogradForwardTransformsByHand) {
   EXPECT_EQ(values.at(turned.id()).data[0 * 2 + 1], g[17]);
   EXPECT_EQ(values.at(turned.id()).data[15 * 2 + 0], g[0]);
   EXPECT_EQ(values.at(image.id()).data, (std::vector<double>{1, -1, 0, 1, -1, 0, 0, 0, 2}));
+}
+
+// With f16_result each transform stores its points rounded to f16 as f16: the points of x's
+// tiles, grad_out's blocks and the filter are those of the plain transforms, each rounded to
+// f16's nearest value (taps of thirds, whose points f16 cannot hold exactly).
+TEST(Conv, WinogradPointsRoundedToF16) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {1, 2, 4, 4});
+  const Tensor w = input(graph, "w", {2, 2, 3, 3});
+  const Attrs tiled{{"tiles", std::vector<int64_t>{2, 2}}};
+  Attrs padded = tiled;
+  padded.set("padding", std::vector<int64_t>{1, 1});
+  const auto rounded = [](Attrs attrs) {
+    attrs.set("f16_result", int64_t{1});
+    return attrs;
+  };
+  const std::vector<std::tuple<std::string, ValueId, Attrs>> transforms = {
+      {"winograd_tiles", x.id(), padded},
+      {"winograd_grad_tiles", x.id(), tiled},
+      {"winograd_filter", w.id(), Attrs{}}};
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  for (const auto& [op, source, attrs] : transforms) {
+    pairs.emplace_back(raw(graph, op, {source}, attrs), raw(graph, op, {source}, rounded(attrs)));
+    EXPECT_EQ(pairs.back().first.dtype(), DType::f32) << op;
+    EXPECT_EQ(pairs.back().second.dtype(), DType::f16) << op;
+  }
+  Environment environment;
+  for (const auto& [name, shape] : {std::pair{"x", Shape{1, 2, 4, 4}}, {"w", Shape{2, 2, 3, 3}}}) {
+    HostTensor value(shape);
+    for (size_t i = 0; i < value.data.size(); ++i) value.data[i] = (static_cast<double>(i) - 7) / 3;
+    environment.leaves[name] = value;
+  }
+  const auto values = evaluate(graph, environment);
+  for (const auto& [plain, f16] : pairs) {
+    size_t inexact = 0;
+    for (size_t i = 0; i < values[plain.id()].data.size(); ++i) {
+      const double point = values[plain.id()].data[i];
+      EXPECT_EQ(values[f16.id()].data[i], round_to_f16(point));
+      inexact += round_to_f16(point) != point;
+    }
+    EXPECT_GT(inexact, 0u);
+  }
+  const Tensor f16_x = input(graph, "f16_x", {1, 2, 4, 4}, DType::f16);
+  expect_error([&] { raw(graph, "winograd_tiles", {f16_x.id()}, rounded(padded)); },
+               {"winograd_tiles", "f16_result rounds f32 values"});
+  Attrs two = tiled;
+  two.set("f16_result", int64_t{2});
+  expect_error([&] { raw(graph, "winograd_grad_tiles", {x.id()}, two); },
+               {"winograd_grad_tiles", "f16_result must be 0 or 1"});
 }
 
 TEST(Conv, WinogradMisuse) {

@@ -244,12 +244,19 @@ TEST(HalfGemm, Misuse) {
         raw(graph, "half_matmul", {h.id(), g.id()});
       },
       {"half_matmul", "inner dimensions differ (3 vs 4)"});
-  const Tensor batch = input(graph, "batch", {2, 3, 2}, DType::f16);
+  const Tensor row = input(graph, "row", {3}, DType::f16);
   expect_error(
       [&] {
-        raw(graph, "half_matmul", {batch.id(), batch.id()});
+        raw(graph, "half_matmul", {row.id(), g.id()});
       },
-      {"half_matmul", "rank 2"});
+      {"half_matmul", "rank >= 2"});
+  const Tensor two = input(graph, "two", {2, 3, 4}, DType::f16);
+  const Tensor three = input(graph, "three", {3, 4, 2}, DType::f16);
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {two.id(), three.id()});
+      },
+      {"half_matmul", "[2] and [3] do not broadcast"});
   const Tensor rounded = raw(graph, "round_to_f16", {a.id()});
   expect_error(
       [&] {
@@ -287,6 +294,44 @@ TEST(HalfGemm, F16ResultIsTheRoundedProduct) {
       EXPECT_EQ(values[widened.id()].data[i * 2 + j], round_to_f16(exact)) << i << ", " << j;
     }
   }
+}
+
+// Batched operands multiply entry by entry, and a rank-2 operand serves every entry, as matmul's
+// batches do (Winograd's 16 point products, passes/workgroup_gemm.cpp): [2, 2, 3] x [3, 2] and
+// [2, 2, 3] x [2, 3, 2] against the sums written out.
+TEST(HalfGemm, BatchedOperandsMultiplyEntryByEntry) {
+  Graph graph;
+  Environment environment;
+  std::mt19937_64 generator(23);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const auto leaf = [&](const std::string& name, const Shape& shape) {
+    HostTensor value(shape);
+    for (double& element : value.data) element = round_to_f16(uniform(generator));
+    environment.leaves[name] = value;
+    return input(graph, name, shape, DType::f16);
+  };
+  const Tensor a = leaf("a", {2, 2, 3});
+  const Tensor shared = leaf("shared", {3, 2});
+  const Tensor batched = leaf("batched", {2, 3, 2});
+  const Tensor by_shared = raw(graph, "half_matmul", {a.id(), shared.id()});
+  const Tensor by_batched = raw(graph, "half_matmul", {a.id(), batched.id()});
+  EXPECT_EQ(by_shared.shape(), (Shape{2, 2, 2}));
+  EXPECT_EQ(by_batched.dtype(), DType::f32);
+  const std::vector<HostTensor> values = evaluate(graph, environment);
+  const HostTensor& av = environment.leaves["a"];
+  const HostTensor& sv = environment.leaves["shared"];
+  const HostTensor& bv = environment.leaves["batched"];
+  for (int z = 0; z < 2; ++z)
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) {
+        double with_shared = 0, with_batched = 0;
+        for (int k = 0; k < 3; ++k) {
+          with_shared += av.data[(z * 2 + i) * 3 + k] * sv.data[k * 2 + j];
+          with_batched += av.data[(z * 2 + i) * 3 + k] * bv.data[(z * 3 + k) * 2 + j];
+        }
+        EXPECT_NEAR(values[by_shared.id()].data[(z * 2 + i) * 2 + j], with_shared, 1e-12);
+        EXPECT_NEAR(values[by_batched.id()].data[(z * 2 + i) * 2 + j], with_batched, 1e-12);
+      }
 }
 
 // sum_to_f16 sums f32 partial results over their leading axis and rounds the sum (not each

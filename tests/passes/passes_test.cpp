@@ -1128,6 +1128,80 @@ TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
   expect_same_outputs(graph, rewritten, environment);
 }
 
+// Where products round their operands to f16 (fast precision, f16 operands), Winograd's
+// transforms store their points in f16 (f16_result) and its three batched products multiply them
+// as they are (half_matmul; no rounding launch): on the f64 reference the output and both
+// gradients then differ from the convolution's by the points' rounding alone (not at all would
+// mean nothing was rounded; more than f16's step times the few products summed would mean
+// something else changed). MEGANEURA_WINOGRAD_F16=0, strict precision and bfloat16 operands
+// (whose range f16 points would lose) keep the points f32 and the values exact.
+TEST(Passes, WinogradPointsAreF16WhereProductsRoundToF16) {
+  Graph graph;
+  Environment environment;
+  const auto [x, w, y, cotangent] =
+      random_conv(graph, environment, 64, {2, 8, 6, 6}, {4, 8, 3, 3}, {.padding = {1, 1}});
+  graph.set_output("y", y.id());
+  const std::map<ValueId, ValueId> grads =
+      gradients(graph, sum_all(y * cotangent).id(), {x.id(), w.id()});
+  graph.set_output("dx", grads.at(x.id()));
+  graph.set_output("dw", grads.at(w.id()));
+  graph = passes::eliminate_dead_code(graph);
+  const auto rewritten = [&graph](const std::map<std::string, std::string, std::less<>>& extra,
+                                  bool fast, bool bf16) {
+    std::map<std::string, std::string, std::less<>> switches = {
+        {"MEGANEURA_WINOGRAD_CONV", "1"}, {"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"}};
+    switches.insert(extra.begin(), extra.end());
+    target::DeviceTraits device = fast_h200_like();
+    device.switches = Switches::from_environment(switches);
+    device.f16_tensors = true;
+    device.fast_precision = fast;
+    device.bf16_operands = bf16;
+    device.coop_matrix_bf16_khr = bf16;
+    const vulkan::VulkanTarget target(device);
+    return passes::workgroup_gemm(passes::im2col_convolutions(graph, target, uint64_t{1} << 30),
+                                  target);
+  };
+  const Graph f16_points = rewritten({}, true, false);
+  EXPECT_EQ(count_op(f16_points, "half_matmul"), 3u);
+  EXPECT_EQ(count_op(f16_points, "matmul"), 0u);
+  EXPECT_EQ(count_op(f16_points, "round_to_f16"), 0u);
+  size_t transforms = 0;
+  for (const Node& node : f16_points.nodes()) {
+    if (node.op != "winograd_tiles" && node.op != "winograd_grad_tiles" &&
+        node.op != "winograd_filter")
+      continue;
+    ++transforms;
+    EXPECT_EQ(node.type.dtype, DType::f16) << node.op;
+  }
+  // Each product's two: the forward's filter and x's tiles, the data gradient's turned filter
+  // and grad_out's padded tiles, the weight gradient's grad_out blocks and x's tiles again
+  // (merged with the forward's by CSE, which these passes alone do not run).
+  EXPECT_EQ(transforms, 6u);
+  const std::vector<HostTensor> exact = evaluate(graph, environment);
+  const std::vector<HostTensor> rounded = evaluate(f16_points, environment);
+  for (const std::string name : {"y", "dx", "dw"}) {
+    const HostTensor& wanted = exact[graph.output(name)];
+    const HostTensor& got = rounded[f16_points.output(name)];
+    double largest = 0, difference = 0;
+    for (int64_t i = 0; i < wanted.elements(); ++i) {
+      largest = std::max(largest, std::abs(wanted.data[i]));
+      difference = std::max(difference, std::abs(wanted.data[i] - got.data[i]));
+    }
+    EXPECT_GT(difference, 0.0) << name;
+    EXPECT_LT(difference, 3e-3 * largest) << name;
+  }
+  for (const auto& [label, kept] :
+       {std::pair{"MEGANEURA_WINOGRAD_F16=0",
+                  rewritten({{"MEGANEURA_WINOGRAD_F16", "0"}}, true, false)},
+        std::pair{"strict", rewritten({}, false, false)},
+        std::pair{"bf16", rewritten({}, true, true)}}) {
+    SCOPED_TRACE(label);
+    EXPECT_EQ(count_op(kept, "half_matmul"), 0u);
+    EXPECT_EQ(count_op(kept, "winograd_filter"), 2u);
+    expect_same_outputs(graph, kept, environment);
+  }
+}
+
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
 // each variant ("masked": scale 0.7 and the mask; "plain"; "causal") as an output under its
 // name, with the gradients of sum(y * seed) with respect to q, k and v.

@@ -28,6 +28,10 @@ void emit_columns_launch(LoweringContext& context, const std::string& kernel, st
   launch.body = std::move(body);
   launch.operands = {{names[0], context.node().inputs[0], false}, {names[1], context.id(), true}};
   launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
+  if (context.node().type.dtype == DType::f16) {
+    require_f16_tensors(context.label(), "writes", context.device());
+    launch.f16_operands = true;
+  }
   context.emit(std::move(launch));
 }
 

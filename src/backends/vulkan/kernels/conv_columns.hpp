@@ -15,7 +15,7 @@ constexpr uint32_t kColumnsLocalSize = 256;
 std::string columns_main(int64_t count);
 
 // Emits `kernel` (`body`, `count` invocations) reading the node's input as names[0] and writing
-// its result as names[1].
+// its result as names[1]; f16 operands where its result is f16.
 void emit_columns_launch(LoweringContext& context, const std::string& kernel, std::string body,
                          const std::array<std::string, 2>& names, int64_t count);
 

@@ -71,6 +71,12 @@ std::string tile_transform_glsl(const winograd::Matrix& transform,
   return text;
 }
 
+// A transformed point `value` (an f32 expression) as a value of `dtype` to store: rounded to f16
+// (to nearest even) where the points are f16 (ops/winograd.hpp, f16_result).
+std::string stored_point(DType dtype, const std::string& value) {
+  return dtype == DType::f16 ? "float16_t(" + value + ")" : value;
+}
+
 // The name of flat point `point` (i * side + j) of a transformed side x side tile.
 std::string tile_point(const std::string& prefix, int64_t point, int64_t side) {
   return point_name(prefix, static_cast<size_t>(point / side), static_cast<size_t>(point % side));
@@ -116,8 +122,8 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
   }
   body += tile_transform_glsl(transform, named("d"));
   for (int64_t point = 0; point < f.points(); ++point)
-    body += "  " + target + "[i + " + u(point * count) + "] = " + tile_point("e", point, f.tile()) +
-            ";\n";
+    body += "  " + target + "[i + " + u(point * count) +
+            "] = " + stored_point(graph.type(id).dtype, tile_point("e", point, f.tile())) + ";\n";
   return body;
 }
 
@@ -193,7 +199,9 @@ void lower_winograd_filter(LoweringContext& context) {
   constexpr const winograd::Variant& f = winograd::kF2;
   body += tile_transform_glsl(f.filter, named("g"));
   for (int64_t point = 0; point < f.points(); ++point)
-    body += "  points[i + " + u(point * pairs) + "] = " + tile_point("e", point, f.tile()) + ";\n";
+    body += "  points[i + " + u(point * pairs) +
+            "] = " + stored_point(context.node().type.dtype, tile_point("e", point, f.tile())) +
+            ";\n";
   emit_columns_launch(context, "winograd_filter", body + "}\n", {"weights", "points"}, pairs);
 }
 
@@ -237,7 +245,8 @@ bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId compa
   // would in a launch of its own.
   for (size_t i = companion + 1; i < graph.size(); ++i) {
     const Node& reader = graph.nodes()[i];
-    if (reader.op == op::matmul && reader.inputs == std::vector<ValueId>{companion, producer})
+    if ((reader.op == op::matmul || reader.op == op::half_matmul) &&
+        reader.inputs == std::vector<ValueId>{companion, producer})
       return true;
   }
   return false;
@@ -260,6 +269,10 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
                      {"tiles", producer, true},
                      {"grad_tiles", companion, true}};
   launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, device);
+  if (graph.type(producer).dtype == DType::f16 || graph.type(companion).dtype == DType::f16) {
+    require_f16_tensors(launch.label, "writes", device);
+    launch.f16_operands = true;
+  }
   context.emit(std::move(launch));
   return std::move(context.launches());
 }

@@ -7,6 +7,8 @@
 // ODD_STEPS: GEMM_K / BLOCK_K is odd, so one step follows the loop. Two steps a loop iteration
 // and every matrix local to main: a matrix in a global variable or behind a function call ran
 // much slower.
+// Workgroup z multiplies batch entry z: its matrices start A_BATCH_STRIDE, B_BATCH_STRIDE and
+// C_BATCH_STRIDE elements after the previous entry's (0: an operand shared by every entry).
 // SPLIT_ROWS: the block is held as two BLOCK_M / 2 x BLOCK_N accumulators, one above the other,
 // each multiplied by its half of A and the same B; the kernel is then built with tensor-layout
 // loads (Launch::tensor_loads), without which that form ran slower.
@@ -15,21 +17,21 @@
 layout(local_size_x = 256) in;
 
 #if A_TRANSPOSED
-#define LOAD_A(matrix, k, row) coopMatLoadNV(matrix, a, (k)*GEMM_M + (row), GEMM_M, true)
+#define LOAD_A(matrix, k, row) coopMatLoadNV(matrix, a, a_base + (k)*GEMM_M + (row), GEMM_M, true)
 #else
-#define LOAD_A(matrix, k, row) coopMatLoadNV(matrix, a, (row)*GEMM_K + (k), GEMM_K, false)
+#define LOAD_A(matrix, k, row) coopMatLoadNV(matrix, a, a_base + (row)*GEMM_K + (k), GEMM_K, false)
 #endif
 #if B_TRANSPOSED
-#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, col0* GEMM_K + (k), GEMM_K, true)
+#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, b_base + col0 * GEMM_K + (k), GEMM_K, true)
 #else
-#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, (k)*GEMM_N + col0, GEMM_N, false)
+#define LOAD_B(matrix, k) coopMatLoadNV(matrix, b, b_base + (k)*GEMM_N + col0, GEMM_N, false)
 #endif
 #if F16_RESULT
 #define STORE_C(matrix, rows, row)                                                    \
   coopMatStoreNV(fcoopmatNV<16, gl_ScopeWorkgroup, rows, BLOCK_N>(matrix), c,         \
-                 (row)*GEMM_N + col0, GEMM_N, false)
+                 c_base + (row)*GEMM_N + col0, GEMM_N, false)
 #else
-#define STORE_C(matrix, rows, row) coopMatStoreNV(matrix, c, (row)*GEMM_N + col0, GEMM_N, false)
+#define STORE_C(matrix, rows, row) coopMatStoreNV(matrix, c, c_base + (row)*GEMM_N + col0, GEMM_N, false)
 #endif
 
 #if SPLIT_ROWS
@@ -58,6 +60,8 @@ layout(local_size_x = 256) in;
 
 void main() {
   const uint row0 = gl_WorkGroupID.y * BLOCK_M, col0 = gl_WorkGroupID.x * BLOCK_N;
+  const uint a_base = gl_WorkGroupID.z * A_BATCH_STRIDE, b_base = gl_WorkGroupID.z * B_BATCH_STRIDE,
+             c_base = gl_WorkGroupID.z * C_BATCH_STRIDE;
 #if SPLIT_ROWS
   fcoopmatNV<32, gl_ScopeWorkgroup, HALF_M, BLOCK_N> acc_top =
       fcoopmatNV<32, gl_ScopeWorkgroup, HALF_M, BLOCK_N>(0.0);

@@ -50,12 +50,40 @@ void lower_f16_conversion(LoweringContext& context) {
   context.emit(std::move(launch));
 }
 
+// A half_matmul's extents, and whether each operand has a matrix of its own for every batch
+// entry (else it is one matrix that every entry shares, or broadcast along some batch axes only).
+struct HalfProduct {
+  struct {
+    int64_t m = 0, n = 0, k = 0, batches = 1;
+  } extents;
+  bool a_batched = false, b_batched = false, a_shared = true, b_shared = true;
+};
+
+HalfProduct half_product(const Graph& graph, const Node& node) {
+  const Shape& a = graph.type(node.inputs[0]).shape;
+  const Shape& b = graph.type(node.inputs[1]).shape;
+  const Shape& c = node.type.shape;
+  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  const Shape batch(c.begin(), c.end() - 2);
+  const auto batched = [&batch](const Shape& operand) {
+    return operand.size() > 2 && Shape(operand.begin(), operand.end() - 2) == batch;
+  };
+  HalfProduct product;
+  product.extents = {a[a.size() - (transpose_a ? 1 : 2)], c.back(),
+                     a[a.size() - (transpose_a ? 2 : 1)], element_count(batch)};
+  product.a_batched = batched(a);
+  product.b_batched = batched(b);
+  product.a_shared = element_count(Shape(a.begin(), a.end() - 2)) == 1;
+  product.b_shared = element_count(Shape(b.begin(), b.end() - 2)) == 1;
+  return product;
+}
+
 void lower_half_matmul(LoweringContext& context) {
   const Node& node = context.node();
   const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
-  const Shape& a = context.input_type(0).shape;
-  const int64_t m = a[transpose_a ? 1 : 0], n = node.type.shape.back(), k = a[transpose_a ? 0 : 1];
+  const HalfProduct product = half_product(context.graph(), node);
+  const auto [m, n, k, batches] = product.extents;
   if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
     if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
     throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
@@ -80,14 +108,17 @@ void lower_half_matmul(LoweringContext& context) {
                     {"B_TRANSPOSED", transpose_b ? "1" : "0"},
                     {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
                     {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
-                    {"SPLIT_ROWS", block.split_rows ? "1" : "0"}};
+                    {"SPLIT_ROWS", block.split_rows ? "1" : "0"},
+                    {"A_BATCH_STRIDE", glsl_uint(product.a_batched ? m * k : 0)},
+                    {"B_BATCH_STRIDE", glsl_uint(product.b_batched ? k * n : 0)},
+                    {"C_BATCH_STRIDE", glsl_uint(m * n)}};
   launch.operands = {
       {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
   launch.f16_operands = true;
   // Workgroup scope is a KHR matrix property: the NV extension has only subgroups.
   launch.khr_cooperative_matrix = true;
   launch.tensor_loads = block.split_rows;
-  launch.groups = tiled_grid(launch.label, n, block.n, m, block.m, 1, context.device());
+  launch.groups = tiled_grid(launch.label, n, block.n, m, block.m, batches, context.device());
   context.emit(std::move(launch));
 }
 
@@ -109,14 +140,14 @@ std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
 }
 
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
-                          OperandsIn operands) {
+                          OperandsIn operands, int64_t batches) {
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
   // Its operands are f16 in memory: rounding f32 ones there would lose bfloat16's range.
   if (device.bf16_operands && operands != OperandsIn::f16) return false;
   const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
   if (!block || k % kWorkgroupGemmBlockK != 0) return false;
   if (const std::optional<bool> forced = device.switches.workgroup_gemm) return *forced;
-  const int64_t blocks = (m / block->m) * (n / block->n);
+  const int64_t blocks = (m / block->m) * (n / block->n) * batches;
   if (blocks < device.compute_units) return false;
   return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);
 }
@@ -124,10 +155,18 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device) {
   if (node.attrs.has("k_splits")) return false;
-  const Shape& a = graph.type(node.inputs[0]).shape;
-  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
-  return workgroup_gemm_suits(a[transpose_a ? 1 : 0], node.type.shape.back(),
-                              a[transpose_a ? 0 : 1], device, OperandsIn::f16);
+  const HalfProduct product = half_product(graph, node);
+  const auto [m, n, k, batches] = product.extents;
+  // Each operand a matrix an entry or one for all: the kernel offsets whole matrices by the
+  // entry. Its offsets are 32-bit.
+  if (!(product.a_batched || product.a_shared) || !(product.b_batched || product.b_shared) ||
+      batches > static_cast<int64_t>(device.max_workgroup_count_x))
+    return false;
+  constexpr int64_t kOffsetLimit = int64_t{1} << 32;
+  if (m * n * batches >= kOffsetLimit || m * k * batches >= kOffsetLimit ||
+      k * n * batches >= kOffsetLimit)
+    return false;
+  return workgroup_gemm_suits(m, n, k, device, OperandsIn::f16, batches);
 }
 
 bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,

@@ -35,19 +35,21 @@ using target::OperandsIn;
 // Whether an M x N x K product (2-D, no split) runs on the workgroup GEMM on `device`: the coop
 // GEMM is on (use_coop_gemm), the device has workgroup-scope f16 matrices
 // (DeviceTraits::workgroup_coop_matrix_f16), a block fits M and N (workgroup_gemm_block), K is
-// a multiple of 64, and the blocks fill every compute unit once; for f32 operands also M N >= 512
-// (M + N), so that the product outweighs the roundings of its operands (gemm_workgroup.cpp), which
-// large products then run far faster than on the subgroup-scope kernel.
+// a multiple of 64, and the blocks of all `batches` entries fill every compute unit once; for
+// f32 operands also M N >= 512 (M + N), so that the product outweighs the roundings of its
+// operands (gemm_workgroup.cpp), which large products then run far faster than on the
+// subgroup-scope kernel.
 // MEGANEURA_WORKGROUP_GEMM=0 turns it off, =1 drops the
 // size bounds (the extents must still be multiples of the block); anything else is an error naming
 // it.
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
-                          OperandsIn operands);
+                          OperandsIn operands, int64_t batches = 1);
 
-// Whether the 2-D product `node` of `graph` (a matmul or half_matmul, a transposed when its
+// Whether the product `node` of `graph` (a matmul or half_matmul, a transposed when its
 // transpose_a says) of f16 operands runs on the workgroup GEMM on `device`: never once split
-// over K (k_splits), else by workgroup_gemm_suits for f16 operands. The f16 storage pass, split-K
-// and half_matmul's lowering ask it of the same product.
+// over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
+// all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands. The f16
+// storage pass, split-K and half_matmul's lowering ask it of the same product.
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 
