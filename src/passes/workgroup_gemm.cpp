@@ -88,15 +88,15 @@ std::vector<bool> f16_winograd_nodes(const Graph& graph) {
 }  // namespace
 
 Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
-  std::vector<bool> f16_winograd =
-      winograd_points_in_f16(device) ? f16_winograd_nodes(graph) : std::vector<bool>();
+  const std::vector<bool> f16_winograd = winograd_points_in_f16(device)
+                                             ? f16_winograd_nodes(graph)
+                                             : std::vector<bool>(graph.size(), false);
   const bool any_winograd =
       std::find(f16_winograd.begin(), f16_winograd.end(), true) != f16_winograd.end();
   if (!any_winograd &&
       std::none_of(graph.nodes().begin(), graph.nodes().end(),
                    [&](const Node& node) { return takes_workgroup_gemm(graph, node, device); }))
     return unchanged(std::move(graph), remap);
-  f16_winograd.resize(graph.size(), false);
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,

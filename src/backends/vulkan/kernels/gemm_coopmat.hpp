@@ -36,6 +36,15 @@ bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& devic
 // through KHR.
 bool coop_wants_khr(const DeviceTraits& device);
 
+// A matmul's or half_matmul's extents: C[m, n] over k for `batches` entries (`batch_shape`, the
+// output's leading axes) of `splits` K slices each (split: k_splits, ops/k_split.hpp).
+struct MatmulShape {
+  int64_t m = 0, n = 0, k = 0, splits = 1, batches = 1;
+  bool split = false, transpose_a = false, transpose_b = false;
+  Shape batch_shape;
+};
+MatmulShape matmul_shape(const Graph& graph, const Node& node);
+
 // A half_matmul (ops/half_gemm.hpp) on gemm_coopmat.comp (gemm.cpp): its f16 operands read as
 // f16, its result stored as f16 where it is f16; products the workgroup GEMM does not take.
 void emit_half_matmul_on_subgroups(LoweringContext& context);

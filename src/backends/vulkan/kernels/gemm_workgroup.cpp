@@ -3,6 +3,7 @@
 // (passes/f16_storage.cpp).
 #include "backends/vulkan/kernels/gemm_workgroup.hpp"
 
+#include <optional>
 #include <string>
 
 #include "backends/vulkan/kernels/gemm_coopmat.hpp"
@@ -50,40 +51,22 @@ void lower_f16_conversion(LoweringContext& context) {
   context.emit(std::move(launch));
 }
 
-// A half_matmul's extents, and whether each operand has a matrix of its own for every batch
-// entry (else it is one matrix that every entry shares, or broadcast along some batch axes only).
-struct HalfProduct {
-  struct {
-    int64_t m = 0, n = 0, k = 0, batches = 1;
-  } extents;
-  bool a_batched = false, b_batched = false, a_shared = true, b_shared = true;
-};
-
-HalfProduct half_product(const Graph& graph, const Node& node) {
-  const Shape& a = graph.type(node.inputs[0]).shape;
-  const Shape& b = graph.type(node.inputs[1]).shape;
-  const Shape& c = node.type.shape;
-  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
-  const Shape batch(c.begin(), c.end() - 2);
-  const auto batched = [&batch](const Shape& operand) {
-    return operand.size() > 2 && Shape(operand.begin(), operand.end() - 2) == batch;
-  };
-  HalfProduct product;
-  product.extents = {a[a.size() - (transpose_a ? 1 : 2)], c.back(),
-                     a[a.size() - (transpose_a ? 2 : 1)], element_count(batch)};
-  product.a_batched = batched(a);
-  product.b_batched = batched(b);
-  product.a_shared = element_count(Shape(a.begin(), a.end() - 2)) == 1;
-  product.b_shared = element_count(Shape(b.begin(), b.end() - 2)) == 1;
-  return product;
+// The elements between the matrices an operand of shape `operand` gives consecutive entries of
+// a product over `batch_shape`: a matrix an entry, or 0 for one matrix every entry shares;
+// nothing where it broadcasts along some batch axes only.
+std::optional<int64_t> entry_stride(const Shape& operand, const Shape& batch_shape) {
+  const Shape operand_batch(operand.begin(), operand.end() - 2);
+  if (element_count(operand_batch) == 1) return 0;
+  if (operand_batch != batch_shape) return std::nullopt;
+  return operand[operand.size() - 2] * operand[operand.size() - 1];
 }
 
 void lower_half_matmul(LoweringContext& context) {
   const Node& node = context.node();
   const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
-  const HalfProduct product = half_product(context.graph(), node);
-  const auto [m, n, k, batches] = product.extents;
+  const MatmulShape shape = matmul_shape(context.graph(), node);
+  const int64_t m = shape.m, n = shape.n, k = shape.k;
   if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
     if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
     throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
@@ -98,27 +81,28 @@ void lower_half_matmul(LoweringContext& context) {
   launch.label = context.label();
   launch.kernel = "gemm_workgroup_coopmat";
   launch.body = std::string(kernel_source("gemm_workgroup.comp"));
-  launch.defines = {{"GEMM_M", glsl_uint(m)},
-                    {"GEMM_N", glsl_uint(n)},
-                    {"GEMM_K", glsl_uint(k)},
-                    {"BLOCK_M", std::to_string(block.m)},
-                    {"BLOCK_N", std::to_string(block.n)},
-                    {"BLOCK_K", std::to_string(kWorkgroupGemmBlockK)},
-                    {"A_TRANSPOSED", transpose_a ? "1" : "0"},
-                    {"B_TRANSPOSED", transpose_b ? "1" : "0"},
-                    {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
-                    {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
-                    {"SPLIT_ROWS", block.split_rows ? "1" : "0"},
-                    {"A_BATCH_STRIDE", glsl_uint(product.a_batched ? m * k : 0)},
-                    {"B_BATCH_STRIDE", glsl_uint(product.b_batched ? k * n : 0)},
-                    {"C_BATCH_STRIDE", glsl_uint(m * n)}};
+  launch.defines = {
+      {"GEMM_M", glsl_uint(m)},
+      {"GEMM_N", glsl_uint(n)},
+      {"GEMM_K", glsl_uint(k)},
+      {"BLOCK_M", std::to_string(block.m)},
+      {"BLOCK_N", std::to_string(block.n)},
+      {"BLOCK_K", std::to_string(kWorkgroupGemmBlockK)},
+      {"A_TRANSPOSED", transpose_a ? "1" : "0"},
+      {"B_TRANSPOSED", transpose_b ? "1" : "0"},
+      {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
+      {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
+      {"SPLIT_ROWS", block.split_rows ? "1" : "0"},
+      {"A_BATCH_STRIDE", glsl_uint(*entry_stride(context.input_type(0).shape, shape.batch_shape))},
+      {"B_BATCH_STRIDE", glsl_uint(*entry_stride(context.input_type(1).shape, shape.batch_shape))},
+      {"C_BATCH_STRIDE", glsl_uint(m * n)}};
   launch.operands = {
       {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
   launch.f16_operands = true;
   // Workgroup scope is a KHR matrix property: the NV extension has only subgroups.
   launch.khr_cooperative_matrix = true;
   launch.tensor_loads = block.split_rows;
-  launch.groups = tiled_grid(launch.label, n, block.n, m, block.m, batches, context.device());
+  launch.groups = tiled_grid(launch.label, n, block.n, m, block.m, shape.batches, context.device());
   context.emit(std::move(launch));
 }
 
@@ -155,11 +139,12 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device) {
   if (node.attrs.has("k_splits")) return false;
-  const HalfProduct product = half_product(graph, node);
-  const auto [m, n, k, batches] = product.extents;
+  const MatmulShape shape = matmul_shape(graph, node);
+  const int64_t m = shape.m, n = shape.n, k = shape.k, batches = shape.batches;
   // Each operand a matrix an entry or one for all: the kernel offsets whole matrices by the
   // entry. Its offsets are 32-bit.
-  if (!(product.a_batched || product.a_shared) || !(product.b_batched || product.b_shared) ||
+  if (!entry_stride(graph.type(node.inputs[0]).shape, shape.batch_shape) ||
+      !entry_stride(graph.type(node.inputs[1]).shape, shape.batch_shape) ||
       batches > static_cast<int64_t>(device.max_workgroup_count_x))
     return false;
   constexpr int64_t kOffsetLimit = int64_t{1} << 32;

@@ -36,15 +36,9 @@ std::string batch_offset_function(const std::string& name, const Shape& operand,
   return text + ";\n}\n";
 }
 
-// A matmul's extents: C[m, n] over k for `batches` entries of `splits` K slices each.
-struct MatmulShape {
-  int64_t m = 0, n = 0, k = 0, splits = 1, batches = 1;
-  bool split = false, transpose_a = false, transpose_b = false;
-  Shape batch_shape;
-};
+}  // namespace
 
-MatmulShape matmul_shape(const Graph& graph, ValueId id) {
-  const Node& node = graph.node(id);
+MatmulShape matmul_shape(const Graph& graph, const Node& node) {
   const Shape& a_shape = graph.type(node.inputs[0]).shape;
   const Shape& out_shape = node.type.shape;
   MatmulShape shape;
@@ -61,6 +55,8 @@ MatmulShape matmul_shape(const Graph& graph, ValueId id) {
   shape.batches = element_count(shape.batch_shape);
   return shape;
 }
+
+namespace {
 
 bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
   return use_coop_gemm(device) &&
@@ -87,7 +83,8 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
   const Node& product = graph.node(consumer);
   if (product.op != op::matmul || product.inputs[0] == columns || product.inputs[1] != columns)
     return false;
-  return matmul_runs_coop(matmul_shape(graph, consumer), device) || use_cpu_kernels(device);
+  return matmul_runs_coop(matmul_shape(graph, graph.node(consumer)), device) ||
+         use_cpu_kernels(device);
 }
 
 namespace {
@@ -97,7 +94,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   const Node& node = context.node();
   const Shape& a_shape = context.input_type(0).shape;
   const Shape& b_shape = context.input_type(1).shape;
-  const MatmulShape shape = matmul_shape(context.graph(), context.id());
+  const MatmulShape shape = matmul_shape(context.graph(), context.node());
   const auto [m, n, k, splits, batches, split, transpose_a, transpose_b, batch_shape] = shape;
   const int64_t k_slice = split ? k_slice_length(k, splits) : k;
 
