@@ -91,6 +91,7 @@ struct Switches {
   std::optional<int64_t> winograd_weight_grad_tile;  // MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE: 2, 4
   std::optional<bool> winograd_conv;                 // MEGANEURA_WINOGRAD_CONV
   std::optional<bool> winograd_f16;                  // MEGANEURA_WINOGRAD_F16
+  std::optional<bool> half_columns;                  // MEGANEURA_HALF_COLUMNS
   // MEGANEURA_ATTENTION_BLOCKS=OWNED,STREAMED[,THREADS[,LANES]] for the strict attention kernels
   // (checked against the device where they are lowered); empty where unset.
   std::vector<int64_t> attention_blocks;

@@ -255,6 +255,9 @@ Switches read_switches(Reader& read) {
                               "Winograd without its size minimums", kRule);
   s.winograd_f16 = read.flag("MEGANEURA_WINOGRAD_F16", "Winograd's points in f32",
                              "Winograd's points in f16 where its products round to f16", kRule);
+  s.half_columns =
+      read.flag("MEGANEURA_HALF_COLUMNS", "convolution columns per image in f32",
+                "f16 columns side by side wherever the workgroup GEMM takes them", kRule);
   s.attention_blocks = read.integers("MEGANEURA_ATTENTION_BLOCKS", {4, 3, 2}, INT64_MIN, INT64_MAX,
                                      "OWNED,STREAMED[,THREADS[,LANES]]", "the built-in blocks");
   s.attention_coop_block = read.one_of(

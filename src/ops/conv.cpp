@@ -375,28 +375,19 @@ void register_conv_ops(std::vector<OpDef>& registry) {
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
             const Node node = graph.node(self);
-            Attrs attrs;
-            for (const auto& [name, value] : node.attrs.items())
-              if (name != "images_side_by_side") attrs.set(name, value);
+            Attrs attrs = node.attrs;
             const Shape& image = graph.type(node.inputs[0]).shape;
             attrs.set("image_size", std::vector<int64_t>{image[2], image[3]});
-            if (images_side_by_side(node.attrs)) {
-              // col2im takes one matrix per image: [rows, N, plane] -> [N, rows, plane].
-              const Shape& columns = node.type.shape;
-              const ValueId split =
-                  graph.add(op::reshape, {grad},
-                            {{"shape", Shape{columns[0], image[0], columns[1] / image[0]}}});
-              grad = graph.add(op::transpose, {split},
-                               {{"permutation", std::vector<int64_t>{1, 0, 2}}});
-            }
             return std::vector<ValueId>{graph.add(op::col2im, {grad}, std::move(attrs))};
           },
   });
 
   // col2im(columns [N, C * KH * KW, OH * OW]) -> [N, C, H, W]: the adjoint of im2col, each image
   // element the sum of the column elements that im2col would copy from it. attrs: those of
-  // im2col plus image_size [2] (H, W). Written by the im2col pass for strided data gradients:
-  // dx = col2im(W^T x grad_out) (passes/im2col.cpp); its gradient is im2col.
+  // im2col plus image_size [2] (H, W); with images_side_by_side 1 the columns are
+  // [C * KH * KW, N * OH * OW], as im2col writes them then. Written by the im2col pass for
+  // strided data gradients: dx = col2im(W^T x grad_out) (passes/im2col.cpp); its gradient is
+  // im2col.
   registry.push_back(OpDef{
       .name = op::col2im,
       .infer =
@@ -405,12 +396,26 @@ void register_conv_ops(std::vector<OpDef>& registry) {
             const TensorType& columns = graph.type(node.inputs[0]);
             const ColumnGeometry g = checked_columns(graph, node);
             const auto image = pair_attr(graph, node, "image_size", 1);
+            const int64_t side_by_side = node.attrs.get_int("images_side_by_side", 0);
+            if (side_by_side != 0 && side_by_side != 1)
+              op_error(graph, node, "images_side_by_side must be 0 or 1");
             const int64_t taps = g.kernel[0] * g.kernel[1];
+            const int64_t plane = g.output_size[0] * g.output_size[1];
+            if (side_by_side == 1) {
+              if (columns.shape.size() != 2 || columns.shape[0] % taps != 0 ||
+                  columns.shape[1] % plane != 0)
+                op_error(graph, node,
+                         "side-by-side columns must be [C * " + std::to_string(taps) + ", N * " +
+                             std::to_string(plane) + "]");
+              return TensorType{
+                  columns.dtype,
+                  {columns.shape[1] / plane, columns.shape[0] / taps, image[0], image[1]}};
+            }
             if (columns.shape.size() != 3 || columns.shape[1] % taps != 0 ||
-                columns.shape[2] != g.output_size[0] * g.output_size[1]) {
+                columns.shape[2] != plane) {
               op_error(graph, node,
                        "columns must be [N, C * " + std::to_string(taps) + ", " +
-                           std::to_string(g.output_size[0] * g.output_size[1]) + "]");
+                           std::to_string(plane) + "]");
             }
             return TensorType{columns.dtype,
                               {columns.shape[0], columns.shape[1] / taps, image[0], image[1]}};
@@ -418,9 +423,16 @@ void register_conv_ops(std::vector<OpDef>& registry) {
       .reference =
           [](const Node& node, const std::vector<const HostTensor*>& in) {
             HostTensor image(node.type.shape);
-            for_each_column_tap(
-                column_geometry(node.attrs), node.type.shape,
-                [&](int64_t pixel, int64_t column) { image.data[pixel] += in[0]->data[column]; });
+            const ColumnGeometry g = column_geometry(node.attrs);
+            const int64_t batch = node.type.shape[0];
+            const int64_t rows = node.type.shape[1] * g.kernel[0] * g.kernel[1];
+            const int64_t plane = g.output_size[0] * g.output_size[1];
+            const bool side_by_side = images_side_by_side(node.attrs);
+            for_each_column_tap(g, node.type.shape, [&](int64_t pixel, int64_t column) {
+              const int64_t n = column / (rows * plane), row = column / plane % rows;
+              const int64_t at = side_by_side ? (row * batch + n) * plane + column % plane : column;
+              image.data[pixel] += in[0]->data[at];
+            });
             return image;
           },
       .vjp =

@@ -1,8 +1,8 @@
 // The f16 storage pass (passes.hpp): f16 tensors are stored in f16 and computed in f32. The f32
 // kernels read widen_f16 of each f16 input and their f16 results are written as round_to_f16 of
 // the f32 result, which is what the reference interpreter computes (every f16 value rounded to
-// f16); a transpose moves f16 values as they are. A 2-D matmul of f16 operands into an f16 result
-// that runs on cooperative matrices multiplies the f16 values directly (half_matmul with
+// f16); a transpose and im2col move f16 values as they are. A 2-D matmul of f16 operands into an
+// f16 result that runs on cooperative matrices multiplies the f16 values directly (half_matmul with
 // f16_result), as PyTorch's f16 GEMM does.
 #include <algorithm>
 #include <unordered_map>
@@ -28,9 +28,9 @@ class F16Storage {
   explicit F16Storage(const target::Target& device) : device_(device) {}
 
   ValueId rewrite(Graph& target, Node node) {
-    // A transpose moves its f16 values as they are, in half the bytes of f32 ones.
+    // A transpose and im2col move their f16 values as they are, in half the bytes of f32 ones.
     if (node.is_leaf() || is_view_op(node.op) || !involves_f16(target, node) ||
-        is_pass_written_f16_op(node.op) || node.op == op::transpose)
+        is_pass_written_f16_op(node.op) || node.op == op::transpose || node.op == op::im2col)
       return target.add_typed(std::move(node));
     if (node.op == op::cast) return cast(target, node);
     if (const ValueId product = half_product(target, node); product != kNoValue) return product;

@@ -13,7 +13,9 @@
 // rewrite_weight_gradient), where their forwards and data gradients do not already run as plain
 // GEMMs over the buffers (strict precision). 3x3 stride-1 convolutions
 // and their gradients where Winograd suits on the target take its transforms
-// and 16 batched products instead of columns.
+// and 16 batched products instead of columns. Where the workgroup GEMM takes the product over
+// the batch's columns side by side (fast precision), the columns are f16 and side by side,
+// shared by the forward and the weight gradient (half_columns_forward).
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
@@ -93,26 +95,78 @@ bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
 
 const std::vector<int64_t> kSwapLeadingAxes{1, 0, 2};
 
-// The batch's images of a value ([N, K, plane] once reshaped) side by side, [K, N * plane] in f16:
-// rounded, as the workgroup GEMM reads its operands, then moved as f16 (half the bytes of moving
-// them in f32). Made once for every product that reads them: x for a 1x1 convolution's forward
-// and weight gradient, grad_out for its data and weight gradients.
+// The f16 operands of the products over the batch's images side by side, each made once for
+// every product that reads it: a value rounded to f16 (as the workgroup GEMM reads its
+// operands), the batch's images of a value ([N, K, plane] once reshaped) side by side as
+// [K, N * plane] (moved as f16, half the bytes of moving them in f32: x for a 1x1 convolution's
+// forward and weight gradient, grad_out for its data and weight gradients), and a convolution's
+// f16 columns side by side (its forward's and weight gradient's operand).
 class SideBySideImages {
  public:
+  ValueId rounded(Graph& target, ValueId source) {
+    auto [made, inserted] = rounded_.try_emplace(source, kNoValue);
+    if (inserted) made->second = target.add(op::round_to_f16, {source});
+    return made->second;
+  }
+
   ValueId of(Graph& target, ValueId source, int64_t batch, int64_t channels, int64_t plane) {
     auto [made, inserted] = made_.try_emplace(source, kNoValue);
     if (inserted) {
-      const ValueId images = reshaped(target, source, {batch, channels, plane});
-      const ValueId across = target.add(op::transpose, {target.add(op::round_to_f16, {images})},
-                                        {{"permutation", kSwapLeadingAxes}});
+      const ValueId images = reshaped(target, rounded(target, source), {batch, channels, plane});
+      const ValueId across =
+          target.add(op::transpose, {images}, {{"permutation", kSwapLeadingAxes}});
       made->second = reshaped(target, across, {channels, batch * plane});
     }
     return made->second;
   }
 
+  // The columns of the convolution `g` of `source`, [C * KH * KW, N * OH * OW] in f16.
+  ValueId columns(Graph& target, ValueId source, const ConvGeometry& g) {
+    Attrs attrs{{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
+                {"stride", pair_of(g.stride)},
+                {"padding", pair_of(g.padding)},
+                {"dilation", pair_of(g.dilation)},
+                {"output_size", std::vector<int64_t>{g.out_height, g.out_width}},
+                {"images_side_by_side", int64_t{1}}};
+    auto [made, inserted] =
+        columns_.try_emplace(std::to_string(source) + " " + attrs.to_string(), kNoValue);
+    if (inserted)
+      made->second = target.add(op::im2col, {rounded(target, source)}, std::move(attrs));
+    return made->second;
+  }
+
  private:
+  std::unordered_map<ValueId, ValueId> rounded_;
   std::unordered_map<ValueId, ValueId> made_;
+  std::unordered_map<std::string, ValueId> columns_;
 };
+
+// Whether the convolution `g`'s forward (or weight gradient) multiplies f16 columns side by side
+// (target::Target::half_columns_suit) that fit `max_bytes`: W [O, C * KH * KW] times them.
+bool half_columns_forward(const ConvGeometry& g, const target::Target& device, uint64_t max_bytes) {
+  const int64_t rows = g.in_channels * g.kernel_height * g.kernel_width;
+  const int64_t plane = g.out_height * g.out_width;
+  return g.groups == 1 && !g.is_pointwise() && rows >= kMinColumnRows &&
+         column_bytes(g.batch, g.in_channels, g.kernel_height * g.kernel_width, plane) / 2 <=
+             max_bytes &&
+         device.half_columns_suit(g.out_channels, rows, g.batch, plane);
+}
+
+// Whether its strided data gradient multiplies Wᵀ [C * KH * KW, O] by grad_out side by side into
+// column gradients side by side.
+bool half_columns_data_gradient(const ConvGeometry& g, const target::Target& device) {
+  return g.groups == 1 && !g.is_pointwise() && g.stride != std::array<int64_t, 2>{1, 1} &&
+         device.half_columns_suit(g.in_channels * g.kernel_height * g.kernel_width, g.out_channels,
+                                  g.batch, g.out_height * g.out_width);
+}
+
+// [M, N * plane] -> [N, M, plane], reshaped to `shape`.
+ValueId images_apart(Graph& target, ValueId product, int64_t batch, int64_t plane, Shape shape) {
+  const int64_t m = target.type(product).shape[0];
+  const ValueId moved = target.add(op::transpose, {reshaped(target, product, {m, batch, plane})},
+                                   {{"permutation", kSwapLeadingAxes}});
+  return reshaped(target, moved, std::move(shape));
+}
 
 // A 1x1 convolution's forward or data gradient: rows [M, K] (stored [K, M] where
 // `transpose_rows`) times the images of `source` [N, K, plane], per image (a batched matmul with
@@ -134,8 +188,7 @@ ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, Valu
       op::half_matmul,
       {target.add(op::round_to_f16, {rows}), side_by_side.of(target, source, batch, k, plane)},
       std::move(attrs));
-  return target.add(op::transpose, {reshaped(target, product, {m, batch, plane})},
-                    {{"permutation", kSwapLeadingAxes}});
+  return images_apart(target, product, batch, plane, {batch, m, plane});
 }
 
 // The grid of `f`'s m x m output tiles (rows, columns) of `batch` images of `output_size`, or
@@ -190,6 +243,14 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
                                       plane, device, side_by_side),
                     g.output_shape());
   }
+  if (half_columns_forward(g, device, max_bytes)) {
+    const ValueId rows =
+        target.add(op::round_to_f16,
+                   {reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps})});
+    const ValueId product = target.add(
+        op::half_matmul, {rows, side_by_side.columns(target, node.inputs[0], g)}, Attrs{});
+    return images_apart(target, product, g.batch, plane, g.output_shape());
+  }
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||
       column_bytes(g.batch, g.in_channels, taps, plane) > max_bytes)
     return std::nullopt;
@@ -205,20 +266,32 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
 // grad_out[n] [O, OH * OW], summed back onto the image by col2im (each pixel gathers the taps
 // that reach it), instead of the implicit GEMM per stride phase, whose ResNet stem has only 3
 // columns (C) to spread over a GPU.
-ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometry& g) {
+// With half_columns_data_gradient, Wᵀ times grad_out's images side by side in f16, one 2-D
+// product into column gradients side by side.
+ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometry& g,
+                              const target::Target& device, SideBySideImages& side_by_side) {
   const int64_t plane = g.out_height * g.out_width;
   const ValueId rows = reshaped(target, node.inputs[1],
                                 {g.out_channels, g.in_channels * g.kernel_height * g.kernel_width});
-  const ValueId grad_out = reshaped(target, node.inputs[0], {g.batch, g.out_channels, plane});
-  const ValueId column_grads =
-      target.add(op::matmul, {rows, grad_out}, {{"transpose_a", int64_t{1}}});
-  return target.add(op::col2im, {column_grads},
-                    {{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
-                     {"stride", pair_of(g.stride)},
-                     {"padding", pair_of(g.padding)},
-                     {"dilation", pair_of(g.dilation)},
-                     {"output_size", std::vector<int64_t>{g.out_height, g.out_width}},
-                     {"image_size", std::vector<int64_t>{g.in_height, g.in_width}}});
+  Attrs attrs{{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
+              {"stride", pair_of(g.stride)},
+              {"padding", pair_of(g.padding)},
+              {"dilation", pair_of(g.dilation)},
+              {"output_size", std::vector<int64_t>{g.out_height, g.out_width}},
+              {"image_size", std::vector<int64_t>{g.in_height, g.in_width}}};
+  ValueId column_grads = kNoValue;
+  if (half_columns_data_gradient(g, device)) {
+    column_grads =
+        target.add(op::half_matmul,
+                   {target.add(op::round_to_f16, {rows}),
+                    side_by_side.of(target, node.inputs[0], g.batch, g.out_channels, plane)},
+                   {{"transpose_a", int64_t{1}}});
+    attrs.set("images_side_by_side", int64_t{1});
+  } else {
+    const ValueId grad_out = reshaped(target, node.inputs[0], {g.batch, g.out_channels, plane});
+    column_grads = target.add(op::matmul, {rows, grad_out}, {{"transpose_a", int64_t{1}}});
+  }
+  return target.add(op::col2im, {column_grads}, std::move(attrs));
 }
 
 // dx[n, c, y, x] = sum over (o, kh, kw) of w[o, c, kh, kw] grad_out[n, o, y + P - D kh,
@@ -249,7 +322,7 @@ std::optional<ValueId> rewrite_data_gradient(Graph& target, const Node& node,
   if (g.stride != std::array<int64_t, 2>{1, 1}) {
     if (column_bytes(g.batch, g.in_channels, taps, g.out_height * g.out_width) > max_bytes)
       return std::nullopt;
-    return strided_data_gradient(target, node, g);
+    return strided_data_gradient(target, node, g, device, side_by_side);
   }
   const int64_t plane = g.in_height * g.in_width;
   if (column_bytes(g.batch, g.out_channels, taps, plane) > max_bytes) return std::nullopt;
@@ -328,6 +401,16 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
     const ValueId per_image =
         target.add(op::matmul, {grad_out, images}, {{"transpose_b", int64_t{1}}});
     return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
+  }
+  // Where the forward multiplies f16 columns side by side and the data gradient grad_out's
+  // images side by side, the weight gradient is one 2-D product of the two, over K = N * plane.
+  if (half_columns_forward(g, device, max_bytes) && half_columns_data_gradient(g, device)) {
+    const ValueId grad_out =
+        side_by_side.of(target, node.inputs[1], g.batch, g.out_channels, plane);
+    const ValueId product =
+        target.add(op::half_matmul, {grad_out, side_by_side.columns(target, node.inputs[0], g)},
+                   {{"transpose_b", int64_t{1}}});
+    return reshaped(target, product, g.weight_shape());
   }
   if (device.direct_weight_gradient_suits(g)) return std::nullopt;
   if (g.groups != 1 || g.is_pointwise() || g.in_channels * taps < kMinColumnRows ||

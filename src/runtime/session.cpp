@@ -366,7 +366,17 @@ double Session::last_run_gpu_ms() const {
 
 void Session::write_trace(const std::string& path) const {
   if (!impl_->profile) throw Error("profiling is off: create the session with profile = true");
-  gpu::write_chrome_trace(impl_->last_timings(), path);
+  std::vector<gpu::DispatchTiming> timings = impl_->last_timings();
+  // The costs go with the timings only where both list the same dispatches (a run recorded in
+  // parts is timed part by part).
+  const std::vector<DispatchCost>& costs = impl_->report.dispatch_costs;
+  bool costed = costs.size() == timings.size();
+  for (size_t i = 0; costed && i < timings.size(); ++i) costed = costs[i].label == timings[i].label;
+  for (size_t i = 0; costed && i < timings.size(); ++i) {
+    timings[i].flops = costs[i].flops;
+    timings[i].bytes = costs[i].bytes;
+  }
+  gpu::write_chrome_trace(timings, path);
 }
 
 uint32_t Session::validation_messages() const {

@@ -56,6 +56,9 @@ class Target {
   // convolutions).
   virtual bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch,
                                         int64_t plane) const = 0;
+  // Whether `batch` per-image products [M, K] x [K, plane] of a convolution's columns run faster
+  // as one M x K x (batch plane) product over f16 columns side by side (passes/im2col.cpp).
+  virtual bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const = 0;
   // The K slices `product` runs fastest on here (1: whole), for a K of at least kMinKToSplit.
   virtual int64_t gemm_k_splits(const GemmProduct& product) const = 0;
 

@@ -55,8 +55,9 @@ TEST(Cli, TrainThenInferReportsAccuracy) {
   EXPECT_EQ(confusion(whole.output), confusion(queued.output));
   EXPECT_EQ(whole.output.substr(whole.output.find("test accuracy: ")),
             queued.output.substr(queued.output.find("test accuracy: ")));
-  // --trace writes the last batch's dispatches, as many as the inference program has, and
-  // prints the sum of their GPU times.
+  // --trace writes the last batch's dispatches, as many as the inference program has, each with
+  // its bytes (every dispatch reads or writes some) and FLOPs, and prints the sum of their GPU
+  // times.
   const Result traced = run("infer " + (out / "checkpoint.safetensors").string() + " --trace " +
                             (out / "trace.json").string());
   ASSERT_EQ(traced.status, 0) << traced.output;
@@ -78,6 +79,8 @@ TEST(Cli, TrainThenInferReportsAccuracy) {
     if (event.value("ph", "") != "X") continue;
     ++spans;
     total_us += event.at("dur").get<double>();
+    EXPECT_GT(event.at("args").at("bytes").get<double>(), 0.0) << event.dump();
+    EXPECT_GE(event.at("args").at("flops").get<double>(), 0.0) << event.dump();
   }
   EXPECT_EQ(spans, dispatches);
   EXPECT_NEAR(total_us, printed_us, 0.05 + 1e-3 * total_us) << traced.output;

@@ -1889,6 +1889,56 @@ TEST_F(GpuCoopMatrix, WinogradPointsInF16OnTheBatchedWorkgroupGemm) {
   EXPECT_EQ(roundings, 0u) << dispatch_list;
 }
 
+// A strided convolution's columns side by side in f16 (passes/im2col.cpp, half_columns_suit):
+// im2col of x rounded to f16 once for the forward and the weight gradient, the forward and the
+// data gradient (into column gradients side by side, summed by col2im) on the workgroup GEMM,
+// forced below its size rule, and the weight gradient over K = N * plane: a 3x3 convolution
+// with 128 output channels (the 128 x 256 block) and with 256 (the 256 x 128 block split into
+// rows where the device has tensor-layout loads), and a 1x1 one with stride 2, as ResNet-50's
+// downsampling. The output and both gradients within the fast tolerance of the f64 reference,
+// which rounds nothing.
+TEST_F(GpuCoopMatrix, StridedConvolutionOnF16ColumnsSideBySide) {
+  if (!device_has_workgroup_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
+  uint64_t seed = 83;
+  for (const auto& [x, w, options, y] :
+       {std::tuple<Shape, Shape, Conv2dOptions, Shape>{{4, 128, 16, 16},
+                                                       {128, 128, 3, 3},
+                                                       {.stride = {2, 2}, .padding = {1, 1}},
+                                                       {4, 128, 8, 8}},
+        std::tuple<Shape, Shape, Conv2dOptions, Shape>{{4, 128, 16, 16},
+                                                       {256, 128, 3, 3},
+                                                       {.stride = {2, 2}, .padding = {1, 1}},
+                                                       {4, 256, 8, 8}},
+        std::tuple<Shape, Shape, Conv2dOptions, Shape>{
+            {4, 256, 16, 16}, {512, 256, 1, 1}, {.stride = {2, 2}}, {4, 512, 8, 8}}}) {
+    SCOPED_TRACE(shape_string(x) + " * " + shape_string(w));
+    std::string dispatch_list;
+    check_on_gpu(
+        {{"x", x}, {"w", w}, {"seed", y}},
+        [options](Graph& graph, std::vector<Tensor>& in) {
+          output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
+                                {in[0], in[1]});
+        },
+        kFastTolerance, seed++, fast(), nullptr, false, &dispatch_list);
+    size_t workgroup_products = 0, columns = 0, column_sums = 0;
+    for (size_t start = 0; start < dispatch_list.size();) {
+      size_t end = dispatch_list.find('\n', start);
+      if (end == std::string::npos) end = dispatch_list.size();
+      const std::string line = dispatch_list.substr(start, end - start);
+      workgroup_products += line.find("gemm_workgroup_coopmat") != std::string::npos &&
+                            line.find("half_matmul") != std::string::npos;
+      columns += line.find("im2col") != std::string::npos;
+      column_sums += line.find("col2im") != std::string::npos;
+      start = end + 1;
+    }
+    EXPECT_GE(workgroup_products, 2u) << dispatch_list;
+    EXPECT_EQ(columns, 1u) << dispatch_list;
+    EXPECT_EQ(column_sums, 1u) << dispatch_list;
+  }
+}
+
 // Products of f16 tensors into f16 results that the workgroup GEMM does not take (below its
 // size rule, or off its blocks) run on the subgroup-scope GEMM as they are, in every
 // transposition, with each width of load (8 halves, 4, 1), against the f64 product rounded to

@@ -348,6 +348,42 @@ TEST(Conv, Im2colSideBySide) {
                {"im2col", "images_side_by_side must be 0 or 1"});
 }
 
+// Side-by-side columns [C KH KW, N plane] sum back onto the images as the per-image columns
+// holding the same elements do: seeded random columns rearranged by hand against col2im of the
+// per-image layout, the VJP (im2col side by side) against finite differences, and a wrong
+// shape named.
+TEST(Conv, Col2imSideBySide) {
+  Graph graph;
+  Attrs apart = column_attrs({3, 3}, {2, 2}, {1, 1}, {1, 1}, {3, 3});
+  apart.set("image_size", std::vector<int64_t>{5, 6});
+  Attrs together = apart;
+  together.set("images_side_by_side", int64_t{1});
+  const Tensor per_image = input(graph, "per_image", {2, 18, 9});
+  const Tensor side_by_side = input(graph, "side_by_side", {18, 18});
+  const Tensor from_apart = raw(graph, "col2im", {per_image.id()}, apart);
+  const Tensor from_together = raw(graph, "col2im", {side_by_side.id()}, together);
+  EXPECT_EQ(from_together.shape(), (Shape{2, 2, 5, 6}));
+  std::mt19937 random(11);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  HostTensor columns({2, 18, 9}), moved({18, 18});
+  for (double& value : columns.data) value = uniform(random);
+  for (size_t n = 0; n < 2; ++n)
+    for (size_t row = 0; row < 18; ++row)
+      for (size_t p = 0; p < 9; ++p)
+        moved.data[row * 18 + n * 9 + p] = columns.data[(n * 18 + row) * 9 + p];
+  Environment environment;
+  environment.leaves["per_image"] = columns;
+  environment.leaves["side_by_side"] = moved;
+  const auto values = evaluate(graph, environment);
+  EXPECT_EQ(values.at(from_together.id()).data, values.at(from_apart.id()).data);
+  expect_gradients_match({.shapes = {{18, 18}}}, [&](std::vector<Tensor>& in) {
+    return raw(in[0].graph(), "col2im", {in[0].id()}, together);
+  });
+  const Tensor wrong = input(graph, "wrong", {18, 17});
+  expect_error([&] { raw(graph, "col2im", {wrong.id()}, together); },
+               {"col2im", "side-by-side columns must be [C * 9, N * 9]"});
+}
+
 TEST(Conv, Im2colAndCol2imGradients) {
   for (const Attrs& attrs : {column_attrs({3, 2}, {2, 1}, {1, 0}, {1, 2}, {3, 4}),
                              column_attrs({3, 3}, {1, 1}, {-1, -1}, {-1, -1}, {5, 6})}) {

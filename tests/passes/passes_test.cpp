@@ -919,6 +919,72 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
   }
 }
 
+// On a device with the workgroup GEMM, a strided convolution's columns go side by side in f16
+// whatever its plane: im2col of x rounded to f16 writes [C * KH * KW, N * plane] once for the
+// forward and the weight gradient, the forward is one 2-D half_matmul moved back to NCHW, the
+// data gradient one half_matmul of Wᵀ and grad_out's images side by side into column gradients
+// side by side that col2im sums, and the weight gradient one half_matmul of grad_out side by side
+// and the columns. On values f16 holds exactly (multiples of 2^-8) the outputs equal the
+// convolution's in the f64 reference. MEGANEURA_HALF_COLUMNS=0 (or
+// MEGANEURA_COLUMNS_SIDE_BY_SIDE=0) keeps the f32 columns per image.
+TEST(Passes, StridedConvolutionsMultiplyF16ColumnsSideBySide) {
+  const target::DeviceTraits device = workgroup_capable(1);
+  uint64_t seed = 130;
+  for (const auto& [x_shape, w_shape, options] :
+       {std::tuple<Shape, Shape, Conv2dOptions>{
+            {4, 128, 16, 16}, {128, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+        std::tuple<Shape, Shape, Conv2dOptions>{
+            {2, 128, 64, 64}, {256, 128, 1, 1}, {.stride = {2, 2}}}}) {
+    SCOPED_TRACE(shape_string(x_shape) + " * " + shape_string(w_shape));
+    Graph graph;
+    Environment environment;
+    const auto [x, w, y, seed_grad] =
+        random_conv(graph, environment, seed++, x_shape, w_shape, options);
+    for (auto& [name, value] : environment.leaves)
+      for (double& element : value.data) element = std::round(element * 256) / 256;
+    graph.set_output("y", y.id());
+    const std::map<ValueId, ValueId> grads =
+        gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
+    graph.set_output("dx", grads.at(x.id()));
+    graph.set_output("dw", grads.at(w.id()));
+    const auto rewrite = [&](const target::DeviceTraits& traits) {
+      return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
+    };
+    const Graph rewritten = rewrite(device);
+    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
+                  count_op(rewritten, "conv2d_grad_weight") + count_op(rewritten, "matmul"),
+              0u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 3u);
+    EXPECT_EQ(count_op(rewritten, "transpose"), 2u);
+    ASSERT_EQ(count_op(rewritten, "im2col"), 1u);
+    ASSERT_EQ(count_op(rewritten, "col2im"), 1u);
+    for (const Node& node : rewritten.nodes()) {
+      if (node.op == "im2col") {
+        EXPECT_EQ(node.type.dtype, DType::f16);
+        EXPECT_EQ(node.attrs.get_int("images_side_by_side", 0), 1);
+      }
+      if (node.op == "col2im") {
+        EXPECT_EQ(node.attrs.get_int("images_side_by_side", 0), 1);
+      }
+    }
+    expect_same_outputs(graph, rewritten, environment);
+
+    for (const auto& [name, value] : {std::pair{"MEGANEURA_HALF_COLUMNS", "0"},
+                                      std::pair{"MEGANEURA_COLUMNS_SIDE_BY_SIDE", "0"}}) {
+      SCOPED_TRACE(name);
+      target::DeviceTraits off = device;
+      off.switches = Switches::from_environment({{name, value}});
+      const Graph apart = rewrite(off);
+      EXPECT_EQ(count_op(apart, "half_matmul"), 0u);
+      for (const Node& node : apart.nodes()) {
+        if (node.op == "im2col") {
+          EXPECT_EQ(node.type.dtype, DType::f32);
+        }
+      }
+    }
+  }
+}
+
 // The Winograd weight gradient (forced on, for shapes below the rule's minimums), F(2 x 2, 3 x 3)
 // and F(4 x 4, 3 x 3), against the convolution's own weight gradient in the f64 reference:
 // padding 1 with odd output extents (a last row and column of tiles partly past grad_out),

@@ -141,13 +141,17 @@ TEST_F(Dispatch, ParallelBuildKeepsSpecOrder) {
 TEST_F(Dispatch, ChromeTraceHasOneEventPerDispatch) {
   testing::TemporaryDirectory directory;
   std::string path = (directory.path() / "trace.json").string();
-  write_chrome_trace({{"first", 0.0, 0.5}, {"second", 0.5, 0.25}}, path);
+  // The second dispatch's FLOPs and bytes are known and become its args; the first's are not.
+  write_chrome_trace({{"first", 0.0, 0.5}, {"second", 0.5, 0.25, 3e6, 8192}}, path);
   auto trace = nlohmann::json::parse(std::ifstream(path));
   ASSERT_EQ(trace["traceEvents"].size(), 2u);
   EXPECT_EQ(trace["traceEvents"][1]["name"], "second");
   EXPECT_EQ(trace["traceEvents"][1]["ph"], "X");
   EXPECT_DOUBLE_EQ(trace["traceEvents"][1]["ts"].get<double>(), 500.0);
   EXPECT_DOUBLE_EQ(trace["traceEvents"][1]["dur"].get<double>(), 250.0);
+  EXPECT_DOUBLE_EQ(trace["traceEvents"][1]["args"]["flops"].get<double>(), 3e6);
+  EXPECT_DOUBLE_EQ(trace["traceEvents"][1]["args"]["bytes"].get<double>(), 8192.0);
+  EXPECT_FALSE(trace["traceEvents"][0].contains("args"));
 }
 
 TEST_F(Dispatch, RecordRejectsBadBindings) {

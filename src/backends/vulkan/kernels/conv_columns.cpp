@@ -49,8 +49,10 @@ void lower_im2col(LoweringContext& context) {
   const Shape& x = context.input_type(0).shape;
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   // Side by side, an invocation's four columns could belong to two images: one column each.
+  // f16 columns (of an f16 image) are stored one at a time too.
   const bool side_by_side = images_side_by_side(node.attrs);
-  const int64_t width = size[1] % 4 == 0 && !side_by_side ? 4 : 1;
+  const bool half = node.type.dtype == DType::f16;
+  const int64_t width = size[1] % 4 == 0 && !side_by_side && !half ? 4 : 1;
   const int64_t count = node.type.elements() / width;
   // Packed columns (packed_columns): four elements as two words of f16 pairs, element e in half
   // e % 2 of word e / 2.
@@ -97,6 +99,7 @@ void lower_im2col(LoweringContext& context) {
         "packHalf2x16(vec2(values[2], values[3])));\n}\n";
   } else {
     body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
+            : half     ? "  columns[i] = float16_t(values[0]);\n}\n"
                        : "  columns[i] = values[0];\n}\n";
   }
   emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
@@ -105,15 +108,27 @@ void lower_im2col(LoweringContext& context) {
 // col2im(columns): one invocation per image element, summing the column elements of the taps
 // that reach it: for kernel row kh, the output row oy with oy * S - P + kh * D = y exists when
 // y + P - kh * D is a non-negative multiple of S below OH * S (likewise for columns). The loops
-// run over constant extents, so the compiler unrolls them and folds the stride tests.
+// run over constant extents, so the compiler unrolls them and folds the stride tests. Row
+// (c * KH + kh) * KW + kw of image n's columns starts at (n * C * KH * KW + row) * plane, or
+// side by side at row * N * plane + n * plane.
 void lower_col2im(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& image = node.type.shape;
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   const int64_t count = node.type.elements();
+  const int64_t column_plane = size[0] * size[1];
   std::string body = columns_main(count);
   body += "  uint x = i % " + u(image[3]) + ", y = i / " + u(image[3]) + " % " + u(image[2]) +
           ";\n  uint plane = i / " + u(image[2] * image[3]) + ";\n  float sum = 0.0;\n";
+  // The first tap row of this channel and the distance between rows.
+  std::string row_stride = u(column_plane);
+  if (images_side_by_side(node.attrs)) {
+    row_stride = u(image[0] * column_plane);
+    body += "  uint first_row = plane % " + u(image[1]) + " * " + u(kernel[0] * kernel[1]) +
+            ", image_start = plane / " + u(image[1]) + " * " + u(column_plane) + ";\n";
+  } else {
+    body += "  uint first_row = plane * " + u(kernel[0] * kernel[1]) + ", image_start = 0u;\n";
+  }
   const auto axis = [&](const std::string& name, const std::string& at, int64_t dim) {
     const std::string shifted = "t" + name;
     std::string text = "int " + shifted + " = int(" + at + ") + " + s(padding[dim]) + " - k" +
@@ -127,9 +142,10 @@ void lower_col2im(LoweringContext& context) {
   };
   body += "  for (int ky = 0; ky < " + s(kernel[0]) + "; ++ky) {\n" + axis("y", "y", 0) +
           "  for (int kx = 0; kx < " + s(kernel[1]) + "; ++kx) {\n" + axis("x", "x", 1) +
-          "  sum += columns[((plane * " + u(kernel[0]) + " + uint(ky)) * " + u(kernel[1]) +
-          " + uint(kx)) * " + u(size[0] * size[1]) + " + oy * " + u(size[1]) + " + ox];\n" +
-          "  }\n  }\n  image[i] = sum;\n}\n";
+          "  sum += float(columns[(first_row + uint(ky) * " + u(kernel[1]) + " + uint(kx)) * " +
+          row_stride + " + image_start + oy * " + u(size[1]) + " + ox]);\n" +
+          "  }\n  }\n  image[i] = " + (node.type.dtype == DType::f16 ? "float16_t(sum)" : "sum") +
+          ";\n}\n";
   emit_columns_launch(context, "col2im", std::move(body), {"columns", "image"}, count);
 }
 

@@ -162,6 +162,14 @@ bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane
   return workgroup_gemm_suits(m, batch * plane, k, device, OperandsIn::f16);
 }
 
+bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
+                       const DeviceTraits& device) {
+  const std::optional<bool> forced = device.switches.half_columns;
+  if ((forced && !*forced) || device.switches.columns_side_by_side == false) return false;
+  if (batch < 2 && !forced) return false;
+  return workgroup_gemm_suits(m, batch * plane, k, device, OperandsIn::f16);
+}
+
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {
   return {{op::round_to_f16, lower_f16_conversion},
           {op::widen_f16, lower_f16_conversion},

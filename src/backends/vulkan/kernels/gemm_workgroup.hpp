@@ -60,6 +60,14 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
 // kernel's blocks partly empty, while the moves there and back cost about what a wider plane's
 // per-image products lose. MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every image apart, =1 drops
 // the plane bound.
+// Whether a convolution's `batch` per-image column products [M, K] x [K, plane] should run as
+// one 2-D product over f16 columns side by side (target::Target::half_columns_suit): wherever the
+// workgroup GEMM takes it, whatever the plane, as im2col writes such columns in one pass, with
+// nothing to move but the result. MEGANEURA_HALF_COLUMNS=0 and MEGANEURA_COLUMNS_SIDE_BY_SIDE=0
+// turn it off, MEGANEURA_HALF_COLUMNS=1 also takes one image.
+bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
+                       const DeviceTraits& device);
+
 bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                               const DeviceTraits& device);
 

@@ -31,6 +31,10 @@ bool VulkanTarget::images_side_by_side_suit(int64_t m, int64_t k, int64_t batch,
   return kernels::images_side_by_side_suit(m, k, batch, plane, traits());
 }
 
+bool VulkanTarget::half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const {
+  return kernels::half_columns_suit(m, k, batch, plane, traits());
+}
+
 int64_t VulkanTarget::gemm_k_splits(const target::GemmProduct& product) const {
   return kernels::gemm_k_splits(product, traits());
 }

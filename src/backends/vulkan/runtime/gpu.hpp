@@ -198,6 +198,10 @@ struct DispatchTiming {
   std::string label;
   double start_ms = 0;  // relative to the first dispatch of the submission
   double duration_ms = 0;
+  // The dispatch's FLOPs and bytes where the caller knows them (negative: unknown); a trace
+  // writes them as the event's args.
+  double flops = -1;
+  double bytes = -1;
 };
 
 struct CompileStats {
