@@ -63,10 +63,11 @@ TEST(GpuArchetypes, ReductionsShortAndLongRows) {
   });
 }
 
-// Many short rows (batch norm's per-image planes) share a workgroup, a few lanes each: a plane of
-// 49 gets 16 lanes and one of 20 gets 8, where the rows keep four workgroups a compute unit busy
-// (their last workgroup partly past the rows); fewer such rows, or long ones, keep a workgroup
-// each. Sums, a mean of a fused square, max and argmax match the reference on either side.
+// Many short rows (batch norm's per-image planes) share a workgroup, a few lanes each, each lane
+// reading up to 16 elements: a plane of 49 gets 8 lanes, one of 20 gets 4 and one of 300 gets
+// 32, as many as keep four workgroups a compute unit busy (their last workgroup partly past the
+// rows); fewer such rows, or rows over 1,024 elements, keep a workgroup each. Sums, a mean of a
+// fused square, max and argmax match the reference on either side.
 TEST(GpuArchetypes, ManyShortRowsShareAWorkgroup) {
   const auto lanes_of = [](const Shape& shape, int64_t axis) -> std::string {
     Graph graph;
@@ -79,10 +80,11 @@ TEST(GpuArchetypes, ManyShortRowsShareAWorkgroup) {
     const size_t digits = at + std::string("row_lane = lane % ").size();
     return launches[0].body.substr(digits, launches[0].body.find('u', digits) - digits);
   };
-  EXPECT_EQ(lanes_of({97, 89, 49}, 2), "16");
-  EXPECT_EQ(lanes_of({3400, 5, 20}, 2), "8");
+  EXPECT_EQ(lanes_of({97, 89, 49}, 2), "8");
+  EXPECT_EQ(lanes_of({3400, 5, 20}, 2), "4");
+  EXPECT_EQ(lanes_of({97, 89, 300}, 2), "32");
   EXPECT_EQ(lanes_of({9, 89, 49}, 2), "workgroup");
-  EXPECT_EQ(lanes_of({97, 89, 300}, 2), "workgroup");
+  EXPECT_EQ(lanes_of({97, 89, 1100}, 2), "workgroup");
 
   check_on_gpu({{"x", {97, 89, 49}}, {"y", {3400, 5, 20}}},
                [](Graph& graph, std::vector<Tensor>& x) {

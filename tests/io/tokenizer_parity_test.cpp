@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -51,13 +50,9 @@ TEST_P(TokenizerParity, EveryCorpusLineEncodesAndDecodesAsTheLibrary) {
   ASSERT_EQ(decoded_lines.size(), corpus_.size());
 
   size_t mismatched = 0;
-  double encode_seconds = 0;
   for (size_t line = 0; line < corpus_.size(); ++line) {
     const std::string& text = corpus_[line];
-    const auto start = std::chrono::steady_clock::now();
     const Ids ids = tokenizer.encode(text);
-    encode_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const Ids expected_ids = nlohmann::json::parse(ids_lines[line]).get<Ids>();
     const std::string expected_text = nlohmann::json::parse(decoded_lines[line]).get<std::string>();
     // Python's Tokenizer.decode skips special tokens unless told otherwise.
@@ -72,10 +67,6 @@ TEST_P(TokenizerParity, EveryCorpusLineEncodesAndDecodesAsTheLibrary) {
     }
   }
   EXPECT_EQ(mismatched, 0u) << "lines that differ from the library's, of " << corpus_.size();
-  // A loose bound, for a loaded 2-core CI machine: it catches gross slowdowns (a regex compiled
-  // per call, a lost word cache on top of a slow merge), not small ones.
-  EXPECT_LT(encode_seconds, 2.0) << corpus_.size() << " lines";
-  RecordProperty("encode_ms", static_cast<int>(encode_seconds * 1000));
 }
 
 // One text with special tokens, encoded with add_special_tokens=True.

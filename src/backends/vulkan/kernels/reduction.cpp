@@ -24,7 +24,7 @@ constexpr uint32_t kLongRowGroupSize = 1024;
 constexpr int64_t kColumnThreadsMinRows = 4096;
 // Short rows share a workgroup: each gets the fewest lanes (a power of two) that read at most
 // this many of its elements each, while the workgroups still number several a compute unit.
-constexpr int64_t kShortRowElementsPerLane = 4;
+constexpr int64_t kShortRowElementsPerLane = 16;
 constexpr int64_t kShortRowGroupsPerUnit = 4;
 // Softmax rows up to this many elements a thread (4096 at 128 threads) stay in registers.
 constexpr int64_t kSoftmaxCachedPerThread = 32;
