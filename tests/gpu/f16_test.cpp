@@ -268,8 +268,10 @@ TEST(GpuF16, TrainingRefusesF16Parameters) {
 
 // The columns the im2col pass lays side by side for f16 products (passes/im2col.cpp): im2col of
 // an f16 image writes f16 columns [C * KH * KW, N * plane] in one launch with no conversion
-// (copies, so equal to the reference's), and col2im sums f32 column gradients side by side back
-// onto the images, with stride 2, padding 1 and an odd image, against the f64 reference.
+// (copies, so equal to the reference's), two a word where the output rows are even (4 wide
+// here) and one at a time where they are odd (3 wide, stride 3 along them), and col2im sums f32
+// column gradients side by side back onto the images, with stride 2, padding 1 and an odd image,
+// against the f64 reference.
 TEST(GpuF16, SideBySideColumnsOfF16ImagesAndTheirSum) {
   size_t dispatches = 0;
   Attrs attrs{{"kernel", std::vector<int64_t>{3, 3}},      {"stride", std::vector<int64_t>{2, 2}},
@@ -279,12 +281,16 @@ TEST(GpuF16, SideBySideColumnsOfF16ImagesAndTheirSum) {
       {{"x", {3, 4, 9, 7}, DType::f16}, {"column_grads", {36, 60}}},
       [&](Graph& graph, std::vector<Tensor>& in) {
         graph.set_output("columns", graph.add("im2col", {in[0].id()}, attrs));
+        Attrs odd = attrs;
+        odd.set("stride", std::vector<int64_t>{2, 3});
+        odd.set("output_size", std::vector<int64_t>{5, 3});
+        graph.set_output("odd_columns", graph.add("im2col", {in[0].id()}, std::move(odd)));
         Attrs back = attrs;
         back.set("image_size", std::vector<int64_t>{9, 7});
         graph.set_output("image", graph.add("col2im", {in[1].id()}, std::move(back)));
       },
       1e-6, 17, {}, &dispatches);
-  EXPECT_EQ(dispatches, 2u);
+  EXPECT_EQ(dispatches, 3u);
 }
 
 }  // namespace

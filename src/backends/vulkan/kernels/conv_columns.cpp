@@ -49,10 +49,12 @@ void lower_im2col(LoweringContext& context) {
   const Shape& x = context.input_type(0).shape;
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   // Side by side, an invocation's four columns could belong to two images: one column each.
-  // f16 columns (of an f16 image) are stored one at a time too.
+  // f16 columns (of an f16 image) are stored two a word where OW is even, so that a pair never
+  // leaves its image's row.
   const bool side_by_side = images_side_by_side(node.attrs);
   const bool half = node.type.dtype == DType::f16;
-  const int64_t width = size[1] % 4 == 0 && !side_by_side && !half ? 4 : 1;
+  const int64_t width =
+      half ? (size[1] % 2 == 0 ? 2 : 1) : (size[1] % 4 == 0 && !side_by_side ? 4 : 1);
   const int64_t count = node.type.elements() / width;
   // Packed columns (packed_columns): four elements as two words of f16 pairs, element e in half
   // e % 2 of word e / 2.
@@ -66,6 +68,10 @@ void lower_im2col(LoweringContext& context) {
     body +=
         "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns4 { vec4 "
         "columns4[]; };\n";
+  } else if (width == 2) {
+    body +=
+        "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns_pairs { uint "
+        "columns_pairs[]; };\n";
   }
   body += columns_main(count);
   const int64_t row_units = size[1] / width;
@@ -74,10 +80,12 @@ void lower_im2col(LoweringContext& context) {
   // tap: the column row (c * KH + kh) * KW + kw, plane: the image's channel n * C + c.
   const int64_t taps = kernel[0] * kernel[1];
   if (side_by_side) {
+    // The invocation's first element is i * width.
     const int64_t columns_per_row = x[0] * size[0] * size[1];
-    body += "  uint tap = i / " + u(columns_per_row) + ", image = i % " + u(columns_per_row) +
-            " / " + u(size[0] * size[1]) + ";\n  uint plane = image * " + u(x[1]) + " + tap / " +
-            u(taps) + ";\n";
+    const std::string first = width == 1 ? "i" : "i * " + u(width);
+    body += "  uint tap = " + first + " / " + u(columns_per_row) + ", image = " + first + " % " +
+            u(columns_per_row) + " / " + u(size[0] * size[1]) + ";\n  uint plane = image * " +
+            u(x[1]) + " + tap / " + u(taps) + ";\n";
   } else {
     body +=
         "  uint tap = i / " + u(row_units * size[0]) + ";\n  uint plane = tap / " + u(taps) + ";\n";
@@ -98,9 +106,10 @@ void lower_im2col(LoweringContext& context) {
         "  columns_halves[i] = uvec2(packHalf2x16(vec2(values[0], values[1])), "
         "packHalf2x16(vec2(values[2], values[3])));\n}\n";
   } else {
-    body += width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
-            : half     ? "  columns[i] = float16_t(values[0]);\n}\n"
-                       : "  columns[i] = values[0];\n}\n";
+    body += width == 4   ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
+            : width == 2 ? "  columns_pairs[i] = packHalf2x16(vec2(values[0], values[1]));\n}\n"
+            : half       ? "  columns[i] = float16_t(values[0]);\n}\n"
+                         : "  columns[i] = values[0];\n}\n";
   }
   emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
 }

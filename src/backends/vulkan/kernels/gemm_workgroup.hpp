@@ -53,13 +53,6 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 
-// Whether `batch` per-image products [M, K] x [K, plane] should run as one 2-D product over the
-// images side by side (target::Target::images_side_by_side_suit): on the workgroup GEMM (f16
-// operands, which the transpose that puts the images side by side writes), where a plane is
-// narrower than the subgroup GEMM's widest block, so that its per-image products leave that
-// kernel's blocks partly empty, while the moves there and back cost about what a wider plane's
-// per-image products lose. MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every image apart, =1 drops
-// the plane bound.
 // Whether a convolution's `batch` per-image column products [M, K] x [K, plane] should run as
 // one 2-D product over f16 columns side by side (target::Target::half_columns_suit): wherever the
 // workgroup GEMM takes it, whatever the plane, as im2col writes such columns in one pass, with
@@ -68,6 +61,13 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
 bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device);
 
+// Whether `batch` per-image products [M, K] x [K, plane] should run as one 2-D product over the
+// images side by side (target::Target::images_side_by_side_suit): on the workgroup GEMM (f16
+// operands, which the transpose that puts the images side by side writes), where a plane is
+// narrower than the subgroup GEMM's widest block, so that its per-image products leave that
+// kernel's blocks partly empty, while the moves there and back cost about what a wider plane's
+// per-image products lose. MEGANEURA_COLUMNS_SIDE_BY_SIDE=0 keeps every image apart, =1 drops
+// the plane bound.
 bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                               const DeviceTraits& device);
 
