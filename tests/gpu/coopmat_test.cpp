@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "backends/vulkan/kernels/fusion.hpp"
@@ -1852,6 +1853,22 @@ TEST_F(GpuCoopMatrix, WorkgroupGemmOfF16Tensors) {
   check_workgroup_products(DType::f16, 1e-3, 1, 60);
 }
 
+// The lines of a dispatch list (BuildReport::dispatch_list) that hold every one of `words`.
+size_t dispatch_lines_with(const std::string& dispatch_list,
+                           std::initializer_list<std::string_view> words) {
+  size_t lines = 0;
+  for (size_t start = 0; start < dispatch_list.size();) {
+    size_t end = dispatch_list.find('\n', start);
+    if (end == std::string::npos) end = dispatch_list.size();
+    const std::string_view line(dispatch_list.data() + start, end - start);
+    lines += std::all_of(words.begin(), words.end(), [&](std::string_view word) {
+      return line.find(word) != std::string_view::npos;
+    });
+    start = end + 1;
+  }
+  return lines;
+}
+
 // Winograd in fast precision stores its transformed points as f16 (MEGANEURA_WINOGRAD_F16), and
 // its batched point products read them as they are: the forward's (256 output channels, the
 // 256 x 128 block split into rows where the device has tensor-layout loads) and the data
@@ -1872,21 +1889,13 @@ TEST_F(GpuCoopMatrix, WinogradPointsInF16OnTheBatchedWorkgroupGemm) {
                               {in[0], in[1]});
       },
       kFastTolerance, 81, fast(), nullptr, false, &dispatch_list);
-  size_t workgroup_products = 0, point_transforms = 0, roundings = 0;
-  for (size_t start = 0; start < dispatch_list.size();) {
-    size_t end = dispatch_list.find('\n', start);
-    if (end == std::string::npos) end = dispatch_list.size();
-    const std::string line = dispatch_list.substr(start, end - start);
-    workgroup_products += line.find("gemm_workgroup_coopmat") != std::string::npos &&
-                          line.find("half_matmul") != std::string::npos;
-    point_transforms += line.find("winograd_tiles") != std::string::npos ||
-                        line.find("winograd_filter") != std::string::npos;
-    roundings += line.find("round_to_f16") != std::string::npos;
-    start = end + 1;
-  }
-  EXPECT_GE(workgroup_products, 2u) << dispatch_list;
-  EXPECT_GE(point_transforms, 3u) << dispatch_list;
-  EXPECT_EQ(roundings, 0u) << dispatch_list;
+  EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
+      << dispatch_list;
+  EXPECT_GE(dispatch_lines_with(dispatch_list, {"winograd_tiles"}) +
+                dispatch_lines_with(dispatch_list, {"winograd_filter"}),
+            3u)
+      << dispatch_list;
+  EXPECT_EQ(dispatch_lines_with(dispatch_list, {"round_to_f16"}), 0u) << dispatch_list;
 }
 
 // A strided convolution's columns side by side in f16 (passes/im2col.cpp, half_columns_suit):
@@ -1922,20 +1931,10 @@ TEST_F(GpuCoopMatrix, StridedConvolutionOnF16ColumnsSideBySide) {
                                 {in[0], in[1]});
         },
         kFastTolerance, seed++, fast(), nullptr, false, &dispatch_list);
-    size_t workgroup_products = 0, columns = 0, column_sums = 0;
-    for (size_t start = 0; start < dispatch_list.size();) {
-      size_t end = dispatch_list.find('\n', start);
-      if (end == std::string::npos) end = dispatch_list.size();
-      const std::string line = dispatch_list.substr(start, end - start);
-      workgroup_products += line.find("gemm_workgroup_coopmat") != std::string::npos &&
-                            line.find("half_matmul") != std::string::npos;
-      columns += line.find("im2col") != std::string::npos;
-      column_sums += line.find("col2im") != std::string::npos;
-      start = end + 1;
-    }
-    EXPECT_GE(workgroup_products, 2u) << dispatch_list;
-    EXPECT_EQ(columns, 1u) << dispatch_list;
-    EXPECT_EQ(column_sums, 1u) << dispatch_list;
+    EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
+        << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"im2col"}), 1u) << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"col2im"}), 1u) << dispatch_list;
   }
 }
 

@@ -878,6 +878,23 @@ TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
 // MEGANEURA_COLUMNS_SIDE_BY_SIDE=1, and =0 keeps every plane apart.
 target::DeviceTraits workgroup_capable(int64_t compute_units);
 
+// A convolution of random values that f16 holds exactly (multiples of 2^-8) in `graph`, its
+// output and both gradients (of the sum of the output times a random cotangent) the graph's
+// outputs y, dx and dw.
+void exact_convolution_with_gradients(Graph& graph, Environment& environment, uint64_t seed,
+                                      const Shape& x_shape, const Shape& w_shape,
+                                      const Conv2dOptions& options) {
+  const auto [x, w, y, cotangent] =
+      random_conv(graph, environment, seed, x_shape, w_shape, options);
+  for (auto& [name, value] : environment.leaves)
+    for (double& element : value.data) element = std::round(element * 256) / 256;
+  graph.set_output("y", y.id());
+  const std::map<ValueId, ValueId> grads =
+      gradients(graph, sum_all(y * cotangent).id(), {x.id(), w.id()});
+  graph.set_output("dx", grads.at(x.id()));
+  graph.set_output("dw", grads.at(w.id()));
+}
+
 TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
   const target::DeviceTraits device = workgroup_capable(1);
   uint64_t seed = 120;
@@ -886,15 +903,7 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     SCOPED_TRACE(shape_string(x_shape));
     Graph graph;
     Environment environment;
-    const auto [x, w, y, seed_grad] =
-        random_conv(graph, environment, seed++, x_shape, {128, 128, 1, 1}, {});
-    for (auto& [name, value] : environment.leaves)
-      for (double& element : value.data) element = std::round(element * 256) / 256;
-    graph.set_output("y", y.id());
-    const std::map<ValueId, ValueId> grads =
-        gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
-    graph.set_output("dx", grads.at(x.id()));
-    graph.set_output("dw", grads.at(w.id()));
+    exact_convolution_with_gradients(graph, environment, seed++, x_shape, {128, 128, 1, 1}, {});
     const auto rewrite = [&](const target::DeviceTraits& traits) {
       return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
     };
@@ -938,15 +947,7 @@ TEST(Passes, StridedConvolutionsMultiplyF16ColumnsSideBySide) {
     SCOPED_TRACE(shape_string(x_shape) + " * " + shape_string(w_shape));
     Graph graph;
     Environment environment;
-    const auto [x, w, y, seed_grad] =
-        random_conv(graph, environment, seed++, x_shape, w_shape, options);
-    for (auto& [name, value] : environment.leaves)
-      for (double& element : value.data) element = std::round(element * 256) / 256;
-    graph.set_output("y", y.id());
-    const std::map<ValueId, ValueId> grads =
-        gradients(graph, sum_all(y * seed_grad).id(), {x.id(), w.id()});
-    graph.set_output("dx", grads.at(x.id()));
-    graph.set_output("dw", grads.at(w.id()));
+    exact_convolution_with_gradients(graph, environment, seed++, x_shape, w_shape, options);
     const auto rewrite = [&](const target::DeviceTraits& traits) {
       return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
     };
