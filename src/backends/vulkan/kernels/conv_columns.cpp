@@ -114,21 +114,33 @@ void lower_im2col(LoweringContext& context) {
   emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
 }
 
-// col2im(columns): one invocation per image element, summing the column elements of the taps
-// that reach it: for kernel row kh, the output row oy with oy * S - P + kh * D = y exists when
+// col2im(columns): one invocation per `width` consecutive image elements of a row (4 as a vec4
+// where W allows and the image is f32, else 1), summing the column elements of the taps that
+// reach each: for kernel row kh, the output row oy with oy * S - P + kh * D = y exists when
 // y + P - kh * D is a non-negative multiple of S below OH * S (likewise for columns). The loops
-// run over constant extents, so the compiler unrolls them and folds the stride tests. Row
+// run over constant extents, so the compiler unrolls them and folds the stride tests; the
+// element's indices are worked out once for the invocation's elements. Row
 // (c * KH + kh) * KW + kw of image n's columns starts at (n * C * KH * KW + row) * plane, or
 // side by side at row * N * plane + n * plane.
 void lower_col2im(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& image = node.type.shape;
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
-  const int64_t count = node.type.elements();
+  const bool half = node.type.dtype == DType::f16;
+  const int64_t width = image[3] % 4 == 0 && !half ? 4 : 1;
+  const int64_t row_units = image[3] / width;
+  const int64_t count = node.type.elements() / width;
   const int64_t column_plane = size[0] * size[1];
-  std::string body = columns_main(count);
-  body += "  uint x = i % " + u(image[3]) + ", y = i / " + u(image[3]) + " % " + u(image[2]) +
-          ";\n  uint plane = i / " + u(image[2] * image[3]) + ";\n  float sum = 0.0;\n";
+  std::string body;
+  if (width == 4)
+    body +=
+        "layout(std430, set = 0, binding = 1) writeonly buffer buffer_image4 { vec4 image4[]; "
+        "};\n";
+  body += columns_main(count);
+  body += "  uint x0 = i % " + u(row_units) + " * " + u(width) + ", y = i / " + u(row_units) +
+          " % " + u(image[2]) + ";\n  uint plane = i / " + u(image[2] * row_units) +
+          ";\n  float sums[" + s(width) + "];\n  for (int j = 0; j < " + s(width) +
+          "; ++j) sums[j] = 0.0;\n";
   // The first tap row of this channel and the distance between rows.
   std::string row_stride = u(column_plane);
   if (images_side_by_side(node.attrs)) {
@@ -138,23 +150,32 @@ void lower_col2im(LoweringContext& context) {
   } else {
     body += "  uint first_row = plane * " + u(kernel[0] * kernel[1]) + ", image_start = 0u;\n";
   }
-  const auto axis = [&](const std::string& name, const std::string& at, int64_t dim) {
+  // Output coordinate o<name> of position `at` along `dim` for tap k<name>, or `skip` where the
+  // tap does not reach it.
+  const auto axis = [&](const std::string& name, const std::string& at, int64_t dim,
+                        const std::string& skip) {
     const std::string shifted = "t" + name;
     std::string text = "int " + shifted + " = int(" + at + ") + " + s(padding[dim]) + " - k" +
                        name + " * " + s(dilation[dim]) + ";\n";
     text += "if (" + shifted + " < 0" +
-            (stride[dim] > 1 ? " || " + shifted + " % " + s(stride[dim]) + " != 0" : "") +
-            ") continue;\n";
+            (stride[dim] > 1 ? " || " + shifted + " % " + s(stride[dim]) + " != 0" : "") + ") " +
+            skip + ";\n";
     text += "uint o" + name + " = uint(" + shifted + ") / " + u(stride[dim]) + ";\nif (o" + name +
-            " >= " + u(size[dim]) + ") continue;\n";
+            " >= " + u(size[dim]) + ") " + skip + ";\n";
     return text;
   };
-  body += "  for (int ky = 0; ky < " + s(kernel[0]) + "; ++ky) {\n" + axis("y", "y", 0) +
-          "  for (int kx = 0; kx < " + s(kernel[1]) + "; ++kx) {\n" + axis("x", "x", 1) +
-          "  sum += float(columns[(first_row + uint(ky) * " + u(kernel[1]) + " + uint(kx)) * " +
-          row_stride + " + image_start + oy * " + u(size[1]) + " + ox]);\n" +
-          "  }\n  }\n  image[i] = " + (node.type.dtype == DType::f16 ? "float16_t(sum)" : "sum") +
-          ";\n}\n";
+  body += "  for (int ky = 0; ky < " + s(kernel[0]) + "; ++ky) {\n" +
+          axis("y", "y", 0, "continue") + "  for (int kx = 0; kx < " + s(kernel[1]) +
+          "; ++kx) {\n  uint tap_start = (first_row + uint(ky) * " + u(kernel[1]) +
+          " + uint(kx)) * " + row_stride + " + image_start + oy * " + u(size[1]) +
+          ";\n  for (int j = 0; j < " + s(width) + "; ++j) {\n" +
+          axis("x", "x0 + uint(j)", 1, "continue") +
+          "  sums[j] += float(columns[tap_start + ox]);\n  }\n  }\n  }\n";
+  if (width == 4) {
+    body += "  image4[i] = vec4(sums[0], sums[1], sums[2], sums[3]);\n}\n";
+  } else {
+    body += std::string("  image[i] = ") + (half ? "float16_t(sums[0])" : "sums[0]") + ";\n}\n";
+  }
   emit_columns_launch(context, "col2im", std::move(body), {"columns", "image"}, count);
 }
 
