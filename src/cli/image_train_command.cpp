@@ -97,7 +97,8 @@ its own running statistics and rank 0's are the ones validated and saved.
                         a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
   --log-every N         steps between metrics.jsonl records (default 10)
-  --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
+  --trace FILE          write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
+                        the last step
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
   --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of

@@ -30,9 +30,9 @@ as in validation), or with --data IMAGE_DIR and no images the accuracy over that
                  accumulation; devices without them run strict) or bf16 (bfloat16 operands)
   --data DIR     Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist), or for a
                  ResNet an image folder to evaluate
-  --trace FILE   write a Chrome trace (per-dispatch GPU times) of the last batch and print its
-                 GPU time; the timestamps make every dispatch wait for the one before, so
-                 images/s drops while tracing
+  --trace FILE   write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of the last
+                 batch and print its GPU time; the timestamps make every dispatch wait for
+                 the one before, so images/s drops while tracing
 )";
 
 void print_confusion(const Evaluation& evaluation) {

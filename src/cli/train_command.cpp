@@ -78,7 +78,8 @@ share of every batch and the gradients are averaged across them: docs/DISTRIBUTE
   --checkpoint-every N  steps between checkpoints (default 500)
   --max-steps N         stop after N steps (default: all the epochs)
   --log-every N         steps between metrics.jsonl records (default 10)
-  --trace FILE          write a Chrome trace (per-dispatch GPU times) of the last step
+  --trace FILE          write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
+                        the last step
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
   --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
