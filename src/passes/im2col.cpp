@@ -17,6 +17,7 @@
 // the batch's columns side by side (fast precision), the columns are f16 and side by side,
 // shared by the forward and the weight gradient (half_columns_forward).
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <unordered_map>
 
@@ -122,23 +123,20 @@ class SideBySideImages {
 
   // The columns of the convolution `g` of `source`, [C * KH * KW, N * OH * OW] in f16.
   ValueId columns(Graph& target, ValueId source, const ConvGeometry& g) {
-    Attrs attrs{{"kernel", std::vector<int64_t>{g.kernel_height, g.kernel_width}},
-                {"stride", pair_of(g.stride)},
-                {"padding", pair_of(g.padding)},
-                {"dilation", pair_of(g.dilation)},
-                {"output_size", std::vector<int64_t>{g.out_height, g.out_width}},
-                {"images_side_by_side", int64_t{1}}};
-    auto [made, inserted] =
-        columns_.try_emplace(std::to_string(source) + " " + attrs.to_string(), kNoValue);
+    const std::vector<int64_t> key{source,        g.kernel_height, g.kernel_width, g.stride[0],
+                                   g.stride[1],   g.padding[0],    g.padding[1],   g.dilation[0],
+                                   g.dilation[1], g.out_height,    g.out_width};
+    auto [made, inserted] = columns_.try_emplace(key, kNoValue);
     if (inserted)
-      made->second = target.add(op::im2col, {rounded(target, source)}, std::move(attrs));
+      made->second = columns_of(target, rounded(target, source), g, g.padding, g.dilation, g.stride,
+                                {g.out_height, g.out_width}, /*side_by_side=*/true);
     return made->second;
   }
 
  private:
   std::unordered_map<ValueId, ValueId> rounded_;
   std::unordered_map<ValueId, ValueId> made_;
-  std::unordered_map<std::string, ValueId> columns_;
+  std::map<std::vector<int64_t>, ValueId> columns_;
 };
 
 // Whether the convolution `g`'s forward (or weight gradient) multiplies f16 columns side by side
