@@ -92,6 +92,7 @@ struct Switches {
   std::optional<bool> winograd_conv;                 // MEGANEURA_WINOGRAD_CONV
   std::optional<bool> winograd_f16;                  // MEGANEURA_WINOGRAD_F16
   std::optional<bool> half_columns;                  // MEGANEURA_HALF_COLUMNS
+  std::optional<bool> half_images;                   // MEGANEURA_HALF_IMAGES
   // MEGANEURA_ATTENTION_BLOCKS=OWNED,STREAMED[,THREADS[,LANES]] for the strict attention kernels
   // (checked against the device where they are lowered); empty where unset.
   std::vector<int64_t> attention_blocks;

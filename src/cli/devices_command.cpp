@@ -224,6 +224,7 @@ target::DeviceTraits h200_traits() {
   traits.coop_matrix_bf16_khr = true;
   traits.workgroup_coop_matrix_f16 = true;
   traits.workgroup_tensor_loads = true;
+  traits.workgroup_narrow_blocks = true;
   traits.f16_tensors = true;
   traits.name = "H200 (traits only)";
   return traits;

@@ -258,6 +258,8 @@ Switches read_switches(Reader& read) {
   s.half_columns =
       read.flag("MEGANEURA_HALF_COLUMNS", "convolution columns per image in f32",
                 "f16 columns side by side wherever the workgroup GEMM takes them", kRule);
+  s.half_images = read.flag("MEGANEURA_HALF_IMAGES", "1x1 convolutions' images per image in f32",
+                            "f16 images per image wherever the workgroup GEMM takes them", kRule);
   s.attention_blocks = read.integers("MEGANEURA_ATTENTION_BLOCKS", {4, 3, 2}, INT64_MIN, INT64_MAX,
                                      "OWNED,STREAMED[,THREADS[,LANES]]", "the built-in blocks");
   s.attention_coop_block = read.one_of(

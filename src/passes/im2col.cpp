@@ -96,12 +96,12 @@ bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
 
 const std::vector<int64_t> kSwapLeadingAxes{1, 0, 2};
 
-// The f16 operands of the products over the batch's images side by side, each made once for
-// every product that reads it: a value rounded to f16 (as the workgroup GEMM reads its
-// operands), the batch's images of a value ([N, K, plane] once reshaped) side by side as
-// [K, N * plane] (moved as f16, half the bytes of moving them in f32: x for a 1x1 convolution's
-// forward and weight gradient, grad_out for its data and weight gradients), and a convolution's
-// f16 columns side by side (its forward's and weight gradient's operand).
+// The f16 operands of the products over the batch's images side by side (and over f16 images one
+// an image), each made once for every product that reads it: a value rounded to f16 (as the
+// workgroup GEMM reads its operands), the batch's images of a value ([N, K, plane] once reshaped)
+// side by side as [K, N * plane] (moved as f16, half the bytes of moving them in f32: x for a 1x1
+// convolution's forward and weight gradient, grad_out for its data and weight gradients), and a
+// convolution's f16 columns side by side (its forward's and weight gradient's operand).
 class SideBySideImages {
  public:
   ValueId rounded(Graph& target, ValueId source) {
@@ -168,16 +168,24 @@ ValueId images_apart(Graph& target, ValueId product, int64_t batch, int64_t plan
 
 // A 1x1 convolution's forward or data gradient: rows [M, K] (stored [K, M] where
 // `transpose_rows`) times the images of `source` [N, K, plane], per image (a batched matmul with
-// broadcast rows) or, where the target says the images side by side suit it (small planes, whose
-// per-image products leave the subgroup GEMM's blocks partly empty), as one 2-D half_matmul over
-// them (SideBySideImages) and its [M, N * plane] result moved back to [N, M, plane]. Fast
-// precision rounds both operands to f16 either way.
+// broadcast rows; a half_matmul over `source` rounded to f16 where the target says f16 images
+// suit it, the rounding of the value itself so that it fuses into the value's producer) or,
+// where the target says the images side by side suit it (small planes, whose per-image products
+// leave the subgroup GEMM's blocks partly empty), as one 2-D half_matmul over them
+// (SideBySideImages) and its [M, N * plane] result moved back to [N, M, plane]. Fast precision
+// rounds both operands to f16 either way.
 ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, ValueId source,
                           int64_t batch, int64_t k, int64_t plane, const target::Target& device,
                           SideBySideImages& side_by_side) {
   const int64_t m = target.type(rows).shape[transpose_rows ? 1 : 0];
   Attrs attrs;
   if (transpose_rows) attrs.set("transpose_a", int64_t{1});
+  if (device.half_images_suit(m, k, batch, plane)) {
+    const ValueId images =
+        reshaped(target, side_by_side.rounded(target, source), {batch, k, plane});
+    return target.add(op::half_matmul, {side_by_side.rounded(target, rows), images},
+                      std::move(attrs));
+  }
   if (!device.images_side_by_side_suit(m, k, batch, plane)) {
     const ValueId images = reshaped(target, source, {batch, k, plane});
     return target.add(op::matmul, {rows, images}, std::move(attrs));

@@ -32,6 +32,10 @@ struct DeviceTraits {
   // Those matrices, also in multiples of 128 x 128 x 64, loaded through tensor layouts, which
   // the workgroup GEMM's faster block needs.
   bool workgroup_tensor_loads = false;
+  // Those matrices also in blocks 224 wide on 256 invocations and 112 wide on 128, 128 or 64
+  // rows high (multiples of 64 x 224 x 64 and 64 x 112 x 64), whose columns divide planes that
+  // no 128 or 256 divides: 3136 and 784, ResNet's 56 x 56 and 28 x 28.
+  bool workgroup_narrow_blocks = false;
   // The subgroup matrices keep their elements in the layout the fast attention kernels are
   // written for (NVIDIA's, probed on the device): those then keep their scores in registers.
   bool quad_row_fragments = false;

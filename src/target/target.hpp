@@ -59,6 +59,9 @@ class Target {
   // Whether `batch` per-image products [M, K] x [K, plane] of a convolution's columns run faster
   // as one M x K x (batch plane) product over f16 columns side by side (passes/im2col.cpp).
   virtual bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const = 0;
+  // Whether `batch` per-image products [M, K] x [K, plane] over a value's images (1x1
+  // convolutions) run faster on f16 images, rounded as they are produced, one product an image.
+  virtual bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const = 0;
   // The K slices `product` runs fastest on here (1: whole), for a K of at least kMinKToSplit.
   virtual int64_t gemm_k_splits(const GemmProduct& product) const = 0;
 

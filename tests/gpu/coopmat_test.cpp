@@ -678,6 +678,28 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
     EXPECT_FALSE(kernels::workgroup_gemm_block(128, 512, device)->split_rows);
     EXPECT_EQ(kernels::workgroup_gemm_block(256, 128, device).has_value(), tensor_loads);
     EXPECT_FALSE(kernels::workgroup_gemm_block(384, 384, device));
+    // Planes of 3136 and 784 take the narrow forms where the device has them: 224 wide on 256
+    // invocations and 112 wide on 128, 128 rows high or 64 where 128 do not divide M, none split
+    // into rows.
+    EXPECT_FALSE(kernels::workgroup_gemm_block(512, 784, device));
+    target::DeviceTraits narrow = device;
+    narrow.workgroup_narrow_blocks = true;
+    for (const auto& [n, columns, invocations] :
+         {std::tuple<int64_t, int64_t, int64_t>{3136, 224, 256}, {784, 112, 128}}) {
+      for (const auto& [m, rows] :
+           {std::pair<int64_t, int64_t>{128, 128}, {512, 128}, {64, 64}, {320, 64}}) {
+        const std::optional<kernels::WorkgroupGemmBlock> found_narrow =
+            kernels::workgroup_gemm_block(m, n, narrow);
+        ASSERT_TRUE(found_narrow);
+        EXPECT_EQ(found_narrow->m, rows);
+        EXPECT_EQ(found_narrow->n, columns);
+        EXPECT_EQ(found_narrow->invocations, invocations);
+        EXPECT_FALSE(found_narrow->split_rows);
+      }
+    }
+    EXPECT_FALSE(kernels::workgroup_gemm_block(96, 784, narrow));
+    EXPECT_FALSE(kernels::workgroup_gemm_block(64, 512, narrow));
+    EXPECT_EQ(kernels::workgroup_gemm_block(512, 512, narrow)->n, block.n);
     for (const DType dtype : {DType::f16, DType::f32}) {
       for (int flags = 0; flags < 4; ++flags) {
         const bool ta = flags & 1, tb = flags & 2;
@@ -1935,6 +1957,35 @@ TEST_F(GpuCoopMatrix, StridedConvolutionOnF16ColumnsSideBySide) {
         << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"im2col"}), 1u) << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"col2im"}), 1u) << dispatch_list;
+  }
+}
+
+// A 1x1 convolution's forward and data gradient over f16 images one an image
+// (passes/im2col.cpp, half_images_suit) on the workgroup GEMM, forced below its size rule: planes
+// of 784 and 3136, which only its narrow blocks divide (112 wide on 128 invocations, 224 wide),
+// with 64, 128 and 256 rows. The output and both gradients within the fast tolerance of the f64
+// reference, which rounds nothing.
+TEST_F(GpuCoopMatrix, PointwiseConvolutionOnF16ImagesOneAnImage) {
+  if (!device_has_workgroup_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
+  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
+  uint64_t seed = 87;
+  for (const auto& [x, w, y] :
+       {std::tuple<Shape, Shape, Shape>{{2, 128, 28, 28}, {256, 128, 1, 1}, {2, 256, 28, 28}},
+        std::tuple<Shape, Shape, Shape>{{2, 256, 56, 56}, {128, 256, 1, 1}, {2, 128, 56, 56}},
+        std::tuple<Shape, Shape, Shape>{{2, 256, 56, 56}, {64, 256, 1, 1}, {2, 64, 56, 56}},
+        std::tuple<Shape, Shape, Shape>{{2, 64, 28, 28}, {128, 64, 1, 1}, {2, 128, 28, 28}}}) {
+    SCOPED_TRACE(shape_string(x) + " * " + shape_string(w));
+    std::string dispatch_list;
+    check_on_gpu(
+        {{"x", x}, {"w", w}, {"seed", y}},
+        [](Graph& graph, std::vector<Tensor>& in) {
+          output_with_gradients(graph, conv2d(in[0], in[1]), in[2], {in[0], in[1]});
+        },
+        kFastTolerance, seed++, fast(), nullptr, false, &dispatch_list);
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
+        << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"transpose"}), 0u) << dispatch_list;
   }
 }
 

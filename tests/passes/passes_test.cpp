@@ -874,7 +874,8 @@ TEST(Passes, PointwiseConvolutionsBecomeMatmulsOnCooperativeMatrices) {
 // weight gradient each become one 2-D half_matmul, over x and grad_out moved side by side once
 // each (two transposes there) and with the forward's and data gradient's results moved back (two
 // more). On values f16 holds exactly (multiples of 2^-8) the outputs equal the convolution's in
-// the f64 reference. Wider planes keep the per-image products unless
+// the f64 reference. Wider planes keep the per-image products (on f16 images where the workgroup
+// GEMM takes them: PointwiseConvolutionsMultiplyF16ImagesOneAnImage) unless
 // MEGANEURA_COLUMNS_SIDE_BY_SIDE=1, and =0 keeps every plane apart.
 target::DeviceTraits workgroup_capable(int64_t compute_units);
 
@@ -911,13 +912,15 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
                   count_op(rewritten, "conv2d_grad_weight"),
               0u);
-    EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 3u : 0u);
-    EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 0u : 3u);
+    // Apart, the forward and data gradient multiply f16 images one an image.
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 3u : 2u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 0u : 1u);
     EXPECT_EQ(count_op(rewritten, "transpose"), side_by_side ? 4u : 0u);
     expect_same_outputs(graph, rewritten, environment);
 
     target::DeviceTraits apart = device;
     apart.switches.columns_side_by_side = false;
+    apart.switches.half_images = false;
     EXPECT_EQ(count_op(rewrite(apart), "half_matmul"), 0u);
     target::DeviceTraits together = device;
     together.switches.columns_side_by_side = true;
@@ -925,6 +928,50 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     EXPECT_EQ(count_op(forced, "half_matmul"), 3u);
     EXPECT_EQ(count_op(forced, "transpose"), 4u);
     expect_same_outputs(graph, forced, environment);
+  }
+}
+
+// On a device with the workgroup GEMM, a 1x1 convolution over planes that the subgroup GEMM's
+// widest block fills multiplies f16 images one an image where the workgroup GEMM takes the
+// batched product: its forward and data gradient become half_matmuls over x and grad_out rounded
+// to f16 (the values themselves, so that the roundings fuse into their producers), with no
+// transposes; the weight gradient keeps its per-image f32 products. Planes of 784 (28 x 28) take
+// the narrow blocks, and without them (DeviceTraits::workgroup_narrow_blocks) stay in f32, as
+// they do with MEGANEURA_HALF_IMAGES=0. On values f16 holds exactly (multiples of 2^-8) the
+// outputs equal the convolution's in the f64 reference.
+TEST(Passes, PointwiseConvolutionsMultiplyF16ImagesOneAnImage) {
+  target::DeviceTraits device = workgroup_capable(1);
+  device.workgroup_narrow_blocks = true;
+  uint64_t seed = 125;
+  for (const Shape& x_shape : {Shape{2, 128, 28, 28}, Shape{2, 128, 16, 32}}) {
+    SCOPED_TRACE(shape_string(x_shape));
+    Graph graph;
+    Environment environment;
+    exact_convolution_with_gradients(graph, environment, seed++, x_shape, {256, 128, 1, 1}, {});
+    const auto rewrite = [&](const target::DeviceTraits& traits) {
+      return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
+    };
+    const Graph rewritten = rewrite(device);
+    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
+                  count_op(rewritten, "conv2d_grad_weight"),
+              0u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 2u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), 1u);
+    EXPECT_EQ(count_op(rewritten, "transpose"), 0u);
+    for (const Node& node : rewritten.nodes()) {
+      if (node.op != "round_to_f16") continue;
+      const Shape& shape = rewritten.type(node.inputs[0]).shape;
+      // x and grad_out are rounded as the 4-D values they are; the rows are the weight's matrix.
+      EXPECT_TRUE(shape.size() == 4 || shape.size() == 2) << shape_string(shape);
+    }
+    expect_same_outputs(graph, rewritten, environment);
+
+    target::DeviceTraits off = device;
+    off.switches = Switches::from_environment({{"MEGANEURA_HALF_IMAGES", "0"}});
+    EXPECT_EQ(count_op(rewrite(off), "half_matmul"), 0u);
+    target::DeviceTraits without_narrow = device;
+    without_narrow.workgroup_narrow_blocks = false;
+    EXPECT_EQ(count_op(rewrite(without_narrow), "half_matmul"), x_shape[2] == 28 ? 0u : 2u);
   }
 }
 

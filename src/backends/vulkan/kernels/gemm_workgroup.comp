@@ -1,5 +1,6 @@
 // C[GEMM_M, GEMM_N] (f32, or f16 with F16_RESULT) = A[GEMM_M, GEMM_K] B[GEMM_K, GEMM_N] (f16)
-// on workgroup-scope cooperative matrices: a workgroup of 256 invocations owns one
+// on workgroup-scope cooperative matrices: a workgroup of INVOCATIONS (256, or 128 for the
+// narrowest block) owns one
 // BLOCK_M x BLOCK_N block of C and multiplies BLOCK_M x BLOCK_K and BLOCK_K x BLOCK_N operands
 // loaded straight from memory; the driver stages them through shared memory. A_TRANSPOSED: a is
 // stored [GEMM_K, GEMM_M], B_TRANSPOSED: b is stored [GEMM_N, GEMM_K]; both are then read as
@@ -14,7 +15,7 @@
 // loads (Launch::tensor_loads), without which that form ran slower.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
-layout(local_size_x = 256) in;
+layout(local_size_x = INVOCATIONS) in;
 
 #if A_TRANSPOSED
 #define LOAD_A(matrix, k, row) coopMatLoadNV(matrix, a, a_base + (k)*GEMM_M + (row), GEMM_M, true)

@@ -93,6 +93,7 @@ void lower_half_matmul(LoweringContext& context) {
       {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
       {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
       {"SPLIT_ROWS", block.split_rows ? "1" : "0"},
+      {"INVOCATIONS", std::to_string(block.invocations)},
       {"A_BATCH_STRIDE", glsl_uint(*entry_stride(context.input_type(0).shape, shape.batch_shape))},
       {"B_BATCH_STRIDE", glsl_uint(*entry_stride(context.input_type(1).shape, shape.batch_shape))},
       {"C_BATCH_STRIDE", glsl_uint(m * n)}};
@@ -120,6 +121,11 @@ std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
   if (device.workgroup_tensor_loads && m % kSplitRowsBlock.m == 0 && n % kSplitRowsBlock.n == 0)
     return kSplitRowsBlock;
   if (m % kWholeBlock.m == 0 && n % kWholeBlock.n == 0) return kWholeBlock;
+  if (!device.workgroup_narrow_blocks) return std::nullopt;
+  const bool tall = m % kNarrowBlock.m == 0;
+  if (!tall && m % kLowNarrowBlock.m != 0) return std::nullopt;
+  if (n % kNarrowBlock.n == 0) return tall ? kNarrowBlock : kLowNarrowBlock;
+  if (n % kNarrowerBlock.n == 0) return tall ? kNarrowerBlock : kLowNarrowerBlock;
   return std::nullopt;
 }
 
@@ -168,6 +174,13 @@ bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
   if ((forced && !*forced) || device.switches.columns_side_by_side == false) return false;
   if (batch < 2 && !forced) return false;
   return workgroup_gemm_suits(m, batch * plane, k, device, OperandsIn::f16);
+}
+
+bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
+                      const DeviceTraits& device) {
+  if (device.switches.half_images == false || images_side_by_side_suit(m, k, batch, plane, device))
+    return false;
+  return workgroup_gemm_suits(m, plane, k, device, OperandsIn::f16, batch);
 }
 
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {

@@ -17,15 +17,23 @@ constexpr int64_t kWorkgroupGemmBlockK = 64, kWorkgroupGemmInvocations = 256;
 // The block of C a workgroup computes. Where the device loads workgroup-scope matrices through
 // tensor layouts (DeviceTraits::workgroup_tensor_loads) and M is a multiple of 256: 256 x 128,
 // held as two 128 x 128 accumulators one above the other (split_rows), the faster form; otherwise
-// one 128 x 256 accumulator with plain loads. The device's
-// workgroup granularities must divide each form's accumulator (accumulator_rows x n) and its
-// 64-deep steps.
+// one 128 x 256 accumulator with plain loads. Where neither divides N (planes of 784 and 3136,
+// ResNet's 28 x 28 and 56 x 56; DeviceTraits::workgroup_narrow_blocks): 128 x 224 where 224
+// does, else 128 x 112 on 128 invocations, since NVIDIA's 256-invocation matrices come in
+// multiples of 32 columns and its 128-invocation ones of 16; 64 rows high where 128 do not
+// divide M (the 64-channel products of ResNet's first stage). The device's workgroup
+// granularities for the form's invocations must divide its accumulator (accumulator_rows x n)
+// and its 64-deep steps.
 struct WorkgroupGemmBlock {
   int64_t m = 128, n = 256;
   bool split_rows = false;
+  int64_t invocations = kWorkgroupGemmInvocations;
   constexpr int64_t accumulator_rows() const { return split_rows ? m / 2 : m; }
 };
 constexpr WorkgroupGemmBlock kWholeBlock{128, 256, false}, kSplitRowsBlock{256, 128, true};
+constexpr WorkgroupGemmBlock kNarrowBlock{128, 224, false}, kNarrowerBlock{128, 112, false, 128};
+constexpr WorkgroupGemmBlock kLowNarrowBlock{64, 224, false},
+    kLowNarrowerBlock{64, 112, false, 128};
 // The block an M x N product takes on `device`, or none where neither divides it.
 std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
                                                        const DeviceTraits& device);
@@ -60,6 +68,14 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
 // turn it off, MEGANEURA_HALF_COLUMNS=1 also takes one image.
 bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device);
+
+// Whether `batch` per-image products [M, K] x [K, plane] over a value's images should run one an
+// image on the workgroup GEMM (target::Target::half_images_suit): f16 images, which the value's
+// producer writes beside it, against the subgroup GEMM's f32 reads. Wherever the workgroup GEMM
+// takes the batched product, a plane whose images go side by side
+// (images_side_by_side_suit) aside. MEGANEURA_HALF_IMAGES=0 keeps them on f32 images.
+bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
+                      const DeviceTraits& device);
 
 // Whether `batch` per-image products [M, K] x [K, plane] should run as one 2-D product over the
 // images side by side (target::Target::images_side_by_side_suit): on the workgroup GEMM (f16

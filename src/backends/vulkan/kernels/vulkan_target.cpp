@@ -35,6 +35,10 @@ bool VulkanTarget::half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_
   return kernels::half_columns_suit(m, k, batch, plane, traits());
 }
 
+bool VulkanTarget::half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const {
+  return kernels::half_images_suit(m, k, batch, plane, traits());
+}
+
 int64_t VulkanTarget::gemm_k_splits(const target::GemmProduct& product) const {
   return kernels::gemm_k_splits(product, traits());
 }

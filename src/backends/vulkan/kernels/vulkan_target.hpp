@@ -24,6 +24,7 @@ class VulkanTarget final : public target::Target {
   bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const override;
   bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
   bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
+  bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
   int64_t gemm_k_splits(const target::GemmProduct& product) const override;
   int64_t attention_head_multiple() const override;
   bool direct_weight_gradient_suits(const ConvGeometry& g) const override;

@@ -23,19 +23,19 @@ bool has_coop_shape(const gpu::DeviceCaps& caps, bool khr, gpu::ScalarType opera
 }
 
 // Whether the device runs the workgroup GEMM's `block` form (kernels/gemm_workgroup.hpp):
-// f16 x f16 + f32 on 256 invocations, with granularities that divide the form's accumulator and
-// its 64-deep steps.
+// f16 x f16 + f32 on the form's invocations, with granularities that divide the form's
+// accumulator and its 64-deep steps.
 bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGemmBlock& block) {
   const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
   return workgroup.available && caps.storage_f16 &&
-         workgroup.max_workgroup_invocations >= kernels::kWorkgroupGemmInvocations &&
+         workgroup.max_workgroup_invocations >= block.invocations &&
          std::any_of(workgroup.configs.begin(), workgroup.configs.end(),
                      [&block](const gpu::WorkgroupCoopMatrixConfig& config) {
                        return config.a == gpu::ScalarType::f16 &&
                               config.b == gpu::ScalarType::f16 &&
                               config.c == gpu::ScalarType::f32 &&
                               config.result == gpu::ScalarType::f32 &&
-                              config.workgroup_invocations == kernels::kWorkgroupGemmInvocations &&
+                              config.workgroup_invocations == block.invocations &&
                               block.accumulator_rows() % config.m_granularity == 0 &&
                               block.n % config.n_granularity == 0 &&
                               kernels::kWorkgroupGemmBlockK % config.k_granularity == 0;
@@ -66,6 +66,11 @@ target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precis
   traits.workgroup_tensor_loads = traits.workgroup_coop_matrix_f16 &&
                                   info.caps.workgroup_coop_matrix.tensor_addressing &&
                                   has_workgroup_f16_coop(info.caps, kernels::kSplitRowsBlock);
+  traits.workgroup_narrow_blocks = traits.workgroup_coop_matrix_f16 &&
+                                   has_workgroup_f16_coop(info.caps, kernels::kNarrowBlock) &&
+                                   has_workgroup_f16_coop(info.caps, kernels::kNarrowerBlock) &&
+                                   has_workgroup_f16_coop(info.caps, kernels::kLowNarrowBlock) &&
+                                   has_workgroup_f16_coop(info.caps, kernels::kLowNarrowerBlock);
   traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
   traits.fast_precision = fast_precision;
   traits.bf16_operands = bf16_operands;
