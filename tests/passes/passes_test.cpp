@@ -896,22 +896,44 @@ void exact_convolution_with_gradients(Graph& graph, Environment& environment, ui
   graph.set_output("dw", grads.at(w.id()));
 }
 
+// The im2col rewrite of `graph` on `traits` with a column limit of 1 GiB.
+Graph im2col_within_a_gib(const Graph& graph, const target::DeviceTraits& traits) {
+  return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
+}
+
+// The convolution nodes (forwards and both gradients) left in `graph`.
+size_t convolutions_left(const Graph& graph) {
+  return count_op(graph, "conv2d") + count_op(graph, "conv2d_grad_input") +
+         count_op(graph, "conv2d_grad_weight");
+}
+
+// A 1x1 convolution of x to `out_channels` on values f16 holds exactly, with both gradients
+// (exact_convolution_with_gradients), and its im2col rewrite on `device`, which must leave no
+// convolution.
+struct RewrittenConvolution {
+  Graph graph;
+  Environment environment;
+  Graph rewritten;
+};
+RewrittenConvolution exact_pointwise_convolution_rewritten(uint64_t seed, const Shape& x_shape,
+                                                           int64_t out_channels,
+                                                           const target::DeviceTraits& device) {
+  RewrittenConvolution made;
+  exact_convolution_with_gradients(made.graph, made.environment, seed, x_shape,
+                                   {out_channels, x_shape[1], 1, 1}, {});
+  made.rewritten = im2col_within_a_gib(made.graph, device);
+  EXPECT_EQ(convolutions_left(made.rewritten), 0u);
+  return made;
+}
+
 TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
   const target::DeviceTraits device = workgroup_capable(1);
   uint64_t seed = 120;
   for (const auto& [x_shape, side_by_side] :
        {std::pair<Shape, bool>{{4, 128, 8, 8}, true}, {{2, 128, 16, 16}, false}}) {
     SCOPED_TRACE(shape_string(x_shape));
-    Graph graph;
-    Environment environment;
-    exact_convolution_with_gradients(graph, environment, seed++, x_shape, {128, 128, 1, 1}, {});
-    const auto rewrite = [&](const target::DeviceTraits& traits) {
-      return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
-    };
-    const Graph rewritten = rewrite(device);
-    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
-                  count_op(rewritten, "conv2d_grad_weight"),
-              0u);
+    const auto [graph, environment, rewritten] =
+        exact_pointwise_convolution_rewritten(seed++, x_shape, 128, device);
     // Apart, the forward and data gradient multiply f16 images one an image.
     EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 3u : 2u);
     EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 0u : 1u);
@@ -921,10 +943,10 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     target::DeviceTraits apart = device;
     apart.switches.columns_side_by_side = false;
     apart.switches.half_images = false;
-    EXPECT_EQ(count_op(rewrite(apart), "half_matmul"), 0u);
+    EXPECT_EQ(count_op(im2col_within_a_gib(graph, apart), "half_matmul"), 0u);
     target::DeviceTraits together = device;
     together.switches.columns_side_by_side = true;
-    const Graph forced = rewrite(together);
+    const Graph forced = im2col_within_a_gib(graph, together);
     EXPECT_EQ(count_op(forced, "half_matmul"), 3u);
     EXPECT_EQ(count_op(forced, "transpose"), 4u);
     expect_same_outputs(graph, forced, environment);
@@ -945,16 +967,8 @@ TEST(Passes, PointwiseConvolutionsMultiplyF16ImagesOneAnImage) {
   uint64_t seed = 125;
   for (const Shape& x_shape : {Shape{2, 128, 28, 28}, Shape{2, 128, 16, 32}}) {
     SCOPED_TRACE(shape_string(x_shape));
-    Graph graph;
-    Environment environment;
-    exact_convolution_with_gradients(graph, environment, seed++, x_shape, {256, 128, 1, 1}, {});
-    const auto rewrite = [&](const target::DeviceTraits& traits) {
-      return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
-    };
-    const Graph rewritten = rewrite(device);
-    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
-                  count_op(rewritten, "conv2d_grad_weight"),
-              0u);
+    const auto [graph, environment, rewritten] =
+        exact_pointwise_convolution_rewritten(seed++, x_shape, 256, device);
     EXPECT_EQ(count_op(rewritten, "half_matmul"), 2u);
     EXPECT_EQ(count_op(rewritten, "matmul"), 1u);
     EXPECT_EQ(count_op(rewritten, "transpose"), 0u);
@@ -968,10 +982,10 @@ TEST(Passes, PointwiseConvolutionsMultiplyF16ImagesOneAnImage) {
 
     target::DeviceTraits off = device;
     off.switches = Switches::from_environment({{"MEGANEURA_HALF_IMAGES", "0"}});
-    EXPECT_EQ(count_op(rewrite(off), "half_matmul"), 0u);
+    EXPECT_EQ(count_op(im2col_within_a_gib(graph, off), "half_matmul"), 0u);
     target::DeviceTraits without_narrow = device;
     without_narrow.workgroup_narrow_blocks = false;
-    EXPECT_EQ(count_op(rewrite(without_narrow), "half_matmul"), x_shape[2] == 28 ? 0u : 2u);
+    EXPECT_EQ(count_op(im2col_within_a_gib(graph, without_narrow), "half_matmul"), x_shape[2] == 28 ? 0u : 2u);
   }
 }
 
@@ -995,13 +1009,8 @@ TEST(Passes, StridedConvolutionsMultiplyF16ColumnsSideBySide) {
     Graph graph;
     Environment environment;
     exact_convolution_with_gradients(graph, environment, seed++, x_shape, w_shape, options);
-    const auto rewrite = [&](const target::DeviceTraits& traits) {
-      return passes::im2col_convolutions(graph, vulkan::VulkanTarget(traits), uint64_t{1} << 30);
-    };
-    const Graph rewritten = rewrite(device);
-    EXPECT_EQ(count_op(rewritten, "conv2d") + count_op(rewritten, "conv2d_grad_input") +
-                  count_op(rewritten, "conv2d_grad_weight") + count_op(rewritten, "matmul"),
-              0u);
+    const Graph rewritten = im2col_within_a_gib(graph, device);
+    EXPECT_EQ(convolutions_left(rewritten) + count_op(rewritten, "matmul"), 0u);
     EXPECT_EQ(count_op(rewritten, "half_matmul"), 3u);
     EXPECT_EQ(count_op(rewritten, "transpose"), 2u);
     ASSERT_EQ(count_op(rewritten, "im2col"), 1u);
@@ -1022,7 +1031,7 @@ TEST(Passes, StridedConvolutionsMultiplyF16ColumnsSideBySide) {
       SCOPED_TRACE(name);
       target::DeviceTraits off = device;
       off.switches = Switches::from_environment({{name, value}});
-      const Graph apart = rewrite(off);
+      const Graph apart = im2col_within_a_gib(graph, off);
       EXPECT_EQ(count_op(apart, "half_matmul"), 0u);
       for (const Node& node : apart.nodes()) {
         if (node.op == "im2col") {
