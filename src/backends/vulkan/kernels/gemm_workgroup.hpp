@@ -70,10 +70,10 @@ bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device);
 
 // Whether `batch` per-image products [M, K] x [K, plane] over a value's images should run one an
-// image on the workgroup GEMM (target::Target::half_images_suit): f16 images, which the value's
-// producer writes beside it, against the subgroup GEMM's f32 reads. Wherever the workgroup GEMM
-// takes the batched product, a plane whose images go side by side
-// (images_side_by_side_suit) aside. MEGANEURA_HALF_IMAGES=0 keeps them on f32 images.
+// image on the workgroup GEMM (target::Target::half_images_suit), reading f16 images that the
+// value's producer writes beside it, rather than on the subgroup GEMM reading f32 ones: wherever
+// the workgroup GEMM takes the batched product, except where the images go side by side
+// (images_side_by_side_suit). MEGANEURA_HALF_IMAGES=0 keeps them on f32 images.
 bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                       const DeviceTraits& device);
 
