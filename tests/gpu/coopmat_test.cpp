@@ -1891,6 +1891,28 @@ size_t dispatch_lines_with(const std::string& dispatch_list,
   return lines;
 }
 
+// conv2d(x, w) with `options` and both of its gradients in fast precision, checked on the GPU
+// against the f64 reference (which rounds nothing) within the fast tolerance, with seeded random
+// inputs and cotangent; returns the dispatch list it ran. Without validation: the layer predates
+// the workgroup-scope extension.
+std::string checked_fast_convolution(const Shape& x, const Shape& w, const Conv2dOptions& options,
+                                     uint64_t seed) {
+  Shape y{x[0], w[0], 0, 0};
+  for (int axis = 0; axis < 2; ++axis) {
+    const int64_t reach = options.dilation[axis] * (w[2 + axis] - 1) + 1;
+    y[2 + axis] = (x[2 + axis] + 2 * options.padding[axis] - reach) / options.stride[axis] + 1;
+  }
+  std::string dispatch_list;
+  check_on_gpu(
+      {{"x", x}, {"w", w}, {"seed", y}},
+      [&options](Graph& graph, std::vector<Tensor>& in) {
+        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
+                              {in[0], in[1]});
+      },
+      kFastTolerance, seed, fast(), nullptr, false, &dispatch_list);
+  return dispatch_list;
+}
+
 // Winograd in fast precision stores its transformed points as f16 (MEGANEURA_WINOGRAD_F16), and
 // its batched point products read them as they are: the forward's (256 output channels, the
 // 256 x 128 block split into rows where the device has tensor-layout loads) and the data
@@ -1903,14 +1925,8 @@ TEST_F(GpuCoopMatrix, WinogradPointsInF16OnTheBatchedWorkgroupGemm) {
   const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
   const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
   const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
-  std::string dispatch_list;
-  check_on_gpu(
-      {{"x", {2, 128, 32, 32}}, {"w", {256, 128, 3, 3}}, {"seed", {2, 256, 32, 32}}},
-      [](Graph& graph, std::vector<Tensor>& in) {
-        output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, {.padding = {1, 1}}), in[2],
-                              {in[0], in[1]});
-      },
-      kFastTolerance, 81, fast(), nullptr, false, &dispatch_list);
+  const std::string dispatch_list =
+      checked_fast_convolution({2, 128, 32, 32}, {256, 128, 3, 3}, {.padding = {1, 1}}, 81);
   EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
       << dispatch_list;
   EXPECT_GE(dispatch_lines_with(dispatch_list, {"winograd_tiles"}) +
@@ -1933,26 +1949,15 @@ TEST_F(GpuCoopMatrix, StridedConvolutionOnF16ColumnsSideBySide) {
     GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
   const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
   uint64_t seed = 83;
-  for (const auto& [x, w, options, y] :
-       {std::tuple<Shape, Shape, Conv2dOptions, Shape>{{4, 128, 16, 16},
-                                                       {128, 128, 3, 3},
-                                                       {.stride = {2, 2}, .padding = {1, 1}},
-                                                       {4, 128, 8, 8}},
-        std::tuple<Shape, Shape, Conv2dOptions, Shape>{{4, 128, 16, 16},
-                                                       {256, 128, 3, 3},
-                                                       {.stride = {2, 2}, .padding = {1, 1}},
-                                                       {4, 256, 8, 8}},
-        std::tuple<Shape, Shape, Conv2dOptions, Shape>{
-            {4, 256, 16, 16}, {512, 256, 1, 1}, {.stride = {2, 2}}, {4, 512, 8, 8}}}) {
+  for (const auto& [x, w, options] :
+       {std::tuple<Shape, Shape, Conv2dOptions>{
+            {4, 128, 16, 16}, {128, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+        std::tuple<Shape, Shape, Conv2dOptions>{
+            {4, 128, 16, 16}, {256, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+        std::tuple<Shape, Shape, Conv2dOptions>{
+            {4, 256, 16, 16}, {512, 256, 1, 1}, {.stride = {2, 2}}}}) {
     SCOPED_TRACE(shape_string(x) + " * " + shape_string(w));
-    std::string dispatch_list;
-    check_on_gpu(
-        {{"x", x}, {"w", w}, {"seed", y}},
-        [options](Graph& graph, std::vector<Tensor>& in) {
-          output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
-                                {in[0], in[1]});
-        },
-        kFastTolerance, seed++, fast(), nullptr, false, &dispatch_list);
+    const std::string dispatch_list = checked_fast_convolution(x, w, options, seed++);
     EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
         << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"im2col"}), 1u) << dispatch_list;
@@ -1970,19 +1975,12 @@ TEST_F(GpuCoopMatrix, PointwiseConvolutionOnF16ImagesOneAnImage) {
     GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
   const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
   uint64_t seed = 87;
-  for (const auto& [x, w, y] :
-       {std::tuple<Shape, Shape, Shape>{{2, 128, 28, 28}, {256, 128, 1, 1}, {2, 256, 28, 28}},
-        std::tuple<Shape, Shape, Shape>{{2, 256, 56, 56}, {128, 256, 1, 1}, {2, 128, 56, 56}},
-        std::tuple<Shape, Shape, Shape>{{2, 256, 56, 56}, {64, 256, 1, 1}, {2, 64, 56, 56}},
-        std::tuple<Shape, Shape, Shape>{{2, 64, 28, 28}, {128, 64, 1, 1}, {2, 128, 28, 28}}}) {
+  for (const auto& [x, w] : {std::pair<Shape, Shape>{{2, 128, 28, 28}, {256, 128, 1, 1}},
+                             std::pair<Shape, Shape>{{2, 256, 56, 56}, {128, 256, 1, 1}},
+                             std::pair<Shape, Shape>{{2, 256, 56, 56}, {64, 256, 1, 1}},
+                             std::pair<Shape, Shape>{{2, 64, 28, 28}, {128, 64, 1, 1}}}) {
     SCOPED_TRACE(shape_string(x) + " * " + shape_string(w));
-    std::string dispatch_list;
-    check_on_gpu(
-        {{"x", x}, {"w", w}, {"seed", y}},
-        [](Graph& graph, std::vector<Tensor>& in) {
-          output_with_gradients(graph, conv2d(in[0], in[1]), in[2], {in[0], in[1]});
-        },
-        kFastTolerance, seed++, fast(), nullptr, false, &dispatch_list);
+    const std::string dispatch_list = checked_fast_convolution(x, w, {}, seed++);
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
         << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"transpose"}), 0u) << dispatch_list;

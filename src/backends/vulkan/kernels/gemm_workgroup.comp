@@ -1,6 +1,6 @@
 // C[GEMM_M, GEMM_N] (f32, or f16 with F16_RESULT) = A[GEMM_M, GEMM_K] B[GEMM_K, GEMM_N] (f16)
 // on workgroup-scope cooperative matrices: a workgroup of INVOCATIONS (256, or 128 for the
-// narrowest block) owns one
+// blocks 112 wide) owns one
 // BLOCK_M x BLOCK_N block of C and multiplies BLOCK_M x BLOCK_K and BLOCK_K x BLOCK_N operands
 // loaded straight from memory; the driver stages them through shared memory. A_TRANSPOSED: a is
 // stored [GEMM_K, GEMM_M], B_TRANSPOSED: b is stored [GEMM_N, GEMM_K]; both are then read as
