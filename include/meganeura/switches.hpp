@@ -41,6 +41,9 @@ struct Switches {
   std::optional<bool> attention_dq_gemm;  // MEGANEURA_ATTENTION_DQ_GEMM
   std::optional<bool> setup;              // MEGANEURA_SETUP
   std::optional<bool> schedule_epochs;    // MEGANEURA_SCHEDULE_EPOCHS
+  // MEGANEURA_ONE_PASS_VARIANCE: a decomposed training batch norm's variance from the mean of
+  // squares and the mean, read in one pass (passes::decompose_batch_norm); unset: fast precision.
+  std::optional<bool> one_pass_variance;
   bool no_fusion = false;                 // MEGANEURA_NO_FUSION=1: no fusion at all
   bool no_epilogue_fusion = false;        // MEGANEURA_NO_EPILOGUE_FUSION=1: no matmul epilogues
   bool no_norm_fusion = false;  // MEGANEURA_NO_NORM_FUSION=1: no normalisation prologues/epilogues

@@ -178,6 +178,9 @@ Switches read_switches(Reader& read) {
                       "SessionOptions::setup");
   s.schedule_epochs = read.flag("MEGANEURA_SCHEDULE_EPOCHS", "the lowering's order",
                                 "launches grouped into epochs", "epochs");
+  s.one_pass_variance =
+      read.flag("MEGANEURA_ONE_PASS_VARIANCE", "batch norm variances in two passes",
+                "batch norm variances in one pass in any precision", "one pass in fast precision");
   s.no_fusion = read.flag("MEGANEURA_NO_FUSION", "fusion", "no fusion", "fusion").value_or(false);
   s.no_epilogue_fusion = read.flag("MEGANEURA_NO_EPILOGUE_FUSION", "matmul epilogues",
                                    "no matmul epilogues", "matmul epilogues")

@@ -10,6 +10,11 @@
 // forward):
 //   mean = mean(x), var = mean(square(x - mean)) (the running statistics' own nodes, found and
 //   shared, so the statistics are computed once for all of them), rstd = rsqrt(var + eps);
+//   in one pass (fast precision) var = relu(mean(square(x)) - square(mean)), both means reading
+//   x, so that one launch computes them (the mean a sibling of the other's prologue, fusion.cpp)
+//   instead of the variance waiting for the mean and reading x again. Its error relative to var
+//   is f32's rounding times mean^2 / var (cancellation; the relu keeps it from going negative):
+//   under the f16 products' own while a channel's mean is within about 70 standard deviations;
 //   forward y = (x - mean) * (rstd * weight) + bias;
 //   x_hat (the weight gradient's recomputation) = (x - mean) * rstd;
 //   dx = g * A + (x - mean) * B + C with A = rstd * weight, B = -A * rstd * S2 / n,
@@ -116,7 +121,8 @@ Found find_shared_nodes(const Graph& graph, const std::vector<bool>& decomposed_
 // The decomposition's values in the new graph, made once for each input x and gradient g.
 class Decomposition {
  public:
-  explicit Decomposition(Graph& target) : target_(target) {}
+  Decomposition(Graph& target, bool one_pass_variance)
+      : target_(target), one_pass_variance_(one_pass_variance) {}
 
   // The mean and biased variance of x over its non-channel axes, and 1 / sqrt(var + eps) once a
   // batch norm asks for it (the running statistics need no eps).
@@ -126,7 +132,15 @@ class Decomposition {
 
   Statistics& statistics(ValueId x) {
     Statistics& made = statistics_[x];
-    if (made.mean == kNoValue) {
+    if (made.mean != kNoValue) return made;
+    if (one_pass_variance_) {
+      // The mean of squares first: the mean, made after it, is then the sibling that the fusion
+      // computes in its launch.
+      const Tensor squares = mean(square(tensor(x)), axes(x));
+      const Tensor plain_mean = mean(tensor(x), axes(x));
+      made.mean = plain_mean.id();
+      made.var = relu(squares - square(plain_mean)).id();
+    } else {
       made.mean = mean(tensor(x), axes(x)).id();
       made.var = mean(square(centred(x, made)), axes(x)).id();
     }
@@ -192,6 +206,7 @@ class Decomposition {
   }
 
   Graph& target_;
+  const bool one_pass_variance_;
   std::map<ValueId, Statistics> statistics_;
   std::map<ValueId, ValueId> x_hats_, bias_sums_;
   std::map<std::pair<ValueId, ValueId>, ValueId> weight_sums_;
@@ -199,7 +214,8 @@ class Decomposition {
 
 }  // namespace
 
-Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements, std::vector<ValueId>* remap) {
+Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements, bool one_pass_variance,
+                           std::vector<ValueId>* remap) {
   // The inputs x and gradients g of the training batch norms that are decomposed.
   std::vector<bool> decomposed_input(graph.size(), false), decomposed_grad(graph.size(), false);
   bool any = false;
@@ -223,7 +239,7 @@ Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements, std::vecto
   Graph rebuilt = rebuild(
       graph, keep,
       [&](Graph& target, ValueId old_id, Node node) {
-        if (!decomposition) decomposition.emplace(target);
+        if (!decomposition) decomposition.emplace(target, one_pass_variance);
         Decomposition& parts = *decomposition;
         ValueId result = kNoValue;
         if (found.running_mean_of.count(old_id)) {

@@ -87,8 +87,9 @@ Graph im2col_convolutions(const Graph& graph, const target::Target& device,
 
 // Training batch norms over at least `min_channel_elements` elements a channel become means,
 // sums and pointwise ops (see decompose_batch_norm.cpp), sharing the running statistics'
-// mean and variance and the bias and weight gradients' sums.
-Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements,
+// mean and variance and the bias and weight gradients' sums. With `one_pass_variance` the
+// variance is the mean of squares less the squared mean, both read from x in one pass.
+Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements, bool one_pass_variance,
                            std::vector<ValueId>* remap = nullptr);
 
 // Two-step sums: a sum or mean whose reduced axes lie on both sides of a kept axis and that has

@@ -449,9 +449,13 @@ Program build_program(const Graph& source, const target::Target& device,
   // Before split-K, which would otherwise split the products the workgroup GEMM takes whole.
   program.graph = passes::workgroup_gemm(std::move(program.graph), device);
   // These rewrites trade dispatches for parallelism, which GPUs need and CPU devices do not.
+  // The one-pass variance trades rounding for a pass over x, as fast precision's products do.
+  const bool one_pass_variance =
+      switches.one_pass_variance.value_or(device.traits().fast_precision);
   if (split_k)
     program.graph = passes::split_reductions(passes::merge_leading_sums(passes::split_k(
-        passes::decompose_batch_norm(std::move(program.graph), kDecomposedBatchNormElements),
+        passes::decompose_batch_norm(std::move(program.graph), kDecomposedBatchNormElements,
+                                     one_pass_variance),
         device)));
   // The same trade for attention; forcing a slice count or head splits (sweeps, tests) applies
   // on any device.

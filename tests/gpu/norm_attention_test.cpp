@@ -92,13 +92,15 @@ TEST(GpuNorm, BatchNormTrainingUpdatesRunningStatistics) {
       });
 }
 
-// Channels of 9216 elements with GPU parallelism on (split-K and its kin, forced here on the CPU
-// device): the training batch norm runs decomposed into means, sums and pointwise kernels
-// (passes::decompose_batch_norm) with its ReLU, gradients and running statistics.
-TEST(GpuNorm, DecomposedBatchNormTraining) {
+// A training batch norm with its ReLU, gradients and running statistics over channels of 9216
+// elements drawn from [low, high], run with GPU parallelism on (split-K and its kin, forced here
+// on the CPU device), so that it runs decomposed into means, sums and pointwise kernels
+// (passes::decompose_batch_norm).
+void check_decomposed_batch_norm(double low, double high, double tolerance,
+                                 std::string* dispatch_list = nullptr) {
   const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
   check_on_gpu(
-      {{"x", {2, 4, 64, 72}, DType::f32, -1.0, 3.0}, {"w", {4}}, {"b", {4}}, {"g", {2, 4, 64, 72}}},
+      {{"x", {2, 4, 64, 72}, DType::f32, low, high}, {"w", {4}}, {"b", {4}}, {"g", {2, 4, 64, 72}}},
       [](Graph& graph, std::vector<Tensor>& x) {
         const Tensor running_mean(
             &graph, graph.state("running_mean", {DType::f32, {4}}, Init::uniform(-1, 1)));
@@ -110,7 +112,24 @@ TEST(GpuNorm, DecomposedBatchNormTraining) {
         for (size_t k = 0; k < graph.updates().size(); ++k) {
           graph.set_output("update" + std::to_string(k), graph.updates()[k].second);
         }
-      });
+      },
+      tolerance, 7, {}, nullptr, true, dispatch_list);
+}
+
+TEST(GpuNorm, DecomposedBatchNormTraining) {
+  check_decomposed_batch_norm(-1.0, 3.0, 1e-5);
+}
+
+// The variance in one pass (fast precision's, forced here in strict), over an input whose mean is
+// about nine times its spread, so that the mean of squares less the squared mean cancels about
+// two digits: its two means in one launch, within f32's rounding of that cancellation (mean^2 /
+// var is about 75, which multiplies the variance's rounding error).
+TEST(GpuNorm, DecomposedBatchNormOnePassVariance) {
+  const testing::ScopedSwitch one_pass("MEGANEURA_ONE_PASS_VARIANCE", "1");
+  std::string dispatches;
+  check_decomposed_batch_norm(8.0, 12.0, 2e-5, &dispatches);
+  EXPECT_NE(dispatches.find("of fused 2 ops -> square"), std::string::npos) << dispatches;
+  EXPECT_NE(dispatches.find(" + mean %"), std::string::npos) << dispatches;
 }
 
 // The GPU kernels' rule (forced on CPU devices): few groups of many elements take workgroups of

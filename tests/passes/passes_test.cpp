@@ -135,7 +135,8 @@ TEST(Passes, PassesWithNothingToRewriteReturnTheGraphAsItIs) {
       {"dead code", [&](auto* remap) { return passes::eliminate_dead_code(graph, remap); }},
       {"f16 storage", [&](auto* remap) { return passes::f16_storage(graph, strict, remap); }},
       {"workgroup GEMM", [&](auto* remap) { return passes::workgroup_gemm(graph, strict, remap); }},
-      {"batch norm", [&](auto* remap) { return passes::decompose_batch_norm(graph, 1, remap); }},
+      {"batch norm",
+       [&](auto* remap) { return passes::decompose_batch_norm(graph, 1, false, remap); }},
       {"leading sums", [&](auto* remap) { return passes::merge_leading_sums(graph, remap); }},
       {"head padding", [&](auto* remap) { return passes::pad_attention_heads(graph, 16, remap); }}};
   for (const auto& [name, pass] : passes) {
@@ -1895,7 +1896,8 @@ size_t count_of(const Graph& graph, std::string_view op) {
 // running statistics and the gradients of a loss through it: the decomposed graph gives the same
 // output, gradients and running statistics, shares the statistics and the gradient sums (no
 // batch norm left, one mean a statistic, one sum each for the weight and bias gradients), and
-// leaves channels below the element bound as they are.
+// leaves channels below the element bound as they are; the variance in one pass (the mean of
+// squares less the squared mean) as in two.
 TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
   for (const bool affine : {true, false}) {
     SCOPED_TRACE(affine ? "affine" : "plain");
@@ -1938,16 +1940,26 @@ TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
     initialise_leaves(graph, environment, 1);
     const Graph optimized = passes::optimize(graph);
 
-    const Graph decomposed = passes::decompose_batch_norm(optimized, 288);
-    EXPECT_EQ(count_of(decomposed, "batch_norm") + count_of(decomposed, "batch_norm_grad"), 0u);
-    EXPECT_EQ(count_of(decomposed, "mean"), 2u);
-    EXPECT_EQ(count_of(decomposed, "sum"), 2u);
-    expect_same_outputs(graph, decomposed, environment);
-    const Graph split = passes::split_reductions(decomposed);
-    EXPECT_EQ(count_of(split, "mean"), 4u);
-    expect_same_outputs(graph, split, environment);
+    for (const bool one_pass : {false, true}) {
+      SCOPED_TRACE(one_pass ? "one-pass variance" : "two-pass variance");
+      const Graph decomposed = passes::decompose_batch_norm(optimized, 288, one_pass);
+      EXPECT_EQ(count_of(decomposed, "batch_norm") + count_of(decomposed, "batch_norm_grad"), 0u);
+      EXPECT_EQ(count_of(decomposed, "mean"), 2u);
+      EXPECT_EQ(count_of(decomposed, "sum"), 2u);
+      // In one pass both means read x (one through its square), neither waits for the other.
+      for (const Node& node : decomposed.nodes()) {
+        if (node.op != "mean" || !one_pass) continue;
+        const Node& source = decomposed.node(node.inputs[0]);
+        const Node& read = source.op == "square" ? decomposed.node(source.inputs[0]) : source;
+        EXPECT_EQ(read.name, "x") << source.op;
+      }
+      expect_same_outputs(graph, decomposed, environment);
+      const Graph split = passes::split_reductions(decomposed);
+      EXPECT_EQ(count_of(split, "mean"), 4u);
+      expect_same_outputs(graph, split, environment);
+    }
 
-    const Graph kept = passes::decompose_batch_norm(optimized, 289);
+    const Graph kept = passes::decompose_batch_norm(optimized, 289, false);
     EXPECT_EQ(count_of(kept, "batch_norm_grad"), 1u);
     EXPECT_EQ(kept.size(), optimized.size());
   }

@@ -84,6 +84,19 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
 // Sibling DAGs computed in a later DAG's kernel, by the later one's root (lower_graph).
 using Siblings = std::map<ValueId, std::vector<ValueId>>;
 
+// Makes `dag`'s input `argument` a statement of its own too, an identity ahead of the others,
+// whose value a kernel can then export; returns that statement.
+size_t input_as_statement(PointwiseDag& dag, int argument) {
+  for (PointwiseStatement& statement : dag.statements) {
+    for (int& reference : statement.arguments) {
+      if (reference < 0) --reference;
+    }
+  }
+  for (PointwiseExtraOutput& extra : dag.extra_outputs) ++extra.statement;
+  dag.statements.insert(dag.statements.begin(), {std::string(op::cast), {}, {argument}});
+  return 0;
+}
+
 // The pointwise DAG whose result is `root`, with the siblings it computes beside it.
 PointwiseDag dag_of(const Graph& graph, ValueId root, const std::vector<ValueId>& fused_into,
                     const std::vector<bool>& written_beside, const Siblings* siblings = nullptr) {
@@ -578,26 +591,46 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
              a.attrs.get_ints("axes", {}) == b.attrs.get_ints("axes", {}) &&
              a.attrs.get_int("keepdims", 0) == b.attrs.get_int("keepdims", 0);
     };
+    // The first such sum or mean reading `value` (through reshapes), or kNoValue.
+    const auto sibling_reading = [&](ValueId value, ValueId reduction) {
+      std::vector<ValueId> readers = consumer_lists[value];
+      for (size_t r = 0; r < readers.size(); ++r) {
+        const ValueId reader = readers[r];
+        const Node& node = graph.node(reader);
+        if (node.op == op::reshape) {
+          readers.insert(readers.end(), consumer_lists[reader].begin(),
+                         consumer_lists[reader].end());
+          continue;
+        }
+        if ((node.op == op::sum || node.op == op::mean) && node.type.dtype == DType::f32 &&
+            reader > reduction && !is_fused(reader) && !is_partial_sum(graph, reader) &&
+            prologue_of.count(reader) == 0 && !in_sibling[reader] &&
+            same_rows(node, graph.node(reduction)))
+          return reader;
+      }
+      return kNoValue;
+    };
     for (auto& [reduction, prologue] : prologue_of) {
       for (const PointwiseExtraOutput& extra : prologue.dag.extra_outputs) {
-        std::vector<ValueId> readers = consumer_lists[extra.value];
-        for (size_t r = 0; r < readers.size() && prologue.sibling == kNoValue; ++r) {
-          const ValueId reader = readers[r];
-          const Node& node = graph.node(reader);
-          if (node.op == op::reshape) {
-            readers.insert(readers.end(), consumer_lists[reader].begin(),
-                           consumer_lists[reader].end());
-            continue;
-          }
-          if ((node.op != op::sum && node.op != op::mean) || node.type.dtype != DType::f32 ||
-              reader <= reduction || is_fused(reader) || is_partial_sum(graph, reader) ||
-              prologue_of.count(reader) != 0 || in_sibling[reader] ||
-              !same_rows(node, graph.node(reduction)))
-            continue;
-          prologue.sibling = reader;
-          prologue.sibling_statement = extra.statement;
-          in_sibling[reader] = true;
-        }
+        const ValueId reader = sibling_reading(extra.value, reduction);
+        if (reader == kNoValue) continue;
+        prologue.sibling = reader;
+        prologue.sibling_statement = extra.statement;
+        in_sibling[reader] = true;
+        break;
+      }
+      // Or one over an input the DAG reads element for element (a one-pass batch norm's mean
+      // beside its mean of squares), which the launch then reads once for both.
+      const Shape& rows_shape = graph.type(prologue.dag.output).shape;
+      for (size_t k = 0; k < prologue.dag.inputs.size() && prologue.sibling == kNoValue; ++k) {
+        const ValueId input = prologue.dag.inputs[k];
+        if (graph.type(input).shape != rows_shape || graph.type(input).dtype != DType::f32)
+          continue;
+        const ValueId reader = sibling_reading(input, reduction);
+        if (reader == kNoValue) continue;
+        prologue.sibling = reader;
+        prologue.sibling_statement = input_as_statement(prologue.dag, static_cast<int>(k));
+        in_sibling[reader] = true;
       }
     }
   }
