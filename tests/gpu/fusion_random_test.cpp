@@ -376,5 +376,30 @@ TEST(GpuFusion, SiblingDagsShareOneLaunch) {
   EXPECT_LT(fused, unfused);
 }
 
+// A batch norm's backward over its per-channel vectors: A = rstd w, B = -A rstd S2 / n and
+// C = -A S1 / n, read broadcast by dx = g A + x B + C. B's DAG computes A and writes it beside
+// for dx; C's DAG reads A too and joins B's kernel as its sibling, which computes A once for
+// both: one launch for the three vectors, one for dx.
+TEST(GpuFusion, SiblingReadsAValueTheFirstDagWritesBeside) {
+  const std::vector<HarnessInput> inputs{{"rstd", {5}, DType::f32, 0.5, 2.0},
+                                         {"w", {5}},
+                                         {"s1", {5}},
+                                         {"s2", {5}},
+                                         {"g", {3, 5, 8}},
+                                         {"x", {3, 5, 8}}};
+  const auto build = [](Graph& graph, std::vector<Tensor>& in) {
+    const Tensor a = in[0] * in[1];
+    const Tensor b = -(a * in[0] * in[3]) * (1.0 / 24);
+    const Tensor c = -(a * in[2]) * (1.0 / 24);
+    const auto channels = [](const Tensor& t) { return reshape(t, {1, 5, 1}); };
+    graph.set_output("dx", (in[4] * channels(a) + in[5] * channels(b) + channels(c)).id());
+  };
+  size_t dispatches = 0;
+  std::string list;
+  check_on_gpu(inputs, build, 1e-5, 37, {}, &dispatches, true, &list);
+  EXPECT_EQ(dispatches, 2u) << list;
+  EXPECT_EQ(lines_with(list, {"pointwise"}), 2u) << list;
+}
+
 }  // namespace
 }  // namespace mg

@@ -367,10 +367,13 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
 
   // Siblings: a pointwise DAG whose result no elementwise node of its shape reads (the SwiGLU
   // backward's gradient of the up projection, which only products read) is computed in the
-  // kernel of the next DAG of its shape that reads one of its inputs (the gate's gradient, from
+  // kernel of the next DAG of its shape that reads one of its inputs or of the values it writes
+  // beside (the gate's gradient, from
   // the same incoming gradient), and written there beside that DAG's result: one launch instead
   // of two, and the shared input, a split-K sum, then has all its readers in one kernel (below).
-  // Its readers must follow the later DAG, and that DAG must not read it.
+  // Its readers must follow the later DAG; where that DAG reads it too (a batch norm's
+  // per-channel A = rstd * weight, which the DAG of B writes beside and C's reads), the merged
+  // kernel computes it once for both.
   Siblings siblings_of;
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
@@ -383,8 +386,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
       if (converts_f16(dag)) continue;
       ValueId later = kNoValue;
-      for (ValueId input : dag.inputs) {
-        for (ValueId reader : consumer_lists[input]) {
+      std::vector<ValueId> shared = dag.inputs;
+      for (const PointwiseExtraOutput& extra : dag.extra_outputs) shared.push_back(extra.value);
+      for (ValueId value : shared) {
+        for (ValueId reader : consumer_lists[value]) {
           if (!is_pointwise_op(graph.node(reader).op)) continue;
           const ValueId root = dag_root(reader);
           if (root > id && graph.type(root).shape == node.type.shape &&
@@ -394,11 +399,17 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         }
       }
       if (later == kNoValue) continue;
+      // The later DAG may read the earlier one's values: once merged it computes them in
+      // registers (append_fused), but not a view of one, which it would read from the memory
+      // that its own launch writes.
       const PointwiseDag later_dag = dag_of(graph, later, fused_into, written_beside, &siblings_of);
-      const bool reads_it =
-          std::any_of(later_dag.inputs.begin(), later_dag.inputs.end(),
-                      [&](ValueId input) { return in_dag(fused_into, input, id); });
-      if (reads_it || converts_f16(later_dag)) continue;
+      const bool reads_a_view_of_it =
+          std::any_of(later_dag.inputs.begin(), later_dag.inputs.end(), [&](ValueId input) {
+            if (!is_view_op(graph.node(input).op)) return false;
+            while (is_view_op(graph.node(input).op)) input = graph.node(input).inputs[0];
+            return in_dag(fused_into, input, id);
+          });
+      if (reads_a_view_of_it || converts_f16(later_dag)) continue;
       fused_into[i] = later;
       const bool written = written_beside[i];
       written_beside[i] = true;
