@@ -44,6 +44,22 @@ TEST(GpuArchetypes, PointwiseChainWithBroadcast) {
   });
 }
 
+// Transposes that keep their innermost axis copy a 16-byte vector a thread where that axis is a
+// multiple of 4 (f32) and one value a thread where it is not; one that moves it reads across.
+// Moves are exact: a normalised error under 1e-12.
+TEST(GpuArchetypes, TransposesMoveRunsOfTheirInnermostAxis) {
+  size_t dispatches = 0;
+  check_on_gpu(
+      {{"fours", {3, 5, 8}}, {"sixes", {2, 3, 6}}, {"moved", {4, 3, 7}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("fours_moved", transpose(x[0], {1, 0, 2}).id());
+        graph.set_output("sixes_moved", transpose(x[1], {1, 0, 2}).id());
+        graph.set_output("moved_moved", transpose(x[2], {2, 0, 1}).id());
+      },
+      1e-12, 7, {}, &dispatches);
+  EXPECT_EQ(dispatches, 3u);
+}
+
 TEST(GpuArchetypes, MatmulOddSizesAndTransposes) {
   check_on_gpu({{"a", {2, 67, 33}}, {"b", {33, 70}}, {"c", {70, 33}}},
                [](Graph& graph, std::vector<Tensor>& x) {

@@ -44,18 +44,24 @@ TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
 }
 
 // Transposes of f16 tensors move the f16 values as they are, in one launch each with no
-// conversion: one that keeps its innermost axis (4 elements a thread where that axis is a multiple
-// of 4) and one that moves it. The values equal the reference's (a normalised error under 1e-12).
+// conversion: three that keep their innermost axis (8 values a thread where that axis is a
+// multiple of 8, 4 where it is a multiple of 4 only, one where it is odd) and one that moves it.
+// The values equal the reference's (a normalised error under 1e-12).
 TEST(GpuF16, TransposesMoveF16ValuesAsTheyAre) {
   size_t dispatches = 0;
   check_on_gpu(
-      {{"runs", {3, 5, 8}, DType::f16}, {"ragged", {4, 3, 7}, DType::f16}},
+      {{"eights", {3, 5, 16}, DType::f16},
+       {"fours", {2, 3, 12}, DType::f16},
+       {"odd", {3, 2, 5}, DType::f16},
+       {"ragged", {4, 3, 7}, DType::f16}},
       [](Graph& graph, std::vector<Tensor>& in) {
-        graph.set_output("runs_moved", transpose(in[0], {1, 0, 2}).id());
-        graph.set_output("ragged_moved", transpose(in[1], {2, 0, 1}).id());
+        graph.set_output("eights_moved", transpose(in[0], {1, 0, 2}).id());
+        graph.set_output("fours_moved", transpose(in[1], {1, 0, 2}).id());
+        graph.set_output("odd_moved", transpose(in[2], {1, 0, 2}).id());
+        graph.set_output("ragged_moved", transpose(in[3], {2, 0, 1}).id());
       },
       1e-12, 7, {}, &dispatches);
-  EXPECT_EQ(dispatches, 2u);
+  EXPECT_EQ(dispatches, 4u);
 }
 
 // sum_to_f16, the rounded sum of an f16 product's split-K partial results, in one launch each:

@@ -37,9 +37,12 @@ Launch element_launch(LoweringContext& context, std::string body) {
   return element_launch(context, std::move(body), context.node().type.elements());
 }
 
-// A transpose that keeps its innermost axis moves runs of that axis: where its extent is a
-// multiple of 4, a thread copies 4 consecutive elements from one computed index, so the index
-// arithmetic is paid once for 4. f16 values move as they are.
+// A transpose that keeps its innermost axis moves runs of that axis: a thread copies one
+// 16-byte vector (4 f32 or 8 f16 values) where that axis is a multiple of it, 8 bytes (4 f16
+// values) where it is a multiple of 4 only, from one computed index, so that the index arithmetic
+// is paid once for the vector and every access is as wide as the memory's. Such a vector starts
+// at a multiple of its length in both tensors, whose bindings start aligned. f16 values move as
+// they are.
 void lower_transpose(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& out_shape = node.type.shape;
@@ -49,22 +52,34 @@ void lower_transpose(LoweringContext& context) {
   for (size_t k = 0; k < permutation.size(); ++k)
     in_coordinates[permutation[k]] = "c" + std::to_string(k);
   const size_t rank = out_shape.size();
-  const bool runs =
-      rank > 0 && permutation.back() == static_cast<int64_t>(rank - 1) && out_shape.back() % 4 == 0;
-  const int64_t per_thread = runs ? 4 : 1;
+  const bool half = node.type.dtype == DType::f16;
+  const bool keeps_innermost = rank > 0 && permutation.back() == static_cast<int64_t>(rank - 1);
+  const int64_t innermost = rank > 0 ? out_shape.back() : 0;
+  int64_t per_thread = 1;
+  std::string vector_type;
+  if (keeps_innermost && half && innermost % 8 == 0) {
+    per_thread = 8;
+    vector_type = "uvec4";
+  } else if (keeps_innermost && innermost % 4 == 0) {
+    per_thread = 4;
+    vector_type = half ? "uvec2" : "uvec4";
+  }
   const int64_t threads = node.type.elements() / per_thread;
   std::string body = main_header(threads);
-  if (runs) {
-    body += "  i *= 4u;\n" + coordinates_glsl(out_shape, "i");
+  if (per_thread > 1) {
+    const std::string length = glsl_uint(per_thread);
+    body = vector_buffer_view("x_runs", 0, false, vector_type) +
+           vector_buffer_view("out_runs", 1, true, vector_type) + body;
+    body += "  i *= " + length + ";\n" + coordinates_glsl(out_shape, "i");
     body += "  const uint source = " + flat_index_glsl(in_shape, in_coordinates) + ";\n";
-    body += "  for (uint e = 0u; e < 4u; ++e) out_[i + e] = x[source + e];\n}\n";
+    body += "  out_runs[i / " + length + "] = x_runs[source / " + length + "];\n}\n";
   } else {
     body += coordinates_glsl(out_shape, "i");
     body += "  out_[i] = x[" + flat_index_glsl(in_shape, in_coordinates) + "];\n}\n";
   }
   Launch launch = element_launch(context, std::move(body), threads);
   launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
-  if (node.type.dtype == DType::f16) {
+  if (half) {
     require_f16_tensors(context.label(), "reads or writes", context.device());
     launch.f16_operands = true;
   }
