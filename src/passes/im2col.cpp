@@ -402,10 +402,21 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   }
   if (g.is_pointwise() && g.groups == 1 &&
       column_bytes(g.batch, g.out_channels, g.in_channels, 1) <= max_bytes) {
-    const ValueId grad_out = reshaped(target, node.inputs[1], {g.batch, g.out_channels, plane});
-    const ValueId images = reshaped(target, node.inputs[0], {g.batch, g.in_channels, plane});
-    const ValueId per_image =
-        target.add(op::matmul, {grad_out, images}, {{"transpose_b", int64_t{1}}});
+    // Where the forward and the data gradient multiply f16 images one an image, the weight
+    // gradient reads those same f16 copies of x and grad_out, half the bytes of the f32 values,
+    // which their products would round to f16 as they read them anyway.
+    const bool half_images =
+        pointwise_as_matmul(g, device) &&
+        device.half_images_suit(g.out_channels, g.in_channels, g.batch, plane) &&
+        device.half_images_suit(g.in_channels, g.out_channels, g.batch, plane);
+    const auto operand = [&](ValueId value, int64_t channels) {
+      return reshaped(target, half_images ? side_by_side.rounded(target, value) : value,
+                      {g.batch, channels, plane});
+    };
+    const ValueId per_image = target.add(
+        half_images ? op::half_matmul : op::matmul,
+        {operand(node.inputs[1], g.out_channels), operand(node.inputs[0], g.in_channels)},
+        {{"transpose_b", int64_t{1}}});
     return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
   }
   // Where the forward multiplies f16 columns side by side and the data gradient grad_out's

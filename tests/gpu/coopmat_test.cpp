@@ -1968,21 +1968,27 @@ TEST_F(GpuCoopMatrix, StridedConvolutionOnF16ColumnsSideBySide) {
 // A 1x1 convolution's forward and data gradient over f16 images one an image
 // (passes/im2col.cpp, half_images_suit) on the workgroup GEMM, forced below its size rule: planes
 // of 784 and 3136, which only its narrow blocks divide (112 wide on 128 invocations, 224 wide),
-// with 64, 128 and 256 rows. The output and both gradients within the fast tolerance of the f64
-// reference, which rounds nothing.
+// with 64, 128 and 256 rows. The weight gradient's per-image products read the same f16 images,
+// on the workgroup GEMM where K (the plane, 3136) is whole blocks and its 128 x 256 result one
+// block, else on the subgroup GEMM, and none left reading f32 operands. The output and both
+// gradients within the fast tolerance of the f64 reference, which rounds nothing.
 TEST_F(GpuCoopMatrix, PointwiseConvolutionOnF16ImagesOneAnImage) {
   if (!device_has_workgroup_coop_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
   const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
   uint64_t seed = 87;
-  for (const auto& [x, w] : {std::pair<Shape, Shape>{{2, 128, 28, 28}, {256, 128, 1, 1}},
-                             std::pair<Shape, Shape>{{2, 256, 56, 56}, {128, 256, 1, 1}},
-                             std::pair<Shape, Shape>{{2, 256, 56, 56}, {64, 256, 1, 1}},
-                             std::pair<Shape, Shape>{{2, 64, 28, 28}, {128, 64, 1, 1}}}) {
+  for (const auto& [x, w, workgroup_products] :
+       {std::tuple<Shape, Shape, size_t>{{2, 128, 28, 28}, {256, 128, 1, 1}, 2},
+        std::tuple<Shape, Shape, size_t>{{2, 256, 56, 56}, {128, 256, 1, 1}, 3},
+        std::tuple<Shape, Shape, size_t>{{2, 256, 56, 56}, {64, 256, 1, 1}, 2},
+        std::tuple<Shape, Shape, size_t>{{2, 64, 28, 28}, {128, 64, 1, 1}, 2}}) {
     SCOPED_TRACE(shape_string(x) + " * " + shape_string(w));
     const std::string dispatch_list = checked_fast_convolution(x, w, {}, seed++);
-    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}),
+              workgroup_products)
         << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"half_matmul"}), 3u) << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {" matmul %"}), 0u) << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"transpose"}), 0u) << dispatch_list;
   }
 }

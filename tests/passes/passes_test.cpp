@@ -935,9 +935,10 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
     SCOPED_TRACE(shape_string(x_shape));
     const auto [graph, environment, rewritten] =
         exact_pointwise_convolution_rewritten(seed++, x_shape, 128, device);
-    // Apart, the forward and data gradient multiply f16 images one an image.
-    EXPECT_EQ(count_op(rewritten, "half_matmul"), side_by_side ? 3u : 2u);
-    EXPECT_EQ(count_op(rewritten, "matmul"), side_by_side ? 0u : 1u);
+    // Apart, the forward and data gradient multiply f16 images one an image, and the weight
+    // gradient the same f16 images per image.
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 3u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
     EXPECT_EQ(count_op(rewritten, "transpose"), side_by_side ? 4u : 0u);
     expect_same_outputs(graph, rewritten, environment);
 
@@ -958,7 +959,8 @@ TEST(Passes, PointwiseConvolutionsOverSmallPlanesMultiplyTheImagesSideBySide) {
 // widest block fills multiplies f16 images one an image where the workgroup GEMM takes the
 // batched product: its forward and data gradient become half_matmuls over x and grad_out rounded
 // to f16 (the values themselves, so that the roundings fuse into their producers), with no
-// transposes; the weight gradient keeps its per-image f32 products. Planes of 784 (28 x 28) take
+// transposes; the weight gradient's per-image products read those same f16 copies, each value
+// rounded once for all three products. Planes of 784 (28 x 28) take
 // the narrow blocks, and without them (DeviceTraits::workgroup_narrow_blocks) stay in f32, as
 // they do with MEGANEURA_HALF_IMAGES=0. On values f16 holds exactly (multiples of 2^-8) the
 // outputs equal the convolution's in the f64 reference.
@@ -970,15 +972,18 @@ TEST(Passes, PointwiseConvolutionsMultiplyF16ImagesOneAnImage) {
     SCOPED_TRACE(shape_string(x_shape));
     const auto [graph, environment, rewritten] =
         exact_pointwise_convolution_rewritten(seed++, x_shape, 256, device);
-    EXPECT_EQ(count_op(rewritten, "half_matmul"), 2u);
-    EXPECT_EQ(count_op(rewritten, "matmul"), 1u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 3u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
     EXPECT_EQ(count_op(rewritten, "transpose"), 0u);
+    size_t rounded_images = 0;
     for (const Node& node : rewritten.nodes()) {
       if (node.op != "round_to_f16") continue;
       const Shape& shape = rewritten.type(node.inputs[0]).shape;
       // x and grad_out are rounded as the 4-D values they are; the rows are the weight's matrix.
       EXPECT_TRUE(shape.size() == 4 || shape.size() == 2) << shape_string(shape);
+      rounded_images += shape.size() == 4;
     }
+    EXPECT_EQ(rounded_images, 2u);
     expect_same_outputs(graph, rewritten, environment);
 
     target::DeviceTraits off = device;
@@ -986,7 +991,8 @@ TEST(Passes, PointwiseConvolutionsMultiplyF16ImagesOneAnImage) {
     EXPECT_EQ(count_op(im2col_within_a_gib(graph, off), "half_matmul"), 0u);
     target::DeviceTraits without_narrow = device;
     without_narrow.workgroup_narrow_blocks = false;
-    EXPECT_EQ(count_op(im2col_within_a_gib(graph, without_narrow), "half_matmul"), x_shape[2] == 28 ? 0u : 2u);
+    EXPECT_EQ(count_op(im2col_within_a_gib(graph, without_narrow), "half_matmul"),
+              x_shape[2] == 28 ? 0u : 3u);
   }
 }
 
