@@ -90,8 +90,10 @@ AliasMap choose_in_place(const Graph& graph, const std::vector<PlannedLaunch>& l
     for (size_t k = 0; k + 1 < launch.operands.size(); ++k) {
       const ValueId candidate = launch.operands[k].value;
       const ValueId root = storage_root(graph, in_place, candidate);
-      if (graph.node(root).is_leaf() || set_up[root] || last_use[candidate] != t ||
-          !(graph.type(candidate) == graph.type(result))) {
+      // A value the launch writes beside its result (an extra output) is no input to take over,
+      // even where nothing reads it later: both would be stored at the same addresses.
+      if (launch.operands[k].write || graph.node(root).is_leaf() || set_up[root] ||
+          last_use[candidate] != t || !(graph.type(candidate) == graph.type(result))) {
         continue;
       }
       in_place[result] = candidate;

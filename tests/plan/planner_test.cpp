@@ -117,11 +117,15 @@ TEST(Planner, NoReuseMeansPhysicalEqualsLogicalUpToAlignment) {
   EXPECT_GE(program.memory.physical_transient_bytes, program.memory.logical_transient_bytes);
 }
 
-TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
-  const plan::Program program =
-      plan_for(models::build_classifier_training(models::ClassifierConfig{}, 8, OptimizerConfig{}));
-  // Operands of one launch occupy disjoint bytes, or else a kernel would read what another of
-  // its invocations is overwriting.
+size_t launches_of(const plan::Program& program, const std::string& op) {
+  return static_cast<size_t>(std::count_if(
+      program.launches.begin(), program.launches.end(),
+      [&](const plan::PlannedLaunch& p) { return p.launch.label.starts_with(op + " "); }));
+}
+
+// Operands of one launch occupy disjoint bytes, or else a kernel would read what another of its
+// invocations is overwriting.
+void expect_operands_apart(const plan::Program& program) {
   for (const plan::PlannedLaunch& launch : program.launches) {
     for (size_t a = 0; a < launch.regions.size(); ++a) {
       for (size_t b = a + 1; b < launch.regions.size(); ++b) {
@@ -143,6 +147,27 @@ TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
   }
 }
 
+// The classifier's training program; and a diffusion U-Net's timestep features, whose sines'
+// DAG (the angles written beside for the cosines' DAG) joins the cosines' kernel as its sibling:
+// the angles then stay in registers, and no result is placed over a value the same launch writes.
+TEST(Planner, ValuesWithOverlappingLifetimesNeverShareBytes) {
+  expect_operands_apart(plan_for(
+      models::build_classifier_training(models::ClassifierConfig{}, 8, OptimizerConfig{})));
+  Graph graph;
+  const Tensor timestep = input(graph, "timestep", {2});
+  std::vector<double> frequencies(16);
+  for (size_t i = 0; i < frequencies.size(); ++i)
+    frequencies[i] = std::exp(-0.5 * static_cast<double>(i));
+  const Tensor frequency(&graph, graph.constant(frequencies, {DType::f32, {1, 16}}));
+  const Tensor angles = reshape(timestep, {2, 1}) * frequency;
+  const Tensor sines = sin(angles), cosines = cos(angles);
+  const Tensor weight = parameter(graph, "linear.weight", {8, 32}, Init::uniform(-0.1, 0.1));
+  graph.set_output("y", silu(linear(concat({cosines, sines}, 1), weight)).id());
+  const plan::Program program = plan_for(graph);
+  EXPECT_EQ(launches_of(program, "fused"), 1u) << plan::describe_dispatches(program);
+  expect_operands_apart(program);
+}
+
 // Attention with its gradients: the forward launch writes the log-sum-exp the backward reads,
 // so attention_lse has no launch of its own (unless fusion is off), and every launch that reads
 // it comes after the forward's.
@@ -162,12 +187,6 @@ Graph attention_training(bool causal, bool lse_differs, int64_t length = 24) {
     graph.set_output("other_lse", graph.add("attention_lse", {q.id(), k.id()}, attrs));
   }
   return graph;
-}
-
-size_t launches_of(const plan::Program& program, const std::string& op) {
-  return static_cast<size_t>(std::count_if(
-      program.launches.begin(), program.launches.end(),
-      [&](const plan::PlannedLaunch& p) { return p.launch.label.starts_with(op + " "); }));
 }
 
 TEST(Planner, AttentionForwardWritesTheBackwardsLogSumExp) {

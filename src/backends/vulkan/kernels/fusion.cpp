@@ -411,8 +411,14 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           });
       if (reads_a_view_of_it || converts_f16(later_dag)) continue;
       fused_into[i] = later;
-      const bool written = written_beside[i];
-      written_beside[i] = true;
+      // The merged kernel writes the earlier DAG's result and values where something outside it
+      // reads them or the graph keeps them; one that only the later DAG read is left in registers.
+      std::vector<std::pair<ValueId, bool>> was_written{{id, written_beside[i]}};
+      for (const PointwiseExtraOutput& extra : dag.extra_outputs)
+        was_written.emplace_back(extra.value, written_beside[extra.value]);
+      for (const auto& [value, unused] : was_written)
+        written_beside[value] = observed[value] || read_outside(graph, consumer_lists, fused_into,
+                                                                observed, value, later);
       siblings_of[later].push_back(id);
       bool follow = readers_follow(graph, consumer_lists, id, kNoValue, later, &fused_into);
       for (const PointwiseExtraOutput& extra : dag.extra_outputs)
@@ -422,7 +428,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                                      &siblings_of)) <= device.max_storage_buffers)
         continue;
       fused_into[i] = kNoValue;
-      written_beside[i] = written;
+      for (const auto& [value, written] : was_written) written_beside[value] = written;
       siblings_of[later].pop_back();
       if (siblings_of[later].empty()) siblings_of.erase(later);
     }
