@@ -113,9 +113,9 @@ TEST(GpuEpilogue, ObservedProductIsNotFused) {
       0);
 }
 
-// A bias add that the graph keeps (an output here; in training, the pre-activation the backward
-// reads) and that a later node reads too: the GEMM evaluates it and its ReLU, writing the ReLU
-// as its result and the bias add beside it. Without epilogues the bias add and ReLU are one
+// A bias add that the graph keeps (an output here; in training, the pre-activation a GELU's
+// backward reads) and that a later node reads too: the GEMM evaluates it and its ReLU, writing the
+// ReLU as its result and the bias add beside it. Without epilogues the bias add and ReLU are one
 // pointwise kernel that writes both, so the GEMM saves exactly that dispatch (with the bias add
 // as the epilogue's end, as before extra outputs, the ReLU was a kernel of its own: none saved).
 TEST(GpuEpilogue, KeptValueWrittenBesideTheActivation) {

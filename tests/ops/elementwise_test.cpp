@@ -200,6 +200,29 @@ TEST(Elementwise, UnaryGradients) {
   }
 }
 
+// ReLU's gradient masks the cotangent by its output, which is positive exactly where the input
+// is (PyTorch's gradient at 0 is 0 too), so that a backward needs the output the next layer reads
+// and not the input as well.
+TEST(Elementwise, ReluGradientMasksByTheOutput) {
+  Graph graph;
+  Environment environment;
+  const Tensor x = input(graph, "x", {4});
+  const Tensor seed = input(graph, "seed", {4});
+  const Tensor y = relu(x);
+  const ValueId gradient = gradients(graph, y.id(), {x.id()}, seed.id()).at(x.id());
+  size_t masks = 0;
+  for (const Node& node : graph.nodes()) {
+    if (node.op != "greater") continue;
+    ++masks;
+    EXPECT_EQ(node.inputs[0], y.id());
+  }
+  EXPECT_EQ(masks, 1u);
+  environment.leaves["x"] = HostTensor({4}, {-1.5, 0.0, 2.0, 1e-30});
+  environment.leaves["seed"] = HostTensor({4}, {0.7, -0.3, 1.25, -4.0});
+  EXPECT_EQ(evaluate(graph, environment)[gradient].data,
+            (std::vector<double>{0.0, 0.0, 1.25, -4.0}));
+}
+
 TEST(Elementwise, GeluGradientIsExactForBothForms) {
   for (GeluApproximation form : {GeluApproximation::none, GeluApproximation::tanh}) {
     expect_gradients_match({.shapes = {{3, 4}}, .low = -3.0, .high = 3.0},

@@ -317,9 +317,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // read is computed inside the kernel of its first consumer, when that one is elementwise of its
   // shape, and written there as an extra output for the rest: Adam's moments feed the
   // parameter's update (one kernel instead of three, the moments not read back), a bias add
-  // feeds its activation and the backward. Every other reader must come after the kernel that
-  // writes it. A matmul epilogue's root joins its consumer's DAG the same way, the epilogue
-  // moving there (matmul + bias + ReLU in one GEMM that also writes the pre-activation), but a
+  // feeds its activation and the backward (of a GELU or SiLU; ReLU's reads its output). Every
+  // other reader must come after the kernel that writes it. A matmul epilogue's root joins its
+  // consumer's DAG the same way, the epilogue moving there (matmul + bias + GELU in one GEMM that
+  // also writes the pre-activation), but a
   // DAG that is already an epilogue takes no other; the merged kernel stays within the device's
   // storage buffers. Values are taken from the last, so that a value's consumers have found
   // their DAGs (and its root its place) before it.
