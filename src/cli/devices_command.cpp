@@ -26,7 +26,7 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--batch N]
-                        [--precision P] [--plan-only] [--dispatches]] [--device SEL]
+                        [--precision P] [--plan-only] [--dispatches] [--graph]] [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
@@ -64,6 +64,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     checksums: the same program)
   --dispatches      with --plan-only: also print the planned program's dispatch list, one
                     line a dispatch (what `bench workloads --trace` writes beside a trace)
+  --graph           with --plan-only: also print the planned program's graph after every
+                    pass, one node a line, whose %N the dispatch labels name
   --device SEL      device index or part of its name
 )";
 
@@ -257,7 +259,7 @@ uint64_t program_checksum(const plan::Program& program) {
   return checksum;
 }
 
-void bench_plan(const CompileRequest& request, bool print_dispatches) {
+void bench_plan(const CompileRequest& request, bool print_dispatches, bool print_graph) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   const auto seconds_since = [&](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(now() - since).count();
@@ -307,23 +309,25 @@ void bench_plan(const CompileRequest& request, bool print_dispatches) {
       static_cast<double>(program.memory.peak_live_bytes) / (1 << 20),
       static_cast<unsigned long long>(program_checksum(program)));
   if (print_dispatches) std::fputs(plan::describe_dispatches(program).c_str(), stdout);
+  if (print_graph) std::fputs(program.graph.to_string().c_str(), stdout);
 }
 
 }  // namespace
 
 int devices_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura devices", words, {"device", "program", "batch", "precision"},
-                            {"bench-compile", "plan-only", "dispatches", "verbose", "help"});
+  const Arguments arguments(
+      "meganeura devices", words, {"device", "program", "batch", "precision"},
+      {"bench-compile", "plan-only", "dispatches", "graph", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
-  if (arguments.has("dispatches") &&
-      !(arguments.has("bench-compile") && arguments.has("plan-only")))
-    throw Error(
-        "meganeura devices: --dispatches prints a planned program's dispatch list; add "
-        "--bench-compile --plan-only");
+  for (const char* option : {"dispatches", "graph"}) {
+    if (arguments.has(option) && !(arguments.has("bench-compile") && arguments.has("plan-only")))
+      throw Error(std::string("meganeura devices: --") + option +
+                  " prints what a planned program holds; add --bench-compile --plan-only");
+  }
   if (!arguments.has("bench-compile") &&
       (arguments.has("program") || arguments.has("batch") || arguments.has("precision")))
     throw Error(
@@ -335,7 +339,7 @@ int devices_command(const std::vector<std::string>& words) {
     request.batch = arguments.integer("batch", kResNet50CompileBatch, 1, 4096);
   request.precision = parse_precision(arguments.text("precision", "strict"));
   if (arguments.has("bench-compile") && arguments.has("plan-only")) {
-    bench_plan(request, arguments.has("dispatches"));
+    bench_plan(request, arguments.has("dispatches"), arguments.has("graph"));
     return 0;
   }
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "cli_runner.hpp"
@@ -63,6 +66,33 @@ TEST(CliBenchCompile, PlanOnlyPrintsTheDispatchListOnRequest) {
   };
   EXPECT_GE(lines(listed.output) - lines(plain.output), dispatches) << listed.output;
   const Result alone = run("devices --dispatches");
+  EXPECT_EQ(alone.status, 1) << alone.output;
+  EXPECT_NE(alone.output.find("add --bench-compile --plan-only"), std::string::npos)
+      << alone.output;
+}
+
+// --graph prints the planned graph after its dispatch list: a line for every node, so that each
+// value a dispatch label names (%N) is found there.
+TEST(CliBenchCompile, PlanOnlyPrintsThePlannedGraphOnRequest) {
+  const Result both = run("devices --bench-compile --plan-only --dispatches --graph");
+  ASSERT_EQ(both.status, 0) << both.output;
+  std::set<std::string> defined, labelled;
+  std::istringstream lines(both.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("%")) {
+      defined.insert(line.substr(0, line.find(' ')));
+      continue;
+    }
+    const size_t at = line.rfind(" %");
+    if (at == std::string::npos || line.find("  ") == std::string::npos) continue;
+    size_t end = at + 2;
+    while (end < line.size() && std::isdigit(static_cast<unsigned char>(line[end]))) ++end;
+    if (end > at + 2) labelled.insert(line.substr(at + 1, end - at - 1));
+  }
+  ASSERT_GT(defined.size(), 10u) << both.output;
+  ASSERT_GT(labelled.size(), 10u) << both.output;
+  for (const std::string& value : labelled) EXPECT_TRUE(defined.count(value)) << value;
+  const Result alone = run("devices --graph");
   EXPECT_EQ(alone.status, 1) << alone.output;
   EXPECT_NE(alone.output.find("add --bench-compile --plan-only"), std::string::npos)
       << alone.output;
