@@ -207,9 +207,9 @@ const UnaryOp kUnaryOps[] = {
      [](Tensor x, Tensor, Tensor g) { return g * cos(x); }},
     {op::cos, [](double x) { return std::cos(x); }, true,
      [](Tensor x, Tensor, Tensor g) { return -(g * sin(x)); }},
-    // The derivative at 0 is taken as 0, as in PyTorch.
-    // The gradient's mask reads the output, positive exactly where the input is, and which the
-    // graph keeps anyway for the next layer: the input need not be kept for the backward.
+    // The derivative at 0 is taken as 0, as in PyTorch. The gradient's mask reads the output,
+    // positive exactly where the input is, which the graph keeps anyway for the next layer: the
+    // input need not be kept for the backward.
     {op::relu, [](double x) { return x > 0 ? x : 0.0; }, false,
      [](Tensor, Tensor y, Tensor g) { return g * greater(y, scalar_zero(y)); }},
     {op::silu, [](double x) { return x * sigmoid_of(x); }, true,

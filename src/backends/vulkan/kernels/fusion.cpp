@@ -320,10 +320,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // feeds its activation and the backward (of a GELU or SiLU; ReLU's reads its output). Every
   // other reader must come after the kernel that writes it. A matmul epilogue's root joins its
   // consumer's DAG the same way, the epilogue moving there (matmul + bias + GELU in one GEMM that
-  // also writes the pre-activation), but a
-  // DAG that is already an epilogue takes no other; the merged kernel stays within the device's
-  // storage buffers. Values are taken from the last, so that a value's consumers have found
-  // their DAGs (and its root its place) before it.
+  // also writes the pre-activation), but a DAG that is already an epilogue takes no other; the
+  // merged kernel stays within the device's storage buffers. Values are taken from the last, so
+  // that a value's consumers have found their DAGs (and its root its place) before it.
   std::vector<bool> written_beside(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = graph.size(); i-- > 0;) {
@@ -369,12 +368,11 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // Siblings: a pointwise DAG whose result no elementwise node of its shape reads (the SwiGLU
   // backward's gradient of the up projection, which only products read) is computed in the
   // kernel of the next DAG of its shape that reads one of its inputs or of the values it writes
-  // beside (the gate's gradient, from
-  // the same incoming gradient), and written there beside that DAG's result: one launch instead
-  // of two, and the shared input, a split-K sum, then has all its readers in one kernel (below).
-  // Its readers must follow the later DAG; where that DAG reads it too (a batch norm's
-  // per-channel A = rstd * weight, which the DAG of B writes beside and C's reads), the merged
-  // kernel computes it once for both.
+  // beside (the gate's gradient, from the same incoming gradient), and written there beside that
+  // DAG's result: one launch instead of two, and the shared input, a split-K sum, then has all
+  // its readers in one kernel (below). Its readers must follow the later DAG; where that DAG
+  // reads one of its values (a batch norm's per-channel A = rstd * weight, which the DAG of B
+  // writes beside and C's reads), the merged kernel computes it once for both.
   Siblings siblings_of;
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
