@@ -59,7 +59,9 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     would; make every launch's kernel source as a build does before it asks
                     for pipelines, and the reports a build makes; print the fastest of five
                     repeats of each part, the barriers between dispatches, the transient
-                    memory (its arenas, and the most that is live at once) and a checksum of
+                    memory (its arenas, and the most that is live at once), the bytes the
+                    dispatches bind and their arithmetic (each bound value counted once a
+                    dispatch, as the roofline reports do) and a checksum of
                     the dispatch list, memory plan, regions and kernel sources (equal
                     checksums: the same program)
   --dispatches      with --plan-only: also print the planned program's dispatch list, one
@@ -286,6 +288,7 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
   double plan_seconds = 1e30, source_seconds = 1e30, report_seconds = 1e30;
   plan::Program program;
   size_t kernel_count = 0;
+  plan::LaunchCost total;
   for (int repeat = 0; repeat < kRepeats; ++repeat) {
     phase = now();
     program = plan::build_program(compiled.graph, target, options);
@@ -298,16 +301,21 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
     const std::string dispatches = plan::describe_dispatches(program);
     const std::vector<plan::LaunchCost> costs = plan::launch_costs(program);
     report_seconds = std::min(report_seconds, seconds_since(phase));
+    total = {};
+    for (const plan::LaunchCost& cost : costs) {
+      total.flops += cost.flops;
+      total.bytes += cost.bytes;
+    }
   }
   std::printf(
       "fastest of %d: plan %.4f s, kernels %.4f s (%zu distinct), reports %.4f s; %zu "
       "dispatches, %zu setup, %zu barriers, transient memory %.1f MiB (%.1f MiB live at most), "
-      "checksum %016llx\n",
+      "%.1f GiB bound and %.3f TFLOP by the shapes, checksum %016llx\n",
       kRepeats, plan_seconds, source_seconds, kernel_count, report_seconds, program.launches.size(),
       program.setup.size(), static_cast<size_t>(program.memory.barriers),
       static_cast<double>(program.memory.physical_transient_bytes) / (1 << 20),
-      static_cast<double>(program.memory.peak_live_bytes) / (1 << 20),
-      static_cast<unsigned long long>(program_checksum(program)));
+      static_cast<double>(program.memory.peak_live_bytes) / (1 << 20), total.bytes / (1 << 30),
+      total.flops * 1e-12, static_cast<unsigned long long>(program_checksum(program)));
   if (print_dispatches) std::fputs(plan::describe_dispatches(program).c_str(), stdout);
   if (print_graph) std::fputs(program.graph.to_string().c_str(), stdout);
 }

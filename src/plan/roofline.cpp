@@ -1,5 +1,6 @@
 #include "plan/roofline.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -36,9 +37,13 @@ double convolution_flops(const Graph& graph, const Node& node, ValueId result) {
   const std::string_view op = node.op;
   if (op == op::conv2d_grad_weight) {
     // x [N, C, H, W], grad_out [N, O, OH, OW] -> w [O, C/g, KH, KW]
+    // Split over K, the result's leading axis holds the `k_splits` partials, each of which
+    // covers 1/k_splits of the batch's positions.
     const Shape& grad_out = graph.type(node.inputs[1]).shape;
+    const double splits =
+        static_cast<double>(std::max<int64_t>(1, node.attrs.get_int("k_splits", 1)));
     return 2 * elements(graph, result) * elements(graph, node.inputs[1]) /
-           static_cast<double>(grad_out.size() > 1 ? grad_out[1] : 1);
+           static_cast<double>(grad_out.size() > 1 ? grad_out[1] : 1) / splits;
   }
   // conv2d(x, w): the result; conv2d_grad_input(grad_out, w) and conv_transpose2d(x, w): the
   // input that has the forward output's shape.

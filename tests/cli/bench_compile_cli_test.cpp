@@ -38,6 +38,7 @@ TEST(CliBenchCompile, PlanOnlyBuildsTheSameProgramInEveryProcess) {
             std::string::npos)
       << first.output;
   EXPECT_NE(first.output.find("fastest of 5: plan "), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find(" GiB bound and "), std::string::npos) << first.output;
   // The listing of devices needs a device; the plan-only mode opens none.
   EXPECT_EQ(first.output.find("llvmpipe"), std::string::npos) << first.output;
   const Result second = run(command);

@@ -2,6 +2,7 @@
 // attention's FLOPs against their textbook counts, bytes as the bound values' sizes.
 #include <gtest/gtest.h>
 
+#include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
 #include "meganeura/session.hpp"
 
@@ -49,6 +50,27 @@ TEST(Roofline, ConvolutionAndAttention) {
   EXPECT_EQ(cost_of(session, "conv2d").flops, 2.0 * (2 * 5 * 8 * 8) * 27);
   // Scores q k^T and their product with v: 2 x 2 x B H Sq Sk D.
   EXPECT_EQ(cost_of(session, "scaled_dot_product_attention").flops, 4.0 * 2 * 16 * 24 * 8);
+}
+
+// A weight gradient split over K computes the unsplit product in slices: its partials' launch
+// counts the same FLOPs as the whole one, not once a slice.
+TEST(Roofline, WeightGradientSplitOverKCountsItsProductOnce) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {4, 3, 18, 18});
+  const Tensor w = input(graph, "w", {5, 3, 3, 3});
+  const Tensor y = conv2d(x, w);  // 4 x 5 x 16 x 16 outputs of 27 taps: K = 1,024 positions
+  graph.set_output("dw", gradients(graph, sum_all(y).id(), {w.id()}).at(w.id()));
+  const auto flops_with = [&graph](const char* slices) {
+    SessionOptions options;
+    options.switches = Switches::from_environment({{"MEGANEURA_IM2COL", "0"},
+                                                   {"MEGANEURA_SPLIT_K", "1"},
+                                                   {"MEGANEURA_SPLIT_K_SLICES", slices}});
+    const Session session(graph, options);
+    return cost_of(session, "conv2d_grad_weight").flops;
+  };
+  const double whole = 2.0 * (4 * 5 * 16 * 16) * 27;
+  EXPECT_EQ(flops_with("1"), whole);
+  EXPECT_EQ(flops_with("4"), whole);
 }
 
 }  // namespace
