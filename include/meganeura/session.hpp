@@ -21,7 +21,8 @@ namespace mg {
 // How matrix products and convolutions compute (DESIGN.md, "Precision policy").
 enum class Precision {
   strict,  // f32 operands and f32 arithmetic everywhere
-  fast,    // f16 operands into cooperative matrices (tensor cores), f32 accumulation, f32 storage;
+  fast,    // f16 operands into cooperative matrices (tensor cores), f32 accumulation, f32
+           // storage but for large activations between f16 products (passes::half_activations);
            // devices without cooperative matrices, or MEGANEURA_NO_COOPMAT=1, run strict
   bf16,    // as fast with bfloat16 operands (f32's range, 8 significant bits): no loss scaling
            // needed; devices without bfloat16 cooperative matrices run strict

@@ -44,6 +44,10 @@ struct Switches {
   // MEGANEURA_ONE_PASS_VARIANCE: a decomposed training batch norm's variance from the mean of
   // squares and the mean, read in one pass (passes::decompose_batch_norm); unset: fast precision.
   std::optional<bool> one_pass_variance;
+  // MEGANEURA_HALF_ACTIVATIONS: large f32 values that products and elementwise kernels write and
+  // elementwise kernels, reductions and moves read are stored in f16 (passes::half_activations);
+  // unset: fast precision with f16 products on a device with cooperative matrices.
+  std::optional<bool> half_activations;
   bool no_fusion = false;                 // MEGANEURA_NO_FUSION=1: no fusion at all
   bool no_epilogue_fusion = false;        // MEGANEURA_NO_EPILOGUE_FUSION=1: no matmul epilogues
   bool no_norm_fusion = false;  // MEGANEURA_NO_NORM_FUSION=1: no normalisation prologues/epilogues

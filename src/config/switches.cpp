@@ -181,6 +181,9 @@ Switches read_switches(Reader& read) {
   s.one_pass_variance =
       read.flag("MEGANEURA_ONE_PASS_VARIANCE", "batch norm variances in two passes",
                 "batch norm variances in one pass in any precision", "one pass in fast precision");
+  s.half_activations =
+      read.flag("MEGANEURA_HALF_ACTIVATIONS", "activations stored in f32",
+                "activations stored in f16 in any precision", "f16 in fast precision");
   s.no_fusion = read.flag("MEGANEURA_NO_FUSION", "fusion", "no fusion", "fusion").value_or(false);
   s.no_epilogue_fusion = read.flag("MEGANEURA_NO_EPILOGUE_FUSION", "matmul epilogues",
                                    "no matmul epilogues", "matmul epilogues")

@@ -35,6 +35,15 @@ Graph split_k(const Graph& graph, const target::Target& device,
 // f16 result (see f16_storage.cpp).
 Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId>* remap = nullptr);
 
+// Half activations: large f32 values that an elementwise kernel or a product on cooperative
+// matrices writes and only elementwise kernels, reductions, roundings to f16 and transposes
+// read are stored in f16 (round_to_f16 of the result, widen_f16 in each reader; products write
+// f16 results), so the kernels that convert in registers move half the bytes. Outputs,
+// assignments, values under 65,536 elements and elementwise values that one kernel reads (which
+// fusion computes there) keep f32 (see half_activations.cpp).
+Graph half_activations(Graph graph, const target::Target& device,
+                       std::vector<ValueId>* remap = nullptr);
+
 // The workgroup GEMM: a 2-D matmul that suits it on `device` (target::Target::
 // workgroup_gemm_suits) becomes round_to_f16 of both operands and a half_matmul
 // (ops/half_gemm.hpp). Where products round their operands to f16 (fast precision with f16

@@ -464,6 +464,13 @@ Program build_program(const Graph& source, const target::Target& device,
   if (split_k || !switches.attention_splits.empty() ||
       switches.attention_head_splits.value_or(false))
     program.graph = passes::split_attention(program.graph, device);
+  // Activations in f16 where products already take f16 operands, as mixed precision stores them;
+  // forced on, wherever the device stores f16 tensors.
+  const target::DeviceTraits& traits = device.traits();
+  if (switches.half_activations.value_or(traits.fast_precision && !traits.bf16_operands &&
+                                         device.cooperative_matrices()) &&
+      traits.f16_tensors)
+    program.graph = passes::half_activations(std::move(program.graph), device);
   verify(program.graph);
   const Graph& graph = program.graph;
 

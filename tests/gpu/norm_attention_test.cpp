@@ -2,6 +2,7 @@
 // Backward ops are reached through mg::gradients with a random seed gradient, so that the
 // gradients are not the degenerate ones of a plain sum (a norm's x-gradient of sum(y) is zero).
 #include <limits>
+#include <random>
 
 #include "backends/vulkan/kernels/lowering.hpp"
 #include "harness.hpp"
@@ -130,6 +131,87 @@ TEST(GpuNorm, DecomposedBatchNormOnePassVariance) {
   check_decomposed_batch_norm(8.0, 12.0, 2e-5, &dispatches);
   EXPECT_NE(dispatches.find("of fused 2 ops -> square"), std::string::npos) << dispatches;
   EXPECT_NE(dispatches.find(" + mean %"), std::string::npos) << dispatches;
+}
+
+// A residual block of two training batch norms (tanh after the first, SiLU after the second),
+// its step planned with the values in f32 and with half activations (passes::half_activations,
+// fast precision's, forced here in strict on a device without f16 products): the values that
+// several elementwise kernels and reductions read (the first norm's tanh, whose gradient reads
+// it, the block's sum, the incoming gradients the norms' backward reads) are stored in f16 and
+// converted in registers. Each planned step matches the f64 reference: within f32's rounding in
+// f32, within f16's rounding of those values in f16 (a weight gradient sums thousands of
+// products that cancel, which multiplies their rounding), and in f16 binds fewer bytes
+// (`most_bytes` of f32's) in no more dispatches. No ReLU: its mask would flip where a rounding
+// moves a value across zero, by a whole gradient value, which no rounding bound describes.
+void check_residual_block_over_half_activations(const Shape& images, double most_bytes) {
+  Graph graph;
+  const int64_t channels = images[1];
+  const Tensor x = input(graph, "x", images);
+  const Tensor w1 = input(graph, "w1", {channels}), b1 = input(graph, "b1", {channels});
+  const Tensor w2 = input(graph, "w2", {channels}), b2 = input(graph, "b2", {channels});
+  const Tensor seed = input(graph, "seed", images);
+  const auto statistics = [&](const std::string& name) {
+    return std::pair{
+        Tensor(&graph, graph.state(name + "_mean", {DType::f32, {channels}}, Init::uniform(-1, 1))),
+        Tensor(&graph,
+               graph.state(name + "_var", {DType::f32, {channels}}, Init::uniform(0.5, 2)))};
+  };
+  const auto [mean1, var1] = statistics("bn1");
+  const auto [mean2, var2] = statistics("bn2");
+  const Tensor hidden = tanh(batch_norm(x, w1, b1, mean1, var1, true));
+  const Tensor y = silu(batch_norm(hidden * 1.5 + x, w2, b2, mean2, var2, true));
+  graph.set_output("y", y.id());
+  output_gradients(graph, "", y, {x, w1, b1, w2, b2}, seed);
+  for (size_t k = 0; k < graph.updates().size(); ++k)
+    graph.set_output("update" + std::to_string(k), graph.updates()[k].second);
+
+  Environment environment;
+  std::mt19937_64 generator(29);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  for (const char* name : {"x", "w1", "b1", "w2", "b2", "seed"}) {
+    HostTensor value(graph.type(graph.find_leaf(name)).shape);
+    for (double& element : value.data) element = static_cast<float>(uniform(generator));
+    environment.leaves[name] = value;
+  }
+  initialise_leaves(graph, environment, 0);
+  const std::vector<HostTensor> reference = evaluate(graph, environment);
+
+  struct Planned {
+    double bytes = 0;
+    size_t dispatches = 0;
+  };
+  const auto planned_step = [&](const char* half, double tolerance) {
+    const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+    const testing::ScopedSwitch half_activations("MEGANEURA_HALF_ACTIVATIONS", half);
+    SessionOptions options;
+    options.switches = testing::switches();
+    Session session(graph, options);
+    for (const char* name : {"x", "w1", "b1", "w2", "b2", "seed"}) {
+      const std::vector<double>& data = environment.leaves[name].data;
+      session.set_input(name, std::vector<float>(data.begin(), data.end()));
+    }
+    session.run();
+    for (const auto& [name, id] : graph.outputs())
+      EXPECT_LT(testing::normalized_error(session.output(name), reference[id]), tolerance)
+          << "output '" << name << "' with MEGANEURA_HALF_ACTIVATIONS=" << half;
+    Planned planned;
+    planned.dispatches = session.report().dispatches;
+    for (const DispatchCost& cost : session.report().dispatch_costs) planned.bytes += cost.bytes;
+    return planned;
+  };
+  const Planned in_f32 = planned_step("0", 1e-5);
+  const Planned in_f16 = planned_step("1", 8e-3);
+  EXPECT_LT(in_f16.bytes, most_bytes * in_f32.bytes);
+  EXPECT_LE(in_f16.dispatches, in_f32.dispatches);
+}
+
+TEST(GpuNorm, ResidualBlockOverHalfActivations) {
+  // 9,216 elements a channel: the batch norms decomposed into means and elementwise kernels,
+  // which move a fifth fewer bytes.
+  check_residual_block_over_half_activations({2, 8, 64, 72}, 0.8);
+  // 6,400: the norm kernels, whose f32 inputs and results stay f32 (only the tanh between them
+  // is stored in f16, its gradient's prologue in the backward norm widening it).
+  check_residual_block_over_half_activations({4, 16, 40, 40}, 1.0);
 }
 
 // The GPU kernels' rule (forced on CPU devices): few groups of many elements take workgroups of

@@ -1810,6 +1810,83 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
   EXPECT_EQ(stepped_before.leaves["running"].data, stepped_after.leaves["running"].data);
 }
 
+// Half activations (on an H200-like GPU with the workgroup GEMM): a value that
+// several kernels read is stored in f16 where its producer and every reader convert in
+// registers (an elementwise value, a product of f16 operands, a transpose of either); a value
+// one kernel reads, one a layer norm reads and the outputs keep f32. The rewritten graph
+// computes what the same graph computes with those values rounded to f16 (built by hand below),
+// and each widening of an f16 value has one reader.
+TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
+  const auto rounded = [](Graph& graph, Tensor value) {
+    return Tensor(&graph, graph.add("widen_f16", {graph.add("round_to_f16", {value.id()})}));
+  };
+  const auto block = [&](Graph& graph, bool round_by_hand) {
+    const auto kept = [&](Tensor value) { return round_by_hand ? rounded(graph, value) : value; };
+    const Tensor x = input(graph, "x", {4, 8, 48, 48});
+    const Tensor c = input(graph, "c", {8, 1, 1});
+    const Tensor a = kept(x * c);
+    const Tensor b = kept(tanh(a));
+    const Tensor s = sum(a * b, {2, 3}, true);
+    graph.set_output("shared", (b * s + transpose(b, {0, 1, 3, 2}) * 2.0).id());
+    const Tensor e = x * 2.0 + 1.0;
+    graph.set_output("normed", (layer_norm(e, std::nullopt, std::nullopt) + exp(e)).id());
+    const Tensor weights = input(graph, "weights", {128, 64});
+    const Tensor images = input(graph, "images", {2, 64, 256});
+    const Tensor product =
+        kept(Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_f16", {weights.id()}),
+                                                      graph.add("round_to_f16", {images.id()})})));
+    graph.set_output("product", (relu(product) + product * 0.5).id());
+  };
+  Graph graph, by_hand;
+  block(graph, false);
+  block(by_hand, true);
+  Environment environment;
+  std::mt19937_64 generator(37);
+  std::uniform_real_distribution<double> uniform(-1.5, 1.5);
+  for (const char* name : {"x", "c", "weights", "images"}) {
+    HostTensor value(graph.type(graph.find_leaf(name)).shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+  }
+  // One compute unit: the product, two blocks, fills it.
+  const Graph rewritten =
+      passes::half_activations(graph, vulkan::VulkanTarget(workgroup_capable(1)));
+  verify(rewritten);
+  size_t roundings = 0, f16_products = 0, f16_transposes = 0;
+  for (const Node& node : rewritten.nodes()) {
+    roundings += node.op == "round_to_f16";
+    f16_products += node.op == "half_matmul" && node.type.dtype == DType::f16;
+    f16_transposes += node.op == "transpose" && node.type.dtype == DType::f16;
+  }
+  // a and b, and the product's two operands.
+  EXPECT_EQ(roundings, 4u);
+  EXPECT_EQ(f16_products, 1u);
+  EXPECT_EQ(f16_transposes, 1u);
+  std::map<ValueId, size_t> widening_readers;
+  for (const Node& node : rewritten.nodes())
+    for (ValueId input_id : node.inputs)
+      if (rewritten.node(input_id).op == "widen_f16") ++widening_readers[input_id];
+  EXPECT_FALSE(widening_readers.empty());
+  for (const auto& [widening, readers] : widening_readers)
+    EXPECT_EQ(readers, 1u) << "%" << widening;
+  for (const auto& [name, id] : rewritten.outputs())
+    EXPECT_EQ(rewritten.type(id).dtype, DType::f32) << name;
+
+  const std::vector<HostTensor> expected = evaluate(by_hand, environment);
+  const std::vector<HostTensor> got = evaluate(rewritten, environment);
+  for (const auto& [name, id] : by_hand.outputs()) {
+    const HostTensor& want = expected[id];
+    const HostTensor& have = got[rewritten.output(name)];
+    ASSERT_EQ(want.shape, have.shape);
+    for (int64_t i = 0; i < want.elements(); ++i)
+      ASSERT_NEAR(want.data[i], have.data[i], 1e-12 * std::max(1.0, std::abs(want.data[i])))
+          << name << "[" << i << "]";
+  }
+  // Not the graph's own values: the roundings move the outputs.
+  const std::vector<HostTensor> unrounded = evaluate(graph, environment);
+  EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
+}
+
 // Split-K takes a product of f16 matrices on the subgroup-scope GEMM apart as it takes an f32
 // one, into f32 partial products that one sum_to_f16 sums and rounds to f16 once, with the
 // reference values of the whole product; the workgroup GEMM's products stay whole.

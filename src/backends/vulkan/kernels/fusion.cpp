@@ -328,8 +328,12 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     for (size_t i = graph.size(); i-- > 0;) {
       const Node& node = graph.nodes()[i];
       const ValueId id = static_cast<ValueId>(i);
-      if (!is_pointwise_op(node.op) || node.type.dtype != DType::f32 || is_fused(id) ||
-          consumer_lists[i].empty()) {
+      // An f16 value joins as its rounding, which its first reader widens (the half activations
+      // pass gives each reader a widening of its own): written beside in f16.
+      const bool rounded = node.op == op::round_to_f16 && !consumer_lists[i].empty() &&
+                           graph.node(consumer_lists[i].front()).op == op::widen_f16;
+      if (!is_pointwise_op(node.op) || (node.type.dtype != DType::f32 && !rounded) ||
+          is_fused(id) || consumer_lists[i].empty()) {
         continue;
       }
       const ValueId first = consumer_lists[i].front();
@@ -383,7 +387,6 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           siblings_of.count(id) != 0)
         continue;
       const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
-      if (converts_f16(dag)) continue;
       ValueId later = kNoValue;
       std::vector<ValueId> shared = dag.inputs;
       for (const PointwiseExtraOutput& extra : dag.extra_outputs) shared.push_back(extra.value);
@@ -408,7 +411,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
             while (is_view_op(graph.node(input).op)) input = graph.node(input).inputs[0];
             return in_dag(fused_into, input, id);
           });
-      if (reads_a_view_of_it || converts_f16(later_dag)) continue;
+      if (reads_a_view_of_it) continue;
       fused_into[i] = later;
       // The merged kernel writes the earlier DAG's result and values where something outside it
       // reads them or the graph keeps them; one that only the later DAG read is left in registers.
@@ -485,11 +488,6 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   std::map<ValueId, NormFusion> norm_fusion_of;
   std::vector<bool> in_norm_fusion(graph.size(), false);
   if (fusion_enabled && !device.switches.no_norm_fusion) {
-    const auto plain_dag = [&](const PointwiseDag& dag) {
-      return !converts_f16(dag) &&
-             std::all_of(dag.inputs.begin(), dag.inputs.end(),
-                         [&](ValueId input) { return graph.type(input).dtype == DType::f32; });
-    };
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId id = static_cast<ValueId>(i);
@@ -502,7 +500,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           consumer_lists[input].front() == id &&
           readers_follow(graph, consumer_lists, input, id, id)) {
         PointwiseDag dag = dag_at(input);
-        if (dag.extra_outputs.empty() && plain_dag(dag)) {
+        if (dag.extra_outputs.empty()) {
           fusion.prologue_written = observed[input] || consumer_lists[input].size() > 1;
           fusion.prologue = std::move(dag);
         }
@@ -518,16 +516,18 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           const std::string& op = graph.node(consumer_lists[root].front()).op;
           return op == op::sum || op == op::mean || op == op::max;
         };
+        // Its DAG may read f16 values and round its result to f16 (half activations).
+        const DType root_dtype = graph.type(root).dtype;
         if (is_pointwise_op(reader_node.op) && reader_node.type.shape == node.type.shape &&
-            graph.type(root).dtype == DType::f32 && epilogue_of_root.count(root) == 0 &&
-            !in_norm_fusion[root] && !reduced()) {
+            (root_dtype == DType::f32 || root_dtype == DType::f16) &&
+            epilogue_of_root.count(root) == 0 && !in_norm_fusion[root] && !reduced()) {
           PointwiseDag dag = dag_at(root);
           // Not the prologue's result, which the same launch computes.
           const bool inputs_ready =
               std::all_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId dag_input) {
                 return dag_input <= id && !(fusion.prologue && dag_input == input);
               });
-          if (inputs_ready && plain_dag(dag)) {
+          if (inputs_ready) {
             fusion.epilogue_input = static_cast<size_t>(
                 std::find(dag.inputs.begin(), dag.inputs.end(), id) - dag.inputs.begin());
             fusion.epilogue = std::move(dag);
@@ -575,11 +575,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       PointwiseDag dag = dag_at(producer);
       const int64_t count = root.type.elements();
       int64_t full_inputs = 0;
-      bool f16_input = false;
-      for (ValueId input : dag.inputs) {
-        full_inputs += graph.type(input).elements() == count;
-        f16_input = f16_input || graph.type(input).dtype == DType::f16;
-      }
+      for (ValueId input : dag.inputs) full_inputs += graph.type(input).elements() == count;
       const int64_t rows = node.type.elements();
       const bool few_rows = rows < device.compute_units;
       bool extras_follow = true;
@@ -589,8 +585,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                             static_cast<ValueId>(i), &fused_into, producer);
       }
       // A max writes nothing beside (its siblings would be sums of other rows' values).
-      if (!extras_follow || sums_partials(graph, dag) || converts_f16(dag) || f16_input ||
-          (is_max && !dag.extra_outputs.empty()) ||
+      if (!extras_follow || sums_partials(graph, dag) || (is_max && !dag.extra_outputs.empty()) ||
           pointwise_bindings(graph, dag) > device.max_storage_buffers ||
           (few_rows && (full_inputs > 1 || !dag.extra_outputs.empty())))
         continue;
@@ -607,6 +602,15 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
              a.attrs.get_ints("axes", {}) == b.attrs.get_ints("axes", {}) &&
              a.attrs.get_int("keepdims", 0) == b.attrs.get_int("keepdims", 0);
     };
+    // Whether reduction `reader`'s prologue only widens an f16 value (the half activations
+    // pass gives each reduction a widening of its own): as a sibling it reads that value
+    // widened by the other prologue instead.
+    const auto only_widens = [&](ValueId reader) {
+      auto it = prologue_of.find(reader);
+      return it != prologue_of.end() && it->second.sibling == kNoValue &&
+             it->second.dag.statements.size() == 1 &&
+             it->second.dag.statements[0].op == op::widen_f16;
+    };
     // The first such sum or mean reading `value` (through reshapes), or kNoValue.
     const auto sibling_reading = [&](ValueId value, ValueId reduction) {
       std::vector<ValueId> readers = consumer_lists[value];
@@ -620,15 +624,30 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         }
         if ((node.op == op::sum || node.op == op::mean) && node.type.dtype == DType::f32 &&
             reader > reduction && !is_fused(reader) && !is_partial_sum(graph, reader) &&
-            prologue_of.count(reader) == 0 && !in_sibling[reader] &&
+            (prologue_of.count(reader) == 0 || only_widens(reader)) && !in_sibling[reader] &&
             same_rows(node, graph.node(reduction)))
           return reader;
       }
       return kNoValue;
     };
+    // The first such sum or mean reading a widening of f16 `value` that its own prologue
+    // widens, which then reads the value widened by `reduction`'s prologue instead: its own
+    // widening (still marked as in a prologue) is no launch either.
+    const auto sibling_reading_widened = [&](ValueId value, ValueId reduction) {
+      for (ValueId widening : consumer_lists[value]) {
+        if (graph.node(widening).op != op::widen_f16 || observed[widening]) continue;
+        const ValueId reader = sibling_reading(widening, reduction);
+        if (reader == kNoValue) continue;
+        prologue_of.erase(reader);
+        return reader;
+      }
+      return kNoValue;
+    };
     for (auto& [reduction, prologue] : prologue_of) {
       for (const PointwiseExtraOutput& extra : prologue.dag.extra_outputs) {
-        const ValueId reader = sibling_reading(extra.value, reduction);
+        const ValueId reader = graph.type(extra.value).dtype == DType::f16
+                                   ? sibling_reading_widened(extra.value, reduction)
+                                   : sibling_reading(extra.value, reduction);
         if (reader == kNoValue) continue;
         prologue.sibling = reader;
         prologue.sibling_statement = extra.statement;
@@ -636,16 +655,34 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         break;
       }
       // Or one over an input the DAG reads element for element (a one-pass batch norm's mean
-      // beside its mean of squares), which the launch then reads once for both.
+      // beside its mean of squares), or over its widening where it is f16 and the DAG widens it,
+      // which the launch then reads once for both.
       const Shape& rows_shape = graph.type(prologue.dag.output).shape;
       for (size_t k = 0; k < prologue.dag.inputs.size() && prologue.sibling == kNoValue; ++k) {
         const ValueId input = prologue.dag.inputs[k];
-        if (graph.type(input).shape != rows_shape || graph.type(input).dtype != DType::f32)
+        if (graph.type(input).shape != rows_shape) continue;
+        if (graph.type(input).dtype == DType::f32) {
+          const ValueId reader = sibling_reading(input, reduction);
+          if (reader == kNoValue) continue;
+          prologue.sibling = reader;
+          prologue.sibling_statement = input_as_statement(prologue.dag, static_cast<int>(k));
+          in_sibling[reader] = true;
           continue;
-        const ValueId reader = sibling_reading(input, reduction);
+        }
+        const auto widening_statement =
+            std::find_if(prologue.dag.statements.begin(), prologue.dag.statements.end(),
+                         [&](const PointwiseStatement& statement) {
+                           return statement.op == op::widen_f16 &&
+                                  statement.arguments == std::vector<int>{static_cast<int>(k)};
+                         });
+        if (graph.type(input).dtype != DType::f16 ||
+            widening_statement == prologue.dag.statements.end())
+          continue;
+        const ValueId reader = sibling_reading_widened(input, reduction);
         if (reader == kNoValue) continue;
         prologue.sibling = reader;
-        prologue.sibling_statement = input_as_statement(prologue.dag, static_cast<int>(k));
+        prologue.sibling_statement =
+            static_cast<size_t>(widening_statement - prologue.dag.statements.begin());
         in_sibling[reader] = true;
       }
     }

@@ -282,24 +282,38 @@ std::string scalar_type(DType dtype) {
   }
 }
 
+// `value` (an f32 expression) as an element of a `dtype` buffer takes it.
+std::string stored_as(const std::string& value, DType dtype) {
+  return dtype == DType::f32 ? value : scalar_type(dtype) + "(" + value + ")";
+}
+
+// The dtypes of `dag`'s extra outputs, in order.
+std::vector<DType> extra_dtypes(const Graph& graph, const PointwiseDag& dag) {
+  std::vector<DType> dtypes;
+  for (const PointwiseExtraOutput& extra : dag.extra_outputs)
+    dtypes.push_back(graph.type(extra.value).dtype);
+  return dtypes;
+}
+
 // The vector view `name`_x4 of operand `binding`.
 std::string vector_view(const std::string& name, DType dtype, uint32_t binding, bool write) {
   return vector_buffer_view(name + "_x4", binding, write, vector_type(dtype));
 }
 
 // The statements of one element, its result stored to `store` and extra output k to
-// `extra_stores[k]`.
+// `extra_stores[k]`, an element of a buffer of `extra_dtypes[k]` (f32 where none is given: a
+// vector lane in registers).
 std::string element_glsl(const PointwiseDag& dag, const std::vector<std::string>& input_expressions,
                          DType output_dtype, const std::string& store,
-                         const std::vector<std::string>& extra_stores) {
-  const std::string result = pointwise_result_glsl(dag);
-  std::string text =
-      pointwise_statements_glsl(dag, input_expressions) + "  " + store + " = " +
-      (output_dtype == DType::f32 ? result : scalar_type(output_dtype) + "(" + result + ")") +
-      ";\n";
-  for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
-    text += "  " + extra_stores[k] + " = " + pointwise_value_glsl(dag.extra_outputs[k].statement) +
-            ";\n";
+                         const std::vector<std::string>& extra_stores,
+                         const std::vector<DType>& extra_dtypes = {}) {
+  std::string text = pointwise_statements_glsl(dag, input_expressions) + "  " + store + " = " +
+                     stored_as(pointwise_result_glsl(dag), output_dtype) + ";\n";
+  for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+    const DType dtype = k < extra_dtypes.size() ? extra_dtypes[k] : DType::f32;
+    text += "  " + extra_stores[k] + " = " +
+            stored_as(pointwise_value_glsl(dag.extra_outputs[k].statement), dtype) + ";\n";
+  }
   return text;
 }
 
@@ -432,7 +446,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     }
     body += vector_view("result", output_dtype, result_binding, true);
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
-      body += vector_view("extra" + std::to_string(k), DType::f32,
+      body += vector_view("extra" + std::to_string(k), graph.type(dag.extra_outputs[k].value).dtype,
                           first_extra_binding + static_cast<uint32_t>(k), true);
     }
     body += "layout(local_size_x = " + local + ") in;\nvoid main() {\n";
@@ -473,8 +487,13 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
               "  }\n";
     }
     body += "  result_x4[g] = r;\n";
-    for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
-      body += "  extra" + std::to_string(k) + "_x4[g] = e" + std::to_string(k) + ";\n";
+    for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
+      const DType dtype = graph.type(dag.extra_outputs[k].value).dtype;
+      const std::string lanes = "e" + std::to_string(k);
+      body += "  extra" + std::to_string(k) +
+              "_x4[g] = " + (dtype == DType::f32 ? lanes : vector_type(dtype) + "(" + lanes + ")") +
+              ";\n";
+    }
     body += "  }\n";
     if (count % kElementsPerThread != 0) {
       // The last few elements, without broadcast or partials inputs (those imply a multiple of
@@ -490,7 +509,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       body += "  for (uint i = " + glsl_uint(groups * kElementsPerThread) + "; i < " +
               glsl_uint(count) + "; ++i) {\n";
       body += element_glsl(dag, tail_inputs, output_dtype, "result[i]",
-                           extra_stores(dag, "extra", "[i]")) +
+                           extra_stores(dag, "extra", "[i]"), extra_dtypes(graph, dag)) +
               "  }\n  }\n";
     }
     body += "}\n";
@@ -506,7 +525,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     body += "  if (i >= " + glsl_uint(count) + ") return;\n";
     if (has_broadcast) body += coordinates_glsl(extents, "i");
     body += element_glsl(dag, element_inputs, output_dtype, "result[i]",
-                         extra_stores(dag, "extra", "[i]")) +
+                         extra_stores(dag, "extra", "[i]"), extra_dtypes(graph, dag)) +
             "  }\n}\n";
     launch.groups =
         grid_for((static_cast<uint64_t>(count) + kElementsPerThread - 1) / kElementsPerThread,
@@ -535,8 +554,12 @@ std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseD
     text += "  exported" + std::to_string(k) + " = " + pointwise_value_glsl(exported[k]) + ";\n";
   for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
     const std::string name = prefix + "extra" + std::to_string(k);
-    operands.push_back({name, dag.extra_outputs[k].value, true});
-    text += "  " + name + "[i] = " + pointwise_value_glsl(dag.extra_outputs[k].statement) + ";\n";
+    const ValueId extra = dag.extra_outputs[k].value;
+    operands.push_back({name, extra, true});
+    text +=
+        "  " + name + "[i] = " +
+        stored_as(pointwise_value_glsl(dag.extra_outputs[k].statement), graph.type(extra).dtype) +
+        ";\n";
   }
   return text + "  return " + pointwise_result_glsl(dag) + ";\n}\n";
 }
@@ -557,8 +580,8 @@ std::string pointwise_store_function_glsl(const Graph& graph, const PointwiseDag
   std::string text = "void " + function + "(uint i, float value) {\n";
   if (any_broadcast(inputs)) text += coordinates_glsl(extents, "i");
   return text +
-         element_glsl(dag, element_inputs, DType::f32, result + "[i]",
-                      extra_stores(dag, prefix + "extra", "[i]")) +
+         element_glsl(dag, element_inputs, graph.type(dag.output).dtype, result + "[i]",
+                      extra_stores(dag, prefix + "extra", "[i]"), extra_dtypes(graph, dag)) +
          "}\n";
 }
 

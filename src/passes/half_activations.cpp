@@ -1,0 +1,227 @@
+// Half activations (passes.hpp): where products already multiply f16 operands, the large values
+// between them (a network's activations and their gradients) are stored in f16, as mixed
+// precision training stores them, so the elementwise kernels and reductions that dominate a
+// convolutional network's memory traffic move half the bytes. A value is stored in f16 where
+// every kernel that writes or reads it converts in registers: its producer is an elementwise
+// kernel (round_to_f16 fused as it stores) or a product on cooperative matrices (f16_result), and
+// each reader an elementwise kernel or a reduction (widen_f16 fused as it loads), a rounding to
+// f16 (which then reads the f16 value itself) or a transpose whose result is stored in f16 alike.
+// Outputs, assignments and values no kernel would write to memory (an elementwise value read by
+// one elementwise kernel or one reduction is computed there) keep f32.
+#include <algorithm>
+#include <unordered_map>
+
+#include "ir/op_names.hpp"
+#include "ops/op.hpp"
+#include "passes/passes.hpp"
+#include "passes/rebuild.hpp"
+
+namespace mg::passes {
+namespace {
+
+// Values smaller than this stay f32: the bytes they would save are not worth a rounding.
+constexpr int64_t kMinHalfElements = int64_t{1} << 16;
+
+bool is_reduction(const Node& node) {
+  return (node.op == op::sum || node.op == op::mean || node.op == op::max) &&
+         node.type.dtype == DType::f32;
+}
+
+class HalfActivations {
+ public:
+  HalfActivations(const Graph& graph, const target::Target& device)
+      : graph_(graph), device_(device), readers_(graph.size()), observed_(graph.size(), false) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      for (ValueId input : graph.nodes()[i].inputs) {
+        std::vector<ValueId>& readers = readers_[input];
+        if (readers.empty() || readers.back() != static_cast<ValueId>(i))
+          readers.push_back(static_cast<ValueId>(i));
+      }
+    }
+    for (const auto& [name, value] : graph.outputs()) observe(value);
+    for (const auto& [leaf, value] : graph.updates()) observe(value);
+  }
+
+  // Which values to store in f16, by the source graph's ids.
+  std::vector<bool> choose() {
+    std::vector<bool> half(graph_.size(), false);
+    for (size_t i = 0; i < graph_.size(); ++i) {
+      const ValueId id = static_cast<ValueId>(i);
+      const Node& node = graph_.node(id);
+      if (node.is_leaf() || is_view_op(node.op) || node.type.dtype != DType::f32 || observed_[id])
+        continue;
+      // A transpose of a value stored in f16 moves the f16 values (its readers were checked).
+      if (node.op == op::transpose) {
+        half[i] = half[storage_source(node.inputs[0])];
+        continue;
+      }
+      if (node.type.elements() < kMinHalfElements || !writes_half(node) || !readers_convert(id))
+        continue;
+      const std::vector<ValueId> readers = kernel_readers(id);
+      if (device_.is_pointwise_op(node.op) && computed_where_read(id, readers)) continue;
+      // Per-image products that only sums read (weight gradients over a batch) stay f32.
+      if (node.op == op::half_matmul &&
+          std::all_of(readers.begin(), readers.end(),
+                      [&](ValueId reader) { return is_reduction(graph_.node(reader)); }))
+        continue;
+      half[i] = true;
+    }
+    return half;
+  }
+
+ private:
+  void observe(ValueId value) {
+    observed_[value] = true;
+    while (is_view_op(graph_.node(value).op)) {
+      value = graph_.node(value).inputs[0];
+      observed_[value] = true;
+    }
+  }
+
+  // The value whose bytes `value` (through views) reads.
+  ValueId storage_source(ValueId value) const {
+    while (is_view_op(graph_.node(value).op)) value = graph_.node(value).inputs[0];
+    return value;
+  }
+
+  // The nodes that read `value` other than views, through its views.
+  std::vector<ValueId> kernel_readers(ValueId value) const {
+    std::vector<ValueId> found;
+    std::vector<ValueId> pending{value};
+    while (!pending.empty()) {
+      const ValueId current = pending.back();
+      pending.pop_back();
+      for (ValueId reader : readers_[current]) {
+        if (is_view_op(graph_.node(reader).op))
+          pending.push_back(reader);
+        else
+          found.push_back(reader);
+      }
+    }
+    return found;
+  }
+
+  // Whether elementwise `value` is computed in the one kernel that reads it, where fusion puts
+  // it: its readers are elementwise of its shape and each leads, through values that one
+  // elementwise node of the same shape reads, to the same node (a sigmoid that SiLU's gradient
+  // reads twice), or it has one reader.
+  bool computed_where_read(ValueId value, const std::vector<ValueId>& readers) const {
+    if (readers.size() < 2) return true;
+    const Shape& shape = graph_.type(value).shape;
+    const auto joins = [&](ValueId node) {
+      return device_.is_pointwise_op(graph_.node(node).op) && graph_.type(node).shape == shape;
+    };
+    ValueId end = kNoValue;
+    for (ValueId reader : readers) {
+      if (!joins(reader)) return false;
+      while (!observed_[reader] && readers_[reader].size() == 1 && joins(readers_[reader][0]))
+        reader = readers_[reader][0];
+      if (end != kNoValue && reader != end) return false;
+      end = reader;
+    }
+    return true;
+  }
+
+  // Whether `node`'s kernel can round its f32 result to f16 as it stores it.
+  bool writes_half(const Node& node) const {
+    if (node.op == op::half_matmul)
+      return !node.attrs.has("k_splits") && device_.workgroup_gemm_takes_f16_product(graph_, node);
+    return device_.is_pointwise_op(node.op) && node.op != op::widen_f16 && node.op != op::cast;
+  }
+
+  // Whether every reader of `value` converts it in registers.
+  bool readers_convert(ValueId value) const {
+    for (ValueId reader : kernel_readers(value)) {
+      const Node& node = graph_.node(reader);
+      if (node.op == op::transpose) {
+        if (observed_[reader] || !readers_convert(reader)) return false;
+      } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  const Graph& graph_;
+  const target::Target& device_;
+  std::vector<std::vector<ValueId>> readers_;
+  std::vector<bool> observed_;
+};
+
+class Rewrite {
+ public:
+  Rewrite(std::vector<bool> half, const target::Target& device)
+      : half_(std::move(half)), device_(device) {}
+
+  ValueId operator()(Graph& target, ValueId old_id, Node node) {
+    // A view of a value stored in f16 is that view of the f16 value too.
+    if (is_view_op(node.op) && half_of_.count(node.inputs[0])) {
+      const ValueId f16_input = half_of_.at(node.inputs[0]);
+      const ValueId f16_view = target.add(node.op, {f16_input}, node.attrs);
+      const ValueId f32_view = target.add_typed(std::move(node));
+      half_of_[f32_view] = f16_view;
+      return f32_view;
+    }
+    // A rounding of a value stored in f16 is that value.
+    if (node.op == op::round_to_f16 && half_of_.count(node.inputs[0]))
+      return half_of_.at(node.inputs[0]);
+    if (device_.is_pointwise_op(node.op) || is_reduction(node)) {
+      // Each reader widens for itself, fused into its kernel: a widening shared by several
+      // would be a launch of its own that writes the value in f32 again.
+      std::unordered_map<ValueId, ValueId> own_widening;
+      for (ValueId& input : node.inputs) {
+        auto it = half_of_.find(input);
+        if (it == half_of_.end()) continue;
+        auto [widening, inserted] = own_widening.try_emplace(input, kNoValue);
+        if (inserted) widening->second = target.add(op::widen_f16, {it->second});
+        input = widening->second;
+      }
+    }
+    if (half_[old_id]) return store_half(target, std::move(node));
+    return target.add_typed(std::move(node));
+  }
+
+ private:
+  // `node` computed in f32 and stored in f16; returns the f32 value the graph keeps for it
+  // (a widening that no rewritten reader reads, which dead-code elimination then drops).
+  ValueId store_half(Graph& target, Node node) {
+    ValueId f16_value = kNoValue;
+    if (node.op == op::half_matmul) {
+      Attrs attrs = node.attrs;
+      attrs.set("f16_result", int64_t{1});
+      f16_value = target.add(op::half_matmul, node.inputs, std::move(attrs));
+    } else if (node.op == op::transpose) {
+      f16_value = target.add(op::transpose, {half_of_.at(node.inputs[0])}, node.attrs);
+    } else {
+      f16_value = target.add(op::round_to_f16, {target.add_typed(std::move(node))});
+    }
+    const ValueId f32_value = target.add(op::widen_f16, {f16_value});
+    half_of_[f32_value] = f16_value;
+    return f32_value;
+  }
+
+  const std::vector<bool> half_;
+  const target::Target& device_;
+  std::unordered_map<ValueId, ValueId> half_of_;  // f32 value in the target -> its f16 value
+};
+
+}  // namespace
+
+Graph half_activations(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
+  std::vector<bool> half = HalfActivations(graph, device).choose();
+  if (std::none_of(half.begin(), half.end(), [](bool chosen) { return chosen; }))
+    return unchanged(std::move(graph), remap);
+  std::vector<ValueId> rewritten, pruned;
+  Rewrite rewrite(std::move(half), device);
+  Graph result = rebuild(
+      graph, std::vector<bool>(graph.size(), true),
+      [&rewrite](Graph& target, ValueId old_id, Node node) {
+        return rewrite(target, old_id, std::move(node));
+      },
+      remap ? &rewritten : nullptr);
+  result = eliminate_dead_code(std::move(result), remap ? &pruned : nullptr);
+  if (remap) *remap = compose(rewritten, pruned);
+  return result;
+}
+
+}  // namespace mg::passes
