@@ -1,7 +1,8 @@
 // The f16 storage pass (passes.hpp): f16 tensors are stored in f16 and computed in f32. The f32
 // kernels read widen_f16 of each f16 input and their f16 results are written as round_to_f16 of
 // the f32 result, which is what the reference interpreter computes (every f16 value rounded to
-// f16); a transpose and im2col move f16 values as they are. A 2-D matmul of f16 operands into an
+// f16); a transpose and im2col move f16 values as they are, and Winograd's tile and output
+// transforms convert as they read and store. A 2-D matmul of f16 operands into an
 // f16 result that runs on cooperative matrices multiplies the f16 values directly (half_matmul with
 // f16_result), as PyTorch's f16 GEMM does.
 #include <algorithm>
@@ -28,9 +29,13 @@ class F16Storage {
   explicit F16Storage(const target::Target& device) : device_(device) {}
 
   ValueId rewrite(Graph& target, Node node) {
-    // A transpose and im2col move their f16 values as they are, in half the bytes of f32 ones.
+    // A transpose and im2col move their f16 values as they are, in half the bytes of f32 ones;
+    // Winograd's tile and output transforms widen f16 values as they read them and round their
+    // f16 results as they store them.
     if (node.is_leaf() || is_view_op(node.op) || !involves_f16(target, node) ||
-        is_pass_written_f16_op(node.op) || node.op == op::transpose || node.op == op::im2col)
+        is_pass_written_f16_op(node.op) || node.op == op::transpose || node.op == op::im2col ||
+        node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles ||
+        node.op == op::winograd_output)
       return target.add_typed(std::move(node));
     if (node.op == op::cast) return cast(target, node);
     if (const ValueId product = half_product(target, node); product != kNoValue) return product;

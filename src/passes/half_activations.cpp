@@ -5,7 +5,9 @@
 // every kernel that writes or reads it converts in registers: its producer is an elementwise
 // kernel (round_to_f16 fused as it stores) or a product on cooperative matrices (f16_result), and
 // each reader an elementwise kernel or a reduction (widen_f16 fused as it loads), a rounding to
-// f16 (which then reads the f16 value itself) or a transpose whose result is stored in f16 alike.
+// f16 (which then reads the f16 value itself), Winograd's tile transforms that store f16 points
+// (which read the f16 value), or a move whose result is stored in f16 alike: a transpose, or
+// Winograd's output transform (f16 products give an f16 image).
 // Outputs, assignments and values no kernel would write to memory (an elementwise value read by
 // one elementwise kernel or one reduction is computed there) keep f32.
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "ir/op_names.hpp"
 #include "ops/op.hpp"
+#include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -25,6 +28,17 @@ constexpr int64_t kMinHalfElements = int64_t{1} << 16;
 bool is_reduction(const Node& node) {
   return (node.op == op::sum || node.op == op::mean || node.op == op::max) &&
          node.type.dtype == DType::f32;
+}
+
+// Winograd's tile transforms of f32 values into f16 points, which read an f16 input as well.
+bool is_half_tiles(const Node& node) {
+  return (node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles) &&
+         winograd::f16_result(node.attrs);
+}
+
+// Ops that move a value stored in f16 into a result stored in f16.
+bool is_half_move(const Node& node) {
+  return node.op == op::transpose || node.op == op::winograd_output;
 }
 
 class HalfActivations {
@@ -50,8 +64,8 @@ class HalfActivations {
       const Node& node = graph_.node(id);
       if (node.is_leaf() || is_view_op(node.op) || node.type.dtype != DType::f32 || observed_[id])
         continue;
-      // A transpose of a value stored in f16 moves the f16 values (its readers were checked).
-      if (node.op == op::transpose) {
+      // A move of a value stored in f16 stores its result in f16 (its readers were checked).
+      if (is_half_move(node)) {
         half[i] = half[storage_source(node.inputs[0])];
         continue;
       }
@@ -133,9 +147,9 @@ class HalfActivations {
   bool readers_convert(ValueId value) const {
     for (ValueId reader : kernel_readers(value)) {
       const Node& node = graph_.node(reader);
-      if (node.op == op::transpose) {
+      if (is_half_move(node)) {
         if (observed_[reader] || !readers_convert(reader)) return false;
-      } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node)) {
+      } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node) && !is_half_tiles(node)) {
         return false;
       }
     }
@@ -165,6 +179,13 @@ class Rewrite {
     // A rounding of a value stored in f16 is that value.
     if (node.op == op::round_to_f16 && half_of_.count(node.inputs[0]))
       return half_of_.at(node.inputs[0]);
+    // Tile transforms read the f16 value and store f16 points as its dtype.
+    if (is_half_tiles(node) && half_of_.count(node.inputs[0])) {
+      Attrs attrs;
+      for (const auto& [name, value] : node.attrs.items())
+        if (name != winograd::kF16ResultAttribute) attrs.set(name, value);
+      return target.add(node.op, {half_of_.at(node.inputs[0])}, std::move(attrs));
+    }
     if (device_.is_pointwise_op(node.op) || is_reduction(node)) {
       // Each reader widens for itself, fused into its kernel: a widening shared by several
       // would be a launch of its own that writes the value in f32 again.
@@ -190,8 +211,8 @@ class Rewrite {
       Attrs attrs = node.attrs;
       attrs.set("f16_result", int64_t{1});
       f16_value = target.add(op::half_matmul, node.inputs, std::move(attrs));
-    } else if (node.op == op::transpose) {
-      f16_value = target.add(op::transpose, {half_of_.at(node.inputs[0])}, node.attrs);
+    } else if (is_half_move(node)) {
+      f16_value = target.add(node.op, {half_of_.at(node.inputs[0])}, node.attrs);
     } else {
       f16_value = target.add(op::round_to_f16, {target.add_typed(std::move(node))});
     }

@@ -29,16 +29,18 @@ Graph split_k(const Graph& graph, const target::Target& device,
 // f16 storage: f16 tensors stay f16 in memory and every kernel but a few computes in f32, so
 // each f16 input a kernel reads becomes widen_f16 of it and each f16 result round_to_f16 of the
 // f32 result (ops/half_gemm.hpp); casts between f32 and f16 become those two ops; transposes
-// move f16 values as they are. A 2-D matmul
+// move f16 values as they are and Winograd's tile and output transforms convert as they read and
+// store. A 2-D matmul
 // of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
 // GEMM or the subgroup-scope one) becomes a half_matmul reading the f16 operands and writing the
 // f16 result (see f16_storage.cpp).
 Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId>* remap = nullptr);
 
 // Half activations: large f32 values that an elementwise kernel or a product on cooperative
-// matrices writes and only elementwise kernels, reductions, roundings to f16 and transposes
-// read are stored in f16 (round_to_f16 of the result, widen_f16 in each reader; products write
-// f16 results), so the kernels that convert in registers move half the bytes. Outputs,
+// matrices writes and only elementwise kernels, reductions, roundings to f16, Winograd's f16 tile
+// transforms and moves (transposes, Winograd's output transform) read are stored in f16
+// (round_to_f16 of the result, widen_f16 in each elementwise reader; products write f16
+// results), so the kernels that convert in registers move half the bytes. Outputs,
 // assignments, values under 65,536 elements and elementwise values that one kernel reads (which
 // fusion computes there) keep f32 (see half_activations.cpp).
 Graph half_activations(Graph graph, const target::Target& device,

@@ -317,5 +317,25 @@ TEST(GpuF16, ReductionsEvaluateF16ChainsAsTheyRead) {
       1e-6, 23, {}, &dispatches, true, &listed);
   EXPECT_EQ(dispatches, 1u) << listed;
 }
+// Winograd's transforms over f16 values (half activations): input tiles of an f16 image (odd
+// extents, padding 1: tiles half past its edge) into f16 points, and the output transform of f16
+// products into an f16 image, one launch each. The f32 transform of f16 values may round to the
+// f16 neighbour of the f64 one: one f16 step, 2^-10 relative at most.
+TEST(GpuF16, WinogradTransformsOfF16Values) {
+  size_t dispatches = 0;
+  check_on_gpu(
+      {{"x", {2, 3, 7, 9}, DType::f16}, {"products", {16, 5, 2 * 3 * 4}, DType::f16}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("tiles", graph.add("winograd_tiles", {in[0].id()},
+                                            {{"tiles", std::vector<int64_t>{4, 5}},
+                                             {"padding", std::vector<int64_t>{1, 1}}}));
+        graph.set_output("image", graph.add("winograd_output", {in[1].id()},
+                                            {{"tiles", std::vector<int64_t>{3, 4}},
+                                             {"output_size", std::vector<int64_t>{5, 7}}}));
+      },
+      2e-3, 41, {}, &dispatches);
+  EXPECT_EQ(dispatches, 2u);
+}
+
 }  // namespace
 }  // namespace mg

@@ -1812,8 +1812,9 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
 
 // Half activations (on an H200-like GPU with the workgroup GEMM): a value that
 // several kernels read is stored in f16 where its producer and every reader convert in
-// registers (an elementwise value, a product of f16 operands, a transpose of either); a value
-// one kernel reads, one a layer norm reads and the outputs keep f32. The rewritten graph
+// registers (an elementwise value that Winograd's f16 tiles read too, products of f16 operands,
+// a transpose, Winograd's output transform of f16 products); a value one kernel reads, one a
+// layer norm reads and the outputs keep their dtypes. The rewritten graph
 // computes what the same graph computes with those values rounded to f16 (built by hand below),
 // and each widening of an f16 value has one reader.
 TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
@@ -1828,6 +1829,22 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
     const Tensor b = kept(tanh(a));
     const Tensor s = sum(a * b, {2, 3}, true);
     graph.set_output("shared", (b * s + transpose(b, {0, 1, 3, 2}) * 2.0).id());
+    // Winograd's input tiles of a, in f16 points either way.
+    graph.set_output("tiles", graph.add("winograd_tiles", {a.id()},
+                                        {{"tiles", std::vector<int64_t>{24, 24}},
+                                         {"padding", std::vector<int64_t>{1, 1}},
+                                         {"f16_result", int64_t{1}}}));
+    // Winograd's output transform of a product of f16 points, read twice.
+    const Tensor filter_points = input(graph, "filter_points", {16, 128, 64});
+    const Tensor tile_points = input(graph, "tile_points", {16, 64, 256});
+    const Tensor transformed = kept(
+        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_f16", {filter_points.id()}),
+                                                 graph.add("round_to_f16", {tile_points.id()})})));
+    const Tensor image =
+        kept(Tensor(&graph, graph.add("winograd_output", {transformed.id()},
+                                      {{"tiles", std::vector<int64_t>{16, 16}},
+                                       {"output_size", std::vector<int64_t>{32, 32}}})));
+    graph.set_output("image", (relu(image) - image * 0.25).id());
     const Tensor e = x * 2.0 + 1.0;
     graph.set_output("normed", (layer_norm(e, std::nullopt, std::nullopt) + exp(e)).id());
     const Tensor weights = input(graph, "weights", {128, 64});
@@ -1843,7 +1860,7 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   Environment environment;
   std::mt19937_64 generator(37);
   std::uniform_real_distribution<double> uniform(-1.5, 1.5);
-  for (const char* name : {"x", "c", "weights", "images"}) {
+  for (const char* name : {"x", "c", "weights", "images", "filter_points", "tile_points"}) {
     HostTensor value(graph.type(graph.find_leaf(name)).shape);
     for (double& element : value.data) element = uniform(generator);
     environment.leaves[name] = value;
@@ -1852,16 +1869,21 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   const Graph rewritten =
       passes::half_activations(graph, vulkan::VulkanTarget(workgroup_capable(1)));
   verify(rewritten);
-  size_t roundings = 0, f16_products = 0, f16_transposes = 0;
+  size_t roundings = 0, f16_products = 0, f16_moves = 0, tiles_of_f16 = 0;
   for (const Node& node : rewritten.nodes()) {
     roundings += node.op == "round_to_f16";
     f16_products += node.op == "half_matmul" && node.type.dtype == DType::f16;
-    f16_transposes += node.op == "transpose" && node.type.dtype == DType::f16;
+    f16_moves +=
+        (node.op == "transpose" || node.op == "winograd_output") && node.type.dtype == DType::f16;
+    tiles_of_f16 += node.op == "winograd_tiles" &&
+                    rewritten.type(node.inputs[0]).dtype == DType::f16 &&
+                    !node.attrs.has("f16_result");
   }
-  // a and b, and the product's two operands.
-  EXPECT_EQ(roundings, 4u);
-  EXPECT_EQ(f16_products, 1u);
-  EXPECT_EQ(f16_transposes, 1u);
+  // a and b, and the two products' operands.
+  EXPECT_EQ(roundings, 6u);
+  EXPECT_EQ(f16_products, 2u);
+  EXPECT_EQ(f16_moves, 2u);
+  EXPECT_EQ(tiles_of_f16, 1u);
   std::map<ValueId, size_t> widening_readers;
   for (const Node& node : rewritten.nodes())
     for (ValueId input_id : node.inputs)
@@ -1870,7 +1892,7 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   for (const auto& [widening, readers] : widening_readers)
     EXPECT_EQ(readers, 1u) << "%" << widening;
   for (const auto& [name, id] : rewritten.outputs())
-    EXPECT_EQ(rewritten.type(id).dtype, DType::f32) << name;
+    EXPECT_EQ(rewritten.type(id).dtype, graph.type(graph.output(name)).dtype) << name;
 
   const std::vector<HostTensor> expected = evaluate(by_hand, environment);
   const std::vector<HostTensor> got = evaluate(rewritten, environment);

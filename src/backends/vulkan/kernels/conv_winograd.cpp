@@ -112,12 +112,15 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
                      " - " + s(padding[1]) + ";\n  uint plane = (n * " + u(v[1]) + " + p) * " +
                      u(v[2] * v[3]) + ";\n";
   const int64_t extent = transform.columns;
+  // An f16 input (half activations) is widened as it is read.
+  const bool half_input = graph.type(node.inputs[0]).dtype == DType::f16;
   for (int64_t a = 0; a < extent; ++a) {
     for (int64_t b = 0; b < extent; ++b) {
       const std::string y = "y0 + " + s(a), x = "x0 + " + s(b);
+      const std::string load = source + "[plane + uint((" + y + ") * " + s(v[3]) + " + " + x + ")]";
       body += "  float " + point_name("d", a, b) + " = " + y + " >= 0 && " + y + " < " + s(v[2]) +
-              " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? " + source + "[plane + uint((" +
-              y + ") * " + s(v[3]) + " + " + x + ")] : 0.0;\n";
+              " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? " +
+              (half_input ? "float(" + load + ")" : load) + " : 0.0;\n";
     }
   }
   body += tile_transform_glsl(transform, named("d"));
@@ -215,9 +218,13 @@ void lower_winograd_output(LoweringContext& context) {
   const int64_t count = y[1] * tile_count;
   std::string body = columns_main(count) + tile_coordinates_glsl(tile_count, tiles);
   constexpr const winograd::Variant& f = winograd::kF2;
-  for (int64_t point = 0; point < f.points(); ++point)
-    body += "  float " + tile_point("m", point, f.tile()) + " = products[i + " + u(point * count) +
-            "];\n";
+  // f16 products (half activations) are widened as they are read; the image is then f16 too.
+  const bool half_products = context.input_type(0).dtype == DType::f16;
+  for (int64_t point = 0; point < f.points(); ++point) {
+    const std::string load = "products[i + " + u(point * count) + "]";
+    body += "  float " + tile_point("m", point, f.tile()) + " = " +
+            (half_products ? "float(" + load + ")" : load) + ";\n";
+  }
   body += tile_transform_glsl(f.grad.transpose(), named("m"));
   body += "  uint y0 = ty * " + u(f.outputs) + ", x0 = tx * " + u(f.outputs) +
           ";\n  uint plane = (n * " + u(y[1]) + " + p) * " + u(y[2] * y[3]) + ";\n";
@@ -225,7 +232,7 @@ void lower_winograd_output(LoweringContext& context) {
     for (int64_t q = 0; q < f.outputs; ++q) {
       body += "  if (y0 + " + u(r) + " < " + u(y[2]) + " && x0 + " + u(q) + " < " + u(y[3]) +
               ") image[plane + (y0 + " + u(r) + ") * " + u(y[3]) + " + x0 + " + u(q) +
-              "] = " + point_name("e", r, q) + ";\n";
+              "] = " + stored_point(context.node().type.dtype, point_name("e", r, q)) + ";\n";
     }
   }
   emit_columns_launch(context, "winograd_output", body + "}\n", {"products", "image"}, count);
