@@ -45,23 +45,39 @@ nlohmann::json stable_diffusion_15_unet_config() {
            {"UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}}};
 }
 
+namespace {
+
+constexpr int64_t kUNetSide = 64, kUNetTokens = 77;
+
+models::UNetConfig sd_unet_config() {
+  return models::unet_config_from_json(stable_diffusion_15_unet_config(), "Stable Diffusion 1.5");
+}
+
+OptimizerConfig sd_unet_optimizer() {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::adamw;
+  optimizer.learning_rate = 1e-5;
+  return optimizer;
+}
+
+}  // namespace
+
+Graph sd_unet_workload_training_graph(int64_t batch) {
+  Graph graph =
+      models::unet_loss_graph(sd_unet_config(), {batch, kUNetSide, kUNetSide, kUNetTokens});
+  add_training(graph, graph.output(models::kUNetLoss), sd_unet_optimizer());
+  return graph;
+}
+
 nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) {
-  const models::UNetConfig config =
-      models::unet_config_from_json(stable_diffusion_15_unet_config(), "Stable Diffusion 1.5");
-  const int64_t side = 64, tokens = 77, ddim_steps = 50;
+  const models::UNetConfig config = sd_unet_config();
+  const int64_t side = kUNetSide, tokens = kUNetTokens, ddim_steps = 50;
   SessionOptions options;
   options.device = bench.device;
   options.precision = precision;
   options.shared_device = open_shared_device(bench.device);
   options.shared_tensors = make_shared_tensors(options.shared_device);
-  OptimizerConfig optimizer;
-  optimizer.kind = OptimizerConfig::Kind::adamw;
-  optimizer.learning_rate = 1e-5;
-  const auto training_graph = [&](int64_t batch) {
-    Graph graph = models::unet_loss_graph(config, {batch, side, side, tokens});
-    add_training(graph, graph.output(models::kUNetLoss), optimizer);
-    return graph;
-  };
+  const OptimizerConfig optimizer = sd_unet_optimizer();
   const auto set_inputs = [&](Session& session, int64_t batch, bool training) {
     session.set_input(models::kUNetSample, normal_values(batch * 4 * side * side, 1));
     std::vector<float> timesteps(batch);
@@ -75,7 +91,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
       session.set_input(input, std::vector<float>{static_cast<float>(value)});
   };
 
-  const Graph train_1 = training_graph(1);
+  const Graph train_1 = sd_unet_workload_training_graph(1);
   const std::pair<BuildReport, BuildReport> builds = compile_reports(train_1, options);
   const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
   Session inference(models::unet_graph(config, {2, side, side, tokens}), options);
@@ -94,7 +110,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
   float loss = 0;
   for (const int64_t batch : {int64_t{1}, int64_t{4}}) {
     const std::string suffix = batch == 1 ? "" : "_b" + std::to_string(batch);
-    const Graph graph = batch == 1 ? train_1 : training_graph(batch);
+    const Graph graph = batch == 1 ? train_1 : sd_unet_workload_training_graph(batch);
     Session training(graph, options);
     set_inputs(training, batch, true);
     timings["training" + suffix + "_ms"] = median_ms([&] { training.run(); }, bench.runs);

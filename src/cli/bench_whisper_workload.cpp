@@ -17,6 +17,15 @@ namespace {
 
 namespace wio = models::whisper_io;
 
+constexpr int64_t kWhisperDecoderTokens = 4;
+
+OptimizerConfig whisper_tiny_optimizer() {
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerConfig::Kind::adamw;
+  optimizer.learning_rate = 1e-5;
+  return optimizer;
+}
+
 // openai/whisper-tiny's config.json (the keys the model reads).
 nlohmann::json whisper_tiny_config() {
   return {{"model_type", "whisper"},
@@ -56,22 +65,27 @@ std::vector<float> test_audio(int64_t samples) {
 
 }  // namespace
 
+Graph whisper_tiny_workload_training_graph() {
+  Graph graph = models::whisper_loss_graph(
+      models::whisper_config_from_json(whisper_tiny_config(), "whisper-tiny"), 1,
+      kWhisperDecoderTokens);
+  add_training(graph, graph.output(wio::kLoss), whisper_tiny_optimizer());
+  return graph;
+}
+
 nlohmann::json bench_whisper_tiny(Precision precision, const WorkloadOptions& bench) {
   const int64_t runs = bench.runs;
   const models::WhisperConfig config =
       models::whisper_config_from_json(whisper_tiny_config(), "whisper-tiny");
-  const int64_t tokens = 4, decode_tokens = 64;
+  const int64_t tokens = kWhisperDecoderTokens, decode_tokens = 64;
   SessionOptions options;
   options.device = bench.device;
   options.precision = precision;
   options.shared_device = open_shared_device(bench.device);
   options.shared_tensors = make_shared_tensors(options.shared_device);
 
-  Graph training_graph = models::whisper_loss_graph(config, 1, tokens);
-  OptimizerConfig optimizer;
-  optimizer.kind = OptimizerConfig::Kind::adamw;
-  optimizer.learning_rate = 1e-5;
-  add_training(training_graph, training_graph.output(wio::kLoss), optimizer);
+  Graph training_graph = whisper_tiny_workload_training_graph();
+  const OptimizerConfig optimizer = whisper_tiny_optimizer();
   const std::pair<BuildReport, BuildReport> builds = compile_reports(training_graph, options);
   const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
 

@@ -72,5 +72,9 @@ Graph resnet50_workload_training_graph(int64_t batch);
 nlohmann::json smollm2_135m_config();
 // Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).
 nlohmann::json stable_diffusion_15_unet_config();
+// The sd-unet workload's training step at `batch` 64x64 latents with 77 context tokens (AdamW).
+Graph sd_unet_workload_training_graph(int64_t batch);
+// The whisper-tiny workload's training step: 30 s of audio, 4 decoder tokens (AdamW).
+Graph whisper_tiny_workload_training_graph();
 
 }  // namespace mg::cli

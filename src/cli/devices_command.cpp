@@ -46,11 +46,16 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
   --program NAME    the program --bench-compile builds: cnn (the Fashion-MNIST CNN, batch 64,
                     Adam; the default), smollm2-135m (the smollm2-135m workload's training
                     step: sequence 128, batch 1, AdamW, weights not drawn), smolvla (the
-                    smolvla workload's training step: batch 1, backbone frozen, AdamW) or
+                    smolvla workload's training step: batch 1, backbone frozen, AdamW),
                     resnet-50 (the resnet-50 workload's training step: 224x224 images, SGD
-                    with momentum, weights not drawn)
+                    with momentum, weights not drawn), whisper-tiny (the whisper-tiny
+                    workload's training step: 30 s of audio, 4 decoder tokens, AdamW, weights
+                    not drawn) or sd-unet (the sd-unet workload's training step: Stable
+                    Diffusion 1.5's U-Net over 64x64 latents, 77 context tokens, AdamW,
+                    weights not drawn)
   --batch N         resnet-50's images a step (default 4, the workload's compile figure; 256
-                    is its throughput cell); the other programs have their workloads' batches
+                    is its throughput cell) or sd-unet's (default 1; 4 is its other training
+                    cell); the other programs have their workloads' batches
   --precision P     strict (the default), fast or bf16: the program's precision (fast and
                     bf16: the cooperative-matrix kernels where the device has them)
   --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
@@ -139,11 +144,13 @@ struct CompiledProgram {
 };
 
 CompiledProgram program_to_compile(const std::string& name, std::optional<int64_t> batch) {
-  if (batch && name != "resnet-50")
-    throw Error("meganeura devices: --batch sets the resnet-50 program's images; the " + name +
+  if (batch && name != "resnet-50" && name != "sd-unet")
+    throw Error("--batch sets the resnet-50 and sd-unet programs' images; the " + name +
                 " program has its workload's batch");
   if (name == "resnet-50")
     return {resnet50_workload_training_graph(batch.value_or(kResNet50CompileBatch)), false};
+  if (name == "sd-unet") return {sd_unet_workload_training_graph(batch.value_or(1)), false};
+  if (name == "whisper-tiny") return {whisper_tiny_workload_training_graph(), false};
   if (name == "cnn")
     return {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
             true};
@@ -162,8 +169,8 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
     const models::SmolVLAConfig config = smolvla_workload_config();
     return {smolvla_workload_training_graph(config, smolvla_workload_optimizer()), false};
   }
-  throw Error("meganeura devices: unknown --program \"" + name +
-              "\": use cnn, smollm2-135m, smolvla or resnet-50");
+  throw Error("unknown --program \"" + name +
+              "\": use cnn, smollm2-135m, smolvla, resnet-50, whisper-tiny or sd-unet");
 }
 
 // What --bench-compile builds: the program, its batch where it has a choice, the precision.
@@ -333,13 +340,13 @@ int devices_command(const std::vector<std::string>& words) {
   arguments.expect_at_most_positional(0);
   for (const char* option : {"dispatches", "graph"}) {
     if (arguments.has(option) && !(arguments.has("bench-compile") && arguments.has("plan-only")))
-      throw Error(std::string("meganeura devices: --") + option +
+      throw Error(std::string("--") + option +
                   " prints what a planned program holds; add --bench-compile --plan-only");
   }
   if (!arguments.has("bench-compile") &&
       (arguments.has("program") || arguments.has("batch") || arguments.has("precision")))
     throw Error(
-        "meganeura devices: --program, --batch and --precision choose what --bench-compile "
+        "--program, --batch and --precision choose what --bench-compile "
         "builds; add --bench-compile");
   CompileRequest request;
   request.program = arguments.text("program", "cnn");

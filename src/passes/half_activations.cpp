@@ -72,7 +72,9 @@ class HalfActivations {
       if (node.type.elements() < kMinHalfElements || !writes_half(node) || !readers_convert(id))
         continue;
       const std::vector<ValueId> readers = kernel_readers(id);
-      if (device_.is_pointwise_op(node.op) && computed_where_read(id, readers)) continue;
+      if (device_.is_pointwise_op(node.op) &&
+          (computed_where_read(id, readers) || completes_a_product(node)))
+        continue;
       // Per-image products that only sums read (weight gradients over a batch) stay f32.
       if (node.op == op::half_matmul &&
           std::all_of(readers.begin(), readers.end(),
@@ -134,6 +136,15 @@ class HalfActivations {
       end = reader;
     }
     return true;
+  }
+
+  // Whether elementwise `node` reads a matmul's product that nothing else reads: the GEMM then
+  // computes it as it stores the product (an epilogue: a bias add), in f32.
+  bool completes_a_product(const Node& node) const {
+    return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ValueId input) {
+      return graph_.node(input).op == op::matmul && readers_[input].size() == 1 &&
+             !observed_[input];
+    });
   }
 
   // Whether `node`'s kernel can round its f32 result to f16 as it stores it.

@@ -50,6 +50,22 @@ TEST(CliBenchCompile, PlanOnlyBuildsTheSameProgramInEveryProcess) {
   EXPECT_NE(checksum_of(cnn), checksum_of(first)) << cnn.output;
 }
 
+// The whisper-tiny and sd-unet workloads' training steps plan too (the U-Net at a batch of its
+// own), into programs of their own.
+TEST(CliBenchCompile, PlanOnlyBuildsEveryWorkloadsTrainingStep) {
+  const Result whisper = run("devices --bench-compile --plan-only --program whisper-tiny");
+  ASSERT_EQ(whisper.status, 0) << whisper.output;
+  EXPECT_NE(whisper.output.find("whisper-tiny graph (forward, gradients, optimizer)"),
+            std::string::npos)
+      << whisper.output;
+  const Result unet = run("devices --bench-compile --plan-only --program sd-unet --batch 2");
+  ASSERT_EQ(unet.status, 0) << unet.output;
+  EXPECT_NE(unet.output.find("sd-unet graph (forward, gradients, optimizer)"), std::string::npos)
+      << unet.output;
+  ASSERT_EQ(checksum_of(whisper).size(), 16u) << whisper.output;
+  EXPECT_NE(checksum_of(whisper), checksum_of(unet));
+}
+
 TEST(CliBenchCompile, PlanOnlyPrintsTheDispatchListOnRequest) {
   const Result plain = run("devices --bench-compile --plan-only");
   ASSERT_EQ(plain.status, 0) << plain.output;
@@ -105,7 +121,8 @@ TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   const std::string line = error_line(result);
   ASSERT_FALSE(line.empty()) << result.output;
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
-  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla or resnet-50"),
+  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla, resnet-50, "
+                      "whisper-tiny or sd-unet"),
             std::string::npos)
       << line;
 }
@@ -161,11 +178,14 @@ TEST(CliBenchCompile, BatchPrecisionAndProgramMisuseIsRefusedOnOneLine) {
   for (const auto& [command, message] :
        {std::pair<std::string, std::string>{
             "devices --bench-compile --plan-only --batch 8",
-            "--batch sets the resnet-50 program's images; the cnn program has its workload's "
-            "batch"},
+            "error: --batch sets the resnet-50 and sd-unet programs' images; the cnn program has "
+            "its workload's batch"},
+        {"devices --bench-compile --plan-only --program whisper-tiny --batch 2",
+         "error: --batch sets the resnet-50 and sd-unet programs' images; the whisper-tiny "
+         "program has its workload's batch"},
         {"devices --bench-compile --plan-only --program resnet-50 --precision half",
          "unknown precision \"half\": use strict, fast or bf16"},
-        {"devices --program resnet-50", "add --bench-compile"},
+        {"devices --program resnet-50", "error: --program, --batch and --precision choose"},
         {"devices --precision fast", "add --bench-compile"}}) {
     SCOPED_TRACE(command);
     const Result result = run(command);

@@ -1814,7 +1814,8 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
 // several kernels read is stored in f16 where its producer and every reader convert in
 // registers (an elementwise value that Winograd's f16 tiles read too, products of f16 operands,
 // a transpose, Winograd's output transform of f16 products); a value one kernel reads, one a
-// layer norm reads and the outputs keep their dtypes. The rewritten graph
+// layer norm reads, a bias added to a product (the GEMM's epilogue) and the outputs keep their
+// dtypes. The rewritten graph
 // computes what the same graph computes with those values rounded to f16 (built by hand below),
 // and each widening of an f16 value has one reader.
 TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
@@ -1847,6 +1848,12 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
     graph.set_output("image", (relu(image) - image * 0.25).id());
     const Tensor e = x * 2.0 + 1.0;
     graph.set_output("normed", (layer_norm(e, std::nullopt, std::nullopt) + exp(e)).id());
+    // A bias added to a product, which the GEMM adds as it stores the product.
+    const Tensor biased =
+        matmul(input(graph, "rows", {256, 64}), input(graph, "columns", {64, 256})) +
+        input(graph, "bias", {256});
+    graph.set_output("biased", relu(biased).id());
+    graph.set_output("biased_sums", sum(biased, {0}).id());
     const Tensor weights = input(graph, "weights", {128, 64});
     const Tensor images = input(graph, "images", {2, 64, 256});
     const Tensor product =
@@ -1860,7 +1867,8 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   Environment environment;
   std::mt19937_64 generator(37);
   std::uniform_real_distribution<double> uniform(-1.5, 1.5);
-  for (const char* name : {"x", "c", "weights", "images", "filter_points", "tile_points"}) {
+  for (const char* name :
+       {"x", "c", "weights", "images", "filter_points", "tile_points", "rows", "columns", "bias"}) {
     HostTensor value(graph.type(graph.find_leaf(name)).shape);
     for (double& element : value.data) element = uniform(generator);
     environment.leaves[name] = value;
