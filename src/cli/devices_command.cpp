@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--batch N]
-                        [--precision P] [--plan-only] [--dispatches] [--graph]] [--device SEL]
+                        [--precision P] [--plan-only] [--dispatches] [--graph] [--compile]]
+                        [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
 (discrete > integrated > virtual > CPU, or MEGANEURA_DEVICE / --device).
@@ -73,6 +74,10 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     line a dispatch (what `bench workloads --trace` writes beside a trace)
   --graph           with --plan-only: also print the planned program's graph after every
                     pass, one node a line, whose %N the dispatch labels name
+  --compile         with --plan-only: also compile every distinct kernel to validated SPIR-V,
+                    as a build does before it hands them to the driver (the kernels of an
+                    H200's fast and bf16 paths, which no other device here runs); a kernel
+                    that does not compile is an error that names it
   --device SEL      device index or part of its name
 )";
 
@@ -268,7 +273,24 @@ uint64_t program_checksum(const plan::Program& program) {
   return checksum;
 }
 
-void bench_plan(const CompileRequest& request, bool print_dispatches, bool print_graph) {
+// Compiles every distinct kernel of `program` to validated SPIR-V, as a build does before it
+// hands them to the driver; throws naming the first kernel that does not compile.
+void compile_kernels(const plan::Program& program) {
+  const auto start = std::chrono::steady_clock::now();
+  const runtime::ProgramKernels kernels = runtime::program_kernels(program);
+  for (const gpu::KernelSpec& spec : kernels.specs) {
+    try {
+      gpu::compile_glsl(spec);
+    } catch (const std::exception& error) {
+      throw Error("kernel '" + spec.label + "' does not compile to SPIR-V: " + error.what());
+    }
+  }
+  std::printf("compiled %zu kernels to SPIR-V in %.2f s\n", kernels.specs.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void bench_plan(const CompileRequest& request, bool print_dispatches, bool print_graph,
+                bool compile) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   const auto seconds_since = [&](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(now() - since).count();
@@ -323,6 +345,7 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
       static_cast<double>(program.memory.physical_transient_bytes) / (1 << 20),
       static_cast<double>(program.memory.peak_live_bytes) / (1 << 20), total.bytes / (1 << 30),
       total.flops * 1e-12, static_cast<unsigned long long>(program_checksum(program)));
+  if (compile) compile_kernels(program);
   if (print_dispatches) std::fputs(plan::describe_dispatches(program).c_str(), stdout);
   if (print_graph) std::fputs(program.graph.to_string().c_str(), stdout);
 }
@@ -332,16 +355,17 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
 int devices_command(const std::vector<std::string>& words) {
   const Arguments arguments(
       "meganeura devices", words, {"device", "program", "batch", "precision"},
-      {"bench-compile", "plan-only", "dispatches", "graph", "verbose", "help"});
+      {"bench-compile", "plan-only", "dispatches", "graph", "compile", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
-  for (const char* option : {"dispatches", "graph"}) {
+  for (const char* option : {"dispatches", "graph", "compile"}) {
     if (arguments.has(option) && !(arguments.has("bench-compile") && arguments.has("plan-only")))
       throw Error(std::string("--") + option +
-                  " prints what a planned program holds; add --bench-compile --plan-only");
+                  (std::string_view(option) == "compile" ? " compiles" : " prints") +
+                  " what a planned program holds; add --bench-compile --plan-only");
   }
   if (!arguments.has("bench-compile") &&
       (arguments.has("program") || arguments.has("batch") || arguments.has("precision")))
@@ -354,7 +378,8 @@ int devices_command(const std::vector<std::string>& words) {
     request.batch = arguments.integer("batch", kResNet50CompileBatch, 1, 4096);
   request.precision = parse_precision(arguments.text("precision", "strict"));
   if (arguments.has("bench-compile") && arguments.has("plan-only")) {
-    bench_plan(request, arguments.has("dispatches"), arguments.has("graph"));
+    bench_plan(request, arguments.has("dispatches"), arguments.has("graph"),
+               arguments.has("compile"));
     return 0;
   }
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();

@@ -8,8 +8,9 @@
 // f16 (which then reads the f16 value itself), Winograd's tile transforms that store f16 points
 // (which read the f16 value), or a move whose result is stored in f16 alike: a transpose, or
 // Winograd's output transform (f16 products give an f16 image).
-// Outputs, assignments and values no kernel would write to memory (an elementwise value read by
-// one elementwise kernel or one reduction is computed there) keep f32.
+// Outputs, assignments, values no kernel would write to memory (an elementwise value that one
+// kernel reads is computed there) and a bias added to a matmul's product (which the GEMM adds in
+// f32 as it stores the product) keep f32.
 #include <algorithm>
 #include <unordered_map>
 
@@ -150,7 +151,7 @@ class HalfActivations {
   // Whether `node`'s kernel can round its f32 result to f16 as it stores it.
   bool writes_half(const Node& node) const {
     if (node.op == op::half_matmul)
-      return !node.attrs.has("k_splits") && device_.workgroup_gemm_takes_f16_product(graph_, node);
+      return !node.attrs.has("k_splits") && device_.workgroup_gemm_writes_f16_result(graph_, node);
     return device_.is_pointwise_op(node.op) && node.op != op::widen_f16 && node.op != op::cast;
   }
 

@@ -51,6 +51,8 @@ class Target {
   // Whether the product `node` of `graph` (a matmul or half_matmul, 2-D or batched) of f16
   // operands does.
   virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
+  // Whether it does and can also store the product's result as f16 (half_matmul's f16_result).
+  virtual bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const = 0;
   // Whether `batch` per-image products [M, K] x [K, plane] run faster as one M x K x (batch
   // plane) product over the images side by side, moved there and back (passes/im2col.cpp, 1x1
   // convolutions).

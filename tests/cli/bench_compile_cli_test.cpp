@@ -66,6 +66,24 @@ TEST(CliBenchCompile, PlanOnlyBuildsEveryWorkloadsTrainingStep) {
   EXPECT_NE(checksum_of(whisper), checksum_of(unet));
 }
 
+// Every kernel of the workloads' fast and bf16 training steps, planned for an H200, compiles to
+// validated SPIR-V (the cooperative-matrix kernels and the f16 paths, which Lavapipe does not
+// run): ResNet-50 at batch 256 (the workgroup GEMM's blocks over 56 x 56 planes, Winograd in f16)
+// and 4, the transformers, Whisper-tiny and the U-Net.
+TEST(CliBenchCompile, PlannedKernelsCompileToSpirv) {
+  for (const char* program :
+       {"resnet-50 --batch 256 --precision fast", "resnet-50 --precision bf16",
+        "smollm2-135m --precision fast", "smolvla --precision bf16",
+        "whisper-tiny --precision fast", "sd-unet --precision fast"}) {
+    SCOPED_TRACE(program);
+    const Result result =
+        run(std::string("devices --bench-compile --plan-only --compile --program ") + program);
+    ASSERT_EQ(result.status, 0) << result.output;
+    EXPECT_NE(result.output.find("compiled "), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find(" kernels to SPIR-V in "), std::string::npos) << result.output;
+  }
+}
+
 TEST(CliBenchCompile, PlanOnlyPrintsTheDispatchListOnRequest) {
   const Result plain = run("devices --bench-compile --plan-only");
   ASSERT_EQ(plain.status, 0) << plain.output;
@@ -186,6 +204,7 @@ TEST(CliBenchCompile, BatchPrecisionAndProgramMisuseIsRefusedOnOneLine) {
         {"devices --bench-compile --plan-only --program resnet-50 --precision half",
          "unknown precision \"half\": use strict, fast or bf16"},
         {"devices --program resnet-50", "error: --program, --batch and --precision choose"},
+        {"devices --bench-compile --compile", "error: --compile compiles what a planned program"},
         {"devices --precision fast", "add --bench-compile"}}) {
     SCOPED_TRACE(command);
     const Result result = run(command);

@@ -142,8 +142,10 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
   return operands == OperandsIn::f16 || m * n >= kMinHalfHarmonicMean * (m + n);
 }
 
-bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
-                                      const DeviceTraits& device) {
+namespace {
+
+// Whether the product `node` of f16 operands takes the workgroup GEMM, whatever its result.
+bool takes_f16_operands(const Graph& graph, const Node& node, const DeviceTraits& device) {
   if (node.attrs.has("k_splits")) return false;
   const MatmulShape shape = matmul_shape(graph, node);
   const int64_t m = shape.m, n = shape.n, k = shape.k, batches = shape.batches;
@@ -158,6 +160,28 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
       k * n * batches >= kOffsetLimit)
     return false;
   return workgroup_gemm_suits(m, n, k, device, OperandsIn::f16, batches);
+}
+
+// Whether the block of `node`'s product stores its accumulator as f16: not where the
+// accumulator's rows are a step's depth, whose f16 matrix would be B's type (BLOCK_K x BLOCK_N),
+// which the KHR form cannot give two uses.
+bool block_stores_f16(const Graph& graph, const Node& node, const DeviceTraits& device) {
+  const MatmulShape shape = matmul_shape(graph, node);
+  const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(shape.m, shape.n, device);
+  return block && block->accumulator_rows() != kWorkgroupGemmBlockK;
+}
+
+}  // namespace
+
+bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device) {
+  return takes_f16_operands(graph, node, device) &&
+         (node.type.dtype != DType::f16 || block_stores_f16(graph, node, device));
+}
+
+bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device) {
+  return takes_f16_operands(graph, node, device) && block_stores_f16(graph, node, device);
 }
 
 bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,

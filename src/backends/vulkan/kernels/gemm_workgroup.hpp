@@ -56,9 +56,14 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 // Whether the product `node` of `graph` (a matmul or half_matmul, a transposed when its
 // transpose_a says) of f16 operands runs on the workgroup GEMM on `device`: never once split
 // over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
-// all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands. The f16
+// all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands; with an
+// f16 result, only where its block can store one (workgroup_gemm_writes_f16_result). The f16
 // storage pass, split-K and half_matmul's lowering ask it of the same product.
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device);
+// Whether the workgroup GEMM takes the product `node` of f16 operands and can store its result
+// as f16 (f16_result): not in the 64-row blocks, whose f16 accumulator would have B's type.
+bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 
 // Whether a convolution's `batch` per-image column products [M, K] x [K, plane] should run as

@@ -26,6 +26,10 @@ bool VulkanTarget::workgroup_gemm_takes_f16_product(const Graph& graph, const No
   return kernels::workgroup_gemm_takes_f16_product(graph, node, traits());
 }
 
+bool VulkanTarget::workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const {
+  return kernels::workgroup_gemm_writes_f16_result(graph, node, traits());
+}
+
 bool VulkanTarget::images_side_by_side_suit(int64_t m, int64_t k, int64_t batch,
                                             int64_t plane) const {
   return kernels::images_side_by_side_suit(m, k, batch, plane, traits());

@@ -22,6 +22,7 @@ class VulkanTarget final : public target::Target {
   bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k,
                             target::OperandsIn operands) const override;
   bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const override;
+  bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const override;
   bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
   bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
   bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
