@@ -611,8 +611,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
              it->second.dag.statements.size() == 1 &&
              it->second.dag.statements[0].op == op::widen_f16;
     };
-    // The first such sum or mean reading `value` (through reshapes), or kNoValue.
-    const auto sibling_reading = [&](ValueId value, ValueId reduction) {
+    // The first such sum or mean reading `value` (through reshapes), or kNoValue; with
+    // `widening`, `value` is a widening of an f16 value and the reader's prologue may be it.
+    const auto sibling_reading = [&](ValueId value, ValueId reduction, bool widening) {
       std::vector<ValueId> readers = consumer_lists[value];
       for (size_t r = 0; r < readers.size(); ++r) {
         const ValueId reader = readers[r];
@@ -624,8 +625,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         }
         if ((node.op == op::sum || node.op == op::mean) && node.type.dtype == DType::f32 &&
             reader > reduction && !is_fused(reader) && !is_partial_sum(graph, reader) &&
-            (prologue_of.count(reader) == 0 || only_widens(reader)) && !in_sibling[reader] &&
-            same_rows(node, graph.node(reduction)))
+            (prologue_of.count(reader) == 0 || (widening && only_widens(reader))) &&
+            !in_sibling[reader] && same_rows(node, graph.node(reduction)))
           return reader;
       }
       return kNoValue;
@@ -636,7 +637,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const auto sibling_reading_widened = [&](ValueId value, ValueId reduction) {
       for (ValueId widening : consumer_lists[value]) {
         if (graph.node(widening).op != op::widen_f16 || observed[widening]) continue;
-        const ValueId reader = sibling_reading(widening, reduction);
+        const ValueId reader = sibling_reading(widening, reduction, true);
         if (reader == kNoValue) continue;
         prologue_of.erase(reader);
         return reader;
@@ -647,7 +648,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       for (const PointwiseExtraOutput& extra : prologue.dag.extra_outputs) {
         const ValueId reader = graph.type(extra.value).dtype == DType::f16
                                    ? sibling_reading_widened(extra.value, reduction)
-                                   : sibling_reading(extra.value, reduction);
+                                   : sibling_reading(extra.value, reduction, false);
         if (reader == kNoValue) continue;
         prologue.sibling = reader;
         prologue.sibling_statement = extra.statement;
@@ -662,7 +663,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         const ValueId input = prologue.dag.inputs[k];
         if (graph.type(input).shape != rows_shape) continue;
         if (graph.type(input).dtype == DType::f32) {
-          const ValueId reader = sibling_reading(input, reduction);
+          const ValueId reader = sibling_reading(input, reduction, false);
           if (reader == kNoValue) continue;
           prologue.sibling = reader;
           prologue.sibling_statement = input_as_statement(prologue.dag, static_cast<int>(k));
