@@ -198,13 +198,6 @@ bool sums_partials(const Graph& graph, const PointwiseDag& dag) {
                      [&](ValueId input) { return graph.type(input).elements() > count; });
 }
 
-// Whether `dag` rounds to or widens from f16 (fused conversions of the f16 storage pass).
-bool converts_f16(const PointwiseDag& dag) {
-  return std::any_of(
-      dag.statements.begin(), dag.statements.end(),
-      [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
-}
-
 std::string fused_label(const Graph& graph, const PointwiseDag& dag) {
   return "fused " + std::to_string(dag.statements.size()) + " ops -> " + graph.node(dag.output).op +
          " %" + std::to_string(dag.output);

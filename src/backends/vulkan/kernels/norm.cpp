@@ -355,19 +355,10 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward,
                     std::to_string(fusion->epilogue->output);
   }
   // Fused DAGs may read f16 values, write f16 ones and round in registers.
-  const auto converts = [](const std::optional<PointwiseDag>& dag) {
-    return dag && std::any_of(dag->statements.begin(), dag->statements.end(),
-                              [](const PointwiseStatement& statement) {
-                                return is_f16_conversion_op(statement.op);
-                              });
-  };
-  launch.f16_operands =
-      std::any_of(launch.operands.begin(), launch.operands.end(),
-                  [&](const Operand& operand) {
-                    return context.graph().type(operand.value).dtype == DType::f16;
-                  }) ||
-      (fusion && (converts(fusion->prologue) || converts(fusion->epilogue)));
-  if (launch.f16_operands) require_f16_tensors(launch.label, "reads or writes", context.device());
+  launch.f16_operands = launch_needs_f16(
+      context.graph(), launch.operands,
+      {prologue ? &*fusion->prologue : nullptr, epilogue ? &*fusion->epilogue : nullptr},
+      launch.label, context.device());
   launch.body = functions + std::string(kNormKernel);
   launch.groups = grid_for(static_cast<uint64_t>(map.groups), 1, context.device());
   context.emit(std::move(launch));

@@ -148,6 +148,25 @@ bool is_f16_conversion_op(std::string_view op) {
   return op == op::round_to_f16 || op == op::widen_f16;
 }
 
+bool converts_f16(const PointwiseDag& dag) {
+  return std::any_of(
+      dag.statements.begin(), dag.statements.end(),
+      [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
+}
+
+bool launch_needs_f16(const Graph& graph, const std::vector<Operand>& operands,
+                      const std::vector<const PointwiseDag*>& dags, const std::string& label,
+                      const DeviceTraits& device) {
+  const bool needs = std::any_of(operands.begin(), operands.end(),
+                                 [&](const Operand& operand) {
+                                   return graph.type(operand.value).dtype == DType::f16;
+                                 }) ||
+                     std::any_of(dags.begin(), dags.end(),
+                                 [](const PointwiseDag* dag) { return dag && converts_f16(*dag); });
+  if (needs) require_f16_tensors(label, "reads or writes", device);
+  return needs;
+}
+
 std::string_view pointwise_functions_glsl() {
   return kPointwiseFunctions;
 }
@@ -412,16 +431,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     launch.operands.push_back({"extra" + std::to_string(k), dag.extra_outputs[k].value, true});
   const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
   launch.operands.push_back({"result", dag.output, true});
-  // f16 buffers need the f16 extensions; a chain that rounds to f16 only in registers is refused
-  // on a device without f16 alike, as its unfused conversions would be.
-  launch.f16_operands =
-      std::any_of(
-          launch.operands.begin(), launch.operands.end(),
-          [&](const Operand& operand) { return graph.type(operand.value).dtype == DType::f16; }) ||
-      std::any_of(
-          dag.statements.begin(), dag.statements.end(),
-          [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
-  if (launch.f16_operands) require_f16_tensors(launch.label, "reads or writes", device);
+  launch.f16_operands = launch_needs_f16(graph, launch.operands, {&dag}, launch.label, device);
 
   const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
   const bool has_broadcast = any_broadcast(inputs);

@@ -27,7 +27,7 @@ struct PointwiseDag {
   std::vector<ValueId> inputs;
   std::vector<PointwiseStatement> statements;  // the last one is the result
   ValueId output = kNoValue;
-  std::vector<PointwiseExtraOutput> extra_outputs;  // f32 (inputs and output may be f16)
+  std::vector<PointwiseExtraOutput> extra_outputs;  // each of its value's dtype, f32 or f16
 };
 
 bool is_pointwise_op(std::string_view op);
@@ -35,6 +35,15 @@ bool is_pointwise_op(std::string_view op);
 // and in registers), but a launch of their own runs the vectorised conversion kernel
 // (backends/vulkan/kernels/gemm_workgroup.cpp).
 bool is_f16_conversion_op(std::string_view op);
+// Whether `dag` rounds to or widens from f16 (fused conversions of the f16 storage pass).
+bool converts_f16(const PointwiseDag& dag);
+// Whether a launch binding `operands` and evaluating `dags` (null entries skipped) needs f16
+// buffers and arithmetic: an f16 operand, or a DAG that converts (a rounding in registers only
+// needs them alike, as its unfused conversions would); throws as require_f16_tensors, naming
+// `label`, where the device lacks them.
+bool launch_needs_f16(const Graph& graph, const std::vector<Operand>& operands,
+                      const std::vector<const PointwiseDag*>& dags, const std::string& label,
+                      const DeviceTraits& device);
 
 // GLSL helpers (mg_erf, mg_gelu, ...) that the statements below call; once per shader.
 std::string_view pointwise_functions_glsl();

@@ -286,16 +286,8 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   launch.operands = std::move(operands);
   // A prologue may read f16 inputs, write f16 values beside and round in registers.
   launch.f16_operands =
-      f16_result ||
-      std::any_of(launch.operands.begin(), launch.operands.end(),
-                  [&](const Operand& operand) {
-                    return context.graph().type(operand.value).dtype == DType::f16;
-                  }) ||
-      (prologue && std::any_of(prologue->dag.statements.begin(), prologue->dag.statements.end(),
-                               [](const PointwiseStatement& statement) {
-                                 return is_f16_conversion_op(statement.op);
-                               }));
-  if (launch.f16_operands) require_f16_tensors(launch.label, "reads or writes", context.device());
+      launch_needs_f16(context.graph(), launch.operands, {prologue ? &prologue->dag : nullptr},
+                       launch.label, context.device());
   launch.groups = thread_per_row
                       ? grid_for(static_cast<uint64_t>(layout.rows), kGroupSize, context.device())
                       : grid_for(static_cast<uint64_t>(layout.rows),
