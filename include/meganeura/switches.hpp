@@ -54,6 +54,10 @@ struct Switches {
   // MEGANEURA_ATTENTION_GRAD_SCALE: attention gradients over a rescaled cotangent
   // (passes::scale_attention_gradients); unset: where attention runs on cooperative matrices.
   std::optional<bool> attention_grad_scale;
+  // MEGANEURA_ATTENTION_OWN_GRAD_SCALE: the rescaled cotangent's largest |dO| found by each
+  // backward kernel among the rows it reads (1) or by a reduction before it (0); unset: the
+  // kernels where that rereads little (target::Target::attention_gradient_scales_itself).
+  std::optional<bool> attention_own_grad_scale;
   // MEGANEURA_ATTENTION_PAD_HEADS=0: attention heads keep their width (the strict kernels take
   // heads that are not whole fragments) instead of being padded (passes::pad_attention_heads).
   std::optional<bool> attention_pad_heads;

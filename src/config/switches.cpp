@@ -166,6 +166,11 @@ Switches read_switches(Reader& read) {
   s.attention_grad_scale = read.flag("MEGANEURA_ATTENTION_GRAD_SCALE", "the cotangent as it is",
                                      "attention gradients over a cotangent scaled into f16's range",
                                      "scaled where attention runs on cooperative matrices");
+  s.attention_own_grad_scale = read.flag("MEGANEURA_ATTENTION_OWN_GRAD_SCALE",
+                                         "the cotangent's largest element reduced "
+                                         "before the attention backward",
+                                         "found by each backward kernel in the rows it reads",
+                                         "by the kernels where that rereads little");
   s.attention_pad_heads =
       read.flag("MEGANEURA_ATTENTION_PAD_HEADS", "heads of any width as they are",
                 "heads padded with zeros to whole cooperative-matrix fragments",

@@ -100,6 +100,8 @@ AttentionDims check_attention(const Graph& graph, const Node& node, bool with_va
                      shape_string(expected[i].second));
       }
     }
+    if (layout.has_grad_out_max && node.attrs.get_int("own_grad_out_scale", 0) != 0)
+      op_error(graph, node, "has_grad_out_max and own_grad_out_scale exclude each other");
     if (layout.has_grad_out_max) {
       const Shape& actual = graph.type(node.inputs[layout.grad_out_max_index()]).shape;
       if (actual != Shape{dims.batch, 1, 1, 1} &&
@@ -547,8 +549,10 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   //   has_grad_out_max (0/1): grad_out_max [B, 1, 1, 1] or [B, Hkv, 1, 1] is the largest
   //   |grad_out| of each batch entry (and key/value head's group of query heads), which kernels
   //   that round grad_out to a narrow type use to scale it into that type's range
-  //   (passes/scale_attention_gradients.cpp). The gradients are linear in grad_out, so the
-  //   result is the same with or without it; the reference leaves it unread.
+  //   (passes/scale_attention_gradients.cpp); own_grad_out_scale (0/1, not with
+  //   has_grad_out_max): such kernels find the largest |grad_out| of the rows they read
+  //   themselves. The gradients are linear in grad_out, so the result is the same either way;
+  //   the reference leaves both unread.
   register_attention_grad(
       registry, op::attention_grad_q, &AttentionReference::Gradients::q,
       [](const Graph& graph, const Node& node) { return input_shape(graph, node, 0); },

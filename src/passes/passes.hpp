@@ -2,6 +2,7 @@
 // Graph rewrites that keep every output and assignment unchanged. Each returns a new graph and
 // fills `remap` (old value -> new value, kNoValue for removed values) when given. Those that take
 // their graph by value return it as it is where they have nothing to rewrite: move it in.
+#include <functional>
 #include <vector>
 
 #include "meganeura/graph.hpp"
@@ -82,8 +83,12 @@ Graph pad_attention_heads(Graph graph, int64_t multiple, std::vector<ValueId>* r
 // Attention gradients in f16's range: each attention_grad_q / _k / _v also reads max |dO| (per
 // batch and kv head, attribute has_grad_out_max), by which the cooperative-matrix backward
 // scales dO as it loads it and its result as it stores it, so that its f16 operands (dO, dS)
-// neither underflow nor overflow at any scale of the loss (see scale_attention_gradients.cpp).
-Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+// neither underflow nor overflow at any scale of the loss (see scale_attention_gradients.cpp);
+// or, where `scales_itself` holds for the node (target::Target::attention_gradient_scales_itself),
+// its kernels find the largest |dO| of the rows they read (attribute own_grad_out_scale).
+using ScalesItself = std::function<bool(const Graph& graph, const Node& node)>;
+Graph scale_attention_gradients(const Graph& graph, const ScalesItself& scales_itself = {},
+                                std::vector<ValueId>* remap = nullptr);
 
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
 // (strided data gradients: a matmul and a col2im node), where the columns take at most

@@ -7,7 +7,10 @@
 // drawn from (one per batch and head, or per batch with grouped heads), so that dS lies in f16's
 // normal range at any scale of the loss, as loss scaling gives mixed-precision training, with no
 // scale to tune or back off. How large s makes dO is the kernels' choice
-// (backends/vulkan/kernels/attention.cpp).
+// (backends/vulkan/kernels/attention.cpp). Where the target says so, a kernel draws s from the
+// largest |dO| among the rows it reads instead (attribute own_grad_out_scale): each kernel's
+// results are unscaled as they are stored, so its s need not be any other's, and the gradient
+// then needs no reduction of its own before it.
 #include <map>
 
 #include "ir/op_names.hpp"
@@ -35,7 +38,8 @@ ValueId largest_magnitude(Graph& target, ValueId grad_out, int64_t kv_heads) {
 
 }  // namespace
 
-Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap) {
+Graph scale_attention_gradients(const Graph& graph, const ScalesItself& scales_itself,
+                                std::vector<ValueId>* remap) {
   // max |dO| once per (cotangent, kv heads) of the new graph, so that the dK and dV of one
   // attention keep equal inputs (and one launch).
   std::map<std::pair<ValueId, int64_t>, ValueId> largest;
@@ -43,8 +47,13 @@ Graph scale_attention_gradients(const Graph& graph, std::vector<ValueId>* remap)
   return rebuild(
       graph, keep,
       [&](Graph& target, ValueId, Node node) {
-        if (!is_attention_gradient(node) || node.attrs.get_int("has_grad_out_max", 0) != 0)
+        if (!is_attention_gradient(node) || node.attrs.get_int("has_grad_out_max", 0) != 0 ||
+            node.attrs.get_int("own_grad_out_scale", 0) != 0)
           return target.add_typed(std::move(node));
+        if (scales_itself && scales_itself(target, node)) {
+          node.attrs.set("own_grad_out_scale", int64_t{1});
+          return target.add(node.op, node.inputs, node.attrs);
+        }
         // Inputs: q, k, v, mask?, out, grad_out, lse.
         const ValueId grad_out = node.inputs[node.inputs.size() - 2];
         const int64_t kv_heads = target.type(node.inputs[1]).shape[1];

@@ -441,7 +441,10 @@ Program build_program(const Graph& source, const target::Target& device,
   // The cooperative-matrix attention backward rounds dO and dS to f16 (also in bf16 precision),
   // which the gradients of an untrained model leave below f16's range.
   if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))
-    program.graph = passes::scale_attention_gradients(program.graph);
+    program.graph = passes::scale_attention_gradients(
+        program.graph, [&device](const Graph& graph, const Node& node) {
+          return device.attention_gradient_scales_itself(graph, node);
+        });
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
                                                            !device.cooperative_matrices());
   // W is one transient value: at most a quarter of an arena, and 256 MiB.

@@ -70,6 +70,11 @@ class Target {
   // The multiple of the head widths at which attention runs its fastest kernels here (1: any
   // width); passes::pad_attention_heads pads other heads to it.
   virtual int64_t attention_head_multiple() const = 0;
+  // Whether the attention gradient `node` of `graph` (attention_grad_q / _k / _v), taken over a
+  // rescaled cotangent, finds the largest |dO| in its kernels, among the rows each reads
+  // (attribute own_grad_out_scale), rather than reading a max-reduction made before it
+  // (passes::scale_attention_gradients).
+  virtual bool attention_gradient_scales_itself(const Graph& graph, const Node& node) const = 0;
 
   // Convolution routes: the direct weight-gradient kernel and its K splits, Winograd's weight
   // gradient and its tile side m of F(m x m, 3 x 3), Winograd's forward and data gradient.

@@ -465,7 +465,8 @@ TEST_F(CoopMatrixLowering, Bf16ProgramsRoundNoF32OperandToF16) {
         graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
     int scaled = 0, half_products = 0;
     for (const Node& node : program.graph.nodes()) {
-      scaled += node.attrs.get_int("has_grad_out_max", 0) != 0;
+      scaled += node.attrs.get_int("has_grad_out_max", 0) != 0 ||
+                node.attrs.get_int("own_grad_out_scale", 0) != 0;
       half_products += node.op == op::half_matmul;
     }
     EXPECT_GT(scaled, 0);
@@ -547,13 +548,22 @@ TEST_F(CoopMatrixLowering, AttentionInRegistersWhereTheLayoutIsKnown) {
 }
 
 // The backward given max |dO| (passes::scale_attention_gradients): dQ, dK, dV and dK with dV
-// read it (SCALED_GRAD_OUT, one per batch entry for these grouped heads) and compile to valid
-// NV SPIR-V, in registers and staged; without it they read none.
+// read it (SCALED_GRAD_OUT=1, one per batch entry for these grouped heads) and compile to valid
+// NV SPIR-V, in registers and staged; told to find it themselves (own_grad_out_scale) they read
+// none and compile (SCALED_GRAD_OUT=2); without either they read none and leave dO as it is.
 TEST_F(CoopMatrixLowering, AttentionBackwardReadsTheLargestCotangent) {
-  for (const bool scaled : {true, false}) {
-    const Graph graph = scaled ? passes::scale_attention_gradients(coop_graph()) : coop_graph();
+  enum class Scale { given, own, none };
+  for (const Scale scale : {Scale::given, Scale::own, Scale::none}) {
+    const Graph graph =
+        scale == Scale::none
+            ? coop_graph()
+            : passes::scale_attention_gradients(
+                  coop_graph(), [&](const Graph&, const Node&) { return scale == Scale::own; });
     for (const bool quad_rows : {true, false}) {
-      SCOPED_TRACE(std::string(scaled ? "scaled" : "as it is") + (quad_rows ? ", registers" : ""));
+      SCOPED_TRACE(std::string(scale == Scale::given ? "given"
+                               : scale == Scale::own ? "own"
+                                                     : "as it is") +
+                   (quad_rows ? ", registers" : ""));
       target::DeviceTraits device = coop_device();
       device.quad_row_fragments = quad_rows;
       const std::vector<kernels::Launch> launches = coop_launches_with_grad_kv(graph, device);
@@ -563,18 +573,65 @@ TEST_F(CoopMatrixLowering, AttentionBackwardReadsTheLargestCotangent) {
             launch.kernel != "attention_grad_kv_coopmat")
           continue;
         ++backward;
-        EXPECT_EQ(define_of(launch, "SCALED_GRAD_OUT"), scaled ? "1" : "0") << launch.label;
+        EXPECT_EQ(define_of(launch, "SCALED_GRAD_OUT"), scale == Scale::given ? "1"
+                                                        : scale == Scale::own ? "2"
+                                                                              : "0")
+            << launch.label;
         const auto reads = std::count_if(
             launch.operands.begin(), launch.operands.end(),
             [](const kernels::Operand& operand) { return operand.name == "grad_out_max"; });
-        EXPECT_EQ(reads, scaled ? 1 : 0) << launch.label;
-        if (scaled) {
+        EXPECT_EQ(reads, scale == Scale::given ? 1 : 0) << launch.label;
+        if (scale == Scale::given) {
           EXPECT_EQ(define_of(launch, "GRAD_OUT_MAX_HEADS"), "1u") << launch.label;
         }
         EXPECT_FALSE(gpu::compile_glsl(spec_of(graph, launch)).empty());  // validated
       }
       EXPECT_EQ(backward, 4u);
     }
+  }
+}
+
+// Which attention gradients find max |dO| themselves: those whose dK / dV kernel rereads few
+// elements of dO (SmolLM2's 128 tokens, a decoder's few queries over a long encoder), not
+// Whisper's encoder (1500 queries and keys, 24 key blocks each rereading every row of its head);
+// MEGANEURA_ATTENTION_OWN_GRAD_SCALE decides for every shape, and a bad value names it.
+TEST_F(CoopMatrixLowering, AttentionGradientsScaleThemselvesWhereTheyRereadLittle) {
+  const auto scales_itself = [](const Shape& q, const Shape& kv) {
+    Graph graph;
+    const Tensor query = input(graph, "q", q), key = input(graph, "k", kv);
+    const Tensor value = input(graph, "v", kv), seed = input(graph, "seed", q);
+    const Tensor out = scaled_dot_product_attention(query, key, value, {.causal = q == kv});
+    gradients(graph, out.id(), {query.id()}, seed.id());
+    for (size_t i = 0; i < graph.size(); ++i) {
+      if (graph.nodes()[i].op == op::attention_grad_q) {
+        return kernels::attention_gradient_scales_itself(graph, graph.nodes()[i],
+                                                         testing::switched(coop_device()));
+      }
+    }
+    ADD_FAILURE() << "no attention_grad_q";
+    return false;
+  };
+  const Shape smollm2{1, 9, 128, 64}, smollm2_kv{1, 3, 128, 64};
+  const Shape whisper{1, 6, 1500, 64}, decoder{1, 6, 4, 64};
+  EXPECT_TRUE(scales_itself(smollm2, smollm2_kv));
+  EXPECT_TRUE(scales_itself(decoder, whisper));
+  EXPECT_FALSE(scales_itself(whisper, whisper));
+  {
+    const ScopedSwitch always("MEGANEURA_ATTENTION_OWN_GRAD_SCALE", "1");
+    EXPECT_TRUE(scales_itself(whisper, whisper));
+  }
+  {
+    const ScopedSwitch never("MEGANEURA_ATTENTION_OWN_GRAD_SCALE", "0");
+    EXPECT_FALSE(scales_itself(smollm2, smollm2_kv));
+  }
+  const ScopedSwitch bad("MEGANEURA_ATTENTION_OWN_GRAD_SCALE", "yes");
+  try {
+    scales_itself(smollm2, smollm2_kv);
+    ADD_FAILURE() << "a bad value was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGANEURA_ATTENTION_OWN_GRAD_SCALE='yes'"),
+              std::string::npos)
+        << error.what();
   }
 }
 
@@ -1777,7 +1834,7 @@ TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
 // below f16's smallest subnormal, so without the kernels' rescaled cotangent
 // (MEGANEURA_ATTENTION_GRAD_SCALE=0) dQ and dK come out as zeros. Grouped heads share a scale
 // per batch entry. A zero cotangent gives zero gradients, not NaNs. Scores in registers and
-// staged through shared memory alike.
+// staged through shared memory alike, max |dO| found by each kernel or reduced before them.
 TEST_F(GpuCoopMatrix, AttentionGradientsOfSmallCotangentsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
@@ -1785,15 +1842,18 @@ TEST_F(GpuCoopMatrix, AttentionGradientsOfSmallCotangentsNv) {
     Shape q, kv;
     double cotangent;
   };
-  for (const char* registers : {"1", "0"}) {
+  for (const auto& [registers, own_scale] :
+       {std::pair{"1", "1"}, {"1", "0"}, {"0", "1"}, {"0", "0"}}) {
     const ScopedSwitch staged("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
+    const ScopedSwitch own("MEGANEURA_ATTENTION_OWN_GRAD_SCALE", own_scale);
     for (const Case& c : {Case{{1, 2, 1500, 64}, {1, 2, 1500, 64}, 1e-6},
                           Case{{1, 1, 1024, 80}, {1, 1, 1024, 80}, 1e-6},
                           Case{{1, 1, 256, 160}, {1, 1, 256, 160}, 1e-6},
                           Case{{2, 6, 300, 64}, {2, 2, 300, 64}, 1e-6},
                           Case{{1, 2, 200, 64}, {1, 2, 200, 64}, 0.0}}) {
       SCOPED_TRACE(shape_string(c.q) + " cotangent " + std::to_string(c.cotangent) +
-                   " MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=" + registers);
+                   " MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=" + registers +
+                   " MEGANEURA_ATTENTION_OWN_GRAD_SCALE=" + own_scale);
       check_on_gpu(
           {{"q", c.q}, {"k", c.kv}, {"v", c.kv}, {"g", c.q, DType::f32, -c.cotangent, c.cotangent}},
           [](Graph& graph, std::vector<Tensor>& x) {

@@ -236,6 +236,14 @@ TEST(Attention, MisuseNamesOpAndShapes) {
     EXPECT_EQ(graph.type(graph.add("attention_grad_k", with_max, with_largest)).shape,
               (Shape{1, 2, 5, 8}));
   }
+  // Kernels that find the largest |dO| themselves read no max: the two ways exclude each other.
+  Attrs own_scale{
+      {"causal", int64_t{0}}, {"has_mask", int64_t{0}}, {"own_grad_out_scale", int64_t{1}}};
+  EXPECT_EQ(graph.type(graph.add("attention_grad_q", backward_inputs, own_scale)).shape,
+            (Shape{1, 4, 4, 8}));
+  own_scale.set("has_grad_out_max", int64_t{1});
+  expect_error([&] { graph.add("attention_grad_q", with_max, own_scale); },
+               {"attention_grad_q", "has_grad_out_max and own_grad_out_scale"});
   expect_error(
       [&] {
         rope(input(graph, "x", {1, 1, 2, 5}));

@@ -1523,6 +1523,37 @@ TEST(Passes, ScaledAttentionGradientsReadTheLargestCotangent) {
   }
 }
 
+// Where the target says the kernels find the largest |dO| themselves, the gradients say so
+// (own_grad_out_scale) and read no max: no reduction is added, the outputs are the graph's, and
+// a second run adds nothing. The target is asked about each gradient op.
+TEST(Passes, AttentionGradientsThatScaleThemselvesReadNoMax) {
+  const AttentionCase attention = attention_with_gradients(11, {2, 4, 20, 8}, {2, 2, 30, 8},
+                                                           {2, 2, 30, 6}, {"masked", "causal"});
+  size_t asked = 0;
+  const passes::ScalesItself scales_itself = [&asked](const Graph& graph, const Node& node) {
+    ++asked;
+    EXPECT_EQ(graph.type(node.inputs[0]).shape, (Shape{2, 4, 20, 8})) << node.op;
+    return true;
+  };
+  const Graph scaled = passes::scale_attention_gradients(attention.graph, scales_itself);
+  EXPECT_EQ(asked, 6u);
+  size_t gradient_ops = 0;
+  for (const Node& node : scaled.nodes()) {
+    if (node.op != "attention_grad_q" && node.op != "attention_grad_k" &&
+        node.op != "attention_grad_v")
+      continue;
+    ++gradient_ops;
+    EXPECT_EQ(node.attrs.get_int("own_grad_out_scale", 0), 1) << node.op;
+    EXPECT_EQ(node.attrs.get_int("has_grad_out_max", 0), 0) << node.op;
+  }
+  EXPECT_EQ(gradient_ops, 6u);
+  EXPECT_EQ(count_op(scaled, "max"), count_op(attention.graph, "max"));
+  expect_same_outputs(attention.graph, scaled, attention.environment);
+  const Graph again = passes::scale_attention_gradients(scaled, scales_itself);
+  EXPECT_EQ(asked, 6u);
+  EXPECT_EQ(again.size(), scaled.size());
+}
+
 // Heads padded to whole fragments: q and k of 40 columns and v of 24 read as 48 and 32 zero-
 // padded columns, the scale of 40 kept (the causal variant's default and the masked one's
 // explicit 0.7), every result sliced back: the same outputs and gradients on the reference,

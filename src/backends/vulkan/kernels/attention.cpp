@@ -58,6 +58,11 @@ struct Inputs {
 // (2^-14). A zero cotangent takes the floor kSmallestMaximum: a finite scale and zero gradients.
 constexpr double kGradientMaximum = 64.0;
 constexpr double kSmallestMaximum = 1e-30;
+// A kernel that finds max |dO| itself (attribute own_grad_out_scale) reads its rows of dO once
+// more first: the dK / dV kernel every row of its group's heads for each block of 64 keys. Up to
+// this many such elements in all (L2-resident at these sizes) cost less than the reduction's two
+// launches and the barriers around them; past it the reduction made once is cheaper.
+constexpr int64_t kMostOwnScaleRereads = int64_t{1} << 22;
 
 // The values are attention_tiled.comp's MODE.
 // grad_kv: dK and dV of one node pair in one launch (attention_grad_k writing attention_grad_v);
@@ -260,8 +265,10 @@ int64_t coop_forward_block(const Dims& dims, const DeviceTraits& device) {
   return 0;
 }
 
-// The side of the cooperative-matrix kernels' fragments, which the head widths fill.
+// The side of the cooperative-matrix kernels' fragments, which the head widths fill, and the
+// rows (queries or keys) a workgroup of theirs owns: 4 subgroups of 16.
 constexpr int64_t kCoopFragment = 16;
+constexpr int64_t kCoopOwnedRows = 64;
 
 // The fast kernels run when the GEMMs do and the head dimensions fill whole fragments
 // (attention_lse runs the forward kernel without values). Their operands are f16 also in bf16
@@ -291,6 +298,8 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const bool backward = mode != Mode::forward && mode != Mode::lse;
   // The strict kernels compute in f32 throughout and leave max |dO| unread.
   const bool scaled_grad_out = coop && backward && node.attrs.get_int("has_grad_out_max", 0) != 0;
+  const bool own_grad_out_scale =
+      coop && backward && node.attrs.get_int("own_grad_out_scale", 0) != 0;
 
   Launch launch;
   launch.label = context.label();
@@ -316,8 +325,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const int64_t head_splits = key_owned ? node.attrs.get_int("head_splits", 1) : 1;
   launch.defines.push_back({"HEAD_SPLITS", glsl_uint(head_splits)});
   std::string file;
-  // The cooperative-matrix kernels own 64 rows (4 subgroups of 16).
-  int64_t owned_block = 64;
+  int64_t owned_block = kCoopOwnedRows;
   if (coop) {
     switch (mode) {
       case Mode::forward:
@@ -393,10 +401,16 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
     const ValueId largest = node.inputs[inputs.grad_out_max()];
     launch.operands.push_back({"grad_out_max", largest, false});
     launch.defines.push_back({"GRAD_OUT_MAX_HEADS", glsl_uint(graph.type(largest).shape[1])});
+  }
+  if (scaled_grad_out || own_grad_out_scale) {
     launch.defines.push_back({"GRADIENT_MAXIMUM", glsl_float(kGradientMaximum)});
     launch.defines.push_back({"SMALLEST_MAXIMUM", glsl_float(kSmallestMaximum)});
   }
-  if (coop && backward) launch.defines.push_back({"SCALED_GRAD_OUT", scaled_grad_out ? "1" : "0"});
+  if (coop && backward) {
+    launch.defines.push_back({"SCALED_GRAD_OUT", scaled_grad_out      ? "1"
+                                                 : own_grad_out_scale ? "2"
+                                                                      : "0"});
+  }
   const char* result_name = mode == Mode::forward       ? "out_"
                             : mode == Mode::lse         ? "lse"
                             : mode == Mode::grad_q      ? "grad_q"
@@ -547,6 +561,15 @@ void lower_rope(LoweringContext& context) {
 
 int64_t attention_head_multiple(const DeviceTraits& device) {
   return use_coop_gemm(device) ? kCoopFragment : 1;
+}
+
+bool attention_gradient_scales_itself(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device) {
+  if (const std::optional<bool> forced = device.switches.attention_own_grad_scale) return *forced;
+  const Dims dims = attention_dims(graph, node);
+  const int64_t key_blocks = (dims.kv_len + kCoopOwnedRows - 1) / kCoopOwnedRows;
+  return key_blocks * dims.batch * dims.q_heads * dims.q_len * dims.value_dim <=
+         kMostOwnScaleRereads;
 }
 
 bool is_attention_companion_op(std::string_view op) {

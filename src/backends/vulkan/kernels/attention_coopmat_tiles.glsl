@@ -36,16 +36,34 @@
   }
 
 // The backward kernels' factor for dO (attention.cpp: SCALED_GRAD_OUT, GRAD_OUT_MAX_HEADS,
-// GRADIENT_MAXIMUM, SMALLEST_MAXIMUM): GRADIENT_MAXIMUM / max |dO| of batch entry b (and kv head
-// kv_head where grad_out_max has one per kv head), 1 without grad_out_max. The gradients are
-// linear in dO: the kernels multiply dO (and so delta) by it and divide their results by it.
+// GRADIENT_MAXIMUM, SMALLEST_MAXIMUM): GRADIENT_MAXIMUM / max |dO|. SCALED_GRAD_OUT=1: the max
+// of batch entry b (and kv head kv_head where grad_out_max has one per kv head), read from
+// grad_out_max; 2: the largest |dO| of the rows the workgroup reads, which the kernel finds
+// itself (GRAD_OUT_SCALE is 1 until then); 0: 1. The gradients are linear in dO: the kernels
+// multiply dO (and so delta) by it and divide their results by it.
 #ifdef SCALED_GRAD_OUT
-#if SCALED_GRAD_OUT
-#define GRAD_OUT_SCALE(b, kv_head)                                                             \
-  (float(GRADIENT_MAXIMUM) /                                                                   \
-   max(grad_out_max[(b)*GRAD_OUT_MAX_HEADS + (GRAD_OUT_MAX_HEADS == 1u ? 0u : (kv_head))],     \
-       float(SMALLEST_MAXIMUM)))
+#define GRAD_OUT_FACTOR(largest) (float(GRADIENT_MAXIMUM) / max((largest), float(SMALLEST_MAXIMUM)))
+#if SCALED_GRAD_OUT == 1
+#define GRAD_OUT_SCALE(b, kv_head)                                                       \
+  GRAD_OUT_FACTOR(                                                                       \
+      grad_out_max[(b)*GRAD_OUT_MAX_HEADS + (GRAD_OUT_MAX_HEADS == 1u ? 0u : (kv_head))])
 #else
 #define GRAD_OUT_SCALE(b, kv_head) 1.0
 #endif
 #endif
+
+// The largest magnitude of a vec4's elements.
+#define ATTENTION_LARGEST4(value)                                          \
+  max(max(abs((value).x), abs((value).y)), max(abs((value).z), abs((value).w)))
+
+// The largest `value` of the workgroup's threads into `result`, through the shared float array
+// `maxima` (one element a subgroup of 32 lanes); ends with every thread past a barrier.
+#define ATTENTION_WORKGROUP_MAX(result, value, maxima, warp, lane)                              \
+  {                                                                                             \
+    float m_ = (value);                                                                         \
+    [[unroll]] for (uint s_ = 1; s_ < 32; s_ *= 2) m_ = max(m_, subgroupShuffleXor(m_, s_));  \
+    if ((lane) == 0) maxima[(warp)] = m_;                                                       \
+    barrier();                                                                                  \
+    result = maxima[0];                                                                         \
+    [[unroll]] for (uint w_ = 1; w_ < WARPS; ++w_) result = max(result, maxima[w_]);           \
+  }

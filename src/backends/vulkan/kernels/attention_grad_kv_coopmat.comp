@@ -22,7 +22,8 @@
 // B * HKV * SK rows of those before); HEAD_SPLITS > 1: only the GROUP_PART query heads of part
 // z / SPLITS of the group.
 // SCALED_GRAD_OUT: dO (and delta) times GRAD_OUT_SCALE, the results divided by it
-// (attention_coopmat_tiles.glsl).
+// (attention_coopmat_tiles.glsl); with SCALED_GRAD_OUT=2 the largest |dO| of the rows the
+// workgroup streams, read once before it streams them.
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, GRAD_K, WITH_GRAD_V,
 // BQ (32 or 64), SPLITS, SLICE (a multiple of BQ), HEAD_SPLITS, GRAD_OUT_BINDING and, for dK,
 // OUT_BINDING (the bindings of grad_out and out_value), FRAGMENT_REGISTERS, SCALED_GRAD_OUT.
@@ -79,6 +80,9 @@ layout(std430, set = 0, binding = OUT_BINDING) readonly buffer buffer_out_value4
 // The key block (and for dK the value block), then each query block's Q and dO tiles.
 shared uvec2 tiles[QDO_UVEC2S > K_UVEC2S ? QDO_UVEC2S : K_UVEC2S];
 shared float query_lse[BQ];
+#if SCALED_GRAD_OUT == 2
+shared float grad_out_maxima[WARPS];
+#endif
 #if GRAD_K
 shared float query_delta[BQ];
 #endif
@@ -171,6 +175,20 @@ void main() {
   uint blocks = GROUP_PART * q_blocks;
   uint h_first = kv_head * (HQ / HKV) + (gl_WorkGroupID.z / SPLITS) * GROUP_PART;
   if (blocks > 0) load_qdo((b * HQ + h_first) * SQ, q_start, t);
+#if SCALED_GRAD_OUT == 2
+  {
+    float largest = 0.0;
+    uint vectors = q_blocks > 0 ? (q_end - q_start) * (DV / 4) : 0u;
+    for (uint part = 0; part < GROUP_PART; ++part) {
+      uint first = ((b * HQ + h_first + part) * SQ + q_start) * (DV / 4);
+      for (uint e = t; e < vectors; e += THREADS)
+        largest = max(largest, ATTENTION_LARGEST4(grad_out4[first + e]));
+    }
+    ATTENTION_WORKGROUP_MAX(largest, largest, grad_out_maxima, warp, lane)
+    grad_out_scale = GRAD_OUT_FACTOR(largest);
+    result_scale = 1.0 / grad_out_scale;
+  }
+#endif
 
   {
     vec4 k_values[ATTENTION_LOADS(BK, D)];

@@ -17,7 +17,8 @@
 // SPLITS > 1 (passes/split_attention.cpp): workgroup z streams only keys [z * SLICE,
 // (z + 1) * SLICE) and writes partial result z (after the B * HQ * SQ rows of those before).
 // SCALED_GRAD_OUT: dO (and delta) times GRAD_OUT_SCALE, dQ divided by it
-// (attention_coopmat_tiles.glsl).
+// (attention_coopmat_tiles.glsl); with SCALED_GRAD_OUT=2 the largest |dO| of the block's rows,
+// found as they are fetched.
 // Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL, BK (32 or 64),
 // SPLITS, SLICE (a multiple of BK), OUT_BINDING and GRAD_OUT_BINDING (the bindings of
 // out_value and grad_out), FRAGMENT_REGISTERS, SCALED_GRAD_OUT. Generated:
@@ -66,6 +67,9 @@ layout(std430, set = 0, binding = GRAD_OUT_BINDING) readonly buffer buffer_grad_
 
 // The query block, then dO, then each key block's K and V tiles.
 shared uvec2 tiles[KV_UVEC2S > Q_UVEC2S ? KV_UVEC2S : Q_UVEC2S];
+#if SCALED_GRAD_OUT == 2
+shared float grad_out_maxima[WARPS];
+#endif
 #if !FRAGMENT_REGISTERS
 // Per subgroup: the block's S, then its dP, and parts of the dQ rows at the end.
 shared uvec4 stage[BQ * STAGE_VEC4S];
@@ -145,6 +149,14 @@ void main() {
   {
     vec4 do_values[ATTENTION_LOADS(BQ, DV)];
     ATTENTION_FETCH(do_values, grad_out4, q_base, q0, SQ, BQ, DV, t)
+#if SCALED_GRAD_OUT == 2
+    float largest = 0.0;
+    [[unroll]] for (uint r = 0; r < ATTENTION_LOADS(BQ, DV); ++r)
+      largest = max(largest, ATTENTION_LARGEST4(do_values[r]));
+    ATTENTION_WORKGROUP_MAX(largest, largest, grad_out_maxima, warp, lane)
+    grad_out_scale = GRAD_OUT_FACTOR(largest);
+    result_scale = 1.0 / grad_out_scale;
+#endif
     ATTENTION_STASH(tiles, 0, do_values, grad_out_scale, BQ, DV, t)
   }
   barrier();

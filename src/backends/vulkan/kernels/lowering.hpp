@@ -105,6 +105,11 @@ std::vector<LoweringEntry> attention_lowerings();
 // The multiple of the head widths that the cooperative-matrix attention kernels take (their
 // fragments' side) where they run on `device`, else 1 (target::Target::attention_head_multiple).
 int64_t attention_head_multiple(const DeviceTraits& device);
+// Whether the cooperative-matrix backward of the attention gradient `node` finds the rescaled
+// cotangent's largest |dO| itself (target::Target::attention_gradient_scales_itself; the rule
+// and its reason in attention.cpp), unless MEGANEURA_ATTENTION_OWN_GRAD_SCALE decides.
+bool attention_gradient_scales_itself(const Graph& graph, const Node& node,
+                                      const DeviceTraits& device);
 std::vector<LoweringEntry> loss_lowerings();
 // GLSL: lower_rope's table of angle parts and `vec2 NAME(uint row, uint d)`, the cosine and sine
 // of rope node `node`'s rotation of pair d in row `row` of its [..., S, D] shape.

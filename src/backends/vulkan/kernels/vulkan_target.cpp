@@ -51,6 +51,10 @@ int64_t VulkanTarget::attention_head_multiple() const {
   return kernels::attention_head_multiple(traits());
 }
 
+bool VulkanTarget::attention_gradient_scales_itself(const Graph& graph, const Node& node) const {
+  return kernels::attention_gradient_scales_itself(graph, node, traits());
+}
+
 bool VulkanTarget::direct_weight_gradient_suits(const ConvGeometry& g) const {
   return kernels::direct_weight_gradient_suits(g, traits());
 }

@@ -28,6 +28,7 @@ class VulkanTarget final : public target::Target {
   bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
   int64_t gemm_k_splits(const target::GemmProduct& product) const override;
   int64_t attention_head_multiple() const override;
+  bool attention_gradient_scales_itself(const Graph& graph, const Node& node) const override;
   bool direct_weight_gradient_suits(const ConvGeometry& g) const override;
   int64_t direct_weight_gradient_splits(const ConvGeometry& g) const override;
   bool winograd_weight_gradient_suits(const ConvGeometry& g) const override;
