@@ -151,31 +151,33 @@ TEST_F(CoopMatrixLowering, FastPrecisionSelectsCoopKernelsOnlyWhenAllowed) {
   EXPECT_TRUE(coop_launches(graph, coop_device()).empty());
 }
 
-// Fast precision puts products of at least 1M multiply-adds per compute unit on cooperative
-// matrices, and of at least 256K where K >= 512 (long enough to split), and leaves smaller ones
-// on gemm.comp; MEGANEURA_COOP_GEMM_MIN sets one bound for all (0: every product) and rejects
-// what is not a whole number.
+// Fast precision puts products of at least 64K multiply-adds per compute unit on cooperative
+// matrices, except products of few rows that their own kernel takes and products over a K under
+// 16, and leaves smaller ones on gemm.comp; MEGANEURA_COOP_GEMM_MIN sets one bound for all (0:
+// every product) and rejects what is not a whole number.
 TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
-  const auto kernel_of = [](const Shape& a, const Shape& b) {
+  const auto kernel_of = [](const Shape& a, const Shape& b, bool transpose_b = false) {
     Graph graph;
-    const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b));
+    const Tensor y = matmul(input(graph, "a", a), input(graph, "b", b), false, transpose_b);
     return kernels::lower_node(graph, y.id(), testing::switched(coop_device())).at(0).kernel;
   };
-  // 132 units: over K >= 512, 128 x 576 x 576 (43M) goes and 128 x 512 x 512 (33.6M, under
-  // 132 x 256K = 34.6M) stays; over K = 256, 128 x 1536 x 256 (50M) stays and 128 x 4608 x 256
-  // (151M, over 132 x 1M) goes, as does a batch of two 128 x 1536 x 576 (226M).
-  EXPECT_EQ(kernel_of({128, 576}, {576, 576}), "gemm_coopmat");
-  EXPECT_EQ(kernel_of({128, 512}, {512, 512}), "gemm");
-  EXPECT_EQ(kernel_of({128, 256}, {256, 1536}), "gemm");
-  EXPECT_EQ(kernel_of({128, 256}, {256, 4608}), "gemm_coopmat");
+  // 132 units: SmolLM2's products at 128 tokens go, the smallest (128 x 192 x 576, 14.2M) over
+  // 132 x 64K = 8.65M, as does its weight gradients' 576 x 576 x 128; 128 x 256 x 256 (8.4M)
+  // stays; a decode step's 1 x 576 x 576 against a weight stored [N, K] takes the few-rows
+  // kernel; Whisper's embedding gradient over 4 tokens (51865 x 384 x 4) stays on gemm.comp.
+  EXPECT_EQ(kernel_of({128, 576}, {576, 192}), "gemm_coopmat");
+  EXPECT_EQ(kernel_of({576, 128}, {128, 576}), "gemm_coopmat");
+  EXPECT_EQ(kernel_of({128, 256}, {256, 256}), "gemm");
+  EXPECT_EQ(kernel_of({1, 576}, {49152, 576}, true), "gemm_few_rows");
+  EXPECT_EQ(kernel_of({51865, 4}, {4, 384}), "gemm");
   EXPECT_EQ(kernel_of({2, 128, 576}, {576, 1536}), "gemm_coopmat");
   {
     const ScopedSwitch every("MEGANEURA_COOP_GEMM_MIN", "0");
     EXPECT_EQ(kernel_of({16, 16}, {16, 16}), "gemm_coopmat");
   }
   {
-    const ScopedSwitch fewer("MEGANEURA_COOP_GEMM_MIN", "100000");
-    EXPECT_EQ(kernel_of({128, 512}, {512, 512}), "gemm_coopmat");
+    const ScopedSwitch fewer("MEGANEURA_COOP_GEMM_MIN", "50000");
+    EXPECT_EQ(kernel_of({128, 256}, {256, 256}), "gemm_coopmat");
   }
   {
     const ScopedSwitch more("MEGANEURA_COOP_GEMM_MIN", "1048576");

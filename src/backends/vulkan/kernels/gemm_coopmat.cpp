@@ -154,14 +154,14 @@ bool use_coop_gemm(const DeviceTraits& device) {
          device.max_workgroup_invocations >= 256 && !device.switches.no_coopmat;
 }
 
-bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device) {
-  // The bounds' reasons are in the header.
-  constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 20, kMinSplitMultiplyAddsPerUnit = 1 << 18;
+bool coop_gemm_suits(int64_t m, int64_t multiply_adds, int64_t k, bool b_transposed,
+                     const DeviceTraits& device) {
+  // The bound's reasons are in the header.
+  constexpr int64_t kMinMultiplyAddsPerUnit = 1 << 16, kMinK = 16;
   if (const std::optional<int64_t> forced = device.switches.coop_gemm_min)
     return multiply_adds >= *forced * device.compute_units;
-  const int64_t per_unit =
-      k >= kMinKToSplit ? kMinSplitMultiplyAddsPerUnit : kMinMultiplyAddsPerUnit;
-  return multiply_adds >= per_unit * device.compute_units;
+  if (k < kMinK || few_rows_gemm_suits(m, k, b_transposed, device)) return false;
+  return multiply_adds >= kMinMultiplyAddsPerUnit * device.compute_units;
 }
 
 bool coop_wants_khr(const DeviceTraits& device) {

@@ -19,15 +19,21 @@ bool use_coop_gemm(const DeviceTraits& device);
 // The columns of gemm_coopmat.comp's widest block (128 x 256).
 constexpr int64_t kWidestSubgroupBlockColumns = 256;
 
-// Whether a product of `multiply_adds` (M * N * K times the batch entries) over `k` runs on the
-// cooperative-matrix GEMM where use_coop_gemm(device) holds: from 1M multiply-adds per compute
-// unit, and from 256K where K is long enough for split-K (passes/split_k.cpp, K >= 512). Smaller
-// products run faster on gemm.comp, whose 4 x 4 tiles keep more workgroups in flight than the
-// smallest 64 x 64 coop block; split over K in slices of 64, SmolLM's 128 x 576 x 576 (43M)
-// already runs faster on cooperative matrices.
+// Whether a product of `m` rows and `multiply_adds` (M * N * K times the batch entries) over `k`
+// runs on the cooperative-matrix GEMM where use_coop_gemm(device) holds: products of few rows
+// that gemm_few_rows.comp takes (a decode step's) stay there, as its lanes read each weight once
+// where the coop GEMM's smallest block would be mostly padding, and so do products over a K
+// shorter than a fragment's 16 steps (Whisper's embedding gradient over its 4 decoder tokens),
+// which the fragments would pad with zeros; every other product from 64K
+// multiply-adds per compute unit, below which one dispatch of either kernel is all latency.
+// SmolLM2's products at 128 tokens (14M to 113M multiply-adds, one to eight hundred thousand a
+// unit) ran faster on cooperative matrices than on gemm.comp's 4 x 4 tiles, on which the rule
+// before (1M a unit, 256K where K allowed split-K) left its weight gradients and k / v
+// projections (docs/BENCHMARKS.md).
 // MEGANEURA_COOP_GEMM_MIN=N sets one bound for all, the multiply-adds per compute unit from which
-// products take the coop GEMM (0: all); anything else is an error naming it.
-bool coop_gemm_suits(int64_t multiply_adds, int64_t k, const DeviceTraits& device);
+// products take the coop GEMM (0: all, few rows too); anything else is an error naming it.
+bool coop_gemm_suits(int64_t m, int64_t multiply_adds, int64_t k, bool b_transposed,
+                     const DeviceTraits& device);
 
 // Whether cooperative-matrix kernels compile through SPV_KHR_cooperative_matrix: wherever the
 // device has it, unless MEGANEURA_COOPMAT=nv asks for the NV extension on a device that has both

@@ -60,7 +60,8 @@ namespace {
 
 bool matmul_runs_coop(const MatmulShape& shape, const DeviceTraits& device) {
   return use_coop_gemm(device) &&
-         coop_gemm_suits(shape.m * shape.n * shape.k * shape.batches, shape.k, device);
+         coop_gemm_suits(shape.m, shape.m * shape.n * shape.k * shape.batches, shape.k,
+                         shape.transpose_b, device);
 }
 
 }  // namespace

@@ -91,7 +91,8 @@ bool runs_on_simt_gemm(const target::GemmProduct& product, const DeviceTraits& d
   if (product.half_operands) return false;
   // Matmuls this small stay on gemm.comp (gemm.cpp); convolutions all take the coop GEMM.
   return !product.generated_loads &&
-         !coop_gemm_suits(product.m * product.n * product.k * product.entries, product.k, device);
+         !coop_gemm_suits(product.m, product.m * product.n * product.k * product.entries, product.k,
+                          product.b_transposed, device);
 }
 
 }  // namespace
