@@ -37,6 +37,16 @@ struct AttentionInputs {
   size_t count() const { return out_index() + (backward ? 3 + (has_grad_out_max ? 1 : 0) : 0); }
 };
 
+// attention_combine's result for partials of `shape` ([S, ..., Dv + 1]): [..., Dv], or with
+// heads_last [B, Sq, H, Dv].
+Shape combined_shape(const Node& node, const Shape& partials) {
+  if (node.attrs.get_int("heads_last", 0) != 0)
+    return {partials[1], partials[3], partials[2], partials[4] - 1};
+  Shape shape(partials.begin() + 1, partials.end());
+  shape.back() -= 1;
+  return shape;
+}
+
 AttentionInputs attention_inputs(const Node& node, bool with_value, bool backward) {
   return {with_value, node.attrs.get_int("has_mask", 0) != 0, backward,
           backward && node.attrs.get_int("has_grad_out_max", 0) != 0};
@@ -475,7 +485,9 @@ void register_attention_ops(std::vector<OpDef>& registry) {
   // With kv_splits = S (only from passes/split_attention.cpp) the forward gives S partial
   // results [S, B, Hq, Sq, Dv + 1] (AttentionReference::partials), and
   // attention_combine(partials [S, ..., Dv + 1]) -> [..., Dv] joins them: with M the largest
-  // log-sum-exp of a row and w_s = exp(lse_s - M), out = sum_s w_s O_s / sum_s w_s.
+  // log-sum-exp of a row and w_s = exp(lse_s - M), out = sum_s w_s O_s / sum_s w_s. attrs:
+  // heads_last (0/1): partials [S, B, H, Sq, Dv + 1] give out [B, Sq, H, Dv], the heads moved
+  // after the queries as a multi-head layer's output projection reads them.
   registry.push_back(OpDef{
       .name = op::attention_combine,
       .infer =
@@ -488,12 +500,15 @@ void register_attention_ops(std::vector<OpDef>& registry) {
                        "partials " + shape_string(partials.shape) +
                            " need rank >= 2 ([S, ..., Dv + 1]) and Dv >= 1");
             }
-            Shape shape(partials.shape.begin() + 1, partials.shape.end());
-            shape.back() -= 1;
-            return TensorType{partials.dtype, shape};
+            if (node.attrs.get_int("heads_last", 0) != 0 && partials.rank() != 5) {
+              op_error(graph, node,
+                       "heads_last needs partials [S, B, H, Sq, Dv + 1], not " +
+                           shape_string(partials.shape));
+            }
+            return TensorType{partials.dtype, combined_shape(node, partials.shape)};
           },
       .reference =
-          [](const Node&, const std::vector<const HostTensor*>& in) {
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
             const HostTensor& partials = *in[0];
             const int64_t splits = partials.shape[0], width = partials.shape.back();
             const int64_t rows = partials.elements() / splits / width;
@@ -514,7 +529,17 @@ void register_attention_ops(std::vector<OpDef>& registry) {
               }
               for (int64_t e = 0; e + 1 < width; ++e) out.data[r * (width - 1) + e] /= total;
             }
-            return out;
+            if (node.attrs.get_int("heads_last", 0) == 0) return out;
+            HostTensor moved(combined_shape(node, partials.shape));
+            const int64_t batch = shape[0], heads = shape[1], queries = shape[2];
+            const int64_t dim = width - 1;
+            for (int64_t b = 0; b < batch; ++b)
+              for (int64_t h = 0; h < heads; ++h)
+                for (int64_t i = 0; i < queries; ++i)
+                  for (int64_t e = 0; e < dim; ++e)
+                    moved.data[((b * queries + i) * heads + h) * dim + e] =
+                        out.data[((b * heads + h) * queries + i) * dim + e];
+            return moved;
           },
   });
 

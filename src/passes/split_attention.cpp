@@ -11,6 +11,12 @@
 // SmolLM2), so that even split into slices a short prompt at batch 1 leaves most compute units
 // idle: there the query heads of a group are split as well (head_splits), each part summed
 // by its own workgroups.
+// A split forward's combine writes the heads after the queries ([B, Sq, H, Dv], heads_last) where
+// the graph moves them there (a transpose of [0, 2, 1, 3], as a multi-head layer does before its
+// output projection): the transpose's launch, and the barrier before it, go. Other readers of
+// the forward (the backward reads its output) get the heads back in place by a transpose of the
+// combined result, which waits for nothing else and so shares a barrier with other launches.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +39,15 @@ constexpr int64_t kRowsPerWorkgroup = 64;
 // be as short as kMinRowsPerSliceWhenIdle.
 constexpr int64_t kMinRowsPerSlice = 256;
 constexpr int64_t kMinRowsPerSliceWhenIdle = 64;
+
+const std::vector<int64_t> kHeadsAfterQueries{0, 2, 1, 3};
+
+// Whether `node` is a transpose that moves the heads of an attention result [B, H, Sq, Dv] after
+// its queries.
+bool moves_heads_last(const Graph& graph, const Node& node) {
+  return node.op == op::transpose && graph.type(node.inputs[0]).rank() == 4 &&
+         node.attrs.get_ints("permutation") == kHeadsAfterQueries;
+}
 
 // Which split a node takes: the forward and dQ (query-owned kernels) over the keys, dK and dV
 // (key-owned) over the queries.
@@ -74,10 +89,30 @@ int64_t head_split_count(int64_t group, int64_t workgroups, int64_t slices,
 
 Graph split_attention(const Graph& graph, const target::Target& device,
                       std::vector<ValueId>* remap) {
+  // For each forward, the transposes that move its heads after its queries, and whether anything
+  // else (a node, an output, an assignment) reads it.
+  std::vector<std::vector<ValueId>> head_moves(graph.size());
+  std::vector<bool> read_otherwise(graph.size(), false);
+  for (const auto& [name, id] : graph.outputs()) read_otherwise[id] = true;
+  for (const auto& [leaf, value] : graph.updates()) read_otherwise[value] = true;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    for (const ValueId input : node.inputs) {
+      if (graph.node(input).op != op::scaled_dot_product_attention) continue;
+      if (moves_heads_last(graph, node))
+        head_moves[input].push_back(static_cast<ValueId>(i));
+      else
+        read_otherwise[input] = true;
+    }
+  }
+  // Each such transpose's replacement: the combine that writes its layout.
+  std::map<ValueId, ValueId> combined_for;
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       graph, keep,
-      [&device](Graph& target, ValueId, Node node) {
+      [&](Graph& target, ValueId old_id, Node node) {
+        if (const auto found = combined_for.find(old_id); found != combined_for.end())
+          return found->second;
         const bool forward = node.op == op::scaled_dot_product_attention;
         const bool grad_q = node.op == op::attention_grad_q;
         const bool grad_kv = node.op == op::attention_grad_k || node.op == op::attention_grad_v;
@@ -101,8 +136,15 @@ Graph split_attention(const Graph& graph, const target::Target& device,
         if (splits > 1) attrs.set(attribute, splits);
         if (head_splits > 1) attrs.set("head_splits", head_splits);
         const ValueId partials = target.add(node.op, node.inputs, std::move(attrs));
-        if (forward) return target.add(op::attention_combine, {partials}, {});
-        return sum_leading_axis(target, partials);
+        if (forward && head_moves[old_id].empty())
+          return target.add(op::attention_combine, {partials}, {});
+        if (!forward) return sum_leading_axis(target, partials);
+        const ValueId combined =
+            target.add(op::attention_combine, {partials}, {{"heads_last", int64_t{1}}});
+        for (const ValueId move : head_moves[old_id]) combined_for[move] = combined;
+        // Read by nothing but those transposes, the forward's value is the combined result.
+        if (!read_otherwise[old_id]) return combined;
+        return target.add(op::transpose, {combined}, {{"permutation", kHeadsAfterQueries}});
       },
       remap);
 }

@@ -432,6 +432,38 @@ TEST(GpuNormAttention, KeySlices) {
   check_attention(1, 2, 1, 70, 150, 6, 10, true, true);
 }
 
+// A multi-head layer's output: the heads moved after the queries ([B, Sq, H * Dv]) and
+// projected, over key slices, so that the combine writes that layout itself (heads_last), at
+// inference (the forward alone) and in training (the backward also reads the forward's output
+// with its heads in place, and takes the gradients of q, k, v and the projection); causal and
+// grouped, a mask with the heads of one value width.
+void check_projected_heads(bool training, bool causal) {
+  const testing::ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "3");
+  check_on_gpu({{"q", {2, 4, 20, 8}},
+                {"k", {2, 2, 150, 8}},
+                {"v", {2, 2, 150, 6}},
+                {"w", {24, 10}},
+                {"g", {2, 20, 10}}},
+               [&](Graph& graph, std::vector<Tensor>& x) {
+                 AttentionOptions options;
+                 options.causal = causal;
+                 const Tensor heads = scaled_dot_product_attention(x[0], x[1], x[2], options);
+                 const Tensor moved = reshape(transpose(heads, {0, 2, 1, 3}), {2, 20, 24});
+                 const Tensor y = matmul(moved, x[3]);
+                 graph.set_output("y", y.id());
+                 if (training) output_gradients(graph, "", y, {x[0], x[1], x[2], x[3]}, x[4]);
+               });
+}
+
+TEST(GpuNormAttention, KeySlicesWriteTheHeadsAfterTheQueries) {
+  for (const bool training : {false, true}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(training ? "training" : "inference") + (causal ? ", causal" : ""));
+      check_projected_heads(training, causal);
+    }
+  }
+}
+
 // dK and dV of grouped-query attention over each query head of a group apart
 // (MEGANEURA_ATTENTION_HEAD_SPLITS=1, which the built-in rule does on GPUs where compute units
 // would idle), alone, beside query slices, causal and masked, with dK and dV in one launch and

@@ -236,6 +236,20 @@ TEST(Attention, MisuseNamesOpAndShapes) {
     EXPECT_EQ(graph.type(graph.add("attention_grad_k", with_max, with_largest)).shape,
               (Shape{1, 2, 5, 8}));
   }
+  // attention_combine with the heads after the queries: [S, B, H, Sq, Dv + 1] partials give
+  // [B, Sq, H, Dv]; other partials are an error that names them.
+  const Attrs heads_last{{"heads_last", int64_t{1}}};
+  EXPECT_EQ(graph
+                .type(graph.add("attention_combine",
+                                {input(graph, "head partials", {3, 2, 4, 5, 7}).id()}, heads_last))
+                .shape,
+            (Shape{2, 5, 4, 6}));
+  expect_error(
+      [&] {
+        graph.add("attention_combine", {input(graph, "flat partials", {3, 20, 7}).id()},
+                  heads_last);
+      },
+      {"attention_combine", "heads_last", "[3, 20, 7]"});
   // Kernels that find the largest |dO| themselves read no max: the two ways exclude each other.
   Attrs own_scale{
       {"causal", int64_t{0}}, {"has_mask", int64_t{0}}, {"own_grad_out_scale", int64_t{1}}};

@@ -1407,6 +1407,53 @@ TEST(Passes, SplitAttentionKeepsOutputs) {
   }
 }
 
+// A split forward whose heads a transpose moves after the queries (a multi-head layer's output
+// projection reads them so): its combine writes that layout (heads_last) in place of the
+// transpose, which is gone where nothing else reads the forward (inference) and kept for the
+// backward, which reads the forward as it was (training); the outputs on the reference are the
+// graph's either way.
+TEST(Passes, SplitAttentionCombinesWithTheHeadsAfterTheQueries) {
+  for (const bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training" : "inference");
+    std::mt19937_64 generator(23);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    Graph graph;
+    Environment environment;
+    std::map<std::string, Tensor> x;
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
+             {"q", {2, 4, 20, 8}}, {"k", {2, 2, 150, 8}}, {"v", {2, 2, 150, 6}}, {"w", {24, 5}}}) {
+      x.emplace(name, input(graph, name, shape));
+      HostTensor value(shape);
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves[name] = value;
+    }
+    const Tensor heads = scaled_dot_product_attention(x.at("q"), x.at("k"), x.at("v"), {});
+    const Tensor y = matmul(reshape(transpose(heads, {0, 2, 1, 3}), {2, 20, 24}), x.at("w"));
+    graph.set_output("y", y.id());
+    if (training) {
+      for (const auto& [leaf, grad] :
+           gradients(graph, sum_all(y * y).id(), {x.at("q").id(), x.at("k").id(), x.at("v").id()}))
+        graph.set_output("d" + std::to_string(leaf), grad);
+    }
+    const Graph split = passes::split_attention(
+        graph,
+        vulkan::VulkanTarget(h200_like(kH200ComputeUnits, {{"MEGANEURA_ATTENTION_SPLITS", "3"}})));
+    size_t combines = 0, transposes_of_combines = 0;
+    for (const Node& node : split.nodes()) {
+      if (node.op == "attention_combine") {
+        ++combines;
+        EXPECT_EQ(node.attrs.get_int("heads_last", 0), 1);
+        EXPECT_EQ(node.type.shape, (Shape{2, 20, 4, 6}));
+      }
+      if (node.op == "transpose" && split.node(node.inputs[0]).op == "attention_combine")
+        ++transposes_of_combines;
+    }
+    EXPECT_EQ(combines, 1u);
+    EXPECT_EQ(transposes_of_combines, training ? 1u : 0u);
+    expect_same_outputs(graph, split, environment);
+  }
+}
+
 // dK and dV of grouped-query attention over parts of each group's query heads, alone and with
 // query slices, against the whole ops on the reference: an additive mask and causal masking,
 // a group of 6 heads. The rule: 6 owned blocks of 64 keys (2 key/value heads, 140 keys) take as

@@ -452,9 +452,11 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
 // when given, is the attention_lse it writes as well.
 void lower_attention_combine(LoweringContext& context, ValueId companion = kNoValue) {
   const Node& node = context.node();
-  const int64_t splits = context.input_type(0).shape[0];
+  const Shape& partials = context.input_type(0).shape;
+  const int64_t splits = partials[0];
   const int64_t value_dim = node.type.shape.back();
   const int64_t rows = node.type.elements() / value_dim;
+  const bool heads_last = node.attrs.get_int("heads_last", 0) != 0;
   Launch launch;
   launch.label = context.label();
   launch.kernel = "attention_combine";
@@ -462,7 +464,12 @@ void lower_attention_combine(LoweringContext& context, ValueId companion = kNoVa
   launch.defines = {{"SPLITS", glsl_uint(splits)},
                     {"ROWS", glsl_uint(rows)},
                     {"DV", glsl_uint(value_dim)},
-                    {"WITH_LSE", companion != kNoValue ? "1" : "0"}};
+                    {"WITH_LSE", companion != kNoValue ? "1" : "0"},
+                    {"HEADS_LAST", heads_last ? "1" : "0"}};
+  if (heads_last) {
+    launch.defines.push_back({"HEADS", glsl_uint(partials[2])});
+    launch.defines.push_back({"QUERIES", glsl_uint(partials[3])});
+  }
   launch.operands = {{"partials", node.inputs[0], false}, {"out_", context.id(), true}};
   if (companion != kNoValue) launch.operands.push_back({"lse", companion, true});
   launch.groups = grid_for(static_cast<uint64_t>(rows * value_dim), 256, context.device());

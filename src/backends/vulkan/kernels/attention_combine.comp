@@ -3,7 +3,9 @@
 // their log-sum-exp lse_s in rows of DV + 1 floats; with M the row's largest lse_s and
 // w_s = exp(lse_s - M), the output is sum_s w_s O_s / sum_s w_s and (WITH_LSE) the row's
 // log-sum-exp M + log(sum_s w_s), which the backward reads. One invocation per output element.
-// Defines: SPLITS, ROWS (query rows of every slice), DV, WITH_LSE.
+// HEADS_LAST: the rows are (b, h, i) of HEADS heads of QUERIES queries and the output is written
+// [B, QUERIES, HEADS, DV] (attribute heads_last), the log-sum-exp as ever.
+// Defines: SPLITS, ROWS (query rows of every slice), DV, WITH_LSE, HEADS_LAST, HEADS, QUERIES.
 #define WIDTH (DV + 1)
 
 layout(local_size_x = 256) in;
@@ -23,7 +25,12 @@ void main() {
     total += weight;
     value += weight * partials[(s * ROWS + row) * WIDTH + e];
   }
+#if HEADS_LAST
+  uint query = row % QUERIES, head = (row / QUERIES) % HEADS, entry = row / (QUERIES * HEADS);
+  out_[((entry * QUERIES + query) * HEADS + head) * DV + e] = value / total;
+#else
   out_[index] = value / total;
+#endif
 #if WITH_LSE
   if (e == 0u) lse[row] = largest + log(total);
 #endif
