@@ -1332,6 +1332,12 @@ TEST(Passes, WinogradPointsAreF16WhereProductsRoundToF16) {
   }
 }
 
+// Whether `node` is a gradient op of attention (of q, k or v).
+bool is_attention_gradient(const Node& node) {
+  return node.op == "attention_grad_q" || node.op == "attention_grad_k" ||
+         node.op == "attention_grad_v";
+}
+
 // Attention on seeded random leaves q, k, v, an additive mask [Sq, Sk] and a seed [B, Hq, Sq, Dv]:
 // each variant ("masked": scale 0.7 and the mask; "plain"; "causal") as an output under its
 // name, with the gradients of sum(y * seed) with respect to q, k and v.
@@ -1544,9 +1550,7 @@ TEST(Passes, ScaledAttentionGradientsReadTheLargestCotangent) {
     std::set<ValueId> largest;
     size_t gradient_ops = 0;
     for (const Node& node : scaled.nodes()) {
-      if (node.op != "attention_grad_q" && node.op != "attention_grad_k" &&
-          node.op != "attention_grad_v")
-        continue;
+      if (!is_attention_gradient(node)) continue;
       ++gradient_ops;
       EXPECT_EQ(node.attrs.get_int("has_grad_out_max", 0), 1) << node.op;
       largest.insert(node.inputs.back());
@@ -1586,9 +1590,7 @@ TEST(Passes, AttentionGradientsThatScaleThemselvesReadNoMax) {
   EXPECT_EQ(asked, 6u);
   size_t gradient_ops = 0;
   for (const Node& node : scaled.nodes()) {
-    if (node.op != "attention_grad_q" && node.op != "attention_grad_k" &&
-        node.op != "attention_grad_v")
-      continue;
+    if (!is_attention_gradient(node)) continue;
     ++gradient_ops;
     EXPECT_EQ(node.attrs.get_int("own_grad_out_scale", 0), 1) << node.op;
     EXPECT_EQ(node.attrs.get_int("has_grad_out_max", 0), 0) << node.op;
