@@ -37,14 +37,18 @@ struct AttentionInputs {
   size_t count() const { return out_index() + (backward ? 3 + (has_grad_out_max ? 1 : 0) : 0); }
 };
 
-// attention_combine's result for partials of `shape` ([S, ..., Dv + 1]): [..., Dv], or with
-// heads_last [B, Sq, H, Dv].
-Shape combined_shape(const Node& node, const Shape& partials) {
-  if (node.attrs.get_int("heads_last", 0) != 0)
-    return {partials[1], partials[3], partials[2], partials[4] - 1};
+// attention_combine's rows for partials [S, ..., Dv + 1] in their own order: [..., Dv].
+Shape rows_of_partials(const Shape& partials) {
   Shape shape(partials.begin() + 1, partials.end());
   shape.back() -= 1;
   return shape;
+}
+
+// attention_combine's result: its rows, or with heads_last [B, Sq, H, Dv].
+Shape combined_shape(const Node& node, const Shape& partials) {
+  if (node.attrs.get_int("heads_last", 0) != 0)
+    return {partials[1], partials[3], partials[2], partials[4] - 1};
+  return rows_of_partials(partials);
 }
 
 AttentionInputs attention_inputs(const Node& node, bool with_value, bool backward) {
@@ -512,8 +516,7 @@ void register_attention_ops(std::vector<OpDef>& registry) {
             const HostTensor& partials = *in[0];
             const int64_t splits = partials.shape[0], width = partials.shape.back();
             const int64_t rows = partials.elements() / splits / width;
-            Shape shape(partials.shape.begin() + 1, partials.shape.end());
-            shape.back() -= 1;
+            const Shape shape = rows_of_partials(partials.shape);
             HostTensor out(shape);
             for (int64_t r = 0; r < rows; ++r) {
               double largest = -std::numeric_limits<double>::infinity();

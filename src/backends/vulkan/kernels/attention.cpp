@@ -60,8 +60,9 @@ constexpr double kGradientMaximum = 64.0;
 constexpr double kSmallestMaximum = 1e-30;
 // A kernel that finds max |dO| itself (attribute own_grad_out_scale) reads its rows of dO once
 // more first: the dK / dV kernel every row of its group's heads for each block of 64 keys. Up to
-// this many such elements in all (L2-resident at these sizes) cost less than the reduction's two
-// launches and the barriers around them; past it the reduction made once is cheaper.
+// this many such elements in all (L2-resident at these sizes) the rule takes the rereading to
+// cost less than the reduction's two launches and the barriers around them; past it, as the
+// rereading grows with the square of the sequence, the reduction made once is cheaper.
 constexpr int64_t kMostOwnScaleRereads = int64_t{1} << 22;
 
 // The values are attention_tiled.comp's MODE.

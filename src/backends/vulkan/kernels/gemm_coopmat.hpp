@@ -25,11 +25,10 @@ constexpr int64_t kWidestSubgroupBlockColumns = 256;
 // where the coop GEMM's smallest block would be mostly padding, and so do products over a K
 // shorter than a fragment's 16 steps (Whisper's embedding gradient over its 4 decoder tokens),
 // which the fragments would pad with zeros; every other product from 64K
-// multiply-adds per compute unit, below which one dispatch of either kernel is all latency.
-// SmolLM2's products at 128 tokens (14M to 113M multiply-adds, one to eight hundred thousand a
-// unit) ran faster on cooperative matrices than on gemm.comp's 4 x 4 tiles, on which the rule
-// before (1M a unit, 256K where K allowed split-K) left its weight gradients and k / v
-// projections (docs/BENCHMARKS.md).
+// multiply-adds per compute unit, below which one dispatch of either kernel is all latency and
+// gemm.comp's 4 x 4 tiles keep more workgroups in flight; a transformer's products at a short
+// sequence (its weight gradients over K = 128 tokens) lie above it (how the bound was chosen:
+// docs/KERNELS.md, Size bound).
 // MEGANEURA_COOP_GEMM_MIN=N sets one bound for all, the multiply-adds per compute unit from which
 // products take the coop GEMM (0: all, few rows too); anything else is an error naming it.
 bool coop_gemm_suits(int64_t m, int64_t multiply_adds, int64_t k, bool b_transposed,
