@@ -81,6 +81,8 @@ struct Switches {
   bool packed_columns = false;  // MEGANEURA_PACKED_COLUMNS=1: f16-pair convolution columns
   // MEGANEURA_FEW_ROWS_GEMM=0: products of few rows on gemm.comp's tiles, not gemm_few_rows.comp.
   bool few_rows_gemm = true;
+  // MEGANEURA_REDUCTION_UNROLL=0: a reduction's lanes load one element a loop step, not four.
+  bool reduction_unroll = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

@@ -218,6 +218,9 @@ Switches read_switches(Reader& read) {
                               "products of few rows on their own kernel",
                               "products of few rows on their own kernel")
                         .value_or(true);
+  s.reduction_unroll = read.flag("MEGANEURA_REDUCTION_UNROLL", "one element a loop step",
+                                 "four elements a loop step", "four elements a loop step")
+                           .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

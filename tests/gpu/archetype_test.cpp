@@ -1,5 +1,7 @@
+#include "backends/vulkan/kernels/index_codegen.hpp"
 #include "backends/vulkan/kernels/lowering.hpp"
 #include "harness.hpp"
+#include "ir/op_names.hpp"
 
 namespace mg {
 namespace {
@@ -197,6 +199,95 @@ TEST(GpuArchetypes, ColumnSumsOverLeadingAxes) {
                 {"u", {40, 1024}},
                 {"v", {3, 1024}}},
                build, 1e-5, 6);
+}
+
+// A reduction's lanes load four elements of their row before they add them (reduction.cpp,
+// kReductionUnroll), in the order of the plain loop, then the rest one at a time. Rows whose
+// lengths leave every remainder, on each kind of row (one thread a row: 13; a workgroup a row:
+// 2,000 and 378, the latter with a kept axis between reduced ones whose two contiguous axes index
+// as one; a few lanes a row: 49), with a fused prologue and its sibling sum (the batch norm
+// gradient's form: `sum(g * y)` and `sum(g)`, g written beside), against the reference; argmax
+// over tied values keeps the first; plain sums equal those of MEGANEURA_REDUCTION_UNROLL=0 to the
+// bit.
+TEST(GpuArchetypes, ReductionRowsLoadFourElementsAStep) {
+  const std::vector<testing::HarnessInput> inputs{
+      {"short", {300, 13}},     {"long", {3, 2000}}, {"around", {6, 3, 7, 9}},
+      {"planes", {97, 89, 49}}, {"y", {97, 89, 49}}, {"ties", {5, 2000}, DType::i32, 0.0, 3.0}};
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("short_sum", sum(x[0], {1}).id());
+    graph.set_output("short_argmax", argmax(x[0], 1).id());
+    graph.set_output("long_sum", sum(x[1], {1}).id());
+    graph.set_output("long_max", max(x[1], {1}).id());
+    graph.set_output("around_sum", sum(x[2], {0, 2, 3}).id());
+    graph.set_output("around_mean_square", mean(x[2] * x[2], {0, 2, 3}).id());
+    const Tensor g = x[3] * 0.5 + 1.0;
+    graph.set_output("g_twice", (g * 2.0).id());
+    graph.set_output("g_y_sum", sum(g * x[4], {2}).id());
+    graph.set_output("g_sum", sum(g, {2}).id());
+    graph.set_output("tied_argmax", argmax(cast(x[5], DType::f32), 1).id());
+  };
+  std::string dispatches;
+  for (const char* unroll : {"1", "0"}) {
+    const testing::ScopedSwitch switched("MEGANEURA_REDUCTION_UNROLL", unroll);
+    check_on_gpu(inputs, build, 1e-5, 9, {}, nullptr, true, &dispatches);
+  }
+  // The prologue and its sibling in one launch, as in a batch norm's backward.
+  EXPECT_NE(dispatches.find("+ sum"), std::string::npos) << dispatches;
+
+  const auto sums_with = [](const char* unroll) {
+    const testing::ScopedSwitch switched("MEGANEURA_REDUCTION_UNROLL", unroll);
+    Graph graph;
+    const Tensor x = input(graph, "x", {6, 3, 7, 9});
+    const Tensor y = input(graph, "y", {3, 2000});
+    graph.set_output("around", sum(x, {0, 2, 3}).id());
+    graph.set_output("long", sum(y, {1}).id());
+    Session session(graph, testing::session_options());
+    std::mt19937 random(11);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> xs(6 * 3 * 7 * 9), ys(3 * 2000);
+    for (float& value : xs) value = uniform(random);
+    for (float& value : ys) value = uniform(random);
+    session.set_input("x", xs);
+    session.set_input("y", ys);
+    session.run();
+    std::vector<float> results = session.output("around");
+    const std::vector<float> long_rows = session.output("long");
+    results.insert(results.end(), long_rows.begin(), long_rows.end());
+    return results;
+  };
+  EXPECT_EQ(sums_with("1"), sums_with("0"));
+}
+
+// With more rows than one row of a grid holds (a device's maxComputeWorkGroupCount[0]: 65,535 on
+// most GPUs that are not NVIDIA's), the kernels that give each row a workgroup run on a grid of
+// two rows of workgroups, rounded up, and those past the last row return before they read or
+// write anything. Lavapipe bounds every buffer access, so a run there would show nothing: the
+// lowering for a device whose grid rows hold 16 workgroups is checked instead.
+TEST(GpuArchetypes, WorkgroupsPastTheLastRowReturn) {
+  target::DeviceTraits device;
+  device.max_workgroup_count_x = 16;
+  Graph graph;
+  const Tensor x = input(graph, "x", {20, 2000});
+  const Tensor rows = input(graph, "rows", {20, 8});
+  graph.set_output("sum", sum(x, {1}).id());
+  graph.set_output("softmax", softmax(rows, 1).id());
+  graph.set_output("rms_norm", rms_norm(rows, std::nullopt, 1e-5).id());
+  const Tensor largest = max(x, {1});
+  graph.set_output("max_grad",
+                   graph.add(op::max_grad, {x.id(), largest.id()}, graph.node(largest.id()).attrs));
+  for (const char* name : {"sum", "softmax", "rms_norm", "max_grad"}) {
+    const std::vector<kernels::Launch> launches =
+        kernels::lower_node(graph, graph.output(name), device);
+    ASSERT_EQ(launches.size(), 1u) << name;
+    const kernels::Launch& launch = launches[0];
+    EXPECT_EQ(launch.groups[0], 16u) << name;
+    EXPECT_EQ(launch.groups[1], 2u) << name;
+    std::string source = launch.body;
+    for (const auto& [define, value] : launch.defines)
+      source = kernels::replace_all(source, define, value);
+    const bool returns_past_the_rows = source.find(">= 20u) return;") != std::string::npos;
+    EXPECT_TRUE(returns_past_the_rows) << name << ":\n" << source;
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "backends/vulkan/kernels/index_codegen.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -27,6 +28,61 @@ std::string coordinates_glsl(const Shape& shape, const std::string& flat,
             prefix + "_rest /= " + glsl_uint(shape[axis]) + ";\n";
   }
   return text;
+}
+
+namespace {
+
+// The coordinates of `flat` (below the product of `extents`) over `extents`, row-major, named
+// prefix0, prefix1, ...: the outermost is what is left after the others, with no modulo.
+std::string bounded_coordinates_glsl(const std::vector<int64_t>& extents, const std::string& flat,
+                                     const std::string& prefix) {
+  std::string text = "  uint " + prefix + "_rest = " + flat + ";\n";
+  for (size_t axis = extents.size(); axis-- > 1;) {
+    const std::string name = prefix + std::to_string(axis);
+    text += "  uint " + name + " = " + prefix + "_rest % " + glsl_uint(extents[axis]) + "; " +
+            prefix + "_rest /= " + glsl_uint(extents[axis]) + ";\n";
+  }
+  if (!extents.empty()) text += "  uint " + prefix + "0 = " + prefix + "_rest;\n";
+  return text;
+}
+
+}  // namespace
+
+RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axes) {
+  RowLayout layout;
+  const std::vector<int64_t> strides = row_major_strides(shape);
+  // Per kind, the merged axes' extents and strides, outermost first.
+  std::vector<int64_t> kept_extents, kept_strides, reduced_extents, reduced_strides;
+  int previous_kind = -1;  // of the last axis of more than one element: 0 kept, 1 reduced
+  for (size_t axis = 0; axis < shape.size(); ++axis) {
+    if (shape[axis] == 1) continue;
+    const bool reduced = std::find(reduced_axes.begin(), reduced_axes.end(),
+                                   static_cast<int64_t>(axis)) != reduced_axes.end();
+    std::vector<int64_t>& extents = reduced ? reduced_extents : kept_extents;
+    std::vector<int64_t>& kind_strides = reduced ? reduced_strides : kept_strides;
+    // Adjacent in the shape (size-1 axes between take no place) and contiguous: one axis.
+    if (previous_kind == static_cast<int>(reduced) &&
+        kind_strides.back() == shape[axis] * strides[axis]) {
+      extents.back() *= shape[axis];
+      kind_strides.back() = strides[axis];
+    } else {
+      extents.push_back(shape[axis]);
+      kind_strides.push_back(strides[axis]);
+    }
+    previous_kind = static_cast<int>(reduced);
+  }
+  for (int64_t extent : kept_extents) layout.rows *= extent;
+  for (int64_t extent : reduced_extents) layout.row_length *= extent;
+  std::string function = "uint input_index(uint o, uint r) {\n";
+  function += bounded_coordinates_glsl(kept_extents, "o", "k") +
+              bounded_coordinates_glsl(reduced_extents, "r", "q");
+  function += "  return 0u";
+  for (size_t k = 0; k < kept_extents.size(); ++k)
+    function += " + k" + std::to_string(k) + " * " + glsl_uint(kept_strides[k]);
+  for (size_t k = 0; k < reduced_extents.size(); ++k)
+    function += " + q" + std::to_string(k) + " * " + glsl_uint(reduced_strides[k]);
+  layout.index_function = function + ";\n}\n";
+  return layout;
 }
 
 std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& coordinates) {

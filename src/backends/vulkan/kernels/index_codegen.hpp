@@ -13,6 +13,19 @@ namespace mg::kernels {
 std::string coordinates_glsl(const Shape& shape, const std::string& flat,
                              const std::string& prefix = "c");
 
+// A reduction's rows: the kept axes of `shape` index the row (o, row-major over them, the order
+// of the result) and the axes in `reduced_axes` the position within it (r, row-major over them).
+// `index_function` defines `uint input_index(uint o, uint r)`, the flat index of that element;
+// adjacent axes of one kind that are contiguous in memory are one axis there (fewer divisions a
+// load), and neither o nor r is reduced modulo its range: callers pass o < rows and
+// r < row_length.
+struct RowLayout {
+  int64_t rows = 1;
+  int64_t row_length = 1;
+  std::string index_function;
+};
+RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axes);
+
 // "c0 * 12u + c1 * 4u + c2" for `shape` using the given coordinate names (row-major).
 std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& coordinates);
 

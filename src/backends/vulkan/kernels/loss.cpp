@@ -230,7 +230,8 @@ void lower_cross_entropy_grad(LoweringContext& context) {
 }
 
 // max_grad(x, grad) {axes, keepdims}: one workgroup per reduction group finds the first maximum
-// in row-major order (the reference's tie rule) and writes grad there and zeros elsewhere.
+// in row-major order (the reference's tie rule) and writes grad there and zeros elsewhere. A grid
+// of more than one row of workgroups (grid_for) ends past the last group: those return.
 constexpr std::string_view kMaxGrad = R"glsl(
 layout(local_size_x = LOCAL) in;
 shared float partial_value[LOCAL];
@@ -242,6 +243,7 @@ bool better(float v, uint r, float best, uint best_r) {
 
 void main() {
   uint o = linear_workgroup();
+  if (o >= ROWS) return;
   uint lane = gl_LocalInvocationID.x;
   float best = 0.0;
   uint best_r = 0xffffffffu;
@@ -280,35 +282,20 @@ void lower_max_grad(LoweringContext& context) {
   for (int64_t& axis : axes) axis = axis < 0 ? axis + rank : axis;
   // Kept axes index the group (the order of max's result), reduced axes the position within
   // it; both enumerate row-major, so a smaller position is an earlier element of x.
-  const std::vector<int64_t> strides = row_major_strides(shape);
-  Shape kept, reduced;
-  std::vector<int64_t> kept_strides, reduced_strides;
-  for (int64_t axis = 0; axis < rank; ++axis) {
-    const bool is_reduced = std::find(axes.begin(), axes.end(), axis) != axes.end();
-    (is_reduced ? reduced : kept).push_back(shape[axis]);
-    (is_reduced ? reduced_strides : kept_strides).push_back(strides[axis]);
-  }
-  std::string function = "uint input_index(uint o, uint r) {\n" + coordinates_glsl(kept, "o", "k") +
-                         coordinates_glsl(reduced, "r", "q") + "  return 0u";
-  for (size_t k = 0; k < kept.size(); ++k) {
-    function += " + k" + std::to_string(k) + " * " + glsl_uint(kept_strides[k]);
-  }
-  for (size_t k = 0; k < reduced.size(); ++k) {
-    function += " + q" + std::to_string(k) + " * " + glsl_uint(reduced_strides[k]);
-  }
-  function += ";\n}\n";
-  const int64_t length = element_count(reduced);
+  const RowLayout layout = row_layout(shape, axes);
+  const int64_t length = layout.row_length;
   uint32_t local = 32;
   while (local < 128 && local < length) local *= 2;
 
   Launch launch;
   launch.label = context.label();
   launch.kernel = "max_grad";
-  launch.body = function + std::string(kMaxGrad);
-  launch.defines = {{"LOCAL", glsl_uint(local)}, {"LENGTH", glsl_uint(length)}};
+  launch.body = layout.index_function + std::string(kMaxGrad);
+  launch.defines = {
+      {"LOCAL", glsl_uint(local)}, {"LENGTH", glsl_uint(length)}, {"ROWS", glsl_uint(layout.rows)}};
   launch.operands = {
       {"x", node.inputs[0], false}, {"grad", node.inputs[1], false}, {"out_", context.id(), true}};
-  launch.groups = grid_for(static_cast<uint64_t>(element_count(kept)), 1, context.device());
+  launch.groups = grid_for(static_cast<uint64_t>(layout.rows), 1, context.device());
   context.emit(std::move(launch));
 }
 

@@ -80,6 +80,8 @@ void reduce_pair(inout float a, inout float b) {
 
 void main() {
   uint g = linear_workgroup();
+  // A grid of more than one row of workgroups (grid_for) ends past the last group.
+  if (g >= GROUPS) return;
   uint lane = gl_LocalInvocationID.x;
 #if CACHE_X
   VALUE x_cache[CACHED_STEPS];
@@ -303,6 +305,7 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward,
   launch.defines = {
       {"LOCAL", glsl_uint(local)},
       {"COUNT", glsl_uint(map.count)},
+      {"GROUPS", glsl_uint(map.groups)},
       {"EPS", glsl_float(node.attrs.get_float("eps"))},
       {"FORWARD", backward ? "0" : "1"},
       {"CENTRED", kind == Kind::rms ? "0" : "1"},

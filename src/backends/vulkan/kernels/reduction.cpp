@@ -26,42 +26,10 @@ constexpr int64_t kColumnThreadsMinRows = 4096;
 // this many of its elements each, while the workgroups still number several a compute unit.
 constexpr int64_t kShortRowElementsPerLane = 16;
 constexpr int64_t kShortRowGroupsPerUnit = 4;
+// Elements a lane loads before it adds them, in the row loops (MEGANEURA_REDUCTION_UNROLL=0: one).
+constexpr int64_t kReductionUnroll = 4;
 // Softmax rows up to this many elements a thread (4096 at 128 threads) stay in registers.
 constexpr int64_t kSoftmaxCachedPerThread = 32;
-
-// Splits an input shape into kept and reduced axes and generates
-// `uint input_index(uint o, uint r)` mapping (output row, position in row) to a flat index.
-struct RowLayout {
-  int64_t rows = 1;
-  int64_t row_length = 1;
-  std::string index_function;
-};
-
-RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axes) {
-  RowLayout layout;
-  const std::vector<int64_t> strides = row_major_strides(shape);
-  Shape kept_shape, reduced_shape;
-  std::vector<int64_t> kept_strides, reduced_strides;
-  for (size_t axis = 0; axis < shape.size(); ++axis) {
-    const bool reduced = std::find(reduced_axes.begin(), reduced_axes.end(),
-                                   static_cast<int64_t>(axis)) != reduced_axes.end();
-    (reduced ? reduced_shape : kept_shape).push_back(shape[axis]);
-    (reduced ? reduced_strides : kept_strides).push_back(strides[axis]);
-  }
-  layout.rows = element_count(kept_shape);
-  layout.row_length = element_count(reduced_shape);
-  std::string function = "uint input_index(uint o, uint r) {\n";
-  function += coordinates_glsl(kept_shape, "o", "k") + coordinates_glsl(reduced_shape, "r", "q");
-  function += "  return 0u";
-  for (size_t k = 0; k < kept_shape.size(); ++k) {
-    function += " + k" + std::to_string(k) + " * " + glsl_uint(kept_strides[k]);
-  }
-  for (size_t k = 0; k < reduced_shape.size(); ++k) {
-    function += " + q" + std::to_string(k) + " * " + glsl_uint(reduced_strides[k]);
-  }
-  layout.index_function = function + ";\n}\n";
-  return layout;
-}
 
 std::vector<int64_t> reduced_axes_of(const Node& node, int64_t rank) {
   if (node.op == op::sum_to_f16) return {0};  // its leading axis, always
@@ -222,15 +190,17 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
   body += "void main() {\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  float total = 0.0, best = 0.0;\n  uint best_index = 0xffffffffu;\n";
   if (sibling) body += "  float total1 = 0.0;\n";
-  std::string loop_start;
+  // The positions this lane visits: first, first + step, ... below end.
+  std::string first, end, step;
   if (thread_per_row) {
     body += "  uint o = linear_workgroup() * " + glsl_uint(kGroupSize) + " + lane;\n";
     body += "  if (o >= " + glsl_uint(layout.rows) + ") return;\n";
-    body += "  for (uint r = 0u; r < " + glsl_uint(layout.row_length) + "; ++r) {\n";
+    first = "0u", end = glsl_uint(layout.row_length), step = "1u";
   } else if (lanes == group) {
+    // A grid of more than one row of workgroups (grid_for) ends past the last row.
     body += "  uint o = linear_workgroup();\n";
-    body += "  for (uint r = lane; r < " + glsl_uint(layout.row_length) +
-            "; r += " + glsl_uint(group) + ") {\n";
+    body += "  if (o >= " + glsl_uint(layout.rows) + ") return;\n";
+    first = "lane", end = glsl_uint(layout.row_length), step = glsl_uint(group);
   } else {
     // Every lane reaches the barriers below, those of a row past the last included.
     body += "  uint slot = lane / " + glsl_uint(lanes) + ", row_lane = lane % " + glsl_uint(lanes) +
@@ -238,14 +208,45 @@ void emit_reduction(LoweringContext& context, ReductionKind kind, const std::str
     body += "  uint o = linear_workgroup() * " + glsl_uint(rows_per_group) + " + slot;\n";
     body += "  uint row_end = o < " + glsl_uint(layout.rows) + " ? " +
             glsl_uint(layout.row_length) + " : 0u;\n";
-    body += "  for (uint r = row_lane; r < row_end; r += " + glsl_uint(lanes) + ") {\n";
+    first = "row_lane", end = "row_end", step = glsl_uint(lanes);
   }
-  body += prologue ? "    float v = element(input_index(o, r));\n"
-                   : "    float v = x[input_index(o, r)];\n";
-  body += selecting ? "    if (better(v, r, best, best_index)) { best = v; best_index = r; }\n"
-                    : "    total += v;\n";
-  if (sibling) body += "    total1 += exported0;\n";
-  body += "  }\n";
+  // Element `position` into v<name> (and the sibling's value into e<name>), then folded into the
+  // totals: the loads of an unrolled step are all issued before the first is added.
+  const auto load = [&](const std::string& name, const std::string& position) {
+    std::string text = "    float v" + name + " = " +
+                       (prologue ? "element(input_index(o, " + position + "))"
+                                 : "x[input_index(o, " + position + ")]") +
+                       ";\n";
+    if (sibling) text += "    float e" + name + " = exported0;\n";
+    return text;
+  };
+  const auto fold = [&](const std::string& name, const std::string& position) {
+    std::string text = selecting ? "    if (better(v" + name + ", " + position +
+                                       ", best, best_index)) { best = v" + name +
+                                       "; best_index = " + position + "; }\n"
+                                 : "    total += v" + name + ";\n";
+    if (sibling) text += "    total1 += e" + name + ";\n";
+    return text;
+  };
+  // Several elements a step keep that many loads in flight a lane, where one would wait for
+  // each; they fold in the order of the plain loop, so the results are the same to the bit.
+  const int64_t unroll = context.device().switches.reduction_unroll ? kReductionUnroll : 1;
+  body += "  uint r = " + first + ";\n";
+  if (unroll > 1) {
+    body += "  for (; r + " + std::to_string(unroll - 1) + "u * " + step + " < " + end +
+            "; r += " + std::to_string(unroll) + "u * " + step + ") {\n";
+    std::string loads, folds;
+    for (int64_t u = 0; u < unroll; ++u) {
+      const std::string name = std::to_string(u);
+      const std::string position = u == 0 ? "r" : "r + " + name + "u * " + step;
+      body += "    uint r" + name + " = " + position + ";\n";
+      loads += load(name, "r" + name);
+      folds += fold(name, "r" + name);
+    }
+    body += loads + folds + "  }\n";
+  }
+  body +=
+      "  for (; r < " + end + "; r += " + step + ") {\n" + load("", "r") + fold("", "r") + "  }\n";
   if (!thread_per_row) {
     body += "  partial_value[lane] = " + std::string(selecting ? "best" : "total") +
             ";\n  partial_index[lane] = best_index;\n";
@@ -342,7 +343,9 @@ void emit_softmax(LoweringContext& context, bool logarithm) {
       "    if (lane < width) partial[lane] = take_max ? max(partial[lane], partial[lane + width])"
       " : partial[lane] + partial[lane + width];\n    barrier();\n  }\n";
   body += "  float result = partial[0];\n  barrier();\n  return result;\n}\n";
-  body += "void main() {\n  uint o = linear_workgroup();\n  uint lane = gl_LocalInvocationID.x;\n";
+  // A grid of more than one row of workgroups (grid_for) ends past the last row.
+  body += "void main() {\n  uint o = linear_workgroup();\n  if (o >= " + glsl_uint(layout.rows) +
+          ") return;\n  uint lane = gl_LocalInvocationID.x;\n";
   body += "  float row_max = -1.0 / 0.0;\n";
   const int64_t per_thread = (layout.row_length + kGroupSize - 1) / kGroupSize;
   const std::string result =
