@@ -207,8 +207,8 @@ TEST(GpuArchetypes, ColumnSumsOverLeadingAxes) {
 // 2,000 and 378, the latter with a kept axis between reduced ones whose two contiguous axes index
 // as one; a few lanes a row: 49), with a fused prologue and its sibling sum (the batch norm
 // gradient's form: `sum(g * y)` and `sum(g)`, g written beside), against the reference; argmax
-// over tied values keeps the first; plain sums equal those of MEGANEURA_REDUCTION_UNROLL=0 to the
-// bit.
+// over tied values keeps the first; plain sums, and column sums over a leading axis (two threads
+// a column over 13 positions), equal those of MEGANEURA_REDUCTION_UNROLL=0 to the bit.
 TEST(GpuArchetypes, ReductionRowsLoadFourElementsAStep) {
   const std::vector<testing::HarnessInput> inputs{
       {"short", {300, 13}},     {"long", {3, 2000}}, {"around", {6, 3, 7, 9}},
@@ -239,20 +239,25 @@ TEST(GpuArchetypes, ReductionRowsLoadFourElementsAStep) {
     Graph graph;
     const Tensor x = input(graph, "x", {6, 3, 7, 9});
     const Tensor y = input(graph, "y", {3, 2000});
+    const Tensor z = input(graph, "z", {13, 4096});
     graph.set_output("around", sum(x, {0, 2, 3}).id());
     graph.set_output("long", sum(y, {1}).id());
+    graph.set_output("columns", sum(z, {0}).id());
     Session session(graph, testing::session_options());
     std::mt19937 random(11);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<float> xs(6 * 3 * 7 * 9), ys(3 * 2000);
-    for (float& value : xs) value = uniform(random);
-    for (float& value : ys) value = uniform(random);
-    session.set_input("x", xs);
-    session.set_input("y", ys);
+    for (const auto& [name, count] :
+         {std::pair{"x", 6 * 3 * 7 * 9}, std::pair{"y", 3 * 2000}, std::pair{"z", 13 * 4096}}) {
+      std::vector<float> values(count);
+      for (float& value : values) value = uniform(random);
+      session.set_input(name, values);
+    }
     session.run();
-    std::vector<float> results = session.output("around");
-    const std::vector<float> long_rows = session.output("long");
-    results.insert(results.end(), long_rows.begin(), long_rows.end());
+    std::vector<float> results;
+    for (const char* name : {"around", "long", "columns"}) {
+      const std::vector<float> sums = session.output(name);
+      results.insert(results.end(), sums.begin(), sums.end());
+    }
     return results;
   };
   EXPECT_EQ(sums_with("1"), sums_with("0"));
