@@ -180,6 +180,9 @@ Tensor scaled_dot_product_attention(Tensor q, Tensor k, Tensor v,
 // Rotary position embedding (Llama "rotate half" form) on x [B, H, S, D] at positions
 // position_offset .. position_offset+S-1.
 Tensor rope(Tensor x, double theta = 10000.0, int64_t position_offset = 0);
+// The same at each sample's own positions: position_offset + positions[b, s], positions i32
+// [B, S] (a padded prefix's positions skip its padding).
+Tensor rope(Tensor x, Tensor positions, double theta = 10000.0, int64_t position_offset = 0);
 
 // ---- losses (mean over the batch) ----------------------------------------------------------
 // logits [N, C], labels i32 [N]; entries equal to ignore_index do not count.

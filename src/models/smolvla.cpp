@@ -139,48 +139,14 @@ Tensor embed_suffix(const Weights& w, const SmolVLAConfig& config, Tensor noisy_
   return w.linear(silu(fused), "model.action_time_mlp_out");
 }
 
-// Rotary embedding in the rotate-half form with cos and sin broadcastable to x [B, H, S, D].
+// Rotary embedding in the rotate-half form at LeRobot's wavelength, of x [B, H, S, D]: at each
+// sample's positions ([B, S], a slice of the positions input), or at 0..S-1 where there are none.
 struct Rotary {
-  Tensor cos, sin, half_turn;
+  std::optional<Tensor> positions;
 };
 
 Tensor rotate(Tensor x, const Rotary& rotary) {
-  return x * rotary.cos + matmul(x, rotary.half_turn) * rotary.sin;
-}
-
-Rotary slice_rotary(const Rotary& rotary, int64_t start, int64_t end) {
-  return {slice(rotary.cos, 2, start, end), slice(rotary.sin, 2, start, end), rotary.half_turn};
-}
-
-// Tables of cos and sin [length, D] as LeRobot's apply_rope computes its angles (in f32).
-std::pair<Tensor, Tensor> rotary_tables(Graph& graph, int64_t length, int64_t dim) {
-  std::vector<double> cos_table(length * dim), sin_table(length * dim);
-  const int64_t half = dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const float exponent =
-        static_cast<float>(2.0 / static_cast<double>(dim)) * static_cast<float>(i);
-    const float timescale = std::pow(static_cast<float>(kRopeWavelength), exponent);
-    for (int64_t p = 0; p < length; ++p) {
-      const float radians = static_cast<float>(p) / timescale;
-      for (int64_t d : {i, i + half}) {
-        cos_table[p * dim + d] = std::cos(static_cast<double>(radians));
-        sin_table[p * dim + d] = std::sin(static_cast<double>(radians));
-      }
-    }
-  }
-  const TensorType type{DType::f32, {length, dim}};
-  return {Tensor(&graph, graph.constant(std::move(cos_table), type)),
-          Tensor(&graph, graph.constant(std::move(sin_table), type))};
-}
-
-Tensor half_turn_matrix(Graph& graph, int64_t dim) {
-  std::vector<double> values(dim * dim, 0.0);
-  const int64_t half = dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    values[(i + half) * dim + i] = -1.0;
-    values[i * dim + i + half] = 1.0;
-  }
-  return Tensor(&graph, graph.constant(std::move(values), TensorType{DType::f32, {dim, dim}}));
+  return rotary.positions ? rope(x, *rotary.positions, kRopeWavelength) : rope(x, kRopeWavelength);
 }
 
 // Everything the expert needs from the prefix, per VLM layer: its keys (rotated) and values
@@ -301,21 +267,12 @@ Prepared prepare(Graph& graph, const Weights& w, const SmolVLAConfig& config, in
   const Tensor mask = input(graph, kAttentionMask, {batch, 1, total, total});
   const Tensor positions = input(graph, kPositionIds, {batch, total}, DType::i32);
 
-  const int64_t head_dim = config.text.head_dim;
-  const auto [cos_table, sin_table] = rotary_tables(graph, total, head_dim);
-  const Tensor half_turn = half_turn_matrix(graph, head_dim);
-  const Rotary all{reshape(gather(cos_table, positions), {batch, 1, total, head_dim}),
-                   reshape(gather(sin_table, positions), {batch, 1, total, head_dim}), half_turn};
   Prepared prepared;
-  prepared.self_rotary = slice_rotary(all, prefix, total);
-  prepared.cross_rotary = {
-      reshape(slice(cos_table, 0, 0, config.chunk_size), {1, 1, config.chunk_size, head_dim}),
-      reshape(slice(sin_table, 0, 0, config.chunk_size), {1, 1, config.chunk_size, head_dim}),
-      half_turn};
+  prepared.self_rotary = {slice(positions, 1, prefix, total)};
   const Tensor prefix_mask = slice(slice(mask, 2, 0, prefix), 3, 0, prefix);
   prepared.suffix_mask = slice(mask, 2, prefix, total);
   prepared.context = run_prefix(w, config, embed_prefix(w, config, pixels, ids, state), prefix_mask,
-                                slice_rotary(all, 0, prefix), with_hidden);
+                                Rotary{slice(positions, 1, 0, prefix)}, with_hidden);
   return prepared;
 }
 

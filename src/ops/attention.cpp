@@ -417,16 +417,20 @@ Shape input_shape(const Graph& graph, const Node& node, size_t index) {
 
 // Rotates pairs (x[d], x[d + D/2]) of x [..., S, D] by angle (position_offset + s) *
 // theta^(-2d/D); inverse rotates the other way (the transpose, hence the VJP).
-HostTensor rotate(const Node& node, const HostTensor& x) {
+HostTensor rotate(const Node& node, const HostTensor& x, const HostTensor* positions) {
   const double theta = node.attrs.get_float("theta");
   const int64_t offset = node.attrs.get_int("position_offset", 0);
   const double direction = node.attrs.get_int("inverse", 0) != 0 ? -1.0 : 1.0;
   const int64_t dim = x.shape.back();
   const int64_t half = dim / 2;
   const int64_t length = x.shape[x.shape.size() - 2];
+  const int64_t rows_per_batch = x.elements() / (dim * x.shape[0]);
   HostTensor out(x.shape);
   for (int64_t row = 0; row < x.elements() / dim; ++row) {
-    const int64_t position = offset + row % length;
+    const int64_t s = row % length;
+    const int64_t position =
+        offset +
+        (positions ? static_cast<int64_t>(positions->data[row / rows_per_batch * length + s]) : s);
     const double* in = &x.data[row * dim];
     double* result = &out.data[row * dim];
     for (int64_t d = 0; d < half; ++d) {
@@ -610,15 +614,18 @@ void register_attention_ops(std::vector<OpDef>& registry) {
           },
   });
 
-  // rope(x [..., S, D]) -> x's type, Llama "rotate half" form: with x1 = x[..., :D/2],
-  //   x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] at angle
-  //   (position_offset + s) * theta^(-2i/D). attrs: theta, position_offset, inverse (0/1:
-  //   rotate by the negative angle).
+  // rope(x [..., S, D], positions?) -> x's type, Llama "rotate half" form: with
+  //   x1 = x[..., :D/2], x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] at angle
+  //   p * theta^(-2i/D), where p is position_offset + s, or with positions (i32 [B, S], x of rank
+  //   >= 3 [B, ..., S, D]: each sample's own positions, such as those of a padded prefix)
+  //   position_offset + positions[b, s]. attrs: theta, position_offset, inverse (0/1: rotate by
+  //   the negative angle), has_positions (0/1).
   registry.push_back(OpDef{
       .name = op::rope,
       .infer =
           [](const Graph& graph, const Node& node) {
-            expect_input_count(graph, node, 1);
+            const bool has_positions = node.attrs.get_int("has_positions", 0) != 0;
+            expect_input_count(graph, node, has_positions ? 2 : 1);
             expect_floating(graph, node, 0);
             const TensorType& x = graph.type(node.inputs[0]);
             if (x.rank() < 2 || x.shape.back() % 2 != 0) {
@@ -629,15 +636,30 @@ void register_attention_ops(std::vector<OpDef>& registry) {
             if (!node.attrs.has("theta") || node.attrs.get_float("theta") <= 0) {
               op_error(graph, node, "attribute 'theta' must be given and positive");
             }
+            if (has_positions) {
+              const TensorType& positions = graph.type(node.inputs[1]);
+              const Shape expected{x.shape.front(), x.shape[x.shape.size() - 2]};
+              if (x.rank() < 3 || positions.dtype != DType::i32 || positions.shape != expected) {
+                op_error(graph, node,
+                         "positions must be i32 " + shape_string(expected) +
+                             " (one per sample and position) for x [B, ..., S, D] of rank >= 3");
+              }
+            }
             return x;
           },
-      .reference = [](const Node& node,
-                      const std::vector<const HostTensor*>& in) { return rotate(node, *in[0]); },
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& in) {
+            return rotate(node, *in[0], in.size() > 1 ? in[1] : nullptr);
+          },
       .vjp =
           [](Graph& graph, ValueId self, ValueId grad) {
-            Attrs attrs = graph.node(self).attrs;
+            const Node node = graph.node(self);
+            Attrs attrs = node.attrs;
             attrs.set("inverse", int64_t{attrs.get_int("inverse", 0) == 0});
-            return std::vector<ValueId>{graph.add(op::rope, {grad}, attrs)};
+            if (node.inputs.size() == 1)
+              return std::vector<ValueId>{graph.add(op::rope, {grad}, attrs)};
+            return std::vector<ValueId>{graph.add(op::rope, {grad, node.inputs[1]}, attrs),
+                                        kNoValue};
           },
   });
 }
@@ -655,6 +677,14 @@ Tensor scaled_dot_product_attention(Tensor q, Tensor k, Tensor v, const Attentio
 Tensor rope(Tensor x, double theta, int64_t position_offset) {
   return apply(op::rope, {x},
                {{"theta", theta}, {"position_offset", position_offset}, {"inverse", int64_t{0}}});
+}
+
+Tensor rope(Tensor x, Tensor positions, double theta, int64_t position_offset) {
+  return apply(op::rope, {x, positions},
+               {{"theta", theta},
+                {"position_offset", position_offset},
+                {"inverse", int64_t{0}},
+                {"has_positions", int64_t{1}}});
 }
 
 }  // namespace mg

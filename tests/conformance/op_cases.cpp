@@ -402,6 +402,11 @@ std::vector<OpCase> attention_and_loss_cases() {
   cases.push_back({op::rope, [](CaseGraph& c) {
                      c.out(rope(c.in("x", {1, 2, 7, 8}), 10000.0, 3));
                    }});
+  // Each sample at its own positions (a padded prefix's), up to thousands.
+  cases.push_back(
+      {op::rope, [](CaseGraph& c) {
+         c.out(rope(c.in("x", {2, 3, 7, 8}), c.indices("positions", {2, 7}, 5000), 10000.0, 3));
+       }});
   cases.push_back(
       {op::cross_entropy, [](CaseGraph& c) {
          c.out(cross_entropy(c.in("logits", {6, 11}, -3, 3), c.indices("labels", {6}, 11), 0.1));

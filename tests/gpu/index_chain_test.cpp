@@ -47,6 +47,25 @@ TEST(GpuIndexChain, PartialSumTransposeRope) {
       1, 3);
 }
 
+// Each sample at its own positions (SmolVLA's padded prefix): the rope reads them in the chain,
+// forward and inverse (its gradient).
+TEST(GpuIndexChain, PartialSumTransposeRopeAtPositions) {
+  check_chain(
+      {{"partials", {3, 2, 12, 4 * 8}}, {"positions", {2, 12}, DType::i32, 0.0, 300.0}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor heads = reshape(sum(x[0], {0}), {2, 12, 4, 8});
+        const Tensor y = rope(transpose(heads, {0, 2, 1, 3}), x[1], 10000.0, 2);
+        graph.set_output("y", y.id());
+        Attrs inverse = graph.node(y.id()).attrs;
+        inverse.set("inverse", int64_t{1});
+        graph.set_output(
+            "back",
+            transpose(Tensor(&graph, graph.add("rope", {y.id(), x[1].id()}, inverse)), {0, 2, 1, 3})
+                .id());
+      },
+      2, 5);
+}
+
 // The gradient's way back: partials summed, rotated back (inverse), moved to sequence-major
 // order; and a value that is also read elsewhere ends the chain (the transpose of `kept` reads
 // it from memory).

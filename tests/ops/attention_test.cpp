@@ -160,6 +160,49 @@ TEST(Attention, RopeGradient) {
   });
 }
 
+// With positions (D = 4, theta = 100 as above), each sample's rows turn by that sample's own
+// positions plus the offset, every head alike: x [2 samples, 2 heads, 2 rows, 4], positions
+// [[5, 6], [0, 9]].
+TEST(Attention, RopeAtEachSamplesPositions) {
+  const auto expected = [](double position) {
+    const double a = position, b = 0.1 * position;
+    return std::vector<double>{1 * std::cos(a) - 3 * std::sin(a), 2 * std::cos(b) - 4 * std::sin(b),
+                               3 * std::cos(a) + 1 * std::sin(a),
+                               4 * std::cos(b) + 2 * std::sin(b)};
+  };
+  std::vector<double> rows;
+  for (int copy = 0; copy < 8; ++copy) rows.insert(rows.end(), {1, 2, 3, 4});
+  const HostTensor x({2, 2, 2, 4}, rows);
+  const HostTensor positions({2, 2}, {5, 6, 0, 9});
+  for (const int64_t offset : {0, 1}) {
+    std::vector<double> want;
+    for (int64_t sample = 0; sample < 2; ++sample) {
+      for (int64_t head = 0; head < 2; ++head) {
+        for (int64_t row = 0; row < 2; ++row) {
+          for (double value : expected(positions.data[sample * 2 + row] + offset))
+            want.push_back(value);
+        }
+      }
+    }
+    expect_values(
+        evaluate_op({x, positions},
+                    [offset](std::vector<Tensor>& t) { return rope(t[0], t[1], 100.0, offset); },
+                    {DType::f32, DType::i32}),
+        {2, 2, 2, 4}, want, 1e-12);
+  }
+}
+
+TEST(Attention, RopeAtPositionsGradient) {
+  expect_gradients_match({.shapes = {{2, 2, 3, 4}, {2, 3}},
+                          .differentiable = {true, false},
+                          .values = {HostTensor{}, HostTensor({2, 3}, {4, 1, 7, 0, 2, 30})},
+                          .dtypes = {DType::f32, DType::i32}},
+                         [](std::vector<Tensor>& x) {
+                           const Tensor y = rope(x[0], x[1], 10.0, 2);
+                           return y * y + y;
+                         });
+}
+
 TEST(Attention, MisuseNamesOpAndShapes) {
   Graph graph;
   const Tensor q = input(graph, "q", {1, 3, 4, 8});
@@ -268,6 +311,16 @@ TEST(Attention, MisuseNamesOpAndShapes) {
         rope(input(graph, "xi", {1, 1, 2, 4}, DType::i32));
       },
       {"rope", "i32[1, 1, 2, 4]", "floating"});
+  expect_error(
+      [&] {
+        rope(input(graph, "xp", {2, 3, 5, 4}), input(graph, "p", {2, 4}, DType::i32));
+      },
+      {"rope", "positions must be i32 [2, 5]"});
+  expect_error(
+      [&] {
+        rope(input(graph, "xq", {2, 3, 5, 4}), input(graph, "pf", {2, 5}));
+      },
+      {"rope", "positions must be i32"});
 }
 
 }  // namespace

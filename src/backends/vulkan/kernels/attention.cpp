@@ -516,14 +516,23 @@ const std::string& turn_parts_table(double theta, int64_t dim) {
 
 }  // namespace
 
-std::string rope_angle_function(const Node& node, const std::string& name) {
+std::string rope_angle_function(const Node& node, const std::string& name,
+                                const std::string& positions) {
   const int64_t dim = node.type.shape.back();
   const int64_t length = node.type.shape[node.type.shape.size() - 2];
   const bool inverse = node.attrs.get_int("inverse", 0) != 0;
   std::string text = turn_parts_table(node.attrs.get_float("theta"), dim);
   text += "vec2 " + name + "(uint row, uint d) {\n";
-  text += "  int position = " + std::to_string(node.attrs.get_int("position_offset", 0)) +
-          " + int(row % " + glsl_uint(length) + ");\n";
+  const std::string s = "row % " + glsl_uint(length);
+  // Sample b's rows are the b-th run of elements / (D B) rows; its positions the b-th row of
+  // [B, S].
+  const int64_t rows_per_sample = node.type.elements() / (dim * node.type.shape.front());
+  const std::string position = positions.empty()
+                                   ? "int(" + s + ")"
+                                   : positions + "[row / " + glsl_uint(rows_per_sample) + " * " +
+                                         glsl_uint(length) + " + " + s + "]";
+  text += "  int position = " + std::to_string(node.attrs.get_int("position_offset", 0)) + " + " +
+          position + ";\n";
   text += "  uint p = uint(abs(position));\n";
   text += "  float p1 = float(p >> 12), p0 = float(p & 4095u);\n";
   text += "  vec4 parts = turn_parts[d];\n";
@@ -538,14 +547,16 @@ std::string rope_angle_function(const Node& node, const std::string& name) {
 namespace {
 
 // One thread per rotated pair; the frequencies are computed in double on the host and baked
-// in as parts of a turn, so that the angle is accurate at any position (turn_parts_table).
+// in as parts of a turn, so that the angle is accurate at any position (turn_parts_table),
+// whether the position is the row's place or read from the positions input.
 void lower_rope(LoweringContext& context) {
   const Node& node = context.node();
   const int64_t dim = node.type.shape.back();
   const int64_t half = dim / 2;
   const int64_t pairs = node.type.elements() / 2;
-  std::string body =
-      rope_angle_function(node, "rope_angle") + "layout(local_size_x = 256) in;\nvoid main() {\n";
+  const bool has_positions = node.inputs.size() > 1;
+  std::string body = rope_angle_function(node, "rope_angle", has_positions ? "positions" : "") +
+                     "layout(local_size_x = 256) in;\nvoid main() {\n";
   body += "  uint index = linear_workgroup() * 256u + gl_LocalInvocationID.x;\n";
   body += "  if (index >= " + glsl_uint(pairs) + ") return;\n";
   body += "  uint row = index / " + glsl_uint(half) + ", d = index % " + glsl_uint(half) + ";\n";
@@ -560,7 +571,9 @@ void lower_rope(LoweringContext& context) {
   launch.label = context.label();
   launch.kernel = "rope";
   launch.body = std::move(body);
-  launch.operands = {{"x", node.inputs[0], false}, {"out_", context.id(), true}};
+  launch.operands = {{"x", node.inputs[0], false}};
+  if (has_positions) launch.operands.push_back({"positions", node.inputs[1], false});
+  launch.operands.push_back({"out_", context.id(), true});
   launch.groups = grid_for(static_cast<uint64_t>(pairs), 256, context.device());
   context.emit(std::move(launch));
 }

@@ -59,7 +59,12 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
             // b * cos + a * sin, with a, b the row's elements d and d + D / 2
     const int64_t dim = node.type.shape.back(), half = dim / 2;
     const std::string angle = name + "_angle";
-    text += rope_angle_function(node, angle);
+    std::string positions;
+    if (node.inputs.size() > 1) {
+      positions = "in" + std::to_string(operands.size());
+      operands.push_back({positions, node.inputs[1], false});
+    }
+    text += rope_angle_function(node, angle, positions);
     text += "float " + name + "(uint i) {\n";
     text += "  uint row = i / " + glsl_uint(dim) + ", d = i % " + glsl_uint(dim) + ";\n";
     text +=

@@ -112,8 +112,10 @@ bool attention_gradient_scales_itself(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 std::vector<LoweringEntry> loss_lowerings();
 // GLSL: lower_rope's table of angle parts and `vec2 NAME(uint row, uint d)`, the cosine and sine
-// of rope node `node`'s rotation of pair d in row `row` of its [..., S, D] shape.
-std::string rope_angle_function(const Node& node, const std::string& name);
+// of rope node `node`'s rotation of pair d in row `row` of its [..., S, D] shape; where the node
+// has positions, `positions` names the i32 buffer they are read from.
+std::string rope_angle_function(const Node& node, const std::string& name,
+                                const std::string& positions = "");
 // Index chains (index_chain.cpp): a transpose or a rope (the root) computed in one launch with
 // the transposes, ropes, reshapes and split-K sums before it whose one reader is the next link
 // (`links`, in graph order): each element of the root is evaluated from the memory the chain
