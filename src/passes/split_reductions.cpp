@@ -13,8 +13,11 @@
 // The max of a few long contiguous rows (over trailing axes: attention's per-head max |dO|,
 // [B, H, S, D] over S and D) likewise leaves most of the GPU idle, each row read by one
 // workgroup at one compute unit's bandwidth. Viewed as [rows, chunks, chunk], each chunk's
-// maximum is taken first, then each row's. Sums of that shape stay whole: the gradient norm's
-// sum for each parameter is one, and those run side by side, filling the GPU together.
+// maximum is taken first, then each row's. Sums of that shape are chunked only from a longer
+// row: clipping's gradient norm sums each parameter's squares in one, and those of a model's
+// many small parameters run side by side, filling the GPU together, but a large one (a language
+// model's embedding, 28M elements) would go on alone at one compute unit's bandwidth long after
+// the others are done.
 #include <algorithm>
 #include <optional>
 
@@ -39,6 +42,8 @@ constexpr int64_t kParallelLossLogits = 65536;
 constexpr int64_t kFewRows = 64;
 constexpr int64_t kLongRow = 16384;
 constexpr int64_t kLongestChunk = 1024;
+// The shortest rows of a sum that are chunked likewise (1 MiB of f32).
+constexpr int64_t kLongSumRow = 262144;
 
 bool splits_cross_entropy(const Graph& graph, const Node& node) {
   if (node.op != op::cross_entropy || node.attrs.get_int("per_row", 0) != 0 ||
@@ -96,9 +101,11 @@ std::optional<SplitSum> split_of(const Graph& graph, const Node& node) {
   return split;
 }
 
-// The max's input viewed as [kept axes..., chunks, chunk], or nothing where it is not such a max.
+// The input of a max or sum viewed as [kept axes..., chunks, chunk], or nothing where it is not
+// such a reduction.
 std::optional<Shape> chunked_shape_of(const Graph& graph, const Node& node) {
-  if (node.op != op::max || node.type.dtype != DType::f32) return std::nullopt;
+  if ((node.op != op::max && node.op != op::sum) || node.type.dtype != DType::f32)
+    return std::nullopt;
   const Shape& shape = graph.type(node.inputs[0]).shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
   std::vector<int64_t> axes = normalize_axes(graph, node, node.attrs.get_ints("axes", {}), rank);
@@ -111,7 +118,8 @@ std::optional<Shape> chunked_shape_of(const Graph& graph, const Node& node) {
       return std::nullopt;  // the reduced axes are not the trailing ones
     (is_reduced ? length : rows) *= shape[static_cast<size_t>(axis)];
   }
-  if (rows > kFewRows || length < kLongRow) return std::nullopt;
+  if (rows > kFewRows || length < (node.op == op::max ? kLongRow : kLongSumRow))
+    return std::nullopt;
   for (int64_t chunk = kLongestChunk; chunk >= kMinInnerRow; --chunk) {
     if (length % chunk != 0) continue;
     Shape chunked(shape.begin(), shape.end() - reduced);
@@ -122,8 +130,8 @@ std::optional<Shape> chunked_shape_of(const Graph& graph, const Node& node) {
   return std::nullopt;
 }
 
-// `node` as the max of each chunk of its input viewed as `chunked_shape` (chunked_shape_of),
-// then of each row's chunk maxima, reshaped to its own shape.
+// `node` as the max (or sum) of each chunk of its input viewed as `chunked_shape`
+// (chunked_shape_of), then of each row's chunk results, reshaped to its own shape.
 ValueId reduce_chunks(Graph& target, const Node& node, const Shape& chunked_shape) {
   const int64_t kept = static_cast<int64_t>(chunked_shape.size()) - 2;
   const ValueId chunks = reshape(Tensor(&target, node.inputs[0]), chunked_shape).id();

@@ -178,6 +178,31 @@ TEST(GpuArchetypes, MaxOfFewLongRowsInChunks) {
   EXPECT_EQ(whole_dispatches, 1u);
 }
 
+// Likewise a sum of a few rows from 262,144 elements each (clipping's gradient norm of a large
+// parameter, the square evaluated as the chunks are read): chunk sums, then each row's, in two
+// dispatches against the whole sum's one, matching the reference; a shorter one (a small
+// parameter's) stays whole.
+TEST(GpuArchetypes, LongSumsInChunks) {
+  const std::vector<testing::HarnessInput> inputs{{"large", {640, 1024}}, {"small", {300, 300}}};
+  const auto build_large = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("squares", sum_all(square(x[0])).id());
+  };
+  const auto build_small = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("squares", sum_all(square(x[1])).id());
+  };
+  size_t large_split = 0, large_whole = 0, small_split = 0;
+  {
+    const testing::ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+    check_on_gpu(inputs, build_large, 1e-6, 3, {}, &large_split);
+    check_on_gpu(inputs, build_small, 1e-6, 3, {}, &small_split);
+  }
+  const testing::ScopedSwitch whole("MEGANEURA_SPLIT_K", "0");
+  check_on_gpu(inputs, build_large, 1e-6, 3, {}, &large_whole);
+  EXPECT_EQ(large_split, 2u);
+  EXPECT_EQ(large_whole, 1u);
+  EXPECT_EQ(small_split, 1u);
+}
+
 // Sums and means over leading axes (the slices of split partial results) with a multiple of 4
 // outputs read one vec4 of adjacent outputs a thread; 4099 outputs take the scalar path. With
 // few columns (planned for 132 compute units), threads share one (reduction.cpp): 2 of them
