@@ -325,7 +325,8 @@ TEST(Passes, SplitReductionsSumsInnerAxesFirst) {
 // [B, H, S, D] (S * D = 96,000, chunks of 1,000) with keepdims, one row of 73,728 (chunks of
 // 1,024) over every axis, and negative axes. A max over a kept inner axis, of 65 rows, of rows
 // shorter than 16,384 or of a length without a divisor in [128, 1024] (a prime), and a sum of
-// that shape, stay one node.
+// that shape, stay one node. Sums are chunked likewise from rows of 262,144 (two such rows, and
+// a 512 x 576 parameter's gradient over every axis, as clipping sums its squares).
 TEST(Passes, SplitReductionsChunksFewLongRowsOfAMax) {
   struct MaxCase {
     Shape shape;
@@ -337,7 +338,8 @@ TEST(Passes, SplitReductionsChunksFewLongRowsOfAMax) {
       {{1, 6, 1500, 64}, {2, 3}, true, true}, {{1, 9, 128, 64}, {}, false, true},
       {{2, 3, 16384}, {-1}, false, true},     {{2, 16384, 3}, {1}, false, false},
       {{65, 16384}, {1}, false, false},       {{4, 16000}, {1}, false, false},
-      {{2, 16411}, {1}, false, false},        {{1, 6, 1500, 64}, {2, 3}, true, false, "sum"}};
+      {{2, 16411}, {1}, false, false},        {{1, 6, 1500, 64}, {2, 3}, true, false, "sum"},
+      {{2, 262144}, {1}, false, true, "sum"}, {{512, 576}, {}, false, true, "sum"}};
   uint64_t seed = 40;
   for (const MaxCase& max_case : cases) {
     SCOPED_TRACE(max_case.op + " of " + shape_string(max_case.shape));

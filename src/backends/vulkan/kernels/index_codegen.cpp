@@ -19,34 +19,31 @@ std::string glsl_float(double value) {
   return text;
 }
 
-std::string coordinates_glsl(const Shape& shape, const std::string& flat,
-                             const std::string& prefix) {
-  std::string text = "  uint " + prefix + "_rest = " + flat + ";\n";
-  for (size_t axis = shape.size(); axis-- > 0;) {
-    const std::string name = prefix + std::to_string(axis);
-    text += "  uint " + name + " = " + prefix + "_rest % " + glsl_uint(shape[axis]) + "; " +
-            prefix + "_rest /= " + glsl_uint(shape[axis]) + ";\n";
-  }
-  return text;
-}
-
 namespace {
 
-// The coordinates of `flat` (below the product of `extents`) over `extents`, row-major, named
-// prefix0, prefix1, ...: the outermost is what is left after the others, with no modulo.
-std::string bounded_coordinates_glsl(const std::vector<int64_t>& extents, const std::string& flat,
-                                     const std::string& prefix) {
+// The coordinates of `flat` over `extents`, row-major, named prefix0, prefix1, ...; with
+// `outermost_modulo` the outermost is reduced modulo its extent like the others, else it is what
+// is left after them (for a flat index below the product of the extents).
+std::string coordinates_text(const std::vector<int64_t>& extents, const std::string& flat,
+                             const std::string& prefix, bool outermost_modulo) {
   std::string text = "  uint " + prefix + "_rest = " + flat + ";\n";
-  for (size_t axis = extents.size(); axis-- > 1;) {
+  const size_t last_with_modulo = outermost_modulo ? 0 : 1;
+  for (size_t axis = extents.size(); axis-- > last_with_modulo;) {
     const std::string name = prefix + std::to_string(axis);
     text += "  uint " + name + " = " + prefix + "_rest % " + glsl_uint(extents[axis]) + "; " +
             prefix + "_rest /= " + glsl_uint(extents[axis]) + ";\n";
   }
-  if (!extents.empty()) text += "  uint " + prefix + "0 = " + prefix + "_rest;\n";
+  if (!outermost_modulo && !extents.empty())
+    text += "  uint " + prefix + "0 = " + prefix + "_rest;\n";
   return text;
 }
 
 }  // namespace
+
+std::string coordinates_glsl(const Shape& shape, const std::string& flat,
+                             const std::string& prefix) {
+  return coordinates_text(shape, flat, prefix, true);
+}
 
 RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axes) {
   RowLayout layout;
@@ -74,8 +71,8 @@ RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axe
   for (int64_t extent : kept_extents) layout.rows *= extent;
   for (int64_t extent : reduced_extents) layout.row_length *= extent;
   std::string function = "uint input_index(uint o, uint r) {\n";
-  function += bounded_coordinates_glsl(kept_extents, "o", "k") +
-              bounded_coordinates_glsl(reduced_extents, "r", "q");
+  function += coordinates_text(kept_extents, "o", "k", false) +
+              coordinates_text(reduced_extents, "r", "q", false);
   function += "  return 0u";
   for (size_t k = 0; k < kept_extents.size(); ++k)
     function += " + k" + std::to_string(k) + " * " + glsl_uint(kept_strides[k]);
