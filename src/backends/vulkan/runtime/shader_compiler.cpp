@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cctype>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -92,12 +91,30 @@ void check_defines(const KernelSpec& spec) {
   }
 }
 
+// The LINE of each "ERROR: SOURCE:LINE:" report in glslang's `log`.
+std::set<size_t> error_lines(const std::string& log) {
+  const std::string marker = "ERROR: ";
+  std::set<size_t> numbers;
+  for (size_t at = log.find(marker); at != std::string::npos; at = log.find(marker, at + 1)) {
+    size_t end = at + marker.size();
+    // Digits from `end`, then ':'; the digits' start, or npos where the text is not so.
+    const auto number_then_colon = [&]() -> size_t {
+      const size_t start = end;
+      while (end < log.size() && std::isdigit(static_cast<unsigned char>(log[end]))) ++end;
+      if (end == start || end >= log.size() || log[end] != ':') return std::string::npos;
+      ++end;
+      return start;
+    };
+    if (number_then_colon() == std::string::npos) continue;
+    const size_t line = number_then_colon();
+    if (line != std::string::npos) numbers.insert(std::stoul(log.substr(line, end - 1 - line)));
+  }
+  return numbers;
+}
+
 // glslang reports "ERROR: 0:LINE: message"; this shows each such line of the compiled text.
 std::string offending_lines(const std::string& log, const std::string& text) {
-  static const std::regex location(R"(ERROR: \d+:(\d+):)");
-  std::set<size_t> numbers;
-  for (std::sregex_iterator it(log.begin(), log.end(), location), end; it != end; ++it)
-    numbers.insert(std::stoul((*it)[1].str()));
+  const std::set<size_t> numbers = error_lines(log);
   if (numbers.empty()) return "";
 
   std::vector<std::string> lines;
