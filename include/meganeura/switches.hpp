@@ -83,6 +83,8 @@ struct Switches {
   bool few_rows_gemm = true;
   // MEGANEURA_REDUCTION_UNROLL=0: a reduction's lanes load one element a loop step, not four.
   bool reduction_unroll = true;
+  // MEGANEURA_JOIN_SLICES=0: products read a split attention's joined result, not its slices.
+  bool join_slices = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

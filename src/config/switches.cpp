@@ -221,6 +221,10 @@ Switches read_switches(Reader& read) {
   s.reduction_unroll = read.flag("MEGANEURA_REDUCTION_UNROLL", "one element a loop step",
                                  "four elements a loop step", "four elements a loop step")
                            .value_or(true);
+  s.join_slices =
+      read.flag("MEGANEURA_JOIN_SLICES", "products read the joined attention",
+                "products join a split attention's slices themselves", "products join the slices")
+          .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

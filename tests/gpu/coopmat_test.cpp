@@ -1279,6 +1279,43 @@ TEST_F(CoopMatrixLowering, SlicedAttentionKernelsCompile) {
   }
 }
 
+// A product that reads a split attention's result with the heads after the queries (a
+// multi-head layer's output projection) joins the slices itself as it loads A: its launch binds
+// the forward's partials, not the combine's result, and compiles to valid NV and well-formed KHR
+// SPIR-V, with vec4 loads of A (value width 16) and with four elements that may span two heads
+// (width 6).
+TEST_F(CoopMatrixLowering, ProductJoiningKeySlicesCompiles) {
+  const ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "2");
+  for (const int64_t value_dim : {16, 6}) {
+    SCOPED_TRACE("value width " + std::to_string(value_dim));
+    Graph graph;
+    const Tensor q = input(graph, "q", {1, 2, 70, 32});
+    const Tensor k = input(graph, "k", {1, 1, 100, 32});
+    const Tensor v = input(graph, "v", {1, 1, 100, value_dim});
+    const Tensor heads = scaled_dot_product_attention(q, k, v, {.causal = true});
+    const Tensor moved = reshape(transpose(heads, {0, 2, 1, 3}), {70, 2 * value_dim});
+    graph.set_output("y", matmul(moved, input(graph, "w", {2 * value_dim, 64})).id());
+    const Graph split = passes::split_attention(
+        graph, vulkan::VulkanTarget(testing::switched(target::DeviceTraits{})));
+    ValueId forward = kNoValue, product = kNoValue;
+    for (size_t i = 0; i < split.size(); ++i) {
+      const std::string& op = split.nodes()[i].op;
+      if (op == op::scaled_dot_product_attention) forward = static_cast<ValueId>(i);
+      if (op == op::matmul) product = static_cast<ValueId>(i);
+    }
+    ASSERT_NE(forward, kNoValue);
+    ASSERT_NE(product, kNoValue);
+    const std::vector<kernels::Launch> launches =
+        kernels::lower_node(split, product, testing::switched(coop_device()));
+    ASSERT_EQ(launches.size(), 1u);
+    const kernels::Launch& launch = launches[0];
+    EXPECT_EQ(launch.kernel, "gemm_coopmat");
+    EXPECT_EQ(launch.operands.at(0).value, forward);
+    const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(split, launch));  // validated
+    expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 0);
+  }
+}
+
 // The backward kernels stream blocks of 32 (fewer registers than 64), and 64 where
 // MEGANEURA_ATTENTION_COOP_BLOCK=64 asks and shared memory allows (head dimension 64, not 128);
 // a mask moves the bindings of out_value and grad_out. Both block sizes, with a mask, compile
@@ -1864,6 +1901,39 @@ TEST_F(GpuCoopMatrix, AttentionGradientsOfSmallCotangentsNv) {
           },
           1e-2, 23, fast());
     }
+  }
+}
+
+// A multi-head layer's output projection over key slices on cooperative matrices, joining the
+// slices as it loads A (MEGANEURA_JOIN_SLICES) and after the combine's launch, at inference (one
+// launch fewer joined) and in training, against the reference at fast precision's bound.
+TEST_F(GpuCoopMatrix, ProductsJoinKeySlicesNv) {
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
+  const ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "2");
+  for (const bool training : {false, true}) {
+    size_t dispatches[2] = {0, 0};
+    for (const int join : {0, 1}) {
+      SCOPED_TRACE(std::string(training ? "training" : "inference") + " join " +
+                   std::to_string(join));
+      const ScopedSwitch joined("MEGANEURA_JOIN_SLICES", join ? "1" : "0");
+      check_on_gpu(
+          {{"q", {1, 4, 64, 32}},
+           {"k", {1, 2, 200, 32}},
+           {"v", {1, 2, 200, 32}},
+           {"w", {128, 64}},
+           {"g", {1, 64, 64}}},
+          [&](Graph& graph, std::vector<Tensor>& x) {
+            const Tensor heads = scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true});
+            const Tensor y = matmul(reshape(transpose(heads, {0, 2, 1, 3}), {1, 64, 128}), x[3]);
+            if (training)
+              output_with_gradients(graph, y, x[4], {x[0], x[1], x[2], x[3]});
+            else
+              graph.set_output("y", y.id());
+          },
+          1e-2, 29, fast(), &dispatches[join]);
+    }
+    EXPECT_EQ(dispatches[1] + (training ? 0 : 1), dispatches[0]);
   }
 }
 

@@ -436,23 +436,31 @@ TEST(GpuNormAttention, KeySlices) {
 // projected, over key slices, so that the combine writes that layout itself (heads_last), at
 // inference (the forward alone) and in training (the backward also reads the forward's output
 // with its heads in place, and takes the gradients of q, k, v and the projection); causal and
-// grouped, a mask with the heads of one value width.
-void check_projected_heads(bool training, bool causal) {
+// grouped, a mask with the heads of one value width. The projection joins the slices itself as
+// it loads them (MEGANEURA_JOIN_SLICES, on by default), value widths of 6 (four elements of the
+// result may span two heads) and 8; with the tiled buffer GEMM (MEGANEURA_NO_CPU_KERNELS=1) over
+// whole and split K too. Returns the dispatches a run took.
+size_t check_projected_heads(bool training, bool causal, int64_t value_dim = 6,
+                             int64_t projected = 10) {
   const testing::ScopedSwitch forced("MEGANEURA_ATTENTION_SPLITS", "3");
-  check_on_gpu({{"q", {2, 4, 20, 8}},
-                {"k", {2, 2, 150, 8}},
-                {"v", {2, 2, 150, 6}},
-                {"w", {24, 10}},
-                {"g", {2, 20, 10}}},
-               [&](Graph& graph, std::vector<Tensor>& x) {
-                 AttentionOptions options;
-                 options.causal = causal;
-                 const Tensor heads = scaled_dot_product_attention(x[0], x[1], x[2], options);
-                 const Tensor moved = reshape(transpose(heads, {0, 2, 1, 3}), {2, 20, 24});
-                 const Tensor y = matmul(moved, x[3]);
-                 graph.set_output("y", y.id());
-                 if (training) output_gradients(graph, "", y, {x[0], x[1], x[2], x[3]}, x[4]);
-               });
+  size_t dispatches = 0;
+  check_on_gpu(
+      {{"q", {2, 4, 20, 8}},
+       {"k", {2, 2, 150, 8}},
+       {"v", {2, 2, 150, value_dim}},
+       {"w", {4 * value_dim, projected}},
+       {"g", {2, 20, projected}}},
+      [&](Graph& graph, std::vector<Tensor>& x) {
+        AttentionOptions options;
+        options.causal = causal;
+        const Tensor heads = scaled_dot_product_attention(x[0], x[1], x[2], options);
+        const Tensor moved = reshape(transpose(heads, {0, 2, 1, 3}), {2, 20, 4 * value_dim});
+        const Tensor y = matmul(moved, x[3]);
+        graph.set_output("y", y.id());
+        if (training) output_gradients(graph, "", y, {x[0], x[1], x[2], x[3]}, x[4]);
+      },
+      1e-5, 7, {}, &dispatches);
+  return dispatches;
 }
 
 TEST(GpuNormAttention, KeySlicesWriteTheHeadsAfterTheQueries) {
@@ -460,6 +468,29 @@ TEST(GpuNormAttention, KeySlicesWriteTheHeadsAfterTheQueries) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE(std::string(training ? "training" : "inference") + (causal ? ", causal" : ""));
       check_projected_heads(training, causal);
+    }
+  }
+}
+
+TEST(GpuNormAttention, ProductsJoinKeySlicesThemselves) {
+  for (const char* gpu_kernels : {"0", "1"}) {
+    const testing::ScopedSwitch kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
+    for (const int64_t value_dim : {6, 8}) {
+      // 40 rows over K = 4 Dv: one launch over all of K, and K in slices (split-K partials).
+      for (const char* k_slices : {"1", "2"}) {
+        SCOPED_TRACE(std::string("GPU kernels ") + gpu_kernels + ", Dv " +
+                     std::to_string(value_dim) + ", K slices " + k_slices);
+        const testing::ScopedSwitch split_k("MEGANEURA_SPLIT_K_SLICES", k_slices);
+        size_t joined = 0, apart = 0;
+        for (const bool training : {false, true}) {
+          joined = check_projected_heads(training, true, value_dim, 12);
+          const testing::ScopedSwitch off("MEGANEURA_JOIN_SLICES", "0");
+          apart = check_projected_heads(training, true, value_dim, 12);
+          // At inference nothing else reads the joined result: the combine takes no launch.
+          // In training the backward reads it, so the combine runs beside the product.
+          EXPECT_EQ(joined + (training ? 0 : 1), apart) << (training ? "training" : "inference");
+        }
+      }
     }
   }
 }

@@ -477,6 +477,46 @@ void lower_attention_combine(LoweringContext& context, ValueId companion = kNoVa
   context.emit(std::move(launch));
 }
 
+}  // namespace
+
+std::string join_slices_functions(const Graph& graph, ValueId combine) {
+  const Node& node = graph.node(combine);
+  const Shape& partials = graph.type(node.inputs[0]).shape;
+  const int64_t splits = partials[0], width = partials.back(), value_dim = width - 1;
+  const int64_t rows = graph.type(node.inputs[0]).elements() / splits / width;
+  const std::string dv = glsl_uint(value_dim), w = glsl_uint(width);
+  const std::string slice = glsl_uint(rows * width), count = glsl_uint(splits);
+  // The partial row of the result's row: with heads_last the result's rows are (b, i, h), the
+  // partials' (b, h, i).
+  std::string text = "uint joined_row(uint e) {\n  uint row = e / " + dv + ";\n";
+  if (node.attrs.get_int("heads_last", 0) != 0) {
+    const std::string heads = glsl_uint(partials[2]), queries = glsl_uint(partials[3]);
+    text += "  uint head = row % " + heads + ", query = (row / " + heads + ") % " + queries +
+            ", entry = row / (" + heads + " * " + queries + ");\n  row = (entry * " + heads +
+            " + head) * " + queries + " + query;\n";
+  }
+  text += "  return row * " + w + ";\n}\n";
+  // As attention_combine.comp joins them, in the same order: the largest log-sum-exp first.
+  const auto joined = [&](const std::string& type, const std::string& name, const std::string& at) {
+    return type + " " + name + "(uint e) {\n  uint base = joined_row(e), d = e % " + dv +
+           ";\n  float largest = -1.0 / 0.0;\n  for (uint s = 0u; s < " + count +
+           "; ++s) largest = max(largest, a[s * " + slice + " + base + " + dv + "]);\n  " + type +
+           " value = " + type + "(0.0);\n  float total = 0.0;\n  for (uint s = 0u; s < " + count +
+           "; ++s) {\n    uint at = s * " + slice + " + base;\n    float weight = exp(a[at + " +
+           dv + "] - largest);\n    total += weight;\n    value += weight * " + at +
+           ";\n  }\n  return value / total;\n}\n";
+  };
+  text += joined("float", "joined_a", "a[at + d]");
+  if (value_dim % 4 == 0)
+    return text + joined("vec4", "joined_a4",
+                         "vec4(a[at + d], a[at + d + 1u], a[at + d + 2u], a[at + d + 3u])");
+  // Four elements may then span two rows.
+  return text + "vec4 joined_a4(uint e) {\n  return vec4(joined_a(e), joined_a(e + 1u), " +
+         "joined_a(e + 2u), joined_a(e + 3u));\n}\n";
+}
+
+namespace {
+
 template <Mode mode>
 void lower(LoweringContext& context) {
   lower_attention(context, mode);

@@ -4,6 +4,7 @@
 #include <exception>
 #include <map>
 
+#include "backends/vulkan/kernels/gemm_cpu.hpp"
 #include "backends/vulkan/kernels/gemm_epilogue.hpp"
 #include "backends/vulkan/kernels/norm.hpp"
 #include "backends/vulkan/kernels/pointwise.hpp"
@@ -712,6 +713,31 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // A split attention's join (attention_combine) whose every reader, through reshapes, is a
+  // product that joins the slices itself as it loads A (joined_split_attention), and that writes
+  // no log-sum-exp for a backward, needs no launch: the forward at inference.
+  std::vector<bool> joined_in_products(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      if (graph.nodes()[i].op != op::attention_combine || observed[i] ||
+          companions_of.count(static_cast<ValueId>(i)) != 0 || consumer_lists[i].empty())
+        continue;
+      std::vector<ValueId> readers = consumer_lists[i];
+      bool joined = true;
+      for (size_t r = 0; r < readers.size() && joined; ++r) {
+        const Node& reader = graph.node(readers[r]);
+        if (reader.op == op::reshape) {
+          joined = !observed[readers[r]];
+          readers.insert(readers.end(), consumer_lists[readers[r]].begin(),
+                         consumer_lists[readers[r]].end());
+          continue;
+        }
+        joined = joined_split_attention(graph, reader, device) == static_cast<ValueId>(i);
+      }
+      joined_in_products[i] = joined;
+    }
+  }
+
   // Index chains (index_chain.cpp): a transpose or rope takes the links before it that only it
   // reads, through reshapes, transposes, one rope and a split-K sum whose partials it then reads
   // itself. From the last node, so that a chain's root is its last link.
@@ -755,7 +781,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                   epilogue_of_root.size() + prologue_of.size() +
                   std::count(in_norm_fusion.begin(), in_norm_fusion.end(), true) +
                   std::count(in_sibling.begin(), in_sibling.end(), true) +
-                  std::count(written_by_producer.begin(), written_by_producer.end(), true);
+                  std::count(written_by_producer.begin(), written_by_producer.end(), true) +
+                  std::count(joined_in_products.begin(), joined_in_products.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
           static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
@@ -769,7 +796,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.nodes()[i];
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
-        in_sibling[i] || in_norm_fusion[i]) {
+        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));

@@ -29,8 +29,8 @@
 // prefetch_depth chooses P; MEGANEURA_GEMM_PREFETCH forces it).
 // Defines: M, N, K (the operands' K extent), SPLIT_K, K_SLICE, BATCHES, TRANSPOSE_A,
 // TRANSPOSE_B, TILE_M, TILE_N, WORK_M, WORK_N (multiples of 4), TILE_K, K_GROUPS, A_VEC4, B_VEC4,
-// GENERATED_LOADS, PAD_K_ROWS, PREFETCH, A_QUADS (A, contiguous along k, enters in vec4s of 4
-// rows at one k), A_SWIZZLE (those vec4s are swizzled instead of padded), C_VEC4 (C is the
+// GENERATED_LOADS, JOINED_A, PAD_K_ROWS, PREFETCH, A_QUADS (A, contiguous along k, enters in
+// vec4s of 4 rows at one k), A_SWIZZLE (those vec4s are swizzled instead of padded), C_VEC4 (C is the
 // product itself, row-major with rows of a multiple of 4 floats, and the vec4 view c4 of it is
 // bound: a thread's four adjacent outputs are one store).
 // Generated: a_offset(batch), b_offset(batch), the views a4 / b4 when A_VEC4 / B_VEC4 (or
@@ -150,6 +150,17 @@ vec4 partial(uint k_group, uint index) {
 //   vec4 is stored as it is, in one padded k row or at a swizzled column (A_SWIZZLE; gemm.cpp
 //   says where).
 
+// With JOINED_A, A has no buffer of its own: element e of its memory is a split attention's
+// joined result, which the generated joined_a(e) and joined_a4(e) (four elements from a multiple
+// of 4) compute from the slices' partials, bound as a (attention.cpp, join_slices_functions).
+#if JOINED_A
+#define A_AT(e) joined_a(e)
+#define A4_AT(e) joined_a4(e)
+#else
+#define A_AT(e) a[e]
+#define A4_AT(e) a4[(e) / 4]
+#endif
+
 // Element (m, k) of op(A) and (k, n) of op(B) for the problem at `base`: the batch entry's element
 // offset or, with GENERATED_LOADS, the workgroup z. Zero unless `inside`.
 float a_element(uint base, uint m, uint k, bool inside) {
@@ -157,9 +168,9 @@ float a_element(uint base, uint m, uint k, bool inside) {
 #if GENERATED_LOADS
   return load_a(base, m, k);
 #elif TRANSPOSE_A
-  return a[base + k * M + m];
+  return A_AT(base + k * M + m);
 #else
-  return a[base + m * K + k];
+  return A_AT(base + m * K + k);
 #endif
 }
 
@@ -180,7 +191,7 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
   if (k >= k_end) return vec4(0.0);
 #if A_VEC4
   if (m >= M) return vec4(0.0);
-  return a4[(base + k * M + m) / 4];
+  return A4_AT(base + k * M + m);
 #else
   return vec4(a_element(base, m, k, m < M), a_element(base, m + 1, k, m + 1 < M),
               a_element(base, m + 2, k, m + 2 < M), a_element(base, m + 3, k, m + 3 < M));
@@ -209,7 +220,7 @@ vec4 fetch_a(uint base, uint row0, uint k0, uint k_end, uint e) {
   if (m >= M) return vec4(0.0);
 #if A_VEC4
   if (k >= k_end) return vec4(0.0);
-  return a4[(base + m * K + k) / 4];
+  return A4_AT(base + m * K + k);
 #else
   return vec4(a_element(base, m, k, k < k_end), a_element(base, m, k + 1, k + 1 < k_end),
               a_element(base, m, k + 2, k + 2 < k_end), a_element(base, m, k + 3, k + 3 < k_end));

@@ -240,7 +240,7 @@ GemmTile choose_gemm_tile(int64_t m, int64_t n, int64_t k, int64_t whole_k, int6
 struct GemmCompForm {
   int64_t m = 0, n = 0, k = 0, k_slice = 0, batches = 1, problems = 1;
   bool split = false, transpose_a = false, transpose_b = false;
-  bool a_vec4 = false, b_vec4 = false, generated_loads = false;
+  bool a_vec4 = false, b_vec4 = false, generated_loads = false, joined_a = false;
   // C is the product itself, row-major with rows of a multiple of 4 floats, bound as the vec4
   // view c4: four adjacent outputs of a thread are one store (no epilogue to apply).
   bool c_vec4 = false;
@@ -272,7 +272,7 @@ bool same_extents(const GemmTile& a, const GemmTile& b) {
 bool quad_a_loads(const GemmCompForm& form, const GemmTile& tile, bool padded) {
   const bool quad_tile =
       (padded && same_extents(tile, kGemmTiles.front())) || same_extents(tile, kWideQuadTile);
-  return !form.transpose_a && !form.generated_loads && !form.split && quad_tile &&
+  return !form.transpose_a && !form.generated_loads && !form.joined_a && !form.split && quad_tile &&
          tile.k_groups == 1 && tile.prefetch == 1 && form.k >= kMinKForQuadA;
 }
 
@@ -291,8 +291,8 @@ bool wide_quad_tile_suits(const BufferGemm& gemm, const GemmTile& tile, bool spl
                           const DeviceTraits& device) {
   const GemmTile& largest = kGemmTiles.front();
   return same_extents(tile, largest) && tile.k_groups == 1 && tile.prefetch == 1 && !split &&
-         !gemm.transpose_a && gemm.k >= kMinKForQuadA && !forced_tile(device) &&
-         !tile_misfit(kWideQuadTile, device) &&
+         !gemm.transpose_a && gemm.joined_a.empty() && gemm.k >= kMinKForQuadA &&
+         !forced_tile(device) && !tile_misfit(kWideQuadTile, device) &&
          workgroup_count(kWideQuadTile, gemm.m, gemm.n, gemm.batches) >=
              kWideQuadTilesPerUnit * device.compute_units;
 }
@@ -318,6 +318,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
                     {"A_VEC4", flag(form.a_vec4)},
                     {"B_VEC4", flag(form.b_vec4)},
                     {"GENERATED_LOADS", flag(form.generated_loads)},
+                    {"JOINED_A", flag(form.joined_a)},
                     {"C_VEC4", flag(form.c_vec4)},
                     {"TILE_M", std::to_string(tile.tile_m)},
                     {"TILE_N", std::to_string(tile.tile_n)},
@@ -373,7 +374,8 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
 }
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch) {
-  if (gemm.splits == 0 && few_rows_gemm_suits(gemm.m, gemm.k, gemm.transpose_b, context.device()))
+  if (gemm.splits == 0 && gemm.joined_a.empty() &&
+      few_rows_gemm_suits(gemm.m, gemm.k, gemm.transpose_b, context.device()))
     return emit_few_rows_gemm(context, gemm, std::move(launch));
   const bool split = gemm.splits > 0;
   const int64_t splits = split ? gemm.splits : 1;
@@ -392,7 +394,10 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
   const bool at_register_limit = tile.tile_m == 128 && tile.tile_n == 128 && tile.work_m == 8 &&
                                  tile.work_n == 8 && gemm.m % 128 == 0 && gemm.n % 128 == 0;
   const bool c_vec4 = gemm.row_major_c && gemm.n % 4 == 0 && !at_register_limit;
-  launch.body = (a_vec4 ? vector_buffer_view("a4", 0, false) : "") +
+  const bool joined_a = !gemm.joined_a.empty();
+  launch.body = (joined_a ? gemm.joined_a
+                 : a_vec4 ? vector_buffer_view("a4", 0, false)
+                          : "") +
                 (b_vec4 ? vector_buffer_view("b4", 1, false) : "") +
                 (c_vec4 ? vector_buffer_view("c4", 2, true) : "") + launch.body;
   emit_gemm_comp(context,
@@ -407,6 +412,7 @@ void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch l
                               .transpose_b = gemm.transpose_b,
                               .a_vec4 = a_vec4,
                               .b_vec4 = b_vec4,
+                              .joined_a = joined_a,
                               .c_vec4 = c_vec4},
                  tile, std::move(launch));
 }

@@ -27,6 +27,15 @@ bool use_cpu_kernels(const DeviceTraits& device);
 // lowering both ask, so they agree.
 bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& device);
 
+// The attention_combine (a split attention's join, passes/split_attention.cpp) whose result the
+// matmul `node` reads as A through reshapes, where its GEMM joins the slices' partials itself as
+// it loads A (join_slices_functions), so that it need not wait for the combine's launch: f32
+// operands on the cooperative-matrix, CPU-device or tiled buffer GEMM (not gemm_few_rows.comp,
+// which reads buffers alone). Else kNoValue. Fusion gives the combine no launch where every
+// reader is such a product and nothing else needs its result or log-sum-exp (inference).
+// MEGANEURA_JOIN_SLICES=0 or MEGANEURA_NO_FUSION=1 turns it off.
+ValueId joined_split_attention(const Graph& graph, const Node& node, const DeviceTraits& device);
+
 // C[m, n] = sum_k A[m, k] B[k, n] for each of `entries` independent problems (grid z).
 // `functions` defines load_a(z, m, k), load_b(z, k, n) and store_c(z, m, n, value) over the
 // launch's operands (see gemm_cpu.comp).
@@ -73,6 +82,9 @@ struct BufferGemm {
   // store_c(z, m, n, value) writes value to operand 2, c, at (z M + m) N + n and nothing else (a
   // matmul without an epilogue): rows of a multiple of 4 floats are then stored a vec4 at a time.
   bool row_major_c = false;
+  // Where A is a split attention's joined result (joined_split_attention): the GLSL of
+  // joined_a(e) and joined_a4(e), reading the partials bound as operand 0, instead of A's buffer.
+  std::string joined_a;
 };
 
 void emit_buffer_gemm(LoweringContext& context, const BufferGemm& gemm, Launch launch);

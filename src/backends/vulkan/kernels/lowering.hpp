@@ -110,6 +110,11 @@ int64_t attention_head_multiple(const DeviceTraits& device);
 // and its reason in attention.cpp), unless MEGANEURA_ATTENTION_OWN_GRAD_SCALE decides.
 bool attention_gradient_scales_itself(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
+// GLSL of `float joined_a(uint e)` and `vec4 joined_a4(uint e)`: element e (and four from e, a
+// multiple of 4) of the attention_combine `combine`'s result, joined from its slices' partials in
+// the float buffer `a` as the combine's own kernel joins them, for a product that reads the
+// partials in its place (joined_split_attention).
+std::string join_slices_functions(const Graph& graph, ValueId combine);
 std::vector<LoweringEntry> loss_lowerings();
 // GLSL: lower_rope's table of angle parts and `vec2 NAME(uint row, uint d)`, the cosine and sine
 // of rope node `node`'s rotation of pair d in row `row` of its [..., S, D] shape; where the node

@@ -88,6 +88,24 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
          use_cpu_kernels(device);
 }
 
+ValueId joined_split_attention(const Graph& graph, const Node& node, const DeviceTraits& device) {
+  if (node.op != op::matmul || device.switches.no_fusion || !device.switches.join_slices)
+    return kNoValue;
+  const auto source = [&](ValueId value) {
+    while (graph.node(value).op == op::reshape) value = graph.node(value).inputs[0];
+    return value;
+  };
+  const ValueId combine = source(node.inputs[0]);
+  if (graph.node(combine).op != op::attention_combine || source(node.inputs[1]) == combine ||
+      graph.type(combine).dtype != DType::f32 || graph.type(node.inputs[1]).dtype != DType::f32)
+    return kNoValue;
+  const MatmulShape shape = matmul_shape(graph, node);
+  if (matmul_runs_coop(shape, device) || use_cpu_kernels(device)) return combine;
+  if (!shape.split && few_rows_gemm_suits(shape.m, shape.k, shape.transpose_b, device))
+    return kNoValue;
+  return combine;
+}
+
 namespace {
 
 // Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue`.
@@ -112,6 +130,12 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                 context.device().name + "'; the f16 storage pass checks this");
   // Only where the loads below are generated: packed_columns asks the same questions.
   const bool packed_b = packed_columns(context.graph(), node.inputs[1], context.device());
+  // A split attention's joined result is read from its partials, bound as a.
+  const ValueId joined = joined_split_attention(context.graph(), node, context.device());
+  const ValueId a_value =
+      joined == kNoValue ? node.inputs[0] : context.graph().node(joined).inputs[0];
+  const std::string joined_a =
+      joined == kNoValue ? std::string() : join_slices_functions(context.graph(), joined);
   if (coop || use_cpu_kernels(context.device())) {
     const std::string t =
         transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
@@ -122,10 +146,11 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
       const std::string read = buffer + "[" + index + "]";
       return half_operands ? "float(" + read + ")" : read;
     };
-    std::string functions = batch_offset_function("a_offset", a_shape, batch_shape) +
+    const std::string a_read = joined == kNoValue ? element("a", "a_offset(z) + " + t)
+                                                  : "joined_a(a_offset(z) + " + t + ")";
+    std::string functions = joined_a + batch_offset_function("a_offset", a_shape, batch_shape) +
                             batch_offset_function("b_offset", b_shape, batch_shape) +
-                            "float load_a(uint z, uint m, uint k) { return " +
-                            element("a", "a_offset(z) + " + t) + "; }\n";
+                            "float load_a(uint z, uint m, uint k) { return " + a_read + "; }\n";
     // Packed columns hold element e in half e % 2 of word e / 2 (lower_im2col).
     if (packed_b) {
       functions += vector_buffer_view("b_halves", 1, false, "uint") +
@@ -155,8 +180,11 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
              ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
     };
     if (vector_loads) {
-      functions += vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
-                               "a_offset(z) + " + t);
+      functions += joined == kNoValue
+                       ? vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
+                                     "a_offset(z) + " + t)
+                       : "vec4 load_a4(uint z, uint m, uint k) { return joined_a4(a_offset(z) + " +
+                             t + "); }\n";
       functions += vector_load("vec4 load_b4(uint z, uint k, uint n)", "b", 1,
                                packed_b || half_operands, "b_offset(z) + " + u);
     }
@@ -170,7 +198,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
     if (split)
       functions = split_k_functions(functions, batches, k, splits, vector_loads, half_units);
     Launch bindings;
-    bindings.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
+    bindings.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
     if (coop) {
       const GeneratedGemm gemm{.m = m,
@@ -195,7 +223,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   }
   Launch launch;
   launch.label = context.label();
-  launch.operands = {{"a", node.inputs[0], false}, {"b", node.inputs[1], false}};
+  launch.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
   launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
                 matmul_store_function(context.graph(), context.id(), epilogue, launch);
@@ -207,7 +235,8 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                               .splits = split ? splits : 0,
                               .transpose_a = transpose_a,
                               .transpose_b = transpose_b,
-                              .row_major_c = epilogue == nullptr},
+                              .row_major_c = epilogue == nullptr,
+                              .joined_a = joined_a},
                    std::move(launch));
 }
 

@@ -109,11 +109,14 @@ Launch vector_column_sum(LoweringContext& context, const RowLayout& layout,
   const std::string at = " * " + glsl_uint(quads) + " + o]";
   body += "    uint r = group;\n";
   if (context.device().switches.reduction_unroll) {
-    body += "    for (; r + 3u * " + step + " < " + length + "; r += 4u * " + step + ") {\n";
-    body += "      vec4 v0 = x4[r" + at + ", v1 = x4[(r + " + step + ")" + at + ";\n";
-    body += "      vec4 v2 = x4[(r + 2u * " + step + ")" + at + ", v3 = x4[(r + 3u * " + step +
-            ")" + at + ";\n";
-    body += "      total += v0;\n      total += v1;\n      total += v2;\n      total += v3;\n";
+    const std::string last = glsl_uint(kReductionUnroll - 1), span = glsl_uint(kReductionUnroll);
+    body += "    for (; r + " + last + " * " + step + " < " + length + "; r += " + span + " * " +
+            step + ") {\n";
+    for (int64_t k = 0; k < kReductionUnroll; ++k)
+      body += "      vec4 v" + std::to_string(k) + " = x4[(r + " + glsl_uint(k) + " * " + step +
+              ")" + at + ";\n";
+    for (int64_t k = 0; k < kReductionUnroll; ++k)
+      body += "      total += v" + std::to_string(k) + ";\n";
     body += "    }\n";
   }
   body += "    for (; r < " + length + "; r += " + step + ") total += x4[r" + at + ";\n";
