@@ -85,6 +85,9 @@ struct Switches {
   bool reduction_unroll = true;
   // MEGANEURA_JOIN_SLICES=0: products read a split attention's joined result, not its slices.
   bool join_slices = true;
+  // MEGANEURA_INLINE_SMALL_DAGS=0: elementwise kernels read small DAGs' results (a batch norm's
+  // per-channel scale) instead of evaluating those DAGs again per element.
+  bool inline_small_dags = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

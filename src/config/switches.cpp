@@ -225,6 +225,10 @@ Switches read_switches(Reader& read) {
       read.flag("MEGANEURA_JOIN_SLICES", "products read the joined attention",
                 "products join a split attention's slices themselves", "products join the slices")
           .value_or(true);
+  s.inline_small_dags =
+      read.flag("MEGANEURA_INLINE_SMALL_DAGS", "small DAGs' results read from their launches",
+                "small DAGs evaluated again where they are read", "evaluated again")
+          .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

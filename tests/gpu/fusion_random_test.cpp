@@ -401,5 +401,40 @@ TEST(GpuFusion, SiblingReadsAValueTheFirstDagWritesBeside) {
   EXPECT_EQ(lines_with(list, {"pointwise"}), 2u) << list;
 }
 
+// Small DAGs evaluated again where they are read (fusion.cpp, inline_small_dags): a batch
+// norm's per-channel scale and shift (from its statistics, the mean a reduction of x: the scale's
+// DAG read by the shift's) read through reshapes by the normalisation, 144 times larger, which
+// evaluates both itself from the statistics. With nothing else reading them they take no launch
+// (one launch in all, against two with MEGANEURA_INLINE_SMALL_DAGS=0); with the scale also an
+// output (as a backward would read it) its launch stays, but the normalisation no longer waits for
+// it: no barrier between them, where switched off there is one.
+TEST(GpuFusion, SmallDagsEvaluatedAgainWhereTheyAreRead) {
+  const std::vector<HarnessInput> inputs{
+      {"var", {16}, DType::f32, 0.5, 2.0}, {"gamma", {16}}, {"beta", {16}}, {"x", {4, 16, 12, 12}}};
+  for (const bool scale_kept : {false, true}) {
+    SCOPED_TRACE(scale_kept ? "scale also an output" : "scale and shift read once");
+    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
+      const Tensor scale = in[1] * rsqrt(in[0] + 1e-5);
+      const Tensor shift = in[2] - mean(in[3], {0, 2, 3}) * scale;
+      const auto channels = [](const Tensor& t) { return reshape(t, {1, 16, 1, 1}); };
+      graph.set_output("y", relu(in[3] * channels(scale) + channels(shift)).id());
+      if (scale_kept) graph.set_output("scale", scale.id());
+    };
+    size_t inlined = 0, apart = 0;
+    std::string inlined_list, apart_list;
+    check_on_gpu(inputs, build, 1e-5, 41, {}, &inlined, true, &inlined_list);
+    {
+      const ScopedSwitch off("MEGANEURA_INLINE_SMALL_DAGS", "0");
+      check_on_gpu(inputs, build, 1e-5, 41, {}, &apart, true, &apart_list);
+    }
+    // The mean's launch (or launches), then the normalisation right after it.
+    const size_t statistics = lines_with(apart_list, {"reduction"});
+    EXPECT_EQ(inlined, statistics + (scale_kept ? 2u : 1u)) << inlined_list;
+    EXPECT_EQ(apart, statistics + 2u) << apart_list;
+    EXPECT_EQ(lines_with(inlined_list, {" *"}), 1u) << inlined_list;
+    EXPECT_EQ(lines_with(apart_list, {" *"}), 2u) << apart_list;
+  }
+}
+
 }  // namespace
 }  // namespace mg

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <optional>
 
 #include "backends/vulkan/kernels/gemm_cpu.hpp"
 #include "backends/vulkan/kernels/gemm_epilogue.hpp"
@@ -27,14 +28,25 @@ bool in_dag(const std::vector<ValueId>& fused_into, ValueId value, ValueId root)
   return value == root || (fused_into[value] != kNoValue && root_of(fused_into, value) == root);
 }
 
+// Whether `value` is computed in one of the DAGs whose results are `roots`.
+bool in_any_dag(const std::vector<ValueId>& fused_into, ValueId value,
+                const std::vector<ValueId>& roots) {
+  return std::any_of(roots.begin(), roots.end(),
+                     [&](ValueId root) { return in_dag(fused_into, value, root); });
+}
+
 // Adds node `id` and, recursively, the producers computed in the same DAG to `dag` (each once,
 // however many of its nodes read it), those `written_beside` as its extra outputs; returns the
-// argument index that refers to `id`'s result.
+// argument index that refers to `id`'s result. The DAGs whose results are `inlined` (small
+// per-channel DAGs that a larger one evaluates again per element, inline_small_dags) are
+// appended too, writing nothing: their own launches write their values.
 int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fused_into,
                  const std::vector<bool>& written_beside, PointwiseDag& dag,
-                 std::map<ValueId, int>& argument_of) {
+                 std::map<ValueId, int>& argument_of, const std::vector<ValueId>& inlined = {},
+                 const Shape* view = nullptr) {
   if (auto it = argument_of.find(id); it != argument_of.end()) return it->second;
   const Node& node = graph.node(id);
+  const bool exported = !in_any_dag(fused_into, id, inlined);
   PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
     const bool fused = fused_into[input] != kNoValue && in_dag(fused_into, input, dag.output);
@@ -63,20 +75,27 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
       statement.arguments.push_back(kept->second);
       continue;
     }
-    if (fused) {
+    // A reshape of an inlined DAG's result reads that DAG's value at the same element.
+    ValueId source = input;
+    while (!inlined.empty() && graph.node(source).op == op::reshape)
+      source = graph.node(source).inputs[0];
+    if (fused || in_any_dag(fused_into, source, inlined)) {
       statement.arguments.push_back(
-          append_fused(graph, input, fused_into, written_beside, dag, argument_of));
+          append_fused(graph, source, fused_into, written_beside, dag, argument_of, inlined, view));
     } else {
       auto it = argument_of.find(input);
       if (it == argument_of.end()) {
         dag.inputs.push_back(input);
         it = argument_of.emplace(input, static_cast<int>(dag.inputs.size() - 1)).first;
+        // Read in an inlined DAG at the larger DAG's elements: broadcast as its result is read.
+        if (!exported && view && graph.type(input).elements() == element_count(*view))
+          dag.viewed_as.emplace(input, *view);
       }
       statement.arguments.push_back(it->second);
     }
   }
   dag.statements.push_back(std::move(statement));
-  if (written_beside[id]) dag.extra_outputs.push_back({id, dag.statements.size() - 1});
+  if (written_beside[id] && exported) dag.extra_outputs.push_back({id, dag.statements.size() - 1});
   const int reference = -static_cast<int>(dag.statements.size());
   argument_of[id] = reference;
   return reference;
@@ -98,20 +117,22 @@ size_t input_as_statement(PointwiseDag& dag, int argument) {
   return 0;
 }
 
-// The pointwise DAG whose result is `root`, with the siblings it computes beside it.
+// The pointwise DAG whose result is `root`, with the siblings it computes beside it and the
+// `inlined` DAGs it evaluates again.
 PointwiseDag dag_of(const Graph& graph, ValueId root, const std::vector<ValueId>& fused_into,
-                    const std::vector<bool>& written_beside, const Siblings* siblings = nullptr) {
+                    const std::vector<bool>& written_beside, const Siblings* siblings = nullptr,
+                    const std::vector<ValueId>& inlined = {}, const Shape* view = nullptr) {
   PointwiseDag dag;
   dag.output = root;
   std::map<ValueId, int> argument_of;
   if (siblings) {
     if (auto it = siblings->find(root); it != siblings->end()) {
       for (ValueId sibling : it->second)
-        append_fused(graph, sibling, fused_into, written_beside, dag, argument_of);
+        append_fused(graph, sibling, fused_into, written_beside, dag, argument_of, inlined, view);
     }
   }
   // Last, as the last statement is the result.
-  append_fused(graph, root, fused_into, written_beside, dag, argument_of);
+  append_fused(graph, root, fused_into, written_beside, dag, argument_of, inlined, view);
   return dag;
 }
 
@@ -775,6 +796,121 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Small DAGs evaluated again where they are read (a batch norm's per-channel scale, the
+  // coefficients of its gradient): a plain elementwise launch at least kInlineRatio times larger
+  // that reads the result of a DAG of at most kMostInlinedElements elements and
+  // kMostInlinedStatements statements (directly, or through reshapes of one shape, which then
+  // broadcasts that DAG's inputs), whose inputs have its element count or one element and are not
+  // all leaves (a DAG over parameters alone waits for nothing, and at inference runs once in the
+  // setup), evaluates that DAG's statements at each of its elements from those inputs instead of
+  // reading its result, and so no longer waits for its launch: a batch norm's normalisation then
+  // waits for its statistics alone. The DAGs it reads are taken too. The small DAG keeps its
+  // launch where anything else reads its value (the backward, the running statistics) and has
+  // none otherwise.
+  // MEGANEURA_INLINE_SMALL_DAGS=0 turns it off.
+  constexpr int64_t kMostInlinedElements = 4096, kMostInlinedStatements = 32, kInlineRatio = 64;
+  std::map<ValueId, std::pair<std::vector<ValueId>, Shape>> inlined_of;
+  std::vector<bool> inlined_away(graph.size(), false);
+  if (fusion_enabled && device.switches.inline_small_dags) {
+    // A pointwise node that is the root of its DAG and whose launch no other decision took.
+    const auto plain_root = [&](ValueId id) {
+      const size_t i = static_cast<size_t>(id);
+      return is_pointwise_op(graph.node(id).op) && !is_fused(id) && !in_epilogue[i] &&
+             epilogue_of_root.count(id) == 0 && !written_by_producer[i] && !in_chain[i] &&
+             chain_of_root.count(id) == 0 && !in_prologue[i] && !in_sibling[i] &&
+             !in_norm_fusion[i] && !joined_in_products[i];
+    };
+    const auto small = [&](ValueId id) {
+      const TensorType& type = graph.type(id);
+      if (!plain_root(id) || type.dtype != DType::f32 || type.elements() > kMostInlinedElements)
+        return false;
+      const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside);
+      // Over leaves alone its launch waits for nothing (and at inference moves to the setup).
+      const bool computed = std::any_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId input) {
+        return !graph.node(input).is_leaf();
+      });
+      return computed && dag.statements.size() <= kMostInlinedStatements && !converts_f16(dag) &&
+             std::all_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId input) {
+               const TensorType& input_type = graph.type(input);
+               return input_type.dtype == DType::f32 &&
+                      (input_type.elements() == type.elements() || input_type.elements() == 1);
+             });
+    };
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const ValueId root = static_cast<ValueId>(i);
+      if (!plain_root(root)) continue;
+      const int64_t elements = graph.type(root).elements();
+      const PointwiseDag plain = dag_at(root);
+      std::vector<ValueId> roots;
+      std::optional<Shape> view;
+      // The values the DAG reads, then those the DAGs it takes read (`nested`: read inside an
+      // inlined DAG, at its own elements).
+      std::vector<std::pair<ValueId, bool>> frontier;
+      for (ValueId input : plain.inputs) frontier.emplace_back(input, false);
+      for (size_t f = 0; f < frontier.size(); ++f) {
+        const auto [value, nested] = frontier[f];
+        ValueId source = value;
+        while (graph.node(source).op == op::reshape) source = graph.node(source).inputs[0];
+        if (std::find(roots.begin(), roots.end(), source) != roots.end() || !small(source) ||
+            graph.type(source).elements() * kInlineRatio > elements)
+          continue;
+        const Shape& read_as = graph.type(value).shape;
+        if (nested ? source != value || (view && element_count(*view) != element_count(read_as))
+                   : view && *view != read_as)
+          continue;
+        if (!view) view = read_as;
+        roots.push_back(source);
+        for (ValueId input : dag_of(graph, source, fused_into, written_beside).inputs)
+          frontier.emplace_back(input, true);
+      }
+      if (roots.empty()) continue;
+      const PointwiseDag dag =
+          dag_of(graph, root, fused_into, written_beside, &siblings_of, roots, &*view);
+      // An input of the taken DAGs that the larger one also reads as it is would need two
+      // broadcasts of one binding.
+      const bool clash = std::any_of(dag.viewed_as.begin(), dag.viewed_as.end(), [&](auto& entry) {
+        return std::find(plain.inputs.begin(), plain.inputs.end(), entry.first) !=
+               plain.inputs.end();
+      });
+      if (clash || pointwise_bindings(graph, dag) > device.max_storage_buffers) continue;
+      inlined_of.emplace(root, std::make_pair(std::move(roots), std::move(*view)));
+    }
+    // From the last, so that a taken DAG that reads another is decided first. A taken DAG has
+    // no launch where its result and the values it writes beside are read only inside it, by
+    // DAGs that take it, or by taken DAGs without launches.
+    for (size_t i = graph.size(); i-- > 0;) {
+      const ValueId id = static_cast<ValueId>(i);
+      const auto taken_by = [&](ValueId root) {
+        auto it = inlined_of.find(root);
+        return it != inlined_of.end() && std::find(it->second.first.begin(), it->second.first.end(),
+                                                   id) != it->second.first.end();
+      };
+      if (siblings_of.count(id) != 0 ||
+          std::none_of(inlined_of.begin(), inlined_of.end(),
+                       [&](const auto& entry) { return taken_by(entry.first); }))
+        continue;
+      // The DAG's result and the values it writes beside, and their reshapes.
+      std::vector<ValueId> values{id};
+      for (const PointwiseExtraOutput& extra :
+           dag_of(graph, id, fused_into, written_beside).extra_outputs)
+        values.push_back(extra.value);
+      bool everywhere = true;
+      for (size_t v = 0; v < values.size() && everywhere; ++v) {
+        everywhere = !observed[values[v]];
+        for (ValueId reader : consumer_lists[values[v]]) {
+          if (graph.node(reader).op == op::reshape) {
+            values.push_back(reader);
+            continue;
+          }
+          const ValueId root = dag_root(reader);
+          everywhere = everywhere &&
+                       (in_dag(fused_into, reader, id) || taken_by(root) || inlined_away[root]);
+        }
+      }
+      inlined_away[i] = everywhere;
+    }
+  }
+
   if (fused_away) {
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
@@ -782,7 +918,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                   std::count(in_norm_fusion.begin(), in_norm_fusion.end(), true) +
                   std::count(in_sibling.begin(), in_sibling.end(), true) +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true) +
-                  std::count(joined_in_products.begin(), joined_in_products.end(), true);
+                  std::count(joined_in_products.begin(), joined_in_products.end(), true) +
+                  std::count(inlined_away.begin(), inlined_away.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
           static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
@@ -796,7 +933,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.nodes()[i];
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
-        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i]) {
+        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));
@@ -822,6 +959,11 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const std::string label =
           "matmul %" + std::to_string(product) + " + " + fused_label(graph, epilogue.dag);
       return lower_matmul_with_epilogue(graph, product, epilogue, device, label);
+    }
+    if (auto it = inlined_of.find(id); it != inlined_of.end()) {
+      const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside, &siblings_of,
+                                      it->second.first, &it->second.second);
+      return one(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
     }
     const bool has_fused_producer =
         is_pointwise_op(node.op) &&

@@ -238,7 +238,9 @@ std::vector<int64_t> collapse_axes(const Graph& graph, const PointwiseDag& dag, 
     std::vector<bool> varies;
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (inputs[k].kind != InputKind::broadcast) continue;
-      const Shape& input_shape = graph.type(dag.inputs[k]).shape;
+      const auto viewed = dag.viewed_as.find(dag.inputs[k]);
+      const Shape& input_shape =
+          viewed != dag.viewed_as.end() ? viewed->second : graph.type(dag.inputs[k]).shape;
       const size_t offset = shape.size() - input_shape.size();
       varies.push_back(axis >= offset && input_shape[axis - offset] != 1);
     }

@@ -2,6 +2,7 @@
 // The generated pointwise archetype: one thread per output element evaluates a small DAG of
 // elementwise ops over broadcast inputs. A single elementwise node is a DAG of one statement;
 // the fusion pass hands over longer chains.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct PointwiseDag {
   std::vector<PointwiseStatement> statements;  // the last one is the result
   ValueId output = kNoValue;
   std::vector<PointwiseExtraOutput> extra_outputs;  // each of its value's dtype, f32 or f16
+  // Inputs read as if reshaped (the inputs of a small DAG that the DAG evaluates through a
+  // reshape of its result, fusion.cpp): the shape that broadcasts them, by input.
+  std::map<ValueId, Shape> viewed_as;
 };
 
 bool is_pointwise_op(std::string_view op);
