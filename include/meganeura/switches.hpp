@@ -88,6 +88,9 @@ struct Switches {
   // MEGANEURA_INLINE_SMALL_DAGS=0: elementwise kernels read small DAGs' results (a batch norm's
   // per-channel scale) instead of evaluating those DAGs again per element.
   bool inline_small_dags = true;
+  // MEGANEURA_TRANSPOSED_STORES=0: an elementwise DAG read only by a transpose writes its own
+  // result, which the transpose's launch moves, instead of writing the moved value itself.
+  bool transposed_stores = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

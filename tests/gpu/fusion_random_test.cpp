@@ -436,5 +436,44 @@ TEST(GpuFusion, SmallDagsEvaluatedAgainWhereTheyAreRead) {
   }
 }
 
+// Transposed stores (fusion.cpp): an elementwise DAG whose result only a transpose reads,
+// through a reshape, writes the transposed value itself, each element where the transpose moves
+// it: one launch instead of two (MEGANEURA_TRANSPOSED_STORES=0), against the reference, in vec4s
+// (the broadcast operands vary along whole vec4s), in scalars (a broadcast operand that varies
+// inside them) and in f16 (a rounded result, moved as f16); a transpose that moves the innermost
+// axis keeps its launch.
+TEST(GpuFusion, ElementwiseResultsStoredWhereTheirTransposeMovesThem) {
+  struct Case {
+    const char* name;
+    Shape x, w;
+    std::vector<int64_t> permutation;
+    bool f16, taken;
+  };
+  for (const Case& c :
+       {Case{"vec4s", {2, 6, 5, 8}, {6, 1, 1}, {1, 0, 2}, false, true},
+        Case{"scalars", {2, 6, 2, 6}, {1, 1, 2, 1}, {1, 0, 2}, false, true},
+        Case{"f16", {2, 6, 5, 8}, {6, 1, 1}, {1, 0, 2}, true, true},
+        Case{"innermost moved", {2, 6, 5, 8}, {6, 1, 1}, {2, 0, 1}, false, false}}) {
+    SCOPED_TRACE(c.name);
+    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
+      Tensor y = relu(in[0] * in[1] + 1.0);
+      if (c.f16) y = cast(y, DType::f16);
+      const Tensor moved = transpose(reshape(y, {c.x[0], c.x[1], c.x[2] * c.x[3]}), c.permutation);
+      graph.set_output("moved", moved.id());
+    };
+    size_t stored = 0, apart = 0;
+    std::string list;
+    // f16 results hold the f16 rounding of the reference's values.
+    const double tolerance = c.f16 ? 1e-3 : 1e-6;
+    check_on_gpu({{"x", c.x}, {"w", c.w}}, build, tolerance, 43, {}, &stored, true, &list);
+    {
+      const ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
+      check_on_gpu({{"x", c.x}, {"w", c.w}}, build, tolerance, 43, {}, &apart);
+    }
+    EXPECT_EQ(stored + (c.taken ? 1 : 0), apart) << list;
+    EXPECT_EQ(lines_with(list, {"pointwise_moved"}), c.taken ? 1u : 0u) << list;
+  }
+}
+
 }  // namespace
 }  // namespace mg

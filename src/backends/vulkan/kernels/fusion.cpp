@@ -911,6 +911,43 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Transposed stores: an elementwise DAG whose result only a transpose reads (through reshapes),
+  // one that keeps the innermost axis in place over a whole number of vec4s (a batch norm's
+  // gradient moved to the batch's images side by side for the product after it), writes the
+  // transpose's value itself, each element (and vec4) where the transpose moves it: the
+  // transpose has no launch, nor the barrier before it, and the values are not read back.
+  // MEGANEURA_TRANSPOSED_STORES=0 turns it off.
+  std::map<ValueId, ValueId> moved_to;
+  std::vector<bool> stored_by_producer(graph.size(), false);
+  if (fusion_enabled && device.switches.transposed_stores) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      if (node.op != op::transpose || in_chain[i] || chain_of_root.count(static_cast<ValueId>(i)))
+        continue;
+      const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+      const Shape& moved_shape = graph.type(node.inputs[0]).shape;
+      if (permutation.empty() ||
+          permutation.back() != static_cast<int64_t>(permutation.size()) - 1 ||
+          moved_shape.back() % 4 != 0)
+        continue;
+      ValueId source = node.inputs[0];
+      bool alone = true;
+      while (graph.node(source).op == op::reshape) {
+        alone = alone && !observed[source] && consumers[source] == 1;
+        source = graph.node(source).inputs[0];
+      }
+      const size_t s = static_cast<size_t>(source);
+      if (!alone || observed[s] || consumers[s] != 1 || !is_pointwise_op(graph.node(source).op) ||
+          is_fused(source) || in_epilogue[s] || epilogue_of_root.count(source) != 0 ||
+          written_by_producer[s] || in_chain[s] || in_prologue[s] || in_sibling[s] ||
+          in_norm_fusion[s] || inlined_away[s] || moved_to.count(source) != 0 ||
+          graph.type(source).dtype != node.type.dtype)
+        continue;
+      moved_to.emplace(source, static_cast<ValueId>(i));
+      stored_by_producer[i] = true;
+    }
+  }
+
   if (fused_away) {
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
@@ -919,7 +956,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                   std::count(in_sibling.begin(), in_sibling.end(), true) +
                   std::count(written_by_producer.begin(), written_by_producer.end(), true) +
                   std::count(joined_in_products.begin(), joined_in_products.end(), true) +
-                  std::count(inlined_away.begin(), inlined_away.end(), true);
+                  std::count(inlined_away.begin(), inlined_away.end(), true) +
+                  std::count(stored_by_producer.begin(), stored_by_producer.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
           static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
@@ -933,7 +971,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const Node& node = graph.nodes()[i];
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
-        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i]) {
+        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i] ||
+        stored_by_producer[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));
@@ -960,10 +999,18 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           "matmul %" + std::to_string(product) + " + " + fused_label(graph, epilogue.dag);
       return lower_matmul_with_epilogue(graph, product, epilogue, device, label);
     }
-    if (auto it = inlined_of.find(id); it != inlined_of.end()) {
-      const PointwiseDag dag = dag_of(graph, id, fused_into, written_beside, &siblings_of,
-                                      it->second.first, &it->second.second);
-      return one(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
+    const auto moved = moved_to.find(id);
+    if (auto it = inlined_of.find(id); it != inlined_of.end() || moved != moved_to.end()) {
+      PointwiseDag dag = it != inlined_of.end()
+                             ? dag_of(graph, id, fused_into, written_beside, &siblings_of,
+                                      it->second.first, &it->second.second)
+                             : dag_at(id);
+      std::string label = fused_label(graph, dag);
+      if (moved != moved_to.end()) {
+        dag.moved_to = moved->second;
+        label += " + transpose %" + std::to_string(moved->second);
+      }
+      return one(pointwise_launch(graph, dag, device, std::move(label)));
     }
     const bool has_fused_producer =
         is_pointwise_op(node.op) &&

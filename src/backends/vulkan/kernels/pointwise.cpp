@@ -424,7 +424,9 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
 
   Launch launch;
   launch.label = std::move(label);
-  launch.kernel = "pointwise";
+  // A moved result takes no input's place (the planner's in-place choice is for "pointwise").
+  const bool moved = dag.moved_to != kNoValue;
+  launch.kernel = moved ? "pointwise_moved" : "pointwise";
   std::vector<InputAccess> inputs = input_accesses(graph, dag, count, launch.operands);
   // Extra outputs bind before the result, which stays the last operand (the planner's in-place
   // choice writes only the result over a dying input).
@@ -432,8 +434,23 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
     launch.operands.push_back({"extra" + std::to_string(k), dag.extra_outputs[k].value, true});
   const uint32_t result_binding = static_cast<uint32_t>(launch.operands.size());
-  launch.operands.push_back({"result", dag.output, true});
+  launch.operands.push_back({"result", moved ? dag.moved_to : dag.output, true});
   launch.f16_operands = launch_needs_f16(graph, launch.operands, {&dag}, launch.label, device);
+  // Where element i of the result is stored: at i, or at its place in the transpose.
+  std::string store_functions;
+  const auto stored_at = [&](const std::string& index) {
+    return moved ? "moved_index(" + index + ")" : index;
+  };
+  if (moved) {
+    const Node& transpose = graph.node(dag.moved_to);
+    const std::vector<int64_t>& permutation = transpose.attrs.get_ints("permutation");
+    std::vector<std::string> coordinates(permutation.size());
+    for (size_t k = 0; k < permutation.size(); ++k)
+      coordinates[k] = "c" + std::to_string(permutation[k]);
+    store_functions = "uint moved_index(uint i) {\n" +
+                      coordinates_glsl(graph.type(transpose.inputs[0]).shape, "i") + "  return " +
+                      flat_index_glsl(transpose.type.shape, coordinates) + ";\n}\n";
+  }
 
   const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
   const bool has_broadcast = any_broadcast(inputs);
@@ -447,7 +464,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                           (!has_broadcast || extents.back() % kElementsPerThread == 0) &&
                           (!has_partials || count % kElementsPerThread == 0);
 
-  std::string body = std::string(pointwise_functions_glsl());
+  std::string body = std::string(pointwise_functions_glsl()) + store_functions;
   const std::string local = std::to_string(kLocalSize);
   if (vectorised) {
     const int64_t groups = count / kElementsPerThread;
@@ -498,7 +515,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                            extra_stores(dag, "e", std::string(".") + lane)) +
               "  }\n";
     }
-    body += "  result_x4[g] = r;\n";
+    body += "  result_x4[" + (moved ? "moved_index(g * 4u) / 4u" : std::string("g")) + "] = r;\n";
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
       const DType dtype = graph.type(dag.extra_outputs[k].value).dtype;
       const std::string lanes = "e" + std::to_string(k);
@@ -520,7 +537,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       body += "  if (g == " + glsl_uint(groups) + ") {\n";
       body += "  for (uint i = " + glsl_uint(groups * kElementsPerThread) + "; i < " +
               glsl_uint(count) + "; ++i) {\n";
-      body += element_glsl(dag, tail_inputs, output_dtype, "result[i]",
+      body += element_glsl(dag, tail_inputs, output_dtype, "result[" + stored_at("i") + "]",
                            extra_stores(dag, "extra", "[i]"), extra_dtypes(graph, dag)) +
               "  }\n  }\n";
     }
@@ -536,7 +553,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     body += "  uint i = first + j * " + local + "u;\n";
     body += "  if (i >= " + glsl_uint(count) + ") return;\n";
     if (has_broadcast) body += coordinates_glsl(extents, "i");
-    body += element_glsl(dag, element_inputs, output_dtype, "result[i]",
+    body += element_glsl(dag, element_inputs, output_dtype, "result[" + stored_at("i") + "]",
                          extra_stores(dag, "extra", "[i]"), extra_dtypes(graph, dag)) +
             "  }\n}\n";
     launch.groups =

@@ -32,6 +32,9 @@ struct PointwiseDag {
   // Inputs read as if reshaped (the inputs of a small DAG that the DAG evaluates through a
   // reshape of its result, fusion.cpp): the shape that broadcasts them, by input.
   std::map<ValueId, Shape> viewed_as;
+  // A transpose of the result (through reshapes, its innermost axis kept in place) that the
+  // launch writes instead of the result, each element where the transpose moves it (fusion.cpp).
+  ValueId moved_to = kNoValue;
 };
 
 bool is_pointwise_op(std::string_view op);
