@@ -247,6 +247,16 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // choose_in_place), so an epilogue does not move into a DAG that computes one (below).
   std::vector<bool> updates(graph.size(), false);
   for (const auto& [leaf, value] : graph.updates()) observed[value] = updates[value] = true;
+  // The value that `value` reshapes (through any reshapes), and whether each of those reshapes is
+  // read once and not kept.
+  const auto through_reshapes = [&](ValueId value) {
+    bool alone = true;
+    while (graph.node(value).op == op::reshape) {
+      alone = alone && !observed[value] && consumers[value] == 1;
+      value = graph.node(value).inputs[0];
+    }
+    return std::pair{value, alone};
+  };
 
   // The consumer whose kernel computes each value, kNoValue for a value with a kernel (or no
   // kernel) of its own; following it from a value leads to the root of the DAG it belongs to.
@@ -576,12 +586,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if ((node.op != op::sum && node.op != op::mean && !is_max) || node.type.dtype != DType::f32 ||
           is_fused(static_cast<ValueId>(i)) || is_partial_sum(graph, static_cast<ValueId>(i)))
         continue;
-      ValueId producer = node.inputs[0];
-      bool alone = true;
-      while (graph.node(producer).op == op::reshape) {
-        alone = alone && !observed[producer] && consumers[producer] == 1;
-        producer = graph.node(producer).inputs[0];
-      }
+      const auto [producer, alone] = through_reshapes(node.inputs[0]);
       const Node& root = graph.node(producer);
       if (!alone || !is_pointwise_op(root.op) || root.type.dtype != DType::f32 ||
           observed[producer] || consumers[producer] != 1 || is_fused(producer) ||
@@ -930,12 +935,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           permutation.back() != static_cast<int64_t>(permutation.size()) - 1 ||
           moved_shape.back() % 4 != 0)
         continue;
-      ValueId source = node.inputs[0];
-      bool alone = true;
-      while (graph.node(source).op == op::reshape) {
-        alone = alone && !observed[source] && consumers[source] == 1;
-        source = graph.node(source).inputs[0];
-      }
+      const auto [source, alone] = through_reshapes(node.inputs[0]);
       const size_t s = static_cast<size_t>(source);
       if (!alone || observed[s] || consumers[s] != 1 || !is_pointwise_op(graph.node(source).op) ||
           is_fused(source) || in_epilogue[s] || epilogue_of_root.count(source) != 0 ||
