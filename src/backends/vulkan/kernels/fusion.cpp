@@ -257,6 +257,21 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
     return std::pair{value, alone};
   };
+  // Whether every reader of `value`, through reshapes, is one that `accepts`, and neither the
+  // value nor those reshapes are kept.
+  const auto readers_all = [&](ValueId value, const auto& accepts) {
+    std::vector<ValueId> values{value};
+    for (size_t v = 0; v < values.size(); ++v) {
+      if (observed[values[v]]) return false;
+      for (ValueId reader : consumer_lists[values[v]]) {
+        if (graph.node(reader).op == op::reshape)
+          values.push_back(reader);
+        else if (!accepts(reader))
+          return false;
+      }
+    }
+    return true;
+  };
 
   // The consumer whose kernel computes each value, kNoValue for a value with a kernel (or no
   // kernel) of its own; following it from a value leads to the root of the DAG it belongs to.
@@ -745,22 +760,13 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   std::vector<bool> joined_in_products(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
-      if (graph.nodes()[i].op != op::attention_combine || observed[i] ||
-          companions_of.count(static_cast<ValueId>(i)) != 0 || consumer_lists[i].empty())
+      const ValueId combine = static_cast<ValueId>(i);
+      if (graph.nodes()[i].op != op::attention_combine || companions_of.count(combine) != 0 ||
+          consumer_lists[i].empty())
         continue;
-      std::vector<ValueId> readers = consumer_lists[i];
-      bool joined = true;
-      for (size_t r = 0; r < readers.size() && joined; ++r) {
-        const Node& reader = graph.node(readers[r]);
-        if (reader.op == op::reshape) {
-          joined = !observed[readers[r]];
-          readers.insert(readers.end(), consumer_lists[readers[r]].begin(),
-                         consumer_lists[readers[r]].end());
-          continue;
-        }
-        joined = joined_split_attention(graph, reader, device) == static_cast<ValueId>(i);
-      }
-      joined_in_products[i] = joined;
+      joined_in_products[i] = readers_all(combine, [&](ValueId reader) {
+        return joined_split_attention(graph, graph.node(reader), device) == combine;
+      });
     }
   }
 
@@ -816,15 +822,15 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   constexpr int64_t kMostInlinedElements = 4096, kMostInlinedStatements = 32, kInlineRatio = 64;
   std::map<ValueId, std::pair<std::vector<ValueId>, Shape>> inlined_of;
   std::vector<bool> inlined_away(graph.size(), false);
+  // A pointwise node that is the root of its DAG and whose launch no other decision took.
+  const auto plain_root = [&](ValueId id) {
+    const size_t i = static_cast<size_t>(id);
+    return is_pointwise_op(graph.node(id).op) && !is_fused(id) && !in_epilogue[i] &&
+           epilogue_of_root.count(id) == 0 && !written_by_producer[i] && !in_chain[i] &&
+           chain_of_root.count(id) == 0 && !in_prologue[i] && !in_sibling[i] &&
+           !in_norm_fusion[i] && !joined_in_products[i];
+  };
   if (fusion_enabled && device.switches.inline_small_dags) {
-    // A pointwise node that is the root of its DAG and whose launch no other decision took.
-    const auto plain_root = [&](ValueId id) {
-      const size_t i = static_cast<size_t>(id);
-      return is_pointwise_op(graph.node(id).op) && !is_fused(id) && !in_epilogue[i] &&
-             epilogue_of_root.count(id) == 0 && !written_by_producer[i] && !in_chain[i] &&
-             chain_of_root.count(id) == 0 && !in_prologue[i] && !in_sibling[i] &&
-             !in_norm_fusion[i] && !joined_in_products[i];
-    };
     const auto small = [&](ValueId id) {
       const TensorType& type = graph.type(id);
       if (!plain_root(id) || type.dtype != DType::f32 || type.elements() > kMostInlinedElements)
@@ -854,8 +860,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       for (ValueId input : plain.inputs) frontier.emplace_back(input, false);
       for (size_t f = 0; f < frontier.size(); ++f) {
         const auto [value, nested] = frontier[f];
-        ValueId source = value;
-        while (graph.node(source).op == op::reshape) source = graph.node(source).inputs[0];
+        const ValueId source = through_reshapes(value).first;
         if (std::find(roots.begin(), roots.end(), source) != roots.end() || !small(source) ||
             graph.type(source).elements() * kInlineRatio > elements)
           continue;
@@ -894,24 +899,15 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           std::none_of(inlined_of.begin(), inlined_of.end(),
                        [&](const auto& entry) { return taken_by(entry.first); }))
         continue;
-      // The DAG's result and the values it writes beside, and their reshapes.
-      std::vector<ValueId> values{id};
+      const auto accepts = [&](ValueId reader) {
+        const ValueId root = dag_root(reader);
+        return in_dag(fused_into, reader, id) || taken_by(root) || inlined_away[root];
+      };
+      // The DAG's result and the values it writes beside.
+      bool everywhere = readers_all(id, accepts);
       for (const PointwiseExtraOutput& extra :
            dag_of(graph, id, fused_into, written_beside).extra_outputs)
-        values.push_back(extra.value);
-      bool everywhere = true;
-      for (size_t v = 0; v < values.size() && everywhere; ++v) {
-        everywhere = !observed[values[v]];
-        for (ValueId reader : consumer_lists[values[v]]) {
-          if (graph.node(reader).op == op::reshape) {
-            values.push_back(reader);
-            continue;
-          }
-          const ValueId root = dag_root(reader);
-          everywhere = everywhere &&
-                       (in_dag(fused_into, reader, id) || taken_by(root) || inlined_away[root]);
-        }
-      }
+        everywhere = everywhere && readers_all(extra.value, accepts);
       inlined_away[i] = everywhere;
     }
   }
@@ -937,11 +933,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         continue;
       const auto [source, alone] = through_reshapes(node.inputs[0]);
       const size_t s = static_cast<size_t>(source);
-      if (!alone || observed[s] || consumers[s] != 1 || !is_pointwise_op(graph.node(source).op) ||
-          is_fused(source) || in_epilogue[s] || epilogue_of_root.count(source) != 0 ||
-          written_by_producer[s] || in_chain[s] || in_prologue[s] || in_sibling[s] ||
-          in_norm_fusion[s] || inlined_away[s] || moved_to.count(source) != 0 ||
-          graph.type(source).dtype != node.type.dtype)
+      if (!alone || observed[s] || consumers[s] != 1 || !plain_root(source) || inlined_away[s] ||
+          moved_to.count(source) != 0 || graph.type(source).dtype != node.type.dtype)
         continue;
       moved_to.emplace(source, static_cast<ValueId>(i));
       stored_by_producer[i] = true;

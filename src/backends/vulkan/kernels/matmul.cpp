@@ -99,11 +99,12 @@ ValueId joined_split_attention(const Graph& graph, const Node& node, const Devic
   if (graph.node(combine).op != op::attention_combine || source(node.inputs[1]) == combine ||
       graph.type(combine).dtype != DType::f32 || graph.type(node.inputs[1]).dtype != DType::f32)
     return kNoValue;
+  // gemm_few_rows.comp, which strict products of few rows run on, reads buffers alone.
   const MatmulShape shape = matmul_shape(graph, node);
-  if (matmul_runs_coop(shape, device) || use_cpu_kernels(device)) return combine;
-  if (!shape.split && few_rows_gemm_suits(shape.m, shape.k, shape.transpose_b, device))
-    return kNoValue;
-  return combine;
+  const bool few_rows = !matmul_runs_coop(shape, device) && !use_cpu_kernels(device) &&
+                        !shape.split &&
+                        few_rows_gemm_suits(shape.m, shape.k, shape.transpose_b, device);
+  return few_rows ? kNoValue : combine;
 }
 
 namespace {
