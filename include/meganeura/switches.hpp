@@ -91,6 +91,9 @@ struct Switches {
   // MEGANEURA_TRANSPOSED_STORES=0: an elementwise DAG read only by a transpose writes its own
   // result, which the transpose's launch moves, instead of writing the moved value itself.
   bool transposed_stores = true;
+  // MEGANEURA_TRANSPOSED_LOADS=0: a transpose read only by elementwise DAGs keeps its launch,
+  // instead of those DAGs reading its input where it takes each element.
+  bool transposed_loads = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

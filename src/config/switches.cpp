@@ -233,6 +233,10 @@ Switches read_switches(Reader& read) {
       read.flag("MEGANEURA_TRANSPOSED_STORES", "transposes in launches of their own",
                 "elementwise DAGs store where their one transpose moves them", "transposed stores")
           .value_or(true);
+  s.transposed_loads =
+      read.flag("MEGANEURA_TRANSPOSED_LOADS", "transposes in launches of their own",
+                "elementwise DAGs read through the transposes they alone read", "transposed loads")
+          .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

@@ -475,5 +475,62 @@ TEST(GpuFusion, ElementwiseResultsStoredWhereTheirTransposeMovesThem) {
   }
 }
 
+// Transposed loads (fusion.cpp): a transpose that keeps the innermost axis, read only by
+// elementwise DAGs, has no launch; they read its input where it took each element. A batch norm
+// over f16 images side by side moved back (as ResNet's products over the batch leave them): the
+// sums' prologues and the normalisation read through the transpose, each through a widening of
+// its own; an f32 product moved back and read in scalars (a broadcast operand varying inside
+// vec4s). One launch fewer than with MEGANEURA_TRANSPOSED_LOADS=0, against the reference. The
+// transpose keeps its launch where a product reads it too, or where it moves the innermost axis.
+TEST(GpuFusion, ElementwiseReadersLoadThroughTheirTranspose) {
+  struct Case {
+    const char* name;
+    std::vector<int64_t> permutation;
+    bool statistics, read_by_product, taken;
+  };
+  for (const Case& c : {Case{"batch norm, f16, vec4s", {1, 0, 2}, true, false, true},
+                        Case{"product, f32, scalars", {1, 0, 2}, false, false, true},
+                        Case{"also read by a product", {1, 0, 2}, false, true, false},
+                        Case{"innermost moved", {0, 2, 1}, false, false, false}}) {
+    SCOPED_TRACE(c.name);
+    const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
+      // [channels, images * plane] -> [images, channels, plane]
+      const Tensor source = c.statistics ? in[0] : matmul(in[1], in[2]);
+      const Tensor moved = transpose(reshape(source, {6, 2, 8}), c.permutation);
+      if (c.statistics) {
+        const Tensor x = reshape(moved, {2, 6, 2, 4});
+        const auto widened = [&] { return cast(x, DType::f32); };
+        const Tensor mu = mean(widened(), {0, 2, 3});
+        const Tensor variance = relu(mean(square(widened()), {0, 2, 3}) - square(mu));
+        const auto channels = [](const Tensor& t) { return reshape(t, {1, 6, 1, 1}); };
+        graph.set_output(
+            "y", relu((widened() - channels(mu)) * channels(in[3] * rsqrt(variance + 1e-5))).id());
+        return;
+      }
+      const Tensor x = reshape(moved, {2, 6, 8});
+      graph.set_output("y", relu(reshape(x, {2, 6, 4, 2}) * in[4] + 1.0).id());
+      if (c.read_by_product) graph.set_output("product", matmul(x, in[5]).id());
+    };
+    const std::vector<HarnessInput> inputs{{"x", {6, 16}, DType::f16},
+                                           {"a", {6, 5}},
+                                           {"b", {5, 16}},
+                                           {"gamma", {6}},
+                                           {"c", {2}},
+                                           {"d", {8, 3}}};
+    size_t loaded = 0, apart = 0;
+    std::string list, apart_list;
+    // The f16 images hold the f16 rounding of the reference's draws.
+    const double tolerance = c.statistics ? 1e-3 : 1e-5;
+    check_on_gpu(inputs, build, tolerance, 47, {}, &loaded, true, &list);
+    {
+      const ScopedSwitch off("MEGANEURA_TRANSPOSED_LOADS", "0");
+      check_on_gpu(inputs, build, tolerance, 47, {}, &apart, true, &apart_list);
+    }
+    EXPECT_EQ(loaded + (c.taken ? 1 : 0), apart) << list;
+    EXPECT_EQ(lines_with(list, {"transpose"}), c.taken ? 0u : 1u) << list;
+    EXPECT_EQ(lines_with(apart_list, {"transpose"}), 1u) << apart_list;
+  }
+}
+
 }  // namespace
 }  // namespace mg

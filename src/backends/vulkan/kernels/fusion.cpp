@@ -941,6 +941,65 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Transposed loads: a transpose that keeps the innermost axis in place over a whole number of
+  // vec4s, whose readers (through reshapes) are all elementwise and each in a DAG of the
+  // transpose's size that a plain elementwise launch or a reduction's prologue evaluates (a
+  // product over the batch's images side by side moved back to one image after another, which a
+  // batch norm's sums and normalisation read), has no launch: those launches read the
+  // transpose's input where the transpose took each element. Neither the barrier before the
+  // transpose nor the moved values' bytes are left. MEGANEURA_TRANSPOSED_LOADS=0 turns it off.
+  std::map<ValueId, ValueId> loaded_through;  // a transpose and its reshapes -> the transpose
+  std::vector<bool> loaded_by_readers(graph.size(), false);
+  if (fusion_enabled && device.switches.transposed_loads) {
+    std::vector<bool> taken_inline(graph.size(), false);
+    for (const auto& [root, taken] : inlined_of) {
+      for (ValueId id : taken.first) taken_inline[static_cast<size_t>(id)] = true;
+    }
+    // The node that reads `value`, through reshapes, where it has one reader.
+    const auto only_reader = [&](ValueId value) {
+      ValueId reader = consumer_lists[value].front();
+      while (graph.node(reader).op == op::reshape) reader = consumer_lists[reader].front();
+      return reader;
+    };
+    // Whether the DAG whose result is `root` is evaluated at its own elements by a plain
+    // elementwise launch or a reduction's prologue, or (a sibling sum's widening) not at all.
+    const auto evaluated_alone = [&](ValueId root) {
+      const size_t r = static_cast<size_t>(root);
+      if (taken_inline[r] || inlined_away[r]) return false;
+      if (plain_root(root)) return true;
+      if (!in_prologue[r]) return false;
+      const ValueId reduction = only_reader(root);
+      return prologue_of.count(reduction) != 0 || in_sibling[static_cast<size_t>(reduction)];
+    };
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      const ValueId transpose = static_cast<ValueId>(i);
+      if (node.op != op::transpose || in_chain[i] || chain_of_root.count(transpose) ||
+          stored_by_producer[i] || consumer_lists[i].empty())
+        continue;
+      const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+      if (permutation.empty() ||
+          permutation.back() != static_cast<int64_t>(permutation.size()) - 1 ||
+          graph.type(node.inputs[0]).shape.back() % 4 != 0)
+        continue;
+      const int64_t elements = node.type.elements();
+      const bool read_alone = readers_all(transpose, [&](ValueId reader) {
+        if (!is_pointwise_op(graph.node(reader).op) || graph.type(reader).elements() != elements)
+          return false;
+        const ValueId root = dag_root(reader);
+        return graph.type(root).elements() == elements && evaluated_alone(root);
+      });
+      if (!read_alone) continue;
+      loaded_by_readers[i] = true;
+      std::vector<ValueId> views{transpose};
+      for (size_t v = 0; v < views.size(); ++v) {
+        loaded_through.emplace(views[v], transpose);
+        for (ValueId reader : consumer_lists[views[v]])
+          if (graph.node(reader).op == op::reshape) views.push_back(reader);
+      }
+    }
+  }
+
   if (fused_away) {
     *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
@@ -950,7 +1009,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                   std::count(written_by_producer.begin(), written_by_producer.end(), true) +
                   std::count(joined_in_products.begin(), joined_in_products.end(), true) +
                   std::count(inlined_away.begin(), inlined_away.end(), true) +
-                  std::count(stored_by_producer.begin(), stored_by_producer.end(), true);
+                  std::count(stored_by_producer.begin(), stored_by_producer.end(), true) +
+                  std::count(loaded_by_readers.begin(), loaded_by_readers.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
           static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
@@ -965,7 +1025,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
         in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i] ||
-        stored_by_producer[i]) {
+        stored_by_producer[i] || loaded_by_readers[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));
@@ -975,10 +1035,21 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     launches.push_back(std::move(launch));
     return launches;
   };
+  // `dag`, reading the values of transposes without launches from the transposes' inputs.
+  const auto loading_through = [&](PointwiseDag dag) {
+    for (ValueId input : dag.inputs) {
+      if (auto it = loaded_through.find(input); it != loaded_through.end())
+        dag.read_through.emplace(input, it->second);
+    }
+    return dag;
+  };
   const auto launches_of = [&](ValueId id) -> std::vector<Launch> {
     const Node& node = graph.node(id);
-    if (auto it = prologue_of.find(id); it != prologue_of.end())
-      return one(reduction_with_prologue(graph, id, it->second, device));
+    if (auto it = prologue_of.find(id); it != prologue_of.end()) {
+      ReductionPrologue prologue = it->second;
+      prologue.dag = loading_through(std::move(prologue.dag));
+      return one(reduction_with_prologue(graph, id, prologue, device));
+    }
     if (auto it = norm_fusion_of.find(id); it != norm_fusion_of.end())
       return one(norm_with_fusion(graph, id, it->second, device));
     if (auto it = chain_of_root.find(id); it != chain_of_root.end())
@@ -994,10 +1065,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
     const auto moved = moved_to.find(id);
     if (auto it = inlined_of.find(id); it != inlined_of.end() || moved != moved_to.end()) {
-      PointwiseDag dag = it != inlined_of.end()
-                             ? dag_of(graph, id, fused_into, written_beside, &siblings_of,
-                                      it->second.first, &it->second.second)
-                             : dag_at(id);
+      PointwiseDag dag = loading_through(
+          it != inlined_of.end() ? dag_of(graph, id, fused_into, written_beside, &siblings_of,
+                                          it->second.first, &it->second.second)
+                                 : dag_at(id));
       std::string label = fused_label(graph, dag);
       if (moved != moved_to.end()) {
         dag.moved_to = moved->second;
@@ -1005,13 +1076,15 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       }
       return one(pointwise_launch(graph, dag, device, std::move(label)));
     }
-    const bool has_fused_producer =
+    // A DAG launch where producers fuse in, siblings join it or it reads through a transpose.
+    const bool evaluates_dag =
         is_pointwise_op(node.op) &&
         (siblings_of.count(id) != 0 ||
-         std::any_of(node.inputs.begin(), node.inputs.end(),
-                     [&](ValueId input) { return fused_into[input] == id; }));
-    if (!has_fused_producer) return lower_node(graph, id, device);
-    const PointwiseDag dag = dag_at(id);
+         std::any_of(node.inputs.begin(), node.inputs.end(), [&](ValueId input) {
+           return fused_into[input] == id || loaded_through.count(input) != 0;
+         }));
+    if (!evaluates_dag) return lower_node(graph, id, device);
+    const PointwiseDag dag = loading_through(dag_at(id));
     return one(pointwise_launch(graph, dag, device, fused_label(graph, dag)));
   };
   std::vector<std::vector<Launch>> launches_by_node(lowered.size());

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <stdexcept>
 
 namespace mg::kernels {
 std::string partials_sum_glsl(const std::string& view, const std::string& index, int64_t partials,
@@ -217,7 +218,36 @@ struct InputAccess {
   uint32_t binding = 0;       // operand index, for the vector view of the same buffer
   std::vector<bool> present;  // broadcast inputs: varies along each collapsed output axis
   int64_t partials = 0;       // partials inputs: how many
+  // Full inputs read through a transpose (PointwiseDag::read_through): the function that takes
+  // an element's index to its place in the bound transpose input ("in0_from").
+  std::string moved_from;
 };
+
+// Element `index` of a full input (or vec4 `index` / 4 of its vector view `view`).
+std::string full_element(const InputAccess& input, const std::string& view,
+                         const std::string& index) {
+  return input.moved_from.empty() ? view + "[" + index + "]"
+                                  : view + "[" + input.moved_from + "(" + index + ")]";
+}
+
+// The functions that take an element of `dag`'s result to its place in each input read through
+// a transpose: `uint <moved_from>(uint i)`.
+std::string moved_from_functions(const Graph& graph, const PointwiseDag& dag,
+                                 const std::vector<InputAccess>& inputs) {
+  std::string text;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].moved_from.empty()) continue;
+    const Node& transpose = graph.node(dag.read_through.at(dag.inputs[k]));
+    const std::vector<int64_t>& permutation = transpose.attrs.get_ints("permutation");
+    std::vector<std::string> coordinates(permutation.size());
+    for (size_t axis = 0; axis < permutation.size(); ++axis)
+      coordinates[static_cast<size_t>(permutation[axis])] = "c" + std::to_string(axis);
+    text += "uint " + inputs[k].moved_from + "(uint i) {\n" +
+            coordinates_glsl(transpose.type.shape, "i") + "  return " +
+            flat_index_glsl(graph.type(transpose.inputs[0]).shape, coordinates) + ";\n}\n";
+  }
+  return text;
+}
 
 // The sum of a partials input's results at linear element `index` (or vec4 `index` of its
 // vector view).
@@ -376,7 +406,15 @@ std::vector<InputAccess> input_accesses(const Graph& graph, const PointwiseDag& 
     input.name = prefix + "in" + std::to_string(k);
     input.dtype = input_node.type.dtype;
     input.binding = static_cast<uint32_t>(operands.size());
-    operands.push_back({input.name, dag.inputs[k], false});
+    ValueId bound = dag.inputs[k];
+    if (auto it = dag.read_through.find(bound); it != dag.read_through.end()) {
+      if (input.kind != InputKind::full)
+        throw std::logic_error("a DAG reads the transpose %" + std::to_string(it->second) +
+                               " other than element for element");
+      input.moved_from = input.name + "_from";
+      bound = graph.node(it->second).inputs[0];
+    }
+    operands.push_back({input.name, bound, false});
   }
   return inputs;
 }
@@ -392,7 +430,7 @@ std::vector<std::string> scalar_inputs_glsl(const std::vector<InputAccess>& inpu
         element_inputs.push_back(input.name);
         break;
       case InputKind::full:
-        element_inputs.push_back(as_float(input.name + "[i]", input.dtype));
+        element_inputs.push_back(as_float(full_element(input, input.name, "i"), input.dtype));
         break;
       case InputKind::single:
         element_inputs.push_back(as_float(input.name + "[0]", input.dtype));
@@ -424,9 +462,10 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
 
   Launch launch;
   launch.label = std::move(label);
-  // A moved result takes no input's place (the planner's in-place choice is for "pointwise").
+  // A result stored, or inputs read, where a transpose moves them take no input's place (the
+  // planner's in-place choice is for "pointwise", which reads and writes each element at once).
   const bool moved = dag.moved_to != kNoValue;
-  launch.kernel = moved ? "pointwise_moved" : "pointwise";
+  launch.kernel = moved || !dag.read_through.empty() ? "pointwise_moved" : "pointwise";
   std::vector<InputAccess> inputs = input_accesses(graph, dag, count, launch.operands);
   // Extra outputs bind before the result, which stays the last operand (the planner's in-place
   // choice writes only the result over a dying input).
@@ -464,7 +503,8 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                           (!has_broadcast || extents.back() % kElementsPerThread == 0) &&
                           (!has_partials || count % kElementsPerThread == 0);
 
-  std::string body = std::string(pointwise_functions_glsl()) + store_functions;
+  std::string body = std::string(pointwise_functions_glsl()) + store_functions +
+                     moved_from_functions(graph, dag, inputs);
   const std::string local = std::to_string(kLocalSize);
   if (vectorised) {
     const int64_t groups = count / kElementsPerThread;
@@ -486,7 +526,9 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
       const InputAccess& input = inputs[k];
       const std::string value = "  vec4 a" + std::to_string(k) + " = ";
       if (input.kind == InputKind::full) {
-        const std::string load = input.name + "_x4[g]";
+        const std::string load = input.moved_from.empty()
+                                     ? input.name + "_x4[g]"
+                                     : input.name + "_x4[" + input.moved_from + "(g * 4u) / 4u]";
         body += value + (input.dtype == DType::f32 ? load : "vec4(" + load + ")") + ";\n";
       } else if (input.kind == InputKind::partials) {
         body += value + partials_sum(input, input.name + "_x4", "g", count / kElementsPerThread) +
@@ -532,7 +574,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
         tail_inputs.push_back(input.kind == InputKind::constant ? input.name
                               : input.kind == InputKind::single
                                   ? as_float(input.name + "[0]", input.dtype)
-                                  : as_float(input.name + "[i]", input.dtype));
+                                  : as_float(full_element(input, input.name, "i"), input.dtype));
       }
       body += "  if (g == " + glsl_uint(groups) + ") {\n";
       body += "  for (uint i = " + glsl_uint(groups * kElementsPerThread) + "; i < " +
@@ -574,7 +616,7 @@ std::string pointwise_element_function_glsl(const Graph& graph, const PointwiseD
   std::vector<InputAccess> inputs = input_accesses(graph, dag, count, operands, prefix);
   const std::vector<int64_t> extents = collapse_axes(graph, dag, shape, inputs);
   const std::vector<std::string> element_inputs = scalar_inputs_glsl(inputs, extents, count);
-  std::string text;
+  std::string text = moved_from_functions(graph, dag, inputs);
   for (size_t k = 0; k < exported.size(); ++k) text += "float exported" + std::to_string(k) + ";\n";
   text += "float " + function + "(uint i) {\n";
   if (any_broadcast(inputs)) text += coordinates_glsl(extents, "i");
@@ -606,7 +648,8 @@ std::string pointwise_store_function_glsl(const Graph& graph, const PointwiseDag
   operands.push_back({result, dag.output, true});
   for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
     operands.push_back({prefix + "extra" + std::to_string(k), dag.extra_outputs[k].value, true});
-  std::string text = "void " + function + "(uint i, float value) {\n";
+  std::string text =
+      moved_from_functions(graph, dag, inputs) + "void " + function + "(uint i, float value) {\n";
   if (any_broadcast(inputs)) text += coordinates_glsl(extents, "i");
   return text +
          element_glsl(dag, element_inputs, graph.type(dag.output).dtype, result + "[i]",

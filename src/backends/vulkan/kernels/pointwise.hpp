@@ -35,6 +35,11 @@ struct PointwiseDag {
   // A transpose of the result (through reshapes, its innermost axis kept in place) that the
   // launch writes instead of the result, each element where the transpose moves it (fusion.cpp).
   ValueId moved_to = kNoValue;
+  // Inputs that are a transpose's result (through reshapes; the transpose keeps the innermost
+  // axis in place over a whole number of vec4s, and the DAG reads them element for element),
+  // read from the transpose's input where the transpose took each element (fusion.cpp): by
+  // input, the transpose, which has no launch.
+  std::map<ValueId, ValueId> read_through;
 };
 
 bool is_pointwise_op(std::string_view op);
