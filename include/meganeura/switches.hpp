@@ -88,8 +88,9 @@ struct Switches {
   // MEGANEURA_INLINE_SMALL_DAGS=0: elementwise kernels read small DAGs' results (a batch norm's
   // per-channel scale) instead of evaluating those DAGs again per element.
   bool inline_small_dags = true;
-  // MEGANEURA_TRANSPOSED_STORES=0: an elementwise DAG read only by a transpose writes its own
-  // result, which the transpose's launch moves, instead of writing the moved value itself.
+  // MEGANEURA_TRANSPOSED_STORES=0: an elementwise DAG read by a transpose writes its own result,
+  // which the transpose's launch moves, instead of writing the moved value itself (which its
+  // other elementwise readers then read where it went).
   bool transposed_stores = true;
   // MEGANEURA_TRANSPOSED_LOADS=0: a transpose read only by elementwise DAGs keeps its launch,
   // instead of those DAGs reading its input where it takes each element.

@@ -231,7 +231,7 @@ Switches read_switches(Reader& read) {
           .value_or(true);
   s.transposed_stores =
       read.flag("MEGANEURA_TRANSPOSED_STORES", "transposes in launches of their own",
-                "elementwise DAGs store where their one transpose moves them", "transposed stores")
+                "elementwise DAGs store where their transpose moves them", "transposed stores")
           .value_or(true);
   s.transposed_loads =
       read.flag("MEGANEURA_TRANSPOSED_LOADS", "transposes in launches of their own",

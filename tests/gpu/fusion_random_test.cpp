@@ -436,30 +436,63 @@ TEST(GpuFusion, SmallDagsEvaluatedAgainWhereTheyAreRead) {
   }
 }
 
-// Transposed stores (fusion.cpp): an elementwise DAG whose result only a transpose reads,
-// through a reshape, writes the transposed value itself, each element where the transpose moves
-// it: one launch instead of two (MEGANEURA_TRANSPOSED_STORES=0), against the reference, in vec4s
-// (the broadcast operands vary along whole vec4s), in scalars (a broadcast operand that varies
-// inside them) and in f16 (a rounded result, moved as f16); a transpose that moves the innermost
-// axis keeps its launch.
+// Transposed stores (fusion.cpp): an elementwise DAG whose result a transpose reads, through a
+// reshape, writes the transposed value itself, each element where the transpose moves it: one
+// launch instead of two (MEGANEURA_TRANSPOSED_STORES=0), against the reference, in vec4s (the
+// broadcast operands vary along whole vec4s), in scalars (a broadcast operand that varies inside
+// them), in f16 (a rounded result, moved as f16) and element by element where the innermost axis
+// is no multiple of four long. Where another elementwise DAG reads the
+// result too (a ReLU's output and its gradient), it reads each element where the transpose put
+// it, also a pointwise_moved launch; where a product reads it too, it is stored as it is and the
+// transpose keeps its launch, as it does where it moves the innermost axis.
 TEST(GpuFusion, ElementwiseResultsStoredWhereTheirTransposeMovesThem) {
+  enum class AlsoRead { no, elementwise, product };
   struct Case {
     const char* name;
     Shape x, w;
     std::vector<int64_t> permutation;
-    bool f16, taken;
+    bool f16;
+    AlsoRead also_read;
+    size_t moved_launches;  // 0: the transpose keeps its launch
   };
   for (const Case& c :
-       {Case{"vec4s", {2, 6, 5, 8}, {6, 1, 1}, {1, 0, 2}, false, true},
-        Case{"scalars", {2, 6, 2, 6}, {1, 1, 2, 1}, {1, 0, 2}, false, true},
-        Case{"f16", {2, 6, 5, 8}, {6, 1, 1}, {1, 0, 2}, true, true},
-        Case{"innermost moved", {2, 6, 5, 8}, {6, 1, 1}, {2, 0, 1}, false, false}}) {
+       {Case{"vec4s", {2, 6, 5, 8}, {6, 1, 1}, {1, 0, 2}, false, AlsoRead::no, 1},
+        Case{"scalars", {2, 6, 2, 6}, {1, 1, 2, 1}, {1, 0, 2}, false, AlsoRead::no, 1},
+        Case{"f16", {2, 6, 5, 8}, {6, 1, 1}, {1, 0, 2}, true, AlsoRead::no, 1},
+        Case{"f16, read elementwise too",
+             {2, 6, 5, 8},
+             {6, 1, 1},
+             {1, 0, 2},
+             true,
+             AlsoRead::elementwise,
+             2},
+        Case{"rows of 35, read elementwise too",
+             {2, 6, 5, 7},
+             {6, 1, 1},
+             {1, 0, 2},
+             true,
+             AlsoRead::elementwise,
+             2},
+        Case{"read by a product too",
+             {2, 6, 5, 8},
+             {6, 1, 1},
+             {1, 0, 2},
+             false,
+             AlsoRead::product,
+             0},
+        Case{"innermost moved", {2, 6, 5, 8}, {6, 1, 1}, {2, 0, 1}, false, AlsoRead::no, 0}}) {
     SCOPED_TRACE(c.name);
     const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
       Tensor y = relu(in[0] * in[1] + 1.0);
       if (c.f16) y = cast(y, DType::f16);
       const Tensor moved = transpose(reshape(y, {c.x[0], c.x[1], c.x[2] * c.x[3]}), c.permutation);
       graph.set_output("moved", moved.id());
+      if (c.also_read == AlsoRead::elementwise)
+        graph.set_output("gradient", (cast(y, DType::f32) * in[0] - 0.5).id());
+      if (c.also_read == AlsoRead::product)
+        graph.set_output("product", matmul(reshape(y, {c.x[0] * c.x[1], c.x[2] * c.x[3]}),
+                                           reshape(in[0], {c.x[2] * c.x[3], c.x[0] * c.x[1]}))
+                                        .id());
     };
     size_t stored = 0, apart = 0;
     std::string list;
@@ -470,8 +503,8 @@ TEST(GpuFusion, ElementwiseResultsStoredWhereTheirTransposeMovesThem) {
       const ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
       check_on_gpu({{"x", c.x}, {"w", c.w}}, build, tolerance, 43, {}, &apart);
     }
-    EXPECT_EQ(stored + (c.taken ? 1 : 0), apart) << list;
-    EXPECT_EQ(lines_with(list, {"pointwise_moved"}), c.taken ? 1u : 0u) << list;
+    EXPECT_EQ(stored + (c.moved_launches > 0 ? 1 : 0), apart) << list;
+    EXPECT_EQ(lines_with(list, {"pointwise_moved"}), c.moved_launches) << list;
   }
 }
 
@@ -479,26 +512,29 @@ TEST(GpuFusion, ElementwiseResultsStoredWhereTheirTransposeMovesThem) {
 // elementwise DAGs, has no launch; they read its input where it took each element. A batch norm
 // over f16 images side by side moved back (as ResNet's products over the batch leave them): the
 // sums' prologues and the normalisation read through the transpose, each through a widening of
-// its own; an f32 product moved back and read in scalars (a broadcast operand varying inside
+// its own, in vec4s and over planes of 7, whose vec4s the transpose splits (each element loaded
+// alone); an f32 product moved back and read in scalars (a broadcast operand varying inside
 // vec4s). One launch fewer than with MEGANEURA_TRANSPOSED_LOADS=0, against the reference. The
 // transpose keeps its launch where a product reads it too, or where it moves the innermost axis.
 TEST(GpuFusion, ElementwiseReadersLoadThroughTheirTranspose) {
   struct Case {
     const char* name;
+    int64_t plane;  // the innermost axis
     std::vector<int64_t> permutation;
     bool statistics, read_by_product, taken;
   };
-  for (const Case& c : {Case{"batch norm, f16, vec4s", {1, 0, 2}, true, false, true},
-                        Case{"product, f32, scalars", {1, 0, 2}, false, false, true},
-                        Case{"also read by a product", {1, 0, 2}, false, true, false},
-                        Case{"innermost moved", {0, 2, 1}, false, false, false}}) {
+  for (const Case& c : {Case{"batch norm, f16, vec4s", 8, {1, 0, 2}, true, false, true},
+                        Case{"batch norm, f16, planes of 7", 7, {1, 0, 2}, true, false, true},
+                        Case{"product, f32, scalars", 8, {1, 0, 2}, false, false, true},
+                        Case{"also read by a product", 8, {1, 0, 2}, false, true, false},
+                        Case{"innermost moved", 8, {0, 2, 1}, false, false, false}}) {
     SCOPED_TRACE(c.name);
     const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
       // [channels, images * plane] -> [images, channels, plane]
       const Tensor source = c.statistics ? in[0] : matmul(in[1], in[2]);
-      const Tensor moved = transpose(reshape(source, {6, 2, 8}), c.permutation);
+      const Tensor moved = transpose(reshape(source, {6, 2, c.plane}), c.permutation);
       if (c.statistics) {
-        const Tensor x = reshape(moved, {2, 6, 2, 4});
+        const Tensor x = reshape(moved, {2, 6, c.plane, 1});
         const auto widened = [&] { return cast(x, DType::f32); };
         const Tensor mu = mean(widened(), {0, 2, 3});
         const Tensor variance = relu(mean(square(widened()), {0, 2, 3}) - square(mu));
@@ -511,7 +547,7 @@ TEST(GpuFusion, ElementwiseReadersLoadThroughTheirTranspose) {
       graph.set_output("y", relu(reshape(x, {2, 6, 4, 2}) * in[4] + 1.0).id());
       if (c.read_by_product) graph.set_output("product", matmul(x, in[5]).id());
     };
-    const std::vector<HarnessInput> inputs{{"x", {6, 16}, DType::f16},
+    const std::vector<HarnessInput> inputs{{"x", {6, 2 * c.plane}, DType::f16},
                                            {"a", {6, 5}},
                                            {"b", {5, 16}},
                                            {"gamma", {6}},

@@ -912,91 +912,99 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // Transposed stores: an elementwise DAG whose result only a transpose reads (through reshapes),
-  // one that keeps the innermost axis in place over a whole number of vec4s (a batch norm's
-  // gradient moved to the batch's images side by side for the product after it), writes the
-  // transpose's value itself, each element (and vec4) where the transpose moves it: the
-  // transpose has no launch, nor the barrier before it, and the values are not read back.
+  // A transpose that keeps the innermost axis in place, so that the elements it moves stay side
+  // by side in rows of that axis (whole vec4s where its length is a multiple of four).
+  const auto keeps_innermost = [&](const Node& node) {
+    const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+    return !permutation.empty() &&
+           permutation.back() == static_cast<int64_t>(permutation.size()) - 1;
+  };
+  // Whether `reader` is elementwise over `elements` elements and in a DAG of that size that a
+  // plain elementwise launch or a reduction's prologue evaluates (or, a sibling sum's widening,
+  // none), which can then read its input from memory at any index (the transposed loads below).
+  std::vector<bool> taken_inline(graph.size(), false);
+  for (const auto& [root, taken] : inlined_of) {
+    for (ValueId id : taken.first) taken_inline[static_cast<size_t>(id)] = true;
+  }
+  const auto read_by_plain_dag = [&](ValueId reader, int64_t elements) {
+    if (!is_pointwise_op(graph.node(reader).op) || graph.type(reader).elements() != elements)
+      return false;
+    const ValueId root = dag_root(reader);
+    const size_t r = static_cast<size_t>(root);
+    if (graph.type(root).elements() != elements || taken_inline[r] || inlined_away[r]) return false;
+    if (plain_root(root)) return true;
+    if (!in_prologue[r]) return false;
+    ValueId reduction = consumer_lists[root].front();
+    while (graph.node(reduction).op == op::reshape) reduction = consumer_lists[reduction].front();
+    return prologue_of.count(reduction) != 0 || in_sibling[static_cast<size_t>(reduction)];
+  };
+  const bool loads_through = fusion_enabled && device.switches.transposed_loads;
+  // Each value that a DAG reads from a transpose's memory (through reshapes), and how.
+  std::map<ValueId, TransposedRead> loaded_through;
+  const auto load_views_through = [&](ValueId value, TransposedRead read) {
+    std::vector<ValueId> views{value};
+    for (size_t v = 0; v < views.size(); ++v) {
+      loaded_through.emplace(views[v], read);
+      for (ValueId reader : consumer_lists[views[v]])
+        if (graph.node(reader).op == op::reshape) views.push_back(reader);
+    }
+  };
+
+  // Transposed stores: an elementwise DAG whose result a transpose reads (through reshapes), one
+  // that keeps_innermost (a batch norm's gradient moved to the batch's images side by side for the
+  // product after it), writes the transpose's value itself, each element (in vec4s where the
+  // innermost axis is a multiple of four long) where the transpose moves it: the transpose has no
+  // launch, nor the barrier before it, and the values are not read back. Where other elementwise
+  // DAGs read the result too (a ReLU's output, rounded to f16, moved for the next product and read
+  // by the ReLU's gradient), only the moved value is stored, and they read each element where it
+  // went (with the transposed loads).
   // MEGANEURA_TRANSPOSED_STORES=0 turns it off.
   std::map<ValueId, ValueId> moved_to;
   std::vector<bool> stored_by_producer(graph.size(), false);
   if (fusion_enabled && device.switches.transposed_stores) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
-      if (node.op != op::transpose || in_chain[i] || chain_of_root.count(static_cast<ValueId>(i)))
-        continue;
-      const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
-      const Shape& moved_shape = graph.type(node.inputs[0]).shape;
-      if (permutation.empty() ||
-          permutation.back() != static_cast<int64_t>(permutation.size()) - 1 ||
-          moved_shape.back() % 4 != 0)
+      const ValueId transpose = static_cast<ValueId>(i);
+      if (node.op != op::transpose || in_chain[i] || chain_of_root.count(transpose) ||
+          !keeps_innermost(node))
         continue;
       const auto [source, alone] = through_reshapes(node.inputs[0]);
       const size_t s = static_cast<size_t>(source);
-      if (!alone || observed[s] || consumers[s] != 1 || !plain_root(source) || inlined_away[s] ||
+      if (!alone || observed[s] || !plain_root(source) || inlined_away[s] ||
           moved_to.count(source) != 0 || graph.type(source).dtype != node.type.dtype)
         continue;
-      moved_to.emplace(source, static_cast<ValueId>(i));
+      const int64_t elements = graph.type(source).elements();
+      const bool read_elsewhere = consumers[s] != 1;
+      if (read_elsewhere && (!loads_through || !readers_all(source, [&](ValueId reader) {
+            return reader == transpose || read_by_plain_dag(reader, elements);
+          })))
+        continue;
+      moved_to.emplace(source, transpose);
       stored_by_producer[i] = true;
+      if (read_elsewhere) load_views_through(source, {transpose, true});
     }
   }
 
-  // Transposed loads: a transpose that keeps the innermost axis in place over a whole number of
-  // vec4s, whose readers (through reshapes) are all elementwise and each in a DAG of the
-  // transpose's size that a plain elementwise launch or a reduction's prologue evaluates (a
-  // product over the batch's images side by side moved back to one image after another, which a
-  // batch norm's sums and normalisation read), has no launch: those launches read the
-  // transpose's input where the transpose took each element. Neither the barrier before the
-  // transpose nor the moved values' bytes are left. MEGANEURA_TRANSPOSED_LOADS=0 turns it off.
-  std::map<ValueId, ValueId> loaded_through;  // a transpose and its reshapes -> the transpose
+  // Transposed loads: a transpose that keeps_innermost, whose readers (through reshapes) are all
+  // elementwise DAGs of its size that read_by_plain_dag (a product over the batch's images side by
+  // side moved back to one image after another, which a batch norm's sums and normalisation
+  // read), has no launch: those launches read the transpose's input where the transpose took each
+  // element. Neither the barrier before the transpose nor the moved values' bytes are left.
+  // MEGANEURA_TRANSPOSED_LOADS=0 turns it off.
   std::vector<bool> loaded_by_readers(graph.size(), false);
-  if (fusion_enabled && device.switches.transposed_loads) {
-    std::vector<bool> taken_inline(graph.size(), false);
-    for (const auto& [root, taken] : inlined_of) {
-      for (ValueId id : taken.first) taken_inline[static_cast<size_t>(id)] = true;
-    }
-    // The node that reads `value`, through reshapes, where it has one reader.
-    const auto only_reader = [&](ValueId value) {
-      ValueId reader = consumer_lists[value].front();
-      while (graph.node(reader).op == op::reshape) reader = consumer_lists[reader].front();
-      return reader;
-    };
-    // Whether the DAG whose result is `root` is evaluated at its own elements by a plain
-    // elementwise launch or a reduction's prologue, or (a sibling sum's widening) not at all.
-    const auto evaluated_alone = [&](ValueId root) {
-      const size_t r = static_cast<size_t>(root);
-      if (taken_inline[r] || inlined_away[r]) return false;
-      if (plain_root(root)) return true;
-      if (!in_prologue[r]) return false;
-      const ValueId reduction = only_reader(root);
-      return prologue_of.count(reduction) != 0 || in_sibling[static_cast<size_t>(reduction)];
-    };
+  if (loads_through) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId transpose = static_cast<ValueId>(i);
       if (node.op != op::transpose || in_chain[i] || chain_of_root.count(transpose) ||
-          stored_by_producer[i] || consumer_lists[i].empty())
-        continue;
-      const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
-      if (permutation.empty() ||
-          permutation.back() != static_cast<int64_t>(permutation.size()) - 1 ||
-          graph.type(node.inputs[0]).shape.back() % 4 != 0)
+          stored_by_producer[i] || consumer_lists[i].empty() || !keeps_innermost(node))
         continue;
       const int64_t elements = node.type.elements();
-      const bool read_alone = readers_all(transpose, [&](ValueId reader) {
-        if (!is_pointwise_op(graph.node(reader).op) || graph.type(reader).elements() != elements)
-          return false;
-        const ValueId root = dag_root(reader);
-        return graph.type(root).elements() == elements && evaluated_alone(root);
-      });
-      if (!read_alone) continue;
+      if (!readers_all(transpose,
+                       [&](ValueId reader) { return read_by_plain_dag(reader, elements); }))
+        continue;
       loaded_by_readers[i] = true;
-      std::vector<ValueId> views{transpose};
-      for (size_t v = 0; v < views.size(); ++v) {
-        loaded_through.emplace(views[v], transpose);
-        for (ValueId reader : consumer_lists[views[v]])
-          if (graph.node(reader).op == op::reshape) views.push_back(reader);
-      }
+      load_views_through(transpose, {transpose, false});
     }
   }
 
@@ -1035,7 +1043,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     launches.push_back(std::move(launch));
     return launches;
   };
-  // `dag`, reading the values of transposes without launches from the transposes' inputs.
+  // `dag`, reading the values that live in a transpose's memory (loaded_through) from there.
   const auto loading_through = [&](PointwiseDag dag) {
     for (ValueId input : dag.inputs) {
       if (auto it = loaded_through.find(input); it != loaded_through.end())

@@ -221,7 +221,15 @@ struct InputAccess {
   // Full inputs read through a transpose (PointwiseDag::read_through): the function that takes
   // an element's index to its place in the bound transpose input ("in0_from").
   std::string moved_from;
+  // Whether the transpose moves whole vec4s (its innermost axis, which it keeps in place, a
+  // multiple of four long): a vec4 of the result is then one vec4 of the bound input.
+  bool moved_in_vec4s = false;
 };
+
+// Whether transpose `transpose` moves its input's elements in whole vec4s.
+bool moves_vec4s(const Graph& graph, ValueId transpose) {
+  return graph.type(graph.node(transpose).inputs[0]).shape.back() % 4 == 0;
+}
 
 // Element `index` of a full input (or vec4 `index` / 4 of its vector view `view`).
 std::string full_element(const InputAccess& input, const std::string& view,
@@ -230,21 +238,36 @@ std::string full_element(const InputAccess& input, const std::string& view,
                                   : view + "[" + input.moved_from + "(" + index + ")]";
 }
 
-// The functions that take an element of `dag`'s result to its place in each input read through
-// a transpose: `uint <moved_from>(uint i)`.
+// `uint <function>(uint i)`: where transpose `transpose` puts element i of its input (`forward`),
+// or where its element i comes from in its input.
+std::string transpose_index_function(const Graph& graph, ValueId transpose,
+                                     const std::string& function, bool forward) {
+  const Node& node = graph.node(transpose);
+  const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+  const Shape& input_shape = graph.type(node.inputs[0]).shape;
+  std::vector<std::string> coordinates(permutation.size());
+  for (size_t axis = 0; axis < permutation.size(); ++axis) {
+    const size_t from = static_cast<size_t>(permutation[axis]);
+    if (forward)
+      coordinates[axis] = "c" + std::to_string(from);
+    else
+      coordinates[from] = "c" + std::to_string(axis);
+  }
+  return "uint " + function + "(uint i) {\n" +
+         coordinates_glsl(forward ? input_shape : node.type.shape, "i") + "  return " +
+         flat_index_glsl(forward ? node.type.shape : input_shape, coordinates) + ";\n}\n";
+}
+
+// The functions that take an element of `dag`'s result to its place in each input read from a
+// transpose's memory: `uint <moved_from>(uint i)`.
 std::string moved_from_functions(const Graph& graph, const PointwiseDag& dag,
                                  const std::vector<InputAccess>& inputs) {
   std::string text;
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k].moved_from.empty()) continue;
-    const Node& transpose = graph.node(dag.read_through.at(dag.inputs[k]));
-    const std::vector<int64_t>& permutation = transpose.attrs.get_ints("permutation");
-    std::vector<std::string> coordinates(permutation.size());
-    for (size_t axis = 0; axis < permutation.size(); ++axis)
-      coordinates[static_cast<size_t>(permutation[axis])] = "c" + std::to_string(axis);
-    text += "uint " + inputs[k].moved_from + "(uint i) {\n" +
-            coordinates_glsl(transpose.type.shape, "i") + "  return " +
-            flat_index_glsl(graph.type(transpose.inputs[0]).shape, coordinates) + ";\n}\n";
+    const TransposedRead& read = dag.read_through.at(dag.inputs[k]);
+    text +=
+        transpose_index_function(graph, read.transpose, inputs[k].moved_from, read.stored_moved);
   }
   return text;
 }
@@ -409,10 +432,13 @@ std::vector<InputAccess> input_accesses(const Graph& graph, const PointwiseDag& 
     ValueId bound = dag.inputs[k];
     if (auto it = dag.read_through.find(bound); it != dag.read_through.end()) {
       if (input.kind != InputKind::full)
-        throw std::logic_error("a DAG reads the transpose %" + std::to_string(it->second) +
+        throw std::logic_error("a DAG reads the transpose %" +
+                               std::to_string(it->second.transpose) +
                                " other than element for element");
       input.moved_from = input.name + "_from";
-      bound = graph.node(it->second).inputs[0];
+      input.moved_in_vec4s = moves_vec4s(graph, it->second.transpose);
+      bound = it->second.stored_moved ? it->second.transpose
+                                      : graph.node(it->second.transpose).inputs[0];
     }
     operands.push_back({input.name, bound, false});
   }
@@ -480,16 +506,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   const auto stored_at = [&](const std::string& index) {
     return moved ? "moved_index(" + index + ")" : index;
   };
-  if (moved) {
-    const Node& transpose = graph.node(dag.moved_to);
-    const std::vector<int64_t>& permutation = transpose.attrs.get_ints("permutation");
-    std::vector<std::string> coordinates(permutation.size());
-    for (size_t k = 0; k < permutation.size(); ++k)
-      coordinates[k] = "c" + std::to_string(permutation[k]);
-    store_functions = "uint moved_index(uint i) {\n" +
-                      coordinates_glsl(graph.type(transpose.inputs[0]).shape, "i") + "  return " +
-                      flat_index_glsl(transpose.type.shape, coordinates) + ";\n}\n";
-  }
+  if (moved) store_functions = transpose_index_function(graph, dag.moved_to, "moved_index", true);
 
   const std::vector<int64_t> extents = collapse_axes(graph, dag, output_type.shape, inputs);
   const bool has_broadcast = any_broadcast(inputs);
@@ -509,8 +526,10 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
   if (vectorised) {
     const int64_t groups = count / kElementsPerThread;
     for (const InputAccess& input : inputs) {
-      const bool vector_load = input.kind == InputKind::full || input.kind == InputKind::partials ||
-                               (input.kind == InputKind::broadcast && input.present.back());
+      const bool vector_load =
+          (input.kind == InputKind::full && (input.moved_from.empty() || input.moved_in_vec4s)) ||
+          input.kind == InputKind::partials ||
+          (input.kind == InputKind::broadcast && input.present.back());
       if (vector_load) body += vector_view(input.name, input.dtype, input.binding, false);
     }
     body += vector_view("result", output_dtype, result_binding, true);
@@ -525,7 +544,17 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     for (size_t k = 0; k < inputs.size(); ++k) {
       const InputAccess& input = inputs[k];
       const std::string value = "  vec4 a" + std::to_string(k) + " = ";
-      if (input.kind == InputKind::full) {
+      if (input.kind == InputKind::full && !input.moved_from.empty() && !input.moved_in_vec4s) {
+        // Four elements where the transpose took them.
+        std::string lanes;
+        for (int lane = 0; lane < 4; ++lane) {
+          lanes +=
+              (lane ? ", " : "") +
+              as_float(full_element(input, input.name, "g * 4u + " + std::to_string(lane) + "u"),
+                       input.dtype);
+        }
+        body += value + "vec4(" + lanes + ");\n";
+      } else if (input.kind == InputKind::full) {
         const std::string load = input.moved_from.empty()
                                      ? input.name + "_x4[g]"
                                      : input.name + "_x4[" + input.moved_from + "(g * 4u) / 4u]";
@@ -557,7 +586,14 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                            extra_stores(dag, "e", std::string(".") + lane)) +
               "  }\n";
     }
-    body += "  result_x4[" + (moved ? "moved_index(g * 4u) / 4u" : std::string("g")) + "] = r;\n";
+    if (moved && !moves_vec4s(graph, dag.moved_to)) {
+      // Each element where the transpose moves it.
+      for (int lane = 0; lane < 4; ++lane)
+        body += "  result[moved_index(g * 4u + " + std::to_string(lane) + "u)] = r." +
+                "xyzw"[lane] + ";\n";
+    } else {
+      body += "  result_x4[" + (moved ? "moved_index(g * 4u) / 4u" : std::string("g")) + "] = r;\n";
+    }
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
       const DType dtype = graph.type(dag.extra_outputs[k].value).dtype;
       const std::string lanes = "e" + std::to_string(k);

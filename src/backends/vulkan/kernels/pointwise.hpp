@@ -24,6 +24,15 @@ struct PointwiseExtraOutput {
   size_t statement = 0;
 };
 
+// How a DAG input lives in a transpose's memory: the transpose's result (through reshapes), which
+// has no launch, read from the transpose's input where the transpose took each element; or, where
+// `stored_moved`, the transpose's input (through reshapes), which its producer stored only where
+// the transpose moves each element, read from there.
+struct TransposedRead {
+  ValueId transpose = kNoValue;
+  bool stored_moved = false;
+};
+
 struct PointwiseDag {
   std::vector<ValueId> inputs;
   std::vector<PointwiseStatement> statements;  // the last one is the result
@@ -35,11 +44,9 @@ struct PointwiseDag {
   // A transpose of the result (through reshapes, its innermost axis kept in place) that the
   // launch writes instead of the result, each element where the transpose moves it (fusion.cpp).
   ValueId moved_to = kNoValue;
-  // Inputs that are a transpose's result (through reshapes; the transpose keeps the innermost
-  // axis in place over a whole number of vec4s, and the DAG reads them element for element),
-  // read from the transpose's input where the transpose took each element (fusion.cpp): by
-  // input, the transpose, which has no launch.
-  std::map<ValueId, ValueId> read_through;
+  // Inputs read, element for element, from a transpose's memory (fusion.cpp; the transpose keeps
+  // the innermost axis in place over a whole number of vec4s), by input.
+  std::map<ValueId, TransposedRead> read_through;
 };
 
 bool is_pointwise_op(std::string_view op);
