@@ -95,6 +95,10 @@ struct Switches {
   // MEGANEURA_TRANSPOSED_LOADS=0: a transpose read only by elementwise DAGs keeps its launch,
   // instead of those DAGs reading its input where it takes each element.
   bool transposed_loads = true;
+  // MEGANEURA_QUERY_CHAINS=0: an attention forward reads its queries from the launch of the index
+  // chain that computes them (their projection's sum, heads apart, the rotation) instead of
+  // computing that chain itself as it loads them.
+  bool query_chains = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

@@ -37,7 +37,7 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     cooperative matrices (VK_NV_cooperative_matrix2, which the fast GEMM uses
                     for large products), with their limits, granularities and whether they
                     load through tensor addressing
-  --bench-compile   build a training program twice on the chosen device, first with an
+  --bench-compile   build a workload's program twice on the chosen device, first with an
                     empty kernel cache (cold) then with the cache it filled (warm), and print
                     the time of building its graph and the parts of each build (opening the
                     device, planning, allocation, pipelines, recording, the rest), with the
@@ -48,6 +48,7 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     Adam; the default), smollm2-135m (the smollm2-135m workload's training
                     step: sequence 128, batch 1, AdamW, weights not drawn), smolvla (the
                     smolvla workload's training step: batch 1, backbone frozen, AdamW),
+                    smolvla-chunk (its action chunk: the backbone once, then 10 flow steps),
                     resnet-50 (the resnet-50 workload's training step: 224x224 images, SGD
                     with momentum, weights not drawn), whisper-tiny (the whisper-tiny
                     workload's training step: 30 s of audio, 4 decoder tokens, AdamW, weights
@@ -142,10 +143,11 @@ void print_details(const gpu::DeviceInfo& info) {
                 config.workgroup_invocations);
 }
 
-// The graph --bench-compile builds, and whether its builds draw random weights.
+// The graph --bench-compile builds, whether its builds draw random weights, and what it holds.
 struct CompiledProgram {
   Graph graph;
   bool initialise_parameters = true;
+  std::string contents = "forward, gradients, optimizer";
 };
 
 CompiledProgram program_to_compile(const std::string& name, std::optional<int64_t> batch) {
@@ -174,8 +176,14 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
     const models::SmolVLAConfig config = smolvla_workload_config();
     return {smolvla_workload_training_graph(config, smolvla_workload_optimizer()), false};
   }
+  if (name == "smolvla-chunk") {
+    const models::SmolVLAConfig config = smolvla_workload_config();
+    return {models::smolvla_chunk_graph(config, 1, config.tokenizer_max_length, config.num_steps),
+            false, "backbone, " + std::to_string(config.num_steps) + " flow steps"};
+  }
   throw Error("unknown --program \"" + name +
-              "\": use cnn, smollm2-135m, smolvla, resnet-50, whisper-tiny or sd-unet");
+              "\": use cnn, smollm2-135m, smolvla, smolvla-chunk, resnet-50, whisper-tiny or "
+              "sd-unet");
 }
 
 // What --bench-compile builds: the program, its batch where it has a choice, the precision.
@@ -190,8 +198,8 @@ void bench_compile(const std::string& device, const CompileRequest& request) {
   const CompiledProgram program = program_to_compile(request.program, request.batch);
   const double graph_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - graph_start).count();
-  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes, %s precision\n",
-              request.program.c_str(), graph_seconds, program.graph.size(),
+  std::printf("%s graph (%s): %.3f s, %zu nodes, %s precision\n", request.program.c_str(),
+              program.contents.c_str(), graph_seconds, program.graph.size(),
               std::string(precision_name(request.precision)).c_str());
   const std::filesystem::path cache = std::filesystem::temp_directory_path() /
                                       ("meganeura-bench-cache-" + std::to_string(::getpid()));
@@ -297,8 +305,8 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
   };
   auto phase = now();
   const CompiledProgram compiled = program_to_compile(request.program, request.batch);
-  std::printf("%s graph (forward, gradients, optimizer): %.3f s, %zu nodes, %s precision\n",
-              request.program.c_str(), seconds_since(phase), compiled.graph.size(),
+  std::printf("%s graph (%s): %.3f s, %zu nodes, %s precision\n", request.program.c_str(),
+              compiled.contents.c_str(), seconds_since(phase), compiled.graph.size(),
               std::string(precision_name(request.precision)).c_str());
   target::DeviceTraits traits = h200_traits();
   traits.fast_precision = request.precision != Precision::strict;

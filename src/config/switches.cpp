@@ -237,6 +237,10 @@ Switches read_switches(Reader& read) {
       read.flag("MEGANEURA_TRANSPOSED_LOADS", "transposes in launches of their own",
                 "elementwise DAGs read through the transposes they alone read", "transposed loads")
           .value_or(true);
+  s.query_chains =
+      read.flag("MEGANEURA_QUERY_CHAINS", "attention reads its queries from their chain's launch",
+                "attention computes its queries' index chain as it loads them", "query chains")
+          .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

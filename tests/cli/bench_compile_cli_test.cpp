@@ -66,15 +66,29 @@ TEST(CliBenchCompile, PlanOnlyBuildsEveryWorkloadsTrainingStep) {
   EXPECT_NE(checksum_of(whisper), checksum_of(unet));
 }
 
+// SmolVLA's action chunk (the workload's inference program) plans as a program of its own, named
+// for what it holds.
+TEST(CliBenchCompile, PlanOnlyBuildsSmolVLAsActionChunk) {
+  const Result chunk = run("devices --bench-compile --plan-only --program smolvla-chunk");
+  ASSERT_EQ(chunk.status, 0) << chunk.output;
+  EXPECT_NE(chunk.output.find("smolvla-chunk graph (backbone, 10 flow steps)"), std::string::npos)
+      << chunk.output;
+  const Result training = run("devices --bench-compile --plan-only --program smolvla");
+  ASSERT_EQ(training.status, 0) << training.output;
+  ASSERT_EQ(checksum_of(chunk).size(), 16u) << chunk.output;
+  EXPECT_NE(checksum_of(chunk), checksum_of(training));
+}
+
 // Every kernel of the workloads' fast and bf16 training steps, planned for an H200, compiles to
 // validated SPIR-V (the cooperative-matrix kernels and the f16 paths, which Lavapipe does not
 // run): ResNet-50 at batch 256 (the workgroup GEMM's blocks over 56 x 56 planes, Winograd in f16)
-// and 4, the transformers, Whisper-tiny and the U-Net.
+// and 4, the transformers (and SmolVLA's action chunk, whose cross-attention writes the heads
+// after the queries), Whisper-tiny and the U-Net.
 TEST(CliBenchCompile, PlannedKernelsCompileToSpirv) {
-  for (const char* program :
-       {"resnet-50 --batch 256 --precision fast", "resnet-50 --precision bf16",
-        "smollm2-135m --precision fast", "smolvla --precision bf16",
-        "whisper-tiny --precision fast", "sd-unet --precision fast"}) {
+  for (const char* program : {"resnet-50 --batch 256 --precision fast",
+                              "resnet-50 --precision bf16", "smollm2-135m --precision fast",
+                              "smolvla --precision bf16", "smolvla-chunk --precision fast",
+                              "whisper-tiny --precision fast", "sd-unet --precision fast"}) {
     SCOPED_TRACE(program);
     const Result result =
         run(std::string("devices --bench-compile --plan-only --compile --program ") + program);
@@ -139,8 +153,8 @@ TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   const std::string line = error_line(result);
   ASSERT_FALSE(line.empty()) << result.output;
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
-  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla, resnet-50, "
-                      "whisper-tiny or sd-unet"),
+  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla, "
+                      "smolvla-chunk, resnet-50, whisper-tiny or sd-unet"),
             std::string::npos)
       << line;
 }

@@ -1316,6 +1316,54 @@ TEST_F(CoopMatrixLowering, ProductJoiningKeySlicesCompiles) {
   }
 }
 
+// An attention forward whose output only a transpose reads, moving the heads after the queries,
+// writes the transposed value itself (HEADS_LAST), and one whose queries are an index chain's
+// value (split-K partials summed, heads apart, rotated) computes the chain as it loads them
+// (Q_CHAIN): one launch for the chain, the forward and the transpose, binding the transpose as
+// its result and the chain's partials, whose kernel compiles to valid NV and well-formed KHR
+// SPIR-V, staged and in registers, each fusion alone and both.
+TEST_F(CoopMatrixLowering, AttentionForwardFusionsCompile) {
+  for (const bool chained : {false, true}) {
+    for (const bool heads_last : {false, true}) {
+      if (!chained && !heads_last) continue;
+      Graph graph;
+      const Tensor partials = input(graph, "partials", {3, 40, 4 * 32});
+      const Tensor q =
+          chained ? rope(transpose(reshape(sum(partials, {0}), {1, 40, 4, 32}), {0, 2, 1, 3}))
+                  : input(graph, "q", {1, 4, 40, 32});
+      const Tensor k = input(graph, "k", {1, 2, 70, 32});
+      const Tensor v = input(graph, "v", {1, 2, 70, 16});
+      const Tensor y = scaled_dot_product_attention(q, k, v);
+      const Tensor result = heads_last ? transpose(y, {0, 2, 1, 3}) : y;
+      graph.set_output("y", result.id());
+      for (const bool quad_rows : {false, true}) {
+        SCOPED_TRACE(std::string(chained ? "chained " : "") + (heads_last ? "heads last " : "") +
+                     (quad_rows ? "in registers" : "staged"));
+        target::DeviceTraits device = testing::switched(coop_device());
+        device.quad_row_fragments = quad_rows;
+        const std::vector<kernels::Launch> launches = kernels::lower_graph(graph, device);
+        ASSERT_EQ(launches.size(), 1u);
+        const kernels::Launch& launch = launches[0];
+        EXPECT_EQ(launch.kernel, "attention_forward_coopmat");
+        EXPECT_EQ(define_of(launch, "HEADS_LAST"), heads_last ? "1" : "0");
+        EXPECT_EQ(define_of(launch, "Q_CHAIN"), chained ? "1" : "0");
+        EXPECT_EQ(define_of(launch, "FRAGMENT_REGISTERS"), quad_rows ? "1" : "0");
+        const bool binds_partials =
+            std::any_of(launch.operands.begin(), launch.operands.end(),
+                        [&](const auto& operand) { return operand.value == partials.id(); });
+        EXPECT_EQ(binds_partials, chained);
+        const bool writes_result = std::any_of(
+            launch.operands.begin(), launch.operands.end(),
+            [&](const auto& operand) { return operand.write && operand.value == result.id(); });
+        EXPECT_TRUE(writes_result);
+        const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+        expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1,
+                          !quad_rows);
+      }
+    }
+  }
+}
+
 // The backward kernels stream blocks of 32 (fewer registers than 64), and 64 where
 // MEGANEURA_ATTENTION_COOP_BLOCK=64 asks and shared memory allows (head dimension 64, not 128);
 // a mask moves the bindings of out_value and grad_out. Both block sizes, with a mask, compile

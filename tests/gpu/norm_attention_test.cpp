@@ -495,6 +495,43 @@ TEST(GpuNormAttention, ProductsJoinKeySlicesThemselves) {
   }
 }
 
+// An attention forward over whole key streams whose output only a transpose reads, moving the
+// heads after the queries (a cross-attention before its output projection), writes that
+// transpose's value itself: one launch fewer than with MEGANEURA_TRANSPOSED_STORES=0, against the
+// reference; grouped heads, a mask, value widths 8 and 5 (padded to whole vec4s). Where the
+// backward reads the output too, the transpose keeps its launch.
+TEST(GpuNormAttention, ForwardsWriteHeadsLastForTheirTranspose) {
+  for (const int64_t value_dim : {8, 5}) {
+    for (const bool training : {false, true}) {
+      SCOPED_TRACE("Dv " + std::to_string(value_dim) + (training ? ", training" : ""));
+      const std::vector<testing::HarnessInput> inputs{{"q", {2, 4, 7, 8}},
+                                                      {"k", {2, 2, 11, 8}},
+                                                      {"v", {2, 2, 11, value_dim}},
+                                                      {"mask", {7, 11}, DType::f32, -2.0, 2.0},
+                                                      {"g", {2, 7, 4, value_dim}}};
+      const auto build = [&](Graph& graph, std::vector<Tensor>& x) {
+        AttentionOptions options;
+        options.mask = x[3];
+        const Tensor moved =
+            transpose(scaled_dot_product_attention(x[0], x[1], x[2], options), {0, 2, 1, 3});
+        graph.set_output("moved", moved.id());
+        if (training) output_gradients(graph, "", moved, {x[0], x[1], x[2]}, x[4]);
+      };
+      size_t written = 0, apart = 0;
+      std::string list;
+      check_on_gpu(inputs, build, 1e-5, 53, {}, &written, true, &list);
+      {
+        const testing::ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
+        check_on_gpu(inputs, build, 1e-5, 53, {}, &apart);
+      }
+      EXPECT_EQ(written + (training ? 0 : 1), apart) << list;
+      if (!training) {
+        EXPECT_EQ(list.find("layout"), std::string::npos) << list;
+      }
+    }
+  }
+}
+
 // dK and dV of grouped-query attention over each query head of a group apart
 // (MEGANEURA_ATTENTION_HEAD_SPLITS=1, which the built-in rule does on GPUs where compute units
 // would idle), alone, beside query slices, causal and masked, with dK and dV in one launch and

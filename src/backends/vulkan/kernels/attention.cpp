@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <numbers>
+#include <stdexcept>
 
 #include "backends/vulkan/kernels/gemm_coopmat.hpp"
 #include "backends/vulkan/kernels/index_codegen.hpp"
@@ -285,9 +286,10 @@ bool use_coop_attention(Mode mode, const Dims& dims, const DeviceTraits& device)
 
 // `companion`: a second value the launch writes (kNoValue: none): the attention_lse of a
 // forward, or the attention_grad_v of grad_kv; `scores`: the attention_grad_scores that a dK
-// launch (grad_k, grad_kv) writes as well.
+// launch (grad_k, grad_kv) writes as well; `fused`: how a forward without a companion is fused
+// (lowering.hpp: the transpose it writes heads last, the index chain its queries come from).
 void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kNoValue,
-                     ValueId scores = kNoValue) {
+                     ValueId scores = kNoValue, const AttentionForwardFusion* fused = nullptr) {
   const Node& node = context.node();
   const Graph& graph = context.graph();
   const bool with_value = mode != Mode::lse;
@@ -320,6 +322,12 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
       mode == Mode::lse ? 1 : node.attrs.get_int(key_owned ? "q_splits" : "kv_splits", 1);
   const int64_t slice = attention_slice_length(key_owned ? dims.q_len : dims.kv_len, splits);
   launch.defines.push_back({"SPLITS", std::to_string(splits)});  // tested by #if: no suffix
+  const ValueId heads_last = fused ? fused->heads_last : kNoValue;
+  const bool query_chain = fused && fused->query_chain != kNoValue;
+  if ((fused && (mode != Mode::forward || writes_lse)) || (heads_last != kNoValue && splits != 1))
+    throw std::logic_error(context.label() + ": no such fusion of this attention");
+  launch.defines.push_back({"HEADS_LAST", heads_last != kNoValue ? "1" : "0"});
+  launch.defines.push_back({"Q_CHAIN", query_chain ? "1" : "0"});
   launch.defines.push_back({"SLICE", glsl_uint(slice)});
   // dK and dV over parts of each group's query heads (head_splits): partial z is slice
   // z % splits of part z / splits.
@@ -388,7 +396,20 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                 (coop ? std::string(kernel_source("attention_coopmat_tiles.glsl")) : "") +
                 std::string(kernel_source(file));
 
-  launch.operands = {{"q", node.inputs[0], false}, {"k", node.inputs[1], false}};
+  // Queries computed as they are loaded (Q_CHAIN): the chain's functions and buffers, bound after
+  // every other operand; binding 0 (q) then holds the chain's first buffer, unread.
+  std::vector<Operand> chain_operands;
+  if (query_chain) {
+    std::string functions;
+    const std::string query = index_chain_functions(graph, fused->query_chain, fused->query_links,
+                                                    "q_", chain_operands, functions);
+    launch.body =
+        functions + "float q_chain(uint i) {\n  return " + query +
+        "(i);\n}\nvec4 q_chain4(uint i4) {\n  uint i = 4u * i4;\n  return vec4(q_chain(i), " +
+        "q_chain(i + 1u), q_chain(i + 2u), q_chain(i + 3u));\n}\n" + launch.body;
+  }
+  launch.operands = {{"q", query_chain ? chain_operands.front().value : node.inputs[0], false},
+                     {"k", node.inputs[1], false}};
   if (mode == Mode::forward || has_two_products(mode))
     launch.operands.push_back({"v", node.inputs[2], false});
   if (inputs.has_mask) launch.operands.push_back({"mask", node.inputs[inputs.mask()], false});
@@ -417,10 +438,12 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                             : mode == Mode::grad_q      ? "grad_q"
                             : mode == Mode::grad_scores ? "scores"
                                                         : "result";
-  launch.operands.push_back({result_name, context.id(), true});
+  launch.operands.push_back(
+      {result_name, heads_last != kNoValue ? heads_last : context.id(), true});
   if (companion != kNoValue)
     launch.operands.push_back({mode == Mode::forward ? "lse" : "result_v", companion, true});
   if (scores != kNoValue) launch.operands.push_back({"scores", scores, true});
+  for (Operand& operand : chain_operands) launch.operands.push_back(std::move(operand));
   // W in whole vec4s where its rows are (the owned keys of a block start at multiples of 4).
   if (!coop && (scores != kNoValue || mode == Mode::grad_scores)) {
     const bool vec4 = dims.kv_len % 4 == 0;
@@ -692,6 +715,31 @@ std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId 
   for (Launch& launch : context.launches()) {
     for (const ValueId value : companions)
       launch.label += " + " + graph.node(value).op + " %" + std::to_string(value);
+  }
+  return std::move(context.launches());
+}
+
+bool writes_heads_last(const Graph& graph, ValueId forward, ValueId transpose) {
+  const Node& node = graph.node(forward);
+  const Node& moved = graph.node(transpose);
+  return node.op == op::scaled_dot_product_attention && node.attrs.get_int("kv_splits", 1) == 1 &&
+         moved.op == op::transpose && node.type.shape.size() == 4 &&
+         moved.attrs.get_ints("permutation") == std::vector<int64_t>{0, 2, 1, 3} &&
+         moved.type.dtype == node.type.dtype;
+}
+
+std::vector<Launch> lower_attention_forward(const Graph& graph, ValueId forward,
+                                            const AttentionForwardFusion& fusion,
+                                            const DeviceTraits& device) {
+  LoweringContext context(graph, forward, device);
+  lower_attention(context, Mode::forward, kNoValue, kNoValue, &fusion);
+  // Profiles and errors name every node the launch computes.
+  for (Launch& launch : context.launches()) {
+    if (fusion.query_chain != kNoValue)
+      launch.label +=
+          " + " + graph.node(fusion.query_chain).op + " %" + std::to_string(fusion.query_chain);
+    if (fusion.heads_last != kNoValue)
+      launch.label += " + transpose %" + std::to_string(fusion.heads_last);
   }
   return std::move(context.launches());
 }

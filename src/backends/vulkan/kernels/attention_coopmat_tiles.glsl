@@ -26,6 +26,15 @@
                             : vec4(0.0);                                                   \
   }
 
+// The same through a function: `load4(i)` is vec4 i of the rows.
+#define ATTENTION_FETCH_BY(registers, load4, base, row0, limit, rows, width, t)          \
+  [[unroll]] for (uint r_ = 0; r_ < ATTENTION_LOADS(rows, width); ++r_) {                \
+    uint e_ = (t) + r_ * THREADS, row_ = (row0) + e_ / ((width) / 4);                      \
+    bool inside_ = row_ < (limit) && e_ < ATTENTION_VECTORS(rows, width);                  \
+    registers[r_] = inside_ ? load4(((base) + row_) * ((width) / 4) + e_ % ((width) / 4)) \
+                            : vec4(0.0);                                                   \
+  }
+
 // The fetched rows, times `scale`, into the tile at uvec2 `offset` of the uvec2 array `tiles`.
 #define ATTENTION_STASH(tiles, offset, registers, scale, rows, width, t)                     \
   [[unroll]] for (uint r_ = 0; r_ < ATTENTION_LOADS(rows, width); ++r_) {                \

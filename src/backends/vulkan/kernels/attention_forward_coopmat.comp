@@ -26,8 +26,14 @@
 // elements of score fragments 2 c and 2 c + 1; O's rows are rescaled in registers at every new
 // maximum (no lazy threshold), l is summed per lane and over the row's lanes at the end, and
 // each lane writes its own elements of O. No staging area, no subgroup barrier.
+// HEADS_LAST=1 (whole key streams): O written [B, SQ, HQ, DV], the heads after the queries, as the
+// transpose that alone reads it would move it (kernels/fusion.cpp).
+// Q_CHAIN=1: the queries computed as they are loaded, four at a time by the generated
+// q_chain4(i4) (an index chain's value: a split-K sum, heads apart, the rotation), instead of
+// read from q (binding 0 then holds the chain's first buffer, unread).
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
-// BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK), FRAGMENT_REGISTERS. Generated: float
+// BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK), FRAGMENT_REGISTERS,
+// HEADS_LAST, Q_CHAIN. Generated: float
 // mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
 #extension GL_NV_cooperative_matrix : require
@@ -65,7 +71,9 @@ layout(local_size_x = THREADS) in;
 
 // q, k and v (bindings 0 to 2) read four elements at a time: D and DV are multiples of 16, so a
 // vec4 never straddles a row.
+#if !Q_CHAIN
 layout(std430, set = 0, binding = 0) readonly buffer buffer_q4 { vec4 q4[]; };
+#endif
 layout(std430, set = 0, binding = 1) readonly buffer buffer_k4 { vec4 k4[]; };
 #if WITH_VALUE
 layout(std430, set = 0, binding = 2) readonly buffer buffer_v4 { vec4 v4[]; };
@@ -93,6 +101,13 @@ void load_kv(uint kv_base, uint k0, uint t) {
   ATTENTION_FETCH(v_next, v4, kv_base, k0, SK, BK, DV, t)
 #endif
 }
+
+// The output row of query i of head h of entry b, where the whole stream's output goes.
+#if HEADS_LAST
+#define OUT_ROW(i) ((b * SQ + (i)) * HQ + h)
+#else
+#define OUT_ROW(i) (q_base + (i))
+#endif
 
 void main() {
   uint bh = gl_WorkGroupID.y;
@@ -128,7 +143,11 @@ void main() {
   load_kv(kv_base, kv_begin, t);
   {
     vec4 q_values[ATTENTION_LOADS(BQ, D)];
+#if Q_CHAIN
+    ATTENTION_FETCH_BY(q_values, q_chain4, q_base, q0, SQ, BQ, D, t)
+#else
     ATTENTION_FETCH(q_values, q4, q_base, q0, SQ, BQ, D, t)
+#endif
     ATTENTION_STASH(tiles, 0, q_values, float(SCALE * LOG2E), BQ, D, t)
   }
   barrier();
@@ -322,7 +341,7 @@ void main() {
 #else
     [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
       [[unroll]] for (uint e = 0; e < 2; ++e)
-        out_[(q_base + i) * DV + n * 8 + quad_col + e] = o[n][2 * half_rows + e] / l[half_rows];
+        out_[OUT_ROW(i) * DV + n * 8 + quad_col + e] = o[n][2 * half_rows + e] / l[half_rows];
     }
 #endif
 #if WITH_LSE
@@ -350,7 +369,7 @@ void main() {
   if (half_index == 0) out_[out_row * (DV + 1) + DV] = (m + log2(l)) / float(LOG2E);
 #else
   [[unroll]] for (uint c = 0; c < DV / 2; ++c)
-    out_[(q_base + i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
+    out_[OUT_ROW(i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
 #endif
 #if WITH_LSE
   // O and l are relative to the same m, so m + log2 l is the log-sum-exp here too.

@@ -33,7 +33,12 @@
 // attention_combine kernel joins; the gradients' partials are summed.
 // W is written block by block from the weights' tile, and needs every (query, key) pair of it:
 // a workgroup that writes W visits the query blocks that causal masking would let it skip.
-// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV, 6 W), WITH_LSE, WITH_SCORES
+// HEADS_LAST (the forward over whole streams): its output written [B, SQ, HQ, DV], the heads
+// after the queries, as the transpose that alone reads it would move it (kernels/fusion.cpp).
+// Q_CHAIN (the forward): the queries computed as they are loaded, by the generated q_chain(i)
+// (an index chain's value: a split-K sum, heads apart, the rotation), instead of read from q.
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV, 6 W), HEADS_LAST, Q_CHAIN,
+// WITH_LSE, WITH_SCORES
 // (modes 3 and 5), SCORES_VEC4 (W written through the vec4 view scores4, SK a multiple of 4),
 // HQ, HKV, SQ, SK, D,
 // DV, SCALE, CAUSAL, BO, BS, TC, THREADS, U1 and U2 (vec4 steps of phase 1 and streamed rows of
@@ -192,7 +197,7 @@ shared float stream_delta[BS];
 
 // The owned rows' results (DIM floats at the start of rows of STRIDE floats, from row `base`),
 // each row times `row_scale`.
-#define WRITE_RESULT(buffer, base, acc_, DIM, STRIDE, DIM4, PER_THREAD, row_scale)        \
+#define WRITE_RESULT(buffer, base, acc_, DIM, STRIDE, OFFSET, DIM4, PER_THREAD, row_scale) \
   [[unroll]] for (uint r = 0u; r < 4u; ++r) {                                             \
     uint owned_row = 4u * group2 + r, o = o0 + owned_row;                                 \
     if (o >= OWNED_LEN) continue;                                                         \
@@ -202,7 +207,8 @@ shared float stream_delta[BS];
       if (e4 >= (DIM4)) continue;                                                         \
       [[unroll]] for (uint component = 0u; component < 4u; ++component) {                \
         uint e = 4u * e4 + component;                                                     \
-        if (e < (DIM)) buffer[((base) + o) * (STRIDE) + e] = acc_[r][c][component] * scale; \
+        if (e < (DIM)) buffer[((base) + o) * (STRIDE) + (OFFSET) + e] =                     \
+            acc_[r][c][component] * scale;                                                \
       }                                                                                   \
     }                                                                                     \
   }
@@ -318,7 +324,22 @@ void main() {
   uint h = bh % HQ;
   kv_base = (b * HKV + h / (HQ / HKV)) * SK;
   uint q_base = bh * SQ;
+#if Q_CHAIN
+  // The queries computed as they are loaded: element i of q is q_chain(i).
+  for (uint e = t; e < BO * D4; e += THREADS) {
+    uint tile_row = e / D4, d4 = e % D4, row_index = o0 + tile_row;
+    vec4 row4 = vec4(0.0);
+    if (row_index < SQ) {
+      uint start = (q_base + row_index) * D + 4u * d4;
+      [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+        if (4u * d4 + c < D) row4[c] = q_chain(start + c);
+      }
+    }
+    a1_tile[tile_row * K_ROW + d4] = row4;
+  }
+#else
   LOAD_TILE(a1_tile, q, q_base, o0, BO, SQ, D, D4, K_ROW)
+#endif
 #if TWO_PRODUCTS
   LOAD_TILE(a2_tile, grad_out, q_base, o0, BO, SQ, DV, DV4, V_ROW)
   // delta and lse of this thread's queries; the TC lanes of a row split delta's dot product.
@@ -505,17 +526,21 @@ void main() {
 #if SPLIT && MODE == 0
   barrier();
   // A slice's row without visible keys contributes nothing (its weight in the combine is 0).
-  WRITE_RESULT(out_, OUT_BASE, acc, E, OUT_STRIDE, E4, E4PT,
+  WRITE_RESULT(out_, OUT_BASE, acc, E, OUT_STRIDE, 0u, E4, E4PT,
                row_sum[owned_row] > 0.0 ? 1.0 / row_sum[owned_row] : 0.0)
+#elif MODE == 0 && HEADS_LAST
+  barrier();
+  WRITE_RESULT(out_, b * SQ, acc, E, HQ * E, h * E, E4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 0
   barrier();
-  WRITE_RESULT(out_, q_base, acc, E, E, E4, E4PT, 1.0 / row_sum[owned_row])
+  WRITE_RESULT(out_, q_base, acc, E, E, 0u, E4, E4PT, 1.0 / row_sum[owned_row])
 #elif MODE == 2
-  WRITE_RESULT(grad_q, (SPLIT ? PARTIAL_BASE : 0u) + q_base, acc, E, E, E4, E4PT, 1.0)
+  WRITE_RESULT(grad_q, (SPLIT ? PARTIAL_BASE : 0u) + q_base, acc, E, E, 0u, E4, E4PT, 1.0)
 #elif ACCUMULATES
-  WRITE_RESULT(result, (KEY_PARTIALS ? PARTIAL_BASE : 0u) + kv_base, acc, E, E, E4, E4PT, 1.0)
+  WRITE_RESULT(result, (KEY_PARTIALS ? PARTIAL_BASE : 0u) + kv_base, acc, E, E, 0u, E4, E4PT, 1.0)
 #endif
 #if GRAD_KV
-  WRITE_RESULT(result_v, (KEY_PARTIALS ? PARTIAL_BASE : 0u) + kv_base, acc_v, DV, DV, DV4, DV4PT, 1.0)
+  WRITE_RESULT(result_v, (KEY_PARTIALS ? PARTIAL_BASE : 0u) + kv_base, acc_v, DV, DV, 0u, DV4, DV4PT,
+               1.0)
 #endif
 }

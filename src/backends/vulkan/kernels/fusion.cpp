@@ -200,6 +200,10 @@ bool read_outside(const Graph& graph, const std::vector<std::vector<ValueId>>& c
 // The most partial results a pointwise kernel sums in place of a split-K sum's launch.
 constexpr int64_t kMostFusedPartials = 32;
 
+// The most buffers an attention forward binds where it computes its queries' index chain: q
+// (unread), k, v, a mask, the output, and the chain's split-K partials and positions.
+constexpr uint32_t kMostAttentionBindings = 7;
+
 // Whether `id` is a sum of f32 partial results over their leading axis (split-K's, ops/k_split.hpp)
 // that a pointwise reader can sum itself.
 bool is_partial_sum(const Graph& graph, ValueId id) {
@@ -985,6 +989,53 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Attention forwards without a log-sum-exp for a backward (at inference), fused with what is
+  // around them (AttentionForwardFusion). Over whole key streams, one whose output only a
+  // transpose reads, moving the heads after the queries (SmolVLA's cross-attention before its
+  // output projection), writes the transpose's value itself (writes_heads_last): the transpose
+  // has no launch, nor the barrier before it (MEGANEURA_TRANSPOSED_STORES=0 turns this off too).
+  // One whose queries are an index chain's value (their projection's split-K sum, heads apart,
+  // the rotation) computes that chain as it loads them, so it no longer waits for the chain's
+  // launch, which goes where nothing else reads the queries (MEGANEURA_QUERY_CHAINS=0 turns this
+  // off).
+  std::map<ValueId, AttentionForwardFusion> forward_fusion_of;
+  std::vector<bool> queries_in_attention(graph.size(), false);
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const ValueId forward = static_cast<ValueId>(i);
+      const Node& node = graph.nodes()[i];
+      if (node.op != op::scaled_dot_product_attention || companions_of.count(forward) != 0)
+        continue;
+      AttentionForwardFusion fusion;
+      if (device.switches.transposed_stores && !observed[i] && consumers[i] == 1) {
+        const ValueId transpose = consumer_lists[i].front();
+        const size_t t = static_cast<size_t>(transpose);
+        if (!in_chain[t] && chain_of_root.count(transpose) == 0 &&
+            writes_heads_last(graph, forward, transpose))
+          fusion.heads_last = transpose;
+      }
+      const ValueId queries = node.inputs[0];
+      if (device.switches.query_chains && chain_of_root.count(queries) != 0 &&
+          device.max_storage_buffers >= kMostAttentionBindings) {
+        fusion.query_chain = queries;
+        fusion.query_links = chain_of_root.at(queries);
+      }
+      if (fusion.heads_last == kNoValue && fusion.query_chain == kNoValue) continue;
+      if (fusion.heads_last != kNoValue)
+        stored_by_producer[static_cast<size_t>(fusion.heads_last)] = true;
+      forward_fusion_of.emplace(forward, std::move(fusion));
+    }
+    // A chain whose every reader computes it has no launch.
+    for (const auto& [forward, fusion] : forward_fusion_of) {
+      if (fusion.query_chain == kNoValue) continue;
+      queries_in_attention[static_cast<size_t>(fusion.query_chain)] =
+          readers_all(fusion.query_chain, [&](ValueId reader) {
+            auto it = forward_fusion_of.find(reader);
+            return it != forward_fusion_of.end() && it->second.query_chain == fusion.query_chain;
+          });
+    }
+  }
+
   // Transposed loads: a transpose that keeps_innermost, whose readers (through reshapes) are all
   // elementwise DAGs of its size that read_by_plain_dag (a product over the batch's images side by
   // side moved back to one image after another, which a batch norm's sums and normalisation
@@ -1018,7 +1069,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                   std::count(joined_in_products.begin(), joined_in_products.end(), true) +
                   std::count(inlined_away.begin(), inlined_away.end(), true) +
                   std::count(stored_by_producer.begin(), stored_by_producer.end(), true) +
-                  std::count(loaded_by_readers.begin(), loaded_by_readers.end(), true);
+                  std::count(loaded_by_readers.begin(), loaded_by_readers.end(), true) +
+                  std::count(queries_in_attention.begin(), queries_in_attention.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
           static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
@@ -1033,7 +1085,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
         in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i] ||
-        stored_by_producer[i] || loaded_by_readers[i]) {
+        stored_by_producer[i] || loaded_by_readers[i] || queries_in_attention[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));
@@ -1064,6 +1116,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       return one(index_chain_launch(graph, id, it->second, device));
     if (auto it = companions_of.find(id); it != companions_of.end())
       return lower_with_companions(graph, id, it->second, device);
+    if (auto it = forward_fusion_of.find(id); it != forward_fusion_of.end())
+      return lower_attention_forward(graph, id, it->second, device);
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
       const MatmulEpilogue& epilogue = it->second;
       const ValueId product = epilogue.dag.inputs[epilogue.product_input];

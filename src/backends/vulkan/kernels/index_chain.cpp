@@ -19,16 +19,18 @@ constexpr uint32_t kLocalSize = 256;
 // Appends to `text` the functions of `id` and of the links it reads, inputs first; values
 // outside the chain are read from their buffers, which join `operands`. Functions are named by
 // their place in the chain (v0 reads memory), so that the same chain in every layer of a model
-// is one kernel. Returns the name of `id`'s function.
+// is one kernel; functions and buffers start with `prefix`. Returns the name of `id`'s function.
 std::string append_functions(const Graph& graph, ValueId id, const std::set<ValueId>& chain,
-                             int& functions, std::vector<Operand>& operands, std::string& text) {
+                             const std::string& prefix, int& functions,
+                             std::vector<Operand>& operands, std::string& text) {
   const Node& node = graph.node(id);
   std::string read;
   if (chain.count(id) && node.op != op::sum)
-    read = append_functions(graph, node.inputs[0], chain, functions, operands, text);
-  const std::string name = "v" + std::to_string(functions++);
+    read = append_functions(graph, node.inputs[0], chain, prefix, functions, operands, text);
+  const std::string name = prefix + "v" + std::to_string(functions++);
+  const auto buffer_name = [&] { return prefix + "in" + std::to_string(operands.size()); };
   if (!chain.count(id)) {
-    const std::string buffer = "in" + std::to_string(operands.size());
+    const std::string buffer = buffer_name();
     operands.push_back({buffer, id, false});
     text += "float " + name + "(uint i) {\n  return " + buffer + "[i];\n}\n";
     return name;
@@ -38,7 +40,7 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
     const ValueId partials = node.inputs[0];
     const int64_t count = node.type.elements();
     const int64_t slices = graph.type(partials).elements() / count;
-    const std::string buffer = "in" + std::to_string(operands.size());
+    const std::string buffer = buffer_name();
     operands.push_back({buffer, partials, false});
     text += "float " + name + "(uint i) {\n  return " +
             partials_sum_glsl(buffer, "i", slices, count) + ";\n}\n";
@@ -61,7 +63,7 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
     const std::string angle = name + "_angle";
     std::string positions;
     if (node.inputs.size() > 1) {
-      positions = "in" + std::to_string(operands.size());
+      positions = buffer_name();
       operands.push_back({positions, node.inputs[1], false});
     }
     text += rope_angle_function(node, angle, positions);
@@ -87,16 +89,22 @@ bool is_index_chain_link(const Node& node) {
   return is_index_chain_root(node) || node.op == op::reshape;
 }
 
-Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
-                          const DeviceTraits& device) {
+std::string index_chain_functions(const Graph& graph, ValueId root,
+                                  const std::vector<ValueId>& links, const std::string& prefix,
+                                  std::vector<Operand>& operands, std::string& text) {
   std::set<ValueId> chain(links.begin(), links.end());
   chain.insert(root);
-  Launch launch;
   // A chain holds one rope at most (lower_graph), so one table of angle parts.
-  std::string functions;
   int count_of_functions = 0;
+  return append_functions(graph, root, chain, prefix, count_of_functions, operands, text);
+}
+
+Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
+                          const DeviceTraits& device) {
+  Launch launch;
+  std::string functions;
   const std::string value_of_root =
-      append_functions(graph, root, chain, count_of_functions, launch.operands, functions);
+      index_chain_functions(graph, root, links, "", launch.operands, functions);
   const int64_t count = graph.node(root).type.elements();
   launch.body = functions + "layout(local_size_x = " + std::to_string(kLocalSize) +
                 ") in;\nvoid main() {\n  uint i = linear_workgroup() * " + glsl_uint(kLocalSize) +

@@ -129,6 +129,12 @@ std::string rope_angle_function(const Node& node, const std::string& name,
 // launch instead of up to three.
 bool is_index_chain_root(const Node& node);
 bool is_index_chain_link(const Node& node);
+// The GLSL functions that compute chain `root` (with `links`) at a flat index, as
+// index_chain_launch does, appended to `text`: functions and buffers named from `prefix`, the
+// buffers joining `operands`. Returns the name of the root's function, `float <name>(uint i)`.
+std::string index_chain_functions(const Graph& graph, ValueId root,
+                                  const std::vector<ValueId>& links, const std::string& prefix,
+                                  std::vector<Operand>& operands, std::string& text);
 Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
                           const DeviceTraits& device);
 
@@ -165,6 +171,22 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
 std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId producer,
                                                     const std::vector<ValueId>& companions,
                                                     const DeviceTraits& device);
+// An attention forward over whole key streams (no slices, no log-sum-exp) whose output only
+// `transpose` reads, moving the heads after the queries: its launch can write the transpose's
+// value itself (HEADS_LAST), and the transpose then has none (kernels/fusion.cpp).
+bool writes_heads_last(const Graph& graph, ValueId forward, ValueId transpose);
+// How an attention forward without a log-sum-exp for a backward is fused (kernels/fusion.cpp):
+// the transpose whose value it writes heads last (kNoValue: its own output), and the index chain
+// (root and links) whose value its queries are, which it then computes as it loads them
+// (Q_CHAIN) instead of reading them from memory (kNoValue: read them).
+struct AttentionForwardFusion {
+  ValueId heads_last = kNoValue;
+  ValueId query_chain = kNoValue;
+  std::vector<ValueId> query_links;
+};
+std::vector<Launch> lower_attention_forward(const Graph& graph, ValueId forward,
+                                            const AttentionForwardFusion& fusion,
+                                            const DeviceTraits& device);
 bool can_pair_winograd_tiles(const Graph& graph, ValueId producer, ValueId companion);
 std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId producer,
                                               ValueId companion, const DeviceTraits& device);
