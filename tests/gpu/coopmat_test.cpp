@@ -1915,6 +1915,45 @@ TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
   check_attention(Numerics{});
 }
 
+// The cooperative-matrix forward fused at inference (AttentionForwardFusionsCompile, run): queries
+// computed from split-K partials as they are loaded (summed, heads apart, rotated at each
+// sample's positions) and the output moved heads last, grouped heads, a mask, against the
+// reference, over whole key streams and over two slices, with scores in registers and staged;
+// the chain takes no launch (one fewer than with MEGANEURA_QUERY_CHAINS=0).
+TEST_F(GpuCoopMatrix, AttentionForwardFusionsNv) {
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
+  const Numerics numerics;
+  const std::vector<testing::HarnessInput> inputs{{"partials", {3, 2, 70, 4 * 32}},
+                                                  {"positions", {2, 70}, DType::i32, 0.0, 500.0},
+                                                  {"k", {2, 2, 130, 32}},
+                                                  {"v", {2, 2, 130, 16}},
+                                                  {"mask", {70, 130}, DType::f32, -2.0, 2.0}};
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    const Tensor heads = reshape(sum(x[0], {0}), {2, 70, 4, 32});
+    const Tensor q = rope(transpose(heads, {0, 2, 1, 3}), x[1], 10000.0, 1);
+    AttentionOptions options;
+    options.mask = x[4];
+    const Tensor y = scaled_dot_product_attention(q, x[2], x[3], options);
+    graph.set_output("y", transpose(y, {0, 2, 1, 3}).id());
+  };
+  for (const char* splits : {"1", "2"}) {
+    for (const char* registers : {"1", "0"}) {
+      SCOPED_TRACE(std::string("key slices ") + splits +
+                   ", MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=" + registers);
+      const ScopedSwitch sliced("MEGANEURA_ATTENTION_SPLITS", splits);
+      const ScopedSwitch forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
+      size_t chained = 0, apart = 0;
+      check_on_gpu(inputs, build, numerics.tolerance, 23, numerics.options(), &chained,
+                   numerics.validation);
+      const ScopedSwitch off("MEGANEURA_QUERY_CHAINS", "0");
+      check_on_gpu(inputs, build, numerics.tolerance, 23, numerics.options(), &apart,
+                   numerics.validation);
+      EXPECT_EQ(chained + 1, apart);
+    }
+  }
+}
+
 // Gradients of the size an untrained model's loss gives (a cotangent of 1e-6), at the shapes of
 // Whisper-tiny's encoder (1500 queries and keys, heads of 64) and of SD 1.5's self-attention
 // (1024 and 256 tokens, heads of 80 and 160), spread-out attention: dS is about 1e-10 there,
