@@ -49,6 +49,8 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     step: sequence 128, batch 1, AdamW, weights not drawn), smolvla (the
                     smolvla workload's training step: batch 1, backbone frozen, AdamW),
                     smolvla-chunk (its action chunk: the backbone once, then 10 flow steps),
+                    smollm2-135m-decode (that workload's decode step: one token over a
+                    cache of 192),
                     resnet-50 (the resnet-50 workload's training step: 224x224 images, SGD
                     with momentum, weights not drawn), whisper-tiny (the whisper-tiny
                     workload's training step: 30 s of audio, 4 decoder tokens, AdamW, weights
@@ -143,6 +145,10 @@ void print_details(const gpu::DeviceInfo& info) {
                 config.workgroup_invocations);
 }
 
+// The smollm2-135m workload's KV cache: its 128-token prompt and the 64 tokens it decodes
+// (bench_smollm2_workload.cpp).
+constexpr int64_t kSmolLM2DecodeCache = 128 + 64;
+
 // The graph --bench-compile builds, whether its builds draw random weights, and what it holds.
 struct CompiledProgram {
   Graph graph;
@@ -172,6 +178,12 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
     // As the workload's compile figures: drawing weights takes time in proportion to the model.
     return {std::move(graph), false};
   }
+  if (name == "smollm2-135m-decode") {
+    const models::LlamaConfig config =
+        models::llama_config_from_json(smollm2_135m_config(), "smollm2-135m");
+    return {models::llama_decode_graph(config, kSmolLM2DecodeCache), false,
+            "one token's step over a cache of " + std::to_string(kSmolLM2DecodeCache)};
+  }
   if (name == "smolvla") {
     const models::SmolVLAConfig config = smolvla_workload_config();
     return {smolvla_workload_training_graph(config, smolvla_workload_optimizer()), false};
@@ -182,8 +194,8 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
             false, "backbone, " + std::to_string(config.num_steps) + " flow steps"};
   }
   throw Error("unknown --program \"" + name +
-              "\": use cnn, smollm2-135m, smolvla, smolvla-chunk, resnet-50, whisper-tiny or "
-              "sd-unet");
+              "\": use cnn, smollm2-135m, smollm2-135m-decode, smolvla, smolvla-chunk, resnet-50, "
+              "whisper-tiny or sd-unet");
 }
 
 // What --bench-compile builds: the program, its batch where it has a choice, the precision.

@@ -100,9 +100,11 @@ Weights declare_weights(Graph& graph, const LlamaConfig& config) {
 }
 
 // Rotary embedding of x [B, H, S, D]: either the rope op (default frequencies at positions
-// 0..S-1) or, for scaled frequencies and for positions known only at run time, tables of cos
-// and sin [S, D] (already broadcastable as [1, 1, S, D]) in transformers' rotate-half form.
+// 0..S-1, or at `positions` [B, S] known only at run time: a decode step's) or, for scaled
+// frequencies, tables of cos and sin [S, D] (already broadcastable as [1, 1, S, D]) in
+// transformers' rotate-half form.
 struct Rotary {
+  std::optional<Tensor> positions;
   std::optional<Tensor> cos, sin;
   // rotate_half as a product: x [..., D] times this signed permutation [D, D] gives
   // (-x[D/2:], x[:D/2]) exactly (one term a sum), in one launch instead of slices and a concat.
@@ -111,7 +113,8 @@ struct Rotary {
 };
 
 Tensor rotate(Tensor x, const Rotary& rotary) {
-  if (!rotary.cos) return rope(x, rotary.theta);
+  if (!rotary.cos)
+    return rotary.positions ? rope(x, *rotary.positions, rotary.theta) : rope(x, rotary.theta);
   return x * *rotary.cos + matmul(x, *rotary.half_turn) * *rotary.sin;
 }
 
@@ -400,14 +403,22 @@ Graph llama_decode_graph(const LlamaConfig& config, int64_t cache_length) {
   const Tensor ids = input(graph, kInputIds, {1, 1}, DType::i32);
   const Tensor position = input(graph, kPosition, {1}, DType::i32);
 
-  auto [cos_table, sin_table] = rotary_tables(config, cache_length);
-  const TensorType table_type{DType::f32, {cache_length, config.head_dim}};
-  const Tensor cos_all(&graph, graph.constant(std::move(cos_table), table_type));
-  const Tensor sin_all(&graph, graph.constant(std::move(sin_table), table_type));
+  // The rope op at the token's position where the frequencies are the default ones, as the
+  // prefill rotates (an index chain, which the attention computes as it loads the query);
+  // scaled frequencies from tables gathered at the position.
   Rotary rotary;
-  rotary.cos = reshape(gather(cos_all, position), {1, 1, 1, config.head_dim});
-  rotary.sin = reshape(gather(sin_all, position), {1, 1, 1, config.head_dim});
-  rotary.half_turn = half_turn_matrix(graph, config.head_dim);
+  rotary.theta = config.rope_theta;
+  if (config.rope_scaling.type == "default") {
+    rotary.positions = reshape(position, {1, 1});
+  } else {
+    auto [cos_table, sin_table] = rotary_tables(config, cache_length);
+    const TensorType table_type{DType::f32, {cache_length, config.head_dim}};
+    const Tensor cos_all(&graph, graph.constant(std::move(cos_table), table_type));
+    const Tensor sin_all(&graph, graph.constant(std::move(sin_table), table_type));
+    rotary.cos = reshape(gather(cos_all, position), {1, 1, 1, config.head_dim});
+    rotary.sin = reshape(gather(sin_all, position), {1, 1, 1, config.head_dim});
+    rotary.half_turn = half_turn_matrix(graph, config.head_dim);
+  }
 
   // Row r of a cache is this token's where r == position; attention sees rows 0..position.
   std::vector<double> rows(cache_length);

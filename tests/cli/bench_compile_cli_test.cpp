@@ -66,6 +66,20 @@ TEST(CliBenchCompile, PlanOnlyBuildsEveryWorkloadsTrainingStep) {
   EXPECT_NE(checksum_of(whisper), checksum_of(unet));
 }
 
+// SmolLM2's decode step plans as a program of its own, named for what it holds; its attention
+// rotates the query itself (no launch of its own names the query's rotation).
+TEST(CliBenchCompile, PlanOnlyBuildsSmolLM2sDecodeStep) {
+  const Result decode =
+      run("devices --bench-compile --plan-only --dispatches --program smollm2-135m-decode");
+  ASSERT_EQ(decode.status, 0) << decode.output;
+  EXPECT_NE(decode.output.find("smollm2-135m-decode graph (one token's step over a cache of 192)"),
+            std::string::npos)
+      << decode.output;
+  EXPECT_NE(decode.output.find("scaled_dot_product_attention %"), std::string::npos)
+      << decode.output;
+  EXPECT_NE(decode.output.find(" + rope %"), std::string::npos) << decode.output;
+}
+
 // SmolVLA's action chunk (the workload's inference program) plans as a program of its own, named
 // for what it holds.
 TEST(CliBenchCompile, PlanOnlyBuildsSmolVLAsActionChunk) {
@@ -153,8 +167,9 @@ TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   const std::string line = error_line(result);
   ASSERT_FALSE(line.empty()) << result.output;
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
-  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, smolvla, "
-                      "smolvla-chunk, resnet-50, whisper-tiny or sd-unet"),
+  EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, "
+                      "smollm2-135m-decode, smolvla, smolvla-chunk, resnet-50, whisper-tiny or "
+                      "sd-unet"),
             std::string::npos)
       << line;
 }
