@@ -26,7 +26,7 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
   const std::string& device = bench.device;
   const int64_t runs = bench.runs;
   const models::LlamaConfig config = models::llama_config_from_json(config_json, name);
-  const int64_t seq = 128, decode_tokens = 64;
+  const int64_t seq = kSmolLM2WorkloadSeq, decode_tokens = kSmolLM2WorkloadDecodeTokens;
   SessionOptions options;
   options.device = device;
   options.precision = precision;

@@ -70,6 +70,9 @@ constexpr int64_t kResNet50CompileBatch = 4;
 Graph resnet50_workload_training_graph(int64_t batch);
 // SmolLM2-135M's config.json (the smollm2-135m workload's model).
 nlohmann::json smollm2_135m_config();
+// The smollm2-135m workload's prompt (its training and inference sequence) and the tokens it
+// decodes after it, into a KV cache of both.
+inline constexpr int64_t kSmolLM2WorkloadSeq = 128, kSmolLM2WorkloadDecodeTokens = 64;
 // Stable Diffusion 1.5's unet/config.json (the sd-unet workload's model).
 nlohmann::json stable_diffusion_15_unet_config();
 // The sd-unet workload's training step at `batch` 64x64 latents with 77 context tokens (AdamW).

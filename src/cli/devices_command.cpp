@@ -145,10 +145,6 @@ void print_details(const gpu::DeviceInfo& info) {
                 config.workgroup_invocations);
 }
 
-// The smollm2-135m workload's KV cache: its 128-token prompt and the 64 tokens it decodes
-// (bench_smollm2_workload.cpp).
-constexpr int64_t kSmolLM2DecodeCache = 128 + 64;
-
 // The graph --bench-compile builds, whether its builds draw random weights, and what it holds.
 struct CompiledProgram {
   Graph graph;
@@ -170,7 +166,7 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
   if (name == "smollm2-135m") {
     const models::LlamaConfig config =
         models::llama_config_from_json(smollm2_135m_config(), "smollm2-135m");
-    Graph graph = models::llama_loss_graph(config, 1, 128);
+    Graph graph = models::llama_loss_graph(config, 1, kSmolLM2WorkloadSeq);
     OptimizerConfig optimizer;
     optimizer.kind = OptimizerConfig::Kind::adamw;
     optimizer.learning_rate = 1e-4;
@@ -181,8 +177,9 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
   if (name == "smollm2-135m-decode") {
     const models::LlamaConfig config =
         models::llama_config_from_json(smollm2_135m_config(), "smollm2-135m");
-    return {models::llama_decode_graph(config, kSmolLM2DecodeCache), false,
-            "one token's step over a cache of " + std::to_string(kSmolLM2DecodeCache)};
+    const int64_t cache = kSmolLM2WorkloadSeq + kSmolLM2WorkloadDecodeTokens;
+    return {models::llama_decode_graph(config, cache), false,
+            "one token's step over a cache of " + std::to_string(cache)};
   }
   if (name == "smolvla") {
     const models::SmolVLAConfig config = smolvla_workload_config();

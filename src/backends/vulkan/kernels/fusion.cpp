@@ -916,10 +916,16 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // A transpose that keeps the innermost axis in place, so that the elements it moves stay side
+  // A transpose that no index chain took.
+  const auto free_transpose = [&](ValueId id) {
+    return graph.node(id).op == op::transpose && !in_chain[static_cast<size_t>(id)] &&
+           chain_of_root.count(id) == 0;
+  };
+  // One of those that keeps the innermost axis in place, so that the elements it moves stay side
   // by side in rows of that axis (whole vec4s where its length is a multiple of four).
-  const auto keeps_innermost = [&](const Node& node) {
-    const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
+  const auto keeps_innermost = [&](ValueId id) {
+    if (!free_transpose(id)) return false;
+    const std::vector<int64_t>& permutation = graph.node(id).attrs.get_ints("permutation");
     return !permutation.empty() &&
            permutation.back() == static_cast<int64_t>(permutation.size()) - 1;
   };
@@ -969,9 +975,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId transpose = static_cast<ValueId>(i);
-      if (node.op != op::transpose || in_chain[i] || chain_of_root.count(transpose) ||
-          !keeps_innermost(node))
-        continue;
+      if (!keeps_innermost(transpose)) continue;
       const auto [source, alone] = through_reshapes(node.inputs[0]);
       const size_t s = static_cast<size_t>(source);
       if (!alone || observed[s] || !plain_root(source) || inlined_away[s] ||
@@ -1009,9 +1013,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       AttentionForwardFusion fusion;
       if (device.switches.transposed_stores && !observed[i] && consumers[i] == 1) {
         const ValueId transpose = consumer_lists[i].front();
-        const size_t t = static_cast<size_t>(transpose);
-        if (!in_chain[t] && chain_of_root.count(transpose) == 0 &&
-            writes_heads_last(graph, forward, transpose))
+        if (free_transpose(transpose) && writes_heads_last(graph, forward, transpose))
           fusion.heads_last = transpose;
       }
       const ValueId queries = node.inputs[0];
@@ -1045,12 +1047,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   std::vector<bool> loaded_by_readers(graph.size(), false);
   if (loads_through) {
     for (size_t i = 0; i < graph.size(); ++i) {
-      const Node& node = graph.nodes()[i];
       const ValueId transpose = static_cast<ValueId>(i);
-      if (node.op != op::transpose || in_chain[i] || chain_of_root.count(transpose) ||
-          stored_by_producer[i] || consumer_lists[i].empty() || !keeps_innermost(node))
+      if (!keeps_innermost(transpose) || stored_by_producer[i] || consumer_lists[i].empty())
         continue;
-      const int64_t elements = node.type.elements();
+      const int64_t elements = graph.type(transpose).elements();
       if (!readers_all(transpose,
                        [&](ValueId reader) { return read_by_plain_dag(reader, elements); }))
         continue;

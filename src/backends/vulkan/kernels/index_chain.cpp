@@ -50,13 +50,10 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
   if (is_view_op(node.op)) {
     text += "float " + name + "(uint i) {\n  return " + read + "(i);\n}\n";
   } else if (node.op == op::transpose) {
-    const Shape& in_shape = graph.type(input).shape;
-    const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
-    std::vector<std::string> in_coordinates(in_shape.size());
-    for (size_t k = 0; k < permutation.size(); ++k)
-      in_coordinates[permutation[k]] = "c" + std::to_string(k);
-    text += "float " + name + "(uint i) {\n" + coordinates_glsl(node.type.shape, "i") +
-            "  return " + read + "(" + flat_index_glsl(in_shape, in_coordinates) + ");\n}\n";
+    text +=
+        transpose_index_function_glsl(node.attrs.get_ints("permutation"), graph.type(input).shape,
+                                      node.type.shape, name + "_from", false);
+    text += "float " + name + "(uint i) {\n  return " + read + "(" + name + "_from(i));\n}\n";
   } else {  // rope: element d < D / 2 of a row is a * cos - b * sin, element d + D / 2 is
             // b * cos + a * sin, with a, b the row's elements d and d + D / 2
     const int64_t dim = node.type.shape.back(), half = dim / 2;

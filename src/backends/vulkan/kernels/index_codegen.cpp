@@ -93,6 +93,21 @@ std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& 
   return text.empty() ? "0u" : text;
 }
 
+std::string transpose_index_function_glsl(const std::vector<int64_t>& permutation,
+                                          const Shape& input, const Shape& output,
+                                          const std::string& function, bool forward) {
+  std::vector<std::string> coordinates(permutation.size());
+  for (size_t axis = 0; axis < permutation.size(); ++axis) {
+    const size_t from = static_cast<size_t>(permutation[axis]);
+    if (forward)
+      coordinates[axis] = "c" + std::to_string(from);
+    else
+      coordinates[from] = "c" + std::to_string(axis);
+  }
+  return "uint " + function + "(uint i) {\n" + coordinates_glsl(forward ? input : output, "i") +
+         "  return " + flat_index_glsl(forward ? output : input, coordinates) + ";\n}\n";
+}
+
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
     text.replace(at, from.size(), to);

@@ -29,6 +29,12 @@ RowLayout row_layout(const Shape& shape, const std::vector<int64_t>& reduced_axe
 // "c0 * 12u + c1 * 4u + c2" for `shape` using the given coordinate names (row-major).
 std::string flat_index_glsl(const Shape& shape, const std::vector<std::string>& coordinates);
 
+// `uint <function>(uint i)` for a transpose by `permutation` of `input` into `output`: where it
+// puts element i of its input (`forward`), or where its element i comes from in its input.
+std::string transpose_index_function_glsl(const std::vector<int64_t>& permutation,
+                                          const Shape& input, const Shape& output,
+                                          const std::string& function, bool forward);
+
 std::string glsl_uint(int64_t value);  // "12u"
 std::string glsl_float(double value);  // a float literal that round-trips f32 ("0.5", "1e-05")
 

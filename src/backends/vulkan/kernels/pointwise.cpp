@@ -238,24 +238,13 @@ std::string full_element(const InputAccess& input, const std::string& view,
                                   : view + "[" + input.moved_from + "(" + index + ")]";
 }
 
-// `uint <function>(uint i)`: where transpose `transpose` puts element i of its input (`forward`),
-// or where its element i comes from in its input.
+// transpose_index_function_glsl of transpose node `transpose`.
 std::string transpose_index_function(const Graph& graph, ValueId transpose,
                                      const std::string& function, bool forward) {
   const Node& node = graph.node(transpose);
-  const std::vector<int64_t>& permutation = node.attrs.get_ints("permutation");
-  const Shape& input_shape = graph.type(node.inputs[0]).shape;
-  std::vector<std::string> coordinates(permutation.size());
-  for (size_t axis = 0; axis < permutation.size(); ++axis) {
-    const size_t from = static_cast<size_t>(permutation[axis]);
-    if (forward)
-      coordinates[axis] = "c" + std::to_string(from);
-    else
-      coordinates[from] = "c" + std::to_string(axis);
-  }
-  return "uint " + function + "(uint i) {\n" +
-         coordinates_glsl(forward ? input_shape : node.type.shape, "i") + "  return " +
-         flat_index_glsl(forward ? node.type.shape : input_shape, coordinates) + ";\n}\n";
+  return transpose_index_function_glsl(node.attrs.get_ints("permutation"),
+                                       graph.type(node.inputs[0]).shape, node.type.shape, function,
+                                       forward);
 }
 
 // The functions that take an element of `dag`'s result to its place in each input read from a

@@ -45,7 +45,7 @@ struct PointwiseDag {
   // launch writes instead of the result, each element where the transpose moves it (fusion.cpp).
   ValueId moved_to = kNoValue;
   // Inputs read, element for element, from a transpose's memory (fusion.cpp; the transpose keeps
-  // the innermost axis in place over a whole number of vec4s), by input.
+  // the innermost axis in place), by input.
   std::map<ValueId, TransposedRead> read_through;
 };
 
