@@ -1318,19 +1318,32 @@ TEST_F(CoopMatrixLowering, ProductJoiningKeySlicesCompiles) {
 
 // An attention forward whose output only a transpose reads, moving the heads after the queries,
 // writes the transposed value itself (HEADS_LAST), and one whose queries are an index chain's
-// value (split-K partials summed, heads apart, rotated) computes the chain as it loads them
+// value (a projection split into heads, moved, rotated) computes the chain as it loads them
 // (Q_CHAIN): one launch for the chain, the forward and the transpose, binding the transpose as
-// its result and the chain's partials, whose kernel compiles to valid NV and well-formed KHR
-// SPIR-V, staged and in registers, each fusion alone and both.
+// its result and the chain's input, whose kernel compiles to valid NV and well-formed KHR
+// SPIR-V, staged and in registers, each fusion alone and both. A chain that sums split-K
+// partials keeps its own launch.
 TEST_F(CoopMatrixLowering, AttentionForwardFusionsCompile) {
+  {
+    Graph graph;
+    const Tensor partials = input(graph, "partials", {3, 40, 4 * 32});
+    const Tensor q = rope(transpose(reshape(sum(partials, {0}), {1, 40, 4, 32}), {0, 2, 1, 3}));
+    graph.set_output("y", scaled_dot_product_attention(q, input(graph, "k", {1, 2, 70, 32}),
+                                                       input(graph, "v", {1, 2, 70, 16}))
+                              .id());
+    const std::vector<kernels::Launch> launches =
+        kernels::lower_graph(graph, testing::switched(coop_device()));
+    ASSERT_EQ(launches.size(), 2u);
+    EXPECT_EQ(launches[1].kernel, "attention_forward_coopmat");
+    EXPECT_EQ(define_of(launches[1], "Q_CHAIN"), "0");
+  }
   for (const bool chained : {false, true}) {
     for (const bool heads_last : {false, true}) {
       if (!chained && !heads_last) continue;
       Graph graph;
-      const Tensor partials = input(graph, "partials", {3, 40, 4 * 32});
-      const Tensor q =
-          chained ? rope(transpose(reshape(sum(partials, {0}), {1, 40, 4, 32}), {0, 2, 1, 3}))
-                  : input(graph, "q", {1, 4, 40, 32});
+      const Tensor projected = input(graph, "projected", {1, 40, 4 * 32});
+      const Tensor q = chained ? rope(transpose(reshape(projected, {1, 40, 4, 32}), {0, 2, 1, 3}))
+                               : input(graph, "q", {1, 4, 40, 32});
       const Tensor k = input(graph, "k", {1, 2, 70, 32});
       const Tensor v = input(graph, "v", {1, 2, 70, 16});
       const Tensor y = scaled_dot_product_attention(q, k, v);
@@ -1348,10 +1361,10 @@ TEST_F(CoopMatrixLowering, AttentionForwardFusionsCompile) {
         EXPECT_EQ(define_of(launch, "HEADS_LAST"), heads_last ? "1" : "0");
         EXPECT_EQ(define_of(launch, "Q_CHAIN"), chained ? "1" : "0");
         EXPECT_EQ(define_of(launch, "FRAGMENT_REGISTERS"), quad_rows ? "1" : "0");
-        const bool binds_partials =
+        const bool binds_projection =
             std::any_of(launch.operands.begin(), launch.operands.end(),
-                        [&](const auto& operand) { return operand.value == partials.id(); });
-        EXPECT_EQ(binds_partials, chained);
+                        [&](const auto& operand) { return operand.value == projected.id(); });
+        EXPECT_EQ(binds_projection, chained);
         const bool writes_result = std::any_of(
             launch.operands.begin(), launch.operands.end(),
             [&](const auto& operand) { return operand.write && operand.value == result.id(); });
@@ -1916,21 +1929,21 @@ TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
 }
 
 // The cooperative-matrix forward fused at inference (AttentionForwardFusionsCompile, run): queries
-// computed from split-K partials as they are loaded (summed, heads apart, rotated at each
-// sample's positions) and the output moved heads last, grouped heads, a mask, against the
-// reference, over whole key streams and over two slices, with scores in registers and staged;
-// the chain takes no launch (one fewer than with MEGANEURA_QUERY_CHAINS=0).
+// computed from their projection as they are loaded (heads apart, rotated at each sample's
+// positions) and the output moved heads last, grouped heads, a mask, against the reference, over
+// whole key streams and over two slices, with scores in registers and staged; the chain takes no
+// launch (one fewer than with MEGANEURA_QUERY_CHAINS=0).
 TEST_F(GpuCoopMatrix, AttentionForwardFusionsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
   const Numerics numerics;
-  const std::vector<testing::HarnessInput> inputs{{"partials", {3, 2, 70, 4 * 32}},
+  const std::vector<testing::HarnessInput> inputs{{"projected", {2, 70, 4 * 32}},
                                                   {"positions", {2, 70}, DType::i32, 0.0, 500.0},
                                                   {"k", {2, 2, 130, 32}},
                                                   {"v", {2, 2, 130, 16}},
                                                   {"mask", {70, 130}, DType::f32, -2.0, 2.0}};
   const auto build = [](Graph& graph, std::vector<Tensor>& x) {
-    const Tensor heads = reshape(sum(x[0], {0}), {2, 70, 4, 32});
+    const Tensor heads = reshape(x[0], {2, 70, 4, 32});
     const Tensor q = rope(transpose(heads, {0, 2, 1, 3}), x[1], 10000.0, 1);
     AttentionOptions options;
     options.mask = x[4];

@@ -66,37 +66,44 @@ TEST(GpuIndexChain, PartialSumTransposeRopeAtPositions) {
       2, 5);
 }
 
-// An attention forward whose queries are such a chain's value (partials summed, heads apart,
-// rotated at each sample's positions) computes the chain as it loads them (Q_CHAIN): the chain
-// has no launch, one fewer than with MEGANEURA_QUERY_CHAINS=0, against the reference, with the
-// output as it is and written heads last. Where the queries are kept too (an output), the chain
-// keeps its launch and the forward computes it all the same: as many launches either way.
+// An attention forward whose queries are a chain's value (their projection split into heads,
+// moved to head-major order, rotated at each sample's positions) computes the chain as it loads
+// them (Q_CHAIN): the chain has no launch, one fewer than with MEGANEURA_QUERY_CHAINS=0, against
+// the reference, with the output as it is and written heads last. Where the queries are kept too
+// (an output), the chain keeps its launch and the forward computes it all the same: as many
+// launches either way. A chain that sums split-K partials keeps its launch (the forward's few
+// workgroups would load every partial).
 TEST(GpuIndexChain, AttentionComputesItsQueriesChain) {
-  for (const bool kept : {false, true}) {
-    for (const bool heads_last : {false, true}) {
-      SCOPED_TRACE(std::string(kept ? "queries kept" : "queries read once") +
-                   (heads_last ? ", heads last" : ""));
-      const std::vector<HarnessInput> inputs{{"partials", {3, 2, 12, 4 * 8}},
-                                             {"positions", {2, 12}, DType::i32, 0.0, 300.0},
-                                             {"k", {2, 2, 9, 8}},
-                                             {"v", {2, 2, 9, 6}}};
-      const Build build = [&](Graph& graph, std::vector<Tensor>& x) {
-        const Tensor heads = reshape(sum(x[0], {0}), {2, 12, 4, 8});
-        const Tensor q = rope(transpose(heads, {0, 2, 1, 3}), x[1], 10000.0, 2);
-        const Tensor y = scaled_dot_product_attention(q, x[2], x[3]);
-        graph.set_output("y", (heads_last ? transpose(y, {0, 2, 1, 3}) : y).id());
-        if (kept) graph.set_output("q", q.id());
-      };
-      size_t chained = 0, apart = 0;
-      std::string list;
-      check_on_gpu(inputs, build, 1e-5, 11, {}, &chained, true, &list);
-      {
-        const ScopedSwitch off("MEGANEURA_QUERY_CHAINS", "0");
-        check_on_gpu(inputs, build, 1e-5, 11, {}, &apart);
+  for (const bool summed : {false, true}) {
+    for (const bool kept : {false, true}) {
+      for (const bool heads_last : {false, true}) {
+        SCOPED_TRACE(std::string(summed ? "partials summed, " : "") +
+                     (kept ? "queries kept" : "queries read once") +
+                     (heads_last ? ", heads last" : ""));
+        const std::vector<HarnessInput> inputs{
+            {"projected", summed ? Shape{3, 2, 12, 4 * 8} : Shape{2, 12, 4 * 8}},
+            {"positions", {2, 12}, DType::i32, 0.0, 300.0},
+            {"k", {2, 2, 9, 8}},
+            {"v", {2, 2, 9, 6}}};
+        const Build build = [&](Graph& graph, std::vector<Tensor>& x) {
+          const Tensor heads = reshape(summed ? sum(x[0], {0}) : x[0], {2, 12, 4, 8});
+          const Tensor q = rope(transpose(heads, {0, 2, 1, 3}), x[1], 10000.0, 2);
+          const Tensor y = scaled_dot_product_attention(q, x[2], x[3]);
+          graph.set_output("y", (heads_last ? transpose(y, {0, 2, 1, 3}) : y).id());
+          if (kept) graph.set_output("q", q.id());
+        };
+        size_t chained = 0, apart = 0;
+        std::string list;
+        check_on_gpu(inputs, build, 1e-5, 11, {}, &chained, true, &list);
+        {
+          const ScopedSwitch off("MEGANEURA_QUERY_CHAINS", "0");
+          check_on_gpu(inputs, build, 1e-5, 11, {}, &apart);
+        }
+        const bool computes_chain = !summed;
+        EXPECT_EQ(chained + (computes_chain && !kept ? 1 : 0), apart) << list;
+        EXPECT_NE(list.find("scaled_dot_product_attention %"), std::string::npos) << list;
+        EXPECT_EQ(list.find(" + rope %") != std::string::npos, computes_chain) << list;
       }
-      EXPECT_EQ(chained + (kept ? 0 : 1), apart) << list;
-      EXPECT_NE(list.find("scaled_dot_product_attention %"), std::string::npos) << list;
-      EXPECT_NE(list.find(" + rope %"), std::string::npos) << list;
     }
   }
 }

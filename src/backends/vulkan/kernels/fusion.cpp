@@ -201,7 +201,7 @@ bool read_outside(const Graph& graph, const std::vector<std::vector<ValueId>>& c
 constexpr int64_t kMostFusedPartials = 32;
 
 // The most buffers an attention forward binds where it computes its queries' index chain: q
-// (unread), k, v, a mask, the output, and the chain's split-K partials and positions.
+// (unread), k, v, a mask, the output, and the chain's input and positions.
 constexpr uint32_t kMostAttentionBindings = 7;
 
 // Whether `id` is a sum of f32 partial results over their leading axis (split-K's, ops/k_split.hpp)
@@ -998,10 +998,12 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // transpose reads, moving the heads after the queries (SmolVLA's cross-attention before its
   // output projection), writes the transpose's value itself (writes_heads_last): the transpose
   // has no launch, nor the barrier before it (MEGANEURA_TRANSPOSED_STORES=0 turns this off too).
-  // One whose queries are an index chain's value (their projection's split-K sum, heads apart,
-  // the rotation) computes that chain as it loads them, so it no longer waits for the chain's
-  // launch, which goes where nothing else reads the queries (MEGANEURA_QUERY_CHAINS=0 turns this
-  // off).
+  // One whose queries are an index chain's value (heads apart, the rotation) computes that chain
+  // as it loads them, so it no longer waits for the chain's launch, which goes where nothing else
+  // reads the queries (MEGANEURA_QUERY_CHAINS=0 turns this off). Not a chain that sums a
+  // projection's split-K partials: the forward's few workgroups would load every partial of their
+  // queries, where the chain's own launch spreads those loads over many (SmolVLA's flow steps,
+  // 50 queries a head, ran slower so).
   std::map<ValueId, AttentionForwardFusion> forward_fusion_of;
   std::vector<bool> queries_in_attention(graph.size(), false);
   if (fusion_enabled) {
@@ -1017,10 +1019,12 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           fusion.heads_last = transpose;
       }
       const ValueId queries = node.inputs[0];
-      if (device.switches.query_chains && chain_of_root.count(queries) != 0 &&
+      const auto chain = chain_of_root.find(queries);
+      if (device.switches.query_chains && chain != chain_of_root.end() &&
+          !is_partial_sum(graph, chain->second.front()) &&
           device.max_storage_buffers >= kMostAttentionBindings) {
         fusion.query_chain = queries;
-        fusion.query_links = chain_of_root.at(queries);
+        fusion.query_links = chain->second;
       }
       if (fusion.heads_last == kNoValue && fusion.query_chain == kNoValue) continue;
       if (fusion.heads_last != kNoValue)
