@@ -1,6 +1,6 @@
 // Where the fast GEMM's time goes: cooperative-matrix rates of the device, from the bare
 // multiply-add up to a whole staged GEMM, and the workgroup-scope GEMM the library took
-// instead (docs/BENCHMARKS.md runs 47 to 50, docs/KERNELS.md).
+// instead (runs 47 to 50 in git's history of docs/BENCHMARKS.md, docs/KERNELS.md).
 //
 //   build/bench/coop_probe [rates|gemm|workgroup|split|staged-workgroup|all]
 //
@@ -898,10 +898,10 @@ void split_gemms(Device& device) {
     bool a_first = false;
   };
   constexpr auto plain = MatrixLoads::plain, at_element = MatrixLoads::tensor_at_element;
-  // Run 49's forms (docs/BENCHMARKS.md), then run 51's: the block split into rows (256 x 128 as
-  // two 128 x 128 accumulators, the library's form with tensor loads; 384 x 128 as three), into
-  // both (256 x 256 and 256 x 128 as four), grouped workgroup orders, one or four steps a loop
-  // iteration, and both halves of A loaded first.
+  // Run 49's forms (git's history of docs/BENCHMARKS.md), then run 51's: the block split into rows
+  // (256 x 128 as two 128 x 128 accumulators, the library's form with tensor loads; 384 x 128 as
+  // three), into both (256 x 256 and 256 x 128 as four), grouped workgroup orders, one or four
+  // steps a loop iteration, and both halves of A loaded first.
   const Case cases[] = {{128, 256, 64, 1, 1, false, plain},
                         {128, 256, 64, 1, 2, true, at_element},
                         {256, 128, 64, 2, 1, true, at_element},
@@ -1009,10 +1009,10 @@ void workgroup_gemms(Device& device) {
   constexpr auto at_element = MatrixLoads::tensor_at_element;
   constexpr auto from_start = MatrixLoads::tensor_at_buffer_start;
   // The library's kernel (backends/vulkan/kernels/gemm_workgroup.hpp) first, then what it was
-  // chosen over (docs/BENCHMARKS.md runs 48 and 49): one or four steps a loop iteration, other
-  // blocks and depths, B stored transposed, f32 operands converted in the kernel, the next step's
-  // operands loaded before this step's multiply-add, tensor-addressing loads and another workgroup
-  // order.
+  // chosen over (runs 48 and 49 in git's history of docs/BENCHMARKS.md): one or four steps a loop
+  // iteration, other blocks and depths, B stored transposed, f32 operands converted in the kernel,
+  // the next step's operands loaded before this step's multiply-add, tensor-addressing loads and
+  // another workgroup order.
   const Case cases[] = {{128, 256, 64, 256},
                         {128, 256, 64, 256, false, false, 1},
                         {128, 128, 64, 128},

@@ -1635,10 +1635,10 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
 }
 
 // The block the waves cost model takes on an H200-like device, against the fastest shape of the
-// coop block sweep (docs/BENCHMARKS.md, run 14): 128 x 256 at 4096^3, 128 x 128 where 128 x 256
-// leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of it; 128 x 192
-// (run 53) for lm_head's weight gradient, whose A is contiguous along m, which 128 x 192 needs in
-// 48 KiB, and which it covers in fewer waves.
+// coop block sweep (run 14 in git's history of docs/BENCHMARKS.md): 128 x 256 at 4096^3, 128 x 128
+// where 128 x 256 leaves a thin second wave (lm_head), 64 x 64 for products that fill one wave of
+// it; 128 x 192 (run 53) for lm_head's weight gradient, whose A is contiguous along m, which 128 x
+// 192 needs in 48 KiB, and which it covers in fewer waves.
 TEST_F(CoopMatrixLowering, BlocksByEstimatedWaves) {
   const auto block_of = [](const Shape& a, const Shape& b, bool transpose_a = false) {
     const kernels::Launch launch = matmul_launch(a, b, transpose_a);

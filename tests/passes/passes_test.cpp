@@ -394,8 +394,8 @@ int64_t matmul_slices(const Graph& graph, const target::DeviceTraits& device) {
 
 // The products of the H200 benchmarks that split-K may cut (SmolLM's projections and data
 // gradients, ResNet-50's weight gradients and strided forward as im2col matmuls, its 1x1 weight
-// gradients) take the slice count that ran fastest when swept on the H200 (docs/BENCHMARKS.md
-// runs 28 and 30).
+// gradients) take the slice count that ran fastest when swept on the H200 (runs 28 and 30 in
+// git's history of docs/BENCHMARKS.md).
 TEST(Passes, SplitKTakesTheFastestSliceCountsMeasured) {
   struct Measured {
     std::string name;
@@ -465,8 +465,9 @@ TEST(Passes, GemmTilesPadNeitherHalfFullEdge) {
 // than three slices) and slices of at least 64: SmolLM's 128 x 576 x 576 ran fastest on 9 of
 // them there, ResNet's strided 3x3 weight gradient as 4 products of 128 x 1152 x 784 (36 tiles)
 // on 3, U-Net's 320-channel convolution as 2 products of 320 x 1024 x 2880 (48 tiles) on 5
-// rather than whole (docs/BENCHMARKS.md runs 32 and 34), while a product small enough to stay on
-// gemm.comp (16 x 1024 x 512, under 64K multiply-adds a unit) is split as in strict precision.
+// rather than whole (runs 32 and 34 in git's history of docs/BENCHMARKS.md), while a product small
+// enough to stay on gemm.comp (16 x 1024 x 512, under 64K multiply-adds a unit) is split as in
+// strict precision.
 TEST(Passes, SplitKFollowsComputeUnits) {
   Graph graph;
   const Tensor dx = matmul(input(graph, "a", {128, 49152}), input(graph, "b", {49152, 576}));

@@ -759,8 +759,9 @@ void add_gradients(Graph& graph, Tensor y, const std::vector<Tensor>& leaves) {
 
 // Built for an H200-like device, the products of `meganeura bench kernels` keep the A loads they
 // were measured with, except the 4096^3 product, which reads A as 4 rows at one k (gemm.comp's
-// A_QUADS, 3.70 to 3.20 ms there, docs/BENCHMARKS.md run 43): SmolLM's layers, ResNet-50's
-// convolutions and U-Net's block with their gradients, and Whisper's attention training step.
+// A_QUADS, faster there: run 43 in git's history of docs/BENCHMARKS.md): SmolLM's layers,
+// ResNet-50's convolutions and U-Net's block with their gradients, and Whisper's attention training
+// step.
 TEST(Planner, OnlyTheLargeSquareProductReadsAAsRowQuads) {
   target::DeviceTraits h200;
   h200.compute_units = 132;
