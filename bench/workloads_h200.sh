@@ -16,7 +16,8 @@
 # .dev/debs (unpacked beside the system's, not over it); other run-time libraries the machine
 # lacks (libsndfile's) in .dev/lib; for a build with MPI on a machine without Open MPI, its
 # run-time libraries in .dev/mpi-lib; for the Whisper demo, espeak-ng packed in .dev/espeak.tar.xz
-# (the espeak-ng binary, the libraries it links and its English data). Results go to $OUT.
+# (the espeak-ng binary, the libraries it links and its English data). bench/device_kit.sh makes
+# all of it but espeak's archive. Results go to $OUT.
 set -u
 part=${PART:-parity}
 # Unpacking is done once a machine, so that a second part can run beside a first one.
