@@ -29,8 +29,9 @@
 // HEADS_LAST=1 (whole key streams): O written [B, SQ, HQ, DV], the heads after the queries, as the
 // transpose that alone reads it would move it (kernels/fusion.cpp).
 // Q_CHAIN=1: the queries computed as they are loaded, four at a time by the generated
-// q_chain4(i4) (an index chain's value: a split-K sum, heads apart, the rotation), instead of
-// read from q (binding 0 then holds the chain's first buffer, unread).
+// q_chain4(i4) (an index chain's value: heads apart, the rotation; fusion.cpp leaves chains
+// that sum split-K partials to their own launch), instead of read from q (binding 0 then holds
+// the chain's first buffer, unread).
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
 // BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK), FRAGMENT_REGISTERS,
 // HEADS_LAST, Q_CHAIN. Generated: float

@@ -36,7 +36,8 @@
 // HEADS_LAST (the forward over whole streams): its output written [B, SQ, HQ, DV], the heads
 // after the queries, as the transpose that alone reads it would move it (kernels/fusion.cpp).
 // Q_CHAIN (the forward): the queries computed as they are loaded, by the generated q_chain(i)
-// (an index chain's value: a split-K sum, heads apart, the rotation), instead of read from q.
+// (an index chain's value: heads apart, the rotation; fusion.cpp leaves chains that sum split-K
+// partials to their own launch), instead of read from q.
 // Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV, 6 W), HEADS_LAST, Q_CHAIN,
 // WITH_LSE, WITH_SCORES
 // (modes 3 and 5), SCORES_VEC4 (W written through the vec4 view scores4, SK a multiple of 4),
