@@ -49,7 +49,23 @@ std::map<ValueId, ValueId> gradients(Graph& graph, ValueId output, const std::ve
   accumulated[output] = seed;
   auto accumulate = [&](ValueId target, ValueId grad) {
     auto [it, inserted] = accumulated.emplace(target, grad);
-    if (!inserted) it->second = graph.add(op::add, {it->second, grad});
+    if (inserted) return;
+    // A gather's gradient scatters rows into zeros: added to another contribution (an embedding
+    // tied to the output projection), the rows are scattered into that one instead, which leaves
+    // no table of zeros nor a sum over the whole table.
+    const auto scatter_into_zeros = [&](ValueId value) {
+      const Node& node = graph.node(value);
+      return node.op == op::scatter_add && graph.node(node.inputs[0]).is_uniform_constant() &&
+             graph.node(node.inputs[0]).attrs.get_float("value") == 0.0;
+    };
+    for (const auto& [scatter, other] :
+         {std::pair{grad, it->second}, std::pair{it->second, grad}}) {
+      if (!scatter_into_zeros(scatter)) continue;
+      const Node node = graph.node(scatter);
+      it->second = graph.add(op::scatter_add, {other, node.inputs[1], node.inputs[2]});
+      return;
+    }
+    it->second = graph.add(op::add, {it->second, grad});
   };
 
   for (ValueId id = output; id >= 0; --id) {

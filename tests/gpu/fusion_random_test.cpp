@@ -265,6 +265,36 @@ size_t lines_with(const std::string& list, const std::vector<std::string>& parts
   return count;
 }
 
+// A norm whose prologue sums split-K partial results (a residual add after a product split over
+// K) loads each element once a partial: its workgroup takes threads by those loads, up to one
+// a vec4 of its row (576 / 4 = 144, so 256), where the same norm over a plain residual add
+// keeps the few threads its 576 elements take.
+TEST(GpuFusion, NormPrologueThreadsFollowItsPartialLoads) {
+  const auto norm_threads = [](bool partials) {
+    Graph graph;
+    const Tensor r = input(graph, "r", {128, 576});
+    Tensor h = input(graph, "x", {128, 576}) + r;
+    if (partials) {
+      const Tensor a = input(graph, "a", {128, 1024});
+      const Tensor b = input(graph, "b", {1024, 576});
+      const ValueId split = graph.add("matmul", {a.id(), b.id()}, {{"k_splits", int64_t{16}}});
+      h = sum(Tensor(&graph, split), {0}) + r;
+    }
+    graph.set_output("n", rms_norm(h, input(graph, "w", {576})).id());
+    target::DeviceTraits device;
+    device.compute_units = 132;
+    for (const kernels::Launch& launch : kernels::lower_graph(graph, device)) {
+      if (launch.label.find("rms_norm %") == std::string::npos) continue;
+      EXPECT_NE(launch.label.find(" of fused "), std::string::npos) << launch.label;
+      for (const auto& [name, value] : launch.defines)
+        if (name == "LOCAL") return value;
+    }
+    return std::string("no norm launch");
+  };
+  EXPECT_EQ(norm_threads(true), "256u");
+  EXPECT_EQ(norm_threads(false), "64u");
+}
+
 // A pre-norm residual block and its gradients: h = a b + r (the product split over K, which
 // needs a K of 512, its
 // partials summed by the residual add), n = norm(h), y = tanh(n) r + h, which reads h again
@@ -567,6 +597,65 @@ TEST(GpuFusion, ElementwiseReadersLoadThroughTheirTranspose) {
     EXPECT_EQ(lines_with(list, {"transpose"}), c.taken ? 0u : 1u) << list;
     EXPECT_EQ(lines_with(apart_list, {"transpose"}), 1u) << apart_list;
   }
+}
+
+// A scatter_add into a product that nothing else reads (a tied embedding's gradient; six rows
+// drawn from three, so some repeat): the product is written straight into the scatter's result,
+// which then takes the rows; no launch copies the product. Against the reference, and the same
+// with fusion off (the copy back).
+TEST(GpuFusion, ScatterAddsIntoItsTargetsMemory) {
+  const std::vector<HarnessInput> inputs{
+      {"a", {48, 16}}, {"b", {16, 40}}, {"rows", {6}, DType::i32, 0, 3}, {"updates", {6, 40}}};
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    graph.set_output("y", scatter_add(matmul(x[0], x[1]), x[2], x[3]).id());
+  };
+  size_t fused = 0, unfused = 0;
+  std::string list, unfused_list;
+  check_on_gpu(inputs, build, 1e-5, 31, {}, &fused, true, &list);
+  EXPECT_EQ(lines_with(list, {"scatter_add %"}), 1u) << list;
+  {
+    const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 31, {}, &unfused, true, &unfused_list);
+  }
+  EXPECT_EQ(lines_with(unfused_list, {"scatter_add %"}), 2u) << unfused_list;
+  EXPECT_LT(fused, unfused);
+}
+
+// The product over parameters alone would move to the setup (SessionOptions::setup) and the
+// scatter run every time: written into the scatter's result, the product has another writer
+// there and runs every time too, so that repeated runs add the rows once, not once per run.
+TEST(GpuFusion, ScatterIntoItsTargetRepeatsItsTarget) {
+  Graph graph;
+  const Tensor w = parameter(graph, "w", {8, 4}, Init::uniform(-1.0, 1.0));
+  const Tensor rows = input(graph, "rows", {3}, DType::i32);
+  const Tensor updates = input(graph, "updates", {3, 4});
+  graph.set_output("y", scatter_add(exp(w) * 0.5, rows, updates).id());
+  std::mt19937_64 generator(37);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> weights(32), update_values(12);
+  for (float& value : weights) value = uniform(generator);
+  for (float& value : update_values) value = uniform(generator);
+  const std::vector<int32_t> row_values{6, 1, 6};
+  std::vector<double> expected(32);
+  for (size_t i = 0; i < 32; ++i) expected[i] = std::exp(weights[i]) / 2;
+  for (size_t p = 0; p < 3; ++p)
+    for (size_t c = 0; c < 4; ++c) expected[row_values[p] * 4 + c] += update_values[p * 4 + c];
+  SessionOptions options = testing::session_options();
+  options.validation = true;
+  Session session(graph, options);
+  EXPECT_EQ(session.report().setup_dispatches, 0u);
+  session.write("w", weights);
+  session.set_input("rows", row_values);
+  session.set_input("updates", update_values);
+  for (int run = 0; run < 3; ++run) {
+    session.run();
+    const std::vector<float> y = session.output("y");
+    ASSERT_EQ(y.size(), expected.size());
+    for (size_t i = 0; i < y.size(); ++i)
+      EXPECT_NEAR(y[i], expected[i], 1e-5 * (1.0 + std::abs(expected[i])))
+          << "run " << run << ", " << i;
+  }
+  EXPECT_EQ(session.validation_messages(), 0u);
 }
 
 }  // namespace

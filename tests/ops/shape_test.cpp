@@ -1,5 +1,6 @@
 // Shape ops: hand-derived layouts, VJPs, index checks, misuse errors; and the graph's updates.
 #include "gradient_check.hpp"
+#include "ir/op_names.hpp"
 #include "op_expectations.hpp"
 
 namespace mg {
@@ -169,6 +170,39 @@ TEST(Shape, GatherAndScatterGradients) {
                           .values = {{}, indices},
                           .dtypes = {DType::f32, DType::i32, DType::f32}},
                          [](std::vector<Tensor>& x) { return scatter_add(x[0], x[1], x[2]); });
+}
+
+// A table that a gather reads and a product multiplies (an embedding tied to the output
+// projection): its gradient scatters the gather's rows into the product's gradient, whichever
+// of the two autodiff reaches first, with no sum of a table of zeros; the values match finite
+// differences.
+TEST(Shape, TiedTableGradientScattersIntoTheProductGradient) {
+  const HostTensor indices({2, 2}, {1, 3, 1, 0});
+  const GradientCase spec{.shapes = {{4, 3}, {2, 2}, {2, 4}},
+                          .differentiable = {true, false, true},
+                          .values = {{}, indices},
+                          .dtypes = {DType::f32, DType::i32, DType::f32}};
+  // The product after the gather (autodiff meets its gradient first), then before it.
+  const auto product_last = [](std::vector<Tensor>& x) {
+    return concat({reshape(gather(x[0], x[1]), {4, 3}), matmul(x[2], x[0])}, 0);
+  };
+  const auto product_first = [](std::vector<Tensor>& x) {
+    const Tensor product = matmul(x[2], x[0]);
+    return concat({product, reshape(gather(x[0], x[1]), {4, 3})}, 0);
+  };
+  for (const auto& build : {std::function<Tensor(std::vector<Tensor>&)>(product_last),
+                            std::function<Tensor(std::vector<Tensor>&)>(product_first)}) {
+    expect_gradients_match(spec, build);
+    Graph graph;
+    std::vector<Tensor> x{input(graph, "x0", {4, 3}), input(graph, "x1", {2, 2}, DType::i32),
+                          input(graph, "x2", {2, 4})};
+    const Tensor loss = sum_all(build(x) * input(graph, "r", {6, 3}));
+    const ValueId table_gradient = gradients(graph, loss.id(), {x[0].id()}).at(x[0].id());
+    const Node& scatter = graph.node(table_gradient);
+    ASSERT_EQ(scatter.op, op::scatter_add);
+    EXPECT_FALSE(graph.node(scatter.inputs[0]).is_leaf());
+    EXPECT_EQ(graph.node(scatter.inputs[0]).op, op::matmul);
+  }
 }
 
 TEST(Shape, GradientsThroughFanOut) {

@@ -1063,8 +1063,42 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
+  // Every decision is made above; what is left, each launch's kernel source, depends on its node
+  // alone, so the nodes are lowered side by side and their launches joined in graph order.
+  std::vector<ValueId> lowered;
+  std::vector<bool> has_launch(graph.size(), false);
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
+        in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
+        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i] ||
+        stored_by_producer[i] || loaded_by_readers[i] || queries_in_attention[i]) {
+      continue;
+    }
+    lowered.push_back(static_cast<ValueId>(i));
+    has_launch[i] = true;
+  }
+
+  // Scatters into their target's memory: a scatter_add whose target has launches of its own and
+  // no other reader (the output projection's weight gradient that an embedding tied to it
+  // scatters its rows into, autodiff) has those launches write the scatter's result instead, and
+  // adds its rows there: no copy of the target, whose memory goes.
+  std::map<ValueId, ValueId> scattered_into;
+  if (fusion_enabled) {
+    for (size_t i = 0; i < graph.size(); ++i) {
+      const Node& node = graph.nodes()[i];
+      if (node.op != op::scatter_add || !has_launch[i]) continue;
+      const ValueId target = node.inputs[0];
+      const size_t t = static_cast<size_t>(target);
+      if (has_launch[t] && !observed[t] && consumers[t] == 1 && node.inputs[1] != target &&
+          node.inputs[2] != target)
+        scattered_into.emplace(target, static_cast<ValueId>(i));
+    }
+  }
+
   if (fused_away) {
-    *fused_away = std::count_if(fused_into.begin(), fused_into.end(),
+    *fused_away = scattered_into.size() +
+                  std::count_if(fused_into.begin(), fused_into.end(),
                                 [](ValueId consumer) { return consumer != kNoValue; }) +
                   epilogue_of_root.size() + prologue_of.size() +
                   std::count(in_norm_fusion.begin(), in_norm_fusion.end(), true) +
@@ -1081,19 +1115,6 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
             return !is_view_op(graph.node(link).op);
           }));
   }
-  // Every decision is made above; what is left, each launch's kernel source, depends on its node
-  // alone, so the nodes are lowered side by side and their launches joined in graph order.
-  std::vector<ValueId> lowered;
-  for (size_t i = 0; i < graph.size(); ++i) {
-    const Node& node = graph.nodes()[i];
-    if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
-        in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
-        in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i] ||
-        stored_by_producer[i] || loaded_by_readers[i] || queries_in_attention[i]) {
-      continue;
-    }
-    lowered.push_back(static_cast<ValueId>(i));
-  }
   const auto one = [](Launch launch) {
     std::vector<Launch> launches;
     launches.push_back(std::move(launch));
@@ -1107,8 +1128,12 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
     return dag;
   };
+  std::vector<bool> scatters_into_target(graph.size(), false);
+  for (const auto& [target, scatter] : scattered_into) scatters_into_target[scatter] = true;
   const auto launches_of = [&](ValueId id) -> std::vector<Launch> {
     const Node& node = graph.node(id);
+    if (scatters_into_target[static_cast<size_t>(id)])
+      return one(scatter_add_rows_launch(graph, id, device));
     if (auto it = prologue_of.find(id); it != prologue_of.end()) {
       ReductionPrologue prologue = it->second;
       prologue.dag = loading_through(std::move(prologue.dag));
@@ -1172,7 +1197,13 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   }
   std::vector<Launch> launches;
   for (std::vector<Launch>& node_launches : launches_by_node) {
-    for (Launch& launch : node_launches) launches.push_back(std::move(launch));
+    for (Launch& launch : node_launches) {
+      for (Operand& operand : launch.operands) {
+        if (auto it = scattered_into.find(operand.value); it != scattered_into.end())
+          operand.value = it->second;
+      }
+      launches.push_back(std::move(launch));
+    }
   }
   return launches;
 }

@@ -169,21 +169,19 @@ void lower_gather(LoweringContext& context) {
   context.emit(std::move(launch));
 }
 
-// Two launches: the target copied to the result, then one lane per (position, column) whose
-// position is its row's first adds that row's contributions, in position order, to the result.
-// Deterministic without atomics, and the work is the positions' rows (an embedding's gradient:
-// the tokens), not the whole table times the positions.
-void lower_scatter_add(LoweringContext& context) {
+}  // namespace
+
+// One lane per (position, column) whose position is its row's first adds that row's
+// contributions, in position order, to the result. Deterministic without atomics, and the work is
+// the positions' rows (an embedding's gradient: the tokens), not the whole table times the
+// positions.
+Launch scatter_add_rows_launch(const Graph& graph, ValueId id, const DeviceTraits& device) {
+  LoweringContext context(graph, id, device);
   const Node& node = context.node();
   const Shape& target_shape = node.type.shape;
   const int64_t rows = target_shape[0];
   const int64_t width = element_count(target_shape) / rows;
   const int64_t positions = context.input_type(1).elements();
-  Launch copy =
-      element_launch(context, main_header(node.type.elements()) + "  out_[i] = target[i];\n}\n");
-  copy.operands = {{"target", node.inputs[0], false}, {"out_", context.id(), true}};
-  context.emit(std::move(copy));
-
   std::string body = main_header(positions * width);
   body += "  uint p = i / " + glsl_uint(width) + ", column = i % " + glsl_uint(width) + ";\n";
   // An index outside the table adds nothing (the GPU cannot raise an error).
@@ -195,11 +193,22 @@ void lower_scatter_add(LoweringContext& context) {
   body += "  }\n  uint o = uint(row) * " + glsl_uint(width) + " + column;\n";
   body += "  out_[o] = out_[o] + total;\n}\n";
   Launch add = element_launch(context, std::move(body));
-  add.groups = grid_for(static_cast<uint64_t>(positions * width), kLocalSize, context.device());
-  add.operands = {{"indices", node.inputs[1], false},
-                  {"updates", node.inputs[2], false},
-                  {"out_", context.id(), true}};
-  context.emit(std::move(add));
+  add.groups = grid_for(static_cast<uint64_t>(positions * width), kLocalSize, device);
+  add.operands = {
+      {"indices", node.inputs[1], false}, {"updates", node.inputs[2], false}, {"out_", id, true}};
+  return add;
+}
+
+namespace {
+
+// Two launches: the target copied to the result, then scatter_add_rows_launch's.
+void lower_scatter_add(LoweringContext& context) {
+  const Node& node = context.node();
+  Launch copy =
+      element_launch(context, main_header(node.type.elements()) + "  out_[i] = target[i];\n}\n");
+  copy.operands = {{"target", node.inputs[0], false}, {"out_", context.id(), true}};
+  context.emit(std::move(copy));
+  context.emit(scatter_add_rows_launch(context.graph(), context.id(), context.device()));
 }
 
 }  // namespace

@@ -141,6 +141,11 @@ Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<Va
 // Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);
 
+// The launch of scatter_add `id` that adds its update rows into its result, which holds the
+// target already: after a copy of the target (its lowering), or where the target's own launches
+// wrote it there (fusion.cpp, scatters into their target's memory).
+Launch scatter_add_rows_launch(const Graph& graph, ValueId id, const DeviceTraits& device);
+
 // Values another node's launch can write beside its own result, so that their node needs no
 // launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
 // causality (the forward, or for a forward over key slices the attention_combine after it, has

@@ -283,6 +283,24 @@ uint32_t local_size_for(int64_t count, int64_t groups, const DeviceTraits& devic
   return size;
 }
 
+// Threads of a workgroup whose prologue DAG reads `dag`'s inputs: one that sums split-K partial
+// results (a residual add after a product split over K) loads every element once a partial, so
+// the loads, not the elements, are the work its threads share, up to one thread a unit of the
+// group (an element, or a vec4), which then loads its partials with no other unit to walk.
+uint32_t local_size_for_prologue(const Graph& graph, const PointwiseDag& dag, const GroupMap& map,
+                                 const DeviceTraits& device) {
+  const int64_t elements = graph.type(dag.output).elements();
+  int64_t loads_per_element = 0;
+  for (ValueId input : dag.inputs)
+    loads_per_element += std::max<int64_t>(1, graph.type(input).elements() / elements);
+  const uint32_t by_elements = local_size_for(map.count, map.groups, device);
+  if (loads_per_element <= static_cast<int64_t>(dag.inputs.size())) return by_elements;
+  const int64_t units = map.vec4 ? map.count / 4 : map.count;
+  uint32_t size = local_size_for(map.count * loads_per_element, map.groups, device);
+  while (size / 2 >= by_elements && static_cast<int64_t>(size / 2) >= units) size /= 2;
+  return size;
+}
+
 void lower_norm(LoweringContext& context, Kind kind, bool backward,
                 const NormFusion* fusion = nullptr) {
   const Node& node = context.node();
@@ -291,8 +309,10 @@ void lower_norm(LoweringContext& context, Kind kind, bool backward,
   const bool has_bias = !backward && kind != Kind::rms && node.attrs.get_int("has_bias", 0) != 0;
   const bool running = kind == Kind::batch && node.attrs.get_int("training", 1) == 0;
   const GroupMap map = group_map(kind, x_shape, node.attrs.get_int("groups", 1));
-  const uint32_t local = local_size_for(map.count, map.groups, context.device());
   const bool prologue = fusion && fusion->prologue, epilogue = fusion && fusion->epilogue;
+  const uint32_t local =
+      prologue ? local_size_for_prologue(context.graph(), *fusion->prologue, map, context.device())
+               : local_size_for(map.count, map.groups, context.device());
   const std::string prologue_name = backward ? "grad_out" : "x";
   // A prologue's values stay in registers between the passes where a thread walks few steps.
   constexpr int64_t kMostCachedSteps = 8;
