@@ -65,9 +65,10 @@ planner's saving on transient values against giving each its own bytes.
   --trace DIR     also write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
                   each program as DIR/<workload>-<precision>-<program>.json
                   (bench/trace_top.py sums them up, with GB/s) and its dispatch list as
-                  .dispatches.txt beside it; the programs: inference (SmolVLA: chunk) and
-                  training, Whisper's encoder as well, ResNet-50's training at batch 4 and
-                  256 (training-b4, training-b256)
+                  .dispatches.txt beside it (bench/trace_epochs.py reads both, epoch by
+                  epoch); the programs: inference (SmolVLA: chunk) and training, Whisper's
+                  encoder as well, ResNet-50's training at batch 4 and 256 (training-b4,
+                  training-b256)
 )";
 
 // One line of the table: the record's timings by name.

@@ -1,0 +1,48 @@
+"""Where a program's wall-clock time goes, epoch by epoch, from the serialized Chrome trace and the
+dispatch list that `--trace` writes beside it (`meganeura bench workloads --trace DIR`).
+
+A traced run makes every dispatch wait for the one before, so the trace's total is the sum of all
+dispatches; an untraced run overlaps the dispatches between two barriers. This models each
+barrier-separated epoch (a line of the dispatch list starting with '*' opens one) as taking its
+longest dispatch, and sums those epochs by the kernel of that longest dispatch (products by their
+label, so that a product with an epilogue shows apart). The model leaves out each barrier's own
+cost, so it reads somewhat under the measured step time.
+
+usage: python3 bench/trace_epochs.py TRACE.json DISPATCHES.txt [N]"""
+import collections
+import json
+import re
+import sys
+
+if len(sys.argv) < 3:
+    sys.exit(__doc__)
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+events = [e for e in events if "dur" in e]
+count = int(sys.argv[3]) if len(sys.argv) > 3 else 25
+# The dispatch list: a heading, then "  index [*]kernel  grid  label" a line.
+lines = [line for line in open(sys.argv[2]).read().splitlines()[1:] if line.strip()]
+if len(lines) != len(events):
+    sys.exit(f"{sys.argv[2]} lists {len(lines)} dispatches, {sys.argv[1]} holds {len(events)}: "
+             "pass the dispatch list written beside that trace")
+
+epochs = []
+for line, event in zip(lines, events):
+    kernel = line.split()[1]
+    if kernel.startswith("*") or not epochs:
+        epochs.append([])
+    epochs[-1].append((event["dur"], kernel.lstrip("*"), event["name"]))
+
+modelled = sum(max(dispatch[0] for dispatch in epoch) for epoch in epochs)
+print(f"{len(epochs)} epochs, modelled {modelled:.0f} us "
+      f"(dispatches one after another: {sum(e['dur'] for e in events):.0f} us)")
+by_kernel = collections.defaultdict(lambda: [0, 0.0])
+for epoch in epochs:
+    duration, kernel, name = max(epoch)
+    if kernel.startswith("gemm"):
+        kernel += " " + re.sub(r" ?%\d+", "", name)
+    by_kernel[kernel][0] += 1
+    by_kernel[kernel][1] += duration
+for kernel, (epoch_count, duration) in sorted(by_kernel.items(), key=lambda i: -i[1][1])[:count]:
+    print(f"{duration:9.1f} us {100 * duration / max(modelled, 1e-9):5.1f} %  "
+          f"{epoch_count:5d} epochs  {kernel}")
