@@ -20,8 +20,13 @@ events = json.load(open(sys.argv[1]))
 events = events["traceEvents"] if isinstance(events, dict) else events
 events = [e for e in events if "dur" in e]
 count = int(sys.argv[3]) if len(sys.argv) > 3 else 25
-# The dispatch list: a heading, then "  index [*]kernel  grid  label" a line.
-lines = [line for line in open(sys.argv[2]).read().splitlines()[1:] if line.strip()]
+# The dispatch list: "  index [*]kernel  grid  label" a line under a heading; where the program
+# has a setup, its dispatches come first under their own heading and the run's follow under
+# "every run:", which is what the trace holds.
+text = open(sys.argv[2]).read()
+if "\nevery run:\n" in text:
+    text = text.split("\nevery run:\n", 1)[1]
+lines = [line for line in text.splitlines() if line.strip() and line.split()[0].isdigit()]
 if len(lines) != len(events):
     sys.exit(f"{sys.argv[2]} lists {len(lines)} dispatches, {sys.argv[1]} holds {len(events)}: "
              "pass the dispatch list written beside that trace")
