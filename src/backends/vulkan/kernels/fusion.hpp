@@ -9,7 +9,9 @@
 // prologues: a sum or mean evaluates the elementwise chain that only it reads as it reads it. Some
 // values are written by another node's launch beside its own result (kernels::is_companion_op): the
 // attention forward writes the log-sum-exp its backward needs, dK's launch can write dV, and
-// a Winograd weight gradient's input tiles launch writes its grad_out tiles.
+// a Winograd weight gradient's input tiles launch writes its grad_out tiles. A scatter_add's
+// target that only the scatter reads is written by its own launches straight into the scatter's
+// result (a tied embedding's gradient scattered into the output projection's).
 #include <vector>
 
 #include "backends/vulkan/kernels/lowering.hpp"
