@@ -289,7 +289,7 @@ uint32_t local_size_for(int64_t count, int64_t groups, const DeviceTraits& devic
 // group (an element, or a vec4), which then loads its partials with no other unit to walk.
 uint32_t local_size_for_prologue(const Graph& graph, const PointwiseDag& dag, const GroupMap& map,
                                  const DeviceTraits& device) {
-  const int64_t elements = graph.type(dag.output).elements();
+  const int64_t elements = std::max<int64_t>(1, graph.type(dag.output).elements());
   int64_t loads_per_element = 0;
   for (ValueId input : dag.inputs)
     loads_per_element += std::max<int64_t>(1, graph.type(input).elements() / elements);
