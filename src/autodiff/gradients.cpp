@@ -55,8 +55,9 @@ std::map<ValueId, ValueId> gradients(Graph& graph, ValueId output, const std::ve
     // no table of zeros nor a sum over the whole table.
     const auto scatter_into_zeros = [&](ValueId value) {
       const Node& node = graph.node(value);
-      return node.op == op::scatter_add && graph.node(node.inputs[0]).is_uniform_constant() &&
-             graph.node(node.inputs[0]).attrs.get_float("value") == 0.0;
+      if (node.op != op::scatter_add) return false;
+      const Node& target = graph.node(node.inputs[0]);
+      return target.is_uniform_constant() && target.attrs.get_float("value") == 0.0;
     };
     for (const auto& [scatter, other] :
          {std::pair{grad, it->second}, std::pair{it->second, grad}}) {

@@ -1063,8 +1063,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // Every decision is made above; what is left, each launch's kernel source, depends on its node
-  // alone, so the nodes are lowered side by side and their launches joined in graph order.
+  // The nodes with launches of their own, which are lowered below.
   std::vector<ValueId> lowered;
   std::vector<bool> has_launch(graph.size(), false);
   for (size_t i = 0; i < graph.size(); ++i) {
@@ -1084,6 +1083,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // scatters its rows into, autodiff) has those launches write the scatter's result instead, and
   // adds its rows there: no copy of the target, whose memory goes.
   std::map<ValueId, ValueId> scattered_into;
+  std::vector<bool> scatters_into_target(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
@@ -1091,8 +1091,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const ValueId target = node.inputs[0];
       const size_t t = static_cast<size_t>(target);
       if (has_launch[t] && !observed[t] && consumers[t] == 1 && node.inputs[1] != target &&
-          node.inputs[2] != target)
+          node.inputs[2] != target) {
         scattered_into.emplace(target, static_cast<ValueId>(i));
+        scatters_into_target[i] = true;
+      }
     }
   }
 
@@ -1115,6 +1117,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
             return !is_view_op(graph.node(link).op);
           }));
   }
+  // Every decision is made above; what is left, each launch's kernel source, depends on its node
+  // alone, so the nodes are lowered side by side and their launches joined in graph order.
   const auto one = [](Launch launch) {
     std::vector<Launch> launches;
     launches.push_back(std::move(launch));
@@ -1128,8 +1132,6 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
     return dag;
   };
-  std::vector<bool> scatters_into_target(graph.size(), false);
-  for (const auto& [target, scatter] : scattered_into) scatters_into_target[scatter] = true;
   const auto launches_of = [&](ValueId id) -> std::vector<Launch> {
     const Node& node = graph.node(id);
     if (scatters_into_target[static_cast<size_t>(id)])
