@@ -33,6 +33,17 @@ def attention(q, k, v):
     return torch.softmax(scores, -1) @ v
 
 
+def grouped_attention(q, k, v, mask=None):
+    """Attention of q's heads over k's and v's fewer heads (grouped-query), with an additive mask."""
+    if hasattr(F, "scaled_dot_product_attention") and \
+            tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores if mask is None else scores + mask, -1) @ v
+
+
 def plain(fn):
     """A case whose one call is fn(*inputs)."""
     return lambda inputs: (lambda: fn(*inputs))
@@ -79,6 +90,16 @@ def cases(small):
     linear("up", 576, 1536)
     linear("down", 1536, 576)
     linear("lm_head", 576, 49152 // s)
+
+    # SmolVLA's action expert at a chunk of 50 actions: y = x W^T, x [50, in] and W [out, in].
+    def expert(layer, inputs, outputs):
+        gemm(f"smolvla expert {layer} 50x{outputs}x{inputs}", 50, outputs, inputs, False, True)
+
+    expert("q_proj", 720, 960)
+    expert("k_proj", 720, 320)
+    expert("o_proj", 960, 720)
+    expert("up", 720, 2048)
+    expert("down", 2048, 720)
 
     elements = (64 << 20) // s // s
     out.append(("pointwise add 64M", [(elements,), (elements,)], plain(lambda a, b: a + b), 0,
@@ -128,6 +149,18 @@ def cases(small):
     out.append(("whisper attention 1500x6x64 train", [head] * 4, attention_training,
                 3.5 * attention_flops, 0))
 
+    def flow_attention(keys, masked):
+        queries, q_heads, kv_heads, width = 50, 15, 5, 64
+        shapes = [(1, q_heads, queries, width), (1, kv_heads, keys, width), (1, kv_heads, keys, width)]
+        if masked:
+            shapes.append((1, 1, queries, keys))
+        out.append((f"smolvla flow attention 50x{keys} 15/5" + (" masked" if masked else ""), shapes,
+                    plain(grouped_attention), 4.0 * q_heads * queries * keys * width, 0))
+
+    flow_attention(113, True)
+    flow_attention(163, True)
+    flow_attention(163, False)
+
     def unet(side):
         batch, channels, extent = 2, 320, side // s
         fn = lambda x, gw, gb, w, b: F.conv2d(F.silu(F.group_norm(x, 32, gw, gb, eps=1e-5)), w, b,
@@ -148,7 +181,7 @@ def cases(small):
 
 # The cases that also run in f16, as "<name> fast" (Meganeura's --precision fast twins).
 FAST_CASE_PREFIXES = ("gemm 4096^3", "smollm", "resnet conv 3x3 64->64", "resnet conv 3x3/2",
-                      "whisper attention", "unet")
+                      "whisper attention", "unet", "smolvla")
 
 
 # The cases that also run on f16 tensors in Meganeura, as "<name> f16"; here the same as "fast".

@@ -73,9 +73,9 @@ struct BenchCase {
 };
 
 // The compute-bound cases that also run on cooperative matrices, as "<name> fast".
-constexpr std::array<std::string_view, 6> kFastCasePrefixes = {
-    "gemm 4096^3",       "smollm", "resnet conv 3x3 64->64", "resnet conv 3x3/2",
-    "whisper attention", "unet"};
+constexpr std::array<std::string_view, 7> kFastCasePrefixes = {
+    "gemm 4096^3", "smollm", "resnet conv 3x3 64->64", "resnet conv 3x3/2", "whisper attention",
+    "unet",        "smolvla"};
 // The products that also run on f16 tensors in fast precision, as "<name> f16".
 constexpr std::array<std::string_view, 2> kF16CasePrefixes = {"gemm 4096^3", "smollm"};
 
@@ -116,6 +116,16 @@ std::vector<BenchCase> bench_cases(bool small) {
   linear("up", 576, 1536);
   linear("down", 1536, 576);
   linear("lm_head", 576, 49152 / s);
+  // SmolVLA's action expert at a chunk of 50 actions: y = x W^T, x [50, in] and W [out, in].
+  auto expert = [&](const std::string& layer, int64_t in, int64_t out) {
+    gemm("smolvla expert " + layer + " 50x" + std::to_string(out) + "x" + std::to_string(in), 50,
+         out, in, false, true);
+  };
+  expert("q_proj", 720, 960);
+  expert("k_proj", 720, 320);
+  expert("o_proj", 960, 720);
+  expert("up", 720, 2048);
+  expert("down", 2048, 720);
 
   const int64_t elements = (64ll << 20) / s / s;
   cases.push_back(
@@ -250,6 +260,29 @@ std::vector<BenchCase> bench_cases(bool small) {
                    },
                    3.5 * attention_flops,
                    0});
+
+  // SmolVLA's flow-step attention: the action expert's 50 queries (15 heads over 5 key and value
+  // heads) against the backbone's 113 prefix tokens (cross-attention) or those and the 50
+  // actions (self-attention), under the additive mask that SmolVLA's blocks give; unmasked too,
+  // which tells the mask's cost apart.
+  auto flow_attention = [&](int64_t keys, bool masked) {
+    const int64_t queries = 50, q_heads = 15, kv_heads = 5, width = 64;
+    std::vector<Shape> shapes{
+        {1, q_heads, queries, width}, {1, kv_heads, keys, width}, {1, kv_heads, keys, width}};
+    if (masked) shapes.push_back({1, 1, queries, keys});
+    cases.push_back(
+        {"smolvla flow attention 50x" + std::to_string(keys) + " 15/5" + (masked ? " masked" : ""),
+         shapes,
+         [](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+           AttentionOptions options;
+           if (x.size() > 3) options.mask = x[3];
+           return {scaled_dot_product_attention(x[0], x[1], x[2], options)};
+         },
+         4.0 * static_cast<double>(q_heads * queries * keys * width), 0});
+  };
+  flow_attention(113, true);
+  flow_attention(163, true);
+  flow_attention(163, false);
 
   // A ResNet block of the SD U-Net: group norm (32 groups), SiLU, 3x3 convolution with bias, at
   // the workload's latent size (32x32) and at SD 1.5's 512-pixel latent (64x64).
