@@ -184,8 +184,10 @@ TiledBlocks choose_tiled_blocks(Mode mode, const Dims& dims, const LoweringConte
               " offers");
 }
 
-// `float mask_at(b, h, i, j)`: the additive mask broadcast to [B, Hq, Sq, Sk], 0 without one
-// and for the padding rows and columns of partial blocks.
+// `float mask_at(b, h, i, j)`: the additive mask broadcast to [B, Hq, Sq, Sk], 0 without one.
+// The padding rows and columns of partial blocks read the last row or column: the kernels mask
+// those scores themselves, and a load without a branch around it can be issued with the others
+// of its block instead of waiting for each in turn.
 std::string mask_function(const Graph& graph, const Node& node, const Inputs& inputs,
                           const Dims& dims) {
   std::string text = "float mask_at(uint b, uint h, uint i, uint j) {\n";
@@ -199,8 +201,8 @@ std::string mask_function(const Graph& graph, const Node& node, const Inputs& in
     if (!index.empty()) index += " + ";
     index += std::string(coordinates[4 - mask.size() + k]) + " * " + glsl_uint(strides[k]);
   }
-  text += "  if (i >= " + glsl_uint(dims.q_len) + " || j >= " + glsl_uint(dims.kv_len) +
-          ") return 0.0;\n";
+  text += "  i = min(i, " + glsl_uint(dims.q_len - 1) + ");\n  j = min(j, " +
+          glsl_uint(dims.kv_len - 1) + ");\n";
   return text + "  return mask[" + (index.empty() ? "0u" : index) + "];\n}\n";
 }
 

@@ -180,7 +180,15 @@ void main() {
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
+    // The mask under the block's scores (zeros without a mask), read before the products so that
+    // the reads overlap them and each other instead of each waiting in turn.
 #if FRAGMENT_REGISTERS
+    vec4 block_mask[BK / 8];
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 4; ++e)
+        block_mask[n][e] =
+            mask_at(b, h, e < 2 ? i_upper : i_lower, k0 + n * 8 + quad_col + e % 2);
+    }
     fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s[BK / 8];
     [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       s[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
@@ -195,7 +203,7 @@ void main() {
       [[unroll]] for (uint e = 0; e < 4; ++e) {
         uint i = e < 2 ? i_upper : i_lower, j = k0 + n * 8 + quad_col + e % 2;
         bool visible = j < SK && i < SQ && (CAUSAL == 0 || j <= i);
-        s[n][e] = visible ? s[n][e] + mask_at(b, h, i, j) * float(LOG2E) : NEG_INF;
+        s[n][e] = visible ? s[n][e] + block_mask[n][e] * float(LOG2E) : NEG_INF;
         block_max[e / 2] = max(block_max[e / 2], s[n][e]);
       }
     }
@@ -242,6 +250,9 @@ void main() {
 #endif
   }
 #else
+    float block_mask[BK / 2];
+    [[unroll]] for (uint c = 0; c < BK / 2; ++c)
+      block_mask[c] = mask_at(b, h, i, k0 + 2 * c + half_index);
     [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
@@ -261,7 +272,7 @@ void main() {
       uint j = k0 + 2 * c + half_index;
       bool visible = j < SK && i < SQ && (CAUSAL == 0 || j <= i);
       row_scores[c] =
-          visible ? stage[stage_row + 2 * c] + mask_at(b, h, i, j) * float(LOG2E) : NEG_INF;
+          visible ? stage[stage_row + 2 * c] + block_mask[c] * float(LOG2E) : NEG_INF;
       block_max = max(block_max, row_scores[c]);
     }
     block_max = max(block_max, subgroupShuffleXor(block_max, 1));

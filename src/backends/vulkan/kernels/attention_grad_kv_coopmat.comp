@@ -243,7 +243,15 @@ void main() {
       load_qdo((b * HQ + h_first + next / q_blocks) * SQ, q_start + (next % q_blocks) * BQ, t);
     }
 
+    // The mask under the block's scores (zeros without a mask), read before the products so that
+    // the reads overlap them and each other instead of each waiting in turn.
 #if FRAGMENT_REGISTERS
+    vec4 block_mask[BQ / 8];
+    [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 4; ++e)
+        block_mask[n][e] =
+            mask_at(b, h, q0 + n * 8 + quad_col + e % 2, e < 2 ? j_upper : j_lower);
+    }
     // Per 16 queries: S^T (and dP^T) of both 8-query halves on fragments, P^T (and dS^T) from
     // the lane's own elements into A fragments (component 4 (e / 2) + 2 half + e % 2 holds
     // element e of half `half`), and their products with dO (and Q) into the results.
@@ -274,8 +282,7 @@ void main() {
         [[unroll]] for (uint e = 0; e < 4; ++e) {
           uint ii = n * 8 + quad_col + e % 2, i = q0 + ii, j = e < 2 ? j_upper : j_lower;
           bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
-          float p = visible ? exp2(s[e] + mask_at(b, h, i, j) * float(LOG2E) - query_lse[ii])
-                            : 0.0;
+          float p = visible ? exp2(s[e] + block_mask[n][e] * float(LOG2E) - query_lse[ii]) : 0.0;
           uint component = 4 * (e / 2) + 2 * half_queries + e % 2;
           p_fragment[component] = float16_t(p);
 #if GRAD_K
@@ -325,6 +332,9 @@ void main() {
 #endif
   }
 #else
+    float block_mask[BQ / 2];
+    [[unroll]] for (uint c = 0; c < BQ / 2; ++c)
+      block_mask[c] = mask_at(b, h, q0 + 2 * c + half_index, j);
     [[unroll]] for (uint n = 0; n < BQ / 8; ++n) {
       // Q^T (and dO^T) as column-major 16 x 8 blocks: element (d, i) is Q[i][d].
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
@@ -343,8 +353,7 @@ void main() {
       uint ii = 2 * c + half_index;
       uint i = q0 + ii;
       bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
-      p[c] = visible ? exp2(stage[stage_row + 2 * c] + mask_at(b, h, i, j) * float(LOG2E) -
-                            query_lse[ii])
+      p[c] = visible ? exp2(stage[stage_row + 2 * c] + block_mask[c] * float(LOG2E) - query_lse[ii])
                      : 0.0;
     }
 #if WITH_GRAD_V

@@ -205,7 +205,15 @@ void main() {
     barrier();
     if (k0 + BK < kv_end) load_kv(kv_base, k0 + BK, t);
 
+    // The mask under the block's scores (zeros without a mask), read before the products so that
+    // the reads overlap them and each other instead of each waiting in turn.
 #if FRAGMENT_REGISTERS
+    vec4 block_mask[BK / 8];
+    [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
+      [[unroll]] for (uint e = 0; e < 4; ++e)
+        block_mask[n][e] =
+            mask_at(b, h, e < 2 ? i_upper : i_lower, k0 + n * 8 + quad_col + e % 2);
+    }
     // Per 16 keys: S and dP of both 8-key halves on fragments, dS from the lane's own elements
     // into the A fragment (component 4 (e / 2) + 2 half + e % 2 holds element e of half
     // `half`), and its product with K into dQ.
@@ -229,8 +237,7 @@ void main() {
         [[unroll]] for (uint e = 0; e < 4; ++e) {
           uint i = e < 2 ? i_upper : i_lower, j = k0 + n * 8 + quad_col + e % 2;
           bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
-          float p = visible ? exp2(s[e] + mask_at(b, h, i, j) * float(LOG2E) - row_lse[e / 2])
-                            : 0.0;
+          float p = visible ? exp2(s[e] + block_mask[n][e] * float(LOG2E) - row_lse[e / 2]) : 0.0;
           ds_fragment[4 * (e / 2) + 2 * half_keys + e % 2] =
               float16_t(p * (dp[e] - delta[e / 2]) * SCALE);
         }
@@ -256,6 +263,11 @@ void main() {
     }
   }
 #else
+    vec4 block_mask[BK / 8];
+    [[unroll]] for (uint c = 0; c < BK / 8; ++c) {
+      [[unroll]] for (uint e = 0; e < 4; ++e)
+        block_mask[c][e] = mask_at(b, h, i, k0 + 8 * c + 4 * half_index + e);
+    }
     [[unroll]] for (uint n = 0; n < BK / 8; ++n) {
       fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
       [[unroll]] for (uint c = 0; c < D / 16; ++c) {
@@ -275,7 +287,7 @@ void main() {
       [[unroll]] for (uint e = 0; e < 4; ++e) {
         uint j = k0 + 8 * c + 4 * half_index + e;
         bool visible = i < SQ && j < SK && (CAUSAL == 0 || j <= i);
-        p[c][e] = visible ? exp2(staged[e] + mask_at(b, h, i, j) * float(LOG2E) - row_lse) : 0.0;
+        p[c][e] = visible ? exp2(staged[e] + block_mask[c][e] * float(LOG2E) - row_lse) : 0.0;
       }
     }
     subgroupBarrier();  // every lane has read its scores: the staging area is free for dP

@@ -417,6 +417,19 @@ void main() {
     barrier();
     if (n + 1u < block_count) fetch_block(n + 1u);
 
+    // The mask under the block's scores (zeros without a mask), read before the products so that
+    // the reads overlap them and each other instead of each waiting in turn.
+    float block_mask[RO1][KPT];
+    [[unroll]] for (uint r = 0u; r < RO1; ++r) {
+      [[unroll]] for (uint k = 0u; k < KPT; ++k) {
+#if KEY_OWNED
+        block_mask[r][k] = mask_at(b, h, s0 + lane + TC * k, o0 + group1 * RO1 + r);
+#else
+        block_mask[r][k] = mask_at(b, h, o0 + group1 * RO1 + r, s0 + lane + TC * k);
+#endif
+      }
+    }
+
     // Phase 1: S (and dP) for rows group1 * RO1 + r and streamed rows lane + TC * k.
     float score[RO1][KPT];
     PRODUCT(score, a1_tile, t1_tile, D4, K_ROW)
@@ -438,7 +451,7 @@ void main() {
         uint i = o, j = s;
 #endif
         bool visible = o < OWNED_LEN && s < STREAM_LEN && (CAUSAL == 0 || j <= i);
-        float x = visible ? score[r][k] * SCALE + mask_at(b, h, i, j) : NEG_INF;
+        float x = visible ? score[r][k] * SCALE + block_mask[r][k] : NEG_INF;
 #if ONLINE_SOFTMAX
         score[r][k] = x;
         block_max = max(block_max, x);
