@@ -91,16 +91,6 @@ def cases(small):
     linear("down", 1536, 576)
     linear("lm_head", 576, 49152 // s)
 
-    # SmolVLA's action expert at a chunk of 50 actions: y = x W^T, x [50, in] and W [out, in].
-    def expert(layer, inputs, outputs):
-        gemm(f"smolvla expert {layer} 50x{outputs}x{inputs}", 50, outputs, inputs, False, True)
-
-    expert("q_proj", 720, 960)
-    expert("k_proj", 720, 320)
-    expert("o_proj", 960, 720)
-    expert("up", 720, 2048)
-    expert("down", 2048, 720)
-
     elements = (64 << 20) // s // s
     out.append(("pointwise add 64M", [(elements,), (elements,)], plain(lambda a, b: a + b), 0,
                 12.0 * elements))
@@ -148,6 +138,16 @@ def cases(small):
                 2.5 * attention_flops, 0))
     out.append(("whisper attention 1500x6x64 train", [head] * 4, attention_training,
                 3.5 * attention_flops, 0))
+
+    # SmolVLA's action expert at a chunk of 50 actions: y = x W^T, x [50, in] and W [out, in].
+    def expert(layer, inputs, outputs):
+        gemm(f"smolvla expert {layer} 50x{outputs}x{inputs}", 50, outputs, inputs, False, True)
+
+    expert("q_proj", 720, 960)
+    expert("k_proj", 720, 320)
+    expert("o_proj", 960, 720)
+    expert("up", 720, 2048)
+    expert("down", 2048, 720)
 
     def flow_attention(keys, masked):
         queries, q_heads, kv_heads, width = 50, 15, 5, 64

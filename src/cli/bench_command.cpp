@@ -116,16 +116,6 @@ std::vector<BenchCase> bench_cases(bool small) {
   linear("up", 576, 1536);
   linear("down", 1536, 576);
   linear("lm_head", 576, 49152 / s);
-  // SmolVLA's action expert at a chunk of 50 actions: y = x W^T, x [50, in] and W [out, in].
-  auto expert = [&](const std::string& layer, int64_t in, int64_t out) {
-    gemm("smolvla expert " + layer + " 50x" + std::to_string(out) + "x" + std::to_string(in), 50,
-         out, in, false, true);
-  };
-  expert("q_proj", 720, 960);
-  expert("k_proj", 720, 320);
-  expert("o_proj", 960, 720);
-  expert("up", 720, 2048);
-  expert("down", 2048, 720);
 
   const int64_t elements = (64ll << 20) / s / s;
   cases.push_back(
@@ -261,6 +251,16 @@ std::vector<BenchCase> bench_cases(bool small) {
                    3.5 * attention_flops,
                    0});
 
+  // SmolVLA's action expert at a chunk of 50 actions: y = x W^T, x [50, in] and W [out, in].
+  auto expert = [&](const std::string& layer, int64_t in, int64_t out) {
+    gemm("smolvla expert " + layer + " 50x" + std::to_string(out) + "x" + std::to_string(in), 50,
+         out, in, false, true);
+  };
+  expert("q_proj", 720, 960);
+  expert("k_proj", 720, 320);
+  expert("o_proj", 960, 720);
+  expert("up", 720, 2048);
+  expert("down", 2048, 720);
   // SmolVLA's flow-step attention: the action expert's 50 queries (15 heads over 5 key and value
   // heads) against the backbone's 113 prefix tokens (cross-attention) or those and the 50
   // actions (self-attention), under the additive mask that SmolVLA's blocks give; unmasked too,
