@@ -8,28 +8,45 @@ longest dispatch, and sums those epochs by the kernel of that longest dispatch (
 label, so that a product with an epilogue shows apart). The model leaves out each barrier's own
 cost, so it reads somewhat under the measured step time.
 
-usage: python3 bench/trace_epochs.py TRACE.json DISPATCHES.txt [N]"""
+With --grids it lists instead each kernel and grid's dispatches (count, median, shortest and
+longest, total): the products of one shape apart from the others, whose times a whole-program
+trace gives in place, epilogues and all, unlike a kernel benchmark's standalone cells.
+
+usage: python3 bench/trace_epochs.py TRACE.json DISPATCHES.txt [N] [--grids]"""
 import collections
 import json
 import re
 import sys
 
-if len(sys.argv) < 3:
+grids = "--grids" in sys.argv[1:]
+arguments = [argument for argument in sys.argv[1:] if argument != "--grids"]
+if len(arguments) < 2:
     sys.exit(__doc__)
-events = json.load(open(sys.argv[1]))
+events = json.load(open(arguments[0]))
 events = events["traceEvents"] if isinstance(events, dict) else events
 events = [e for e in events if "dur" in e]
-count = int(sys.argv[3]) if len(sys.argv) > 3 else 25
+count = int(arguments[2]) if len(arguments) > 2 else 25
 # The dispatch list: "  index [*]kernel  grid  label" a line under a heading; where the program
 # has a setup, its dispatches come first under their own heading and the run's follow under
 # "every run:", which is what the trace holds.
-text = open(sys.argv[2]).read()
+text = open(arguments[1]).read()
 if "\nevery run:\n" in text:
     text = text.split("\nevery run:\n", 1)[1]
 lines = [line for line in text.splitlines() if line.strip() and line.split()[0].isdigit()]
 if len(lines) != len(events):
-    sys.exit(f"{sys.argv[2]} lists {len(lines)} dispatches, {sys.argv[1]} holds {len(events)}: "
+    sys.exit(f"{arguments[1]} lists {len(lines)} dispatches, {arguments[0]} holds {len(events)}: "
              "pass the dispatch list written beside that trace")
+
+if grids:
+    by_grid = collections.defaultdict(list)
+    for line, event in zip(lines, events):
+        by_grid[(line.split()[1].lstrip("*"), line.split()[2])].append(event["dur"])
+    print("  total us  count  median     min     max  kernel grid")
+    for (kernel, grid), durations in sorted(by_grid.items(), key=lambda i: -sum(i[1]))[:count]:
+        durations.sort()
+        print(f"{sum(durations):10.1f} {len(durations):6d} {durations[len(durations) // 2]:7.1f} "
+              f"{durations[0]:7.1f} {durations[-1]:7.1f}  {kernel} {grid}")
+    sys.exit(0)
 
 epochs = []
 for line, event in zip(lines, events):
