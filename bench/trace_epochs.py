@@ -40,7 +40,8 @@ if len(lines) != len(events):
 if grids:
     by_grid = collections.defaultdict(list)
     for line, event in zip(lines, events):
-        by_grid[(line.split()[1].lstrip("*"), line.split()[2])].append(event["dur"])
+        kernel, grid = line.split()[1:3]
+        by_grid[(kernel.lstrip("*"), grid)].append(event["dur"])
     print("  total us  count  median     min     max  kernel grid")
     for (kernel, grid), durations in sorted(by_grid.items(), key=lambda i: -sum(i[1]))[:count]:
         durations.sort()
