@@ -39,6 +39,11 @@ constexpr int64_t kRowsPerWorkgroup = 64;
 // be as short as kMinRowsPerSliceWhenIdle.
 constexpr int64_t kMinRowsPerSlice = 256;
 constexpr int64_t kMinRowsPerSliceWhenIdle = 64;
+// Short slices of a forward pay only where it owns few queries a head (a decode step's one): the
+// slices' partial outputs are joined, in the output projection's loads or a combine launch, and
+// over a block of many queries that join costs more than the shorter key streams save (SmolLM2's
+// 128-token prompt, SmolVLA's 50-action flow steps); its gradients keep them.
+constexpr int64_t kMostQueriesForShortForwardSlices = 16;
 
 const std::vector<int64_t> kHeadsAfterQueries{0, 2, 1, 3};
 
@@ -53,13 +58,17 @@ bool moves_heads_last(const Graph& graph, const Node& node) {
 // (key-owned) over the queries.
 enum class Kind { forward, grad_q, grad_kv };
 
-// Slices for `workgroups` owned blocks that each stream `streamed` rows; 1 keeps the node whole.
+// Slices for `workgroups` owned blocks of `owned` rows a head that each stream `streamed` rows; 1
+// keeps the node whole.
 // MEGANEURA_ATTENTION_SPLITS=N (every kind) or F,Q,KV (forward, dQ, dK and dV) forces the
 // count (sweeps and tests).
-int64_t split_count(Kind kind, int64_t workgroups, int64_t streamed, const target::Target& device) {
+int64_t split_count(Kind kind, int64_t workgroups, int64_t owned, int64_t streamed,
+                    const target::Target& device) {
   const std::vector<int64_t>& forced = device.switches().attention_splits;
   const int64_t units = device.traits().compute_units;
-  const int64_t min_rows = 4 * workgroups <= units ? kMinRowsPerSliceWhenIdle : kMinRowsPerSlice;
+  const bool short_slices = 4 * workgroups <= units &&
+                            (kind != Kind::forward || owned <= kMostQueriesForShortForwardSlices);
+  const int64_t min_rows = short_slices ? kMinRowsPerSliceWhenIdle : kMinRowsPerSlice;
   const int64_t wanted =
       forced.empty()       ? std::min(kWorkgroupsPerUnit * units / workgroups, streamed / min_rows)
       : forced.size() == 1 ? forced[0]
@@ -123,9 +132,10 @@ Graph split_attention(const Graph& graph, const target::Target& device,
         const Shape& k = target.type(node.inputs[1]).shape;
         const Kind kind = forward ? Kind::forward : grad_q ? Kind::grad_q : Kind::grad_kv;
         const int64_t splits =
-            grad_kv
-                ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), q[2], device)
-                : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), k[2], device);
+            grad_kv ? split_count(kind, k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup), k[2], q[2],
+                                  device)
+                    : split_count(kind, q[0] * q[1] * ceil_div(q[2], kRowsPerWorkgroup), q[2], k[2],
+                                  device);
         const int64_t head_splits =
             grad_kv && !node.attrs.has("head_splits")
                 ? head_split_count(q[1] / k[1], k[0] * k[1] * ceil_div(k[2], kRowsPerWorkgroup),
