@@ -39,11 +39,13 @@ constexpr int64_t kRowsPerWorkgroup = 64;
 // be as short as kMinRowsPerSliceWhenIdle.
 constexpr int64_t kMinRowsPerSlice = 256;
 constexpr int64_t kMinRowsPerSliceWhenIdle = 64;
-// Short slices of a forward pay only where it owns few queries a head (a decode step's one): the
-// slices' partial outputs are joined, in the output projection's loads or a combine launch, and
-// over a block of many queries that join costs more than the shorter key streams save (SmolLM2's
-// 128-token prompt, SmolVLA's 50-action flow steps); its gradients keep them.
-constexpr int64_t kMostQueriesForShortForwardSlices = 16;
+// Two short slices of a forward over many queries a head cost more than they save: the slices'
+// partial outputs are joined, in the output projection's loads or a combine launch, and over a
+// block of many queries that join outweighs halving the key stream (SmolLM2's 128-token prompt,
+// SmolVLA's 50-action flow steps over 163 keys). A forward of few queries a head (a decode
+// step's one) keeps them, as do the gradients and forwards whose keys make three or more (the
+// U-Net's 256-key forward at batch 1 takes four).
+constexpr int64_t kMostQueriesForTwoShortForwardSlices = 16;
 
 const std::vector<int64_t> kHeadsAfterQueries{0, 2, 1, 3};
 
@@ -66,14 +68,16 @@ int64_t split_count(Kind kind, int64_t workgroups, int64_t owned, int64_t stream
                     const target::Target& device) {
   const std::vector<int64_t>& forced = device.switches().attention_splits;
   const int64_t units = device.traits().compute_units;
-  const bool short_slices = 4 * workgroups <= units &&
-                            (kind != Kind::forward || owned <= kMostQueriesForShortForwardSlices);
-  const int64_t min_rows = short_slices ? kMinRowsPerSliceWhenIdle : kMinRowsPerSlice;
+  const bool idle = 4 * workgroups <= units;
+  const int64_t min_rows = idle ? kMinRowsPerSliceWhenIdle : kMinRowsPerSlice;
   const int64_t wanted =
       forced.empty()       ? std::min(kWorkgroupsPerUnit * units / workgroups, streamed / min_rows)
       : forced.size() == 1 ? forced[0]
                            : forced[static_cast<size_t>(kind)];
   if (wanted < 2) return 1;
+  if (forced.empty() && idle && kind == Kind::forward &&
+      owned > kMostQueriesForTwoShortForwardSlices && wanted == 2)
+    return 1;
   // Aligned slices may cover the rows in fewer than `wanted`; count those that are not empty.
   return ceil_div(streamed, attention_slice_length(streamed, wanted));
 }
