@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <regex>
 #include <set>
 #include <string_view>
 #include <tuple>
@@ -1322,7 +1323,8 @@ TEST_F(CoopMatrixLowering, ProductJoiningKeySlicesCompiles) {
 // (Q_CHAIN): one launch for the chain, the forward and the transpose, binding the transpose as
 // its result and the chain's input, whose kernel compiles to valid NV and well-formed KHR
 // SPIR-V, staged and in registers, each fusion alone and both. A chain that sums split-K
-// partials keeps its own launch.
+// partials keeps its own launch. In training the forward writes the transposed value beside its
+// own output and log-sum-exp (HEADS_LAST_COPY).
 TEST_F(CoopMatrixLowering, AttentionForwardFusionsCompile) {
   {
     Graph graph;
@@ -1374,6 +1376,48 @@ TEST_F(CoopMatrixLowering, AttentionForwardFusionsCompile) {
                           !quad_rows);
       }
     }
+  }
+  // In training the backward reads the forward's output as it is: the forward, which writes its
+  // log-sum-exp beside it, writes the transposed value as well (HEADS_LAST_COPY), and the
+  // transpose has no launch.
+  Graph graph;
+  const Tensor q = input(graph, "q", {1, 4, 40, 32});
+  const Tensor k = input(graph, "k", {1, 2, 70, 32});
+  const Tensor v = input(graph, "v", {1, 2, 70, 16});
+  const Tensor y = scaled_dot_product_attention(q, k, v);
+  const Tensor moved = transpose(y, {0, 2, 1, 3});
+  const Tensor seed = input(graph, "seed", {1, 40, 4, 16});
+  for (const auto& [leaf, gradient] :
+       gradients(graph, moved.id(), {q.id(), k.id(), v.id()}, seed.id()))
+    graph.set_output("d" + std::to_string(leaf), gradient);
+  graph.set_output("moved", moved.id());
+  for (const bool quad_rows : {false, true}) {
+    SCOPED_TRACE(quad_rows ? "training, in registers" : "training, staged");
+    target::DeviceTraits device = testing::switched(coop_device());
+    device.quad_row_fragments = quad_rows;
+    const std::vector<kernels::Launch> launches = kernels::lower_graph(graph, device);
+    const auto forward = std::find_if(launches.begin(), launches.end(), [](const auto& launch) {
+      return launch.kernel == "attention_forward_coopmat";
+    });
+    ASSERT_NE(forward, launches.end());
+    EXPECT_EQ(define_of(*forward, "HEADS_LAST"), "0");
+    EXPECT_EQ(define_of(*forward, "HEADS_LAST_COPY"), "1");
+    EXPECT_EQ(define_of(*forward, "WITH_LSE"), "1");
+    const auto writes = [&](ValueId value) {
+      return std::any_of(
+          forward->operands.begin(), forward->operands.end(),
+          [&](const auto& operand) { return operand.write && operand.value == value; });
+    };
+    EXPECT_TRUE(writes(y.id()));
+    EXPECT_TRUE(writes(moved.id()));
+    const std::regex names_transpose("transpose %" + std::to_string(moved.id()) + "(?![0-9])");
+    const auto naming_transpose = std::count_if(
+        launches.begin(), launches.end(),
+        [&](const auto& launch) { return std::regex_search(launch.label, names_transpose); });
+    EXPECT_EQ(naming_transpose, 1) << forward->label;
+    EXPECT_TRUE(std::regex_search(forward->label, names_transpose)) << forward->label;
+    const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, *forward));  // validated
+    expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), forward->label, 1, !quad_rows);
   }
 }
 
@@ -1932,7 +1976,8 @@ TEST_F(GpuCoopMatrix, AttentionAndGradientsNv) {
 // computed from their projection as they are loaded (heads apart, rotated at each sample's
 // positions) and the output moved heads last, grouped heads, a mask, against the reference, over
 // whole key streams and over two slices, with scores in registers and staged; the chain takes no
-// launch (one fewer than with MEGANEURA_QUERY_CHAINS=0).
+// launch (one fewer than with MEGANEURA_QUERY_CHAINS=0). And a training step's forward, which
+// writes the transposed value beside its output (HEADS_LAST_COPY).
 TEST_F(GpuCoopMatrix, AttentionForwardFusionsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
@@ -1964,6 +2009,36 @@ TEST_F(GpuCoopMatrix, AttentionForwardFusionsNv) {
                    numerics.validation);
       EXPECT_EQ(chained + 1, apart);
     }
+  }
+  // In training: the forward writes its output, its log-sum-exp and the transposed value
+  // (HEADS_LAST_COPY), one launch fewer than with MEGANEURA_TRANSPOSED_STORES=0, values and
+  // gradients against the reference.
+  const std::vector<testing::HarnessInput> training_inputs{
+      {"q", {2, 4, 70, 32}},
+      {"k", {2, 2, 130, 32}},
+      {"v", {2, 2, 130, 16}},
+      {"mask", {70, 130}, DType::f32, -2.0, 2.0},
+      {"seed", {2, 70, 4, 16}}};
+  const auto training = [](Graph& graph, std::vector<Tensor>& x) {
+    AttentionOptions options;
+    options.mask = x[3];
+    const Tensor moved =
+        transpose(scaled_dot_product_attention(x[0], x[1], x[2], options), {0, 2, 1, 3});
+    graph.set_output("moved", moved.id());
+    for (const auto& [leaf, gradient] :
+         gradients(graph, moved.id(), {x[0].id(), x[1].id(), x[2].id()}, x[4].id()))
+      graph.set_output("d" + std::to_string(leaf), gradient);
+  };
+  for (const char* registers : {"1", "0"}) {
+    SCOPED_TRACE(std::string("training, MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);
+    const ScopedSwitch forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
+    size_t written = 0, apart = 0;
+    check_on_gpu(training_inputs, training, numerics.tolerance, 29, numerics.options(), &written,
+                 numerics.validation);
+    const ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
+    check_on_gpu(training_inputs, training, numerics.tolerance, 29, numerics.options(), &apart,
+                 numerics.validation);
+    EXPECT_EQ(written + 1, apart);
   }
 }
 

@@ -69,17 +69,21 @@ TEST(GpuIndexChain, PartialSumTransposeRopeAtPositions) {
 // An attention forward whose queries are a chain's value (their projection split into heads,
 // moved to head-major order, rotated at each sample's positions) computes the chain as it loads
 // them (Q_CHAIN): the chain has no launch, one fewer than with MEGANEURA_QUERY_CHAINS=0, against
-// the reference, with the output as it is and written heads last. Where the queries are kept too
-// (an output), the chain keeps its launch and the forward computes it all the same: as many
-// launches either way. A chain that sums split-K partials keeps its launch (the forward's few
-// workgroups would load every partial).
+// the reference, with the output as it is, written heads last, and both (the forward writes the
+// transpose's value beside its own output). Where the queries are kept too (an output), the
+// chain keeps its launch and the forward computes it all the same: as many launches either way.
+// A chain that sums split-K partials keeps its launch (the forward's few workgroups would load
+// every partial).
 TEST(GpuIndexChain, AttentionComputesItsQueriesChain) {
   for (const bool summed : {false, true}) {
     for (const bool kept : {false, true}) {
-      for (const bool heads_last : {false, true}) {
+      for (const int layout : {0, 1, 2}) {  // as it is, heads last, both
+        const bool heads_last = layout != 0;
         SCOPED_TRACE(std::string(summed ? "partials summed, " : "") +
                      (kept ? "queries kept" : "queries read once") +
-                     (heads_last ? ", heads last" : ""));
+                     (layout == 1   ? ", heads last"
+                      : layout == 2 ? ", both layouts"
+                                    : ""));
         const std::vector<HarnessInput> inputs{
             {"projected", summed ? Shape{3, 2, 12, 4 * 8} : Shape{2, 12, 4 * 8}},
             {"positions", {2, 12}, DType::i32, 0.0, 300.0},
@@ -90,6 +94,7 @@ TEST(GpuIndexChain, AttentionComputesItsQueriesChain) {
           const Tensor q = rope(transpose(heads, {0, 2, 1, 3}), x[1], 10000.0, 2);
           const Tensor y = scaled_dot_product_attention(q, x[2], x[3]);
           graph.set_output("y", (heads_last ? transpose(y, {0, 2, 1, 3}) : y).id());
+          if (layout == 2) graph.set_output("y as it is", y.id());
           if (kept) graph.set_output("q", q.id());
         };
         size_t chained = 0, apart = 0;
@@ -103,6 +108,7 @@ TEST(GpuIndexChain, AttentionComputesItsQueriesChain) {
         EXPECT_EQ(chained + (computes_chain && !kept ? 1 : 0), apart) << list;
         EXPECT_NE(list.find("scaled_dot_product_attention %"), std::string::npos) << list;
         EXPECT_EQ(list.find(" + rope %") != std::string::npos, computes_chain) << list;
+        EXPECT_EQ(list.find(" + transpose %") != std::string::npos, heads_last) << list;
       }
     }
   }

@@ -325,10 +325,16 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   const int64_t slice = attention_slice_length(key_owned ? dims.q_len : dims.kv_len, splits);
   launch.defines.push_back({"SPLITS", std::to_string(splits)});  // tested by #if: no suffix
   const ValueId heads_last = fused ? fused->heads_last : kNoValue;
+  const bool heads_last_copy = heads_last != kNoValue && fused->keeps_output;
   const bool query_chain = fused && fused->query_chain != kNoValue;
-  if ((fused && (mode != Mode::forward || writes_lse)) || (heads_last != kNoValue && splits != 1))
+  // A forward that writes its log-sum-exp (for a backward) keeps its output and computes no
+  // query chain.
+  if ((fused && (mode != Mode::forward ||
+                 (writes_lse && (query_chain || (heads_last != kNoValue && !heads_last_copy))))) ||
+      (heads_last != kNoValue && splits != 1))
     throw std::logic_error(context.label() + ": no such fusion of this attention");
-  launch.defines.push_back({"HEADS_LAST", heads_last != kNoValue ? "1" : "0"});
+  launch.defines.push_back({"HEADS_LAST", heads_last != kNoValue && !heads_last_copy ? "1" : "0"});
+  launch.defines.push_back({"HEADS_LAST_COPY", heads_last_copy ? "1" : "0"});
   launch.defines.push_back({"Q_CHAIN", query_chain ? "1" : "0"});
   launch.defines.push_back({"SLICE", glsl_uint(slice)});
   // dK and dV over parts of each group's query heads (head_splits): partial z is slice
@@ -441,10 +447,11 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                             : mode == Mode::grad_scores ? "scores"
                                                         : "result";
   launch.operands.push_back(
-      {result_name, heads_last != kNoValue ? heads_last : context.id(), true});
+      {result_name, heads_last != kNoValue && !heads_last_copy ? heads_last : context.id(), true});
   if (companion != kNoValue)
     launch.operands.push_back({mode == Mode::forward ? "lse" : "result_v", companion, true});
   if (scores != kNoValue) launch.operands.push_back({"scores", scores, true});
+  if (heads_last_copy) launch.operands.push_back({"out_t", heads_last, true});
   for (Operand& operand : chain_operands) launch.operands.push_back(std::move(operand));
   // W in whole vec4s where its rows are (the owned keys of a block start at multiples of 4).
   if (!coop && (scores != kNoValue || mode == Mode::grad_scores)) {
@@ -700,7 +707,8 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
 
 std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId producer,
                                                     const std::vector<ValueId>& companions,
-                                                    const DeviceTraits& device) {
+                                                    const DeviceTraits& device,
+                                                    const AttentionForwardFusion* fused) {
   LoweringContext context(graph, producer, device);
   const std::string& op = graph.node(producer).op;
   ValueId companion = kNoValue, scores = kNoValue;
@@ -712,11 +720,13 @@ std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId 
     lower_attention(context, companion != kNoValue ? Mode::grad_kv : Mode::grad_k, companion,
                     scores);
   else
-    lower_attention(context, Mode::forward, companion);
+    lower_attention(context, Mode::forward, companion, kNoValue, fused);
   // Profiles and errors name every node whose value the launch writes.
   for (Launch& launch : context.launches()) {
     for (const ValueId value : companions)
       launch.label += " + " + graph.node(value).op + " %" + std::to_string(value);
+    if (fused && fused->heads_last != kNoValue)
+      launch.label += " + transpose %" + std::to_string(fused->heads_last);
   }
   return std::move(context.launches());
 }

@@ -27,14 +27,16 @@
 // maximum (no lazy threshold), l is summed per lane and over the row's lanes at the end, and
 // each lane writes its own elements of O. No staging area, no subgroup barrier.
 // HEADS_LAST=1 (whole key streams): O written [B, SQ, HQ, DV], the heads after the queries, as the
-// transpose that alone reads it would move it (kernels/fusion.cpp).
+// transpose that alone reads it would move it (kernels/fusion.cpp). HEADS_LAST_COPY=1 (whole key
+// streams): O written as it is and, to out_t, heads last as well, for a transpose that reads it
+// beside others (a training step's backward, which reads O as it is).
 // Q_CHAIN=1: the queries computed as they are loaded, four at a time by the generated
 // q_chain4(i4) (an index chain's value: heads apart, the rotation; fusion.cpp leaves chains
 // that sum split-K partials to their own launch), instead of read from q (binding 0 then holds
 // the chain's first buffer, unread).
 // No Sq x Sk matrix exists. Defines: HQ, HKV, SQ, SK, D, DV (multiples of 16), SCALE, CAUSAL,
 // BK (32 or 64), WITH_VALUE, WITH_LSE, SPLITS, SLICE (a multiple of BK), FRAGMENT_REGISTERS,
-// HEADS_LAST, Q_CHAIN. Generated: float
+// HEADS_LAST, HEADS_LAST_COPY, Q_CHAIN. Generated: float
 // mask_at(b, h, i, j). Loops over fragments are unrolled so that fragment arrays stay in
 // registers.
 #extension GL_NV_cooperative_matrix : require
@@ -104,8 +106,9 @@ void load_kv(uint kv_base, uint k0, uint t) {
 }
 
 // The output row of query i of head h of entry b, where the whole stream's output goes.
+#define HEADS_LAST_ROW(i) ((b * SQ + (i)) * HQ + h)
 #if HEADS_LAST
-#define OUT_ROW(i) ((b * SQ + (i)) * HQ + h)
+#define OUT_ROW(i) HEADS_LAST_ROW(i)
 #else
 #define OUT_ROW(i) (q_base + (i))
 #endif
@@ -352,8 +355,13 @@ void main() {
     if (quad_col == 0) out_[out_row * (DV + 1) + DV] = lse_value;
 #else
     [[unroll]] for (uint n = 0; n < DV / 8; ++n) {
-      [[unroll]] for (uint e = 0; e < 2; ++e)
-        out_[OUT_ROW(i) * DV + n * 8 + quad_col + e] = o[n][2 * half_rows + e] / l[half_rows];
+      [[unroll]] for (uint e = 0; e < 2; ++e) {
+        float value = o[n][2 * half_rows + e] / l[half_rows];
+        out_[OUT_ROW(i) * DV + n * 8 + quad_col + e] = value;
+#if HEADS_LAST_COPY
+        out_t[HEADS_LAST_ROW(i) * DV + n * 8 + quad_col + e] = value;
+#endif
+      }
     }
 #endif
 #if WITH_LSE
@@ -380,8 +388,13 @@ void main() {
     out_[out_row * (DV + 1) + 2 * c + half_index] = stage[stage_row + 2 * c] * inverse_sum;
   if (half_index == 0) out_[out_row * (DV + 1) + DV] = (m + log2(l)) / float(LOG2E);
 #else
-  [[unroll]] for (uint c = 0; c < DV / 2; ++c)
-    out_[OUT_ROW(i) * DV + 2 * c + half_index] = stage[stage_row + 2 * c] / l;
+  [[unroll]] for (uint c = 0; c < DV / 2; ++c) {
+    float value = stage[stage_row + 2 * c] / l;
+    out_[OUT_ROW(i) * DV + 2 * c + half_index] = value;
+#if HEADS_LAST_COPY
+    out_t[HEADS_LAST_ROW(i) * DV + 2 * c + half_index] = value;
+#endif
+  }
 #endif
 #if WITH_LSE
   // O and l are relative to the same m, so m + log2 l is the log-sum-exp here too.

@@ -34,11 +34,14 @@
 // W is written block by block from the weights' tile, and needs every (query, key) pair of it:
 // a workgroup that writes W visits the query blocks that causal masking would let it skip.
 // HEADS_LAST (the forward over whole streams): its output written [B, SQ, HQ, DV], the heads
-// after the queries, as the transpose that alone reads it would move it (kernels/fusion.cpp).
+// after the queries, as the transpose that alone reads it would move it (kernels/fusion.cpp);
+// HEADS_LAST_COPY: written as it is and, to out_t, heads last as well, for a transpose that reads
+// it beside others (a training step's backward).
 // Q_CHAIN (the forward): the queries computed as they are loaded, by the generated q_chain(i)
 // (an index chain's value: heads apart, the rotation; fusion.cpp leaves chains that sum split-K
 // partials to their own launch), instead of read from q.
-// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV, 6 W), HEADS_LAST, Q_CHAIN,
+// Defines: MODE (0 forward, 1 lse, 2 dQ, 3 dK, 4 dV, 5 dK and dV, 6 W), HEADS_LAST,
+// HEADS_LAST_COPY, Q_CHAIN,
 // WITH_LSE, WITH_SCORES
 // (modes 3 and 5), SCORES_VEC4 (W written through the vec4 view scores4, SK a multiple of 4),
 // HQ, HKV, SQ, SK, D,
@@ -548,6 +551,9 @@ void main() {
 #elif MODE == 0
   barrier();
   WRITE_RESULT(out_, q_base, acc, E, E, 0u, E4, E4PT, 1.0 / row_sum[owned_row])
+#if HEADS_LAST_COPY
+  WRITE_RESULT(out_t, b * SQ, acc, E, HQ * E, h * E, E4, E4PT, 1.0 / row_sum[owned_row])
+#endif
 #elif MODE == 2
   WRITE_RESULT(grad_q, (SPLIT ? PARTIAL_BASE : 0u) + q_base, acc, E, E, 0u, E4, E4PT, 1.0)
 #elif ACCUMULATES

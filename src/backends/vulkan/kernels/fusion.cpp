@@ -200,9 +200,12 @@ bool read_outside(const Graph& graph, const std::vector<std::vector<ValueId>>& c
 // The most partial results a pointwise kernel sums in place of a split-K sum's launch.
 constexpr int64_t kMostFusedPartials = 32;
 
-// The most buffers an attention forward binds where it computes its queries' index chain: q
-// (unread), k, v, a mask, the output, and the chain's input and positions.
-constexpr uint32_t kMostAttentionBindings = 7;
+// The buffers an attention forward binds at most: q, k, v and a mask, its output, its log-sum-exp
+// (`lse`), the transposed copy of its output (`copy`), and where it computes its queries' index
+// chain (q then unread) the chain's input and positions.
+constexpr uint32_t attention_bindings(bool lse, bool copy, bool chain) {
+  return 5 + (lse ? 1 : 0) + (copy ? 1 : 0) + (chain ? 2 : 0);
+}
 
 // Whether `id` is a sum of f32 partial results over their leading axis (split-K's, ops/k_split.hpp)
 // that a pointwise reader can sum itself.
@@ -993,36 +996,47 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // Attention forwards without a log-sum-exp for a backward (at inference), fused with what is
-  // around them (AttentionForwardFusion). Over whole key streams, one whose output only a
-  // transpose reads, moving the heads after the queries (SmolVLA's cross-attention before its
-  // output projection), writes the transpose's value itself (writes_heads_last): the transpose
-  // has no launch, nor the barrier before it (MEGANEURA_TRANSPOSED_STORES=0 turns this off too).
-  // One whose queries are an index chain's value (heads apart, the rotation) computes that chain
-  // as it loads them, so it no longer waits for the chain's launch, which goes where nothing else
-  // reads the queries (MEGANEURA_QUERY_CHAINS=0 turns this off). Not a chain that sums a
-  // projection's split-K partials: the forward's few workgroups would load every partial of their
-  // queries, where the chain's own launch spreads those loads over many (SmolVLA's flow steps,
-  // 50 queries a head, ran slower so).
+  // Attention forwards fused with what is around them (AttentionForwardFusion). Over whole key
+  // streams, one whose output a transpose reads, moving the heads after the queries (before the
+  // output projection), writes the transpose's value itself (writes_heads_last): in place of its
+  // own output where the transpose alone reads that (at inference), else beside it (a training
+  // step's forward, whose output its backward reads as well): the transpose has no launch, nor
+  // the barrier before it (MEGANEURA_TRANSPOSED_STORES=0 turns this off too). A forward without a
+  // log-sum-exp for a backward (at inference) whose queries are an index chain's value (heads
+  // apart, the rotation) computes that chain as it loads them, so it no longer waits for the
+  // chain's launch, which goes where nothing else reads the queries (MEGANEURA_QUERY_CHAINS=0
+  // turns this off). Not a chain that sums a projection's split-K partials: the forward's few
+  // workgroups would load every partial of their queries, where the chain's own launch spreads
+  // those loads over many (SmolVLA's flow steps, 50 queries a head, ran slower so).
   std::map<ValueId, AttentionForwardFusion> forward_fusion_of;
   std::vector<bool> queries_in_attention(graph.size(), false);
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const ValueId forward = static_cast<ValueId>(i);
       const Node& node = graph.nodes()[i];
-      if (node.op != op::scaled_dot_product_attention || companions_of.count(forward) != 0)
-        continue;
+      if (node.op != op::scaled_dot_product_attention) continue;
+      const bool writes_lse = companions_of.count(forward) != 0;
       AttentionForwardFusion fusion;
-      if (device.switches.transposed_stores && !observed[i] && consumers[i] == 1) {
-        const ValueId transpose = consumer_lists[i].front();
-        if (free_transpose(transpose) && writes_heads_last(graph, forward, transpose))
-          fusion.heads_last = transpose;
+      if (device.switches.transposed_stores) {
+        for (const ValueId reader : consumer_lists[i]) {
+          if (!free_transpose(reader) || stored_by_producer[static_cast<size_t>(reader)] ||
+              !writes_heads_last(graph, forward, reader))
+            continue;
+          const bool keeps_output = writes_lse || observed[i] || consumers[i] != 1;
+          if (device.max_storage_buffers >= attention_bindings(writes_lse, keeps_output, false)) {
+            fusion.heads_last = reader;
+            fusion.keeps_output = keeps_output;
+          }
+          break;
+        }
       }
       const ValueId queries = node.inputs[0];
       const auto chain = chain_of_root.find(queries);
-      if (device.switches.query_chains && chain != chain_of_root.end() &&
+      if (!writes_lse && device.switches.query_chains && chain != chain_of_root.end() &&
           !is_partial_sum(graph, chain->second.front()) &&
-          device.max_storage_buffers >= kMostAttentionBindings) {
+          device.max_storage_buffers >=
+              attention_bindings(false, fusion.heads_last != kNoValue && fusion.keeps_output,
+                                 true)) {
         fusion.query_chain = queries;
         fusion.query_links = chain->second;
       }
@@ -1145,8 +1159,11 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       return one(norm_with_fusion(graph, id, it->second, device));
     if (auto it = chain_of_root.find(id); it != chain_of_root.end())
       return one(index_chain_launch(graph, id, it->second, device));
-    if (auto it = companions_of.find(id); it != companions_of.end())
-      return lower_with_companions(graph, id, it->second, device);
+    if (auto it = companions_of.find(id); it != companions_of.end()) {
+      const auto fused = forward_fusion_of.find(id);
+      return lower_with_companions(graph, id, it->second, device,
+                                   fused != forward_fusion_of.end() ? &fused->second : nullptr);
+    }
     if (auto it = forward_fusion_of.find(id); it != forward_fusion_of.end())
       return lower_attention_forward(graph, id, it->second, device);
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {

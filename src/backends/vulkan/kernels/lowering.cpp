@@ -126,10 +126,11 @@ bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion
 
 std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
                                           const std::vector<ValueId>& companions,
-                                          const DeviceTraits& device) {
+                                          const DeviceTraits& device,
+                                          const AttentionForwardFusion* fused) {
   if (graph.node(producer).op == op::winograd_tiles)
     return lower_winograd_tiles_pair(graph, producer, companions.at(0), device);
-  return lower_attention_with_companions(graph, producer, companions, device);
+  return lower_attention_with_companions(graph, producer, companions, device, fused);
 }
 
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device) {

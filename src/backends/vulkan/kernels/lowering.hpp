@@ -146,6 +146,23 @@ std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTrait
 // wrote it there (fusion.cpp, scatters into their target's memory).
 Launch scatter_add_rows_launch(const Graph& graph, ValueId id, const DeviceTraits& device);
 
+// An attention forward over whole key streams (no slices) that `transpose` reads, moving the heads
+// after the queries: its launch can write the transpose's value itself (HEADS_LAST, or
+// HEADS_LAST_COPY beside its own output), and the transpose then has none (kernels/fusion.cpp).
+bool writes_heads_last(const Graph& graph, ValueId forward, ValueId transpose);
+// How an attention forward is fused (kernels/fusion.cpp): the transpose whose value it writes
+// heads last (kNoValue: none), in place of its own output or, with keeps_output, beside it (the
+// output has other readers: a training step's backward, whose forward writes its log-sum-exp as a
+// companion); and for a forward without a log-sum-exp, the index chain (root and links) whose
+// value its queries are, which it then computes as it loads them (Q_CHAIN) instead of reading
+// them from memory (kNoValue: read them).
+struct AttentionForwardFusion {
+  ValueId heads_last = kNoValue;
+  bool keeps_output = false;
+  ValueId query_chain = kNoValue;
+  std::vector<ValueId> query_links;
+};
+
 // Values another node's launch can write beside its own result, so that their node needs no
 // launch: an attention_lse after a forward over the same q, k and mask, with the same scale and
 // causality (the forward, or for a forward over key slices the attention_combine after it, has
@@ -163,10 +180,12 @@ bool is_companion_producer_op(std::string_view op);
 bool can_write_companion(const Graph& graph, ValueId producer, ValueId companion,
                          const DeviceTraits& device);
 
-// The producer's launches, writing the companions as well.
+// The producer's launches, writing the companions as well (an attention forward fused as `fused`
+// says, where given).
 std::vector<Launch> lower_with_companions(const Graph& graph, ValueId producer,
                                           const std::vector<ValueId>& companions,
-                                          const DeviceTraits& device);
+                                          const DeviceTraits& device,
+                                          const AttentionForwardFusion* fused = nullptr);
 
 // The attention family's companions (attention.cpp) and the Winograd tile pair (conv_winograd.cpp),
 // which the three functions above dispatch to.
@@ -175,20 +194,8 @@ bool can_write_attention_companion(const Graph& graph, ValueId producer, ValueId
                                    const DeviceTraits& device);
 std::vector<Launch> lower_attention_with_companions(const Graph& graph, ValueId producer,
                                                     const std::vector<ValueId>& companions,
-                                                    const DeviceTraits& device);
-// An attention forward over whole key streams (no slices, no log-sum-exp) whose output only
-// `transpose` reads, moving the heads after the queries: its launch can write the transpose's
-// value itself (HEADS_LAST), and the transpose then has none (kernels/fusion.cpp).
-bool writes_heads_last(const Graph& graph, ValueId forward, ValueId transpose);
-// How an attention forward without a log-sum-exp for a backward is fused (kernels/fusion.cpp):
-// the transpose whose value it writes heads last (kNoValue: its own output), and the index chain
-// (root and links) whose value its queries are, which it then computes as it loads them
-// (Q_CHAIN) instead of reading them from memory (kNoValue: read them).
-struct AttentionForwardFusion {
-  ValueId heads_last = kNoValue;
-  ValueId query_chain = kNoValue;
-  std::vector<ValueId> query_links;
-};
+                                                    const DeviceTraits& device,
+                                                    const AttentionForwardFusion* fused = nullptr);
 std::vector<Launch> lower_attention_forward(const Graph& graph, ValueId forward,
                                             const AttentionForwardFusion& fusion,
                                             const DeviceTraits& device);
