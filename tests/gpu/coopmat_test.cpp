@@ -1995,18 +1995,25 @@ TEST_F(GpuCoopMatrix, AttentionForwardFusionsNv) {
     const Tensor y = scaled_dot_product_attention(q, x[2], x[3], options);
     graph.set_output("y", transpose(y, {0, 2, 1, 3}).id());
   };
+  // The dispatches of a run against the reference, fused and with `fusion_switch` set to 0.
+  const auto dispatches_fused_and_not = [&](const auto& harness_inputs, const auto& graph_build,
+                                            uint64_t seed, const char* fusion_switch) {
+    size_t fused = 0, apart = 0;
+    check_on_gpu(harness_inputs, graph_build, numerics.tolerance, seed, numerics.options(), &fused,
+                 numerics.validation);
+    const ScopedSwitch off(fusion_switch, "0");
+    check_on_gpu(harness_inputs, graph_build, numerics.tolerance, seed, numerics.options(), &apart,
+                 numerics.validation);
+    return std::pair{fused, apart};
+  };
   for (const char* splits : {"1", "2"}) {
     for (const char* registers : {"1", "0"}) {
       SCOPED_TRACE(std::string("key slices ") + splits +
                    ", MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=" + registers);
       const ScopedSwitch sliced("MEGANEURA_ATTENTION_SPLITS", splits);
       const ScopedSwitch forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
-      size_t chained = 0, apart = 0;
-      check_on_gpu(inputs, build, numerics.tolerance, 23, numerics.options(), &chained,
-                   numerics.validation);
-      const ScopedSwitch off("MEGANEURA_QUERY_CHAINS", "0");
-      check_on_gpu(inputs, build, numerics.tolerance, 23, numerics.options(), &apart,
-                   numerics.validation);
+      const auto [chained, apart] =
+          dispatches_fused_and_not(inputs, build, 23, "MEGANEURA_QUERY_CHAINS");
       EXPECT_EQ(chained + 1, apart);
     }
   }
@@ -2032,12 +2039,8 @@ TEST_F(GpuCoopMatrix, AttentionForwardFusionsNv) {
   for (const char* registers : {"1", "0"}) {
     SCOPED_TRACE(std::string("training, MEGANEURA_ATTENTION_FRAGMENT_REGISTERS=") + registers);
     const ScopedSwitch forward("MEGANEURA_ATTENTION_FRAGMENT_REGISTERS", registers);
-    size_t written = 0, apart = 0;
-    check_on_gpu(training_inputs, training, numerics.tolerance, 29, numerics.options(), &written,
-                 numerics.validation);
-    const ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
-    check_on_gpu(training_inputs, training, numerics.tolerance, 29, numerics.options(), &apart,
-                 numerics.validation);
+    const auto [written, apart] =
+        dispatches_fused_and_not(training_inputs, training, 29, "MEGANEURA_TRANSPOSED_STORES");
     EXPECT_EQ(written + 1, apart);
   }
 }
