@@ -1421,6 +1421,29 @@ TEST_F(CoopMatrixLowering, AttentionForwardFusionsCompile) {
   }
 }
 
+// A product whose result a transpose alone reads (SmolLM2's q projection at 128 tokens split
+// into heads and moved head-major) writes the transposed value from its cooperative-matrix
+// GEMM's store: one launch, binding the transpose as its result, no direct fragment stores,
+// valid NV and well-formed KHR SPIR-V.
+TEST_F(CoopMatrixLowering, ProductsStoreWhereTheirTransposeMoves) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {128, 576});
+  const Tensor w = input(graph, "w", {576, 576});
+  const Tensor heads = transpose(reshape(matmul(x, w, false, true), {1, 128, 9, 64}), {0, 2, 1, 3});
+  graph.set_output("heads", heads.id());
+  const std::vector<kernels::Launch> launches =
+      kernels::lower_graph(graph, testing::switched(coop_device()));
+  ASSERT_EQ(launches.size(), 1u);
+  const kernels::Launch& launch = launches[0];
+  EXPECT_EQ(launch.kernel, "gemm_coopmat");
+  EXPECT_EQ(define_of(launch, "DIRECT_STORE"), "0");
+  EXPECT_TRUE(std::any_of(launch.operands.begin(), launch.operands.end(), [&](const auto& operand) {
+    return operand.write && operand.value == heads.id();
+  }));
+  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label, 1);
+}
+
 // The backward kernels stream blocks of 32 (fewer registers than 64), and 64 where
 // MEGANEURA_ATTENTION_COOP_BLOCK=64 asks and shared memory allows (head dimension 64, not 128);
 // a mask moves the bindings of out_value and grad_out. Both block sizes, with a mask, compile

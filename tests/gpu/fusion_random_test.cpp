@@ -539,26 +539,71 @@ TEST(GpuFusion, ElementwiseResultsStoredWhereTheirTransposeMovesThem) {
   }
 }
 
+// Transposed stores of products (fusion.cpp): a matmul whose result a transpose reads, through a
+// reshape (a projection split into heads and moved head-major), alone or through its epilogue (a
+// bias add), writes the transposed value itself from its store: one launch instead of two
+// (MEGANEURA_TRANSPOSED_STORES=0), against the reference, on the device's GEMM paths (its CPU
+// kernels, and with MEGANEURA_NO_CPU_KERNELS=1 the tiled GEMM and, at 2 rows over a transposed
+// weight, the few-rows one). Where the graph keeps the result too, the transpose keeps its
+// launch.
+TEST(GpuFusion, ProductsStoredWhereTheirTransposeMovesThem) {
+  for (const char* gpu_kernels : {"0", "1"}) {
+    for (const int64_t rows : {12, 2}) {
+      for (const bool bias : {false, true}) {
+        for (const bool kept : {false, true}) {
+          SCOPED_TRACE(std::string("MEGANEURA_NO_CPU_KERNELS=") + gpu_kernels + ", " +
+                       std::to_string(rows) + " rows" + (bias ? ", bias" : "") +
+                       (kept ? ", result kept" : ""));
+          const ScopedSwitch kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
+          const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
+            Tensor y = matmul(in[0], in[1], false, true);
+            if (bias) y = y + in[2];
+            const Tensor heads = transpose(reshape(y, {1, rows, 4, 10}), {0, 2, 1, 3});
+            graph.set_output("heads", heads.id());
+            if (kept) graph.set_output("y", y.id());
+          };
+          const std::vector<HarnessInput> inputs{{"x", {rows, 48}}, {"w", {40, 48}}, {"b", {40}}};
+          size_t stored = 0, apart = 0;
+          std::string list;
+          check_on_gpu(inputs, build, 1e-5, 47, {}, &stored, true, &list);
+          {
+            const ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
+            check_on_gpu(inputs, build, 1e-5, 47, {}, &apart);
+          }
+          EXPECT_EQ(stored + (kept ? 0 : 1), apart) << list;
+          EXPECT_EQ(lines_with(list, {"matmul %", " + transpose %"}), kept ? 0u : 1u) << list;
+          const bool few_rows = gpu_kernels == std::string("1") && rows == 2;
+          EXPECT_EQ(lines_with(list, {"gemm_few_rows"}), few_rows ? 1u : 0u) << list;
+        }
+      }
+    }
+  }
+}
+
 // Transposed loads (fusion.cpp): a transpose that keeps the innermost axis, read only by
 // elementwise DAGs, has no launch; they read its input where it took each element. A batch norm
 // over f16 images side by side moved back (as ResNet's products over the batch leave them): the
 // sums' prologues and the normalisation read through the transpose, each through a widening of
 // its own, in vec4s and over planes of 7, whose vec4s the transpose splits (each element loaded
 // alone); an f32 product moved back and read in scalars (a broadcast operand varying inside
-// vec4s). One launch fewer than with MEGANEURA_TRANSPOSED_LOADS=0, against the reference. The
-// transpose keeps its launch where a product reads it too, or where it moves the innermost axis.
+// vec4s). One launch fewer than with MEGANEURA_TRANSPOSED_LOADS=0 (and
+// MEGANEURA_TRANSPOSED_STORES=0, without which the product would store the moved value itself),
+// against the reference. The transpose is no load of theirs where a product reads it too (the
+// product before it then stores the moved value itself: one launch fewer all the same), or where it
+// moves the innermost axis (its own launch).
 TEST(GpuFusion, ElementwiseReadersLoadThroughTheirTranspose) {
   struct Case {
     const char* name;
     int64_t plane;  // the innermost axis
     std::vector<int64_t> permutation;
     bool statistics, read_by_product, taken;
+    size_t fewer;  // launches
   };
-  for (const Case& c : {Case{"batch norm, f16, vec4s", 8, {1, 0, 2}, true, false, true},
-                        Case{"batch norm, f16, planes of 7", 7, {1, 0, 2}, true, false, true},
-                        Case{"product, f32, scalars", 8, {1, 0, 2}, false, false, true},
-                        Case{"also read by a product", 8, {1, 0, 2}, false, true, false},
-                        Case{"innermost moved", 8, {0, 2, 1}, false, false, false}}) {
+  for (const Case& c : {Case{"batch norm, f16, vec4s", 8, {1, 0, 2}, true, false, true, 1},
+                        Case{"batch norm, f16, planes of 7", 7, {1, 0, 2}, true, false, true, 1},
+                        Case{"product, f32, scalars", 8, {1, 0, 2}, false, false, true, 1},
+                        Case{"also read by a product", 8, {1, 0, 2}, false, true, false, 1},
+                        Case{"innermost moved", 8, {0, 2, 1}, false, false, false, 0}}) {
     SCOPED_TRACE(c.name);
     const auto build = [&](Graph& graph, std::vector<Tensor>& in) {
       // [channels, images * plane] -> [images, channels, plane]
@@ -591,9 +636,11 @@ TEST(GpuFusion, ElementwiseReadersLoadThroughTheirTranspose) {
     check_on_gpu(inputs, build, tolerance, 47, {}, &loaded, true, &list);
     {
       const ScopedSwitch off("MEGANEURA_TRANSPOSED_LOADS", "0");
+      const ScopedSwitch no_stores("MEGANEURA_TRANSPOSED_STORES", "0");
       check_on_gpu(inputs, build, tolerance, 47, {}, &apart, true, &apart_list);
     }
-    EXPECT_EQ(loaded + (c.taken ? 1 : 0), apart) << list;
+    EXPECT_EQ(loaded + c.fewer, apart) << list;
+    EXPECT_EQ(lines_with(list, {"pointwise_moved"}), c.taken ? 1u : 0u) << list;
     EXPECT_EQ(lines_with(list, {"transpose"}), c.taken ? 0u : 1u) << list;
     EXPECT_EQ(lines_with(apart_list, {"transpose"}), 1u) << apart_list;
   }

@@ -970,7 +970,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // launch, nor the barrier before it, and the values are not read back. Where other elementwise
   // DAGs read the result too (a ReLU's output, rounded to f16, moved for the next product and read
   // by the ReLU's gradient), only the moved value is stored, and they read each element where it
-  // went (with the transposed loads).
+  // went (with the transposed loads). A product whose result the transpose alone reads does the
+  // same from its GEMM's store where not only elementwise DAGs read the transpose (attention
+  // projections moved head-major).
   // MEGANEURA_TRANSPOSED_STORES=0 turns it off.
   std::map<ValueId, ValueId> moved_to;
   std::vector<bool> stored_by_producer(graph.size(), false);
@@ -981,11 +983,23 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if (!keeps_innermost(transpose)) continue;
       const auto [source, alone] = through_reshapes(node.inputs[0]);
       const size_t s = static_cast<size_t>(source);
-      if (!alone || observed[s] || !plain_root(source) || inlined_away[s] ||
+      const Node& producer = graph.node(source);
+      const bool product =
+          (producer.op == op::matmul && !producer.attrs.has("k_splits") && !in_epilogue[s]) ||
+          epilogue_of_root.count(source) != 0;
+      if (!alone || observed[s] || !(plain_root(source) || product) || inlined_away[s] ||
           moved_to.count(source) != 0 || graph.type(source).dtype != node.type.dtype)
         continue;
       const int64_t elements = graph.type(source).elements();
       const bool read_elsewhere = consumers[s] != 1;
+      // A product stores the moved value where its transpose alone reads it and something other
+      // than elementwise DAGs reads the transpose; elementwise readers read through it instead
+      // (the transposed loads below), and the product keeps its plain store.
+      if (product &&
+          (read_elsewhere || (loads_through && readers_all(transpose, [&](ValueId reader) {
+                                return read_by_plain_dag(reader, elements);
+                              }))))
+        continue;
       if (read_elsewhere && (!loads_through || !readers_all(source, [&](ValueId reader) {
             return reader == transpose || read_by_plain_dag(reader, elements);
           })))
@@ -1166,14 +1180,20 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
     if (auto it = forward_fusion_of.find(id); it != forward_fusion_of.end())
       return lower_attention_forward(graph, id, it->second, device);
+    const auto moved = moved_to.find(id);
+    const ValueId moved_value = moved != moved_to.end() ? moved->second : kNoValue;
+    const std::string moved_label =
+        moved_value != kNoValue ? " + transpose %" + std::to_string(moved_value) : "";
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
       const MatmulEpilogue& epilogue = it->second;
       const ValueId product = epilogue.dag.inputs[epilogue.product_input];
-      const std::string label =
-          "matmul %" + std::to_string(product) + " + " + fused_label(graph, epilogue.dag);
-      return lower_matmul_with_epilogue(graph, product, epilogue, device, label);
+      const std::string label = "matmul %" + std::to_string(product) + " + " +
+                                fused_label(graph, epilogue.dag) + moved_label;
+      return lower_matmul_with_epilogue(graph, product, &epilogue, moved_value, device, label);
     }
-    const auto moved = moved_to.find(id);
+    if (node.op == op::matmul && moved_value != kNoValue)
+      return lower_matmul_with_epilogue(graph, id, nullptr, moved_value, device,
+                                        "matmul %" + std::to_string(id) + moved_label);
     if (auto it = inlined_of.find(id); it != inlined_of.end() || moved != moved_to.end()) {
       PointwiseDag dag = loading_through(
           it != inlined_of.end() ? dag_of(graph, id, fused_into, written_beside, &siblings_of,

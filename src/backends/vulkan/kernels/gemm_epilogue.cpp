@@ -5,17 +5,27 @@
 namespace mg::kernels {
 
 std::string matmul_store_function(const Graph& graph, ValueId matmul,
-                                  const MatmulEpilogue* epilogue, Launch& launch) {
+                                  const MatmulEpilogue* epilogue, Launch& launch,
+                                  ValueId moved_to) {
   const Shape& shape = graph.type(matmul).shape;
   const size_t rank = shape.size();
   const std::string offset =
       "(z * " + glsl_uint(shape[rank - 2]) + " + m) * " + glsl_uint(shape[rank - 1]) + " + n";
+  // The reshapes between the result and the transpose keep each element's flat index.
+  const bool moved = moved_to != kNoValue;
+  const Node* transpose = moved ? &graph.node(moved_to) : nullptr;
+  const std::string moved_index =
+      moved ? transpose_index_function_glsl(transpose->attrs.get_ints("permutation"),
+                                            graph.type(transpose->inputs[0]).shape,
+                                            transpose->type.shape, "moved_index", true)
+            : std::string();
+  const std::string stored_at = moved ? "moved_index(" + offset + ")" : offset;
   const std::string signature = "void store_c(uint z, uint m, uint n, float value) {\n";
   if (!epilogue) {
-    launch.operands.push_back({"c", matmul, true});
+    launch.operands.push_back({"c", moved ? moved_to : matmul, true});
     const std::string stored =
         graph.type(matmul).dtype == DType::f16 ? "float16_t(value)" : "value";
-    return signature + "  c[" + offset + "] = " + stored + ";\n}\n";
+    return moved_index + signature + "  c[" + stored_at + "] = " + stored + ";\n}\n";
   }
 
   const PointwiseDag& dag = epilogue->dag;
@@ -27,7 +37,7 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
   coordinates.push_back("m");
   coordinates.push_back("n");
 
-  launch.operands.push_back({"c", dag.output, true});
+  launch.operands.push_back({"c", moved ? moved_to : dag.output, true});
   std::vector<std::string> input_expressions;
   for (size_t k = 0; k < dag.inputs.size(); ++k) {
     const Node& input = graph.node(dag.inputs[k]);
@@ -56,9 +66,9 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
   }
   const std::string result = pointwise_result_glsl(dag);
   const bool float_output = graph.type(dag.output).dtype == DType::f32;
-  return std::string(pointwise_functions_glsl()) + signature +
+  return std::string(pointwise_functions_glsl()) + moved_index + signature +
          (batch_shape.empty() ? "" : coordinates_glsl(batch_shape, "z", "batch")) +
-         pointwise_statements_glsl(dag, input_expressions) + "  c[" + offset +
+         pointwise_statements_glsl(dag, input_expressions) + "  c[" + stored_at +
          "] = " + (float_output ? result : "int(" + result + ")") + ";\n" + extra_stores + "}\n";
 }
 

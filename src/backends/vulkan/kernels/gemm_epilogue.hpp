@@ -27,18 +27,22 @@ struct MatmulEpilogue {
 // (values the graph keeps or reads elsewhere) beside it. Appends the operands it reads and
 // writes to `launch.operands`: the written result, named "c", then the epilogue's bound inputs,
 // named "epilogue<k>" (uniform constants become literals and bind nothing), then the extra
-// outputs, "epilogue_extra<k>".
+// outputs, "epilogue_extra<k>". With `moved_to` (a transpose that alone reads the result,
+// through reshapes: fusion.cpp's transposed stores) it writes the transpose's value instead, each
+// element where the transpose moves it.
 std::string matmul_store_function(const Graph& graph, ValueId matmul,
-                                  const MatmulEpilogue* epilogue, Launch& launch);
+                                  const MatmulEpilogue* epilogue, Launch& launch,
+                                  ValueId moved_to = kNoValue);
 
 // How many storage buffers a GEMM launch for `epilogue` binds (a, b, the result, the
 // epilogue's bound inputs and its extra outputs), to keep fusion within
 // DeviceTraits::max_storage_buffers.
 uint32_t matmul_epilogue_bindings(const Graph& graph, const MatmulEpilogue& epilogue);
 
-// The launches of matmul node `matmul` with `epilogue` fused into its store (gemm.cpp).
+// The launches of matmul node `matmul` with `epilogue` (where given) fused into its store, which
+// writes transpose `moved_to`'s value where given (matmul.cpp).
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
-                                               const MatmulEpilogue& epilogue,
+                                               const MatmulEpilogue* epilogue, ValueId moved_to,
                                                const DeviceTraits& device, std::string label);
 
 }  // namespace mg::kernels

@@ -109,8 +109,10 @@ ValueId joined_split_attention(const Graph& graph, const Node& node, const Devic
 
 namespace {
 
-// Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue`.
-void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
+// Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue` and
+// writes transpose `moved_to`'s value where given.
+void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
+                 ValueId moved_to = kNoValue) {
   const Node& node = context.node();
   const Shape& a_shape = context.input_type(0).shape;
   const Shape& b_shape = context.input_type(1).shape;
@@ -200,21 +202,22 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
       functions = split_k_functions(functions, batches, k, splits, vector_loads, half_units);
     Launch bindings;
     bindings.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
-    functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings);
+    functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings, moved_to);
     if (coop) {
-      const GeneratedGemm gemm{.m = m,
-                               .n = n,
-                               .k = k_slice,
-                               .entries = batches * splits,
-                               .a_m_contiguous = transpose_a,
-                               .b_k_contiguous = transpose_b,
-                               .vector_loads = vector_loads,
-                               // f16 results leave through store_c, which rounds them: an f16
-                               // fragment would have B's type, which the KHR rewrite refuses.
-                               .row_major_c = epilogue == nullptr && !half_result,
-                               .half_operands = half_operands,
-                               .half_units = half_units,
-                               .functions = std::move(functions)};
+      const GeneratedGemm gemm{
+          .m = m,
+          .n = n,
+          .k = k_slice,
+          .entries = batches * splits,
+          .a_m_contiguous = transpose_a,
+          .b_k_contiguous = transpose_b,
+          .vector_loads = vector_loads,
+          // f16 results leave through store_c, which rounds them: an f16 fragment would have
+          // B's type, which the KHR rewrite refuses.
+          .row_major_c = epilogue == nullptr && !half_result && moved_to == kNoValue,
+          .half_operands = half_operands,
+          .half_units = half_units,
+          .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {
       emit_cpu_gemm(context, CpuGemm{m, n, k_slice, batches * splits, std::move(functions)},
@@ -227,7 +230,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
   launch.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
   launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
-                matmul_store_function(context.graph(), context.id(), epilogue, launch);
+                matmul_store_function(context.graph(), context.id(), epilogue, launch, moved_to);
   emit_buffer_gemm(context,
                    BufferGemm{.m = m,
                               .n = n,
@@ -236,7 +239,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue) {
                               .splits = split ? splits : 0,
                               .transpose_a = transpose_a,
                               .transpose_b = transpose_b,
-                              .row_major_c = epilogue == nullptr,
+                              .row_major_c = epilogue == nullptr && moved_to == kNoValue,
                               .joined_a = joined_a},
                    std::move(launch));
 }
@@ -252,10 +255,10 @@ void emit_half_matmul_on_subgroups(LoweringContext& context) {
 }
 
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
-                                               const MatmulEpilogue& epilogue,
+                                               const MatmulEpilogue* epilogue, ValueId moved_to,
                                                const DeviceTraits& device, std::string label) {
   LoweringContext context(graph, matmul, device);
-  emit_matmul(context, &epilogue);
+  emit_matmul(context, epilogue, moved_to);
   for (Launch& launch : context.launches()) launch.label = label;
   return std::move(context.launches());
 }
