@@ -2144,6 +2144,33 @@ TEST_F(GpuCoopMatrix, MatmulNv) {
   check_matmuls(Numerics{});
 }
 
+// A product that writes the transposed value from its store (ProductsStoreWhereTheirTransposeMoves,
+// run): a projection over 128 rows split into heads and moved head-major, alone and with a bias
+// epilogue, against the reference, one launch fewer than with MEGANEURA_TRANSPOSED_STORES=0; over
+// K = 384, which the split-K rule leaves whole (partial results keep their store).
+TEST_F(GpuCoopMatrix, ProductsStoreWhereTheirTransposeMovesNv) {
+  if (!device_has_nv_coop_matrices())
+    GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
+  const Numerics numerics;
+  for (const bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "with a bias" : "alone");
+    const auto build = [&](Graph& graph, std::vector<Tensor>& x) {
+      Tensor y = matmul(x[0], x[1], false, true);
+      if (bias) y = y + x[2];
+      graph.set_output("heads", transpose(reshape(y, {1, 128, 9, 64}), {0, 2, 1, 3}).id());
+    };
+    const std::vector<testing::HarnessInput> inputs{
+        {"x", {128, 384}}, {"w", {576, 384}}, {"b", {576}}};
+    size_t stored = 0, apart = 0;
+    check_on_gpu(inputs, build, numerics.tolerance, 31, numerics.options(), &stored,
+                 numerics.validation);
+    const ScopedSwitch off("MEGANEURA_TRANSPOSED_STORES", "0");
+    check_on_gpu(inputs, build, numerics.tolerance, 31, numerics.options(), &apart,
+                 numerics.validation);
+    EXPECT_EQ(stored + 1, apart);
+  }
+}
+
 TEST_F(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
   if (!device_has_nv_coop_matrices())
     GTEST_SKIP() << "the device has no f16 NV cooperative matrices";
