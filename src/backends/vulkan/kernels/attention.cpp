@@ -326,14 +326,15 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   launch.defines.push_back({"SPLITS", std::to_string(splits)});  // tested by #if: no suffix
   const ValueId heads_last = fused ? fused->heads_last : kNoValue;
   const bool heads_last_copy = heads_last != kNoValue && fused->keeps_output;
+  // The transpose's value in place of the forward's own output.
+  const bool heads_last_only = heads_last != kNoValue && !heads_last_copy;
   const bool query_chain = fused && fused->query_chain != kNoValue;
   // A forward that writes its log-sum-exp (for a backward) keeps its output and computes no
   // query chain.
-  if ((fused && (mode != Mode::forward ||
-                 (writes_lse && (query_chain || (heads_last != kNoValue && !heads_last_copy))))) ||
+  if ((fused && (mode != Mode::forward || (writes_lse && (query_chain || heads_last_only)))) ||
       (heads_last != kNoValue && splits != 1))
     throw std::logic_error(context.label() + ": no such fusion of this attention");
-  launch.defines.push_back({"HEADS_LAST", heads_last != kNoValue && !heads_last_copy ? "1" : "0"});
+  launch.defines.push_back({"HEADS_LAST", heads_last_only ? "1" : "0"});
   launch.defines.push_back({"HEADS_LAST_COPY", heads_last_copy ? "1" : "0"});
   launch.defines.push_back({"Q_CHAIN", query_chain ? "1" : "0"});
   launch.defines.push_back({"SLICE", glsl_uint(slice)});
@@ -446,8 +447,7 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
                             : mode == Mode::grad_q      ? "grad_q"
                             : mode == Mode::grad_scores ? "scores"
                                                         : "result";
-  launch.operands.push_back(
-      {result_name, heads_last != kNoValue && !heads_last_copy ? heads_last : context.id(), true});
+  launch.operands.push_back({result_name, heads_last_only ? heads_last : context.id(), true});
   if (companion != kNoValue)
     launch.operands.push_back({mode == Mode::forward ? "lse" : "result_v", companion, true});
   if (scores != kNoValue) launch.operands.push_back({"scores", scores, true});

@@ -13,12 +13,8 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
       "(z * " + glsl_uint(shape[rank - 2]) + " + m) * " + glsl_uint(shape[rank - 1]) + " + n";
   // The reshapes between the result and the transpose keep each element's flat index.
   const bool moved = moved_to != kNoValue;
-  const Node* transpose = moved ? &graph.node(moved_to) : nullptr;
   const std::string moved_index =
-      moved ? transpose_index_function_glsl(transpose->attrs.get_ints("permutation"),
-                                            graph.type(transpose->inputs[0]).shape,
-                                            transpose->type.shape, "moved_index", true)
-            : std::string();
+      moved ? transpose_index_function(graph, moved_to, "moved_index", true) : std::string();
   const std::string stored_at = moved ? "moved_index(" + offset + ")" : offset;
   const std::string signature = "void store_c(uint z, uint m, uint n, float value) {\n";
   if (!epilogue) {

@@ -238,15 +238,6 @@ std::string full_element(const InputAccess& input, const std::string& view,
                                   : view + "[" + input.moved_from + "(" + index + ")]";
 }
 
-// transpose_index_function_glsl of transpose node `transpose`.
-std::string transpose_index_function(const Graph& graph, ValueId transpose,
-                                     const std::string& function, bool forward) {
-  const Node& node = graph.node(transpose);
-  return transpose_index_function_glsl(node.attrs.get_ints("permutation"),
-                                       graph.type(node.inputs[0]).shape, node.type.shape, function,
-                                       forward);
-}
-
 // The functions that take an element of `dag`'s result to its place in each input read from a
 // transpose's memory: `uint <moved_from>(uint i)`.
 std::string moved_from_functions(const Graph& graph, const PointwiseDag& dag,
@@ -704,6 +695,14 @@ std::vector<LoweringEntry> pointwise_lowerings() {
   entries.push_back({op::gelu, lower_single_pointwise});
   entries.push_back({op::gelu_grad, lower_single_pointwise});
   return entries;
+}
+
+std::string transpose_index_function(const Graph& graph, ValueId transpose,
+                                     const std::string& function, bool forward) {
+  const Node& node = graph.node(transpose);
+  return transpose_index_function_glsl(node.attrs.get_ints("permutation"),
+                                       graph.type(node.inputs[0]).shape, node.type.shape, function,
+                                       forward);
 }
 
 }  // namespace mg::kernels

@@ -67,6 +67,10 @@ bool launch_needs_f16(const Graph& graph, const std::vector<Operand>& operands,
 // GLSL helpers (mg_erf, mg_gelu, ...) that the statements below call; once per shader.
 std::string_view pointwise_functions_glsl();
 
+// transpose_index_function_glsl of transpose node `transpose` (its input's shape, its own).
+std::string transpose_index_function(const Graph& graph, ValueId transpose,
+                                     const std::string& function, bool forward);
+
 // Statements `float t<s> = ...;` that evaluate `dag`, given one float-valued GLSL expression
 // per DAG input; shared by pointwise_launch and the matmul epilogue (gemm_epilogue.hpp).
 std::string pointwise_statements_glsl(const PointwiseDag& dag,
