@@ -99,6 +99,10 @@ struct Switches {
   // chain that computes them (their projection's sum, heads apart, the rotation) instead of
   // computing that chain itself as it loads them.
   bool query_chains = true;
+  // MEGANEURA_PRODUCT_CHAINS=0: a product reads its A operand from the launch of the index chain
+  // that computes it (attention's gradients summed, rotated back and moved sequence-major)
+  // instead of computing that chain itself as it loads A.
+  bool product_chains = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

@@ -241,6 +241,10 @@ Switches read_switches(Reader& read) {
       read.flag("MEGANEURA_QUERY_CHAINS", "attention reads its queries from their chain's launch",
                 "attention computes its queries' index chain as it loads them", "query chains")
           .value_or(true);
+  s.product_chains =
+      read.flag("MEGANEURA_PRODUCT_CHAINS", "products read A from their chain's launch",
+                "products compute their A operand's index chain as they load it", "product chains")
+          .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")
                          .value_or(false);

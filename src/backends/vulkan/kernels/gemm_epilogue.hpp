@@ -40,9 +40,17 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
 uint32_t matmul_epilogue_bindings(const Graph& graph, const MatmulEpilogue& epilogue);
 
 // The launches of matmul node `matmul` with `epilogue` (where given) fused into its store, which
-// writes transpose `moved_to`'s value where given (matmul.cpp).
+// writes transpose `moved_to`'s value where given, computing its A operand from `a_chain` (an
+// index chain whose root, through reshapes, is A) where given (matmul.cpp).
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
                                                const MatmulEpilogue* epilogue, ValueId moved_to,
-                                               const DeviceTraits& device, std::string label);
+                                               const DeviceTraits& device, std::string label,
+                                               const IndexChain* a_chain = nullptr);
+
+// Whether matmul `node` can compute its A operand, the value of the index chain rooted at `root`
+// (through reshapes), as it loads it: f32 operands, B not the chain's value, and a GEMM that reads
+// A through a generated function (not gemm_few_rows.comp, which reads buffers alone).
+bool product_can_compute_chain(const Graph& graph, const Node& node, ValueId root,
+                               const DeviceTraits& device);
 
 }  // namespace mg::kernels

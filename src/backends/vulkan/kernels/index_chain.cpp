@@ -96,6 +96,13 @@ std::string index_chain_functions(const Graph& graph, ValueId root,
   return append_functions(graph, root, chain, prefix, count_of_functions, operands, text);
 }
 
+uint32_t index_chain_buffers(const Graph& graph, const IndexChain& chain) {
+  std::vector<Operand> operands;
+  std::string text;
+  index_chain_functions(graph, chain.root, chain.links, "", operands, text);
+  return static_cast<uint32_t>(operands.size());
+}
+
 Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
                           const DeviceTraits& device) {
   Launch launch;
