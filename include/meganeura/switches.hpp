@@ -41,6 +41,9 @@ struct Switches {
   std::optional<bool> attention_dq_gemm;  // MEGANEURA_ATTENTION_DQ_GEMM
   std::optional<bool> setup;              // MEGANEURA_SETUP
   std::optional<bool> schedule_epochs;    // MEGANEURA_SCHEDULE_EPOCHS
+  // MEGANEURA_SPREAD_UPDATES=0: scheduled updates of persistent state (an optimizer's step) take
+  // the earliest epoch their gradient allows, instead of spreading over the next few epochs.
+  bool spread_updates = true;
   // MEGANEURA_ONE_PASS_VARIANCE: a decomposed training batch norm's variance from the mean of
   // squares and the mean, read in one pass (passes::decompose_batch_norm); unset: fast precision.
   std::optional<bool> one_pass_variance;

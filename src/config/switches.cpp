@@ -183,6 +183,9 @@ Switches read_switches(Reader& read) {
                       "SessionOptions::setup");
   s.schedule_epochs = read.flag("MEGANEURA_SCHEDULE_EPOCHS", "the lowering's order",
                                 "launches grouped into epochs", "epochs");
+  s.spread_updates = read.flag("MEGANEURA_SPREAD_UPDATES", "updates in their earliest epoch",
+                               "updates spread over the epochs after", "spread")
+                         .value_or(true);
   s.one_pass_variance =
       read.flag("MEGANEURA_ONE_PASS_VARIANCE", "batch norm variances in two passes",
                 "batch norm variances in one pass in any precision", "one pass in fast precision");
