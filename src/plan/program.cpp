@@ -367,31 +367,41 @@ std::vector<int64_t> value_epochs(const Graph& graph, const AliasMap& in_place,
   // value it touches, and those that read a value it writes. The others keep the earliest.
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> next_write(graph.size(), kNone), next_read(graph.size(), kNone);
-  for (size_t t = count; t-- > 0;) {
-    uint64_t written = 0, freed = 0;
+  const auto latest_before_followers = [&](size_t t) {
     int64_t latest = epochs - 1;
     for (size_t k = 0; k < roots[t].size(); ++k) {
       const ValueId root = roots[t][k];
-      const bool write = launches[t].launch.operands[k].write;
-      if (write)
-        written += transient_bytes(root);
-      else if (last_use[root] == static_cast<int64_t>(t))
-        freed += transient_bytes(root);
       if (next_write[root] != kNone) latest = std::min(latest, next_write[root] - 1);
-      if (write && next_read[root] != kNone) latest = std::min(latest, next_read[root] - 1);
+      if (launches[t].launch.operands[k].write && next_read[root] != kNone)
+        latest = std::min(latest, next_read[root] - 1);
     }
-    if (written > freed) chosen[t] = latest;
+    return latest;
+  };
+  const auto follow = [&](size_t t) {
     for (size_t k = 0; k < roots[t].size(); ++k) {
       int64_t& next =
           launches[t].launch.operands[k].write ? next_write[roots[t][k]] : next_read[roots[t][k]];
       next = std::min(next, chosen[t]);
     }
+  };
+  for (size_t t = count; t-- > 0;) {
+    uint64_t written = 0, freed = 0;
+    for (size_t k = 0; k < roots[t].size(); ++k) {
+      const ValueId root = roots[t][k];
+      if (launches[t].launch.operands[k].write)
+        written += transient_bytes(root);
+      else if (last_use[root] == static_cast<int64_t>(t))
+        freed += transient_bytes(root);
+    }
+    if (written > freed) chosen[t] = latest_before_followers(t);
+    follow(t);
   }
   if (!spread_updates) return chosen;
 
   // The epochs each step may take, backwards over the epochs now chosen (so that the launches
   // before a step keep the epochs its earliest one gave them: a weight gradient just before its
-  // step), then the steps placed, the least free first (latest earliest epoch, then most bytes).
+  // step). Then the steps are placed: those with one epoch first, so that the others leave it to
+  // them, then from the last lowered, whose layers the backward reaches first.
   constexpr int64_t kUpdateWindow = 4;
   struct Step {
     size_t launch;
@@ -402,27 +412,18 @@ std::vector<int64_t> value_epochs(const Graph& graph, const AliasMap& in_place,
   std::fill(next_write.begin(), next_write.end(), kNone);
   std::fill(next_read.begin(), next_read.end(), kNone);
   for (size_t t = count; t-- > 0;) {
-    int64_t latest = epochs - 1;
     uint64_t bound = 0;
     bool writes = false, writes_state_alone = true;
     for (size_t k = 0; k < roots[t].size(); ++k) {
-      const ValueId root = roots[t][k];
-      const bool write = launches[t].launch.operands[k].write;
-      bound += graph.type(root).bytes();
-      if (write) {
+      bound += graph.type(roots[t][k]).bytes();
+      if (launches[t].launch.operands[k].write) {
         writes = true;
-        writes_state_alone = writes_state_alone && is_persistent_leaf(graph.node(root));
+        writes_state_alone = writes_state_alone && is_persistent_leaf(graph.node(roots[t][k]));
       }
-      if (next_write[root] != kNone) latest = std::min(latest, next_write[root] - 1);
-      if (write && next_read[root] != kNone) latest = std::min(latest, next_read[root] - 1);
-    }
-    for (size_t k = 0; k < roots[t].size(); ++k) {
-      int64_t& next =
-          launches[t].launch.operands[k].write ? next_write[roots[t][k]] : next_read[roots[t][k]];
-      next = std::min(next, chosen[t]);
     }
     if (writes && writes_state_alone)
-      steps.push_back({t, std::min(latest, chosen[t] + kUpdateWindow), bound});
+      steps.push_back({t, std::min(latest_before_followers(t), chosen[t] + kUpdateWindow), bound});
+    follow(t);
   }
   std::sort(steps.begin(), steps.end(), [&](const Step& a, const Step& b) {
     const bool a_fixed = a.last == chosen[a.launch], b_fixed = b.last == chosen[b.launch];
