@@ -1092,7 +1092,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   }
 
   // Chains in products: an index chain whose every reader (through reshapes) is a product that
-  // takes its value as A and product_can_compute_chain (attention's gradients summed over their
+  // takes its value as A and reads_a_through_function (attention's gradients summed over their
   // slices, rotated back and moved sequence-major, which the projections' data and weight gradients
   // read) has no launch, nor the barrier before it: each product computes the chain as it loads A.
   // MEGANEURA_PRODUCT_CHAINS=0 turns it off.
@@ -1123,7 +1123,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                          ? matmul_epilogue_bindings(graph, *epilogue->second)
                                          : 3u) +
                                     chain_buffers;
-          if (!product_can_compute_chain(graph, node, root, device) ||
+          if (!reads_a_through_function(graph, node, root, device) ||
               bindings > device.max_storage_buffers ||
               (in_epilogue[static_cast<size_t>(reader)] && epilogue == epilogue_of_product.end())) {
             all_products = false;

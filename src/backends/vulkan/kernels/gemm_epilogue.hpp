@@ -47,10 +47,11 @@ std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmu
                                                const DeviceTraits& device, std::string label,
                                                const IndexChain* a_chain = nullptr);
 
-// Whether matmul `node` can compute its A operand, the value of the index chain rooted at `root`
-// (through reshapes), as it loads it: f32 operands, B not the chain's value, and a GEMM that reads
-// A through a generated function (not gemm_few_rows.comp, which reads buffers alone).
-bool product_can_compute_chain(const Graph& graph, const Node& node, ValueId root,
-                               const DeviceTraits& device);
+// Whether matmul `node` can read its A operand, `source` through reshapes, through a generated
+// function (joined_a: a split attention's joined result, an index chain's value) instead of its
+// buffer: f32 operands, B another value, and a GEMM that reads A so (not gemm_few_rows.comp, which
+// strict products of few rows run on, reading buffers alone).
+bool reads_a_through_function(const Graph& graph, const Node& node, ValueId source,
+                              const DeviceTraits& device);
 
 }  // namespace mg::kernels

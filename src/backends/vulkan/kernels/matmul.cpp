@@ -95,11 +95,10 @@ ValueId through_reshapes(const Graph& graph, ValueId value) {
   return value;
 }
 
-// Whether matmul `node` reads its A operand, `source` (through reshapes), through a generated
-// function: f32 operands, B another value, and not on gemm_few_rows.comp (which strict products of
-// few rows run on, reading buffers alone).
-bool reads_generated_a(const Graph& graph, const Node& node, ValueId source,
-                       const DeviceTraits& device) {
+}  // namespace
+
+bool reads_a_through_function(const Graph& graph, const Node& node, ValueId source,
+                              const DeviceTraits& device) {
   if (node.op != op::matmul || through_reshapes(graph, node.inputs[0]) != source ||
       through_reshapes(graph, node.inputs[1]) == source || graph.type(source).dtype != DType::f32 ||
       graph.type(node.inputs[1]).dtype != DType::f32)
@@ -108,6 +107,8 @@ bool reads_generated_a(const Graph& graph, const Node& node, ValueId source,
   return matmul_runs_coop(shape, device) || use_cpu_kernels(device) || shape.split ||
          !few_rows_gemm_suits(shape.m, shape.k, shape.transpose_b, device);
 }
+
+namespace {
 
 // GLSL of joined_a(e) and joined_a4(e) (as join_slices_functions defines them) over `chain`'s
 // value, its functions and buffers named from a_, the buffers joining `operands`.
@@ -128,14 +129,9 @@ ValueId joined_split_attention(const Graph& graph, const Node& node, const Devic
     return kNoValue;
   const ValueId combine = through_reshapes(graph, node.inputs[0]);
   if (graph.node(combine).op != op::attention_combine ||
-      !reads_generated_a(graph, node, combine, device))
+      !reads_a_through_function(graph, node, combine, device))
     return kNoValue;
   return combine;
-}
-
-bool product_can_compute_chain(const Graph& graph, const Node& node, ValueId root,
-                               const DeviceTraits& device) {
-  return reads_generated_a(graph, node, root, device);
 }
 
 namespace {
