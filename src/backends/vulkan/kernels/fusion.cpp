@@ -1104,34 +1104,22 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       epilogue_of_product.emplace(epilogue.dag.inputs[epilogue.product_input], &epilogue);
     for (const auto& [root, links] : chain_of_root) {
       const size_t r = static_cast<size_t>(root);
-      if (observed[r] || stored_by_producer[r] || loaded_by_readers[r] || queries_in_attention[r] ||
-          consumer_lists[r].empty())
-        continue;
+      if (stored_by_producer[r] || loaded_by_readers[r] || queries_in_attention[r]) continue;
       const IndexChain chain{root, links};
       const uint32_t chain_buffers = index_chain_buffers(graph, chain);
-      std::vector<ValueId> products, views{root};
-      bool all_products = true;
-      for (size_t v = 0; v < views.size() && all_products; ++v) {
-        for (const ValueId reader : consumer_lists[static_cast<size_t>(views[v])]) {
-          const Node& node = graph.node(reader);
-          if (node.op == op::reshape && !observed[static_cast<size_t>(reader)]) {
-            views.push_back(reader);
-            continue;
-          }
-          const auto epilogue = epilogue_of_product.find(reader);
-          const uint32_t bindings = (epilogue != epilogue_of_product.end()
-                                         ? matmul_epilogue_bindings(graph, *epilogue->second)
-                                         : 3u) +
-                                    chain_buffers;
-          if (!reads_a_through_function(graph, node, root, device) ||
-              bindings > device.max_storage_buffers ||
-              (in_epilogue[static_cast<size_t>(reader)] && epilogue == epilogue_of_product.end())) {
-            all_products = false;
-            break;
-          }
-          products.push_back(reader);
-        }
-      }
+      std::vector<ValueId> products;
+      const bool all_products = readers_all(root, [&](ValueId reader) {
+        const auto epilogue = epilogue_of_product.find(reader);
+        const uint32_t bindings = (epilogue != epilogue_of_product.end()
+                                       ? matmul_epilogue_bindings(graph, *epilogue->second)
+                                       : 3u) +
+                                  chain_buffers;
+        if (!reads_a_through_function(graph, graph.node(reader), root, device) ||
+            bindings > device.max_storage_buffers)
+          return false;
+        products.push_back(reader);
+        return true;
+      });
       if (!all_products || products.empty()) continue;
       chains_in_products[r] = true;
       for (const ValueId product : products) a_chain_of.emplace(product, chain);
@@ -1237,10 +1225,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const auto chain_of = [&](ValueId product) -> std::pair<const IndexChain*, std::string> {
       const auto chain = a_chain_of.find(product);
       if (chain == a_chain_of.end()) return {nullptr, ""};
-      const ValueId root = chain->second.root;
-      return {&chain->second, "fused " + std::to_string(chain->second.links.size() + 1) +
-                                  " ops -> " + graph.node(root).op + " %" + std::to_string(root) +
-                                  " + "};
+      return {&chain->second,
+              index_chain_label(graph, chain->second.root, chain->second.links) + " + "};
     };
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
       const MatmulEpilogue& epilogue = it->second;

@@ -137,6 +137,9 @@ std::string index_chain_functions(const Graph& graph, ValueId root,
                                   std::vector<Operand>& operands, std::string& text);
 Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
                           const DeviceTraits& device);
+// The chain's name in dispatch lists and profiles ("fused 3 ops -> transpose %12"), on its own
+// launch or on the launch that computes it.
+std::string index_chain_label(const Graph& graph, ValueId root, const std::vector<ValueId>& links);
 // An index chain, its root and links as index_chain_functions takes them, that a launch computes
 // where it reads the root's value (kernels/fusion.cpp).
 struct IndexChain {
