@@ -41,9 +41,6 @@ struct Switches {
   std::optional<bool> attention_dq_gemm;  // MEGANEURA_ATTENTION_DQ_GEMM
   std::optional<bool> setup;              // MEGANEURA_SETUP
   std::optional<bool> schedule_epochs;    // MEGANEURA_SCHEDULE_EPOCHS
-  // MEGANEURA_SPREAD_UPDATES=0: scheduled updates of persistent state (an optimizer's step) take
-  // the earliest epoch their gradient allows, instead of spreading over the next few epochs.
-  bool spread_updates = true;
   // MEGANEURA_ONE_PASS_VARIANCE: a decomposed training batch norm's variance from the mean of
   // squares and the mean, read in one pass (passes::decompose_batch_norm); unset: fast precision.
   std::optional<bool> one_pass_variance;
@@ -102,10 +99,6 @@ struct Switches {
   // chain that computes them (their projection's sum, heads apart, the rotation) instead of
   // computing that chain itself as it loads them.
   bool query_chains = true;
-  // MEGANEURA_PRODUCT_CHAINS=0: a product reads its A operand from the launch of the index chain
-  // that computes it (attention's gradients summed, rotated back and moved sequence-major)
-  // instead of computing that chain itself as it loads A.
-  bool product_chains = true;
   // MEGANEURA_COOPMAT=nv|khr: the cooperative-matrix extension where a device has both.
   enum class CoopMatrixExtension { nv, khr };
   std::optional<CoopMatrixExtension> coopmat;

@@ -183,9 +183,6 @@ Switches read_switches(Reader& read) {
                       "SessionOptions::setup");
   s.schedule_epochs = read.flag("MEGANEURA_SCHEDULE_EPOCHS", "the lowering's order",
                                 "launches grouped into epochs", "epochs");
-  s.spread_updates = read.flag("MEGANEURA_SPREAD_UPDATES", "updates in their earliest epoch",
-                               "updates spread over the epochs after", "spread")
-                         .value_or(true);
   s.one_pass_variance =
       read.flag("MEGANEURA_ONE_PASS_VARIANCE", "batch norm variances in two passes",
                 "batch norm variances in one pass in any precision", "one pass in fast precision");
@@ -243,10 +240,6 @@ Switches read_switches(Reader& read) {
   s.query_chains =
       read.flag("MEGANEURA_QUERY_CHAINS", "attention reads its queries from their chain's launch",
                 "attention computes its queries' index chain as it loads them", "query chains")
-          .value_or(true);
-  s.product_chains =
-      read.flag("MEGANEURA_PRODUCT_CHAINS", "products read A from their chain's launch",
-                "products compute their A operand's index chain as they load it", "product chains")
           .value_or(true);
   s.packed_columns = read.flag("MEGANEURA_PACKED_COLUMNS", "f32 columns",
                                "f16 pairs where they suit", "f32 columns")

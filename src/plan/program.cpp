@@ -313,19 +313,11 @@ std::vector<bool> move_fixed_launches_to_setup(Program& program) {
 // shares an epoch. A launch that could run in several epochs takes the earliest where it frees
 // at least the transient bytes it writes (an update that consumes a gradient), else the latest
 // (columns or a recomputed norm made just before their reader, not through the whole forward).
-// With `spread_updates`, a launch that writes persistent state alone (an optimizer's step of a
-// parameter and its moments, one launch where fusion joins the step) then takes, among that epoch
-// and the kUpdateWindow after it (as far as the launches after it allow), the one whose such
-// launches bind the fewest bytes so far, the earliest of equals: the steps that one layer's
-// gradients make ready together, each bound by memory bandwidth, would otherwise share an epoch
-// and lengthen it by their sum, where beside the backward's short launches they hide. Without
-// fusion a step is a chain of launches whose last alone would move, holding the chain's values
-// longer for nothing, so build_program leaves them.
 // The transients are placed by these epochs afterwards, so bytes that two values share never
 // order launches that the values themselves do not.
 std::vector<int64_t> value_epochs(const Graph& graph, const AliasMap& in_place,
                                   const std::vector<bool>& set_up,
-                                  const std::vector<PlannedLaunch>& launches, bool spread_updates) {
+                                  const std::vector<PlannedLaunch>& launches) {
   const size_t count = launches.size();
   std::vector<std::vector<ValueId>> roots(count);
   std::vector<int64_t> last_use(graph.size(), -1);
@@ -367,76 +359,25 @@ std::vector<int64_t> value_epochs(const Graph& graph, const AliasMap& in_place,
   // value it touches, and those that read a value it writes. The others keep the earliest.
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> next_write(graph.size(), kNone), next_read(graph.size(), kNone);
-  const auto latest_before_followers = [&](size_t t) {
+  for (size_t t = count; t-- > 0;) {
+    uint64_t written = 0, freed = 0;
     int64_t latest = epochs - 1;
     for (size_t k = 0; k < roots[t].size(); ++k) {
       const ValueId root = roots[t][k];
+      const bool write = launches[t].launch.operands[k].write;
+      if (write)
+        written += transient_bytes(root);
+      else if (last_use[root] == static_cast<int64_t>(t))
+        freed += transient_bytes(root);
       if (next_write[root] != kNone) latest = std::min(latest, next_write[root] - 1);
-      if (launches[t].launch.operands[k].write && next_read[root] != kNone)
-        latest = std::min(latest, next_read[root] - 1);
+      if (write && next_read[root] != kNone) latest = std::min(latest, next_read[root] - 1);
     }
-    return latest;
-  };
-  const auto follow = [&](size_t t) {
+    if (written > freed) chosen[t] = latest;
     for (size_t k = 0; k < roots[t].size(); ++k) {
       int64_t& next =
           launches[t].launch.operands[k].write ? next_write[roots[t][k]] : next_read[roots[t][k]];
       next = std::min(next, chosen[t]);
     }
-  };
-  for (size_t t = count; t-- > 0;) {
-    uint64_t written = 0, freed = 0;
-    for (size_t k = 0; k < roots[t].size(); ++k) {
-      const ValueId root = roots[t][k];
-      if (launches[t].launch.operands[k].write)
-        written += transient_bytes(root);
-      else if (last_use[root] == static_cast<int64_t>(t))
-        freed += transient_bytes(root);
-    }
-    if (written > freed) chosen[t] = latest_before_followers(t);
-    follow(t);
-  }
-  if (!spread_updates) return chosen;
-
-  // The epochs each step may take, backwards over the epochs now chosen (so that the launches
-  // before a step keep the epochs its earliest one gave them: a weight gradient just before its
-  // step). Then the steps are placed: those with one epoch first, so that the others leave it to
-  // them, then from the last lowered, whose layers the backward reaches first.
-  constexpr int64_t kUpdateWindow = 4;
-  struct Step {
-    size_t launch;
-    int64_t last;
-    uint64_t bytes;
-  };
-  std::vector<Step> steps;
-  std::fill(next_write.begin(), next_write.end(), kNone);
-  std::fill(next_read.begin(), next_read.end(), kNone);
-  for (size_t t = count; t-- > 0;) {
-    uint64_t bound = 0;
-    bool writes = false, writes_state_alone = true;
-    for (size_t k = 0; k < roots[t].size(); ++k) {
-      bound += graph.type(roots[t][k]).bytes();
-      if (launches[t].launch.operands[k].write) {
-        writes = true;
-        writes_state_alone = writes_state_alone && is_persistent_leaf(graph.node(roots[t][k]));
-      }
-    }
-    if (writes && writes_state_alone)
-      steps.push_back({t, std::min(latest_before_followers(t), chosen[t] + kUpdateWindow), bound});
-    follow(t);
-  }
-  std::sort(steps.begin(), steps.end(), [&](const Step& a, const Step& b) {
-    const bool a_fixed = a.last == chosen[a.launch], b_fixed = b.last == chosen[b.launch];
-    return a_fixed != b_fixed ? a_fixed : a.launch > b.launch;
-  });
-  std::vector<uint64_t> step_bytes(static_cast<size_t>(epochs), 0);
-  for (const Step& step : steps) {
-    int64_t least = chosen[step.launch];
-    for (int64_t epoch = least + 1; epoch <= step.last; ++epoch)
-      if (step_bytes[static_cast<size_t>(epoch)] < step_bytes[static_cast<size_t>(least)])
-        least = epoch;
-    chosen[step.launch] = least;
-    step_bytes[static_cast<size_t>(least)] += step.bytes;
   }
   return chosen;
 }
@@ -550,9 +491,7 @@ Program build_program(const Graph& source, const target::Target& device,
   // (downloads and assignments).
   const bool scheduled = switches.schedule_epochs.value_or(options.schedule_epochs);
   std::vector<int64_t> epochs;
-  if (scheduled)
-    epochs = value_epochs(graph, in_place, set_up, program.launches,
-                          switches.spread_updates && !switches.no_fusion);
+  if (scheduled) epochs = value_epochs(graph, in_place, set_up, program.launches);
   const int64_t end =
       scheduled ? (epochs.empty() ? 0 : *std::max_element(epochs.begin(), epochs.end()) + 1)
                 : static_cast<int64_t>(program.launches.size());

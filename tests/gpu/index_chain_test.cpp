@@ -2,7 +2,6 @@
 // launch with the transposes, ropes, reshapes and split-K sums before it that only it reads.
 // Each case runs against the f64 reference and again with MEGANEURA_NO_FUSION=1, which must give
 // the same values in the stated number of launches.
-#include "backends/vulkan/runtime/gpu.hpp"
 #include "harness.hpp"
 
 namespace mg {
@@ -134,70 +133,6 @@ TEST(GpuIndexChain, PartialSumInverseRopeTranspose) {
         graph.set_output("y", transpose(rope(kept, 500.0, 0), {0, 2, 1, 3}).id());
       },
       2, 3);
-}
-
-// Products that compute their A operand's chain (MEGANEURA_PRODUCT_CHAINS): attention's gradient
-// of a projection's input summed over its partials, rotated back and moved sequence-major, then
-// read as A by the projection's data gradient (with a bias epilogue, or over two K slices) and
-// by its weight gradient (A transposed). The chain has no launch, one fewer than with the switch
-// off, on the device's GEMMs (its CPU kernels, and with MEGANEURA_NO_CPU_KERNELS=1 the tiled
-// GEMM), against the reference. It keeps its launch where the graph keeps its value, and where a
-// reader runs the few-rows GEMM (2 rows against a transposed weight on a GPU's kernels), which
-// reads buffers alone.
-TEST(GpuIndexChain, ProductsComputeTheirAChain) {
-  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
-  const bool cpu_device = devices[gpu::choose_device(devices, "")].kind == gpu::DeviceKind::cpu;
-  enum class Reader { bias, k_slices, few_rows };
-  for (const char* gpu_kernels : {"0", "1"}) {
-    for (const Reader reader : {Reader::bias, Reader::k_slices, Reader::few_rows}) {
-      for (const bool kept : {false, true}) {
-        SCOPED_TRACE(std::string("MEGANEURA_NO_CPU_KERNELS=") + gpu_kernels +
-                     (reader == Reader::bias       ? ", bias"
-                      : reader == Reader::k_slices ? ", two K slices"
-                                                   : ", 2 rows") +
-                     (kept ? ", A kept" : ""));
-        const ScopedSwitch kernels("MEGANEURA_NO_CPU_KERNELS", gpu_kernels);
-        const int64_t rows = reader == Reader::few_rows ? 2 : 10;
-        const std::vector<HarnessInput> inputs{
-            {"partials", {2, 1, 4, rows, 8}},
-            {"w", reader == Reader::few_rows ? Shape{16, 32} : Shape{32, 16}},
-            {"x", {rows, 16}},
-            {"b", {16}}};
-        const Build build = [&](Graph& graph, std::vector<Tensor>& x) {
-          const Tensor rotated = inverse_rope(sum(x[0], {0}), 500.0);
-          const Tensor a = reshape(transpose(rotated, {0, 2, 1, 3}), {rows, 32});
-          Tensor y;
-          if (reader == Reader::k_slices) {
-            y = sum(Tensor(&graph, graph.add("matmul", {a.id(), x[1].id()},
-                                             {{"transpose_a", int64_t{0}},
-                                              {"transpose_b", int64_t{0}},
-                                              {"k_splits", int64_t{2}}})),
-                    {0});
-          } else {
-            y = matmul(a, x[1], false, reader == Reader::few_rows) + x[3];
-          }
-          graph.set_output("data gradient", y.id());
-          graph.set_output("weight gradient", matmul(a, x[2], true, false).id());
-          if (kept) graph.set_output("a", a.id());
-        };
-        size_t chained = 0, apart = 0;
-        std::string list;
-        check_on_gpu(inputs, build, 1e-5, 29, {}, &chained, true, &list);
-        {
-          const ScopedSwitch off("MEGANEURA_PRODUCT_CHAINS", "0");
-          check_on_gpu(inputs, build, 1e-5, 29, {}, &apart);
-        }
-        const bool few_rows_kernel =
-            reader == Reader::few_rows && (gpu_kernels == std::string("1") || !cpu_device);
-        const bool computed = !kept && !few_rows_kernel;
-        EXPECT_EQ(chained + (computed ? 1 : 0), apart) << list;
-        EXPECT_EQ(list.find(" -> transpose %") != std::string::npos &&
-                      list.find(" + matmul %") != std::string::npos,
-                  computed)
-            << list;
-      }
-    }
-  }
 }
 
 // Transposes in a row (one permutation of another), and two ropes, which a chain never holds

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include <map>
-#include <set>
 
 #include "backends/vulkan/kernels/fusion.hpp"
 #include "backends/vulkan/kernels/vulkan_target.hpp"
@@ -12,7 +11,6 @@
 #include "meganeura/ops.hpp"
 #include "meganeura/train.hpp"
 #include "models/classifier.hpp"
-#include "models/llama.hpp"
 #include "ops/op.hpp"
 #include "plan/program.hpp"
 
@@ -597,8 +595,8 @@ TEST(Planner, ScheduledEpochsSeparateEveryConflict) {
       training, vulkan::VulkanTarget(target::DeviceTraits{}), plan::PlanOptions{});
   ASSERT_EQ(training.updates().size(), 3u * 8u) << "8 parameters, each with two moments";
   // Each parameter's update is one pointwise launch that writes the parameter and both moments
-  // over themselves (no copies after the run); it runs in an epoch the backward pass has anyway,
-  // from the one where its gradient is ready (UpdatesSpreadOverTheEpochsAfterTheirGradients).
+  // over themselves (no copies after the run); it runs as soon as its gradient is ready, in an
+  // epoch the backward pass has anyway.
   size_t update_launches = 0, update_barriers = 0;
   for (const plan::PlannedLaunch& planned : cnn.launches) {
     std::vector<size_t> written;
@@ -623,84 +621,6 @@ TEST(Planner, ScheduledEpochsSeparateEveryConflict) {
   }
   EXPECT_EQ(update_launches, 8u);
   EXPECT_LE(update_barriers, 1u);
-}
-
-// The epoch of each launch of `program`, by label.
-std::map<std::string, size_t> epochs_by_label(const plan::Program& program) {
-  std::map<std::string, size_t> epochs;
-  size_t epoch = 0;
-  for (const plan::PlannedLaunch& planned : program.launches) {
-    epoch += planned.barrier_before ? 1 : 0;
-    epochs[planned.launch.label] = epoch;
-  }
-  return epochs;
-}
-
-// Whether `planned` writes a value the graph assigns to a leaf (an optimizer's step).
-bool writes_update(const Graph& graph, const plan::PlannedLaunch& planned) {
-  return std::any_of(
-      planned.launch.operands.begin(), planned.launch.operands.end(),
-      [&](const target::Operand& operand) {
-        return operand.write &&
-               std::any_of(graph.updates().begin(), graph.updates().end(),
-                           [&](const auto& update) { return update.second == operand.value; });
-      });
-}
-
-// The epochs that hold optimizer steps.
-std::set<size_t> epochs_with_updates(const plan::Program& program) {
-  const std::map<std::string, size_t> epochs = epochs_by_label(program);
-  std::set<size_t> holding;
-  for (const plan::PlannedLaunch& planned : program.launches)
-    if (writes_update(program.graph, planned)) holding.insert(epochs.at(planned.launch.label));
-  return holding;
-}
-
-// Optimizer steps spread over the epochs after their gradients (MEGANEURA_SPREAD_UPDATES): in a
-// small Llama's training step (AdamW) a layer's projections' weight gradients become ready
-// together, and with the switch off their steps share the earliest epoch their gradients allow.
-// Spread, each step takes that epoch or one of the four after it, the steps take more epochs, and
-// every other launch keeps its epoch; the barriers stay as many and the schedule still computes
-// every value.
-TEST(Planner, UpdatesSpreadOverTheEpochsAfterTheirGradients) {
-  models::LlamaConfig llama;
-  llama.vocab_size = 256;
-  llama.hidden_size = 64;
-  llama.intermediate_size = 128;
-  llama.layers = 3;
-  llama.heads = 4;
-  llama.kv_heads = 2;
-  llama.head_dim = 16;
-  llama.tie_word_embeddings = true;
-  Graph graph = models::llama_loss_graph(llama, 1, 32);
-  OptimizerConfig optimizer;
-  optimizer.kind = OptimizerConfig::Kind::adamw;
-  add_training(graph, graph.output(models::kLoss), optimizer);
-  const plan::Program spread = plan_for(graph);
-  const plan::Program earliest =
-      plan_for(graph, true, with_switches({{"MEGANEURA_SPREAD_UPDATES", "0"}}));
-  ASSERT_EQ(spread.launches.size(), earliest.launches.size());
-  EXPECT_EQ(spread.memory.barriers, earliest.memory.barriers);
-  expect_schedule_computes_every_value(spread);
-  const std::map<std::string, size_t> spread_epochs = epochs_by_label(spread);
-  const std::map<std::string, size_t> earliest_epochs = epochs_by_label(earliest);
-  ASSERT_EQ(spread_epochs.size(), spread.launches.size()) << "labels name launches";
-  size_t steps = 0, moved = 0;
-  for (const plan::PlannedLaunch& planned : spread.launches) {
-    const std::string& label = planned.launch.label;
-    const size_t now = spread_epochs.at(label), before = earliest_epochs.at(label);
-    if (!writes_update(spread.graph, planned)) {
-      EXPECT_EQ(now, before) << label;
-      continue;
-    }
-    ++steps;
-    moved += now != before ? 1 : 0;
-    EXPECT_GE(now, before) << label;
-    EXPECT_LE(now, before + 4) << label;
-  }
-  EXPECT_EQ(steps, graph.leaves("parameter").size()) << "a step a parameter";
-  EXPECT_GT(moved, 0u);
-  EXPECT_GT(epochs_with_updates(spread).size(), epochs_with_updates(earliest).size());
 }
 
 // A chain of products long enough that its nodes are lowered on several threads, with attention

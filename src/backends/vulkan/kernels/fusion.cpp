@@ -1091,41 +1091,6 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     }
   }
 
-  // Chains in products: an index chain whose every reader (through reshapes) is a product that
-  // takes its value as A and reads_a_through_function (attention's gradients summed over their
-  // slices, rotated back and moved sequence-major, which the projections' data and weight gradients
-  // read) has no launch, nor the barrier before it: each product computes the chain as it loads A.
-  // MEGANEURA_PRODUCT_CHAINS=0 turns it off.
-  std::map<ValueId, IndexChain> a_chain_of;
-  std::vector<bool> chains_in_products(graph.size(), false);
-  if (fusion_enabled && device.switches.product_chains) {
-    std::map<ValueId, const MatmulEpilogue*> epilogue_of_product;
-    for (const auto& [root, epilogue] : epilogue_of_root)
-      epilogue_of_product.emplace(epilogue.dag.inputs[epilogue.product_input], &epilogue);
-    for (const auto& [root, links] : chain_of_root) {
-      const size_t r = static_cast<size_t>(root);
-      if (stored_by_producer[r] || loaded_by_readers[r] || queries_in_attention[r]) continue;
-      const IndexChain chain{root, links};
-      const uint32_t chain_buffers = index_chain_buffers(graph, chain);
-      std::vector<ValueId> products;
-      const bool all_products = readers_all(root, [&](ValueId reader) {
-        const auto epilogue = epilogue_of_product.find(reader);
-        const uint32_t bindings = (epilogue != epilogue_of_product.end()
-                                       ? matmul_epilogue_bindings(graph, *epilogue->second)
-                                       : 3u) +
-                                  chain_buffers;
-        if (!reads_a_through_function(graph, graph.node(reader), root, device) ||
-            bindings > device.max_storage_buffers)
-          return false;
-        products.push_back(reader);
-        return true;
-      });
-      if (!all_products || products.empty()) continue;
-      chains_in_products[r] = true;
-      for (const ValueId product : products) a_chain_of.emplace(product, chain);
-    }
-  }
-
   // The nodes with launches of their own, which are lowered below.
   std::vector<ValueId> lowered;
   std::vector<bool> has_launch(graph.size(), false);
@@ -1134,8 +1099,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     if (node.is_leaf() || is_view_op(node.op) || is_fused(static_cast<ValueId>(i)) ||
         in_epilogue[i] || written_by_producer[i] || in_chain[i] || in_prologue[i] ||
         in_sibling[i] || in_norm_fusion[i] || joined_in_products[i] || inlined_away[i] ||
-        stored_by_producer[i] || loaded_by_readers[i] || queries_in_attention[i] ||
-        chains_in_products[i]) {
+        stored_by_producer[i] || loaded_by_readers[i] || queries_in_attention[i]) {
       continue;
     }
     lowered.push_back(static_cast<ValueId>(i));
@@ -1174,8 +1138,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                   std::count(inlined_away.begin(), inlined_away.end(), true) +
                   std::count(stored_by_producer.begin(), stored_by_producer.end(), true) +
                   std::count(loaded_by_readers.begin(), loaded_by_readers.end(), true) +
-                  std::count(queries_in_attention.begin(), queries_in_attention.end(), true) +
-                  std::count(chains_in_products.begin(), chains_in_products.end(), true);
+                  std::count(queries_in_attention.begin(), queries_in_attention.end(), true);
     for (const auto& [root, links] : chain_of_root)
       *fused_away +=
           static_cast<size_t>(std::count_if(links.begin(), links.end(), [&](ValueId link) {
@@ -1221,27 +1184,16 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const ValueId moved_value = moved != moved_to.end() ? moved->second : kNoValue;
     const std::string moved_label =
         moved_value != kNoValue ? " + transpose %" + std::to_string(moved_value) : "";
-    // A product computing its A operand's chain: the chain's label before its own.
-    const auto chain_of = [&](ValueId product) -> std::pair<const IndexChain*, std::string> {
-      const auto chain = a_chain_of.find(product);
-      if (chain == a_chain_of.end()) return {nullptr, ""};
-      return {&chain->second,
-              index_chain_label(graph, chain->second.root, chain->second.links) + " + "};
-    };
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
       const MatmulEpilogue& epilogue = it->second;
       const ValueId product = epilogue.dag.inputs[epilogue.product_input];
-      const auto [chain, chain_label] = chain_of(product);
-      const std::string label = chain_label + "matmul %" + std::to_string(product) + " + " +
+      const std::string label = "matmul %" + std::to_string(product) + " + " +
                                 fused_label(graph, epilogue.dag) + moved_label;
-      return lower_matmul_with_epilogue(graph, product, &epilogue, moved_value, device, label,
-                                        chain);
+      return lower_matmul_with_epilogue(graph, product, &epilogue, moved_value, device, label);
     }
-    if (const auto [chain, chain_label] = chain_of(id);
-        node.op == op::matmul && (moved_value != kNoValue || chain))
+    if (node.op == op::matmul && moved_value != kNoValue)
       return lower_matmul_with_epilogue(graph, id, nullptr, moved_value, device,
-                                        chain_label + "matmul %" + std::to_string(id) + moved_label,
-                                        chain);
+                                        "matmul %" + std::to_string(id) + moved_label);
     if (auto it = inlined_of.find(id); it != inlined_of.end() || moved != moved_to.end()) {
       PointwiseDag dag = loading_through(
           it != inlined_of.end() ? dag_of(graph, id, fused_into, written_beside, &siblings_of,

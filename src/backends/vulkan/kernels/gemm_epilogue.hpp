@@ -40,18 +40,9 @@ std::string matmul_store_function(const Graph& graph, ValueId matmul,
 uint32_t matmul_epilogue_bindings(const Graph& graph, const MatmulEpilogue& epilogue);
 
 // The launches of matmul node `matmul` with `epilogue` (where given) fused into its store, which
-// writes transpose `moved_to`'s value where given, computing its A operand from `a_chain` (an
-// index chain whose root, through reshapes, is A) where given (matmul.cpp).
+// writes transpose `moved_to`'s value where given (matmul.cpp).
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
                                                const MatmulEpilogue* epilogue, ValueId moved_to,
-                                               const DeviceTraits& device, std::string label,
-                                               const IndexChain* a_chain = nullptr);
-
-// Whether matmul `node` can read its A operand, `source` through reshapes, through a generated
-// function (joined_a: a split attention's joined result, an index chain's value) instead of its
-// buffer: f32 operands, B another value, and a GEMM that reads A so (not gemm_few_rows.comp, which
-// strict products of few rows run on, reading buffers alone).
-bool reads_a_through_function(const Graph& graph, const Node& node, ValueId source,
-                              const DeviceTraits& device);
+                                               const DeviceTraits& device, std::string label);
 
 }  // namespace mg::kernels

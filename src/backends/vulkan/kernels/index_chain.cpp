@@ -96,18 +96,6 @@ std::string index_chain_functions(const Graph& graph, ValueId root,
   return append_functions(graph, root, chain, prefix, count_of_functions, operands, text);
 }
 
-std::string index_chain_label(const Graph& graph, ValueId root, const std::vector<ValueId>& links) {
-  return "fused " + std::to_string(links.size() + 1) + " ops -> " + graph.node(root).op + " %" +
-         std::to_string(root);
-}
-
-uint32_t index_chain_buffers(const Graph& graph, const IndexChain& chain) {
-  std::vector<Operand> operands;
-  std::string text;
-  index_chain_functions(graph, chain.root, chain.links, "", operands, text);
-  return static_cast<uint32_t>(operands.size());
-}
-
 Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
                           const DeviceTraits& device) {
   Launch launch;
@@ -121,7 +109,8 @@ Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<Va
                 "  out_[i] = " + value_of_root + "(i);\n}\n";
   launch.operands.push_back({"out_", root, true});
   launch.kernel = "layout";
-  launch.label = index_chain_label(graph, root, links);
+  launch.label = "fused " + std::to_string(links.size() + 1) + " ops -> " + graph.node(root).op +
+                 " %" + std::to_string(root);
   launch.groups = grid_for(static_cast<uint64_t>(count), kLocalSize, device);
   return launch;
 }

@@ -137,18 +137,6 @@ std::string index_chain_functions(const Graph& graph, ValueId root,
                                   std::vector<Operand>& operands, std::string& text);
 Launch index_chain_launch(const Graph& graph, ValueId root, const std::vector<ValueId>& links,
                           const DeviceTraits& device);
-// The chain's name in dispatch lists and profiles ("fused 3 ops -> transpose %12"), on its own
-// launch or on the launch that computes it.
-std::string index_chain_label(const Graph& graph, ValueId root, const std::vector<ValueId>& links);
-// An index chain, its root and links as index_chain_functions takes them, that a launch computes
-// where it reads the root's value (kernels/fusion.cpp).
-struct IndexChain {
-  ValueId root = kNoValue;
-  std::vector<ValueId> links;
-};
-// How many buffers chain `chain` reads: a split-K sum's partials, a rope's positions and the
-// value it starts from where that is not a sum.
-uint32_t index_chain_buffers(const Graph& graph, const IndexChain& chain);
 
 // Launches for node `id`. Throws mg::Error naming the op and the device when no kernel exists.
 std::vector<Launch> lower_node(const Graph& graph, ValueId id, const DeviceTraits& device);

@@ -88,60 +88,31 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
          use_cpu_kernels(device);
 }
 
-namespace {
-
-ValueId through_reshapes(const Graph& graph, ValueId value) {
-  while (graph.node(value).op == op::reshape) value = graph.node(value).inputs[0];
-  return value;
-}
-
-}  // namespace
-
-bool reads_a_through_function(const Graph& graph, const Node& node, ValueId source,
-                              const DeviceTraits& device) {
-  if (node.op != op::matmul || through_reshapes(graph, node.inputs[0]) != source ||
-      through_reshapes(graph, node.inputs[1]) == source || graph.type(source).dtype != DType::f32 ||
-      graph.type(node.inputs[1]).dtype != DType::f32)
-    return false;
-  const MatmulShape shape = matmul_shape(graph, node);
-  return matmul_runs_coop(shape, device) || use_cpu_kernels(device) || shape.split ||
-         !few_rows_gemm_suits(shape.m, shape.k, shape.transpose_b, device);
-}
-
-namespace {
-
-// GLSL of joined_a(e) and joined_a4(e) (as join_slices_functions defines them) over `chain`'s
-// value, its functions and buffers named from a_, the buffers joining `operands`.
-std::string chain_as_joined_a(const Graph& graph, const IndexChain& chain,
-                              std::vector<Operand>& operands) {
-  std::string text;
-  const std::string root =
-      index_chain_functions(graph, chain.root, chain.links, "a_", operands, text);
-  return text + "float joined_a(uint e) {\n  return " + root +
-         "(e);\n}\nvec4 joined_a4(uint e) {\n  return vec4(joined_a(e), joined_a(e + 1u), " +
-         "joined_a(e + 2u), joined_a(e + 3u));\n}\n";
-}
-
-}  // namespace
-
 ValueId joined_split_attention(const Graph& graph, const Node& node, const DeviceTraits& device) {
   if (node.op != op::matmul || device.switches.no_fusion || !device.switches.join_slices)
     return kNoValue;
-  const ValueId combine = through_reshapes(graph, node.inputs[0]);
-  if (graph.node(combine).op != op::attention_combine ||
-      !reads_a_through_function(graph, node, combine, device))
+  const auto source = [&](ValueId value) {
+    while (graph.node(value).op == op::reshape) value = graph.node(value).inputs[0];
+    return value;
+  };
+  const ValueId combine = source(node.inputs[0]);
+  if (graph.node(combine).op != op::attention_combine || source(node.inputs[1]) == combine ||
+      graph.type(combine).dtype != DType::f32 || graph.type(node.inputs[1]).dtype != DType::f32)
     return kNoValue;
-  return combine;
+  // gemm_few_rows.comp, which strict products of few rows run on, reads buffers alone.
+  const MatmulShape shape = matmul_shape(graph, node);
+  const bool few_rows = !matmul_runs_coop(shape, device) && !use_cpu_kernels(device) &&
+                        !shape.split &&
+                        few_rows_gemm_suits(shape.m, shape.k, shape.transpose_b, device);
+  return few_rows ? kNoValue : combine;
 }
 
 namespace {
 
 // Every GEMM kernel stores through store_c (gemm_epilogue.hpp), which applies `epilogue` and
-// writes transpose `moved_to`'s value where given. A computed from `a_chain` (where given) or a
-// split attention's partials is read through joined_a, its buffers bound after every other
-// operand (binding 0, a, then holds the chain's first buffer, unread).
+// writes transpose `moved_to`'s value where given.
 void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
-                 ValueId moved_to = kNoValue, const IndexChain* a_chain = nullptr) {
+                 ValueId moved_to = kNoValue) {
   const Node& node = context.node();
   const Shape& a_shape = context.input_type(0).shape;
   const Shape& b_shape = context.input_type(1).shape;
@@ -164,14 +135,10 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
   const bool packed_b = packed_columns(context.graph(), node.inputs[1], context.device());
   // A split attention's joined result is read from its partials, bound as a.
   const ValueId joined = joined_split_attention(context.graph(), node, context.device());
-  std::vector<Operand> chain_operands;
-  const std::string joined_a = a_chain
-                                   ? chain_as_joined_a(context.graph(), *a_chain, chain_operands)
-                               : joined != kNoValue ? join_slices_functions(context.graph(), joined)
-                                                    : std::string();
-  const ValueId a_value = a_chain              ? chain_operands.front().value
-                          : joined != kNoValue ? context.graph().node(joined).inputs[0]
-                                               : node.inputs[0];
+  const ValueId a_value =
+      joined == kNoValue ? node.inputs[0] : context.graph().node(joined).inputs[0];
+  const std::string joined_a =
+      joined == kNoValue ? std::string() : join_slices_functions(context.graph(), joined);
   if (coop || use_cpu_kernels(context.device())) {
     const std::string t =
         transpose_a ? "k * " + glsl_uint(m) + " + m" : "m * " + glsl_uint(k) + " + k";
@@ -182,8 +149,8 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
       const std::string read = buffer + "[" + index + "]";
       return half_operands ? "float(" + read + ")" : read;
     };
-    const std::string a_read =
-        joined_a.empty() ? element("a", "a_offset(z) + " + t) : "joined_a(a_offset(z) + " + t + ")";
+    const std::string a_read = joined == kNoValue ? element("a", "a_offset(z) + " + t)
+                                                  : "joined_a(a_offset(z) + " + t + ")";
     std::string functions = joined_a + batch_offset_function("a_offset", a_shape, batch_shape) +
                             batch_offset_function("b_offset", b_shape, batch_shape) +
                             "float load_a(uint z, uint m, uint k) { return " + a_read + "; }\n";
@@ -216,7 +183,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
              ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
     };
     if (vector_loads) {
-      functions += joined_a.empty()
+      functions += joined == kNoValue
                        ? vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
                                      "a_offset(z) + " + t)
                        : "vec4 load_a4(uint z, uint m, uint k) { return joined_a4(a_offset(z) + " +
@@ -236,7 +203,6 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
     Launch bindings;
     bindings.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings, moved_to);
-    bindings.operands.insert(bindings.operands.end(), chain_operands.begin(), chain_operands.end());
     if (coop) {
       const GeneratedGemm gemm{
           .m = m,
@@ -265,7 +231,6 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
   launch.body = batch_offset_function("a_offset", a_shape, batch_shape) +
                 batch_offset_function("b_offset", b_shape, batch_shape) +
                 matmul_store_function(context.graph(), context.id(), epilogue, launch, moved_to);
-  launch.operands.insert(launch.operands.end(), chain_operands.begin(), chain_operands.end());
   emit_buffer_gemm(context,
                    BufferGemm{.m = m,
                               .n = n,
@@ -291,10 +256,9 @@ void emit_half_matmul_on_subgroups(LoweringContext& context) {
 
 std::vector<Launch> lower_matmul_with_epilogue(const Graph& graph, ValueId matmul,
                                                const MatmulEpilogue* epilogue, ValueId moved_to,
-                                               const DeviceTraits& device, std::string label,
-                                               const IndexChain* a_chain) {
+                                               const DeviceTraits& device, std::string label) {
   LoweringContext context(graph, matmul, device);
-  emit_matmul(context, epilogue, moved_to, a_chain);
+  emit_matmul(context, epilogue, moved_to);
   for (Launch& launch : context.launches()) launch.label = label;
   return std::move(context.launches());
 }
