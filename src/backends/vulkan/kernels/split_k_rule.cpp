@@ -49,16 +49,30 @@ constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
 // two slices of at least 256 tiles still pay: each workgroup's chain halves at no other cost.
 constexpr int64_t kMinKPerWinogradSlice = 256;
 
+// Past three slices, a cooperative-matrix matmul's slice walks at least kCoopSliceK of K
+// (MEGANEURA_COOP_SLICE_K, a tuning hook). Fewer, longer slices write and read back fewer
+// partial results, which pays where M x N is large, and lengthen each workgroup's chain, which
+// costs where the chain is what a product waits on; no one value suited every workload
+// (docs/KERNELS.md, Split-K).
+constexpr int64_t kCoopSliceK = 64;
+
 // The slice count of the coarse rule above, `tiles_per_unit` 128 x 128 tiles a compute unit and
-// slices of at least `min_k_per_slice`.
+// at most `slices_by_k` slices.
 int64_t coarse_split_count(const target::GemmProduct& product, int64_t compute_units,
-                           int64_t tiles_per_unit, int64_t min_k_per_slice) {
+                           int64_t tiles_per_unit, int64_t slices_by_k) {
   const int64_t tiles = std::max<int64_t>(
       1, product.entries * ceil_div(product.m, kOutputTile) * ceil_div(product.n, kOutputTile));
-  const int64_t wanted =
-      std::min(tiles_per_unit * compute_units / tiles, product.k / min_k_per_slice);
+  const int64_t wanted = std::min(tiles_per_unit * compute_units / tiles, slices_by_k);
   if (wanted < 3) return 1;
   return nonempty_slices(product.k, wanted);
+}
+
+// The most slices of a cooperative-matrix product: slices of at least kMinKPerCoopSlice, and
+// for a matmul three of them or slices of the least K a slice walks, whichever are more.
+int64_t coop_slices_by_k(const target::GemmProduct& product, const DeviceTraits& device) {
+  if (product.generated_loads) return product.k / kMinKPerCoopSlice;
+  const int64_t least_k = device.switches.coop_slice_k.value_or(kCoopSliceK);
+  return std::max(product.k / least_k, std::min<int64_t>(3, product.k / kMinKPerCoopSlice));
 }
 
 // The launch of `product` over `splits` slices where gemm.comp runs it, or nothing where
@@ -110,12 +124,14 @@ int64_t gemm_k_splits(const target::GemmProduct& product, const DeviceTraits& de
   const std::optional<SimtGemmLaunch> whole = simt ? simt_launch(product, 1, device) : std::nullopt;
   if (!whole) {
     if (!use_coop_gemm(device))
-      return coarse_split_count(product, device.compute_units, kTilesPerUnit, kMinKPerCoarseSlice);
+      return coarse_split_count(product, device.compute_units, kTilesPerUnit,
+                                product.k / kMinKPerCoarseSlice);
+    const int64_t slices_by_k = coop_slices_by_k(product, device);
     const int64_t splits =
-        coarse_split_count(product, device.compute_units, kCoopTilesPerUnit, kMinKPerCoopSlice);
-    return splits > 1 ? splits
-                      : coarse_split_count(product, device.compute_units, kTilesPerUnit,
-                                           kMinKPerCoopSlice);
+        coarse_split_count(product, device.compute_units, kCoopTilesPerUnit, slices_by_k);
+    return splits > 1
+               ? splits
+               : coarse_split_count(product, device.compute_units, kTilesPerUnit, slices_by_k);
   }
   int64_t best_splits = 1;
   double best_cost = launch_cost(*whole, product, device.compute_units);
