@@ -250,8 +250,7 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   if (!(min_crop > 0 && min_crop <= 1)) throw Error("--min-crop must be in (0, 1]");
 
   // Everything the run reads is checked before anything is written.
-  std::optional<io::Checkpoint> resumed;
-  if (const auto path = arguments.value("resume")) resumed = io::load_checkpoint(*path);
+  const std::optional<io::Checkpoint> resumed = resumed_checkpoint(arguments);
   ModelChoice model;
   if (resumed) {
     model.config = models::ResNetConfig::from_json(resumed->model_config);

@@ -230,11 +230,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
     optimizer.warmup_steps = std::min<int64_t>(100, optimizer.total_steps / 10);
   if (!arguments.has("clip")) optimizer.clip_norm = 1.0;
   const nlohmann::json model_json = {{"kind", "llama"}, {"config", folder.config()}};
-  std::optional<io::Checkpoint> resumed;
-  if (const auto path = arguments.value("resume")) {
-    resumed = with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
-    io::check_same_model(model_json, resumed->model_config, *path);
-  }
+  const std::optional<io::Checkpoint> resumed = resumed_checkpoint(arguments, model_json);
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   if (run.writes()) {

@@ -271,11 +271,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   const nlohmann::json model_json = {{"kind", "smolvla"},
                                      {"config", nlohmann::json::parse(folder.policy_config.dump())},
                                      {"train_backbone", train_backbone}};
-  std::optional<io::Checkpoint> resumed;
-  if (const auto path = arguments.value("resume")) {
-    resumed = io::load_checkpoint(*path);
-    io::check_same_model(model_json, resumed->model_config, *path);
-  }
+  const std::optional<io::Checkpoint> resumed = resumed_checkpoint(arguments, model_json);
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   open_run(out_dir, arguments, words,

@@ -233,12 +233,10 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
                       {"resume", arguments.text("resume", "")}},
                      device);
 
-  std::optional<io::Checkpoint> resumed;
-  if (const auto path = arguments.value("resume")) {
-    resumed = with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
-    if (arguments.has("model")) io::check_same_model(model.to_json(), resumed->model_config, *path);
-    model = models::ClassifierConfig::from_json(resumed->model_config);
-  }
+  const std::optional<io::Checkpoint> resumed = arguments.has("model")
+                                                    ? resumed_checkpoint(arguments, model.to_json())
+                                                    : resumed_checkpoint(arguments);
+  if (resumed) model = models::ClassifierConfig::from_json(resumed->model_config);
 
   const data::Dataset train_set = with_kind(
       Error::Kind::data, [&] { return data::load_fashion_mnist(data_dir, "train", limit); });

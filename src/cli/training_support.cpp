@@ -102,6 +102,19 @@ void open_run(const std::filesystem::path& out_dir, const Arguments& arguments,
   start_run_record(out_dir, words, config, arguments.text("device", ""));
 }
 
+std::optional<io::Checkpoint> resumed_checkpoint(const Arguments& arguments) {
+  const std::optional<std::string> path = arguments.value("resume");
+  if (!path) return std::nullopt;
+  return with_kind(Error::Kind::checkpoint, [&] { return io::load_checkpoint(*path); });
+}
+
+std::optional<io::Checkpoint> resumed_checkpoint(const Arguments& arguments,
+                                                 const nlohmann::json& model_json) {
+  std::optional<io::Checkpoint> resumed = resumed_checkpoint(arguments);
+  if (resumed) io::check_same_model(model_json, resumed->model_config, *arguments.value("resume"));
+  return resumed;
+}
+
 void save_run_checkpoint(const std::filesystem::path& path, const io::Checkpoint& checkpoint) {
   with_kind(Error::Kind::checkpoint, [&] { io::save_checkpoint(path, checkpoint); });
   current_run().checkpoint(checkpoint.step, path);

@@ -52,6 +52,11 @@ void start_run_record(const std::filesystem::path& out_dir, const std::vector<st
 // and the --device option.
 void open_run(const std::filesystem::path& out_dir, const Arguments& arguments,
               const std::vector<std::string>& words, const nlohmann::json& config);
+// The checkpoint --resume names, or nothing without --resume. One that cannot be read is a
+// checkpoint error (exit status 74); with `model_json`, one that holds another model is bad input.
+std::optional<io::Checkpoint> resumed_checkpoint(const Arguments& arguments);
+std::optional<io::Checkpoint> resumed_checkpoint(const Arguments& arguments,
+                                                 const nlohmann::json& model_json);
 // Saves a checkpoint (a failure is a checkpoint error for the run monitor) and notes it in the
 // run record.
 void save_run_checkpoint(const std::filesystem::path& path, const io::Checkpoint& checkpoint);

@@ -337,11 +337,7 @@ int unet_train_command(const std::vector<std::string>& words) {
   if (!arguments.has("clip")) optimizer.clip_norm = 1.0;
   const nlohmann::json model_json = {
       {"kind", "unet"}, {"config", models::unet_config_to_json(config)}, {"tokens", tokens}};
-  std::optional<io::Checkpoint> resumed;
-  if (const auto path = arguments.value("resume")) {
-    resumed = io::load_checkpoint(*path);
-    io::check_same_model(model_json, resumed->model_config, *path);
-  }
+  const std::optional<io::Checkpoint> resumed = resumed_checkpoint(arguments, model_json);
 
   const std::filesystem::path out_dir = arguments.text("out", default_out_dir());
   open_run(out_dir, arguments, words,

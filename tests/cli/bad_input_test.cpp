@@ -143,6 +143,27 @@ TEST(CliBadInput, UsedOutputFoldersAndInconsistentCheckpoints) {
   fs::remove_all(out);
 }
 
+// A --resume file that is not a checkpoint stops the classifier, U-Net and SmolVLA jobs with
+// the checkpoint error's exit status, as it does the language model, Whisper and ResNet jobs
+// (their CLI tests).
+TEST(CliBadInput, UnreadableCheckpointsAreCheckpointErrors) {
+  const fs::path root = scratch("unreadable");
+  cli_test::expect_unreadable_resume_refused(
+      "--out " + (root / "mlp").string() + " --model mlp --limit 64 --batch 32 --epochs 1", root);
+  cli_test::write_tiny_unet_config(root / "unet");
+  cli_test::expect_unreadable_resume_refused("--out " + (root / "unet-run").string() + " --model " +
+                                                 (root / "unet").string() +
+                                                 " --tokens 4 --batch 2 --limit 64",
+                                             root);
+  ASSERT_TRUE(cli_test::make_tiny_smolvla(root / "smolvla"));
+  cli_test::expect_unreadable_resume_refused("--out " + (root / "smolvla-run").string() +
+                                                 " --model " + (root / "smolvla/policy").string() +
+                                                 " --data " + (root / "smolvla/data").string() +
+                                                 " --batch 4 --validation 0",
+                                             root);
+  fs::remove_all(root);
+}
+
 // A model with fewer classes than the data set's labels: an error, not a read past the
 // confusion matrix.
 TEST(CliBadInput, InferWithFewerClassesThanTheLabels) {

@@ -3,8 +3,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace cli_test {
@@ -39,6 +44,50 @@ inline std::filesystem::path scratch_folder(const std::string& suite, const std:
   std::filesystem::remove_all(path);
   std::filesystem::create_directories(path);
   return path;
+}
+
+// `meganeura train ARGUMENTS --resume FILE`, FILE bytes that are not a checkpoint (written in
+// `folder`): exit status 74 (checkpoint_error, docs/RELIABILITY.md) and one line naming FILE.
+inline void expect_unreadable_resume_refused(const std::string& arguments,
+                                             const std::filesystem::path& folder) {
+  SCOPED_TRACE(arguments);
+  const std::filesystem::path garbage = folder / "not-a-checkpoint.safetensors";
+  std::ofstream(garbage) << "these bytes are not a checkpoint";
+  const Result result = run("train " + arguments + " --resume " + garbage.string());
+  EXPECT_EQ(result.status, 74) << result.output;
+  const size_t error = result.output.find("error: ");
+  ASSERT_NE(error, std::string::npos) << result.output;
+  const std::string line = result.output.substr(error);
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << "error spans several lines: " << result.output;
+  EXPECT_NE(line.find(garbage.string()), std::string::npos) << line;
+}
+
+// The U-Net config of scripts/unet_demo.sh's CI size in `folder`/config.json (one channel,
+// 32 x 32 latents, two blocks).
+inline void write_tiny_unet_config(const std::filesystem::path& folder) {
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder / "config.json")
+      << nlohmann::json{{"_class_name", "UNet2DConditionModel"},
+                        {"in_channels", 1},
+                        {"out_channels", 1},
+                        {"sample_size", 32},
+                        {"block_out_channels", {32, 64}},
+                        {"down_block_types", {"DownBlock2D", "CrossAttnDownBlock2D"}},
+                        {"up_block_types", {"CrossAttnUpBlock2D", "UpBlock2D"}},
+                        {"mid_block_type", "UNetMidBlock2DCrossAttn"},
+                        {"layers_per_block", 1},
+                        {"attention_head_dim", 4},
+                        {"cross_attention_dim", 64},
+                        {"norm_num_groups", 8}};
+}
+
+// A tiny SmolVLA policy in `root`/policy and its synthetic episodes in `root`/data
+// (scripts/smolvla_demo_data.py); false where the script failed.
+inline bool make_tiny_smolvla(const std::filesystem::path& root) {
+  return std::system(("/usr/bin/python3 " + std::string(MEGANEURA_SOURCE_DIR) +
+                      "/scripts/smolvla_demo_data.py " + root.string() +
+                      " --episodes 4 --image 16 --width 64 --layers 2 > /dev/null")
+                         .c_str()) == 0;
 }
 
 }  // namespace cli_test

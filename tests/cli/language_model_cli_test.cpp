@@ -108,6 +108,8 @@ TEST(LanguageModelCli, FineTunesIntoAFolderThatOpensAgainAndResumes) {
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   EXPECT_EQ(mg::io::load_checkpoint(folder / "resumed/checkpoint.safetensors").step, 12);
+  cli_test::expect_unreadable_resume_refused("--out " + (folder / "unread").string() + common,
+                                             folder);
   fs::remove_all(folder);
 }
 

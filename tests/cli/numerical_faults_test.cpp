@@ -179,20 +179,7 @@ void expect_forward_anomaly(const fs::path& root, const std::string& arguments) 
 
 TEST(NumericalFaults, DetectAnomalyInTheUNetJob) {
   const fs::path root = scratch("anomaly-unet");
-  fs::create_directories(root / "config");
-  std::ofstream(root / "config" / "config.json")
-      << nlohmann::json{{"_class_name", "UNet2DConditionModel"},
-                        {"in_channels", 1},
-                        {"out_channels", 1},
-                        {"sample_size", 32},
-                        {"block_out_channels", {32, 64}},
-                        {"down_block_types", {"DownBlock2D", "CrossAttnDownBlock2D"}},
-                        {"up_block_types", {"CrossAttnUpBlock2D", "UpBlock2D"}},
-                        {"mid_block_type", "UNetMidBlock2DCrossAttn"},
-                        {"layers_per_block", 1},
-                        {"attention_head_dim", 4},
-                        {"cross_attention_dim", 64},
-                        {"norm_num_groups", 8}};
+  cli_test::write_tiny_unet_config(root / "config");
   expect_forward_anomaly(
       root, "--model " + (root / "config").string() + " --tokens 4 --batch 2 --limit 64");
   fs::remove_all(root);
@@ -200,11 +187,7 @@ TEST(NumericalFaults, DetectAnomalyInTheUNetJob) {
 
 TEST(NumericalFaults, DetectAnomalyInTheSmolVLAJob) {
   const fs::path root = scratch("anomaly-smolvla");
-  ASSERT_EQ(std::system(("/usr/bin/python3 " + std::string(MEGANEURA_SOURCE_DIR) +
-                         "/scripts/smolvla_demo_data.py " + root.string() +
-                         " --episodes 4 --image 16 --width 64 --layers 2 > /dev/null")
-                            .c_str()),
-            0);
+  ASSERT_TRUE(cli_test::make_tiny_smolvla(root));
   expect_forward_anomaly(root, "--model " + (root / "policy").string() + " --data " +
                                    (root / "data").string() + " --batch 4 --validation 0");
   fs::remove_all(root);

@@ -116,6 +116,8 @@ TEST(ResNetCli, TrainsOnAnImageFolderWithBadFilesResumesAndInfers) {
   EXPECT_EQ(checkpoint.step, 5);
   EXPECT_EQ(checkpoint.extra.at("classes").size(), 10u);
   EXPECT_EQ(checkpoint.extra.at("classes")[3], "3-dress");
+  cli_test::expect_unreadable_resume_refused("--out " + (folder / "unread").string() + common,
+                                             folder);
   // Five training steps moved the running statistics off their start (mean 0, variance 1).
   const mg::io::TensorRecord* mean = checkpoint.find("layer1.0.bn1.running_mean");
   ASSERT_NE(mean, nullptr);

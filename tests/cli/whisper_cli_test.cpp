@@ -80,6 +80,8 @@ TEST(WhisperCli, TrainsFromClipsResumesAndTranscribes) {
           (out / "checkpoint.safetensors").string());
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("at step 2"), std::string::npos) << resumed.output;
+  cli_test::expect_unreadable_resume_refused("--out " + (work.root / "unread").string() + common,
+                                             work.root);
 
   const Result transcribed =
       run("transcribe " + (work.root / "resumed/model").string() + " " +
