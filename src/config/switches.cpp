@@ -268,8 +268,9 @@ Switches read_switches(Reader& read) {
       read.one_of("MEGANEURA_GEMM_K_GROUPS", {1, 2, 4, 8}, "1, 2, 4 or 8 k-groups", kRule);
   s.gemm_tile = read.text("MEGANEURA_GEMM_TILE");
   s.coop_block = read.text("MEGANEURA_COOP_BLOCK");
-  s.coop_slice_k = read.integer("MEGANEURA_COOP_SLICE_K", 16, 4096,
-                                "a whole number of K from 16 to 4096", kRule);
+  s.coop_split_model = read.flag("MEGANEURA_COOP_SPLIT_MODEL",
+                                 "the coarse split-K rule for cooperative-matrix matmuls",
+                                 "the modelled split-K rule", "the modelled rule");
   if (const std::optional<std::string> block = read.text("MEGANEURA_CPU_GEMM_BLOCK")) {
     const auto parsed = config::parse_integers(*block, 2, 'x');
     if (!parsed || (*parsed)[0] < 1 || (*parsed)[0] > 32 || (*parsed)[1] < 1 || (*parsed)[1] > 8)

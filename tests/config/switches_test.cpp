@@ -99,7 +99,7 @@ TEST(Switches, EachKindParsesItsValues) {
 TEST(Switches, BadValuesAreRejectedByOneMessage) {
   for (const char* bad : {"2", "yes", "", "on"}) expect_rejected("MEGANEURA_NO_FUSION", bad);
   for (const char* bad : {"0", "1025", "13x", ""}) expect_rejected("MEGANEURA_SPLIT_K_SLICES", bad);
-  for (const char* bad : {"15", "4097", "256k"}) expect_rejected("MEGANEURA_COOP_SLICE_K", bad);
+  for (const char* bad : {"2", "model", ""}) expect_rejected("MEGANEURA_COOP_SPLIT_MODEL", bad);
   for (const char* bad : {"two", "0", "2,2", "3,", "2,2,2,2"})
     expect_rejected("MEGANEURA_ATTENTION_SPLITS", bad);
   expect_rejected("MEGANEURA_GEMM_K_GROUPS", "3");

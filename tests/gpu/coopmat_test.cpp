@@ -1850,10 +1850,10 @@ void check_matmuls(const Numerics& numerics) {
   // for both operand layouts.
   check_product({1540, 40}, {40, 1500}, false, false, 12, numerics);
   check_product({40, 1540}, {1500, 40}, true, true, 13, numerics);
-  // Split-K slices of 256 (MEGANEURA_COOP_SLICE_K) at SmolLM2's MLP data gradient: 64 x 64
-  // blocks over eight K steps each, for both operand layouts.
+  // Six split-K slices of 256 at SmolLM2's MLP data gradient: 64 x 64 blocks over eight K steps
+  // each, for both operand layouts.
   {
-    const ScopedSwitch slices("MEGANEURA_COOP_SLICE_K", "256");
+    const ScopedSwitch slices("MEGANEURA_SPLIT_K_SLICES", "6");
     check_product({128, 1536}, {1536, 576}, false, false, 27, numerics);
     check_product({1536, 128}, {576, 1536}, true, true, 28, numerics);
   }

@@ -460,15 +460,18 @@ TEST(Passes, GemmTilesPadNeitherHalfFullEdge) {
 }
 
 // The slice count follows the device's compute units: SmolLM's 128 x 576 x 49152 data gradient
-// takes fewer slices on fewer units. On cooperative matrices (fast precision) it keeps the coarse
-// rule with one 128 x 128 tile a compute unit (5 tiles: 26 slices; two where one leaves fewer
-// than three slices) and slices of at least 64 (MEGANEURA_COOP_SLICE_K): SmolLM's 128 x 576 x 576
-// ran fastest on 9 of
-// them there, ResNet's strided 3x3 weight gradient as 4 products of 128 x 1152 x 784 (36 tiles)
-// on 3, U-Net's 320-channel convolution as 2 products of 320 x 1024 x 2880 (48 tiles) on 5
-// rather than whole (runs 32 and 34 in git's history of docs/BENCHMARKS.md), while a product small
-// enough to stay on gemm.comp (16 x 1024 x 512, under 64K multiply-adds a unit) is split as in
-// strict precision.
+// takes fewer slices on fewer units. On cooperative matrices (fast precision) a matmul takes the
+// modelled count, which weighs each workgroup's chain of K steps against the partial results
+// every slice writes, within the coarse rule's bound: SmolLM2's 128 x 576 x 576 projections on
+// 6 slices and its 128 x 1536 x 576 MLP data gradient on 12 (9 and 24 by the coarse rule of
+// MEGANEURA_COOP_SPLIT_MODEL=0: one 128 x 128 tile a compute unit, two where one leaves fewer
+// than three slices, slices of at least 64), while the products whose partials outweigh a
+// shorter chain keep the coarse rule's count: the lm_head's 26, ResNet's strided 3x3 weight
+// gradient as 4 products of 128 x 1152 x 784 (36 tiles) on 3, U-Net's 320-channel convolution
+// as 2 products of 320 x 1024 x 2880 (48 tiles) on 5 (measured fastest there by the coarse
+// rule: runs 32 and 34 in git's history of docs/BENCHMARKS.md). A product small enough to stay
+// on gemm.comp (16 x 1024 x 512, under 64K multiply-adds a unit) is split as in strict
+// precision.
 TEST(Passes, SplitKFollowsComputeUnits) {
   Graph graph;
   const Tensor dx = matmul(input(graph, "a", {128, 49152}), input(graph, "b", {49152, 576}));
@@ -485,7 +488,12 @@ TEST(Passes, SplitKFollowsComputeUnits) {
   Graph q_proj;
   q_proj.set_output("y",
                     matmul(input(q_proj, "a", {128, 576}), input(q_proj, "b", {576, 576})).id());
-  EXPECT_EQ(matmul_slices(q_proj, coop), 9);
+  EXPECT_EQ(matmul_slices(q_proj, coop), 6);
+  Graph up_data_gradient;
+  up_data_gradient.set_output("dx", matmul(input(up_data_gradient, "dy", {128, 1536}),
+                                           input(up_data_gradient, "w", {1536, 576}))
+                                        .id());
+  EXPECT_EQ(matmul_slices(up_data_gradient, coop), 12);
   Graph strided_weight_gradient;
   strided_weight_gradient.set_output(
       "dw", matmul(input(strided_weight_gradient, "dy", {4, 128, 784}),
@@ -497,21 +505,13 @@ TEST(Passes, SplitKFollowsComputeUnits) {
                                           input(unet_convolution, "columns", {2, 2880, 1024}))
                                        .id());
   EXPECT_EQ(matmul_slices(unet_convolution, coop), 5);
-  // MEGANEURA_COOP_SLICE_K: slices of at least that much K past three; at 256, SmolLM2's
-  // projections keep three slices and its MLP data gradient six, while the products whose
-  // slice count the compute units bound keep it.
-  Graph up_data_gradient;
-  up_data_gradient.set_output("dx", matmul(input(up_data_gradient, "dy", {128, 1536}),
-                                           input(up_data_gradient, "w", {1536, 576}))
-                                        .id());
-  EXPECT_EQ(matmul_slices(up_data_gradient, coop), 24);
-  target::DeviceTraits long_slices = coop;
-  long_slices.switches.coop_slice_k = 256;
-  EXPECT_EQ(matmul_slices(q_proj, long_slices), 3);
-  EXPECT_EQ(matmul_slices(up_data_gradient, long_slices), 6);
-  EXPECT_EQ(matmul_slices(graph, long_slices), 26);
-  EXPECT_EQ(matmul_slices(strided_weight_gradient, long_slices), 3);
-  EXPECT_EQ(matmul_slices(unet_convolution, long_slices), 5);
+  target::DeviceTraits coarse = coop;
+  coarse.switches.coop_split_model = false;
+  EXPECT_EQ(matmul_slices(q_proj, coarse), 9);
+  EXPECT_EQ(matmul_slices(up_data_gradient, coarse), 24);
+  EXPECT_EQ(matmul_slices(graph, coarse), 26);
+  EXPECT_EQ(matmul_slices(strided_weight_gradient, coarse), 3);
+  EXPECT_EQ(matmul_slices(unet_convolution, coarse), 5);
   Graph small;
   small.set_output("y", matmul(input(small, "a", {16, 512}), input(small, "b", {512, 1024})).id());
   EXPECT_EQ(matmul_slices(small, coop), matmul_slices(small, h200_like()));

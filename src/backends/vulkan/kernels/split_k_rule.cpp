@@ -34,12 +34,12 @@ constexpr double kWorkgroupCost = 5.0, kFourByFourSliceCost = 1.25;
 // cost of a workgroup more than in the buffer GEMMs.
 constexpr double kGeneratedLoadsWorkgroupCost = 2.0;
 
-// Products on another GEMM (cooperative matrices, conv_igemm.comp) keep a coarse rule: two
-// 128 x 128 tiles in flight on each compute unit, at least 128 of K a slice, and no split into
-// fewer than three (two slices of a product that already fills most compute units cost their
-// sum more than they gain). On cooperative matrices slices of at least 64 and one tile a compute
-// unit where that makes three slices or more, two where it does not: their vector loads keep
-// short slices fast, while every partial result is written and read back once more.
+// Products on conv_igemm.comp, and convolution weight gradients on cooperative matrices, keep a
+// coarse rule: two 128 x 128 tiles in flight on each compute unit, at least 128 of K a slice,
+// and no split into fewer than three (two slices of a product that already fills most compute
+// units cost their sum more than they gain). On cooperative matrices slices of at least 64 and
+// one tile a compute unit where that makes three slices or more, two where it does not: their
+// vector loads keep short slices fast.
 constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
                   kMinKPerCoarseSlice = 128, kMinKPerCoopSlice = 64;
 
@@ -48,13 +48,6 @@ constexpr int64_t kTilesPerUnit = 2, kCoopTilesPerUnit = 1, kOutputTile = 128,
 // (merge_leading_sums). Where the model keeps it whole because it already has many workgroups,
 // two slices of at least 256 tiles still pay: each workgroup's chain halves at no other cost.
 constexpr int64_t kMinKPerWinogradSlice = 256;
-
-// Past three slices, a cooperative-matrix matmul's slice walks at least kCoopSliceK of K
-// (MEGANEURA_COOP_SLICE_K, a tuning hook). Fewer, longer slices write and read back fewer
-// partial results, which pays where M x N is large, and lengthen each workgroup's chain, which
-// costs where the chain is what a product waits on; no one value suited every workload
-// (docs/KERNELS.md, Split-K).
-constexpr int64_t kCoopSliceK = 64;
 
 // The slice count of the coarse rule above, `tiles_per_unit` 128 x 128 tiles a compute unit and
 // at most `slices_by_k` slices.
@@ -67,12 +60,39 @@ int64_t coarse_split_count(const target::GemmProduct& product, int64_t compute_u
   return nonempty_slices(product.k, wanted);
 }
 
-// The most slices of a cooperative-matrix product: slices of at least kMinKPerCoopSlice, and
-// for a matmul three of them or slices of the least K a slice walks, whichever are more.
-int64_t coop_slices_by_k(const target::GemmProduct& product, const DeviceTraits& device) {
-  if (product.generated_loads) return product.k / kMinKPerCoopSlice;
-  const int64_t least_k = device.switches.coop_slice_k.value_or(kCoopSliceK);
-  return std::max(product.k / least_k, std::min<int64_t>(3, product.k / kMinKPerCoopSlice));
+int64_t coarse_coop_split_count(const target::GemmProduct& product, int64_t compute_units) {
+  const int64_t slices_by_k = product.k / kMinKPerCoopSlice;
+  const int64_t splits = coarse_split_count(product, compute_units, kCoopTilesPerUnit, slices_by_k);
+  return splits > 1 ? splits
+                    : coarse_split_count(product, compute_units, kTilesPerUnit, slices_by_k);
+}
+
+// A cooperative-matrix matmul's slice count (MEGANEURA_COOP_SPLIT_MODEL, on unless 0): the one
+// that balances each workgroup's chain of 32-deep K steps against the partial results: every
+// slice writes M x N of them and the sum reads them back, which costs a small fast product more
+// than its multiplies (the K-loop diagnostic, docs/KERNELS.md). It takes at most the coarse
+// rule's count, whose splits of large products were measured, and ties keep fewer slices.
+constexpr int64_t kCoopStepK = 32;
+// What writing and summing one partial element costs, in 32-deep K steps of a workgroup's chain.
+constexpr double kPartialElementCost = 5.7e-6;
+
+int64_t modelled_coop_split_count(const target::GemmProduct& product, int64_t compute_units) {
+  const int64_t most = coarse_coop_split_count(product, compute_units);
+  const double partial_elements = static_cast<double>(product.m * product.n * product.entries);
+  int64_t best_splits = 1;
+  double best_cost = static_cast<double>(ceil_div(product.k, kCoopStepK));
+  for (int64_t wanted = 2; wanted <= most; ++wanted) {
+    const int64_t splits = nonempty_slices(product.k, wanted);
+    if (splits != wanted) continue;  // aligned slices reach this count from another `wanted`
+    const double cost =
+        static_cast<double>(ceil_div(k_slice_length(product.k, splits), kCoopStepK)) +
+        static_cast<double>(splits) * partial_elements * kPartialElementCost;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_splits = splits;
+    }
+  }
+  return best_splits;
 }
 
 // The launch of `product` over `splits` slices where gemm.comp runs it, or nothing where
@@ -126,12 +146,9 @@ int64_t gemm_k_splits(const target::GemmProduct& product, const DeviceTraits& de
     if (!use_coop_gemm(device))
       return coarse_split_count(product, device.compute_units, kTilesPerUnit,
                                 product.k / kMinKPerCoarseSlice);
-    const int64_t slices_by_k = coop_slices_by_k(product, device);
-    const int64_t splits =
-        coarse_split_count(product, device.compute_units, kCoopTilesPerUnit, slices_by_k);
-    return splits > 1
-               ? splits
-               : coarse_split_count(product, device.compute_units, kTilesPerUnit, slices_by_k);
+    if (!product.generated_loads && device.switches.coop_split_model.value_or(true))
+      return modelled_coop_split_count(product, device.compute_units);
+    return coarse_coop_split_count(product, device.compute_units);
   }
   int64_t best_splits = 1;
   double best_cost = launch_cost(*whole, product, device.compute_units);
