@@ -149,6 +149,16 @@ def cases(small):
     expert("up", 720, 2048)
     expert("down", 2048, 720)
 
+    # SmolVLA's vision tower (SigLIP of SmolVLM2-500M) over one 512 x 512 image's 1,024 patches.
+    def vision(layer, inputs, outputs):
+        patches = 1024 // s
+        name = f"smolvla vision {layer} {patches}x{outputs}x{inputs}"
+        gemm(name, patches, outputs, inputs, False, True)
+
+    vision("q_proj", 768, 768)
+    vision("fc1", 768, 3072)
+    vision("fc2", 3072, 768)
+
     def flow_attention(keys, masked):
         queries, q_heads, kv_heads, width = 50, 15, 5, 64
         shapes = [(1, q_heads, queries, width), (1, kv_heads, keys, width), (1, kv_heads, keys, width)]

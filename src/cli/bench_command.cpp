@@ -261,6 +261,17 @@ std::vector<BenchCase> bench_cases(bool small) {
   expert("o_proj", 960, 720);
   expert("up", 720, 2048);
   expert("down", 2048, 720);
+  // SmolVLA's vision tower (SigLIP of SmolVLM2-500M) over one 512 x 512 image's 1,024 patches:
+  // the attention projections and the MLP, y = x W^T.
+  auto vision = [&](const std::string& layer, int64_t in, int64_t out) {
+    const int64_t patches = 1024 / s;
+    gemm("smolvla vision " + layer + " " + std::to_string(patches) + "x" + std::to_string(out) +
+             "x" + std::to_string(in),
+         patches, out, in, false, true);
+  };
+  vision("q_proj", 768, 768);
+  vision("fc1", 768, 3072);
+  vision("fc2", 3072, 768);
   // SmolVLA's flow-step attention: the action expert's 50 queries (15 heads over 5 key and value
   // heads) against the backbone's 113 prefix tokens (cross-attention) or those and the 50
   // actions (self-attention), under the additive mask that SmolVLA's blocks give; unmasked too,
