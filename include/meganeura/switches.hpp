@@ -113,7 +113,7 @@ struct Switches {
   std::optional<std::string> coop_block;  // MEGANEURA_COOP_BLOCK
   // MEGANEURA_COOP_SPLIT_MODEL=0: cooperative-matrix matmuls take the coarse split-K rule of
   // convolution weight gradients instead of the modelled one (split_k_rule.cpp).
-  std::optional<bool> coop_split_model;
+  bool coop_split_model = true;
   // MEGANEURA_CPU_GEMM_BLOCK=ROWSxCOLS: the CPU-device GEMM's block (rows 1-32, columns 1-8).
   std::optional<std::array<int64_t, 2>> cpu_gemm_block;
   std::optional<int64_t> conv_tiles;       // MEGANEURA_CONV_TILES: an index into conv's tile shapes

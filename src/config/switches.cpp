@@ -270,7 +270,8 @@ Switches read_switches(Reader& read) {
   s.coop_block = read.text("MEGANEURA_COOP_BLOCK");
   s.coop_split_model = read.flag("MEGANEURA_COOP_SPLIT_MODEL",
                                  "the coarse split-K rule for cooperative-matrix matmuls",
-                                 "the modelled split-K rule", "the modelled rule");
+                                 "the modelled split-K rule", "the modelled rule")
+                           .value_or(true);
   if (const std::optional<std::string> block = read.text("MEGANEURA_CPU_GEMM_BLOCK")) {
     const auto parsed = config::parse_integers(*block, 2, 'x');
     if (!parsed || (*parsed)[0] < 1 || (*parsed)[0] > 32 || (*parsed)[1] < 1 || (*parsed)[1] > 8)

@@ -146,7 +146,7 @@ int64_t gemm_k_splits(const target::GemmProduct& product, const DeviceTraits& de
     if (!use_coop_gemm(device))
       return coarse_split_count(product, device.compute_units, kTilesPerUnit,
                                 product.k / kMinKPerCoarseSlice);
-    if (!product.generated_loads && device.switches.coop_split_model.value_or(true))
+    if (!product.generated_loads && device.switches.coop_split_model)
       return modelled_coop_split_count(product, device.compute_units);
     return coarse_coop_split_count(product, device.compute_units);
   }
