@@ -1,5 +1,5 @@
-// Index chains (backends/vulkan/kernels/index_chain.cpp): a transpose or rope computed in one
-// launch with the transposes, ropes, reshapes and split-K sums before it that only it reads.
+// Index chains (backends/vulkan/kernels/index_chain.cpp): a transpose, rope or concat computed in
+// one launch with the transposes, ropes, reshapes and split-K sums before it that only it reads.
 // Each case runs against the f64 reference and again with MEGANEURA_NO_FUSION=1, which must give
 // the same values in the stated number of launches.
 #include "harness.hpp"
@@ -131,6 +131,31 @@ TEST(GpuIndexChain, PartialSumInverseRopeTranspose) {
         const Tensor kept = sum(x[0], {0});
         graph.set_output("kept", kept.id());
         graph.set_output("y", transpose(rope(kept, 500.0, 0), {0, 2, 1, 3}).id());
+      },
+      2, 3);
+}
+
+// SmolVLA's flow step: the cached prefix keys [B, H, P, D] and the step's own keys (their
+// projection's split-K partials summed, split into heads, moved head-major, rotated) concatenated
+// along the sequence in one launch that reads the prefix from memory and computes the rest; the
+// values likewise without the rotation, and a concat whose parts both come from memory (a copy,
+// as before). Three parts, the chain in the middle one, and a concat over the last axis.
+TEST(GpuIndexChain, ConcatOfCachedPrefixAndRotatedKeys) {
+  check_chain(
+      {{"prefix", {2, 3, 7, 8}}, {"partials", {4, 2, 5, 3 * 8}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor heads = reshape(sum(x[1], {0}), {2, 5, 3, 8});
+        const Tensor keys = rope(transpose(heads, {0, 2, 1, 3}), 10000.0, 7);
+        graph.set_output("keys", concat({x[0], keys}, 2).id());
+        const Tensor values = transpose(reshape(sum(x[1] * 0.5, {0}), {2, 5, 3, 8}), {0, 2, 1, 3});
+        graph.set_output("values", concat({x[0], values}, 2).id());
+      },
+      3, 8);
+  check_chain(
+      {{"a", {2, 3, 4}}, {"b", {2, 4, 3}}, {"c", {2, 3, 2}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        graph.set_output("y", concat({x[0], transpose(x[1], {0, 2, 1}), x[2]}, 2).id());
+        graph.set_output("copy", concat({x[2], x[0]}, 2).id());
       },
       2, 3);
 }

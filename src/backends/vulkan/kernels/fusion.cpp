@@ -779,7 +779,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
 
   // Index chains (index_chain.cpp): a transpose or rope takes the links before it that only it
   // reads, through reshapes, transposes, one rope and a split-K sum whose partials it then reads
-  // itself. From the last node, so that a chain's root is its last link.
+  // itself; a concat takes them through its last part that has such links, reading the other
+  // parts from memory. From the last node, so that a chain's root is its last link.
   std::map<ValueId, std::vector<ValueId>> chain_of_root;
   std::vector<bool> in_chain(graph.size(), false);
   if (fusion_enabled) {
@@ -787,12 +788,22 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     const auto available = [&](ValueId value) {
       return !observed[value] && consumers[value] == 1 && !is_fused(value);
     };
+    const auto starts_chain = [&](ValueId value) {
+      return available(value) &&
+             (is_index_chain_link(graph.node(value)) || is_partial_sum(graph, value));
+    };
     for (size_t i = graph.size(); i-- > 0;) {
-      if (in_chain[i] || !is_index_chain_root(graph.nodes()[i])) continue;
       const Node& node = graph.nodes()[i];
+      const bool concat = is_index_chain_concat(node);
+      if (in_chain[i] || !(is_index_chain_root(node) || concat)) continue;
       std::vector<ValueId> links;
       bool rope = node.op == op::rope;
       ValueId value = node.inputs[0];
+      if (concat) {
+        const auto part = std::find_if(node.inputs.rbegin(), node.inputs.rend(), starts_chain);
+        if (part == node.inputs.rend()) continue;
+        value = *part;
+      }
       while (available(value)) {
         const Node& link = graph.node(value);
         if (is_partial_sum(graph, value)) {

@@ -1,8 +1,10 @@
-// Index chains (lowering.hpp): one launch for a transpose or rope and the links before it. Every
-// link becomes a GLSL function `float vN(uint i)`, its value at flat index i, written in terms
-// of the function of its input: a split-K sum adds its partial results there (in their
+// Index chains (lowering.hpp): one launch for a transpose, rope or concat and the links before it.
+// Every link becomes a GLSL function `float vN(uint i)`, its value at flat index i, written in
+// terms of the function of its input: a split-K sum adds its partial results there (in their
 // order, as the reduction it replaces), a reshape passes the index on, a transpose permutes it,
-// a rope reads the two elements of a pair. The root's launch writes vRoot(i) for every element.
+// a rope reads the two elements of a pair, a concat (the root only) reads the part that holds the
+// element, one part through the chain and the others from memory. The root's launch writes
+// vRoot(i) for every element.
 #include <set>
 
 #include "backends/vulkan/kernels/index_codegen.hpp"
@@ -16,6 +18,44 @@ namespace {
 
 constexpr uint32_t kLocalSize = 256;
 
+std::string append_functions(const Graph& graph, ValueId id, const std::set<ValueId>& chain,
+                             const std::string& prefix, int& functions,
+                             std::vector<Operand>& operands, std::string& text);
+
+// A concat's function: element i lies at `along` on the concatenated axis, between `outer` whole
+// blocks of the axis and `inner` elements after it, and is read from the part that holds `along`.
+std::string append_concat_function(const Graph& graph, ValueId id, const std::set<ValueId>& chain,
+                                   const std::string& prefix, int& functions,
+                                   std::vector<Operand>& operands, std::string& text) {
+  const Node& node = graph.node(id);
+  const Shape& shape = node.type.shape;
+  int64_t axis = node.attrs.get_int("axis");
+  if (axis < 0) axis += static_cast<int64_t>(shape.size());
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
+  std::vector<std::string> parts;
+  for (const ValueId input : node.inputs)
+    parts.push_back(append_functions(graph, input, chain, prefix, functions, operands, text));
+  const std::string name = prefix + "v" + std::to_string(functions++);
+  text += "float " + name + "(uint i) {\n";
+  text += "  uint inner = i % " + glsl_uint(inner) + ", along = (i / " + glsl_uint(inner) + ") % " +
+          glsl_uint(shape[static_cast<size_t>(axis)]) + ", outer = i / " +
+          glsl_uint(inner * shape[static_cast<size_t>(axis)]) + ";\n";
+  int64_t start = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const int64_t length = graph.type(node.inputs[k]).shape[static_cast<size_t>(axis)];
+    const std::string index = "(outer * " + glsl_uint(length) + " + along - " + glsl_uint(start) +
+                              ") * " + glsl_uint(inner) + " + inner";
+    start += length;
+    if (k + 1 < parts.size())
+      text += "  if (along < " + glsl_uint(start) + ") return " + parts[k] + "(" + index + ");\n";
+    else
+      text += "  return " + parts[k] + "(" + index + ");\n";
+  }
+  text += "}\n";
+  return name;
+}
+
 // Appends to `text` the functions of `id` and of the links it reads, inputs first; values
 // outside the chain are read from their buffers, which join `operands`. Functions are named by
 // their place in the chain (v0 reads memory), so that the same chain in every layer of a model
@@ -24,6 +64,8 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
                              const std::string& prefix, int& functions,
                              std::vector<Operand>& operands, std::string& text) {
   const Node& node = graph.node(id);
+  if (chain.count(id) && node.op == op::concat)
+    return append_concat_function(graph, id, chain, prefix, functions, operands, text);
   std::string read;
   if (chain.count(id) && node.op != op::sum)
     read = append_functions(graph, node.inputs[0], chain, prefix, functions, operands, text);
@@ -80,6 +122,10 @@ std::string append_functions(const Graph& graph, ValueId id, const std::set<Valu
 
 bool is_index_chain_root(const Node& node) {
   return (node.op == op::transpose || node.op == op::rope) && node.type.dtype == DType::f32;
+}
+
+bool is_index_chain_concat(const Node& node) {
+  return node.op == op::concat && node.type.dtype == DType::f32;
 }
 
 bool is_index_chain_link(const Node& node) {

@@ -121,13 +121,17 @@ std::vector<LoweringEntry> loss_lowerings();
 // has positions, `positions` names the i32 buffer they are read from.
 std::string rope_angle_function(const Node& node, const std::string& name,
                                 const std::string& positions = "");
-// Index chains (index_chain.cpp): a transpose or a rope (the root) computed in one launch with
+// Index chains (index_chain.cpp): a transpose, a rope or a concat (the root) computed in one
+// launch with
 // the transposes, ropes, reshapes and split-K sums before it whose one reader is the next link
 // (`links`, in graph order): each element of the root is evaluated from the memory the chain
 // starts at, without launches or memory in between. Where attention's inputs are rotated and
 // moved to head-major order after their projections (and their gradients back), that is one
 // launch instead of up to three.
 bool is_index_chain_root(const Node& node);
+// A concat is a chain's root too, never a link: one of its parts is the chain's value, the others
+// are read from memory (SmolVLA's cached prefix keys beside the flow step's new, rotated ones).
+bool is_index_chain_concat(const Node& node);
 bool is_index_chain_link(const Node& node);
 // The GLSL functions that compute chain `root` (with `links`) at a flat index, as
 // index_chain_launch does, appended to `text`: functions and buffers named from `prefix`, the
