@@ -1057,8 +1057,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       }
       const ValueId queries = node.inputs[0];
       const auto chain = chain_of_root.find(queries);
+      // A concat's chain reads more buffers than the two the forward binds for its queries.
       if (!writes_lse && device.switches.query_chains && chain != chain_of_root.end() &&
           !is_partial_sum(graph, chain->second.front()) &&
+          !is_index_chain_concat(graph.node(queries)) &&
           device.max_storage_buffers >=
               attention_bindings(false, fusion.heads_last != kNoValue && fusion.keeps_output,
                                  true)) {

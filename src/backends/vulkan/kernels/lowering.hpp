@@ -122,10 +122,9 @@ std::vector<LoweringEntry> loss_lowerings();
 std::string rope_angle_function(const Node& node, const std::string& name,
                                 const std::string& positions = "");
 // Index chains (index_chain.cpp): a transpose, a rope or a concat (the root) computed in one
-// launch with
-// the transposes, ropes, reshapes and split-K sums before it whose one reader is the next link
-// (`links`, in graph order): each element of the root is evaluated from the memory the chain
-// starts at, without launches or memory in between. Where attention's inputs are rotated and
+// launch with the transposes, ropes, reshapes and split-K sums before it whose one reader is the
+// next link (`links`, in graph order): each element of the root is evaluated from the memory the
+// chain starts at, without launches or memory in between. Where attention's inputs are rotated and
 // moved to head-major order after their projections (and their gradients back), that is one
 // launch instead of up to three.
 bool is_index_chain_root(const Node& node);
