@@ -375,6 +375,40 @@ TEST(GpuFusion, NormsEvaluateTheirNeighboursOnEveryPath) {
   }
 }
 
+// A linear layer's bias add over [rows, width] joins the elementwise DAG or the norm that reads it
+// through a reshape that prepends the batch axis ([1, rows, width]), as a model's blocks give:
+// y = silu(reshape(a b + bias)) x, the product split over K so that the DAG sums its partials
+// too, and n = rms_norm(reshape(a c + bias) + r): one launch each after the products, against
+// the reference, and more launches with fusion off. A reshape that moves extents elsewhere
+// ([6, 24] to [2, 3, 24]) still parts the DAGs.
+TEST(GpuFusion, ElementwiseDagsJoinThroughPrependedUnitAxes) {
+  const std::vector<HarnessInput> inputs{{"a", {6, 512}}, {"b", {512, 24}},  {"c", {512, 24}},
+                                         {"bias", {24}},  {"x", {1, 6, 24}}, {"r", {1, 6, 24}},
+                                         {"w", {24}},     {"z", {2, 3, 24}}, {"d", {512, 24}}};
+  const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+  const ScopedSwitch slices("MEGANEURA_SPLIT_K_SLICES", "3");
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    const Tensor h = matmul(x[0], x[1]) + x[3];
+    graph.set_output("y", (silu(reshape(h, {1, 6, 24})) * x[4]).id());
+    const Tensor g = matmul(x[0], x[2]) + x[3];
+    graph.set_output("n", rms_norm(reshape(g, {1, 6, 24}) + x[5], x[6]).id());
+    const Tensor e = exp(matmul(x[0], x[8]) * 0.01);
+    graph.set_output("m", (reshape(e, {2, 3, 24}) * x[7]).id());
+  };
+  size_t fused = 0, unfused = 0;
+  std::string list;
+  check_on_gpu(inputs, build, 1e-5, 37, {}, &fused, true, &list);
+  EXPECT_EQ(lines_with(list, {"fused 3 ops -> mul %"}), 1u) << list;
+  EXPECT_EQ(lines_with(list, {"rms_norm %", " of fused 2 ops -> add %"}), 1u) << list;
+  EXPECT_EQ(lines_with(list, {"fused 2 ops -> exp %"}), 1u) << list;
+  EXPECT_EQ(lines_with(list, {"  mul %"}), 1u) << list;  // the label alone: a launch of its own
+  {
+    const ScopedSwitch off("MEGANEURA_NO_FUSION", "1");
+    check_on_gpu(inputs, build, 1e-5, 37, {}, &unfused);
+  }
+  EXPECT_LT(fused, unfused);
+}
+
 // SwiGLU and its gradients: y = (silu(g) u) d with g = a wg, u = a wu. The incoming gradient of
 // the product, dh = dy dᵀ (split over K), feeds du = dh silu(g), which only products read, and
 // dg, whose DAG reads sigmoid(g) twice: du is computed in dg's kernel and written beside it

@@ -50,12 +50,16 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
   PointwiseStatement statement{node.op, node.attrs, {}};
   for (ValueId input : node.inputs) {
     const bool fused = fused_into[input] != kNoValue && in_dag(fused_into, input, dag.output);
+    // Reshapes keep each element's flat index: one that the DAG computes through (a split-K
+    // sum's, or one prepending unit axes to a pointwise value of the DAG) reads its source's
+    // value at the same element, and so does a reshape of an inlined DAG's result.
+    ValueId source = input;
+    while (graph.node(source).op == op::reshape) source = graph.node(source).inputs[0];
     // A sum of split partial results fused into its reader: the DAG reads the partials and
     // sums them itself (pointwise_launch: an input with more elements than the result), and
     // writes the sum beside its result where others read it (an identity statement).
-    if (fused && !is_pointwise_op(graph.node(input).op)) {
-      ValueId sum = input;
-      while (graph.node(sum).op == op::reshape) sum = graph.node(sum).inputs[0];
+    if (fused && !is_pointwise_op(graph.node(source).op)) {
+      const ValueId sum = source;
       const ValueId partials = graph.node(sum).inputs[0];
       auto it = argument_of.find(partials);
       if (it == argument_of.end()) {
@@ -75,11 +79,8 @@ int append_fused(const Graph& graph, ValueId id, const std::vector<ValueId>& fus
       statement.arguments.push_back(kept->second);
       continue;
     }
-    // A reshape of an inlined DAG's result reads that DAG's value at the same element.
-    ValueId source = input;
-    while (!inlined.empty() && graph.node(source).op == op::reshape)
-      source = graph.node(source).inputs[0];
     if (fused || in_any_dag(fused_into, source, inlined)) {
+      if (fused && source != input) dag.through_unit_axes = true;
       statement.arguments.push_back(
           append_fused(graph, source, fused_into, written_beside, dag, argument_of, inlined, view));
     } else {
@@ -289,6 +290,27 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     return id;
   };
   const bool fusion_enabled = !device.switches.no_fusion;
+  // A reshape that only prepends unit axes to a pointwise value, which one pointwise node of the
+  // reshape's shape alone reads: the value joins that node's DAG through it (a linear layer's
+  // bias add over [rows, width] and the activation or residual add over [1, rows, width] that a
+  // model's batch axis gives), since every element keeps its flat index and the value's own
+  // inputs broadcast from the right as they would to the reshape's shape.
+  const auto joins_through_unit_axes = [&](ValueId reshape) {
+    const Node& node = graph.node(reshape);
+    if (node.op != op::reshape || observed[reshape] || consumers[reshape] != 1 ||
+        node.type.dtype != DType::f32)
+      return false;
+    const Shape& before = graph.type(node.inputs[0]).shape;
+    const Shape& after = node.type.shape;
+    if (after.size() < before.size() ||
+        !std::equal(before.begin(), before.end(),
+                    after.end() - static_cast<ptrdiff_t>(before.size())) ||
+        std::any_of(after.begin(), after.end() - static_cast<ptrdiff_t>(before.size()),
+                    [](int64_t extent) { return extent != 1; }))
+      return false;
+    const Node& reader = graph.node(consumer_lists[reshape].front());
+    return is_pointwise_op(reader.op) && reader.type.shape == after;
+  };
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
@@ -307,6 +329,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if (is_pointwise_op(graph.node(consumer).op) &&
           (graph.node(consumer).type.shape == node.type.shape || broadcast_widening)) {
         fused_into[i] = consumer;
+      } else if (node.type.dtype == DType::f32 && joins_through_unit_axes(consumer)) {
+        fused_into[i] = consumer;
+        fused_into[consumer] = consumer_lists[consumer].front();
       }
     }
   }
@@ -317,6 +342,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   const uint32_t input_limit = std::max<uint32_t>(2, device.max_storage_buffers) - 1;
   for (size_t i = 0; i < graph.size(); ++i) {
     const Node& node = graph.nodes()[i];
+    if (node.op == op::reshape && is_fused(static_cast<ValueId>(i))) {
+      bound_inputs[i] = is_fused(node.inputs[0]) ? bound_inputs[node.inputs[0]] : 1;
+      continue;
+    }
     if (!is_pointwise_op(node.op)) continue;
     uint32_t count = 0;
     for (ValueId input : node.inputs) count += is_fused(input) ? bound_inputs[input] : 1;
@@ -329,6 +358,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         }
       }
       fused_into[largest] = kNoValue;
+      // A reshape keeps no launch of its own: the value it views takes one instead.
+      if (graph.node(largest).op == op::reshape)
+        fused_into[graph.node(largest).inputs[0]] = kNoValue;
       count = count - bound_inputs[largest] + 1;
     }
     bound_inputs[i] = count;
@@ -352,8 +384,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if (epilogue_of_root.count(root)) continue;
       MatmulEpilogue epilogue = epilogue_for(graph, root, static_cast<ValueId>(i), fused_into,
                                              std::vector<bool>(graph.size()));
-      // The GEMMs' epilogues read and write f32 only.
-      if (converts_f16(epilogue.dag)) continue;
+      // The GEMMs' epilogues read and write f32 only, and index inputs by the product's axes.
+      if (converts_f16(epilogue.dag) || epilogue.dag.through_unit_axes) continue;
       if (matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
       epilogue_of_root.emplace(root, std::move(epilogue));
       in_epilogue[i] = true;
@@ -401,7 +433,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
             updates[root] ||
             std::any_of(moved.dag.extra_outputs.begin(), moved.dag.extra_outputs.end(),
                         [&](const PointwiseExtraOutput& extra) { return updates[extra.value]; });
-        if (!converts_f16(moved.dag) && !sums_partials(graph, moved.dag) && !computes_update &&
+        if (!converts_f16(moved.dag) && !moved.dag.through_unit_axes &&
+            !sums_partials(graph, moved.dag) && !computes_update &&
             matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
           epilogue_of_root.erase(epilogue);
           epilogue_of_root.emplace(root, std::move(moved));
@@ -627,7 +660,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                             static_cast<ValueId>(i), &fused_into, producer);
       }
       // A max writes nothing beside (its siblings would be sums of other rows' values).
-      if (!extras_follow || sums_partials(graph, dag) || (is_max && !dag.extra_outputs.empty()) ||
+      if (!extras_follow || sums_partials(graph, dag) || dag.through_unit_axes ||
+          (is_max && !dag.extra_outputs.empty()) ||
           pointwise_bindings(graph, dag) > device.max_storage_buffers ||
           (few_rows && (full_inputs > 1 || !dag.extra_outputs.empty())))
         continue;
@@ -859,6 +893,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         return !graph.node(input).is_leaf();
       });
       return computed && dag.statements.size() <= kMostInlinedStatements && !converts_f16(dag) &&
+             !dag.through_unit_axes &&
              std::all_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId input) {
                const TensorType& input_type = graph.type(input);
                return input_type.dtype == DType::f32 &&
@@ -870,6 +905,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       if (!plain_root(root)) continue;
       const int64_t elements = graph.type(root).elements();
       const PointwiseDag plain = dag_at(root);
+      if (plain.through_unit_axes) continue;
       std::vector<ValueId> roots;
       std::optional<Shape> view;
       // The values the DAG reads, then those the DAGs it takes read (`nested`: read inside an

@@ -47,6 +47,11 @@ struct PointwiseDag {
   // Inputs read, element for element, from a transpose's memory (fusion.cpp; the transpose keeps
   // the innermost axis in place), by input.
   std::map<ValueId, TransposedRead> read_through;
+  // Some of its nodes reach the result through reshapes that prepend unit axes (fusion.cpp), so
+  // not all of them have the result's rank: kernels that index the DAG's inputs by the result's
+  // coordinates (a pointwise launch, a norm's prologue) read them as broadcast from the right;
+  // those that index them by other coordinates (a GEMM's store) do not take it.
+  bool through_unit_axes = false;
 };
 
 bool is_pointwise_op(std::string_view op);
