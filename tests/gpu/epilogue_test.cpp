@@ -54,6 +54,20 @@ TEST(GpuEpilogue, LinearBiasResidualAdd) {
       1);
 }
 
+// A bias add whose elementwise reader comes after a reshape that prepends the batch axis joins that
+// reader's DAG (fusion through prepended unit axes), which a GEMM's store would index by the
+// product's axes: the product keeps a plain store, the bias add, GELU and residual product one
+// launch after it, so the epilogue switch saves nothing here.
+TEST(GpuEpilogue, BiasAddJoinedThroughPrependedUnitAxesStaysOutOfTheStore) {
+  check_fused(
+      {{"x", {37, 29}}, {"w", {45, 29}}, {"bias", {45}}, {"r", {1, 37, 45}}},
+      [](Graph& graph, std::vector<Tensor>& x) {
+        const Tensor h = reshape(linear(x[0], x[1], x[2]), {1, 37, 45});
+        graph.set_output("y", (gelu(h) * x[3]).id());
+      },
+      0);
+}
+
 // Batch axes broadcast on both operands and in the epilogue inputs: bias over the columns, a
 // scale per output batch entry of axis 1, a residual that repeats over axis 0.
 TEST(GpuEpilogue, BatchedBroadcastWithBias) {
