@@ -191,18 +191,24 @@ TEST(CoopMatrixRouting, SmallProductsStayOnTheSimtGemm) {
   }
 }
 
-// Vector loads wherever every extent is a multiple of 4, bounds on them only where a block
-// reaches past an edge; scalar loads otherwise.
-TEST_F(CoopMatrixLowering, VectorLoadsWhereExtentsAlignBoundedOnPartialBlocks) {
-  const auto loads = [](const Shape& a, const Shape& b) {
-    const kernels::Launch launch = matmul_launch(a, b);
-    return define_of(launch, "VECTOR_LOADS") + define_of(launch, "WHOLE_BLOCKS");
+// Vector loads of an operand wherever its contiguous extent (A's k, or m where A is transposed;
+// B's n, or k where B is transposed) is a multiple of 4, whatever the other extents; bounds on
+// them only where a block reaches past an edge; scalar loads otherwise.
+TEST_F(CoopMatrixLowering, VectorLoadsWhereContiguousExtentsAlignBoundedOnPartialBlocks) {
+  const auto loads = [](const Shape& a, const Shape& b, bool transpose_a = false) {
+    const kernels::Launch launch = matmul_launch(a, b, transpose_a);
+    return define_of(launch, "VECTOR_A") + define_of(launch, "VECTOR_B") +
+           define_of(launch, "WHOLE_BLOCKS");
   };
-  EXPECT_EQ(loads({256, 96}, {96, 192}), "11");
-  EXPECT_EQ(loads({256, 96}, {96, 196}), "10");    // 196 columns: a partial block
-  EXPECT_EQ(loads({256, 100}, {100, 192}), "10");  // K = 100: a partial slice
-  EXPECT_EQ(loads({250, 96}, {96, 192}), "00");
-  EXPECT_EQ(loads({256, 98}, {98, 192}), "00");
+  EXPECT_EQ(loads({256, 96}, {96, 192}), "111");
+  EXPECT_EQ(loads({256, 96}, {96, 196}), "110");    // 196 columns: a partial block
+  EXPECT_EQ(loads({256, 100}, {100, 192}), "110");  // K = 100: a partial slice
+  EXPECT_EQ(loads({250, 96}, {96, 192}), "110");    // 250 rows: A's rows are whole vec4s
+  EXPECT_EQ(loads({50, 720}, {720, 964}), "110");   // an action chunk's 50 rows
+  EXPECT_EQ(loads({256, 98}, {98, 192}), "010");    // A's rows of 98 are not
+  EXPECT_EQ(loads({256, 96}, {96, 190}), "100");
+  EXPECT_EQ(loads({96, 250}, {96, 192}, true), "010");  // A contiguous along its 250 rows
+  EXPECT_EQ(loads({96, 252}, {96, 190}, true), "100");
 }
 
 // A matmul's fragments go straight to its product where the product is C itself, row-major
@@ -1669,6 +1675,14 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
   graph.set_output("aligned_partials",
                    graph.add("matmul", {aligned_a.id(), aligned_b.id()},
                              {{"transpose_b", int64_t{1}}, {"k_splits", int64_t{3}}}));
+  // Contiguous extents in multiples of 4 with ragged others: vector loads of both operands over
+  // 37 rows and 45 columns, and of B alone where A's rows are 70 long.
+  graph.set_output("aligned_runs", matmul(input(graph, "runs_a", {2, 37, 72}),
+                                          input(graph, "runs_b", {45, 72}), false, true)
+                                       .id());
+  graph.set_output(
+      "aligned_b_runs",
+      matmul(input(graph, "ragged_a", {2, 36, 70}), input(graph, "runs_bn", {70, 44})).id());
   const Tensor x = input(graph, "x", {2, 3, 9, 9});
   const Tensor w = input(graph, "w", {8, 3, 3, 3});
   const Tensor seed = input(graph, "seed", {2, 8, 4, 4});
@@ -1679,8 +1693,8 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
     SCOPED_TRACE(shape);
     const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", shape);
     const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-    ASSERT_EQ(launches.size(), 13u);
-    int vector_loads = 0, whole_blocks = 0;
+    ASSERT_EQ(launches.size(), 15u);
+    int vector_a = 0, vector_b = 0, whole_blocks = 0;
     for (const kernels::Launch& launch : launches) {
       std::string seen;
       for (const char* name : {"WARPS_M", "WARPS_N", "FRAGS_M", "FRAGS_N", "BLOCK_K"})
@@ -1690,13 +1704,16 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
       // Without a sixth field the rule picks the prefetch: one slice for these short K.
       const bool prefetch_given = std::count(shape.begin(), shape.end(), ',') == 5;
       EXPECT_EQ(seen, prefetch_given ? shape : shape + ",1") << launch.label;
-      vector_loads += define_of(launch, "VECTOR_LOADS") == "1" ? 1 : 0;
+      vector_a += define_of(launch, "VECTOR_A") == "1" ? 1 : 0;
+      vector_b += define_of(launch, "VECTOR_B") == "1" ? 1 : 0;
       whole_blocks += define_of(launch, "WHOLE_BLOCKS") == "1" ? 1 : 0;
       const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
       expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
                         gemm_column_major_loads(launch));
     }
-    EXPECT_EQ(vector_loads, 7);  // the whole products and the three aligned ones
+    // The whole products, the three aligned ones and the one of aligned runs; B also in the last.
+    EXPECT_EQ(vector_a, 8);
+    EXPECT_EQ(vector_b, 9);
     EXPECT_EQ(whole_blocks, 4);
   }
 }
@@ -1827,6 +1844,11 @@ void check_matmuls(const Numerics& numerics) {
   // vector loads over partial blocks, for both operand layouts.
   check_product({64, 4096}, {4096, 48}, false, false, 17, numerics);
   check_product({4096, 64}, {48, 4096}, true, true, 18, numerics);
+  // Vector loads of the operands whose contiguous extent is a multiple of 4 over ragged rows and
+  // columns: an action chunk's 50 rows against a weight stored [N, K] over split-K slices (both
+  // operands), and A contiguous along its 52 rows beside B's 190 columns (A alone).
+  check_product({50, 720}, {964, 720}, false, true, 19, numerics);
+  check_product({72, 52}, {72, 190}, true, false, 20, numerics);
   // Enough output blocks for the 128 x 256 shape: whole ones with both operands read as
   // column-major fragments, and ragged ones with K not a multiple of the slice.
   check_product({64, 1920}, {2304, 64}, true, true, 21, numerics);

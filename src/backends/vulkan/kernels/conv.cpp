@@ -133,9 +133,10 @@ bool gemm_rows_suit(const GemmPlan& plan, int64_t entries, const DeviceTraits& d
 void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Operand> operands) {
   const int64_t entries = plan.problems * plan.k_splits;
   const int64_t k = plan.k_splits > 1 ? k_slice_length(plan.k, plan.k_splits) : plan.k;
-  const std::string functions = plan.k_splits > 1 ? split_k_functions(plan.functions, plan.problems,
-                                                                      plan.k, plan.k_splits, false)
-                                                  : plan.functions;
+  const std::string functions =
+      plan.k_splits > 1
+          ? split_k_functions(plan.functions, plan.problems, plan.k, plan.k_splits, false, false)
+          : plan.functions;
   if (use_cpu_kernels(context.device())) {
     emit_cpu_conv_gemm(context, plan, entries, k, functions, std::move(operands));
     return;

@@ -19,18 +19,18 @@
 // starts 16-byte aligned) a fragment wholly inside C is stored to it straight away.
 // Defines: GEMM_M, GEMM_N, GEMM_K, WARPS_M, WARPS_N, FRAGS_M, FRAGS_N, BLOCK_K (a multiple of
 // 16), A_M_CONTIGUOUS (consecutive m of A are adjacent in memory, else consecutive k),
-// B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_LOADS (load four adjacent
-// elements at a time through load_a4 / load_b4: every extent is a multiple of 4, so a vec4 lies
-// wholly inside or outside each edge), WHOLE_BLOCKS (no block reaches past an edge, so loads
-// need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c holds C row-major, entry after
-// entry), HALF_UNITS (the operands are f16 in memory and every extent a multiple of 8: each unit
-// of 8 halves is read as one uvec4 through load_a8 / load_b8 and stored as it is, without the
-// f32 round trip), BFLOAT16_FRAGMENTS (below). The lowering (gemm_coopmat.cpp) makes each tile's
-// units a multiple of THREADS.
+// B_K_CONTIGUOUS (likewise for B: k adjacent, else n), VECTOR_A and VECTOR_B (load four adjacent
+// elements of that operand at a time through load_a4 / load_b4: its contiguous extent is a
+// multiple of 4, so a vec4 lies wholly inside or outside each edge), WHOLE_BLOCKS (no block
+// reaches past an edge, so loads need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c
+// holds C row-major, entry after entry), HALF_UNITS (the operands are f16 in memory and every
+// extent a multiple of 8: each unit of 8 halves is read as one uvec4 through load_a8 / load_b8
+// and stored as it is, without the f32 round trip), BFLOAT16_FRAGMENTS (below). The lowering
+// (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
-// void store_c(uint z, uint m, uint n, float value), with VECTOR_LOADS
-// vec4 load_a4(uint z, uint m, uint k), vec4 load_b4(uint z, uint k, uint n), and with
-// HALF_UNITS uvec4 load_a8(uint z, uint m, uint k), uvec4 load_b8(uint z, uint k, uint n).
+// void store_c(uint z, uint m, uint n, float value), with VECTOR_A
+// vec4 load_a4(uint z, uint m, uint k), with VECTOR_B vec4 load_b4(uint z, uint k, uint n), and
+// with HALF_UNITS uvec4 load_a8(uint z, uint m, uint k), uvec4 load_b8(uint z, uint k, uint n).
 // Loops over fragments are unrolled so that fragment arrays stay in registers.
 // A (16 x 16) and B (16 x 8) fragments have different shapes on purpose: the SPIR-V rewrite to
 // SPV_KHR_cooperative_matrix infers each matrix type's use from its role. BFLOAT16_FRAGMENTS
@@ -149,9 +149,9 @@ uint b_offset_in_slot(uint k, uint n) {
 
 // Four elements of A from (m, k) along its contiguous index (zero past the edges).
 vec4 read_a4(uint z, uvec2 mk) {
-#if VECTOR_LOADS && WHOLE_BLOCKS
+#if VECTOR_A && WHOLE_BLOCKS
   return load_a4(z, mk.x, mk.y);
-#elif VECTOR_LOADS
+#elif VECTOR_A
   vec4 values = vec4(0.0);
   if (mk.x < GEMM_M && mk.y < GEMM_K) values = load_a4(z, mk.x, mk.y);
   return values;
@@ -166,9 +166,9 @@ vec4 read_a4(uint z, uvec2 mk) {
 }
 
 vec4 read_b4(uint z, uvec2 kn) {
-#if VECTOR_LOADS && WHOLE_BLOCKS
+#if VECTOR_B && WHOLE_BLOCKS
   return load_b4(z, kn.x, kn.y);
-#elif VECTOR_LOADS
+#elif VECTOR_B
   vec4 values = vec4(0.0);
   if (kn.x < GEMM_K && kn.y < GEMM_N) values = load_b4(z, kn.x, kn.y);
   return values;

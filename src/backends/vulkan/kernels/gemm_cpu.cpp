@@ -145,18 +145,17 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
 }
 
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits, bool vector_loads, bool half_units) {
+                              int64_t splits, bool vector_a, bool vector_b, bool half_units) {
   std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
                                   "float load_b(", "float whole_b(");
-  if (vector_loads)
-    whole = replace_all(replace_all(whole, "vec4 load_a4(", "vec4 whole_a4("), "vec4 load_b4(",
-                        "vec4 whole_b4(");
+  if (vector_a) whole = replace_all(whole, "vec4 load_a4(", "vec4 whole_a4(");
+  if (vector_b) whole = replace_all(whole, "vec4 load_b4(", "vec4 whole_b4(");
   if (half_units)
     whole = replace_all(replace_all(whole, "uvec4 load_a8(", "uvec4 whole_a8("), "uvec4 load_b8(",
                         "uvec4 whole_b8(");
   const std::string entry = "z % " + glsl_uint(entries);
-  // K slices start at multiples of 16 and `k` is a multiple of 4 wherever vec4 loads exist, so a
-  // vec4 along k lies wholly inside or wholly past `k`.
+  // K slices start at multiples of 16 and `k` is a multiple of 4 wherever vec4 loads run along
+  // it, so a vec4 along k lies wholly inside or wholly past `k`; one along m or n has one k.
   const auto sliced = [&](const std::string& signature, const std::string& zero,
                           const std::string& whole_call) {
     return signature + " {\n  uint whole_k = z / " + glsl_uint(entries) + " * " +
@@ -167,10 +166,11 @@ std::string split_k_functions(const std::string& functions, int64_t entries, int
       whole +
       sliced("float load_a(uint z, uint m, uint k)", "0.0", "whole_a(" + entry + ", m, whole_k)") +
       sliced("float load_b(uint z, uint k, uint n)", "0.0", "whole_b(" + entry + ", whole_k, n)");
-  if (vector_loads)
+  if (vector_a)
     text += sliced("vec4 load_a4(uint z, uint m, uint k)", "vec4(0.0)",
-                   "whole_a4(" + entry + ", m, whole_k)") +
-            sliced("vec4 load_b4(uint z, uint k, uint n)", "vec4(0.0)",
+                   "whole_a4(" + entry + ", m, whole_k)");
+  if (vector_b)
+    text += sliced("vec4 load_b4(uint z, uint k, uint n)", "vec4(0.0)",
                    "whole_b4(" + entry + ", whole_k, n)");
   if (half_units)
     text += sliced("uvec4 load_a8(uint z, uint m, uint k)", "uvec4(0)",

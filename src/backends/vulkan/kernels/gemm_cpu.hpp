@@ -56,9 +56,10 @@ struct GeneratedGemm {
   int64_t m = 0, n = 0, k = 0, entries = 1;
   bool a_m_contiguous = false;  // else A's k is the fastest index
   bool b_k_contiguous = false;  // else B's n is the fastest index
-  // Cooperative-matrix GEMM only: `functions` also define vec4 load_a4(z, m, k) and
-  // load_b4(z, k, n), four consecutive elements along the contiguous index from a multiple of 4.
-  bool vector_loads = false;
+  // Cooperative-matrix GEMM only: `functions` also define vec4 load_a4(z, m, k) (vector_a) and
+  // load_b4(z, k, n) (vector_b), four consecutive elements along the operand's contiguous index
+  // from a multiple of 4.
+  bool vector_a = false, vector_b = false;
   // store_c(z, m, n, value) writes value to c[(z M + m) N + n] and nothing else (a matmul without
   // an epilogue), so whole fragments may be stored there at once.
   bool row_major_c = false;
@@ -118,14 +119,16 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
                                 bool generated_loads, const DeviceTraits& device);
 
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
-// load_b(z, k, n) (and, with `vector_loads`, the vec4 load_a4 and load_b4, `k` then a multiple
-// of 4; with `half_units`, the uvec4 load_a8 and load_b8 of 8 halves, `k` a multiple of 8) for
+// load_b(z, k, n) (and, with `vector_a` and `vector_b`, the vec4 load_a4 and load_b4, `k` then
+// a multiple of 4 where the operand is contiguous along it; with `half_units`, the uvec4 load_a8
+// and load_b8 of 8 halves, `k` a multiple of 8) for
 // `entries` problems summing all of `k`; the result defines them for entries * splits
 // problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z is slice
 // z / entries of problem z % entries: loads shift k into the slice and read zero past `k`.
 // store_c is left as it is: it receives z itself, the flat index over [splits, entries] and so
 // over the leading axes of the [splits, ...] partial results.
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits, bool vector_loads, bool half_units = false);
+                              int64_t splits, bool vector_a, bool vector_b,
+                              bool half_units = false);
 
 }  // namespace mg::kernels

@@ -163,13 +163,17 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
       functions += "float load_b(uint z, uint k, uint n) { return " +
                    element("b", "b_offset(z) + " + u) + "; }\n";
     }
-    // Four consecutive elements along each operand's contiguous extent, for the cooperative-matrix
-    // GEMM's vector loads: with every extent a multiple of 4, a vec4 (or four halves) starts
-    // 16-byte (8-byte) aligned and lies wholly inside or outside each edge.
-    // f16 operands with every extent a multiple of 8 are read 8 halves (one uvec4) at a time.
+    // Four consecutive elements along an operand's contiguous extent (A's k, or m where A is
+    // transposed; B's n, or k where B is transposed), for the cooperative-matrix GEMM's vector
+    // loads: with that extent a multiple of 4, a vec4 (or four halves) starts 16-byte (8-byte)
+    // aligned and lies wholly inside or outside each edge, whatever the other extents (50
+    // action rows, a 113-token prefix). f16 operands with every extent a multiple of 8 are read
+    // 8 halves (one uvec4) at a time.
     const bool half_units =
         coop && half_operands && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && !packed_b;
-    const bool vector_loads = coop && !half_units && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
+    const int64_t a_run = transpose_a ? m : k, b_run = transpose_b ? k : n;
+    const bool vector_a = coop && !half_units && a_run % 4 == 0;
+    const bool vector_b = coop && !half_units && b_run % 4 == 0;
     // `signature` returning the four elements of `operand` (binding `binding`) from `index`, a
     // multiple of 4: one vec4, or four halves unpacked.
     const auto vector_load = [](const std::string& signature, const std::string& operand,
@@ -182,15 +186,15 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
              " {\n  uvec2 pairs = " + view + "[(" + index +
              ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
     };
-    if (vector_loads) {
+    if (vector_a)
       functions += joined == kNoValue
                        ? vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
                                      "a_offset(z) + " + t)
                        : "vec4 load_a4(uint z, uint m, uint k) { return joined_a4(a_offset(z) + " +
                              t + "); }\n";
+    if (vector_b)
       functions += vector_load("vec4 load_b4(uint z, uint k, uint n)", "b", 1,
                                packed_b || half_operands, "b_offset(z) + " + u);
-    }
     if (half_units) {
       functions += vector_buffer_view("a_units", 0, false, "uvec4") +
                    "uvec4 load_a8(uint z, uint m, uint k) { return a_units[(a_offset(z) + " + t +
@@ -199,7 +203,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
                    ") / 8u]; }\n";
     }
     if (split)
-      functions = split_k_functions(functions, batches, k, splits, vector_loads, half_units);
+      functions = split_k_functions(functions, batches, k, splits, vector_a, vector_b, half_units);
     Launch bindings;
     bindings.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings, moved_to);
@@ -211,7 +215,8 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
           .entries = batches * splits,
           .a_m_contiguous = transpose_a,
           .b_k_contiguous = transpose_b,
-          .vector_loads = vector_loads,
+          .vector_a = vector_a,
+          .vector_b = vector_b,
           // f16 results leave through store_c, which rounds them: an f16 fragment would have
           // B's type, which the KHR rewrite refuses.
           .row_major_c = epilogue == nullptr && !half_result && moved_to == kNoValue,
