@@ -1676,13 +1676,15 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
                    graph.add("matmul", {aligned_a.id(), aligned_b.id()},
                              {{"transpose_b", int64_t{1}}, {"k_splits", int64_t{3}}}));
   // Contiguous extents in multiples of 4 with ragged others: vector loads of both operands over
-  // 37 rows and 45 columns, and of B alone where A's rows are 70 long.
+  // 37 rows and 45 columns, and of B alone where A's rows are 70 long, whole and over K slices.
   graph.set_output("aligned_runs", matmul(input(graph, "runs_a", {2, 37, 72}),
                                           input(graph, "runs_b", {45, 72}), false, true)
                                        .id());
-  graph.set_output(
-      "aligned_b_runs",
-      matmul(input(graph, "ragged_a", {2, 36, 70}), input(graph, "runs_bn", {70, 44})).id());
+  const Tensor ragged_a = input(graph, "ragged_a", {2, 36, 70});
+  const Tensor runs_bn = input(graph, "runs_bn", {70, 44});
+  graph.set_output("aligned_b_runs", matmul(ragged_a, runs_bn).id());
+  graph.set_output("aligned_b_partials",
+                   graph.add("matmul", {ragged_a.id(), runs_bn.id()}, {{"k_splits", int64_t{3}}}));
   const Tensor x = input(graph, "x", {2, 3, 9, 9});
   const Tensor w = input(graph, "w", {8, 3, 3, 3});
   const Tensor seed = input(graph, "seed", {2, 8, 4, 4});
@@ -1693,7 +1695,7 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
     SCOPED_TRACE(shape);
     const ScopedSwitch forced("MEGANEURA_COOP_BLOCK", shape);
     const std::vector<kernels::Launch> launches = coop_launches(graph, coop_device());
-    ASSERT_EQ(launches.size(), 15u);
+    ASSERT_EQ(launches.size(), 16u);
     int vector_a = 0, vector_b = 0, whole_blocks = 0;
     for (const kernels::Launch& launch : launches) {
       std::string seen;
@@ -1711,9 +1713,10 @@ TEST_F(CoopMatrixLowering, BlockShapesCompile) {
       expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
                         gemm_column_major_loads(launch));
     }
-    // The whole products, the three aligned ones and the one of aligned runs; B also in the last.
+    // The whole products, the three aligned ones and the one of aligned runs; B also in the two
+    // after it.
     EXPECT_EQ(vector_a, 8);
-    EXPECT_EQ(vector_b, 9);
+    EXPECT_EQ(vector_b, 10);
     EXPECT_EQ(whole_blocks, 4);
   }
 }
@@ -1846,9 +1849,11 @@ void check_matmuls(const Numerics& numerics) {
   check_product({4096, 64}, {48, 4096}, true, true, 18, numerics);
   // Vector loads of the operands whose contiguous extent is a multiple of 4 over ragged rows and
   // columns: an action chunk's 50 rows against a weight stored [N, K] over split-K slices (both
-  // operands), and A contiguous along its 52 rows beside B's 190 columns (A alone).
+  // operands), A contiguous along its 52 rows beside B's 190 columns (A alone), and B's 44
+  // columns beside A's rows of 4098 over split-K slices (B alone).
   check_product({50, 720}, {964, 720}, false, true, 19, numerics);
   check_product({72, 52}, {72, 190}, true, false, 20, numerics);
+  check_product({40, 4098}, {4098, 44}, false, false, 25, numerics);
   // Enough output blocks for the 128 x 256 shape: whole ones with both operands read as
   // column-major fragments, and ragged ones with K not a multiple of the slice.
   check_product({64, 1920}, {2304, 64}, true, true, 21, numerics);
