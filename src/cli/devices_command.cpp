@@ -272,8 +272,7 @@ uint64_t program_checksum(const plan::Program& program) {
   for (const std::vector<plan::PlannedLaunch>* launches : {&program.setup, &program.launches}) {
     for (const plan::PlannedLaunch& planned : *launches) {
       const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
-      checksum =
-          fnv1a64(kernels::buffer_declarations(program.graph, launch) + launch.body, checksum);
+      checksum = fnv1a64(kernels::launch_source(program.graph, launch), checksum);
       std::string facts = planned.barrier_before ? "barrier;" : ";";
       for (const auto& [name, value] : launch.defines) facts += name + "=" + value + ";";
       for (uint32_t extent : launch.groups) facts += std::to_string(extent) + ";";

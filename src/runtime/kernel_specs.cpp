@@ -2,8 +2,10 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backends/vulkan/kernels/vulkan_target.hpp"
 
@@ -11,8 +13,11 @@ namespace mg::runtime {
 
 ProgramKernels program_kernels(const plan::Program& program) {
   ProgramKernels result;
-  // Launches of one kernel: the same source, defines, matrix loads and operand type.
-  std::map<std::tuple<std::string, std::vector<std::pair<std::string, std::string>>, bool, bool>,
+  // Launches of one kernel: the same source, defines, matrix loads and operand type. Kernel
+  // files are the embedded sources' views, the same file at the same address: compared by address
+  // rather than by their tens of kilobytes of text.
+  std::map<std::tuple<std::string, std::vector<const char*>,
+                      std::vector<std::pair<std::string, std::string>>, bool, bool>,
            uint32_t>
       unique;
   std::vector<const plan::PlannedLaunch*> launches;
@@ -21,14 +26,19 @@ ProgramKernels program_kernels(const plan::Program& program) {
   result.spec_of_launch.reserve(launches.size());
   for (const plan::PlannedLaunch* planned : launches) {
     const kernels::Launch& launch = vulkan::glsl_launch(planned->launch);
+    std::vector<const char*> files;
+    files.reserve(launch.files.size());
+    for (std::string_view file : launch.files) files.push_back(file.data());
     auto key = std::make_tuple(kernels::buffer_declarations(program.graph, launch) + launch.body,
-                               launch.defines, launch.tensor_loads, launch.bf16_operands);
+                               std::move(files), launch.defines, launch.tensor_loads,
+                               launch.bf16_operands);
     const auto [it, inserted] =
         unique.try_emplace(std::move(key), static_cast<uint32_t>(result.specs.size()));
     if (inserted) {
       gpu::KernelSpec spec;
       spec.label = launch.label;
       spec.source = std::get<0>(it->first);
+      for (std::string_view file : launch.files) spec.source += file;
       spec.defines = launch.defines;
       spec.binding_count = static_cast<uint32_t>(launch.operands.size());
       spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;

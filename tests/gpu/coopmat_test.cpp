@@ -128,7 +128,7 @@ int gemm_column_major_loads(const kernels::Launch& launch) {
 gpu::KernelSpec spec_of(const Graph& graph, const kernels::Launch& launch) {
   gpu::KernelSpec spec;
   spec.label = launch.label;
-  spec.source = kernels::buffer_declarations(graph, launch) + launch.body;
+  spec.source = kernels::launch_source(graph, launch);
   spec.defines = launch.defines;
   spec.binding_count = static_cast<uint32_t>(launch.operands.size());
   return spec;

@@ -401,9 +401,9 @@ void lower_attention(LoweringContext& context, Mode mode, ValueId companion = kN
   }
   launch.khr_cooperative_matrix = coop && coop_wants_khr(context.device());
   launch.kernel = file.substr(0, file.size() - 5);
-  launch.body = mask_function(graph, node, inputs, dims) +
-                (coop ? std::string(kernel_source("attention_coopmat_tiles.glsl")) : "") +
-                std::string(kernel_source(file));
+  launch.body = mask_function(graph, node, inputs, dims);
+  if (coop) launch.files.push_back(kernel_source("attention_coopmat_tiles.glsl"));
+  launch.files.push_back(kernel_source(file));
 
   // Queries computed as they are loaded (Q_CHAIN): the chain's functions and buffers, bound after
   // every other operand; binding 0 (q) then holds the chain's first buffer, unread.
@@ -493,7 +493,7 @@ void lower_attention_combine(LoweringContext& context, ValueId companion = kNoVa
   Launch launch;
   launch.label = context.label();
   launch.kernel = "attention_combine";
-  launch.body = std::string(kernel_source("attention_combine.comp"));
+  launch.files = {kernel_source("attention_combine.comp")};
   launch.defines = {{"SPLITS", glsl_uint(splits)},
                     {"ROWS", glsl_uint(rows)},
                     {"DV", glsl_uint(value_dim)},

@@ -145,7 +145,8 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
     Launch launch;
     launch.label = context.label();
     launch.kernel = "gemm_rows";
-    launch.body = functions + std::string(kernel_source("gemm_rows.comp"));
+    launch.body = functions;
+    launch.files = {kernel_source("gemm_rows.comp")};
     launch.defines = {{"GEMM_M", u(plan.m)}, {"GEMM_N", u(plan.n)}, {"GEMM_K", u(k)}};
     launch.operands = std::move(operands);
     // Rows over x and y (grid_for), problems over z.
@@ -181,7 +182,8 @@ void emit_gemm(LoweringContext& context, const GemmPlan& plan, std::vector<Opera
   Launch launch;
   launch.label = context.label();
   launch.kernel = "conv";
-  launch.body = functions + std::string(kernel_source("conv_igemm.comp"));
+  launch.body = functions;
+  launch.files = {kernel_source("conv_igemm.comp")};
   launch.defines = {{"GEMM_M", u(plan.m)},
                     {"GEMM_N", u(plan.n)},
                     {"GEMM_K", u(k)},

@@ -164,7 +164,7 @@ void emit_direct_weight_gradient(LoweringContext& context, const ConvGeometry& g
   Launch launch;
   launch.label = context.label();
   launch.kernel = "conv_weight_grad";
-  launch.body = std::string(kernel_source("conv_weight_grad.comp"));
+  launch.files = {kernel_source("conv_weight_grad.comp")};
   launch.defines = {{"BATCH", glsl_uint(g.batch)},
                     {"C", glsl_uint(g.in_channels)},
                     {"O", glsl_uint(g.out_channels)},

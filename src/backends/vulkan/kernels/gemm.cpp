@@ -306,7 +306,7 @@ void emit_gemm_comp(LoweringContext& context, const GemmCompForm& form, const Ge
       gemm_shared_bytes(tile, tile.k_groups, true) <= context.device().max_shared_memory_bytes;
   const bool quads = quad_a_loads(form, tile, padded);
   launch.kernel = "gemm";
-  launch.body += kernel_source("gemm.comp");
+  launch.files = {kernel_source("gemm.comp")};
   launch.defines = {{"M", glsl_uint(form.m)},
                     {"N", glsl_uint(form.n)},
                     {"K", glsl_uint(form.k)},
@@ -344,7 +344,8 @@ void emit_few_rows_gemm(LoweringContext& context, const BufferGemm& gemm, Launch
   launch.kernel = "gemm_few_rows";
   launch.body = (vec4 ? vector_buffer_view("a4", 0, false) + vector_buffer_view("b4", 1, false)
                       : std::string()) +
-                launch.body + std::string(kernel_source("gemm_few_rows.comp"));
+                launch.body;
+  launch.files = {kernel_source("gemm_few_rows.comp")};
   launch.defines = {{"LANES", std::to_string(kFewRowsLanes)},
                     {"COLUMNS", std::to_string(kFewRowsColumns)},
                     {"GEMM_M", glsl_uint(gemm.m)},

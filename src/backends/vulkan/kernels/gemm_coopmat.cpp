@@ -179,7 +179,8 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_coopmat";
-  launch.body = gemm.functions + std::string(kernel_source("gemm_coopmat.comp"));
+  launch.body = gemm.functions;
+  launch.files = {kernel_source("gemm_coopmat.comp")};
   launch.defines = {{"GEMM_M", glsl_uint(gemm.m)},
                     {"GEMM_N", glsl_uint(gemm.n)},
                     {"GEMM_K", glsl_uint(gemm.k)},

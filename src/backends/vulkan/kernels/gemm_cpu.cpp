@@ -133,8 +133,8 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_cpu";
-  launch.body = gemm.functions + cpu_gemm_macros(best[0], best[1], lanes, gemm.k % lanes != 0) +
-                std::string(kernel_source("gemm_cpu.comp"));
+  launch.body = gemm.functions + cpu_gemm_macros(best[0], best[1], lanes, gemm.k % lanes != 0);
+  launch.files = {kernel_source("gemm_cpu.comp")};
   launch.defines = {{"LANES", std::to_string(lanes)}, {"ROWS", glsl_uint(best[0])},
                     {"COLS", glsl_uint(best[1])},     {"GEMM_M", glsl_uint(gemm.m)},
                     {"GEMM_N", glsl_uint(gemm.n)},    {"GEMM_K", glsl_uint(gemm.k)}};

@@ -80,7 +80,7 @@ void lower_half_matmul(LoweringContext& context) {
   Launch launch;
   launch.label = context.label();
   launch.kernel = "gemm_workgroup_coopmat";
-  launch.body = std::string(kernel_source("gemm_workgroup.comp"));
+  launch.files = {kernel_source("gemm_workgroup.comp")};
   launch.defines = {
       {"GEMM_M", glsl_uint(m)},
       {"GEMM_N", glsl_uint(n)},

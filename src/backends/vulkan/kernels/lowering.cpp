@@ -153,6 +153,12 @@ std::vector<std::string> lowered_ops() {
   return names;
 }
 
+std::string launch_source(const Graph& graph, const Launch& launch) {
+  std::string source = buffer_declarations(graph, launch) + launch.body;
+  for (std::string_view file : launch.files) source += file;
+  return source;
+}
+
 std::string_view kernel_source(std::string_view file_name) {
   for (const EmbeddedSource& source : embedded_sources()) {
     if (source.file_name == file_name) return source.text;

@@ -25,6 +25,9 @@ struct Launch {
   std::string label;   // "matmul %12", shown in profiles and errors
   std::string kernel;  // archetype name, e.g. "pointwise", "gemm"
   std::string body;    // GLSL after the generated buffer declarations
+  // Embedded kernel files (kernel_source) that follow `body`, in order. Views, not copies: one
+  // file serves hundreds of a program's launches, and copying it into each made planning slow.
+  std::vector<std::string_view> files;
   std::vector<std::pair<std::string, std::string>> defines;
   std::vector<Operand> operands;
   std::array<uint32_t, 3> groups{1, 1, 1};
@@ -50,6 +53,9 @@ void require_f16_tensors(const std::string& label, const std::string& does,
 // operand k; f32 values as float[], i32 as int[], and f16 as float16_t[] after the extensions
 // that allow it where the launch has f16_operands), followed by the common prelude.
 std::string buffer_declarations(const Graph& graph, const Launch& launch);
+
+// The whole GLSL of `launch`: its buffer declarations, its body, then its kernel files.
+std::string launch_source(const Graph& graph, const Launch& launch);
 
 // Grid for `count` independent work items in workgroups of `local_size`, spread over x and y
 // so that no dimension exceeds the device's limit. Kernels use linear_workgroup() (prelude).
