@@ -110,6 +110,9 @@ class Graph {
   // Room for `nodes` nodes, so that a pass rebuilding a graph does not grow it node by node.
   void reserve(size_t nodes) { nodes_.reserve(nodes); }
   const std::vector<Node>& nodes() const { return nodes_; }
+  // The nodes of a graph about to be discarded, moved out: a pass rebuilding a graph it owns
+  // reuses their strings and vectors instead of copying them.
+  std::vector<Node> release_nodes() && { return std::move(nodes_); }
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   const std::vector<std::pair<ValueId, ValueId>>& updates() const { return updates_; }
 

@@ -37,8 +37,7 @@ ValueId grad_q_from_scores(Graph& target, ValueId scores, ValueId keys) {
 
 }  // namespace
 
-Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
-                            std::vector<ValueId>* remap) {
+Graph attention_grad_q_gemm(Graph graph, uint64_t max_score_bytes, std::vector<ValueId>* remap) {
   // Each rewritten attention_grad_q and the attention_grad_k of the same inputs, which is emitted
   // in its place so that W (its companion) follows it.
   std::map<ValueId, ValueId> grad_k_of;
@@ -61,6 +60,7 @@ Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
       }
     }
   }
+  if (grad_k_of.empty()) return unchanged(std::move(graph), remap);
   std::map<ValueId, ValueId> emitted_early;  // old attention_grad_k -> its new value
   std::vector<bool> keep(graph.size(), true);
   return rebuild(

@@ -126,8 +126,9 @@ Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId
                    [](const Node& node) { return node.type.dtype == DType::f16; }))
     return unchanged(std::move(graph), remap);
   F16Storage pass(device);
+  const std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, std::vector<bool>(graph.size(), true),
+      std::move(graph), keep,
       [&pass](Graph& target, ValueId, Node node) { return pass.rewrite(target, std::move(node)); },
       remap);
 }

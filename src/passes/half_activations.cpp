@@ -246,8 +246,9 @@ Graph half_activations(Graph graph, const target::Target& device, std::vector<Va
     return unchanged(std::move(graph), remap);
   std::vector<ValueId> rewritten, pruned;
   Rewrite rewrite(std::move(half), device);
+  const std::vector<bool> keep(graph.size(), true);
   Graph result = rebuild(
-      graph, std::vector<bool>(graph.size(), true),
+      std::move(graph), keep,
       [&rewrite](Graph& target, ValueId old_id, Node node) {
         return rewrite(target, old_id, std::move(node));
       },

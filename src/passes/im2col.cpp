@@ -442,12 +442,18 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
 
 }  // namespace
 
-Graph im2col_convolutions(const Graph& graph, const target::Target& device,
-                          uint64_t max_column_bytes, std::vector<ValueId>* remap) {
+Graph im2col_convolutions(Graph graph, const target::Target& device, uint64_t max_column_bytes,
+                          std::vector<ValueId>* remap) {
+  if (std::none_of(graph.nodes().begin(), graph.nodes().end(), [](const Node& node) {
+        return node.type.dtype == DType::f32 &&
+               (node.op == op::conv2d || node.op == op::conv2d_grad_input ||
+                node.op == op::conv2d_grad_weight);
+      }))
+    return unchanged(std::move(graph), remap);
   std::vector<bool> keep(graph.size(), true);
   SideBySideImages side_by_side;
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&](Graph& target, ValueId, Node node) {
         std::optional<ValueId> rewritten;
         if (node.type.dtype == DType::f32) {

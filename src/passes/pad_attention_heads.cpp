@@ -65,7 +65,7 @@ Graph pad_attention_heads(Graph graph, int64_t multiple, std::vector<ValueId>* r
 
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&](Graph& target, ValueId, Node node) {
         if (!needs_padding(target, node, multiple)) return target.add_typed(std::move(node));
         const int64_t head_dim = target.type(node.inputs[0]).shape.back();

@@ -14,7 +14,7 @@ namespace mg::passes {
 Graph eliminate_dead_code(Graph graph, std::vector<ValueId>* remap = nullptr);
 
 // Merges nodes with the same op, inputs and attributes (and equal constants).
-Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+Graph eliminate_common_subexpressions(Graph graph, std::vector<ValueId>* remap = nullptr);
 
 // Evaluates nodes whose inputs are all uniform constants (scalars broadcast to a shape) and
 // replaces them by a uniform constant.
@@ -24,8 +24,7 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // computing partial results over K slices (attribute k_splits) and a sum over them, as many as
 // `device` says the product runs fastest on (target::Target::gemm_k_splits), or the direct
 // weight-gradient kernel's own splits. MEGANEURA_SPLIT_K_SLICES=N forces the slice count.
-Graph split_k(const Graph& graph, const target::Target& device,
-              std::vector<ValueId>* remap = nullptr);
+Graph split_k(Graph graph, const target::Target& device, std::vector<ValueId>* remap = nullptr);
 
 // f16 storage: f16 tensors stay f16 in memory and every kernel but a few computes in f32, so
 // each f16 input a kernel reads becomes widen_f16 of it and each f16 result round_to_f16 of the
@@ -63,14 +62,14 @@ Graph workgroup_gemm(Graph graph, const target::Target& device,
 // MEGANEURA_ATTENTION_SPLITS=N or F,Q,KV forces the slice counts. dK and dV of grouped-query
 // attention may also split over parts of each group's query heads (attribute head_splits);
 // MEGANEURA_ATTENTION_HEAD_SPLITS forces that.
-Graph split_attention(const Graph& graph, const target::Target& device,
+Graph split_attention(Graph graph, const target::Target& device,
                       std::vector<ValueId>* remap = nullptr);
 
 // dQ as a matmul: a non-causal attention_grad_q whose attention_grad_k of the same inputs
 // follows it becomes attention_grad_scores (W = scale * dS, which the dK launch writes beside
 // its result) times k, where W takes at most `max_score_bytes`; the attention_grad_k moves up to
 // the rewritten node's place, before W (see attention_grad_q_gemm.cpp).
-Graph attention_grad_q_gemm(const Graph& graph, uint64_t max_score_bytes,
+Graph attention_grad_q_gemm(Graph graph, uint64_t max_score_bytes,
                             std::vector<ValueId>* remap = nullptr);
 
 // Attention heads padded to whole fragments: an attention node (forward, log-sum-exp and
@@ -87,7 +86,7 @@ Graph pad_attention_heads(Graph graph, int64_t multiple, std::vector<ValueId>* r
 // or, where `scales_itself` holds for the node (target::Target::attention_gradient_scales_itself),
 // its kernels find the largest |dO| of the rows they read (attribute own_grad_out_scale).
 using ScalesItself = std::function<bool(const Graph& graph, const Node& node)>;
-Graph scale_attention_gradients(const Graph& graph, const ScalesItself& scales_itself = {},
+Graph scale_attention_gradients(Graph graph, const ScalesItself& scales_itself = {},
                                 std::vector<ValueId>* remap = nullptr);
 
 // Convolutions without groups (conv2d and both gradients) as an im2col node and a batched matmul
@@ -98,8 +97,8 @@ Graph scale_attention_gradients(const Graph& graph, const ScalesItself& scales_i
 // unpadded convolutions become batched matmuls over the images, without columns: their weight
 // gradients always, forwards and data gradients where `device` runs products on cooperative
 // matrices.
-Graph im2col_convolutions(const Graph& graph, const target::Target& device,
-                          uint64_t max_column_bytes, std::vector<ValueId>* remap = nullptr);
+Graph im2col_convolutions(Graph graph, const target::Target& device, uint64_t max_column_bytes,
+                          std::vector<ValueId>* remap = nullptr);
 
 // Training batch norms over at least `min_channel_elements` elements a channel become means,
 // sums and pointwise ops (see decompose_batch_norm.cpp), sharing the running statistics'
@@ -112,7 +111,7 @@ Graph decompose_batch_norm(Graph graph, int64_t min_channel_elements, bool one_p
 // few outputs first reduces the reduced axes after that kept axis; a max of a few long
 // contiguous rows takes the maxima of chunks of them first; an f32 cross_entropy over many logits
 // becomes its per_row form and a sum (see split_reductions.cpp).
-Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap = nullptr);
+Graph split_reductions(Graph graph, std::vector<ValueId>* remap = nullptr);
 
 // Nested sums over leading axes (split-K partials [S, N, ...] summed over S and then over a
 // batch N, as the im2col pass's weight gradients are) become one sum over all those axes: one

@@ -3,23 +3,26 @@
 
 namespace mg::passes {
 
-Graph rebuild(const Graph& source, const std::vector<bool>& keep,
+Graph rebuild(Graph source, const std::vector<bool>& keep,
               const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
               std::vector<ValueId>* remap) {
+  const std::vector<std::pair<std::string, ValueId>> outputs = source.outputs();
+  const std::vector<std::pair<ValueId, ValueId>> updates = source.updates();
+  std::vector<Node> nodes = std::move(source).release_nodes();
   Graph target;
-  target.reserve(source.size());
-  std::vector<ValueId> mapping(source.size(), kNoValue);
-  for (size_t i = 0; i < source.size(); ++i) {
+  target.reserve(nodes.size());
+  std::vector<ValueId> mapping(nodes.size(), kNoValue);
+  for (size_t i = 0; i < nodes.size(); ++i) {
     if (!keep[i]) continue;
-    Node node = source.nodes()[i];
+    Node node = std::move(nodes[i]);
     for (ValueId& input : node.inputs) {
       input = mapping[input];
       if (input == kNoValue) throw Error("internal: pass dropped a value that is still used");
     }
     mapping[i] = rewrite(target, static_cast<ValueId>(i), std::move(node));
   }
-  for (const auto& [name, id] : source.outputs()) target.set_output(name, mapping[id]);
-  for (const auto& [leaf, value] : source.updates()) target.assign(mapping[leaf], mapping[value]);
+  for (const auto& [name, id] : outputs) target.set_output(name, mapping[id]);
+  for (const auto& [leaf, value] : updates) target.assign(mapping[leaf], mapping[value]);
   if (remap) *remap = std::move(mapping);
   return target;
 }

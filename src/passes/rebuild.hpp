@@ -10,7 +10,9 @@ namespace mg::passes {
 
 // Calls `rewrite(node, remapped_inputs)` for each node that `keep` accepts, in order; it returns
 // the new value for the node (usually target.add_typed of the node with remapped inputs).
-Graph rebuild(const Graph& source, const std::vector<bool>& keep,
+// `source`'s nodes are moved into the calls: a pass whose `rewrite` reads no node of the graph
+// it rebuilds passes that graph moved, and so copies none of its nodes.
+Graph rebuild(Graph source, const std::vector<bool>& keep,
               const std::function<ValueId(Graph& target, ValueId old_id, Node node)>& rewrite,
               std::vector<ValueId>* remap);
 

@@ -38,14 +38,14 @@ ValueId largest_magnitude(Graph& target, ValueId grad_out, int64_t kv_heads) {
 
 }  // namespace
 
-Graph scale_attention_gradients(const Graph& graph, const ScalesItself& scales_itself,
+Graph scale_attention_gradients(Graph graph, const ScalesItself& scales_itself,
                                 std::vector<ValueId>* remap) {
   // max |dO| once per (cotangent, kv heads) of the new graph, so that the dK and dV of one
   // attention keep equal inputs (and one launch).
   std::map<std::pair<ValueId, int64_t>, ValueId> largest;
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&](Graph& target, ValueId, Node node) {
         if (!is_attention_gradient(node) || node.attrs.get_int("has_grad_out_max", 0) != 0 ||
             node.attrs.get_int("own_grad_out_scale", 0) != 0)

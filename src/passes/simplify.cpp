@@ -33,10 +33,10 @@ Graph eliminate_dead_code(Graph graph, std::vector<ValueId>* remap) {
   }
   if (std::all_of(live.begin(), live.end(), [](bool kept) { return kept; }))
     return unchanged(std::move(graph), remap);
-  return rebuild(graph, live, copy_node, remap);
+  return rebuild(std::move(graph), live, copy_node, remap);
 }
 
-Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* remap) {
+Graph eliminate_common_subexpressions(Graph graph, std::vector<ValueId>* remap) {
   // Nodes are the same expression when op, inputs, type, name and attributes are equal (the
   // attributes compared by value: printed, two constants that differ past the sixth digit would
   // look alike). Candidates are found by a hash of all but the attributes.
@@ -50,7 +50,7 @@ Graph eliminate_common_subexpressions(const Graph& graph, std::vector<ValueId>* 
   std::unordered_multimap<size_t, ValueId> kept_by_hash(graph.size());
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&](Graph& target, ValueId, Node node) {
         if (node.is_leaf() && node.op != op::constant) return target.add_typed(std::move(node));
         if (node.data) return target.add_typed(std::move(node));
@@ -100,7 +100,7 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap) {
 Graph optimize(const Graph& graph, std::vector<ValueId>* remap) {
   std::vector<ValueId> fold_map, cse_map, dce_map;
   Graph folded = fold_constants(graph, &fold_map);
-  Graph merged = eliminate_common_subexpressions(folded, &cse_map);
+  Graph merged = eliminate_common_subexpressions(std::move(folded), &cse_map);
   Graph result = eliminate_dead_code(std::move(merged), &dce_map);
   if (remap) *remap = compose(compose(fold_map, cse_map), dce_map);
   return result;

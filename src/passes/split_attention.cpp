@@ -100,8 +100,7 @@ int64_t head_split_count(int64_t group, int64_t workgroups, int64_t slices,
 
 }  // namespace
 
-Graph split_attention(const Graph& graph, const target::Target& device,
-                      std::vector<ValueId>* remap) {
+Graph split_attention(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
   // For each forward, the transposes that move its heads after its queries, and whether anything
   // else (a node, an output, an assignment) reads it.
   std::vector<std::vector<ValueId>> head_moves(graph.size());
@@ -122,7 +121,7 @@ Graph split_attention(const Graph& graph, const target::Target& device,
   std::map<ValueId, ValueId> combined_for;
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&](Graph& target, ValueId old_id, Node node) {
         if (const auto found = combined_for.find(old_id); found != combined_for.end())
           return found->second;

@@ -77,10 +77,10 @@ std::optional<ConvGeometry> direct_weight_gradient(const Graph& graph, const Nod
 
 }  // namespace
 
-Graph split_k(const Graph& graph, const target::Target& target, std::vector<ValueId>* remap) {
+Graph split_k(Graph graph, const target::Target& target, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&target](Graph& rebuilt, ValueId, Node node) {
         int64_t splits = 1;
         if (const std::optional<ConvGeometry> direct =

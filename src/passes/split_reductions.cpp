@@ -215,10 +215,10 @@ Graph merge_leading_sums(Graph graph, std::vector<ValueId>* remap) {
   return result;
 }
 
-Graph split_reductions(const Graph& graph, std::vector<ValueId>* remap) {
+Graph split_reductions(Graph graph, std::vector<ValueId>* remap) {
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [](Graph& target, ValueId, Node node) {
         if (splits_cross_entropy(target, node)) return per_row_cross_entropy(target, node);
         if (const std::optional<Shape> chunked = chunked_shape_of(target, node))

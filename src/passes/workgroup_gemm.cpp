@@ -99,7 +99,7 @@ Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<Valu
     return unchanged(std::move(graph), remap);
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
-      graph, keep,
+      std::move(graph), keep,
       [&device, &f16_winograd](Graph& target, ValueId old_id, Node node) {
         if (f16_winograd[old_id]) {
           if (node.op == op::matmul) return target.add(op::half_matmul, node.inputs, node.attrs);

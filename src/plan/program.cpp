@@ -433,7 +433,8 @@ Program build_program(const Graph& source, const target::Target& device,
   const bool split_k = switches.split_k.value_or(options.split_k);
   const bool im2col = switches.im2col.value_or(options.im2col);
   if (im2col)
-    program.graph = passes::im2col_convolutions(program.graph, device, options.column_limit);
+    program.graph =
+        passes::im2col_convolutions(std::move(program.graph), device, options.column_limit);
   // Heads that are not whole fragments would take the strict attention kernels.
   if (switches.attention_pad_heads.value_or(true))
     program.graph =
@@ -442,7 +443,7 @@ Program build_program(const Graph& source, const target::Target& device,
   // which the gradients of an untrained model leave below f16's range.
   if (switches.attention_grad_scale.value_or(device.cooperative_matrices()))
     program.graph = passes::scale_attention_gradients(
-        program.graph, [&device](const Graph& graph, const Node& node) {
+        std::move(program.graph), [&device](const Graph& graph, const Node& node) {
           return device.attention_gradient_scales_itself(graph, node);
         });
   const bool dq_gemm = switches.attention_dq_gemm.value_or(options.attention_dq_gemm &&
@@ -450,7 +451,7 @@ Program build_program(const Graph& source, const target::Target& device,
   // W is one transient value: at most a quarter of an arena, and 256 MiB.
   if (dq_gemm)
     program.graph = passes::attention_grad_q_gemm(
-        program.graph, std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
+        std::move(program.graph), std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Before split-K, which would otherwise split the products the workgroup GEMM takes whole.
   program.graph = passes::workgroup_gemm(std::move(program.graph), device);
   // These rewrites trade dispatches for parallelism, which GPUs need and CPU devices do not.
@@ -466,7 +467,7 @@ Program build_program(const Graph& source, const target::Target& device,
   // on any device.
   if (split_k || !switches.attention_splits.empty() ||
       switches.attention_head_splits.value_or(false))
-    program.graph = passes::split_attention(program.graph, device);
+    program.graph = passes::split_attention(std::move(program.graph), device);
   // Activations in f16 where products already take f16 operands, as mixed precision stores them;
   // forced on, wherever the device stores f16 tensors.
   const target::DeviceTraits& traits = device.traits();
