@@ -125,8 +125,9 @@ TEST(Passes, EachPassAloneKeepsOutputs) {
 // A pass with nothing to rewrite returns the graph as it is, node for node, with the identity
 // remap (its caller moves the graph in and pays for no copy): dead-code elimination of a graph
 // without dead nodes, f16 storage without f16 values, the workgroup GEMM on a strict device,
-// batch-norm decomposition without batch norms, merged sums without sums of sums and head
-// padding without attention. Given something to rewrite, each still rewrites.
+// batch-norm decomposition without batch norms, merged sums without sums of sums, head padding
+// without attention, im2col without convolutions and the dQ GEMM without attention gradients.
+// Given something to rewrite, each still rewrites.
 TEST(Passes, PassesWithNothingToRewriteReturnTheGraphAsItIs) {
   Environment environment;
   const Graph graph = passes::optimize(random_graph(7, environment));
@@ -138,7 +139,11 @@ TEST(Passes, PassesWithNothingToRewriteReturnTheGraphAsItIs) {
       {"batch norm",
        [&](auto* remap) { return passes::decompose_batch_norm(graph, 1, false, remap); }},
       {"leading sums", [&](auto* remap) { return passes::merge_leading_sums(graph, remap); }},
-      {"head padding", [&](auto* remap) { return passes::pad_attention_heads(graph, 16, remap); }}};
+      {"head padding", [&](auto* remap) { return passes::pad_attention_heads(graph, 16, remap); }},
+      {"im2col",
+       [&](auto* remap) { return passes::im2col_convolutions(graph, strict, 1 << 30, remap); }},
+      {"dQ GEMM",
+       [&](auto* remap) { return passes::attention_grad_q_gemm(graph, 1 << 30, remap); }}};
   for (const auto& [name, pass] : passes) {
     SCOPED_TRACE(name);
     std::vector<ValueId> remap;
