@@ -440,15 +440,18 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
 }
 
+// The nodes the pass may rewrite: f32 convolutions and their gradients.
+bool is_f32_convolution(const Node& node) {
+  return node.type.dtype == DType::f32 &&
+         (node.op == op::conv2d || node.op == op::conv2d_grad_input ||
+          node.op == op::conv2d_grad_weight);
+}
+
 }  // namespace
 
 Graph im2col_convolutions(Graph graph, const target::Target& device, uint64_t max_column_bytes,
                           std::vector<ValueId>* remap) {
-  if (std::none_of(graph.nodes().begin(), graph.nodes().end(), [](const Node& node) {
-        return node.type.dtype == DType::f32 &&
-               (node.op == op::conv2d || node.op == op::conv2d_grad_input ||
-                node.op == op::conv2d_grad_weight);
-      }))
+  if (std::none_of(graph.nodes().begin(), graph.nodes().end(), is_f32_convolution))
     return unchanged(std::move(graph), remap);
   std::vector<bool> keep(graph.size(), true);
   SideBySideImages side_by_side;
@@ -456,7 +459,7 @@ Graph im2col_convolutions(Graph graph, const target::Target& device, uint64_t ma
       std::move(graph), keep,
       [&](Graph& target, ValueId, Node node) {
         std::optional<ValueId> rewritten;
-        if (node.type.dtype == DType::f32) {
+        if (is_f32_convolution(node)) {
           if (node.op == op::conv2d)
             rewritten = rewrite_forward(target, node, device, max_column_bytes, side_by_side);
           if (node.op == op::conv2d_grad_input)
