@@ -1,7 +1,7 @@
 """PyTorch side of `meganeura bench kernels`: the same cases and shapes, strict f32 (TF32 off),
 one JSON object per case; the "... fast" twins run with f16 inputs (against Meganeura's
---precision fast), and so do the "... f16" twins of the GEMM and SmolLM cases (against
-Meganeura's f16 tensors).
+--precision fast), and so do the "... f16" twins of the GEMM, SmolLM and SmolVLA products
+(against Meganeura's f16 tensors).
 
 Like the Meganeura side, each case's inputs are replicated until the copies hold more than
 --rotate MiB (more than the GPU's L2 cache), and one timed run computes the case once on every
@@ -195,7 +195,7 @@ FAST_CASE_PREFIXES = ("gemm 4096^3", "smollm", "resnet conv 3x3 64->64", "resnet
 
 
 # The cases that also run on f16 tensors in Meganeura, as "<name> f16"; here the same as "fast".
-F16_CASE_PREFIXES = ("gemm 4096^3", "smollm")
+F16_CASE_PREFIXES = ("gemm 4096^3", "smollm", "smolvla expert", "smolvla vision")
 
 
 def with_fast_twins(strict_cases):

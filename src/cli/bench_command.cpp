@@ -41,8 +41,9 @@ idle time of building the case.
 Cases named "... fast" run the same problem with --precision fast (f16 operands on cooperative
 matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without cooperative
 matrices they run strict, and their JSON says "coop_dispatches": 0. Cases named "... f16" run
-the GEMM and SmolLM problems on f16 tensors (operands and result stored in f16) with --precision
-fast, as PyTorch's f16 twin does: the like-for-like comparison, with no rounding of f32 operands.
+the GEMM, SmolLM and SmolVLA products on f16 tensors (operands and result stored in f16) with
+--precision fast, as PyTorch's f16 twin does: the like-for-like comparison, with no rounding of
+f32 operands.
 
 A case the device cannot run (the large cases need 256 MiB buffers, more than some devices bind)
 is reported on stderr and marked in the table, the other cases still run, and the exit status is
@@ -77,7 +78,8 @@ constexpr std::array<std::string_view, 7> kFastCasePrefixes = {
     "gemm 4096^3", "smollm", "resnet conv 3x3 64->64", "resnet conv 3x3/2", "whisper attention",
     "unet",        "smolvla"};
 // The products that also run on f16 tensors in fast precision, as "<name> f16".
-constexpr std::array<std::string_view, 2> kF16CasePrefixes = {"gemm 4096^3", "smollm"};
+constexpr std::array<std::string_view, 4> kF16CasePrefixes = {"gemm 4096^3", "smollm",
+                                                              "smolvla expert", "smolvla vision"};
 
 Attrs conv_attrs(int64_t stride, int64_t padding) {
   return {{"stride", std::vector<int64_t>{stride, stride}},
