@@ -185,45 +185,13 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int image_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments(
-      "meganeura train", words,
-      {"model",
-       "data",
-       "weights",
-       "classes",
-       "size",
-       "validation",
-       "out",
-       "epochs",
-       "max-steps",
-       "batch",
-       "lr",
-       "optimizer",
-       "momentum",
-       "weight-decay",
-       "schedule",
-       "warmup",
-       "clip",
-       "accumulate",
-       "min-crop",
-       "workers",
-       "seed",
-       "device",
-       "precision",
-       "resume",
-       "checkpoint-every",
-       "trace",
-       "width",
-       "bucket-mb",
-       "log-every",
-       kOnNonFiniteOption,
-       kLossScaleOption},
-      {"help", "no-augment", "overwrite", "distributed", kDetectAnomalySwitch});
+  const Arguments arguments =
+      training_arguments(words,
+                         {"weights", "classes", "size", "validation", "momentum", "accumulate",
+                          "min-crop", "workers", "trace", "width", "bucket-mb", "log-every"},
+                         {"no-augment", "distributed"});
   if (arguments.has("help")) {
-    std::fputs(kHelp, stdout);
-    std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kDetectAnomalyHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
+    print_training_help(kHelp);
     return 0;
   }
   const DistributedRun run(arguments);

@@ -135,37 +135,10 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int lm_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words,
-                            {"model",
-                             "data",
-                             "out",
-                             "seq",
-                             "batch",
-                             "epochs",
-                             "max-steps",
-                             "validation",
-                             "lr",
-                             "optimizer",
-                             "weight-decay",
-                             "schedule",
-                             "warmup",
-                             "clip",
-                             "accumulate",
-                             "seed",
-                             "device",
-                             "precision",
-                             "resume",
-                             "checkpoint-every",
-                             "log-every",
-                             "bucket-mb",
-                             kOnNonFiniteOption,
-                             kLossScaleOption},
-                            {"help", "distributed", "overwrite", kDetectAnomalySwitch});
+  const Arguments arguments = training_arguments(
+      words, {"seq", "validation", "accumulate", "log-every", "bucket-mb"}, {"distributed"});
   if (arguments.has("help")) {
-    std::fputs(kHelp, stdout);
-    std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kDetectAnomalyHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
+    print_training_help(kHelp);
     return 0;
   }
   const DistributedRun run(arguments);

@@ -184,34 +184,10 @@ void set_common_inputs(RecordedInputs& inputs, const Batch& batch) {
 }  // namespace
 
 int smolvla_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words,
-                            {"model",
-                             "data",
-                             "out",
-                             "batch",
-                             "epochs",
-                             "max-steps",
-                             "validation",
-                             "steps",
-                             "lr",
-                             "optimizer",
-                             "weight-decay",
-                             "schedule",
-                             "warmup",
-                             "clip",
-                             "seed",
-                             "device",
-                             "precision",
-                             "resume",
-                             "checkpoint-every",
-                             kOnNonFiniteOption,
-                             kLossScaleOption},
-                            {"help", "train-backbone", "overwrite", kDetectAnomalySwitch});
+  const Arguments arguments =
+      training_arguments(words, {"validation", "steps"}, {"train-backbone"});
   if (arguments.has("help")) {
-    std::fputs(kHelp, stdout);
-    std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kDetectAnomalyHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
+    print_training_help(kHelp);
     return 0;
   }
   arguments.expect_at_most_positional(0);

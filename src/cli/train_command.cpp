@@ -169,20 +169,11 @@ int train_job(const std::vector<std::string>& words) {
     throw Error(*model + "/config.json has " + key + " \"" + io::shortened(kind) +
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
-  const Arguments arguments("meganeura train", words,
-                            {"out",           "model",     "epochs",           "limit",
-                             "batch",         "lr",        "optimizer",        "weight-decay",
-                             "momentum",      "schedule",  "warmup",           "clip",
-                             "accumulate",    "seed",      "device",           "precision",
-                             "data",          "resume",    "checkpoint-every", "trace",
-                             "log-every",     "max-steps", "bucket-mb",        kOnNonFiniteOption,
-                             kLossScaleOption},
-                            {"help", "distributed", "overwrite", kDetectAnomalySwitch});
+  const Arguments arguments = training_arguments(
+      words, {"limit", "momentum", "accumulate", "trace", "log-every", "bucket-mb"},
+      {"distributed"});
   if (arguments.has("help")) {
-    std::fputs(kHelp, stdout);
-    std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kDetectAnomalyHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
+    print_training_help(kHelp);
     return 0;
   }
   const DistributedRun run(arguments);

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "backends/vulkan/runtime/gpu.hpp"
+#include "cli/non_finite_steps.hpp"
 #include "cli/run_record.hpp"
 #include "io/atomic_file.hpp"
 #include "io/checkpoint.hpp"
@@ -129,6 +130,41 @@ std::string last_checkpoint_text(const std::filesystem::path& checkpoint_path) {
   } catch (const Error&) {
     return "the checkpoint " + checkpoint_path.string() + " cannot be read";
   }
+}
+
+Arguments training_arguments(const std::vector<std::string>& words,
+                             const std::set<std::string>& job_options,
+                             const std::set<std::string>& job_switches) {
+  std::set<std::string> options{"model",
+                                "data",
+                                "out",
+                                "batch",
+                                "epochs",
+                                "max-steps",
+                                "lr",
+                                "optimizer",
+                                "weight-decay",
+                                "schedule",
+                                "warmup",
+                                "clip",
+                                "seed",
+                                "device",
+                                "precision",
+                                "resume",
+                                "checkpoint-every",
+                                kOnNonFiniteOption,
+                                kLossScaleOption};
+  options.insert(job_options.begin(), job_options.end());
+  std::set<std::string> switches{"help", "overwrite", kDetectAnomalySwitch};
+  switches.insert(job_switches.begin(), job_switches.end());
+  return Arguments("meganeura train", words, options, switches);
+}
+
+void print_training_help(const char* job_help) {
+  std::fputs(job_help, stdout);
+  std::fputs(kOnNonFiniteHelp, stdout);
+  std::fputs(kDetectAnomalyHelp, stdout);
+  std::fputs(kLossScaleHelp, stdout);
 }
 
 std::string format_duration(double seconds) {

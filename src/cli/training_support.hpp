@@ -5,7 +5,9 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "cli/arguments.hpp"
 #include "io/checkpoint.hpp"
@@ -18,6 +20,17 @@ namespace mg::cli {
 // step and saves a checkpoint.
 extern std::atomic<bool> stop_requested;
 void install_stop_handlers();
+
+// The options and switches every `meganeura train` job reads (model and data, output folder,
+// batch and step loop, optimizer and schedule, clipping, seed, device, precision, checkpoints,
+// non-finite steps, loss scale): a job's Arguments are these and its own. An option belongs here
+// only while every job reads it, since a job that ignored it would accept it silently.
+Arguments training_arguments(const std::vector<std::string>& words,
+                             const std::set<std::string>& job_options,
+                             const std::set<std::string>& job_switches);
+// A job's --help: its own text, then the lines of the shared non-finite, anomaly and loss-scale
+// options.
+void print_training_help(const char* job_help);
 
 std::string default_out_dir();  // runs/<timestamp>
 // Creates the output directory, or says why it cannot be written, before the data is loaded and

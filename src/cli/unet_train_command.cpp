@@ -228,41 +228,13 @@ double labelled_share(const std::filesystem::path& path, const std::vector<float
 }  // namespace
 
 int unet_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words,
-                            {"model",
-                             "data",
-                             "limit",
-                             "out",
-                             "batch",
-                             "epochs",
-                             "max-steps",
-                             "lr",
-                             "optimizer",
-                             "weight-decay",
-                             "schedule",
-                             "warmup",
-                             "clip",
-                             "accumulate",
-                             "ema",
-                             "tokens",
-                             "uncond",
-                             "sample-steps",
-                             "guidance",
-                             "per-class",
-                             "classifier",
-                             "seed",
-                             "device",
-                             "precision",
-                             "resume",
-                             "checkpoint-every",
-                             kOnNonFiniteOption,
-                             kLossScaleOption},
-                            {"help", "overwrite", kDetectAnomalySwitch});
+  const Arguments arguments =
+      training_arguments(words,
+                         {"limit", "accumulate", "ema", "tokens", "uncond", "sample-steps",
+                          "guidance", "per-class", "classifier"},
+                         {});
   if (arguments.has("help")) {
-    std::fputs(kHelp, stdout);
-    std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kDetectAnomalyHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
+    print_training_help(kHelp);
     return 0;
   }
   arguments.expect_at_most_positional(0);

@@ -174,37 +174,10 @@ const char* const kCopiedFiles[] = {"tokenizer.json",
 }  // namespace
 
 int whisper_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments("meganeura train", words,
-                            {"model",
-                             "data",
-                             "out",
-                             "batch",
-                             "tokens",
-                             "epochs",
-                             "max-steps",
-                             "validation",
-                             "lr",
-                             "optimizer",
-                             "weight-decay",
-                             "schedule",
-                             "warmup",
-                             "clip",
-                             "accumulate",
-                             "seed",
-                             "device",
-                             "precision",
-                             "resume",
-                             "checkpoint-every",
-                             "language",
-                             "task",
-                             kOnNonFiniteOption,
-                             kLossScaleOption},
-                            {"help", "decoder-only", "overwrite", kDetectAnomalySwitch});
+  const Arguments arguments = training_arguments(
+      words, {"tokens", "validation", "accumulate", "language", "task"}, {"decoder-only"});
   if (arguments.has("help")) {
-    std::fputs(kHelp, stdout);
-    std::fputs(kOnNonFiniteHelp, stdout);
-    std::fputs(kDetectAnomalyHelp, stdout);
-    std::fputs(kLossScaleHelp, stdout);
+    print_training_help(kHelp);
     return 0;
   }
   arguments.expect_at_most_positional(0);
