@@ -37,8 +37,7 @@ ProgramKernels program_kernels(const plan::Program& program) {
     if (inserted) {
       gpu::KernelSpec spec;
       spec.label = launch.label;
-      spec.source = std::get<0>(it->first);
-      for (std::string_view file : launch.files) spec.source += file;
+      spec.source = kernels::launch_source(program.graph, launch);
       spec.defines = launch.defines;
       spec.binding_count = static_cast<uint32_t>(launch.operands.size());
       spec.khr_cooperative_matrix = launch.khr_cooperative_matrix;
