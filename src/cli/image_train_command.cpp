@@ -378,8 +378,7 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
       validation_series{"validation accuracy", {}};
   ProgressLine progress;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
+  const StepPace pace(step);
   double smoothed_loss = NAN, smoothed_accuracy = NAN, last_validation = NAN;
   double images_per_second = 0;
   const auto start_step = [&](int64_t index, std::vector<int32_t>& step_labels) {
@@ -420,23 +419,15 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
     const double accuracy = run.sum(static_cast<double>(correct)) / batch;
     stopping = run.any(stop_requested);
     if (!dropped) {
-      smoothed_loss = std::isnan(smoothed_loss) ? loss : 0.95 * smoothed_loss + 0.05 * loss;
-      smoothed_accuracy =
-          std::isnan(smoothed_accuracy) ? accuracy : 0.95 * smoothed_accuracy + 0.05 * accuracy;
+      smoothed_loss = moving_average(smoothed_loss, loss, 0.05);
+      smoothed_accuracy = moving_average(smoothed_accuracy, accuracy, 0.05);
     }
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
+    const double steps_per_second = pace.steps_per_second(step);
     images_per_second = steps_per_second * batch;
     const int64_t epoch = (step - 1) / steps_per_epoch;
-    char text[256];
-    std::snprintf(text, sizeof(text),
-                  "epoch %lld/%lld %s step %lld/%lld loss %.4f acc %.1f%% %.0f img/s ETA %s",
-                  static_cast<long long>(epoch + 1), static_cast<long long>(epochs),
-                  bar(static_cast<double>(step) / total_steps).c_str(),
-                  static_cast<long long>(step), static_cast<long long>(total_steps), smoothed_loss,
-                  100 * smoothed_accuracy, images_per_second,
-                  format_duration((total_steps - step) / std::max(steps_per_second, 1e-9)).c_str());
+    const std::string text =
+        step_line(epoch + 1, epochs, step, total_steps, smoothed_loss,
+                  accuracy_rate_text(smoothed_accuracy, images_per_second), steps_per_second);
     if (run.writes()) progress.update(text, step == total_steps);
     if (run.writes() && (step % log_every == 0 || step == total_steps)) {
       loss_series.points.emplace_back(step, smoothed_loss);
@@ -477,9 +468,8 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();
-  if (step > first_step)
-    report_training_roofline(out_dir, training.traced(), options,
-                             seconds_since(start) / static_cast<double>(step - first_step));
+  if (pace.ran_steps(step))
+    report_training_roofline(out_dir, training.traced(), options, pace.seconds_per_step(step));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (arguments.has("trace")) training.traced().write_trace(arguments.text("trace", ""));
 

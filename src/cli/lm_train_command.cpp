@@ -303,8 +303,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   install_stop_handlers();
   io::Series loss_series{"training loss", {}}, validation_series{"validation loss", {}};
   ProgressLine progress;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
+  const StepPace pace(step);
   double smoothed = NAN, last_validation = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
@@ -330,14 +329,11 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
     const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
                                             progress, [&] { return training.find_anomaly(); });
     stopping = run.any(stop_requested);
-    if (!dropped) smoothed = std::isnan(smoothed) ? loss : 0.95 * smoothed + 0.05 * loss;
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
-    char rate[64];
-    std::snprintf(rate, sizeof(rate), "%.0f tokens/s", steps_per_second * batch * seq);
+    if (!dropped) smoothed = moving_average(smoothed, loss, 0.05);
+    const double steps_per_second = pace.steps_per_second(step);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed, rate, steps_per_second);
+        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+                  rate_text(steps_per_second * batch * seq, 0, "tokens/s"), steps_per_second);
     if (run.writes()) progress.update(line, step == total_steps);
     if (run.writes() && (step % log_every == 0 || step == total_steps)) {
       loss_series.points.emplace_back(step, smoothed);
@@ -368,9 +364,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();
-  if (step > first_step)
-    report_training_roofline(out_dir, training.traced(), options,
-                             seconds_since(start) / static_cast<double>(step - first_step));
+  if (pace.ran_steps(step))
+    report_training_roofline(out_dir, training.traced(), options, pace.seconds_per_step(step));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

@@ -242,10 +242,6 @@ nlohmann::json roofline_json(const Roofline& roofline, double step_seconds) {
   return json;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 void report_training_roofline(const std::filesystem::path& out_dir, const Session& training,
                               const SessionOptions& options, double step_seconds) {
   std::vector<DispatchProfile> profile;

@@ -3,7 +3,6 @@
 // BuildReport::dispatch_costs) against its measured time and the device's peaks, and an energy
 // estimate from a power model. `meganeura inspect --roofline` prints the table; every training
 // job ends with a summary line and <out>/roofline.json.
-#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -63,9 +62,6 @@ std::string roofline_table(const Roofline& roofline);  // one line per dispatch 
 // (2.4 % of the floor's rate), about 0.6 J a step (uncalibrated power model)".
 std::string roofline_summary(const Roofline& roofline, double step_seconds);
 nlohmann::json roofline_json(const Roofline& roofline, double step_seconds);
-
-// Seconds since `start` (a job's step timer).
-double seconds_since(std::chrono::steady_clock::time_point start);
 
 // A training job's end: the summary line on stderr and <out>/roofline.json, from the training
 // program's report (and its profile where the job traced it) and the measured time a step.

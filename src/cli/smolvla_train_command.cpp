@@ -371,8 +371,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     save_run_checkpoint(checkpoint_path, checkpoint);
   };
   ProgressLine progress;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
+  const StepPace pace(step);
   double smoothed = NAN;
   std::mt19937_64 random(seed ^ 0x5eed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -406,14 +405,11 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     const double loss = training.scalar_output(models::kLoss);
     if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
                             progress, training_inputs.anomaly()))
-      smoothed = std::isnan(smoothed) ? loss : 0.9 * smoothed + 0.1 * loss;
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
-    char rate[64];
-    std::snprintf(rate, sizeof(rate), "%.1f records/s", steps_per_second * batch);
+      smoothed = moving_average(smoothed, loss, 0.1);
+    const double steps_per_second = pace.steps_per_second(step);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed, rate, steps_per_second);
+        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+                  rate_text(steps_per_second * batch, 1, "records/s"), steps_per_second);
     progress.update(line, step == total_steps);
     loss_series.points.emplace_back(step, smoothed);
     nlohmann::json record = {{"step", step},
@@ -434,9 +430,8 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   }
   progress.finish();
   save();
-  if (step > first_step)
-    report_training_roofline(out_dir, training, options,
-                             seconds_since(start) / static_cast<double>(step - first_step));
+  if (pace.ran_steps(step))
+    report_training_roofline(out_dir, training, options, pace.seconds_per_step(step));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (sampler) copy_weights(training, *sampler);
   evaluate_actions("trained");

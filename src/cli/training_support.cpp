@@ -240,6 +240,32 @@ bool running_on_cpu_device(const std::string& selector) {
   return devices[gpu::choose_device(devices, selector)].kind == gpu::DeviceKind::cpu;
 }
 
+double StepPace::steps_per_second(int64_t step) const {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  return static_cast<double>(step - first_step_) / std::max(elapsed, 1e-9);
+}
+
+double StepPace::seconds_per_step(int64_t step) const {
+  return 1 / steps_per_second(step);
+}
+
+double moving_average(double average, double value, double weight) {
+  return std::isnan(average) ? value : (1 - weight) * average + weight * value;
+}
+
+std::string rate_text(double per_second, int decimals, const std::string& unit) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f %s", decimals, per_second, unit.c_str());
+  return text;
+}
+
+std::string accuracy_rate_text(double accuracy, double images_per_second) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "acc %.1f%% ", 100 * accuracy);
+  return text + rate_text(images_per_second, 0, "img/s");
+}
+
 std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,
                       double smoothed_loss, const std::string& rate, double steps_per_second) {
   char line[320];

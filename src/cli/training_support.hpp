@@ -102,6 +102,33 @@ class ProgressLine {
 
 std::string bar(double fraction);  // [#####...............]
 
+// A training loop's pace in this process, from the step it started at (after a resume, the
+// checkpoint's).
+class StepPace {
+ public:
+  explicit StepPace(int64_t first_step)
+      : first_step_(first_step), start_(std::chrono::steady_clock::now()) {}
+
+  // Over the steps done since the start, `step` being the count done so far.
+  double steps_per_second(int64_t step) const;
+  bool ran_steps(int64_t step) const { return step > first_step_; }
+  double seconds_per_step(int64_t step) const;
+
+ private:
+  int64_t first_step_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// An exponential moving average: `average` moved toward `value` by `weight`, or `value` itself
+// while there is no average yet (NaN).
+double moving_average(double average, double value, double weight);
+
+// A throughput for the progress line, "12.3 clips/s" with `decimals` digits after the point.
+std::string rate_text(double per_second, int decimals, const std::string& unit);
+
+// The classifiers' rate: their smoothed accuracy and throughput, "acc 91.2% 1234 img/s".
+std::string accuracy_rate_text(double accuracy, double images_per_second);
+
 // The progress line of a training step: "epoch E/N [bar] step S/T loss L RATE ETA m:ss", with
 // `rate` the job's throughput ("1234 tokens/s") and the ETA from `steps_per_second`.
 std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total_steps,

@@ -372,8 +372,7 @@ int unet_train_command(const std::vector<std::string>& words) {
   install_stop_handlers();
   io::Series loss_series{"training loss", {}};
   ProgressLine progress;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
+  const StepPace pace(step);
   double smoothed = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
@@ -415,14 +414,11 @@ int unet_train_command(const std::vector<std::string>& words) {
     const double loss = training.scalar_output("loss");
     if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
                             progress, training_inputs.anomaly()))
-      smoothed = std::isnan(smoothed) ? loss : 0.98 * smoothed + 0.02 * loss;
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double steps_per_second = (step - first_step) / std::max(elapsed, 1e-9);
-    char rate[64];
-    std::snprintf(rate, sizeof(rate), "%.0f images/s", steps_per_second * batch);
+      smoothed = moving_average(smoothed, loss, 0.02);
+    const double steps_per_second = pace.steps_per_second(step);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed, rate, steps_per_second);
+        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+                  rate_text(steps_per_second * batch, 0, "images/s"), steps_per_second);
     progress.update(line, step == total_steps);
     if (step % 10 == 0 || step == total_steps) {
       loss_series.points.emplace_back(step, smoothed);
@@ -450,9 +446,8 @@ int unet_train_command(const std::vector<std::string>& words) {
   std::printf("checkpoint: %s\nmodel: %s\nema: %s\nmetrics: %s\nplot: %s\n",
               checkpoint_path.c_str(), (out_dir / "model").c_str(), (out_dir / "ema").c_str(),
               (out_dir / "metrics.jsonl").c_str(), (out_dir / "training.png").c_str());
-  if (step > first_step)
-    report_training_roofline(out_dir, training, options,
-                             seconds_since(start) / static_cast<double>(step - first_step));
+  if (pace.ran_steps(step))
+    report_training_roofline(out_dir, training, options, pace.seconds_per_step(step));
   if (stop_requested) {
     std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
     return 130;
