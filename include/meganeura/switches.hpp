@@ -48,6 +48,9 @@ struct Switches {
   // elementwise kernels, reductions and moves read are stored in f16 (passes::half_activations);
   // unset: fast precision with f16 products on a device with cooperative matrices.
   std::optional<bool> half_activations;
+  // MEGANEURA_HALF_PRODUCTS=0: no products of operands stored in f16 for nothing
+  // (passes::half_products); unset or 1: in fast precision on a device with cooperative matrices.
+  std::optional<bool> half_products;
   bool no_fusion = false;                 // MEGANEURA_NO_FUSION=1: no fusion at all
   bool no_epilogue_fusion = false;        // MEGANEURA_NO_EPILOGUE_FUSION=1: no matmul epilogues
   bool no_norm_fusion = false;  // MEGANEURA_NO_NORM_FUSION=1: no normalisation prologues/epilogues

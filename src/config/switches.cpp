@@ -186,6 +186,9 @@ Switches read_switches(Reader& read) {
   s.one_pass_variance =
       read.flag("MEGANEURA_ONE_PASS_VARIANCE", "batch norm variances in two passes",
                 "batch norm variances in one pass in any precision", "one pass in fast precision");
+  s.half_products = read.flag(
+      "MEGANEURA_HALF_PRODUCTS", "products round their f32 operands as they load them",
+      "operands stored in f16 where that costs nothing, in fast precision", "the same as 1");
   s.half_activations =
       read.flag("MEGANEURA_HALF_ACTIVATIONS", "activations stored in f32",
                 "activations stored in f16 in any precision", "f16 in fast precision");

@@ -55,6 +55,15 @@ Graph half_activations(Graph graph, const target::Target& device,
 Graph workgroup_gemm(Graph graph, const target::Target& device,
                      std::vector<ValueId>* remap = nullptr);
 
+// Half products: in fast precision, a 2-D matmul on the subgroup-scope cooperative-matrix GEMM
+// (target::Target::subgroup_gemm_takes_product) whose operands can both be stored in f16 for
+// nothing becomes round_to_f16 of each and a half_matmul: a parameter or constant that no
+// assignment updates (its rounding moves to the plan's setup), or an elementwise or
+// normalisation result that only such products read (its rounding fuses into its kernel's
+// store). The products round their operands as before (see half_products.cpp).
+Graph half_products(Graph graph, const target::Target& device,
+                    std::vector<ValueId>* remap = nullptr);
+
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed
 // rows becomes one node computing partial results over slices of the keys (attribute
 // kv_splits; forward, dQ) or queries (q_splits; dK, dV), joined by an attention_combine

@@ -454,6 +454,12 @@ Program build_program(const Graph& source, const target::Target& device,
         std::move(program.graph), std::min<uint64_t>(options.arena_limit / 4, uint64_t{256} << 20));
   // Before split-K, which would otherwise split the products the workgroup GEMM takes whole.
   program.graph = passes::workgroup_gemm(std::move(program.graph), device);
+  const target::DeviceTraits& traits = device.traits();
+  // Products of operands stored in f16 where storing them so costs nothing; before split-K, which
+  // splits half_matmuls as it splits matmuls.
+  if (switches.half_products.value_or(true) && traits.fast_precision && !traits.bf16_operands &&
+      traits.f16_tensors && device.cooperative_matrices())
+    program.graph = passes::half_products(std::move(program.graph), device);
   // These rewrites trade dispatches for parallelism, which GPUs need and CPU devices do not.
   // The one-pass variance trades rounding for a pass over x, as fast precision's products do.
   const bool one_pass_variance =
@@ -470,7 +476,6 @@ Program build_program(const Graph& source, const target::Target& device,
     program.graph = passes::split_attention(std::move(program.graph), device);
   // Activations in f16 where products already take f16 operands, as mixed precision stores them;
   // forced on, wherever the device stores f16 tensors.
-  const target::DeviceTraits& traits = device.traits();
   if (switches.half_activations.value_or(traits.fast_precision && !traits.bf16_operands &&
                                          device.cooperative_matrices()) &&
       traits.f16_tensors)

@@ -2194,5 +2194,69 @@ TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
   }
 }
 
+// Half products (on an H200-like GPU of one compute unit, in fast precision): a product whose
+// operands are a weight no assignment updates (a parameter or a state) and a layer norm's or an
+// elementwise result that only such products read, through a reshape, becomes a half_matmul of
+// their roundings, one rounding an operand however many products read it. A product of a host
+// input, of an updated weight, of a value something else reads too, and of extents off the
+// multiples of 8 keeps its f32 operands; a strict device rewrites nothing. The rewritten graph
+// computes, on the f64 reference, what the same graph computes with the rewritten products'
+// operands rounded to f16 (built by hand below).
+TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
+  const auto rounded = [](Graph& graph, Tensor value) {
+    return Tensor(&graph, graph.add("widen_f16", {graph.add("round_to_f16", {value.id()})}));
+  };
+  const auto block = [&](Graph& graph, bool round_by_hand) {
+    const auto half = [&](Tensor value) { return round_by_hand ? rounded(graph, value) : value; };
+    const Tensor x = input(graph, "x", {2, 32, 64});
+    const Tensor w_q = parameter(graph, "w_q", {64, 64}, Init::uniform(-1, 1));
+    const Tensor w_k{&graph, graph.state("w_k", {DType::f32, {64, 64}}, Init::uniform(-1, 1))};
+    const Tensor w_up = parameter(graph, "w_up", {128, 64}, Init::uniform(-1, 1));
+    const Tensor w_down = parameter(graph, "w_down", {64, 128}, Init::uniform(-1, 1));
+    const Tensor w_trained = parameter(graph, "w_trained", {64, 64}, Init::uniform(-1, 1));
+    const Tensor normed = half(reshape(layer_norm(x, std::nullopt, std::nullopt), {64, 64}));
+    const Tensor q = matmul(normed, half(w_q), false, true);
+    const Tensor k = matmul(normed, half(w_k), false, true);
+    const Tensor up = half(gelu(matmul(normed, half(w_up), false, true)));
+    const Tensor down = matmul(up, half(w_down), false, true);
+    graph.set_output("qk", (q * k + down).id());
+    // Kept: a host input, an updated weight, a value that a sum reads too, 60 rows.
+    const Tensor rows = reshape(x, {64, 64});
+    graph.set_output("of_input", matmul(rows, w_q, false, true).id());
+    const Tensor trained = matmul(tanh(rows), w_trained, false, true);
+    graph.set_output("of_trained", trained.id());
+    graph.assign(w_trained.id(), (w_trained * 0.5).id());
+    const Tensor shared = exp(rows * 0.25);
+    graph.set_output("of_shared", matmul(shared, w_q, false, true).id());
+    graph.set_output("shared_sum", sum(shared, {0}).id());
+    const Tensor sixty = reshape(input(graph, "sixty", {60, 64}), {60, 64});
+    graph.set_output("of_sixty", matmul(sigmoid(sixty), w_q, false, true).id());
+  };
+  Graph graph, by_hand;
+  block(graph, false);
+  block(by_hand, true);
+  Environment environment;
+  std::mt19937_64 generator(41);
+  std::uniform_real_distribution<double> uniform(-1.5, 1.5);
+  for (const char* name : {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty"}) {
+    HostTensor value(graph.type(graph.find_leaf(name)).shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+  }
+  target::DeviceTraits fast = h200_like(1);
+  fast.coop_matrix_f16_khr = true;
+  fast.fast_precision = true;
+  const Graph rewritten = passes::half_products(graph, vulkan::VulkanTarget(fast));
+  verify(rewritten);
+  EXPECT_EQ(count_of(rewritten, "half_matmul"), 4u);
+  EXPECT_EQ(count_of(rewritten, "matmul"), 4u);
+  // The layer norm's, the GELU's and the four weights'.
+  EXPECT_EQ(count_of(rewritten, "round_to_f16"), 6u);
+  expect_same_outputs(by_hand, rewritten, environment);
+
+  const Graph strict = passes::half_products(graph, vulkan::VulkanTarget(h200_like(1)));
+  EXPECT_EQ(strict.to_string(), graph.to_string());
+}
+
 }  // namespace
 }  // namespace mg

@@ -30,6 +30,13 @@ bool VulkanTarget::workgroup_gemm_writes_f16_result(const Graph& graph, const No
   return kernels::workgroup_gemm_writes_f16_result(graph, node, traits());
 }
 
+bool VulkanTarget::subgroup_gemm_takes_product(int64_t m, int64_t n, int64_t k,
+                                               bool b_transposed) const {
+  return kernels::use_coop_gemm(traits()) &&
+         kernels::coop_gemm_suits(m, m * n * k, k, b_transposed, traits()) &&
+         !kernels::workgroup_gemm_suits(m, n, k, traits(), target::OperandsIn::f32);
+}
+
 bool VulkanTarget::images_side_by_side_suit(int64_t m, int64_t k, int64_t batch,
                                             int64_t plane) const {
   return kernels::images_side_by_side_suit(m, k, batch, plane, traits());

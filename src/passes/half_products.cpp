@@ -1,0 +1,184 @@
+// Half products (passes.hpp): in fast precision the subgroup-scope GEMM on cooperative matrices
+// rounds its f32 operands to f16 as it loads them. Where both operands of a product can be
+// stored in f16 for nothing, they are (round_to_f16) and the product becomes a half_matmul, which
+// loads half the bytes and converts nothing: a weight the program never updates, whose rounding
+// is a launch that the plan moves to setup, and a value that an elementwise kernel or a
+// normalisation computes and only such products read, whose rounding fuses into that kernel's
+// store. Every product reads the values it read before, rounded as the GEMM rounded them.
+// A frozen weight is then stored twice, in f32 (the parameter) and in f16 (the setup's result).
+#include <algorithm>
+#include <unordered_map>
+
+#include "ir/op_names.hpp"
+#include "ops/op.hpp"
+#include "passes/passes.hpp"
+#include "passes/rebuild.hpp"
+
+namespace mg::passes {
+namespace {
+
+class HalfProducts {
+ public:
+  HalfProducts(const Graph& graph, const target::Target& device)
+      : graph_(graph),
+        device_(device),
+        readers_(graph.size()),
+        kept_(graph.size(), false),
+        updated_(graph.size(), false) {
+    for (size_t i = 0; i < graph.size(); ++i)
+      for (ValueId input : graph.nodes()[i].inputs)
+        readers_[input].push_back(static_cast<ValueId>(i));
+    for (const auto& [name, value] : graph.outputs()) keep(value);
+    for (const auto& [leaf, value] : graph.updates()) {
+      keep(value);
+      updated_[leaf] = true;
+    }
+  }
+
+  // The products to rewrite, by the graph's ids.
+  std::vector<bool> choose() const {
+    const size_t size = graph_.size();
+    std::vector<bool> product(size, false), operand(size, false);
+    for (size_t i = 0; i < size; ++i) {
+      const ValueId id = static_cast<ValueId>(i);
+      product[i] = is_candidate_product(graph_.node(id));
+      operand[i] = may_round_for_nothing(id);
+    }
+    // A product keeps f16 operands only if both round for nothing; a computed operand rounds for
+    // nothing only if every kernel that reads it is such a product. Dropping one may drop others.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < size; ++i) {
+        const ValueId id = static_cast<ValueId>(i);
+        const Node& node = graph_.node(id);
+        if (product[i]) {
+          if (!std::all_of(node.inputs.begin(), node.inputs.end(),
+                           [&](ValueId input) { return operand[storage_source(input)]; })) {
+            product[i] = false;
+            changed = true;
+          }
+        } else if (operand[i] && !is_fixed(id)) {
+          const std::vector<ValueId> readers = kernel_readers(id);
+          if (!std::all_of(readers.begin(), readers.end(),
+                           [&](ValueId reader) { return product[reader]; })) {
+            operand[i] = false;
+            changed = true;
+          }
+        }
+      }
+    }
+    return product;
+  }
+
+ private:
+  void keep(ValueId value) {
+    kept_[value] = true;
+    while (is_view_op(graph_.node(value).op)) {
+      value = graph_.node(value).inputs[0];
+      kept_[value] = true;
+    }
+  }
+
+  // The value whose bytes `value` (through views) reads.
+  ValueId storage_source(ValueId value) const {
+    while (is_view_op(graph_.node(value).op)) value = graph_.node(value).inputs[0];
+    return value;
+  }
+
+  // The nodes that read `value` other than views, through its views.
+  std::vector<ValueId> kernel_readers(ValueId value) const {
+    std::vector<ValueId> found;
+    std::vector<ValueId> pending{value};
+    while (!pending.empty()) {
+      const ValueId current = pending.back();
+      pending.pop_back();
+      for (ValueId reader : readers_[current]) {
+        if (is_view_op(graph_.node(reader).op))
+          pending.push_back(reader);
+        else
+          found.push_back(reader);
+      }
+    }
+    return found;
+  }
+
+  bool is_candidate_product(const Node& node) const {
+    if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
+        node.type.dtype != DType::f32)
+      return false;
+    const TensorType& a = graph_.type(node.inputs[0]);
+    const TensorType& b = graph_.type(node.inputs[1]);
+    if (a.rank() != 2 || b.rank() != 2 || a.dtype != DType::f32 || b.dtype != DType::f32)
+      return false;
+    const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+    const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
+    const int64_t m = node.type.shape[0], n = node.type.shape[1];
+    const int64_t k = a.shape[transpose_a ? 0 : 1];
+    // Whole units of 8 halves along every extent: the GEMM then loads f16 operands 16 bytes at
+    // a time.
+    return m % 8 == 0 && n % 8 == 0 && k % 8 == 0 &&
+           device_.subgroup_gemm_takes_product(m, n, k, transpose_b);
+  }
+
+  // A parameter, state or constant that no assignment updates.
+  bool is_fixed(ValueId value) const {
+    const Node& node = graph_.node(value);
+    return (node.op == op::parameter || node.op == op::state || node.op == op::constant) &&
+           !updated_[value];
+  }
+
+  // Whether `value` could be stored in f16 where it is made, before its readers are checked.
+  bool may_round_for_nothing(ValueId value) const {
+    const Node& node = graph_.node(value);
+    if (is_fixed(value)) return true;
+    if (node.is_leaf() || is_view_op(node.op) || kept_[value] || node.type.dtype != DType::f32)
+      return false;
+    return device_.is_pointwise_op(node.op) || node.op == op::layer_norm || node.op == op::rms_norm;
+  }
+
+  const Graph& graph_;
+  const target::Target& device_;
+  std::vector<std::vector<ValueId>> readers_;
+  std::vector<bool> kept_;
+  std::vector<bool> updated_;
+};
+
+// The f16 operand of a product in `target` for f32 `value`: the rounding of the value its views
+// read, seen through the same views; one rounding and one view chain for all of its readers.
+ValueId half_operand(Graph& target, ValueId value, std::unordered_map<ValueId, ValueId>& halves) {
+  if (auto it = halves.find(value); it != halves.end()) return it->second;
+  // Copies: adding nodes may move the graph's nodes.
+  const Node view = target.node(value);
+  const ValueId half =
+      is_view_op(view.op)
+          ? target.add(view.op, {half_operand(target, view.inputs[0], halves)}, view.attrs)
+          : target.add(op::round_to_f16, {value});
+  halves.emplace(value, half);
+  return half;
+}
+
+}  // namespace
+
+Graph half_products(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
+  const std::vector<bool> is_product = HalfProducts(graph, device).choose();
+  if (std::none_of(is_product.begin(), is_product.end(), [](bool chosen) { return chosen; }))
+    return unchanged(std::move(graph), remap);
+  std::unordered_map<ValueId, ValueId> halves;  // f32 value in the target -> its f16 operand
+  const std::vector<bool> keep(graph.size(), true);
+  std::vector<ValueId> rewritten, pruned;
+  Graph result = rebuild(
+      std::move(graph), keep,
+      [&](Graph& target, ValueId old_id, Node node) {
+        if (!is_product[old_id]) return target.add_typed(std::move(node));
+        std::vector<ValueId> operands;
+        for (ValueId input : node.inputs) operands.push_back(half_operand(target, input, halves));
+        return target.add(op::half_matmul, std::move(operands), node.attrs);
+      },
+      remap ? &rewritten : nullptr);
+  // The f32 views that only the products read.
+  result = eliminate_dead_code(std::move(result), remap ? &pruned : nullptr);
+  if (remap) *remap = compose(rewritten, pruned);
+  return result;
+}
+
+}  // namespace mg::passes
