@@ -19,6 +19,7 @@
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
+#include "passes/value_readers.hpp"
 
 namespace mg::passes {
 namespace {
@@ -45,17 +46,7 @@ bool is_half_move(const Node& node) {
 class HalfActivations {
  public:
   HalfActivations(const Graph& graph, const target::Target& device)
-      : graph_(graph), device_(device), readers_(graph.size()), observed_(graph.size(), false) {
-    for (size_t i = 0; i < graph.size(); ++i) {
-      for (ValueId input : graph.nodes()[i].inputs) {
-        std::vector<ValueId>& readers = readers_[input];
-        if (readers.empty() || readers.back() != static_cast<ValueId>(i))
-          readers.push_back(static_cast<ValueId>(i));
-      }
-    }
-    for (const auto& [name, value] : graph.outputs()) observe(value);
-    for (const auto& [leaf, value] : graph.updates()) observe(value);
-  }
+      : graph_(graph), device_(device), values_(graph) {}
 
   // Which values to store in f16, by the source graph's ids.
   std::vector<bool> choose() {
@@ -63,16 +54,17 @@ class HalfActivations {
     for (size_t i = 0; i < graph_.size(); ++i) {
       const ValueId id = static_cast<ValueId>(i);
       const Node& node = graph_.node(id);
-      if (node.is_leaf() || is_view_op(node.op) || node.type.dtype != DType::f32 || observed_[id])
+      if (node.is_leaf() || is_view_op(node.op) || node.type.dtype != DType::f32 ||
+          values_.kept(id))
         continue;
       // A move of a value stored in f16 stores its result in f16 (its readers were checked).
       if (is_half_move(node)) {
-        half[i] = half[storage_source(node.inputs[0])];
+        half[i] = half[values_.storage_source(node.inputs[0])];
         continue;
       }
       if (node.type.elements() < kMinHalfElements || !writes_half(node) || !readers_convert(id))
         continue;
-      const std::vector<ValueId> readers = kernel_readers(id);
+      const std::vector<ValueId> readers = values_.kernel_readers(id);
       if (device_.is_pointwise_op(node.op) &&
           (computed_where_read(id, readers) || completes_a_product(node)))
         continue;
@@ -87,37 +79,6 @@ class HalfActivations {
   }
 
  private:
-  void observe(ValueId value) {
-    observed_[value] = true;
-    while (is_view_op(graph_.node(value).op)) {
-      value = graph_.node(value).inputs[0];
-      observed_[value] = true;
-    }
-  }
-
-  // The value whose bytes `value` (through views) reads.
-  ValueId storage_source(ValueId value) const {
-    while (is_view_op(graph_.node(value).op)) value = graph_.node(value).inputs[0];
-    return value;
-  }
-
-  // The nodes that read `value` other than views, through its views.
-  std::vector<ValueId> kernel_readers(ValueId value) const {
-    std::vector<ValueId> found;
-    std::vector<ValueId> pending{value};
-    while (!pending.empty()) {
-      const ValueId current = pending.back();
-      pending.pop_back();
-      for (ValueId reader : readers_[current]) {
-        if (is_view_op(graph_.node(reader).op))
-          pending.push_back(reader);
-        else
-          found.push_back(reader);
-      }
-    }
-    return found;
-  }
-
   // Whether elementwise `value` is computed in the one kernel that reads it, where fusion puts
   // it: its readers are elementwise of its shape and each leads, through values that one
   // elementwise node of the same shape reads, to the same node (a sigmoid that SiLU's gradient
@@ -131,8 +92,9 @@ class HalfActivations {
     ValueId end = kNoValue;
     for (ValueId reader : readers) {
       if (!joins(reader)) return false;
-      while (!observed_[reader] && readers_[reader].size() == 1 && joins(readers_[reader][0]))
-        reader = readers_[reader][0];
+      while (!values_.kept(reader) && values_.readers(reader).size() == 1 &&
+             joins(values_.readers(reader)[0]))
+        reader = values_.readers(reader)[0];
       if (end != kNoValue && reader != end) return false;
       end = reader;
     }
@@ -143,8 +105,8 @@ class HalfActivations {
   // computes it as it stores the product (an epilogue: a bias add), in f32.
   bool completes_a_product(const Node& node) const {
     return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ValueId input) {
-      return graph_.node(input).op == op::matmul && readers_[input].size() == 1 &&
-             !observed_[input];
+      return graph_.node(input).op == op::matmul && values_.readers(input).size() == 1 &&
+             !values_.kept(input);
     });
   }
 
@@ -157,10 +119,10 @@ class HalfActivations {
 
   // Whether every reader of `value` converts it in registers.
   bool readers_convert(ValueId value) const {
-    for (ValueId reader : kernel_readers(value)) {
+    for (ValueId reader : values_.kernel_readers(value)) {
       const Node& node = graph_.node(reader);
       if (is_half_move(node)) {
-        if (observed_[reader] || !readers_convert(reader)) return false;
+        if (values_.kept(reader) || !readers_convert(reader)) return false;
       } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node) && !is_half_tiles(node)) {
         return false;
       }
@@ -170,8 +132,7 @@ class HalfActivations {
 
   const Graph& graph_;
   const target::Target& device_;
-  std::vector<std::vector<ValueId>> readers_;
-  std::vector<bool> observed_;
+  const ValueReaders values_;
 };
 
 class Rewrite {

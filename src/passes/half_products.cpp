@@ -13,6 +13,7 @@
 #include "ops/op.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
+#include "passes/value_readers.hpp"
 
 namespace mg::passes {
 namespace {
@@ -20,19 +21,8 @@ namespace {
 class HalfProducts {
  public:
   HalfProducts(const Graph& graph, const target::Target& device)
-      : graph_(graph),
-        device_(device),
-        readers_(graph.size()),
-        kept_(graph.size(), false),
-        updated_(graph.size(), false) {
-    for (size_t i = 0; i < graph.size(); ++i)
-      for (ValueId input : graph.nodes()[i].inputs)
-        readers_[input].push_back(static_cast<ValueId>(i));
-    for (const auto& [name, value] : graph.outputs()) keep(value);
-    for (const auto& [leaf, value] : graph.updates()) {
-      keep(value);
-      updated_[leaf] = true;
-    }
+      : graph_(graph), device_(device), values_(graph), updated_(graph.size(), false) {
+    for (const auto& [leaf, value] : graph.updates()) updated_[leaf] = true;
   }
 
   // The products to rewrite, by the graph's ids.
@@ -53,12 +43,12 @@ class HalfProducts {
         const Node& node = graph_.node(id);
         if (product[i]) {
           if (!std::all_of(node.inputs.begin(), node.inputs.end(),
-                           [&](ValueId input) { return operand[storage_source(input)]; })) {
+                           [&](ValueId input) { return operand[values_.storage_source(input)]; })) {
             product[i] = false;
             changed = true;
           }
         } else if (operand[i] && !is_fixed(id)) {
-          const std::vector<ValueId> readers = kernel_readers(id);
+          const std::vector<ValueId> readers = values_.kernel_readers(id);
           if (!std::all_of(readers.begin(), readers.end(),
                            [&](ValueId reader) { return product[reader]; })) {
             operand[i] = false;
@@ -71,37 +61,6 @@ class HalfProducts {
   }
 
  private:
-  void keep(ValueId value) {
-    kept_[value] = true;
-    while (is_view_op(graph_.node(value).op)) {
-      value = graph_.node(value).inputs[0];
-      kept_[value] = true;
-    }
-  }
-
-  // The value whose bytes `value` (through views) reads.
-  ValueId storage_source(ValueId value) const {
-    while (is_view_op(graph_.node(value).op)) value = graph_.node(value).inputs[0];
-    return value;
-  }
-
-  // The nodes that read `value` other than views, through its views.
-  std::vector<ValueId> kernel_readers(ValueId value) const {
-    std::vector<ValueId> found;
-    std::vector<ValueId> pending{value};
-    while (!pending.empty()) {
-      const ValueId current = pending.back();
-      pending.pop_back();
-      for (ValueId reader : readers_[current]) {
-        if (is_view_op(graph_.node(reader).op))
-          pending.push_back(reader);
-        else
-          found.push_back(reader);
-      }
-    }
-    return found;
-  }
-
   bool is_candidate_product(const Node& node) const {
     if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
         node.type.dtype != DType::f32)
@@ -131,15 +90,15 @@ class HalfProducts {
   bool may_round_for_nothing(ValueId value) const {
     const Node& node = graph_.node(value);
     if (is_fixed(value)) return true;
-    if (node.is_leaf() || is_view_op(node.op) || kept_[value] || node.type.dtype != DType::f32)
+    if (node.is_leaf() || is_view_op(node.op) || values_.kept(value) ||
+        node.type.dtype != DType::f32)
       return false;
     return device_.is_pointwise_op(node.op) || node.op == op::layer_norm || node.op == op::rms_norm;
   }
 
   const Graph& graph_;
   const target::Target& device_;
-  std::vector<std::vector<ValueId>> readers_;
-  std::vector<bool> kept_;
+  const ValueReaders values_;
   std::vector<bool> updated_;
 };
 
