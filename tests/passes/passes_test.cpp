@@ -1934,6 +1934,25 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
   EXPECT_EQ(stepped_before.leaves["running"].data, stepped_after.leaves["running"].data);
 }
 
+// `value` rounded to f16 and widened back, by hand: what a pass that stores it in f16 computes.
+Tensor rounded_by_hand(Graph& graph, Tensor value) {
+  return Tensor(&graph, graph.add("widen_f16", {graph.add("round_to_f16", {value.id()})}));
+}
+
+// The leaves `names` of `graph` drawn from [-1.5, 1.5] with `seed`.
+Environment uniform_leaves(const Graph& graph, const std::vector<std::string>& names,
+                           uint64_t seed) {
+  Environment environment;
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> uniform(-1.5, 1.5);
+  for (const std::string& name : names) {
+    HostTensor value(graph.type(graph.find_leaf(name)).shape);
+    for (double& element : value.data) element = uniform(generator);
+    environment.leaves[name] = value;
+  }
+  return environment;
+}
+
 // Half activations (on an H200-like GPU with the workgroup GEMM): a value that
 // several kernels read is stored in f16 where its producer and every reader convert in
 // registers (an elementwise value that Winograd's f16 tiles read too, products of f16 operands,
@@ -1943,11 +1962,10 @@ TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
 // computes what the same graph computes with those values rounded to f16 (built by hand below),
 // and each widening of an f16 value has one reader.
 TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
-  const auto rounded = [](Graph& graph, Tensor value) {
-    return Tensor(&graph, graph.add("widen_f16", {graph.add("round_to_f16", {value.id()})}));
-  };
   const auto block = [&](Graph& graph, bool round_by_hand) {
-    const auto kept = [&](Tensor value) { return round_by_hand ? rounded(graph, value) : value; };
+    const auto kept = [&](Tensor value) {
+      return round_by_hand ? rounded_by_hand(graph, value) : value;
+    };
     const Tensor x = input(graph, "x", {4, 8, 48, 48});
     const Tensor c = input(graph, "c", {8, 1, 1});
     const Tensor a = kept(x * c);
@@ -1988,15 +2006,10 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   Graph graph, by_hand;
   block(graph, false);
   block(by_hand, true);
-  Environment environment;
-  std::mt19937_64 generator(37);
-  std::uniform_real_distribution<double> uniform(-1.5, 1.5);
-  for (const char* name :
-       {"x", "c", "weights", "images", "filter_points", "tile_points", "rows", "columns", "bias"}) {
-    HostTensor value(graph.type(graph.find_leaf(name)).shape);
-    for (double& element : value.data) element = uniform(generator);
-    environment.leaves[name] = value;
-  }
+  const Environment environment = uniform_leaves(
+      graph,
+      {"x", "c", "weights", "images", "filter_points", "tile_points", "rows", "columns", "bias"},
+      37);
   // One compute unit: the product, two blocks, fills it.
   const Graph rewritten =
       passes::half_activations(graph, vulkan::VulkanTarget(workgroup_capable(1)));
@@ -2203,11 +2216,10 @@ TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
 // computes, on the f64 reference, what the same graph computes with the rewritten products'
 // operands rounded to f16 (built by hand below).
 TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
-  const auto rounded = [](Graph& graph, Tensor value) {
-    return Tensor(&graph, graph.add("widen_f16", {graph.add("round_to_f16", {value.id()})}));
-  };
   const auto block = [&](Graph& graph, bool round_by_hand) {
-    const auto half = [&](Tensor value) { return round_by_hand ? rounded(graph, value) : value; };
+    const auto half = [&](Tensor value) {
+      return round_by_hand ? rounded_by_hand(graph, value) : value;
+    };
     const Tensor x = input(graph, "x", {2, 32, 64});
     const Tensor w_q = parameter(graph, "w_q", {64, 64}, Init::uniform(-1, 1));
     const Tensor w_k{&graph, graph.state("w_k", {DType::f32, {64, 64}}, Init::uniform(-1, 1))};
@@ -2235,14 +2247,8 @@ TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
   Graph graph, by_hand;
   block(graph, false);
   block(by_hand, true);
-  Environment environment;
-  std::mt19937_64 generator(41);
-  std::uniform_real_distribution<double> uniform(-1.5, 1.5);
-  for (const char* name : {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty"}) {
-    HostTensor value(graph.type(graph.find_leaf(name)).shape);
-    for (double& element : value.data) element = uniform(generator);
-    environment.leaves[name] = value;
-  }
+  const Environment environment =
+      uniform_leaves(graph, {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty"}, 41);
   target::DeviceTraits fast = h200_like(1);
   fast.coop_matrix_f16_khr = true;
   fast.fast_precision = true;
