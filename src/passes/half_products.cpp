@@ -7,6 +7,7 @@
 // store. Every product reads the values it read before, rounded as the GEMM rounded them.
 // A frozen weight is then stored twice, in f32 (the parameter) and in f16 (the setup's result).
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include "ir/op_names.hpp"
@@ -62,21 +63,12 @@ class HalfProducts {
 
  private:
   bool is_candidate_product(const Node& node) const {
-    if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
-        node.type.dtype != DType::f32)
-      return false;
-    const TensorType& a = graph_.type(node.inputs[0]);
-    const TensorType& b = graph_.type(node.inputs[1]);
-    if (a.rank() != 2 || b.rank() != 2 || a.dtype != DType::f32 || b.dtype != DType::f32)
-      return false;
-    const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
-    const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
-    const int64_t m = node.type.shape[0], n = node.type.shape[1];
-    const int64_t k = a.shape[transpose_a ? 0 : 1];
+    const std::optional<WholeProduct> product = whole_f32_product(graph_, node);
     // Whole units of 8 halves along every extent: the GEMM then loads f16 operands 16 bytes at
     // a time.
-    return m % 8 == 0 && n % 8 == 0 && k % 8 == 0 &&
-           device_.subgroup_gemm_takes_product(m, n, k, transpose_b);
+    return product && product->m % 8 == 0 && product->n % 8 == 0 && product->k % 8 == 0 &&
+           device_.subgroup_gemm_takes_product(product->m, product->n, product->k,
+                                               product->transpose_b);
   }
 
   // A parameter, state or constant that no assignment updates.

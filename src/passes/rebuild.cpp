@@ -49,4 +49,18 @@ ValueId sum_leading_axis(Graph& target, ValueId value) {
                     {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
 }
 
+std::optional<WholeProduct> whole_f32_product(const Graph& graph, const Node& node) {
+  if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
+      node.type.dtype != DType::f32)
+    return std::nullopt;
+  const TensorType& a = graph.type(node.inputs[0]);
+  const TensorType& b = graph.type(node.inputs[1]);
+  if (a.rank() != 2 || b.rank() != 2) return std::nullopt;
+  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
+  return WholeProduct{.m = node.type.shape[0],
+                      .n = node.type.shape[1],
+                      .k = a.shape[transpose_a ? 0 : 1],
+                      .transpose_b = node.attrs.get_int("transpose_b", 0) != 0};
+}
+
 }  // namespace mg::passes

@@ -2,6 +2,7 @@
 // Shared machinery of the passes: copy a graph node by node into a new one, remapping inputs,
 // outputs and assignments.
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "meganeura/graph.hpp"
@@ -23,6 +24,14 @@ Graph unchanged(Graph graph, std::vector<ValueId>* remap);
 // A sum over the leading axis of `value` (split partial results, a batch of per-image
 // products), appended to `target`.
 ValueId sum_leading_axis(Graph& target, ValueId value);
+
+// A 2-D f32 matmul of 2-D operands over its whole K (no k_splits): C[m, n] over k, B stored
+// [n, k] where transpose_b says.
+struct WholeProduct {
+  int64_t m = 0, n = 0, k = 0;
+  bool transpose_b = false;
+};
+std::optional<WholeProduct> whole_f32_product(const Graph& graph, const Node& node);
 
 // Composes remaps: first then second.
 std::vector<ValueId> compose(const std::vector<ValueId>& first, const std::vector<ValueId>& second);

@@ -16,16 +16,9 @@ namespace {
 // Whether `node`, its inputs values of `graph`, is a 2-D f32 matmul that suits the workgroup GEMM
 // on `device`.
 bool takes_workgroup_gemm(const Graph& graph, const Node& node, const target::Target& device) {
-  if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
-      node.type.dtype != DType::f32)
-    return false;
-  const TensorType& a = graph.type(node.inputs[0]);
-  const TensorType& b = graph.type(node.inputs[1]);
-  if (a.rank() != 2 || b.rank() != 2) return false;
-  const bool transpose_a = node.attrs.get_int("transpose_a", 0) != 0;
-  const int64_t k = a.shape[transpose_a ? 0 : 1];
-  return device.workgroup_gemm_suits(node.type.shape[0], node.type.shape[1], k,
-                                     target::OperandsIn::f32);
+  const std::optional<WholeProduct> product = whole_f32_product(graph, node);
+  return product &&
+         device.workgroup_gemm_suits(product->m, product->n, product->k, target::OperandsIn::f32);
 }
 
 bool is_winograd_points(const Node& node) {
