@@ -91,6 +91,7 @@ nlohmann::json bench_llama(const std::string& name, const nlohmann::json& config
   const BuildReport& report = training.report();
   nlohmann::json memory = planner_json(report);
   memory["training_device_bytes"] = device_bytes(report);
+  memory["inference_device_bytes"] = device_bytes(inference.report());
   return {{"framework", "meganeura"},
           {"model", name},
           {"mode", mode},

@@ -26,8 +26,22 @@ class HalfProducts {
     for (const auto& [leaf, value] : graph.updates()) updated_[leaf] = true;
   }
 
-  // The products to rewrite, by the graph's ids.
-  std::vector<bool> choose() const {
+  // The products to rewrite and the values their f16 operands round (what their operands view),
+  // by the graph's ids.
+  struct Choice {
+    std::vector<bool> products, rounded;
+  };
+  Choice choose() const {
+    Choice choice{products(), std::vector<bool>(graph_.size(), false)};
+    for (size_t i = 0; i < graph_.size(); ++i)
+      if (choice.products[i])
+        for (ValueId input : graph_.node(static_cast<ValueId>(i)).inputs)
+          choice.rounded[values_.storage_source(input)] = true;
+    return choice;
+  }
+
+ private:
+  std::vector<bool> products() const {
     const size_t size = graph_.size();
     std::vector<bool> product(size, false), operand(size, false);
     for (size_t i = 0; i < size; ++i) {
@@ -61,12 +75,11 @@ class HalfProducts {
     return product;
   }
 
- private:
   bool is_candidate_product(const Node& node) const {
     const std::optional<WholeProduct> product = whole_f32_product(graph_, node);
-    // Whole units of 8 halves along every extent: the GEMM then loads f16 operands 16 bytes at
-    // a time.
-    return product && product->m % 8 == 0 && product->n % 8 == 0 && product->k % 8 == 0 &&
+    // Whole units of 8 halves along each operand's contiguous extent: the GEMM then loads f16
+    // operands 16 bytes at a time, whatever the other extents (SmolVLA's 50 action rows).
+    return product && product->a_run() % 8 == 0 && product->b_run() % 8 == 0 &&
            device_.subgroup_gemm_takes_product(product->m, product->n, product->k,
                                                product->transpose_b);
   }
@@ -95,15 +108,14 @@ class HalfProducts {
 };
 
 // The f16 operand of a product in `target` for f32 `value`: the rounding of the value its views
-// read, seen through the same views; one rounding and one view chain for all of its readers.
+// read (made where that value is), seen through the same views; one view chain for all of its
+// readers.
 ValueId half_operand(Graph& target, ValueId value, std::unordered_map<ValueId, ValueId>& halves) {
   if (auto it = halves.find(value); it != halves.end()) return it->second;
   // Copies: adding nodes may move the graph's nodes.
   const Node view = target.node(value);
   const ValueId half =
-      is_view_op(view.op)
-          ? target.add(view.op, {half_operand(target, view.inputs[0], halves)}, view.attrs)
-          : target.add(op::round_to_f16, {value});
+      target.add(view.op, {half_operand(target, view.inputs[0], halves)}, view.attrs);
   halves.emplace(value, half);
   return half;
 }
@@ -111,7 +123,7 @@ ValueId half_operand(Graph& target, ValueId value, std::unordered_map<ValueId, V
 }  // namespace
 
 Graph half_products(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
-  const std::vector<bool> is_product = HalfProducts(graph, device).choose();
+  const auto [is_product, is_rounded] = HalfProducts(graph, device).choose();
   if (std::none_of(is_product.begin(), is_product.end(), [](bool chosen) { return chosen; }))
     return unchanged(std::move(graph), remap);
   std::unordered_map<ValueId, ValueId> halves;  // f32 value in the target -> its f16 operand
@@ -120,6 +132,13 @@ Graph half_products(Graph graph, const target::Target& device, std::vector<Value
   Graph result = rebuild(
       std::move(graph), keep,
       [&](Graph& target, ValueId old_id, Node node) {
+        if (is_rounded[old_id]) {
+          // Rounded where it is made, before any of its readers: fusion merges kernels whose
+          // readers all follow them (two gradients of one SwiGLU into one launch).
+          const ValueId value = target.add_typed(std::move(node));
+          halves.emplace(value, target.add(op::round_to_f16, {value}));
+          return value;
+        }
         if (!is_product[old_id]) return target.add_typed(std::move(node));
         std::vector<ValueId> operands;
         for (ValueId input : node.inputs) operands.push_back(half_operand(target, input, halves));

@@ -60,6 +60,7 @@ std::optional<WholeProduct> whole_f32_product(const Graph& graph, const Node& no
   return WholeProduct{.m = node.type.shape[0],
                       .n = node.type.shape[1],
                       .k = a.shape[transpose_a ? 0 : 1],
+                      .transpose_a = transpose_a,
                       .transpose_b = node.attrs.get_int("transpose_b", 0) != 0};
 }
 

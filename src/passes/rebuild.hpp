@@ -25,11 +25,15 @@ Graph unchanged(Graph graph, std::vector<ValueId>* remap);
 // products), appended to `target`.
 ValueId sum_leading_axis(Graph& target, ValueId value);
 
-// A 2-D f32 matmul of 2-D operands over its whole K (no k_splits): C[m, n] over k, B stored
-// [n, k] where transpose_b says.
+// A 2-D f32 matmul of 2-D operands over its whole K (no k_splits): C[m, n] over k, A stored
+// [k, m] where transpose_a says, B stored [n, k] where transpose_b says.
 struct WholeProduct {
   int64_t m = 0, n = 0, k = 0;
-  bool transpose_b = false;
+  bool transpose_a = false, transpose_b = false;
+
+  // The extents along which each operand is contiguous in memory.
+  int64_t a_run() const { return transpose_a ? m : k; }
+  int64_t b_run() const { return transpose_b ? k : n; }
 };
 std::optional<WholeProduct> whole_f32_product(const Graph& graph, const Node& node);
 

@@ -2394,13 +2394,15 @@ TEST_F(GpuCoopMatrix, PointwiseConvolutionOnF16ImagesOneAnImage) {
 // size rule, or off its blocks) run on the subgroup-scope GEMM as they are, in every
 // transposition, with each width of load (8 halves, 4, 1), against the f64 product rounded to
 // f16: one dispatch, or two where K is long enough to split (f32 partial products, then their
-// sum rounded to f16, sum_to_f16).
+// sum rounded to f16, sum_to_f16). Units of 8 halves need only the operands' contiguous extents
+// to be multiples of 8: 50 rows (SmolVLA's action chunk) read them where A is not transposed.
 TEST_F(GpuCoopMatrix, SubgroupGemmOfF16Tensors) {
   if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
   uint64_t seed = 70;
   for (const auto& [m, n, k, launches] :
        {std::tuple{128, 576, 192, 1}, std::tuple{132, 68, 36, 1}, std::tuple{130, 66, 34, 1},
-        std::tuple{64, 96, 2048, 2}, std::tuple{60, 92, 2044, 2}}) {
+        std::tuple{50, 96, 200, 1}, std::tuple{64, 96, 2048, 2}, std::tuple{60, 92, 2044, 2},
+        std::tuple{50, 96, 2048, 2}}) {
     for (int flags = 0; flags < 4; ++flags) {
       const bool ta = flags & 1, tb = flags & 2;
       SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +

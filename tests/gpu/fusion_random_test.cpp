@@ -441,6 +441,30 @@ TEST(GpuFusion, SiblingDagsShareOneLaunch) {
   EXPECT_LT(fused, unfused);
 }
 
+// The same gradients rounded to f16, as products that read f16 operands take them
+// (passes/half_products.cpp): du and dg each end in a rounding and are read by a transpose, and
+// still share one launch, which sums dh's partials too. Against the reference's rounded values.
+TEST(GpuFusion, SiblingDagsRoundedToF16ShareOneLaunch) {
+  const std::vector<HarnessInput> inputs{
+      {"a", {6, 512}}, {"w", {512, 24}}, {"g", {6, 24}}, {"u", {6, 24}}};
+  const auto build = [](Graph& graph, std::vector<Tensor>& x) {
+    const Tensor dh = matmul(x[0], x[1]);
+    const Tensor s = sigmoid(x[2]);
+    const Tensor du = cast(dh * (x[2] * s), DType::f16);
+    const Tensor dg = cast(dh * x[3] * s * (1.0 + x[2] * (1.0 - s)), DType::f16);
+    graph.set_output("du", transpose(du, {1, 0}).id());
+    graph.set_output("dg", transpose(dg, {1, 0}).id());
+  };
+  const ScopedSwitch split("MEGANEURA_SPLIT_K", "1");
+  const ScopedSwitch slices("MEGANEURA_SPLIT_K_SLICES", "3");
+  size_t dispatches = 0;
+  std::string list;
+  check_on_gpu(inputs, build, 1e-3, 43, {}, &dispatches, true, &list);
+  EXPECT_EQ(lines_with(list, {"pointwise"}), 1u) << list;
+  EXPECT_EQ(lines_with(list, {"sigmoid %"}), 0u) << list;
+  EXPECT_EQ(lines_with(list, {"sum %"}), 0u) << list;
+}
+
 // A batch norm's backward over its per-channel vectors: A = rstd w, B = -A rstd S2 / n and
 // C = -A S1 / n, read broadcast by dx = g A + x B + C. B's DAG computes A and writes it beside
 // for dx; C's DAG reads A too and joins B's kernel as its sibling, which computes A once for

@@ -2210,9 +2210,10 @@ TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
 // Half products (on an H200-like GPU of one compute unit, in fast precision): a product whose
 // operands are a weight no assignment updates (a parameter or a state) and a layer norm's or an
 // elementwise result that only such products read, through a reshape, becomes a half_matmul of
-// their roundings, one rounding an operand however many products read it. A product of a host
-// input, of an updated weight, of a value something else reads too, and of extents off the
-// multiples of 8 keeps its f32 operands; a strict device rewrites nothing. The rewritten graph
+// their roundings, one rounding an operand however many products read it, whatever its number
+// of rows (60 too). A product of a host input, of an updated weight, of a value something else
+// reads too, and over a K off the multiples of 8 (the extent along which both operands lie in
+// memory) keeps its f32 operands; a strict device rewrites nothing. The rewritten graph
 // computes, on the f64 reference, what the same graph computes with the rewritten products'
 // operands rounded to f16 (built by hand below).
 TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
@@ -2232,7 +2233,9 @@ TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
     const Tensor up = half(gelu(matmul(normed, half(w_up), false, true)));
     const Tensor down = matmul(up, half(w_down), false, true);
     graph.set_output("qk", (q * k + down).id());
-    // Kept: a host input, an updated weight, a value that a sum reads too, 60 rows.
+    const Tensor sixty = reshape(input(graph, "sixty", {60, 64}), {60, 64});
+    graph.set_output("of_sixty", matmul(half(sigmoid(sixty)), half(w_q), false, true).id());
+    // Kept: a host input, an updated weight, a value that a sum reads too, a K of 60.
     const Tensor rows = reshape(x, {64, 64});
     graph.set_output("of_input", matmul(rows, w_q, false, true).id());
     const Tensor trained = matmul(tanh(rows), w_trained, false, true);
@@ -2241,23 +2244,24 @@ TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
     const Tensor shared = exp(rows * 0.25);
     graph.set_output("of_shared", matmul(shared, w_q, false, true).id());
     graph.set_output("shared_sum", sum(shared, {0}).id());
-    const Tensor sixty = reshape(input(graph, "sixty", {60, 64}), {60, 64});
-    graph.set_output("of_sixty", matmul(sigmoid(sixty), w_q, false, true).id());
+    const Tensor w_narrow = parameter(graph, "w_narrow", {64, 60}, Init::uniform(-1, 1));
+    const Tensor narrow = reshape(input(graph, "narrow", {64, 60}), {64, 60});
+    graph.set_output("of_narrow", matmul(sigmoid(narrow), w_narrow, false, true).id());
   };
   Graph graph, by_hand;
   block(graph, false);
   block(by_hand, true);
-  const Environment environment =
-      uniform_leaves(graph, {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty"}, 41);
+  const Environment environment = uniform_leaves(
+      graph, {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty", "w_narrow", "narrow"}, 41);
   target::DeviceTraits fast = h200_like(1);
   fast.coop_matrix_f16_khr = true;
   fast.fast_precision = true;
   const Graph rewritten = passes::half_products(graph, vulkan::VulkanTarget(fast));
   verify(rewritten);
-  EXPECT_EQ(count_of(rewritten, "half_matmul"), 4u);
+  EXPECT_EQ(count_of(rewritten, "half_matmul"), 5u);
   EXPECT_EQ(count_of(rewritten, "matmul"), 4u);
-  // The layer norm's, the GELU's and the four weights'.
-  EXPECT_EQ(count_of(rewritten, "round_to_f16"), 6u);
+  // The layer norm's, the GELU's, the sigmoid's and the four weights'.
+  EXPECT_EQ(count_of(rewritten, "round_to_f16"), 7u);
   expect_same_outputs(by_hand, rewritten, environment);
 
   const Graph strict = passes::half_products(graph, vulkan::VulkanTarget(h200_like(1)));

@@ -456,13 +456,18 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // DAG's result: one launch instead of two, and the shared input, a split-K sum, then has all
   // its readers in one kernel (below). Its readers must follow the later DAG; where that DAG
   // reads one of its values (a batch norm's per-channel A = rstd * weight, which the DAG of B
-  // writes beside and C's reads), the merged kernel computes it once for both.
+  // writes beside and C's reads), the merged kernel computes it once for both. Either DAG may
+  // end in a rounding to f16 (products that read f16 operands: passes/half_products.cpp), which
+  // the merged kernel then writes in f16.
+  const auto f32_or_rounded = [&](ValueId value) {
+    return graph.type(value).dtype == DType::f32 || graph.node(value).op == op::round_to_f16;
+  };
   Siblings siblings_of;
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
       const ValueId id = static_cast<ValueId>(i);
-      if (!is_pointwise_op(node.op) || node.type.dtype != DType::f32 || is_fused(id) ||
+      if (!is_pointwise_op(node.op) || !f32_or_rounded(id) || is_fused(id) ||
           consumer_lists[i].empty() || epilogue_of_root.count(id) != 0 ||
           siblings_of.count(id) != 0)
         continue;
@@ -474,9 +479,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         for (ValueId reader : consumer_lists[value]) {
           if (!is_pointwise_op(graph.node(reader).op)) continue;
           const ValueId root = dag_root(reader);
-          if (root > id && graph.type(root).shape == node.type.shape &&
-              graph.type(root).dtype == DType::f32 && epilogue_of_root.count(root) == 0 &&
-              (later == kNoValue || root < later))
+          if (root > id && graph.type(root).shape == node.type.shape && f32_or_rounded(root) &&
+              epilogue_of_root.count(root) == 0 && (later == kNoValue || root < later))
             later = root;
         }
       }

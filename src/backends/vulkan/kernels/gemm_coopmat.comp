@@ -23,9 +23,9 @@
 // elements of that operand at a time through load_a4 / load_b4: its contiguous extent is a
 // multiple of 4, so a vec4 lies wholly inside or outside each edge), WHOLE_BLOCKS (no block
 // reaches past an edge, so loads need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c
-// holds C row-major, entry after entry), HALF_UNITS (the operands are f16 in memory and every
-// extent a multiple of 8: each unit of 8 halves is read as one uvec4 through load_a8 / load_b8
-// and stored as it is, without the f32 round trip), BFLOAT16_FRAGMENTS (below). The lowering
+// holds C row-major, entry after entry), HALF_UNITS (the operands are f16 in memory and each
+// one's contiguous extent a multiple of 8: each unit of 8 halves is read as one uvec4 through
+// load_a8 / load_b8 and stored as it is, without the f32 round trip), BFLOAT16_FRAGMENTS (below). The lowering
 // (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), with VECTOR_A

@@ -121,7 +121,7 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
 // load_b(z, k, n) (and, with `vector_a` and `vector_b`, the vec4 load_a4 and load_b4, `k` then
 // a multiple of 4 where the operand is contiguous along it; with `half_units`, the uvec4 load_a8
-// and load_b8 of 8 halves, `k` a multiple of 8) for
+// and load_b8 of 8 halves, `k` a multiple of 8 where the operand is contiguous along it) for
 // `entries` problems summing all of `k`; the result defines them for entries * splits
 // problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z is slice
 // z / entries of problem z % entries: loads shift k into the slice and read zero past `k`.

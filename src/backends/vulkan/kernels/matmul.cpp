@@ -167,11 +167,10 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
     // transposed; B's n, or k where B is transposed), for the cooperative-matrix GEMM's vector
     // loads: with that extent a multiple of 4, a vec4 (or four halves) starts 16-byte (8-byte)
     // aligned and lies wholly inside or outside each edge, whatever the other extents (50
-    // action rows, a 113-token prefix). f16 operands with every extent a multiple of 8 are read
-    // 8 halves (one uvec4) at a time.
-    const bool half_units =
-        coop && half_operands && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && !packed_b;
+    // action rows, a 113-token prefix). f16 operands whose contiguous extents are both
+    // multiples of 8 are read 8 halves (one uvec4) at a time, likewise.
     const int64_t a_run = transpose_a ? m : k, b_run = transpose_b ? k : n;
+    const bool half_units = coop && half_operands && a_run % 8 == 0 && b_run % 8 == 0 && !packed_b;
     const bool vector_a = coop && !half_units && a_run % 4 == 0;
     const bool vector_b = coop && !half_units && b_run % 4 == 0;
     // `signature` returning the four elements of `operand` (binding `binding`) from `index`, a
