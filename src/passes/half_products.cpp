@@ -1,12 +1,14 @@
 // Half products (passes.hpp): in fast precision the subgroup-scope GEMM on cooperative matrices
-// rounds its f32 operands to f16 as it loads them. Where both operands of a product can be
-// stored in f16 for nothing, they are (round_to_f16) and the product becomes a half_matmul, which
-// loads half the bytes and converts nothing: a weight the program never updates, whose rounding
-// is a launch that the plan moves to setup, and a value that an elementwise kernel or a
-// normalisation computes and only such products read, whose rounding fuses into that kernel's
-// store. Every product reads the values it read before, rounded as the GEMM rounded them.
-// A frozen weight is then stored twice, in f32 (the parameter) and in f16 (the setup's result).
+// rounds its f32 operands to f16 as it loads them. Where an operand of a product can be stored
+// in f16 for nothing, it is (round_to_f16) and the product becomes a half_matmul, which loads
+// that operand in half the bytes and converts nothing, the other operand as before where it
+// cannot: a weight the program never updates, whose rounding is a launch that the plan moves to
+// setup, and a value that an elementwise kernel or a normalisation computes and only such
+// products read, whose rounding fuses into that kernel's store. Every product reads the values
+// it read before, rounded as the GEMM rounded them. A frozen weight is then stored twice, in f32
+// (the parameter) and in f16 (the setup's result).
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <unordered_map>
 
@@ -26,62 +28,77 @@ class HalfProducts {
     for (const auto& [leaf, value] : graph.updates()) updated_[leaf] = true;
   }
 
-  // The products to rewrite and the values their f16 operands round (what their operands view),
-  // by the graph's ids.
+  // The products to rewrite, each with which of its two operands it reads in f16 (bit 0: A,
+  // bit 1: B; 0: not rewritten), and the values those operands round (what they view), by the
+  // graph's ids.
   struct Choice {
-    std::vector<bool> products, rounded;
+    std::vector<uint8_t> half_inputs;
+    std::vector<bool> rounded;
   };
   Choice choose() const {
-    Choice choice{products(), std::vector<bool>(graph_.size(), false)};
-    for (size_t i = 0; i < graph_.size(); ++i)
-      if (choice.products[i])
-        for (ValueId input : graph_.node(static_cast<ValueId>(i)).inputs)
-          choice.rounded[values_.storage_source(input)] = true;
-    return choice;
-  }
-
- private:
-  std::vector<bool> products() const {
     const size_t size = graph_.size();
-    std::vector<bool> product(size, false), operand(size, false);
+    std::vector<bool> candidate(size, false), operand(size, false);
     for (size_t i = 0; i < size; ++i) {
       const ValueId id = static_cast<ValueId>(i);
-      product[i] = is_candidate_product(graph_.node(id));
+      candidate[i] = is_candidate_product(graph_.node(id));
       operand[i] = may_round_for_nothing(id);
     }
-    // A product keeps f16 operands only if both round for nothing; a computed operand rounds for
-    // nothing only if every kernel that reads it is such a product. Dropping one may drop others.
+    // A candidate product reads an operand in f16 where that operand rounds for nothing and lies
+    // in whole units of 8 halves; a computed operand rounds for nothing only if every kernel
+    // that reads it is a product that reads it so. Dropping one may drop others.
+    const auto half_inputs_of = [&](ValueId product) {
+      uint8_t mask = 0;
+      if (!candidate[product]) return mask;
+      const Node& node = graph_.node(product);
+      for (size_t j = 0; j < 2; ++j)
+        if (operand[values_.storage_source(node.inputs[j])] && in_units(node, j))
+          mask |= static_cast<uint8_t>(1u << j);
+      return mask;
+    };
     for (bool changed = true; changed;) {
       changed = false;
       for (size_t i = 0; i < size; ++i) {
         const ValueId id = static_cast<ValueId>(i);
-        const Node& node = graph_.node(id);
-        if (product[i]) {
-          if (!std::all_of(node.inputs.begin(), node.inputs.end(),
-                           [&](ValueId input) { return operand[values_.storage_source(input)]; })) {
-            product[i] = false;
-            changed = true;
-          }
-        } else if (operand[i] && !is_fixed(id)) {
-          const std::vector<ValueId> readers = values_.kernel_readers(id);
-          if (!std::all_of(readers.begin(), readers.end(),
-                           [&](ValueId reader) { return product[reader]; })) {
-            operand[i] = false;
-            changed = true;
-          }
+        if (!operand[i] || is_fixed(id)) continue;
+        const std::vector<ValueId> readers = values_.kernel_readers(id);
+        const bool read_in_f16 = std::all_of(readers.begin(), readers.end(), [&](ValueId reader) {
+          const Node& node = graph_.node(reader);
+          const uint8_t mask = half_inputs_of(reader);
+          for (size_t j = 0; j < node.inputs.size(); ++j)
+            if (values_.storage_source(node.inputs[j]) == id && (j > 1 || !(mask & (1u << j))))
+              return false;
+          return mask != 0;
+        });
+        if (!read_in_f16) {
+          operand[i] = false;
+          changed = true;
         }
       }
     }
-    return product;
+    Choice choice{std::vector<uint8_t>(size, 0), std::vector<bool>(size, false)};
+    for (size_t i = 0; i < size; ++i) {
+      const ValueId id = static_cast<ValueId>(i);
+      choice.half_inputs[i] = half_inputs_of(id);
+      for (size_t j = 0; j < 2; ++j)
+        if (choice.half_inputs[i] & (1u << j))
+          choice.rounded[values_.storage_source(graph_.node(id).inputs[j])] = true;
+    }
+    return choice;
   }
 
+ private:
   bool is_candidate_product(const Node& node) const {
     const std::optional<WholeProduct> product = whole_f32_product(graph_, node);
-    // Whole units of 8 halves along each operand's contiguous extent: the GEMM then loads f16
-    // operands 16 bytes at a time, whatever the other extents (SmolVLA's 50 action rows).
-    return product && product->a_run() % 8 == 0 && product->b_run() % 8 == 0 &&
-           device_.subgroup_gemm_takes_product(product->m, product->n, product->k,
-                                               product->transpose_b);
+    return product && device_.subgroup_gemm_takes_product(product->m, product->n, product->k,
+                                                          product->transpose_b);
+  }
+
+  // Whether operand `j` of candidate product `node` lies in whole units of 8 halves along its
+  // contiguous extent, which the GEMM then loads 16 bytes at a time, whatever the other extents
+  // (SmolVLA's 50 action rows).
+  bool in_units(const Node& node, size_t j) const {
+    const WholeProduct product = *whole_f32_product(graph_, node);
+    return (j == 0 ? product.a_run() : product.b_run()) % 8 == 0;
   }
 
   // A parameter, state or constant that no assignment updates.
@@ -123,8 +140,8 @@ ValueId half_operand(Graph& target, ValueId value, std::unordered_map<ValueId, V
 }  // namespace
 
 Graph half_products(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
-  const auto [is_product, is_rounded] = HalfProducts(graph, device).choose();
-  if (std::none_of(is_product.begin(), is_product.end(), [](bool chosen) { return chosen; }))
+  const auto [half_inputs, is_rounded] = HalfProducts(graph, device).choose();
+  if (std::none_of(half_inputs.begin(), half_inputs.end(), [](uint8_t mask) { return mask != 0; }))
     return unchanged(std::move(graph), remap);
   std::unordered_map<ValueId, ValueId> halves;  // f32 value in the target -> its f16 operand
   const std::vector<bool> keep(graph.size(), true);
@@ -139,9 +156,11 @@ Graph half_products(Graph graph, const target::Target& device, std::vector<Value
           halves.emplace(value, target.add(op::round_to_f16, {value}));
           return value;
         }
-        if (!is_product[old_id]) return target.add_typed(std::move(node));
-        std::vector<ValueId> operands;
-        for (ValueId input : node.inputs) operands.push_back(half_operand(target, input, halves));
+        const uint8_t mask = half_inputs[old_id];
+        if (mask == 0) return target.add_typed(std::move(node));
+        std::vector<ValueId> operands = node.inputs;
+        for (size_t j = 0; j < 2; ++j)
+          if (mask & (1u << j)) operands[j] = half_operand(target, operands[j], halves);
         return target.add(op::half_matmul, std::move(operands), node.attrs);
       },
       remap ? &rewritten : nullptr);

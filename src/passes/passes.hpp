@@ -56,11 +56,13 @@ Graph workgroup_gemm(Graph graph, const target::Target& device,
                      std::vector<ValueId>* remap = nullptr);
 
 // Half products: in fast precision, a 2-D matmul on the subgroup-scope cooperative-matrix GEMM
-// (target::Target::subgroup_gemm_takes_product) whose operands can both be stored in f16 for
-// nothing becomes round_to_f16 of each and a half_matmul: a parameter or constant that no
-// assignment updates (its rounding moves to the plan's setup), or an elementwise or
-// normalisation result that only such products read (its rounding fuses into its kernel's
-// store). The products round their operands as before (see half_products.cpp).
+// (target::Target::subgroup_gemm_takes_product) with an operand that can be stored in f16 for
+// nothing, in whole units of 8 halves along its contiguous extent, becomes a half_matmul of
+// that operand's round_to_f16 (of each such operand) and the other as it is: a parameter or
+// constant that no assignment updates (its rounding moves to the plan's setup), or an
+// elementwise or normalisation result that only such products read in f16 (its rounding fuses
+// into its kernel's store). The products round their operands as before (see
+// half_products.cpp).
 Graph half_products(Graph graph, const target::Target& device,
                     std::vector<ValueId>* remap = nullptr);
 

@@ -1147,17 +1147,45 @@ TEST_F(CoopMatrixLowering, F16TensorsRefusedWithoutF16Support) {
   }
 }
 
+// Loads of a subgroup-scope GEMM over operands whose contiguous extents are `a_run` and `b_run`,
+// f16 where `half_a` / `half_b`: an f16 operand eight halves at a time (stored to shared memory as
+// they are) where its extent is a multiple of 8, four at a time where it is a multiple of 4; an
+// f32 one as vec4s where its extent is a multiple of 4. It compiles to valid NV SPIR-V and
+// well-formed KHR SPIR-V.
+void expect_operand_loads(const Graph& graph, const kernels::Launch& launch, int64_t a_run,
+                          int64_t b_run, bool half_a, bool half_b) {
+  const bool a_units = half_a && a_run % 8 == 0, b_units = half_b && b_run % 8 == 0;
+  EXPECT_EQ(define_of(launch, "HALF_A_UNITS"), a_units ? "1" : "0");
+  EXPECT_EQ(define_of(launch, "HALF_B_UNITS"), b_units ? "1" : "0");
+  EXPECT_EQ(launch.body.find("a_units") != std::string::npos, a_units);
+  EXPECT_EQ(launch.body.find("b_units") != std::string::npos, b_units);
+  EXPECT_EQ(launch.body.find("a_halves4") != std::string::npos,
+            half_a && !a_units && a_run % 4 == 0);
+  EXPECT_EQ(launch.body.find("b_halves4") != std::string::npos,
+            half_b && !b_units && b_run % 4 == 0);
+  EXPECT_EQ(launch.body.find("vec4 load_a4") != std::string::npos, !a_units && a_run % 4 == 0);
+  EXPECT_EQ(launch.body.find("vec4 load_b4") != std::string::npos, !b_units && b_run % 4 == 0);
+  const std::string declarations = kernels::buffer_declarations(graph, launch);
+  EXPECT_NE(declarations.find(half_a ? "float16_t a[]" : "float a[]"), std::string::npos)
+      << declarations;
+  EXPECT_NE(declarations.find(half_b ? "float16_t b[]" : "float b[]"), std::string::npos)
+      << declarations;
+  const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(graph, launch));  // validated
+  expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
+                    gemm_column_major_loads(launch));
+}
+
 // A product of f16 tensors into an f16 result that the workgroup GEMM does not take runs on the
-// subgroup-scope GEMM as it is: one launch with f16 buffers, reading the operands as halves
-// (eight at a time, stored to shared memory as they are, where every extent is a multiple of 8;
-// four at a time where it is a multiple of 4) and rounding each stored value to f16 (never
-// storing f32 fragments straight into the f16 result). It compiles to valid NV SPIR-V and
-// well-formed KHR SPIR-V in every transposition.
+// subgroup-scope GEMM as it is: one launch with f16 buffers, reading the operands as halves and
+// rounding each stored value to f16 (never storing f32 fragments straight into the f16 result),
+// in every transposition. A half product of one f16 and one f32 operand (passes/half_products.cpp)
+// reads each operand by its own type and extent into an f32 result.
 TEST_F(CoopMatrixLowering, HalfMatmulOnSubgroupsReadsAndWritesF16) {
-  for (const auto& [m, n, k] :
-       {std::tuple{128, 192, 96}, std::tuple{132, 68, 36}, std::tuple{130, 66, 34}}) {
+  for (const auto& [m, n, k] : {std::tuple{128, 192, 96}, std::tuple{132, 68, 36},
+                                std::tuple{130, 66, 34}, std::tuple{50, 96, 200}}) {
     for (int flags = 0; flags < 4; ++flags) {
       const bool ta = flags & 1, tb = flags & 2;
+      const int64_t a_run = ta ? m : k, b_run = tb ? k : n;
       SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
                    " flags " + std::to_string(flags));
       Graph graph;
@@ -1178,16 +1206,25 @@ TEST_F(CoopMatrixLowering, HalfMatmulOnSubgroupsReadsAndWritesF16) {
       EXPECT_NE(declarations.find("float16_t c[]"), std::string::npos) << declarations;
       EXPECT_NE(launch.body.find("= float16_t(value)"), std::string::npos);
       EXPECT_EQ(define_of(launch, "DIRECT_STORE"), "0");
-      const bool units = m % 8 == 0 && n % 8 == 0 && k % 8 == 0;
-      const bool quads = !units && m % 4 == 0 && n % 4 == 0 && k % 4 == 0;
-      EXPECT_EQ(define_of(launch, "HALF_UNITS"), units ? "1" : "0");
-      EXPECT_EQ(launch.body.find("a_units") != std::string::npos, units);
-      EXPECT_EQ(launch.body.find("b_units") != std::string::npos, units);
-      EXPECT_EQ(launch.body.find("a_halves4") != std::string::npos, quads);
-      EXPECT_EQ(launch.body.find("b_halves4") != std::string::npos, quads);
-      const std::vector<uint32_t> nv = gpu::compile_glsl(spec_of(stored, launch));  // validated
-      expect_khr_module(gpu::detail::nv_to_khr_cooperative_matrix(nv), launch.label,
-                        gemm_column_major_loads(launch));
+      expect_operand_loads(stored, launch, a_run, b_run, true, true);
+
+      for (const bool half_a : {false, true}) {
+        SCOPED_TRACE(half_a ? "A f16, B f32" : "A f32, B f16");
+        Graph mixed;
+        const Tensor x =
+            input(mixed, "a", ta ? Shape{k, m} : Shape{m, k}, half_a ? DType::f16 : DType::f32);
+        const Tensor y =
+            input(mixed, "b", tb ? Shape{n, k} : Shape{k, n}, half_a ? DType::f32 : DType::f16);
+        const ValueId half_product =
+            mixed.add("half_matmul", {x.id(), y.id()},
+                      {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
+        mixed.set_output("c", half_product);
+        const std::vector<kernels::Launch> mixed_launches =
+            kernels::lower_node(mixed, half_product, testing::switched(coop_device()));
+        ASSERT_EQ(mixed_launches.size(), 1u);
+        EXPECT_TRUE(mixed_launches[0].f16_operands);
+        expect_operand_loads(mixed, mixed_launches[0], a_run, b_run, half_a, !half_a);
+      }
     }
   }
 }
@@ -2415,6 +2452,38 @@ TEST_F(GpuCoopMatrix, SubgroupGemmOfF16Tensors) {
             graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
           },
           1e-3, seed++, fast(), &dispatches, false);
+      EXPECT_EQ(dispatches, static_cast<size_t>(launches));
+    }
+  }
+}
+
+// Products of one f16 and one f32 operand (half products of a frozen weight beside an
+// activation, or of a rounded activation beside a trained weight: passes/half_products.cpp) on
+// the subgroup-scope GEMM, in every transposition, either operand f16, against the f64 product of
+// the values (the f32 operand rounded as the GEMM loads it): the f16 operand in units of 8 halves
+// where its contiguous extent allows (50 rows too), else 4 or 1 at a time; one dispatch, or two
+// where K is long enough to split.
+TEST_F(GpuCoopMatrix, SubgroupGemmOfOneF16Operand) {
+  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
+  uint64_t seed = 90;
+  for (const auto& [m, n, k, launches] :
+       {std::tuple{50, 96, 200, 1}, std::tuple{132, 68, 36, 1}, std::tuple{50, 96, 2048, 2},
+        std::tuple{60, 92, 2044, 2}}) {
+    for (int flags = 0; flags < 8; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2, half_b = flags & 4;
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                   " flags " + std::to_string(flags));
+      size_t dispatches = 0;
+      check_on_gpu(
+          {{"a", ta ? Shape{k, m} : Shape{m, k}, half_b ? DType::f32 : DType::f16},
+           {"b", tb ? Shape{n, k} : Shape{k, n}, half_b ? DType::f16 : DType::f32}},
+          [&](Graph& graph, std::vector<Tensor>& in) {
+            const ValueId product =
+                graph.add("half_matmul", {in[0].id(), in[1].id()},
+                          {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
+            graph.set_output("y", product);
+          },
+          3e-3, seed++, fast(), &dispatches, false);
       EXPECT_EQ(dispatches, static_cast<size_t>(launches));
     }
   }

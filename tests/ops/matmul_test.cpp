@@ -207,18 +207,20 @@ TEST(HalfGemm, RoundToF16ByHand) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(y.data[i], expected[i]) << "element " << i;
 }
 
-// half_matmul multiplies its f16 operands as matmul does, in every transposition, into f32.
+// half_matmul multiplies its f16 operands (or one f16 operand and one f32) as matmul does, in
+// every transposition, into f32.
 TEST(HalfGemm, HalfMatmulIsTheProductInF32) {
   const HostTensor a({2, 3}, {1, 2, 3, 4, 5, 6});
   const HostTensor a_t({3, 2}, {1, 4, 2, 5, 3, 6});
   const HostTensor b({3, 2}, {7, 8, 9, 10, 11, 12});
   const HostTensor b_t({2, 3}, {7, 9, 11, 8, 10, 12});
-  for (int flags = 0; flags < 4; ++flags) {
-    const bool ta = flags & 1, tb = flags & 2;
+  for (int flags = 0; flags < 16; ++flags) {
+    const bool ta = flags & 1, tb = flags & 2, f32_a = flags & 4, f32_b = flags & 8;
+    if (f32_a && f32_b) continue;
     Graph graph;
     Environment environment;
-    const Tensor x = input(graph, "a", (ta ? a_t : a).shape, DType::f16);
-    const Tensor y = input(graph, "b", (tb ? b_t : b).shape, DType::f16);
+    const Tensor x = input(graph, "a", (ta ? a_t : a).shape, f32_a ? DType::f32 : DType::f16);
+    const Tensor y = input(graph, "b", (tb ? b_t : b).shape, f32_b ? DType::f32 : DType::f16);
     environment.leaves["a"] = ta ? a_t : a;
     environment.leaves["b"] = tb ? b_t : b;
     const Tensor product = raw(graph, "half_matmul", {x.id(), y.id()},
@@ -236,9 +238,15 @@ TEST(HalfGemm, Misuse) {
   expect_error([&] { raw(graph, "round_to_f16", {h.id()}); }, {"round_to_f16", "rounds f32"});
   expect_error(
       [&] {
-        raw(graph, "half_matmul", {a.id(), h.id()});
+        raw(graph, "half_matmul", {a.id(), a.id()}, {{"transpose_b", int64_t{1}}});
       },
       {"half_matmul", "f16 operands", "round_to_f16"});
+  const Tensor indices = input(graph, "indices", {3, 2}, DType::i32);
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {h.id(), indices.id()});
+      },
+      {"half_matmul", "f16 operands", "one f32"});
   expect_error(
       [&] {
         raw(graph, "half_matmul", {h.id(), g.id()});

@@ -2207,15 +2207,15 @@ TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
   }
 }
 
-// Half products (on an H200-like GPU of one compute unit, in fast precision): a product whose
-// operands are a weight no assignment updates (a parameter or a state) and a layer norm's or an
-// elementwise result that only such products read, through a reshape, becomes a half_matmul of
-// their roundings, one rounding an operand however many products read it, whatever its number
-// of rows (60 too). A product of a host input, of an updated weight, of a value something else
-// reads too, and over a K off the multiples of 8 (the extent along which both operands lie in
-// memory) keeps its f32 operands; a strict device rewrites nothing. The rewritten graph
-// computes, on the f64 reference, what the same graph computes with the rewritten products'
-// operands rounded to f16 (built by hand below).
+// Half products (on an H200-like GPU of one compute unit, in fast precision): a product reads in
+// f16 each operand that costs nothing to store so, a weight no assignment updates (a parameter or
+// a state) and a layer norm's or an elementwise result that only such products read, through a
+// reshape, whatever its number of rows (60 too), one rounding an operand however many products
+// read it; its other operand stays f32 where it cannot (a host input, an updated weight, a value
+// something else reads too). A product over a K off the multiples of 8 (the extent along which
+// both operands lie in memory) keeps both f32; a strict device rewrites nothing. The rewritten
+// graph computes, on the f64 reference, what the same graph computes with those operands rounded
+// to f16 (built by hand below).
 TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
   const auto block = [&](Graph& graph, bool round_by_hand) {
     const auto half = [&](Tensor value) {
@@ -2235,15 +2235,16 @@ TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
     graph.set_output("qk", (q * k + down).id());
     const Tensor sixty = reshape(input(graph, "sixty", {60, 64}), {60, 64});
     graph.set_output("of_sixty", matmul(half(sigmoid(sixty)), half(w_q), false, true).id());
-    // Kept: a host input, an updated weight, a value that a sum reads too, a K of 60.
+    // One operand f16: beside a host input, an updated weight, a value that a sum reads too.
     const Tensor rows = reshape(x, {64, 64});
-    graph.set_output("of_input", matmul(rows, w_q, false, true).id());
-    const Tensor trained = matmul(tanh(rows), w_trained, false, true);
+    graph.set_output("of_input", matmul(rows, half(w_q), false, true).id());
+    const Tensor trained = matmul(half(tanh(rows)), w_trained, false, true);
     graph.set_output("of_trained", trained.id());
     graph.assign(w_trained.id(), (w_trained * 0.5).id());
     const Tensor shared = exp(rows * 0.25);
-    graph.set_output("of_shared", matmul(shared, w_q, false, true).id());
+    graph.set_output("of_shared", matmul(shared, half(w_q), false, true).id());
     graph.set_output("shared_sum", sum(shared, {0}).id());
+    // Kept: a K of 60.
     const Tensor w_narrow = parameter(graph, "w_narrow", {64, 60}, Init::uniform(-1, 1));
     const Tensor narrow = reshape(input(graph, "narrow", {64, 60}), {64, 60});
     graph.set_output("of_narrow", matmul(sigmoid(narrow), w_narrow, false, true).id());
@@ -2258,10 +2259,15 @@ TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
   fast.fast_precision = true;
   const Graph rewritten = passes::half_products(graph, vulkan::VulkanTarget(fast));
   verify(rewritten);
-  EXPECT_EQ(count_of(rewritten, "half_matmul"), 5u);
-  EXPECT_EQ(count_of(rewritten, "matmul"), 4u);
-  // The layer norm's, the GELU's, the sigmoid's and the four weights'.
-  EXPECT_EQ(count_of(rewritten, "round_to_f16"), 7u);
+  EXPECT_EQ(count_of(rewritten, "half_matmul"), 8u);
+  EXPECT_EQ(count_of(rewritten, "matmul"), 1u);
+  // The layer norm's, the GELU's, the sigmoid's, the tanh's and the four fixed weights'.
+  EXPECT_EQ(count_of(rewritten, "round_to_f16"), 8u);
+  size_t mixed = 0;
+  for (const Node& node : rewritten.nodes())
+    mixed += node.op == "half_matmul" &&
+             rewritten.type(node.inputs[0]).dtype != rewritten.type(node.inputs[1]).dtype;
+  EXPECT_EQ(mixed, 3u);
   expect_same_outputs(by_hand, rewritten, environment);
 
   const Graph strict = passes::half_products(graph, vulkan::VulkanTarget(h200_like(1)));

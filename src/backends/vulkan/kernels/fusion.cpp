@@ -374,8 +374,8 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   if (fusion_enabled && !device.switches.no_epilogue_fusion) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
-      if (node.op != op::matmul || node.attrs.has("k_splits") || observed[i] || consumers[i] != 1 ||
-          node.type.dtype != DType::f32) {
+      if (!stores_f32_product(graph, node, device) || node.attrs.has("k_splits") || observed[i] ||
+          consumers[i] != 1 || node.type.dtype != DType::f32) {
         continue;
       }
       const Node& consumer = graph.node(consumer_lists[i].front());
@@ -1035,9 +1035,9 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const auto [source, alone] = through_reshapes(node.inputs[0]);
       const size_t s = static_cast<size_t>(source);
       const Node& producer = graph.node(source);
-      const bool product =
-          (producer.op == op::matmul && !producer.attrs.has("k_splits") && !in_epilogue[s]) ||
-          epilogue_of_root.count(source) != 0;
+      const bool product = (stores_f32_product(graph, producer, device) &&
+                            !producer.attrs.has("k_splits") && !in_epilogue[s]) ||
+                           epilogue_of_root.count(source) != 0;
       if (!alone || observed[s] || !(plain_root(source) || product) || inlined_away[s] ||
           moved_to.count(source) != 0 || graph.type(source).dtype != node.type.dtype)
         continue;
@@ -1244,7 +1244,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
                                 fused_label(graph, epilogue.dag) + moved_label;
       return lower_matmul_with_epilogue(graph, product, &epilogue, moved_value, device, label);
     }
-    if (node.op == op::matmul && moved_value != kNoValue)
+    if (stores_f32_product(graph, node, device) && moved_value != kNoValue)
       return lower_matmul_with_epilogue(graph, id, nullptr, moved_value, device,
                                         "matmul %" + std::to_string(id) + moved_label);
     if (auto it = inlined_of.find(id); it != inlined_of.end() || moved != moved_to.end()) {

@@ -1,7 +1,8 @@
 // GEMM on cooperative matrices (tensor cores), the `fast` precision path, shared by matmul and
 // the convolutions: C[GEMM_M, GEMM_N] = A[GEMM_M, GEMM_K] B[GEMM_K, GEMM_N] for entry
 // gl_WorkGroupID.z. Operands are read as f32 through the generated load functions (or as f16,
-// HALF_UNITS), rounded to f16 into shared memory and multiplied on 16 x 8 x 16 fragments with f32 accumulators.
+// HALF_A_UNITS, HALF_B_UNITS), rounded to f16 into shared memory and multiplied on 16 x 8 x 16
+// fragments with f32 accumulators.
 // A workgroup of WARPS_M x WARPS_N subgroups (32 invocations each) computes a BLOCK_M x BLOCK_N
 // block of C; each subgroup a FRAGS_M x FRAGS_N grid of 16 x 8 (BFLOAT16_FRAGMENTS: 16 x 16)
 // accumulator fragments. K advances
@@ -23,14 +24,16 @@
 // elements of that operand at a time through load_a4 / load_b4: its contiguous extent is a
 // multiple of 4, so a vec4 lies wholly inside or outside each edge), WHOLE_BLOCKS (no block
 // reaches past an edge, so loads need no bounds), PREFETCH_SLICES, DIRECT_STORE (the binding c
-// holds C row-major, entry after entry), HALF_UNITS (the operands are f16 in memory and each
-// one's contiguous extent a multiple of 8: each unit of 8 halves is read as one uvec4 through
-// load_a8 / load_b8 and stored as it is, without the f32 round trip), BFLOAT16_FRAGMENTS (below). The lowering
+// holds C row-major, entry after entry), HALF_A_UNITS and HALF_B_UNITS (that
+// operand is f16 in memory and its contiguous extent a multiple of 8: each unit of 8 halves is
+// read as one uvec4 through load_a8 / load_b8 and stored as it is, without the f32 round trip;
+// each operand independently), BFLOAT16_FRAGMENTS (below). The lowering
 // (gemm_coopmat.cpp) makes each tile's units a multiple of THREADS.
 // Generated: float load_a(uint z, uint m, uint k), float load_b(uint z, uint k, uint n),
 // void store_c(uint z, uint m, uint n, float value), with VECTOR_A
 // vec4 load_a4(uint z, uint m, uint k), with VECTOR_B vec4 load_b4(uint z, uint k, uint n), and
-// with HALF_UNITS uvec4 load_a8(uint z, uint m, uint k), uvec4 load_b8(uint z, uint k, uint n).
+// with HALF_A_UNITS uvec4 load_a8(uint z, uint m, uint k), with HALF_B_UNITS
+// uvec4 load_b8(uint z, uint k, uint n).
 // Loops over fragments are unrolled so that fragment arrays stay in registers.
 // A (16 x 16) and B (16 x 8) fragments have different shapes on purpose: the SPIR-V rewrite to
 // SPV_KHR_cooperative_matrix infers each matrix type's use from its role. BFLOAT16_FRAGMENTS
@@ -89,11 +92,14 @@ shared float staging[WARPS_M * WARPS_N * FRAG_M * FRAG_N];
 
 // The next slice, unit i of an invocation in elements [8 i, 8 i + 8): as 8 halves, or as two
 // vec4s to round.
-#if HALF_UNITS
+#if HALF_A_UNITS
 uvec4 a_next[PREFETCH_SLICES][A_UNITS];
-uvec4 b_next[PREFETCH_SLICES][B_UNITS];
 #else
 vec4 a_next[PREFETCH_SLICES][2 * A_UNITS];
+#endif
+#if HALF_B_UNITS
+uvec4 b_next[PREFETCH_SLICES][B_UNITS];
+#else
 vec4 b_next[PREFETCH_SLICES][2 * B_UNITS];
 #endif
 fcoopmatNV<32, gl_ScopeSubgroup, FRAG_M, FRAGMENT_COLUMNS> accumulators[FRAGS_M][FRAGS_N];
@@ -182,9 +188,14 @@ vec4 read_b4(uint z, uvec2 kn) {
 #endif
 }
 
-#if HALF_UNITS
+uvec4 halves(vec4 low, vec4 high) {
+  return uvec4(packFloat2x16(f16vec2(low.xy)), packFloat2x16(f16vec2(low.zw)),
+               packFloat2x16(f16vec2(high.xy)), packFloat2x16(f16vec2(high.zw)));
+}
+
 // Eight halves of A from (m, k) along its contiguous index (zero past the edges, which a unit
 // never straddles), and of B from (k, n).
+#if HALF_A_UNITS
 uvec4 read_a8(uint z, uvec2 mk) {
 #if WHOLE_BLOCKS
   return load_a8(z, mk.x, mk.y);
@@ -192,7 +203,9 @@ uvec4 read_a8(uint z, uvec2 mk) {
   return mk.x < GEMM_M && mk.y < GEMM_K ? load_a8(z, mk.x, mk.y) : uvec4(0);
 #endif
 }
+#endif
 
+#if HALF_B_UNITS
 uvec4 read_b8(uint z, uvec2 kn) {
 #if WHOLE_BLOCKS
   return load_b8(z, kn.x, kn.y);
@@ -200,58 +213,49 @@ uvec4 read_b8(uint z, uvec2 kn) {
   return kn.x < GEMM_K && kn.y < GEMM_N ? load_b8(z, kn.x, kn.y) : uvec4(0);
 #endif
 }
+#endif
 
-void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread, uint set) {
-  [[unroll]] for (uint i = 0; i < A_UNITS; ++i)
-    a_next[set][i] = read_a8(z, uvec2(row0, k0) +
-                                    a_origin(tile_unit(thread + i * THREADS, A_ROW_UNITS)));
-  [[unroll]] for (uint i = 0; i < B_UNITS; ++i)
-    b_next[set][i] = read_b8(z, uvec2(k0, col0) +
-                                    b_origin(tile_unit(thread + i * THREADS, B_ROW_UNITS)));
-}
-
-void store_slice(uint slot, uint thread, uint set) {
-  [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
-    uvec2 unit = tile_unit(thread + i * THREADS, A_ROW_UNITS);
-    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = a_next[set][i];
-  }
-  [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
-    uvec2 unit = tile_unit(thread + i * THREADS, B_ROW_UNITS);
-    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = b_next[set][i];
-  }
-}
-#else
 void fetch_slice(uint z, uint row0, uint col0, uint k0, uint thread, uint set) {
   [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
     uvec2 mk = uvec2(row0, k0) + a_origin(tile_unit(thread + i * THREADS, A_ROW_UNITS));
+#if HALF_A_UNITS
+    a_next[set][i] = read_a8(z, mk);
+#else
     a_next[set][2 * i] = read_a4(z, mk);
     a_next[set][2 * i + 1] = read_a4(z, mk + 4 * A_ALONG);
+#endif
   }
   [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
     uvec2 kn = uvec2(k0, col0) + b_origin(tile_unit(thread + i * THREADS, B_ROW_UNITS));
+#if HALF_B_UNITS
+    b_next[set][i] = read_b8(z, kn);
+#else
     b_next[set][2 * i] = read_b4(z, kn);
     b_next[set][2 * i + 1] = read_b4(z, kn + 4 * B_ALONG);
+#endif
   }
-}
-
-uvec4 halves(vec4 low, vec4 high) {
-  return uvec4(packFloat2x16(f16vec2(low.xy)), packFloat2x16(f16vec2(low.zw)),
-               packFloat2x16(f16vec2(high.xy)), packFloat2x16(f16vec2(high.zw)));
 }
 
 void store_slice(uint slot, uint thread, uint set) {
   [[unroll]] for (uint i = 0; i < A_UNITS; ++i) {
     uvec2 unit = tile_unit(thread + i * THREADS, A_ROW_UNITS);
+#if HALF_A_UNITS
+    tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] = a_next[set][i];
+#else
     tile_a[slot * A_SLOT + unit.x * A_STRIDE + unit.y] =
         halves(a_next[set][2 * i], a_next[set][2 * i + 1]);
+#endif
   }
   [[unroll]] for (uint i = 0; i < B_UNITS; ++i) {
     uvec2 unit = tile_unit(thread + i * THREADS, B_ROW_UNITS);
+#if HALF_B_UNITS
+    tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] = b_next[set][i];
+#else
     tile_b[slot * B_SLOT + unit.x * B_STRIDE + unit.y] =
         halves(b_next[set][2 * i], b_next[set][2 * i + 1]);
+#endif
   }
 }
-#endif
 
 // Multiplies the slice in `slot` into the accumulators.
 void multiply_slice(uint slot, uint warp_row, uint warp_col) {

@@ -43,7 +43,7 @@ static_assert(kCandidates[0].block.cols() == kWidestSubgroupBlockColumns);
 // The columns of the kernel's B and accumulator fragments: 16 for bfloat16 operands, whose
 // devices offer the 16 x 16 x 16 shape only, else 8.
 int64_t fragment_columns(const GeneratedGemm& gemm, const DeviceTraits& device) {
-  return device.bf16_operands && !gemm.half_operands ? 16 : 8;
+  return device.bf16_operands && !gemm.half_a && !gemm.half_b ? 16 : 8;
 }
 
 // Shared tile bytes of one slot of an operand: `rows` rows of `row_halves` contiguous halves,
@@ -194,12 +194,13 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
                     {"B_K_CONTIGUOUS", gemm.b_k_contiguous ? "1" : "0"},
                     {"VECTOR_A", gemm.vector_a ? "1" : "0"},
                     {"VECTOR_B", gemm.vector_b ? "1" : "0"},
-                    {"HALF_UNITS", gemm.half_units ? "1" : "0"},
+                    {"HALF_A_UNITS", gemm.half_a_units ? "1" : "0"},
+                    {"HALF_B_UNITS", gemm.half_b_units ? "1" : "0"},
                     {"WHOLE_BLOCKS", whole_blocks ? "1" : "0"},
                     {"DIRECT_STORE", gemm.row_major_c && gemm.n % 4 == 0 ? "1" : "0"},
                     {"BFLOAT16_FRAGMENTS", columns == 16 ? "1" : "0"}};
   launch.operands = std::move(operands);
-  launch.f16_operands = gemm.half_operands;
+  launch.f16_operands = gemm.half_a || gemm.half_b;
   launch.khr_cooperative_matrix = coop_wants_khr(context.device());
   // Products of f16 tensors read or write f16 memory: their operands stay f16.
   launch.bf16_operands = columns == 16;

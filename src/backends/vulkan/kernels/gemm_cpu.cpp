@@ -145,14 +145,14 @@ void emit_cpu_gemm(LoweringContext& context, const CpuGemm& gemm, std::vector<Op
 }
 
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
-                              int64_t splits, bool vector_a, bool vector_b, bool half_units) {
+                              int64_t splits, bool vector_a, bool vector_b, bool half_a_units,
+                              bool half_b_units) {
   std::string whole = replace_all(replace_all(functions, "float load_a(", "float whole_a("),
                                   "float load_b(", "float whole_b(");
   if (vector_a) whole = replace_all(whole, "vec4 load_a4(", "vec4 whole_a4(");
   if (vector_b) whole = replace_all(whole, "vec4 load_b4(", "vec4 whole_b4(");
-  if (half_units)
-    whole = replace_all(replace_all(whole, "uvec4 load_a8(", "uvec4 whole_a8("), "uvec4 load_b8(",
-                        "uvec4 whole_b8(");
+  if (half_a_units) whole = replace_all(whole, "uvec4 load_a8(", "uvec4 whole_a8(");
+  if (half_b_units) whole = replace_all(whole, "uvec4 load_b8(", "uvec4 whole_b8(");
   const std::string entry = "z % " + glsl_uint(entries);
   // K slices start at multiples of 16 and `k` is a multiple of 4 wherever vec4 loads run along
   // it, so a vec4 along k lies wholly inside or wholly past `k`; one along m or n has one k.
@@ -172,10 +172,11 @@ std::string split_k_functions(const std::string& functions, int64_t entries, int
   if (vector_b)
     text += sliced("vec4 load_b4(uint z, uint k, uint n)", "vec4(0.0)",
                    "whole_b4(" + entry + ", whole_k, n)");
-  if (half_units)
+  if (half_a_units)
     text += sliced("uvec4 load_a8(uint z, uint m, uint k)", "uvec4(0)",
-                   "whole_a8(" + entry + ", m, whole_k)") +
-            sliced("uvec4 load_b8(uint z, uint k, uint n)", "uvec4(0)",
+                   "whole_a8(" + entry + ", m, whole_k)");
+  if (half_b_units)
+    text += sliced("uvec4 load_b8(uint z, uint k, uint n)", "uvec4(0)",
                    "whole_b8(" + entry + ", whole_k, n)");
   return text;
 }

@@ -36,6 +36,12 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
 // MEGANEURA_JOIN_SLICES=0 or MEGANEURA_NO_FUSION=1 turns it off.
 ValueId joined_split_attention(const Graph& graph, const Node& node, const DeviceTraits& device);
 
+// Whether `node` is a product that emit_matmul's GEMMs compute and store as f32 through
+// store_c: a matmul, or a half_matmul of an f32 result that the workgroup GEMM does not take
+// (half products, passes/half_products.cpp). Epilogues, moved stores and joined slices take
+// these.
+bool stores_f32_product(const Graph& graph, const Node& node, const DeviceTraits& device);
+
 // C[m, n] = sum_k A[m, k] B[k, n] for each of `entries` independent problems (grid z).
 // `functions` defines load_a(z, m, k), load_b(z, k, n) and store_c(z, m, n, value) over the
 // launch's operands (see gemm_cpu.comp).
@@ -63,10 +69,10 @@ struct GeneratedGemm {
   // store_c(z, m, n, value) writes value to c[(z M + m) N + n] and nothing else (a matmul without
   // an epilogue), so whole fragments may be stored there at once.
   bool row_major_c = false;
-  // The operand buffers hold f16 (Launch::f16_operands): `functions` read them as such, and
-  // with half_units also define uvec4 load_a8(z, m, k) and load_b8(z, k, n), 8 consecutive
-  // halves along the contiguous index from a multiple of 8.
-  bool half_operands = false, half_units = false;
+  // That operand's buffer holds f16 (Launch::f16_operands): `functions` read it as such, and
+  // with half_a_units (half_b_units) also define uvec4 load_a8(z, m, k) (load_b8(z, k, n)), 8
+  // consecutive halves along the contiguous index from a multiple of 8.
+  bool half_a = false, half_b = false, half_a_units = false, half_b_units = false;
   std::string functions;
 };
 
@@ -120,8 +126,9 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
 
 // Split-K over GEMM load functions (ops/k_split.hpp): `functions` defines load_a(z, m, k) and
 // load_b(z, k, n) (and, with `vector_a` and `vector_b`, the vec4 load_a4 and load_b4, `k` then
-// a multiple of 4 where the operand is contiguous along it; with `half_units`, the uvec4 load_a8
-// and load_b8 of 8 halves, `k` a multiple of 8 where the operand is contiguous along it) for
+// a multiple of 4 where the operand is contiguous along it; with `half_a_units` and
+// `half_b_units`, the uvec4 load_a8 and load_b8 of 8 halves, `k` a multiple of 8 where the
+// operand is contiguous along it) for
 // `entries` problems summing all of `k`; the result defines them for entries * splits
 // problems of one K slice each (GEMM K = k_slice_length(k, splits)). Problem z is slice
 // z / entries of problem z % entries: loads shift k into the slice and read zero past `k`.
@@ -129,6 +136,6 @@ SimtGemmLaunch simt_gemm_launch(int64_t m, int64_t n, int64_t k, int64_t whole_k
 // over the leading axes of the [splits, ...] partial results.
 std::string split_k_functions(const std::string& functions, int64_t entries, int64_t k,
                               int64_t splits, bool vector_a, bool vector_b,
-                              bool half_units = false);
+                              bool half_a_units = false, bool half_b_units = false);
 
 }  // namespace mg::kernels

@@ -146,7 +146,11 @@ namespace {
 
 // Whether the product `node` of f16 operands takes the workgroup GEMM, whatever its result.
 bool takes_f16_operands(const Graph& graph, const Node& node, const DeviceTraits& device) {
-  if (node.attrs.has("k_splits")) return false;
+  // It loads both operands as f16 matrices: a product of an f16 and an f32 operand (half
+  // products) stays on the subgroup GEMM.
+  if (node.attrs.has("k_splits") || graph.type(node.inputs[0]).dtype != DType::f16 ||
+      graph.type(node.inputs[1]).dtype != DType::f16)
+    return false;
   const MatmulShape shape = matmul_shape(graph, node);
   const int64_t m = shape.m, n = shape.n, k = shape.k, batches = shape.batches;
   // Each operand a matrix an entry or one for all: the kernel offsets whole matrices by the

@@ -9,6 +9,7 @@
 #include "backends/vulkan/kernels/gemm_coopmat.hpp"
 #include "backends/vulkan/kernels/gemm_cpu.hpp"
 #include "backends/vulkan/kernels/gemm_epilogue.hpp"
+#include "backends/vulkan/kernels/gemm_workgroup.hpp"
 #include "backends/vulkan/kernels/index_codegen.hpp"
 #include "backends/vulkan/kernels/lowering.hpp"
 #include "ir/op_names.hpp"
@@ -88,8 +89,14 @@ bool packed_columns(const Graph& graph, ValueId columns, const DeviceTraits& dev
          use_cpu_kernels(device);
 }
 
+bool stores_f32_product(const Graph& graph, const Node& node, const DeviceTraits& device) {
+  return node.op == op::matmul || (node.op == op::half_matmul && node.type.dtype == DType::f32 &&
+                                   !workgroup_gemm_takes_f16_product(graph, node, device));
+}
+
 ValueId joined_split_attention(const Graph& graph, const Node& node, const DeviceTraits& device) {
-  if (node.op != op::matmul || device.switches.no_fusion || !device.switches.join_slices)
+  if (!stores_f32_product(graph, node, device) || device.switches.no_fusion ||
+      !device.switches.join_slices)
     return kNoValue;
   const auto source = [&](ValueId value) {
     while (graph.node(value).op == op::reshape) value = graph.node(value).inputs[0];
@@ -97,7 +104,7 @@ ValueId joined_split_attention(const Graph& graph, const Node& node, const Devic
   };
   const ValueId combine = source(node.inputs[0]);
   if (graph.node(combine).op != op::attention_combine || source(node.inputs[1]) == combine ||
-      graph.type(combine).dtype != DType::f32 || graph.type(node.inputs[1]).dtype != DType::f32)
+      graph.type(combine).dtype != DType::f32)
     return kNoValue;
   // gemm_few_rows.comp, which strict products of few rows run on, reads buffers alone.
   const MatmulShape shape = matmul_shape(graph, node);
@@ -120,9 +127,12 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
   const auto [m, n, k, splits, batches, split, transpose_a, transpose_b, batch_shape] = shape;
   const int64_t k_slice = split ? k_slice_length(k, splits) : k;
 
-  // f16 operands (half_matmul) are read as f16 and the result stored as f16 where it is f16;
-  // they run on cooperative matrices whatever the product's size (passes/f16_storage.cpp).
-  const bool half_operands = context.input_type(0).dtype == DType::f16;
+  // f16 operands (half_matmul: both, or one beside an f32 one) are read as f16 and the result
+  // stored as f16 where it is f16; they run on cooperative matrices whatever the product's size
+  // (passes/f16_storage.cpp, passes/half_products.cpp).
+  const bool half_a = context.input_type(0).dtype == DType::f16;
+  const bool half_b = context.input_type(1).dtype == DType::f16;
+  const bool half_operands = half_a || half_b;
   const bool half_result = node.type.dtype == DType::f16;
   const bool coop =
       half_operands ? use_coop_gemm(context.device()) : matmul_runs_coop(shape, context.device());
@@ -145,11 +155,11 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
     const std::string u =
         transpose_b ? "n * " + glsl_uint(k) + " + k" : "k * " + glsl_uint(n) + " + n";
     // An element of an operand buffer as a float.
-    const auto element = [&](const std::string& buffer, const std::string& index) {
+    const auto element = [&](const std::string& buffer, const std::string& index, bool half) {
       const std::string read = buffer + "[" + index + "]";
-      return half_operands ? "float(" + read + ")" : read;
+      return half ? "float(" + read + ")" : read;
     };
-    const std::string a_read = joined == kNoValue ? element("a", "a_offset(z) + " + t)
+    const std::string a_read = joined == kNoValue ? element("a", "a_offset(z) + " + t, half_a)
                                                   : "joined_a(a_offset(z) + " + t + ")";
     std::string functions = joined_a + batch_offset_function("a_offset", a_shape, batch_shape) +
                             batch_offset_function("b_offset", b_shape, batch_shape) +
@@ -161,18 +171,19 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
                    ";\n  return unpackHalf2x16(b_halves[e / 2u])[e % 2u];\n}\n";
     } else {
       functions += "float load_b(uint z, uint k, uint n) { return " +
-                   element("b", "b_offset(z) + " + u) + "; }\n";
+                   element("b", "b_offset(z) + " + u, half_b) + "; }\n";
     }
     // Four consecutive elements along an operand's contiguous extent (A's k, or m where A is
     // transposed; B's n, or k where B is transposed), for the cooperative-matrix GEMM's vector
     // loads: with that extent a multiple of 4, a vec4 (or four halves) starts 16-byte (8-byte)
     // aligned and lies wholly inside or outside each edge, whatever the other extents (50
-    // action rows, a 113-token prefix). f16 operands whose contiguous extents are both
-    // multiples of 8 are read 8 halves (one uvec4) at a time, likewise.
+    // action rows, a 113-token prefix). An f16 operand whose contiguous extent is a multiple of
+    // 8 is read 8 halves (one uvec4) at a time, likewise.
     const int64_t a_run = transpose_a ? m : k, b_run = transpose_b ? k : n;
-    const bool half_units = coop && half_operands && a_run % 8 == 0 && b_run % 8 == 0 && !packed_b;
-    const bool vector_a = coop && !half_units && a_run % 4 == 0;
-    const bool vector_b = coop && !half_units && b_run % 4 == 0;
+    const bool half_a_units = coop && half_a && a_run % 8 == 0;
+    const bool half_b_units = coop && half_b && b_run % 8 == 0 && !packed_b;
+    const bool vector_a = coop && !half_a_units && a_run % 4 == 0;
+    const bool vector_b = coop && !half_b_units && b_run % 4 == 0;
     // `signature` returning the four elements of `operand` (binding `binding`) from `index`, a
     // multiple of 4: one vec4, or four halves unpacked.
     const auto vector_load = [](const std::string& signature, const std::string& operand,
@@ -187,22 +198,24 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
     };
     if (vector_a)
       functions += joined == kNoValue
-                       ? vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_operands,
+                       ? vector_load("vec4 load_a4(uint z, uint m, uint k)", "a", 0, half_a,
                                      "a_offset(z) + " + t)
                        : "vec4 load_a4(uint z, uint m, uint k) { return joined_a4(a_offset(z) + " +
                              t + "); }\n";
     if (vector_b)
-      functions += vector_load("vec4 load_b4(uint z, uint k, uint n)", "b", 1,
-                               packed_b || half_operands, "b_offset(z) + " + u);
-    if (half_units) {
+      functions += vector_load("vec4 load_b4(uint z, uint k, uint n)", "b", 1, packed_b || half_b,
+                               "b_offset(z) + " + u);
+    if (half_a_units)
       functions += vector_buffer_view("a_units", 0, false, "uvec4") +
                    "uvec4 load_a8(uint z, uint m, uint k) { return a_units[(a_offset(z) + " + t +
-                   ") / 8u]; }\n" + vector_buffer_view("b_units", 1, false, "uvec4") +
+                   ") / 8u]; }\n";
+    if (half_b_units)
+      functions += vector_buffer_view("b_units", 1, false, "uvec4") +
                    "uvec4 load_b8(uint z, uint k, uint n) { return b_units[(b_offset(z) + " + u +
                    ") / 8u]; }\n";
-    }
     if (split)
-      functions = split_k_functions(functions, batches, k, splits, vector_a, vector_b, half_units);
+      functions = split_k_functions(functions, batches, k, splits, vector_a, vector_b, half_a_units,
+                                    half_b_units);
     Launch bindings;
     bindings.operands = {{"a", a_value, false}, {"b", node.inputs[1], false}};
     functions += matmul_store_function(context.graph(), context.id(), epilogue, bindings, moved_to);
@@ -219,8 +232,10 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
           // f16 results leave through store_c, which rounds them: an f16 fragment would have
           // B's type, which the KHR rewrite refuses.
           .row_major_c = epilogue == nullptr && !half_result && moved_to == kNoValue,
-          .half_operands = half_operands,
-          .half_units = half_units,
+          .half_a = half_a,
+          .half_b = half_b,
+          .half_a_units = half_a_units,
+          .half_b_units = half_b_units,
           .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {
