@@ -1,8 +1,9 @@
 #pragma once
 // Who reads a graph's values, seen through views, for the passes that choose how a value is
-// stored (half_activations.cpp, half_products.cpp): a view reads its input's bytes, so the
-// kernels that read a value are the non-view readers of it and of its views, and a value that
-// the program keeps (an output, an assignment) keeps the values its views read.
+// stored (half_activations.cpp, half_products.cpp, workgroup_gemm.cpp's Winograd points): a view
+// reads its input's bytes, so the kernels that read a value are the non-view readers of it and
+// of its views, and a value that the program keeps (an output, an assignment) keeps the values
+// its views read.
 #include <vector>
 
 #include "meganeura/graph.hpp"

@@ -9,6 +9,7 @@
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
+#include "passes/value_readers.hpp"
 
 namespace mg::passes {
 namespace {
@@ -40,18 +41,14 @@ bool winograd_points_in_f16(const target::Target& device) {
 // the transforms that only such matmuls read (in every graph the im2col pass writes, all of them).
 std::vector<bool> f16_winograd_nodes(const Graph& graph) {
   const size_t size = graph.size();
-  std::vector<std::vector<ValueId>> readers(size);
-  for (size_t i = 0; i < size; ++i)
-    for (ValueId input : graph.nodes()[i].inputs) readers[input].push_back(static_cast<ValueId>(i));
-  // A program's results and updates keep their dtype.
-  std::vector<bool> kept(size, false);
-  for (const auto& [name, value] : graph.outputs()) kept[value] = true;
-  for (const auto& [leaf, value] : graph.updates()) kept[value] = true;
+  const ValueReaders values(graph);
   std::vector<bool> chosen(size, false);
   for (size_t i = 0; i < size; ++i) {
     const Node& node = graph.nodes()[i];
+    const ValueId id = static_cast<ValueId>(i);
+    // A program's results and updates keep their dtype.
     if (is_winograd_points(node))
-      chosen[i] = !readers[i].empty() && !kept[i];
+      chosen[i] = !values.readers(id).empty() && !values.kept(id);
     else if (node.op == op::matmul && !node.attrs.has("k_splits"))
       chosen[i] = std::all_of(node.inputs.begin(), node.inputs.end(),
                               [&](ValueId input) { return is_winograd_points(graph.node(input)); });
@@ -63,9 +60,10 @@ std::vector<bool> f16_winograd_nodes(const Graph& graph) {
     for (size_t i = 0; i < size; ++i) {
       if (!chosen[i]) continue;
       const Node& node = graph.nodes()[i];
+      const std::vector<ValueId>& readers = values.readers(static_cast<ValueId>(i));
       const bool keeps =
           is_winograd_points(node)
-              ? std::all_of(readers[i].begin(), readers[i].end(),
+              ? std::all_of(readers.begin(), readers.end(),
                             [&](ValueId reader) { return static_cast<bool>(chosen[reader]); })
               : std::all_of(node.inputs.begin(), node.inputs.end(),
                             [&](ValueId input) { return static_cast<bool>(chosen[input]); });
