@@ -187,12 +187,19 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   impl.upload_persistent(graph, options.seed, options.initialise_parameters);
   if (impl.shared) {
     for (const auto& [leaf, value] : planned.updates()) {
-      if (impl.program.arenas[impl.program.regions.at(leaf).arena].kind == plan::ArenaKind::shared)
+      if (impl.program.arenas[impl.program.regions.at(leaf).arena].kind ==
+          plan::ArenaKind::shared) {
         impl.updates_shared = true;
+        impl.updated_shared_names.push_back(planned.node(leaf).name);
+      }
     }
     // The tensors this session created changed what the others may have derived from them.
-    if (!impl.created_shared.empty()) ++impl.shared->generation;
-    impl.seen_generation = impl.shared->generation;
+    std::vector<std::string> created;
+    for (ValueId leaf : impl.created_shared) created.push_back(planned.node(leaf).name);
+    if (created.empty())
+      impl.seen_generation = impl.shared->generation;
+    else
+      impl.note_shared_written(created);
   }
   impl.create_pipelines();
   phase = std::chrono::steady_clock::now();
@@ -203,6 +210,7 @@ Session::Session(const Graph& graph, const SessionOptions& options)
   if (!impl.program.setup.empty()) {
     impl.setup_recording = impl.device->record(impl.setup_commands(), gpu::Timing::none);
     impl.owned_recordings.push_back(impl.setup_recording);
+    impl.trace_setup();
     impl.setup_due = true;
   }
   impl.report.record_seconds = seconds_since(phase);
@@ -254,7 +262,7 @@ void Session::start_run() {
   const size_t started = impl.input_slot;
   impl.bring_inputs_up_to_date(started);
   impl.device->start(impl.slots[started].recording);
-  if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
+  if (impl.updates_shared) impl.note_shared_written(impl.updated_shared_names);
   // The run before it, if still in flight, finishes behind it in the queue; its slot takes the
   // next inputs.
   impl.finish_run();
@@ -331,8 +339,9 @@ void Session::write(std::string_view leaf, std::span<const float> values) {
   impl_->finish_run();
   const gpu::BufferRange range = impl_->range_of(value);
   impl_->device->write_buffer(range.buffer, range.offset, device_bytes(type.dtype, values));
-  impl_->setup_due = !impl_->program.setup.empty();
-  if (impl_->shared) impl_->seen_generation = ++impl_->shared->generation;
+  impl_->mark_leaf_written(value);
+  // With shared tensors every parameter and state is one.
+  if (impl_->shared) impl_->note_shared_written(std::vector<std::string>{std::string(leaf)});
 }
 
 std::vector<std::string> Session::persistent_names() const {

@@ -147,7 +147,7 @@ bool Session::run_next_chunk() {
   chunking.in_flight_ends_run = ++chunking.next == chunking.recordings.size();
   if (!chunking.in_flight_ends_run) return false;
   chunking.next = 0;
-  if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
+  if (impl.updates_shared) impl.note_shared_written(impl.updated_shared_names);
   return true;
 }
 
@@ -181,11 +181,11 @@ Session::Recorded Session::record_run(void* native_commands) {
     impl.device->finish(impl.slots[slot].recording);
   impl.bring_inputs_up_to_date(slot);
   std::vector<gpu::RecordingId> recordings;
-  if (impl.setup_needed()) recordings.push_back(impl.setup_recording);
+  if (impl.setup_needed()) recordings.push_back(impl.due_setup_recording());
   recordings.push_back(impl.slots[slot].recording);
   const uint64_t value = impl.device->record_into({}, recordings, native_commands);
-  impl.setup_due = false;
-  if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
+  impl.setup_done();
+  if (impl.updates_shared) impl.note_shared_written(impl.updated_shared_names);
   // The run before it, if any, is ordered before it on the queue: waiting for this one waits for
   // both. This slot's outputs are those of the new run once it finishes.
   if (impl.finished == slot) impl.finished.reset();
@@ -210,17 +210,17 @@ Session::Recorded Session::record_next_chunk(void* native_commands) {
     prologue = impl.staged_by_commands(0);
     impl.input_slot = 1;
     if (chunking.dispatch_ms.empty()) chunking.profiled_run_started = true;
-    if (impl.setup_needed()) recordings.push_back(impl.setup_recording);
+    if (impl.setup_needed()) recordings.push_back(impl.due_setup_recording());
   }
   const gpu::RecordingId chunk = chunking.recordings.at(chunking.next);
   recordings.push_back(chunk);
   const uint64_t value = impl.device->record_into(prologue, recordings, native_commands);
-  impl.setup_due = false;
+  impl.setup_done();
   chunking.in_flight = chunk;
   chunking.in_flight_ends_run = ++chunking.next == chunking.recordings.size();
   if (!chunking.in_flight_ends_run) return {value, false};
   chunking.next = 0;
-  if (impl.updates_shared) impl.seen_generation = ++impl.shared->generation;
+  if (impl.updates_shared) impl.note_shared_written(impl.updated_shared_names);
   return {value, true};
 }
 

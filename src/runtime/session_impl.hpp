@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,8 @@ struct Session::Impl {
   std::vector<ValueId> created_shared;
   uint64_t seen_generation = 0;
   bool updates_shared = false;
+  // The names of the shared tensors that this program's runs update.
+  std::vector<std::string> updated_shared_names;
   // What this session created on the device, released when it ends: on a shared device, the
   // device outlives the session.
   std::vector<gpu::BufferId> owned_buffers;
@@ -90,10 +93,18 @@ struct Session::Impl {
     gpu::RecordingId recording = 0;
   };
   std::array<RunSlot, 2> slots;
-  // The program's setup (plan::Program::setup), and whether it must run before the next run:
-  // at first, and after every write to a leaf.
+  // The program's setup (plan::Program::setup), and what of it must run before the next run:
+  // all of it at first; after a write to a leaf (by this session, or by another to a shared
+  // tensor), the dispatches that read it, and those whose results they read.
   gpu::RecordingId setup_recording = 0;
   bool setup_due = false;
+  std::vector<bool> stale_leaves;  // by value: leaves written since the setup last ran
+  // Each setup dispatch's leaves (what it reads, through the setup's own results) and the
+  // setup dispatches whose results it reads.
+  std::vector<std::vector<ValueId>> setup_leaves;
+  std::vector<std::vector<size_t>> setup_producers;
+  // Recordings of parts of the setup, by the dispatches they run.
+  std::map<std::vector<bool>, gpu::RecordingId> partial_setups;
   size_t input_slot = 0;          // set_input writes to it, start_run submits it
   std::optional<size_t> running;  // the slot of the run in flight
   // The slot of the last finished run, whose outputs output() reads.
@@ -307,22 +318,124 @@ struct Session::Impl {
     running.reset();
   }
 
-  // Whether the setup must run before the next run: after a write, or after another session
-  // changed the shared tensors.
-  bool setup_needed() {
-    if (shared && shared->generation != seen_generation) {
-      setup_due = setup_due || !program.setup.empty();
-      seen_generation = shared->generation;
+  // Marks the leaves that other sessions changed since this one last looked.
+  void absorb_shared_changes() {
+    if (!shared || shared->generation == seen_generation) return;
+    for (const auto& [name, written] : shared->written_at) {
+      if (written <= seen_generation) continue;
+      if (auto leaf = persistent_by_name.find(name); leaf != persistent_by_name.end())
+        mark_leaf_written(leaf->second);
     }
-    return setup_due;
+    seen_generation = shared->generation;
   }
 
-  // Runs the setup if it is due, after any run in flight (which reads what it writes).
+  // A run or a write changed the shared tensors `names`: the setups of other sessions that read
+  // them are stale. Changes of others not yet seen are taken in first.
+  void note_shared_written(std::span<const std::string> names) {
+    absorb_shared_changes();
+    seen_generation = ++shared->generation;
+    for (const std::string& name : names) shared->written_at[name] = seen_generation;
+  }
+
+  void mark_leaf_written(ValueId leaf) {
+    if (!program.setup.empty()) stale_leaves[leaf] = true;
+  }
+
+  // Which setup dispatches must run before the next run (none, some or all).
+  std::vector<bool> due_setup_dispatches() const {
+    const size_t count = program.setup.size();
+    std::vector<bool> due(count, setup_due);
+    if (setup_due) return due;
+    for (size_t i = count; i-- > 0;) {
+      due[i] = due[i] || std::any_of(setup_leaves[i].begin(), setup_leaves[i].end(),
+                                     [&](ValueId leaf) { return stale_leaves[leaf]; });
+    }
+    // A dispatch that runs again reads the results of those before it afresh.
+    for (size_t i = count; i-- > 0;)
+      if (due[i])
+        for (size_t producer : setup_producers[i]) due[producer] = true;
+    return due;
+  }
+
+  // Whether some of the setup must run before the next run: after a write, or after another
+  // session changed shared tensors that it reads.
+  bool setup_needed() {
+    absorb_shared_changes();
+    if (program.setup.empty()) return false;
+    const std::vector<bool> due = due_setup_dispatches();
+    return std::find(due.begin(), due.end(), true) != due.end();
+  }
+
+  // The recording of the setup's due dispatches (setup_needed): the whole setup's, or one of a
+  // part, recorded the first time that part is due.
+  gpu::RecordingId due_setup_recording() {
+    const std::vector<bool> due = due_setup_dispatches();
+    if (std::find(due.begin(), due.end(), false) == due.end()) return setup_recording;
+    if (auto it = partial_setups.find(due); it != partial_setups.end()) return it->second;
+    // A barrier before every dispatch but the first: the ones between that ordered them in the
+    // whole setup may not run.
+    std::vector<gpu::Command> list;
+    for (size_t i = 0; i < due.size(); ++i) {
+      if (!due[i]) continue;
+      if (!list.empty()) list.push_back({gpu::Command::Kind::barrier});
+      list.push_back(dispatch_of(program.setup[i], pipeline_of_setup[i]));
+    }
+    const gpu::RecordingId recording = device->record(list, gpu::Timing::none);
+    owned_recordings.push_back(recording);
+    partial_setups.emplace(due, recording);
+    return recording;
+  }
+
+  // The setup's results are up to date once the recording due_setup_recording gave has run.
+  void setup_done() {
+    setup_due = false;
+    std::fill(stale_leaves.begin(), stale_leaves.end(), false);
+  }
+
+  // Runs the part of the setup that is due, after any run in flight (which reads what it
+  // writes).
   void run_setup_if_due() {
     if (!setup_needed()) return;
     finish_run();
-    device->submit(setup_recording);
-    setup_due = false;
+    device->submit(due_setup_recording());
+    setup_done();
+  }
+
+  // Each setup dispatch's leaves and the setup dispatches whose results it reads
+  // (setup_leaves, setup_producers).
+  void trace_setup() {
+    const Graph& graph = program.graph;
+    const size_t count = program.setup.size();
+    stale_leaves.assign(graph.size(), false);
+    setup_leaves.assign(count, {});
+    setup_producers.assign(count, {});
+    std::map<ValueId, size_t> writer;
+    for (size_t i = 0; i < count; ++i) {
+      std::vector<bool> seen(graph.size(), false);
+      std::vector<ValueId> pending;
+      for (const target::Operand& operand : program.setup[i].launch.operands)
+        if (!operand.write) pending.push_back(operand.value);
+      while (!pending.empty()) {
+        const ValueId value = pending.back();
+        pending.pop_back();
+        if (seen[value]) continue;
+        seen[value] = true;
+        if (auto it = writer.find(value); it != writer.end()) {
+          setup_producers[i].push_back(it->second);
+          setup_leaves[i].insert(setup_leaves[i].end(), setup_leaves[it->second].begin(),
+                                 setup_leaves[it->second].end());
+          continue;
+        }
+        const Node& node = graph.node(value);
+        if (node.is_leaf()) {
+          setup_leaves[i].push_back(value);
+          continue;
+        }
+        pending.insert(pending.end(), node.inputs.begin(), node.inputs.end());
+      }
+      for (const target::Operand& operand : program.setup[i].launch.operands)
+        if (operand.write) writer[operand.value] = i;
+    }
   }
 
   void set_input(std::string_view name, DType dtype, const void* values, size_t count) {

@@ -34,7 +34,7 @@ void Session::Impl::submit_segment(size_t index) {
   device->start(run.recordings[index]);
   ++run.submitted;
   if (run.submitted == run.recordings.size() && updates_shared)
-    seen_generation = ++shared->generation;
+    note_shared_written(updated_shared_names);
 }
 
 void Session::Impl::wait_segment(size_t index) {

@@ -34,8 +34,11 @@ class SharedTensors {
   std::shared_ptr<SharedDevice> device;
   std::map<std::string, Entry, std::less<>> entries;
   // Counts the changes of these tensors by runs and writes, so that a Session knows when the
-  // results of its setup (derived from tensors it never changes itself) are stale.
+  // results of its setup (derived from tensors it never changes itself) are stale, and the
+  // generation at which each tensor last changed, so that it redoes only the part of its setup
+  // that reads the changed ones.
   uint64_t generation = 0;
+  std::map<std::string, uint64_t, std::less<>> written_at;
 };
 
 std::shared_ptr<SharedDevice> share_device(std::shared_ptr<gpu::Device> device);

@@ -63,5 +63,107 @@ TEST(GpuSetup, FixedWorkRunsOnceAndAgainAfterAWrite) {
   }
 }
 
+// Three fixed weights, each with setup work of its own: a = exp(w1) / 2, b = sum over rows of a
+// times tanh(w2) (a reduction that reads a, the setup's own result) and d = sigmoid(w3);
+// y = x a + b + x dᵀ. A write to one weight reruns the part of the setup that reads it (w2: b, and
+// a before it; w3: d's), and every run gives the f64 value of y over the weights as written,
+// whichever part ran.
+TEST(GpuSetup, AWriteRerunsThePartOfTheSetupThatReadsIt) {
+  Graph graph;
+  const Tensor x = input(graph, "x", {3, 5});
+  const Tensor w1 = parameter(graph, "w1", {5, 4}, Init::uniform(-1.0, 1.0));
+  const Tensor w2 = parameter(graph, "w2", {4}, Init::uniform(-1.0, 1.0));
+  const Tensor w3 = parameter(graph, "w3", {4, 5}, Init::uniform(-1.0, 1.0));
+  const Tensor a = exp(w1) * 0.5;
+  const Tensor b = sum(a, {0}) * tanh(w2);
+  const Tensor d = sigmoid(w3);
+  graph.set_output("y", (matmul(x, a) + b + matmul(x, d, false, true)).id());
+  std::mt19937_64 generator(73);
+  const std::vector<float> x_values = drawn(generator, 15);
+  std::vector<float> w[3] = {drawn(generator, 20), drawn(generator, 4), drawn(generator, 20)};
+  const auto expected = [&] {
+    std::vector<double> y(3 * 4, 0.0);
+    for (size_t j = 0; j < 4; ++j) {
+      double column = 0.0;
+      for (size_t k = 0; k < 5; ++k) column += std::exp(double(w[0][k * 4 + j])) / 2;
+      for (size_t i = 0; i < 3; ++i) {
+        y[i * 4 + j] = column * std::tanh(double(w[1][j]));
+        for (size_t k = 0; k < 5; ++k)
+          y[i * 4 + j] += x_values[i * 5 + k] * (std::exp(double(w[0][k * 4 + j])) / 2 +
+                                                 1.0 / (1.0 + std::exp(-double(w[2][j * 5 + k]))));
+      }
+    }
+    return y;
+  };
+  SessionOptions options;
+  options.validation = true;
+  Session session(graph, options);
+  ASSERT_GE(session.report().setup_dispatches, 3u);
+  session.set_input("x", x_values);
+  for (size_t leaf = 0; leaf < 3; ++leaf) session.write("w" + std::to_string(leaf + 1), w[leaf]);
+  session.run();
+  expect_close(session.output("y"), expected());
+  for (const size_t leaf : {2, 1, 2, 0, 1}) {
+    SCOPED_TRACE("w" + std::to_string(leaf + 1) + " written");
+    w[leaf] = drawn(generator, w[leaf].size());
+    session.write("w" + std::to_string(leaf + 1), w[leaf]);
+    session.run();
+    expect_close(session.output("y"), expected());
+    session.run();
+    expect_close(session.output("y"), expected());
+  }
+  EXPECT_EQ(session.validation_messages(), 0u);
+}
+
+// Shared tensors: a training program updates w3 every run (w3 <- w3 / 2); an evaluation program
+// sharing the weights has setup work over w1 and over w3. After each training run the evaluation
+// sees the halved w3 and the w1 it had (or wrote itself after that run, which must not hide the
+// training run's change), against the f64 value.
+TEST(GpuSetup, ASharedTensorAnotherSessionUpdatesRerunsThePartThatReadsIt) {
+  const auto weights = [](Graph& graph) {
+    return std::pair{parameter(graph, "w1", {5, 4}, Init::uniform(-1.0, 1.0)),
+                     parameter(graph, "w3", {5, 4}, Init::uniform(-1.0, 1.0))};
+  };
+  Graph training;
+  {
+    const auto [w1, w3] = weights(training);
+    training.set_output("sum", sum_all(w1 + w3).id());
+    training.assign(w3.id(), (w3 * 0.5).id());
+  }
+  Graph evaluation;
+  const Tensor x = input(evaluation, "x", {3, 5});
+  {
+    const auto [w1, w3] = weights(evaluation);
+    evaluation.set_output("y", (matmul(x, exp(w1) * 0.5) + matmul(x, sigmoid(w3))).id());
+  }
+  SessionOptions options;
+  options.validation = true;
+  options.shared_device = open_shared_device("");
+  options.shared_tensors = make_shared_tensors(options.shared_device);
+  Session trainer(training, options);
+  Session evaluator(evaluation, options);
+  ASSERT_GE(evaluator.report().setup_dispatches, 2u);
+  std::mt19937_64 generator(79);
+  const std::vector<float> x_values = drawn(generator, 15);
+  evaluator.set_input("x", x_values);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("after " + std::to_string(step) + " training runs");
+    if (step == 1) evaluator.write("w1", drawn(generator, 20));
+    const std::vector<float> w1 = evaluator.read("w1"), w3 = evaluator.read("w3");
+    evaluator.run();
+    std::vector<double> y(3 * 4, 0.0);
+    for (size_t i = 0; i < 3; ++i)
+      for (size_t j = 0; j < 4; ++j)
+        for (size_t k = 0; k < 5; ++k) {
+          const size_t e = k * 4 + j;
+          y[i * 4 + j] += x_values[i * 5 + k] *
+                          (std::exp(double(w1[e])) / 2 + 1.0 / (1.0 + std::exp(-double(w3[e]))));
+        }
+    expect_close(evaluator.output("y"), y);
+    trainer.run();
+  }
+  EXPECT_EQ(trainer.validation_messages() + evaluator.validation_messages(), 0u);
+}
+
 }  // namespace
 }  // namespace mg
