@@ -54,11 +54,10 @@ builds the training program with an empty kernel cache (cold), compile_warm_s ag
 cache it filled, each on a device opened afresh whose opening is left out (compile_parts gives
 it, as device_s, with the build's other parts: planning, allocation, pipelines, recording; and
 for the pipelines, GLSL to SPIR-V and the driver's time summed over kernels, and the slowest
-kernel with its time). Memory: the
-training program's device memory (weights, optimizer state, transient values as placed), that of
-SmolLM2's inference and SmolVLA's chunk programs (each counting the weights it shares with the
-training program, and its own f16 copies of fixed weights), and the planner's saving on transient values
-against giving each its own bytes.
+kernel with its time). Memory: the training program's device memory (weights, optimizer state,
+transient values as placed), that of SmolLM2's inference and SmolVLA's chunk programs (each
+counting the weights it shares with the training program, and its own f16 copies of fixed
+weights), and the planner's saving on transient values against giving each its own bytes.
 
   --filter NAME   only workloads whose name contains NAME
   --runs N        timed runs a cell (default 20)

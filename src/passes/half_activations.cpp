@@ -101,17 +101,14 @@ class HalfActivations {
     return true;
   }
 
-  // Whether elementwise `node` reads a matmul's product that nothing else reads: the GEMM then
-  // computes it as it stores the product (an epilogue: a bias add), in f32. So do the GEMMs of
-  // half products' f32 results that the workgroup GEMM does not take.
+  // Whether elementwise `node` reads a product that nothing else reads and whose GEMM computes
+  // it as it stores the product (an epilogue: a bias add), in f32.
   bool completes_a_product(const Node& node) const {
     return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ValueId input) {
       const Node& product = graph_.node(input);
-      const bool on_subgroups =
-          product.op == op::matmul ||
-          (product.op == op::half_matmul && product.type.dtype == DType::f32 &&
-           !device_.workgroup_gemm_takes_f16_product(graph_, product));
-      return on_subgroups && values_.readers(input).size() == 1 && !values_.kept(input);
+      return (product.op == op::matmul || product.op == op::half_matmul) &&
+             device_.product_takes_epilogue(graph_, product) &&
+             values_.readers(input).size() == 1 && !values_.kept(input);
     });
   }
 

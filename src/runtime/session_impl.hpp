@@ -99,6 +99,10 @@ struct Session::Impl {
   gpu::RecordingId setup_recording = 0;
   bool setup_due = false;
   std::vector<bool> stale_leaves;  // by value: leaves written since the setup last ran
+  // Whether a stale leaf is one that the setup reads (read_by_setup), so that a run asks no
+  // more than this flag.
+  bool stale_setup_leaf = false;
+  std::vector<bool> read_by_setup;  // by value
   // Each setup dispatch's leaves (what it reads, through the setup's own results) and the
   // setup dispatches whose results it reads.
   std::vector<std::vector<ValueId>> setup_leaves;
@@ -338,7 +342,9 @@ struct Session::Impl {
   }
 
   void mark_leaf_written(ValueId leaf) {
-    if (!program.setup.empty()) stale_leaves[leaf] = true;
+    if (program.setup.empty() || !read_by_setup[leaf]) return;
+    stale_leaves[leaf] = true;
+    stale_setup_leaf = true;
   }
 
   // Which setup dispatches must run before the next run (none, some or all).
@@ -361,9 +367,7 @@ struct Session::Impl {
   // session changed shared tensors that it reads.
   bool setup_needed() {
     absorb_shared_changes();
-    if (program.setup.empty()) return false;
-    const std::vector<bool> due = due_setup_dispatches();
-    return std::find(due.begin(), due.end(), true) != due.end();
+    return setup_due || stale_setup_leaf;
   }
 
   // The recording of the setup's due dispatches (setup_needed): the whole setup's, or one of a
@@ -388,7 +392,9 @@ struct Session::Impl {
 
   // The setup's results are up to date once the recording due_setup_recording gave has run.
   void setup_done() {
+    if (!setup_due && !stale_setup_leaf) return;
     setup_due = false;
+    stale_setup_leaf = false;
     std::fill(stale_leaves.begin(), stale_leaves.end(), false);
   }
 
@@ -407,6 +413,7 @@ struct Session::Impl {
     const Graph& graph = program.graph;
     const size_t count = program.setup.size();
     stale_leaves.assign(graph.size(), false);
+    read_by_setup.assign(graph.size(), false);
     setup_leaves.assign(count, {});
     setup_producers.assign(count, {});
     std::map<ValueId, size_t> writer;
@@ -435,6 +442,7 @@ struct Session::Impl {
       }
       for (const target::Operand& operand : program.setup[i].launch.operands)
         if (operand.write) writer[operand.value] = i;
+      for (ValueId leaf : setup_leaves[i]) read_by_setup[leaf] = true;
     }
   }
 

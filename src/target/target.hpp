@@ -53,6 +53,9 @@ class Target {
   virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
   // Whether it does and can also store the product's result as f16 (half_matmul's f16_result).
   virtual bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const = 0;
+  // Whether the GEMM of product `node` (a matmul or half_matmul) stores an f32 result through
+  // the store that an elementwise consumer can join (an epilogue: a bias add computed in f32).
+  virtual bool product_takes_epilogue(const Graph& graph, const Node& node) const = 0;
   // Whether a 2-D M x N x K product (whole K) runs on the subgroup-scope GEMM on cooperative
   // matrices, which rounds f32 operands to f16 as it loads them.
   virtual bool subgroup_gemm_takes_product(int64_t m, int64_t n, int64_t k,

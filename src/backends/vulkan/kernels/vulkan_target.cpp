@@ -3,6 +3,7 @@
 #include "backends/vulkan/kernels/conv_weight_grad.hpp"
 #include "backends/vulkan/kernels/fusion.hpp"
 #include "backends/vulkan/kernels/gemm_coopmat.hpp"
+#include "backends/vulkan/kernels/gemm_cpu.hpp"
 #include "backends/vulkan/kernels/gemm_workgroup.hpp"
 #include "backends/vulkan/kernels/pointwise.hpp"
 #include "backends/vulkan/kernels/split_k_rule.hpp"
@@ -28,6 +29,10 @@ bool VulkanTarget::workgroup_gemm_takes_f16_product(const Graph& graph, const No
 
 bool VulkanTarget::workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const {
   return kernels::workgroup_gemm_writes_f16_result(graph, node, traits());
+}
+
+bool VulkanTarget::product_takes_epilogue(const Graph& graph, const Node& node) const {
+  return kernels::stores_f32_product(graph, node, traits());
 }
 
 bool VulkanTarget::subgroup_gemm_takes_product(int64_t m, int64_t n, int64_t k,

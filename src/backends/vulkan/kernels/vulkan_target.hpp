@@ -23,6 +23,7 @@ class VulkanTarget final : public target::Target {
                             target::OperandsIn operands) const override;
   bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const override;
   bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const override;
+  bool product_takes_epilogue(const Graph& graph, const Node& node) const override;
   bool subgroup_gemm_takes_product(int64_t m, int64_t n, int64_t k,
                                    bool b_transposed) const override;
   bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane) const override;
