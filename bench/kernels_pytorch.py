@@ -1,7 +1,8 @@
 """PyTorch side of `meganeura bench kernels`: the same cases and shapes, strict f32 (TF32 off),
 one JSON object per case; the "... fast" twins run with f16 inputs (against Meganeura's
 --precision fast), and so do the "... f16" twins of the GEMM, SmolLM and SmolVLA products
-(against Meganeura's f16 tensors).
+(against Meganeura's f16 tensors); the "... bf16" twin of the GEMM runs with bfloat16 inputs
+(against Meganeura's --precision bf16).
 
 Like the Meganeura side, each case's inputs are replicated until the copies hold more than
 --rotate MiB (more than the GPU's L2 cache), and one timed run computes the case once on every
@@ -198,11 +199,18 @@ FAST_CASE_PREFIXES = ("gemm 4096^3", "smollm", "resnet conv 3x3 64->64", "resnet
 F16_CASE_PREFIXES = ("gemm 4096^3", "smollm", "smolvla expert", "smolvla vision")
 
 
+# The cases that also run in bfloat16, as "<name> bf16" (Meganeura's --precision bf16 twins).
+BF16_CASE_PREFIXES = ("gemm 4096^3",)
+
+
 def with_fast_twins(strict_cases):
-    """(name, shapes, make, flops, bytes, dtype): every case in f32, the listed ones also in f16."""
+    """(name, shapes, make, flops, bytes, dtype): every case in f32, the listed ones also in f16
+    and bfloat16."""
     listed = [(*case, torch.float32) for case in strict_cases]
-    twins = [(name + suffix, *rest, torch.float16)
-             for suffix, prefixes in ((" fast", FAST_CASE_PREFIXES), (" f16", F16_CASE_PREFIXES))
+    twins = [(name + suffix, *rest, dtype)
+             for suffix, prefixes, dtype in ((" fast", FAST_CASE_PREFIXES, torch.float16),
+                                             (" f16", F16_CASE_PREFIXES, torch.float16),
+                                             (" bf16", BF16_CASE_PREFIXES, torch.bfloat16))
              for name, *rest in strict_cases if name.startswith(prefixes)]
     return listed + twins
 
@@ -280,7 +288,7 @@ def main():
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--no-graphs", action="store_true", help="time eagerly, no CUDA graphs")
     parser.add_argument("--no-fast", action="store_true",
-                        help="leave out the f16 \"fast\" and \"f16\" twins")
+                        help="leave out the \"fast\", \"f16\" and \"bf16\" twins")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -302,7 +310,7 @@ def main():
     for name, shapes, make, flops, nbytes, dtype in with_fast_twins(cases(args.small)):
         if args.filter not in name or (args.no_fast and dtype != torch.float32):
             continue
-        if dtype == torch.float16 and device != "cuda":
+        if dtype != torch.float32 and device != "cuda":
             continue  # CPU PyTorch 1.13 lacks f16 kernels for these ops
         copies = rotation_copies(shapes, rotate_bytes)
         # Drawn on the CPU: a failed CUDA-graph capture of an earlier case leaves CUDA's

@@ -43,7 +43,8 @@ matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without coo
 matrices they run strict, and their JSON says "coop_dispatches": 0. Cases named "... f16" run
 the GEMM, SmolLM and SmolVLA products on f16 tensors (operands and result stored in f16) with
 --precision fast, as PyTorch's f16 twin does: the like-for-like comparison, with no rounding of
-f32 operands.
+f32 operands. "gemm 4096^3 bf16" runs the GEMM with --precision bf16 (bfloat16 operands);
+PyTorch's twin runs in bfloat16.
 
 A case the device cannot run (the large cases need 256 MiB buffers, more than some devices bind)
 is reported on stderr and marked in the table, the other cases still run, and the exit status is
@@ -54,7 +55,7 @@ then 1.
   --rotate MIB   input bytes to rotate through (default 96; 0 = one copy of the inputs)
   --small        shrink the large cases and rotate 1 MiB (for CPU devices such as Lavapipe, and
                  devices whose buffers hold less than 256 MiB)
-  --no-fast      leave out the "... fast" and "... f16" cases
+  --no-fast      leave out the "... fast", "... f16" and "... bf16" cases
   --profile      also time every dispatch (in separate runs) and print each kernel kind's share
                  of a case under its row ("kernel_ms" in the JSON)
   --device SEL   device index or part of its name
@@ -80,6 +81,8 @@ constexpr std::array<std::string_view, 7> kFastCasePrefixes = {
 // The products that also run on f16 tensors in fast precision, as "<name> f16".
 constexpr std::array<std::string_view, 4> kF16CasePrefixes = {"gemm 4096^3", "smollm",
                                                               "smolvla expert", "smolvla vision"};
+// The cases that also run in bf16 precision, as "<name> bf16".
+constexpr std::array<std::string_view, 1> kBf16CasePrefixes = {"gemm 4096^3"};
 
 Attrs conv_attrs(int64_t stride, int64_t padding) {
   return {{"stride", std::vector<int64_t>{stride, stride}},
@@ -335,7 +338,8 @@ std::vector<BenchCase> bench_cases(bool small) {
   unet(64);
 
   const size_t strict_cases = cases.size();
-  const auto add_twins = [&](const auto& prefixes, const std::string& suffix, DType dtype) {
+  const auto add_twins = [&](const auto& prefixes, const std::string& suffix, DType dtype,
+                             Precision precision) {
     for (size_t i = 0; i < strict_cases; ++i) {
       const bool twin = std::any_of(prefixes.begin(), prefixes.end(), [&](std::string_view prefix) {
         return cases[i].name.starts_with(prefix);
@@ -343,13 +347,14 @@ std::vector<BenchCase> bench_cases(bool small) {
       if (!twin) continue;
       BenchCase fast = cases[i];
       fast.name += suffix;
-      fast.precision = Precision::fast;
+      fast.precision = precision;
       fast.dtype = dtype;
       cases.push_back(std::move(fast));
     }
   };
-  add_twins(kFastCasePrefixes, " fast", DType::f32);
-  add_twins(kF16CasePrefixes, " f16", DType::f16);
+  add_twins(kFastCasePrefixes, " fast", DType::f32, Precision::fast);
+  add_twins(kF16CasePrefixes, " f16", DType::f16, Precision::fast);
+  add_twins(kBf16CasePrefixes, " bf16", DType::f32, Precision::bf16);
   return cases;
 }
 
@@ -517,7 +522,7 @@ int bench_command(const std::vector<std::string>& words) {
   const std::vector<BenchCase> cases = bench_cases(small);
   const auto selected = [&](const BenchCase& bench) {
     return bench.name.find(filter) != std::string::npos &&
-           !(bench.precision == Precision::fast && arguments.has("no-fast"));
+           !(bench.precision != Precision::strict && arguments.has("no-fast"));
   };
   if (copy_name.find(filter) == std::string::npos &&
       std::none_of(cases.begin(), cases.end(), selected)) {
@@ -567,7 +572,7 @@ int bench_command(const std::vector<std::string>& words) {
                              {"dispatches", measured.dispatches},
                              {"precision", std::string(precision_name(bench.precision))},
                              {"dtype", std::string(dtype_name(bench.dtype))}};
-    if (bench.precision == Precision::fast) record["coop_dispatches"] = measured.coop_dispatches;
+    if (bench.precision != Precision::strict) record["coop_dispatches"] = measured.coop_dispatches;
     if (!measured.kernel_ms.empty()) record["kernel_ms"] = measured.kernel_ms;
     if (bench.flops > 0) {
       record["gflops"] = bench.flops / ms / 1e6;

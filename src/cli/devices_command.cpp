@@ -258,6 +258,7 @@ target::DeviceTraits h200_traits() {
   traits.workgroup_coop_matrix_f16 = true;
   traits.workgroup_tensor_loads = true;
   traits.workgroup_narrow_blocks = true;
+  traits.workgroup_coop_matrix_bf16 = true;
   traits.f16_tensors = true;
   traits.name = "H200 (traits only)";
   return traits;

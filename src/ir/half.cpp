@@ -1,5 +1,6 @@
 #include "ir/half.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -14,6 +15,19 @@ double round_to_f16(double value) {
   std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
   // 11 significant bits down to the smallest normal (2^-14), then the subnormals' fixed 2^-24.
   const double step = std::ldexp(1.0, std::max(exponent - 11, -24));
+  return std::copysign(std::nearbyint(magnitude / step) * step, value);  // ties to even
+}
+
+double round_to_bf16(double value) {
+  if (!std::isfinite(value)) return value;
+  const double magnitude = std::fabs(value);
+  // Past the largest bfloat16, (2 - 2^-7) 2^127, by half its last step (2^120).
+  if (magnitude >= std::ldexp(255.5, 120))
+    return std::copysign(std::numeric_limits<double>::infinity(), value);
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
+  // 8 significant bits down to the smallest normal (2^-126), then the subnormals' fixed 2^-133.
+  const double step = std::ldexp(1.0, std::max(exponent - 8, -133));
   return std::copysign(std::nearbyint(magnitude / step) * step, value);  // ties to even
 }
 

@@ -18,6 +18,10 @@ uint16_t f16_bits(double value);
 // The value an f16 bit pattern holds.
 float f16_value(uint16_t bits);
 
+// `value` rounded to the nearest bfloat16 (8 significant bits, f32's exponent range; ties to
+// even; infinity past the largest finite bfloat16, NaN kept).
+double round_to_bf16(double value);
+
 // The bfloat16 bit pattern of `value`: rounded to nearest, ties to even (infinity past the
 // largest finite bfloat16); a NaN stays a quiet NaN. Inline, for layers that do not link the IR
 // (weight files).

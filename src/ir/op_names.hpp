@@ -51,6 +51,7 @@ inline constexpr std::string_view stop_gradient = "stop_gradient";
 inline constexpr std::string_view matmul = "matmul";
 inline constexpr std::string_view half_matmul = "half_matmul";
 inline constexpr std::string_view round_to_f16 = "round_to_f16";
+inline constexpr std::string_view round_to_bf16 = "round_to_bf16";
 inline constexpr std::string_view widen_f16 = "widen_f16";
 inline constexpr std::string_view sum_to_f16 = "sum_to_f16";
 
@@ -121,7 +122,7 @@ inline constexpr std::string_view cross_entropy = "cross_entropy";
 inline constexpr std::string_view cross_entropy_grad = "cross_entropy_grad";
 
 // Every constant above, in that order.
-inline constexpr std::array<std::string_view, 92> kAll = {input,
+inline constexpr std::array<std::string_view, 93> kAll = {input,
                                                           parameter,
                                                           state,
                                                           constant,
@@ -159,6 +160,7 @@ inline constexpr std::array<std::string_view, 92> kAll = {input,
                                                           matmul,
                                                           half_matmul,
                                                           round_to_f16,
+                                                          round_to_bf16,
                                                           widen_f16,
                                                           sum_to_f16,
                                                           sum,

@@ -1,9 +1,10 @@
 // The f16 ops that passes write after differentiation, so they take no gradient: round_to_f16
-// (an f32 tensor rounded to f16, stored as f16), widen_f16 (an f16 tensor as f32, exactly),
-// half_matmul (the product of two matrices of which at least one is f16, accumulated in f32
-// and returned in f32, or in f16 with f16_result) and sum_to_f16 (f32 partial results summed over
-// their leading axis and rounded to f16). passes/workgroup_gemm.cpp, passes/f16_storage.cpp and
-// passes/split_k.cpp write them.
+// (an f32 tensor rounded to f16, stored as f16), round_to_bf16 (the same in bfloat16, the
+// workgroup GEMM's operands in bf16 precision), widen_f16 (an f16 tensor as f32, exactly),
+// half_matmul (the product of two matrices of which at least one is f16, or both bf16,
+// accumulated in f32 and returned in f32, or in f16 with f16_result) and sum_to_f16 (f32 partial
+// results summed over their leading axis and rounded to f16). passes/workgroup_gemm.cpp,
+// passes/f16_storage.cpp and passes/split_k.cpp write them.
 #include "ops/half_gemm.hpp"
 
 #include <algorithm>
@@ -26,6 +27,13 @@ TensorType infer_round_to_f16(const Graph& graph, const Node& node) {
   return TensorType{DType::f16, x.shape};
 }
 
+TensorType infer_round_to_bf16(const Graph& graph, const Node& node) {
+  expect_input_count(graph, node, 1);
+  const TensorType& x = graph.type(node.inputs[0]);
+  if (x.dtype != DType::f32) op_error(graph, node, "rounds f32 values");
+  return TensorType{DType::bf16, x.shape};
+}
+
 TensorType infer_widen_f16(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 1);
   const TensorType& x = graph.type(node.inputs[0]);
@@ -35,19 +43,26 @@ TensorType infer_widen_f16(const Graph& graph, const Node& node) {
 
 // half_matmul(a, b) {transpose_a, transpose_b, f16_result, k_splits}: a [..., M, K] and
 // b [..., K, N] in f16, or one of them in f32 (which the fast GEMM rounds as it loads it: half
-// products, passes/half_products.cpp), each stored transposed where its flag says, leading
-// batch axes broadcast as matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result;
-// with k_splits = S (only from the split-K pass) the f32 partial results [S, ..., M, N] as
-// matmul's (ops/k_split.hpp).
+// products, passes/half_products.cpp), or both in bf16 (the workgroup GEMM's operands in bf16
+// precision), each stored transposed where its flag says, leading batch axes broadcast as
+// matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands); with
+// k_splits = S (only from the split-K pass, not for bf16 operands) the f32 partial results
+// [S, ..., M, N] as matmul's (ops/k_split.hpp).
 TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 2);
   const TensorType& a = graph.type(node.inputs[0]);
   const TensorType& b = graph.type(node.inputs[1]);
   const auto f16_or_f32 = [](DType dtype) { return dtype == DType::f16 || dtype == DType::f32; };
-  if ((a.dtype != DType::f16 && b.dtype != DType::f16) || !f16_or_f32(a.dtype) ||
-      !f16_or_f32(b.dtype))
+  const bool bfloat16 = a.dtype == DType::bf16 && b.dtype == DType::bf16;
+  if (!bfloat16 && ((a.dtype != DType::f16 && b.dtype != DType::f16) || !f16_or_f32(a.dtype) ||
+                    !f16_or_f32(b.dtype)))
     op_error(graph, node,
-             "multiplies f16 operands, or one f16 and one f32 (round_to_f16 gives them)");
+             "multiplies f16 operands, or one f16 and one f32 (round_to_f16 gives them), or two "
+             "bf16 operands (round_to_bf16)");
+  if (bfloat16 && (flag_attr(graph, node, "f16_result") || node.attrs.has("k_splits")))
+    op_error(graph, node,
+             "multiplies bf16 operands whole into an f32 result (no f16_result or "
+             "k_splits)");
   if (a.rank() < 2 || b.rank() < 2) op_error(graph, node, "operands need rank >= 2");
   const bool transpose_a = flag_attr(graph, node, "transpose_a");
   const bool transpose_b = flag_attr(graph, node, "transpose_b");
@@ -96,6 +111,18 @@ void register_half_gemm_ops(std::vector<OpDef>& registry) {
             HostTensor result(node.type.shape);
             for (size_t i = 0; i < result.data.size(); ++i)
               result.data[i] = round_to_f16(inputs[0]->data[i]);
+            return result;
+          },
+      .vjp = no_gradient,
+  });
+  registry.push_back(OpDef{
+      .name = op::round_to_bf16,
+      .infer = infer_round_to_bf16,
+      .reference =
+          [](const Node& node, const std::vector<const HostTensor*>& inputs) {
+            HostTensor result(node.type.shape);
+            for (size_t i = 0; i < result.data.size(); ++i)
+              result.data[i] = round_to_bf16(inputs[0]->data[i]);
             return result;
           },
       .vjp = no_gradient,

@@ -71,10 +71,13 @@ void visit_initial_leaves(const Graph& graph, uint64_t seed, bool skip_weights,
 
 namespace {
 
-// An f16 tensor holds only f16 values, whatever its producer computed or its caller gave.
+// An f16 (bf16) tensor holds only f16 (bfloat16) values, whatever its producer computed or its
+// caller gave.
 void hold_in_dtype(const TensorType& type, HostTensor& tensor) {
-  if (type.dtype != DType::f16) return;
-  for (double& value : tensor.data) value = round_to_f16(value);
+  if (type.dtype == DType::f16)
+    for (double& value : tensor.data) value = round_to_f16(value);
+  if (type.dtype == DType::bf16)
+    for (double& value : tensor.data) value = round_to_bf16(value);
 }
 
 }  // namespace

@@ -47,11 +47,11 @@ Graph half_activations(Graph graph, const target::Target& device,
                        std::vector<ValueId>* remap = nullptr);
 
 // The workgroup GEMM: a 2-D matmul that suits it on `device` (target::Target::
-// workgroup_gemm_suits) becomes round_to_f16 of both operands and a half_matmul
-// (ops/half_gemm.hpp). Where products round their operands to f16 (fast precision with f16
-// operands; MEGANEURA_WINOGRAD_F16=0 aside), Winograd's transforms store f16 points
-// (f16_result) and the batched matmuls of two of them become half_matmuls, which the target
-// runs on the workgroup GEMM where a block fits.
+// workgroup_gemm_suits) becomes round_to_f16 of both operands (round_to_bf16 in bf16
+// precision) and a half_matmul (ops/half_gemm.hpp). Where products round their operands to f16
+// (fast precision with f16 operands; MEGANEURA_WINOGRAD_F16=0 aside), Winograd's transforms store
+// f16 points (f16_result) and the batched matmuls of two of them become half_matmuls, which the
+// target runs on the workgroup GEMM where a block fits.
 Graph workgroup_gemm(Graph graph, const target::Target& device,
                      std::vector<ValueId>* remap = nullptr);
 

@@ -1,8 +1,9 @@
 // The workgroup GEMM pass (passes.hpp): a 2-D matmul that suits the workgroup GEMM on the
-// target becomes round_to_f16 of each operand and a half_matmul of the two. The fast GEMMs round
-// their operands to f16 anyway; here the rounding is a launch of its own over each operand,
-// because the workgroup kernel loads its f16 operands straight from memory. Winograd's products
-// need no such launch: their operands' transforms store f16 points themselves.
+// target becomes round_to_f16 of each operand (round_to_bf16 in bf16 precision) and a
+// half_matmul of the two. The fast GEMMs round their operands to f16 (bfloat16) anyway; here the
+// rounding is a launch of its own over each operand, because the workgroup kernel loads its f16
+// operands straight from memory. Winograd's products need no such launch: their operands'
+// transforms store f16 points themselves.
 #include <algorithm>
 
 #include "ir/op_names.hpp"
@@ -98,8 +99,11 @@ Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<Valu
           return target.add(node.op, node.inputs, node.attrs);
         }
         if (!takes_workgroup_gemm(target, node, device)) return target.add_typed(std::move(node));
-        const ValueId a_half = target.add(op::round_to_f16, {node.inputs[0]});
-        const ValueId b_half = target.add(op::round_to_f16, {node.inputs[1]});
+        // bf16 precision rounds to bfloat16, keeping f32's range.
+        const std::string_view rounding =
+            device.traits().bf16_operands ? op::round_to_bf16 : op::round_to_f16;
+        const ValueId a_half = target.add(rounding, {node.inputs[0]});
+        const ValueId b_half = target.add(rounding, {node.inputs[1]});
         return target.add(op::half_matmul, {a_half, b_half}, node.attrs);
       },
       remap);

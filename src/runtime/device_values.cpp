@@ -34,8 +34,14 @@ std::vector<float> host_values(DType dtype, const std::byte* data, size_t count)
         values[i] = static_cast<float>(integer);
         break;
       }
-      case DType::bf16:
-        throw Error("bf16 tensors cannot be read yet: keep the tensor f32 or f16");
+      case DType::bf16: {
+        // A bfloat16 is the upper half of the f32 of its value.
+        uint16_t bits = 0;
+        std::memcpy(&bits, element, 2);
+        const uint32_t widened = uint32_t{bits} << 16;
+        std::memcpy(&values[i], &widened, 4);
+        break;
+      }
     }
   }
   return values;

@@ -17,7 +17,7 @@ ProgramKernels program_kernels(const plan::Program& program) {
   // files are the embedded sources' views, the same file at the same address: compared by address
   // rather than by their tens of kilobytes of text.
   std::map<std::tuple<std::string, std::vector<const char*>,
-                      std::vector<std::pair<std::string, std::string>>, bool, bool>,
+                      std::vector<std::pair<std::string, std::string>>, bool, bool, bool>,
            uint32_t>
       unique;
   std::vector<const plan::PlannedLaunch*> launches;
@@ -31,7 +31,7 @@ ProgramKernels program_kernels(const plan::Program& program) {
     for (std::string_view file : launch.files) files.push_back(file.data());
     auto key = std::make_tuple(kernels::buffer_declarations(program.graph, launch) + launch.body,
                                std::move(files), launch.defines, launch.tensor_loads,
-                               launch.bf16_operands);
+                               launch.bf16_operands, launch.bf16_buffers);
     const auto [it, inserted] =
         unique.try_emplace(std::move(key), static_cast<uint32_t>(result.specs.size()));
     if (inserted) {
@@ -44,6 +44,7 @@ ProgramKernels program_kernels(const plan::Program& program) {
       spec.matrix_loads =
           launch.tensor_loads ? gpu::MatrixLoads::tensor_at_element : gpu::MatrixLoads::plain;
       spec.bf16_operands = launch.bf16_operands;
+      spec.bf16_buffers = launch.bf16_buffers;
       result.specs.push_back(std::move(spec));
     }
     result.spec_of_launch.push_back(it->second);

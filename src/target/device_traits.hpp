@@ -47,6 +47,10 @@ struct DeviceTraits {
   // bf16_operands asks for them (with fast_precision: Precision::bf16), and the GEMMs then run on
   // cooperative matrices only where the device has them (attention keeps f16 operands).
   bool coop_matrix_bf16_khr = false;
+  // Workgroup-scope matrices for bfloat16 A and B and f32 accumulators in every form the
+  // workgroup GEMM takes for f16 ones on this device (the flags above), and bfloat16
+  // cooperative matrices: the workgroup GEMM then multiplies bf16 operands too.
+  bool workgroup_coop_matrix_bf16 = false;
   bool bf16_operands = false;
   std::string name = "device";
   // The session's switches (docs/SWITCHES.md): kill switches, forced routes and tuning

@@ -494,6 +494,64 @@ TEST_F(CoopMatrixLowering, Bf16ProgramsRoundNoF32OperandToF16) {
   }
 }
 
+// On a device with workgroup-scope bfloat16 matrices, a bf16 program's large product of f32
+// tensors takes the workgroup GEMM as a fast one does, its operands rounded to bfloat16
+// (round_to_bf16, stored as bfloat16 bit patterns) rather than f16, and its kernel compiles to a
+// bfloat16 module whose buffers a and b are bfloat16 too; the f16 tensors' product keeps its f16
+// kernel. Without those matrices the product stays on the subgroup GEMM (the test above).
+TEST_F(CoopMatrixLowering, Bf16ProgramsRoundWorkgroupOperandsToBfloat16) {
+  Graph graph = coop_graph();
+  graph.set_output("wide product",
+                   matmul(input(graph, "wa", {2048, 64}), input(graph, "wb", {64, 4096})).id());
+  Tensor half_a = cast(input(graph, "ha", {96, 64}), DType::f16);
+  Tensor half_b = cast(input(graph, "hb", {64, 80}), DType::f16);
+  graph.set_output("half product", matmul(half_a, half_b).id());
+  target::DeviceTraits device = bf16_device();
+  device.workgroup_coop_matrix_f16 = true;
+  const auto f16_roundings_of = [](const plan::Program& program) {
+    return std::count_if(program.graph.nodes().begin(), program.graph.nodes().end(),
+                         [](const Node& node) { return node.op == op::round_to_f16; });
+  };
+  const long f16_roundings_without = f16_roundings_of(plan::build_program(
+      graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{}));
+  device.workgroup_coop_matrix_bf16 = true;
+  const plan::Program program = plan::build_program(
+      graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
+  int bf16_roundings = 0, bf16_products = 0;
+  for (const Node& node : program.graph.nodes()) {
+    if (node.op == op::round_to_bf16) {
+      ++bf16_roundings;
+      const std::string& name = program.graph.node(node.inputs[0]).name;
+      EXPECT_TRUE(name == "wa" || name == "wb") << name;
+    }
+    if (node.op == op::half_matmul && program.graph.type(node.inputs[0]).dtype == DType::bf16) {
+      ++bf16_products;
+      EXPECT_EQ(program.graph.node(node.inputs[0]).op, op::round_to_bf16);
+      EXPECT_EQ(program.graph.node(node.inputs[1]).op, op::round_to_bf16);
+      EXPECT_EQ(node.type.dtype, DType::f32);
+    }
+  }
+  EXPECT_EQ(bf16_roundings, 2);
+  EXPECT_EQ(bf16_products, 1);
+  // The f16 roundings are the f16 tensors' casts, as without the bfloat16 route.
+  EXPECT_EQ(f16_roundings_of(program), f16_roundings_without);
+  int workgroup_launches = 0;
+  for (const plan::PlannedLaunch& planned : program.launches) {
+    const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
+    if (launch.kernel != "gemm_workgroup_coopmat") continue;
+    SCOPED_TRACE(launch.label);
+    ++workgroup_launches;
+    EXPECT_TRUE(launch.bf16_operands);
+    EXPECT_TRUE(launch.bf16_buffers);
+    gpu::KernelSpec spec = spec_of(program.graph, launch);
+    spec.khr_cooperative_matrix = true;
+    spec.bf16_operands = true;
+    spec.bf16_buffers = true;
+    expect_bf16_module(gpu::compile_glsl(spec), launch.label);
+  }
+  EXPECT_EQ(workgroup_launches, 1);
+}
+
 // coop_launches, and the launch of the graph's last attention_grad_k with its attention_grad_v
 // (dK with dV in one launch, as the lowering of the whole graph pairs them).
 std::vector<kernels::Launch> coop_launches_with_grad_kv(const Graph& graph,
@@ -941,6 +999,44 @@ void main() {
             std::string::npos);
   EXPECT_EQ(refusal("tile[gl_LocalInvocationID.x] = float16_t(data[gl_LocalInvocationID.x]);"),
             "accepted");
+}
+
+// A kernel whose f16 buffers hold bfloat16 values (the workgroup GEMM's bf16 operands,
+// KernelSpec::bf16_buffers) becomes a bfloat16 module, its buffer included: matrices loaded from
+// that buffer are bfloat16 ones; f16 arithmetic is still refused.
+TEST(CoopMatrixRewrite, Bf16BuffersBecomeBfloat16) {
+  const auto spec_with = [](const std::string& body) {
+    gpu::KernelSpec spec;
+    spec.label = "bfloat16 buffers";
+    spec.binding_count = 2;
+    spec.khr_cooperative_matrix = true;
+    spec.bf16_operands = true;
+    spec.bf16_buffers = true;
+    spec.source = std::string(kTestKernelOpening) +
+                  "layout(set = 0, binding = 1) buffer Halves { float16_t halves[]; };\n" +
+                  R"(
+void main() {
+)" + body + R"(
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+  coopMatLoadNV(a, halves, 0, 16, false);
+  fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> b;
+  coopMatLoadNV(b, halves, 256, 8, false);
+  fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>(0.0);
+  acc = coopMatMulAddNV(a, b, acc);
+  coopMatStoreNV(acc, data, 0, 8, false);
+}
+)";
+    return spec;
+  };
+  const gpu::KernelSpec spec = spec_with("");
+  expect_bf16_module(gpu::compile_glsl(spec), spec.label);
+  try {
+    gpu::compile_glsl(spec_with("halves[0] = halves[1] * halves[2];"));
+    ADD_FAILURE() << "f16 arithmetic accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("computes with f16 values"), std::string::npos)
+        << error.what();
+  }
 }
 
 // The workgroup GEMM's launch for C [m, n] = A B (A stored transposed where `ta`, B where `tb`),
@@ -2270,7 +2366,8 @@ bool device_has_workgroup_coop_matrices() {
 // (one block high at 128 rows), on tensors of `dtype`,
 // each product in `dispatches` dispatches, within `tolerance` of the reference. Without
 // validation: the layer predates the extension.
-void check_workgroup_products(DType dtype, double tolerance, size_t dispatches, uint64_t seed) {
+void check_workgroup_products(DType dtype, double tolerance, size_t dispatches, uint64_t seed,
+                              const SessionOptions& options = fast()) {
   const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
   // 512 rows take the 256 x 128 block split into rows where the device has tensor-layout loads,
   // 128 rows the 128 x 256 block everywhere (kernels::workgroup_gemm_block).
@@ -2286,7 +2383,7 @@ void check_workgroup_products(DType dtype, double tolerance, size_t dispatches, 
           [&](Graph& graph, std::vector<Tensor>& in) {
             graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
           },
-          tolerance, seed++, fast(), &launched, false);
+          tolerance, seed++, options, &launched, false);
       EXPECT_EQ(launched, dispatches);
     }
   }
@@ -2629,6 +2726,43 @@ TEST_F(GpuCoopMatrix, SmallValuesNeedNoScalingBf16) {
         },
         kBf16.attention_gradient_tolerance, 32, kBf16.options(), nullptr, false);
   }
+}
+
+// Workgroup-scope bfloat16 matrices on 256 invocations, which the workgroup GEMM needs for bf16
+// operands, beside the bfloat16 subgroup matrices that bf16 precision needs at all.
+bool device_has_workgroup_bf16_coop_matrices() {
+  if (!device_has_bf16_coop_matrices()) return false;
+  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
+  const gpu::WorkgroupCoopMatrixCaps& caps =
+      devices[gpu::choose_device(devices, "")].caps.workgroup_coop_matrix;
+  return caps.available && std::any_of(caps.configs.begin(), caps.configs.end(),
+                                       [](const gpu::WorkgroupCoopMatrixConfig& config) {
+                                         return config.a == gpu::ScalarType::bf16 &&
+                                                config.c == gpu::ScalarType::f32 &&
+                                                config.workgroup_invocations == 256;
+                                       });
+}
+
+// The workgroup GEMM with bfloat16 operands (forced onto products below its size rule): both
+// operands rounded to bfloat16 by launches of their own, the product read from bfloat16 memory,
+// in every transposition and both block forms, within the bf16 tolerance of the f64 reference;
+// and bfloat16's range, a product of values of about 1e-6 (products of 1e-12, which f16
+// operands would lose), named in the dispatch list as the route it took.
+TEST_F(GpuCoopMatrix, WorkgroupScopeMatmulBf16) {
+  if (!device_has_workgroup_bf16_coop_matrices())
+    GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
+  check_workgroup_products(DType::f32, kBf16Tolerance, 3, 70, kBf16.options());
+  const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
+  std::string dispatch_list;
+  check_on_gpu(
+      {{"a", {512, 192}, DType::f32, -1e-6, 1e-6}, {"b", {192, 512}, DType::f32, -1e-6, 1e-6}},
+      [](Graph& graph, std::vector<Tensor>& in) {
+        graph.set_output("y", matmul(in[0], in[1]).id());
+      },
+      kBf16Tolerance, 77, kBf16.options(), nullptr, false, &dispatch_list);
+  EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 1u)
+      << dispatch_list;
+  EXPECT_EQ(dispatch_lines_with(dispatch_list, {"round_to_bf16"}), 2u) << dispatch_list;
 }
 
 // The probe of a subgroup's fragment layout: through both extensions every element of the A and

@@ -207,6 +207,47 @@ TEST(HalfGemm, RoundToF16ByHand) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(y.data[i], expected[i]) << "element " << i;
 }
 
+// round_to_bf16 against values worked out by hand from bfloat16's format: 8 significant bits,
+// ties to the even neighbour, f32's exponent range (subnormal steps of 2^-133 below 2^-126),
+// infinity from (2 - 2^-8) 2^127 on; and a bf16 tensor (a cast) holds the same values.
+TEST(HalfGemm, RoundToBf16ByHand) {
+  const double p = std::ldexp(1.0, -8);  // half of the step just above 1
+  const double largest = 255 * std::ldexp(1.0, 120);
+  const std::vector<double> in = {1 + p,
+                                  1 + 3 * p,
+                                  1 + 1.5 * p,
+                                  -(2 + 3 * p),
+                                  70000.0,
+                                  255.4 * std::ldexp(1.0, 120),
+                                  -255.5 * std::ldexp(1.0, 120),
+                                  std::ldexp(1.0, -134),
+                                  3 * std::ldexp(1.0, -134),
+                                  1e-40,
+                                  0.1};
+  const std::vector<double> expected = {1.0,
+                                        1 + 4 * p,
+                                        1 + 2 * p,
+                                        -(2 + 4 * p),  // the step above 2 is 4p: 2 + 3p rounds up
+                                        70144.0,       // 137 steps of 512
+                                        largest,
+                                        -std::numeric_limits<double>::infinity(),
+                                        0.0,
+                                        std::ldexp(1.0, -132),
+                                        std::ldexp(1.0, -133),  // 1.09 subnormal steps
+                                        0.10009765625};         // 205 / 2048
+  const HostTensor x({static_cast<int64_t>(in.size())}, in);
+  const HostTensor y = evaluate_op(
+      {x}, [](std::vector<Tensor>& v) { return raw(v[0].graph(), "round_to_bf16", {v[0].id()}); });
+  const HostTensor held =
+      evaluate_op({x}, [](std::vector<Tensor>& v) { return cast(v[0], DType::bf16); });
+  ASSERT_EQ(y.data.size(), expected.size());
+  ASSERT_EQ(held.data.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(y.data[i], expected[i]) << "element " << i;
+    EXPECT_EQ(held.data[i], expected[i]) << "element " << i << " of the cast";
+  }
+}
+
 // half_matmul multiplies its f16 operands (or one f16 operand and one f32) as matmul does, in
 // every transposition, into f32.
 TEST(HalfGemm, HalfMatmulIsTheProductInF32) {
@@ -228,6 +269,16 @@ TEST(HalfGemm, HalfMatmulIsTheProductInF32) {
     EXPECT_EQ(product.dtype(), DType::f32);
     expect_values(evaluate(graph, environment)[product.id()], {2, 2}, kProduct);
   }
+  // Two bf16 operands (the workgroup GEMM's in bf16 precision), which hold these values exactly.
+  Graph graph;
+  Environment environment;
+  const Tensor x = input(graph, "a", a.shape, DType::bf16);
+  const Tensor y = input(graph, "b", b.shape, DType::bf16);
+  environment.leaves["a"] = a;
+  environment.leaves["b"] = b;
+  const Tensor product = raw(graph, "half_matmul", {x.id(), y.id()});
+  EXPECT_EQ(product.dtype(), DType::f32);
+  expect_values(evaluate(graph, environment)[product.id()], {2, 2}, kProduct);
 }
 
 TEST(HalfGemm, Misuse) {
@@ -236,6 +287,19 @@ TEST(HalfGemm, Misuse) {
   const Tensor h = input(graph, "h", {2, 3}, DType::f16);
   const Tensor g = input(graph, "g", {4, 2}, DType::f16);
   expect_error([&] { raw(graph, "round_to_f16", {h.id()}); }, {"round_to_f16", "rounds f32"});
+  expect_error([&] { raw(graph, "round_to_bf16", {h.id()}); }, {"round_to_bf16", "rounds f32"});
+  const Tensor bf = input(graph, "bf", {3, 2}, DType::bf16);
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {h.id(), bf.id()});
+      },
+      {"half_matmul", "two bf16 operands"});
+  const Tensor bf_a = input(graph, "bf_a", {2, 3}, DType::bf16);
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {bf_a.id(), bf.id()}, {{"f16_result", int64_t{1}}});
+      },
+      {"half_matmul", "bf16 operands whole into an f32 result"});
   expect_error(
       [&] {
         raw(graph, "half_matmul", {a.id(), a.id()}, {{"transpose_b", int64_t{1}}});

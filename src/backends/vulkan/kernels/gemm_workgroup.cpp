@@ -1,4 +1,5 @@
-// Kernels of round_to_f16, widen_f16 and half_matmul: the workgroup GEMM's operands and product
+// Kernels of round_to_f16, round_to_bf16, widen_f16 and half_matmul: the workgroup GEMM's
+// operands and product
 // (gemm_workgroup.hpp), and the conversions around f32 kernels for f16 tensors
 // (passes/f16_storage.cpp).
 #include "backends/vulkan/kernels/gemm_workgroup.hpp"
@@ -30,6 +31,45 @@ void main() {
   }
 }
 )glsl";
+
+// round_to_bf16 (f32 -> bfloat16), four values an invocation as kConvertF16, in integer
+// arithmetic on the f32 bits (GLSL here has no bfloat16 type): adding just under half of the
+// dropped range plus the kept lowest bit rounds to nearest with ties to even, a carry into the
+// exponent giving the next value (infinity past the top); a NaN keeps its sign and stays a
+// quiet NaN (ir/half.hpp's bf16_bits).
+constexpr const char* kConvertBf16 = R"glsl(
+layout(std430, set = 0, binding = 0) readonly buffer x_quads { vec4 x4[]; };
+layout(std430, set = 0, binding = 1) writeonly buffer y_quads { uvec2 y4[]; };
+layout(local_size_x = 256) in;
+uint bf16_bits(float value) {
+  const uint bits = floatBitsToUint(value);
+  if (isnan(value)) return (bits >> 16) | 0x40u;
+  return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+}
+void main() {
+  const uint quad = linear_workgroup() * 256u + gl_LocalInvocationID.x;
+  if (quad < COUNT / 4u) {
+    const vec4 v = x4[quad];
+    y4[quad] = uvec2(bf16_bits(v.x) | (bf16_bits(v.y) << 16), bf16_bits(v.z) | (bf16_bits(v.w) << 16));
+  } else if (quad == COUNT / 4u) {
+    for (uint i = quad * 4u; i < COUNT; ++i) y[i] = uint16_t(bf16_bits(x[i]));
+  }
+}
+)glsl";
+
+void lower_bf16_rounding(LoweringContext& context) {
+  const int64_t count = element_count(context.node().type.shape);
+  require_f16_tensors(context.label(), "converts into", context.device());
+  Launch launch;
+  launch.label = context.label();
+  launch.kernel = context.node().op;
+  launch.body = kConvertBf16;
+  launch.defines = {{"COUNT", glsl_uint(count)}};
+  launch.operands = {{"x", context.node().inputs[0], false}, {"y", context.id(), true}};
+  launch.f16_operands = true;
+  launch.groups = grid_for(static_cast<uint64_t>(count / 4 + 1), 256, context.device());
+  context.emit(std::move(launch));
+}
 
 // round_to_f16 (f32 -> f16) and widen_f16 (f16 -> f32).
 void lower_f16_conversion(LoweringContext& context) {
@@ -67,7 +107,13 @@ void lower_half_matmul(LoweringContext& context) {
   const bool transpose_b = node.attrs.get_int("transpose_b", 0) != 0;
   const MatmulShape shape = matmul_shape(context.graph(), node);
   const int64_t m = shape.m, n = shape.n, k = shape.k;
+  const bool bfloat16 = context.input_type(0).dtype == DType::bf16;
   if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
+    if (bfloat16)
+      throw Error("internal: " + context.label() +
+                  " multiplies bf16 operands, which only the workgroup GEMM reads, and it does "
+                  "not take this product on '" +
+                  context.device().name + "' (the workgroup GEMM pass checks this)");
     if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
     throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
                 std::to_string(k) + ") multiplies f16 operands on cooperative matrices, which '" +
@@ -100,6 +146,10 @@ void lower_half_matmul(LoweringContext& context) {
   launch.operands = {
       {"a", node.inputs[0], false}, {"b", node.inputs[1], false}, {"c", context.id(), true}};
   launch.f16_operands = true;
+  // The kernel is written for f16 operands; bf16 ones are the same module with its f16 type
+  // made bfloat16, the operands' buffers included.
+  launch.bf16_operands = bfloat16;
+  launch.bf16_buffers = bfloat16;
   // Workgroup scope is a KHR matrix property: the NV extension has only subgroups.
   launch.khr_cooperative_matrix = true;
   launch.tensor_loads = block.split_rows;
@@ -132,8 +182,10 @@ std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
 bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& device,
                           OperandsIn operands, int64_t batches) {
   if (!use_coop_gemm(device) || !device.workgroup_coop_matrix_f16) return false;
-  // Its operands are f16 in memory: rounding f32 ones there would lose bfloat16's range.
-  if (device.bf16_operands && operands != OperandsIn::f16) return false;
+  // With bfloat16 operands, f32 ones are rounded to bfloat16 in memory (rounding them to f16
+  // would lose bfloat16's range), which needs the device's bfloat16 workgroup-scope matrices.
+  if (device.bf16_operands && operands != OperandsIn::f16 && !device.workgroup_coop_matrix_bf16)
+    return false;
   const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(m, n, device);
   if (!block || k % kWorkgroupGemmBlockK != 0) return false;
   if (const std::optional<bool> forced = device.switches.workgroup_gemm) return *forced;
@@ -144,13 +196,16 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 
 namespace {
 
-// Whether the product `node` of f16 operands takes the workgroup GEMM, whatever its result.
+// Whether the product `node` of f16 operands (or bf16 ones, in bf16 precision on a device with
+// their workgroup-scope matrices) takes the workgroup GEMM, whatever its result.
 bool takes_f16_operands(const Graph& graph, const Node& node, const DeviceTraits& device) {
-  // It loads both operands as f16 matrices: a product of an f16 and an f32 operand (half
+  // It loads both operands as f16 (bf16) matrices: a product of an f16 and an f32 operand (half
   // products) stays on the subgroup GEMM.
-  if (node.attrs.has("k_splits") || graph.type(node.inputs[0]).dtype != DType::f16 ||
-      graph.type(node.inputs[1]).dtype != DType::f16)
-    return false;
+  const DType a = graph.type(node.inputs[0]).dtype, b = graph.type(node.inputs[1]).dtype;
+  const bool f16 = a == DType::f16 && b == DType::f16;
+  const bool bf16 = a == DType::bf16 && b == DType::bf16 && device.bf16_operands &&
+                    device.workgroup_coop_matrix_bf16;
+  if (node.attrs.has("k_splits") || !(f16 || bf16)) return false;
   const MatmulShape shape = matmul_shape(graph, node);
   const int64_t m = shape.m, n = shape.n, k = shape.k, batches = shape.batches;
   // Each operand a matrix an entry or one for all: the kernel offsets whole matrices by the
@@ -185,11 +240,15 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
 
 bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
                                       const DeviceTraits& device) {
-  return takes_f16_operands(graph, node, device) && block_stores_f16(graph, node, device);
+  return graph.type(node.inputs[0]).dtype == DType::f16 &&
+         takes_f16_operands(graph, node, device) && block_stores_f16(graph, node, device);
 }
 
 bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                               const DeviceTraits& device) {
+  // These routes round a convolution's f32 images and columns to f16, which bfloat16
+  // operands must not lose their range to.
+  if (device.bf16_operands) return false;
   const std::optional<bool> forced = device.switches.columns_side_by_side;
   if (batch < 2 || (forced && !*forced)) return false;
   if (!forced && plane >= kWidestSubgroupBlockColumns) return false;
@@ -199,20 +258,23 @@ bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane
 bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device) {
   const std::optional<bool> forced = device.switches.half_columns;
-  if ((forced && !*forced) || device.switches.columns_side_by_side == false) return false;
+  if (device.bf16_operands || (forced && !*forced) || device.switches.columns_side_by_side == false)
+    return false;
   if (batch < 2 && !forced) return false;
   return workgroup_gemm_suits(m, batch * plane, k, device, OperandsIn::f16);
 }
 
 bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                       const DeviceTraits& device) {
-  if (device.switches.half_images == false || images_side_by_side_suit(m, k, batch, plane, device))
+  if (device.bf16_operands || device.switches.half_images == false ||
+      images_side_by_side_suit(m, k, batch, plane, device))
     return false;
   return workgroup_gemm_suits(m, plane, k, device, OperandsIn::f16, batch);
 }
 
 std::vector<LoweringEntry> workgroup_gemm_lowerings() {
   return {{op::round_to_f16, lower_f16_conversion},
+          {op::round_to_bf16, lower_bf16_rounding},
           {op::widen_f16, lower_f16_conversion},
           {op::half_matmul, lower_half_matmul}};
 }

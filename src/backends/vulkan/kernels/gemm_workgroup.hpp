@@ -3,7 +3,8 @@
 // gemm_workgroup.comp): one block of C a workgroup of 256 invocations, its f16 operands loaded
 // 64 deep straight from memory, the staging through shared memory left to the driver. A matmul
 // takes it through passes/workgroup_gemm.cpp, as round_to_f16 of each operand and a half_matmul
-// (ops/half_gemm.hpp), and a product of f16 tensors through passes/f16_storage.cpp.
+// (ops/half_gemm.hpp; round_to_bf16 in bf16 precision, whose operands the kernel then reads as
+// bfloat16), and a product of f16 tensors through passes/f16_storage.cpp.
 #include <cstdint>
 #include <optional>
 
@@ -42,7 +43,8 @@ using target::OperandsIn;
 
 // Whether an M x N x K product (2-D, no split) runs on the workgroup GEMM on `device`: the coop
 // GEMM is on (use_coop_gemm), the device has workgroup-scope f16 matrices
-// (DeviceTraits::workgroup_coop_matrix_f16), a block fits M and N (workgroup_gemm_block), K is
+// (DeviceTraits::workgroup_coop_matrix_f16; for f32 operands with bfloat16 operands also
+// workgroup_coop_matrix_bf16), a block fits M and N (workgroup_gemm_block), K is
 // a multiple of 64, and the blocks of all `batches` entries fill every compute unit once; for
 // f32 operands also M N >= 512 (M + N), so that the product outweighs the roundings of its
 // operands (gemm_workgroup.cpp), which large products then run far faster than on the
@@ -54,7 +56,8 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
                           OperandsIn operands, int64_t batches = 1);
 
 // Whether the product `node` of `graph` (a matmul or half_matmul, a transposed when its
-// transpose_a says) of f16 operands runs on the workgroup GEMM on `device`: never once split
+// transpose_a says) of f16 operands (or bf16 ones, with bfloat16 operands on a device with
+// workgroup_coop_matrix_bf16) runs on the workgroup GEMM on `device`: never once split
 // over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
 // all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands; with an
 // f16 result, only where its block can store one (workgroup_gemm_writes_f16_result). The f16
@@ -62,7 +65,8 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 // Whether the workgroup GEMM takes the product `node` of f16 operands and can store its result
-// as f16 (f16_result): not in the 64-row blocks, whose f16 accumulator would have B's type.
+// as f16 (f16_result): not in the 64-row blocks, whose f16 accumulator would have B's type, nor
+// for bf16 operands.
 bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 
@@ -70,7 +74,8 @@ bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
 // one 2-D product over f16 columns side by side (target::Target::half_columns_suit): wherever the
 // workgroup GEMM takes it, whatever the plane, as im2col writes such columns in one pass, with
 // nothing to move but the result. MEGANEURA_HALF_COLUMNS=0 and MEGANEURA_COLUMNS_SIDE_BY_SIDE=0
-// turn it off, MEGANEURA_HALF_COLUMNS=1 also takes one image.
+// turn it off, MEGANEURA_HALF_COLUMNS=1 also takes one image. Never with bfloat16 operands
+// (DeviceTraits::bf16_operands), whose range f16 columns would lose; nor the two routes below.
 bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device);
 

@@ -39,6 +39,9 @@ struct Launch {
   // With khr_cooperative_matrix: its f16 type, which only its matrices' operands use, compiles
   // to bfloat16 (gpu::KernelSpec::bf16_operands; DeviceTraits::bf16_operands).
   bool bf16_operands = false;
+  // With bf16_operands: its f16 buffers (bf16 operands, declared float16_t) hold bfloat16
+  // values and compile to bfloat16 buffers (gpu::KernelSpec::bf16_buffers).
+  bool bf16_buffers = false;
   // The kernel reads or writes f16 values (float16_t arrays); other kernels name the f16 operand
   // in an error instead of compiling against values they were not written for.
   bool f16_operands = false;

@@ -22,17 +22,17 @@ bool has_coop_shape(const gpu::DeviceCaps& caps, bool khr, gpu::ScalarType opera
       });
 }
 
-// Whether the device runs the workgroup GEMM's `block` form (kernels/gemm_workgroup.hpp):
-// f16 x f16 + f32 on the form's invocations, with granularities that divide the form's
-// accumulator and its 64-deep steps.
-bool has_workgroup_f16_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGemmBlock& block) {
+// Whether the device runs the workgroup GEMM's `block` form (kernels/gemm_workgroup.hpp) on
+// `operands` (f16 or bf16): operands x operands + f32 on the form's invocations, with
+// granularities that divide the form's accumulator and its 64-deep steps.
+bool has_workgroup_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGemmBlock& block,
+                        gpu::ScalarType operands = gpu::ScalarType::f16) {
   const gpu::WorkgroupCoopMatrixCaps& workgroup = caps.workgroup_coop_matrix;
   return workgroup.available && caps.storage_f16 &&
          workgroup.max_workgroup_invocations >= block.invocations &&
          std::any_of(workgroup.configs.begin(), workgroup.configs.end(),
-                     [&block](const gpu::WorkgroupCoopMatrixConfig& config) {
-                       return config.a == gpu::ScalarType::f16 &&
-                              config.b == gpu::ScalarType::f16 &&
+                     [&](const gpu::WorkgroupCoopMatrixConfig& config) {
+                       return config.a == operands && config.b == operands &&
                               config.c == gpu::ScalarType::f32 &&
                               config.result == gpu::ScalarType::f32 &&
                               config.workgroup_invocations == block.invocations &&
@@ -62,15 +62,27 @@ target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precis
   // The kernels' f16 conversions become bfloat16 ones; the f16 type itself must still compile.
   traits.coop_matrix_bf16_khr = info.caps.shader_f16 && info.caps.coop_matrix_bf16 &&
                                 has_coop_shape(info.caps, true, gpu::ScalarType::bf16, 16);
-  traits.workgroup_coop_matrix_f16 = has_workgroup_f16_coop(info.caps, kernels::kWholeBlock);
+  traits.workgroup_coop_matrix_f16 = has_workgroup_coop(info.caps, kernels::kWholeBlock);
   traits.workgroup_tensor_loads = traits.workgroup_coop_matrix_f16 &&
                                   info.caps.workgroup_coop_matrix.tensor_addressing &&
-                                  has_workgroup_f16_coop(info.caps, kernels::kSplitRowsBlock);
+                                  has_workgroup_coop(info.caps, kernels::kSplitRowsBlock);
   traits.workgroup_narrow_blocks = traits.workgroup_coop_matrix_f16 &&
-                                   has_workgroup_f16_coop(info.caps, kernels::kNarrowBlock) &&
-                                   has_workgroup_f16_coop(info.caps, kernels::kNarrowerBlock) &&
-                                   has_workgroup_f16_coop(info.caps, kernels::kLowNarrowBlock) &&
-                                   has_workgroup_f16_coop(info.caps, kernels::kLowNarrowerBlock);
+                                   has_workgroup_coop(info.caps, kernels::kNarrowBlock) &&
+                                   has_workgroup_coop(info.caps, kernels::kNarrowerBlock) &&
+                                   has_workgroup_coop(info.caps, kernels::kLowNarrowBlock) &&
+                                   has_workgroup_coop(info.caps, kernels::kLowNarrowerBlock);
+  // Every form the f16 flags above grant, in bfloat16 as well.
+  const auto has_bf16_form = [&](bool granted, const kernels::WorkgroupGemmBlock& block) {
+    return !granted || has_workgroup_coop(info.caps, block, gpu::ScalarType::bf16);
+  };
+  traits.workgroup_coop_matrix_bf16 =
+      traits.coop_matrix_bf16_khr && traits.workgroup_coop_matrix_f16 &&
+      has_bf16_form(true, kernels::kWholeBlock) &&
+      has_bf16_form(traits.workgroup_tensor_loads, kernels::kSplitRowsBlock) &&
+      has_bf16_form(traits.workgroup_narrow_blocks, kernels::kNarrowBlock) &&
+      has_bf16_form(traits.workgroup_narrow_blocks, kernels::kNarrowerBlock) &&
+      has_bf16_form(traits.workgroup_narrow_blocks, kernels::kLowNarrowBlock) &&
+      has_bf16_form(traits.workgroup_narrow_blocks, kernels::kLowNarrowerBlock);
   traits.f16_tensors = info.caps.shader_f16 && info.caps.storage_f16;
   traits.fast_precision = fast_precision;
   traits.bf16_operands = bf16_operands;

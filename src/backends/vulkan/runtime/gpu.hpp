@@ -141,6 +141,9 @@ struct KernelSpec {
   // With khr_cooperative_matrix: the kernel's f16 type, only its matrices' operands, becomes
   // bfloat16 (SPV_KHR_bfloat16; Precision::bf16).
   bool bf16_operands = false;
+  // With bf16_operands: its f16 buffers hold bfloat16 values and become bfloat16 buffers too
+  // (otherwise the rewrite refuses a kernel that reads or writes f16 memory).
+  bool bf16_buffers = false;
 };
 
 // A buffer range bound to one storage-buffer binding.

@@ -83,6 +83,7 @@ std::filesystem::path PipelineCache::spirv_path(const KernelSpec& spec) const {
   key = fnv1a64(full_source(spec), key);
   if (spec.khr_cooperative_matrix) key = fnv1a64("SPV_KHR_cooperative_matrix", key);
   if (spec.bf16_operands) key = fnv1a64("SPV_KHR_bfloat16", key);
+  if (spec.bf16_buffers) key = fnv1a64("bfloat16 buffers", key);
   if (spec.matrix_loads == MatrixLoads::tensor_at_element) key = fnv1a64("tensor loads", key);
   if (spec.matrix_loads == MatrixLoads::tensor_at_buffer_start)
     key = fnv1a64("tensor loads from the buffer start", key);

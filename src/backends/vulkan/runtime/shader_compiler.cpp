@@ -201,7 +201,9 @@ std::vector<uint32_t> compile_to_spirv(const KernelSpec& spec, uint32_t vulkan_a
   // extension and rejects its opcodes, so the NV form is what gets checked.
   if (!spec.khr_cooperative_matrix) return spirv;
   spirv = nv_to_khr_cooperative_matrix(spirv);
-  if (spec.bf16_operands) spirv = f16_operands_to_bf16(spirv);
+  if (spec.bf16_operands)
+    spirv = f16_operands_to_bf16(
+        spirv, spec.bf16_buffers ? HalfBuffers::hold_bfloat16 : HalfBuffers::refused);
   if (spec.matrix_loads == MatrixLoads::plain) return spirv;
   return khr_loads_to_tensor_loads(spirv, spec.matrix_loads);
 }

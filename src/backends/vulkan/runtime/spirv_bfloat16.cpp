@@ -85,7 +85,7 @@ struct HalfTypes {
   std::set<uint32_t> holding;
 };
 
-HalfTypes find_half_types(std::span<const uint32_t> module) {
+HalfTypes find_half_types(std::span<const uint32_t> module, HalfBuffers buffers) {
   HalfTypes types;
   const auto holds = [&](uint32_t type) { return types.holding.count(type) != 0; };
   for_each_instruction(module, [&](const Instruction& instruction) {
@@ -117,7 +117,7 @@ HalfTypes find_half_types(std::span<const uint32_t> module) {
         break;
       case spv::OpTypePointer:
         if (holds(operands[2])) {
-          if (is_external_storage(operands[1]))
+          if (is_external_storage(operands[1]) && buffers == HalfBuffers::refused)
             throw Error(
                 "internal: the kernel reads or writes f16 memory, which bfloat16 operands would "
                 "misread");
@@ -159,10 +159,11 @@ void check_uses(std::span<const uint32_t> module, const HalfTypes& types) {
 
 }  // namespace
 
-std::vector<uint32_t> f16_operands_to_bf16(std::span<const uint32_t> khr_module) {
+std::vector<uint32_t> f16_operands_to_bf16(std::span<const uint32_t> khr_module,
+                                           HalfBuffers buffers) {
   if (khr_module.size() < kHeaderWords || khr_module[0] != spv::MagicNumber)
     throw Error("internal: not a SPIR-V module");
-  const HalfTypes types = find_half_types(khr_module);
+  const HalfTypes types = find_half_types(khr_module, buffers);
   if (!types.scalar) throw Error("internal: no f16 type to make bfloat16");
   check_uses(khr_module, types);
 
