@@ -597,6 +597,20 @@ std::optional<size_t> last_writer(const Program& program, ValueId value) {
   return std::nullopt;
 }
 
+std::vector<bool> barriers_of_part(const std::vector<PlannedLaunch>& launches,
+                                   const std::vector<bool>& chosen) {
+  std::vector<bool> barriers(launches.size(), false);
+  bool any_chosen = false, separated = false;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    separated = separated || launches[i].barrier_before;
+    if (!chosen[i]) continue;
+    barriers[i] = any_chosen && separated;
+    any_chosen = true;
+    separated = false;
+  }
+  return barriers;
+}
+
 std::string describe_memory(const Program& program) {
   auto mib = [](uint64_t bytes) {
     char buffer[32];

@@ -137,6 +137,14 @@ Program build_program(const Graph& graph, const target::Target& device, const Pl
 // launch writes them: inputs, leaves, constants and what the setup computes.
 std::optional<size_t> last_writer(const Program& program, ValueId value);
 
+// Where a list of `launches` run only in part (those `chosen`, in order; a setup's dispatches
+// that a write made stale) needs its barriers: before a chosen launch that the whole list
+// separates by a barrier from the chosen launch before it (the whole list's barriers between two
+// launches ordered them, whichever launch carried them). One entry a launch, false for those not
+// chosen and for the first chosen one.
+std::vector<bool> barriers_of_part(const std::vector<PlannedLaunch>& launches,
+                                   const std::vector<bool>& chosen);
+
 // Human-readable memory plan (`meganeura inspect --plan`).
 std::string describe_memory(const Program& program);
 

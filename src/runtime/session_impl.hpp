@@ -376,12 +376,12 @@ struct Session::Impl {
     const std::vector<bool> due = due_setup_dispatches();
     if (std::find(due.begin(), due.end(), false) == due.end()) return setup_recording;
     if (auto it = partial_setups.find(due); it != partial_setups.end()) return it->second;
-    // A barrier before every dispatch but the first: the ones between that ordered them in the
-    // whole setup may not run.
+    // Dispatches that the whole setup runs side by side (no barrier between them) stay so.
+    const std::vector<bool> barriers = plan::barriers_of_part(program.setup, due);
     std::vector<gpu::Command> list;
     for (size_t i = 0; i < due.size(); ++i) {
       if (!due[i]) continue;
-      if (!list.empty()) list.push_back({gpu::Command::Kind::barrier});
+      if (barriers[i]) list.push_back({gpu::Command::Kind::barrier});
       list.push_back(dispatch_of(program.setup[i], pipeline_of_setup[i]));
     }
     const gpu::RecordingId recording = device->record(list, gpu::Timing::none);

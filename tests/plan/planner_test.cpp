@@ -822,5 +822,26 @@ TEST(Planner, OnlyTheLargeSquareProductReadsAAsRowQuads) {
   EXPECT_EQ(quads(attention), 0u);
 }
 
+// A list run in part keeps a barrier between two of its chosen launches exactly where the whole
+// list had one between them (on either launch or on one left out), none before the first chosen
+// one: six launches in three epochs of two, {0, 1} {2, 3} {4, 5}, worked out by hand.
+TEST(Planner, PartOfAListKeepsTheBarriersBetweenItsLaunches) {
+  std::vector<plan::PlannedLaunch> launches(6);
+  for (size_t i : {2, 4}) launches[i].barrier_before = true;
+  const auto part = [&](std::initializer_list<size_t> chosen) {
+    std::vector<bool> mask(launches.size(), false);
+    for (size_t i : chosen) mask[i] = true;
+    return plan::barriers_of_part(launches, mask);
+  };
+  using Flags = std::vector<bool>;
+  EXPECT_EQ(part({0, 1}), Flags({false, false, false, false, false, false}));
+  EXPECT_EQ(part({1, 3}), Flags({false, false, false, true, false, false}));
+  EXPECT_EQ(part({2, 3}), Flags({false, false, false, false, false, false}));
+  EXPECT_EQ(part({0, 5}), Flags({false, false, false, false, false, true}));
+  EXPECT_EQ(part({3, 4, 5}), Flags({false, false, false, false, true, false}));
+  EXPECT_EQ(part({0, 1, 2, 3, 4, 5}), Flags({false, false, true, false, true, false}));
+  EXPECT_EQ(part({}), Flags(6, false));
+}
+
 }  // namespace
 }  // namespace mg
