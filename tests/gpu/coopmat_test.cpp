@@ -2320,15 +2320,15 @@ TEST_F(GpuCoopMatrix, ConvolutionsAndGradientsNv) {
   check_convolutions(Numerics{});
 }
 
-// Workgroup-scope f16 matrices on 256 invocations (VK_NV_cooperative_matrix2), which the
-// workgroup GEMM needs.
-bool device_has_workgroup_coop_matrices() {
+// Workgroup-scope matrices of `operands` (f16 or bf16) on 256 invocations
+// (VK_NV_cooperative_matrix2), which the workgroup GEMM needs.
+bool device_has_workgroup_coop_matrices(gpu::ScalarType operands = gpu::ScalarType::f16) {
   const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
   const gpu::WorkgroupCoopMatrixCaps& caps =
       devices[gpu::choose_device(devices, "")].caps.workgroup_coop_matrix;
   return caps.available && std::any_of(caps.configs.begin(), caps.configs.end(),
-                                       [](const gpu::WorkgroupCoopMatrixConfig& config) {
-                                         return config.a == gpu::ScalarType::f16 &&
+                                       [&](const gpu::WorkgroupCoopMatrixConfig& config) {
+                                         return config.a == operands &&
                                                 config.c == gpu::ScalarType::f32 &&
                                                 config.workgroup_invocations == 256;
                                        });
@@ -2701,28 +2701,15 @@ TEST_F(GpuCoopMatrix, SmallValuesNeedNoScalingBf16) {
   }
 }
 
-// Workgroup-scope bfloat16 matrices on 256 invocations, which the workgroup GEMM needs for bf16
-// operands, beside the bfloat16 subgroup matrices that bf16 precision needs at all.
-bool device_has_workgroup_bf16_coop_matrices() {
-  if (!device_has_bf16_coop_matrices()) return false;
-  const std::vector<gpu::DeviceInfo> devices = gpu::list_devices();
-  const gpu::WorkgroupCoopMatrixCaps& caps =
-      devices[gpu::choose_device(devices, "")].caps.workgroup_coop_matrix;
-  return caps.available && std::any_of(caps.configs.begin(), caps.configs.end(),
-                                       [](const gpu::WorkgroupCoopMatrixConfig& config) {
-                                         return config.a == gpu::ScalarType::bf16 &&
-                                                config.c == gpu::ScalarType::f32 &&
-                                                config.workgroup_invocations == 256;
-                                       });
-}
-
 // The workgroup GEMM with bfloat16 operands (forced onto products below its size rule): both
 // operands rounded to bfloat16 by launches of their own, the product read from bfloat16 memory,
 // in every transposition and both block forms, within the bf16 tolerance of the f64 reference;
 // and bfloat16's range, a product of values of about 1e-6 (products of 1e-12, which f16
 // operands would lose), named in the dispatch list as the route it took.
 TEST_F(GpuCoopMatrix, WorkgroupScopeMatmulBf16) {
-  if (!device_has_workgroup_bf16_coop_matrices())
+  // bf16 precision needs the bfloat16 subgroup matrices as well.
+  if (!device_has_bf16_coop_matrices() ||
+      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
   check_workgroup_products(DType::f32, kBf16Tolerance, 3, 70, kBf16.options());
   const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
