@@ -1,7 +1,6 @@
 // Kernels of round_to_f16, round_to_bf16, widen_f16 and half_matmul: the workgroup GEMM's
-// operands and product
-// (gemm_workgroup.hpp), and the conversions around f32 kernels for f16 tensors
-// (passes/f16_storage.cpp).
+// operands and product (gemm_workgroup.hpp), and the conversions around f32 kernels for f16
+// tensors (passes/f16_storage.cpp).
 #include "backends/vulkan/kernels/gemm_workgroup.hpp"
 
 #include <optional>
