@@ -6,29 +6,36 @@
 
 namespace mg {
 
-double round_to_f16(double value) {
+namespace {
+
+// `value` rounded to nearest, ties to even, in a binary format of `significant_bits` (the
+// implicit one included) whose steps shrink no finer than 2^`smallest_step_exponent` (its
+// subnormals'); infinity from `overflow` on (past the largest finite value by half its last
+// step); NaN and infinities kept.
+double round_to_format(double value, int significant_bits, int smallest_step_exponent,
+                       double overflow) {
   if (!std::isfinite(value)) return value;
   const double magnitude = std::fabs(value);
-  // Past the largest half (65504) by half its last step, f16 has only infinity.
-  if (magnitude >= 65520.0) return std::copysign(std::numeric_limits<double>::infinity(), value);
+  if (magnitude >= overflow) return std::copysign(std::numeric_limits<double>::infinity(), value);
   int exponent = 0;
   std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
-  // 11 significant bits down to the smallest normal (2^-14), then the subnormals' fixed 2^-24.
-  const double step = std::ldexp(1.0, std::max(exponent - 11, -24));
+  const double step =
+      std::ldexp(1.0, std::max(exponent - significant_bits, smallest_step_exponent));
   return std::copysign(std::nearbyint(magnitude / step) * step, value);  // ties to even
 }
 
+}  // namespace
+
+// 11 significant bits down to the smallest normal (2^-14), then the subnormals' fixed 2^-24;
+// past the largest half (65504) by half its last step, infinity.
+double round_to_f16(double value) {
+  return round_to_format(value, 11, -24, 65520.0);
+}
+
+// 8 significant bits down to the smallest normal (2^-126), then the subnormals' fixed 2^-133;
+// past the largest bfloat16, (2 - 2^-7) 2^127, by half its last step (2^120), infinity.
 double round_to_bf16(double value) {
-  if (!std::isfinite(value)) return value;
-  const double magnitude = std::fabs(value);
-  // Past the largest bfloat16, (2 - 2^-7) 2^127, by half its last step (2^120).
-  if (magnitude >= std::ldexp(255.5, 120))
-    return std::copysign(std::numeric_limits<double>::infinity(), value);
-  int exponent = 0;
-  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
-  // 8 significant bits down to the smallest normal (2^-126), then the subnormals' fixed 2^-133.
-  const double step = std::ldexp(1.0, std::max(exponent - 8, -133));
-  return std::copysign(std::nearbyint(magnitude / step) * step, value);  // ties to even
+  return round_to_format(value, 8, -133, std::ldexp(255.5, 120));
 }
 
 uint16_t f16_bits(double value) {

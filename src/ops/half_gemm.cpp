@@ -20,18 +20,13 @@ std::vector<ValueId> no_gradient(Graph& graph, ValueId self, ValueId) {
   reject_pass_written_gradient(graph, self, "a compile pass", "the graph the pass was given");
 }
 
-TensorType infer_round_to_f16(const Graph& graph, const Node& node) {
+// round_to_f16 and round_to_bf16: f32 values rounded into a tensor of `rounded`.
+template <DType rounded>
+TensorType infer_rounding(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 1);
   const TensorType& x = graph.type(node.inputs[0]);
   if (x.dtype != DType::f32) op_error(graph, node, "rounds f32 values");
-  return TensorType{DType::f16, x.shape};
-}
-
-TensorType infer_round_to_bf16(const Graph& graph, const Node& node) {
-  expect_input_count(graph, node, 1);
-  const TensorType& x = graph.type(node.inputs[0]);
-  if (x.dtype != DType::f32) op_error(graph, node, "rounds f32 values");
-  return TensorType{DType::bf16, x.shape};
+  return TensorType{rounded, x.shape};
 }
 
 TensorType infer_widen_f16(const Graph& graph, const Node& node) {
@@ -95,6 +90,14 @@ TensorType infer_sum_to_f16(const Graph& graph, const Node& node) {
   return TensorType{DType::f16, Shape(x.shape.begin() + 1, x.shape.end())};
 }
 
+// The reference of an op that rounds each value of its input with `round`.
+template <double (*round)(double)>
+HostTensor rounded_reference(const Node& node, const std::vector<const HostTensor*>& inputs) {
+  HostTensor result(node.type.shape);
+  for (size_t i = 0; i < result.data.size(); ++i) result.data[i] = round(inputs[0]->data[i]);
+  return result;
+}
+
 }  // namespace
 
 bool is_pass_written_f16_op(std::string_view op) {
@@ -105,26 +108,14 @@ bool is_pass_written_f16_op(std::string_view op) {
 void register_half_gemm_ops(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
       .name = op::round_to_f16,
-      .infer = infer_round_to_f16,
-      .reference =
-          [](const Node& node, const std::vector<const HostTensor*>& inputs) {
-            HostTensor result(node.type.shape);
-            for (size_t i = 0; i < result.data.size(); ++i)
-              result.data[i] = round_to_f16(inputs[0]->data[i]);
-            return result;
-          },
+      .infer = infer_rounding<DType::f16>,
+      .reference = rounded_reference<round_to_f16>,
       .vjp = no_gradient,
   });
   registry.push_back(OpDef{
       .name = op::round_to_bf16,
-      .infer = infer_round_to_bf16,
-      .reference =
-          [](const Node& node, const std::vector<const HostTensor*>& inputs) {
-            HostTensor result(node.type.shape);
-            for (size_t i = 0; i < result.data.size(); ++i)
-              result.data[i] = round_to_bf16(inputs[0]->data[i]);
-            return result;
-          },
+      .infer = infer_rounding<DType::bf16>,
+      .reference = rounded_reference<round_to_bf16>,
       .vjp = no_gradient,
   });
   registry.push_back(OpDef{
