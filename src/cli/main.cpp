@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/crash_report.hpp"
 #include "cli/run_record.hpp"
 #include "meganeura/error.hpp"
 #include "meganeura/switches.hpp"
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = words[0];
   words.erase(words.begin());
+  mg::cli::report_crashes(command.c_str());
   try {
     // Every switch is checked once here, so that a bad value is refused by every command, not
     // only by those that open a device.

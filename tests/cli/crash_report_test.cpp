@@ -1,0 +1,78 @@
+// A crash of `meganeura` (a bug in it or in the GPU driver) prints one line that says so and
+// what to report, and the process still dies of the signal.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <string>
+
+#include "cli/cli_runner.hpp"
+
+namespace {
+
+struct Crash {
+  int signal = 0;
+  std::string what;
+};
+
+class CliCrashReport : public testing::TestWithParam<Crash> {};
+
+// `meganeura generate` blocks opening a model folder whose config.json is a FIFO until a writer
+// opens it, then reading it: a known place to deliver the signal, as a fault would be.
+TEST_P(CliCrashReport, OneLineAndDeathBySignal) {
+  const Crash crash = GetParam();
+  const std::filesystem::path folder =
+      cli_test::scratch_folder("crash", std::to_string(crash.signal));
+  const std::filesystem::path config = folder / "config.json";
+  ASSERT_EQ(::mkfifo(config.c_str(), 0600), 0);
+  int stderr_pipe[2];
+  ASSERT_EQ(::pipe(stderr_pipe), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::dup2(stderr_pipe[1], STDERR_FILENO);
+    ::close(stderr_pipe[0]);
+    ::close(stderr_pipe[1]);
+    ::execl(MEGANEURA_BINARY, MEGANEURA_BINARY, "generate", folder.c_str(), "--prompt", "hello",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(stderr_pipe[1]);
+  const int writer = ::open(config.c_str(), O_WRONLY);
+  ASSERT_GE(writer, 0);
+  ASSERT_EQ(::kill(child, crash.signal), 0);
+  std::string output;
+  char buffer[512];
+  while (const ssize_t read = ::read(stderr_pipe[0], buffer, sizeof buffer)) {
+    if (read < 0) break;
+    output.append(buffer, static_cast<size_t>(read));
+  }
+  ::close(stderr_pipe[0]);
+  ::close(writer);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << output;
+  EXPECT_EQ(WTERMSIG(status), crash.signal);
+  EXPECT_EQ(output.rfind("meganeura generate: internal error: " + crash.what + ", a bug in ", 0),
+            0u)
+      << output;
+  EXPECT_NE(output.find("meganeura devices --verbose"), std::string::npos) << output;
+  EXPECT_EQ(output.find('\n'), output.size() - 1) << output;
+  std::filesystem::remove_all(folder);
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, CliCrashReport,
+                         testing::Values(Crash{SIGSEGV, "segmentation fault"},
+                                         Crash{SIGBUS, "bus error"},
+                                         Crash{SIGFPE, "arithmetic exception"}),
+                         [](const testing::TestParamInfo<Crash>& info) {
+                           return info.param.signal == SIGSEGV  ? std::string("Segv")
+                                  : info.param.signal == SIGBUS ? std::string("Bus")
+                                                                : std::string("Fpe");
+                         });
+
+}  // namespace
