@@ -21,6 +21,16 @@ struct Crash {
 
 class CliCrashReport : public testing::TestWithParam<Crash> {};
 
+// Kills the command when a check ends the test before the command has died.
+struct ReapChild {
+  pid_t pid = -1;
+  ~ReapChild() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
 // `meganeura generate` blocks opening a model folder whose config.json is a FIFO until a writer
 // opens it, then reading it: a known place to deliver the signal, as a fault would be.
 TEST_P(CliCrashReport, OneLineAndDeathBySignal) {
@@ -41,9 +51,22 @@ TEST_P(CliCrashReport, OneLineAndDeathBySignal) {
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
+  ReapChild reap{child};
   ::close(stderr_pipe[1]);
-  const int writer = ::open(config.c_str(), O_WRONLY);
-  ASSERT_GE(writer, 0);
+  // Opening the FIFO for writing succeeds once the command has opened it for reading; a command
+  // that ended before then (it would have refused the folder) fails the test instead of hanging.
+  int writer = -1;
+  for (int attempt = 0; attempt < 3000; ++attempt) {
+    writer = ::open(config.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) break;
+    int early_status = 0;
+    if (::waitpid(child, &early_status, WNOHANG) == child) {
+      reap.pid = -1;
+      FAIL() << "the command ended before reading its config.json";
+    }
+    ::usleep(10000);
+  }
+  ASSERT_GE(writer, 0) << "the command never opened the FIFO";
   ASSERT_EQ(::kill(child, crash.signal), 0);
   std::string output;
   char buffer[512];
@@ -55,6 +78,7 @@ TEST_P(CliCrashReport, OneLineAndDeathBySignal) {
   ::close(writer);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
+  reap.pid = -1;
   ASSERT_TRUE(WIFSIGNALED(status)) << output;
   EXPECT_EQ(WTERMSIG(status), crash.signal);
   EXPECT_EQ(output.rfind("meganeura generate: internal error: " + crash.what + ", a bug in ", 0),
