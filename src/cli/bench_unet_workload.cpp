@@ -62,6 +62,14 @@ OptimizerConfig sd_unet_optimizer() {
 
 }  // namespace
 
+Graph sd_unet_workload_inference_graph(int64_t batch) {
+  return models::unet_graph(sd_unet_config(), {batch, kUNetSide, kUNetSide, kUNetTokens});
+}
+
+Graph sd_unet_workload_sampler_graph() {
+  return models::unet_sampler_graph(sd_unet_config(), {1, kUNetSide, kUNetSide, kUNetTokens}, true);
+}
+
 Graph sd_unet_workload_training_graph(int64_t batch) {
   Graph graph =
       models::unet_loss_graph(sd_unet_config(), {batch, kUNetSide, kUNetSide, kUNetTokens});
@@ -94,7 +102,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
   const Graph train_1 = sd_unet_workload_training_graph(1);
   const std::pair<BuildReport, BuildReport> builds = compile_reports(train_1, options);
   const double cold = compile_seconds(builds.first), warm = compile_seconds(builds.second);
-  Session inference(models::unet_graph(config, {2, side, side, tokens}), options);
+  Session inference(sd_unet_workload_inference_graph(2), options);
   set_inputs(inference, 2, false);
   const double inference_ms = median_ms([&] { inference.run(); }, bench.runs);
   nlohmann::json timings = {
@@ -102,7 +110,7 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
   {
     SessionOptions timed = options;
     timed.time_runs = true;
-    Session timed_inference(models::unet_graph(config, {2, side, side, tokens}), timed);
+    Session timed_inference(sd_unet_workload_inference_graph(2), timed);
     set_inputs(timed_inference, 2, false);
     timings["inference_gpu_ms"] = gpu_ms(timed_inference, bench.runs);
   }
@@ -128,13 +136,12 @@ nlohmann::json bench_sd_unet(Precision precision, const WorkloadOptions& bench) 
   }
 
   const std::string mode(precision_name(precision));
-  write_workload_trace(bench, "sd-unet-" + mode + "-inference",
-                       models::unet_graph(config, {2, side, side, tokens}), options,
-                       [&](Session& session) { set_inputs(session, 2, false); });
+  write_workload_trace(bench, "sd-unet-" + mode + "-inference", sd_unet_workload_inference_graph(2),
+                       options, [&](Session& session) { set_inputs(session, 2, false); });
   write_workload_trace(bench, "sd-unet-" + mode + "-training", train_1, options,
                        [&](Session& session) { set_inputs(session, 1, true); });
 
-  Session sampler(models::unet_sampler_graph(config, {1, side, side, tokens}, true), options);
+  Session sampler(sd_unet_workload_sampler_graph(), options);
   const models::NoiseSchedule schedule = models::scaled_linear_schedule();
   const std::vector<models::SamplerStep> steps =
       models::sampler_steps(schedule, models::Sampler::ddim, ddim_steps);

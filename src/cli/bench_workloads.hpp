@@ -77,6 +77,10 @@ inline constexpr int64_t kSmolLM2WorkloadSeq = 128, kSmolLM2WorkloadDecodeTokens
 nlohmann::json stable_diffusion_15_unet_config();
 // The sd-unet workload's training step at `batch` 64x64 latents with 77 context tokens (AdamW).
 Graph sd_unet_workload_training_graph(int64_t batch);
+// Its evaluation program at `batch` (the workload's inference cell: 2), and its sampler's step:
+// one latent, with classifier-free guidance (the U-Net over 2).
+Graph sd_unet_workload_inference_graph(int64_t batch);
+Graph sd_unet_workload_sampler_graph();
 // The whisper-tiny workload's training step: 30 s of audio, 4 decoder tokens (AdamW).
 Graph whisper_tiny_workload_training_graph();
 

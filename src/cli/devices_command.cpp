@@ -54,12 +54,15 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     resnet-50 (the resnet-50 workload's training step: 224x224 images, SGD
                     with momentum, weights not drawn), whisper-tiny (the whisper-tiny
                     workload's training step: 30 s of audio, 4 decoder tokens, AdamW, weights
-                    not drawn) or sd-unet (the sd-unet workload's training step: Stable
+                    not drawn), sd-unet (the sd-unet workload's training step: Stable
                     Diffusion 1.5's U-Net over 64x64 latents, 77 context tokens, AdamW,
-                    weights not drawn)
+                    weights not drawn), sd-unet-inference (its evaluation: the U-Net's
+                    forward) or sd-unet-sampler (its sampler's step: one latent, classifier-
+                    free guidance over the U-Net at batch 2)
   --batch N         resnet-50's images a step (default 4, the workload's compile figure; 256
-                    is its throughput cell) or sd-unet's (default 1; 4 is its other training
-                    cell); the other programs have their workloads' batches
+                    is its throughput cell), sd-unet's (default 1; 4 is its other training
+                    cell) or sd-unet-inference's (default 2, its inference cell); the other
+                    programs have their workloads' batches
   --precision P     strict (the default), fast or bf16: the program's precision (fast and
                     bf16: the cooperative-matrix kernels where the device has them)
   --plan-only       with --bench-compile: open no device; plan the program for an H200's traits
@@ -153,12 +156,16 @@ struct CompiledProgram {
 };
 
 CompiledProgram program_to_compile(const std::string& name, std::optional<int64_t> batch) {
-  if (batch && name != "resnet-50" && name != "sd-unet")
-    throw Error("--batch sets the resnet-50 and sd-unet programs' images; the " + name +
-                " program has its workload's batch");
+  if (batch && name != "resnet-50" && name != "sd-unet" && name != "sd-unet-inference")
+    throw Error("--batch sets the resnet-50, sd-unet and sd-unet-inference programs' images; the " +
+                name + " program has its workload's batch");
   if (name == "resnet-50")
     return {resnet50_workload_training_graph(batch.value_or(kResNet50CompileBatch)), false};
   if (name == "sd-unet") return {sd_unet_workload_training_graph(batch.value_or(1)), false};
+  if (name == "sd-unet-inference")
+    return {sd_unet_workload_inference_graph(batch.value_or(2)), false, "forward"};
+  if (name == "sd-unet-sampler")
+    return {sd_unet_workload_sampler_graph(), false, "one guided sampler step"};
   if (name == "whisper-tiny") return {whisper_tiny_workload_training_graph(), false};
   if (name == "cnn")
     return {models::build_classifier_training(models::ClassifierConfig{}, 64, OptimizerConfig{}),
@@ -192,7 +199,7 @@ CompiledProgram program_to_compile(const std::string& name, std::optional<int64_
   }
   throw Error("unknown --program \"" + name +
               "\": use cnn, smollm2-135m, smollm2-135m-decode, smolvla, smolvla-chunk, resnet-50, "
-              "whisper-tiny or sd-unet");
+              "whisper-tiny, sd-unet, sd-unet-inference or sd-unet-sampler");
 }
 
 // What --bench-compile builds: the program, its batch where it has a choice, the precision.

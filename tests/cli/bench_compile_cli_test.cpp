@@ -93,16 +93,39 @@ TEST(CliBenchCompile, PlanOnlyBuildsSmolVLAsActionChunk) {
   EXPECT_NE(checksum_of(chunk), checksum_of(training));
 }
 
+// The sd-unet workload's evaluation (at its inference batch and another) and its sampler's
+// guided step plan as programs of their own, named for what they hold, none the training step.
+TEST(CliBenchCompile, PlanOnlyBuildsTheUNetsEvaluationAndSamplerStep) {
+  std::set<std::string> checksums;
+  for (const auto& [program, contents] :
+       {std::pair<std::string, std::string>{"sd-unet", "forward, gradients, optimizer"},
+        {"sd-unet-inference", "forward"},
+        {"sd-unet-inference --batch 1", "forward"},
+        {"sd-unet-sampler", "one guided sampler step"}}) {
+    SCOPED_TRACE(program);
+    const Result result = run("devices --bench-compile --plan-only --program " + program);
+    ASSERT_EQ(result.status, 0) << result.output;
+    const std::string name = program.substr(0, program.find(' '));
+    EXPECT_NE(result.output.find(name + " graph (" + contents + ")"), std::string::npos)
+        << result.output;
+    ASSERT_EQ(checksum_of(result).size(), 16u) << result.output;
+    checksums.insert(checksum_of(result));
+  }
+  EXPECT_EQ(checksums.size(), 4u);
+}
+
 // Every kernel of the workloads' fast and bf16 training steps, planned for an H200, compiles to
 // validated SPIR-V (the cooperative-matrix kernels and the f16 paths, which Lavapipe does not
 // run): ResNet-50 at batch 256 (the workgroup GEMM's blocks over 56 x 56 planes, Winograd in f16)
 // and 4, the transformers (and SmolVLA's action chunk, whose cross-attention writes the heads
-// after the queries), Whisper-tiny and the U-Net.
+// after the queries), Whisper-tiny and the U-Net (its evaluation and sampler step in bf16 too).
 TEST(CliBenchCompile, PlannedKernelsCompileToSpirv) {
-  for (const char* program : {"resnet-50 --batch 256 --precision fast",
-                              "resnet-50 --precision bf16", "smollm2-135m --precision fast",
-                              "smolvla --precision bf16", "smolvla-chunk --precision fast",
-                              "whisper-tiny --precision fast", "sd-unet --precision fast"}) {
+  for (const char* program :
+       {"resnet-50 --batch 256 --precision fast", "resnet-50 --precision bf16",
+        "smollm2-135m --precision fast", "smolvla --precision bf16",
+        "smolvla-chunk --precision fast", "whisper-tiny --precision fast",
+        "sd-unet --precision fast", "sd-unet-inference --precision bf16",
+        "sd-unet-sampler --precision bf16"}) {
     SCOPED_TRACE(program);
     const Result result =
         run(std::string("devices --bench-compile --plan-only --compile --program ") + program);
@@ -168,8 +191,8 @@ TEST(CliBenchCompile, UnknownProgramIsRefusedOnOneLine) {
   ASSERT_FALSE(line.empty()) << result.output;
   EXPECT_EQ(line.find('\n'), line.size() - 1) << result.output;
   EXPECT_NE(line.find("unknown --program \"resnet\": use cnn, smollm2-135m, "
-                      "smollm2-135m-decode, smolvla, smolvla-chunk, resnet-50, whisper-tiny or "
-                      "sd-unet"),
+                      "smollm2-135m-decode, smolvla, smolvla-chunk, resnet-50, whisper-tiny, "
+                      "sd-unet, sd-unet-inference or sd-unet-sampler"),
             std::string::npos)
       << line;
 }
@@ -223,13 +246,15 @@ TEST(CliBenchCompile, PlanOnlyFollowsTheEnvironmentsSwitches) {
 
 TEST(CliBenchCompile, BatchPrecisionAndProgramMisuseIsRefusedOnOneLine) {
   for (const auto& [command, message] :
-       {std::pair<std::string, std::string>{
-            "devices --bench-compile --plan-only --batch 8",
-            "error: --batch sets the resnet-50 and sd-unet programs' images; the cnn program has "
-            "its workload's batch"},
+       {std::pair<std::string, std::string>{"devices --bench-compile --plan-only --batch 8",
+                                            "error: --batch sets the resnet-50, sd-unet and "
+                                            "sd-unet-inference programs' images; the "
+                                            "cnn program has its workload's batch"},
         {"devices --bench-compile --plan-only --program whisper-tiny --batch 2",
-         "error: --batch sets the resnet-50 and sd-unet programs' images; the whisper-tiny "
-         "program has its workload's batch"},
+         "error: --batch sets the resnet-50, sd-unet and sd-unet-inference programs' images; the "
+         "whisper-tiny program has its workload's batch"},
+        {"devices --bench-compile --plan-only --program sd-unet-sampler --batch 2",
+         "the sd-unet-sampler program has its workload's batch"},
         {"devices --bench-compile --plan-only --program resnet-50 --precision half",
          "unknown precision \"half\": use strict, fast or bf16"},
         {"devices --program resnet-50", "error: --program, --batch and --precision choose"},
