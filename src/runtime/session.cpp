@@ -185,22 +185,6 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     }
   }
   impl.upload_persistent(graph, options.seed, options.initialise_parameters);
-  if (impl.shared) {
-    for (const auto& [leaf, value] : planned.updates()) {
-      if (impl.program.arenas[impl.program.regions.at(leaf).arena].kind ==
-          plan::ArenaKind::shared) {
-        impl.updates_shared = true;
-        impl.updated_shared_names.push_back(planned.node(leaf).name);
-      }
-    }
-    // The tensors this session created changed what the others may have derived from them.
-    std::vector<std::string> created;
-    for (ValueId leaf : impl.created_shared) created.push_back(planned.node(leaf).name);
-    if (created.empty())
-      impl.seen_generation = impl.shared->generation;
-    else
-      impl.note_shared_written(created);
-  }
   impl.create_pipelines();
   phase = std::chrono::steady_clock::now();
   impl.run_timing = options.profile     ? gpu::Timing::per_dispatch
@@ -212,6 +196,23 @@ Session::Session(const Graph& graph, const SessionOptions& options)
     impl.owned_recordings.push_back(impl.setup_recording);
     impl.trace_setup();
     impl.setup_due = true;
+  }
+  if (impl.shared) {
+    for (const auto& [leaf, value] : planned.updates()) {
+      if (impl.program.arenas[impl.program.regions.at(leaf).arena].kind ==
+          plan::ArenaKind::shared) {
+        impl.updates_shared = true;
+        impl.updated_shared_names.push_back(planned.node(leaf).name);
+      }
+    }
+    // The tensors this session created changed what the others may have derived from them.
+    // Taking in the others' changes first marks the leaves its setup reads, traced above.
+    std::vector<std::string> created;
+    for (ValueId leaf : impl.created_shared) created.push_back(planned.node(leaf).name);
+    if (created.empty())
+      impl.seen_generation = impl.shared->generation;
+    else
+      impl.note_shared_written(created);
   }
   impl.report.record_seconds = seconds_since(phase);
   impl.report.dispatches = impl.program.launches.size();

@@ -165,5 +165,42 @@ TEST(GpuSetup, ASharedTensorAnotherSessionUpdatesRerunsThePartThatReadsIt) {
   EXPECT_EQ(trainer.validation_messages() + evaluator.validation_messages(), 0u);
 }
 
+// A session with setup work built after another session changed a shared tensor, which declares
+// a shared tensor of its own that no session had (so that building it tells the others what it
+// created): it builds (its setup not yet traced when it takes in the other's change), and its
+// first run reads the changed tensor, against the f64 value.
+TEST(GpuSetup, ASessionBuiltAfterASharedChangeThatCreatesATensor) {
+  Graph training;
+  {
+    const Tensor w = parameter(training, "w", {5, 4}, Init::uniform(-1.0, 1.0));
+    training.set_output("sum", sum_all(w).id());
+    training.assign(w.id(), (w * 0.5).id());
+  }
+  Graph evaluation;
+  const Tensor x = input(evaluation, "x", {3, 5});
+  {
+    const Tensor w = parameter(evaluation, "w", {5, 4}, Init::uniform(-1.0, 1.0));
+    const Tensor bias = parameter(evaluation, "bias", {4}, Init::uniform(-1.0, 1.0));
+    evaluation.set_output("y", (matmul(x, exp(w) * 0.5) + bias).id());
+  }
+  SessionOptions options;
+  options.validation = true;
+  options.shared_device = open_shared_device("");
+  options.shared_tensors = make_shared_tensors(options.shared_device);
+  Session trainer(training, options);
+  trainer.run();
+  Session evaluator(evaluation, options);
+  ASSERT_GE(evaluator.report().setup_dispatches, 1u);
+  std::mt19937_64 generator(83);
+  const std::vector<float> x_values = drawn(generator, 15);
+  evaluator.set_input("x", x_values);
+  const std::vector<float> w = trainer.read("w"), bias = evaluator.read("bias");
+  evaluator.run();
+  std::vector<double> y = expected_product(x_values, w);
+  for (size_t i = 0; i < y.size(); ++i) y[i] += bias[i % 4];
+  expect_close(evaluator.output("y"), y);
+  EXPECT_EQ(trainer.validation_messages() + evaluator.validation_messages(), 0u);
+}
+
 }  // namespace
 }  // namespace mg
