@@ -25,7 +25,8 @@ enum class Precision {
            // storage but for large activations between f16 products (passes::half_activations);
            // devices without cooperative matrices, or MEGANEURA_NO_COOPMAT=1, run strict
   bf16,    // as fast with bfloat16 operands (f32's range, 8 significant bits): no loss scaling
-           // needed; devices without bfloat16 cooperative matrices run strict
+           // needed; the activations that elementwise kernels write and read stored in
+           // bfloat16; devices without bfloat16 cooperative matrices run strict
 };
 // "strict", "fast" or "bf16"; throws mg::Error naming the text otherwise.
 Precision parse_precision(std::string_view text);

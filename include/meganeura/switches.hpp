@@ -45,9 +45,12 @@ struct Switches {
   // squares and the mean, read in one pass (passes::decompose_batch_norm); unset: fast precision.
   std::optional<bool> one_pass_variance;
   // MEGANEURA_HALF_ACTIVATIONS: large f32 values that products and elementwise kernels write and
-  // elementwise kernels, reductions and moves read are stored in f16 (passes::half_activations);
-  // unset: fast precision with f16 products on a device with cooperative matrices.
-  std::optional<bool> half_activations;
+  // elementwise kernels, reductions and moves read are stored in 16 bits
+  // (passes::half_activations): 0 in f32; 1 in the precision's 16-bit format (bfloat16 in bf16
+  // precision, f16 in the others); bf16 in bfloat16 in any precision. Unset: 1 in fast and bf16
+  // precision on a device with cooperative matrices, 0 elsewhere.
+  enum class HalfActivations { off, on, bf16 };
+  std::optional<HalfActivations> half_activations;
   // MEGANEURA_HALF_PRODUCTS=0: no products of operands stored in f16 for nothing
   // (passes::half_products); unset or 1: in fast precision on a device with cooperative matrices.
   std::optional<bool> half_products;

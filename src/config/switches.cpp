@@ -189,9 +189,20 @@ Switches read_switches(Reader& read) {
   s.half_products = read.flag(
       "MEGANEURA_HALF_PRODUCTS", "products round their f32 operands as they load them",
       "operands stored in f16 where that costs nothing, in fast precision", "the same as 1");
-  s.half_activations =
-      read.flag("MEGANEURA_HALF_ACTIVATIONS", "activations stored in f32",
-                "activations stored in f16 in any precision", "f16 in fast precision");
+  if (const std::optional<std::string> choice = read.text("MEGANEURA_HALF_ACTIVATIONS")) {
+    if (*choice == "0")
+      s.half_activations = Switches::HalfActivations::off;
+    else if (*choice == "1")
+      s.half_activations = Switches::HalfActivations::on;
+    else if (*choice == "bf16")
+      s.half_activations = Switches::HalfActivations::bf16;
+    else
+      Reader::reject("MEGANEURA_HALF_ACTIVATIONS", *choice,
+                     "0 (activations stored in f32), 1 (in the precision's 16-bit format, "
+                     "bfloat16 in bf16 precision, f16 in the others) or bf16 (in bfloat16 in any "
+                     "precision)",
+                     "16-bit activations in fast and bf16 precision");
+  }
   s.no_fusion = read.flag("MEGANEURA_NO_FUSION", "fusion", "no fusion", "fusion").value_or(false);
   s.no_epilogue_fusion = read.flag("MEGANEURA_NO_EPILOGUE_FUSION", "matmul epilogues",
                                    "no matmul epilogues", "matmul epilogues")

@@ -53,6 +53,7 @@ inline constexpr std::string_view half_matmul = "half_matmul";
 inline constexpr std::string_view round_to_f16 = "round_to_f16";
 inline constexpr std::string_view round_to_bf16 = "round_to_bf16";
 inline constexpr std::string_view widen_f16 = "widen_f16";
+inline constexpr std::string_view widen_bf16 = "widen_bf16";
 inline constexpr std::string_view sum_to_f16 = "sum_to_f16";
 
 // Reductions (ops/reduce.cpp)
@@ -122,7 +123,7 @@ inline constexpr std::string_view cross_entropy = "cross_entropy";
 inline constexpr std::string_view cross_entropy_grad = "cross_entropy_grad";
 
 // Every constant above, in that order.
-inline constexpr std::array<std::string_view, 93> kAll = {input,
+inline constexpr std::array<std::string_view, 94> kAll = {input,
                                                           parameter,
                                                           state,
                                                           constant,
@@ -162,6 +163,7 @@ inline constexpr std::array<std::string_view, 93> kAll = {input,
                                                           round_to_f16,
                                                           round_to_bf16,
                                                           widen_f16,
+                                                          widen_bf16,
                                                           sum_to_f16,
                                                           sum,
                                                           mean,

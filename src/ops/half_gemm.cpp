@@ -1,10 +1,11 @@
 // The f16 ops that passes write after differentiation, so they take no gradient: round_to_f16
 // (an f32 tensor rounded to f16, stored as f16), round_to_bf16 (the same in bfloat16, the
-// workgroup GEMM's operands in bf16 precision), widen_f16 (an f16 tensor as f32, exactly),
+// workgroup GEMM's operands in bf16 precision, and large activations there), widen_f16 (an f16
+// tensor as f32, exactly), widen_bf16 (the same of a bfloat16 tensor),
 // half_matmul (the product of two matrices of which at least one is f16, or both bf16,
 // accumulated in f32 and returned in f32, or in f16 with f16_result) and sum_to_f16 (f32 partial
 // results summed over their leading axis and rounded to f16). passes/workgroup_gemm.cpp,
-// passes/f16_storage.cpp and passes/split_k.cpp write them.
+// passes/f16_storage.cpp, passes/half_activations.cpp and passes/split_k.cpp write them.
 #include "ops/half_gemm.hpp"
 
 #include <algorithm>
@@ -29,10 +30,13 @@ TensorType infer_rounding(const Graph& graph, const Node& node) {
   return TensorType{rounded, x.shape};
 }
 
-TensorType infer_widen_f16(const Graph& graph, const Node& node) {
+// widen_f16 and widen_bf16: the values of a tensor of `widened` as f32.
+template <DType widened>
+TensorType infer_widening(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 1);
   const TensorType& x = graph.type(node.inputs[0]);
-  if (x.dtype != DType::f16) op_error(graph, node, "widens f16 values");
+  if (x.dtype != widened)
+    op_error(graph, node, "widens " + std::string(dtype_name(widened)) + " values");
   return TensorType{DType::f32, x.shape};
 }
 
@@ -101,8 +105,8 @@ HostTensor rounded_reference(const Node& node, const std::vector<const HostTenso
 }  // namespace
 
 bool is_pass_written_f16_op(std::string_view op) {
-  return op == op::round_to_f16 || op == op::widen_f16 || op == op::half_matmul ||
-         op == op::sum_to_f16;
+  return op == op::round_to_f16 || op == op::widen_f16 || op == op::round_to_bf16 ||
+         op == op::widen_bf16 || op == op::half_matmul || op == op::sum_to_f16;
 }
 
 void register_half_gemm_ops(std::vector<OpDef>& registry) {
@@ -120,7 +124,14 @@ void register_half_gemm_ops(std::vector<OpDef>& registry) {
   });
   registry.push_back(OpDef{
       .name = op::widen_f16,
-      .infer = infer_widen_f16,
+      .infer = infer_widening<DType::f16>,
+      .reference = [](const Node&,
+                      const std::vector<const HostTensor*>& inputs) { return *inputs[0]; },
+      .vjp = no_gradient,
+  });
+  registry.push_back(OpDef{
+      .name = op::widen_bf16,
+      .infer = infer_widening<DType::bf16>,
       .reference = [](const Node&,
                       const std::vector<const HostTensor*>& inputs) { return *inputs[0]; },
       .vjp = no_gradient,

@@ -11,7 +11,14 @@
 // Outputs, assignments, values no kernel would write to memory (an elementwise value that one
 // kernel reads is computed there) and a bias added to a matmul's product (which the GEMM adds in
 // f32 as it stores the product) keep f32.
+// In bfloat16 (bf16 precision, whose products take bfloat16 operands: f16 would lose f32's
+// range), values are stored as bfloat16 bit patterns where an elementwise kernel writes them
+// (round_to_bf16 fused) and every reader is an elementwise kernel or a reduction (widen_bf16
+// fused) or a rounding to bfloat16 (a product's operand, which then reads the stored value
+// itself); products, moves and Winograd's transforms keep their f32 results and inputs.
 #include <algorithm>
+#include <stdexcept>
+#include <string_view>
 #include <unordered_map>
 
 #include "ir/op_names.hpp"
@@ -38,15 +45,16 @@ bool is_half_tiles(const Node& node) {
          winograd::f16_result(node.attrs);
 }
 
-// Ops that move a value stored in f16 into a result stored in f16.
-bool is_half_move(const Node& node) {
-  return node.op == op::transpose || node.op == op::winograd_output;
+// Ops that move a value stored in f16 into a result stored in f16; in bfloat16, transposes
+// alone (Winograd's output transform reads f32 products there).
+bool is_half_move(const Node& node, bool f16) {
+  return node.op == op::transpose || (f16 && node.op == op::winograd_output);
 }
 
 class HalfActivations {
  public:
-  HalfActivations(const Graph& graph, const target::Target& device)
-      : graph_(graph), device_(device), values_(graph) {}
+  HalfActivations(const Graph& graph, const target::Target& device, DType storage)
+      : graph_(graph), device_(device), values_(graph), f16_(storage == DType::f16) {}
 
   // Which values to store in f16, by the source graph's ids.
   std::vector<bool> choose() {
@@ -58,7 +66,7 @@ class HalfActivations {
           values_.kept(id))
         continue;
       // A move of a value stored in f16 stores its result in f16 (its readers were checked).
-      if (is_half_move(node)) {
+      if (is_half_move(node, f16_)) {
         half[i] = half[values_.storage_source(node.inputs[0])];
         continue;
       }
@@ -112,20 +120,23 @@ class HalfActivations {
     });
   }
 
-  // Whether `node`'s kernel can round its f32 result to f16 as it stores it.
+  // Whether `node`'s kernel can round its f32 result to 16 bits as it stores it.
   bool writes_half(const Node& node) const {
     if (node.op == op::half_matmul)
-      return !node.attrs.has("k_splits") && device_.workgroup_gemm_writes_f16_result(graph_, node);
-    return device_.is_pointwise_op(node.op) && node.op != op::widen_f16 && node.op != op::cast;
+      return f16_ && !node.attrs.has("k_splits") &&
+             device_.workgroup_gemm_writes_f16_result(graph_, node);
+    return device_.is_pointwise_op(node.op) && node.op != op::widen_f16 &&
+           node.op != op::widen_bf16 && node.op != op::cast;
   }
 
   // Whether every reader of `value` converts it in registers.
   bool readers_convert(ValueId value) const {
     for (ValueId reader : values_.kernel_readers(value)) {
       const Node& node = graph_.node(reader);
-      if (is_half_move(node)) {
+      if (is_half_move(node, f16_)) {
         if (values_.kept(reader) || !readers_convert(reader)) return false;
-      } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node) && !is_half_tiles(node)) {
+      } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node) &&
+                 !(f16_ && is_half_tiles(node))) {
         return false;
       }
     }
@@ -135,15 +146,20 @@ class HalfActivations {
   const Graph& graph_;
   const target::Target& device_;
   const ValueReaders values_;
+  const bool f16_;  // else bfloat16
 };
 
 class Rewrite {
  public:
-  Rewrite(std::vector<bool> half, const target::Target& device)
-      : half_(std::move(half)), device_(device) {}
+  Rewrite(std::vector<bool> half, const target::Target& device, DType storage)
+      : half_(std::move(half)),
+        device_(device),
+        f16_(storage == DType::f16),
+        rounding_(storage == DType::f16 ? op::round_to_f16 : op::round_to_bf16),
+        widening_(storage == DType::f16 ? op::widen_f16 : op::widen_bf16) {}
 
   ValueId operator()(Graph& target, ValueId old_id, Node node) {
-    // A view of a value stored in f16 is that view of the f16 value too.
+    // A view of a value stored in 16 bits is that view of the 16-bit value too.
     if (is_view_op(node.op) && half_of_.count(node.inputs[0])) {
       const ValueId f16_input = half_of_.at(node.inputs[0]);
       const ValueId f16_view = target.add(node.op, {f16_input}, node.attrs);
@@ -151,9 +167,8 @@ class Rewrite {
       half_of_[f32_view] = f16_view;
       return f32_view;
     }
-    // A rounding of a value stored in f16 is that value.
-    if (node.op == op::round_to_f16 && half_of_.count(node.inputs[0]))
-      return half_of_.at(node.inputs[0]);
+    // A rounding of a value stored in its format is that value.
+    if (node.op == rounding_ && half_of_.count(node.inputs[0])) return half_of_.at(node.inputs[0]);
     // Tile transforms read the f16 value and store f16 points as its dtype.
     if (is_half_tiles(node) && half_of_.count(node.inputs[0])) {
       Attrs attrs;
@@ -169,7 +184,7 @@ class Rewrite {
         auto it = half_of_.find(input);
         if (it == half_of_.end()) continue;
         auto [widening, inserted] = own_widening.try_emplace(input, kNoValue);
-        if (inserted) widening->second = target.add(op::widen_f16, {it->second});
+        if (inserted) widening->second = target.add(widening_, {it->second});
         input = widening->second;
       }
     }
@@ -186,29 +201,34 @@ class Rewrite {
       Attrs attrs = node.attrs;
       attrs.set("f16_result", int64_t{1});
       f16_value = target.add(op::half_matmul, node.inputs, std::move(attrs));
-    } else if (is_half_move(node)) {
+    } else if (is_half_move(node, f16_)) {
       f16_value = target.add(node.op, {half_of_.at(node.inputs[0])}, node.attrs);
     } else {
-      f16_value = target.add(op::round_to_f16, {target.add_typed(std::move(node))});
+      f16_value = target.add(rounding_, {target.add_typed(std::move(node))});
     }
-    const ValueId f32_value = target.add(op::widen_f16, {f16_value});
+    const ValueId f32_value = target.add(widening_, {f16_value});
     half_of_[f32_value] = f16_value;
     return f32_value;
   }
 
   const std::vector<bool> half_;
   const target::Target& device_;
-  std::unordered_map<ValueId, ValueId> half_of_;  // f32 value in the target -> its f16 value
+  const bool f16_;                                // else bfloat16
+  const std::string_view rounding_, widening_;    // the storage format's conversions
+  std::unordered_map<ValueId, ValueId> half_of_;  // f32 value in the target -> its 16-bit value
 };
 
 }  // namespace
 
-Graph half_activations(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
-  std::vector<bool> half = HalfActivations(graph, device).choose();
+Graph half_activations(Graph graph, const target::Target& device, DType storage,
+                       std::vector<ValueId>* remap) {
+  if (storage != DType::f16 && storage != DType::bf16)
+    throw std::logic_error("half_activations stores activations in f16 or bf16");
+  std::vector<bool> half = HalfActivations(graph, device, storage).choose();
   if (std::none_of(half.begin(), half.end(), [](bool chosen) { return chosen; }))
     return unchanged(std::move(graph), remap);
   std::vector<ValueId> rewritten, pruned;
-  Rewrite rewrite(std::move(half), device);
+  Rewrite rewrite(std::move(half), device, storage);
   const std::vector<bool> keep(graph.size(), true);
   Graph result = rebuild(
       std::move(graph), keep,

@@ -40,10 +40,12 @@ Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId
 // matrices writes and only elementwise kernels, reductions, roundings to f16, Winograd's f16 tile
 // transforms and moves (transposes, Winograd's output transform) read are stored in f16
 // (round_to_f16 of the result, widen_f16 in each elementwise reader; products write f16
-// results), so the kernels that convert in registers move half the bytes. Outputs,
+// results), so the kernels that convert in registers move half the bytes. With `storage` bf16
+// they are stored in bfloat16 where an elementwise kernel writes them and only elementwise
+// kernels, reductions and roundings to bfloat16 read them (round_to_bf16, widen_bf16). Outputs,
 // assignments, values under 65,536 elements and elementwise values that one kernel reads (which
 // fusion computes there) keep f32 (see half_activations.cpp).
-Graph half_activations(Graph graph, const target::Target& device,
+Graph half_activations(Graph graph, const target::Target& device, DType storage = DType::f16,
                        std::vector<ValueId>* remap = nullptr);
 
 // The workgroup GEMM: a 2-D matmul that suits it on `device` (target::Target::

@@ -474,12 +474,18 @@ Program build_program(const Graph& source, const target::Target& device,
   if (split_k || !switches.attention_splits.empty() ||
       switches.attention_head_splits.value_or(false))
     program.graph = passes::split_attention(std::move(program.graph), device);
-  // Activations in f16 where products already take f16 operands, as mixed precision stores them;
-  // forced on, wherever the device stores f16 tensors.
-  if (switches.half_activations.value_or(traits.fast_precision && !traits.bf16_operands &&
-                                         device.cooperative_matrices()) &&
-      traits.f16_tensors)
-    program.graph = passes::half_activations(std::move(program.graph), device);
+  // Activations in 16 bits where products already take 16-bit operands, as mixed precision
+  // stores them: f16 in fast precision, bfloat16 (f32's range) in bf16 precision; forced on,
+  // wherever the device stores 16-bit tensors.
+  using HalfActivations = Switches::HalfActivations;
+  const HalfActivations half_activations = switches.half_activations.value_or(
+      traits.fast_precision && device.cooperative_matrices() ? HalfActivations::on
+                                                             : HalfActivations::off);
+  if (half_activations != HalfActivations::off && traits.f16_tensors)
+    program.graph = passes::half_activations(
+        std::move(program.graph), device,
+        half_activations == HalfActivations::bf16 || traits.bf16_operands ? DType::bf16
+                                                                          : DType::f16);
   verify(program.graph);
   const Graph& graph = program.graph;
 

@@ -78,6 +78,7 @@ TEST(Switches, EachKindParsesItsValues) {
                                    {"MEGANEURA_ATTENTION_SPLITS", "2,3,4"},
                                    {"MEGANEURA_GEMM_K_GROUPS", "4"},
                                    {"MEGANEURA_COOPMAT", "nv"},
+                                   {"MEGANEURA_HALF_ACTIVATIONS", "bf16"},
                                    {"MEGANEURA_CPU_GEMM_BLOCK", "8x4"},
                                    {"MEGANEURA_GEMM_TILE", "64,x"},
                                    {"MEGANEURA_ATTENTION_BLOCKS", "48,8"},
@@ -88,6 +89,11 @@ TEST(Switches, EachKindParsesItsValues) {
   EXPECT_EQ(switches.attention_splits, (std::vector<int64_t>{2, 3, 4}));
   EXPECT_EQ(switches.gemm_k_groups, 4);
   EXPECT_EQ(switches.coopmat, Switches::CoopMatrixExtension::nv);
+  EXPECT_EQ(switches.half_activations, Switches::HalfActivations::bf16);
+  EXPECT_EQ(parse({{"MEGANEURA_HALF_ACTIVATIONS", "0"}}).half_activations,
+            Switches::HalfActivations::off);
+  EXPECT_EQ(parse({{"MEGANEURA_HALF_ACTIVATIONS", "1"}}).half_activations,
+            Switches::HalfActivations::on);
   EXPECT_EQ(switches.cpu_gemm_block, (std::array<int64_t, 2>{8, 4}));
   // Tile overrides stay text: the kernel reading one warns where it is malformed.
   EXPECT_EQ(switches.gemm_tile, "64,x");
@@ -104,6 +110,7 @@ TEST(Switches, BadValuesAreRejectedByOneMessage) {
     expect_rejected("MEGANEURA_ATTENTION_SPLITS", bad);
   expect_rejected("MEGANEURA_GEMM_K_GROUPS", "3");
   expect_rejected("MEGANEURA_COOPMAT", "both");
+  for (const char* bad : {"f32", "2", "BF16"}) expect_rejected("MEGANEURA_HALF_ACTIVATIONS", bad);
   expect_rejected("MEGANEURA_CPU_GEMM_BLOCK", "64x4");
   expect_rejected("MEGANEURA_ATTENTION_BLOCKS", "abc");
   expect_rejected("MEGANEURA_ATTENTION_COOP_BLOCK", "48");

@@ -194,6 +194,12 @@ std::vector<OpCase> product_and_reduction_cases() {
   cases.push_back({op::widen_f16, [](CaseGraph& c) {
                      c.out(node(c, op::widen_f16, {c.in_f16("x", {5, 36})}));
                    }});
+  // A session takes no bfloat16 inputs: the values come from a rounding, which fuses into the
+  // widening (the rounding in registers).
+  cases.push_back(
+      {op::widen_bf16, [](CaseGraph& c) {
+         c.out(node(c, op::widen_bf16, {node(c, op::round_to_bf16, {c.in_f32("x", {5, 37})})}));
+       }});
   cases.push_back({op::sum_to_f16,
                    [](CaseGraph& c) {
                      c.out(node(c, op::sum_to_f16, {c.in_f32("partials", {3, 5, 36})}));

@@ -137,14 +137,15 @@ TEST(GpuNorm, DecomposedBatchNormOnePassVariance) {
 
 // A residual block of two training batch norms (tanh after the first, SiLU after the second),
 // its step planned with the values in f32 and with half activations (passes::half_activations,
-// fast precision's, forced here in strict on a device without f16 products): the values that
-// several elementwise kernels and reductions read (the first norm's tanh, whose gradient reads
-// it, the block's sum, the incoming gradients the norms' backward reads) are stored in f16 and
-// converted in registers. Each planned step matches the f64 reference: within f32's rounding in
-// f32, within f16's rounding of those values in f16 (a weight gradient sums thousands of
-// products that cancel, which multiplies their rounding), and in f16 binds fewer bytes
-// (`most_bytes` of f32's) in no more dispatches. No ReLU: its mask would flip where a rounding
-// moves a value across zero, by a whole gradient value, which no rounding bound describes.
+// fast precision's and bf16's, forced here in strict on a device without 16-bit products): the
+// values that several elementwise kernels and reductions read (the first norm's tanh, whose
+// gradient reads it, the block's sum, the incoming gradients the norms' backward reads) are
+// stored in f16, or in bfloat16, and converted in registers. Each planned step matches the f64
+// reference: within f32's rounding in f32, within the 16-bit format's rounding of those values
+// otherwise (a weight gradient sums thousands of products that cancel, which multiplies their
+// rounding), and in 16 bits binds fewer bytes (`most_bytes` of f32's) in no more dispatches. No
+// ReLU: its mask would flip where a rounding moves a value across zero, by a whole gradient value,
+// which no rounding bound describes.
 void check_residual_block_over_half_activations(const Shape& images, double most_bytes) {
   Graph graph;
   const int64_t channels = images[1];
@@ -202,9 +203,12 @@ void check_residual_block_over_half_activations(const Shape& images, double most
     return planned;
   };
   const Planned in_f32 = planned_step("0", 1e-5);
-  const Planned in_f16 = planned_step("1", 8e-3);
-  EXPECT_LT(in_f16.bytes, most_bytes * in_f32.bytes);
-  EXPECT_LE(in_f16.dispatches, in_f32.dispatches);
+  // bfloat16 keeps 8 significant bits to f16's 11: its roundings are 8 times as coarse.
+  for (const auto& [format, tolerance] : {std::pair{"1", 8e-3}, std::pair{"bf16", 0.1}}) {
+    const Planned in_half = planned_step(format, tolerance);
+    EXPECT_LT(in_half.bytes, most_bytes * in_f32.bytes) << format;
+    EXPECT_LE(in_half.dispatches, in_f32.dispatches) << format;
+  }
 }
 
 TEST(GpuNorm, ResidualBlockOverHalfActivations) {
@@ -214,6 +218,8 @@ TEST(GpuNorm, ResidualBlockOverHalfActivations) {
   // 6,400: the norm kernels, whose f32 inputs and results stay f32 (only the tanh between them
   // is stored in f16, its gradient's prologue in the backward norm widening it).
   check_residual_block_over_half_activations({4, 16, 40, 40}, 1.0);
+  // 13,467 elements a channel, an odd count: the pointwise kernels' scalar tails convert too.
+  check_residual_block_over_half_activations({3, 5, 67, 67}, 0.8);
 }
 
 // The GPU kernels' rule (forced on CPU devices): few groups of many elements take workgroups of

@@ -340,6 +340,7 @@ TEST(HalfGemm, Misuse) {
       },
       {"half_matmul", "after differentiation", "differentiate the graph"});
   expect_error([&] { raw(graph, "widen_f16", {a.id()}); }, {"widen_f16", "widens f16"});
+  expect_error([&] { raw(graph, "widen_bf16", {rounded.id()}); }, {"widen_bf16", "widens bf16"});
 }
 
 // With f16_result the product is rounded to f16, and widen_f16 gives f16 values back exactly.

@@ -2046,6 +2046,78 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
 }
 
+// Half activations in bfloat16 (bf16 precision's): a value that several elementwise kernels, a
+// reduction and a transpose read is stored as bfloat16 (the transpose moving it as it is), as is
+// one that a rounding to bfloat16 (a product's operand) and an elementwise kernel read, the
+// rounding then being the stored value itself; products keep f32 results (a product read twice),
+// and a value that Winograd's tiles read keeps f32. The rewritten graph computes what the same
+// graph computes with those values rounded to bfloat16 (built by hand below), and each widening
+// has one reader.
+TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
+  const auto block = [&](Graph& graph, bool round_by_hand) {
+    const auto kept = [&](Tensor value) {
+      return round_by_hand ? Tensor(&graph, graph.add("widen_bf16",
+                                                      {graph.add("round_to_bf16", {value.id()})}))
+                           : value;
+    };
+    const Tensor x = input(graph, "x", {4, 8, 48, 48});
+    const Tensor c = input(graph, "c", {8, 1, 1});
+    const Tensor a = kept(x * c);
+    const Tensor b = kept(tanh(a));
+    const Tensor s = sum(a * b, {2, 3}, true);
+    graph.set_output("shared", (b * s + transpose(b, {0, 1, 3, 2}) * 2.0).id());
+    const Tensor e = kept(relu(input(graph, "rows", {256, 512})) * 1.5);
+    const Tensor columns = input(graph, "columns", {512, 256});
+    const Tensor product =
+        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_bf16", {e.id()}),
+                                                 graph.add("round_to_bf16", {columns.id()})}));
+    graph.set_output("product", (relu(product) + product * 0.5).id());
+    graph.set_output("scaled", (e * 3.0 - 1.0).id());
+    const Tensor tiled = x * 0.5 + 1.0;
+    graph.set_output("tiles", graph.add("winograd_tiles", {tiled.id()},
+                                        {{"tiles", std::vector<int64_t>{24, 24}},
+                                         {"padding", std::vector<int64_t>{1, 1}},
+                                         {"f16_result", int64_t{1}}}));
+    graph.set_output("tiled", exp(tiled).id());
+  };
+  Graph graph, by_hand;
+  block(graph, false);
+  block(by_hand, true);
+  const Environment environment = uniform_leaves(graph, {"x", "c", "rows", "columns"}, 41);
+  const Graph rewritten =
+      passes::half_activations(graph, vulkan::VulkanTarget(workgroup_capable(1)), DType::bf16);
+  verify(rewritten);
+  size_t roundings = 0, bf16_moves = 0, bf16_products = 0, f16_conversions = 0;
+  for (const Node& node : rewritten.nodes()) {
+    roundings += node.op == "round_to_bf16";
+    bf16_moves += node.op == "transpose" && node.type.dtype == DType::bf16;
+    bf16_products += node.op == "half_matmul" && node.type.dtype != DType::f32;
+    f16_conversions += node.op == "round_to_f16" || node.op == "widen_f16";
+    if (node.op == "winograd_tiles") {
+      EXPECT_EQ(rewritten.type(node.inputs[0]).dtype, DType::f32);
+    }
+  }
+  // a, b and e stored, and the product's other operand.
+  EXPECT_EQ(roundings, 4u);
+  EXPECT_EQ(bf16_moves, 1u);
+  EXPECT_EQ(bf16_products, 0u);
+  EXPECT_EQ(f16_conversions, 0u);
+  std::map<ValueId, size_t> widening_readers;
+  for (const Node& node : rewritten.nodes())
+    for (ValueId input_id : node.inputs)
+      if (rewritten.node(input_id).op == "widen_bf16") ++widening_readers[input_id];
+  EXPECT_FALSE(widening_readers.empty());
+  for (const auto& [widening, readers] : widening_readers)
+    EXPECT_EQ(readers, 1u) << "%" << widening;
+  for (const auto& [name, id] : rewritten.outputs())
+    EXPECT_EQ(rewritten.type(id).dtype, graph.type(graph.output(name)).dtype) << name;
+
+  expect_same_outputs(by_hand, rewritten, environment);
+  const std::vector<HostTensor> got = evaluate(rewritten, environment);
+  const std::vector<HostTensor> unrounded = evaluate(graph, environment);
+  EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
+}
+
 // Split-K takes a product of f16 matrices on the subgroup-scope GEMM apart as it takes an f32
 // one, into f32 partial products that one sum_to_f16 sums and rounds to f16 once, with the
 // reference values of the whole product; the workgroup GEMM's products stay whole.

@@ -314,18 +314,18 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   if (fusion_enabled) {
     for (size_t i = 0; i < graph.size(); ++i) {
       const Node& node = graph.nodes()[i];
-      // f16 values fuse only as round_to_f16 into their one reader (a widen_f16): the f16
-      // storage pass leaves no other pointwise op on f16 values.
+      // f16 (bf16) values fuse only as their rounding into their one reader (a widening): the
+      // passes that store them leave no other pointwise op on them.
       if (!is_pointwise_op(node.op) || observed[i] || consumers[i] != 1 ||
-          (node.type.dtype != DType::f32 && node.op != op::round_to_f16)) {
+          (node.type.dtype != DType::f32 && !is_half_rounding_op(node.op))) {
         continue;
       }
       const ValueId consumer = consumer_lists[i].front();
-      // A widening of an f16 value read from memory fuses into a consumer it broadcasts into
+      // A widening of an f16 (bf16) value read from memory fuses into a consumer it broadcasts into
       // (a bias): the DAG reads that input at broadcast indices and converts it there, with
       // nothing else computed again per element.
       const bool broadcast_widening =
-          node.op == op::widen_f16 && fused_into[node.inputs[0]] != static_cast<ValueId>(i);
+          is_half_widening_op(node.op) && fused_into[node.inputs[0]] != static_cast<ValueId>(i);
       if (is_pointwise_op(graph.node(consumer).op) &&
           (graph.node(consumer).type.shape == node.type.shape || broadcast_widening)) {
         fused_into[i] = consumer;
@@ -385,7 +385,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       MatmulEpilogue epilogue = epilogue_for(graph, root, static_cast<ValueId>(i), fused_into,
                                              std::vector<bool>(graph.size()));
       // The GEMMs' epilogues read and write f32 only, and index inputs by the product's axes.
-      if (converts_f16(epilogue.dag) || epilogue.dag.through_unit_axes) continue;
+      if (converts_half(epilogue.dag) || epilogue.dag.through_unit_axes) continue;
       if (matmul_epilogue_bindings(graph, epilogue) > device.max_storage_buffers) continue;
       epilogue_of_root.emplace(root, std::move(epilogue));
       in_epilogue[i] = true;
@@ -407,10 +407,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     for (size_t i = graph.size(); i-- > 0;) {
       const Node& node = graph.nodes()[i];
       const ValueId id = static_cast<ValueId>(i);
-      // An f16 value joins as its rounding, which its first reader widens (the half activations
-      // pass gives each reader a widening of its own): written beside in f16.
-      const bool rounded = node.op == op::round_to_f16 && !consumer_lists[i].empty() &&
-                           graph.node(consumer_lists[i].front()).op == op::widen_f16;
+      // An f16 (bf16) value joins as its rounding, which its first reader widens (the half
+      // activations pass gives each reader a widening of its own): written beside in 16 bits.
+      const bool rounded = is_half_rounding_op(node.op) && !consumer_lists[i].empty() &&
+                           is_half_widening_op(graph.node(consumer_lists[i].front()).op);
       if (!is_pointwise_op(node.op) || (node.type.dtype != DType::f32 && !rounded) ||
           is_fused(id) || consumer_lists[i].empty()) {
         continue;
@@ -433,7 +433,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
             updates[root] ||
             std::any_of(moved.dag.extra_outputs.begin(), moved.dag.extra_outputs.end(),
                         [&](const PointwiseExtraOutput& extra) { return updates[extra.value]; });
-        if (!converts_f16(moved.dag) && !moved.dag.through_unit_axes &&
+        if (!converts_half(moved.dag) && !moved.dag.through_unit_axes &&
             !sums_partials(graph, moved.dag) && !computes_update &&
             matmul_epilogue_bindings(graph, moved) <= device.max_storage_buffers) {
           epilogue_of_root.erase(epilogue);
@@ -460,7 +460,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
   // end in a rounding to f16 (products that read f16 operands: passes/half_products.cpp), which
   // the merged kernel then writes in f16.
   const auto f32_or_rounded = [&](ValueId value) {
-    return graph.type(value).dtype == DType::f32 || graph.node(value).op == op::round_to_f16;
+    return graph.type(value).dtype == DType::f32 || is_half_rounding_op(graph.node(value).op);
   };
   Siblings siblings_of;
   if (fusion_enabled) {
@@ -600,10 +600,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
           const std::string& op = graph.node(consumer_lists[root].front()).op;
           return op == op::sum || op == op::mean || op == op::max;
         };
-        // Its DAG may read f16 values and round its result to f16 (half activations).
+        // Its DAG may read f16 (bf16) values and round its result to them (half activations).
         const DType root_dtype = graph.type(root).dtype;
         if (is_pointwise_op(reader_node.op) && reader_node.type.shape == node.type.shape &&
-            (root_dtype == DType::f32 || root_dtype == DType::f16) &&
+            (root_dtype == DType::f32 || is_half_dtype(root_dtype)) &&
             epilogue_of_root.count(root) == 0 && !in_norm_fusion[root] && !reduced()) {
           PointwiseDag dag = dag_at(root);
           // Not the prologue's result, which the same launch computes.
@@ -682,14 +682,14 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
              a.attrs.get_ints("axes", {}) == b.attrs.get_ints("axes", {}) &&
              a.attrs.get_int("keepdims", 0) == b.attrs.get_int("keepdims", 0);
     };
-    // Whether reduction `reader`'s prologue only widens an f16 value (the half activations
+    // Whether reduction `reader`'s prologue only widens an f16 (bf16) value (the half activations
     // pass gives each reduction a widening of its own): as a sibling it reads that value
     // widened by the other prologue instead.
     const auto only_widens = [&](ValueId reader) {
       auto it = prologue_of.find(reader);
       return it != prologue_of.end() && it->second.sibling == kNoValue &&
              it->second.dag.statements.size() == 1 &&
-             it->second.dag.statements[0].op == op::widen_f16;
+             is_half_widening_op(it->second.dag.statements[0].op);
     };
     // The first such sum or mean reading `value` (through reshapes), or kNoValue; with
     // `widening`, `value` is a widening of an f16 value and the reader's prologue may be it.
@@ -716,7 +716,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     // widening (still marked as in a prologue) is no launch either.
     const auto sibling_reading_widened = [&](ValueId value, ValueId reduction) {
       for (ValueId widening : consumer_lists[value]) {
-        if (graph.node(widening).op != op::widen_f16 || observed[widening]) continue;
+        if (!is_half_widening_op(graph.node(widening).op) || observed[widening]) continue;
         const ValueId reader = sibling_reading(widening, reduction, true);
         if (reader == kNoValue) continue;
         prologue_of.erase(reader);
@@ -726,7 +726,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     };
     for (auto& [reduction, prologue] : prologue_of) {
       for (const PointwiseExtraOutput& extra : prologue.dag.extra_outputs) {
-        const ValueId reader = graph.type(extra.value).dtype == DType::f16
+        const ValueId reader = is_half_dtype(graph.type(extra.value).dtype)
                                    ? sibling_reading_widened(extra.value, reduction)
                                    : sibling_reading(extra.value, reduction, false);
         if (reader == kNoValue) continue;
@@ -753,10 +753,10 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
         const auto widening_statement =
             std::find_if(prologue.dag.statements.begin(), prologue.dag.statements.end(),
                          [&](const PointwiseStatement& statement) {
-                           return statement.op == op::widen_f16 &&
+                           return is_half_widening_op(statement.op) &&
                                   statement.arguments == std::vector<int>{static_cast<int>(k)};
                          });
-        if (graph.type(input).dtype != DType::f16 ||
+        if (!is_half_dtype(graph.type(input).dtype) ||
             widening_statement == prologue.dag.statements.end())
           continue;
         const ValueId reader = sibling_reading_widened(input, reduction);
@@ -896,7 +896,7 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
       const bool computed = std::any_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId input) {
         return !graph.node(input).is_leaf();
       });
-      return computed && dag.statements.size() <= kMostInlinedStatements && !converts_f16(dag) &&
+      return computed && dag.statements.size() <= kMostInlinedStatements && !converts_half(dag) &&
              !dag.through_unit_axes &&
              std::all_of(dag.inputs.begin(), dag.inputs.end(), [&](ValueId input) {
                const TensorType& input_type = graph.type(input);

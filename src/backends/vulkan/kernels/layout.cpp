@@ -41,8 +41,8 @@ Launch element_launch(LoweringContext& context, std::string body) {
 // 16-byte vector (4 f32 or 8 f16 values) where that axis is a multiple of it, 8 bytes (4 f16
 // values) where it is a multiple of 4 only, from one computed index, so that the index arithmetic
 // is paid once for the vector and every access is as wide as the memory's. Such a vector starts
-// at a multiple of its length in both tensors, whose bindings start aligned. f16 values move as
-// they are.
+// at a multiple of its length in both tensors, whose bindings start aligned. f16 and bfloat16
+// values move as they are.
 void lower_transpose(LoweringContext& context) {
   const Node& node = context.node();
   const Shape& out_shape = node.type.shape;
@@ -52,7 +52,7 @@ void lower_transpose(LoweringContext& context) {
   for (size_t k = 0; k < permutation.size(); ++k)
     in_coordinates[permutation[k]] = "c" + std::to_string(k);
   const size_t rank = out_shape.size();
-  const bool half = node.type.dtype == DType::f16;
+  const bool half = node.type.dtype == DType::f16 || node.type.dtype == DType::bf16;
   const bool keeps_innermost = rank > 0 && permutation.back() == static_cast<int64_t>(rank - 1);
   const int64_t innermost = rank > 0 ? out_shape.back() : 0;
   int64_t per_thread = 1;

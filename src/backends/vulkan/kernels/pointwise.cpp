@@ -53,6 +53,25 @@ float mg_round_f16(float x) {
   if (abs(uintBitsToFloat(bits)) > 65504.0) bits = (bits & 0x80000000u) | 0x7F800000u;
   return uintBitsToFloat(bits);
 }
+// x rounded to the nearest bfloat16 (ties to even), held as an f32: its upper 16 bits. Past the
+// largest bfloat16 the carry gives infinity; a NaN stays a quiet NaN.
+float mg_round_bf16(float x) {
+  if (isnan(x)) return uintBitsToFloat(0x7FC00000u);
+  uint bits = floatBitsToUint(x);
+  return uintBitsToFloat((bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u);
+}
+// bfloat16 values are stored as their bit patterns (uint16_t elements, or uvec2 for four), which
+// only needs 16-bit storage: no 16-bit variable is declared.
+float mg_widen_bf16(uint bits) { return uintBitsToFloat(bits << 16); }
+uint mg_bf16_bits(float x) { return floatBitsToUint(mg_round_bf16(x)) >> 16; }
+vec4 mg_widen_bf16x4(uvec2 pair) {
+  return vec4(uintBitsToFloat(pair.x << 16), uintBitsToFloat(pair.x & 0xFFFF0000u),
+              uintBitsToFloat(pair.y << 16), uintBitsToFloat(pair.y & 0xFFFF0000u));
+}
+uvec2 mg_bf16x4(vec4 v) {
+  return uvec2(mg_bf16_bits(v.x) | (mg_bf16_bits(v.y) << 16),
+               mg_bf16_bits(v.z) | (mg_bf16_bits(v.w) << 16));
+}
 const float kSqrtHalf = 0.70710678118654752;
 const float kSqrt2OverPi = 0.79788456080286536;
 float mg_gelu(float x) { return 0.5 * x * (1.0 + mg_erf(x * kSqrtHalf)); }
@@ -106,11 +125,12 @@ const std::map<std::string_view, std::string_view>& expressions() {
 }
 
 std::string expression_for(const PointwiseStatement& statement) {
-  // The f16 storage pass's conversions (passes/f16_storage.cpp), fused: the value rounded to
-  // f16 where it is one (a DAG reads an f16 input and stores an f16 result through its
-  // buffer's type, so widening is the value itself).
+  // The conversions of the f16 storage and half activations passes, fused: the value rounded
+  // to f16 (bfloat16) where it is one (a DAG converts its 16-bit inputs as it loads them and its
+  // 16-bit results as it stores them, so widening is the value itself).
   if (statement.op == op::round_to_f16) return "mg_round_f16($0)";
-  if (statement.op == op::widen_f16) return "$0";
+  if (statement.op == op::round_to_bf16) return "mg_round_bf16($0)";
+  if (statement.op == op::widen_f16 || statement.op == op::widen_bf16) return "$0";
   if (statement.op == op::gelu) {
     return statement.attrs.get_string("approximate", "none") == "tanh" ? "mg_gelu_tanh($0)"
                                                                        : "mg_gelu($0)";
@@ -142,28 +162,40 @@ std::string substitute(const std::string& expression, const std::vector<std::str
 
 bool is_pointwise_op(std::string_view op) {
   return expressions().count(op) > 0 || op == op::gelu || op == op::gelu_grad ||
-         is_f16_conversion_op(op);
+         is_half_conversion_op(op);
 }
 
-bool is_f16_conversion_op(std::string_view op) {
-  return op == op::round_to_f16 || op == op::widen_f16;
+bool is_half_conversion_op(std::string_view op) {
+  return is_half_rounding_op(op) || is_half_widening_op(op);
 }
 
-bool converts_f16(const PointwiseDag& dag) {
+bool is_half_rounding_op(std::string_view op) {
+  return op == op::round_to_f16 || op == op::round_to_bf16;
+}
+
+bool is_half_widening_op(std::string_view op) {
+  return op == op::widen_f16 || op == op::widen_bf16;
+}
+
+bool is_half_dtype(DType dtype) {
+  return dtype == DType::f16 || dtype == DType::bf16;
+}
+
+bool converts_half(const PointwiseDag& dag) {
   return std::any_of(
       dag.statements.begin(), dag.statements.end(),
-      [](const PointwiseStatement& statement) { return is_f16_conversion_op(statement.op); });
+      [](const PointwiseStatement& statement) { return is_half_conversion_op(statement.op); });
 }
 
 bool launch_needs_f16(const Graph& graph, const std::vector<Operand>& operands,
                       const std::vector<const PointwiseDag*>& dags, const std::string& label,
                       const DeviceTraits& device) {
-  const bool needs = std::any_of(operands.begin(), operands.end(),
-                                 [&](const Operand& operand) {
-                                   return graph.type(operand.value).dtype == DType::f16;
-                                 }) ||
-                     std::any_of(dags.begin(), dags.end(),
-                                 [](const PointwiseDag* dag) { return dag && converts_f16(*dag); });
+  const bool needs =
+      std::any_of(
+          operands.begin(), operands.end(),
+          [&](const Operand& operand) { return is_half_dtype(graph.type(operand.value).dtype); }) ||
+      std::any_of(dags.begin(), dags.end(),
+                  [](const PointwiseDag* dag) { return dag && converts_half(*dag); });
   if (needs) require_f16_tensors(label, "reads or writes", device);
   return needs;
 }
@@ -307,9 +339,11 @@ std::string broadcast_index(const InputAccess& input, const std::vector<int64_t>
 }
 
 std::string as_float(const std::string& load, DType dtype) {
+  if (dtype == DType::bf16) return "mg_widen_bf16(uint(" + load + "))";
   return dtype == DType::f32 ? load : "float(" + load + ")";
 }
 
+// The element type of a buffer's vector view: four elements.
 std::string vector_type(DType dtype) {
   switch (dtype) {
     case DType::i32:
@@ -318,9 +352,23 @@ std::string vector_type(DType dtype) {
       return "uvec4";
     case DType::f16:
       return "f16vec4";
+    case DType::bf16:
+      return "uvec2";
     default:
       return "vec4";
   }
+}
+
+// `load`, four elements of a vector view of a `dtype` buffer, as a vec4.
+std::string vector_as_float(const std::string& load, DType dtype) {
+  if (dtype == DType::bf16) return "mg_widen_bf16x4(" + load + ")";
+  return dtype == DType::f32 ? load : "vec4(" + load + ")";
+}
+
+// `lanes`, a vec4, as four elements of a vector view of a `dtype` buffer.
+std::string vector_stored_as(const std::string& lanes, DType dtype) {
+  if (dtype == DType::bf16) return "mg_bf16x4(" + lanes + ")";
+  return dtype == DType::f32 ? lanes : vector_type(dtype) + "(" + lanes + ")";
 }
 
 std::string scalar_type(DType dtype) {
@@ -338,6 +386,7 @@ std::string scalar_type(DType dtype) {
 
 // `value` (an f32 expression) as an element of a `dtype` buffer takes it.
 std::string stored_as(const std::string& value, DType dtype) {
+  if (dtype == DType::bf16) return "uint16_t(mg_bf16_bits(" + value + "))";
   return dtype == DType::f32 ? value : scalar_type(dtype) + "(" + value + ")";
 }
 
@@ -538,20 +587,25 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
         const std::string load = input.moved_from.empty()
                                      ? input.name + "_x4[g]"
                                      : input.name + "_x4[" + input.moved_from + "(g * 4u) / 4u]";
-        body += value + (input.dtype == DType::f32 ? load : "vec4(" + load + ")") + ";\n";
+        body += value + vector_as_float(load, input.dtype) + ";\n";
       } else if (input.kind == InputKind::partials) {
         body += value + partials_sum(input, input.name + "_x4", "g", count / kElementsPerThread) +
                 ";\n";
       } else if (input.kind == InputKind::single) {
-        body += value + "vec4(" + input.name + "[0]);\n";
+        body += value + "vec4(" + as_float(input.name + "[0]", input.dtype) + ");\n";
       } else if (input.kind == InputKind::broadcast) {
         const std::string index = broadcast_index(input, extents, "c");
-        const std::string load = input.present.back() ? input.name + "_x4[(" + index + ") / 4u]"
-                                                      : input.name + "[" + index + "]";
-        body += value + "vec4(" + load + ");\n";
+        body += value +
+                (input.present.back()
+                     ? vector_as_float(input.name + "_x4[(" + index + ") / 4u]", input.dtype)
+                     : "vec4(" + as_float(input.name + "[" + index + "]", input.dtype) + ")") +
+                ";\n";
       }
     }
-    body += "  " + vector_type(output_dtype) + " r;\n";
+    // Lanes are computed into r, of the result's vector type where it can be declared (a
+    // bfloat16 result is packed from an f32 vec4 as it is stored).
+    const DType lane_dtype = output_dtype == DType::bf16 ? DType::f32 : output_dtype;
+    body += "  " + vector_type(lane_dtype) + " r;\n";
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
       body += "  vec4 e" + std::to_string(k) + ";\n";
     for (const char* lane : {"x", "y", "z", "w"}) {
@@ -562,24 +616,27 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
                                   : "a" + std::to_string(k) + "." + lane);
       }
       body += "  {\n" +
-              element_glsl(dag, lane_inputs, output_dtype, std::string("r.") + lane,
+              element_glsl(dag, lane_inputs, lane_dtype, std::string("r.") + lane,
                            extra_stores(dag, "e", std::string(".") + lane)) +
               "  }\n";
     }
     if (moved && !moves_vec4s(graph, dag.moved_to)) {
       // Each element where the transpose moves it.
       for (int lane = 0; lane < 4; ++lane)
-        body += "  result[moved_index(g * 4u + " + std::to_string(lane) + "u)] = r." +
-                "xyzw"[lane] + ";\n";
+        body +=
+            "  result[moved_index(g * 4u + " + std::to_string(lane) + "u)] = " +
+            (output_dtype == DType::bf16 ? stored_as(std::string("r.") + "xyzw"[lane], output_dtype)
+                                         : std::string("r.") + "xyzw"[lane]) +
+            ";\n";
     } else {
-      body += "  result_x4[" + (moved ? "moved_index(g * 4u) / 4u" : std::string("g")) + "] = r;\n";
+      body += "  result_x4[" + (moved ? "moved_index(g * 4u) / 4u" : std::string("g")) +
+              "] = " + (output_dtype == DType::bf16 ? vector_stored_as("r", output_dtype) : "r") +
+              ";\n";
     }
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
       const DType dtype = graph.type(dag.extra_outputs[k].value).dtype;
       const std::string lanes = "e" + std::to_string(k);
-      body += "  extra" + std::to_string(k) +
-              "_x4[g] = " + (dtype == DType::f32 ? lanes : vector_type(dtype) + "(" + lanes + ")") +
-              ";\n";
+      body += "  extra" + std::to_string(k) + "_x4[g] = " + vector_stored_as(lanes, dtype) + ";\n";
     }
     body += "  }\n";
     if (count % kElementsPerThread != 0) {
@@ -694,6 +751,7 @@ std::vector<LoweringEntry> pointwise_lowerings() {
   for (const auto& [op, unused] : expressions()) entries.push_back({op, lower_single_pointwise});
   entries.push_back({op::gelu, lower_single_pointwise});
   entries.push_back({op::gelu_grad, lower_single_pointwise});
+  entries.push_back({op::widen_bf16, lower_single_pointwise});
   return entries;
 }
 

@@ -37,7 +37,7 @@ struct PointwiseDag {
   std::vector<ValueId> inputs;
   std::vector<PointwiseStatement> statements;  // the last one is the result
   ValueId output = kNoValue;
-  std::vector<PointwiseExtraOutput> extra_outputs;  // each of its value's dtype, f32 or f16
+  std::vector<PointwiseExtraOutput> extra_outputs;  // each of its value's dtype: f32, f16, bf16
   // Inputs read as if reshaped (the inputs of a small DAG that the DAG evaluates through a
   // reshape of its result, fusion.cpp): the shape that broadcasts them, by input.
   std::map<ValueId, Shape> viewed_as;
@@ -55,12 +55,18 @@ struct PointwiseDag {
 };
 
 bool is_pointwise_op(std::string_view op);
-// round_to_f16 and widen_f16: pointwise for fusion (a fused DAG converts at its loads, stores
-// and in registers), but a launch of their own runs the vectorised conversion kernel
-// (backends/vulkan/kernels/gemm_workgroup.cpp).
-bool is_f16_conversion_op(std::string_view op);
-// Whether `dag` rounds to or widens from f16 (fused conversions of the f16 storage pass).
-bool converts_f16(const PointwiseDag& dag);
+// round_to_f16, widen_f16, round_to_bf16 and widen_bf16: pointwise for fusion (a fused DAG
+// converts at its loads, stores and in registers), but a launch of their own runs the vectorised
+// conversion kernel (backends/vulkan/kernels/gemm_workgroup.cpp), widen_bf16's a pointwise one.
+bool is_half_conversion_op(std::string_view op);
+bool is_half_rounding_op(std::string_view op);  // round_to_f16, round_to_bf16
+bool is_half_widening_op(std::string_view op);  // widen_f16, widen_bf16
+// f16 and bf16: the dtypes those store, which a DAG converts as it loads and stores them
+// (bfloat16 as its bit patterns).
+bool is_half_dtype(DType dtype);
+// Whether `dag` rounds to or widens from f16 or bf16 (fused conversions of the f16 storage and
+// half activations passes).
+bool converts_half(const PointwiseDag& dag);
 // Whether a launch binding `operands` and evaluating `dags` (null entries skipped) needs f16
 // buffers and arithmetic: an f16 operand, or a DAG that converts (a rounding in registers only
 // needs them alike, as its unfused conversions would); throws as require_f16_tensors, naming
