@@ -1953,6 +1953,27 @@ Environment uniform_leaves(const Graph& graph, const std::vector<std::string>& n
   return environment;
 }
 
+// What the half activations tests check of `rewritten`, `graph` with values stored in 16 bits
+// (widened by `widening`): each widening has one reader, the outputs keep their dtypes, and they
+// are those of `by_hand` (the graph with those values rounded by hand), not the graph's own (the
+// roundings move output "shared").
+void expect_stored_in_16_bits(const Graph& graph, const Graph& by_hand, const Graph& rewritten,
+                              const Environment& environment, std::string_view widening) {
+  std::map<ValueId, size_t> widening_readers;
+  for (const Node& node : rewritten.nodes())
+    for (ValueId input_id : node.inputs)
+      if (rewritten.node(input_id).op == widening) ++widening_readers[input_id];
+  EXPECT_FALSE(widening_readers.empty());
+  for (const auto& [value, readers] : widening_readers) EXPECT_EQ(readers, 1u) << "%" << value;
+  for (const auto& [name, id] : rewritten.outputs())
+    EXPECT_EQ(rewritten.type(id).dtype, graph.type(graph.output(name)).dtype) << name;
+
+  expect_same_outputs(by_hand, rewritten, environment);
+  const std::vector<HostTensor> got = evaluate(rewritten, environment);
+  const std::vector<HostTensor> unrounded = evaluate(graph, environment);
+  EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
+}
+
 // Half activations (on an H200-like GPU with the workgroup GEMM): a value that
 // several kernels read is stored in f16 where its producer and every reader convert in
 // registers (an elementwise value that Winograd's f16 tiles read too, products of f16 operands,
@@ -2029,21 +2050,7 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   EXPECT_EQ(f16_products, 2u);
   EXPECT_EQ(f16_moves, 2u);
   EXPECT_EQ(tiles_of_f16, 1u);
-  std::map<ValueId, size_t> widening_readers;
-  for (const Node& node : rewritten.nodes())
-    for (ValueId input_id : node.inputs)
-      if (rewritten.node(input_id).op == "widen_f16") ++widening_readers[input_id];
-  EXPECT_FALSE(widening_readers.empty());
-  for (const auto& [widening, readers] : widening_readers)
-    EXPECT_EQ(readers, 1u) << "%" << widening;
-  for (const auto& [name, id] : rewritten.outputs())
-    EXPECT_EQ(rewritten.type(id).dtype, graph.type(graph.output(name)).dtype) << name;
-
-  expect_same_outputs(by_hand, rewritten, environment);
-  // Not the graph's own values: the roundings move the outputs.
-  const std::vector<HostTensor> got = evaluate(rewritten, environment);
-  const std::vector<HostTensor> unrounded = evaluate(graph, environment);
-  EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
+  expect_stored_in_16_bits(graph, by_hand, rewritten, environment, "widen_f16");
 }
 
 // Half activations in bfloat16 (bf16 precision's): a value that several elementwise kernels, a
@@ -2102,20 +2109,7 @@ TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
   EXPECT_EQ(bf16_moves, 1u);
   EXPECT_EQ(bf16_products, 0u);
   EXPECT_EQ(f16_conversions, 0u);
-  std::map<ValueId, size_t> widening_readers;
-  for (const Node& node : rewritten.nodes())
-    for (ValueId input_id : node.inputs)
-      if (rewritten.node(input_id).op == "widen_bf16") ++widening_readers[input_id];
-  EXPECT_FALSE(widening_readers.empty());
-  for (const auto& [widening, readers] : widening_readers)
-    EXPECT_EQ(readers, 1u) << "%" << widening;
-  for (const auto& [name, id] : rewritten.outputs())
-    EXPECT_EQ(rewritten.type(id).dtype, graph.type(graph.output(name)).dtype) << name;
-
-  expect_same_outputs(by_hand, rewritten, environment);
-  const std::vector<HostTensor> got = evaluate(rewritten, environment);
-  const std::vector<HostTensor> unrounded = evaluate(graph, environment);
-  EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
+  expect_stored_in_16_bits(graph, by_hand, rewritten, environment, "widen_bf16");
 }
 
 // Split-K takes a product of f16 matrices on the subgroup-scope GEMM apart as it takes an f32
