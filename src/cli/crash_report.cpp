@@ -1,5 +1,6 @@
 #include "cli/crash_report.hpp"
 
+#include <execinfo.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -11,6 +12,7 @@ namespace {
 
 // A copy, as a crash may come after main returns (a driver's teardown).
 char crashed_command[64] = "";
+constexpr int kMostFrames = 64;
 
 // Only async-signal-safe calls: the heap or stdio may be what broke.
 void write_text(const char* text) {
@@ -42,8 +44,13 @@ void report_crash(int signal) {
   write_text(": internal error: ");
   write_text(signal_text(signal));
   write_text(
-      ", a bug in meganeura or in the GPU driver: please report it with this command line "
-      "and the output of `meganeura devices --verbose`\n");
+      ", a bug in meganeura or in the GPU driver: please report it with this command line, "
+      "this output and the output of `meganeura devices --verbose`\n");
+  // Where it happened, for the developers: each frame as binary(+offset), which addr2line turns
+  // into a function with the same build. backtrace_symbols_fd allocates nothing.
+  write_text("stack:\n");
+  void* frames[kMostFrames];
+  backtrace_symbols_fd(frames, backtrace(frames, kMostFrames), STDERR_FILENO);
   // The signal is blocked while its handler runs, so it takes its default action on return:
   // the process dies of it as without this handler, also when it came from kill().
   struct sigaction default_action {};
@@ -57,6 +64,10 @@ void report_crash(int signal) {
 
 void report_crashes(const char* command) {
   std::strncpy(crashed_command, command, sizeof crashed_command - 1);
+  // backtrace loads the unwinder on its first call, which allocates: done here, not in the
+  // handler, where the heap may be what broke.
+  void* frame = nullptr;
+  backtrace(&frame, 1);
   // A stack overflow leaves no stack for the handler to run on.
   static char handler_stack[1 << 16];
   stack_t stack{};

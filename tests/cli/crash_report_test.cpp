@@ -1,5 +1,5 @@
 // A crash of `meganeura` (a bug in it or in the GPU driver) prints one line that says so and
-// what to report, and the process still dies of the signal.
+// what to report, then the stack, and the process still dies of the signal.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -85,7 +85,16 @@ TEST_P(CliCrashReport, OneLineAndDeathBySignal) {
             0u)
       << output;
   EXPECT_NE(output.find("meganeura devices --verbose"), std::string::npos) << output;
-  EXPECT_EQ(output.find('\n'), output.size() - 1) << output;
+  // Then the stack, a frame a line: the handler's, and below the signal's the command's own
+  // frames in the binary (binary(+offset) or binary(function+offset)).
+  const size_t first_line_end = output.find('\n');
+  ASSERT_NE(first_line_end, std::string::npos) << output;
+  EXPECT_EQ(output.compare(first_line_end + 1, 7, "stack:\n"), 0) << output;
+  size_t frames_in_binary = 0;
+  for (size_t at = output.find("meganeura(", first_line_end); at != std::string::npos;
+       at = output.find("meganeura(", at + 1))
+    ++frames_in_binary;
+  EXPECT_GE(frames_in_binary, 2u) << output;
   std::filesystem::remove_all(folder);
 }
 
