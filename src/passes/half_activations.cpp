@@ -14,8 +14,9 @@
 // In bfloat16 (bf16 precision, whose products take bfloat16 operands: f16 would lose f32's
 // range), values are stored as bfloat16 bit patterns where an elementwise kernel writes them
 // (round_to_bf16 fused) and every reader is an elementwise kernel or a reduction (widen_bf16
-// fused) or a rounding to bfloat16 (a product's operand, which then reads the stored value
-// itself); products, moves and Winograd's transforms keep their f32 results and inputs.
+// fused), a rounding to bfloat16 (a product's operand, which then reads the stored value itself)
+// or a transpose (which moves the bit patterns) whose readers are those; products and Winograd's
+// transforms keep their f32 results and inputs.
 #include <algorithm>
 #include <stdexcept>
 #include <string_view>
