@@ -1953,6 +1953,19 @@ Environment uniform_leaves(const Graph& graph, const std::vector<std::string>& n
   return environment;
 }
 
+// The values both half activations tests store in 16 bits: a = x c and b = tanh(a), which
+// elementwise kernels, a reduction and a transpose read (output "shared"), each passed through
+// `kept`; returns x and a.
+std::pair<Tensor, Tensor> shared_values(Graph& graph, const std::function<Tensor(Tensor)>& kept) {
+  const Tensor x = input(graph, "x", {4, 8, 48, 48});
+  const Tensor c = input(graph, "c", {8, 1, 1});
+  const Tensor a = kept(x * c);
+  const Tensor b = kept(tanh(a));
+  const Tensor s = sum(a * b, {2, 3}, true);
+  graph.set_output("shared", (b * s + transpose(b, {0, 1, 3, 2}) * 2.0).id());
+  return {x, a};
+}
+
 // What the half activations tests check of `rewritten`, `graph` with values stored in 16 bits
 // (widened by `widening`): each widening has one reader, the outputs keep their dtypes, and they
 // are those of `by_hand` (the graph with those values rounded by hand), not the graph's own (the
@@ -1987,12 +2000,7 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
     const auto kept = [&](Tensor value) {
       return round_by_hand ? rounded_by_hand(graph, value) : value;
     };
-    const Tensor x = input(graph, "x", {4, 8, 48, 48});
-    const Tensor c = input(graph, "c", {8, 1, 1});
-    const Tensor a = kept(x * c);
-    const Tensor b = kept(tanh(a));
-    const Tensor s = sum(a * b, {2, 3}, true);
-    graph.set_output("shared", (b * s + transpose(b, {0, 1, 3, 2}) * 2.0).id());
+    const auto [x, a] = shared_values(graph, kept);
     // Winograd's input tiles of a, in f16 points either way.
     graph.set_output("tiles", graph.add("winograd_tiles", {a.id()},
                                         {{"tiles", std::vector<int64_t>{24, 24}},
@@ -2067,12 +2075,7 @@ TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
                                                       {graph.add("round_to_bf16", {value.id()})}))
                            : value;
     };
-    const Tensor x = input(graph, "x", {4, 8, 48, 48});
-    const Tensor c = input(graph, "c", {8, 1, 1});
-    const Tensor a = kept(x * c);
-    const Tensor b = kept(tanh(a));
-    const Tensor s = sum(a * b, {2, 3}, true);
-    graph.set_output("shared", (b * s + transpose(b, {0, 1, 3, 2}) * 2.0).id());
+    const auto [x, a] = shared_values(graph, kept);
     const Tensor e = kept(relu(input(graph, "rows", {256, 512})) * 1.5);
     const Tensor columns = input(graph, "columns", {512, 256});
     const Tensor product =
