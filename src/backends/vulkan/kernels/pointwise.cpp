@@ -605,6 +605,7 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     // Lanes are computed into r, of the result's vector type where it can be declared (a
     // bfloat16 result is packed from an f32 vec4 as it is stored).
     const DType lane_dtype = output_dtype == DType::bf16 ? DType::f32 : output_dtype;
+    const bool packs_result = lane_dtype != output_dtype;
     body += "  " + vector_type(lane_dtype) + " r;\n";
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k)
       body += "  vec4 e" + std::to_string(k) + ";\n";
@@ -623,15 +624,13 @@ Launch pointwise_launch(const Graph& graph, const PointwiseDag& dag, const Devic
     if (moved && !moves_vec4s(graph, dag.moved_to)) {
       // Each element where the transpose moves it.
       for (int lane = 0; lane < 4; ++lane)
-        body +=
-            "  result[moved_index(g * 4u + " + std::to_string(lane) + "u)] = " +
-            (output_dtype == DType::bf16 ? stored_as(std::string("r.") + "xyzw"[lane], output_dtype)
-                                         : std::string("r.") + "xyzw"[lane]) +
-            ";\n";
+        body += "  result[moved_index(g * 4u + " + std::to_string(lane) + "u)] = " +
+                (packs_result ? stored_as(std::string("r.") + "xyzw"[lane], output_dtype)
+                              : std::string("r.") + "xyzw"[lane]) +
+                ";\n";
     } else {
       body += "  result_x4[" + (moved ? "moved_index(g * 4u) / 4u" : std::string("g")) +
-              "] = " + (output_dtype == DType::bf16 ? vector_stored_as("r", output_dtype) : "r") +
-              ";\n";
+              "] = " + (packs_result ? vector_stored_as("r", output_dtype) : "r") + ";\n";
     }
     for (size_t k = 0; k < dag.extra_outputs.size(); ++k) {
       const DType dtype = graph.type(dag.extra_outputs[k].value).dtype;
