@@ -2,7 +2,7 @@
 one JSON object per case; the "... fast" twins run with f16 inputs (against Meganeura's
 --precision fast), and so do the "... f16" twins of the GEMM, SmolLM and SmolVLA products
 (against Meganeura's f16 tensors); the "... bf16" twin of the GEMM runs with bfloat16 inputs
-(against Meganeura's --precision bf16).
+(against Meganeura's bf16 tensors in --precision bf16).
 
 Like the Meganeura side, each case's inputs are replicated until the copies hold more than
 --rotate MiB (more than the GPU's L2 cache), and one timed run computes the case once on every

@@ -43,7 +43,12 @@ typedef enum mg_status {
   MG_ERROR_INTERNAL = 6       /* a bug in Meganeura: please report the message */
 } mg_status;
 
-typedef enum mg_dtype { MG_DTYPE_F32 = 0, MG_DTYPE_I32 = 1, MG_DTYPE_F16 = 2 } mg_dtype;
+typedef enum mg_dtype {
+  MG_DTYPE_F32 = 0,
+  MG_DTYPE_I32 = 1,
+  MG_DTYPE_F16 = 2,
+  MG_DTYPE_BF16 = 3
+} mg_dtype;
 
 typedef enum mg_program_kind {
   MG_PROGRAM_INFERENCE = 0, /* forward only: inputs to outputs */
@@ -62,7 +67,7 @@ typedef struct mg_program mg_program;
 #define MG_MAX_RANK 8
 
 typedef struct mg_tensor_info {
-  mg_dtype dtype; /* as stored; f16 tensors read and write as f32 */
+  mg_dtype dtype; /* as stored; f16 and bf16 tensors read and write as f32 */
   uint32_t rank;
   int64_t shape[MG_MAX_RANK];
   int64_t elements;
@@ -137,7 +142,7 @@ MG_API mg_status mg_program_tensor_info(const mg_program* program, const char* n
                                         mg_tensor_info* info);
 
 /* Copies `count` values (exactly the input's element count) into input `name`. f32 data fills
- * f32 and f16 inputs; i32 data fills i32 inputs. Inputs keep their value across runs. */
+ * f32, f16 and bf16 inputs; i32 data fills i32 inputs. Inputs keep their value across runs. */
 MG_API mg_status mg_program_set_input(mg_program* program, const char* name, mg_dtype dtype,
                                       const void* data, size_t count);
 /* Runs the program once on its inputs and waits. For a training program this is one step (the

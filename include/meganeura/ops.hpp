@@ -31,8 +31,9 @@ class Tensor {
 
 // ---- leaves -------------------------------------------------------------------------------
 Tensor input(Graph& graph, std::string name, Shape shape, DType dtype = DType::f32);
-// An f16 parameter or input holds f16 values (the runtime rounds what it is given); the
-// optimizers take f32 parameters only (cast one to f16 where the graph uses it).
+// An f16 or bf16 parameter or input holds f16 or bfloat16 values (the runtime rounds what it is
+// given); the optimizers take f32 parameters only (cast one to f16 or bf16 where the graph uses
+// it).
 Tensor parameter(Graph& graph, std::string name, Shape shape, Init init, DType dtype = DType::f32);
 Tensor scalar(Graph& graph, double value, DType dtype = DType::f32);  // rank-0 constant
 Tensor full(Graph& graph, Shape shape, double value, DType dtype = DType::f32);

@@ -162,8 +162,8 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // Inputs by name; the element count and dtype must match, except that floats fill an f16
-  // input, rounded to the nearest f16 (ties to even). Throws mg::Error otherwise.
+  // Inputs by name; the element count and dtype must match, except that floats fill an f16 or
+  // bf16 input, rounded to the nearest f16 or bfloat16 (ties to even). Throws mg::Error otherwise.
   void set_input(std::string_view name, std::span<const float> values);
   void set_input(std::string_view name, std::span<const int32_t> values);
   bool has_input(std::string_view name) const;
@@ -178,7 +178,7 @@ class Session {
   // Waits for the run in flight, if any; output() then returns its outputs.
   void finish_run();
 
-  // Outputs of the last finished run (f32 outputs; f16 and i32 outputs convert exactly to
+  // Outputs of the last finished run (f32 outputs; f16, bf16 and i32 outputs convert exactly to
   // float).
   std::vector<float> output(std::string_view name) const;
   float scalar_output(std::string_view name) const;
@@ -188,8 +188,8 @@ class Session {
   std::span<const float> f32_output(std::string_view name) const;
 
   // Parameters and state by name (blocking GPU reads and writes, after any run in flight); an
-  // f16 leaf is read exactly and written rounded to f16. A write makes the next run run the
-  // setup first (SessionOptions::setup).
+  // f16 or bf16 leaf is read exactly and written rounded to its format. A write makes the next run
+  // run the setup first (SessionOptions::setup).
   std::vector<float> read(std::string_view leaf) const;
   void write(std::string_view leaf, std::span<const float> values);
   std::vector<std::string> persistent_names() const;  // parameters then state, in graph order

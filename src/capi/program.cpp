@@ -273,9 +273,10 @@ mg_status mg_program_tensor_info(const mg_program* program, const char* name,
       for (const mg_program::Tensor& entry : role) {
         if (entry.name != name) continue;
         mg_tensor_info result{};
-        result.dtype = entry.type.dtype == mg::DType::i32   ? MG_DTYPE_I32
-                       : entry.type.dtype == mg::DType::f16 ? MG_DTYPE_F16
-                                                            : MG_DTYPE_F32;
+        result.dtype = entry.type.dtype == mg::DType::i32    ? MG_DTYPE_I32
+                       : entry.type.dtype == mg::DType::f16  ? MG_DTYPE_F16
+                       : entry.type.dtype == mg::DType::bf16 ? MG_DTYPE_BF16
+                                                             : MG_DTYPE_F32;
         result.rank = static_cast<uint32_t>(entry.type.shape.size());
         if (result.rank > MG_MAX_RANK)
           fail(MG_ERROR_INVALID_ARGUMENT, "'" + entry.name + "' has more than MG_MAX_RANK axes");

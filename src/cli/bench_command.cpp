@@ -43,8 +43,9 @@ matrices, f32 accumulation); PyTorch's twin runs in f16. On a device without coo
 matrices they run strict, and their JSON says "coop_dispatches": 0. Cases named "... f16" run
 the GEMM, SmolLM and SmolVLA products on f16 tensors (operands and result stored in f16) with
 --precision fast, as PyTorch's f16 twin does: the like-for-like comparison, with no rounding of
-f32 operands. "gemm 4096^3 bf16" runs the GEMM with --precision bf16 (bfloat16 operands);
-PyTorch's twin runs in bfloat16.
+f32 operands. "gemm 4096^3 bf16" runs the GEMM on bf16 tensors with --precision bf16
+(bfloat16 operands and result, on a device with bfloat16 cooperative matrices); PyTorch's twin
+runs in bfloat16.
 
 A case the device cannot run (the large cases need 256 MiB buffers, more than some devices bind)
 is reported on stderr and marked in the table, the other cases still run, and the exit status is
@@ -81,7 +82,7 @@ constexpr std::array<std::string_view, 7> kFastCasePrefixes = {
 // The products that also run on f16 tensors in fast precision, as "<name> f16".
 constexpr std::array<std::string_view, 4> kF16CasePrefixes = {"gemm 4096^3", "smollm",
                                                               "smolvla expert", "smolvla vision"};
-// The cases that also run in bf16 precision, as "<name> bf16".
+// The products that also run on bf16 tensors in bf16 precision, as "<name> bf16".
 constexpr std::array<std::string_view, 1> kBf16CasePrefixes = {"gemm 4096^3"};
 
 Attrs conv_attrs(int64_t stride, int64_t padding) {
@@ -354,7 +355,7 @@ std::vector<BenchCase> bench_cases(bool small) {
   };
   add_twins(kFastCasePrefixes, " fast", DType::f32, Precision::fast);
   add_twins(kF16CasePrefixes, " f16", DType::f16, Precision::fast);
-  add_twins(kBf16CasePrefixes, " bf16", DType::f32, Precision::bf16);
+  add_twins(kBf16CasePrefixes, " bf16", DType::bf16, Precision::bf16);
   return cases;
 }
 

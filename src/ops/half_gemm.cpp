@@ -3,9 +3,10 @@
 // workgroup GEMM's operands in bf16 precision, and large activations there), widen_f16 (an f16
 // tensor as f32, exactly), widen_bf16 (the same of a bfloat16 tensor),
 // half_matmul (the product of two matrices of which at least one is f16, or both bf16,
-// accumulated in f32 and returned in f32, or in f16 with f16_result) and sum_to_f16 (f32 partial
-// results summed over their leading axis and rounded to f16). passes/workgroup_gemm.cpp,
-// passes/f16_storage.cpp, passes/half_activations.cpp and passes/split_k.cpp write them.
+// accumulated in f32 and returned in f32, or in f16 with f16_result, bf16 with bf16_result) and
+// sum_to_f16 (f32 partial results summed over their leading axis and rounded to f16).
+// passes/workgroup_gemm.cpp, passes/half_storage.cpp, passes/half_activations.cpp and
+// passes/split_k.cpp write them.
 #include "ops/half_gemm.hpp"
 
 #include <algorithm>
@@ -40,11 +41,12 @@ TensorType infer_widening(const Graph& graph, const Node& node) {
   return TensorType{DType::f32, x.shape};
 }
 
-// half_matmul(a, b) {transpose_a, transpose_b, f16_result, k_splits}: a [..., M, K] and
-// b [..., K, N] in f16, or one of them in f32 (which the fast GEMM rounds as it loads it: half
+// half_matmul(a, b) {transpose_a, transpose_b, f16_result, bf16_result, k_splits}: a [..., M, K]
+// and b [..., K, N] in f16, or one of them in f32 (which the fast GEMM rounds as it loads it: half
 // products, passes/half_products.cpp), or both in bf16 (the workgroup GEMM's operands in bf16
 // precision), each stored transposed where its flag says, leading batch axes broadcast as
-// matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands); with
+// matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands) or to bf16
+// with bf16_result (bf16 operands); with
 // k_splits = S (only from the split-K pass, not for bf16 operands) the f32 partial results
 // [S, ..., M, N] as matmul's (ops/k_split.hpp).
 TensorType infer_half_matmul(const Graph& graph, const Node& node) {
@@ -60,8 +62,11 @@ TensorType infer_half_matmul(const Graph& graph, const Node& node) {
              "bf16 operands (round_to_bf16)");
   if (bfloat16 && (flag_attr(graph, node, "f16_result") || node.attrs.has("k_splits")))
     op_error(graph, node,
-             "multiplies bf16 operands whole into an f32 result (no f16_result or "
+             "multiplies bf16 operands whole into an f32 or bf16 result (no f16_result or "
              "k_splits)");
+  const bool bf16_result = flag_attr(graph, node, "bf16_result");
+  if (bf16_result && !bfloat16)
+    op_error(graph, node, "rounds its result to bf16 (bf16_result) only for bf16 operands");
   if (a.rank() < 2 || b.rank() < 2) op_error(graph, node, "operands need rank >= 2");
   const bool transpose_a = flag_attr(graph, node, "transpose_a");
   const bool transpose_b = flag_attr(graph, node, "transpose_b");
@@ -80,7 +85,9 @@ TensorType infer_half_matmul(const Graph& graph, const Node& node) {
                                    Shape(b.shape.begin(), b.shape.end() - 2));
   shape.push_back(m);
   shape.push_back(n);
-  return TensorType{f16_result ? DType::f16 : DType::f32,
+  return TensorType{f16_result    ? DType::f16
+                    : bf16_result ? DType::bf16
+                                  : DType::f32,
                     split_k_shape(graph, node, k, std::move(shape))};
 }
 

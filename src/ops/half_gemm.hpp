@@ -2,7 +2,7 @@
 // The f16 ops that passes write (ops/half_gemm.cpp): round_to_f16 (round_to_bf16 in bf16
 // precision), widen_f16 (widen_bf16) and half_matmul, the operands and product of a matmul on
 // workgroup-scope cooperative matrices (passes/workgroup_gemm.cpp), the conversions around f32
-// kernels for f16 tensors (passes/f16_storage.cpp) and around activations stored in 16 bits
+// kernels for f16 tensors (passes/half_storage.cpp) and around activations stored in 16 bits
 // (passes/half_activations.cpp); sum_to_f16, the rounded sum of an f16 product's split-K partial
 // results (passes/split_k.cpp).
 #include <string_view>

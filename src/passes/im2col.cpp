@@ -15,7 +15,9 @@
 // and their gradients where Winograd suits on the target take its transforms
 // and 16 batched products instead of columns. Where the workgroup GEMM takes the product over
 // the batch's columns side by side (fast precision), the columns are f16 and side by side,
-// shared by the forward and the weight gradient (half_columns_forward).
+// shared by the forward and the weight gradient (half_columns_forward); bfloat16 in bf16
+// precision, as are the images of the routes below (each product's operands in the format the
+// workgroup GEMM reads them in: SideBySideImages::rounding).
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -96,17 +98,24 @@ bool pointwise_as_matmul(const ConvGeometry& g, const target::Target& device) {
 
 const std::vector<int64_t> kSwapLeadingAxes{1, 0, 2};
 
-// The f16 operands of the products over the batch's images side by side (and over f16 images one
-// an image), each made once for every product that reads it: a value rounded to f16 (as the
-// workgroup GEMM reads its operands), the batch's images of a value ([N, K, plane] once reshaped)
-// side by side as [K, N * plane] (moved as f16, half the bytes of moving them in f32: x for a 1x1
-// convolution's forward and weight gradient, grad_out for its data and weight gradients), and a
-// convolution's f16 columns side by side (its forward's and weight gradient's operand).
+// The 16-bit operands of the products over the batch's images side by side (and over 16-bit
+// images one an image), each made once for every product that reads it: a value rounded to f16,
+// or to bfloat16 in bf16 precision (as the workgroup GEMM reads its operands), the batch's images
+// of a value ([N, K, plane] once reshaped) side by side as [K, N * plane] (moved in 16 bits, half
+// the bytes of moving them in f32: x for a 1x1 convolution's forward and weight gradient,
+// grad_out for its data and weight gradients), and a convolution's 16-bit columns side by side
+// (its forward's and weight gradient's operand).
 class SideBySideImages {
  public:
+  explicit SideBySideImages(const target::Target& device)
+      : rounding_(device.traits().bf16_operands ? op::round_to_bf16 : op::round_to_f16) {}
+
+  // The rounding of a product's operand for the workgroup GEMM.
+  std::string_view rounding() const { return rounding_; }
+
   ValueId rounded(Graph& target, ValueId source) {
     auto [made, inserted] = rounded_.try_emplace(source, kNoValue);
-    if (inserted) made->second = target.add(op::round_to_f16, {source});
+    if (inserted) made->second = target.add(rounding_, {source});
     return made->second;
   }
 
@@ -121,7 +130,7 @@ class SideBySideImages {
     return made->second;
   }
 
-  // The columns of the convolution `g` of `source`, [C * KH * KW, N * OH * OW] in f16.
+  // The columns of the convolution `g` of `source`, [C * KH * KW, N * OH * OW] in 16 bits.
   ValueId columns(Graph& target, ValueId source, const ConvGeometry& g) {
     const std::vector<int64_t> key{source,        g.kernel_height, g.kernel_width, g.stride[0],
                                    g.stride[1],   g.padding[0],    g.padding[1],   g.dilation[0],
@@ -134,12 +143,23 @@ class SideBySideImages {
   }
 
  private:
+  std::string_view rounding_;
   std::unordered_map<ValueId, ValueId> rounded_;
   std::unordered_map<ValueId, ValueId> made_;
   std::map<std::vector<int64_t>, ValueId> columns_;
 };
 
-// Whether the convolution `g`'s forward (or weight gradient) multiplies f16 columns side by side
+// Whether a product of 16-bit operands M x N x K that a route below writes runs in this session:
+// every f16 one does (the subgroup GEMM takes what the workgroup GEMM does not), a bfloat16 one
+// only on the workgroup GEMM, the one kernel that reads bfloat16 operands. The routes' forwards
+// and data gradients ask the target that already; their weight gradients' products (M and N the
+// channels, K the batch's planes) ask here.
+bool half_product_runs(const target::Target& device, int64_t m, int64_t n, int64_t k) {
+  return !device.traits().bf16_operands ||
+         device.workgroup_gemm_suits(m, n, k, target::OperandsIn::f16);
+}
+
+// Whether the convolution `g`'s forward (or weight gradient) multiplies 16-bit columns side by side
 // (target::Target::half_columns_suit) that fit `max_bytes`: W [O, C * KH * KW] times them.
 bool half_columns_forward(const ConvGeometry& g, const target::Target& device, uint64_t max_bytes) {
   const int64_t rows = g.in_channels * g.kernel_height * g.kernel_width;
@@ -168,12 +188,12 @@ ValueId images_apart(Graph& target, ValueId product, int64_t batch, int64_t plan
 
 // A 1x1 convolution's forward or data gradient: rows [M, K] (stored [K, M] where
 // `transpose_rows`) times the images of `source` [N, K, plane], per image (a batched matmul with
-// broadcast rows; a half_matmul over `source` rounded to f16 where the target says f16 images
-// suit it, the rounding of the value itself so that it fuses into the value's producer) or,
+// broadcast rows; a half_matmul over `source` rounded to 16 bits where the target says 16-bit
+// images suit it, the rounding of the value itself so that it fuses into the value's producer) or,
 // where the target says the images side by side suit it (small planes, whose per-image products
 // leave the subgroup GEMM's blocks partly empty), as one 2-D half_matmul over them
 // (SideBySideImages) and its [M, N * plane] result moved back to [N, M, plane]. Fast precision
-// rounds both operands to f16 either way.
+// rounds both operands to f16 either way (bf16 precision to bfloat16).
 ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, ValueId source,
                           int64_t batch, int64_t k, int64_t plane, const target::Target& device,
                           SideBySideImages& side_by_side) {
@@ -190,10 +210,10 @@ ValueId pointwise_product(Graph& target, ValueId rows, bool transpose_rows, Valu
     const ValueId images = reshaped(target, source, {batch, k, plane});
     return target.add(op::matmul, {rows, images}, std::move(attrs));
   }
-  const ValueId product = target.add(
-      op::half_matmul,
-      {target.add(op::round_to_f16, {rows}), side_by_side.of(target, source, batch, k, plane)},
-      std::move(attrs));
+  const ValueId product = target.add(op::half_matmul,
+                                     {target.add(side_by_side.rounding(), {rows}),
+                                      side_by_side.of(target, source, batch, k, plane)},
+                                     std::move(attrs));
   return images_apart(target, product, batch, plane, {batch, m, plane});
 }
 
@@ -251,7 +271,7 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
   }
   if (half_columns_forward(g, device, max_bytes)) {
     const ValueId rows =
-        target.add(op::round_to_f16,
+        target.add(side_by_side.rounding(),
                    {reshaped(target, node.inputs[1], {g.out_channels, g.in_channels * taps})});
     const ValueId product = target.add(
         op::half_matmul, {rows, side_by_side.columns(target, node.inputs[0], g)}, Attrs{});
@@ -272,7 +292,7 @@ std::optional<ValueId> rewrite_forward(Graph& target, const Node& node,
 // grad_out[n] [O, OH * OW], summed back onto the image by col2im (each pixel gathers the taps
 // that reach it), instead of the implicit GEMM per stride phase, whose ResNet stem has only 3
 // columns (C) to spread over a GPU.
-// With half_columns_data_gradient, Wᵀ times grad_out's images side by side in f16, one 2-D
+// With half_columns_data_gradient, Wᵀ times grad_out's images side by side in 16 bits, one 2-D
 // product into column gradients side by side.
 ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometry& g,
                               const target::Target& device, SideBySideImages& side_by_side) {
@@ -289,7 +309,7 @@ ValueId strided_data_gradient(Graph& target, const Node& node, const ConvGeometr
   if (half_columns_data_gradient(g, device)) {
     column_grads =
         target.add(op::half_matmul,
-                   {target.add(op::round_to_f16, {rows}),
+                   {target.add(side_by_side.rounding(), {rows}),
                     side_by_side.of(target, node.inputs[0], g.batch, g.out_channels, plane)},
                    {{"transpose_a", int64_t{1}}});
     attrs.set("images_side_by_side", int64_t{1});
@@ -392,7 +412,8 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   // per-image products [N, O, C] are one transient value, bounded as the columns are.
   if (pointwise_as_matmul(g, device) &&
       device.images_side_by_side_suit(g.out_channels, g.in_channels, g.batch, plane) &&
-      device.images_side_by_side_suit(g.in_channels, g.out_channels, g.batch, plane)) {
+      device.images_side_by_side_suit(g.in_channels, g.out_channels, g.batch, plane) &&
+      half_product_runs(device, g.out_channels, g.in_channels, g.batch * plane)) {
     const ValueId grad_out =
         side_by_side.of(target, node.inputs[1], g.batch, g.out_channels, plane);
     const ValueId images = side_by_side.of(target, node.inputs[0], g.batch, g.in_channels, plane);
@@ -402,13 +423,14 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   }
   if (g.is_pointwise() && g.groups == 1 &&
       column_bytes(g.batch, g.out_channels, g.in_channels, 1) <= max_bytes) {
-    // Where the forward and the data gradient multiply f16 images one an image, the weight
-    // gradient reads those same f16 copies of x and grad_out, half the bytes of the f32 values,
-    // which their products would round to f16 as they read them anyway.
+    // Where the forward and the data gradient multiply 16-bit images one an image, the weight
+    // gradient reads those same 16-bit copies of x and grad_out, half the bytes of the f32 values,
+    // which their products would round as they read them anyway.
     const bool half_images =
         pointwise_as_matmul(g, device) &&
         device.half_images_suit(g.out_channels, g.in_channels, g.batch, plane) &&
-        device.half_images_suit(g.in_channels, g.out_channels, g.batch, plane);
+        device.half_images_suit(g.in_channels, g.out_channels, g.batch, plane) &&
+        half_product_runs(device, g.out_channels, g.in_channels, plane);
     const auto operand = [&](ValueId value, int64_t channels) {
       return reshaped(target, half_images ? side_by_side.rounded(target, value) : value,
                       {g.batch, channels, plane});
@@ -419,9 +441,10 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
         {{"transpose_b", int64_t{1}}});
     return reshaped(target, sum_leading_axis(target, per_image), g.weight_shape());
   }
-  // Where the forward multiplies f16 columns side by side and the data gradient grad_out's
+  // Where the forward multiplies 16-bit columns side by side and the data gradient grad_out's
   // images side by side, the weight gradient is one 2-D product of the two, over K = N * plane.
-  if (half_columns_forward(g, device, max_bytes) && half_columns_data_gradient(g, device)) {
+  if (half_columns_forward(g, device, max_bytes) && half_columns_data_gradient(g, device) &&
+      half_product_runs(device, g.out_channels, g.in_channels * taps, g.batch * plane)) {
     const ValueId grad_out =
         side_by_side.of(target, node.inputs[1], g.batch, g.out_channels, plane);
     const ValueId product =
@@ -454,7 +477,7 @@ Graph im2col_convolutions(Graph graph, const target::Target& device, uint64_t ma
   if (std::none_of(graph.nodes().begin(), graph.nodes().end(), is_f32_convolution))
     return unchanged(std::move(graph), remap);
   std::vector<bool> keep(graph.size(), true);
-  SideBySideImages side_by_side;
+  SideBySideImages side_by_side(device);
   return rebuild(
       std::move(graph), keep,
       [&](Graph& target, ValueId, Node node) {

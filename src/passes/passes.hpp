@@ -26,15 +26,17 @@ Graph fold_constants(const Graph& graph, std::vector<ValueId>* remap = nullptr);
 // weight-gradient kernel's own splits. MEGANEURA_SPLIT_K_SLICES=N forces the slice count.
 Graph split_k(Graph graph, const target::Target& device, std::vector<ValueId>* remap = nullptr);
 
-// f16 storage: f16 tensors stay f16 in memory and every kernel but a few computes in f32, so
-// each f16 input a kernel reads becomes widen_f16 of it and each f16 result round_to_f16 of the
-// f32 result (ops/half_gemm.hpp); casts between f32 and f16 become those two ops; transposes
-// move f16 values as they are and Winograd's tile and output transforms convert as they read and
-// store. A 2-D matmul
+// Half storage: f16 and bf16 tensors stay 16-bit in memory and every kernel but a few computes
+// in f32, so each 16-bit input a kernel reads becomes a widening of it (widen_f16, widen_bf16) and
+// each 16-bit result a rounding of the f32 result (round_to_f16, round_to_bf16; ops/half_gemm.hpp);
+// casts become those ops; transposes move 16-bit values as they are, im2col f16 ones, and
+// Winograd's tile and output transforms convert f16 values as they read and store. A 2-D matmul
 // of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
-// GEMM or the subgroup-scope one) becomes a half_matmul reading the f16 operands and writing the
-// f16 result (see f16_storage.cpp).
-Graph f16_storage(Graph graph, const target::Target& device, std::vector<ValueId>* remap = nullptr);
+// GEMM or the subgroup-scope one), or of bf16 matrices into a bf16 result on the workgroup GEMM,
+// becomes a half_matmul reading the 16-bit operands and writing the 16-bit result (see
+// half_storage.cpp).
+Graph half_storage(Graph graph, const target::Target& device,
+                   std::vector<ValueId>* remap = nullptr);
 
 // Half activations: large f32 values that an elementwise kernel or a product on cooperative
 // matrices writes and only elementwise kernels, reductions, roundings to f16, Winograd's f16 tile

@@ -428,7 +428,7 @@ Program build_program(const Graph& source, const target::Target& device,
     throw Error("internal: a leaf layout with shared leaves or guard bytes");
   Program program;
   program.graph_nodes_before_passes = source.size();
-  program.graph = passes::f16_storage(passes::optimize(source), device);
+  program.graph = passes::half_storage(passes::optimize(source), device);
   const Switches& switches = device.switches();
   const bool split_k = switches.split_k.value_or(options.split_k);
   const bool im2col = switches.im2col.value_or(options.im2col);

@@ -7,15 +7,14 @@
 #include <vector>
 
 #include "ir/half.hpp"
-#include "meganeura/error.hpp"
 #include "meganeura/types.hpp"
 
 namespace mg {
 
-// Writes `values` to `bytes` as the device stores a tensor of `dtype`: f32 as they are, f16
-// rounded to the nearest f16 (ties to even), i32 and u32 truncated toward zero. `bytes` holds
-// values.size() * dtype_bytes(dtype) bytes (a run slot's staging, where set_input writes without
-// allocating).
+// Writes `values` to `bytes` as the device stores a tensor of `dtype`: f32 as they are, f16 and
+// bf16 rounded to the nearest f16 and bfloat16 (ties to even), i32 and u32 truncated toward zero.
+// `bytes` holds values.size() * dtype_bytes(dtype) bytes (a run slot's staging, where set_input
+// writes without allocating).
 template <typename Value>
 void store_device_values(DType dtype, std::span<const Value> values, std::byte* bytes) {
   const size_t width = dtype_bytes(dtype);
@@ -37,7 +36,9 @@ void store_device_values(DType dtype, std::span<const Value> values, std::byte* 
         store(i, static_cast<uint32_t>(values[i]));
         break;
       case DType::bf16:
-        throw Error("bf16 tensors cannot be stored yet: keep the tensor f32 or f16");
+        // Rounded from the value itself (a double), so that no f32 rounding comes first.
+        store(i, bf16_bits(static_cast<float>(round_to_bf16(static_cast<double>(values[i])))));
+        break;
     }
   }
 }

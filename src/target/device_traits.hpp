@@ -39,7 +39,7 @@ struct DeviceTraits {
   // The subgroup matrices keep their elements in the layout the fast attention kernels are
   // written for (NVIDIA's, probed on the device): those then keep their scores in registers.
   bool quad_row_fragments = false;
-  // f16 storage and f16 arithmetic, which f16 tensors need (passes/f16_storage.cpp).
+  // f16 storage and f16 arithmetic, which f16 tensors need (passes/half_storage.cpp).
   bool f16_tensors = false;
   bool fast_precision = false;
   // bfloat16 A (16 x 16) and B (16 x 16, the shape devices offer for them) with f32

@@ -19,7 +19,7 @@ namespace mg::target {
 
 // What a product's operands are before the workgroup GEMM reads them: f32 values it must round
 // to f16 first (passes/workgroup_gemm.cpp), or f16 tensors it reads as they are
-// (passes/f16_storage.cpp).
+// (passes/half_storage.cpp).
 enum class OperandsIn { f32, f16 };
 
 // A product the split-K pass may cut: C[M, N] for each of `entries` problems summed over K.
@@ -49,7 +49,8 @@ class Target {
   // Whether an M x N x K product (2-D, whole K) runs on the workgroup-scope f16 GEMM.
   virtual bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, OperandsIn operands) const = 0;
   // Whether the product `node` of `graph` (a matmul or half_matmul, 2-D or batched) of f16
-  // operands does.
+  // operands (or bf16 ones, in bf16 precision) does, storing its result in their format where
+  // the node's type is.
   virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
   // Whether it does and can also store the product's result as f16 (half_matmul's f16_result).
   virtual bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const = 0;

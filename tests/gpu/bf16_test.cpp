@@ -167,5 +167,34 @@ TEST(GpuBf16, TransposesMoveBitPatterns) {
   }
 }
 
+// bf16 tensors end to end (passes/half_storage.cpp): inputs stored in bfloat16 (the session
+// rounds the floats it is given), every op computed in f32 between a widening and a rounding, a
+// transpose moving the bit patterns, bf16 and f32 outputs, against the f64 reference, which holds
+// every bf16 value in bfloat16; in strict and in bf16 precision (strict where the device lacks
+// bfloat16 matrices). Each bf16 result is rounded from an f32 result that may sit on the other
+// side of a rounding boundary from the f64 one (one bfloat16 step, 2^-8 relative), which the
+// softmax after it can widen.
+TEST(GpuBf16, OpsOfBf16TensorsMatchTheReference) {
+  for (const Precision precision : {Precision::strict, Precision::bf16}) {
+    SCOPED_TRACE(std::string(precision_name(precision)));
+    SessionOptions options;
+    options.precision = precision;
+    testing::check_on_gpu(
+        {{"x", {2, 13, 24}, DType::bf16},
+         {"w", {24, 10}, DType::bf16},
+         {"bias", {10}, DType::bf16},
+         {"v", {2, 10, 7}, DType::bf16}},
+        [](Graph& graph, std::vector<Tensor>& in) {
+          const Tensor hidden = relu(matmul(in[0], in[1]) + in[2]);
+          const Tensor mixed = matmul(softmax(hidden, -1), in[3]);
+          graph.set_output("hidden", hidden.id());
+          graph.set_output("mixed", mixed.id());
+          graph.set_output("total", sum_all(cast(mixed, DType::f32)).id());
+          graph.set_output("moved", transpose(in[0], {1, 0, 2}).id());
+        },
+        1e-2, 11, options);
+  }
+}
+
 }  // namespace
 }  // namespace mg

@@ -554,6 +554,33 @@ TEST_F(CoopMatrixLowering, Bf16ProgramsRoundWorkgroupOperandsToBfloat16) {
   EXPECT_EQ(workgroup_launches, 1);
 }
 
+// A product of bf16 tensors into a bf16 result, on a device with workgroup-scope bfloat16
+// matrices in bf16 precision, is one workgroup GEMM launch that reads the bfloat16 operands and
+// stores the bfloat16 result itself (F16_RESULT in the module made bfloat16, every buffer
+// bfloat16), with no conversion launch, and compiles to a bfloat16 module.
+TEST_F(CoopMatrixLowering, Bf16TensorsProductReadsAndStoresBfloat16) {
+  Graph graph;
+  graph.set_output("product", matmul(input(graph, "a", {2048, 64}, DType::bf16),
+                                     input(graph, "b", {64, 4096}, DType::bf16))
+                                  .id());
+  target::DeviceTraits device = bf16_device();
+  device.workgroup_coop_matrix_f16 = true;
+  device.workgroup_coop_matrix_bf16 = true;
+  const plan::Program program = plan::build_program(
+      graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
+  ASSERT_EQ(program.launches.size(), 1u);
+  const kernels::Launch& launch = vulkan::glsl_launch(program.launches.front().launch);
+  EXPECT_EQ(launch.kernel, "gemm_workgroup_coopmat");
+  EXPECT_EQ(define_of(launch, "F16_RESULT"), "1");
+  EXPECT_TRUE(launch.bf16_operands);
+  EXPECT_TRUE(launch.bf16_buffers);
+  gpu::KernelSpec spec = spec_of(program.graph, launch);
+  spec.khr_cooperative_matrix = true;
+  spec.bf16_operands = true;
+  spec.bf16_buffers = true;
+  expect_bf16_module(gpu::compile_glsl(spec), launch.label);
+}
+
 // coop_launches, and the launch of the graph's last attention_grad_k with its attention_grad_v
 // (dK with dV in one launch, as the lowering of the whole graph pairs them).
 std::vector<kernels::Launch> coop_launches_with_grad_kv(const Graph& graph,
@@ -838,7 +865,7 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
         graph.set_output("c", matmul(a, b, ta, tb).id());
         const Graph rewritten =
             dtype == DType::f16
-                ? passes::f16_storage(graph, vulkan::VulkanTarget(testing::switched(device)))
+                ? passes::half_storage(graph, vulkan::VulkanTarget(testing::switched(device)))
                 : passes::workgroup_gemm(graph, vulkan::VulkanTarget(testing::switched(device)));
         const ValueId product = rewritten.output("c");
         ASSERT_EQ(rewritten.node(product).op, "half_matmul");
@@ -1197,7 +1224,7 @@ TEST_F(CoopMatrixLowering, F16TensorsRefusedWithoutF16Support) {
   target::DeviceTraits device = coop_device();
   device.f16_tensors = false;
   device.name = "a GPU without f16";
-  const Graph stored = passes::f16_storage(graph, vulkan::VulkanTarget(testing::switched(device)));
+  const Graph stored = passes::half_storage(graph, vulkan::VulkanTarget(testing::switched(device)));
   for (const char* fusion_off : {"0", "1"}) {
     const ScopedSwitch fusion("MEGANEURA_NO_FUSION", fusion_off);
     try {
@@ -1262,7 +1289,7 @@ TEST_F(CoopMatrixLowering, HalfMatmulOnSubgroupsReadsAndWritesF16) {
       const Tensor b = input(graph, "b", tb ? Shape{n, k} : Shape{k, n}, DType::f16);
       graph.set_output("c", matmul(a, b, ta, tb).id());
       const Graph stored =
-          passes::f16_storage(graph, vulkan::VulkanTarget(testing::switched(coop_device())));
+          passes::half_storage(graph, vulkan::VulkanTarget(testing::switched(coop_device())));
       const ValueId product = stored.output("c");
       ASSERT_EQ(stored.node(product).op, "half_matmul");
       const std::vector<kernels::Launch> launches =
@@ -2395,12 +2422,15 @@ size_t dispatch_lines_with(const std::string& dispatch_list,
   return lines;
 }
 
-// conv2d(x, w) with `options` and both of its gradients in fast precision, checked on the GPU
-// against the f64 reference (which rounds nothing) within the fast tolerance, with seeded random
-// inputs and cotangent; returns the dispatch list it ran. Without validation: the layer predates
-// the workgroup-scope extension.
+// conv2d(x, w) with `options` and both of its gradients in fast precision (or `precision`),
+// checked on the GPU against the f64 reference (which rounds nothing) within `tolerance`, with
+// seeded random inputs and cotangent; returns the dispatch list it ran. Without validation: the
+// layer predates the workgroup-scope extension.
 std::string checked_fast_convolution(const Shape& x, const Shape& w, const Conv2dOptions& options,
-                                     uint64_t seed) {
+                                     uint64_t seed, Precision precision = Precision::fast,
+                                     double tolerance = kFastTolerance) {
+  SessionOptions session_options;
+  session_options.precision = precision;
   Shape y{x[0], w[0], 0, 0};
   for (int axis = 0; axis < 2; ++axis) {
     const int64_t reach = options.dilation[axis] * (w[2 + axis] - 1) + 1;
@@ -2413,7 +2443,7 @@ std::string checked_fast_convolution(const Shape& x, const Shape& w, const Conv2
         output_with_gradients(graph, conv2d(in[0], in[1], std::nullopt, options), in[2],
                               {in[0], in[1]});
       },
-      kFastTolerance, seed, fast(), nullptr, false, &dispatch_list);
+      tolerance, seed, session_options, nullptr, false, &dispatch_list);
   return dispatch_list;
 }
 
@@ -2723,6 +2753,53 @@ TEST_F(GpuCoopMatrix, WorkgroupScopeMatmulBf16) {
   EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 1u)
       << dispatch_list;
   EXPECT_EQ(dispatch_lines_with(dispatch_list, {"round_to_bf16"}), 2u) << dispatch_list;
+}
+
+// The convolutions' routes to the workgroup GEMM in bf16 precision, forced below its size rule:
+// a strided convolution's columns side by side (im2col of x rounded to bfloat16, once for the
+// forward and the weight gradient; col2im of the column gradients) and a 1x1 convolution's images
+// one an image, their products reading bfloat16 operands; weight gradients whose products the
+// workgroup GEMM does not take (the 1x1 ones over planes of 784 and 3136 with K not whole
+// 64-deep steps or no block for their channels) read f32 operands on the subgroup GEMM instead,
+// the one that reads no bfloat16. Nothing rounds to f16. The output and both gradients within the
+// bf16 tolerance of the f64 reference.
+TEST_F(GpuCoopMatrix, ConvolutionRoutesOnBfloat16Operands) {
+  if (!device_has_bf16_coop_matrices() ||
+      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+    GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
+  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
+  uint64_t seed = 93;
+  for (const auto& [x, w, options, columns] :
+       {std::tuple<Shape, Shape, Conv2dOptions, bool>{
+            {4, 128, 16, 16}, {256, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, true},
+        std::tuple<Shape, Shape, Conv2dOptions, bool>{
+            {4, 256, 16, 16}, {512, 256, 1, 1}, {.stride = {2, 2}}, true},
+        std::tuple<Shape, Shape, Conv2dOptions, bool>{
+            {2, 128, 28, 28}, {256, 128, 1, 1}, {}, false},
+        std::tuple<Shape, Shape, Conv2dOptions, bool>{
+            {2, 256, 56, 56}, {64, 256, 1, 1}, {}, false}}) {
+    SCOPED_TRACE(shape_string(x) + " * " + shape_string(w));
+    const std::string dispatch_list =
+        checked_fast_convolution(x, w, options, seed++, Precision::bf16, kBf16Tolerance);
+    EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
+        << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"half_matmul"}),
+              dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat"}))
+        << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"round_to_f16"}), 0u) << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"im2col"}), columns ? 1u : 0u) << dispatch_list;
+  }
+}
+
+// bf16 tensors into a bf16 result in bf16 precision: the kernel reads the bfloat16 operands and
+// stores the bfloat16 result itself, one dispatch, no rounding of operands; checked against the
+// f64 product rounded to bfloat16, which the f32 sum may miss by one bfloat16 step (2^-8
+// relative at most).
+TEST_F(GpuCoopMatrix, WorkgroupGemmOfBf16Tensors) {
+  if (!device_has_bf16_coop_matrices() ||
+      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+    GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
+  check_workgroup_products(DType::bf16, 8e-3, 1, 90, kBf16.options());
 }
 
 // The probe of a subgroup's fragment layout: through both extensions every element of the A and

@@ -1,4 +1,4 @@
-// f16 tensors end to end (passes/f16_storage.cpp): inputs, parameters and outputs stored in f16,
+// f16 tensors end to end (passes/half_storage.cpp): inputs, parameters and outputs stored in f16,
 // every op computed in f32 between a widening of its f16 inputs and a rounding of its f16
 // result, against the f64 reference interpreter, which holds every f16 value in f16.
 #include <bit>

@@ -299,7 +299,13 @@ TEST(HalfGemm, Misuse) {
       [&] {
         raw(graph, "half_matmul", {bf_a.id(), bf.id()}, {{"f16_result", int64_t{1}}});
       },
-      {"half_matmul", "bf16 operands whole into an f32 result"});
+      {"half_matmul", "bf16 operands whole into an f32 or bf16 result"});
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {h.id(), g.id()},
+            {{"transpose_b", int64_t{1}}, {"bf16_result", int64_t{1}}});
+      },
+      {"half_matmul", "bf16_result", "only for bf16 operands"});
   expect_error(
       [&] {
         raw(graph, "half_matmul", {a.id(), a.id()}, {{"transpose_b", int64_t{1}}});
@@ -343,28 +349,37 @@ TEST(HalfGemm, Misuse) {
   expect_error([&] { raw(graph, "widen_bf16", {rounded.id()}); }, {"widen_bf16", "widens bf16"});
 }
 
-// With f16_result the product is rounded to f16, and widen_f16 gives f16 values back exactly.
-TEST(HalfGemm, F16ResultIsTheRoundedProduct) {
-  Graph graph;
-  Environment environment;
-  const HostTensor a_values({2, 2}, {0.1, 1.0 / 3, 2049, -7.25});
-  const HostTensor b_values({2, 2}, {1.0 / 7, 3.5, 0.3, 1.0});
-  const Tensor a = input(graph, "a", {2, 2}, DType::f16);
-  const Tensor b = input(graph, "b", {2, 2}, DType::f16);
-  environment.leaves["a"] = a_values;
-  environment.leaves["b"] = b_values;
-  const Tensor product = raw(graph, "half_matmul", {a.id(), b.id()}, {{"f16_result", int64_t{1}}});
-  const Tensor widened = raw(graph, "widen_f16", {product.id()});
-  EXPECT_EQ(product.dtype(), DType::f16);
-  EXPECT_EQ(widened.dtype(), DType::f32);
-  const std::vector<HostTensor> values = evaluate(graph, environment);
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < 2; ++j) {
-      double exact = 0;
-      for (int k = 0; k < 2; ++k)
-        exact += round_to_f16(a_values.data[i * 2 + k]) * round_to_f16(b_values.data[k * 2 + j]);
-      EXPECT_EQ(values[product.id()].data[i * 2 + j], round_to_f16(exact)) << i << ", " << j;
-      EXPECT_EQ(values[widened.id()].data[i * 2 + j], round_to_f16(exact)) << i << ", " << j;
+// With f16_result (bf16_result, of bf16 operands) the product is rounded to f16 (bfloat16), and
+// widen_f16 (widen_bf16) gives those values back exactly.
+TEST(HalfGemm, HalfResultIsTheRoundedProduct) {
+  for (const DType half : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(std::string(dtype_name(half)));
+    const bool bfloat16 = half == DType::bf16;
+    const auto rounded = [&](double value) {
+      return bfloat16 ? round_to_bf16(value) : round_to_f16(value);
+    };
+    Graph graph;
+    Environment environment;
+    const HostTensor a_values({2, 2}, {0.1, 1.0 / 3, 2049, -7.25});
+    const HostTensor b_values({2, 2}, {1.0 / 7, 3.5, 0.3, 1.0});
+    const Tensor a = input(graph, "a", {2, 2}, half);
+    const Tensor b = input(graph, "b", {2, 2}, half);
+    environment.leaves["a"] = a_values;
+    environment.leaves["b"] = b_values;
+    const Tensor product = raw(graph, "half_matmul", {a.id(), b.id()},
+                               {{bfloat16 ? "bf16_result" : "f16_result", int64_t{1}}});
+    const Tensor widened = raw(graph, bfloat16 ? "widen_bf16" : "widen_f16", {product.id()});
+    EXPECT_EQ(product.dtype(), half);
+    EXPECT_EQ(widened.dtype(), DType::f32);
+    const std::vector<HostTensor> values = evaluate(graph, environment);
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        double exact = 0;
+        for (int k = 0; k < 2; ++k)
+          exact += rounded(a_values.data[i * 2 + k]) * rounded(b_values.data[k * 2 + j]);
+        EXPECT_EQ(values[product.id()].data[i * 2 + j], rounded(exact)) << i << ", " << j;
+        EXPECT_EQ(values[widened.id()].data[i * 2 + j], rounded(exact)) << i << ", " << j;
+      }
     }
   }
 }

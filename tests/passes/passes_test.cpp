@@ -134,7 +134,7 @@ TEST(Passes, PassesWithNothingToRewriteReturnTheGraphAsItIs) {
   const vulkan::VulkanTarget strict(h200_like());
   const std::vector<std::pair<std::string, std::function<Graph(std::vector<ValueId>*)>>> passes = {
       {"dead code", [&](auto* remap) { return passes::eliminate_dead_code(graph, remap); }},
-      {"f16 storage", [&](auto* remap) { return passes::f16_storage(graph, strict, remap); }},
+      {"f16 storage", [&](auto* remap) { return passes::half_storage(graph, strict, remap); }},
       {"workgroup GEMM", [&](auto* remap) { return passes::workgroup_gemm(graph, strict, remap); }},
       {"batch norm",
        [&](auto* remap) { return passes::decompose_batch_norm(graph, 1, false, remap); }},
@@ -161,7 +161,7 @@ TEST(Passes, PassesWithNothingToRewriteReturnTheGraphAsItIs) {
   EXPECT_EQ(passes::merge_leading_sums(summed).size(), summed.size() - 1);
   Graph half;
   half.set_output("y", cast(input(half, "x", {4}), DType::f16).id());
-  EXPECT_NE(passes::f16_storage(half, strict).to_string(), half.to_string());
+  EXPECT_NE(passes::half_storage(half, strict).to_string(), half.to_string());
 }
 
 TEST(Passes, CseAndFoldingShrinkTheGraph) {
@@ -1073,6 +1073,62 @@ TEST(Passes, StridedConvolutionsMultiplyF16ColumnsSideBySide) {
   }
 }
 
+// In bf16 precision, on a device with workgroup-scope bfloat16 matrices, the convolutions' routes
+// to the workgroup GEMM round to bfloat16 instead of f16: a strided convolution's columns side by
+// side (im2col of x rounded to bfloat16, one for the forward and the weight gradient), a 1x1
+// convolution's images side by side over small planes and one an image over wide ones, every
+// product of them a half_matmul of bfloat16 operands. A weight gradient whose product the
+// workgroup GEMM does not take (K, the plane of 784, not whole 64-deep steps) stays an f32
+// matmul, as the subgroup GEMM reads no bfloat16. Without those matrices nothing is rounded.
+// On values bfloat16 holds exactly (multiples of 2^-8 in [-1, 1]) the outputs equal the
+// convolution's in the f64 reference.
+TEST(Passes, ConvolutionRoutesRoundToBfloat16InBf16Precision) {
+  target::DeviceTraits device = workgroup_capable(1);
+  device.workgroup_narrow_blocks = true;
+  device.workgroup_tensor_loads = true;
+  device.coop_matrix_bf16_khr = true;
+  device.bf16_operands = true;
+  device.workgroup_coop_matrix_bf16 = true;
+  struct Case {
+    Shape x, w;
+    Conv2dOptions options;
+    size_t half_products, f32_products;
+  };
+  uint64_t seed = 140;
+  for (const Case& c :
+       {Case{{4, 128, 16, 16}, {256, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, 3, 0},
+        Case{{4, 128, 8, 8}, {256, 128, 1, 1}, {}, 3, 0},
+        Case{{2, 128, 16, 32}, {256, 128, 1, 1}, {}, 3, 0},
+        Case{{2, 128, 28, 28}, {256, 128, 1, 1}, {}, 2, 1}}) {
+    SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
+    Graph graph;
+    Environment environment;
+    exact_convolution_with_gradients(graph, environment, seed++, c.x, c.w, c.options);
+    const Graph rewritten = im2col_within_a_gib(graph, device);
+    EXPECT_EQ(convolutions_left(rewritten), 0u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), c.half_products);
+    EXPECT_EQ(count_op(rewritten, "matmul"), c.f32_products);
+    EXPECT_EQ(count_op(rewritten, "round_to_f16"), 0u);
+    EXPECT_GE(count_op(rewritten, "round_to_bf16"), 2u);
+    for (const Node& node : rewritten.nodes()) {
+      if (node.op == "half_matmul") {
+        EXPECT_EQ(rewritten.type(node.inputs[0]).dtype, DType::bf16);
+        EXPECT_EQ(rewritten.type(node.inputs[1]).dtype, DType::bf16);
+      }
+      if (node.op == "im2col") {
+        EXPECT_EQ(node.type.dtype, DType::bf16);
+      }
+    }
+    expect_same_outputs(graph, rewritten, environment);
+
+    target::DeviceTraits without_matrices = device;
+    without_matrices.workgroup_coop_matrix_bf16 = false;
+    const Graph unrounded = im2col_within_a_gib(graph, without_matrices);
+    EXPECT_EQ(count_op(unrounded, "half_matmul"), 0u);
+    EXPECT_EQ(count_op(unrounded, "round_to_bf16") + count_op(unrounded, "round_to_f16"), 0u);
+  }
+}
+
 // The Winograd weight gradient (forced on, for shapes below the rule's minimums), F(2 x 2, 3 x 3)
 // and F(4 x 4, 3 x 3), against the convolution's own weight gradient in the f64 reference:
 // padding 1 with odd output extents (a last row and column of tiles partly past grad_out),
@@ -1867,71 +1923,82 @@ TEST(Passes, WorkgroupGemmRoutes) {
   }
 }
 
-// The f16 storage pass on a graph of f16 tensors (inputs, a state, an f16 constant, casts every
-// way, ops of several families, a batched product, a view, f16 outputs and an assignment): every
-// kernel but the conversions reads and writes f32 or integers only, each f16 value is widened
-// once for the other kernels that read it (a cast to f32 is that widening) and once for each
-// pointwise op (a widening read by that op alone, which fuses into it), and every output and
-// assignment keeps its reference value exactly (the pass rounds where the interpreter does).
-TEST(Passes, F16StorageComputesInF32WithTheSameValues) {
-  Graph graph;
-  Environment environment;
-  std::mt19937_64 generator(71);
-  std::uniform_real_distribution<double> uniform(-2.0, 2.0);
-  const auto leaf = [&](Tensor tensor, const std::string& name) {
-    HostTensor value(tensor.shape());
-    for (double& element : value.data) element = uniform(generator);
-    environment.leaves[name] = value;
-    return tensor;
-  };
-  const Tensor x = leaf(input(graph, "x", {2, 3, 5}, DType::f16), "x");
-  const Tensor w = leaf(input(graph, "w", {5, 4}, DType::f16), "w");
-  const Tensor wide = leaf(input(graph, "wide", {4}), "wide");
-  const Tensor running =
-      leaf(Tensor(&graph, graph.state("running", {DType::f16, {3, 4}})), "running");
-  const Tensor hidden =
-      relu(matmul(x, w) + full(graph, {4}, 0.1, DType::f16)) * cast(wide, DType::f16);
-  const Tensor mixed = matmul(hidden, hidden, false, true);  // batched, f16
-  graph.set_output("hidden", reshape(hidden, {24}).id());
-  graph.set_output("mixed", mixed.id());
-  graph.set_output("wide", (cast(x, DType::f32) * 3.0).id());
-  graph.set_output("integers", cast(x * 4.0, DType::i32).id());
-  graph.set_output("back", cast(cast(cast(x, DType::i32), DType::f16), DType::f32).id());
-  graph.assign(running.id(), (running * 0.5 + sum(hidden, {0}, false)).id());
+// The half storage pass on a graph of f16 or bf16 tensors (inputs, a state, a constant, casts
+// every way, to the other 16-bit format too, ops of several families, a batched product, a view,
+// 16-bit outputs and an assignment): every kernel but the conversions and transposes reads and
+// writes f32 or integers only, each 16-bit value is widened once for the other kernels that read
+// it (a cast to f32 is that widening) and once for each pointwise op (a widening read by that op
+// alone, which fuses into it), and every output and assignment keeps its reference value exactly
+// (the pass rounds where the interpreter does).
+TEST(Passes, HalfStorageComputesInF32WithTheSameValues) {
+  for (const DType half : {DType::f16, DType::bf16}) {
+    const std::string format(dtype_name(half));
+    SCOPED_TRACE(format);
+    const DType other = half == DType::f16 ? DType::bf16 : DType::f16;
+    Graph graph;
+    Environment environment;
+    std::mt19937_64 generator(71);
+    std::uniform_real_distribution<double> uniform(-2.0, 2.0);
+    const auto leaf = [&](Tensor tensor, const std::string& name) {
+      HostTensor value(tensor.shape());
+      for (double& element : value.data) element = uniform(generator);
+      environment.leaves[name] = value;
+      return tensor;
+    };
+    const Tensor x = leaf(input(graph, "x", {2, 3, 5}, half), "x");
+    const Tensor w = leaf(input(graph, "w", {5, 4}, half), "w");
+    const Tensor wide = leaf(input(graph, "wide", {4}), "wide");
+    const Tensor running = leaf(Tensor(&graph, graph.state("running", {half, {3, 4}})), "running");
+    const Tensor hidden = relu(matmul(x, w) + full(graph, {4}, 0.1, half)) * cast(wide, half);
+    const Tensor mixed = matmul(hidden, hidden, false, true);  // batched
+    graph.set_output("hidden", reshape(hidden, {24}).id());
+    graph.set_output("mixed", mixed.id());
+    graph.set_output("moved", transpose(x, {1, 0, 2}).id());
+    graph.set_output("wide", (cast(x, DType::f32) * 3.0).id());
+    graph.set_output("integers", cast(x * 4.0, DType::i32).id());
+    graph.set_output("back", cast(cast(cast(x, DType::i32), half), DType::f32).id());
+    graph.set_output("other", cast(cast(x, other), half).id());
+    graph.assign(running.id(), (running * 0.5 + sum(hidden, {0}, false)).id());
 
-  const Graph rewritten = passes::f16_storage(graph, vulkan::VulkanTarget(h200_like()));
-  verify(rewritten);
-  const std::set<std::string> conversions = {"round_to_f16", "widen_f16", "half_matmul"};
-  for (const Node& node : rewritten.nodes()) {
-    if (node.is_leaf() || is_view_op(node.op) || conversions.count(node.op)) continue;
-    EXPECT_NE(node.type.dtype, DType::f16) << node.op;
-    for (ValueId input_id : node.inputs)
-      EXPECT_NE(rewritten.type(input_id).dtype, DType::f16) << node.op << " reads an f16 value";
-  }
-  std::map<ValueId, std::vector<std::string>> readers;  // of each widening, by op
-  for (const Node& node : rewritten.nodes())
-    for (ValueId input_id : node.inputs)
-      if (rewritten.node(input_id).op == "widen_f16") readers[input_id].push_back(node.op);
-  std::map<ValueId, int> shared_widenings;  // of each f16 value, read by other kernels
-  size_t own_widenings = 0;
-  for (const auto& [widening, ops] : readers) {
-    if (ops.size() == 1 && kernels::is_pointwise_op(ops.front())) {
-      ++own_widenings;
-    } else {
-      ++shared_widenings[rewritten.node(widening).inputs[0]];
+    const Graph rewritten = passes::half_storage(graph, vulkan::VulkanTarget(h200_like()));
+    verify(rewritten);
+    const std::string widening = "widen_" + format;
+    const std::set<std::string> conversions = {"round_to_f16", "widen_f16", "round_to_bf16",
+                                               "widen_bf16", "transpose"};
+    const auto is_16_bits = [](DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; };
+    for (const Node& node : rewritten.nodes()) {
+      if (node.is_leaf() || is_view_op(node.op) || conversions.count(node.op)) continue;
+      EXPECT_FALSE(is_16_bits(node.type.dtype)) << node.op;
+      for (ValueId input_id : node.inputs)
+        EXPECT_FALSE(is_16_bits(rewritten.type(input_id).dtype))
+            << node.op << " reads a 16-bit value";
     }
-  }
-  for (const auto& [value, count] : shared_widenings) EXPECT_EQ(count, 1) << "%" << value;
-  EXPECT_GT(own_widenings, 0u);
-  EXPECT_FALSE(shared_widenings.empty());
-  EXPECT_EQ(count_op(rewritten, "half_matmul"), 0u);
-  EXPECT_EQ(rewritten.type(rewritten.output("hidden")).dtype, DType::f16);
+    std::map<ValueId, std::vector<std::string>> readers;  // of each widening, by op
+    for (const Node& node : rewritten.nodes())
+      for (ValueId input_id : node.inputs)
+        if (rewritten.node(input_id).op == widening) readers[input_id].push_back(node.op);
+    std::map<ValueId, int> shared_widenings;  // of each 16-bit value, read by other kernels
+    size_t own_widenings = 0;
+    for (const auto& [widened, ops] : readers) {
+      if (ops.size() == 1 && kernels::is_pointwise_op(ops.front())) {
+        ++own_widenings;
+      } else {
+        ++shared_widenings[rewritten.node(widened).inputs[0]];
+      }
+    }
+    for (const auto& [value, count] : shared_widenings) EXPECT_EQ(count, 1) << "%" << value;
+    EXPECT_GT(own_widenings, 0u);
+    EXPECT_FALSE(shared_widenings.empty());
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 0u);
+    EXPECT_EQ(rewritten.type(rewritten.output("hidden")).dtype, half);
+    EXPECT_EQ(rewritten.type(rewritten.output("moved")).dtype, half);
 
-  Environment stepped_before = environment, stepped_after = environment;
-  expect_same_outputs(graph, rewritten, environment);
-  step(graph, stepped_before);
-  step(rewritten, stepped_after);
-  EXPECT_EQ(stepped_before.leaves["running"].data, stepped_after.leaves["running"].data);
+    Environment stepped_before = environment, stepped_after = environment;
+    expect_same_outputs(graph, rewritten, environment);
+    step(graph, stepped_before);
+    step(rewritten, stepped_after);
+    EXPECT_EQ(stepped_before.leaves["running"].data, stepped_after.leaves["running"].data);
+  }
 }
 
 // `value` rounded to f16 and widened back, by hand: what a pass that stores it in f16 computes.
@@ -2128,7 +2195,7 @@ TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
     const Tensor b = input(graph, "b", {k, n}, DType::f16);
     graph.set_output("c", matmul(a, b).id());
     const Graph split = passes::split_k(
-        passes::f16_storage(graph, vulkan::VulkanTarget(workgroup_capable(kH200ComputeUnits))),
+        passes::half_storage(graph, vulkan::VulkanTarget(workgroup_capable(kH200ComputeUnits))),
         vulkan::VulkanTarget(workgroup_capable(kH200ComputeUnits)));
     const ValueId product = [&] {
       for (size_t i = 0; i < split.size(); ++i)
@@ -2157,13 +2224,13 @@ TEST(Passes, SplitKSplitsF16ProductsIntoF32Partials) {
 // session runs the fast GEMMs: the workgroup GEMM where the blocks fill the compute units (no
 // roundings to pay for, so no other bound), else the subgroup-scope GEMM whatever their size.
 // Elsewhere (strict precision, the kill switch) they are computed in f32 between conversions.
-TEST(Passes, F16StorageRoutesF16Products) {
+TEST(Passes, HalfStorageRoutesF16Products) {
   const auto rewritten = [](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
     Graph graph;
     const Tensor a = input(graph, "a", {m, k}, DType::f16);
     const Tensor b = input(graph, "b", {k, n}, DType::f16);
     graph.set_output("c", matmul(a, b).id());
-    return passes::f16_storage(graph, vulkan::VulkanTarget(device));
+    return passes::half_storage(graph, vulkan::VulkanTarget(device));
   };
   const auto on_coop = [&](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
     const Graph graph = rewritten(m, n, k, device);
@@ -2190,6 +2257,41 @@ TEST(Passes, F16StorageRoutesF16Products) {
   target::DeviceTraits killed = h200;
   killed.switches.no_coopmat = true;
   EXPECT_FALSE(on_coop(4096, 4096, 4096, killed));
+}
+
+// Products of bf16 matrices into bf16 results run on the workgroup GEMM as they are (a
+// half_matmul with bf16_result reading the bfloat16 operands) in bf16 precision on a device with
+// workgroup-scope bfloat16 matrices, where a block fits; every other product of bf16 tensors
+// (smaller ones, fast precision, strict) is computed in f32 between two widenings and a
+// rounding, as no other kernel reads bfloat16 operands.
+TEST(Passes, HalfStorageRoutesBf16Products) {
+  const auto direct = [](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
+    Graph graph;
+    const Tensor a = input(graph, "a", {m, k}, DType::bf16);
+    const Tensor b = input(graph, "b", {k, n}, DType::bf16);
+    graph.set_output("c", matmul(a, b).id());
+    const Graph rewritten = passes::half_storage(graph, vulkan::VulkanTarget(device));
+    const bool on_workgroups = count_op(rewritten, "half_matmul") == 1;
+    EXPECT_EQ(count_op(rewritten, "widen_bf16"), on_workgroups ? 0u : 2u);
+    EXPECT_EQ(count_op(rewritten, "round_to_bf16"), on_workgroups ? 0u : 1u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), on_workgroups ? 0u : 1u);
+    EXPECT_EQ(rewritten.type(rewritten.output("c")).dtype, DType::bf16);
+    return on_workgroups;
+  };
+  target::DeviceTraits bf16 = workgroup_capable(kH200ComputeUnits);
+  bf16.coop_matrix_bf16_khr = true;
+  bf16.bf16_operands = true;
+  bf16.workgroup_coop_matrix_bf16 = true;
+  EXPECT_TRUE(direct(4096, 4096, 4096, bf16));
+  EXPECT_FALSE(direct(128, 1536, 576, bf16));
+  target::DeviceTraits without_matrices = bf16;
+  without_matrices.workgroup_coop_matrix_bf16 = false;
+  EXPECT_FALSE(direct(4096, 4096, 4096, without_matrices));
+  EXPECT_FALSE(direct(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
+  target::DeviceTraits strict = bf16;
+  strict.fast_precision = false;
+  strict.bf16_operands = false;
+  EXPECT_FALSE(direct(4096, 4096, 4096, strict));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "backends/vulkan/kernels/conv_columns.hpp"
 #include "backends/vulkan/kernels/gemm_cpu.hpp"
 #include "backends/vulkan/kernels/index_codegen.hpp"
+#include "backends/vulkan/kernels/pointwise.hpp"
 #include "ir/op_names.hpp"
 #include "ops/conv_geometry.hpp"
 
@@ -28,7 +29,8 @@ void emit_columns_launch(LoweringContext& context, const std::string& kernel, st
   launch.body = std::move(body);
   launch.operands = {{names[0], context.node().inputs[0], false}, {names[1], context.id(), true}};
   launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
-  if (context.node().type.dtype == DType::f16) {
+  const DType dtype = context.node().type.dtype;
+  if (dtype == DType::f16 || dtype == DType::bf16) {
     require_f16_tensors(context.label(), "writes", context.device());
     launch.f16_operands = true;
   }
@@ -49,17 +51,19 @@ void lower_im2col(LoweringContext& context) {
   const Shape& x = context.input_type(0).shape;
   const auto [kernel, stride, padding, dilation, size] = column_geometry(node.attrs);
   // Side by side, an invocation's four columns could belong to two images: one column each.
-  // f16 columns (of an f16 image) are stored two a word where OW is even, so that a pair never
-  // leaves its image's row.
+  // 16-bit columns (of a 16-bit image) are stored two a word where OW is even, so that a pair
+  // never leaves its image's row. bfloat16 values are bit patterns (GLSL here has no bfloat16
+  // type): widened as they are read, their bits stored (the rounding keeps a bfloat16 value).
   const bool side_by_side = images_side_by_side(node.attrs);
-  const bool half = node.type.dtype == DType::f16;
+  const bool bfloat16 = node.type.dtype == DType::bf16;
+  const bool half = node.type.dtype == DType::f16 || bfloat16;
   const int64_t width =
       half ? (size[1] % 2 == 0 ? 2 : 1) : (size[1] % 4 == 0 && !side_by_side ? 4 : 1);
   const int64_t count = node.type.elements() / width;
   // Packed columns (packed_columns): four elements as two words of f16 pairs, element e in half
   // e % 2 of word e / 2.
   const bool packed = packed_columns(context.graph(), context.id(), context.device());
-  std::string body;
+  std::string body = bfloat16 ? std::string(pointwise_functions_glsl()) : std::string();
   if (packed) {
     body +=
         "layout(std430, set = 0, binding = 1) writeonly buffer buffer_columns_halves { uvec2 "
@@ -99,17 +103,22 @@ void lower_im2col(LoweringContext& context) {
           " + uint(iy)) * " + u(x[3]) + ";\n";
   body += "  float values[" + std::to_string(width) + "];\n  for (int j = 0; j < " +
           std::to_string(width) + "; ++j) {\n    int ix = ix0 + j * " + s(stride[1]) +
-          ";\n    values[j] = row_inside && ix >= 0 && ix < " + s(x[3]) +
-          " ? x[row + uint(ix)] : 0.0;\n  }\n";
+          ";\n    values[j] = row_inside && ix >= 0 && ix < " + s(x[3]) + " ? " +
+          (bfloat16 ? "mg_widen_bf16(uint(x[row + uint(ix)]))" : "x[row + uint(ix)]") +
+          " : 0.0;\n  }\n";
   if (packed) {
     body +=
         "  columns_halves[i] = uvec2(packHalf2x16(vec2(values[0], values[1])), "
         "packHalf2x16(vec2(values[2], values[3])));\n}\n";
   } else {
-    body += width == 4   ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
-            : width == 2 ? "  columns_pairs[i] = packHalf2x16(vec2(values[0], values[1]));\n}\n"
-            : half       ? "  columns[i] = float16_t(values[0]);\n}\n"
-                         : "  columns[i] = values[0];\n}\n";
+    body +=
+        width == 4 ? "  columns4[i] = vec4(values[0], values[1], values[2], values[3]);\n}\n"
+        : width == 2 && bfloat16
+            ? "  columns_pairs[i] = mg_bf16_bits(values[0]) | (mg_bf16_bits(values[1]) << 16);\n}\n"
+        : width == 2 ? "  columns_pairs[i] = packHalf2x16(vec2(values[0], values[1]));\n}\n"
+        : bfloat16   ? "  columns[i] = uint16_t(mg_bf16_bits(values[0]));\n}\n"
+        : half       ? "  columns[i] = float16_t(values[0]);\n}\n"
+                     : "  columns[i] = values[0];\n}\n";
   }
   emit_columns_launch(context, "im2col", std::move(body), {"x", "columns"}, count);
 }

@@ -10,8 +10,8 @@
 // much slower.
 // Workgroup z multiplies batch entry z: its matrices start A_BATCH_STRIDE, B_BATCH_STRIDE and
 // C_BATCH_STRIDE elements after the previous entry's (0: an operand shared by every entry).
-// bf16 operands (Precision::bf16): this module with its f16 type, buffers a and b included,
-// rewritten to bfloat16 (gpu::KernelSpec::bf16_buffers); never with F16_RESULT.
+// bf16 operands (Precision::bf16): this module with its f16 type, its buffers included,
+// rewritten to bfloat16 (gpu::KernelSpec::bf16_buffers), so that F16_RESULT stores bfloat16.
 // SPLIT_ROWS: the block is held as two BLOCK_M / 2 x BLOCK_N accumulators, one above the other,
 // each multiplied by its half of A and the same B; the kernel is then built with tensor-layout
 // loads (Launch::tensor_loads), without which that form ran slower.

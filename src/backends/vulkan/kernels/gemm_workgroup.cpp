@@ -1,6 +1,6 @@
 // Kernels of round_to_f16, round_to_bf16, widen_f16 and half_matmul: the workgroup GEMM's
 // operands and product (gemm_workgroup.hpp), and the conversions around f32 kernels for f16
-// tensors (passes/f16_storage.cpp).
+// and bf16 tensors (passes/half_storage.cpp).
 #include "backends/vulkan/kernels/gemm_workgroup.hpp"
 
 #include <optional>
@@ -136,7 +136,7 @@ void lower_half_matmul(LoweringContext& context) {
       {"A_TRANSPOSED", transpose_a ? "1" : "0"},
       {"B_TRANSPOSED", transpose_b ? "1" : "0"},
       {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
-      {"F16_RESULT", node.type.dtype == DType::f16 ? "1" : "0"},
+      {"F16_RESULT", node.type.dtype == DType::f16 || node.type.dtype == DType::bf16 ? "1" : "0"},
       {"SPLIT_ROWS", block.split_rows ? "1" : "0"},
       {"INVOCATIONS", std::to_string(block.invocations)},
       {"A_BATCH_STRIDE", glsl_uint(*entry_stride(context.input_type(0).shape, shape.batch_shape))},
@@ -233,8 +233,9 @@ bool block_stores_f16(const Graph& graph, const Node& node, const DeviceTraits& 
 
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device) {
+  const bool half_result = node.type.dtype == DType::f16 || node.type.dtype == DType::bf16;
   return takes_f16_operands(graph, node, device) &&
-         (node.type.dtype != DType::f16 || block_stores_f16(graph, node, device));
+         (!half_result || block_stores_f16(graph, node, device));
 }
 
 bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
@@ -243,11 +244,20 @@ bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
          takes_f16_operands(graph, node, device) && block_stores_f16(graph, node, device);
 }
 
+namespace {
+
+// Whether the workgroup GEMM reads the 16-bit images and columns of the convolution routes below
+// in this session's format: f16, or bfloat16 with bfloat16 operands (which must not lose f32's
+// range to f16), which needs the device's bfloat16 workgroup-scope matrices.
+bool reads_convolution_operands(const DeviceTraits& device) {
+  return !device.bf16_operands || device.workgroup_coop_matrix_bf16;
+}
+
+}  // namespace
+
 bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                               const DeviceTraits& device) {
-  // These routes round a convolution's f32 images and columns to f16, which bfloat16
-  // operands must not lose their range to.
-  if (device.bf16_operands) return false;
+  if (!reads_convolution_operands(device)) return false;
   const std::optional<bool> forced = device.switches.columns_side_by_side;
   if (batch < 2 || (forced && !*forced)) return false;
   if (!forced && plane >= kWidestSubgroupBlockColumns) return false;
@@ -257,7 +267,8 @@ bool images_side_by_side_suit(int64_t m, int64_t k, int64_t batch, int64_t plane
 bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device) {
   const std::optional<bool> forced = device.switches.half_columns;
-  if (device.bf16_operands || (forced && !*forced) || device.switches.columns_side_by_side == false)
+  if (!reads_convolution_operands(device) || (forced && !*forced) ||
+      device.switches.columns_side_by_side == false)
     return false;
   if (batch < 2 && !forced) return false;
   return workgroup_gemm_suits(m, batch * plane, k, device, OperandsIn::f16);
@@ -265,7 +276,7 @@ bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
 
 bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                       const DeviceTraits& device) {
-  if (device.bf16_operands || device.switches.half_images == false ||
+  if (!reads_convolution_operands(device) || device.switches.half_images == false ||
       images_side_by_side_suit(m, k, batch, plane, device))
     return false;
   return workgroup_gemm_suits(m, plane, k, device, OperandsIn::f16, batch);

@@ -4,7 +4,7 @@
 // 64 deep straight from memory, the staging through shared memory left to the driver. A matmul
 // takes it through passes/workgroup_gemm.cpp, as round_to_f16 of each operand and a half_matmul
 // (ops/half_gemm.hpp; round_to_bf16 in bf16 precision, whose operands the kernel then reads as
-// bfloat16), and a product of f16 tensors through passes/f16_storage.cpp.
+// bfloat16), and a product of f16 tensors through passes/half_storage.cpp.
 #include <cstdint>
 #include <optional>
 
@@ -60,8 +60,9 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 // workgroup_coop_matrix_bf16) runs on the workgroup GEMM on `device`: never once split
 // over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
 // all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands; with an
-// f16 result, only where its block can store one (workgroup_gemm_writes_f16_result). The f16
-// storage pass, split-K and half_matmul's lowering ask it of the same product.
+// f16 or bf16 result, only where its block can store one (not the 64-row blocks, as
+// workgroup_gemm_writes_f16_result). The half storage pass, split-K and half_matmul's lowering
+// ask it of the same product.
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 // Whether the workgroup GEMM takes the product `node` of f16 operands and can store its result
@@ -74,13 +75,15 @@ bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
 // one 2-D product over f16 columns side by side (target::Target::half_columns_suit): wherever the
 // workgroup GEMM takes it, whatever the plane, as im2col writes such columns in one pass, with
 // nothing to move but the result. MEGANEURA_HALF_COLUMNS=0 and MEGANEURA_COLUMNS_SIDE_BY_SIDE=0
-// turn it off, MEGANEURA_HALF_COLUMNS=1 also takes one image. Never with bfloat16 operands
-// (DeviceTraits::bf16_operands), whose range f16 columns would lose; nor the two routes below.
+// turn it off, MEGANEURA_HALF_COLUMNS=1 also takes one image. With bfloat16 operands
+// (DeviceTraits::bf16_operands), whose range f16 columns would lose, the columns are bfloat16
+// and need the device's bfloat16 workgroup-scope matrices (workgroup_coop_matrix_bf16), as do
+// the two routes below.
 bool half_columns_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                        const DeviceTraits& device);
 
 // Whether `batch` per-image products [M, K] x [K, plane] over a value's images should run one an
-// image on the workgroup GEMM (target::Target::half_images_suit), reading f16 images that the
+// image on the workgroup GEMM (target::Target::half_images_suit), reading 16-bit images that the
 // value's producer writes beside it, rather than on the subgroup GEMM reading f32 ones: wherever
 // the workgroup GEMM takes the batched product, except where the images go side by side
 // (images_side_by_side_suit). MEGANEURA_HALF_IMAGES=0 keeps them on f32 images.
@@ -88,7 +91,7 @@ bool half_images_suit(int64_t m, int64_t k, int64_t batch, int64_t plane,
                       const DeviceTraits& device);
 
 // Whether `batch` per-image products [M, K] x [K, plane] should run as one 2-D product over the
-// images side by side (target::Target::images_side_by_side_suit): on the workgroup GEMM (f16
+// images side by side (target::Target::images_side_by_side_suit): on the workgroup GEMM (16-bit
 // operands, which the transpose that puts the images side by side writes), where a plane is
 // narrower than the subgroup GEMM's widest block, so that its per-image products leave that
 // kernel's blocks partly empty, while the moves there and back cost about what a wider plane's

@@ -129,7 +129,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
 
   // f16 operands (half_matmul: both, or one beside an f32 one) are read as f16 and the result
   // stored as f16 where it is f16; they run on cooperative matrices whatever the product's size
-  // (passes/f16_storage.cpp, passes/half_products.cpp).
+  // (passes/half_storage.cpp, passes/half_products.cpp).
   const bool half_a = context.input_type(0).dtype == DType::f16;
   const bool half_b = context.input_type(1).dtype == DType::f16;
   const bool half_operands = half_a || half_b;
