@@ -47,7 +47,7 @@ TensorType infer_widening(const Graph& graph, const Node& node) {
 // precision), each stored transposed where its flag says, leading batch axes broadcast as
 // matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands) or to bf16
 // with bf16_result (bf16 operands); with
-// k_splits = S (only from the split-K pass, not for bf16 operands) the f32 partial results
+// k_splits = S (only from the split-K pass) the f32 partial results
 // [S, ..., M, N] as matmul's (ops/k_split.hpp).
 TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 2);
@@ -60,13 +60,13 @@ TensorType infer_half_matmul(const Graph& graph, const Node& node) {
     op_error(graph, node,
              "multiplies f16 operands, or one f16 and one f32 (round_to_f16 gives them), or two "
              "bf16 operands (round_to_bf16)");
-  if (bfloat16 && (flag_attr(graph, node, "f16_result") || node.attrs.has("k_splits")))
-    op_error(graph, node,
-             "multiplies bf16 operands whole into an f32 or bf16 result (no f16_result or "
-             "k_splits)");
+  if (bfloat16 && flag_attr(graph, node, "f16_result"))
+    op_error(graph, node, "multiplies bf16 operands into an f32 or bf16 result (no f16_result)");
   const bool bf16_result = flag_attr(graph, node, "bf16_result");
   if (bf16_result && !bfloat16)
     op_error(graph, node, "rounds its result to bf16 (bf16_result) only for bf16 operands");
+  if (bf16_result && node.attrs.has("k_splits"))
+    op_error(graph, node, "partial results (k_splits) are f32; bf16_result rounds whole products");
   if (a.rank() < 2 || b.rank() < 2) op_error(graph, node, "operands need rank >= 2");
   const bool transpose_a = flag_attr(graph, node, "transpose_a");
   const bool transpose_b = flag_attr(graph, node, "transpose_b");

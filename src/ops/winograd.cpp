@@ -26,18 +26,27 @@ const winograd::Variant& node_variant(const Graph& graph, const Node& node) {
   return winograd::variant(outputs);
 }
 
-// The dtype of a transform's points: f16 with f16_result (of f32 values), else its input's.
+// The dtype of a transform's points: f16 with f16_result, bf16 with bf16_result (of f32
+// values), else its input's.
 DType result_dtype(const Graph& graph, const Node& node, DType input) {
   const int64_t f16 = node.attrs.get_int(winograd::kF16ResultAttribute, 0);
+  const int64_t bf16 = node.attrs.get_int(winograd::kBf16ResultAttribute, 0);
   if (f16 != 0 && f16 != 1) op_error(graph, node, "f16_result must be 0 or 1");
-  if (f16 == 1 && input != DType::f32) op_error(graph, node, "f16_result rounds f32 values");
-  return f16 == 1 ? DType::f16 : input;
+  if (bf16 != 0 && bf16 != 1) op_error(graph, node, "bf16_result must be 0 or 1");
+  if (f16 == 1 && bf16 == 1) op_error(graph, node, "takes f16_result or bf16_result, not both");
+  if ((f16 == 1 || bf16 == 1) && input != DType::f32)
+    op_error(graph, node,
+             std::string(f16 == 1 ? "f16_result" : "bf16_result") + " rounds f32 values");
+  return f16 == 1 ? DType::f16 : bf16 == 1 ? DType::bf16 : input;
 }
 
-// The reference's points as the node stores them: rounded to f16 with f16_result.
+// The reference's points as the node stores them: rounded to f16 with f16_result, to bfloat16
+// with bf16_result.
 HostTensor stored(const Node& node, HostTensor points) {
   if (winograd::f16_result(node.attrs))
     for (double& value : points.data) value = round_to_f16(value);
+  if (winograd::bf16_result(node.attrs))
+    for (double& value : points.data) value = round_to_bf16(value);
   return points;
 }
 
@@ -127,7 +136,8 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // [(m + 2) i + j, c, t] of tile t = (n * TH + ty) * TW + tx is point (i, j) of B^T d B for the
   // (m + 2) x (m + 2) patch d of x at (m ty - padding, m tx - padding), 0 outside x. attrs:
   // outputs (m: 2 or 4, default 2), tiles [2] (TH, TW), padding [2] (>= 0, default 0),
-  // f16_result (1: the points rounded to f16 and stored as f16; default 0).
+  // f16_result (1: the points rounded to f16 and stored as f16; default 0), bf16_result (the
+  // same in bfloat16).
   registry.push_back(OpDef{
       .name = op::winograd_tiles,
       .infer =
@@ -210,7 +220,8 @@ void register_winograd_ops(std::vector<OpDef>& registry) {
   // winograd_filter(w [O, C, 3, 3]) -> [16, O, C]: element [4 i + j, o, c] is point (i, j) of
   // G g G^T for g = w[o, c]. With transposed = 1, [16, C, O] of the filter turned by 180
   // degrees: element [4 i + j, c, o] is point (i, j) of G g' G^T, g'[r][q] = w[o, c, 2 - r,
-  // 2 - q] (the data gradient's filter). With f16_result = 1 the points are rounded to f16.
+  // 2 - q] (the data gradient's filter). With f16_result = 1 the points are rounded to f16, with
+  // bf16_result = 1 to bfloat16.
   registry.push_back(OpDef{
       .name = op::winograd_filter,
       .infer = filter_type,

@@ -93,5 +93,10 @@ inline constexpr const char* kF16ResultAttribute = "f16_result";
 inline bool f16_result(const Attrs& attrs) {
   return attrs.get_int(kF16ResultAttribute, 0) != 0;
 }
+// The same in bfloat16 (1): the operands of a half_matmul in bf16 precision.
+inline constexpr const char* kBf16ResultAttribute = "bf16_result";
+inline bool bf16_result(const Attrs& attrs) {
+  return attrs.get_int(kBf16ResultAttribute, 0) != 0;
+}
 
 }  // namespace mg::winograd

@@ -2,8 +2,9 @@
 // f32. The f32 kernels read a widening (widen_f16, widen_bf16) of each 16-bit input and their
 // 16-bit results are written as a rounding (round_to_f16, round_to_bf16) of the f32 result, which
 // is what the reference interpreter computes (every such value rounded to its format); a
-// transpose moves 16-bit values as they are, and im2col and Winograd's tile and output transforms
-// move or convert f16 values themselves. A 2-D matmul of two 16-bit operands into a result of
+// transpose moves 16-bit values as they are, im2col and Winograd's tile and output transforms
+// move or convert f16 values themselves, and Winograd's transforms asked for 16-bit points round
+// them themselves. A 2-D matmul of two 16-bit operands into a result of
 // their format that runs on cooperative matrices multiplies the stored values directly
 // (half_matmul with f16_result or bf16_result), as PyTorch's f16 and bf16 GEMMs do.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "ir/half.hpp"
 #include "ir/op_names.hpp"
 #include "ops/half_gemm.hpp"
+#include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
 
@@ -52,8 +54,13 @@ class HalfStorage {
     // writes bfloat16).
     const bool moves_f16 = node.op == op::im2col || node.op == op::winograd_tiles ||
                            node.op == op::winograd_grad_tiles || node.op == op::winograd_output;
+    // Transforms whose attribute asks for 16-bit points round them as they store them.
+    const bool rounds_itself =
+        (node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles ||
+         node.op == op::winograd_filter) &&
+        (winograd::f16_result(node.attrs) || winograd::bf16_result(node.attrs));
     if (node.is_leaf() || is_view_op(node.op) || !involves(target, node, is_half) ||
-        is_pass_written_f16_op(node.op) || node.op == op::transpose ||
+        rounds_itself || is_pass_written_f16_op(node.op) || node.op == op::transpose ||
         (moves_f16 && !involves(target, node, [](DType dtype) { return dtype == DType::bf16; })))
       return target.add_typed(std::move(node));
     if (node.op == op::cast) return cast(target, node);
@@ -117,9 +124,10 @@ class HalfStorage {
 
   // A product of two f16 matrices into an f16 result on cooperative matrices (the workgroup GEMM,
   // else the subgroup-scope one, which read f16 operands and store f16 results), or of two bf16
-  // matrices into a bf16 result on the workgroup GEMM (the only kernel that reads bfloat16
-  // operands: in bf16 precision, on a device with its bfloat16 matrices); kNoValue where the node
-  // is not such a product or the session runs none of those kernels.
+  // matrices in bf16 precision: into a bf16 result on the workgroup GEMM (on a device with its
+  // bfloat16 matrices), else on the subgroup GEMM, which reads them into an f32 result that a
+  // rounding then stores; kNoValue where the node is not such a product or the session runs none
+  // of those kernels.
   ValueId half_product(Graph& target, const Node& node) {
     const DType dtype = node.type.dtype;
     if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
@@ -132,11 +140,15 @@ class HalfStorage {
     // The subgroup GEMM's size rule (coop_gemm_suits) sends small f32 products to gemm.comp;
     // f16 ones would pay two widenings and a rounding there, more than the product itself, so
     // they all stay on cooperative matrices.
-    if (!on_workgroups && (dtype == DType::bf16 || !device_.cooperative_matrices()))
-      return kNoValue;
+    if (!on_workgroups && !device_.cooperative_matrices()) return kNoValue;
     Attrs attrs = node.attrs;
-    attrs.set(dtype == DType::bf16 ? "bf16_result" : "f16_result", int64_t{1});
-    return target.add(op::half_matmul, node.inputs, std::move(attrs));
+    if (dtype == DType::f16 || on_workgroups) {
+      attrs.set(dtype == DType::bf16 ? "bf16_result" : "f16_result", int64_t{1});
+      return target.add(op::half_matmul, node.inputs, std::move(attrs));
+    }
+    if (!device_.traits().bf16_operands) return kNoValue;
+    return target.add(op::round_to_bf16,
+                      {target.add(op::half_matmul, node.inputs, std::move(attrs))});
   }
 
   const target::Target& device_;

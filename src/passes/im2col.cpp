@@ -149,16 +149,6 @@ class SideBySideImages {
   std::map<std::vector<int64_t>, ValueId> columns_;
 };
 
-// Whether a product of 16-bit operands M x N x K that a route below writes runs in this session:
-// every f16 one does (the subgroup GEMM takes what the workgroup GEMM does not), a bfloat16 one
-// only on the workgroup GEMM, the one kernel that reads bfloat16 operands. The routes' forwards
-// and data gradients ask the target that already; their weight gradients' products (M and N the
-// channels, K the batch's planes) ask here.
-bool half_product_runs(const target::Target& device, int64_t m, int64_t n, int64_t k) {
-  return !device.traits().bf16_operands ||
-         device.workgroup_gemm_suits(m, n, k, target::OperandsIn::f16);
-}
-
 // Whether the convolution `g`'s forward (or weight gradient) multiplies 16-bit columns side by side
 // (target::Target::half_columns_suit) that fit `max_bytes`: W [O, C * KH * KW] times them.
 bool half_columns_forward(const ConvGeometry& g, const target::Target& device, uint64_t max_bytes) {
@@ -412,8 +402,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   // per-image products [N, O, C] are one transient value, bounded as the columns are.
   if (pointwise_as_matmul(g, device) &&
       device.images_side_by_side_suit(g.out_channels, g.in_channels, g.batch, plane) &&
-      device.images_side_by_side_suit(g.in_channels, g.out_channels, g.batch, plane) &&
-      half_product_runs(device, g.out_channels, g.in_channels, g.batch * plane)) {
+      device.images_side_by_side_suit(g.in_channels, g.out_channels, g.batch, plane)) {
     const ValueId grad_out =
         side_by_side.of(target, node.inputs[1], g.batch, g.out_channels, plane);
     const ValueId images = side_by_side.of(target, node.inputs[0], g.batch, g.in_channels, plane);
@@ -429,8 +418,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
     const bool half_images =
         pointwise_as_matmul(g, device) &&
         device.half_images_suit(g.out_channels, g.in_channels, g.batch, plane) &&
-        device.half_images_suit(g.in_channels, g.out_channels, g.batch, plane) &&
-        half_product_runs(device, g.out_channels, g.in_channels, plane);
+        device.half_images_suit(g.in_channels, g.out_channels, g.batch, plane);
     const auto operand = [&](ValueId value, int64_t channels) {
       return reshaped(target, half_images ? side_by_side.rounded(target, value) : value,
                       {g.batch, channels, plane});
@@ -443,8 +431,7 @@ std::optional<ValueId> rewrite_weight_gradient(Graph& target, const Node& node,
   }
   // Where the forward multiplies 16-bit columns side by side and the data gradient grad_out's
   // images side by side, the weight gradient is one 2-D product of the two, over K = N * plane.
-  if (half_columns_forward(g, device, max_bytes) && half_columns_data_gradient(g, device) &&
-      half_product_runs(device, g.out_channels, g.in_channels * taps, g.batch * plane)) {
+  if (half_columns_forward(g, device, max_bytes) && half_columns_data_gradient(g, device)) {
     const ValueId grad_out =
         side_by_side.of(target, node.inputs[1], g.batch, g.out_channels, plane);
     const ValueId product =

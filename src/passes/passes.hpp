@@ -33,7 +33,8 @@ Graph split_k(Graph graph, const target::Target& device, std::vector<ValueId>* r
 // Winograd's tile and output transforms convert f16 values as they read and store. A 2-D matmul
 // of f16 matrices into an f16 result that runs on cooperative matrices on `device` (the workgroup
 // GEMM or the subgroup-scope one), or of bf16 matrices into a bf16 result on the workgroup GEMM,
-// becomes a half_matmul reading the 16-bit operands and writing the 16-bit result (see
+// becomes a half_matmul reading the 16-bit operands and writing the 16-bit result; one of bf16
+// matrices on the subgroup GEMM in bf16 precision a half_matmul into f32 and a rounding (see
 // half_storage.cpp).
 Graph half_storage(Graph graph, const target::Target& device,
                    std::vector<ValueId>* remap = nullptr);
@@ -53,9 +54,10 @@ Graph half_activations(Graph graph, const target::Target& device, DType storage 
 // The workgroup GEMM: a 2-D matmul that suits it on `device` (target::Target::
 // workgroup_gemm_suits) becomes round_to_f16 of both operands (round_to_bf16 in bf16
 // precision) and a half_matmul (ops/half_gemm.hpp). Where products round their operands to f16
-// (fast precision with f16 operands; MEGANEURA_WINOGRAD_F16=0 aside), Winograd's transforms store
-// f16 points (f16_result) and the batched matmuls of two of them become half_matmuls, which the
-// target runs on the workgroup GEMM where a block fits.
+// or bfloat16 (fast or bf16 precision on cooperative matrices; MEGANEURA_WINOGRAD_F16=0 aside),
+// Winograd's transforms store points in that format (f16_result, bf16_result) and the batched
+// matmuls of two of them become half_matmuls, which the target runs on the workgroup GEMM where
+// a block fits, else on the subgroup GEMM.
 Graph workgroup_gemm(Graph graph, const target::Target& device,
                      std::vector<ValueId>* remap = nullptr);
 

@@ -3,7 +3,7 @@
 // half_matmul of the two. The fast GEMMs round their operands to f16 (bfloat16) anyway; here the
 // rounding is a launch of its own over each operand, because the workgroup kernel loads its f16
 // operands straight from memory. Winograd's products need no such launch: their operands'
-// transforms store f16 points themselves.
+// transforms store f16 points (bfloat16 in bf16 precision) themselves.
 #include <algorithm>
 
 #include "ir/op_names.hpp"
@@ -29,18 +29,19 @@ bool is_winograd_points(const Node& node) {
          node.type.dtype == DType::f32;
 }
 
-// Whether Winograd's points are stored as f16 on `device`: where its products round their
-// operands to f16 (cooperative matrices with f16 operands), so that the points' rounding
-// changes no product, and the products then read half the bytes (on the workgroup GEMM where
-// a block suits them). MEGANEURA_WINOGRAD_F16=0 keeps them f32.
-bool winograd_points_in_f16(const target::Target& device) {
+// Whether Winograd's points are stored in 16 bits on `device`: where its products round their
+// operands (cooperative matrices with f16 operands, or bfloat16 ones in bf16 precision), so that
+// the points' rounding changes no product, and the products then read half the bytes (on the
+// workgroup GEMM where a block suits them, else the subgroup GEMM). MEGANEURA_WINOGRAD_F16=0
+// keeps them f32.
+bool winograd_points_in_half(const target::Target& device) {
   return device.cooperative_matrices() && device.traits().f16_tensors &&
-         !device.traits().bf16_operands && device.switches().winograd_f16.value_or(true);
+         device.switches().winograd_f16.value_or(true);
 }
 
-// The nodes of `graph` that the f16 points rewrite: the matmuls of two Winograd transforms, and
+// The nodes of `graph` that the 16-bit points rewrite: the matmuls of two Winograd transforms, and
 // the transforms that only such matmuls read (in every graph the im2col pass writes, all of them).
-std::vector<bool> f16_winograd_nodes(const Graph& graph) {
+std::vector<bool> half_winograd_nodes(const Graph& graph) {
   const size_t size = graph.size();
   const ValueReaders values(graph);
   std::vector<bool> chosen(size, false);
@@ -80,11 +81,11 @@ std::vector<bool> f16_winograd_nodes(const Graph& graph) {
 }  // namespace
 
 Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
-  const std::vector<bool> f16_winograd = winograd_points_in_f16(device)
-                                             ? f16_winograd_nodes(graph)
-                                             : std::vector<bool>(graph.size(), false);
+  const std::vector<bool> half_winograd = winograd_points_in_half(device)
+                                              ? half_winograd_nodes(graph)
+                                              : std::vector<bool>(graph.size(), false);
   const bool any_winograd =
-      std::find(f16_winograd.begin(), f16_winograd.end(), true) != f16_winograd.end();
+      std::find(half_winograd.begin(), half_winograd.end(), true) != half_winograd.end();
   if (!any_winograd &&
       std::none_of(graph.nodes().begin(), graph.nodes().end(),
                    [&](const Node& node) { return takes_workgroup_gemm(graph, node, device); }))
@@ -92,10 +93,12 @@ Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<Valu
   std::vector<bool> keep(graph.size(), true);
   return rebuild(
       std::move(graph), keep,
-      [&device, &f16_winograd](Graph& target, ValueId old_id, Node node) {
-        if (f16_winograd[old_id]) {
+      [&device, &half_winograd](Graph& target, ValueId old_id, Node node) {
+        if (half_winograd[old_id]) {
           if (node.op == op::matmul) return target.add(op::half_matmul, node.inputs, node.attrs);
-          node.attrs.set(winograd::kF16ResultAttribute, int64_t{1});
+          node.attrs.set(device.traits().bf16_operands ? winograd::kBf16ResultAttribute
+                                                       : winograd::kF16ResultAttribute,
+                         int64_t{1});
           return target.add(node.op, node.inputs, node.attrs);
         }
         if (!takes_workgroup_gemm(target, node, device)) return target.add_typed(std::move(node));

@@ -180,20 +180,38 @@ TEST(GpuBf16, OpsOfBf16TensorsMatchTheReference) {
     SessionOptions options;
     options.precision = precision;
     testing::check_on_gpu(
-        {{"x", {2, 13, 24}, DType::bf16},
-         {"w", {24, 10}, DType::bf16},
-         {"bias", {10}, DType::bf16},
-         {"v", {2, 10, 7}, DType::bf16}},
+        testing::half_block_inputs(DType::bf16),
         [](Graph& graph, std::vector<Tensor>& in) {
-          const Tensor hidden = relu(matmul(in[0], in[1]) + in[2]);
-          const Tensor mixed = matmul(softmax(hidden, -1), in[3]);
-          graph.set_output("hidden", hidden.id());
-          graph.set_output("mixed", mixed.id());
-          graph.set_output("total", sum_all(cast(mixed, DType::f32)).id());
+          testing::half_block(graph, in);
           graph.set_output("moved", transpose(in[0], {1, 0, 2}).id());
         },
         1e-2, 11, options);
   }
+}
+
+// Winograd's transforms store bfloat16 points in bf16 precision (bf16_result, the operands of
+// its products there): input tiles of an image with odd extents and padding 1 (tiles half past
+// its edge), grad_out's blocks, and the filter both ways round, one launch each, against the
+// reference's points rounded to bfloat16. The f32 transform may round to the bfloat16 neighbour
+// of the f64 one: one bfloat16 step, 2^-8 relative at most.
+TEST(GpuBf16, WinogradTransformsStoreBfloat16Points) {
+  size_t dispatches = 0;
+  const Attrs bf16_points{{"bf16_result", int64_t{1}}};
+  testing::check_on_gpu(
+      {{"x", {2, 3, 7, 9}}, {"grad", {2, 5, 6, 8}}, {"w", {5, 3, 3, 3}}},
+      [&](Graph& graph, std::vector<Tensor>& in) {
+        Attrs tiles = bf16_points, grad_tiles = bf16_points, turned = bf16_points;
+        tiles.set("tiles", std::vector<int64_t>{4, 5});
+        tiles.set("padding", std::vector<int64_t>{1, 1});
+        grad_tiles.set("tiles", std::vector<int64_t>{3, 4});
+        turned.set("transposed", int64_t{1});
+        graph.set_output("tiles", graph.add("winograd_tiles", {in[0].id()}, tiles));
+        graph.set_output("grad_tiles", graph.add("winograd_grad_tiles", {in[1].id()}, grad_tiles));
+        graph.set_output("filter", graph.add("winograd_filter", {in[2].id()}, bf16_points));
+        graph.set_output("turned", graph.add("winograd_filter", {in[2].id()}, turned));
+      },
+      8e-3, 43, {}, &dispatches);
+  EXPECT_EQ(dispatches, 4u);
 }
 
 }  // namespace

@@ -501,6 +501,18 @@ TEST_F(CoopMatrixLowering, Bf16ProgramsRoundNoF32OperandToF16) {
   }
 }
 
+// `launch` of `program` reads bfloat16 buffers as bfloat16 operands and compiles to a bfloat16
+// module.
+void expect_bfloat16_launch(const plan::Program& program, const kernels::Launch& launch) {
+  EXPECT_TRUE(launch.bf16_operands);
+  EXPECT_TRUE(launch.bf16_buffers);
+  gpu::KernelSpec spec = spec_of(program.graph, launch);
+  spec.khr_cooperative_matrix = true;
+  spec.bf16_operands = true;
+  spec.bf16_buffers = true;
+  expect_bf16_module(gpu::compile_glsl(spec), launch.label);
+}
+
 // On a device with workgroup-scope bfloat16 matrices, a bf16 program's large product of f32
 // tensors takes the workgroup GEMM as a fast one does, its operands rounded to bfloat16
 // (round_to_bf16, stored as bfloat16 bit patterns) rather than f16, and its kernel compiles to a
@@ -543,42 +555,55 @@ TEST_F(CoopMatrixLowering, Bf16ProgramsRoundWorkgroupOperandsToBfloat16) {
     if (launch.kernel != "gemm_workgroup_coopmat") continue;
     SCOPED_TRACE(launch.label);
     ++workgroup_launches;
-    EXPECT_TRUE(launch.bf16_operands);
-    EXPECT_TRUE(launch.bf16_buffers);
-    gpu::KernelSpec spec = spec_of(program.graph, launch);
-    spec.khr_cooperative_matrix = true;
-    spec.bf16_operands = true;
-    spec.bf16_buffers = true;
-    expect_bf16_module(gpu::compile_glsl(spec), launch.label);
+    expect_bfloat16_launch(program, launch);
   }
   EXPECT_EQ(workgroup_launches, 1);
 }
 
-// A product of bf16 tensors into a bf16 result, on a device with workgroup-scope bfloat16
-// matrices in bf16 precision, is one workgroup GEMM launch that reads the bfloat16 operands and
+// Products of bf16 tensors in bf16 precision read the bfloat16 operands as they are: into a bf16
+// result, on a device with workgroup-scope bfloat16 matrices, one workgroup GEMM launch that
 // stores the bfloat16 result itself (F16_RESULT in the module made bfloat16, every buffer
-// bfloat16), with no conversion launch, and compiles to a bfloat16 module.
+// bfloat16); a product that kernel does not take, on the subgroup GEMM (in units of 8 values, 4,
+// and one at a time) into an f32 result, with 16-column bfloat16 fragments, then a rounding. Each
+// GEMM compiles to a bfloat16 module.
 TEST_F(CoopMatrixLowering, Bf16TensorsProductReadsAndStoresBfloat16) {
-  Graph graph;
-  graph.set_output("product", matmul(input(graph, "a", {2048, 64}, DType::bf16),
-                                     input(graph, "b", {64, 4096}, DType::bf16))
-                                  .id());
   target::DeviceTraits device = bf16_device();
   device.workgroup_coop_matrix_f16 = true;
   device.workgroup_coop_matrix_bf16 = true;
-  const plan::Program program = plan::build_program(
-      graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
-  ASSERT_EQ(program.launches.size(), 1u);
-  const kernels::Launch& launch = vulkan::glsl_launch(program.launches.front().launch);
-  EXPECT_EQ(launch.kernel, "gemm_workgroup_coopmat");
-  EXPECT_EQ(define_of(launch, "F16_RESULT"), "1");
-  EXPECT_TRUE(launch.bf16_operands);
-  EXPECT_TRUE(launch.bf16_buffers);
-  gpu::KernelSpec spec = spec_of(program.graph, launch);
-  spec.khr_cooperative_matrix = true;
-  spec.bf16_operands = true;
-  spec.bf16_buffers = true;
-  expect_bf16_module(gpu::compile_glsl(spec), launch.label);
+  {
+    Graph graph;
+    graph.set_output("product", matmul(input(graph, "a", {2048, 64}, DType::bf16),
+                                       input(graph, "b", {64, 4096}, DType::bf16))
+                                    .id());
+    const plan::Program program = plan::build_program(
+        graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
+    ASSERT_EQ(program.launches.size(), 1u);
+    const kernels::Launch& launch = vulkan::glsl_launch(program.launches.front().launch);
+    EXPECT_EQ(launch.kernel, "gemm_workgroup_coopmat");
+    EXPECT_EQ(define_of(launch, "F16_RESULT"), "1");
+    expect_bfloat16_launch(program, launch);
+  }
+  for (const auto& [m, n, k, units] : {std::tuple{128, 1536, 576, "1"}, std::tuple{60, 92, 36, "0"},
+                                       std::tuple{61, 93, 37, "0"}}) {
+    SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k));
+    Graph graph;
+    graph.set_output("product", matmul(input(graph, "a", {m, k}, DType::bf16),
+                                       input(graph, "b", {k, n}, DType::bf16))
+                                    .id());
+    const plan::Program program = plan::build_program(
+        graph, vulkan::VulkanTarget(testing::switched(device)), plan::PlanOptions{});
+    int gemms = 0;
+    for (const plan::PlannedLaunch& planned : program.launches) {
+      const kernels::Launch& launch = vulkan::glsl_launch(planned.launch);
+      if (launch.kernel != "gemm_coopmat") continue;
+      ++gemms;
+      EXPECT_EQ(define_of(launch, "BFLOAT16_FRAGMENTS"), "1");
+      EXPECT_EQ(define_of(launch, "HALF_A_UNITS"), units);
+      expect_bfloat16_launch(program, launch);
+    }
+    EXPECT_GE(gemms, 1);
+    EXPECT_EQ(program.graph.type(program.graph.output("product")).dtype, DType::bf16);
+  }
 }
 
 // coop_launches, and the launch of the graph's last attention_grad_k with its attention_grad_v
@@ -2758,11 +2783,11 @@ TEST_F(GpuCoopMatrix, WorkgroupScopeMatmulBf16) {
 // The convolutions' routes to the workgroup GEMM in bf16 precision, forced below its size rule:
 // a strided convolution's columns side by side (im2col of x rounded to bfloat16, once for the
 // forward and the weight gradient; col2im of the column gradients) and a 1x1 convolution's images
-// one an image, their products reading bfloat16 operands; weight gradients whose products the
-// workgroup GEMM does not take (the 1x1 ones over planes of 784 and 3136 with K not whole
-// 64-deep steps or no block for their channels) read f32 operands on the subgroup GEMM instead,
-// the one that reads no bfloat16. Nothing rounds to f16. The output and both gradients within the
-// bf16 tolerance of the f64 reference.
+// one an image, their products reading bfloat16 operands, on the subgroup GEMM where the
+// workgroup GEMM does not take them (the 1x1 weight gradients over planes of 784 and 3136, with
+// K not whole 64-deep steps or no block for their channels): three products each, none on f32
+// operands. Nothing rounds to f16. The output and both gradients within the bf16 tolerance of the
+// f64 reference.
 TEST_F(GpuCoopMatrix, ConvolutionRoutesOnBfloat16Operands) {
   if (!device_has_bf16_coop_matrices() ||
       !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
@@ -2783,12 +2808,34 @@ TEST_F(GpuCoopMatrix, ConvolutionRoutesOnBfloat16Operands) {
         checked_fast_convolution(x, w, options, seed++, Precision::bf16, kBf16Tolerance);
     EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
         << dispatch_list;
-    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"half_matmul"}),
-              dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat"}))
-        << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {"half_matmul"}), 3u) << dispatch_list;
+    EXPECT_EQ(dispatch_lines_with(dispatch_list, {" matmul %"}), 0u) << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"round_to_f16"}), 0u) << dispatch_list;
     EXPECT_EQ(dispatch_lines_with(dispatch_list, {"im2col"}), columns ? 1u : 0u) << dispatch_list;
   }
+}
+
+// Winograd in bf16 precision stores its transformed points as bfloat16 and its batched point
+// products read them as they are: the forward's and the data gradient's on the workgroup GEMM
+// (forced below its size rule), the weight gradient's on the subgroup GEMM (its 256 x 128 result
+// splits over K, the tiles); no operand rounded by a launch of its own. The output and both
+// gradients within the bf16 tolerance of the f64 reference, which rounds nothing.
+TEST_F(GpuCoopMatrix, WinogradPointsInBfloat16) {
+  if (!device_has_bf16_coop_matrices() ||
+      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+    GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
+  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
+  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const std::string dispatch_list = checked_fast_convolution(
+      {2, 128, 32, 32}, {256, 128, 3, 3}, {.padding = {1, 1}}, 97, Precision::bf16, kBf16Tolerance);
+  EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
+      << dispatch_list;
+  EXPECT_EQ(dispatch_lines_with(dispatch_list, {" matmul %"}), 0u) << dispatch_list;
+  EXPECT_EQ(dispatch_lines_with(dispatch_list, {"round_to_bf16"}) +
+                dispatch_lines_with(dispatch_list, {"round_to_f16"}),
+            0u)
+      << dispatch_list;
 }
 
 // bf16 tensors into a bf16 result in bf16 precision: the kernel reads the bfloat16 operands and
@@ -2800,6 +2847,35 @@ TEST_F(GpuCoopMatrix, WorkgroupGemmOfBf16Tensors) {
       !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
   check_workgroup_products(DType::bf16, 8e-3, 1, 90, kBf16.options());
+}
+
+// Products of bf16 tensors that the workgroup GEMM does not take run on the subgroup GEMM in bf16
+// precision, reading the bfloat16 operands as they are (units of 8 values, 4, and one at a time;
+// split over K where it is long) into an f32 result that a rounding stores, in every
+// transposition, against the f64 product rounded to bfloat16 (one bfloat16 step, 2^-8 relative,
+// at most).
+TEST_F(GpuCoopMatrix, SubgroupGemmOfBf16Tensors) {
+  if (!device_has_bf16_coop_matrices())
+    GTEST_SKIP() << "the device has no bfloat16 cooperative matrices";
+  uint64_t seed = 100;
+  for (const auto& [m, n, k] : {std::tuple{128, 576, 192}, std::tuple{132, 68, 36},
+                                std::tuple{130, 66, 34}, std::tuple{64, 96, 2048}}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                   " flags " + std::to_string(flags));
+      std::string dispatch_list;
+      check_on_gpu(
+          {{"a", ta ? Shape{k, m} : Shape{m, k}, DType::bf16},
+           {"b", tb ? Shape{n, k} : Shape{k, n}, DType::bf16}},
+          [&](Graph& graph, std::vector<Tensor>& in) {
+            graph.set_output("y", matmul(in[0], in[1], ta, tb).id());
+          },
+          8e-3, seed++, kBf16.options(), nullptr, false, &dispatch_list);
+      EXPECT_EQ(dispatch_lines_with(dispatch_list, {"gemm_coopmat", "half_matmul"}), 1u)
+          << dispatch_list;
+    }
+  }
 }
 
 // The probe of a subgroup's fragment layout: through both extensions every element of the A and

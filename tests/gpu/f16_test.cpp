@@ -26,16 +26,9 @@ TEST(GpuF16, OpsOfF16TensorsMatchTheReference) {
     SessionOptions options;
     options.precision = precision;
     check_on_gpu(
-        {{"x", {2, 13, 24}, DType::f16},
-         {"w", {24, 10}, DType::f16},
-         {"bias", {10}, DType::f16},
-         {"v", {2, 10, 7}, DType::f16}},
+        testing::half_block_inputs(DType::f16),
         [](Graph& graph, std::vector<Tensor>& in) {
-          const Tensor hidden = relu(matmul(in[0], in[1]) + in[2]);
-          const Tensor mixed = matmul(softmax(hidden, -1), in[3]);
-          graph.set_output("hidden", hidden.id());
-          graph.set_output("mixed", mixed.id());
-          graph.set_output("total", sum_all(cast(mixed, DType::f32)).id());
+          const Tensor hidden = testing::half_block(graph, in);
           graph.set_output("normed",
                            layer_norm(cast(hidden, DType::f32), std::nullopt, std::nullopt).id());
         },

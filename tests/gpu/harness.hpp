@@ -177,4 +177,23 @@ inline double check_on_gpu(const std::vector<HarnessInput>& inputs,
   return worst;
 }
 
+// Inputs x [2, 13, 24], w [24, 10], bias [10] and v [2, 10, 7] of `dtype` (ragged extents, so
+// that conversions' tails run too) and a block of ops of every kernel family over them: outputs
+// hidden = relu(x w + bias), mixed = softmax(hidden) v (a batched product) and total, the sum of
+// mixed in f32. The 16-bit tensor tests run it against the reference.
+inline std::vector<HarnessInput> half_block_inputs(DType dtype) {
+  return {{"x", {2, 13, 24}, dtype},
+          {"w", {24, 10}, dtype},
+          {"bias", {10}, dtype},
+          {"v", {2, 10, 7}, dtype}};
+}
+inline Tensor half_block(Graph& graph, std::vector<Tensor>& in) {
+  const Tensor hidden = relu(matmul(in[0], in[1]) + in[2]);
+  const Tensor mixed = matmul(softmax(hidden, -1), in[3]);
+  graph.set_output("hidden", hidden.id());
+  graph.set_output("mixed", mixed.id());
+  graph.set_output("total", sum_all(cast(mixed, DType::f32)).id());
+  return hidden;
+}
+
 }  // namespace mg::testing

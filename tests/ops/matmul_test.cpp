@@ -299,7 +299,7 @@ TEST(HalfGemm, Misuse) {
       [&] {
         raw(graph, "half_matmul", {bf_a.id(), bf.id()}, {{"f16_result", int64_t{1}}});
       },
-      {"half_matmul", "bf16 operands whole into an f32 or bf16 result"});
+      {"half_matmul", "bf16 operands into an f32 or bf16 result"});
   expect_error(
       [&] {
         raw(graph, "half_matmul", {h.id(), g.id()},

@@ -1077,9 +1077,9 @@ TEST(Passes, StridedConvolutionsMultiplyF16ColumnsSideBySide) {
 // to the workgroup GEMM round to bfloat16 instead of f16: a strided convolution's columns side by
 // side (im2col of x rounded to bfloat16, one for the forward and the weight gradient), a 1x1
 // convolution's images side by side over small planes and one an image over wide ones, every
-// product of them a half_matmul of bfloat16 operands. A weight gradient whose product the
-// workgroup GEMM does not take (K, the plane of 784, not whole 64-deep steps) stays an f32
-// matmul, as the subgroup GEMM reads no bfloat16. Without those matrices nothing is rounded.
+// product of them a half_matmul of bfloat16 operands (those the workgroup GEMM does not take,
+// such as a weight gradient over planes of 784, not whole 64-deep steps, on the subgroup GEMM).
+// Without those matrices nothing is rounded.
 // On values bfloat16 holds exactly (multiples of 2^-8 in [-1, 1]) the outputs equal the
 // convolution's in the f64 reference.
 TEST(Passes, ConvolutionRoutesRoundToBfloat16InBf16Precision) {
@@ -1092,22 +1092,20 @@ TEST(Passes, ConvolutionRoutesRoundToBfloat16InBf16Precision) {
   struct Case {
     Shape x, w;
     Conv2dOptions options;
-    size_t half_products, f32_products;
   };
   uint64_t seed = 140;
   for (const Case& c :
-       {Case{{4, 128, 16, 16}, {256, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, 3, 0},
-        Case{{4, 128, 8, 8}, {256, 128, 1, 1}, {}, 3, 0},
-        Case{{2, 128, 16, 32}, {256, 128, 1, 1}, {}, 3, 0},
-        Case{{2, 128, 28, 28}, {256, 128, 1, 1}, {}, 2, 1}}) {
+       {Case{{4, 128, 16, 16}, {256, 128, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+        Case{{4, 128, 8, 8}, {256, 128, 1, 1}, {}}, Case{{2, 128, 16, 32}, {256, 128, 1, 1}, {}},
+        Case{{2, 128, 28, 28}, {256, 128, 1, 1}, {}}}) {
     SCOPED_TRACE(shape_string(c.x) + " * " + shape_string(c.w));
     Graph graph;
     Environment environment;
     exact_convolution_with_gradients(graph, environment, seed++, c.x, c.w, c.options);
     const Graph rewritten = im2col_within_a_gib(graph, device);
     EXPECT_EQ(convolutions_left(rewritten), 0u);
-    EXPECT_EQ(count_op(rewritten, "half_matmul"), c.half_products);
-    EXPECT_EQ(count_op(rewritten, "matmul"), c.f32_products);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 3u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
     EXPECT_EQ(count_op(rewritten, "round_to_f16"), 0u);
     EXPECT_GE(count_op(rewritten, "round_to_bf16"), 2u);
     for (const Node& node : rewritten.nodes()) {
@@ -1338,14 +1336,14 @@ TEST(Passes, WinogradForwardAndDataGradientMatchTheConvolution) {
   expect_same_outputs(graph, rewritten, environment);
 }
 
-// Where products round their operands to f16 (fast precision, f16 operands), Winograd's
-// transforms store their points in f16 (f16_result) and its three batched products multiply them
-// as they are (half_matmul; no rounding launch): on the f64 reference the output and both
-// gradients then differ from the convolution's by the points' rounding alone (not at all would
-// mean nothing was rounded; more than f16's step times the few products summed would mean
-// something else changed). MEGANEURA_WINOGRAD_F16=0, strict precision and bfloat16 operands
-// (whose range f16 points would lose) keep the points f32 and the values exact.
-TEST(Passes, WinogradPointsAreF16WhereProductsRoundToF16) {
+// Where products round their operands (fast precision, f16 operands; bf16 precision, bfloat16
+// ones), Winograd's transforms store their points in that format (f16_result, bf16_result) and
+// its three batched products multiply them as they are (half_matmul; no rounding launch): on the
+// f64 reference the output and both gradients then differ from the convolution's by the points'
+// rounding alone (not at all would mean nothing was rounded; more than the format's step times
+// the few products summed would mean something else changed). MEGANEURA_WINOGRAD_F16=0 and strict
+// precision keep the points f32 and the values exact.
+TEST(Passes, WinogradPointsAreHalfWhereProductsRoundTheirOperands) {
   Graph graph;
   Environment environment;
   const auto [x, w, y, cotangent] =
@@ -1371,40 +1369,46 @@ TEST(Passes, WinogradPointsAreF16WhereProductsRoundToF16) {
     return passes::workgroup_gemm(passes::im2col_convolutions(graph, target, uint64_t{1} << 30),
                                   target);
   };
-  const Graph f16_points = rewritten({}, true, false);
-  EXPECT_EQ(count_op(f16_points, "half_matmul"), 3u);
-  EXPECT_EQ(count_op(f16_points, "matmul"), 0u);
-  EXPECT_EQ(count_op(f16_points, "round_to_f16"), 0u);
-  size_t transforms = 0;
-  for (const Node& node : f16_points.nodes()) {
-    if (node.op != "winograd_tiles" && node.op != "winograd_grad_tiles" &&
-        node.op != "winograd_filter")
-      continue;
-    ++transforms;
-    EXPECT_EQ(node.type.dtype, DType::f16) << node.op;
-  }
-  // Each product's two: the forward's filter and x's tiles, the data gradient's turned filter
-  // and grad_out's padded tiles, the weight gradient's grad_out blocks and x's tiles again
-  // (merged with the forward's by CSE, which these passes alone do not run).
-  EXPECT_EQ(transforms, 6u);
-  const std::vector<HostTensor> exact = evaluate(graph, environment);
-  const std::vector<HostTensor> rounded = evaluate(f16_points, environment);
-  for (const std::string name : {"y", "dx", "dw"}) {
-    const HostTensor& wanted = exact[graph.output(name)];
-    const HostTensor& got = rounded[f16_points.output(name)];
-    double largest = 0, difference = 0;
-    for (int64_t i = 0; i < wanted.elements(); ++i) {
-      largest = std::max(largest, std::abs(wanted.data[i]));
-      difference = std::max(difference, std::abs(wanted.data[i] - got.data[i]));
+  for (const DType format : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(std::string(dtype_name(format)));
+    const bool bf16 = format == DType::bf16;
+    const Graph half_points = rewritten({}, true, bf16);
+    EXPECT_EQ(count_op(half_points, "half_matmul"), 3u);
+    EXPECT_EQ(count_op(half_points, "matmul"), 0u);
+    EXPECT_EQ(count_op(half_points, "round_to_f16") + count_op(half_points, "round_to_bf16"), 0u);
+    size_t transforms = 0;
+    for (const Node& node : half_points.nodes()) {
+      if (node.op != "winograd_tiles" && node.op != "winograd_grad_tiles" &&
+          node.op != "winograd_filter")
+        continue;
+      ++transforms;
+      EXPECT_EQ(node.type.dtype, format) << node.op;
     }
-    EXPECT_GT(difference, 0.0) << name;
-    EXPECT_LT(difference, 3e-3 * largest) << name;
+    // Each product's two: the forward's filter and x's tiles, the data gradient's turned filter
+    // and grad_out's padded tiles, the weight gradient's grad_out blocks and x's tiles again
+    // (merged with the forward's by CSE, which these passes alone do not run).
+    EXPECT_EQ(transforms, 6u);
+    const std::vector<HostTensor> exact = evaluate(graph, environment);
+    const std::vector<HostTensor> rounded = evaluate(half_points, environment);
+    for (const std::string name : {"y", "dx", "dw"}) {
+      const HostTensor& wanted = exact[graph.output(name)];
+      const HostTensor& got = rounded[half_points.output(name)];
+      double largest = 0, difference = 0;
+      for (int64_t i = 0; i < wanted.elements(); ++i) {
+        largest = std::max(largest, std::abs(wanted.data[i]));
+        difference = std::max(difference, std::abs(wanted.data[i] - got.data[i]));
+      }
+      EXPECT_GT(difference, 0.0) << name;
+      // bfloat16 keeps 8 significant bits to f16's 11.
+      EXPECT_LT(difference, (bf16 ? 2.4e-2 : 3e-3) * largest) << name;
+    }
   }
   for (const auto& [label, kept] :
        {std::pair{"MEGANEURA_WINOGRAD_F16=0",
                   rewritten({{"MEGANEURA_WINOGRAD_F16", "0"}}, true, false)},
-        std::pair{"strict", rewritten({}, false, false)},
-        std::pair{"bf16", rewritten({}, true, true)}}) {
+        std::pair{"MEGANEURA_WINOGRAD_F16=0 in bf16",
+                  rewritten({{"MEGANEURA_WINOGRAD_F16", "0"}}, true, true)},
+        std::pair{"strict", rewritten({}, false, false)}}) {
     SCOPED_TRACE(label);
     EXPECT_EQ(count_op(kept, "half_matmul"), 0u);
     EXPECT_EQ(count_op(kept, "winograd_filter"), 2u);
@@ -2259,39 +2263,44 @@ TEST(Passes, HalfStorageRoutesF16Products) {
   EXPECT_FALSE(on_coop(4096, 4096, 4096, killed));
 }
 
-// Products of bf16 matrices into bf16 results run on the workgroup GEMM as they are (a
-// half_matmul with bf16_result reading the bfloat16 operands) in bf16 precision on a device with
-// workgroup-scope bfloat16 matrices, where a block fits; every other product of bf16 tensors
-// (smaller ones, fast precision, strict) is computed in f32 between two widenings and a
-// rounding, as no other kernel reads bfloat16 operands.
+// Products of bf16 matrices into bf16 results read the bfloat16 operands as they are in bf16
+// precision: on the workgroup GEMM, which stores the bf16 result itself (a half_matmul with
+// bf16_result), on a device with workgroup-scope bfloat16 matrices where a block fits; else on the
+// subgroup GEMM into an f32 result that a rounding stores. Elsewhere (fast precision, strict) they
+// are computed in f32 between two widenings and a rounding.
 TEST(Passes, HalfStorageRoutesBf16Products) {
-  const auto direct = [](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
+  enum class Route { workgroup, subgroup, f32 };
+  const auto route = [](int64_t m, int64_t n, int64_t k, const target::DeviceTraits& device) {
     Graph graph;
     const Tensor a = input(graph, "a", {m, k}, DType::bf16);
     const Tensor b = input(graph, "b", {k, n}, DType::bf16);
     graph.set_output("c", matmul(a, b).id());
     const Graph rewritten = passes::half_storage(graph, vulkan::VulkanTarget(device));
-    const bool on_workgroups = count_op(rewritten, "half_matmul") == 1;
-    EXPECT_EQ(count_op(rewritten, "widen_bf16"), on_workgroups ? 0u : 2u);
-    EXPECT_EQ(count_op(rewritten, "round_to_bf16"), on_workgroups ? 0u : 1u);
-    EXPECT_EQ(count_op(rewritten, "matmul"), on_workgroups ? 0u : 1u);
     EXPECT_EQ(rewritten.type(rewritten.output("c")).dtype, DType::bf16);
-    return on_workgroups;
+    if (count_op(rewritten, "widen_bf16") == 2) {
+      EXPECT_EQ(count_op(rewritten, "matmul"), 1u);
+      EXPECT_EQ(count_op(rewritten, "round_to_bf16"), 1u);
+      return Route::f32;
+    }
+    EXPECT_EQ(count_op(rewritten, "widen_bf16"), 0u);
+    EXPECT_EQ(count_op(rewritten, "half_matmul"), 1u);
+    EXPECT_EQ(count_op(rewritten, "matmul"), 0u);
+    return count_op(rewritten, "round_to_bf16") == 1 ? Route::subgroup : Route::workgroup;
   };
   target::DeviceTraits bf16 = workgroup_capable(kH200ComputeUnits);
   bf16.coop_matrix_bf16_khr = true;
   bf16.bf16_operands = true;
   bf16.workgroup_coop_matrix_bf16 = true;
-  EXPECT_TRUE(direct(4096, 4096, 4096, bf16));
-  EXPECT_FALSE(direct(128, 1536, 576, bf16));
+  EXPECT_EQ(route(4096, 4096, 4096, bf16), Route::workgroup);
+  EXPECT_EQ(route(128, 1536, 576, bf16), Route::subgroup);
   target::DeviceTraits without_matrices = bf16;
   without_matrices.workgroup_coop_matrix_bf16 = false;
-  EXPECT_FALSE(direct(4096, 4096, 4096, without_matrices));
-  EXPECT_FALSE(direct(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)));
+  EXPECT_EQ(route(4096, 4096, 4096, without_matrices), Route::subgroup);
+  EXPECT_EQ(route(4096, 4096, 4096, workgroup_capable(kH200ComputeUnits)), Route::f32);
   target::DeviceTraits strict = bf16;
   strict.fast_precision = false;
   strict.bf16_operands = false;
-  EXPECT_FALSE(direct(4096, 4096, 4096, strict));
+  EXPECT_EQ(route(4096, 4096, 4096, strict), Route::f32);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "backends/vulkan/kernels/conv_columns.hpp"
 #include "backends/vulkan/kernels/index_codegen.hpp"
+#include "backends/vulkan/kernels/pointwise.hpp"
 #include "ir/op_names.hpp"
 #include "ops/conv_geometry.hpp"
 #include "ops/winograd.hpp"
@@ -72,9 +73,16 @@ std::string tile_transform_glsl(const winograd::Matrix& transform,
 }
 
 // A transformed point `value` (an f32 expression) as a value of `dtype` to store: rounded to f16
-// (to nearest even) where the points are f16 (ops/winograd.hpp, f16_result).
+// or to a bfloat16 bit pattern (to nearest even) where the points are f16 or bf16
+// (ops/winograd.hpp, f16_result, bf16_result; the bfloat16 helpers: bf16_helpers).
 std::string stored_point(DType dtype, const std::string& value) {
+  if (dtype == DType::bf16) return "uint16_t(mg_bf16_bits(" + value + "))";
   return dtype == DType::f16 ? "float16_t(" + value + ")" : value;
+}
+
+// The pointwise helpers that stored_point's bfloat16 stores call, where `dtype` is bf16.
+std::string bf16_helpers(DType dtype) {
+  return dtype == DType::bf16 ? std::string(pointwise_functions_glsl()) : std::string();
 }
 
 // The name of flat point `point` (i * side + j) of a transformed side x side tile.
@@ -137,7 +145,7 @@ int64_t winograd_tiles_invocations(const Graph& graph, ValueId id) {
 
 void lower_winograd_tiles(LoweringContext& context) {
   const int64_t count = winograd_tiles_invocations(context.graph(), context.id());
-  std::string body = columns_main(count) +
+  std::string body = bf16_helpers(context.node().type.dtype) + columns_main(count) +
                      winograd_tiles_glsl(context.graph(), context.id(), "source", "tiles") + "}\n";
   emit_columns_launch(context, context.node().op, std::move(body), {"source", "tiles"}, count);
 }
@@ -189,9 +197,10 @@ void lower_winograd_filter(LoweringContext& context) {
   const int64_t second = context.node().type.shape[2];
   const int64_t pairs = w[0] * w[1];
   constexpr int64_t kTaps = winograd::kKernel * winograd::kKernel, kLast = winograd::kKernel - 1;
-  std::string body = columns_main(pairs) + "  uint a = i / " + u(second) + ", b = i % " +
-                     u(second) + ";\n  uint base = (" + (transposed ? "b" : "a") + " * " + u(w[1]) +
-                     " + " + (transposed ? "a" : "b") + ") * " + u(kTaps) + ";\n";
+  std::string body = bf16_helpers(context.node().type.dtype) + columns_main(pairs) +
+                     "  uint a = i / " + u(second) + ", b = i % " + u(second) +
+                     ";\n  uint base = (" + (transposed ? "b" : "a") + " * " + u(w[1]) + " + " +
+                     (transposed ? "a" : "b") + ") * " + u(kTaps) + ";\n";
   for (int64_t r = 0; r < winograd::kKernel; ++r) {
     for (int64_t q = 0; q < winograd::kKernel; ++q) {
       const int64_t tap =
@@ -267,7 +276,9 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
   Launch launch;
   launch.label = context.label() + " + winograd_grad_tiles %" + std::to_string(companion);
   launch.kernel = "winograd_tiles";
-  launch.body = columns_main(count) + "  if (i < " + u(first) + ") {\n" +
+  const DType points = graph.type(producer).dtype;
+  launch.body = bf16_helpers(points == DType::bf16 ? points : graph.type(companion).dtype) +
+                columns_main(count) + "  if (i < " + u(first) + ") {\n" +
                 winograd_tiles_glsl(graph, producer, "source", "tiles") +
                 "  } else {\n  i -= " + u(first) + ";\n" +
                 winograd_tiles_glsl(graph, companion, "grad", "grad_tiles") + "  }\n}\n";
@@ -276,7 +287,8 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
                      {"tiles", producer, true},
                      {"grad_tiles", companion, true}};
   launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, device);
-  if (graph.type(producer).dtype == DType::f16 || graph.type(companion).dtype == DType::f16) {
+  const auto sixteen_bits = [](DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; };
+  if (sixteen_bits(points) || sixteen_bits(graph.type(companion).dtype)) {
     require_f16_tensors(launch.label, "writes", device);
     launch.f16_operands = true;
   }

@@ -40,10 +40,11 @@ constexpr std::array<Candidate, 5> kCandidates{{{{2, 4, 4, 8, 16}, 1.0},
                                                 {{2, 2, 2, 4, 16}, 2.0}}};
 static_assert(kCandidates[0].block.cols() == kWidestSubgroupBlockColumns);
 
-// The columns of the kernel's B and accumulator fragments: 16 for bfloat16 operands, whose
-// devices offer the 16 x 16 x 16 shape only, else 8.
+// The columns of the kernel's B and accumulator fragments: 16 for bfloat16 operands (f32 ones
+// rounded to bfloat16, or bf16 ones), whose devices offer the 16 x 16 x 16 shape only, else 8.
 int64_t fragment_columns(const GeneratedGemm& gemm, const DeviceTraits& device) {
-  return device.bf16_operands && !gemm.half_a && !gemm.half_b ? 16 : 8;
+  const bool f16_operands = (gemm.half_a || gemm.half_b) && !gemm.bfloat16_operands;
+  return device.bf16_operands && !f16_operands ? 16 : 8;
 }
 
 // Shared tile bytes of one slot of an operand: `rows` rows of `row_halves` contiguous halves,
@@ -204,6 +205,7 @@ void emit_coop_gemm(LoweringContext& context, const GeneratedGemm& gemm,
   launch.khr_cooperative_matrix = coop_wants_khr(context.device());
   // Products of f16 tensors read or write f16 memory: their operands stay f16.
   launch.bf16_operands = columns == 16;
+  launch.bf16_buffers = gemm.bfloat16_operands;
   launch.groups = tiled_grid(launch.label, gemm.n, block.cols(), gemm.m, block.rows(), gemm.entries,
                              context.device());
   context.emit(std::move(launch));

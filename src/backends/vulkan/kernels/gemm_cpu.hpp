@@ -69,10 +69,14 @@ struct GeneratedGemm {
   // store_c(z, m, n, value) writes value to c[(z M + m) N + n] and nothing else (a matmul without
   // an epilogue), so whole fragments may be stored there at once.
   bool row_major_c = false;
-  // That operand's buffer holds f16 (Launch::f16_operands): `functions` read it as such, and
-  // with half_a_units (half_b_units) also define uvec4 load_a8(z, m, k) (load_b8(z, k, n)), 8
-  // consecutive halves along the contiguous index from a multiple of 8.
+  // That operand's buffer holds f16 (Launch::f16_operands), or bfloat16 with bfloat16_operands:
+  // `functions` read it as such, and with half_a_units (half_b_units) also define uvec4
+  // load_a8(z, m, k) (load_b8(z, k, n)), 8 consecutive halves along the contiguous index from a
+  // multiple of 8.
   bool half_a = false, half_b = false, half_a_units = false, half_b_units = false;
+  // The 16-bit operands are bfloat16 (bf16 precision only), stored as bfloat16 fragments: the
+  // kernel's f16 type and 16-bit buffers become bfloat16 (Launch::bf16_buffers).
+  bool bfloat16_operands = false;
   std::string functions;
 };
 

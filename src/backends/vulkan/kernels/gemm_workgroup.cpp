@@ -108,11 +108,12 @@ void lower_half_matmul(LoweringContext& context) {
   const int64_t m = shape.m, n = shape.n, k = shape.k;
   const bool bfloat16 = context.input_type(0).dtype == DType::bf16;
   if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
-    if (bfloat16)
+    // The subgroup GEMM reads bf16 operands in bf16 precision only, into an f32 result.
+    if (bfloat16 && (!context.device().bf16_operands || node.type.dtype == DType::bf16))
       throw Error("internal: " + context.label() +
-                  " multiplies bf16 operands, which only the workgroup GEMM reads, and it does "
-                  "not take this product on '" +
-                  context.device().name + "' (the workgroup GEMM pass checks this)");
+                  " multiplies bf16 operands, which the workgroup GEMM does not take here and "
+                  "the subgroup GEMM reads only in bf16 precision into an f32 result (the passes "
+                  "that write it check this)");
     if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
     throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
                 std::to_string(k) + ") multiplies f16 operands on cooperative matrices, which '" +

@@ -129,10 +129,17 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
 
   // f16 operands (half_matmul: both, or one beside an f32 one) are read as f16 and the result
   // stored as f16 where it is f16; they run on cooperative matrices whatever the product's size
-  // (passes/half_storage.cpp, passes/half_products.cpp).
-  const bool half_a = context.input_type(0).dtype == DType::f16;
-  const bool half_b = context.input_type(1).dtype == DType::f16;
+  // (passes/half_storage.cpp, passes/half_products.cpp). bf16 operands (both, in bf16 precision)
+  // likewise, into an f32 result.
+  const DType a_dtype = context.input_type(0).dtype, b_dtype = context.input_type(1).dtype;
+  const bool bfloat16 = a_dtype == DType::bf16 || b_dtype == DType::bf16;
+  const bool half_a = a_dtype == DType::f16 || a_dtype == DType::bf16;
+  const bool half_b = b_dtype == DType::f16 || b_dtype == DType::bf16;
   const bool half_operands = half_a || half_b;
+  if (bfloat16 && (a_dtype != b_dtype || !context.device().bf16_operands))
+    throw Error("internal: " + context.label() +
+                " multiplies bf16 operands, which the subgroup GEMM reads only two at once in "
+                "bf16 precision (the passes that write it check this)");
   const bool half_result = node.type.dtype == DType::f16;
   const bool coop =
       half_operands ? use_coop_gemm(context.device()) : matmul_runs_coop(shape, context.device());
@@ -185,16 +192,21 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
     const bool vector_a = coop && !half_a_units && a_run % 4 == 0;
     const bool vector_b = coop && !half_b_units && b_run % 4 == 0;
     // `signature` returning the four elements of `operand` (binding `binding`) from `index`, a
-    // multiple of 4: one vec4, or four halves unpacked.
-    const auto vector_load = [](const std::string& signature, const std::string& operand,
-                                uint32_t binding, bool halves, const std::string& index) {
+    // multiple of 4: one vec4, or four halves unpacked (bfloat16 ones as the upper halves of
+    // their f32 bits).
+    const auto vector_load = [bfloat16](const std::string& signature, const std::string& operand,
+                                        uint32_t binding, bool halves, const std::string& index) {
       const std::string view = operand + (halves ? "_halves4" : "4");
       if (!halves)
         return vector_buffer_view(view, binding, false) + signature + " { return " + view + "[(" +
                index + ") / 4u]; }\n";
+      const std::string unpacked =
+          bfloat16 ? "vec4(uintBitsToFloat(pairs.x << 16), uintBitsToFloat(pairs.x & 0xFFFF0000u), "
+                     "uintBitsToFloat(pairs.y << 16), uintBitsToFloat(pairs.y & 0xFFFF0000u))"
+                   : "vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y))";
       return vector_buffer_view(view, binding, false, "uvec2") + signature +
-             " {\n  uvec2 pairs = " + view + "[(" + index +
-             ") / 4u];\n  return vec4(unpackHalf2x16(pairs.x), unpackHalf2x16(pairs.y));\n}\n";
+             " {\n  uvec2 pairs = " + view + "[(" + index + ") / 4u];\n  return " + unpacked +
+             ";\n}\n";
     };
     if (vector_a)
       functions += joined == kNoValue
@@ -236,6 +248,7 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
           .half_b = half_b,
           .half_a_units = half_a_units,
           .half_b_units = half_b_units,
+          .bfloat16_operands = bfloat16,
           .functions = std::move(functions)};
       emit_coop_gemm(context, gemm, std::move(bindings.operands));
     } else {
