@@ -1,10 +1,13 @@
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/vulkan/kernels/lowering.hpp"
 #include "backends/vulkan/kernels/vulkan_target.hpp"
@@ -26,7 +29,8 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: meganeura devices [--verbose] [--bench-compile [--program NAME] [--batch N]
-                        [--precision P] [--plan-only] [--dispatches] [--graph] [--compile]]
+                        [--precision P] [--plan-only] [--dispatches] [--costs] [--graph]
+                        [--compile]]
                         [--device SEL]
 
 Lists every Vulkan device, one line each, and marks with '*' the one that would be used
@@ -78,6 +82,9 @@ Lists every Vulkan device, one line each, and marks with '*' the one that would 
                     checksums: the same program)
   --dispatches      with --plan-only: also print the planned program's dispatch list, one
                     line a dispatch (what `bench workloads --trace` writes beside a trace)
+  --costs           with --plan-only: also print each dispatch of a run with the MB it binds
+                    and its GFLOP (as the totals count them), then those summed by kernel,
+                    most bytes first: where two plans' bytes differ
   --graph           with --plan-only: also print the planned program's graph after every
                     pass, one node a line, whose %N the dispatch labels name
   --compile         with --plan-only: also compile every distinct kernel to validated SPIR-V,
@@ -313,8 +320,38 @@ void compile_kernels(const plan::Program& program) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-void bench_plan(const CompileRequest& request, bool print_dispatches, bool print_graph,
-                bool compile) {
+// One line a dispatch of `program`'s runs: its index, kernel, the MB it binds and its GFLOP
+// (plan::launch_costs, which the plan-only totals sum) and its label; then the same summed by
+// kernel, most bytes first.
+void print_costs(const plan::Program& program) {
+  const std::vector<plan::LaunchCost> costs = plan::launch_costs(program);
+  struct KernelTotal {
+    plan::LaunchCost cost;
+    size_t dispatches = 0;
+  };
+  std::map<std::string, KernelTotal> by_kernel;
+  std::printf("   #  kernel                            MB      GFLOP  label\n");
+  for (size_t t = 0; t < costs.size(); ++t) {
+    const auto& launch = program.launches[t].launch;
+    std::printf("%4zu  %-24s %12.3f %10.4f  %s\n", t, launch.kernel.c_str(), costs[t].bytes * 1e-6,
+                costs[t].flops * 1e-9, launch.label.c_str());
+    KernelTotal& total = by_kernel[launch.kernel];
+    total.cost.bytes += costs[t].bytes;
+    total.cost.flops += costs[t].flops;
+    ++total.dispatches;
+  }
+  std::vector<std::pair<std::string, KernelTotal>> ranked(by_kernel.begin(), by_kernel.end());
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second.cost.bytes > b.second.cost.bytes;
+  });
+  std::printf("by kernel:                          MB      GFLOP  dispatches\n");
+  for (const auto& [kernel, total] : ranked)
+    std::printf("      %-24s %12.3f %10.4f  %zu\n", kernel.c_str(), total.cost.bytes * 1e-6,
+                total.cost.flops * 1e-9, total.dispatches);
+}
+
+void bench_plan(const CompileRequest& request, bool print_dispatches, bool print_costs_too,
+                bool print_graph, bool compile) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   const auto seconds_since = [&](std::chrono::steady_clock::time_point since) {
     return std::chrono::duration<double>(now() - since).count();
@@ -371,6 +408,7 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
       total.flops * 1e-12, static_cast<unsigned long long>(program_checksum(program)));
   if (compile) compile_kernels(program);
   if (print_dispatches) std::fputs(plan::describe_dispatches(program).c_str(), stdout);
+  if (print_costs_too) print_costs(program);
   if (print_graph) std::fputs(program.graph.to_string().c_str(), stdout);
 }
 
@@ -379,13 +417,13 @@ void bench_plan(const CompileRequest& request, bool print_dispatches, bool print
 int devices_command(const std::vector<std::string>& words) {
   const Arguments arguments(
       "meganeura devices", words, {"device", "program", "batch", "precision"},
-      {"bench-compile", "plan-only", "dispatches", "graph", "compile", "verbose", "help"});
+      {"bench-compile", "plan-only", "dispatches", "costs", "graph", "compile", "verbose", "help"});
   if (arguments.has("help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   arguments.expect_at_most_positional(0);
-  for (const char* option : {"dispatches", "graph", "compile"}) {
+  for (const char* option : {"dispatches", "costs", "graph", "compile"}) {
     if (arguments.has(option) && !(arguments.has("bench-compile") && arguments.has("plan-only")))
       throw Error(std::string("--") + option +
                   (std::string_view(option) == "compile" ? " compiles" : " prints") +
@@ -402,7 +440,7 @@ int devices_command(const std::vector<std::string>& words) {
     request.batch = arguments.integer("batch", kResNet50CompileBatch, 1, 4096);
   request.precision = parse_precision(arguments.text("precision", "strict"));
   if (arguments.has("bench-compile") && arguments.has("plan-only")) {
-    bench_plan(request, arguments.has("dispatches"), arguments.has("graph"),
+    bench_plan(request, arguments.has("dispatches"), arguments.has("costs"), arguments.has("graph"),
                arguments.has("compile"));
     return 0;
   }

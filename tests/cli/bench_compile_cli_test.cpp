@@ -157,6 +157,53 @@ TEST(CliBenchCompile, PlanOnlyPrintsTheDispatchListOnRequest) {
       << alone.output;
 }
 
+// --costs prints a line for each dispatch of a run, whose bytes sum to the total the plan-only
+// line prints, then the bytes summed by kernel; without --plan-only it is refused.
+TEST(CliBenchCompile, PlanOnlyPrintsEachDispatchsCostOnRequest) {
+  const Result costs = run("devices --bench-compile --plan-only --costs --program resnet-50");
+  ASSERT_EQ(costs.status, 0) << costs.output;
+  const size_t bound = costs.output.find(" GiB bound and ");
+  ASSERT_NE(bound, std::string::npos) << costs.output;
+  const size_t number = costs.output.rfind(' ', bound - 1) + 1;
+  const double total_megabytes =
+      std::stod(costs.output.substr(number, bound - number)) * (1 << 30) * 1e-6;
+  const size_t at = costs.output.find(" dispatches, ");
+  const size_t count_at = costs.output.rfind(' ', at - 1) + 1;
+  const long dispatches = std::stol(costs.output.substr(count_at, at - count_at));
+  std::istringstream lines(costs.output.substr(costs.output.find("   #  kernel")));
+  long listed = 0, kernels = 0;
+  double megabytes = 0, by_kernel = 0;
+  bool summary = false;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("by kernel:")) {
+      summary = true;
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string first, kernel;
+    double mb = 0;
+    if (summary) {
+      if (fields >> kernel >> mb) {
+        by_kernel += mb;
+        ++kernels;
+      }
+    } else if (fields >> first >> kernel >> mb &&
+               std::isdigit(static_cast<unsigned char>(first[0]))) {
+      megabytes += mb;
+      ++listed;
+    }
+  }
+  EXPECT_EQ(listed, dispatches) << costs.output;
+  EXPECT_GT(kernels, 3) << costs.output;
+  // The total is printed to 0.1 GiB, each line to a kilobyte.
+  EXPECT_NEAR(megabytes, total_megabytes, 0.06 * (1 << 30) * 1e-6) << costs.output;
+  EXPECT_NEAR(by_kernel, megabytes, 1.0) << costs.output;
+  const Result alone = run("devices --costs");
+  EXPECT_EQ(alone.status, 1) << alone.output;
+  EXPECT_NE(alone.output.find("add --bench-compile --plan-only"), std::string::npos)
+      << alone.output;
+}
+
 // --graph prints the planned graph after its dispatch list: a line for every node, so that each
 // value a dispatch label names (%N) is found there.
 TEST(CliBenchCompile, PlanOnlyPrintsThePlannedGraphOnRequest) {
