@@ -11,6 +11,11 @@ enum class DType : uint8_t { f32, f16, bf16, i32, u32 };
 std::string_view dtype_name(DType dtype);  // "f32", "f16", "bf16", "i32", "u32"
 size_t dtype_bytes(DType dtype);
 bool is_floating(DType dtype);
+// f16 or bf16: stored in 16 bits, computed in f32. Inline, for layers that do not link the IR
+// (weight files).
+constexpr bool is_half_dtype(DType dtype) {
+  return dtype == DType::f16 || dtype == DType::bf16;
+}
 // Parses a name as printed by dtype_name; throws mg::Error on an unknown name.
 DType parse_dtype(std::string_view name);
 

@@ -143,7 +143,7 @@ std::vector<std::byte> f32_to_bytes(std::span<const float> values, DType dtype) 
   if (dtype == DType::f32) {
     bytes.resize(values.size() * sizeof(float));
     if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-  } else if (dtype == DType::f16 || dtype == DType::bf16) {
+  } else if (is_half_dtype(dtype)) {
     bytes.resize(values.size() * sizeof(uint16_t));
     for (size_t i = 0; i < values.size(); ++i) {
       const uint16_t half = dtype == DType::f16 ? f32_to_f16(values[i]) : bf16_bits(values[i]);

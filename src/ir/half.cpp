@@ -38,6 +38,12 @@ double round_to_bf16(double value) {
   return round_to_format(value, 8, -133, std::ldexp(255.5, 120));
 }
 
+double round_to_dtype(DType dtype, double value) {
+  if (dtype == DType::f16) return round_to_f16(value);
+  if (dtype == DType::bf16) return round_to_bf16(value);
+  return value;
+}
+
 uint16_t f16_bits(double value) {
   if (std::isnan(value)) return 0x7E00;
   const double rounded = round_to_f16(value);

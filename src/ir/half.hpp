@@ -6,6 +6,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "meganeura/types.hpp"
+
 namespace mg {
 
 // `value` rounded to the nearest f16 (ties to even; infinity past the largest finite half, NaN
@@ -21,6 +23,10 @@ float f16_value(uint16_t bits);
 // `value` rounded to the nearest bfloat16 (8 significant bits, f32's exponent range; ties to
 // even; infinity past the largest finite bfloat16, NaN kept).
 double round_to_bf16(double value);
+
+// `value` as a tensor of `dtype` holds it: rounded by round_to_f16 or round_to_bf16 for the
+// 16-bit formats, as it is otherwise.
+double round_to_dtype(DType dtype, double value);
 
 // The bfloat16 bit pattern of `value`: rounded to nearest, ties to even (infinity past the
 // largest finite bfloat16); a NaN stays a quiet NaN. Inline, for layers that do not link the IR

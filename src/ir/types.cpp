@@ -33,7 +33,7 @@ size_t dtype_bytes(DType dtype) {
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+  return dtype == DType::f32 || is_half_dtype(dtype);
 }
 
 DType parse_dtype(std::string_view name) {

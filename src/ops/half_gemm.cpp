@@ -116,6 +116,14 @@ bool is_pass_written_f16_op(std::string_view op) {
          op == op::widen_bf16 || op == op::half_matmul || op == op::sum_to_f16;
 }
 
+std::string_view rounding_op(DType format) {
+  return format == DType::bf16 ? op::round_to_bf16 : op::round_to_f16;
+}
+
+std::string_view widening_op(DType format) {
+  return format == DType::bf16 ? op::widen_bf16 : op::widen_f16;
+}
+
 void register_half_gemm_ops(std::vector<OpDef>& registry) {
   registry.push_back(OpDef{
       .name = op::round_to_f16,

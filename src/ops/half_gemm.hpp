@@ -16,4 +16,9 @@ namespace mg {
 // storage pass leaves it as it is.
 bool is_pass_written_f16_op(std::string_view op);
 
+// The op that rounds f32 values into a tensor of 16-bit `format` (round_to_f16, round_to_bf16),
+// and the one that widens them back (widen_f16, widen_bf16).
+std::string_view rounding_op(DType format);
+std::string_view widening_op(DType format);
+
 }  // namespace mg

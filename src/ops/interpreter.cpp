@@ -74,10 +74,8 @@ namespace {
 // An f16 (bf16) tensor holds only f16 (bfloat16) values, whatever its producer computed or its
 // caller gave.
 void hold_in_dtype(const TensorType& type, HostTensor& tensor) {
-  if (type.dtype == DType::f16)
-    for (double& value : tensor.data) value = round_to_f16(value);
-  if (type.dtype == DType::bf16)
-    for (double& value : tensor.data) value = round_to_bf16(value);
+  if (is_half_dtype(type.dtype))
+    for (double& value : tensor.data) value = round_to_dtype(type.dtype, value);
 }
 
 }  // namespace

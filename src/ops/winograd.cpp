@@ -43,10 +43,10 @@ DType result_dtype(const Graph& graph, const Node& node, DType input) {
 // The reference's points as the node stores them: rounded to f16 with f16_result, to bfloat16
 // with bf16_result.
 HostTensor stored(const Node& node, HostTensor points) {
-  if (winograd::f16_result(node.attrs))
-    for (double& value : points.data) value = round_to_f16(value);
-  if (winograd::bf16_result(node.attrs))
-    for (double& value : points.data) value = round_to_bf16(value);
+  const DType format = winograd::f16_result(node.attrs)    ? DType::f16
+                       : winograd::bf16_result(node.attrs) ? DType::bf16
+                                                           : DType::f32;
+  for (double& value : points.data) value = round_to_dtype(format, value);
   return points;
 }
 

@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "ir/op_names.hpp"
+#include "ops/half_gemm.hpp"
 #include "ops/op.hpp"
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
@@ -156,8 +157,8 @@ class Rewrite {
       : half_(std::move(half)),
         device_(device),
         f16_(storage == DType::f16),
-        rounding_(storage == DType::f16 ? op::round_to_f16 : op::round_to_bf16),
-        widening_(storage == DType::f16 ? op::widen_f16 : op::widen_bf16) {}
+        rounding_(rounding_op(storage)),
+        widening_(widening_op(storage)) {}
 
   ValueId operator()(Graph& target, ValueId old_id, Node node) {
     // A view of a value stored in 16 bits is that view of the 16-bit value too.

@@ -20,22 +20,6 @@
 namespace mg::passes {
 namespace {
 
-bool is_half(DType dtype) {
-  return dtype == DType::f16 || dtype == DType::bf16;
-}
-
-std::string_view widening_of(DType dtype) {
-  return dtype == DType::bf16 ? op::widen_bf16 : op::widen_f16;
-}
-
-std::string_view rounding_to(DType dtype) {
-  return dtype == DType::bf16 ? op::round_to_bf16 : op::round_to_f16;
-}
-
-double rounded_value(DType dtype, double value) {
-  return dtype == DType::bf16 ? round_to_bf16(value) : round_to_f16(value);
-}
-
 bool involves(const Graph& graph, const Node& node, bool (*matches)(DType)) {
   if (matches(node.type.dtype)) return true;
   for (ValueId input : node.inputs)
@@ -59,7 +43,7 @@ class HalfStorage {
         (node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles ||
          node.op == op::winograd_filter) &&
         (winograd::f16_result(node.attrs) || winograd::bf16_result(node.attrs));
-    if (node.is_leaf() || is_view_op(node.op) || !involves(target, node, is_half) ||
+    if (node.is_leaf() || is_view_op(node.op) || !involves(target, node, is_half_dtype) ||
         rounds_itself || is_pass_written_f16_op(node.op) || node.op == op::transpose ||
         (moves_f16 && !involves(target, node, [](DType dtype) { return dtype == DType::bf16; })))
       return target.add_typed(std::move(node));
@@ -73,18 +57,18 @@ class HalfStorage {
     std::vector<ValueId> inputs;
     for (ValueId input : node.inputs) {
       const DType dtype = target.type(input).dtype;
-      const bool in_memory = is_half(dtype) && target.node(input).op != op::constant;
+      const bool in_memory = is_half_dtype(dtype) && target.node(input).op != op::constant;
       if (!pointwise || !in_memory) {
         inputs.push_back(as_f32(target, input));
         continue;
       }
       auto [it, inserted] = own_widening.try_emplace(input, kNoValue);
-      if (inserted) it->second = target.add(widening_of(dtype), {input});
+      if (inserted) it->second = target.add(widening_op(dtype), {input});
       inputs.push_back(it->second);
     }
     const ValueId computed = target.add(node.op, std::move(inputs), node.attrs);
-    return is_half(node.type.dtype) ? target.add(rounding_to(node.type.dtype), {computed})
-                                    : computed;
+    return is_half_dtype(node.type.dtype) ? target.add(rounding_op(node.type.dtype), {computed})
+                                          : computed;
   }
 
  private:
@@ -93,19 +77,19 @@ class HalfStorage {
   // launch.
   ValueId as_f32(Graph& target, ValueId value) {
     const DType dtype = target.type(value).dtype;
-    if (!is_half(dtype)) return value;
+    if (!is_half_dtype(dtype)) return value;
     auto [it, inserted] = widened_.try_emplace(value, kNoValue);
     if (!inserted) return it->second;
     const Node& node = target.node(value);
     const TensorType type{DType::f32, node.type.shape};
     if (node.op == op::constant && node.is_uniform_constant()) {
-      it->second = target.constant(rounded_value(dtype, node.attrs.get_float("value")), type);
+      it->second = target.constant(round_to_dtype(dtype, node.attrs.get_float("value")), type);
     } else if (node.op == op::constant) {
       std::vector<double> values = *node.data;
-      for (double& element : values) element = rounded_value(dtype, element);
+      for (double& element : values) element = round_to_dtype(dtype, element);
       it->second = target.constant(std::move(values), type);
     } else {
-      it->second = target.add(widening_of(dtype), {value});
+      it->second = target.add(widening_op(dtype), {value});
     }
     return it->second;
   }
@@ -115,10 +99,10 @@ class HalfStorage {
     const DType from = target.type(source).dtype, to = node.type.dtype;
     if (from == to) return source;
     const ValueId wide =
-        is_half(from) || from == DType::f32
+        is_half_dtype(from) || from == DType::f32
             ? as_f32(target, source)
             : target.add(op::cast, {source}, {{"dtype", std::string(dtype_name(DType::f32))}});
-    if (is_half(to)) return target.add(rounding_to(to), {wide});
+    if (is_half_dtype(to)) return target.add(rounding_op(to), {wide});
     return to == DType::f32 ? wide : target.add(op::cast, {wide}, node.attrs);
   }
 
@@ -131,7 +115,7 @@ class HalfStorage {
   ValueId half_product(Graph& target, const Node& node) {
     const DType dtype = node.type.dtype;
     if (node.op != op::matmul || node.attrs.has("k_splits") || node.type.rank() != 2 ||
-        !is_half(dtype))
+        !is_half_dtype(dtype))
       return kNoValue;
     const TensorType& a = target.type(node.inputs[0]);
     const TensorType& b = target.type(node.inputs[1]);
@@ -159,7 +143,7 @@ class HalfStorage {
 
 Graph half_storage(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
   if (std::none_of(graph.nodes().begin(), graph.nodes().end(),
-                   [](const Node& node) { return is_half(node.type.dtype); }))
+                   [](const Node& node) { return is_half_dtype(node.type.dtype); }))
     return unchanged(std::move(graph), remap);
   HalfStorage pass(device);
   const std::vector<bool> keep(graph.size(), true);

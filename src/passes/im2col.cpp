@@ -25,6 +25,7 @@
 
 #include "ir/op_names.hpp"
 #include "ops/conv_geometry.hpp"
+#include "ops/half_gemm.hpp"
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -108,7 +109,7 @@ const std::vector<int64_t> kSwapLeadingAxes{1, 0, 2};
 class SideBySideImages {
  public:
   explicit SideBySideImages(const target::Target& device)
-      : rounding_(device.traits().bf16_operands ? op::round_to_bf16 : op::round_to_f16) {}
+      : rounding_(rounding_op(device.traits().bf16_operands ? DType::bf16 : DType::f16)) {}
 
   // The rounding of a product's operand for the workgroup GEMM.
   std::string_view rounding() const { return rounding_; }

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ir/op_names.hpp"
+#include "ops/half_gemm.hpp"
 #include "ops/winograd.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -104,7 +105,7 @@ Graph workgroup_gemm(Graph graph, const target::Target& device, std::vector<Valu
         if (!takes_workgroup_gemm(target, node, device)) return target.add_typed(std::move(node));
         // bf16 precision rounds to bfloat16, keeping f32's range.
         const std::string_view rounding =
-            device.traits().bf16_operands ? op::round_to_bf16 : op::round_to_f16;
+            rounding_op(device.traits().bf16_operands ? DType::bf16 : DType::f16);
         const ValueId a_half = target.add(rounding, {node.inputs[0]});
         const ValueId b_half = target.add(rounding, {node.inputs[1]});
         return target.add(op::half_matmul, {a_half, b_half}, node.attrs);

@@ -189,8 +189,7 @@ struct Session::Impl {
       throw Error("the program has no input '" + std::string(name) + "' (inputs: " + known + ")");
     }
     const TensorType& type = program.graph.type(it->second.value);
-    const bool rounded_into_half =
-        (type.dtype == DType::f16 || type.dtype == DType::bf16) && dtype == DType::f32;
+    const bool rounded_into_half = is_half_dtype(type.dtype) && dtype == DType::f32;
     if ((type.dtype != dtype && !rounded_into_half) ||
         static_cast<int64_t>(count) != type.elements()) {
       throw Error("input '" + std::string(name) + "' expects " + type_string(type) + " (" +

@@ -29,8 +29,7 @@ void emit_columns_launch(LoweringContext& context, const std::string& kernel, st
   launch.body = std::move(body);
   launch.operands = {{names[0], context.node().inputs[0], false}, {names[1], context.id(), true}};
   launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, context.device());
-  const DType dtype = context.node().type.dtype;
-  if (dtype == DType::f16 || dtype == DType::bf16) {
+  if (is_half_dtype(context.node().type.dtype)) {
     require_f16_tensors(context.label(), "writes", context.device());
     launch.f16_operands = true;
   }
@@ -56,7 +55,7 @@ void lower_im2col(LoweringContext& context) {
   // type): widened as they are read, their bits stored (the rounding keeps a bfloat16 value).
   const bool side_by_side = images_side_by_side(node.attrs);
   const bool bfloat16 = node.type.dtype == DType::bf16;
-  const bool half = node.type.dtype == DType::f16 || bfloat16;
+  const bool half = is_half_dtype(node.type.dtype);
   const int64_t width =
       half ? (size[1] % 2 == 0 ? 2 : 1) : (size[1] % 4 == 0 && !side_by_side ? 4 : 1);
   const int64_t count = node.type.elements() / width;

@@ -80,9 +80,9 @@ std::string stored_point(DType dtype, const std::string& value) {
   return dtype == DType::f16 ? "float16_t(" + value + ")" : value;
 }
 
-// The pointwise helpers that stored_point's bfloat16 stores call, where `dtype` is bf16.
-std::string bf16_helpers(DType dtype) {
-  return dtype == DType::bf16 ? std::string(pointwise_functions_glsl()) : std::string();
+// The pointwise helpers that stored_point's bfloat16 stores call, where a launch `stores_bf16`.
+std::string bf16_helpers(bool stores_bf16) {
+  return stores_bf16 ? std::string(pointwise_functions_glsl()) : std::string();
 }
 
 // The name of flat point `point` (i * side + j) of a transformed side x side tile.
@@ -145,7 +145,7 @@ int64_t winograd_tiles_invocations(const Graph& graph, ValueId id) {
 
 void lower_winograd_tiles(LoweringContext& context) {
   const int64_t count = winograd_tiles_invocations(context.graph(), context.id());
-  std::string body = bf16_helpers(context.node().type.dtype) + columns_main(count) +
+  std::string body = bf16_helpers(context.node().type.dtype == DType::bf16) + columns_main(count) +
                      winograd_tiles_glsl(context.graph(), context.id(), "source", "tiles") + "}\n";
   emit_columns_launch(context, context.node().op, std::move(body), {"source", "tiles"}, count);
 }
@@ -197,7 +197,7 @@ void lower_winograd_filter(LoweringContext& context) {
   const int64_t second = context.node().type.shape[2];
   const int64_t pairs = w[0] * w[1];
   constexpr int64_t kTaps = winograd::kKernel * winograd::kKernel, kLast = winograd::kKernel - 1;
-  std::string body = bf16_helpers(context.node().type.dtype) + columns_main(pairs) +
+  std::string body = bf16_helpers(context.node().type.dtype == DType::bf16) + columns_main(pairs) +
                      "  uint a = i / " + u(second) + ", b = i % " + u(second) +
                      ";\n  uint base = (" + (transposed ? "b" : "a") + " * " + u(w[1]) + " + " +
                      (transposed ? "a" : "b") + ") * " + u(kTaps) + ";\n";
@@ -277,7 +277,7 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
   launch.label = context.label() + " + winograd_grad_tiles %" + std::to_string(companion);
   launch.kernel = "winograd_tiles";
   const DType points = graph.type(producer).dtype;
-  launch.body = bf16_helpers(points == DType::bf16 ? points : graph.type(companion).dtype) +
+  launch.body = bf16_helpers(points == DType::bf16 || graph.type(companion).dtype == DType::bf16) +
                 columns_main(count) + "  if (i < " + u(first) + ") {\n" +
                 winograd_tiles_glsl(graph, producer, "source", "tiles") +
                 "  } else {\n  i -= " + u(first) + ";\n" +
@@ -287,8 +287,7 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
                      {"tiles", producer, true},
                      {"grad_tiles", companion, true}};
   launch.groups = grid_for(static_cast<uint64_t>(count), kColumnsLocalSize, device);
-  const auto sixteen_bits = [](DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; };
-  if (sixteen_bits(points) || sixteen_bits(graph.type(companion).dtype)) {
+  if (is_half_dtype(points) || is_half_dtype(graph.type(companion).dtype)) {
     require_f16_tensors(launch.label, "writes", device);
     launch.f16_operands = true;
   }

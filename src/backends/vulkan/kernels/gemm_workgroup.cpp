@@ -108,12 +108,6 @@ void lower_half_matmul(LoweringContext& context) {
   const int64_t m = shape.m, n = shape.n, k = shape.k;
   const bool bfloat16 = context.input_type(0).dtype == DType::bf16;
   if (!workgroup_gemm_takes_f16_product(context.graph(), node, context.device())) {
-    // The subgroup GEMM reads bf16 operands in bf16 precision only, into an f32 result.
-    if (bfloat16 && (!context.device().bf16_operands || node.type.dtype == DType::bf16))
-      throw Error("internal: " + context.label() +
-                  " multiplies bf16 operands, which the workgroup GEMM does not take here and "
-                  "the subgroup GEMM reads only in bf16 precision into an f32 result (the passes "
-                  "that write it check this)");
     if (use_coop_gemm(context.device())) return emit_half_matmul_on_subgroups(context);
     throw Error(context.label() + " (" + std::to_string(m) + " x " + std::to_string(n) + " x " +
                 std::to_string(k) + ") multiplies f16 operands on cooperative matrices, which '" +
@@ -137,7 +131,7 @@ void lower_half_matmul(LoweringContext& context) {
       {"A_TRANSPOSED", transpose_a ? "1" : "0"},
       {"B_TRANSPOSED", transpose_b ? "1" : "0"},
       {"ODD_STEPS", (k / kWorkgroupGemmBlockK) % 2 == 1 ? "1" : "0"},
-      {"F16_RESULT", node.type.dtype == DType::f16 || node.type.dtype == DType::bf16 ? "1" : "0"},
+      {"F16_RESULT", is_half_dtype(node.type.dtype) ? "1" : "0"},
       {"SPLIT_ROWS", block.split_rows ? "1" : "0"},
       {"INVOCATIONS", std::to_string(block.invocations)},
       {"A_BATCH_STRIDE", glsl_uint(*entry_stride(context.input_type(0).shape, shape.batch_shape))},
@@ -234,9 +228,8 @@ bool block_stores_f16(const Graph& graph, const Node& node, const DeviceTraits& 
 
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device) {
-  const bool half_result = node.type.dtype == DType::f16 || node.type.dtype == DType::bf16;
   return takes_f16_operands(graph, node, device) &&
-         (!half_result || block_stores_f16(graph, node, device));
+         (!is_half_dtype(node.type.dtype) || block_stores_f16(graph, node, device));
 }
 
 bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,

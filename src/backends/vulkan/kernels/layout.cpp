@@ -52,7 +52,7 @@ void lower_transpose(LoweringContext& context) {
   for (size_t k = 0; k < permutation.size(); ++k)
     in_coordinates[permutation[k]] = "c" + std::to_string(k);
   const size_t rank = out_shape.size();
-  const bool half = node.type.dtype == DType::f16 || node.type.dtype == DType::bf16;
+  const bool half = is_half_dtype(node.type.dtype);
   const bool keeps_innermost = rank > 0 && permutation.back() == static_cast<int64_t>(rank - 1);
   const int64_t innermost = rank > 0 ? out_shape.back() : 0;
   int64_t per_thread = 1;

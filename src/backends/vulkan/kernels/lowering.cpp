@@ -74,8 +74,7 @@ std::string buffer_declarations(const Graph& graph, const Launch& launch) {
     // A bf16 value is its bit pattern, except in a kernel whose f16 type becomes bfloat16.
     const char* element = dtype == DType::bf16 ? (launch.bf16_buffers ? "float16_t" : "uint16_t")
                                                : glsl_element_type(dtype);
-    const bool sixteen_bits = dtype == DType::f16 || dtype == DType::bf16;
-    if (!element || (sixteen_bits && !launch.f16_operands)) {
+    if (!element || (is_half_dtype(dtype) && !launch.f16_operands)) {
       throw Error(launch.label + ": operand '" + operand.name + "' has dtype " +
                   std::string(dtype_name(dtype)) +
                   ", which the strict f32 kernels do not support yet");

@@ -177,10 +177,6 @@ bool is_half_widening_op(std::string_view op) {
   return op == op::widen_f16 || op == op::widen_bf16;
 }
 
-bool is_half_dtype(DType dtype) {
-  return dtype == DType::f16 || dtype == DType::bf16;
-}
-
 bool converts_half(const PointwiseDag& dag) {
   return std::any_of(
       dag.statements.begin(), dag.statements.end(),

@@ -61,9 +61,6 @@ bool is_pointwise_op(std::string_view op);
 bool is_half_conversion_op(std::string_view op);
 bool is_half_rounding_op(std::string_view op);  // round_to_f16, round_to_bf16
 bool is_half_widening_op(std::string_view op);  // widen_f16, widen_bf16
-// f16 and bf16: the dtypes those store, which a DAG converts as it loads and stores them
-// (bfloat16 as its bit patterns).
-bool is_half_dtype(DType dtype);
 // Whether `dag` rounds to or widens from f16 or bf16 (fused conversions of the f16 storage and
 // half activations passes).
 bool converts_half(const PointwiseDag& dag);
