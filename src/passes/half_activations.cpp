@@ -13,10 +13,9 @@
 // f32 as it stores the product) keep f32.
 // In bfloat16 (bf16 precision, whose products take bfloat16 operands: f16 would lose f32's
 // range), values are stored as bfloat16 bit patterns where an elementwise kernel writes them
-// (round_to_bf16 fused) and every reader is an elementwise kernel or a reduction (widen_bf16
-// fused), a rounding to bfloat16 (a product's operand, which then reads the stored value itself)
-// or a transpose (which moves the bit patterns) whose readers are those; products and Winograd's
-// transforms keep their f32 results and inputs.
+// (round_to_bf16 fused) or a product of bfloat16 operands on cooperative matrices (bf16_result),
+// and the readers are those of f16 values, Winograd's tile transforms storing bfloat16 points
+// and moves whose results are stored in bfloat16.
 #include <algorithm>
 #include <stdexcept>
 #include <string_view>
@@ -41,16 +40,16 @@ bool is_reduction(const Node& node) {
          node.type.dtype == DType::f32;
 }
 
-// Winograd's tile transforms of f32 values into f16 points, which read an f16 input as well.
-bool is_half_tiles(const Node& node) {
+// Winograd's tile transforms of f32 values into f16 points (`f16`, else bfloat16 ones), which
+// read an input in that format as well.
+bool is_half_tiles(const Node& node, bool f16) {
   return (node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles) &&
-         winograd::f16_result(node.attrs);
+         (f16 ? winograd::f16_result(node.attrs) : winograd::bf16_result(node.attrs));
 }
 
-// Ops that move a value stored in f16 into a result stored in f16; in bfloat16, transposes
-// alone (Winograd's output transform reads f32 products there).
-bool is_half_move(const Node& node, bool f16) {
-  return node.op == op::transpose || (f16 && node.op == op::winograd_output);
+// Ops that move a value stored in 16 bits into a result stored in that format.
+bool is_half_move(const Node& node) {
+  return node.op == op::transpose || node.op == op::winograd_output;
 }
 
 class HalfActivations {
@@ -68,7 +67,7 @@ class HalfActivations {
           values_.kept(id))
         continue;
       // A move of a value stored in f16 stores its result in f16 (its readers were checked).
-      if (is_half_move(node, f16_)) {
+      if (is_half_move(node)) {
         half[i] = half[values_.storage_source(node.inputs[0])];
         continue;
       }
@@ -125,8 +124,7 @@ class HalfActivations {
   // Whether `node`'s kernel can round its f32 result to 16 bits as it stores it.
   bool writes_half(const Node& node) const {
     if (node.op == op::half_matmul)
-      return f16_ && !node.attrs.has("k_splits") &&
-             device_.workgroup_gemm_writes_f16_result(graph_, node);
+      return !node.attrs.has("k_splits") && device_.workgroup_gemm_writes_half_result(graph_, node);
     return device_.is_pointwise_op(node.op) && node.op != op::widen_f16 &&
            node.op != op::widen_bf16 && node.op != op::cast;
   }
@@ -135,10 +133,10 @@ class HalfActivations {
   bool readers_convert(ValueId value) const {
     for (ValueId reader : values_.kernel_readers(value)) {
       const Node& node = graph_.node(reader);
-      if (is_half_move(node, f16_)) {
+      if (is_half_move(node)) {
         if (values_.kept(reader) || !readers_convert(reader)) return false;
       } else if (!device_.is_pointwise_op(node.op) && !is_reduction(node) &&
-                 !(f16_ && is_half_tiles(node))) {
+                 !is_half_tiles(node, f16_)) {
         return false;
       }
     }
@@ -171,11 +169,12 @@ class Rewrite {
     }
     // A rounding of a value stored in its format is that value.
     if (node.op == rounding_ && half_of_.count(node.inputs[0])) return half_of_.at(node.inputs[0]);
-    // Tile transforms read the f16 value and store f16 points as its dtype.
-    if (is_half_tiles(node) && half_of_.count(node.inputs[0])) {
+    // Tile transforms read the 16-bit value and store points in its dtype.
+    if (is_half_tiles(node, f16_) && half_of_.count(node.inputs[0])) {
       Attrs attrs;
       for (const auto& [name, value] : node.attrs.items())
-        if (name != winograd::kF16ResultAttribute) attrs.set(name, value);
+        if (name != winograd::kF16ResultAttribute && name != winograd::kBf16ResultAttribute)
+          attrs.set(name, value);
       return target.add(node.op, {half_of_.at(node.inputs[0])}, std::move(attrs));
     }
     if (device_.is_pointwise_op(node.op) || is_reduction(node)) {
@@ -201,9 +200,9 @@ class Rewrite {
     ValueId f16_value = kNoValue;
     if (node.op == op::half_matmul) {
       Attrs attrs = node.attrs;
-      attrs.set("f16_result", int64_t{1});
+      attrs.set(f16_ ? "f16_result" : "bf16_result", int64_t{1});
       f16_value = target.add(op::half_matmul, node.inputs, std::move(attrs));
-    } else if (is_half_move(node, f16_)) {
+    } else if (is_half_move(node)) {
       f16_value = target.add(node.op, {half_of_.at(node.inputs[0])}, node.attrs);
     } else {
       f16_value = target.add(rounding_, {target.add_typed(std::move(node))});

@@ -2,9 +2,9 @@
 // f32. The f32 kernels read a widening (widen_f16, widen_bf16) of each 16-bit input and their
 // 16-bit results are written as a rounding (round_to_f16, round_to_bf16) of the f32 result, which
 // is what the reference interpreter computes (every such value rounded to its format); a
-// transpose moves 16-bit values as they are, im2col and Winograd's tile and output transforms
-// move or convert f16 values themselves, and Winograd's transforms asked for 16-bit points round
-// them themselves. A 2-D matmul of two 16-bit operands into a result of
+// transpose moves 16-bit values as they are, im2col moves f16 values itself, Winograd's tile and
+// output transforms convert 16-bit values themselves, and Winograd's transforms asked for 16-bit
+// points round them themselves. A 2-D matmul of two 16-bit operands into a result of
 // their format that runs on cooperative matrices multiplies the stored values directly
 // (half_matmul with f16_result or bf16_result), as PyTorch's f16 and bf16 GEMMs do.
 #include <algorithm>
@@ -33,18 +33,21 @@ class HalfStorage {
 
   ValueId rewrite(Graph& target, Node node) {
     // A transpose moves its 16-bit values as they are, in half the bytes of f32 ones; im2col
-    // moves f16 values too, and Winograd's tile and output transforms widen f16 values as they
-    // read them and round their f16 results as they store them (none of these three reads or
-    // writes bfloat16).
-    const bool moves_f16 = node.op == op::im2col || node.op == op::winograd_tiles ||
-                           node.op == op::winograd_grad_tiles || node.op == op::winograd_output;
+    // moves f16 values too (bfloat16 ones go through f32 here), and Winograd's tile and output
+    // transforms widen 16-bit values as they read them and round their 16-bit results as they
+    // store them.
+    const bool moves_f16 = node.op == op::im2col;
+    const bool converts_itself = node.op == op::winograd_tiles ||
+                                 node.op == op::winograd_grad_tiles ||
+                                 node.op == op::winograd_output;
     // Transforms whose attribute asks for 16-bit points round them as they store them.
     const bool rounds_itself =
         (node.op == op::winograd_tiles || node.op == op::winograd_grad_tiles ||
          node.op == op::winograd_filter) &&
         (winograd::f16_result(node.attrs) || winograd::bf16_result(node.attrs));
     if (node.is_leaf() || is_view_op(node.op) || !involves(target, node, is_half_dtype) ||
-        rounds_itself || is_pass_written_f16_op(node.op) || node.op == op::transpose ||
+        rounds_itself || converts_itself || is_pass_written_f16_op(node.op) ||
+        node.op == op::transpose ||
         (moves_f16 && !involves(target, node, [](DType dtype) { return dtype == DType::bf16; })))
       return target.add_typed(std::move(node));
     if (node.op == op::cast) return cast(target, node);

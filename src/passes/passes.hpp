@@ -44,8 +44,8 @@ Graph half_storage(Graph graph, const target::Target& device,
 // transforms and moves (transposes, Winograd's output transform) read are stored in f16
 // (round_to_f16 of the result, widen_f16 in each elementwise reader; products write f16
 // results), so the kernels that convert in registers move half the bytes. With `storage` bf16
-// they are stored in bfloat16 where an elementwise kernel writes them and only elementwise
-// kernels, reductions and roundings to bfloat16 read them (round_to_bf16, widen_bf16). Outputs,
+// they are stored in bfloat16 by the same rules (round_to_bf16, widen_bf16, products of
+// bfloat16 operands writing bfloat16 results, Winograd's bfloat16 tile transforms). Outputs,
 // assignments, values under 65,536 elements and elementwise values that one kernel reads (which
 // fusion computes there) keep f32 (see half_activations.cpp).
 Graph half_activations(Graph graph, const target::Target& device, DType storage = DType::f16,

@@ -52,8 +52,9 @@ class Target {
   // operands (or bf16 ones, in bf16 precision) does, storing its result in their format where
   // the node's type is.
   virtual bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const = 0;
-  // Whether it does and can also store the product's result as f16 (half_matmul's f16_result).
-  virtual bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const = 0;
+  // Whether it does and can also store the product's result in its operands' 16-bit format
+  // (half_matmul's f16_result, or bf16_result for bf16 operands).
+  virtual bool workgroup_gemm_writes_half_result(const Graph& graph, const Node& node) const = 0;
   // Whether the GEMM of product `node` (a matmul or half_matmul) stores an f32 result through
   // the store that an elementwise consumer can join (an epilogue: a bias add computed in f32).
   virtual bool product_takes_epilogue(const Graph& graph, const Node& node) const = 0;

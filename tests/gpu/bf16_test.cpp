@@ -214,5 +214,31 @@ TEST(GpuBf16, WinogradTransformsStoreBfloat16Points) {
   EXPECT_EQ(dispatches, 4u);
 }
 
+// Winograd's transforms read bfloat16 values where half activations store them in bf16
+// precision: input tiles of a bfloat16 image (odd extents, padding 1) and grad_out's blocks into
+// bfloat16 points (their input's dtype), and the output transform of bfloat16 products into a
+// bfloat16 image, each widening the bit patterns as it loads them, against the reference.
+TEST(GpuBf16, WinogradTransformsReadBfloat16Values) {
+  size_t dispatches = 0;
+  testing::check_on_gpu(
+      {{"x", {2, 3, 7, 9}}, {"grad", {2, 5, 6, 8}}, {"products", {16, 4, 12}}},
+      [&](Graph& graph, std::vector<Tensor>& in) {
+        const auto bfloat16 = [&](const Tensor& value) {
+          return graph.add("round_to_bf16", {value.id()});
+        };
+        graph.set_output("tiles", graph.add("winograd_tiles", {bfloat16(in[0])},
+                                            {{"tiles", std::vector<int64_t>{4, 5}},
+                                             {"padding", std::vector<int64_t>{1, 1}}}));
+        graph.set_output("grad_tiles", graph.add("winograd_grad_tiles", {bfloat16(in[1])},
+                                                 {{"tiles", std::vector<int64_t>{3, 4}}}));
+        graph.set_output("image", graph.add("winograd_output", {bfloat16(in[2])},
+                                            {{"tiles", std::vector<int64_t>{3, 4}},
+                                             {"output_size", std::vector<int64_t>{5, 7}}}));
+      },
+      8e-3, 47, {}, &dispatches);
+  // Three roundings and three transforms.
+  EXPECT_EQ(dispatches, 6u);
+}
+
 }  // namespace
 }  // namespace mg

@@ -2838,6 +2838,43 @@ TEST_F(GpuCoopMatrix, WinogradPointsInBfloat16) {
       << dispatch_list;
 }
 
+// Half activations in bf16 precision between two Winograd convolutions (the workgroup GEMM
+// forced below its size rule): the first convolution's point products store bfloat16 results
+// (bf16_result), its output transform reads them and stores a bfloat16 image, which the tanh
+// reads, and the second convolution's tiles read the bfloat16 tanh; their gradients alike
+// (passes::half_activations; Passes.HalfActivationsInBf16StoreWhatElementwiseKernelsRead checks
+// that rewrite). The output and the three gradients within 0.1 of the f64 reference, as with
+// MEGANEURA_HALF_ACTIVATIONS=0, in no more dispatches: the bf16 bound of
+// GpuNorm.ResidualBlockOverHalfActivations, whose weight gradients likewise sum thousands of
+// products of rounded values that cancel.
+TEST_F(GpuCoopMatrix, HalfActivationsInBfloat16BetweenWinogradConvolutions) {
+  if (!device_has_bf16_coop_matrices() ||
+      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+    GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
+  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
+  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
+  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const auto build = [](Graph& graph, std::vector<Tensor>& in) {
+    const Conv2dOptions same{.padding = {1, 1}};
+    const Tensor hidden = tanh(conv2d(in[0], in[1], std::nullopt, same));
+    output_with_gradients(graph, conv2d(hidden, in[2], std::nullopt, same), in[3],
+                          {in[0], in[1], in[2]});
+  };
+  size_t dispatches[2] = {0, 0};
+  for (const bool half : {false, true}) {
+    SCOPED_TRACE(half ? "half activations" : "MEGANEURA_HALF_ACTIVATIONS=0");
+    const ScopedSwitch activations("MEGANEURA_HALF_ACTIVATIONS", half ? "bf16" : "0");
+    std::string dispatch_list;
+    check_on_gpu({{"x", {2, 128, 32, 32}},
+                  {"w1", {256, 128, 3, 3}},
+                  {"w2", {128, 256, 3, 3}},
+                  {"seed", {2, 128, 32, 32}}},
+                 build, 0.1, 101, kBf16.options(), &dispatches[half], false, &dispatch_list);
+    EXPECT_GE(dispatch_lines_with(dispatch_list, {"winograd_output"}), 2u) << dispatch_list;
+  }
+  EXPECT_LE(dispatches[1], dispatches[0]);
+}
+
 // bf16 tensors into a bf16 result in bf16 precision: the kernel reads the bfloat16 operands and
 // stores the bfloat16 result itself, one dispatch, no rounding of operands; checked against the
 // f64 product rounded to bfloat16, which the f32 sum may miss by one bfloat16 step (2^-8

@@ -2132,13 +2132,14 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
   expect_stored_in_16_bits(graph, by_hand, rewritten, environment, "widen_f16");
 }
 
-// Half activations in bfloat16 (bf16 precision's): a value that several elementwise kernels, a
-// reduction and a transpose read is stored as bfloat16 (the transpose moving it as it is), as is
-// one that a rounding to bfloat16 (a product's operand) and an elementwise kernel read, the
-// rounding then being the stored value itself; products keep f32 results (a product read twice),
-// and a value that Winograd's tiles read keeps f32. The rewritten graph computes what the same
-// graph computes with those values rounded to bfloat16 (built by hand below), and each widening
-// has one reader.
+// Half activations in bfloat16 (bf16 precision's, on a device with bfloat16 workgroup-scope
+// matrices): a value that several elementwise kernels, a reduction, a transpose and Winograd's
+// bfloat16 tiles read is stored as bfloat16 (the transpose moving it as it is, the tiles reading
+// it), as is one that a rounding to bfloat16 (a product's operand) and an elementwise kernel read,
+// the rounding then being the stored value itself; a product of bfloat16 operands read twice
+// stores a bfloat16 result (bf16_result), and Winograd's output transform of bfloat16 products a
+// bfloat16 image. The rewritten graph computes what the same graph computes with those values
+// rounded to bfloat16 (built by hand below), and each widening has one reader.
 TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
   const auto block = [&](Graph& graph, bool round_by_hand) {
     const auto kept = [&](Tensor value) {
@@ -2147,41 +2148,59 @@ TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
                            : value;
     };
     const auto [x, a] = shared_values(graph, kept);
-    const Tensor e = kept(relu(input(graph, "rows", {256, 512})) * 1.5);
-    const Tensor columns = input(graph, "columns", {512, 256});
-    const Tensor product =
-        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_bf16", {e.id()}),
-                                                 graph.add("round_to_bf16", {columns.id()})}));
-    graph.set_output("product", (relu(product) + product * 0.5).id());
-    graph.set_output("scaled", (e * 3.0 - 1.0).id());
-    const Tensor tiled = x * 0.5 + 1.0;
-    graph.set_output("tiles", graph.add("winograd_tiles", {tiled.id()},
+    // Winograd's input tiles of a, in bfloat16 points either way.
+    graph.set_output("tiles", graph.add("winograd_tiles", {a.id()},
                                         {{"tiles", std::vector<int64_t>{24, 24}},
                                          {"padding", std::vector<int64_t>{1, 1}},
-                                         {"f16_result", int64_t{1}}}));
-    graph.set_output("tiled", exp(tiled).id());
+                                         {"bf16_result", int64_t{1}}}));
+    const Tensor e = kept(relu(input(graph, "rows", {256, 512})) * 1.5);
+    const Tensor columns = input(graph, "columns", {512, 256});
+    const Tensor product = kept(
+        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_bf16", {e.id()}),
+                                                 graph.add("round_to_bf16", {columns.id()})})));
+    graph.set_output("product", (relu(product) + product * 0.5).id());
+    graph.set_output("scaled", (e * 3.0 - 1.0).id());
+    // Winograd's output transform of a product of bfloat16 points, read twice.
+    const Tensor filter_points = input(graph, "filter_points", {16, 128, 64});
+    const Tensor tile_points = input(graph, "tile_points", {16, 64, 256});
+    const Tensor transformed = kept(
+        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_bf16", {filter_points.id()}),
+                                                 graph.add("round_to_bf16", {tile_points.id()})})));
+    const Tensor image =
+        kept(Tensor(&graph, graph.add("winograd_output", {transformed.id()},
+                                      {{"tiles", std::vector<int64_t>{16, 16}},
+                                       {"output_size", std::vector<int64_t>{32, 32}}})));
+    graph.set_output("image", (relu(image) - image * 0.25).id());
   };
   Graph graph, by_hand;
   block(graph, false);
   block(by_hand, true);
-  const Environment environment = uniform_leaves(graph, {"x", "c", "rows", "columns"}, 41);
+  const Environment environment =
+      uniform_leaves(graph, {"x", "c", "rows", "columns", "filter_points", "tile_points"}, 41);
+  target::DeviceTraits device = workgroup_capable(1);
+  device.coop_matrix_bf16_khr = true;
+  device.bf16_operands = true;
+  device.workgroup_coop_matrix_bf16 = true;
   const Graph rewritten =
-      passes::half_activations(graph, vulkan::VulkanTarget(workgroup_capable(1)), DType::bf16);
+      passes::half_activations(graph, vulkan::VulkanTarget(device), DType::bf16);
   verify(rewritten);
-  size_t roundings = 0, bf16_moves = 0, bf16_products = 0, f16_conversions = 0;
+  size_t roundings = 0, bf16_moves = 0, bf16_products = 0, tiles_of_bf16 = 0, f16_conversions = 0;
   for (const Node& node : rewritten.nodes()) {
     roundings += node.op == "round_to_bf16";
-    bf16_moves += node.op == "transpose" && node.type.dtype == DType::bf16;
-    bf16_products += node.op == "half_matmul" && node.type.dtype != DType::f32;
+    bf16_moves +=
+        (node.op == "transpose" || node.op == "winograd_output") && node.type.dtype == DType::bf16;
+    bf16_products += node.op == "half_matmul" && node.type.dtype == DType::bf16 &&
+                     node.attrs.get_int("bf16_result", 0) == 1;
+    tiles_of_bf16 += node.op == "winograd_tiles" &&
+                     rewritten.type(node.inputs[0]).dtype == DType::bf16 &&
+                     node.type.dtype == DType::bf16 && !node.attrs.has("bf16_result");
     f16_conversions += node.op == "round_to_f16" || node.op == "widen_f16";
-    if (node.op == "winograd_tiles") {
-      EXPECT_EQ(rewritten.type(node.inputs[0]).dtype, DType::f32);
-    }
   }
-  // a, b and e stored, and the product's other operand.
-  EXPECT_EQ(roundings, 4u);
-  EXPECT_EQ(bf16_moves, 1u);
-  EXPECT_EQ(bf16_products, 0u);
+  // a, b and e stored, and the products' three other operands.
+  EXPECT_EQ(roundings, 6u);
+  EXPECT_EQ(bf16_moves, 2u);
+  EXPECT_EQ(bf16_products, 2u);
+  EXPECT_EQ(tiles_of_bf16, 1u);
   EXPECT_EQ(f16_conversions, 0u);
   expect_stored_in_16_bits(graph, by_hand, rewritten, environment, "widen_bf16");
 }

@@ -80,9 +80,17 @@ std::string stored_point(DType dtype, const std::string& value) {
   return dtype == DType::f16 ? "float16_t(" + value + ")" : value;
 }
 
-// The pointwise helpers that stored_point's bfloat16 stores call, where a launch `stores_bf16`.
-std::string bf16_helpers(bool stores_bf16) {
-  return stores_bf16 ? std::string(pointwise_functions_glsl()) : std::string();
+// The pointwise helpers that stored_point's bfloat16 stores and loaded's widenings call, where
+// a launch `touches_bf16` values.
+std::string bf16_helpers(bool touches_bf16) {
+  return touches_bf16 ? std::string(pointwise_functions_glsl()) : std::string();
+}
+
+// A value of `dtype` read by `load` (a GLSL expression) as an f32 expression: f16 values (half
+// activations) convert, bfloat16 bit patterns widen.
+std::string loaded(DType dtype, const std::string& load) {
+  if (dtype == DType::bf16) return "mg_widen_bf16(uint(" + load + "))";
+  return dtype == DType::f16 ? "float(" + load + ")" : load;
 }
 
 // The name of flat point `point` (i * side + j) of a transformed side x side tile.
@@ -120,15 +128,14 @@ std::string winograd_tiles_glsl(const Graph& graph, ValueId id, const std::strin
                      " - " + s(padding[1]) + ";\n  uint plane = (n * " + u(v[1]) + " + p) * " +
                      u(v[2] * v[3]) + ";\n";
   const int64_t extent = transform.columns;
-  // An f16 input (half activations) is widened as it is read.
-  const bool half_input = graph.type(node.inputs[0]).dtype == DType::f16;
+  const DType input = graph.type(node.inputs[0]).dtype;
   for (int64_t a = 0; a < extent; ++a) {
     for (int64_t b = 0; b < extent; ++b) {
       const std::string y = "y0 + " + s(a), x = "x0 + " + s(b);
       const std::string load = source + "[plane + uint((" + y + ") * " + s(v[3]) + " + " + x + ")]";
       body += "  float " + point_name("d", a, b) + " = " + y + " >= 0 && " + y + " < " + s(v[2]) +
-              " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? " +
-              (half_input ? "float(" + load + ")" : load) + " : 0.0;\n";
+              " && " + x + " >= 0 && " + x + " < " + s(v[3]) + " ? " + loaded(input, load) +
+              " : 0.0;\n";
     }
   }
   body += tile_transform_glsl(transform, named("d"));
@@ -145,7 +152,9 @@ int64_t winograd_tiles_invocations(const Graph& graph, ValueId id) {
 
 void lower_winograd_tiles(LoweringContext& context) {
   const int64_t count = winograd_tiles_invocations(context.graph(), context.id());
-  std::string body = bf16_helpers(context.node().type.dtype == DType::bf16) + columns_main(count) +
+  std::string body = bf16_helpers(context.node().type.dtype == DType::bf16 ||
+                                  context.input_type(0).dtype == DType::bf16) +
+                     columns_main(count) +
                      winograd_tiles_glsl(context.graph(), context.id(), "source", "tiles") + "}\n";
   emit_columns_launch(context, context.node().op, std::move(body), {"source", "tiles"}, count);
 }
@@ -225,14 +234,15 @@ void lower_winograd_output(LoweringContext& context) {
   const auto tiles = attr_pair(context.node().attrs, "tiles", 1);
   const int64_t tile_count = context.input_type(0).shape[2];
   const int64_t count = y[1] * tile_count;
-  std::string body = columns_main(count) + tile_coordinates_glsl(tile_count, tiles);
+  // 16-bit products (half activations) are widened as they are read; the image is then
+  // stored in their format too.
+  const DType products = context.input_type(0).dtype;
+  std::string body = bf16_helpers(products == DType::bf16) + columns_main(count) +
+                     tile_coordinates_glsl(tile_count, tiles);
   constexpr const winograd::Variant& f = winograd::kF2;
-  // f16 products (half activations) are widened as they are read; the image is then f16 too.
-  const bool half_products = context.input_type(0).dtype == DType::f16;
   for (int64_t point = 0; point < f.points(); ++point) {
-    const std::string load = "products[i + " + u(point * count) + "]";
     body += "  float " + tile_point("m", point, f.tile()) + " = " +
-            (half_products ? "float(" + load + ")" : load) + ";\n";
+            loaded(products, "products[i + " + u(point * count) + "]") + ";\n";
   }
   body += tile_transform_glsl(f.grad.transpose(), named("m"));
   body += "  uint y0 = ty * " + u(f.outputs) + ", x0 = tx * " + u(f.outputs) +
@@ -277,7 +287,11 @@ std::vector<Launch> lower_winograd_tiles_pair(const Graph& graph, ValueId produc
   launch.label = context.label() + " + winograd_grad_tiles %" + std::to_string(companion);
   launch.kernel = "winograd_tiles";
   const DType points = graph.type(producer).dtype;
-  launch.body = bf16_helpers(points == DType::bf16 || graph.type(companion).dtype == DType::bf16) +
+  const auto reads_or_writes_bf16 = [&](ValueId transform) {
+    return graph.type(transform).dtype == DType::bf16 ||
+           graph.type(graph.node(transform).inputs[0]).dtype == DType::bf16;
+  };
+  launch.body = bf16_helpers(reads_or_writes_bf16(producer) || reads_or_writes_bf16(companion)) +
                 columns_main(count) + "  if (i < " + u(first) + ") {\n" +
                 winograd_tiles_glsl(graph, producer, "source", "tiles") +
                 "  } else {\n  i -= " + u(first) + ";\n" +

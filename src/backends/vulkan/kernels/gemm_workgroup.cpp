@@ -232,10 +232,9 @@ bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
          (!is_half_dtype(node.type.dtype) || block_stores_f16(graph, node, device));
 }
 
-bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
-                                      const DeviceTraits& device) {
-  return graph.type(node.inputs[0]).dtype == DType::f16 &&
-         takes_f16_operands(graph, node, device) && block_stores_f16(graph, node, device);
+bool workgroup_gemm_writes_half_result(const Graph& graph, const Node& node,
+                                       const DeviceTraits& device) {
+  return takes_f16_operands(graph, node, device) && block_stores_f16(graph, node, device);
 }
 
 namespace {

@@ -61,15 +61,15 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 // over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
 // all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands; with an
 // f16 or bf16 result, only where its block can store one (not the 64-row blocks, as
-// workgroup_gemm_writes_f16_result). The half storage pass, split-K and half_matmul's lowering
+// workgroup_gemm_writes_half_result). The half storage pass, split-K and half_matmul's lowering
 // ask it of the same product.
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
-// Whether the workgroup GEMM takes the product `node` of f16 operands and can store its result
-// as f16 (f16_result): not in the 64-row blocks, whose f16 accumulator would have B's type, nor
-// for bf16 operands.
-bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node,
-                                      const DeviceTraits& device);
+// Whether the workgroup GEMM takes the product `node` of f16 (bf16) operands and can store its
+// result as f16 (bfloat16): half_matmul's f16_result (bf16_result); not in the 64-row blocks,
+// whose 16-bit accumulator would have B's type.
+bool workgroup_gemm_writes_half_result(const Graph& graph, const Node& node,
+                                       const DeviceTraits& device);
 
 // Whether a convolution's `batch` per-image column products [M, K] x [K, plane] should run as
 // one 2-D product over f16 columns side by side (target::Target::half_columns_suit): wherever the

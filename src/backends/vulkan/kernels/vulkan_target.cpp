@@ -27,8 +27,8 @@ bool VulkanTarget::workgroup_gemm_takes_f16_product(const Graph& graph, const No
   return kernels::workgroup_gemm_takes_f16_product(graph, node, traits());
 }
 
-bool VulkanTarget::workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const {
-  return kernels::workgroup_gemm_writes_f16_result(graph, node, traits());
+bool VulkanTarget::workgroup_gemm_writes_half_result(const Graph& graph, const Node& node) const {
+  return kernels::workgroup_gemm_writes_half_result(graph, node, traits());
 }
 
 bool VulkanTarget::product_takes_epilogue(const Graph& graph, const Node& node) const {

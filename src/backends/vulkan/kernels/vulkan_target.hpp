@@ -22,7 +22,7 @@ class VulkanTarget final : public target::Target {
   bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k,
                             target::OperandsIn operands) const override;
   bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node) const override;
-  bool workgroup_gemm_writes_f16_result(const Graph& graph, const Node& node) const override;
+  bool workgroup_gemm_writes_half_result(const Graph& graph, const Node& node) const override;
   bool product_takes_epilogue(const Graph& graph, const Node& node) const override;
   bool subgroup_gemm_takes_product(int64_t m, int64_t n, int64_t k,
                                    bool b_transposed) const override;
