@@ -2451,6 +2451,13 @@ size_t dispatch_lines_with(const std::string& dispatch_list,
 // checked on the GPU against the f64 reference (which rounds nothing) within `tolerance`, with
 // seeded random inputs and cotangent; returns the dispatch list it ran. Without validation: the
 // layer predates the workgroup-scope extension.
+// The workgroup GEMM and Winograd's forward and weight gradient forced below their size rules.
+struct WinogradOnTheWorkgroupGemm {
+  const ScopedSwitch workgroup{"MEGANEURA_WORKGROUP_GEMM", "1"};
+  const ScopedSwitch forward{"MEGANEURA_WINOGRAD_CONV", "1"};
+  const ScopedSwitch weight_gradient{"MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1"};
+};
+
 std::string checked_fast_convolution(const Shape& x, const Shape& w, const Conv2dOptions& options,
                                      uint64_t seed, Precision precision = Precision::fast,
                                      double tolerance = kFastTolerance) {
@@ -2481,9 +2488,7 @@ std::string checked_fast_convolution(const Shape& x, const Shape& w, const Conv2
 TEST_F(GpuCoopMatrix, WinogradPointsInF16OnTheBatchedWorkgroupGemm) {
   if (!device_has_workgroup_coop_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope f16 cooperative matrices";
-  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
-  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
-  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const WinogradOnTheWorkgroupGemm forced;
   const std::string dispatch_list =
       checked_fast_convolution({2, 128, 32, 32}, {256, 128, 3, 3}, {.padding = {1, 1}}, 81);
   EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
@@ -2716,6 +2721,13 @@ bool device_has_bf16_coop_matrices() {
   return available;
 }
 
+// Where the device runs bf16 precision's products on workgroup-scope bfloat16 matrices too
+// (bf16 precision needs the subgroup ones as well).
+bool device_has_bf16_workgroup_matrices() {
+  return device_has_bf16_coop_matrices() &&
+         device_has_workgroup_coop_matrices(gpu::ScalarType::bf16);
+}
+
 const Numerics kBf16{
     .precision = Precision::bf16, .validation = false, .tolerance = kBf16Tolerance};
 
@@ -2762,9 +2774,7 @@ TEST_F(GpuCoopMatrix, SmallValuesNeedNoScalingBf16) {
 // and bfloat16's range, a product of values of about 1e-6 (products of 1e-12, which f16
 // operands would lose), named in the dispatch list as the route it took.
 TEST_F(GpuCoopMatrix, WorkgroupScopeMatmulBf16) {
-  // bf16 precision needs the bfloat16 subgroup matrices as well.
-  if (!device_has_bf16_coop_matrices() ||
-      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+  if (!device_has_bf16_workgroup_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
   check_workgroup_products(DType::f32, kBf16Tolerance, 3, 70, kBf16.options());
   const ScopedSwitch forced("MEGANEURA_WORKGROUP_GEMM", "1");
@@ -2789,8 +2799,7 @@ TEST_F(GpuCoopMatrix, WorkgroupScopeMatmulBf16) {
 // operands. Nothing rounds to f16. The output and both gradients within the bf16 tolerance of the
 // f64 reference.
 TEST_F(GpuCoopMatrix, ConvolutionRoutesOnBfloat16Operands) {
-  if (!device_has_bf16_coop_matrices() ||
-      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+  if (!device_has_bf16_workgroup_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
   const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
   uint64_t seed = 93;
@@ -2821,12 +2830,9 @@ TEST_F(GpuCoopMatrix, ConvolutionRoutesOnBfloat16Operands) {
 // splits over K, the tiles); no operand rounded by a launch of its own. The output and both
 // gradients within the bf16 tolerance of the f64 reference, which rounds nothing.
 TEST_F(GpuCoopMatrix, WinogradPointsInBfloat16) {
-  if (!device_has_bf16_coop_matrices() ||
-      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+  if (!device_has_bf16_workgroup_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
-  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
-  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
-  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const WinogradOnTheWorkgroupGemm forced;
   const std::string dispatch_list = checked_fast_convolution(
       {2, 128, 32, 32}, {256, 128, 3, 3}, {.padding = {1, 1}}, 97, Precision::bf16, kBf16Tolerance);
   EXPECT_GE(dispatch_lines_with(dispatch_list, {"gemm_workgroup_coopmat", "half_matmul"}), 2u)
@@ -2848,12 +2854,9 @@ TEST_F(GpuCoopMatrix, WinogradPointsInBfloat16) {
 // GpuNorm.ResidualBlockOverHalfActivations, whose weight gradients likewise sum thousands of
 // products of rounded values that cancel.
 TEST_F(GpuCoopMatrix, HalfActivationsInBfloat16BetweenWinogradConvolutions) {
-  if (!device_has_bf16_coop_matrices() ||
-      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+  if (!device_has_bf16_workgroup_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
-  const ScopedSwitch workgroup("MEGANEURA_WORKGROUP_GEMM", "1");
-  const ScopedSwitch forward("MEGANEURA_WINOGRAD_CONV", "1");
-  const ScopedSwitch weight_gradient("MEGANEURA_WINOGRAD_WEIGHT_GRAD", "1");
+  const WinogradOnTheWorkgroupGemm forced;
   const auto build = [](Graph& graph, std::vector<Tensor>& in) {
     const Conv2dOptions same{.padding = {1, 1}};
     const Tensor hidden = tanh(conv2d(in[0], in[1], std::nullopt, same));
@@ -2880,8 +2883,7 @@ TEST_F(GpuCoopMatrix, HalfActivationsInBfloat16BetweenWinogradConvolutions) {
 // f64 product rounded to bfloat16, which the f32 sum may miss by one bfloat16 step (2^-8
 // relative at most).
 TEST_F(GpuCoopMatrix, WorkgroupGemmOfBf16Tensors) {
-  if (!device_has_bf16_coop_matrices() ||
-      !device_has_workgroup_coop_matrices(gpu::ScalarType::bf16))
+  if (!device_has_bf16_workgroup_matrices())
     GTEST_SKIP() << "the device has no workgroup-scope bfloat16 cooperative matrices";
   check_workgroup_products(DType::bf16, 8e-3, 1, 90, kBf16.options());
 }
