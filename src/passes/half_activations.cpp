@@ -66,7 +66,7 @@ class HalfActivations {
       if (node.is_leaf() || is_view_op(node.op) || node.type.dtype != DType::f32 ||
           values_.kept(id))
         continue;
-      // A move of a value stored in f16 stores its result in f16 (its readers were checked).
+      // A move of a value stored in 16 bits stores its result so (its readers were checked).
       if (is_half_move(node)) {
         half[i] = half[values_.storage_source(node.inputs[0])];
         continue;
@@ -121,10 +121,12 @@ class HalfActivations {
     });
   }
 
-  // Whether `node`'s kernel can round its f32 result to 16 bits as it stores it.
+  // Whether `node`'s kernel can round its f32 result to 16 bits as it stores it: a product only
+  // into its operands' format, the storage's.
   bool writes_half(const Node& node) const {
     if (node.op == op::half_matmul)
-      return !node.attrs.has("k_splits") && device_.workgroup_gemm_writes_half_result(graph_, node);
+      return graph_.type(node.inputs[0]).dtype == (f16_ ? DType::f16 : DType::bf16) &&
+             !node.attrs.has("k_splits") && device_.workgroup_gemm_writes_half_result(graph_, node);
     return device_.is_pointwise_op(node.op) && node.op != op::widen_f16 &&
            node.op != op::widen_bf16 && node.op != op::cast;
   }
