@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "cli_runner.hpp"
 
@@ -202,6 +205,74 @@ TEST(CliBenchCompile, PlanOnlyPrintsEachDispatchsCostOnRequest) {
   EXPECT_EQ(alone.status, 1) << alone.output;
   EXPECT_NE(alone.output.find("add --bench-compile --plan-only"), std::string::npos)
       << alone.output;
+}
+
+// Each product's dispatch, fused with an epilogue or a transpose of its result or not, is
+// labelled with the product's own op (a half_matmul as half_matmul) and counts its 2 M N K
+// FLOPs, K read off A's shape in the planned graph (Whisper-tiny's fast step: half products with
+// bias epilogues, transposed stores and split K). A half_matmul once labelled "matmul" was
+// counted as its epilogue's elementwise work.
+TEST(CliBenchCompile, PlanOnlyCountsEveryProductsFlopsUnderItsOwnLabel) {
+  const Result both =
+      run("devices --bench-compile --plan-only --costs --graph --program whisper-tiny --precision "
+          "fast");
+  ASSERT_EQ(both.status, 0) << both.output;
+  struct Defined {
+    std::string op;
+    std::vector<int64_t> inputs, dims;
+    int64_t splits = 1;
+    bool transpose_a = false;
+  };
+  std::map<int64_t, Defined> graph;
+  std::vector<std::tuple<std::string, int64_t, double>> products;  // op, %N, GFLOP
+  std::istringstream lines(both.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("%")) {
+      Defined node;
+      const int64_t id = std::stol(line.substr(1));
+      const size_t equals = line.find(" = ");
+      const size_t open = line.find('(', equals);
+      node.op = line.substr(equals + 3, open == std::string::npos ? 0 : open - equals - 3);
+      if (open != std::string::npos) {
+        const size_t close = line.find(')', open);
+        std::istringstream operands(line.substr(open + 1, close - open - 1));
+        for (std::string operand; std::getline(operands, operand, ',');)
+          node.inputs.push_back(std::stol(operand.substr(operand.find('%') + 1)));
+      }
+      if (const size_t at = line.find("k_splits="); at != std::string::npos)
+        node.splits = std::stol(line.substr(at + 9));
+      node.transpose_a = line.find("transpose_a=1") != std::string::npos;
+      const size_t bracket = line.rfind('[');
+      std::istringstream dims(line.substr(bracket + 1, line.rfind(']') - bracket - 1));
+      for (std::string dim; std::getline(dims, dim, ',');) node.dims.push_back(std::stol(dim));
+      graph[id] = node;
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string index, kernel, op, value;
+    double megabytes = 0, gigaflops = 0;
+    if (!(fields >> index >> kernel >> megabytes >> gigaflops >> op >> value) ||
+        !std::isdigit(static_cast<unsigned char>(index[0])) || value.size() < 2 || value[0] != '%')
+      continue;
+    if (op == "matmul" || op == "half_matmul")
+      products.emplace_back(op, std::stol(value.substr(1)), gigaflops);
+  }
+  size_t half_products = 0;
+  ASSERT_GT(products.size(), 50u) << both.output;
+  for (const auto& [op, id, gigaflops] : products) {
+    ASSERT_TRUE(graph.count(id)) << op << " %" << id;
+    const Defined& node = graph.at(id);
+    EXPECT_EQ(node.op, op) << "%" << id;
+    half_products += op == "half_matmul";
+    const std::vector<int64_t>& a = graph.at(node.inputs.at(0)).dims;
+    const double k = static_cast<double>(a.at(a.size() - (node.transpose_a ? 2 : 1)));
+    double elements = 1;
+    for (int64_t dim : node.dims) elements *= static_cast<double>(dim);
+    // The printed GFLOP has four decimals.
+    EXPECT_NEAR(gigaflops, 2 * elements / static_cast<double>(node.splits) * k * 1e-9, 6e-5)
+        << op << " %" << id;
+  }
+  EXPECT_GT(half_products, 20u);
 }
 
 // --graph prints the planned graph after its dispatch list: a line for every node, so that each

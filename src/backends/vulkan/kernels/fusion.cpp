@@ -1240,13 +1240,15 @@ std::vector<Launch> lower_graph(const Graph& graph, const DeviceTraits& device,
     if (auto it = epilogue_of_root.find(id); it != epilogue_of_root.end()) {
       const MatmulEpilogue& epilogue = it->second;
       const ValueId product = epilogue.dag.inputs[epilogue.product_input];
-      const std::string label = "matmul %" + std::to_string(product) + " + " +
-                                fused_label(graph, epilogue.dag) + moved_label;
+      const std::string label = std::string(graph.node(product).op) + " %" +
+                                std::to_string(product) + " + " + fused_label(graph, epilogue.dag) +
+                                moved_label;
       return lower_matmul_with_epilogue(graph, product, &epilogue, moved_value, device, label);
     }
     if (stores_f32_product(graph, node, device) && moved_value != kNoValue)
-      return lower_matmul_with_epilogue(graph, id, nullptr, moved_value, device,
-                                        "matmul %" + std::to_string(id) + moved_label);
+      return lower_matmul_with_epilogue(
+          graph, id, nullptr, moved_value, device,
+          std::string(node.op) + " %" + std::to_string(id) + moved_label);
     if (auto it = inlined_of.find(id); it != inlined_of.end() || moved != moved_to.end()) {
       PointwiseDag dag = loading_through(
           it != inlined_of.end() ? dag_of(graph, id, fused_into, written_beside, &siblings_of,
