@@ -15,6 +15,7 @@
 #include "backends/vulkan/kernels/vulkan_target.hpp"
 #include "meganeura/autodiff.hpp"
 #include "meganeura/ops.hpp"
+#include "ops/half_gemm.hpp"
 #include "ops/interpreter.hpp"
 #include "ops/k_split.hpp"
 #include "ops/op.hpp"
@@ -2005,9 +2006,11 @@ TEST(Passes, HalfStorageComputesInF32WithTheSameValues) {
   }
 }
 
-// `value` rounded to f16 and widened back, by hand: what a pass that stores it in f16 computes.
-Tensor rounded_by_hand(Graph& graph, Tensor value) {
-  return Tensor(&graph, graph.add("widen_f16", {graph.add("round_to_f16", {value.id()})}));
+// `value` rounded to 16-bit `format` and widened back, by hand: what a pass that stores it in
+// that format computes.
+Tensor rounded_by_hand(Graph& graph, Tensor value, DType format = DType::f16) {
+  return Tensor(&graph, graph.add(widening_op(format),
+                                  {graph.add(rounding_op(format), {value.id()})}));
 }
 
 // The leaves `names` of `graph` drawn from [-1.5, 1.5] with `seed`.
@@ -2058,6 +2061,24 @@ void expect_stored_in_16_bits(const Graph& graph, const Graph& by_hand, const Gr
   EXPECT_NE(unrounded[graph.output("shared")].data, got[rewritten.output("shared")].data);
 }
 
+// What both half activations tests add for Winograd's output transform: a product of points
+// rounded to 16-bit `format`, read only by the transform, whose image two elementwise kernels
+// read (output "image"); the product and the image each passed through `kept`.
+void winograd_image_of_rounded_points(Graph& graph, DType format,
+                                      const std::function<Tensor(Tensor)>& kept) {
+  const std::string_view rounding = rounding_op(format);
+  const Tensor filter_points = input(graph, "filter_points", {16, 128, 64});
+  const Tensor tile_points = input(graph, "tile_points", {16, 64, 256});
+  const Tensor transformed =
+      kept(Tensor(&graph, graph.add("half_matmul", {graph.add(rounding, {filter_points.id()}),
+                                                    graph.add(rounding, {tile_points.id()})})));
+  const Tensor image =
+      kept(Tensor(&graph, graph.add("winograd_output", {transformed.id()},
+                                    {{"tiles", std::vector<int64_t>{16, 16}},
+                                     {"output_size", std::vector<int64_t>{32, 32}}})));
+  graph.set_output("image", (relu(image) - image * 0.25).id());
+}
+
 // Half activations (on an H200-like GPU with the workgroup GEMM): a value that
 // several kernels read is stored in f16 where its producer and every reader convert in
 // registers (an elementwise value that Winograd's f16 tiles read too, products of f16 operands,
@@ -2078,16 +2099,7 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
                                          {"padding", std::vector<int64_t>{1, 1}},
                                          {"f16_result", int64_t{1}}}));
     // Winograd's output transform of a product of f16 points, read twice.
-    const Tensor filter_points = input(graph, "filter_points", {16, 128, 64});
-    const Tensor tile_points = input(graph, "tile_points", {16, 64, 256});
-    const Tensor transformed = kept(
-        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_f16", {filter_points.id()}),
-                                                 graph.add("round_to_f16", {tile_points.id()})})));
-    const Tensor image =
-        kept(Tensor(&graph, graph.add("winograd_output", {transformed.id()},
-                                      {{"tiles", std::vector<int64_t>{16, 16}},
-                                       {"output_size", std::vector<int64_t>{32, 32}}})));
-    graph.set_output("image", (relu(image) - image * 0.25).id());
+    winograd_image_of_rounded_points(graph, DType::f16, kept);
     const Tensor e = x * 2.0 + 1.0;
     graph.set_output("normed", (layer_norm(e, std::nullopt, std::nullopt) + exp(e)).id());
     // A bias added to a product, which the GEMM adds as it stores the product.
@@ -2143,9 +2155,7 @@ TEST(Passes, HalfActivationsStoreValuesThatSeveralKernelsReadInF16) {
 TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
   const auto block = [&](Graph& graph, bool round_by_hand) {
     const auto kept = [&](Tensor value) {
-      return round_by_hand ? Tensor(&graph, graph.add("widen_bf16",
-                                                      {graph.add("round_to_bf16", {value.id()})}))
-                           : value;
+      return round_by_hand ? rounded_by_hand(graph, value, DType::bf16) : value;
     };
     const auto [x, a] = shared_values(graph, kept);
     // Winograd's input tiles of a, in bfloat16 points either way.
@@ -2161,16 +2171,7 @@ TEST(Passes, HalfActivationsInBf16StoreWhatElementwiseKernelsRead) {
     graph.set_output("product", (relu(product) + product * 0.5).id());
     graph.set_output("scaled", (e * 3.0 - 1.0).id());
     // Winograd's output transform of a product of bfloat16 points, read twice.
-    const Tensor filter_points = input(graph, "filter_points", {16, 128, 64});
-    const Tensor tile_points = input(graph, "tile_points", {16, 64, 256});
-    const Tensor transformed = kept(
-        Tensor(&graph, graph.add("half_matmul", {graph.add("round_to_bf16", {filter_points.id()}),
-                                                 graph.add("round_to_bf16", {tile_points.id()})})));
-    const Tensor image =
-        kept(Tensor(&graph, graph.add("winograd_output", {transformed.id()},
-                                      {{"tiles", std::vector<int64_t>{16, 16}},
-                                       {"output_size", std::vector<int64_t>{32, 32}}})));
-    graph.set_output("image", (relu(image) - image * 0.25).id());
+    winograd_image_of_rounded_points(graph, DType::bf16, kept);
   };
   Graph graph, by_hand;
   block(graph, false);
