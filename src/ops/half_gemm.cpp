@@ -42,9 +42,10 @@ TensorType infer_widening(const Graph& graph, const Node& node) {
 }
 
 // half_matmul(a, b) {transpose_a, transpose_b, f16_result, bf16_result, k_splits}: a [..., M, K]
-// and b [..., K, N] in f16, or one of them in f32 (which the fast GEMM rounds as it loads it: half
-// products, passes/half_products.cpp), or both in bf16 (the workgroup GEMM's operands in bf16
-// precision), each stored transposed where its flag says, leading batch axes broadcast as
+// and b [..., K, N] in f16, or both in bf16 (the GEMMs' operands in bf16 precision), or one of
+// them in f32 (which the fast GEMM rounds as it loads it: half products,
+// passes/half_products.cpp), each stored transposed where its flag says, leading batch axes
+// broadcast as
 // matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands) or to bf16
 // with bf16_result (bf16 operands); with
 // k_splits = S (only from the split-K pass) the f32 partial results
@@ -53,14 +54,18 @@ TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 2);
   const TensorType& a = graph.type(node.inputs[0]);
   const TensorType& b = graph.type(node.inputs[1]);
-  const auto f16_or_f32 = [](DType dtype) { return dtype == DType::f16 || dtype == DType::f32; };
+  // Operands of one 16-bit format, or one of them f32.
+  const auto operands_in = [&](DType format) {
+    const auto fits = [format](DType dtype) { return dtype == format || dtype == DType::f32; };
+    return fits(a.dtype) && fits(b.dtype) && (a.dtype == format || b.dtype == format);
+  };
   const bool bfloat16 = a.dtype == DType::bf16 && b.dtype == DType::bf16;
-  if (!bfloat16 && ((a.dtype != DType::f16 && b.dtype != DType::f16) || !f16_or_f32(a.dtype) ||
-                    !f16_or_f32(b.dtype)))
+  const bool reads_bf16 = operands_in(DType::bf16);
+  if (!operands_in(DType::f16) && !reads_bf16)
     op_error(graph, node,
-             "multiplies f16 operands, or one f16 and one f32 (round_to_f16 gives them), or two "
-             "bf16 operands (round_to_bf16)");
-  if (bfloat16 && flag_attr(graph, node, "f16_result"))
+             "multiplies f16 operands or bf16 ones (round_to_f16, round_to_bf16 give them), or "
+             "one of them beside an f32 operand");
+  if (reads_bf16 && flag_attr(graph, node, "f16_result"))
     op_error(graph, node, "multiplies bf16 operands into an f32 or bf16 result (no f16_result)");
   const bool bf16_result = flag_attr(graph, node, "bf16_result");
   if (bf16_result && !bfloat16)

@@ -6,13 +6,15 @@
 // setup, and a value that an elementwise kernel or a normalisation computes and only such
 // products read, whose rounding fuses into that kernel's store. Every product reads the values
 // it read before, rounded as the GEMM rounded them. A frozen weight is then stored twice, in f32
-// (the parameter) and in f16 (the setup's result).
+// (the parameter) and in f16 (the setup's result). In bf16 precision, whose GEMMs round their
+// operands to bfloat16, the operands are stored in bfloat16 alike.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
 
 #include "ir/op_names.hpp"
+#include "ops/half_gemm.hpp"
 #include "ops/op.hpp"
 #include "passes/passes.hpp"
 #include "passes/rebuild.hpp"
@@ -139,7 +141,9 @@ ValueId half_operand(Graph& target, ValueId value, std::unordered_map<ValueId, V
 
 }  // namespace
 
-Graph half_products(Graph graph, const target::Target& device, std::vector<ValueId>* remap) {
+Graph half_products(Graph graph, const target::Target& device, DType format,
+                    std::vector<ValueId>* remap) {
+  const std::string_view rounding = rounding_op(format);
   const auto [half_inputs, is_rounded] = HalfProducts(graph, device).choose();
   if (std::none_of(half_inputs.begin(), half_inputs.end(), [](uint8_t mask) { return mask != 0; }))
     return unchanged(std::move(graph), remap);
@@ -153,7 +157,7 @@ Graph half_products(Graph graph, const target::Target& device, std::vector<Value
           // Rounded where it is made, before any of its readers: fusion merges kernels whose
           // readers all follow them (two gradients of one SwiGLU into one launch).
           const ValueId value = target.add_typed(std::move(node));
-          halves.emplace(value, target.add(op::round_to_f16, {value}));
+          halves.emplace(value, target.add(rounding, {value}));
           return value;
         }
         const uint8_t mask = half_inputs[old_id];

@@ -68,8 +68,9 @@ Graph workgroup_gemm(Graph graph, const target::Target& device,
 // constant that no assignment updates (its rounding moves to the plan's setup), or an
 // elementwise or normalisation result that only such products read in f16 (its rounding fuses
 // into its kernel's store). The products round their operands as before (see
-// half_products.cpp).
-Graph half_products(Graph graph, const target::Target& device,
+// half_products.cpp). With `format` bf16 (bf16 precision, whose GEMMs round to bfloat16) the
+// operands are stored in bfloat16 (round_to_bf16) alike.
+Graph half_products(Graph graph, const target::Target& device, DType format = DType::f16,
                     std::vector<ValueId>* remap = nullptr);
 
 // Split attention: an attention forward, dQ, dK or dV with few owned blocks and many streamed

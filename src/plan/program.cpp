@@ -457,9 +457,10 @@ Program build_program(const Graph& source, const target::Target& device,
   const target::DeviceTraits& traits = device.traits();
   // Products of operands stored in f16 where storing them so costs nothing; before split-K, which
   // splits half_matmuls as it splits matmuls.
-  if (switches.half_products.value_or(true) && traits.fast_precision && !traits.bf16_operands &&
-      traits.f16_tensors && device.cooperative_matrices())
-    program.graph = passes::half_products(std::move(program.graph), device);
+  if (switches.half_products.value_or(true) && traits.fast_precision && traits.f16_tensors &&
+      device.cooperative_matrices())
+    program.graph = passes::half_products(std::move(program.graph), device,
+                                          traits.bf16_operands ? DType::bf16 : DType::f16);
   // These rewrites trade dispatches for parallelism, which GPUs need and CPU devices do not.
   // The one-pass variance trades rounding for a pass over x, as fast precision's products do.
   const bool one_pass_variance =

@@ -2917,6 +2917,36 @@ TEST_F(GpuCoopMatrix, SubgroupGemmOfBf16Tensors) {
   }
 }
 
+// SubgroupGemmOfOneF16Operand in bf16 precision with one bf16 and one f32 operand (half products
+// there: the f32 operand rounded to bfloat16 as the GEMM loads it), within the bf16 tolerance of
+// the f64 product.
+TEST_F(GpuCoopMatrix, SubgroupGemmOfOneBf16Operand) {
+  if (!device_has_bf16_coop_matrices())
+    GTEST_SKIP() << "the device has no bfloat16 cooperative matrices";
+  uint64_t seed = 190;
+  for (const auto& [m, n, k, launches] :
+       {std::tuple{50, 96, 200, 1}, std::tuple{132, 68, 36, 1}, std::tuple{50, 96, 2048, 2},
+        std::tuple{60, 92, 2044, 2}}) {
+    for (int flags = 0; flags < 8; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2, bf16_b = flags & 4;
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                   " flags " + std::to_string(flags));
+      size_t dispatches = 0;
+      check_on_gpu(
+          {{"a", ta ? Shape{k, m} : Shape{m, k}, bf16_b ? DType::f32 : DType::bf16},
+           {"b", tb ? Shape{n, k} : Shape{k, n}, bf16_b ? DType::bf16 : DType::f32}},
+          [&](Graph& graph, std::vector<Tensor>& in) {
+            const ValueId product =
+                graph.add("half_matmul", {in[0].id(), in[1].id()},
+                          {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
+            graph.set_output("y", product);
+          },
+          kBf16Tolerance, seed++, kBf16.options(), &dispatches, false);
+      EXPECT_EQ(dispatches, static_cast<size_t>(launches));
+    }
+  }
+}
+
 // The probe of a subgroup's fragment layout: through both extensions every element of the A and
 // accumulator fragments lies in exactly one lane's component (the probe checks that), and
 // NVIDIA's driver keeps them in the layout the attention forward's register softmax is written

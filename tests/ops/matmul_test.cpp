@@ -269,16 +269,21 @@ TEST(HalfGemm, HalfMatmulIsTheProductInF32) {
     EXPECT_EQ(product.dtype(), DType::f32);
     expect_values(evaluate(graph, environment)[product.id()], {2, 2}, kProduct);
   }
-  // Two bf16 operands (the workgroup GEMM's in bf16 precision), which hold these values exactly.
-  Graph graph;
-  Environment environment;
-  const Tensor x = input(graph, "a", a.shape, DType::bf16);
-  const Tensor y = input(graph, "b", b.shape, DType::bf16);
-  environment.leaves["a"] = a;
-  environment.leaves["b"] = b;
-  const Tensor product = raw(graph, "half_matmul", {x.id(), y.id()});
-  EXPECT_EQ(product.dtype(), DType::f32);
-  expect_values(evaluate(graph, environment)[product.id()], {2, 2}, kProduct);
+  // bf16 operands (the GEMMs' in bf16 precision), which hold these values exactly: both, or one
+  // beside an f32 operand (half products in bf16 precision).
+  for (const auto& [a_dtype, b_dtype] :
+       {std::pair{DType::bf16, DType::bf16}, std::pair{DType::bf16, DType::f32},
+        std::pair{DType::f32, DType::bf16}}) {
+    Graph graph;
+    Environment environment;
+    const Tensor x = input(graph, "a", a.shape, a_dtype);
+    const Tensor y = input(graph, "b", b.shape, b_dtype);
+    environment.leaves["a"] = a;
+    environment.leaves["b"] = b;
+    const Tensor product = raw(graph, "half_matmul", {x.id(), y.id()});
+    EXPECT_EQ(product.dtype(), DType::f32);
+    expect_values(evaluate(graph, environment)[product.id()], {2, 2}, kProduct);
+  }
 }
 
 TEST(HalfGemm, Misuse) {
@@ -293,13 +298,24 @@ TEST(HalfGemm, Misuse) {
       [&] {
         raw(graph, "half_matmul", {h.id(), bf.id()});
       },
-      {"half_matmul", "two bf16 operands"});
+      {"half_matmul", "f16 operands or bf16 ones"});
   const Tensor bf_a = input(graph, "bf_a", {2, 3}, DType::bf16);
   expect_error(
       [&] {
         raw(graph, "half_matmul", {bf_a.id(), bf.id()}, {{"f16_result", int64_t{1}}});
       },
       {"half_matmul", "bf16 operands into an f32 or bf16 result"});
+  const Tensor f = input(graph, "f", {3, 2});
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {bf_a.id(), f.id()}, {{"f16_result", int64_t{1}}});
+      },
+      {"half_matmul", "bf16 operands into an f32 or bf16 result"});
+  expect_error(
+      [&] {
+        raw(graph, "half_matmul", {bf_a.id(), f.id()}, {{"bf16_result", int64_t{1}}});
+      },
+      {"half_matmul", "bf16_result", "only for bf16 operands"});
   expect_error(
       [&] {
         raw(graph, "half_matmul", {h.id(), g.id()},
@@ -316,7 +332,7 @@ TEST(HalfGemm, Misuse) {
       [&] {
         raw(graph, "half_matmul", {h.id(), indices.id()});
       },
-      {"half_matmul", "f16 operands", "one f32"});
+      {"half_matmul", "f16 operands", "an f32 operand"});
   expect_error(
       [&] {
         raw(graph, "half_matmul", {h.id(), g.id()});

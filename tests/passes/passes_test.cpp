@@ -2407,71 +2407,81 @@ TEST(Passes, DecomposedBatchNormKeepsOutputsGradientsAndRunningStatistics) {
   }
 }
 
-// Half products (on an H200-like GPU of one compute unit, in fast precision): a product reads in
-// f16 each operand that costs nothing to store so, a weight no assignment updates (a parameter or
-// a state) and a layer norm's or an elementwise result that only such products read, through a
-// reshape, whatever its number of rows (60 too), one rounding an operand however many products
-// read it; its other operand stays f32 where it cannot (a host input, an updated weight, a value
-// something else reads too). A product over a K off the multiples of 8 (the extent along which
-// both operands lie in memory) keeps both f32; a strict device rewrites nothing. The rewritten
-// graph computes, on the f64 reference, what the same graph computes with those operands rounded
-// to f16 (built by hand below).
+// Half products (on an H200-like GPU of one compute unit, in fast precision, and in bf16
+// precision on one with bfloat16 cooperative matrices, whose GEMMs round to bfloat16): a product
+// reads in the 16-bit format each operand that costs nothing to store so, a weight no assignment
+// updates (a parameter or a state) and a layer norm's or an elementwise result that only such
+// products read, through a reshape, whatever its number of rows (60 too), one rounding an
+// operand however many products read it; its other operand stays f32 where it cannot (a host
+// input, an updated weight, a value something else reads too). A product over a K off the
+// multiples of 8 (the extent along which both operands lie in memory) keeps both f32; a strict
+// device rewrites nothing. The rewritten graph computes, on the f64 reference, what the same
+// graph computes with those operands rounded to the format (built by hand below).
 TEST(Passes, HalfProductsRoundOperandsThatCostNothingToStoreInF16) {
-  const auto block = [&](Graph& graph, bool round_by_hand) {
-    const auto half = [&](Tensor value) {
-      return round_by_hand ? rounded_by_hand(graph, value) : value;
+  for (const DType format : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(format));
+    const bool bfloat16 = format == DType::bf16;
+    const char* rounding = bfloat16 ? "round_to_bf16" : "round_to_f16";
+    const auto block = [&](Graph& graph, bool round_by_hand) {
+      const auto half = [&](Tensor value) {
+        return round_by_hand ? rounded_by_hand(graph, value, format) : value;
+      };
+      const Tensor x = input(graph, "x", {2, 32, 64});
+      const Tensor w_q = parameter(graph, "w_q", {64, 64}, Init::uniform(-1, 1));
+      const Tensor w_k{&graph, graph.state("w_k", {DType::f32, {64, 64}}, Init::uniform(-1, 1))};
+      const Tensor w_up = parameter(graph, "w_up", {128, 64}, Init::uniform(-1, 1));
+      const Tensor w_down = parameter(graph, "w_down", {64, 128}, Init::uniform(-1, 1));
+      const Tensor w_trained = parameter(graph, "w_trained", {64, 64}, Init::uniform(-1, 1));
+      const Tensor normed = half(reshape(layer_norm(x, std::nullopt, std::nullopt), {64, 64}));
+      const Tensor q = matmul(normed, half(w_q), false, true);
+      const Tensor k = matmul(normed, half(w_k), false, true);
+      const Tensor up = half(gelu(matmul(normed, half(w_up), false, true)));
+      const Tensor down = matmul(up, half(w_down), false, true);
+      graph.set_output("qk", (q * k + down).id());
+      const Tensor sixty = reshape(input(graph, "sixty", {60, 64}), {60, 64});
+      graph.set_output("of_sixty", matmul(half(sigmoid(sixty)), half(w_q), false, true).id());
+      // One operand 16-bit: beside a host input, an updated weight, a value that a sum reads too.
+      const Tensor rows = reshape(x, {64, 64});
+      graph.set_output("of_input", matmul(rows, half(w_q), false, true).id());
+      const Tensor trained = matmul(half(tanh(rows)), w_trained, false, true);
+      graph.set_output("of_trained", trained.id());
+      graph.assign(w_trained.id(), (w_trained * 0.5).id());
+      const Tensor shared = exp(rows * 0.25);
+      graph.set_output("of_shared", matmul(shared, half(w_q), false, true).id());
+      graph.set_output("shared_sum", sum(shared, {0}).id());
+      // Kept: a K of 60.
+      const Tensor w_narrow = parameter(graph, "w_narrow", {64, 60}, Init::uniform(-1, 1));
+      const Tensor narrow = reshape(input(graph, "narrow", {64, 60}), {64, 60});
+      graph.set_output("of_narrow", matmul(sigmoid(narrow), w_narrow, false, true).id());
     };
-    const Tensor x = input(graph, "x", {2, 32, 64});
-    const Tensor w_q = parameter(graph, "w_q", {64, 64}, Init::uniform(-1, 1));
-    const Tensor w_k{&graph, graph.state("w_k", {DType::f32, {64, 64}}, Init::uniform(-1, 1))};
-    const Tensor w_up = parameter(graph, "w_up", {128, 64}, Init::uniform(-1, 1));
-    const Tensor w_down = parameter(graph, "w_down", {64, 128}, Init::uniform(-1, 1));
-    const Tensor w_trained = parameter(graph, "w_trained", {64, 64}, Init::uniform(-1, 1));
-    const Tensor normed = half(reshape(layer_norm(x, std::nullopt, std::nullopt), {64, 64}));
-    const Tensor q = matmul(normed, half(w_q), false, true);
-    const Tensor k = matmul(normed, half(w_k), false, true);
-    const Tensor up = half(gelu(matmul(normed, half(w_up), false, true)));
-    const Tensor down = matmul(up, half(w_down), false, true);
-    graph.set_output("qk", (q * k + down).id());
-    const Tensor sixty = reshape(input(graph, "sixty", {60, 64}), {60, 64});
-    graph.set_output("of_sixty", matmul(half(sigmoid(sixty)), half(w_q), false, true).id());
-    // One operand f16: beside a host input, an updated weight, a value that a sum reads too.
-    const Tensor rows = reshape(x, {64, 64});
-    graph.set_output("of_input", matmul(rows, half(w_q), false, true).id());
-    const Tensor trained = matmul(half(tanh(rows)), w_trained, false, true);
-    graph.set_output("of_trained", trained.id());
-    graph.assign(w_trained.id(), (w_trained * 0.5).id());
-    const Tensor shared = exp(rows * 0.25);
-    graph.set_output("of_shared", matmul(shared, half(w_q), false, true).id());
-    graph.set_output("shared_sum", sum(shared, {0}).id());
-    // Kept: a K of 60.
-    const Tensor w_narrow = parameter(graph, "w_narrow", {64, 60}, Init::uniform(-1, 1));
-    const Tensor narrow = reshape(input(graph, "narrow", {64, 60}), {64, 60});
-    graph.set_output("of_narrow", matmul(sigmoid(narrow), w_narrow, false, true).id());
-  };
-  Graph graph, by_hand;
-  block(graph, false);
-  block(by_hand, true);
-  const Environment environment = uniform_leaves(
-      graph, {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty", "w_narrow", "narrow"}, 41);
-  target::DeviceTraits fast = h200_like(1);
-  fast.coop_matrix_f16_khr = true;
-  fast.fast_precision = true;
-  const Graph rewritten = passes::half_products(graph, vulkan::VulkanTarget(fast));
-  verify(rewritten);
-  EXPECT_EQ(count_of(rewritten, "half_matmul"), 8u);
-  EXPECT_EQ(count_of(rewritten, "matmul"), 1u);
-  // The layer norm's, the GELU's, the sigmoid's, the tanh's and the four fixed weights'.
-  EXPECT_EQ(count_of(rewritten, "round_to_f16"), 8u);
-  size_t mixed = 0;
-  for (const Node& node : rewritten.nodes())
-    mixed += node.op == "half_matmul" &&
-             rewritten.type(node.inputs[0]).dtype != rewritten.type(node.inputs[1]).dtype;
-  EXPECT_EQ(mixed, 3u);
-  expect_same_outputs(by_hand, rewritten, environment);
+    Graph graph, by_hand;
+    block(graph, false);
+    block(by_hand, true);
+    const Environment environment = uniform_leaves(
+        graph, {"x", "w_q", "w_k", "w_up", "w_down", "w_trained", "sixty", "w_narrow", "narrow"},
+        41);
+    target::DeviceTraits device = h200_like(1);
+    device.coop_matrix_f16_khr = true;
+    device.coop_matrix_bf16_khr = bfloat16;
+    device.bf16_operands = bfloat16;
+    device.fast_precision = true;
+    const Graph rewritten = passes::half_products(graph, vulkan::VulkanTarget(device), format);
+    verify(rewritten);
+    EXPECT_EQ(count_of(rewritten, "half_matmul"), 8u);
+    EXPECT_EQ(count_of(rewritten, "matmul"), 1u);
+    // The layer norm's, the GELU's, the sigmoid's, the tanh's and the four fixed weights'.
+    EXPECT_EQ(count_of(rewritten, rounding), 8u);
+    EXPECT_EQ(count_of(rewritten, bfloat16 ? "round_to_f16" : "round_to_bf16"), 0u);
+    size_t mixed = 0;
+    for (const Node& node : rewritten.nodes())
+      mixed += node.op == "half_matmul" &&
+               rewritten.type(node.inputs[0]).dtype != rewritten.type(node.inputs[1]).dtype;
+    EXPECT_EQ(mixed, 3u);
+    expect_same_outputs(by_hand, rewritten, environment);
 
-  const Graph strict = passes::half_products(graph, vulkan::VulkanTarget(h200_like(1)));
-  EXPECT_EQ(strict.to_string(), graph.to_string());
+    const Graph strict = passes::half_products(graph, vulkan::VulkanTarget(h200_like(1)), format);
+    EXPECT_EQ(strict.to_string(), graph.to_string());
+  }
 }
 
 }  // namespace

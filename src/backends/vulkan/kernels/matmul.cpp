@@ -129,17 +129,18 @@ void emit_matmul(LoweringContext& context, const MatmulEpilogue* epilogue,
 
   // f16 operands (half_matmul: both, or one beside an f32 one) are read as f16 and the result
   // stored as f16 where it is f16; they run on cooperative matrices whatever the product's size
-  // (passes/half_storage.cpp, passes/half_products.cpp). bf16 operands (both, in bf16 precision)
-  // likewise, into an f32 result.
+  // (passes/half_storage.cpp, passes/half_products.cpp). bf16 operands (both, or one beside an
+  // f32 one, in bf16 precision) likewise, into an f32 result.
   const DType a_dtype = context.input_type(0).dtype, b_dtype = context.input_type(1).dtype;
   const bool bfloat16 = a_dtype == DType::bf16 || b_dtype == DType::bf16;
   const bool half_a = is_half_dtype(a_dtype), half_b = is_half_dtype(b_dtype);
   const bool half_operands = half_a || half_b;
-  if (bfloat16 &&
-      (a_dtype != b_dtype || !context.device().bf16_operands || node.type.dtype == DType::bf16))
+  if (bfloat16 && ((a_dtype != b_dtype && (a_dtype == DType::f16 || b_dtype == DType::f16)) ||
+                   !context.device().bf16_operands || node.type.dtype == DType::bf16))
     throw Error("internal: " + context.label() +
-                " multiplies bf16 operands, which the subgroup GEMM reads only both at once, in "
-                "bf16 precision, into an f32 result (the passes that write it check this)");
+                " multiplies bf16 operands, which the subgroup GEMM reads (beside each other or an "
+                "f32 operand) only in bf16 precision, into an f32 result (the passes that write "
+                "it check this)");
   const bool half_result = node.type.dtype == DType::f16;
   const bool coop =
       half_operands ? use_coop_gemm(context.device()) : matmul_runs_coop(shape, context.device());
