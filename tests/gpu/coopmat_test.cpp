@@ -2587,15 +2587,14 @@ TEST_F(GpuCoopMatrix, SubgroupGemmOfF16Tensors) {
   }
 }
 
-// Products of one f16 and one f32 operand (half products of a frozen weight beside an
-// activation, or of a rounded activation beside a trained weight: passes/half_products.cpp) on
-// the subgroup-scope GEMM, in every transposition, either operand f16, against the f64 product of
-// the values (the f32 operand rounded as the GEMM loads it): the f16 operand in units of 8 halves
-// where its contiguous extent allows (50 rows too), else 4 or 1 at a time; one dispatch, or two
-// where K is long enough to split.
-TEST_F(GpuCoopMatrix, SubgroupGemmOfOneF16Operand) {
-  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
-  uint64_t seed = 90;
+// Products of one 16-bit (`half`) and one f32 operand (half products of a frozen weight beside
+// an activation, or of a rounded activation beside a trained weight: passes/half_products.cpp)
+// on the subgroup-scope GEMM, in every transposition, either operand 16-bit, against the f64
+// product of the values (the f32 operand rounded as the GEMM loads it): the 16-bit operand in
+// units of 8 halves where its contiguous extent allows (50 rows too), else 4 or 1 at a time; one
+// dispatch, or two where K is long enough to split.
+void check_products_of_one_half_operand(DType half, double tolerance,
+                                        const SessionOptions& options, uint64_t seed) {
   for (const auto& [m, n, k, launches] :
        {std::tuple{50, 96, 200, 1}, std::tuple{132, 68, 36, 1}, std::tuple{50, 96, 2048, 2},
         std::tuple{60, 92, 2044, 2}}) {
@@ -2605,18 +2604,23 @@ TEST_F(GpuCoopMatrix, SubgroupGemmOfOneF16Operand) {
                    " flags " + std::to_string(flags));
       size_t dispatches = 0;
       check_on_gpu(
-          {{"a", ta ? Shape{k, m} : Shape{m, k}, half_b ? DType::f32 : DType::f16},
-           {"b", tb ? Shape{n, k} : Shape{k, n}, half_b ? DType::f16 : DType::f32}},
+          {{"a", ta ? Shape{k, m} : Shape{m, k}, half_b ? DType::f32 : half},
+           {"b", tb ? Shape{n, k} : Shape{k, n}, half_b ? half : DType::f32}},
           [&](Graph& graph, std::vector<Tensor>& in) {
             const ValueId product =
                 graph.add("half_matmul", {in[0].id(), in[1].id()},
                           {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
             graph.set_output("y", product);
           },
-          3e-3, seed++, fast(), &dispatches, false);
+          tolerance, seed++, options, &dispatches, false);
       EXPECT_EQ(dispatches, static_cast<size_t>(launches));
     }
   }
+}
+
+TEST_F(GpuCoopMatrix, SubgroupGemmOfOneF16Operand) {
+  if (!device_has_coop_matrices()) GTEST_SKIP() << "the device has no f16 cooperative matrices";
+  check_products_of_one_half_operand(DType::f16, 3e-3, fast(), 90);
 }
 
 // Tensor-addressing loads, from either origin, read what the plain loads read: the workgroup
@@ -2917,34 +2921,13 @@ TEST_F(GpuCoopMatrix, SubgroupGemmOfBf16Tensors) {
   }
 }
 
-// SubgroupGemmOfOneF16Operand in bf16 precision with one bf16 and one f32 operand (half products
-// there: the f32 operand rounded to bfloat16 as the GEMM loads it), within the bf16 tolerance of
-// the f64 product.
+// check_products_of_one_half_operand in bf16 precision with one bf16 and one f32 operand (half
+// products there: the f32 operand rounded to bfloat16 as the GEMM loads it), within the bf16
+// tolerance of the f64 product.
 TEST_F(GpuCoopMatrix, SubgroupGemmOfOneBf16Operand) {
   if (!device_has_bf16_coop_matrices())
     GTEST_SKIP() << "the device has no bfloat16 cooperative matrices";
-  uint64_t seed = 190;
-  for (const auto& [m, n, k, launches] :
-       {std::tuple{50, 96, 200, 1}, std::tuple{132, 68, 36, 1}, std::tuple{50, 96, 2048, 2},
-        std::tuple{60, 92, 2044, 2}}) {
-    for (int flags = 0; flags < 8; ++flags) {
-      const bool ta = flags & 1, tb = flags & 2, bf16_b = flags & 4;
-      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
-                   " flags " + std::to_string(flags));
-      size_t dispatches = 0;
-      check_on_gpu(
-          {{"a", ta ? Shape{k, m} : Shape{m, k}, bf16_b ? DType::f32 : DType::bf16},
-           {"b", tb ? Shape{n, k} : Shape{k, n}, bf16_b ? DType::bf16 : DType::f32}},
-          [&](Graph& graph, std::vector<Tensor>& in) {
-            const ValueId product =
-                graph.add("half_matmul", {in[0].id(), in[1].id()},
-                          {{"transpose_a", int64_t{ta}}, {"transpose_b", int64_t{tb}}});
-            graph.set_output("y", product);
-          },
-          kBf16Tolerance, seed++, kBf16.options(), &dispatches, false);
-      EXPECT_EQ(dispatches, static_cast<size_t>(launches));
-    }
-  }
+  check_products_of_one_half_operand(DType::bf16, kBf16Tolerance, kBf16.options(), 190);
 }
 
 // The probe of a subgroup's fragment layout: through both extensions every element of the A and
