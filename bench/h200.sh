@@ -28,10 +28,16 @@ $bin/meganeura devices --bench-compile 2>&1 | tee -a "$out/devices.txt"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   # One process for the whole suite, as CI runs it: it also checks that the drivers stay loaded
   # across the suite's many device openings (before 1f2a72a the NVIDIA driver refused new
-  # instances after about 26 of them).
-  $bin/test_gpu > "$out/test_gpu.txt" 2>&1
+  # instances after about 26 of them). TEST_SHARDS=N runs it in N processes at once instead
+  # (bench/gpu_tests.sh), in a fraction of the time.
+  if [ "${TEST_SHARDS:-1}" -gt 1 ]; then
+    bash bench/gpu_tests.sh $bin/test_gpu "$out/test_gpu_shards" '*' "$TEST_SHARDS" \
+      > "$out/test_gpu.txt" 2>&1
+  else
+    $bin/test_gpu > "$out/test_gpu.txt" 2>&1
+  fi
   echo "test_gpu exit $?" >> "$out/test_gpu.txt"
-  grep -E "tests ran|PASSED  \]|FAILED  \]|SKIPPED \]|test_gpu exit" "$out/test_gpu.txt" | tail -12
+  grep -E "tests ran|PASSED  \]|FAILED  \]|SKIPPED \]|gpu tests:|test_gpu exit" "$out/test_gpu.txt" | tail -12
   # Every registered op on this device against the reference (cooperative-matrix cases too).
   if [ -x "$bin/test_conformance" ]; then
     $bin/test_conformance > "$out/test_conformance.txt" 2>&1
@@ -83,13 +89,13 @@ if [ "${RUN_TRAIN:-1}" = 1 ]; then
 fi
 # The test verdicts again, last, where a truncated log still shows them.
 if [ -f "$out/test_gpu.txt" ]; then
-  grep -E "tests ran|PASSED|FAILED  \]|test_gpu exit" "$out/test_gpu.txt" | tail -6
+  grep -E "tests ran|PASSED|FAILED  \]|gpu tests:|test_gpu exit" "$out/test_gpu.txt" | tail -6
 fi
 # The test log's verdicts and the kernel table come back as files of their own as well.
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/h200_results.tar.gz" -C "$out" .
   cp "$out"/kernels_table.md "$OUT/" 2>/dev/null
-  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|tests ran|test_gpu exit" "$out/test_gpu.txt" \
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|tests ran|gpu tests:|test_gpu exit" "$out/test_gpu.txt" \
     > "$OUT/test_verdicts.txt" 2>/dev/null
 fi
 echo "results in $out${OUT:+ and $OUT/h200_results.tar.gz}"
