@@ -117,6 +117,13 @@ struct Switches {
   // warning, where it is malformed or does not fit the device.
   std::optional<std::string> gemm_tile;   // MEGANEURA_GEMM_TILE
   std::optional<std::string> coop_block;  // MEGANEURA_COOP_BLOCK
+  // MEGANEURA_WORKGROUP_BLOCK=M,N,INVOCATIONS[,SPLIT_ROWS]: the workgroup GEMM's block wherever
+  // it divides a product (kernels/gemm_workgroup.hpp), where the device runs that form.
+  struct WorkgroupBlock {
+    int64_t m = 0, n = 0, invocations = 0;
+    bool split_rows = false;
+  };
+  std::optional<WorkgroupBlock> workgroup_block;
   // MEGANEURA_COOP_SPLIT_MODEL=0: cooperative-matrix matmuls take the coarse split-K rule of
   // convolution weight gradients instead of the modelled one (split_k_rule.cpp).
   bool coop_split_model = true;

@@ -282,6 +282,23 @@ Switches read_switches(Reader& read) {
       read.one_of("MEGANEURA_GEMM_K_GROUPS", {1, 2, 4, 8}, "1, 2, 4 or 8 k-groups", kRule);
   s.gemm_tile = read.text("MEGANEURA_GEMM_TILE");
   s.coop_block = read.text("MEGANEURA_COOP_BLOCK");
+  if (const std::optional<std::string> block = read.text("MEGANEURA_WORKGROUP_BLOCK")) {
+    std::optional<std::vector<int64_t>> parsed = config::parse_integers(*block, 3);
+    if (!parsed) parsed = config::parse_integers(*block, 4);
+    const auto fits = [](const std::vector<int64_t>& v) {
+      const bool split = v.size() == 4 && v[3] == 1;
+      return v[0] >= 16 && v[0] <= 512 && v[0] % (split ? 32 : 16) == 0 && v[1] >= 16 &&
+             v[1] <= 512 && v[1] % 16 == 0 && (v[2] == 128 || v[2] == 256) &&
+             (v.size() == 3 || v[3] == 0 || v[3] == 1);
+    };
+    if (!parsed || !fits(*parsed))
+      Reader::reject("MEGANEURA_WORKGROUP_BLOCK", *block,
+                     "M,N,INVOCATIONS[,SPLIT_ROWS]: M and N multiples of 16 from 16 to 512 (M of "
+                     "32 with SPLIT_ROWS 1), 128 or 256 invocations, SPLIT_ROWS 0 or 1",
+                     kRule);
+    s.workgroup_block = Switches::WorkgroupBlock{(*parsed)[0], (*parsed)[1], (*parsed)[2],
+                                                 parsed->size() == 4 && (*parsed)[3] == 1};
+  }
   s.coop_split_model = read.flag("MEGANEURA_COOP_SPLIT_MODEL",
                                  "the coarse split-K rule for cooperative-matrix matmuls",
                                  "the modelled split-K rule", "the modelled rule")

@@ -36,6 +36,11 @@ struct DeviceTraits {
   // rows high (multiples of 64 x 224 x 64 and 64 x 112 x 64), whose columns divide planes that
   // no 128 or 256 divides: 3136 and 784, ResNet's 56 x 56 and 28 x 28.
   bool workgroup_narrow_blocks = false;
+  // The device runs the block that MEGANEURA_WORKGROUP_BLOCK forces (switches.workgroup_block):
+  // its workgroup-scope matrices on the block's invocations, in the block's accumulator and
+  // 64-deep steps, on every operand type the workgroup GEMM multiplies here, through tensor
+  // layouts where the block splits its rows.
+  bool workgroup_forced_block = false;
   // The subgroup matrices keep their elements in the layout the fast attention kernels are
   // written for (NVIDIA's, probed on the device): those then keep their scores in registers.
   bool quad_row_fragments = false;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "meganeura/error.hpp"
 #include "meganeura/switches.hpp"
@@ -100,6 +101,18 @@ TEST(Switches, EachKindParsesItsValues) {
   // Blocks are checked against the device where they are lowered.
   EXPECT_EQ(switch_text(switches.attention_blocks), "48,8");
   EXPECT_EQ(switches.device, "llvmpipe");
+  // The workgroup GEMM's forced block: M, N, invocations and whether it splits its rows.
+  const std::optional<Switches::WorkgroupBlock> whole =
+      parse({{"MEGANEURA_WORKGROUP_BLOCK", "128,112,128"}}).workgroup_block;
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(std::tuple(whole->m, whole->n, whole->invocations, whole->split_rows),
+            std::tuple(int64_t{128}, int64_t{112}, int64_t{128}, false));
+  const std::optional<Switches::WorkgroupBlock> split =
+      parse({{"MEGANEURA_WORKGROUP_BLOCK", "256,128,256,1"}}).workgroup_block;
+  ASSERT_TRUE(split);
+  EXPECT_EQ(std::tuple(split->m, split->n, split->invocations, split->split_rows),
+            std::tuple(int64_t{256}, int64_t{128}, int64_t{256}, true));
+  EXPECT_FALSE(parse({{"MEGANEURA_WORKGROUP_BLOCK", "256,128,256,0"}}).workgroup_block->split_rows);
 }
 
 TEST(Switches, BadValuesAreRejectedByOneMessage) {
@@ -116,6 +129,9 @@ TEST(Switches, BadValuesAreRejectedByOneMessage) {
   expect_rejected("MEGANEURA_ATTENTION_COOP_BLOCK", "48");
   expect_rejected("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "3");
   expect_rejected("MEGANEURA_COOP_GEMM_MIN", "-1");
+  for (const char* bad : {"", "128,128", "100,128,256", "128,128,64", "128,128,128,2",
+                          "48,128,256,1", "1024,128,256", "128,x,256"})
+    expect_rejected("MEGANEURA_WORKGROUP_BLOCK", bad);
 }
 
 TEST(Switches, CacheFolderFollowsItsFallbacks) {

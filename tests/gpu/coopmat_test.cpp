@@ -935,6 +935,60 @@ TEST_F(CoopMatrixLowering, WorkgroupGemmSplitsItsRowsWhereTensorLoadsExist) {
   }
 }
 
+// MEGANEURA_WORKGROUP_BLOCK forces the workgroup GEMM's block wherever it divides M and N and
+// the device runs it (DeviceTraits::workgroup_forced_block); elsewhere the built-in choice
+// stands. A forced 128 x 128 block on 128 invocations lowers to that block and compiles to
+// workgroup-scope matrices of its shape.
+TEST_F(CoopMatrixLowering, WorkgroupBlockSwitchForcesTheBlockWhereItDividesAndRuns) {
+  constexpr uint32_t kWorkgroup = 2;
+  const ScopedSwitch forced_gemm("MEGANEURA_WORKGROUP_GEMM", "1");
+  target::DeviceTraits device = coop_device();
+  device.workgroup_coop_matrix_f16 = true;
+  device.workgroup_tensor_loads = true;
+  device.workgroup_forced_block = true;
+  {
+    const ScopedSwitch forced("MEGANEURA_WORKGROUP_BLOCK", "256,256,256,1");
+    const target::DeviceTraits switched = testing::switched(device);
+    const std::optional<kernels::WorkgroupGemmBlock> block =
+        kernels::workgroup_gemm_block(512, 512, switched);
+    ASSERT_TRUE(block);
+    EXPECT_EQ(std::tuple(block->m, block->n, block->invocations, block->split_rows),
+              std::tuple(int64_t{256}, int64_t{256}, int64_t{256}, true));
+    // 256 does not divide N = 128: the built-in 256 x 128 block.
+    EXPECT_EQ(kernels::workgroup_gemm_block(256, 128, switched)->n, 128);
+    // A device without the form keeps the built-in block everywhere.
+    target::DeviceTraits without_form = switched;
+    without_form.workgroup_forced_block = false;
+    EXPECT_EQ(kernels::workgroup_gemm_block(512, 512, without_form)->n, 128);
+  }
+  const ScopedSwitch forced("MEGANEURA_WORKGROUP_BLOCK", "128,128,128");
+  const target::DeviceTraits switched = testing::switched(device);
+  constexpr int64_t m = 512, n = 384, k = 192;
+  Graph graph;
+  const Tensor a = input(graph, "a", Shape{m, k});
+  const Tensor b = input(graph, "b", Shape{k, n});
+  graph.set_output("c", matmul(a, b).id());
+  const Graph rewritten = passes::workgroup_gemm(graph, vulkan::VulkanTarget(switched));
+  const ValueId product = rewritten.output("c");
+  ASSERT_EQ(rewritten.node(product).op, "half_matmul");
+  const std::vector<kernels::Launch> launches = kernels::lower_node(rewritten, product, switched);
+  ASSERT_EQ(launches.size(), 1u);
+  const kernels::Launch& launch = launches[0];
+  EXPECT_EQ(define_of(launch, "BLOCK_M"), "128");
+  EXPECT_EQ(define_of(launch, "BLOCK_N"), "128");
+  EXPECT_EQ(define_of(launch, "INVOCATIONS"), "128");
+  EXPECT_EQ(define_of(launch, "SPLIT_ROWS"), "0");
+  EXPECT_FALSE(launch.tensor_loads);
+  EXPECT_EQ(launch.groups, (std::array<uint32_t, 3>{n / 128, m / 128, 1}));
+  gpu::KernelSpec spec = spec_of(rewritten, launch);
+  spec.khr_cooperative_matrix = true;
+  const KhrMatrixUse use =
+      khr_matrix_use(gpu::detail::nv_to_khr_cooperative_matrix(gpu::compile_glsl(spec)));
+  EXPECT_EQ(use.types, (std::set<MatrixType>{{16, kWorkgroup, 128, 64, 0},
+                                             {16, kWorkgroup, 64, 128, 1},
+                                             {32, kWorkgroup, 128, 128, 2}}));
+}
+
 // The opening of the hand-written kernels below: NV matrices of f16 operands, a subgroup of
 // invocations, the f32 buffer `data` (and f16 storage, which some declare).
 constexpr const char* kTestKernelOpening = R"(

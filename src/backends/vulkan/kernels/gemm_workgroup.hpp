@@ -24,7 +24,8 @@ constexpr int64_t kWorkgroupGemmBlockK = 64, kWorkgroupGemmInvocations = 256;
 // multiples of 32 columns and its 128-invocation ones of 16; 64 rows high where 128 do not
 // divide M (the 64-channel products of ResNet's first stage). The device's workgroup
 // granularities for the form's invocations must divide its accumulator (accumulator_rows x n)
-// and its 64-deep steps.
+// and its 64-deep steps. MEGANEURA_WORKGROUP_BLOCK (tuning sweeps) forces a block wherever it
+// divides M and N and the device runs it (DeviceTraits::workgroup_forced_block).
 struct WorkgroupGemmBlock {
   int64_t m = 128, n = 256;
   bool split_rows = false;

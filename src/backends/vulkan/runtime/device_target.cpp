@@ -42,6 +42,19 @@ bool has_workgroup_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGem
                      });
 }
 
+// Whether the device runs the block MEGANEURA_WORKGROUP_BLOCK forces: on f16 operands, on
+// bfloat16 ones where the workgroup GEMM takes them too, and through tensor layouts where it
+// splits its rows (DeviceTraits::workgroup_forced_block).
+bool runs_forced_workgroup_block(const gpu::DeviceCaps& caps, const target::DeviceTraits& traits,
+                                 const Switches::WorkgroupBlock& forced) {
+  const kernels::WorkgroupGemmBlock block{forced.m, forced.n, forced.split_rows,
+                                          forced.invocations};
+  return traits.workgroup_coop_matrix_f16 && has_workgroup_coop(caps, block) &&
+         (!block.split_rows || traits.workgroup_tensor_loads) &&
+         (!traits.workgroup_coop_matrix_bf16 ||
+          has_workgroup_coop(caps, block, gpu::ScalarType::bf16));
+}
+
 }  // namespace
 
 target::DeviceTraits device_traits(const gpu::DeviceInfo& info, bool fast_precision,
@@ -93,6 +106,16 @@ VulkanTarget device_target(gpu::Device& device, bool fast_precision, bool bf16_o
                            const Switches& switches) {
   target::DeviceTraits traits = device_traits(device.info(), fast_precision, bf16_operands);
   traits.switches = switches;
+  if (const std::optional<Switches::WorkgroupBlock>& forced = switches.workgroup_block) {
+    traits.workgroup_forced_block =
+        runs_forced_workgroup_block(device.info().caps, traits, *forced);
+    if (!traits.workgroup_forced_block && traits.workgroup_coop_matrix_f16)
+      kernels::warn_once("ignoring MEGANEURA_WORKGROUP_BLOCK=" + std::to_string(forced->m) + "," +
+                         std::to_string(forced->n) + "," + std::to_string(forced->invocations) +
+                         "," + (forced->split_rows ? "1" : "0") + ": '" + traits.name +
+                         "' has no workgroup-scope matrices of that form (meganeura devices "
+                         "--verbose lists its forms)");
+  }
   if (kernels::use_coop_gemm(traits)) {
     const std::optional<gpu::FragmentLayout> layout =
         gpu::probe_fragment_layout(device, kernels::coop_wants_khr(traits));
