@@ -285,16 +285,21 @@ Switches read_switches(Reader& read) {
   if (const std::optional<std::string> block = read.text("MEGANEURA_WORKGROUP_BLOCK")) {
     std::optional<std::vector<int64_t>> parsed = config::parse_integers(*block, 3);
     if (!parsed) parsed = config::parse_integers(*block, 4);
+    // An accumulator 64 rows high beside a block 64 wide would give A and B (each step 64
+    // deep) one matrix type, which the KHR form cannot give two uses.
     const auto fits = [](const std::vector<int64_t>& v) {
       const bool split = v.size() == 4 && v[3] == 1;
+      const int64_t accumulator_rows = split ? v[0] / 2 : v[0];
       return v[0] >= 16 && v[0] <= 512 && v[0] % (split ? 32 : 16) == 0 && v[1] >= 16 &&
              v[1] <= 512 && v[1] % 16 == 0 && (v[2] == 128 || v[2] == 256) &&
-             (v.size() == 3 || v[3] == 0 || v[3] == 1);
+             (v.size() == 3 || v[3] == 0 || v[3] == 1) &&
+             !(accumulator_rows == 64 && v[1] == 64);
     };
     if (!parsed || !fits(*parsed))
       Reader::reject("MEGANEURA_WORKGROUP_BLOCK", *block,
                      "M,N,INVOCATIONS[,SPLIT_ROWS]: M and N multiples of 16 from 16 to 512 (M of "
-                     "32 with SPLIT_ROWS 1), 128 or 256 invocations, SPLIT_ROWS 0 or 1",
+                     "32 with SPLIT_ROWS 1), 128 or 256 invocations, SPLIT_ROWS 0 or 1, not "
+                     "64-row accumulators 64 wide",
                      kRule);
     s.workgroup_block = Switches::WorkgroupBlock{(*parsed)[0], (*parsed)[1], (*parsed)[2],
                                                  parsed->size() == 4 && (*parsed)[3] == 1};

@@ -130,7 +130,8 @@ TEST(Switches, BadValuesAreRejectedByOneMessage) {
   expect_rejected("MEGANEURA_WINOGRAD_WEIGHT_GRAD_TILE", "3");
   expect_rejected("MEGANEURA_COOP_GEMM_MIN", "-1");
   for (const char* bad : {"", "128,128", "100,128,256", "128,128,64", "128,128,128,2",
-                          "48,128,256,1", "1024,128,256", "128,x,256"})
+                          "48,128,256,1", "1024,128,256", "128,x,256", "64,64,256",
+                          "128,64,128,1"})
     expect_rejected("MEGANEURA_WORKGROUP_BLOCK", bad);
 }
 

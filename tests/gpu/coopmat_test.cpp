@@ -987,6 +987,21 @@ TEST_F(CoopMatrixLowering, WorkgroupBlockSwitchForcesTheBlockWhereItDividesAndRu
   EXPECT_EQ(use.types, (std::set<MatrixType>{{16, kWorkgroup, 128, 64, 0},
                                              {16, kWorkgroup, 64, 128, 1},
                                              {32, kWorkgroup, 128, 128, 2}}));
+  // A forced block 64 wide cannot store a product's f16 result (its f16 accumulator would have
+  // A's type): the workgroup GEMM leaves such a product to the subgroup GEMM, and takes it with
+  // the 128 x 128 block.
+  const ScopedSwitch narrow("MEGANEURA_WORKGROUP_BLOCK", "128,64,256");
+  Graph halves;
+  const Tensor a16 = input(halves, "a", Shape{m, k}, DType::f16);
+  const Tensor b16 = input(halves, "b", Shape{k, n}, DType::f16);
+  halves.set_output("c", matmul(a16, b16).id());
+  const Node& half_product = halves.node(halves.output("c"));
+  EXPECT_FALSE(kernels::workgroup_gemm_writes_half_result(halves, half_product,
+                                                          testing::switched(device)));
+  EXPECT_FALSE(kernels::workgroup_gemm_takes_f16_product(halves, half_product,
+                                                         testing::switched(device)));
+  EXPECT_TRUE(kernels::workgroup_gemm_takes_f16_product(halves, half_product, switched));
+  EXPECT_TRUE(kernels::workgroup_gemm_writes_half_result(halves, half_product, switched));
 }
 
 // The opening of the hand-written kernels below: NV matrices of f16 operands, a subgroup of

@@ -219,12 +219,13 @@ bool takes_f16_operands(const Graph& graph, const Node& node, const DeviceTraits
 }
 
 // Whether the block of `node`'s product stores its accumulator as f16: not where the
-// accumulator's rows are a step's depth, whose f16 matrix would be B's type (BLOCK_K x BLOCK_N),
-// which the KHR form cannot give two uses.
+// accumulator's rows or columns are a step's depth, whose f16 matrix would be B's type
+// (BLOCK_K x BLOCK_N) or A's (rows x BLOCK_K), which the KHR form cannot give two uses.
 bool block_stores_f16(const Graph& graph, const Node& node, const DeviceTraits& device) {
   const MatmulShape shape = matmul_shape(graph, node);
   const std::optional<WorkgroupGemmBlock> block = workgroup_gemm_block(shape.m, shape.n, device);
-  return block && block->accumulator_rows() != kWorkgroupGemmBlockK;
+  return block && block->accumulator_rows() != kWorkgroupGemmBlockK &&
+         block->n != kWorkgroupGemmBlockK;
 }
 
 }  // namespace

@@ -61,14 +61,14 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 // workgroup_coop_matrix_bf16) runs on the workgroup GEMM on `device`: never once split
 // over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
 // all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands; with an
-// f16 or bf16 result, only where its block can store one (not the 64-row blocks, as
-// workgroup_gemm_writes_half_result). The half storage pass, split-K and half_matmul's lowering
+// f16 or bf16 result, only where its block can store one (not blocks 64 rows high or a forced
+// one 64 wide, as workgroup_gemm_writes_half_result). The half storage pass, split-K and half_matmul's lowering
 // ask it of the same product.
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 // Whether the workgroup GEMM takes the product `node` of f16 (bf16) operands and can store its
-// result as f16 (bfloat16): half_matmul's f16_result (bf16_result); not in the 64-row blocks,
-// whose 16-bit accumulator would have B's type.
+// result as f16 (bfloat16): half_matmul's f16_result (bf16_result); not in blocks 64 rows high
+// (or, forced, 64 wide), whose 16-bit accumulator would have B's (A's) type.
 bool workgroup_gemm_writes_half_result(const Graph& graph, const Node& node,
                                        const DeviceTraits& device);
 
