@@ -29,7 +29,7 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   # One process for the whole suite, as CI runs it: it also checks that the drivers stay loaded
   # across the suite's many device openings (before 1f2a72a the NVIDIA driver refused new
   # instances after about 26 of them). TEST_SHARDS=N runs it in N processes at once instead
-  # (bench/gpu_tests.sh), in a fraction of the time.
+  # (bench/gpu_tests.sh), spreading the driver's kernel compilation over the cores.
   if [ "${TEST_SHARDS:-1}" -gt 1 ]; then
     bash bench/gpu_tests.sh $bin/test_gpu "$out/test_gpu_shards" '*' "$TEST_SHARDS" \
       > "$out/test_gpu.txt" 2>&1
