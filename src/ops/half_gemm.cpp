@@ -43,13 +43,11 @@ TensorType infer_widening(const Graph& graph, const Node& node) {
 
 // half_matmul(a, b) {transpose_a, transpose_b, f16_result, bf16_result, k_splits}: a [..., M, K]
 // and b [..., K, N] in f16, or both in bf16 (the GEMMs' operands in bf16 precision), or one of
-// them in f32 (which the fast GEMM rounds as it loads it: half products,
+// them in f32 (which the GEMM rounds to the other's format as it loads it: half products,
 // passes/half_products.cpp), each stored transposed where its flag says, leading batch axes
-// broadcast as
-// matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands) or to bf16
-// with bf16_result (bf16 operands); with
-// k_splits = S (only from the split-K pass) the f32 partial results
-// [S, ..., M, N] as matmul's (ops/k_split.hpp).
+// broadcast as matmul's -> [..., M, N] in f32, or rounded to f16 with f16_result (f16 operands)
+// or to bf16 with bf16_result (bf16 operands); with k_splits = S (only from the split-K pass)
+// the f32 partial results [S, ..., M, N] as matmul's (ops/k_split.hpp).
 TensorType infer_half_matmul(const Graph& graph, const Node& node) {
   expect_input_count(graph, node, 2);
   const TensorType& a = graph.type(node.inputs[0]);

@@ -164,7 +164,7 @@ std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
                                                        const DeviceTraits& device) {
   if (const std::optional<Switches::WorkgroupBlock>& forced = device.switches.workgroup_block;
       forced && device.workgroup_forced_block && m % forced->m == 0 && n % forced->n == 0)
-    return WorkgroupGemmBlock{forced->m, forced->n, forced->split_rows, forced->invocations};
+    return forced_workgroup_block(*forced);
   if (device.workgroup_tensor_loads && m % kSplitRowsBlock.m == 0 && n % kSplitRowsBlock.n == 0)
     return kSplitRowsBlock;
   if (m % kWholeBlock.m == 0 && n % kWholeBlock.n == 0) return kWholeBlock;

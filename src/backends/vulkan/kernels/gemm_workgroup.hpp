@@ -36,6 +36,10 @@ constexpr WorkgroupGemmBlock kWholeBlock{128, 256, false}, kSplitRowsBlock{256, 
 constexpr WorkgroupGemmBlock kNarrowBlock{128, 224, false}, kNarrowerBlock{128, 112, false, 128};
 constexpr WorkgroupGemmBlock kLowNarrowBlock{64, 224, false},
     kLowNarrowerBlock{64, 112, false, 128};
+// The block MEGANEURA_WORKGROUP_BLOCK names.
+constexpr WorkgroupGemmBlock forced_workgroup_block(const Switches::WorkgroupBlock& forced) {
+  return {forced.m, forced.n, forced.split_rows, forced.invocations};
+}
 // The block an M x N product takes on `device`, or none where neither divides it.
 std::optional<WorkgroupGemmBlock> workgroup_gemm_block(int64_t m, int64_t n,
                                                        const DeviceTraits& device);
@@ -62,8 +66,8 @@ bool workgroup_gemm_suits(int64_t m, int64_t n, int64_t k, const DeviceTraits& d
 // over K (k_splits); batched only where each operand has a matrix an entry or one matrix for
 // all of them (workgroup z runs entry z); else by workgroup_gemm_suits for f16 operands; with an
 // f16 or bf16 result, only where its block can store one (not blocks 64 rows high or a forced
-// one 64 wide, as workgroup_gemm_writes_half_result). The half storage pass, split-K and half_matmul's lowering
-// ask it of the same product.
+// one 64 wide, as workgroup_gemm_writes_half_result). The half storage pass, split-K and
+// half_matmul's lowering ask it of the same product.
 bool workgroup_gemm_takes_f16_product(const Graph& graph, const Node& node,
                                       const DeviceTraits& device);
 // Whether the workgroup GEMM takes the product `node` of f16 (bf16) operands and can store its

@@ -47,8 +47,7 @@ bool has_workgroup_coop(const gpu::DeviceCaps& caps, const kernels::WorkgroupGem
 // splits its rows (DeviceTraits::workgroup_forced_block).
 bool runs_forced_workgroup_block(const gpu::DeviceCaps& caps, const target::DeviceTraits& traits,
                                  const Switches::WorkgroupBlock& forced) {
-  const kernels::WorkgroupGemmBlock block{forced.m, forced.n, forced.split_rows,
-                                          forced.invocations};
+  const kernels::WorkgroupGemmBlock block = kernels::forced_workgroup_block(forced);
   return traits.workgroup_coop_matrix_f16 && has_workgroup_coop(caps, block) &&
          (!block.split_rows || traits.workgroup_tensor_loads) &&
          (!traits.workgroup_coop_matrix_bf16 ||
