@@ -373,98 +373,86 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
 
   install_stop_handlers();
   std::vector<float> images(static_cast<size_t>(local_batch * batcher.image_floats()));
-  // This rank's labels of the step in flight and of the one queued behind it.
-  std::vector<int32_t> labels(static_cast<size_t>(local_batch)), next_labels(labels.size());
   io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
       validation_series{"validation accuracy", {}};
   ProgressLine progress;
   const StepPace pace(step);
   double smoothed_loss = NAN, smoothed_accuracy = NAN, last_validation = NAN;
   double images_per_second = 0;
-  const auto start_step = [&](int64_t index, std::vector<int32_t>& step_labels) {
-    batcher.next(images, step_labels);
+  // This rank's labels of the step in flight and of the one queued behind it (StepLoop's slots).
+  std::vector<int32_t> labels[2] = {std::vector<int32_t>(static_cast<size_t>(local_batch)),
+                                    std::vector<int32_t>(static_cast<size_t>(local_batch))};
+  StepLoop loop;
+  // The batch is taken from the background threads and its inputs set while the step before it
+  // runs.
+  loop.start = [&](int64_t index, int slot) {
+    batcher.next(images, labels[slot]);
     training.set_input(models::kResNetImagesInput, images);
-    training.set_input(models::kResNetLabelsInput, step_labels);
+    training.set_input(models::kResNetLabelsInput, labels[slot]);
     training.start(index);
   };
-  // Every rank stops at the same step, whichever of them was asked to.
-  bool stopping = run.any(stop_requested);
-  // An evaluation or a checkpoint reads the parameters after the step, so no step may be queued
-  // behind it.
-  const auto ends_a_stretch = [&](int64_t steps_done) {
+  loop.finish = [&] { training.finish(); };
+  loop.ends_a_stretch = [&](int64_t steps_done) {
     return steps_done % steps_per_epoch == 0 || steps_done % checkpoint_every == 0 ||
            steps_done == total_steps;
   };
-  // Alone, the next step is queued behind the one in flight (its batch taken from the
-  // background threads and its inputs set while that one runs), so the GPU does not wait
-  // between steps.
-  bool in_flight = step < total_steps && !stopping;
-  if (in_flight) start_step(step, labels);
-  while (in_flight) {
-    in_flight = training.queues_steps() && step + 1 < total_steps && !stop_requested &&
-                !ends_a_stretch(step + 1);
-    if (in_flight) {
-      start_step(step + 1, next_labels);
-    } else {
-      training.finish();
-    }
-    ++step;
+  loop.finished = [&](int64_t steps_done, int slot) {
     const double loss = training.loss();
-    const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
-                                            progress, [&] { return training.find_anomaly(); });
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), steps_done, checkpoint_path, progress,
+                           [&] { return training.find_anomaly(); });
     const std::vector<int64_t> predicted =
         predictions(training.output(models::kResNetLogitsOutput), local_batch, classes);
     int64_t correct = 0;
-    for (int64_t i = 0; i < local_batch; ++i) correct += predicted[i] == labels[i];
+    for (int64_t i = 0; i < local_batch; ++i) correct += predicted[i] == labels[slot][i];
     const double accuracy = run.sum(static_cast<double>(correct)) / batch;
-    stopping = run.any(stop_requested);
+    // Every rank stops at the same step, whichever of them was asked to.
+    const bool stopping = run.any(stop_requested);
     if (!dropped) {
       smoothed_loss = moving_average(smoothed_loss, loss, 0.05);
       smoothed_accuracy = moving_average(smoothed_accuracy, accuracy, 0.05);
     }
-    const double steps_per_second = pace.steps_per_second(step);
+    const double steps_per_second = pace.steps_per_second(steps_done);
     images_per_second = steps_per_second * batch;
-    const int64_t epoch = (step - 1) / steps_per_epoch;
+    const int64_t epoch = (steps_done - 1) / steps_per_epoch;
     const std::string text =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed_loss,
+        step_line(epoch + 1, epochs, steps_done, total_steps, smoothed_loss,
                   accuracy_rate_text(smoothed_accuracy, images_per_second), steps_per_second);
-    if (run.writes()) progress.update(text, step == total_steps);
-    if (run.writes() && (step % log_every == 0 || step == total_steps)) {
-      loss_series.points.emplace_back(step, smoothed_loss);
-      train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
+    if (run.writes()) progress.update(text, steps_done == total_steps);
+    if (run.writes() && (steps_done % log_every == 0 || steps_done == total_steps)) {
+      loss_series.points.emplace_back(steps_done, smoothed_loss);
+      train_accuracy_series.points.emplace_back(steps_done, smoothed_accuracy);
       nlohmann::json record = {
-          {"step", step},
+          {"step", steps_done},
           {"epoch", epoch + 1},
           {"loss", loss},
           {"skipped_steps", non_finite.dropped_steps()},
           {"smoothed_loss", smoothed_loss},
           {"batch_accuracy", accuracy},
-          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"learning_rate",
+           learning_rate_at(optimizer, (steps_done - 1) / optimizer.accumulation_steps)},
           {"images_per_second", images_per_second}};
       training.add_step_times(record);
       non_finite.add_loss_scale(record);
       metrics->write(record);
     }
-    if (inference && (step % steps_per_epoch == 0 || step == total_steps)) {
+    if (inference && (steps_done % steps_per_epoch == 0 || steps_done == total_steps)) {
       load_tensors(*inference, io::Checkpoint{.tensors = training.tensors()}, "training", false);
       const Evaluation evaluation =
           evaluate_image_folder(*inference, *splits.validation, batch, size, classes);
       last_validation = evaluation.accuracy();
-      validation_series.points.emplace_back(step, last_validation);
+      validation_series.points.emplace_back(steps_done, last_validation);
       metrics->write(
-          {{"step", step}, {"epoch", epoch + 1}, {"validation_accuracy", last_validation}});
+          {{"step", steps_done}, {"epoch", epoch + 1}, {"validation_accuracy", last_validation}});
       progress.finish();
       std::fprintf(stderr, "epoch %lld: validation accuracy %.2f%%\n",
                    static_cast<long long>(epoch + 1), 100 * last_validation);
     }
-    if (ends_a_stretch(step)) save();
-    std::swap(labels, next_labels);
-    if (!in_flight && step < total_steps && !stopping) {
-      in_flight = true;
-      start_step(step, labels);
-    }
-  }
-  stopping = stopping || stop_requested;
+    if (loop.ends_a_stretch(steps_done)) save();
+    return stopping;
+  };
+  const bool stopping =
+      run_steps(step, total_steps, training.queues_steps(), run.any(stop_requested), loop);
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();

@@ -307,60 +307,69 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   double smoothed = NAN, last_validation = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
-  // Every rank stops at the same step, whichever of them was asked to.
-  bool stopping = run.any(stop_requested);
-  while (step < total_steps && !stopping) {
-    const int64_t epoch = step / steps_per_epoch;
+  StepLoop loop;
+  loop.start = [&](int64_t index, int) {
+    const int64_t epoch = index / steps_per_epoch;
     if (epoch != order_epoch) {
       order = data::epoch_order(training_sequences, seed, epoch);
       order_epoch = epoch;
     }
     // This rank's share of the global batch: its run of consecutive sequences in it.
-    const int64_t position = (step % steps_per_epoch) * batch + run.rank() * local_batch;
+    const int64_t position = (index % steps_per_epoch) * batch + run.rank() * local_batch;
     std::vector<int64_t> starts;
     for (int64_t r = 0; r < local_batch; ++r) starts.push_back(int64_t{order[position + r]} * seq);
     fill_batch(text.tokens, starts, local_batch, seq, ids, labels);
     training.set_input(models::kInputIds, ids);
     training.set_input(models::kLabels, labels);
-    training.start(step);
-    training.finish();
-    ++step;
+    training.start(index);
+  };
+  loop.finish = [&] { training.finish(); };
+  loop.ends_a_stretch = [&](int64_t steps_done) {
+    return (evaluation && steps_done % steps_per_epoch == 0) || steps_done % checkpoint_every == 0;
+  };
+  loop.finished = [&](int64_t steps_done, int) {
+    const int64_t epoch = (steps_done - 1) / steps_per_epoch;
     const double loss = training.loss();
-    const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
-                                            progress, [&] { return training.find_anomaly(); });
-    stopping = run.any(stop_requested);
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), steps_done, checkpoint_path, progress,
+                           [&] { return training.find_anomaly(); });
+    // Every rank stops at the same step, whichever of them was asked to.
+    const bool stopping = run.any(stop_requested);
     if (!dropped) smoothed = moving_average(smoothed, loss, 0.05);
-    const double steps_per_second = pace.steps_per_second(step);
+    const double steps_per_second = pace.steps_per_second(steps_done);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+        step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch * seq, 0, "tokens/s"), steps_per_second);
-    if (run.writes()) progress.update(line, step == total_steps);
-    if (run.writes() && (step % log_every == 0 || step == total_steps)) {
-      loss_series.points.emplace_back(step, smoothed);
+    if (run.writes()) progress.update(line, steps_done == total_steps);
+    if (run.writes() && (steps_done % log_every == 0 || steps_done == total_steps)) {
+      loss_series.points.emplace_back(steps_done, smoothed);
       nlohmann::json record = {
-          {"step", step},
+          {"step", steps_done},
           {"epoch", epoch + 1},
           {"loss", loss},
           {"smoothed_loss", smoothed},
-          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"learning_rate",
+           learning_rate_at(optimizer, (steps_done - 1) / optimizer.accumulation_steps)},
           {"tokens_per_second", steps_per_second * batch * seq},
           {"skipped_steps", non_finite.dropped_steps()}};
       training.add_step_times(record);
       non_finite.add_loss_scale(record);
       metrics->write(record);
     }
-    const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
-    if (evaluation && (epoch_end || step % checkpoint_every == 0)) {
+    const bool epoch_end = steps_done % steps_per_epoch == 0 || steps_done == total_steps;
+    if (evaluation && (epoch_end || steps_done % checkpoint_every == 0)) {
       last_validation = validation_loss();
-      validation_series.points.emplace_back(step, last_validation);
-      metrics->write({{"step", step}, {"validation_loss", last_validation}});
+      validation_series.points.emplace_back(steps_done, last_validation);
+      metrics->write({{"step", steps_done}, {"validation_loss", last_validation}});
       progress.finish();
       std::fprintf(stderr, "step %lld: validation loss %.4f (perplexity %.2f)\n",
-                   static_cast<long long>(step), last_validation, std::exp(last_validation));
+                   static_cast<long long>(steps_done), last_validation, std::exp(last_validation));
     }
-    if (step % checkpoint_every == 0) save();
-  }
-  stopping = stopping || stop_requested;
+    if (steps_done % checkpoint_every == 0) save();
+    return stopping;
+  };
+  const bool stopping =
+      run_steps(step, total_steps, training.queues_steps(), run.any(stop_requested), loop);
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();

@@ -378,13 +378,14 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
-  while (step < total_steps && !stop_requested) {
-    const int64_t epoch = step / steps_per_epoch;
+  StepLoop loop;
+  loop.start = [&](int64_t index, int) {
+    const int64_t epoch = index / steps_per_epoch;
     if (epoch != order_epoch) {
       order = data::epoch_order(static_cast<int64_t>(training_records.size()), seed, epoch);
       order_epoch = epoch;
     }
-    const int64_t position = (step % steps_per_epoch) * batch;
+    const int64_t position = (index % steps_per_epoch) * batch;
     std::vector<size_t> chosen;
     for (int64_t r = 0; r < batch; ++r) chosen.push_back(training_records[order[position + r]]);
     const Batch inputs = make_batch(examples, chosen, batch, language, config);
@@ -399,35 +400,44 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     training_inputs.set(models::kNoise, noise);
     training_inputs.set(models::kFlowTime, times);
     training_inputs.set(models::kTimeEmbedding, models::smolvla_time_embedding(config, times));
-    training_inputs.set_step(non_finite, optimizer, step);
-    training.run();
-    ++step;
+    training_inputs.set_step(non_finite, optimizer, index);
+    training.start_run();
+  };
+  loop.finish = [&] { training.finish_run(); };
+  loop.ends_a_stretch = [&](int64_t steps_done) {
+    return steps_done % checkpoint_every == 0 && steps_done != total_steps;
+  };
+  loop.finished = [&](int64_t steps_done, int) {
+    const int64_t epoch = (steps_done - 1) / steps_per_epoch;
     const double loss = training.scalar_output(models::kLoss);
-    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
-                            progress, training_inputs.anomaly()))
+    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), steps_done,
+                            checkpoint_path, progress, training_inputs.anomaly()))
       smoothed = moving_average(smoothed, loss, 0.1);
-    const double steps_per_second = pace.steps_per_second(step);
+    const double steps_per_second = pace.steps_per_second(steps_done);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+        step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch, 1, "records/s"), steps_per_second);
-    progress.update(line, step == total_steps);
-    loss_series.points.emplace_back(step, smoothed);
-    nlohmann::json record = {{"step", step},
+    progress.update(line, steps_done == total_steps);
+    loss_series.points.emplace_back(steps_done, smoothed);
+    nlohmann::json record = {{"step", steps_done},
                              {"epoch", epoch + 1},
                              {"loss", loss},
                              {"skipped_steps", non_finite.dropped_steps()},
                              {"smoothed_loss", smoothed},
-                             {"learning_rate", learning_rate_at(optimizer, step - 1)},
+                             {"learning_rate", learning_rate_at(optimizer, steps_done - 1)},
                              {"records_per_second", steps_per_second * batch}};
     non_finite.add_loss_scale(record);
     metrics.write(record);
-    if (step % checkpoint_every == 0 && step != total_steps) {
+    if (loop.ends_a_stretch(steps_done)) {
       progress.finish();
       save();
       if (sampler) copy_weights(training, *sampler);
       evaluate_actions("checkpoint");
     }
-  }
+    return bool{stop_requested};
+  };
+  // With --detect-anomaly a step's re-run needs the parameters from before it.
+  run_steps(step, total_steps, !non_finite.detects_anomaly(), false, loop);
   progress.finish();
   save();
   if (pace.ran_steps(step))

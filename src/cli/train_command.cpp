@@ -304,66 +304,55 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
   install_stop_handlers();
   const int64_t rows = batcher.shard_size();  // this process's examples a step
   std::vector<float> images(static_cast<size_t>(rows * train_set.image_size()));
-  // The labels of the step in flight and of the one queued behind it.
-  std::vector<int32_t> labels(static_cast<size_t>(rows)), next_labels(labels.size());
   io::Series loss_series{"train loss", {}}, train_accuracy_series{"train accuracy", {}},
       test_accuracy_series{"test accuracy", {}};
   ProgressLine progress;
   const StepPace pace(step);
   double smoothed_loss = NAN, smoothed_accuracy = NAN;
   double last_test_accuracy = NAN;
-  const auto start_step = [&](int64_t index, std::vector<int32_t>& step_labels) {
-    batcher.next(images, step_labels);
+  // The labels of the step in flight and of the one queued behind it (StepLoop's slots).
+  std::vector<int32_t> labels[2] = {std::vector<int32_t>(static_cast<size_t>(rows)),
+                                    std::vector<int32_t>(static_cast<size_t>(rows))};
+  StepLoop loop;
+  loop.start = [&](int64_t index, int slot) {
+    batcher.next(images, labels[slot]);
     training.set_input(models::kImagesInput, images);
-    training.set_input(models::kLabelsInput, step_labels);
+    training.set_input(models::kLabelsInput, labels[slot]);
     training.start(index);
   };
-  // Every rank stops at the same step, whichever of them was asked to.
-  bool stopping = run.any(stop_requested);
-  // Where an evaluation (an epoch's end) or a checkpoint follows: they read the parameters after
-  // the step, so no step may be queued behind it.
-  const auto ends_a_stretch = [&](int64_t steps_done) {
+  loop.finish = [&] { training.finish(); };
+  loop.ends_a_stretch = [&](int64_t steps_done) {
     return steps_done % steps_per_epoch == 0 || steps_done % checkpoint_every == 0;
   };
-  // The next step is queued behind the one in flight (its batch prepared and its inputs set
-  // while that one runs), so the GPU does not wait for the host between steps.
-  bool in_flight = step < total_steps && !stopping;
-  if (in_flight) start_step(step, labels);
-  while (in_flight) {
-    in_flight = training.queues_steps() && step + 1 < total_steps && !stop_requested &&
-                !ends_a_stretch(step + 1);
-    if (in_flight) {
-      start_step(step + 1, next_labels);
-    } else {
-      training.finish();
-    }
-    ++step;
+  loop.finished = [&](int64_t steps_done, int slot) {
     const double loss = training.loss();
-    const bool dropped = non_finite.dropped(loss, training.dropped_flag(), step, checkpoint_path,
-                                            progress, [&] { return training.find_anomaly(); });
+    const bool dropped =
+        non_finite.dropped(loss, training.dropped_flag(), steps_done, checkpoint_path, progress,
+                           [&] { return training.find_anomaly(); });
     const std::vector<int64_t> predicted =
         predictions(training.output("logits"), rows, model.classes);
     int64_t correct = 0;
-    for (int64_t i = 0; i < rows; ++i) correct += predicted[i] == labels[i];
+    for (int64_t i = 0; i < rows; ++i) correct += predicted[i] == labels[slot][i];
     const double accuracy = run.sum(static_cast<double>(correct)) / batch;
-    stopping = run.any(stop_requested);
+    // Every rank stops at the same step, whichever of them was asked to.
+    const bool stopping = run.any(stop_requested);
     if (!dropped) {
       smoothed_loss = moving_average(smoothed_loss, loss, 0.05);
       smoothed_accuracy = moving_average(smoothed_accuracy, accuracy, 0.05);
     }
 
-    const double steps_per_second = pace.steps_per_second(step);
-    const int64_t epoch = (step - 1) / steps_per_epoch;
+    const double steps_per_second = pace.steps_per_second(steps_done);
+    const int64_t epoch = (steps_done - 1) / steps_per_epoch;
     const std::string text = step_line(
-        epoch + 1, epochs, step, total_steps, smoothed_loss,
+        epoch + 1, epochs, steps_done, total_steps, smoothed_loss,
         accuracy_rate_text(smoothed_accuracy, steps_per_second * batch), steps_per_second);
-    if (run.writes()) progress.update(text, step == total_steps);
-    if (run.writes() && (step % log_every == 0 || step == total_steps)) {
-      loss_series.points.emplace_back(step, smoothed_loss);
-      train_accuracy_series.points.emplace_back(step, smoothed_accuracy);
+    if (run.writes()) progress.update(text, steps_done == total_steps);
+    if (run.writes() && (steps_done % log_every == 0 || steps_done == total_steps)) {
+      loss_series.points.emplace_back(steps_done, smoothed_loss);
+      train_accuracy_series.points.emplace_back(steps_done, smoothed_accuracy);
       // The schedule counts optimizer updates, `step` counts batches.
-      const int64_t update = (step - 1) / optimizer.accumulation_steps;
-      nlohmann::json record = {{"step", step},
+      const int64_t update = (steps_done - 1) / optimizer.accumulation_steps;
+      nlohmann::json record = {{"step", steps_done},
                                {"epoch", epoch + 1},
                                {"loss", loss},
                                {"smoothed_loss", smoothed_loss},
@@ -375,26 +364,24 @@ int train_classifier(const Arguments& arguments, const DistributedRun& run,
       non_finite.add_loss_scale(record);
       metrics->write(record);
     }
-    const bool epoch_end = step % steps_per_epoch == 0;
+    const bool epoch_end = steps_done % steps_per_epoch == 0;
     if (epoch_end && run.writes()) {
       load_tensors(*inference, io::Checkpoint{.tensors = session_tensors(training.state())},
                    "training", false);
       const Evaluation evaluation = evaluate(*inference, test_set, eval_batch, model.classes);
       last_test_accuracy = evaluation.accuracy();
-      test_accuracy_series.points.emplace_back(step, last_test_accuracy);
-      metrics->write({{"step", step}, {"epoch", epoch + 1}, {"test_accuracy", last_test_accuracy}});
+      test_accuracy_series.points.emplace_back(steps_done, last_test_accuracy);
+      metrics->write(
+          {{"step", steps_done}, {"epoch", epoch + 1}, {"test_accuracy", last_test_accuracy}});
       progress.finish();
       std::fprintf(stderr, "epoch %lld: test accuracy %.2f%%\n", static_cast<long long>(epoch + 1),
                    100 * last_test_accuracy);
     }
-    if (ends_a_stretch(step)) save();
-    std::swap(labels, next_labels);
-    if (!in_flight && step < total_steps && !stopping) {
-      in_flight = true;
-      start_step(step, labels);
-    }
-  }
-  stopping = stopping || stop_requested;
+    if (loop.ends_a_stretch(steps_done)) save();
+    return stopping;
+  };
+  const bool stopping =
+      run_steps(step, total_steps, training.queues_steps(), run.any(stop_requested), loop);
   save();
   if (!run.writes()) return stopping ? 130 : 0;
   progress.finish();

@@ -280,4 +280,28 @@ std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total
   return line;
 }
 
+bool run_steps(int64_t& step, int64_t total_steps, bool queues, bool stopping,
+               const StepLoop& loop) {
+  int slot = 0;
+  bool in_flight = step < total_steps && !stopping;
+  if (in_flight) loop.start(step, slot);
+  while (in_flight) {
+    in_flight = queues && step + 1 < total_steps && !stopping && !stop_requested &&
+                !loop.ends_a_stretch(step + 1);
+    if (in_flight) {
+      loop.start(step + 1, 1 - slot);
+    } else {
+      loop.finish();
+    }
+    ++step;
+    stopping = loop.finished(step, slot) || stopping;
+    slot = 1 - slot;
+    if (!in_flight && step < total_steps && !stopping) {
+      in_flight = true;
+      loop.start(step, slot);
+    }
+  }
+  return stopping || stop_requested;
+}
+
 }  // namespace mg::cli

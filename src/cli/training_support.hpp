@@ -1,9 +1,11 @@
 #pragma once
 // What the training jobs of `meganeura train` (the Fashion-MNIST classifiers and the language
-// models) share: the output folder, the optimizer options, the progress line and Ctrl-C.
+// models) share: the output folder, the optimizer options, the progress line, Ctrl-C and the step
+// loop.
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -135,5 +137,29 @@ std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total
                       double smoothed_loss, const std::string& rate, double steps_per_second);
 
 bool running_on_cpu_device(const std::string& selector);
+
+// A training job's steps. Each step's batch is prepared (assembled, its noise drawn), its inputs
+// set and the step started while the step before it is still on the GPU, so that the GPU does not
+// wait for the host between steps; except after a step that an evaluation or a checkpoint
+// follows, since they read its parameters, and where `queues` is false (--detect-anomaly, whose
+// re-run needs the parameters from before the step; a distributed step, which runs the ranks
+// together).
+struct StepLoop {
+  // Prepares step `index` (counted from 0), sets its inputs and starts it. `slot` alternates
+  // between 0 and 1 from step to step: host data that handling the finished step reads (its
+  // labels) is kept per slot, as the next step's is prepared before that.
+  std::function<void(int64_t index, int slot)> start;
+  std::function<void()> finish;  // waits for the step in flight
+  // Whether an evaluation or a checkpoint follows step `steps_done` (counted from 1).
+  std::function<bool(int64_t steps_done)> ends_a_stretch;
+  // Handles step `steps_done` (counted from 1, its host data in `slot`) once it has finished, the
+  // next one running: its loss, progress line, metrics, evaluation and checkpoint. Returns
+  // whether the job stops (every rank deciding together); a step queued behind it still runs.
+  std::function<bool(int64_t steps_done, int slot)> finished;
+};
+// Runs `loop` from `step` (updated as each step finishes) until `total_steps`, or until the job
+// stops: `stopping` at the start, finished() or Ctrl-C. Returns whether it stopped.
+bool run_steps(int64_t& step, int64_t total_steps, bool queues, bool stopping,
+               const StepLoop& loop);
 
 }  // namespace mg::cli

@@ -376,28 +376,33 @@ int unet_train_command(const std::vector<std::string>& words) {
   double smoothed = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
-  while (step < total_steps && !stop_requested) {
-    const int64_t epoch = step / steps_per_epoch;
+  // diffusers' EMAModel warm-up: the decay grows towards --ema over the first steps.
+  const auto ema_decay = [&](int64_t index) {
+    return std::min(ema, (1.0 + index) / (10.0 + index));
+  };
+  StepLoop loop;
+  loop.start = [&](int64_t index, int) {
+    const int64_t epoch = index / steps_per_epoch;
     if (epoch != order_epoch) {
       order = data::epoch_order(dataset.count, seed, epoch);
       order_epoch = epoch;
     }
     // Each step's noise, timesteps and dropped classes come from (seed, step), so a resumed run
     // continues exactly.
-    std::mt19937_64 generator(seed * 1000003 + static_cast<uint64_t>(step));
+    std::mt19937_64 generator(seed * 1000003 + static_cast<uint64_t>(index));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_int_distribution<int64_t> timestep(0, schedule.timesteps() - 1);
     std::uniform_real_distribution<double> coin(0.0, 1.0);
     for (int64_t r = 0; r < batch; ++r) {
-      const int64_t index = order[(step % steps_per_epoch) * batch + r];
+      const int64_t image = order[(index % steps_per_epoch) * batch + r];
       const int64_t t = timestep(generator);
       const double alpha = schedule.alphas_cumprod[t];
       timesteps[r] = static_cast<float>(t);
-      labels[r] = coin(generator) < uncond ? static_cast<int32_t>(kClasses) : dataset.labels[index];
+      labels[r] = coin(generator) < uncond ? static_cast<int32_t>(kClasses) : dataset.labels[image];
       for (int64_t i = 0; i < pixels; ++i) {
         const float epsilon = normal(generator);
         noise[r * pixels + i] = epsilon;
-        sample[r * pixels + i] = static_cast<float>(std::sqrt(alpha) * images[index * pixels + i] +
+        sample[r * pixels + i] = static_cast<float>(std::sqrt(alpha) * images[image * pixels + i] +
                                                     std::sqrt(1 - alpha) * epsilon);
       }
     }
@@ -405,36 +410,41 @@ int unet_train_command(const std::vector<std::string>& words) {
     training_inputs.set(models::kUNetNoise, noise);
     training_inputs.set(models::kUNetTimestep, timesteps);
     training_inputs.set(kClassLabels, labels);
-    // diffusers' EMAModel warm-up: the decay grows towards --ema over the first steps.
-    const double decay = std::min(ema, (1.0 + step) / (10.0 + step));
-    training_inputs.set(kEmaDecay, std::vector<float>{static_cast<float>(decay)});
-    training_inputs.set_step(non_finite, optimizer, step);
-    training.run();
-    ++step;
+    training_inputs.set(kEmaDecay, std::vector<float>{static_cast<float>(ema_decay(index))});
+    training_inputs.set_step(non_finite, optimizer, index);
+    training.start_run();
+  };
+  loop.finish = [&] { training.finish_run(); };
+  loop.ends_a_stretch = [&](int64_t steps_done) { return steps_done % checkpoint_every == 0; };
+  loop.finished = [&](int64_t steps_done, int) {
+    const int64_t epoch = (steps_done - 1) / steps_per_epoch;
     const double loss = training.scalar_output("loss");
-    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
-                            progress, training_inputs.anomaly()))
+    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), steps_done,
+                            checkpoint_path, progress, training_inputs.anomaly()))
       smoothed = moving_average(smoothed, loss, 0.02);
-    const double steps_per_second = pace.steps_per_second(step);
+    const double steps_per_second = pace.steps_per_second(steps_done);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+        step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch, 0, "images/s"), steps_per_second);
-    progress.update(line, step == total_steps);
-    if (step % 10 == 0 || step == total_steps) {
-      loss_series.points.emplace_back(step, smoothed);
-      nlohmann::json record = {{"step", step},
+    progress.update(line, steps_done == total_steps);
+    if (steps_done % 10 == 0 || steps_done == total_steps) {
+      loss_series.points.emplace_back(steps_done, smoothed);
+      nlohmann::json record = {{"step", steps_done},
                                {"epoch", epoch + 1},
                                {"loss", loss},
                                {"skipped_steps", non_finite.dropped_steps()},
                                {"smoothed_loss", smoothed},
-                               {"learning_rate", learning_rate_at(optimizer, step - 1)},
-                               {"ema_decay", decay},
+                               {"learning_rate", learning_rate_at(optimizer, steps_done - 1)},
+                               {"ema_decay", ema_decay(steps_done - 1)},
                                {"images_per_second", steps_per_second * batch}};
       non_finite.add_loss_scale(record);
       metrics.write(record);
     }
-    if (step % checkpoint_every == 0) save();
-  }
+    if (loop.ends_a_stretch(steps_done)) save();
+    return bool{stop_requested};
+  };
+  // With --detect-anomaly a step's re-run needs the parameters from before it.
+  run_steps(step, total_steps, !non_finite.detects_anomaly(), false, loop);
   progress.finish();
   save();
   save_folder(out_dir / "model", config, training, "", tokens);

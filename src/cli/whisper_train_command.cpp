@@ -364,50 +364,61 @@ int whisper_train_command(const std::vector<std::string>& words) {
   double smoothed = NAN, last_validation = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
-  while (step < total_steps && !stop_requested) {
-    const int64_t epoch = step / steps_per_epoch;
+  StepLoop loop;
+  loop.start = [&](int64_t index, int) {
+    const int64_t epoch = index / steps_per_epoch;
     if (epoch != order_epoch) {
       order = data::epoch_order(training_clips, seed, epoch);
       order_epoch = epoch;
     }
-    const int64_t position = (step % steps_per_epoch) * batch;
+    const int64_t position = (index % steps_per_epoch) * batch;
     set_batch(training_inputs, {order.begin() + position, order.begin() + position + batch});
-    training_inputs.set_step(non_finite, optimizer, step);
-    training.run();
-    ++step;
+    training_inputs.set_step(non_finite, optimizer, index);
+    training.start_run();
+  };
+  loop.finish = [&] { training.finish_run(); };
+  loop.ends_a_stretch = [&](int64_t steps_done) {
+    return (evaluation && steps_done % steps_per_epoch == 0) || steps_done % checkpoint_every == 0;
+  };
+  loop.finished = [&](int64_t steps_done, int) {
+    const int64_t epoch = (steps_done - 1) / steps_per_epoch;
     const double loss = training.scalar_output(wio::kLoss);
-    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), step, checkpoint_path,
-                            progress, training_inputs.anomaly()))
+    if (!non_finite.dropped(loss, training.scalar_output(kNonFiniteOutput), steps_done,
+                            checkpoint_path, progress, training_inputs.anomaly()))
       smoothed = moving_average(smoothed, loss, 0.05);
-    const double steps_per_second = pace.steps_per_second(step);
+    const double steps_per_second = pace.steps_per_second(steps_done);
     const std::string line =
-        step_line(epoch + 1, epochs, step, total_steps, smoothed,
+        step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch, 1, "clips/s"), steps_per_second);
-    progress.update(line, step == total_steps);
-    if (step % 10 == 0 || step == total_steps) {
-      loss_series.points.emplace_back(step, smoothed);
+    progress.update(line, steps_done == total_steps);
+    if (steps_done % 10 == 0 || steps_done == total_steps) {
+      loss_series.points.emplace_back(steps_done, smoothed);
       nlohmann::json record = {
-          {"step", step},
+          {"step", steps_done},
           {"epoch", epoch + 1},
           {"loss", loss},
           {"skipped_steps", non_finite.dropped_steps()},
           {"smoothed_loss", smoothed},
-          {"learning_rate", learning_rate_at(optimizer, (step - 1) / optimizer.accumulation_steps)},
+          {"learning_rate",
+           learning_rate_at(optimizer, (steps_done - 1) / optimizer.accumulation_steps)},
           {"clips_per_second", steps_per_second * batch}};
       non_finite.add_loss_scale(record);
       metrics.write(record);
     }
-    const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
-    if (evaluation && (epoch_end || step % checkpoint_every == 0)) {
+    const bool epoch_end = steps_done % steps_per_epoch == 0 || steps_done == total_steps;
+    if (evaluation && (epoch_end || steps_done % checkpoint_every == 0)) {
       last_validation = validation_loss();
-      validation_series.points.emplace_back(step, last_validation);
-      metrics.write({{"step", step}, {"validation_loss", last_validation}});
+      validation_series.points.emplace_back(steps_done, last_validation);
+      metrics.write({{"step", steps_done}, {"validation_loss", last_validation}});
       progress.finish();
-      std::fprintf(stderr, "step %lld: validation loss %.4f\n", static_cast<long long>(step),
+      std::fprintf(stderr, "step %lld: validation loss %.4f\n", static_cast<long long>(steps_done),
                    last_validation);
     }
-    if (step % checkpoint_every == 0) save();
-  }
+    if (steps_done % checkpoint_every == 0) save();
+    return bool{stop_requested};
+  };
+  // With --detect-anomaly a step's re-run needs the parameters from before it.
+  run_steps(step, total_steps, !non_finite.detects_anomaly(), false, loop);
   progress.finish();
   save();
   if (pace.ran_steps(step))

@@ -11,6 +11,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "io/checkpoint.hpp"
 
 namespace cli_test {
 
@@ -60,6 +63,47 @@ inline void expect_unreadable_resume_refused(const std::string& arguments,
   const std::string line = result.output.substr(error);
   EXPECT_EQ(line.find('\n'), line.size() - 1) << "error spans several lines: " << result.output;
   EXPECT_NE(line.find(garbage.string()), std::string::npos) << line;
+}
+
+// `meganeura train ARGUMENTS` twice, into folders in `folder`: with --checkpoint-every 1000, each
+// step queued behind the one in flight (cli::StepLoop), and with --checkpoint-every 1, after
+// which no step is queued. Both must end in the same checkpoint, bit for bit, and log the same
+// steps in metrics.jsonl (their rates left out, which differ from run to run).
+inline void expect_queued_steps_train_as_one_by_one(const std::string& arguments,
+                                                    const std::filesystem::path& folder) {
+  SCOPED_TRACE(arguments);
+  std::vector<mg::io::Checkpoint> checkpoints;
+  std::vector<std::string> steps;
+  for (const std::string every : {"1000", "1"}) {
+    const std::filesystem::path out = folder / ("checkpoint-every-" + every);
+    const Result train =
+        run("train --out " + out.string() + " " + arguments + " --checkpoint-every " + every);
+    ASSERT_EQ(train.status, 0) << train.output;
+    checkpoints.push_back(mg::io::load_checkpoint(out / "checkpoint.safetensors"));
+    std::ifstream lines(out / "metrics.jsonl");
+    std::string text, line;
+    while (std::getline(lines, line)) {
+      nlohmann::json record = nlohmann::json::parse(line);
+      if (!record.contains("loss")) continue;  // an evaluation's record
+      for (auto field = record.begin(); field != record.end();) {
+        const std::string& key = field.key();
+        const bool rate = key.size() > 11 && key.substr(key.size() - 11) == "_per_second";
+        field = rate ? record.erase(field) : std::next(field);
+      }
+      text += record.dump() + "\n";
+    }
+    steps.push_back(text);
+  }
+  EXPECT_NE(steps[0].find("\"loss\""), std::string::npos) << steps[0];
+  EXPECT_EQ(steps[0], steps[1]);
+  EXPECT_EQ(checkpoints[0].step, checkpoints[1].step);
+  ASSERT_EQ(checkpoints[0].tensors.size(), checkpoints[1].tensors.size());
+  for (size_t t = 0; t < checkpoints[0].tensors.size(); ++t) {
+    SCOPED_TRACE(checkpoints[0].tensors[t].name);
+    EXPECT_EQ(checkpoints[0].tensors[t].name, checkpoints[1].tensors[t].name);
+    // Not EXPECT_EQ, which would print every byte of both.
+    EXPECT_TRUE(checkpoints[0].tensors[t].bytes == checkpoints[1].tensors[t].bytes);
+  }
 }
 
 // The U-Net config of scripts/unet_demo.sh's CI size in `folder`/config.json (one channel,

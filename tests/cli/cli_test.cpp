@@ -130,6 +130,26 @@ TEST(Cli, QueuedStepsTrainAsStepsRunOneByOne) {
   EXPECT_EQ(first_evaluation(metrics[0]), first_evaluation(metrics[2]));
 }
 
+// The jobs whose training program is a Session of their own queue their steps the same way: a
+// U-Net (the CI config of scripts/unet_demo.sh) and a SmolVLA policy
+// (scripts/smolvla_demo_data.py), each against the same run one step at a time.
+TEST(Cli, QueuedUNetAndSmolVLAStepsTrainAsStepsRunOneByOne) {
+  const fs::path unet = scratch("queued-unet");
+  cli_test::write_tiny_unet_config(unet / "config");
+  cli_test::expect_queued_steps_train_as_one_by_one(
+      "--model " + (unet / "config").string() +
+          " --tokens 4 --batch 2 --limit 64 --max-steps 4 --sample-steps 0",
+      unet);
+  fs::remove_all(unet);
+  const fs::path smolvla = scratch("queued-smolvla");
+  ASSERT_TRUE(cli_test::make_tiny_smolvla(smolvla));
+  cli_test::expect_queued_steps_train_as_one_by_one("--model " + (smolvla / "policy").string() +
+                                                        " --data " + (smolvla / "data").string() +
+                                                        " --batch 4 --validation 0 --max-steps 4",
+                                                    smolvla);
+  fs::remove_all(smolvla);
+}
+
 TEST(Cli, KillDuringCheckpointingThenResume) {
   const fs::path out = scratch("kill");
   const pid_t child = ::fork();

@@ -113,6 +113,17 @@ TEST(LanguageModelCli, FineTunesIntoAFolderThatOpensAgainAndResumes) {
   fs::remove_all(folder);
 }
 
+// Each step is queued behind the one in flight; the same run one step at a time (a checkpoint
+// after each) trains to the same bits.
+TEST(LanguageModelCli, QueuedStepsTrainAsStepsRunOneByOne) {
+  const fs::path folder = model_folder("queued");
+  cli_test::expect_queued_steps_train_as_one_by_one(
+      "--model " + folder.string() + " --data " + text_data(folder).string() +
+          " --seq 16 --batch 2 --lr 3e-3 --validation 0 --max-steps 4 --log-every 1",
+      folder);
+  fs::remove_all(folder);
+}
+
 // Each broken folder gives one line naming what is wrong, a non-zero exit, and no --out folder.
 TEST(LanguageModelCli, BrokenFoldersGiveOneLineAndWriteNothing) {
   const auto expect_refused = [](const fs::path& folder, const std::string& expected) {

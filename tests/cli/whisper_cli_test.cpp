@@ -97,6 +97,17 @@ TEST(WhisperCli, TrainsFromClipsResumesAndTranscribes) {
   EXPECT_EQ(first["file"], (work.root / "clips/one.wav").string());
 }
 
+// Each step is queued behind the one in flight, across the epoch's end (six clips, batches of
+// two); the same run one step at a time (a checkpoint after each) trains to the same bits.
+TEST(WhisperCli, QueuedStepsTrainAsStepsRunOneByOne) {
+  Workspace work("queued");
+  make_speech_and_model(work);
+  cli_test::expect_queued_steps_train_as_one_by_one(
+      "--model " + (work.root / "model").string() + " --data " + (work.root / "clips").string() +
+          " --batch 2 --lr 3e-3 --validation 0 --max-steps 4",
+      work.root);
+}
+
 TEST(WhisperCli, DecoderAloneFromAManifestLeavesTheEncoder) {
   Workspace work("decoder");
   make_speech_and_model(work);
