@@ -23,6 +23,14 @@ DistributedRun::DistributedRun(const Arguments& arguments) {
   communicator_ = mpi_communicator();
 }
 
+void refuse_mpi_launcher(const std::string& job) {
+  if (!launched_by_mpi()) return;
+  throw Error("the " + job +
+              " job trains in one process; data-parallel training (docs/DISTRIBUTED.md) covers "
+              "the Fashion-MNIST classifiers, the ResNets and the language models: start it "
+              "without mpirun");
+}
+
 std::string DistributedRun::device(const Arguments& arguments) const {
   if (arguments.has("device") || !communicator_) return arguments.text("device", "");
   return device_for_local_rank(communicator_->local_rank());

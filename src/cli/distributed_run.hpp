@@ -46,4 +46,9 @@ class DistributedRun {
   DataParallelOptions parallel_options_;
 };
 
+// For the jobs that train in one process (Whisper, SmolVLA, the U-Net): throws mg::Error naming
+// `job` when an MPI launcher started this process, since each of its processes would train a
+// copy of its own into the same --out folder.
+void refuse_mpi_launcher(const std::string& job);
+
 }  // namespace mg::cli

@@ -188,7 +188,7 @@ int image_train_command(const std::vector<std::string>& words) {
   const Arguments arguments =
       training_arguments(words,
                          {"weights", "classes", "size", "validation", "momentum", "accumulate",
-                          "min-crop", "workers", "trace", "width", "bucket-mb", "log-every"},
+                          "min-crop", "workers", "width", "bucket-mb"},
                          {"no-augment", "distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);

@@ -66,6 +66,8 @@ it); the last --validation fraction of the sequences is held out for the validat
   --overwrite           replace the run already in --out
   --checkpoint-every N  steps between checkpoints (default 200)
   --log-every N         steps between metrics.jsonl records (default 10)
+  --trace FILE          write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
+                        the last step
   --distributed         data-parallel over the processes of an MPI launcher (implied when
                         mpirun started this one); rank 0 writes every file
   --bucket-mb X         distributed runs: gradients summed across the ranks in buckets of
@@ -135,8 +137,8 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int lm_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments = training_arguments(
-      words, {"seq", "validation", "accumulate", "log-every", "bucket-mb"}, {"distributed"});
+  const Arguments arguments =
+      training_arguments(words, {"seq", "validation", "accumulate", "bucket-mb"}, {"distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;
@@ -209,6 +211,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   if (run.writes()) {
     prepare_out_dir(out_dir);
     claim_out_dir(out_dir, arguments);
+    require_writable_file(arguments, "trace");
     start_run_record(out_dir, words,
                      {{"job", "language_model"},
                       {"model", folder_path.string()},
@@ -234,8 +237,11 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   options.initialise_parameters = false;
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
+  // The training program alone is profiled for --trace.
+  SessionOptions training_options = options;
+  training_options.profile = arguments.has("trace");
   TrainingProgram training(models::llama_loss_graph(config, local_batch, seq), optimizer, run,
-                           options, non_finite);
+                           training_options, non_finite);
   // Rank 0 alone computes the validation loss, on the weights it shares with the training.
   std::unique_ptr<Session> evaluation;
   if (held_out > 0 && run.writes())
@@ -375,6 +381,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
   progress.finish();
   if (pace.ran_steps(step))
     report_training_roofline(out_dir, training.traced(), options, pace.seconds_per_step(step));
+  if (arguments.has("trace")) training.traced().write_trace(arguments.text("trace", ""));
   if (stopping) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

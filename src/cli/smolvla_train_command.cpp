@@ -11,6 +11,7 @@
 #include "cli/anomaly_finder.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/distributed_run.hpp"
 #include "cli/non_finite_steps.hpp"
 #include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
@@ -70,6 +71,9 @@ The data: DIR/episodes.jsonl, one record a line (docs/SMOLVLA.md):
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 200)
+  --log-every N         steps between metrics.jsonl records (default 1)
+  --trace FILE          write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
+                        the last step
 )";
 
 // A record ready for the graphs: preprocessed pixels, padded state and actions, token ids.
@@ -190,12 +194,14 @@ int smolvla_train_command(const std::vector<std::string>& words) {
     print_training_help(kHelp);
     return 0;
   }
+  refuse_mpi_launcher("SmolVLA");
   arguments.expect_at_most_positional(0);
   const std::optional<std::string> data_path = arguments.value("data");
   if (!data_path) throw Error("--data DIR is required to train a SmolVLA policy");
   const int64_t batch = arguments.integer("batch", 8);
   const int64_t epochs = arguments.integer("epochs", 1);
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200);
+  const int64_t log_every = arguments.integer("log-every", 1, 1, INT64_MAX);
   const double validation = arguments.real("validation", 0.1);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
   if (batch <= 0 || epochs <= 0 || checkpoint_every <= 0)
@@ -255,6 +261,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
             {"model", arguments.text("model", "")},
             {"data", arguments.text("data", "")},
             {"resume", arguments.text("resume", "")}});
+  require_writable_file(arguments, "trace");
   std::fprintf(stderr,
                "data: %zu records of %zu episodes: %zu training, %zu held out (%lld episodes); "
                "language padded to %lld tokens\n",
@@ -337,7 +344,10 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   Graph training_graph = models::smolvla_loss_graph(config, batch, language, loss_options);
   const TrainingGraph parts =
       add_training(training_graph, training_graph.output(models::kLoss), optimizer);
-  Session training(training_graph, options);
+  // The training program alone is profiled for --trace.
+  SessionOptions training_options = options;
+  training_options.profile = arguments.has("trace");
+  Session training(training_graph, training_options);
   RecordedInputs training_inputs(
       training, non_finite.detects_anomaly()
                     ? std::make_unique<AnomalyFinder>(training_graph, parts, options)
@@ -418,16 +428,18 @@ int smolvla_train_command(const std::vector<std::string>& words) {
         step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch, 1, "records/s"), steps_per_second);
     progress.update(line, steps_done == total_steps);
-    loss_series.points.emplace_back(steps_done, smoothed);
-    nlohmann::json record = {{"step", steps_done},
-                             {"epoch", epoch + 1},
-                             {"loss", loss},
-                             {"skipped_steps", non_finite.dropped_steps()},
-                             {"smoothed_loss", smoothed},
-                             {"learning_rate", learning_rate_at(optimizer, steps_done - 1)},
-                             {"records_per_second", steps_per_second * batch}};
-    non_finite.add_loss_scale(record);
-    metrics.write(record);
+    if (steps_done % log_every == 0 || steps_done == total_steps) {
+      loss_series.points.emplace_back(steps_done, smoothed);
+      nlohmann::json record = {{"step", steps_done},
+                               {"epoch", epoch + 1},
+                               {"loss", loss},
+                               {"skipped_steps", non_finite.dropped_steps()},
+                               {"smoothed_loss", smoothed},
+                               {"learning_rate", learning_rate_at(optimizer, steps_done - 1)},
+                               {"records_per_second", steps_per_second * batch}};
+      non_finite.add_loss_scale(record);
+      metrics.write(record);
+    }
     if (loop.ends_a_stretch(steps_done)) {
       progress.finish();
       save();
@@ -442,6 +454,7 @@ int smolvla_train_command(const std::vector<std::string>& words) {
   save();
   if (pace.ran_steps(step))
     report_training_roofline(out_dir, training, options, pace.seconds_per_step(step));
+  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
   if (sampler) copy_weights(training, *sampler);
   evaluate_actions("trained");

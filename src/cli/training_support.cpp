@@ -152,6 +152,8 @@ Arguments training_arguments(const std::vector<std::string>& words,
                                 "precision",
                                 "resume",
                                 "checkpoint-every",
+                                "log-every",
+                                "trace",
                                 kOnNonFiniteOption,
                                 kLossScaleOption};
   options.insert(job_options.begin(), job_options.end());

@@ -25,8 +25,8 @@ void install_stop_handlers();
 
 // The options and switches every `meganeura train` job reads (model and data, output folder,
 // batch and step loop, optimizer and schedule, clipping, seed, device, precision, checkpoints,
-// non-finite steps, loss scale): a job's Arguments are these and its own. An option belongs here
-// only while every job reads it, since a job that ignored it would accept it silently.
+// metrics, trace, non-finite steps, loss scale): a job's Arguments are these and its own. An option
+// belongs here only while every job reads it, since a job that ignored it would accept it silently.
 Arguments training_arguments(const std::vector<std::string>& words,
                              const std::set<std::string>& job_options,
                              const std::set<std::string>& job_switches);

@@ -12,6 +12,7 @@
 #include "cli/anomaly_finder.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/distributed_run.hpp"
 #include "cli/non_finite_steps.hpp"
 #include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
@@ -77,6 +78,9 @@ class is printed. Ctrl-C stops after the current step and saves.
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 500)
+  --log-every N         steps between metrics.jsonl records (default 10)
+  --trace FILE          write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
+                        the last step
 )";
 
 constexpr const char* kClassLabels = "class_labels";
@@ -237,6 +241,7 @@ int unet_train_command(const std::vector<std::string>& words) {
     print_training_help(kHelp);
     return 0;
   }
+  refuse_mpi_launcher("U-Net");
   arguments.expect_at_most_positional(0);
   const std::filesystem::path folder_path = arguments.text("model", "");
   const models::UNetConfig config = models::load_unet_config(folder_path);
@@ -255,6 +260,7 @@ int unet_train_command(const std::vector<std::string>& words) {
   const int64_t epochs = arguments.integer("epochs", 1);
   const int64_t tokens = arguments.integer("tokens", 1);
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 500);
+  const int64_t log_every = arguments.integer("log-every", 10, 1, INT64_MAX);
   const int64_t sample_steps = arguments.integer("sample-steps", 50);
   const int64_t per_class = arguments.integer("per-class", 10);
   const double ema = arguments.real("ema", 0.999);
@@ -317,13 +323,17 @@ int unet_train_command(const std::vector<std::string>& words) {
             {"model", arguments.text("model", "")},
             {"data", arguments.text("data", "")},
             {"resume", arguments.text("resume", "")}});
+  require_writable_file(arguments, "trace");
   SessionOptions options;
   options.shared_device = open_shared_device(arguments.text("device", ""));
   options.precision = parse_precision(arguments.text("precision", "strict"));
   options.seed = seed;
   TrainingGraph parts;
   const Graph graph = training_graph(config, batch, size, tokens, optimizer, parts);
-  Session training(graph, options);
+  // The training program alone is profiled for --trace.
+  SessionOptions training_options = options;
+  training_options.profile = arguments.has("trace");
+  Session training(graph, training_options);
   RecordedInputs training_inputs(training,
                                  non_finite.detects_anomaly()
                                      ? std::make_unique<AnomalyFinder>(graph, parts, options)
@@ -427,7 +437,7 @@ int unet_train_command(const std::vector<std::string>& words) {
         step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch, 0, "images/s"), steps_per_second);
     progress.update(line, steps_done == total_steps);
-    if (steps_done % 10 == 0 || steps_done == total_steps) {
+    if (steps_done % log_every == 0 || steps_done == total_steps) {
       loss_series.points.emplace_back(steps_done, smoothed);
       nlohmann::json record = {{"step", steps_done},
                                {"epoch", epoch + 1},
@@ -458,6 +468,7 @@ int unet_train_command(const std::vector<std::string>& words) {
               (out_dir / "metrics.jsonl").c_str(), (out_dir / "training.png").c_str());
   if (pace.ran_steps(step))
     report_training_roofline(out_dir, training, options, pace.seconds_per_step(step));
+  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
   if (stop_requested) {
     std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
     return 130;

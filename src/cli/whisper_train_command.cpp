@@ -10,6 +10,7 @@
 #include "cli/anomaly_finder.hpp"
 #include "cli/arguments.hpp"
 #include "cli/commands.hpp"
+#include "cli/distributed_run.hpp"
 #include "cli/non_finite_steps.hpp"
 #include "cli/roofline_report.hpp"
 #include "cli/run_record.hpp"
@@ -73,6 +74,9 @@ features are computed once, before training. The last --validation fraction is h
   --overwrite           replace the run already in --out (without it, and without --resume,
                         a folder holding a checkpoint or metrics is refused)
   --checkpoint-every N  steps between checkpoints (default 200)
+  --log-every N         steps between metrics.jsonl records (default 10)
+  --trace FILE          write a Chrome trace (per-dispatch GPU times, FLOPs and bytes) of
+                        the last step
 )";
 
 struct Clip {
@@ -180,6 +184,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
     print_training_help(kHelp);
     return 0;
   }
+  refuse_mpi_launcher("Whisper");
   arguments.expect_at_most_positional(0);
   const std::filesystem::path folder_path = arguments.text("model", "");
   const std::optional<std::string> data_path = arguments.value("data");
@@ -187,6 +192,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
   const int64_t batch = arguments.integer("batch", 8);
   const int64_t epochs = arguments.integer("epochs", 1);
   const int64_t checkpoint_every = arguments.integer("checkpoint-every", 200);
+  const int64_t log_every = arguments.integer("log-every", 10, 1, INT64_MAX);
   const double validation = arguments.real("validation", 0.05);
   const uint64_t seed = static_cast<uint64_t>(arguments.integer("seed", 0));
   const bool decoder_only = arguments.has("decoder-only");
@@ -268,6 +274,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
             {"model", arguments.text("model", "")},
             {"data", arguments.text("data", "")},
             {"resume", arguments.text("resume", "")}});
+  require_writable_file(arguments, "trace");
   std::fprintf(stderr,
                "data: %lld clips, %.1f s of audio: %lld training and %lld validation clips, %lld "
                "decoder positions\n",
@@ -288,7 +295,10 @@ int whisper_train_command(const std::vector<std::string>& words) {
   Graph training_graph = models::whisper_loss_graph(config, batch, tokens, !decoder_only);
   const TrainingGraph parts =
       add_training(training_graph, training_graph.output(wio::kLoss), optimizer);
-  Session training(training_graph, options);
+  // The training program alone is profiled for --trace.
+  SessionOptions training_options = options;
+  training_options.profile = arguments.has("trace");
+  Session training(training_graph, training_options);
   RecordedInputs training_inputs(
       training, non_finite.detects_anomaly()
                     ? std::make_unique<AnomalyFinder>(training_graph, parts, options)
@@ -391,7 +401,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
         step_line(epoch + 1, epochs, steps_done, total_steps, smoothed,
                   rate_text(steps_per_second * batch, 1, "clips/s"), steps_per_second);
     progress.update(line, steps_done == total_steps);
-    if (steps_done % 10 == 0 || steps_done == total_steps) {
+    if (steps_done % log_every == 0 || steps_done == total_steps) {
       loss_series.points.emplace_back(steps_done, smoothed);
       nlohmann::json record = {
           {"step", steps_done},
@@ -423,6 +433,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
   save();
   if (pace.ran_steps(step))
     report_training_roofline(out_dir, training, options, pace.seconds_per_step(step));
+  if (arguments.has("trace")) training.write_trace(arguments.text("trace", ""));
   if (stop_requested) std::fprintf(stderr, "stopped at step %lld\n", static_cast<long long>(step));
 
   io::SaveOptions save_options;

@@ -106,6 +106,40 @@ inline void expect_queued_steps_train_as_one_by_one(const std::string& arguments
   }
 }
 
+// The steps whose records (those with a loss) metrics.jsonl in `out` holds, in order.
+inline std::vector<int64_t> logged_steps(const std::filesystem::path& out) {
+  std::vector<int64_t> steps;
+  std::ifstream lines(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(lines, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) steps.push_back(record.at("step").get<int64_t>());
+  }
+  return steps;
+}
+
+// A training job's --trace file: one span a dispatch of the training program (the count its
+// "training program in S s (N dispatches" line prints), each with the bytes it reads or writes
+// and its FLOPs.
+inline void expect_trace_of_training_program(const Result& train,
+                                             const std::filesystem::path& trace) {
+  const size_t built = train.output.find("training program in ");
+  ASSERT_NE(built, std::string::npos) << train.output;
+  const size_t dispatches = std::stoul(train.output.substr(train.output.find('(', built) + 1));
+  std::ifstream file(trace);
+  ASSERT_TRUE(file) << trace;
+  const nlohmann::json parsed = nlohmann::json::parse(file);
+  const nlohmann::json& events = parsed.is_object() ? parsed.at("traceEvents") : parsed;
+  size_t spans = 0;
+  for (const nlohmann::json& event : events) {
+    if (event.value("ph", "") != "X") continue;
+    ++spans;
+    EXPECT_GT(event.at("args").at("bytes").get<double>(), 0.0) << event.dump();
+    EXPECT_GE(event.at("args").at("flops").get<double>(), 0.0) << event.dump();
+  }
+  EXPECT_EQ(spans, dispatches) << train.output;
+}
+
 // The U-Net config of scripts/unet_demo.sh's CI size in `folder`/config.json (one channel,
 // 32 x 32 latents, two blocks).
 inline void write_tiny_unet_config(const std::filesystem::path& folder) {

@@ -150,6 +150,29 @@ TEST(Cli, QueuedUNetAndSmolVLAStepsTrainAsStepsRunOneByOne) {
   fs::remove_all(smolvla);
 }
 
+// The U-Net and SmolVLA jobs log every --log-every steps and the last, and --trace writes their
+// last step's dispatches.
+TEST(Cli, UNetAndSmolVLAJobsLogEveryNStepsAndTrace) {
+  const fs::path unet = scratch("log-unet");
+  cli_test::write_tiny_unet_config(unet / "config");
+  const fs::path smolvla = scratch("log-smolvla");
+  ASSERT_TRUE(cli_test::make_tiny_smolvla(smolvla));
+  for (const auto& [root, arguments] :
+       {std::pair{unet, "--model " + (unet / "config").string() +
+                            " --tokens 4 --batch 2 --limit 64 --sample-steps 0"},
+        std::pair{smolvla, "--model " + (smolvla / "policy").string() + " --data " +
+                               (smolvla / "data").string() + " --batch 4 --validation 0"}}) {
+    SCOPED_TRACE(arguments);
+    const Result train =
+        run("train --out " + (root / "run").string() + " " + arguments +
+            " --max-steps 3 --log-every 2 --trace " + (root / "trace.json").string());
+    ASSERT_EQ(train.status, 0) << train.output;
+    EXPECT_EQ(cli_test::logged_steps(root / "run"), (std::vector<int64_t>{2, 3}));
+    cli_test::expect_trace_of_training_program(train, root / "trace.json");
+    fs::remove_all(root);
+  }
+}
+
 TEST(Cli, KillDuringCheckpointingThenResume) {
   const fs::path out = scratch("kill");
   const pid_t child = ::fork();

@@ -223,6 +223,33 @@ TEST(DistributedCli, DetectAnomalyGathersTheRanksFindings) {
   fs::remove_all(root);
 }
 
+// The jobs that train in one process (Whisper, SmolVLA, the U-Net) refuse an MPI launcher in one
+// line before reading anything, rather than letting each rank train a copy of its own into the
+// same folder. Their folders need only the config key that picks the job.
+TEST(DistributedCli, OneProcessJobsRefuseMpirun) {
+  if (!mg::mpi_available()) GTEST_SKIP() << "built without MPI (DistributedCli.WithoutMpi)";
+  const fs::path root = scratch("one-process");
+  for (const auto& [job, config] :
+       {std::pair{"Whisper", nlohmann::json{{"model_type", "whisper"}}},
+        std::pair{"SmolVLA", nlohmann::json{{"type", "smolvla"}}},
+        std::pair{"U-Net", nlohmann::json{{"_class_name", "UNet2DConditionModel"}}}}) {
+    SCOPED_TRACE(job);
+    const fs::path folder = root / job;
+    fs::create_directories(folder);
+    std::ofstream(folder / "config.json") << config.dump();
+    const Result result =
+        shell(mpirun(2) + MEGANEURA_BINARY + " train --model " + folder.string() + " --data " +
+              (root / "absent").string() + " --out " + (root / "out").string());
+    EXPECT_NE(result.status, 0) << result.output;
+    EXPECT_NE(result.output.find("error: the " + std::string(job) +
+                                 " job trains in one process; data-parallel training"),
+              std::string::npos)
+        << result.output;
+    EXPECT_FALSE(fs::exists(root / "out"));
+  }
+  fs::remove_all(root);
+}
+
 TEST(DistributedCli, WithoutMpiDistributedSaysWhatIsMissing) {
   if (mg::mpi_available()) GTEST_SKIP() << "built with MPI (the tests above run)";
   const Result result = cli_test::run("train --distributed --max-steps 1");

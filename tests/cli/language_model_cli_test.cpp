@@ -124,6 +124,19 @@ TEST(LanguageModelCli, QueuedStepsTrainAsStepsRunOneByOne) {
   fs::remove_all(folder);
 }
 
+TEST(LanguageModelCli, LogsEveryNStepsAndTracesTheLastStep) {
+  const fs::path folder = model_folder("trace");
+  const Result train =
+      run("train --out " + (folder / "run").string() + " --model " + folder.string() + " --data " +
+          text_data(folder).string() +
+          " --seq 16 --batch 2 --validation 0 --max-steps 5 --log-every 2 --trace " +
+          (folder / "trace.json").string());
+  ASSERT_EQ(train.status, 0) << train.output;
+  EXPECT_EQ(cli_test::logged_steps(folder / "run"), (std::vector<int64_t>{2, 4, 5}));
+  cli_test::expect_trace_of_training_program(train, folder / "trace.json");
+  fs::remove_all(folder);
+}
+
 // Each broken folder gives one line naming what is wrong, a non-zero exit, and no --out folder.
 TEST(LanguageModelCli, BrokenFoldersGiveOneLineAndWriteNothing) {
   const auto expect_refused = [](const fs::path& folder, const std::string& expected) {

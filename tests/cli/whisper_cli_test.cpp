@@ -108,6 +108,19 @@ TEST(WhisperCli, QueuedStepsTrainAsStepsRunOneByOne) {
       work.root);
 }
 
+TEST(WhisperCli, LogsEveryNStepsAndTracesTheLastStep) {
+  Workspace work("trace");
+  make_speech_and_model(work);
+  const Result train =
+      run("train --out " + (work.root / "run").string() + " --model " +
+          (work.root / "model").string() + " --data " + (work.root / "clips").string() +
+          " --batch 2 --validation 0 --max-steps 3 --log-every 2 --trace " +
+          (work.root / "trace.json").string());
+  ASSERT_EQ(train.status, 0) << train.output;
+  EXPECT_EQ(cli_test::logged_steps(work.root / "run"), (std::vector<int64_t>{2, 3}));
+  cli_test::expect_trace_of_training_program(train, work.root / "trace.json");
+}
+
 TEST(WhisperCli, DecoderAloneFromAManifestLeavesTheEncoder) {
   Workspace work("decoder");
   make_speech_and_model(work);
