@@ -65,10 +65,40 @@ inline void expect_unreadable_resume_refused(const std::string& arguments,
   EXPECT_NE(line.find(garbage.string()), std::string::npos) << line;
 }
 
+// metrics.jsonl in `out`, a record a line, with the rates left out (they differ from run to
+// run); with `steps_only`, only the steps' records (those with a loss), not the evaluations'.
+inline std::string metrics_without_rates(const std::filesystem::path& out, bool steps_only) {
+  std::ifstream lines(out / "metrics.jsonl");
+  std::string text, line;
+  while (std::getline(lines, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (steps_only && !record.contains("loss")) continue;
+    for (auto field = record.begin(); field != record.end();) {
+      const std::string& key = field.key();
+      const bool rate = key.size() > 11 && key.substr(key.size() - 11) == "_per_second";
+      field = rate ? record.erase(field) : std::next(field);
+    }
+    text += record.dump() + "\n";
+  }
+  return text;
+}
+
+// Two checkpoints of the same step with the same tensors, bit for bit.
+inline void expect_same_checkpoint(const mg::io::Checkpoint& a, const mg::io::Checkpoint& b) {
+  EXPECT_EQ(a.step, b.step);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    SCOPED_TRACE(a.tensors[t].name);
+    EXPECT_EQ(a.tensors[t].name, b.tensors[t].name);
+    // Not EXPECT_EQ, which would print every byte of both.
+    EXPECT_TRUE(a.tensors[t].bytes == b.tensors[t].bytes);
+  }
+}
+
 // `meganeura train ARGUMENTS` twice, into folders in `folder`: with --checkpoint-every 1000, each
 // step queued behind the one in flight (cli::StepLoop), and with --checkpoint-every 1, after
 // which no step is queued. Both must end in the same checkpoint, bit for bit, and log the same
-// steps in metrics.jsonl (their rates left out, which differ from run to run).
+// steps in metrics.jsonl.
 inline void expect_queued_steps_train_as_one_by_one(const std::string& arguments,
                                                     const std::filesystem::path& folder) {
   SCOPED_TRACE(arguments);
@@ -80,30 +110,11 @@ inline void expect_queued_steps_train_as_one_by_one(const std::string& arguments
         run("train --out " + out.string() + " " + arguments + " --checkpoint-every " + every);
     ASSERT_EQ(train.status, 0) << train.output;
     checkpoints.push_back(mg::io::load_checkpoint(out / "checkpoint.safetensors"));
-    std::ifstream lines(out / "metrics.jsonl");
-    std::string text, line;
-    while (std::getline(lines, line)) {
-      nlohmann::json record = nlohmann::json::parse(line);
-      if (!record.contains("loss")) continue;  // an evaluation's record
-      for (auto field = record.begin(); field != record.end();) {
-        const std::string& key = field.key();
-        const bool rate = key.size() > 11 && key.substr(key.size() - 11) == "_per_second";
-        field = rate ? record.erase(field) : std::next(field);
-      }
-      text += record.dump() + "\n";
-    }
-    steps.push_back(text);
+    steps.push_back(metrics_without_rates(out, true));
   }
   EXPECT_NE(steps[0].find("\"loss\""), std::string::npos) << steps[0];
   EXPECT_EQ(steps[0], steps[1]);
-  EXPECT_EQ(checkpoints[0].step, checkpoints[1].step);
-  ASSERT_EQ(checkpoints[0].tensors.size(), checkpoints[1].tensors.size());
-  for (size_t t = 0; t < checkpoints[0].tensors.size(); ++t) {
-    SCOPED_TRACE(checkpoints[0].tensors[t].name);
-    EXPECT_EQ(checkpoints[0].tensors[t].name, checkpoints[1].tensors[t].name);
-    // Not EXPECT_EQ, which would print every byte of both.
-    EXPECT_TRUE(checkpoints[0].tensors[t].bytes == checkpoints[1].tensors[t].bytes);
-  }
+  expect_same_checkpoint(checkpoints[0], checkpoints[1]);
 }
 
 // The steps whose records (those with a loss) metrics.jsonl in `out` holds, in order.

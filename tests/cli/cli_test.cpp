@@ -102,24 +102,10 @@ TEST(Cli, QueuedStepsTrainAsStepsRunOneByOne) {
     const Result train = run("train --out " + out.string() + mlp + options);
     ASSERT_EQ(train.status, 0) << train.output;
     checkpoints.push_back(mg::io::load_checkpoint(out / "checkpoint.safetensors"));
-    std::ifstream lines(out / "metrics.jsonl");
-    std::string text, line;
-    // images_per_second differs from run to run; everything else must not.
-    while (std::getline(lines, line)) {
-      nlohmann::json record = nlohmann::json::parse(line);
-      record.erase("images_per_second");
-      text += record.dump() + "\n";
-    }
-    metrics.push_back(text);
+    metrics.push_back(cli_test::metrics_without_rates(out, false));
     fs::remove_all(out);
   }
-  EXPECT_EQ(checkpoints[0].step, checkpoints[1].step);
-  ASSERT_EQ(checkpoints[0].tensors.size(), checkpoints[1].tensors.size());
-  for (size_t t = 0; t < checkpoints[0].tensors.size(); ++t) {
-    SCOPED_TRACE(checkpoints[0].tensors[t].name);
-    EXPECT_EQ(checkpoints[0].tensors[t].name, checkpoints[1].tensors[t].name);
-    EXPECT_EQ(checkpoints[0].tensors[t].bytes, checkpoints[1].tensors[t].bytes);
-  }
+  cli_test::expect_same_checkpoint(checkpoints[0], checkpoints[1]);
   EXPECT_EQ(metrics[0], metrics[1]);
   EXPECT_NE(metrics[0].find("\"loss\""), std::string::npos);
   const auto first_evaluation = [](const std::string& text) {
