@@ -422,18 +422,11 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
     if (run.writes() && (steps_done % log_every == 0 || steps_done == total_steps)) {
       loss_series.points.emplace_back(steps_done, smoothed_loss);
       train_accuracy_series.points.emplace_back(steps_done, smoothed_accuracy);
-      nlohmann::json record = {
-          {"step", steps_done},
-          {"epoch", epoch + 1},
-          {"loss", loss},
-          {"skipped_steps", non_finite.dropped_steps()},
-          {"smoothed_loss", smoothed_loss},
-          {"batch_accuracy", accuracy},
-          {"learning_rate",
-           learning_rate_at(optimizer, (steps_done - 1) / optimizer.accumulation_steps)},
-          {"images_per_second", images_per_second}};
+      nlohmann::json record =
+          step_record(steps_done, epoch + 1, loss, smoothed_loss, optimizer, non_finite);
+      record["batch_accuracy"] = accuracy;
+      record["images_per_second"] = images_per_second;
       training.add_step_times(record);
-      non_finite.add_loss_scale(record);
       metrics->write(record);
     }
     if (inference && (steps_done % steps_per_epoch == 0 || steps_done == total_steps)) {

@@ -349,17 +349,10 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
     if (run.writes()) progress.update(line, steps_done == total_steps);
     if (run.writes() && (steps_done % log_every == 0 || steps_done == total_steps)) {
       loss_series.points.emplace_back(steps_done, smoothed);
-      nlohmann::json record = {
-          {"step", steps_done},
-          {"epoch", epoch + 1},
-          {"loss", loss},
-          {"smoothed_loss", smoothed},
-          {"learning_rate",
-           learning_rate_at(optimizer, (steps_done - 1) / optimizer.accumulation_steps)},
-          {"tokens_per_second", steps_per_second * batch * seq},
-          {"skipped_steps", non_finite.dropped_steps()}};
+      nlohmann::json record =
+          step_record(steps_done, epoch + 1, loss, smoothed, optimizer, non_finite);
+      record["tokens_per_second"] = steps_per_second * batch * seq;
       training.add_step_times(record);
-      non_finite.add_loss_scale(record);
       metrics->write(record);
     }
     const bool epoch_end = steps_done % steps_per_epoch == 0 || steps_done == total_steps;

@@ -282,6 +282,20 @@ std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total
   return line;
 }
 
+nlohmann::json step_record(int64_t steps_done, int64_t epoch, double loss, double smoothed_loss,
+                           const OptimizerConfig& optimizer, const NonFiniteSteps& non_finite) {
+  nlohmann::json record = {
+      {"step", steps_done},
+      {"epoch", epoch},
+      {"loss", loss},
+      {"smoothed_loss", smoothed_loss},
+      {"learning_rate",
+       learning_rate_at(optimizer, (steps_done - 1) / optimizer.accumulation_steps)},
+      {"skipped_steps", non_finite.dropped_steps()}};
+  non_finite.add_loss_scale(record);
+  return record;
+}
+
 bool run_steps(int64_t& step, int64_t total_steps, bool queues, bool stopping,
                const StepLoop& loop) {
   int slot = 0;

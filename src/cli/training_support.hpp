@@ -18,6 +18,8 @@
 
 namespace mg::cli {
 
+class NonFiniteSteps;
+
 // Set by SIGINT and SIGTERM once install_stop_handlers() ran: the job stops after the current
 // step and saves a checkpoint.
 extern std::atomic<bool> stop_requested;
@@ -137,6 +139,13 @@ std::string step_line(int64_t epoch, int64_t epochs, int64_t step, int64_t total
                       double smoothed_loss, const std::string& rate, double steps_per_second);
 
 bool running_on_cpu_device(const std::string& selector);
+
+// What every job's metrics.jsonl record of step `steps_done` (counted from 1) holds: step, epoch
+// (counted from 1), loss, smoothed_loss, learning_rate (the schedule's at the update the step
+// belongs to, --accumulate steps an update), skipped_steps and, where the job scales the loss,
+// loss_scale and loss_scale_overflows. The job adds its rate and its own fields.
+nlohmann::json step_record(int64_t steps_done, int64_t epoch, double loss, double smoothed_loss,
+                           const OptimizerConfig& optimizer, const NonFiniteSteps& non_finite);
 
 // A training job's steps. Each step's batch is prepared (assembled, its noise drawn), its inputs
 // set and the step started while the step before it is still on the GPU, so that the GPU does not

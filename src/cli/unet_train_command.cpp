@@ -439,15 +439,10 @@ int unet_train_command(const std::vector<std::string>& words) {
     progress.update(line, steps_done == total_steps);
     if (steps_done % log_every == 0 || steps_done == total_steps) {
       loss_series.points.emplace_back(steps_done, smoothed);
-      nlohmann::json record = {{"step", steps_done},
-                               {"epoch", epoch + 1},
-                               {"loss", loss},
-                               {"skipped_steps", non_finite.dropped_steps()},
-                               {"smoothed_loss", smoothed},
-                               {"learning_rate", learning_rate_at(optimizer, steps_done - 1)},
-                               {"ema_decay", ema_decay(steps_done - 1)},
-                               {"images_per_second", steps_per_second * batch}};
-      non_finite.add_loss_scale(record);
+      nlohmann::json record =
+          step_record(steps_done, epoch + 1, loss, smoothed, optimizer, non_finite);
+      record["ema_decay"] = ema_decay(steps_done - 1);
+      record["images_per_second"] = steps_per_second * batch;
       metrics.write(record);
     }
     if (loop.ends_a_stretch(steps_done)) save();

@@ -137,26 +137,36 @@ TEST(Cli, QueuedUNetAndSmolVLAStepsTrainAsStepsRunOneByOne) {
 }
 
 // The U-Net and SmolVLA jobs log every --log-every steps and the last, and --trace writes their
-// last step's dispatches.
+// last step's dispatches. The U-Net accumulates two batches an update: the learning rate it
+// logs is the warmup's at the update a step belongs to (steps 2 and 3: updates 0 and 1).
 TEST(Cli, UNetAndSmolVLAJobsLogEveryNStepsAndTrace) {
-  const fs::path unet = scratch("log-unet");
-  cli_test::write_tiny_unet_config(unet / "config");
-  const fs::path smolvla = scratch("log-smolvla");
-  ASSERT_TRUE(cli_test::make_tiny_smolvla(smolvla));
-  for (const auto& [root, arguments] :
-       {std::pair{unet, "--model " + (unet / "config").string() +
-                            " --tokens 4 --batch 2 --limit 64 --sample-steps 0"},
-        std::pair{smolvla, "--model " + (smolvla / "policy").string() + " --data " +
-                               (smolvla / "data").string() + " --batch 4 --validation 0"}}) {
-    SCOPED_TRACE(arguments);
+  const auto train_logged = [](const fs::path& root, const std::string& arguments) {
     const Result train =
         run("train --out " + (root / "run").string() + " " + arguments +
             " --max-steps 3 --log-every 2 --trace " + (root / "trace.json").string());
-    ASSERT_EQ(train.status, 0) << train.output;
+    EXPECT_EQ(train.status, 0) << train.output;
     EXPECT_EQ(cli_test::logged_steps(root / "run"), (std::vector<int64_t>{2, 3}));
     cli_test::expect_trace_of_training_program(train, root / "trace.json");
-    fs::remove_all(root);
-  }
+  };
+  const fs::path unet = scratch("log-unet");
+  cli_test::write_tiny_unet_config(unet / "config");
+  train_logged(unet, "--model " + (unet / "config").string() +
+                         " --tokens 4 --batch 2 --limit 64 --sample-steps 0 --accumulate 2"
+                         " --schedule warmup --warmup 4 --lr 1e-3");
+  std::vector<double> learning_rates;
+  std::ifstream lines(unet / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(lines, line);)
+    learning_rates.push_back(nlohmann::json::parse(line).at("learning_rate").get<double>());
+  ASSERT_EQ(learning_rates.size(), 2u);
+  EXPECT_DOUBLE_EQ(learning_rates[0], 1e-3 * 1 / 4);
+  EXPECT_DOUBLE_EQ(learning_rates[1], 1e-3 * 2 / 4);
+  fs::remove_all(unet);
+
+  const fs::path smolvla = scratch("log-smolvla");
+  ASSERT_TRUE(cli_test::make_tiny_smolvla(smolvla));
+  train_logged(smolvla, "--model " + (smolvla / "policy").string() + " --data " +
+                            (smolvla / "data").string() + " --batch 4 --validation 0");
+  fs::remove_all(smolvla);
 }
 
 TEST(Cli, KillDuringCheckpointingThenResume) {
