@@ -122,12 +122,17 @@ Graph training_graph(const models::UNetConfig& config, int64_t batch, int64_t si
   const Tensor noise = input(graph, models::kUNetNoise, prediction.shape());
   parts = add_training(graph, mse_loss(prediction, noise).id(), optimizer);
   const Tensor decay = input(graph, kEmaDecay, {1});
+  // With --accumulate the average moves once an update, as diffusers' training scripts step
+  // their EMAModel only where the optimizer steps: the other batches keep it bit for bit.
+  const ValueId apply = graph.find_leaf(kApplyUpdateInput);
   const auto updates = graph.updates();
   for (const auto& [target, value] : updates) {
     const Node& leaf = graph.node(target);
     if (leaf.op != "parameter") continue;
     const Tensor average(&graph, graph.state("ema." + leaf.name, leaf.type));
-    graph.assign(average.id(), (average + (Tensor(&graph, value) - average) * (1.0 - decay)).id());
+    Tensor moved = average + (Tensor(&graph, value) - average) * (1.0 - decay);
+    if (apply != kNoValue) moved = where(Tensor(&graph, apply), moved, average);
+    graph.assign(average.id(), moved.id());
   }
   return graph;
 }
@@ -386,9 +391,10 @@ int unet_train_command(const std::vector<std::string>& words) {
   double smoothed = NAN;
   std::vector<uint32_t> order;
   int64_t order_epoch = -1;
-  // diffusers' EMAModel warm-up: the decay grows towards --ema over the first steps.
+  // diffusers' EMAModel warm-up: the decay grows towards --ema over the first updates.
   const auto ema_decay = [&](int64_t index) {
-    return std::min(ema, (1.0 + index) / (10.0 + index));
+    const int64_t update = index / optimizer.accumulation_steps;
+    return std::min(ema, (1.0 + update) / (10.0 + update));
   };
   StepLoop loop;
   loop.start = [&](int64_t index, int) {

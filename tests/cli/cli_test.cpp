@@ -7,7 +7,10 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -167,6 +170,54 @@ TEST(Cli, UNetAndSmolVLAJobsLogEveryNStepsAndTrace) {
   train_logged(smolvla, "--model " + (smolvla / "policy").string() + " --data " +
                             (smolvla / "data").string() + " --batch 4 --validation 0");
   fs::remove_all(smolvla);
+}
+
+// With --accumulate 2 the U-Net's EMA moves once an update, with the warm-up's first decay
+// (min(0.999, 1/10)): after the first batch it still holds the starting weights p0, after the
+// second (the update to p1) p0 + 0.9 (p1 - p0). The starting weights come from a run of the
+// first batch alone, which leaves them as they were.
+TEST(Cli, UNetEmaMovesOnceAnUpdate) {
+  const fs::path root = scratch("unet-ema");
+  cli_test::write_tiny_unet_config(root / "config");
+  const std::string arguments = " --model " + (root / "config").string() +
+                                " --tokens 4 --batch 2 --limit 64 --sample-steps 0"
+                                " --accumulate 2 --schedule constant --lr 1e-3";
+  std::vector<mg::io::Checkpoint> checkpoints;
+  for (const char* steps : {"1", "2"}) {
+    const fs::path out = root / (std::string("steps-") + steps);
+    const Result train = run("train --out " + out.string() + arguments + " --max-steps " + steps);
+    ASSERT_EQ(train.status, 0) << train.output;
+    checkpoints.push_back(mg::io::load_checkpoint(out / "checkpoint.safetensors"));
+  }
+  const auto values = [](const mg::io::Checkpoint& checkpoint, const std::string& name) {
+    const mg::io::TensorRecord* record = checkpoint.find(name);
+    EXPECT_NE(record, nullptr) << name;
+    std::vector<float> result(record ? record->bytes.size() / 4 : 0);
+    if (record) std::memcpy(result.data(), record->bytes.data(), record->bytes.size());
+    return result;
+  };
+  size_t compared = 0;
+  for (const mg::io::TensorRecord& tensor : checkpoints[1].tensors) {
+    if (!checkpoints[1].find("ema." + tensor.name)) continue;
+    SCOPED_TRACE(tensor.name);
+    const std::vector<float> start = values(checkpoints[0], tensor.name);
+    EXPECT_EQ(values(checkpoints[0], "ema." + tensor.name), start);
+    const std::vector<float> trained = values(checkpoints[1], tensor.name);
+    const std::vector<float> average = values(checkpoints[1], "ema." + tensor.name);
+    ASSERT_EQ(average.size(), start.size());
+    bool moved = false;
+    double worst = 0;  // the largest error, relative to 1 + |expected|
+    for (size_t i = 0; i < start.size(); ++i) {
+      const double expected = start[i] + 0.9 * (double(trained[i]) - start[i]);
+      worst = std::max(worst, std::abs(average[i] - expected) / (1 + std::abs(expected)));
+      moved = moved || trained[i] != start[i];
+    }
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_TRUE(moved);
+    ++compared;
+  }
+  EXPECT_GT(compared, 10u);
+  fs::remove_all(root);
 }
 
 TEST(Cli, KillDuringCheckpointingThenResume) {
