@@ -187,8 +187,8 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
 int image_train_command(const std::vector<std::string>& words) {
   const Arguments arguments =
       training_arguments(words,
-                         {"weights", "classes", "size", "validation", "momentum", "accumulate",
-                          "min-crop", "workers", "width", "bucket-mb"},
+                         {"weights", "classes", "size", "validation", "momentum", "min-crop",
+                          "workers", "width", "bucket-mb"},
                          {"no-augment", "distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);

@@ -138,7 +138,7 @@ int train_language_model(const Arguments& arguments, const DistributedRun& run,
 
 int lm_train_command(const std::vector<std::string>& words) {
   const Arguments arguments =
-      training_arguments(words, {"seq", "validation", "accumulate", "bucket-mb"}, {"distributed"});
+      training_arguments(words, {"seq", "validation", "bucket-mb"}, {"distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;

@@ -169,7 +169,7 @@ int train_job(const std::vector<std::string>& words) {
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
   const Arguments arguments =
-      training_arguments(words, {"limit", "momentum", "accumulate", "bucket-mb"}, {"distributed"});
+      training_arguments(words, {"limit", "momentum", "bucket-mb"}, {"distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;

@@ -61,8 +61,9 @@ class is printed. Ctrl-C stops after the current step and saves.
   --lr X                peak learning rate (default 1e-4)
   --weight-decay X      AdamW's decoupled weight decay (default 0.01)
   --schedule NAME       constant, warmup or cosine (default warmup)
-  --warmup N            warmup steps (default: a twentieth of the steps, at most 500)
+  --warmup N            warmup steps (default: a twentieth of the updates, at most 500)
   --clip X              global gradient-norm clipping, 0 = off (default 1.0)
+  --accumulate N        apply the mean gradient of N batches as one update (default 1)
   --ema X               EMA decay (default 0.999)
   --tokens N            class-embedding tokens a class (default 1)
   --uncond X            probability of training a step's image without its class (default 0.1)
@@ -237,11 +238,10 @@ double labelled_share(const std::filesystem::path& path, const std::vector<float
 }  // namespace
 
 int unet_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments =
-      training_arguments(words,
-                         {"limit", "accumulate", "ema", "tokens", "uncond", "sample-steps",
-                          "guidance", "per-class", "classifier"},
-                         {});
+  const Arguments arguments = training_arguments(
+      words,
+      {"limit", "ema", "tokens", "uncond", "sample-steps", "guidance", "per-class", "classifier"},
+      {});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;

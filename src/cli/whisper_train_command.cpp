@@ -178,8 +178,8 @@ const char* const kCopiedFiles[] = {"tokenizer.json",
 }  // namespace
 
 int whisper_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments = training_arguments(
-      words, {"tokens", "validation", "accumulate", "language", "task"}, {"decoder-only"});
+  const Arguments arguments =
+      training_arguments(words, {"tokens", "validation", "language", "task"}, {"decoder-only"});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;

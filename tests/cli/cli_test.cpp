@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -217,6 +218,52 @@ TEST(Cli, UNetEmaMovesOnceAnUpdate) {
     ++compared;
   }
   EXPECT_GT(compared, 10u);
+  fs::remove_all(root);
+}
+
+// The SmolVLA job with --accumulate 2: after the first batch the gradient waits in the
+// accumulator and no update has moved Adam's moments; after the second the update is applied and
+// the accumulator is empty again.
+TEST(Cli, SmolVLAAccumulatesTwoBatchesIntoOneUpdate) {
+  const fs::path root = scratch("smolvla-accumulate");
+  ASSERT_TRUE(cli_test::make_tiny_smolvla(root));
+  const auto all_zero = [](const mg::io::TensorRecord& tensor) {
+    return std::all_of(tensor.bytes.begin(), tensor.bytes.end(),
+                       [](std::byte byte) { return byte == std::byte{0}; });
+  };
+  const auto ends_with = [](const std::string& name, const std::string& end) {
+    return name.size() > end.size() && name.substr(name.size() - end.size()) == end;
+  };
+  for (const int steps : {1, 2}) {
+    SCOPED_TRACE(steps);
+    const fs::path out = root / ("steps-" + std::to_string(steps));
+    const Result train =
+        run("train --out " + out.string() + " --model " + (root / "policy").string() + " --data " +
+            (root / "data").string() + " --batch 4 --validation 0 --accumulate 2 --max-steps " +
+            std::to_string(steps));
+    ASSERT_EQ(train.status, 0) << train.output;
+    const mg::io::Checkpoint checkpoint = mg::io::load_checkpoint(out / "checkpoint.safetensors");
+    size_t moments = 0, moved_moments = 0, accumulators = 0, held_gradients = 0;
+    for (const mg::io::TensorRecord& tensor : checkpoint.tensors) {
+      if (ends_with(tensor.name, ".m")) {
+        ++moments;
+        moved_moments += !all_zero(tensor);
+      } else if (ends_with(tensor.name, ".accumulated_gradient")) {
+        ++accumulators;
+        held_gradients += !all_zero(tensor);
+      }
+    }
+    ASSERT_GT(moments, 0u);
+    EXPECT_EQ(accumulators, moments);
+    // A parameter whose gradient happens to be zero leaves both at zero: most do not.
+    if (steps == 1) {
+      EXPECT_EQ(moved_moments, 0u);
+      EXPECT_GT(held_gradients, accumulators / 2);
+    } else {
+      EXPECT_GT(moved_moments, moments / 2);
+      EXPECT_EQ(held_gradients, 0u);
+    }
+  }
   fs::remove_all(root);
 }
 
