@@ -185,11 +185,10 @@ int train_resnet(const Arguments& arguments, const DistributedRun& run,
 }  // namespace
 
 int image_train_command(const std::vector<std::string>& words) {
-  const Arguments arguments =
-      training_arguments(words,
-                         {"weights", "classes", "size", "validation", "momentum", "min-crop",
-                          "workers", "width", "bucket-mb"},
-                         {"no-augment", "distributed"});
+  const Arguments arguments = training_arguments(
+      words,
+      {"weights", "classes", "size", "validation", "min-crop", "workers", "width", "bucket-mb"},
+      {"no-augment", "distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;

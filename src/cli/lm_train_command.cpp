@@ -53,6 +53,7 @@ it); the last --validation fraction of the sequences is held out for the validat
   --validation X        fraction of the sequences held out (default 0.05; 0 turns it off)
   --lr X                peak learning rate (default 5e-5)
   --optimizer NAME      adamw, adam or sgd (default adamw)
+  --momentum X          SGD momentum (default 0.9)
   --weight-decay X      (default 0.0)
   --schedule NAME       cosine, warmup or constant (default cosine)
   --warmup N            warmup steps (default: a tenth of the updates, at most 100)

@@ -59,6 +59,7 @@ The data: DIR/episodes.jsonl, one record a line (docs/SMOLVLA.md):
   --steps N             Euler steps when sampling held-out chunks (default: num_steps)
   --lr X                peak learning rate (default 1e-4, LeRobot's)
   --optimizer NAME      adamw, adam or sgd (default adamw, betas 0.9 and 0.95)
+  --momentum X          SGD momentum (default 0.9)
   --weight-decay X      (default 1e-10)
   --schedule NAME       cosine, warmup or constant (default cosine)
   --warmup N            warmup steps (default: a tenth of the updates, at most 1000)

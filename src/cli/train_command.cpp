@@ -168,8 +168,7 @@ int train_job(const std::vector<std::string>& words) {
     throw Error(*model + "/config.json has " + key + " \"" + io::shortened(kind) +
                 "\", which meganeura train cannot train (it trains: " + known + ")");
   }
-  const Arguments arguments =
-      training_arguments(words, {"limit", "momentum", "bucket-mb"}, {"distributed"});
+  const Arguments arguments = training_arguments(words, {"limit", "bucket-mb"}, {"distributed"});
   if (arguments.has("help")) {
     print_training_help(kHelp);
     return 0;

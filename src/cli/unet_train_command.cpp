@@ -59,6 +59,8 @@ class is printed. Ctrl-C stops after the current step and saves.
   --epochs N            passes over the training images (default 1)
   --max-steps N         stop after N steps (default: all the epochs)
   --lr X                peak learning rate (default 1e-4)
+  --optimizer NAME      adamw, adam or sgd (default adamw)
+  --momentum X          SGD momentum (default 0.9)
   --weight-decay X      AdamW's decoupled weight decay (default 0.01)
   --schedule NAME       constant, warmup or cosine (default warmup)
   --warmup N            warmup steps (default: a twentieth of the updates, at most 500)

@@ -61,6 +61,7 @@ features are computed once, before training. The last --validation fraction is h
   --validation X        fraction of the clips held out (default 0.05; 0 turns it off)
   --lr X                peak learning rate (default 1e-5)
   --optimizer NAME      adamw, adam or sgd (default adamw)
+  --momentum X          SGD momentum (default 0.9)
   --weight-decay X      (default 0.0)
   --schedule NAME       cosine, warmup or constant (default cosine)
   --warmup N            warmup steps (default: a tenth of the updates, at most 100)

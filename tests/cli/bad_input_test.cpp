@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -54,6 +56,62 @@ TEST(CliBadInput, HelpAndStrayWordsNeverStartARun) {
   expect_refused("train -x", "unknown option -x");
   expect_refused("devices extra", "unexpected argument 'extra'");
   expect_refused("inspect --model mlp oops", "unexpected argument 'oops'");
+}
+
+// Every training job's --help lists exactly the options it takes: of all the options any job's
+// help lists, each job takes those its own help lists (with --help after them it prints its
+// help) and refuses the others as unknown, naming them. Folders need only the config key that
+// picks their job.
+TEST(CliBadInput, EveryTrainingJobsHelpListsTheOptionsItTakes) {
+  const fs::path root = scratch("help");
+  std::vector<std::pair<std::string, std::string>> jobs = {{"classifier", ""},
+                                                           {"ResNet", "--model resnet50 "}};
+  for (const auto& [job, config] :
+       {std::pair{"language model", nlohmann::json{{"model_type", "llama"}}},
+        std::pair{"Whisper", nlohmann::json{{"model_type", "whisper"}}},
+        std::pair{"SmolVLA", nlohmann::json{{"type", "smolvla"}}},
+        std::pair{"U-Net", nlohmann::json{{"_class_name", "UNet2DConditionModel"}}}}) {
+    const fs::path folder = root / job;
+    fs::create_directories(folder);
+    std::ofstream(folder / "config.json") << config.dump();
+    jobs.emplace_back(job, "--model '" + folder.string() + "' ");
+  }
+  // A help line "  --name VALUE  text" or "  --name  text": a value is written in capitals or
+  // as choices (cnn|mlp).
+  std::map<std::string, std::set<std::string>> listed;
+  std::map<std::string, bool> takes_value;
+  for (const auto& [job, prefix] : jobs) {
+    const Result help = run("train " + prefix + "--help", false);
+    ASSERT_EQ(help.status, 0) << job << "\n" << help.output;
+    std::istringstream lines(help.output);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string option, value;
+      if (!(words >> option) || option.rfind("--", 0) != 0 || line.rfind("  --", 0) != 0) continue;
+      words >> value;
+      const std::string name = option.substr(2);
+      listed[job].insert(name);
+      takes_value[name] = !value.empty() && (std::isupper(static_cast<unsigned char>(value[0])) ||
+                                             value.find('|') != std::string::npos);
+    }
+  }
+  ASSERT_GT(takes_value.size(), 40u);
+  for (const auto& [job, prefix] : jobs) {
+    for (const auto& [name, value] : takes_value) {
+      if (name == "model") continue;  // it picks the job
+      SCOPED_TRACE(job + ": --" + name);
+      const Result result =
+          run("train " + prefix + "--" + name + (value ? " 1" : "") + " --help", true);
+      if (listed[job].count(name)) {
+        EXPECT_EQ(result.status, 0) << result.output;
+      } else {
+        EXPECT_EQ(result.status, 1) << result.output;
+        EXPECT_NE(result.output.find("unknown option --" + name), std::string::npos)
+            << result.output;
+      }
+    }
+  }
+  fs::remove_all(root);
 }
 
 TEST(CliBadInput, NumbersOutOfRangeAreRefused) {
