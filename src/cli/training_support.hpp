@@ -1,7 +1,7 @@
 #pragma once
-// What the training jobs of `meganeura train` (the Fashion-MNIST classifiers and the language
-// models) share: the output folder, the optimizer options, the progress line, Ctrl-C and the step
-// loop.
+// What the training jobs of `meganeura train` (the classifiers, the ResNets, the language models,
+// Whisper, SmolVLA and the U-Net) share: their options, the output folder, the progress line,
+// Ctrl-C, the metrics record of a step and the step loop.
 #include <atomic>
 #include <chrono>
 #include <filesystem>
