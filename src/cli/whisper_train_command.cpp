@@ -422,7 +422,7 @@ int whisper_train_command(const std::vector<std::string>& words) {
     return bool{stop_requested};
   };
   // With --detect-anomaly a step's re-run needs the parameters from before it.
-  run_steps(step, total_steps, !non_finite.detects_anomaly(), false, loop);
+  run_steps(step, total_steps, !non_finite.detects_anomaly(), stop_requested, loop);
   progress.finish();
   save();
   if (pace.ran_steps(step))
