@@ -73,11 +73,8 @@ inline std::string metrics_without_rates(const std::filesystem::path& out, bool 
   while (std::getline(lines, line)) {
     nlohmann::json record = nlohmann::json::parse(line);
     if (steps_only && !record.contains("loss")) continue;
-    for (auto field = record.begin(); field != record.end();) {
-      const std::string& key = field.key();
-      const bool rate = key.size() > 11 && key.substr(key.size() - 11) == "_per_second";
-      field = rate ? record.erase(field) : std::next(field);
-    }
+    for (auto field = record.begin(); field != record.end();)
+      field = field.key().ends_with("_per_second") ? record.erase(field) : std::next(field);
     text += record.dump() + "\n";
   }
   return text;

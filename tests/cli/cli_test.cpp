@@ -231,9 +231,6 @@ TEST(Cli, SmolVLAAccumulatesTwoBatchesIntoOneUpdate) {
     return std::all_of(tensor.bytes.begin(), tensor.bytes.end(),
                        [](std::byte byte) { return byte == std::byte{0}; });
   };
-  const auto ends_with = [](const std::string& name, const std::string& end) {
-    return name.size() > end.size() && name.substr(name.size() - end.size()) == end;
-  };
   for (const int steps : {1, 2}) {
     SCOPED_TRACE(steps);
     const fs::path out = root / ("steps-" + std::to_string(steps));
@@ -245,10 +242,10 @@ TEST(Cli, SmolVLAAccumulatesTwoBatchesIntoOneUpdate) {
     const mg::io::Checkpoint checkpoint = mg::io::load_checkpoint(out / "checkpoint.safetensors");
     size_t moments = 0, moved_moments = 0, accumulators = 0, held_gradients = 0;
     for (const mg::io::TensorRecord& tensor : checkpoint.tensors) {
-      if (ends_with(tensor.name, ".m")) {
+      if (tensor.name.ends_with(".m")) {
         ++moments;
         moved_moments += !all_zero(tensor);
-      } else if (ends_with(tensor.name, ".accumulated_gradient")) {
+      } else if (tensor.name.ends_with(".accumulated_gradient")) {
         ++accumulators;
         held_gradients += !all_zero(tensor);
       }
